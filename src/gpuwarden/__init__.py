@@ -1,0 +1,25 @@
+"""gpuwarden: pick, reserve, watch and diagnose NVIDIA GPUs on shared machines.
+
+The package root stays import-cheap because `gpuwarden run` wraps every
+training command: the Python API (`lease`, `select`) is resolved lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "lease", "select"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "lease":
+        from gpuwarden.api import lease
+
+        return lease
+    if name == "select":
+        from gpuwarden.api import select
+
+        return select
+    raise AttributeError(f"module 'gpuwarden' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+"""`python -m gpuwarden` is the same as the `gpuwarden` console script."""
+
+from gpuwarden.cli import main
+
+raise SystemExit(main())

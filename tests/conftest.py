@@ -1,0 +1,87 @@
+"""Shared fixtures: every test runs against throw-away state, never the developer's.
+
+Leases, drains, config files and the simulated machine's state all live under
+the test's own temporary directory, so tests can run in parallel and a
+developer's real `~/.config/gpuwarden` or `/etc/gpuwarden` is never read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+_CLEARED = (
+    "GPUWARDEN_SIM",
+    "GPUWARDEN_DEVICE",
+    "GPUWARDEN_MEM_LIMIT",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "GPU_IDS",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point every gpuwarden location at `tmp_path` and clear GPU-related variables."""
+    for name in list(os.environ):
+        if name in _CLEARED or name.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_")):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "leases"))
+    monkeypatch.setenv("GPUWARDEN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(tmp_path / "etc" / "config.toml"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("GPUWARDEN_SIM_STATE", str(tmp_path / "sim"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    yield tmp_path
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
+    """`sim("server-8xa100")` makes this test (and its subprocesses) see that machine."""
+
+    def use(spec: str = "server-8xa100") -> str:
+        monkeypatch.setenv("GPUWARDEN_SIM", spec)
+        return spec
+
+    return use
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run `python -m gpuwarden ARGS` as a real process, with the test's environment."""
+
+    def run(
+        *args: str, env: dict[str, str] | None = None, timeout: float = 60, **kw: object
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(SRC), full_env.get("PYTHONPATH", "")) if p
+        )
+        if env:
+            full_env.update(env)
+        return subprocess.run(
+            [sys.executable, "-m", "gpuwarden", *args],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    return run

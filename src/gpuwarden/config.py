@@ -1,0 +1,559 @@
+"""Settings from TOML files, `GPUWARDEN_*` variables and the command line, with provenance.
+
+Precedence, lowest first: built-in defaults, the system file
+(`/etc/gpuwarden/config.toml`, or `$GPUWARDEN_SYSTEM_CONFIG`), the user file
+(`$XDG_CONFIG_HOME/gpuwarden/config.toml`), the project file (`gpuwarden.toml`
+in the working directory or the nearest parent up to the repository root),
+environment variables, then the command line. Every value remembers which
+layer set it, so `gpuwarden config` can answer "why is it this?".
+
+Loading runs on every `gpuwarden run`, so it stays cheap: a few `stat` calls,
+and `tomllib` is imported only when a file actually exists.
+
+Values are normalised on the way in (sizes to bytes, durations to seconds,
+ID lists to tuples of strings), so a wrong type is reported once, here, naming
+the file (or variable), the key and the expected type, never deep inside the
+code that uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from gpuwarden.errors import UserError
+
+SYSTEM_CONFIG = "/etc/gpuwarden/config.toml"
+PROJECT_FILE = "gpuwarden.toml"
+# Shared by every local user when an admin (or a packaged service) created them.
+SYSTEM_LEASE_DIR = "/var/lib/gpuwarden/leases"
+SYSTEM_STATE_DIR = "/var/lib/gpuwarden/state"
+
+DEFAULT_FATAL_XIDS = (48, 62, 63, 64, 74, 79, 94, 95, 119, 120)
+
+
+# --- value types -----------------------------------------------------------------------------
+
+
+class _BadValue(Exception):
+    """Raised by a normaliser; the loader adds where the value came from."""
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _BadValue
+    return value
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+    raise _BadValue
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise _BadValue
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise _BadValue from None
+    raise _BadValue
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise _BadValue
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            raise _BadValue from None
+    raise _BadValue
+
+
+def _as_percent(value: Any) -> float:
+    if isinstance(value, str):
+        value = value.strip().rstrip("%")
+    number = _as_float(value)
+    if not 0 <= number <= 100:
+        raise _BadValue
+    return number
+
+
+def _as_size(value: Any) -> int:
+    from gpuwarden.units import parse_size
+
+    if isinstance(value, bool):
+        raise _BadValue
+    if isinstance(value, int):
+        if value < 0:
+            raise _BadValue
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except UserError:
+            raise _BadValue from None
+    raise _BadValue
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(s|sec|m|min|h|d|)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds in `text` (`90`, `30s`, `5m`, `4h`, `1d`); raises UserError naming the value."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and text >= 0:
+        return float(text)
+    match = _DURATION.match(str(text))
+    if match is None:
+        raise UserError(
+            f"invalid duration {text!r}: expected seconds or a number with s/m/h/d, e.g. 30m or 4h"
+        )
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def _as_duration(value: Any) -> float:
+    try:
+        return parse_duration(value)
+    except UserError:
+        raise _BadValue from None
+
+
+def _as_ids(value: Any) -> tuple[str, ...]:
+    """GPU IDs as typed: `"0,2"`, `[0, 2]`, `["GPU-3f2a"]`; kept as strings for select."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        if any(not p for p in parts) and value.strip():
+            raise _BadValue
+        return tuple(p for p in parts if p)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (str(value),)
+    if isinstance(value, (list, tuple)):
+        out = []
+        for item in value:
+            if (
+                isinstance(item, bool)
+                or not isinstance(item, (int, str))
+                or str(item).strip() == ""
+            ):
+                raise _BadValue
+            out.append(str(item).strip())
+        return tuple(out)
+    raise _BadValue
+
+
+def _as_ints(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        value = [p for p in value.replace(" ", "").split(",") if p]
+    if not isinstance(value, (list, tuple)):
+        raise _BadValue
+    return tuple(_as_int(v) for v in value)
+
+
+def parse_capability(text: Any) -> tuple[int, int]:
+    """`8.0`, `"8.6"`, `[8, 6]` -> (8, 6); raises UserError naming the value."""
+    if isinstance(text, (list, tuple)) and len(text) == 2:
+        try:
+            return (_as_int(text[0]), _as_int(text[1]))
+        except _BadValue:
+            pass
+    elif isinstance(text, (str, int, float)) and not isinstance(text, bool):
+        match = re.match(r"^\s*(\d+)(?:\.(\d+))?\s*$", str(text))
+        if match:
+            return (int(match.group(1)), int(match.group(2) or 0))
+    raise UserError(f"invalid compute capability {text!r}: expected MAJOR.MINOR, e.g. 8.0")
+
+
+def _as_capability(value: Any) -> tuple[int, int]:
+    try:
+        return parse_capability(value)
+    except UserError:
+        raise _BadValue from None
+
+
+def _as_path(value: Any) -> str:
+    return os.path.expanduser(_as_str(value))
+
+
+def _as_listen(value: Any) -> str:
+    text = _as_str(value)
+    _host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _BadValue
+    return text
+
+
+# kind -> (normaliser, how to name the expected type in an error)
+_KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "str": (_as_str, "a string"),
+    "bool": (_as_bool, "true or false"),
+    "int": (_as_int, "an integer"),
+    "float": (_as_float, "a number"),
+    "percent": (_as_percent, "a percentage 0-100"),
+    "size": (_as_size, "a size such as 20GiB or 500M"),
+    "duration": (_as_duration, "a duration such as 90, 30s, 5m or 4h"),
+    "ids": (_as_ids, 'GPU IDs such as "0,2" or ["GPU-3f2a"]'),
+    "ints": (_as_ints, "a list of integers"),
+    "capability": (_as_capability, "a compute capability such as 8.0"),
+    "path": (_as_path, "a path (string)"),
+    "listen": (_as_listen, "HOST:PORT"),
+    "choice": (_as_str, "one of"),
+}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: the single place its type, default, variable and meaning are written."""
+
+    name: str  # dotted: "run.min_free"
+    kind: str  # a key of _KINDS
+    default: Any
+    doc: str
+    env: tuple[str, ...] = ()  # variables, strongest first; derived when empty
+    choices: tuple[str, ...] = ()
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return self.env or ("GPUWARDEN_" + self.name.upper().replace(".", "_"),)
+
+    def expected(self) -> str:
+        if self.kind == "choice":
+            return "one of " + "|".join(self.choices)
+        return _KINDS[self.kind][1]
+
+    def normalise(self, value: Any) -> Any:
+        result = _KINDS[self.kind][0](value)
+        if self.kind == "choice" and result not in self.choices:
+            raise _BadValue
+        return result
+
+
+SCHEMA: tuple[Key, ...] = (
+    Key(
+        "run.gpus",
+        "ids",
+        None,
+        "GPUs to use (indices or UUID prefixes); the candidates for -g",
+        env=("GPUWARDEN_RUN_GPUS", "GPU_IDS"),
+    ),
+    Key("run.count", "int", None, "how many GPUs to pick (default 1, or all of run.gpus)"),
+    Key("run.min_free", "size", None, "skip GPUs with less free memory than this"),
+    Key("run.max_util", "percent", None, "skip GPUs busier than this (percent)"),
+    Key("run.min_capability", "capability", None, "skip GPUs below this compute capability"),
+    Key("run.model", "str", None, "only GPUs whose name matches (glob or substring, any case)"),
+    Key("run.exclude", "ids", (), "never pick these GPUs (indices or UUID prefixes)"),
+    Key("run.keep_first_last", "bool", True, "pick GPU 0 last (it often drives a display)"),
+    Key(
+        "run.id_format",
+        "choice",
+        "index",
+        "CUDA_VISIBLE_DEVICES as nvidia-smi indices or UUIDs",
+        choices=("index", "uuid"),
+    ),
+    Key("run.wait", "bool", False, "wait in line when not enough GPUs are free"),
+    Key("run.timeout", "duration", None, "give up waiting after this long"),
+    Key(
+        "lease.dir",
+        "path",
+        None,
+        f"lease lock files (default {SYSTEM_LEASE_DIR} if it exists, else per user)",
+    ),
+    Key(
+        "state.dir",
+        "path",
+        None,
+        f"drains, wait queue, job history (default {SYSTEM_STATE_DIR} if it exists, else per user)",
+    ),
+    Key(
+        "torch.device",
+        "choice",
+        "auto",
+        "device for gpuwarden.torch helpers",
+        env=("GPUWARDEN_DEVICE", "GPUWARDEN_TORCH_DEVICE"),
+        choices=("auto", "cpu", "cuda", "mps"),
+    ),
+    Key("exporter.listen", "listen", "127.0.0.1:9400", "address the Prometheus exporter serves"),
+    Key("exporter.cache_seconds", "float", 1.0, "reuse one NVML reading for this long"),
+    Key("exporter.idle_util", "percent", 5.0, "a GPU at or below this utilization is idle"),
+    Key("exporter.idle_seconds", "float", 600.0, "idle this long with memory held => flagged"),
+    Key("exporter.dcgm_compat", "bool", False, "also export DCGM_FI_* metric names"),
+    Key(
+        "health.policy",
+        "choice",
+        "drain",
+        "on a fatal finding: drain the GPU, or only alert",
+        choices=("drain", "alert"),
+    ),
+    Key("health.fatal_xids", "ints", DEFAULT_FATAL_XIDS, "XID codes that make a GPU unusable"),
+    Key("health.hook", "str", None, "command run on a fatal finding"),
+    Key("health.webhook", "str", None, "URL that gets a JSON POST on a fatal finding"),
+    Key("health.webhook_timeout", "float", 5.0, "seconds to wait for the webhook"),
+    Key("health.poll_seconds", "float", 5.0, "how often the health watch reads the GPUs"),
+    Key("record.interval", "float", 1.0, "seconds between recorded samples"),
+    Key("record.max_bytes", "size", 100 * 2**20, "start a new CSV file beyond this size"),
+)
+
+KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+class Config:
+    """Effective settings; every value knows the layer that set it."""
+
+    def __init__(self, values: dict[str, tuple[Any, str]], files: tuple[tuple[str, str], ...]):
+        self._values = values
+        self.files = files  # (layer, path) actually read, lowest precedence first
+
+    def get(self, key: str) -> Any:
+        return self._values[_known(key)][0]
+
+    def source(self, key: str) -> str:
+        """ "default", "system: PATH", "user: PATH", "project: PATH", "env: NAME" or
+        "command line"."""
+        return self._values[_known(key)][1]
+
+    def items(self) -> Iterator[tuple[str, Any, str]]:
+        """(key, value, source) in schema order."""
+        for key in KEYS:
+            value, source = self._values[key]
+            yield key, value, source
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, (v, s) in self._values.items() if s != "default"}
+        return f"Config({changed!r})"
+
+
+def _known(key: str) -> str:
+    if key not in KEYS:
+        raise KeyError(f"unknown setting {key!r}")
+    return key
+
+
+def system_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    return Path(env.get("GPUWARDEN_SYSTEM_CONFIG") or SYSTEM_CONFIG)
+
+
+def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "gpuwarden" / "config.toml"
+
+
+def project_config_path(cwd: str | os.PathLike[str] | None = None) -> Optional[Path]:
+    """The nearest `gpuwarden.toml` from `cwd` upwards, stopping at the repository root
+    (a directory holding `.git`), the home directory or `/`; None if there is none.
+
+    Walking up lets a job started from `experiments/` in a repository use the
+    repository's settings; stopping at the repository root keeps one project's
+    file from leaking into another."""
+    here = Path(os.getcwd() if cwd is None else cwd).absolute()
+    home = Path(os.path.expanduser("~")).absolute()
+    for directory in (here, *here.parents):
+        candidate = directory / PROJECT_FILE
+        if candidate.is_file():
+            return candidate
+        if directory == home or (directory / ".git").exists():
+            return None
+    return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{path}: invalid TOML: {err}") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read: {err.strerror}") from None
+
+
+def _line_of(path: Path, section: str, name: str) -> str:
+    """' (line N)' where `name` is set under `[section]`, or '' — only used on errors."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    current = ""
+    pattern = re.compile(
+        r"^\s*(?:" + re.escape(section) + r"\s*\.\s*)?" + re.escape(name) + r"\s*="
+    )
+    for number, line in enumerate(lines, 1):
+        header = re.match(r"^\s*\[\s*([^\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1)
+            continue
+        if current in (section, "") and pattern.match(line):
+            return f" (line {number})"
+    return ""
+
+
+def _file_values(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise UserError(
+                f"{path}: unknown key {section!r}{_line_of(path, '', section)}: settings live in "
+                f"sections such as [run] (known keys: see `gpuwarden config`)"
+            )
+        for name, value in table.items():
+            key = f"{section}.{name}"
+            spec = KEYS.get(key)
+            if spec is None:
+                raise UserError(
+                    f"{path}: unknown key {key!r}{_line_of(path, section, name)}" + _suggest(key)
+                )
+            try:
+                values[key] = spec.normalise(value)
+            except _BadValue:
+                raise UserError(
+                    f"{path}: {key} must be {spec.expected()}, got {value!r}"
+                    f"{_line_of(path, section, name)}"
+                ) from None
+            if spec.kind == "path" and not os.path.isabs(values[key]):
+                values[key] = str((path.parent / values[key]).absolute())
+    return values
+
+
+def _suggest(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(KEYS), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def load(
+    cli: Mapping[str, object] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Config:
+    """Effective settings. `cli` maps dotted keys to command-line values; None values
+    (options not given) are ignored. Raises UserError for a broken file, unknown key,
+    wrong type or bad variable."""
+    env = os.environ if environ is None else environ
+    values: dict[str, tuple[Any, str]] = {k.name: (k.default, "default") for k in SCHEMA}
+    files = []
+    layers = (
+        ("system", system_config_path(env)),
+        ("user", user_config_path(env)),
+        ("project", project_config_path(cwd)),
+    )
+    for layer, path in layers:
+        if path is None or not path.is_file():
+            continue
+        files.append((layer, str(path)))
+        for key, value in _file_values(path, _read_toml(path)).items():
+            values[key] = (value, f"{layer}: {path}")
+    for spec in SCHEMA:
+        for name in spec.env_names:
+            text = env.get(name)
+            if text is None or (name == "GPU_IDS" and not text.strip()):
+                continue
+            try:
+                value = spec.normalise(text)
+            except _BadValue:
+                raise UserError(f"{name}={text!r}: {spec.name} must be {spec.expected()}") from None
+            if spec.kind == "path":
+                value = os.path.abspath(value)
+            values[spec.name] = (value, f"env: {name}")
+            break
+    for key, raw in (cli or {}).items():
+        if raw is None:
+            continue
+        spec = KEYS.get(key)
+        if spec is None:
+            raise KeyError(f"unknown setting {key!r}")  # a programming error, not the user's
+        try:
+            value = spec.normalise(raw)
+        except _BadValue:
+            raise UserError(
+                f"invalid {key.split('.')[-1]} {raw!r}: expected {spec.expected()}"
+            ) from None
+        if spec.kind == "path":
+            value = os.path.abspath(value)
+        values[key] = (value, "command line")
+    return Config(values, tuple(files))
+
+
+def format_value(value: Any, key: str | None = None) -> str:
+    """A value as a person would type it back (sizes in binary units, lists with commas)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    spec = KEYS.get(key or "")
+    if spec is not None and spec.kind == "size":
+        from gpuwarden.units import format_size
+
+        return format_size(value)
+    if spec is not None and spec.kind == "capability":
+        return f"{value[0]}.{value[1]}"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) if value else "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+# --- locations -------------------------------------------------------------------------------
+
+
+def _user_state_base(environ: Mapping[str, str]) -> str:
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "gpuwarden")
+
+
+def state_dir(config: Config | None = None) -> Path:
+    """Where drains, the wait queue and job history live: `state.dir` if set, else the
+    system directory when an admin created it (shared by every local user), else a
+    per-user one under $XDG_STATE_HOME (~/.local/state). Not created here."""
+    explicit = os.environ.get("GPUWARDEN_STATE_DIR")
+    if explicit and config is None:
+        return Path(os.path.abspath(explicit))
+    config = config or load()
+    if config.get("state.dir"):
+        return Path(config.get("state.dir"))
+    if os.path.isdir(SYSTEM_STATE_DIR):
+        return Path(SYSTEM_STATE_DIR)
+    return Path(_user_state_base(os.environ))
+
+
+def lease_dir(config: Config | None = None) -> Path:
+    """Where lease lock files live: `lease.dir` if set, else the system directory when an
+    admin created it (so every local user's jobs see each other's leases), else a
+    per-user one under $XDG_STATE_HOME. Not $XDG_RUNTIME_DIR: logind removes that at
+    logout while a `nohup` job may still hold its lock, and a fresh lock file there
+    would let a second job take the same GPU. Not created here."""
+    explicit = os.environ.get("GPUWARDEN_LEASE_DIR")
+    if explicit and config is None:
+        return Path(os.path.abspath(explicit))
+    config = config or load()
+    if config.get("lease.dir"):
+        return Path(config.get("lease.dir"))
+    if os.path.isdir(SYSTEM_LEASE_DIR):
+        return Path(SYSTEM_LEASE_DIR)
+    return Path(_user_state_base(os.environ)) / "leases"

@@ -1,0 +1,47 @@
+"""`gpuwarden config`: every effective setting and the layer it came from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("key", nargs="?", help="show only this setting (e.g. run.min_free)")
+    parser.add_argument("--json", action="store_true", help="print JSON: {key: {value, source}}")
+    parser.add_argument(
+        "--keys", action="store_true", help="list every setting: type, default, variable, meaning"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden import config
+    from gpuwarden.errors import UserError
+
+    if args.keys:
+        for key in config.SCHEMA:
+            default = config.format_value(key.default, key.name)
+            print(f"{key.name:<24} {key.expected():<34} {default:<16} {','.join(key.env_names)}")
+            print(f"{'':<24} {key.doc}")
+        return 0
+    cfg = config.load()
+    rows = list(cfg.items())
+    if args.key:
+        if args.key not in config.KEYS:
+            raise UserError(f"unknown setting {args.key!r} (see `gpuwarden config --keys`)")
+        rows = [r for r in rows if r[0] == args.key]
+    if args.json:
+        data = {
+            k: {"value": list(v) if isinstance(v, tuple) else v, "source": s} for k, v, s in rows
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+    width = max(len(config.format_value(v, k)) for k, v, _ in rows)
+    for key, value, source in rows:
+        print(f"{key:<24} {config.format_value(value, key):<{width}}  {source}")
+    if not args.key:
+        read = ", ".join(f"{layer}: {path}" for layer, path in cfg.files) or "none"
+        print(f"\nfiles read: {read}")
+        print(f"lease directory: {config.lease_dir(cfg)}")
+        print(f"state directory: {config.state_dir(cfg)}")
+    return 0

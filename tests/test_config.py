@@ -1,0 +1,267 @@
+"""Config: layering, provenance, normalisation and one-line errors for every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuwarden import config
+from gpuwarden.errors import UserError
+
+GiB = 2**30
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def system(isolated: Path) -> Path:
+    return isolated / "etc" / "config.toml"
+
+
+@pytest.fixture
+def user(isolated: Path) -> Path:
+    return isolated / "xdg-config" / "gpuwarden" / "config.toml"
+
+
+def test_defaults_come_from_the_schema() -> None:
+    cfg = config.load()
+    assert cfg.get("run.keep_first_last") is True
+    assert cfg.get("exporter.listen") == "127.0.0.1:9400"
+    assert cfg.get("health.fatal_xids") == config.DEFAULT_FATAL_XIDS
+    assert cfg.source("run.min_free") == "default"
+    assert [k for k, _, _ in cfg.items()] == [k.name for k in config.SCHEMA]
+
+
+def test_precedence_system_user_project_env_cli(
+    system: Path, user: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(system, '[run]\nmin_free = "1GiB"\nmax_util = 10\nmodel = "sys"\nexclude = [7]\n')
+    write(user, '[run]\nmin_free = "2GiB"\nmax_util = 20\nmodel = "user"\n')
+    write(Path("gpuwarden.toml"), '[run]\nmin_free = "3GiB"\nmax_util = 30\n')
+    monkeypatch.setenv("GPUWARDEN_RUN_MIN_FREE", "4GiB")
+    cfg = config.load({"run.min_free": "5GiB", "run.count": None})
+    assert cfg.get("run.min_free") == 5 * GiB
+    assert cfg.source("run.min_free") == "command line"
+    assert cfg.get("run.max_util") == 30.0
+    assert cfg.source("run.max_util").startswith("project: ")
+    assert cfg.get("run.model") == "user"
+    assert cfg.source("run.model") == f"user: {user}"
+    assert cfg.get("run.exclude") == ("7",)
+    assert cfg.source("run.exclude") == f"system: {system}"
+    assert cfg.get("run.count") is None  # a None on the command line means "not given"
+    monkeypatch.delenv("GPUWARDEN_RUN_MIN_FREE")
+    assert config.load().get("run.min_free") == 3 * GiB
+
+
+def test_project_file_is_found_from_a_subdirectory_but_not_past_the_repo_root(
+    isolated: Path,
+) -> None:
+    repo = isolated / "cwd"
+    write(repo / "gpuwarden.toml", '[run]\nmodel = "A100"\n')
+    (repo / ".git").mkdir()
+    sub = repo / "experiments" / "deep"
+    sub.mkdir(parents=True)
+    assert config.load(cwd=sub).get("run.model") == "A100"
+    # A nested repository does not inherit its parent's project file.
+    inner = sub / "vendored"
+    (inner / ".git").mkdir(parents=True)
+    assert config.load(cwd=inner).get("run.model") is None
+
+
+def test_gpu_ids_is_a_default_for_run_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    write(Path("gpuwarden.toml"), '[run]\ngpus = "0,1"\n')
+    monkeypatch.setenv("GPU_IDS", "2, 3")
+    cfg = config.load()
+    assert cfg.get("run.gpus") == ("2", "3")
+    assert cfg.source("run.gpus") == "env: GPU_IDS"
+    monkeypatch.setenv("GPUWARDEN_RUN_GPUS", "GPU-ab")
+    assert config.load().get("run.gpus") == ("GPU-ab",)
+    assert config.load({"run.gpus": "5"}).get("run.gpus") == ("5",)
+    monkeypatch.delenv("GPUWARDEN_RUN_GPUS")
+    monkeypatch.setenv("GPU_IDS", "")  # set but empty: ignored, the file applies
+    assert config.load().get("run.gpus") == ("0", "1")
+
+
+def test_short_env_names(monkeypatch: pytest.MonkeyPatch, isolated: Path) -> None:
+    monkeypatch.setenv("GPUWARDEN_DEVICE", "cpu")
+    cfg = config.load()
+    assert cfg.get("torch.device") == "cpu"
+    assert cfg.source("torch.device") == "env: GPUWARDEN_DEVICE"
+    assert cfg.get("lease.dir") == str(isolated / "leases")
+    assert config.lease_dir() == isolated / "leases"
+    assert config.state_dir() == isolated / "state"
+
+
+def test_values_are_normalised(user: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
+    write(
+        user,
+        "[run]\n"
+        'min_capability = "8.6"\n'
+        'timeout = "1h"\n'
+        'gpus = [0, "GPU-3f"]\n'
+        "[health]\n"
+        "fatal_xids = [79, 48]\n"
+        "[record]\n"
+        "max_bytes = 1024\n"
+        "[lease]\n"
+        'dir = "rel/leases"\n',
+    )
+    cfg = config.load()
+    assert cfg.get("run.min_capability") == (8, 6)
+    assert cfg.get("run.timeout") == 3600.0
+    assert cfg.get("run.gpus") == ("0", "GPU-3f")
+    assert cfg.get("health.fatal_xids") == (79, 48)
+    assert cfg.get("record.max_bytes") == 1024
+    # A relative path in a file is relative to that file, not to wherever a job starts.
+    assert cfg.get("lease.dir") == str(user.parent / "rel" / "leases")
+
+
+def test_dotted_keys_at_top_level_work(user: Path) -> None:
+    write(user, 'run.model = "H100"\n')
+    assert config.load().get("run.model") == "H100"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[run]\nmin_fre = "1G"\n',
+            "unknown key 'run.min_fre' (line 2); did you mean 'run.min_free'?",
+        ),
+        ("[runn]\ngpus = 1\n", "unknown key 'runn.gpus' (line 2)"),
+        ("gpus = 1\n", "unknown key 'gpus' (line 1)"),
+        (
+            '[run]\nmax_util = "high"\n',
+            "run.max_util must be a percentage 0-100, got 'high' (line 2)",
+        ),
+        ("[run]\nmax_util = 150\n", "run.max_util must be a percentage 0-100, got 150"),
+        ('[run]\nmin_free = "10XB"\n', "run.min_free must be a size such as 20GiB or 500M"),
+        ("[run]\nkeep_first_last = 1\n", "run.keep_first_last must be true or false, got 1"),
+        ('[run]\nid_format = "pci"\n', "run.id_format must be one of index|uuid, got 'pci'"),
+        ("[run]\ncount = 1.5\n", "run.count must be an integer, got 1.5"),
+        ('[health]\nfatal_xids = ["x"]\n', "health.fatal_xids must be a list of integers"),
+        ('[exporter]\nlisten = "localhost"\n', "exporter.listen must be HOST:PORT"),
+        ('[run]\nmin_capability = "eight"\n', "run.min_capability must be a compute capability"),
+    ],
+)
+def test_bad_file_values_name_file_key_and_type(user: Path, text: str, expected: str) -> None:
+    write(user, text)
+    with pytest.raises(UserError) as err:
+        config.load()
+    message = str(err.value)
+    assert message.startswith(f"{user}: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_broken_toml_is_one_line_with_the_position(system: Path) -> None:
+    write(system, "[run\nmin_free = \n")
+    with pytest.raises(UserError) as err:
+        config.load()
+    assert str(err.value).startswith(f"{system}: invalid TOML: ")
+    assert "line 1" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_env_and_cli_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUWARDEN_RUN_MAX_UTIL", "lots")
+    with pytest.raises(UserError, match=r"GPUWARDEN_RUN_MAX_UTIL='lots': run.max_util must be"):
+        config.load()
+    monkeypatch.delenv("GPUWARDEN_RUN_MAX_UTIL")
+    with pytest.raises(UserError, match=r"invalid min_free '10XB': expected a size"):
+        config.load({"run.min_free": "10XB"})
+    with pytest.raises(UserError, match="GPU_IDS='0,,1'"):
+        monkeypatch.setenv("GPU_IDS", "0,,1")
+        config.load()
+    monkeypatch.delenv("GPU_IDS")
+    with pytest.raises(KeyError):
+        config.load({"run.nope": 1})
+
+
+def test_unknown_gpuwarden_variables_are_not_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launcher exports GPUWARDEN_* variables describing a lease; they must not be
+    # mistaken for (or rejected as) settings.
+    monkeypatch.setenv("GPUWARDEN_LEASE_ID", "abc")
+    monkeypatch.setenv("GPUWARDEN_MEM_LIMIT", "1")
+    assert config.load().source("lease.dir") == "env: GPUWARDEN_LEASE_DIR"
+
+
+def test_durations_and_capabilities() -> None:
+    assert config.parse_duration("90") == 90
+    assert config.parse_duration("1.5m") == 90
+    assert config.parse_duration("2d") == 172800
+    assert config.parse_capability("9") == (9, 0)
+    assert config.parse_capability(8.6) == (8, 6)
+    for bad in ("4 hours", "-1", "h"):
+        with pytest.raises(UserError, match="invalid duration"):
+            config.parse_duration(bad)
+
+
+def test_locations_fall_back_to_system_then_per_user(
+    monkeypatch: pytest.MonkeyPatch, isolated: Path
+) -> None:
+    monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
+    monkeypatch.delenv("GPUWARDEN_STATE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(isolated / "xdg-state"))
+    shared = isolated / "var"
+    monkeypatch.setattr(config, "SYSTEM_LEASE_DIR", str(shared / "leases"))
+    monkeypatch.setattr(config, "SYSTEM_STATE_DIR", str(shared / "state"))
+    assert config.lease_dir() == isolated / "xdg-state" / "gpuwarden" / "leases"
+    assert config.state_dir() == isolated / "xdg-state" / "gpuwarden"
+    (shared / "leases").mkdir(parents=True)
+    (shared / "state").mkdir()
+    assert config.lease_dir() == shared / "leases"
+    assert config.state_dir() == shared / "state"
+    write(Path("gpuwarden.toml"), '[lease]\ndir = "/srv/l"\n[state]\ndir = "/srv/s"\n')
+    assert config.lease_dir() == Path("/srv/l")
+    assert config.state_dir() == Path("/srv/s")
+
+
+def test_loading_without_files_does_not_import_tomllib(tmp_path: Path) -> None:
+    import subprocess
+
+    code = (
+        "import sys; from gpuwarden import config; config.load(); "
+        "print('tomllib' in sys.modules or 'tomli' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_docs_list_every_key() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    for key in config.SCHEMA:
+        assert f"`{key.name}`" in doc, key.name
+        for name in key.env_names:
+            assert name in doc, name
+
+
+def test_cli_config_shows_values_and_sources(cli, user: Path) -> None:
+    write(user, '[run]\nmin_free = "20GiB"\n')
+    out = cli("config", env={"GPUWARDEN_RUN_MAX_UTIL": "50"})
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    assert "20.0GiB" in lines["run.min_free"] and f"user: {user}" in lines["run.min_free"]
+    assert "env: GPUWARDEN_RUN_MAX_UTIL" in lines["run.max_util"]
+    assert "default" in lines["run.keep_first_last"]
+    data = json.loads(cli("config", "--json").stdout)
+    assert data["run.min_free"] == {"value": 20 * GiB, "source": f"user: {user}"}
+    assert data["health.fatal_xids"]["value"] == list(config.DEFAULT_FATAL_XIDS)
+
+
+def test_cli_config_bad_file_is_one_line(cli, user: Path) -> None:
+    write(user, "[run]\nzzz = 1\n")
+    out = cli("config")
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"gpuwarden config: {user}: unknown key 'run.zzz' (line 2)"

@@ -1,0 +1,53 @@
+"""`gpuwarden doctor`: print findings (text or --json); exit 1 when any check FAILs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print findings and facts as JSON")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="also show what each passing check saw"
+    )
+    parser.add_argument(
+        "--no-torch-import",
+        action="store_true",
+        help="do not start torch in a child process: read its version file only and take its "
+        "architectures from the table of official wheels (fast)",
+    )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write an environment fingerprint (OS, Python, packages, torch/CUDA/cuDNN/NCCL, "
+        "driver, GPUs, variables) to FILE: JSON if it ends in .json, else text; '-' = stdout",
+    )
+    parser.epilog = "Exit status: 0 when no check FAILs (WARN is still 0), 1 otherwise."
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden.doctor.checks import run_checks
+    from gpuwarden.doctor.facts import gather
+    from gpuwarden.doctor.findings import exit_code
+    from gpuwarden.errors import UserError
+
+    facts = gather(probe_torch=not args.no_torch_import)
+    if args.export:
+        from gpuwarden.doctor import fingerprint
+
+        try:
+            kind = fingerprint.export(facts, args.export)
+        except OSError as exc:
+            raise UserError(f"cannot write {args.export}: {exc.strerror or exc}") from None
+        if args.export != "-":
+            print(f"wrote {kind} fingerprint to {args.export}", file=sys.stderr)
+        return 0
+    findings = run_checks(facts)
+    from gpuwarden.doctor import report
+
+    if args.json:
+        sys.stdout.write(report.as_json(facts, findings))
+    else:
+        sys.stdout.write(report.text(facts, findings, verbose=args.verbose))
+    return exit_code(findings)

@@ -1,0 +1,69 @@
+"""`gpuwarden doctor`: find the environment problems before they cost an afternoon.
+
+Facts are gathered once (`facts.gather`), judged by pure checks
+(`checks.run_checks`) into `Finding`s (PASS/INFO/SKIP/WARN/FAIL, what was
+seen, the exact fix), and rendered by `report`. From inside a training
+script, `gpuwarden.doctor.check()` runs the same checks plus the in-process
+one (CUDA_VISIBLE_DEVICES changed after torch/CUDA already looked).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional, TextIO
+
+from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding
+
+__all__ = ["FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding", "Report", "check", "diagnose"]
+
+
+@dataclass(frozen=True)
+class Report:
+    findings: tuple[Finding, ...]
+    facts: object  # gpuwarden.doctor.facts.Facts
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.level == FAIL for f in self.findings)
+
+    def problems(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.level in (WARN, FAIL))
+
+    def text(self, verbose: bool = False) -> str:
+        from gpuwarden.doctor import report
+
+        return report.text(self.facts, self.findings, verbose=verbose)  # type: ignore[arg-type]
+
+
+def diagnose(
+    *,
+    environ: Optional[Mapping[str, str]] = None,
+    probe_torch: bool = True,
+    in_process: bool = False,
+) -> Report:
+    from gpuwarden.doctor.checks import run_checks
+    from gpuwarden.doctor.facts import gather
+
+    facts = gather(environ=environ, probe_torch=probe_torch, in_process=in_process)
+    return Report(tuple(run_checks(facts)), facts)
+
+
+def check(*, print_report: bool = True, file: Optional[TextIO] = None) -> Report:
+    """Run the doctor from inside a script (after your imports, before training).
+
+    Uses the torch this process already imported, if any, and warns when
+    CUDA_VISIBLE_DEVICES changed after torch or CUDA had already read it.
+    Prints the problems (WARN/FAIL) to stderr unless `print_report=False`.
+    """
+    result = diagnose(probe_torch=False, in_process=True)
+    if print_report:
+        out = file or sys.stderr
+        problems = result.problems()
+        if problems:
+            for f in problems:
+                print(f"gpuwarden doctor: {f.level} {f.check}: {f.title}", file=out)
+                if f.fix:
+                    print(f"    fix: {f.fix}", file=out)
+    return result

@@ -1,0 +1,46 @@
+"""Small helpers the checks share (naming GPUs, choosing the install line)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from gpuwarden.doctor import cuda_compat
+from gpuwarden.doctor.facts import Facts
+from gpuwarden.inventory import Gpu
+
+
+def gpu_label(gpu: Gpu) -> str:
+    cc = (
+        f", sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+        if gpu.compute_capability
+        else ""
+    )
+    return f"GPU {gpu.index} ({gpu.name or 'unknown model'}{cc})"
+
+
+def capabilities(facts: Facts) -> tuple[tuple[int, int], ...]:
+    return tuple(
+        sorted({g.compute_capability for g in facts.snapshot.gpus if g.compute_capability})
+    )
+
+
+def torch_release(facts: Facts) -> Optional[tuple[int, ...]]:
+    return cuda_compat.parse_version(facts.torch.version)
+
+
+def install_fix(facts: Facts, wheel: Optional[cuda_compat.WheelBuild] = None) -> str:
+    """The pip line for the best official CUDA build for this driver and these GPUs."""
+    snap = facts.snapshot
+    if wheel is None:
+        wheel = cuda_compat.best_wheel(
+            snap.cuda_driver_version, capabilities(facts), torch_release(facts)
+        )
+    if wheel is None:
+        need = cuda_compat.MINOR_COMPAT_MIN_DRIVER[12]
+        have = snap.cuda_driver_version
+        return (
+            f"update the NVIDIA driver (>= {need} for CUDA 12 builds; this one supports CUDA "
+            f"{cuda_compat.fmt_cuda(have) if have else '?'})"
+            ", then install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
+        )
+    return cuda_compat.install_command(wheel.variant, facts.torch.version)

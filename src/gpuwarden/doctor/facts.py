@@ -1,0 +1,370 @@
+"""Everything the doctor judges, gathered in one place into one frozen `Facts` record.
+
+The checks are pure functions of `Facts`, so the expensive or impure parts
+live only here: reading the machine (one `Snapshot`), the environment, the
+drains, and PyTorch's build.
+
+PyTorch is found without importing it in this process: importing torch costs
+a second or more and the CLI must stay cheap. Its release and CUDA version
+come from `torch/version.py` read as text (located with `find_spec`, which
+does not import the package). What only torch itself can say (the compiled
+architecture list, NCCL, cuDNN, MPS) comes from a short probe run in a child
+interpreter, started before the NVML snapshot is read so the two overlap.
+Without the probe (`probe_torch=False`), the architecture list is taken from
+the table of official wheels for that build (`cuda_compat.WHEELS`).
+
+In-process (`gpuwarden.doctor.check()` from a user's script), a torch that is
+already imported is asked directly; nothing imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gpuwarden.inventory import Snapshot
+
+NO_TORCH_ENV = "GPUWARDEN_DOCTOR_NO_TORCH"
+PROBE_TIMEOUT = 120.0
+
+# Run in a child interpreter: prints torch's build facts as JSON without
+# initialising CUDA (no is_available(), no device queries).
+PROBE = r"""
+import json, sys
+out = {}
+try:
+    import torch
+except Exception as e:
+    print(json.dumps({"error": "import torch failed: %s: %s" % (type(e).__name__, e)}))
+    sys.exit(0)
+def safe(name, fn):
+    try:
+        out[name] = fn()
+    except Exception as e:
+        out.setdefault("errors", []).append("%s: %s" % (name, e))
+safe("version", lambda: torch.__version__)
+safe("cuda", lambda: torch.version.cuda)
+safe("hip", lambda: getattr(torch.version, "hip", None))
+def archs():
+    flags = getattr(torch._C, "_cuda_getArchFlags", None)
+    return (flags() or "").split() if flags else []
+safe("arch_list", archs)
+safe("distributed", lambda: torch.distributed.is_available())
+safe("nccl", lambda: bool(torch.distributed.is_available()
+                          and torch.distributed.is_nccl_available()))
+def nccl_version():
+    v = torch.cuda.nccl.version()
+    return ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
+if torch.version.cuda:
+    safe("nccl_version", nccl_version)
+    safe("cudnn", lambda: torch.backends.cudnn.version())
+safe("mps", lambda: torch.backends.mps.is_built())
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What is known about the installed PyTorch; `None` fields are unknown, not false."""
+
+    installed: bool
+    version: Optional[str] = None  # "2.6.0+cu126"
+    cuda: Optional[str] = None  # torch.version.cuda, None for CPU/ROCm builds
+    hip: Optional[str] = None
+    location: Optional[str] = None
+    arch_list: Optional[tuple[str, ...]] = None
+    arch_source: str = ""  # "torch" or "official cu126 wheel table"
+    distributed: Optional[bool] = None
+    nccl: Optional[bool] = None
+    nccl_version: Optional[str] = None
+    cudnn: Optional[int] = None
+    mps: Optional[bool] = None
+    error: Optional[str] = None  # why some facts are missing (probe failed, ...)
+    skipped: str = ""  # why torch was not looked at, when it was not
+
+
+@dataclass(frozen=True)
+class TorchRuntime:
+    """The torch already imported in this process (in-process mode only)."""
+
+    cuda_initialized: bool
+    device_uuids: Optional[tuple[str, ...]] = None  # what CUDA enumerated, in its order
+    device_count: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    snapshot: Snapshot
+    environ: Mapping[str, str] = field(default_factory=dict)
+    torch: TorchBuild = field(default_factory=lambda: TorchBuild(installed=False))
+    platform: str = "linux"  # sys.platform
+    machine: str = "x86_64"
+    python: str = ""
+    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> gpuwarden.drain.Drain
+    in_process: bool = False
+    runtime: Optional[TorchRuntime] = None  # torch state, when torch is imported here
+    initial_environ: Optional[Mapping[str, str]] = None  # the environment at exec time
+
+
+# -- torch, without importing it --------------------------------------------------------
+
+
+def _read_version_py(path: str) -> dict[str, Any]:
+    """The literal assignments of torch/version.py (`cuda: Optional[str] = '12.6'`)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return {}
+    values: dict[str, Any] = {}
+    for m in re.finditer(r"^(\w+)\s*(?::[^=\n]*)?=\s*(.+)$", text, re.MULTILINE):
+        try:
+            values[m.group(1)] = ast.literal_eval(m.group(2).strip())
+        except (ValueError, SyntaxError):
+            continue
+    return values
+
+
+def find_torch(environ: Mapping[str, str]) -> TorchBuild:
+    """Locate torch and read its version file, importing nothing."""
+    if environ.get(NO_TORCH_ENV, "") not in ("", "0"):
+        return TorchBuild(installed=False, skipped=f"{NO_TORCH_ENV} is set")
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return TorchBuild(installed=False, skipped="torch is not installed")
+    location = next(iter(spec.submodule_search_locations))
+    values = _read_version_py(os.path.join(location, "version.py"))
+    version = values.get("__version__")
+    return TorchBuild(
+        installed=True,
+        version=str(version) if version else None,
+        cuda=values.get("cuda"),
+        hip=values.get("hip"),
+        location=location,
+        error=None if version else "torch/version.py unreadable",
+    )
+
+
+def start_probe(python: Optional[str] = None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env.pop("PYTHONSTARTUP", None)
+    return subprocess.Popen(
+        [python or sys.executable, "-c", PROBE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+
+
+def finish_probe(build: TorchBuild, proc: subprocess.Popen[str]) -> TorchBuild:
+    """Merge the child's answer into `build`; a failed probe keeps the static facts."""
+    try:
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return _with(build, error=f"torch probe took over {PROBE_TIMEOUT:.0f} s")
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (err or out).strip().splitlines()[-1:] or ["no output"]
+        return _with(build, error=f"torch probe failed: {tail[0]}")
+    return probe_result(build, data)
+
+
+def probe_result(build: TorchBuild, data: Mapping[str, Any]) -> TorchBuild:
+    if "error" in data:
+        return _with(build, error=str(data["error"]))
+    archs = data.get("arch_list")
+    return _with(
+        build,
+        version=data.get("version") or build.version,
+        cuda=data.get("cuda", build.cuda),
+        hip=data.get("hip", build.hip),
+        arch_list=tuple(archs) if isinstance(archs, list) else None,
+        arch_source="torch" if isinstance(archs, list) else "",
+        distributed=data.get("distributed"),
+        nccl=data.get("nccl"),
+        nccl_version=data.get("nccl_version"),
+        cudnn=data.get("cudnn"),
+        mps=data.get("mps"),
+        error="; ".join(data["errors"]) if data.get("errors") else None,
+    )
+
+
+def from_module(torch: Any) -> tuple[TorchBuild, TorchRuntime]:
+    """Facts from a torch that this process already imported."""
+    data: dict[str, Any] = {}
+    errors = []
+    for name, fn in (
+        ("version", lambda: torch.__version__),
+        ("cuda", lambda: torch.version.cuda),
+        ("hip", lambda: getattr(torch.version, "hip", None)),
+        (
+            "arch_list",
+            lambda: (
+                (torch._C._cuda_getArchFlags() or "").split()
+                if hasattr(torch._C, "_cuda_getArchFlags")
+                else []
+            ),
+        ),
+        ("distributed", lambda: torch.distributed.is_available()),
+        (
+            "nccl",
+            lambda: bool(
+                torch.distributed.is_available() and torch.distributed.is_nccl_available()
+            ),
+        ),
+        ("mps", lambda: torch.backends.mps.is_built()),
+    ):
+        try:
+            data[name] = fn()
+        except Exception as exc:
+            errors.append(f"{name}: {exc}")
+    if errors:
+        data["errors"] = errors
+    build = probe_result(
+        TorchBuild(installed=True, location=os.path.dirname(getattr(torch, "__file__", "") or "")),
+        data,
+    )
+    initialized = False
+    uuids: Optional[tuple[str, ...]] = None
+    count: Optional[int] = None
+    try:
+        initialized = bool(torch.cuda.is_initialized())
+        if initialized:
+            count = int(torch.cuda.device_count())
+            found = []
+            for i in range(count):
+                uuid = getattr(torch.cuda.get_device_properties(i), "uuid", None)
+                if uuid is None:
+                    break
+                text = str(uuid)
+                found.append(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+            else:
+                uuids = tuple(found)
+    except Exception:
+        pass
+    return build, TorchRuntime(cuda_initialized=initialized, device_uuids=uuids, device_count=count)
+
+
+def _with(build: TorchBuild, **changes: Any) -> TorchBuild:
+    from dataclasses import replace
+
+    return replace(build, **changes)
+
+
+def table_archs(build: TorchBuild) -> TorchBuild:
+    """Fill the arch list from the official wheel table when torch itself was not asked."""
+    if not build.installed or build.arch_list is not None or not build.cuda:
+        return build
+    from gpuwarden.doctor import cuda_compat
+
+    variant = cuda_compat.variant_of(build.version, build.cuda)
+    wheel = (
+        cuda_compat.wheel_archs(variant, cuda_compat.parse_version(build.version))
+        if variant
+        else None
+    )
+    if wheel is None:
+        return build
+    return _with(build, arch_list=wheel.archs, arch_source=f"official {variant} wheel table")
+
+
+# -- the machine and the rest -----------------------------------------------------------
+
+
+def read_machine() -> Snapshot:
+    """One snapshot; a machine without a usable NVML is an empty snapshot saying why."""
+    from gpuwarden import inventory
+
+    try:
+        return inventory.read_snapshot(processes=True)
+    except NotImplementedError:
+        reason = "the inventory cannot read this machine yet"
+    except ImportError as exc:
+        reason = f"NVML not loadable: {exc}"
+    except Exception as exc:  # a broken driver must not stop the doctor
+        reason = f"NVML failed: {type(exc).__name__}: {exc}"
+    return Snapshot(taken_at=time.time(), hostname=socket.gethostname(), error=reason)
+
+
+def read_drains() -> Mapping[str, Any]:
+    try:
+        from gpuwarden.drain import list_drains
+
+        return dict(list_drains())
+    except Exception:
+        return {}
+
+
+def initial_environ() -> Optional[dict[str, str]]:
+    """The environment this process was started with (Linux /proc), to see later changes."""
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            k, _, v = item.partition(b"=")
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+def gather(
+    *,
+    environ: Optional[Mapping[str, str]] = None,
+    probe_torch: bool = True,
+    in_process: bool = False,
+    snapshot: Optional[Snapshot] = None,
+) -> Facts:
+    """Collect every fact once. `probe_torch=False` never starts torch anywhere."""
+    env = dict(os.environ if environ is None else environ)
+    runtime: Optional[TorchRuntime] = None
+    loaded = sys.modules.get("torch") if env.get(NO_TORCH_ENV, "") in ("", "0") else None
+    proc = None
+    if loaded is not None and hasattr(loaded, "version"):
+        build, runtime = from_module(loaded)
+    else:
+        build = find_torch(env)
+        if build.installed and probe_torch:
+            try:
+                proc = start_probe()
+            except OSError as exc:
+                build = _with(build, error=f"torch probe could not start: {exc}")
+    snap = snapshot if snapshot is not None else read_machine()
+    drains = read_drains()
+    if proc is not None:
+        build = finish_probe(build, proc)
+    build = table_archs(build)
+    return Facts(
+        snapshot=snap,
+        environ=env,
+        torch=build,
+        platform=sys.platform,
+        machine=platform.machine(),
+        python=platform.python_version(),
+        drains=drains,
+        in_process=in_process,
+        runtime=runtime if in_process else None,
+        initial_environ=initial_environ() if in_process else None,
+    )

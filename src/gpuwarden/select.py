@@ -222,6 +222,8 @@ def choose(
             passed[g.uuid] = "not needed: no GPU asked for"
         return Choice((), passed)
     if len(candidates) < count:
+        for g in candidates:
+            passed[g.uuid] = f"fits, but fewer than {count} GPUs do"
         usable = len(snapshot.gpus) - len(never)
         if usable < count:
             return Choice(

@@ -1,0 +1,261 @@
+"""Selection policy on hand-built snapshots: filters, ranking, reasons, impossible requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.drain import Drain
+from gpuwarden.errors import UserError
+from gpuwarden.inventory import TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Gpu, GpuProcess, Snapshot
+from gpuwarden.lease import LeaseInfo
+from gpuwarden.select import Request, choose, resolve_ids
+
+GiB = 2**30
+
+
+def card(i: int, **kw: object) -> Gpu:
+    fields: dict[str, object] = {
+        "index": i,
+        "uuid": f"GPU-{i:x}{i:x}000000-aaaa-bbbb-cccc-{i:012x}",
+        "name": "NVIDIA A100-SXM4-80GB",
+        "memory_total": 80 * GiB,
+        "memory_used": 0,
+        "memory_free": 80 * GiB,
+        "utilization_gpu": 0,
+        "compute_capability": (8, 0),
+    }
+    fields.update(kw)
+    return Gpu(**fields)  # type: ignore[arg-type]
+
+
+def machine(*gpus: Gpu, topology: dict | None = None, nvlinks: dict | None = None) -> Snapshot:
+    return Snapshot(0.0, "box", tuple(gpus), topology=topology or {}, nvlinks=nvlinks or {})
+
+
+def eight(**kw: object) -> Snapshot:
+    return machine(*(card(i, **kw) for i in range(8)))
+
+
+def idx(choice) -> list[int]:
+    return [g.index for g in choice.gpus]
+
+
+def lease(gpu: Gpu, mem: int | None = None, user: str = "bob", pid: int = 4242) -> LeaseInfo:
+    return LeaseInfo(gpu.uuid, user, pid, "python train.py", 0.0, mem)
+
+
+def drained(gpu: Gpu, reason: str = "XID 79 fell off the bus") -> Drain:
+    return Drain(gpu.uuid, reason, "alice", 0.0)
+
+
+def test_gpu0_is_kept_for_last_and_most_free_memory_wins() -> None:
+    snap = machine(card(0), card(1, memory_free=40 * GiB, memory_used=40 * GiB), card(2))
+    choice = choose(snap, Request(count=1))
+    assert idx(choice) == [2]
+    assert choice.passed_over[snap.gpus[0].uuid].startswith("kept for last")
+    assert idx(choose(snap, Request(count=1, keep_first_last=False))) == [0]
+    assert idx(choose(snap, Request(count=3))) == [0, 1, 2]
+
+
+def test_lower_utilization_breaks_ties() -> None:
+    snap = machine(card(0), card(1, utilization_gpu=30), card(2, utilization_gpu=10))
+    assert idx(choose(snap, Request(count=1, max_util=50))) == [2]
+
+
+def test_every_gpu_not_chosen_has_a_reason() -> None:
+    snap = eight()
+    g = snap.gpus
+    choice = choose(
+        snap,
+        Request(count=1, min_free=20 * GiB, exclude=("7",)),
+        leases=[lease(g[1])],
+        drains={g[3].uuid: drained(g[3])},
+    )
+    assert len(choice.gpus) == 1
+    assert set(choice.passed_over) | {choice.gpus[0].uuid} == {x.uuid for x in g}
+    assert choice.passed_over[g[1].uuid] == "leased by bob pid 4242"
+    assert choice.passed_over[g[3].uuid] == "drained by alice: XID 79 fell off the bus"
+    assert choice.passed_over[g[7].uuid] == "excluded"
+
+
+def test_filter_reasons() -> None:
+    snap = machine(
+        card(0),
+        card(1, memory_free=3 * GiB, memory_used=77 * GiB),
+        card(2, utilization_gpu=95),
+        card(3, compute_capability=(7, 0), name="Tesla V100-SXM2-32GB"),
+        card(4, lost=True),
+        card(5, ecc_uncorrected_volatile=2),
+        card(6, memory_free=None, utilization_gpu=None),
+    )
+    g = snap.gpus
+    choice = choose(snap, Request(count=1, min_free=20 * GiB, max_util=50))
+    assert idx(choice) == [3]  # GPU 0 is kept for last
+    why = choice.passed_over
+    assert why[g[1].uuid] == "only 3072MiB free < 20.0GiB"
+    assert why[g[2].uuid] == "util 95% > 50%"
+    assert why[g[4].uuid].startswith("unhealthy: GPU is lost")
+    assert why[g[5].uuid].startswith("unhealthy: 2 uncorrected ECC errors")
+    assert why[g[6].uuid] == "free memory n/a"
+    why = choose(snap, Request(count=1, min_capability=(8, 0))).passed_over
+    assert why[g[3].uuid] == "compute capability 7.0 < 8.0"
+    why = choose(snap, Request(count=1, model="a100")).passed_over
+    assert why[g[3].uuid] == "model Tesla V100-SXM2-32GB does not match 'a100'"
+    assert idx(choose(snap, Request(count=1, model="*v100*"))) == [3]
+    assert idx(choose(snap, Request(count=1, model="v100"))) == [3]
+
+
+def test_exclusive_request_respects_unleased_processes_unless_thresholds_are_given() -> None:
+    colleague = GpuProcess(pid=99, used_memory=30 * GiB, user="carol", command="python train.py")
+    snap = machine(card(1, processes=(colleague,), memory_used=30 * GiB, memory_free=50 * GiB))
+    choice = choose(snap, Request(count=1))
+    assert choice.error and not choice.never_fits
+    assert "busy: pid 99 (carol) uses 30.0GiB" in choice.error
+    assert idx(choose(snap, Request(count=1, min_free=40 * GiB))) == [1]
+    # Graphics contexts (a desktop) do not make a GPU busy.
+    xorg = GpuProcess(pid=7, used_memory=GiB, kind="graphics")
+    assert idx(choose(machine(card(1, processes=(xorg,))), Request(count=1))) == [1]
+
+
+def test_shared_requests_fit_by_declared_memory_plus_others_use() -> None:
+    base = card(1, memory_used=30 * GiB, memory_free=50 * GiB)
+    snap = machine(base)
+    # 30 GiB used: 20 declared by a shared lease plus 10 from a process gpuwarden did not start.
+    shares = [lease(base, mem=20 * GiB)]
+    assert idx(choose(snap, Request(count=1, mem=50 * GiB), leases=shares)) == [1]
+    choice = choose(snap, Request(count=1, mem=51 * GiB), leases=shares)
+    assert not choice.ok and not choice.never_fits
+    assert "no room for 51.0GiB: 20.0GiB declared by 1 shared lease + 10.0GiB used by others" in (
+        choice.error or ""
+    )
+    # An exclusive request never takes a GPU with any lease; a shared one never one with an
+    # exclusive lease.
+    assert not choose(snap, Request(count=1), leases=shares).ok
+    assert choose(snap, Request(count=1, mem=GiB), leases=[lease(base)]).passed_over[base.uuid] == (
+        "leased by bob pid 4242"
+    )
+    # More than the card holds can never fit.
+    choice = choose(snap, Request(count=1, mem=100 * GiB))
+    assert choice.never_fits
+
+
+def test_impossible_counts_never_fit_with_a_clear_reason() -> None:
+    snap = eight()
+    g = snap.gpus
+    choice = choose(snap, Request(count=9))
+    assert choice.never_fits
+    assert choice.error == "asked for 9 GPUs but this machine has only 8 GPUs"
+    choice = choose(snap, Request(count=8), drains=[drained(g[3])])
+    assert choice.never_fits
+    assert choice.error == (
+        "asked for 8 GPUs but only 7 are healthy and not drained "
+        "(GPU 3 drained by alice: XID 79 fell off the bus)"
+    )
+    choice = choose(snap, Request(count=1, min_free=100 * GiB))
+    assert choice.never_fits
+    assert "none is suitable for this request (GPUs 0,1,2,3,4,5,6,7 only 80.0GiB in total" in (
+        choice.error or ""
+    )
+    # Leased GPUs free up eventually: not "never".
+    choice = choose(snap, Request(count=8), leases=[lease(g[5])])
+    assert not choice.never_fits
+    assert choice.error == "asked for 8 GPUs but only 7 are free now (GPU 5 leased by bob pid 4242)"
+    assert choose(machine(), Request(count=1)).never_fits
+
+
+def test_count_zero_chooses_nothing() -> None:
+    choice = choose(eight(), Request(count=0))
+    assert choice.ok and choice.gpus == ()
+    with pytest.raises(UserError, match="invalid GPU count -1"):
+        choose(eight(), Request(count=-1))
+
+
+def test_explicit_gpus_by_index_and_uuid_prefix() -> None:
+    snap = eight()
+    g = snap.gpus
+    assert idx(choose(snap, Request(gpus=("5", "2")))) == [2, 5]
+    assert idx(choose(snap, Request(gpus=(g[4].uuid[:7],)))) == [4]
+    assert idx(choose(snap, Request(gpus=(g[4].uuid[:6].lower(),)))) == [4]
+    # All digits is an index, never a UUID prefix.
+    with pytest.raises(UserError, match="unknown GPU '44'"):
+        choose(snap, Request(gpus=("44",)))
+    # With a count, the named GPUs are the candidates.
+    choice = choose(snap, Request(count=1, gpus=("0", "6")))
+    assert idx(choice) == [6]
+    assert choice.passed_over[g[1].uuid] == "not among the requested GPUs"
+    choice = choose(snap, Request(count=3, gpus=("0", "6")))
+    assert choice.never_fits and choice.error == "asked for 3 GPUs but only 2 were named"
+    choice = choose(snap, Request(gpus=("1", "3")), drains=[drained(g[3])])
+    assert choice.never_fits and "GPU 3 drained by alice" in (choice.error or "")
+
+
+def test_unknown_and_ambiguous_ids() -> None:
+    snap = machine(card(0, uuid="GPU-abc1"), card(1, uuid="GPU-abc2"), card(2, uuid="GPU-def"))
+    with pytest.raises(UserError, match=r"unknown GPU '9': this machine has GPUs 0-2"):
+        choose(snap, Request(gpus=("9",)))
+    with pytest.raises(
+        UserError, match=r"GPU ID 'abc' is ambiguous: it matches GPU 0 \(GPU-abc1\)"
+    ):
+        resolve_ids(snap, ["abc"])
+    with pytest.raises(UserError, match="unknown GPU 'GPU-zz'"):
+        choose(snap, Request(count=1, exclude=("GPU-zz",)))
+    assert [g.index for g in resolve_ids(snap, ["def", "0", "GPU-DEF"])] == [2, 0]
+
+
+def test_allowed_restricts_to_the_parent_set() -> None:
+    snap = eight()
+    g = snap.gpus
+    allowed = {g[2].uuid, g[3].uuid}
+    choice = choose(snap, Request(count=2), allowed=allowed)
+    assert idx(choice) == [2, 3]
+    assert choice.passed_over[g[5].uuid].startswith("not visible")
+    choice = choose(snap, Request(count=3), allowed=allowed)
+    assert choice.never_fits
+    assert choice.error == (
+        "asked for 3 GPUs but the parent CUDA_VISIBLE_DEVICES leaves only 2 GPUs visible"
+    )
+    with pytest.raises(UserError, match="GPU 5 is not visible here"):
+        choose(snap, Request(gpus=("5",)), allowed=allowed)
+
+
+def test_multi_gpu_prefers_nvlink_then_same_switch_over_more_free_memory() -> None:
+    gpus = [card(i, memory_free=(80 - i) * GiB, memory_used=i * GiB) for i in range(8)]
+    topo = {(a, b): TOPOLOGY_SYSTEM for a in range(8) for b in range(a + 1, 8)}
+    topo[(5, 6)] = TOPOLOGY_SINGLE
+    snap = machine(*gpus, topology=topo)
+    assert idx(choose(snap, Request(count=2))) == [5, 6]
+    snap = machine(*gpus, topology=topo, nvlinks={(3, 7): 12})
+    assert idx(choose(snap, Request(count=2))) == [3, 7]
+    # Without topology, the best-ranked GPUs win (GPU 0 last).
+    assert idx(choose(machine(*gpus), Request(count=2))) == [1, 2]
+
+
+def test_multi_gpu_prefers_one_model() -> None:
+    snap = machine(
+        card(0),
+        card(1, name="NVIDIA RTX A6000"),
+        card(2, memory_free=70 * GiB, memory_used=10 * GiB),
+        card(3, name="NVIDIA RTX A6000", memory_free=60 * GiB, memory_used=20 * GiB),
+    )
+    assert idx(choose(snap, Request(count=2))) == [1, 3]
+    assert idx(choose(snap, Request(count=1))) == [1]
+
+
+def test_health_warnings_rank_after_healthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwarden import health
+
+    def judge(gpu: Gpu, xids: tuple[int, ...] = ()) -> tuple[health.Finding, ...]:
+        return (health.Finding(health.WARNING, "hot"),) if gpu.index == 1 else ()
+
+    monkeypatch.setattr(health, "judge", judge)
+    snap = machine(card(0), card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    assert idx(choose(snap, Request(count=1))) == [2]
+
+
+def test_request_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwarden import config
+
+    monkeypatch.setenv("GPU_IDS", "1,2")
+    cfg = config.load({"run.min_free": "1GiB", "run.min_capability": "8.0"})
+    req = Request.from_config(cfg, mem=5)
+    assert req == Request(count=None, gpus=("1", "2"), min_free=GiB, min_capability=(8, 0), mem=5)

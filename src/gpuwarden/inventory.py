@@ -14,8 +14,12 @@ snapshot whose `error` says why.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 # Topology levels as NVML reports them (nvmlGpuTopologyLevel_t); lower is closer.
 TOPOLOGY_INTERNAL = 0  # the same board (multi-GPU card)
@@ -115,13 +119,339 @@ class Snapshot:
         return next((g for g in self.gpus if g.uuid == uuid), None)
 
 
+# Bits of nvmlDeviceGetCurrentClocksEventReasons (formerly "throttle reasons"), by name.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks_setting",
+}
+_COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+NO_DRIVER = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable); CPU only"
+
+
 def load_nvml():  # -> ModuleType
     """The pynvml-like module to read: the simulator's when GPUWARDEN_SIM is set, else
     nvidia-ml-py's `pynvml`. Raises ImportError when neither can be had."""
-    raise NotImplementedError  # filled in by the inventory work
+    if os.environ.get("GPUWARDEN_SIM"):
+        from gpuwarden.sim.fake import module
+
+        return module()
+    import pynvml
+
+    return pynvml
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _Reader:
+    """Calls NVML so that what the card cannot answer becomes None."""
+
+    def __init__(self, nv: Any) -> None:
+        self.nv = nv
+        self.soft = (
+            nv.NVMLError_NotSupported,
+            nv.NVMLError_NoPermission,
+            nv.NVMLError_FunctionNotFound,
+        )
+        self.soft += tuple(
+            getattr(nv, name)
+            for name in ("NVMLError_NotFound", "NVMLError_InvalidArgument", "NVMLError_Unknown")
+            if hasattr(nv, name)
+        )
+
+    def get(self, func: str, *args: Any) -> Any:
+        """None for what the card cannot say; GpuIsLost propagates (the GPU is gone)."""
+        try:
+            return getattr(self.nv, func)(*args)
+        except self.soft:
+            return None
+        except self.nv.NVMLError_GpuIsLost:
+            raise
+        except self.nv.NVMLError:
+            return None
 
 
 def read_snapshot(nvml=None, *, processes: bool = True, topology: bool = False) -> Snapshot:
     """Read the machine once. `nvml` defaults to `load_nvml()`; never raises for
     hardware conditions (see the module docstring)."""
-    raise NotImplementedError  # filled in by the inventory work
+    hostname = socket.gethostname()
+    now = time.time()
+    if nvml is None:
+        try:
+            nvml = load_nvml()
+        except ImportError as err:
+            return Snapshot(
+                taken_at=now,
+                hostname=hostname,
+                source="nvml",
+                error=f"cannot import pynvml ({err}); CPU only",
+            )
+    source = f"sim:{nvml.gpuwarden_sim_spec}" if hasattr(nvml, "gpuwarden_sim_spec") else "nvml"
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError_LibraryNotFound:
+        return Snapshot(taken_at=now, hostname=hostname, source=source, error=NO_DRIVER)
+    except nvml.NVMLError as err:
+        return Snapshot(
+            taken_at=now,
+            hostname=hostname,
+            source=source,
+            error=f"NVML initialisation failed: {err}",
+        )
+    try:
+        return _read(nvml, hostname, now, source, processes, topology)
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _read(
+    nv: Any, hostname: str, now: float, source: str, processes: bool, topology: bool
+) -> Snapshot:
+    r = _Reader(nv)
+    driver = r.get("nvmlSystemGetDriverVersion")
+    cuda = r.get("nvmlSystemGetCudaDriverVersion_v2") or r.get("nvmlSystemGetCudaDriverVersion")
+    nvml_version = r.get("nvmlSystemGetNVMLVersion")
+    count = nv.nvmlDeviceGetCount()
+    names = getattr(nv, "gpuwarden_sim_processes", None)
+    known = names() if names is not None else {}
+    gpus = []
+    handles: dict[int, Any] = {}
+    for index in range(count):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as err:
+            lost = isinstance(err, nv.NVMLError_GpuIsLost)
+            gpus.append(
+                Gpu(
+                    index=index,
+                    uuid=f"unknown-{index}",
+                    lost=lost,
+                    error=f"cannot get a handle: {err}",
+                )
+            )
+            continue
+        gpu = _read_gpu(nv, r, index, handle, processes, known)
+        if not gpu.lost:
+            handles[index] = handle
+        gpus.append(gpu)
+    topo: dict[tuple[int, int], int] = {}
+    links: dict[tuple[int, int], int] = {}
+    if topology:
+        topo, links = _read_topology(nv, r, handles, gpus)
+    return Snapshot(
+        taken_at=now,
+        hostname=hostname,
+        gpus=tuple(gpus),
+        driver_version=_text(driver) if driver is not None else None,
+        cuda_driver_version=(cuda // 1000, (cuda % 1000) // 10) if cuda else None,
+        nvml_version=_text(nvml_version) if nvml_version is not None else None,
+        source=source,
+        topology=topo,
+        nvlinks=links,
+    )
+
+
+def _read_gpu(nv: Any, r: _Reader, index: int, handle: Any, processes: bool, known: dict) -> Gpu:
+    uuid = f"unknown-{index}"
+    fields: dict[str, Any] = {}
+    try:
+        uuid = _text(nv.nvmlDeviceGetUUID(handle))
+        name = r.get("nvmlDeviceGetName", handle)
+        fields["name"] = _text(name) if name is not None else None
+        pci = r.get("nvmlDeviceGetPciInfo", handle)
+        fields["pci_bus_id"] = _text(pci.busId) if pci is not None else None
+        fields.update(_read_state(nv, r, handle))
+        if processes:
+            fields["processes"] = _read_processes(
+                nv, r, handle, fields.get("mig_instances", ()), known
+            )
+    except nv.NVMLError_GpuIsLost as err:
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            name=fields.get("name"),
+            pci_bus_id=fields.get("pci_bus_id"),
+            lost=True,
+            error=f"GPU is lost: {err}",
+        )
+    return Gpu(index=index, uuid=uuid, **fields)
+
+
+def _read_state(nv: Any, r: _Reader, handle: Any) -> dict[str, Any]:
+    f: dict[str, Any] = {}
+    memory = None
+    if hasattr(nv, "nvmlMemory_v2"):
+        memory = r.get("nvmlDeviceGetMemoryInfo", handle, nv.nvmlMemory_v2)
+    if memory is None:
+        memory = r.get("nvmlDeviceGetMemoryInfo", handle)
+    if memory is not None:
+        f["memory_total"], f["memory_used"], f["memory_free"] = (
+            int(memory.total),
+            int(memory.used),
+            int(memory.free),
+        )
+    util = r.get("nvmlDeviceGetUtilizationRates", handle)
+    if util is not None:
+        f["utilization_gpu"], f["utilization_memory"] = int(util.gpu), int(util.memory)
+    f["temperature"] = r.get("nvmlDeviceGetTemperature", handle, nv.NVML_TEMPERATURE_GPU)
+    power = r.get("nvmlDeviceGetPowerUsage", handle)
+    f["power_draw"] = power / 1000.0 if power is not None else None
+    limit = r.get("nvmlDeviceGetEnforcedPowerLimit", handle)
+    f["power_limit"] = limit / 1000.0 if limit is not None else None
+    energy = r.get("nvmlDeviceGetTotalEnergyConsumption", handle)
+    f["energy_consumed"] = energy / 1000.0 if energy is not None else None
+    f["fan_speed"] = r.get("nvmlDeviceGetFanSpeed", handle)
+    f["clock_sm"] = r.get("nvmlDeviceGetClockInfo", handle, nv.NVML_CLOCK_SM)
+    f["clock_sm_max"] = r.get("nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_SM)
+    cc = r.get("nvmlDeviceGetCudaComputeCapability", handle)
+    f["compute_capability"] = (int(cc[0]), int(cc[1])) if cc is not None else None
+    persistence = r.get("nvmlDeviceGetPersistenceMode", handle)
+    f["persistence_mode"] = bool(persistence) if persistence is not None else None
+    mode = r.get("nvmlDeviceGetComputeMode", handle)
+    f["compute_mode"] = _COMPUTE_MODES.get(mode) if mode is not None else None
+    mig = r.get("nvmlDeviceGetMigMode", handle)
+    f["mig_mode"] = bool(mig[0]) if mig is not None else None
+    if f["mig_mode"]:
+        f["mig_instances"] = _read_mig(nv, r, handle)
+    ecc = r.get("nvmlDeviceGetEccMode", handle)
+    f["ecc_mode"] = bool(ecc[0]) if ecc is not None else None
+    if f["ecc_mode"]:
+        f["ecc_uncorrected_volatile"] = r.get(
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC,
+        )
+        f["ecc_corrected_volatile"] = r.get(
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            nv.NVML_VOLATILE_ECC,
+        )
+    pending = r.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    f["retired_pages_pending"] = bool(pending) if pending is not None else None
+    rows = r.get("nvmlDeviceGetRemappedRows", handle)
+    if rows is not None:
+        f["remapped_rows_pending"], f["remapped_rows_failure"] = bool(rows[2]), bool(rows[3])
+    f["pcie_replay_count"] = r.get("nvmlDeviceGetPcieReplayCounter", handle)
+    reasons = r.get("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if reasons is None:
+        reasons = r.get("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    if reasons is not None:
+        f["throttle_reasons"] = tuple(
+            name for bit, name in THROTTLE_REASONS.items() if reasons & bit
+        )
+    return f
+
+
+def _read_mig(nv: Any, r: _Reader, handle: Any) -> tuple[MigInstance, ...]:
+    found = []
+    for i in range(r.get("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
+        mig = r.get("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if mig is None:
+            continue
+        name = r.get("nvmlDeviceGetName", mig)
+        memory = r.get("nvmlDeviceGetMemoryInfo", mig)
+        profile = _text(name).rsplit(" ", 1)[-1] if name is not None else None
+        found.append(
+            MigInstance(
+                uuid=_text(nv.nvmlDeviceGetUUID(mig)),
+                index=i,
+                gpu_instance_id=r.get("nvmlDeviceGetGpuInstanceId", mig),
+                compute_instance_id=r.get("nvmlDeviceGetComputeInstanceId", mig),
+                name=profile,
+                memory_total=int(memory.total) if memory is not None else None,
+                memory_used=int(memory.used) if memory is not None else None,
+            )
+        )
+    return tuple(found)
+
+
+def _read_processes(
+    nv: Any, r: _Reader, handle: Any, migs: tuple[MigInstance, ...], known: dict
+) -> tuple[GpuProcess, ...]:
+    by_instance = {(m.gpu_instance_id, m.compute_instance_id): m.uuid for m in migs}
+    seen = []
+    for kind, func in (
+        ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+        ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ):
+        for p in r.get(func, handle) or ():
+            mem = p.usedGpuMemory
+            mig_uuid = by_instance.get(
+                (getattr(p, "gpuInstanceId", None), getattr(p, "computeInstanceId", None))
+            )
+            seen.append((int(p.pid), int(mem) if mem is not None else None, kind, mig_uuid))
+    result = []
+    for pid, mem, kind, mig_uuid in seen:
+        user, command = known.get(pid) or _owner(pid)
+        result.append(
+            GpuProcess(
+                pid=pid, used_memory=mem, user=user, command=command, kind=kind, mig_uuid=mig_uuid
+            )
+        )
+    return tuple(result)
+
+
+def _owner(pid: int) -> tuple[Optional[str], Optional[str]]:
+    """User and command line of a local process (psutil imported only when needed)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            user = proc.username()
+            cmdline = proc.cmdline()
+        return user, " ".join(cmdline) if cmdline else proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError, OSError):
+        return None, None
+
+
+def _read_topology(
+    nv: Any, r: _Reader, handles: dict[int, Any], gpus: list[Gpu]
+) -> tuple[dict, dict]:
+    topo: dict[tuple[int, int], int] = {}
+    indices = sorted(handles)
+    for a_pos, a in enumerate(indices):
+        for b in indices[a_pos + 1 :]:
+            level = r.get("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
+            if level is not None:
+                topo[(a, b)] = int(level)
+    # NVLink: links to another GPU join that pair; links to an NVSwitch join every pair
+    # of GPUs on the switch fabric (by the smaller number of switch links of the two).
+    bus_to_index = {g.pci_bus_id.upper(): g.index for g in gpus if g.pci_bus_id}
+    direct: dict[tuple[int, int], int] = {}
+    switched: dict[int, int] = {}
+    max_links = getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)
+    for i in indices:
+        for link in range(max_links):
+            try:
+                active = nv.nvmlDeviceGetNvLinkState(handles[i], link)
+            except nv.NVMLError:
+                break
+            if not active:
+                continue
+            kind = r.get("nvmlDeviceGetNvLinkRemoteDeviceType", handles[i], link)
+            if kind == getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+                switched[i] = switched.get(i, 0) + 1
+                continue
+            pci = r.get("nvmlDeviceGetNvLinkRemotePciInfo", handles[i], link)
+            other = bus_to_index.get(_text(pci.busId).upper()) if pci is not None else None
+            if other is not None and other != i:
+                key = (min(i, other), max(i, other))
+                direct[key] = direct.get(key, 0) + 1
+    links = {k: (v + 1) // 2 for k, v in direct.items()}  # each link is seen from both ends
+    fabric = sorted(switched)
+    for a_pos, a in enumerate(fabric):
+        for b in fabric[a_pos + 1 :]:
+            links[(a, b)] = min(switched[a], switched[b])
+    return topo, links

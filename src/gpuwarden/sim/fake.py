@@ -1,0 +1,80 @@
+"""Build the fake `pynvml`: a private copy of nvidia-ml-py's module on a fake library.
+
+The copy is nvidia-ml-py's own source, loaded a second time under another name,
+so its constants, ctypes structs, `NVMLError_*` classes and wrapper functions are
+exactly the installed version's. Only `_LoadNvmlLibrary` is replaced: instead of
+`CDLL("libnvidia-ml.so.1")` it installs `FakeLibrary` (or, for a spec without a
+driver, fails with NVML_ERROR_LIBRARY_NOT_FOUND as the real one does when the
+shared object is missing).
+
+Two attributes exist only on the fake, and say so in their names:
+`gpuwarden_sim_spec` (the spec's name) and `gpuwarden_sim_processes()` (pid ->
+(user, command) for the simulated processes, which have no real /proc entry).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+SHIM_DIR = Path(__file__).resolve().parent / "shim"
+_MODULES: dict[tuple[str, Optional[str]], ModuleType] = {}
+
+
+def real_pynvml_path() -> Path:
+    """nvidia-ml-py's pynvml.py on sys.path, skipping our own shim."""
+    shim = str(SHIM_DIR)
+    for entry in sys.path:
+        base = os.path.realpath(entry or os.getcwd())
+        if base == shim:
+            continue
+        candidate = Path(base) / "pynvml.py"
+        if candidate.is_file():
+            return candidate
+    raise ImportError("nvidia-ml-py is not installed (no pynvml.py outside the gpuwarden shim)")
+
+
+def load_copy(name: str) -> ModuleType:
+    """A fresh copy of nvidia-ml-py's module registered as `name` in sys.modules
+    (its error-class set-up looks itself up there)."""
+    spec = importlib.util.spec_from_file_location(name, real_pynvml_path())
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> ModuleType:
+    """The fake pynvml for `spec_name` (default: $GPUWARDEN_SIM); one per spec and process,
+    so every importer shares the NVML init count and event sets, as with one real library."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.sim import specs
+    from gpuwarden.sim.library import FakeLibrary, process_table
+
+    name = spec_name or os.environ.get("GPUWARDEN_SIM")
+    if not name:
+        raise UserError("no simulated machine: set GPUWARDEN_SIM to a spec name or path")
+    spec = specs.load(name)
+    key = (spec.path, state_dir)
+    if key in _MODULES:
+        return _MODULES[key]
+    nv = load_copy(f"gpuwarden.sim._pynvml_{len(_MODULES)}")
+    library = FakeLibrary(spec, nv, state_dir)
+
+    def _LoadNvmlLibrary() -> None:
+        if nv.nvmlLib is None:
+            if not library.file.read().get("driver", True):
+                nv._nvmlCheckReturn(nv.NVML_ERROR_LIBRARY_NOT_FOUND)
+            nv.nvmlLib = library
+
+    nv._LoadNvmlLibrary = _LoadNvmlLibrary
+    nv.gpuwarden_sim_spec = spec.name
+    nv.gpuwarden_sim_library = library
+    nv.gpuwarden_sim_processes = lambda: process_table(library.file.read())
+    _MODULES[key] = nv
+    return nv

@@ -1,0 +1,314 @@
+"""The simulated machine's shared, mutable state: one JSON file, changed under flock.
+
+Several processes look at one simulated machine at once (a long-running exporter,
+a `gpuwarden run` child, a test injecting a fault), so the state lives in a file,
+not in memory. Writers take an exclusive `flock`, read, change, write a temporary
+file and rename it over the old one; readers never lock: a rename is atomic and
+they re-read only when the file's identity (inode, mtime, size) changed, which
+costs one `stat` per NVML call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from gpuwarden.errors import UserError
+from gpuwarden.sim import specs
+
+GpuRef = Union[int, str]
+
+# XID 79: "GPU has fallen off the bus", what the driver logs when a GPU is lost.
+XID_FALLEN_OFF_BUS = 79
+_SETTABLE = {
+    "temperature": int,
+    "utilization": int,
+    "memory_utilization": int,
+    "memory_used": int,
+    "power": float,
+    "fan": int,
+    "clock_sm": int,
+    "persistence": bool,
+    "compute_mode": str,
+    "pcie_replay": int,
+    "lost": bool,
+}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_processes(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Processes whose pid still runs (spec-defined, synthetic ones always do)."""
+    return [p for p in state["processes"] if p.get("synthetic") or pid_alive(p["pid"])]
+
+
+class StateFile:
+    """Reads (cached by file identity) and atomically updates one machine's state."""
+
+    def __init__(self, spec: specs.Spec, state_dir: Optional[str] = None) -> None:
+        self.spec = spec
+        self.path = specs.state_file(spec, state_dir)
+        self._key: Optional[tuple[int, int, int]] = None
+        self._state: Optional[dict[str, Any]] = None
+
+    def read(self) -> dict[str, Any]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            if self._key is not None or self._state is None:
+                self._state = self.spec.initial_state()
+                self._key = None
+            return self._state
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._key or self._state is None:
+            try:
+                with open(self.path, encoding="utf-8") as handle:
+                    self._state = json.load(handle)
+            except (OSError, ValueError):
+                # A reader racing a half-created directory: keep what we had.
+                if self._state is None:
+                    self._state = self.spec.initial_state()
+                return self._state
+            self._key = key
+        return self._state  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(str(self.path) + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def update(self, change: Callable[[dict[str, Any]], Any]) -> Any:
+        """Apply `change` to the current state under the lock and publish the result."""
+        with self._locked():
+            try:
+                with open(self.path, encoding="utf-8") as handle:
+                    state = json.load(handle)
+            except (FileNotFoundError, ValueError):
+                state = self.spec.initial_state()
+            state["processes"] = live_processes(state)
+            result = change(state)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump(state, handle)
+            os.replace(tmp, self.path)
+        return result
+
+    def reset(self) -> None:
+        with self._locked(), contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def find_gpu(state: dict[str, Any], ref: GpuRef) -> dict[str, Any]:
+    """A GPU by NVML index or UUID (a unique UUID prefix is enough)."""
+    gpus = state["gpus"]
+    text = str(ref).strip()
+    if text.isdigit():
+        i = int(text)
+        if i < len(gpus):
+            return gpus[i]
+        raise UserError(f"no GPU {i} on simulated machine {state['spec']} (it has {len(gpus)})")
+    hits = [g for g in gpus if g["uuid"].startswith(text)]
+    if len(hits) == 1:
+        return hits[0]
+    raise UserError(f"no GPU {text!r} on simulated machine {state['spec']} (give an index or UUID)")
+
+
+def memory_used(state: dict[str, Any], gpu: dict[str, Any], mig: Optional[int] = None) -> int:
+    procs = live_processes(state)
+    used = sum(
+        p["memory"]
+        for p in procs
+        if p["gpu"] == gpu["uuid"] and (mig is None or p.get("mig") == mig)
+    )
+    return used + (gpu.get("memory_used", 0) if mig is None else 0)
+
+
+class Machine:
+    """Steer a simulated machine: what tests, demos and `gpuwarden sim` use to make
+    things happen that NVML clients in any process then see."""
+
+    def __init__(self, spec: specs.Spec, state_dir: Optional[str] = None) -> None:
+        self.spec = spec
+        self.file = StateFile(spec, state_dir)
+
+    @classmethod
+    def open(cls, spec: Optional[str] = None, state_dir: Optional[str] = None) -> Machine:
+        name = spec or os.environ.get("GPUWARDEN_SIM")
+        if not name:
+            raise UserError("no simulated machine: give a spec name or set GPUWARDEN_SIM")
+        return cls(specs.load(name), state_dir)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def state(self) -> dict[str, Any]:
+        return self.file.read()
+
+    def _gpu_change(
+        self, gpu: GpuRef, change: Callable[[dict[str, Any], dict[str, Any]], Any]
+    ) -> Any:
+        return self.file.update(lambda state: change(state, find_gpu(state, gpu)))
+
+    def add_process(
+        self,
+        gpu: GpuRef,
+        pid: int,
+        memory: Union[int, str],
+        user: Optional[str] = None,
+        command: Optional[str] = None,
+        *,
+        util: int = 0,
+        kind: str = "compute",
+        mig: Optional[int] = None,
+    ) -> None:
+        """Register `pid` as holding `memory` on `gpu`; refused, like a CUDA allocation,
+        when the GPU has less free memory than that."""
+        size = specs._size(memory)
+
+        def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            if g.get("lost"):
+                raise UserError(f"GPU {g['index']} is lost")
+            state["processes"] = [
+                p for p in state["processes"] if not (p["pid"] == pid and p["gpu"] == g["uuid"])
+            ]
+            free = g["memory_total"] - g["memory_reserved"] - memory_used(state, g)
+            if size > free:
+                from gpuwarden.units import format_size
+
+                raise UserError(
+                    f"GPU {g['index']} has {format_size(free)} free; "
+                    f"cannot hold {format_size(size)}"
+                )
+            state["processes"].append(
+                {
+                    "pid": int(pid),
+                    "gpu": g["uuid"],
+                    "memory": size,
+                    "user": user,
+                    "command": command,
+                    "kind": kind,
+                    "mig": mig,
+                    "util": int(util),
+                    "synthetic": False,
+                }
+            )
+
+        self._gpu_change(gpu, change)
+
+    def set_process_memory(self, pid: int, memory: Union[int, str]) -> None:
+        size = specs._size(memory)
+
+        def change(state: dict[str, Any]) -> None:
+            for p in state["processes"]:
+                if p["pid"] == pid:
+                    p["memory"] = size
+
+        self.file.update(change)
+
+    def remove_process(self, pid: int) -> None:
+        def change(state: dict[str, Any]) -> None:
+            state["processes"] = [p for p in state["processes"] if p["pid"] != pid]
+
+        self.file.update(change)
+
+    def set_gpu(self, gpu: GpuRef, **fields: Any) -> None:
+        for key in fields:
+            if key not in _SETTABLE:
+                raise UserError(f"cannot set {key!r}; settable: {', '.join(sorted(_SETTABLE))}")
+            if key == "compute_mode" and fields[key] not in specs.COMPUTE_MODES:
+                raise UserError(f"compute_mode must be one of {', '.join(specs.COMPUTE_MODES)}")
+
+        def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            for key, value in fields.items():
+                g[key] = _SETTABLE[key](value)
+
+        self._gpu_change(gpu, change)
+
+    def _event(self, state: dict[str, Any], g: dict[str, Any], xid: int) -> None:
+        state["seq"] = state.get("seq", 0) + 1
+        state["events"].append(
+            {"seq": state["seq"], "gpu": g["uuid"], "xid": int(xid), "at": time.time()}
+        )
+        del state["events"][:-1000]
+
+    def inject_xid(self, gpu: GpuRef, xid: int) -> None:
+        """An XID error, delivered to every nvmlEventSetWait registered for the GPU."""
+        self._gpu_change(gpu, lambda state, g: self._event(state, g, xid))
+
+    def lose(self, gpu: GpuRef) -> None:
+        """The GPU falls off the bus: XID 79, then GpuIsLost on its handle."""
+
+        def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            g["lost"] = True
+            self._event(state, g, XID_FALLEN_OFF_BUS)
+
+        self._gpu_change(gpu, change)
+
+    def _require(self, g: dict[str, Any], feature: str) -> None:
+        if feature in g["unsupported"]:
+            raise UserError(f"GPU {g['index']} ({g['name']}) does not support {feature}")
+
+    def set_ecc(
+        self, gpu: GpuRef, uncorrected: Optional[int] = None, corrected: Optional[int] = None
+    ) -> None:
+        def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            self._require(g, "ecc")
+            if uncorrected is not None:
+                g["ecc_uncorrected"] = int(uncorrected)
+            if corrected is not None:
+                g["ecc_corrected"] = int(corrected)
+
+        self._gpu_change(gpu, change)
+
+    def set_remapped_rows(
+        self, gpu: GpuRef, pending: Optional[bool] = None, failure: Optional[bool] = None
+    ) -> None:
+        def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            self._require(g, "remapped_rows")
+            if pending is not None:
+                g["remapped_rows_pending"] = bool(pending)
+            if failure is not None:
+                g["remapped_rows_failure"] = bool(failure)
+
+        self._gpu_change(gpu, change)
+
+    def set_throttle(self, gpu: GpuRef, reasons: Union[str, list[str], tuple[str, ...]]) -> None:
+        names = [r for r in (reasons.split(",") if isinstance(reasons, str) else reasons) if r]
+        for reason in names:
+            if reason not in specs.THROTTLE_BITS:
+                raise UserError(
+                    f"unknown throttle reason {reason!r}; known: {', '.join(specs.THROTTLE_BITS)}"
+                )
+
+        def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            g["throttle"] = list(names)
+
+        self._gpu_change(gpu, change)
+
+    def reset(self) -> None:
+        """Back to the spec's initial state."""
+        self.file.reset()
+
+    @property
+    def state_path(self) -> Path:
+        return self.file.path

@@ -1,8 +1,28 @@
-"""Health judgement of a GPU: pure functions over `Gpu` snapshots (plus XID events)."""
+"""Health judgement of a GPU: pure functions over `Gpu` snapshots (plus XID events).
+
+The rules are data (`XID_CATALOGUE`, `DEFAULT_FATAL_XIDS`, `Rules`) so an admin
+can change what counts as fatal in config without touching code, and so the
+same judgement serves `gpuwarden health`, `status`, the exporter and the
+automatic drains. The catalogue follows NVIDIA's Xid catalogue ("Resolution
+Bucket" immediate and investigatory actions) for Ampere and newer GPUs.
+
+XIDs only exist as events: NVML delivers them to whoever is listening at the
+moment. The health watch (exporter or `health --watch`) therefore writes each
+one to a small log in the state directory, which `xids_seen()` reads back, so
+a one-shot `health` or `status` can still report them until the next boot or
+an explicit `gpuwarden health --clear`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
 
 from gpuwarden.inventory import Gpu
 
@@ -14,30 +34,455 @@ class Finding:
     level: str  # OK, WARNING or FATAL
     reason: str  # what was seen, one line
     action: str = ""  # NVIDIA's recommended action
+    code: str = ""  # stable key for "is this new?", e.g. "xid-79", "lost", "throttle-hw_thermal"
 
 
-def judge(gpu: Gpu, xids: tuple[int, ...] = ()) -> tuple[Finding, ...]:
-    """Every finding for one GPU; empty means healthy. A first cut, refined by the
-    health work (XID catalogue, throttling, correctable-ECC rates)."""
-    found = []
+@dataclass(frozen=True)
+class XidInfo:
+    """One row of NVIDIA's Xid catalogue."""
+
+    xid: int
+    mnemonic: str
+    description: str
+    immediate: str  # NVIDIA's resolution bucket, immediate action
+    investigatory: str = "CONTACT_SUPPORT"
+
+
+# NVIDIA's resolution buckets, in words an admin can act on.
+ACTIONS: dict[str, str] = {
+    "IGNORE": "no action needed",
+    "RESTART_APP": "restart the application",
+    "RESET_GPU": "stop the GPU's processes, then reset it (nvidia-smi -r -i GPU)",
+    "RESTART_BM": "reboot the machine (cold power cycle if the GPU stays missing)",
+    "RESTART_VM": "restart the virtual machine",
+    "CONTACT_SUPPORT": "contact NVIDIA support / RMA if it repeats",
+    "CHECK_APP/CUDA": "check the application and CUDA code",
+    "CHECK_MECHANICALS": "check cooling, power cabling and seating",
+    "INVESTIGATE_SW": "check driver and firmware versions",
+    "UPDATE_SWFW": "update the driver / firmware",
+    "WORKFLOW_XID_13": "restart the application; if it repeats on one GPU only, run diagnostics",
+    "WORKFLOW_XID_31": "restart the application; a repeat on one GPU only points at the GPU",
+    "WORKFLOW_XID_45": "follow the XID that came with it; alone, restart the fabric manager",
+    "WORKFLOW_XID_48": "reset the GPU; if row remapping then fails, RMA the GPU",
+    "WORKFLOW_NVLINK_ERR": "reset the GPU; if it repeats on the same link, check NVLink cabling",
+    "WORKFLOW_NVLINK5_ERR": "reset the GPU; if it repeats, check the NVLink fabric",
+    "XID_154": "follow the recovery action the driver reports",
+    "IGNORE (sympathetic)": "no action needed (reported alongside another error)",
+}
+
+
+def _xid(xid: int, mnemonic: str, description: str, immediate: str, investig: str) -> XidInfo:
+    return XidInfo(xid, mnemonic, description, immediate, investig)
+
+
+_ROWS = (
+    _xid(8, "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "GPU stopped processing", "RESTART_APP",
+         "CONTACT_SUPPORT"),
+    _xid(13, "ROBUST_CHANNEL_GR_EXCEPTION", "graphics engine exception", "RESTART_APP",
+         "WORKFLOW_XID_13"),
+    _xid(31, "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault", "RESTART_APP",
+         "WORKFLOW_XID_31"),
+    _xid(32, "ROBUST_CHANNEL_PBDMA_ERROR", "invalid or corrupted push buffer stream",
+         "RESTART_APP", "CHECK_APP/CUDA"),
+    _xid(38, "ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT", "driver firmware error", "IGNORE",
+         "CONTACT_SUPPORT"),
+    _xid(43, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "GPU stopped processing", "IGNORE",
+         "CONTACT_SUPPORT"),
+    _xid(45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "preemptive cleanup, due to previous errors",
+         "WORKFLOW_XID_45", "IGNORE"),
+    _xid(46, "ROBUST_CHANNEL_GPU_TIMEOUT_ERROR", "GPU stopped processing", "RESET_GPU",
+         "CONTACT_SUPPORT"),
+    _xid(48, "ROBUST_CHANNEL_GPU_ECC_DBE", "double-bit (uncorrectable) ECC error",
+         "WORKFLOW_XID_48", "WORKFLOW_XID_48"),
+    _xid(54, "SILENT_RUNNING_PWR_REDUCED_CLOCKING", "auxiliary power not connected",
+         "CHECK_MECHANICALS", "CONTACT_SUPPORT"),
+    _xid(61, "PMU_BREAKPOINT", "internal micro-controller breakpoint/warning", "RESET_GPU",
+         "CONTACT_SUPPORT"),
+    _xid(62, "PMU_HALT_ERROR", "internal micro-controller halt", "RESET_GPU", "CONTACT_SUPPORT"),
+    _xid(63, "INFOROM_DRAM_RETIREMENT_EVENT", "ECC page retirement or row remapping recorded",
+         "IGNORE", "IGNORE"),
+    _xid(64, "INFOROM_DRAM_RETIREMENT_FAILURE", "ECC page retirement or row remapping failed",
+         "RESET_GPU", "CONTACT_SUPPORT"),
+    _xid(68, "ROBUST_CHANNEL_NVDEC0_ERROR", "video processor exception", "RESTART_APP",
+         "CONTACT_SUPPORT"),
+    _xid(69, "ROBUST_CHANNEL_GR_CLASS_ERROR", "graphics engine class error", "RESTART_APP",
+         "CHECK_APP/CUDA"),
+    _xid(74, "NVLINK_ERROR", "NVLink error", "WORKFLOW_NVLINK_ERR", "CONTACT_SUPPORT"),
+    _xid(78, "VGPU_START_ERROR", "vGPU start failed", "UPDATE_SWFW", "UPDATE_SWFW"),
+    _xid(79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "GPU has fallen off the bus",
+         "RESTART_BM", "CONTACT_SUPPORT"),
+    _xid(92, "EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate", "IGNORE",
+         "CONTACT_SUPPORT"),
+    _xid(94, "ROBUST_CHANNEL_CONTAINED_ERROR", "contained ECC error", "RESTART_APP",
+         "IGNORE (sympathetic)"),
+    _xid(95, "ROBUST_CHANNEL_UNCONTAINED_ERROR", "uncontained ECC error", "RESET_GPU",
+         "IGNORE (sympathetic)"),
+    _xid(109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout", "RESET_GPU",
+         "CONTACT_SUPPORT"),
+    _xid(110, "SEC_FAULT_ERROR", "security fault", "RESET_GPU", "INVESTIGATE_SW"),
+    _xid(119, "GSP_RPC_TIMEOUT", "GSP firmware RPC timeout", "RESET_GPU", "INVESTIGATE_SW"),
+    _xid(120, "GSP_ERROR", "GSP firmware error", "RESET_GPU", "INVESTIGATE_SW"),
+    _xid(121, "C2C_ERROR", "chip-to-chip link error", "IGNORE", "CONTACT_SUPPORT"),
+    _xid(136, "ALI_TRAINING_FAIL", "NVLink training failed", "RESET_GPU", "CONTACT_SUPPORT"),
+    _xid(137, "NVLINK_PRIV_ERR", "NVLink privilege error", "IGNORE", "CONTACT_SUPPORT"),
+    _xid(140, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "unrecovered ECC error", "RESET_GPU",
+         "CONTACT_SUPPORT"),
+    _xid(143, "GPU_INIT_ERROR", "GPU initialization failure", "RESET_GPU", "CONTACT_SUPPORT"),
+    _xid(144, "NVLINK_SAW_ERROR", "NVLink SAW error", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT"),
+    _xid(145, "NVLINK_RLW_ERROR", "NVLink RLW error", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT"),
+    _xid(146, "NVLINK_TLW_ERROR", "NVLink TLW error", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT"),
+    _xid(149, "NVLINK_NETIR_ERROR", "NVLink NETIR error", "WORKFLOW_NVLINK5_ERR",
+         "CONTACT_SUPPORT"),
+    _xid(150, "NVLINK_MSE_ERROR", "NVLink MSE error", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT"),
+    _xid(154, "GPU_RECOVERY_ACTION_CHANGED", "GPU recovery action changed", "XID_154",
+         "IGNORE"),
+    _xid(155, "NVLINK_SW_DEFINED_ERROR", "NVLink software-defined error", "RESET_GPU",
+         "INVESTIGATE_SW"),
+    _xid(156, "RESOURCE_RETIREMENT_EVENT", "resource retirement event", "RESET_GPU", "IGNORE"),
+    _xid(158, "GPU_FATAL_TIMEOUT", "GPU fatal timeout", "RESET_GPU", "CONTACT_SUPPORT"),
+)  # fmt: skip
+
+XID_CATALOGUE: dict[int, XidInfo] = {row.xid: row for row in _ROWS}
+
+# Fatal by default: the XIDs widely treated as "take the GPU out" (DCGM, the
+# Kubernetes device plugin) plus every catalogue entry whose immediate action is
+# a GPU reset or a reboot. 63, 92 and 94 are on the list although NVIDIA's
+# immediate action for them is milder: on a shared box a GPU whose memory is
+# degrading should stop receiving new jobs until an admin looks. Configurable
+# as `health.fatal_xids`.
+DEFAULT_FATAL_XIDS: frozenset[int] = frozenset(
+    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+    | {46, 109, 110, 136, 140, 143, 155, 156, 158}
+)
+
+# Throttle reasons (as the inventory names them) that mean something is wrong.
+# A software power cap, idle clocks or application clocks are normal operation.
+BAD_THROTTLE: dict[str, tuple[str, str]] = {
+    "hw_thermal": ("hardware thermal slowdown", "check cooling and airflow"),
+    "sw_thermal": ("software thermal slowdown", "check cooling and airflow"),
+    "hw_slowdown": (
+        "hardware slowdown (temperature or power brake)",
+        "check cooling and the power supply",
+    ),
+    "hw_power_brake": (
+        "external power brake slowdown",
+        "check the power supply and cabling",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The tunable part of the judgement (config keys `health.*`)."""
+
+    fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS
+    # corrected ECC errors since driver load that earn a warning
+    ecc_corrected_warn: int = 1000
+    # corrected ECC errors per hour (when the caller can measure a rate)
+    ecc_corrected_rate_warn: float = 100.0
+    pcie_replay_warn: int = 100
+    throttle_warn: frozenset[str] = field(default_factory=lambda: frozenset(BAD_THROTTLE))
+
+
+def parse_xids(value: object) -> frozenset[int]:
+    """`health.fatal_xids` as written in config: a list of ints, or a string
+    "48, 79, +13, -94" where +/- edit the default list."""
+    from gpuwarden.errors import UserError
+
+    if value is None or value == "":
+        return DEFAULT_FATAL_XIDS
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [str(v) for v in value]
+    else:
+        items = str(value).replace(",", " ").split()
+    result: Optional[set[int]] = None
+    edits: list[tuple[str, int]] = []
+    for item in items:
+        sign = item[0] if item[:1] in "+-" else ""
+        try:
+            number = int(item[1:] if sign else item)
+        except ValueError:
+            raise UserError(
+                f"health.fatal_xids: {item!r} is not an XID number "
+                '(expected e.g. [48, 79] or "+13 -94")'
+            ) from None
+        if sign:
+            edits.append((sign, number))
+        else:
+            result = (result or set()) | {number}
+    base = set(DEFAULT_FATAL_XIDS) if result is None else result
+    for sign, number in edits:
+        (base.add if sign == "+" else base.discard)(number)
+    return frozenset(base)
+
+
+def describe_xid(xid: int) -> tuple[str, str]:
+    """(what it is, what to do) for one XID, from the catalogue."""
+    info = XID_CATALOGUE.get(xid)
+    if info is None:
+        return f"XID {xid}", "look it up in NVIDIA's Xid catalogue"
+    action = ACTIONS.get(info.immediate, info.immediate)
+    later = ACTIONS.get(info.investigatory, info.investigatory)
+    if info.investigatory not in ("IGNORE", "IGNORE (sympathetic)", info.immediate):
+        action = f"{action}; then {later}"
+    return f"XID {xid} ({info.description})", action
+
+
+def judge(
+    gpu: Gpu,
+    xids: tuple[int, ...] = (),
+    *,
+    rules: Optional[Rules] = None,
+    ecc_corrected_rate: Optional[float] = None,
+) -> tuple[Finding, ...]:
+    """Every finding for one GPU, worst first; empty means healthy.
+
+    `xids` are the XIDs seen on it (repeats allowed) since they were last
+    cleared; `ecc_corrected_rate` (errors per hour) is given by callers that
+    sample the counter over time."""
+    rules = rules or Rules()
+    found: list[Finding] = []
     if gpu.lost:
-        found.append(Finding(FATAL, "GPU is lost (fallen off the bus)", "reset the GPU or reboot"))
+        found.append(
+            Finding(
+                FATAL,
+                "GPU is lost (fallen off the bus)",
+                ACTIONS["RESTART_BM"] + "; " + ACTIONS["CONTACT_SUPPORT"],
+                "lost",
+            )
+        )
+    for xid, count in sorted(Counter(xids).items()):
+        what, action = describe_xid(xid)
+        times = f" x{count}" if count > 1 else ""
+        lvl = FATAL if xid in rules.fatal_xids else WARNING
+        found.append(Finding(lvl, f"{what}{times}", action, f"xid-{xid}"))
     if gpu.ecc_uncorrected_volatile:
         found.append(
             Finding(
                 FATAL,
-                f"{gpu.ecc_uncorrected_volatile} uncorrected ECC errors",
-                "drain, then reset the GPU",
+                f"{gpu.ecc_uncorrected_volatile} uncorrected ECC errors since driver load",
+                ACTIONS["RESET_GPU"] + "; RMA the GPU if they come back",
+                "ecc-uncorrected",
             )
         )
     if gpu.remapped_rows_failure:
-        found.append(Finding(FATAL, "row remapping failed", "RMA the GPU"))
-    if gpu.remapped_rows_pending or gpu.retired_pages_pending:
-        found.append(Finding(FATAL, "memory repair pending", "reset the GPU to apply it"))
-    return tuple(found)
+        found.append(
+            Finding(
+                FATAL,
+                "row remapping failed (no spare memory rows left)",
+                "RMA the GPU",
+                "remap-failure",
+            )
+        )
+    if gpu.remapped_rows_pending:
+        found.append(
+            Finding(
+                FATAL,
+                "memory row remapping pending",
+                "let running jobs finish, then reset the GPU to apply the remap",
+                "remap-pending",
+            )
+        )
+    if gpu.retired_pages_pending:
+        found.append(
+            Finding(
+                FATAL,
+                "ECC page retirement pending",
+                "let running jobs finish, then reset the GPU to retire the pages",
+                "retire-pending",
+            )
+        )
+    corrected = gpu.ecc_corrected_volatile
+    if ecc_corrected_rate is not None and ecc_corrected_rate >= rules.ecc_corrected_rate_warn:
+        found.append(
+            Finding(
+                WARNING,
+                f"high corrected ECC error rate ({ecc_corrected_rate:.0f}/hour)",
+                "watch for uncorrected errors; plan a GPU reset or RMA",
+                "ecc-corrected",
+            )
+        )
+    elif corrected is not None and corrected >= rules.ecc_corrected_warn:
+        found.append(
+            Finding(
+                WARNING,
+                f"{corrected} corrected ECC errors since driver load",
+                "watch for uncorrected errors; plan a GPU reset or RMA",
+                "ecc-corrected",
+            )
+        )
+    if gpu.pcie_replay_count is not None and gpu.pcie_replay_count >= rules.pcie_replay_warn:
+        found.append(
+            Finding(
+                WARNING,
+                f"{gpu.pcie_replay_count} PCIe replays since driver load",
+                "reseat the GPU or riser; check the PCIe slot and link speed",
+                "pcie-replay",
+            )
+        )
+    for reason in gpu.throttle_reasons or ():
+        if reason in rules.throttle_warn:
+            what, action = BAD_THROTTLE.get(reason, (f"clocks throttled ({reason})", ""))
+            found.append(Finding(WARNING, what, action, f"throttle-{reason}"))
+    order = {FATAL: 0, WARNING: 1, OK: 2}
+    return tuple(sorted(found, key=lambda f: order.get(f.level, 3)))
 
 
 def level(findings: tuple[Finding, ...]) -> str:
     """The worst level among findings (OK for none)."""
     levels = {f.level for f in findings}
     return FATAL if FATAL in levels else WARNING if WARNING in levels else OK
+
+
+def rules_from_config(config: object = None) -> Rules:
+    """`Rules` from the `health.*` config keys; built-in defaults where unset."""
+    get = _config_getter(config)
+    rules = Rules(fatal_xids=parse_xids(get("health.fatal_xids")))
+    for key, attr, cast in (
+        ("health.ecc_corrected_warn", "ecc_corrected_warn", int),
+        ("health.ecc_corrected_rate_warn", "ecc_corrected_rate_warn", float),
+        ("health.pcie_replay_warn", "pcie_replay_warn", int),
+    ):
+        value = get(key)
+        if value is not None:
+            from dataclasses import replace
+
+            from gpuwarden.errors import UserError
+
+            try:
+                rules = replace(rules, **{attr: cast(value)})
+            except (TypeError, ValueError):
+                raise UserError(f"{key}: expected a number, got {value!r}") from None
+    return rules
+
+
+_OWN_DEFAULTS = ("health.fatal_xids",)
+
+
+def _config_getter(config: object = None):  # -> Callable[[str], object]
+    """`config.get`, tolerant of a config module that is not there yet or
+    of keys it does not know (the defaults here then apply)."""
+    if config is None:
+        try:
+            from gpuwarden import config as config_module
+
+            config = config_module.load()
+        except (ImportError, AttributeError, NotImplementedError):
+            config = None
+
+    def get(key: str) -> object:
+        if config is None:
+            return None
+        try:
+            if key in _OWN_DEFAULTS and config.source(key) == "default":  # type: ignore[attr-defined]
+                return None  # the catalogue-based default here is the one to use
+            return config.get(key)  # type: ignore[attr-defined]
+        except (KeyError, LookupError):
+            return None
+        except Exception as err:  # an unknown key may raise the config's own error
+            from gpuwarden.errors import UserError
+
+            if isinstance(err, UserError) and "unknown" not in str(err).lower():
+                raise
+            return None
+
+    return get
+
+
+# --- XIDs seen, persisted by the watch -------------------------------------
+
+
+def state_dir() -> Path:
+    """Where drains and the XID log live (config `state.dir`)."""
+    try:
+        from gpuwarden import config as config_module
+
+        return Path(config_module.state_dir())
+    except (ImportError, AttributeError, NotImplementedError):
+        env = os.environ.get("GPUWARDEN_STATE_DIR")
+        if env:
+            return Path(env)
+        base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+        return Path(base) / "gpuwarden"
+
+
+def xid_log_path() -> Path:
+    return state_dir() / "xids.jsonl"
+
+
+def record_xid(
+    uuid: str, xid: int, *, index: Optional[int] = None, at: Optional[float] = None
+) -> None:
+    """Append one XID event (one short line, O_APPEND: safe from several writers)."""
+    path = xid_log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(
+        {"uuid": uuid, "xid": int(xid), "index": index, "at": at or time.time()},
+        separators=(",", ":"),
+    )
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
+def clear_xids(uuids: Iterable[str] = ()) -> None:
+    """Forget the XIDs seen so far, on the given GPUs (all when empty): the
+    admin has reset or checked them."""
+    uuids = list(uuids)
+    path = xid_log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        for uuid in uuids or ["*"]:
+            fh.write(json.dumps({"clear": uuid, "at": time.time()}) + "\n")
+
+
+def xid_events(since: Optional[float] = None) -> list[dict]:
+    """XID events still in force: after `since` (default: this boot) and
+    after the last clear of their GPU. Corrupt lines are skipped."""
+    if since is None:
+        since = _boot_time()
+    try:
+        text = xid_log_path().read_text(encoding="utf-8")
+    except OSError:
+        return []
+    events: list[dict] = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+            at = float(item.get("at", 0))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if at < since:
+            continue
+        if "clear" in item:
+            gone = item["clear"]
+            events = [e for e in events if gone not in ("*", e["uuid"])]
+        elif "uuid" in item and "xid" in item:
+            events.append(item)
+    return events
+
+
+def xids_seen(since: Optional[float] = None) -> dict[str, tuple[int, ...]]:
+    """XIDs per GPU UUID, oldest first, for `judge(gpu, xids_seen().get(uuid, ()))`."""
+    seen: dict[str, list[int]] = {}
+    for event in xid_events(since):
+        seen.setdefault(str(event["uuid"]), []).append(int(event["xid"]))
+    return {uuid: tuple(x) for uuid, x in seen.items()}
+
+
+def judge_all(
+    gpus: Iterable[Gpu],
+    xids: Optional[Mapping[str, tuple[int, ...]]] = None,
+    rules: Optional[Rules] = None,
+) -> dict[str, tuple[Finding, ...]]:
+    """Findings per UUID for a whole snapshot, with the persisted XIDs by default."""
+    xids = xids_seen() if xids is None else xids
+    return {g.uuid: judge(g, xids.get(g.uuid, ()), rules=rules) for g in gpus}
+
+
+def _boot_time() -> float:
+    try:
+        import psutil
+
+        return float(psutil.boot_time())
+    except Exception:
+        return 0.0

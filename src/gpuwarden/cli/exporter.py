@@ -1,0 +1,95 @@
+"""`gpuwarden exporter`: serve /metrics and run the health watch beside it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", help="address to serve (exporter.listen, 127.0.0.1:9400)"
+    )
+    parser.add_argument(
+        "--dcgm-compat",
+        action="store_true",
+        default=None,
+        help="also emit dcgm-exporter's DCGM_FI_* names and labels (exporter.dcgm_compat)",
+    )
+    parser.add_argument(
+        "--no-watch",
+        action="store_true",
+        help="do not run the health watch (no XID listener, no automatic drains)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="print the metrics once to stdout and exit"
+    )
+
+
+def _warn(message: str) -> None:
+    print(f"gpuwarden exporter: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from gpuwarden import config as config_module
+    from gpuwarden import exporter
+    from gpuwarden.errors import UserError
+    from gpuwarden.health import rules_from_config
+
+    config = config_module.load(
+        {"exporter.listen": args.listen, "exporter.dcgm_compat": args.dcgm_compat}
+    )
+    listen = str(config.get("exporter.listen"))
+    dcgm = bool(config.get("exporter.dcgm_compat"))
+    try:
+        rules = rules_from_config(config)
+    except UserError as err:
+        _warn(f"{err}; using the built-in health rules")
+        rules = None
+    cache = exporter.ViewCache(
+        cache_seconds=float(config.get("exporter.cache_seconds")),
+        idle_util=float(config.get("exporter.idle_util")),
+        idle_after=float(config.get("exporter.idle_seconds")),
+        rules=rules,
+    )
+    if args.once:
+        sys.stdout.write(exporter.render(cache.get(), dcgm))
+        return 0
+    watch = None
+    if not args.no_watch:
+        watch = _make_watch(config, cache)
+    server = exporter.serve(listen, dcgm_compat=dcgm, cache=cache, watch=watch)
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    _warn(
+        f"serving http://{host}:{server.port}/metrics"
+        + (" with DCGM names" if dcgm else "")
+        + ("" if watch else " (health watch off)")
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    server.close()
+    return 0
+
+
+def _make_watch(config: object, cache: object):  # -> HealthWatch
+    """The health watch; a malformed hook or webhook setting costs the
+    notifications (with one line saying why), never the metrics."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.healthwatch import HealthWatch, WatchSettings, settings_from_config
+
+    try:
+        settings = settings_from_config(config)
+    except UserError as err:
+        _warn(f"{err}; alerts disabled, metrics and drains still on")
+        from gpuwarden.health import Rules
+
+        rules = getattr(cache, "rules", None) or Rules()
+        policy = str(config.get("health.policy"))  # type: ignore[attr-defined]
+        settings = WatchSettings(policy=policy, rules=rules)
+    return HealthWatch(settings, read=cache.snapshot, log=_warn)  # type: ignore[attr-defined]

@@ -1,0 +1,23 @@
+"""`gpuwarden plot FILE.csv -o usage.png`: draw a recording."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE.csv", help="recordings (rotated parts too, any order)"
+    )
+    parser.add_argument(
+        "-o", "--output", default="usage.png", help="picture to write (.png, .svg, .pdf)"
+    )
+    parser.add_argument("--title", help="title above the picture")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden.plot import plot_files
+
+    out = plot_files(args.files, args.output, args.title)
+    print(f"wrote {out}")
+    return 0

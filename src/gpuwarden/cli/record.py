@@ -1,0 +1,52 @@
+"""`gpuwarden record FILE.csv`: append per-GPU samples, like `nvidia-smi dmon` with owners."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE.csv", help="CSV file to append to")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between samples",
+    )
+    parser.add_argument("--count", type=int, metavar="N", help="stop after N samples")
+    parser.add_argument(
+        "--max-bytes", metavar="SIZE", help="rotate the file beyond this size (record.max_bytes)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden import config as config_module
+    from gpuwarden.errors import UserError
+    from gpuwarden.record import record
+
+    config = config_module.load(
+        {"record.interval": args.interval, "record.max_bytes": args.max_bytes}
+    )
+    interval = float(config.get("record.interval"))
+    if interval <= 0:
+        raise UserError(f"invalid interval {interval:g}: expected seconds > 0")
+    if args.count is not None and args.count < 1:
+        raise UserError(f"invalid count {args.count}: expected 1 or more")
+    print(
+        f"recording to {args.file} every {interval:g}s"
+        + (f", {args.count} samples" if args.count else "; Ctrl-C to stop"),
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        done = record(
+            args.file,
+            interval=interval,
+            count=args.count,
+            max_bytes=int(config.get("record.max_bytes")),
+        )
+    except KeyboardInterrupt:
+        return 0
+    print(f"wrote {done} samples to {args.file}", file=sys.stderr)
+    return 0

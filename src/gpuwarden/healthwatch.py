@@ -1,0 +1,470 @@
+"""The health watch: hear XIDs as NVML raises them, poll the rest, act on what is new.
+
+Two loops run in daemon threads. The event loop blocks in `nvmlEventSetWait`
+(XID critical errors are events, not readable state: a listener that is not
+waiting when one happens never learns of it), writes each XID to the XID log
+and wakes the poll loop. The poll loop reads a snapshot every
+`health.poll_seconds`, judges every GPU and acts on findings it has not seen
+before: a fatal one drains the GPU (policy `drain`; `alert` only notifies), and
+every new finding goes to the hook command and/or webhook.
+
+Notifications run on their own worker thread with a timeout and a bounded
+queue, so a hung webhook can delay other notifications but never the polling,
+the XID listener or an exporter's scrapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+from urllib.parse import urlparse
+
+from gpuwarden.errors import UserError
+from gpuwarden.health import (
+    FATAL,
+    Finding,
+    Rules,
+    _config_getter,
+    judge,
+    record_xid,
+    rules_from_config,
+    xids_seen,
+)
+from gpuwarden.inventory import Gpu, Snapshot
+
+POLICIES = ("drain", "alert")
+DRAINED_BY = "gpuwarden-health"
+
+
+def _warn(message: str) -> None:
+    print(f"gpuwarden health: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    policy: str = "drain"
+    rules: Rules = field(default_factory=Rules)
+    hook: Optional[tuple[str, ...]] = None
+    webhook: Optional[str] = None
+    webhook_timeout: float = 5.0
+    hook_timeout: float = 30.0
+    poll_seconds: float = 10.0
+
+
+def parse_hook(value: object) -> Optional[tuple[str, ...]]:
+    """`health.hook`: a command line (split like a shell, never run by one) or a list."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        argv = tuple(value)
+    elif isinstance(value, str):
+        try:
+            argv = tuple(shlex.split(value))
+        except ValueError as err:
+            raise UserError(f"health.hook: cannot split {value!r} into a command: {err}") from None
+    else:
+        raise UserError(f"health.hook: expected a command string or list, got {value!r}")
+    if not argv:
+        return None
+    return argv
+
+
+def parse_webhook(value: object) -> Optional[str]:
+    if value is None or value == "":
+        return None
+    url = str(value)
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UserError(f"health.webhook: {url!r} is not an http:// or https:// URL")
+    return url
+
+
+def _number(get: Callable[[str], object], key: str, default: float) -> float:
+    value = get(key)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UserError(f"{key}: expected a number of seconds, got {value!r}") from None
+    if number <= 0:
+        raise UserError(f"{key}: must be more than 0, got {value!r}")
+    return number
+
+
+def settings_from_config(config: object = None, policy: Optional[str] = None) -> WatchSettings:
+    """Settings from `health.*`; a malformed value raises UserError naming the key."""
+    get = _config_getter(config)
+    chosen = str(policy or get("health.policy") or "drain").lower()
+    if chosen not in POLICIES:
+        raise UserError(f"health.policy: expected drain or alert, got {chosen!r}")
+    return WatchSettings(
+        policy=chosen,
+        rules=rules_from_config(config),
+        hook=parse_hook(get("health.hook")),
+        webhook=parse_webhook(get("health.webhook")),
+        webhook_timeout=_number(get, "health.webhook_timeout", 5.0),
+        hook_timeout=_number(get, "health.hook_timeout", 30.0),
+        poll_seconds=_number(get, "health.poll_seconds", 10.0),
+    )
+
+
+class Notifier:
+    """Runs the hook and posts the webhook for each event, off the caller's thread."""
+
+    def __init__(
+        self,
+        hook: Optional[Sequence[str]] = None,
+        webhook: Optional[str] = None,
+        *,
+        webhook_timeout: float = 5.0,
+        hook_timeout: float = 30.0,
+        log: Callable[[str], None] = _warn,
+        max_pending: int = 256,
+    ) -> None:
+        self.hook = tuple(hook) if hook else None
+        self.webhook = webhook
+        self.webhook_timeout = webhook_timeout
+        self.hook_timeout = hook_timeout
+        self.log = log
+        self.sent = 0
+        self.failed = 0
+        self._queue: queue.Queue[Optional[dict[str, Any]]] = queue.Queue(max_pending)
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.hook or self.webhook)
+
+    def notify(self, event: dict[str, Any]) -> None:
+        """Queue an event; never blocks (a full queue drops it, with a line)."""
+        if not self.enabled:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="gpuwarden-notify", daemon=True)
+            self._thread.start()
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.failed += 1
+            self.log("too many notifications pending (hook or webhook too slow); dropped one")
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(None)
+            self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            if self.hook:
+                self._run_hook(event)
+            if self.webhook:
+                self._post(event)
+
+    def _run_hook(self, event: dict[str, Any]) -> None:
+        env = dict(os.environ)
+        for key, value in event.items():
+            if value is not None and not isinstance(value, (dict, list)):
+                env[f"GPUWARDEN_{key.upper()}"] = str(value)
+        try:
+            done = subprocess.run(
+                list(self.hook or ()),
+                input=json.dumps(event),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=self.hook_timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            self.failed += 1
+            self.log(f"hook {self.hook[0]!r} still running after {self.hook_timeout:g}s; killed")
+        except OSError as err:
+            self.failed += 1
+            self.log(f"hook {self.hook[0]!r} could not run: {err.strerror or err}")
+        else:
+            if done.returncode != 0:
+                self.failed += 1
+                tail = (done.stderr or "").strip().splitlines()[-1:] or [""]
+                self.log(f"hook {self.hook[0]!r} exited {done.returncode} {tail[0]}".rstrip())
+            else:
+                self.sent += 1
+
+    def _post(self, event: dict[str, Any]) -> None:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(
+            self.webhook or "",
+            data=json.dumps(event).encode(),
+            headers={"Content-Type": "application/json", "User-Agent": "gpuwarden"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.webhook_timeout) as reply:
+                reply.read(65536)
+            self.sent += 1
+        except (TimeoutError, OSError) as err:
+            self.failed += 1
+            reason = getattr(err, "reason", None) or err
+            if "timed out" in str(reason).lower() or isinstance(reason, TimeoutError):
+                self.log(f"webhook {self.webhook} timed out after {self.webhook_timeout:g}s")
+            else:
+                self.log(f"webhook {self.webhook} failed: {reason}")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _handle_key(handle: object) -> object:
+    """Something hashable that is equal for two handles to the same device."""
+    try:
+        import ctypes
+
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except Exception:
+        try:
+            hash(handle)
+            return handle
+        except TypeError:
+            return id(handle)
+
+
+class HealthWatch:
+    """Listen for XIDs and poll health; drain and notify on new findings."""
+
+    def __init__(
+        self,
+        settings: Optional[WatchSettings] = None,
+        *,
+        read: Optional[Callable[[], Snapshot]] = None,
+        nvml: Any = None,
+        notifier: Optional[Notifier] = None,
+        log: Callable[[str], None] = _warn,
+        on_finding: Optional[Callable[[Gpu, Finding, dict[str, Any]], None]] = None,
+    ) -> None:
+        self.settings = settings or WatchSettings()
+        self._read = read
+        self._nvml = nvml
+        self.log = log
+        self.on_finding = on_finding
+        self.notifier = notifier or Notifier(
+            self.settings.hook,
+            self.settings.webhook,
+            webhook_timeout=self.settings.webhook_timeout,
+            hook_timeout=self.settings.hook_timeout,
+            log=log,
+        )
+        self._known: dict[str, set[str]] = {}
+        self._ecc: dict[str, tuple[float, int]] = {}
+        self._started = False
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.listening = False  # the XID listener is registered and waiting
+        self.xids_heard = 0
+
+    # -- threads -------------------------------------------------------------
+
+    def start(self, *, events: bool = True, poll: bool = True) -> HealthWatch:
+        if events:
+            self._spawn(self._event_loop, "gpuwarden-xid")
+        if poll:
+            self._spawn(self._poll_loop, "gpuwarden-health")
+        return self
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        self.notifier.close(timeout)
+
+    def _snapshot(self) -> Snapshot:
+        if self._read is not None:
+            return self._read()
+        from gpuwarden.inventory import read_snapshot
+
+        return read_snapshot(self._nvml)
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check(self._snapshot())
+            except UserError as err:
+                self.log(str(err))
+            except Exception as err:  # keep watching: one bad read is not the end
+                self.log(f"health check failed: {type(err).__name__}: {err}")
+            self._wake.wait(self.settings.poll_seconds)
+            self._wake.clear()
+
+    def _event_loop(self) -> None:
+        try:
+            nvml = self._nvml
+            if nvml is None:
+                from gpuwarden.inventory import load_nvml
+
+                nvml = load_nvml()
+            nvml.nvmlInit()
+        except Exception as err:
+            self.log(f"XID events unavailable ({err}); polling only")
+            return
+        event_set = None
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+            devices: dict[object, tuple[str, int]] = {}
+            for index in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                    nvml.nvmlDeviceRegisterEvents(
+                        handle, nvml.nvmlEventTypeXidCriticalError, event_set
+                    )
+                    devices[_handle_key(handle)] = (uuid, index)
+                except nvml.NVMLError as err:
+                    self.log(f"GPU {index}: XID events unavailable ({err})")
+            self.listening = True
+            while not self._stop.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait(event_set, 500)
+                except nvml.NVMLError as err:
+                    if getattr(err, "value", None) == nvml.NVML_ERROR_TIMEOUT:
+                        continue
+                    self.log(f"waiting for XID events failed ({err}); retrying")
+                    self._stop.wait(min(self.settings.poll_seconds, 5.0))
+                    continue
+                if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
+                    continue
+                where = devices.get(_handle_key(data.device))
+                if where is None:
+                    try:
+                        uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+                        where = next((w for w in devices.values() if w[0] == uuid), (uuid, -1))
+                    except nvml.NVMLError:
+                        self.log(f"XID {int(data.eventData)} on an unknown GPU")
+                        continue
+                self.on_xid(where[0], int(data.eventData), where[1])
+        except Exception as err:
+            self.log(f"XID listener stopped: {type(err).__name__}: {err}")
+        finally:
+            self.listening = False
+            try:
+                if event_set is not None:
+                    nvml.nvmlEventSetFree(event_set)
+                nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    # -- the judgement and the actions ---------------------------------------
+
+    def on_xid(self, uuid: str, xid: int, index: Optional[int] = None) -> None:
+        """One XID event: remember it for `health`/`status`, then judge at once."""
+        self.xids_heard += 1
+        try:
+            record_xid(uuid, xid, index=index)
+        except OSError as err:
+            self.log(f"cannot record XID {xid} on GPU {index}: {err}")
+        with self._lock:  # a repeat of the same XID is news too
+            self._known.get(uuid, set()).discard(f"xid-{xid}")
+        self._wake.set()
+
+    def check(self, snapshot: Snapshot) -> list[tuple[Gpu, Finding]]:
+        """Judge every GPU; act on findings not seen in the previous check."""
+        xids = xids_seen()
+        drains = _drains()
+        first = not self._started
+        self._started = True
+        new: list[tuple[Gpu, Finding]] = []
+        with self._lock:
+            for gpu in snapshot.gpus:
+                findings = judge(
+                    gpu,
+                    xids.get(gpu.uuid, ()),
+                    rules=self.settings.rules,
+                    ecc_corrected_rate=self._ecc_rate(gpu, snapshot.taken_at),
+                )
+                codes = {f.code for f in findings}
+                known = self._known.setdefault(gpu.uuid, set())
+                fresh = [f for f in findings if f.code not in known]
+                known.intersection_update(codes)  # a cleared finding may fire again
+                known.update(codes)
+                if first and gpu.uuid in drains:
+                    continue  # already out of service before we started: not news
+                new.extend((gpu, f) for f in fresh)
+        for gpu, finding in new:
+            self._act(snapshot, gpu, finding, drains)
+        return new
+
+    def _ecc_rate(self, gpu: Gpu, now: float) -> Optional[float]:
+        count = gpu.ecc_corrected_volatile
+        if count is None:
+            return None
+        before = self._ecc.get(gpu.uuid)
+        if before is None or count < before[1]:
+            self._ecc[gpu.uuid] = (now, count)
+            return None
+        elapsed = now - before[0]
+        if elapsed < 60:
+            return None
+        self._ecc[gpu.uuid] = (now, count)
+        return (count - before[1]) / elapsed * 3600.0
+
+    def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Finding, drains: dict) -> None:
+        drained = False
+        if finding.level == FATAL and self.settings.policy == "drain" and gpu.uuid not in drains:
+            try:
+                from gpuwarden.drain import drain
+
+                drain(gpu.uuid, f"health: {finding.reason}", by=DRAINED_BY, auto=True)
+                drains[gpu.uuid] = True
+                drained = True
+            except UserError as err:
+                self.log(f"could not drain GPU {gpu.index}: {err}")
+            except (NotImplementedError, OSError) as err:
+                self.log(f"could not drain GPU {gpu.index}: {err or type(err).__name__}")
+        event = {
+            "hostname": snapshot.hostname,
+            "gpu_index": gpu.index,
+            "gpu_uuid": gpu.uuid,
+            "gpu_name": gpu.name,
+            "level": finding.level,
+            "reason": finding.reason,
+            "action": finding.action,
+            "code": finding.code,
+            "drained": drained,
+            "policy": self.settings.policy,
+            "at": time.time(),
+        }
+        if self.on_finding is not None:
+            self.on_finding(gpu, finding, event)
+        self.notifier.notify(event)
+
+
+def _drains() -> dict:
+    try:
+        from gpuwarden.drain import list_drains
+
+        return dict(list_drains())
+    except (NotImplementedError, OSError):
+        return {}

@@ -1,0 +1,233 @@
+"""Metric rendering on hand-built snapshots, idle-held logic, the view cache, serving."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden.errors import UserError
+from gpuwarden.exporter import IdleTracker, View, ViewCache, parse_listen, render, serve
+from gpuwarden.health import judge
+from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.lease import LeaseInfo
+
+GiB = 2**30
+
+
+def machine(t: float = 1000.0, util0: int = 50) -> Snapshot:
+    return Snapshot(
+        taken_at=t,
+        hostname="box",
+        driver_version="550.54.15",
+        gpus=(
+            Gpu(
+                index=0,
+                uuid="GPU-aaaa",
+                name="NVIDIA A100-SXM4-40GB",
+                memory_total=40 * GiB,
+                memory_used=10 * GiB,
+                memory_free=30 * GiB,
+                utilization_gpu=util0,
+                utilization_memory=20,
+                temperature=61,
+                power_draw=250.5,
+                energy_consumed=12345.0,
+                clock_sm=1410,
+                ecc_corrected_volatile=3,
+                ecc_uncorrected_volatile=0,
+                pcie_replay_count=0,
+                processes=(
+                    GpuProcess(101, 6 * GiB, "alice", "python train.py"),
+                    GpuProcess(102, 4 * GiB, "bob", "python eval.py"),
+                ),
+            ),
+            Gpu(
+                index=1,
+                uuid="GPU-bbbb",
+                name="NVIDIA A100-SXM4-40GB",
+                memory_total=40 * GiB,
+                memory_used=2 * GiB,
+                memory_free=38 * GiB,
+                utilization_gpu=0,
+                processes=(GpuProcess(103, 2 * GiB, "alice", "jupyter"),),
+            ),
+            Gpu(index=2, uuid="GPU-cccc", name="NVIDIA A100-SXM4-40GB", lost=True, error="lost"),
+        ),
+    )
+
+
+def samples(text: str) -> dict:
+    """{(name, frozenset(labels)): value}"""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(found: dict, name: str, **labels) -> float:
+    hits = [v for (n, lab), v in found.items() if n == name and set(labels.items()) <= lab]
+    assert len(hits) == 1, (name, labels, hits)
+    return hits[0]
+
+
+def test_gpu_metrics_have_units_and_labels():
+    text = render(View(machine()))
+    found = samples(text)
+    gpu0 = {"gpu": "0", "uuid": "GPU-aaaa", "model": "NVIDIA A100-SXM4-40GB", "hostname": "box"}
+    assert value(found, "gpuwarden_gpu_memory_used_bytes", **gpu0) == 10 * GiB
+    assert value(found, "gpuwarden_gpu_memory_total_bytes", **gpu0) == 40 * GiB
+    assert value(found, "gpuwarden_gpu_utilization_ratio", **gpu0) == 0.5
+    assert value(found, "gpuwarden_gpu_temperature_celsius", **gpu0) == 61
+    assert value(found, "gpuwarden_gpu_power_watts", **gpu0) == 250.5
+    assert value(found, "gpuwarden_gpu_energy_joules_total", **gpu0) == 12345.0
+    assert value(found, "gpuwarden_gpu_sm_clock_hertz", **gpu0) == 1410e6
+    assert value(found, "gpuwarden_gpu_ecc_errors_total", gpu="0", type="corrected") == 3
+    assert "# TYPE gpuwarden_gpu_energy_joules_total counter" in text
+
+
+def test_lost_gpu_still_listed_while_others_are_served():
+    found = samples(render(View(machine())))
+    assert value(found, "gpuwarden_gpu_lost", gpu="2") == 1
+    assert value(found, "gpuwarden_gpu_lost", gpu="0") == 0
+    assert not [
+        k for k in found if k[0] == "gpuwarden_gpu_memory_used_bytes" and ("gpu", "2") in k[1]
+    ]
+
+
+def test_process_and_user_memory():
+    found = samples(render(View(machine())))
+    assert value(found, "gpuwarden_process_memory_used_bytes", pid="101", user="alice") == 6 * GiB
+    assert value(found, "gpuwarden_user_memory_used_bytes", user="alice") == 8 * GiB
+    assert value(found, "gpuwarden_user_memory_used_bytes", user="bob") == 4 * GiB
+
+
+def test_leases_drains_health_and_xids():
+    from gpuwarden.drain import Drain
+
+    snap = machine()
+    lease = LeaseInfo("GPU-aaaa", "alice", 101, "python train.py", 1.0, job="exp-7")
+    view = View(
+        snap,
+        leases=(lease,),
+        drains={
+            "GPU-cccc": Drain("GPU-cccc", "health: GPU is lost", "gpuwarden-health", 1.0, True)
+        },
+        findings={g.uuid: judge(g, (79,) if g.index == 2 else ()) for g in snap.gpus},
+        xids={"GPU-cccc": (13, 79)},
+    )
+    found = samples(render(view))
+    assert value(found, "gpuwarden_gpu_leased", gpu="0", user="alice", job="exp-7") == 1
+    assert value(found, "gpuwarden_gpu_leased", gpu="1", user="") == 0
+    assert value(found, "gpuwarden_gpu_drained", gpu="2", auto="true") == 1
+    assert value(found, "gpuwarden_gpu_drained", gpu="0") == 0
+    assert value(found, "gpuwarden_gpu_health", gpu="2", state="fatal") == 1
+    assert value(found, "gpuwarden_gpu_health", gpu="0", state="ok") == 1
+    assert value(found, "gpuwarden_gpu_xid_errors_total", gpu="2", xid="79") == 1
+    assert value(found, "gpuwarden_gpu_last_xid", gpu="2") == 79
+
+
+def test_dcgm_compat_names_units_and_labels():
+    view = View(machine(), xids={"GPU-aaaa": (48,)})
+    found = samples(render(view, dcgm_compat=True))
+    labels = {
+        "gpu": "0",
+        "UUID": "GPU-aaaa",
+        "device": "nvidia0",
+        "modelName": "NVIDIA A100-SXM4-40GB",
+        "Hostname": "box",
+    }
+    assert value(found, "DCGM_FI_DEV_GPU_UTIL", **labels) == 50
+    assert value(found, "DCGM_FI_DEV_FB_USED", **labels) == 10 * 1024  # MiB
+    assert value(found, "DCGM_FI_DEV_FB_FREE", **labels) == 30 * 1024
+    assert value(found, "DCGM_FI_DEV_GPU_TEMP", **labels) == 61
+    assert value(found, "DCGM_FI_DEV_POWER_USAGE", **labels) == 250.5
+    assert value(found, "DCGM_FI_DEV_SM_CLOCK", **labels) == 1410
+    assert value(found, "DCGM_FI_DEV_MEM_COPY_UTIL", **labels) == 20
+    assert value(found, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", **labels) == 12345000.0  # mJ
+    assert value(found, "DCGM_FI_DEV_XID_ERRORS", **labels) == 48
+    assert not any(n.startswith("DCGM_") for n, _ in samples(render(view)))
+
+
+def test_idle_held_needs_a_holder_and_time():
+    tracker = IdleTracker(idle_util=5)
+    first = tracker.update(machine(t=1000, util0=0), leased=[])
+    assert first["GPU-aaaa"] == 0 and first["GPU-bbbb"] == 0
+    later = tracker.update(machine(t=1700, util0=0), leased=[])
+    assert later["GPU-aaaa"] == 700 and later["GPU-bbbb"] == 700
+    busy = tracker.update(machine(t=1800, util0=90), leased=[])
+    assert busy["GPU-aaaa"] == 0 and busy["GPU-bbbb"] == 800
+    assert busy["GPU-cccc"] == 0  # lost: not "idle"
+    empty = Snapshot(2000, "box", (Gpu(0, "GPU-dddd", utilization_gpu=0),))
+    assert IdleTracker().update(empty, leased=[])["GPU-dddd"] == 0  # nobody holds it
+    tracker2 = IdleTracker()
+    tracker2.update(empty, leased=["GPU-dddd"])
+    assert tracker2.update(Snapshot(2900, "box", empty.gpus), ["GPU-dddd"])["GPU-dddd"] == 900
+    found = samples(render(View(machine(), idle_seconds={"GPU-bbbb": 900}, idle_after=600)))
+    assert value(found, "gpuwarden_gpu_idle_held", gpu="1") == 1
+    assert value(found, "gpuwarden_gpu_idle_held", gpu="0") == 0
+    assert value(found, "gpuwarden_gpu_idle_held_seconds", gpu="1") == 900
+
+
+def test_cache_reads_once_per_period_and_counts_errors():
+    clock = [0.0]
+    reads = []
+
+    def read():
+        reads.append(1)
+        if len(reads) == 2:
+            raise RuntimeError("NVML went away")
+        return machine()
+
+    cache = ViewCache(read, cache_seconds=5, clock=lambda: clock[0])
+    first = cache.get()
+    assert cache.get() is first and len(reads) == 1
+    assert first.scrape_errors == 1  # the lost GPU
+    clock[0] = 6
+    second = cache.get()  # the whole read failed: old GPUs served, error counted
+    assert len(reads) == 2 and second.scrape_errors == 2 and not second.nvml_up
+    assert [g.uuid for g in second.snapshot.gpus] == [g.uuid for g in first.snapshot.gpus]
+    found = samples(render(second))
+    assert value(found, "gpuwarden_scrape_errors_total") == 2
+    assert value(found, "gpuwarden_nvml_up") == 0
+
+
+def test_parse_listen():
+    assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_listen(":9500") == ("0.0.0.0", 9500)
+    assert parse_listen("9401") == ("127.0.0.1", 9401)
+    assert parse_listen("[::1]:9400") == ("::1", 9400)
+    with pytest.raises(UserError, match="invalid listen address"):
+        parse_listen("localhost:http")
+
+
+def test_serve_and_port_in_use():
+    cache = ViewCache(machine, cache_seconds=0)
+    server = serve("127.0.0.1:0", cache=cache)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        assert "gpuwarden_gpu_memory_used_bytes" in body
+        assert "gpuwarden_exporter_process_cpu_seconds_total" in body
+        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{server.port}: address"):
+            serve(f"127.0.0.1:{server.port}", cache=cache)
+    finally:
+        server.close()
+
+
+def test_port_in_use_by_another_program_is_one_line(cli):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        done = cli("--sim", "server-8xa100", "exporter", "--listen", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"gpuwarden exporter: cannot listen on 127.0.0.1:{port}")
+    )
+    assert "Traceback" not in done.stderr

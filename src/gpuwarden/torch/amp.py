@@ -1,0 +1,212 @@
+"""Mixed precision chosen from the hardware, and one optimizer step that is safe with it.
+
+`decide()` is the pure policy: bf16 autocast where the GPU computes bf16 natively
+(compute capability >= 8.0: Ampere, Hopper, ...), fp16 autocast with a gradient
+scaler on Volta/Turing (7.x) where bf16 is emulated, fp32 on older GPUs and on CPU
+(CPU bf16 only when asked: it is slower than fp32 on CPUs without AMX/AVX512-BF16).
+
+`AmpStep` is the step the seeds spell out by hand, plus the two parts they leave
+out: unscaling before clipping (clipping scaled gradients clips at the wrong
+norm) and skipping the update when a gradient is inf/NaN, with or without a
+scaler, so one bad batch cannot poison the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpuwarden.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+REQUESTS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Pure result of the policy: which autocast dtype (None = none) and whether to scale."""
+
+    name: str  # "fp32" | "bf16" | "fp16"
+    scaler: bool
+
+    @property
+    def autocast(self) -> bool:
+        return self.name != "fp32"
+
+
+def decide(device_type: str, capability: tuple[int, int] | None, request: str = "auto") -> Decision:
+    """The precision for a request on a device (capability: CUDA's (major, minor), else None)."""
+    request = request.lower()
+    if request not in REQUESTS:
+        raise UserError(f"precision {request!r}: choose one of {', '.join(REQUESTS)}")
+    if request == "fp32":
+        return Decision("fp32", False)
+    if device_type == "cuda":
+        major = (capability or (0, 0))[0]
+        if request == "auto":
+            if major >= 8:
+                return Decision("bf16", False)
+            if major == 7:
+                return Decision("fp16", True)
+            return Decision("fp32", False)  # Pascal and older: no tensor cores, fp16 gains nothing
+        if request == "bf16" and major < 8:
+            cc = ".".join(map(str, capability or (0, 0)))
+            raise UserError(
+                f"bf16 needs compute capability 8.0 or newer; this GPU is {cc}: use fp16 or auto"
+            )
+        return Decision(request, request == "fp16")
+    if request == "auto":
+        return Decision("fp32", False)
+    # bf16 has fp32's exponent range, so it never needs loss scaling; fp16 always does.
+    return Decision(request, request == "fp16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A decision bound to a device: `with p.autocast():` and `p.make_scaler()`."""
+
+    name: str
+    device_type: str
+    scaler: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
+
+    def autocast(self) -> Any:
+        """Autocast for the forward pass and loss (a no-op context for fp32)."""
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def make_scaler(self) -> Any:
+        """A `torch.amp.GradScaler` when this precision needs one, else None."""
+        if not self.scaler:
+            return None
+        import torch
+
+        return torch.amp.GradScaler(self.device_type)
+
+
+def precision(request: str = "auto", dev: torch.device | None = None) -> Precision:
+    """Decide precision for `dev` (default: `device()`); GPUWARDEN_PRECISION overrides auto."""
+    import os
+
+    from gpuwarden.torch.devices import device as pick_device
+
+    if request == "auto":
+        request = os.environ.get("GPUWARDEN_PRECISION", "auto") or "auto"
+    dev = pick_device() if dev is None else dev
+    capability = None
+    if dev.type == "cuda":
+        import torch
+
+        capability = tuple(torch.cuda.get_device_capability(dev))
+    made = decide(dev.type, capability, request)  # type: ignore[arg-type]
+    return Precision(made.name, dev.type, made.scaler)
+
+
+class AmpStep:
+    """backward with scaling, then unscale, optional clip, inf/NaN check, step, update.
+
+    `step()` returns False when it skipped the update because a gradient was not
+    finite; `skipped` counts those. Its `state_dict()` carries the scaler's state,
+    so a Checkpointer can save it in place of the scaler.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        prec: Precision | None = None,
+        *,
+        clip: float | None = None,
+        scaler: Any = None,
+        zero_grad: bool = True,
+    ) -> None:
+        self.optimizer = optimizer
+        self.precision = prec
+        self.scaler = scaler if scaler is not None else (prec.make_scaler() if prec else None)
+        self.clip = clip
+        self.zero_grad = zero_grad
+        self.skipped = 0
+        self._found: Any = None
+
+    def autocast(self) -> Any:
+        return self.precision.autocast() if self.precision else contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def _params(self) -> Iterable[torch.Tensor]:
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    yield p
+
+    def step(self) -> bool:
+        """Apply the accumulated gradients unless one is inf/NaN; clear them either way."""
+        import torch
+
+        opt = self.optimizer
+        if self.scaler is not None:
+            self.scaler.unscale_(opt)
+            found = sum(v.item() for v in self.scaler._found_inf_per_device(opt).values())
+            if self.clip is not None and not found:
+                torch.nn.utils.clip_grad_norm_(list(self._params()), self.clip)
+            self.scaler.step(opt)  # skips by itself when found
+            self.scaler.update()
+            ok = not found
+        else:
+            ok = self._finite_then_clip()
+            if ok:
+                opt.step()
+        if not ok:
+            self.skipped += 1
+        if self.zero_grad:
+            opt.zero_grad(set_to_none=True)
+        return ok
+
+    def _finite_then_clip(self) -> bool:
+        import torch
+
+        grads = [p.grad for p in self._params()]
+        if not grads:
+            return True
+        if self.clip is not None:
+            # The norm is computed for clipping anyway; a non-finite norm means a bad grad.
+            norm = torch.nn.utils.clip_grad_norm_(list(self._params()), self.clip)
+            return bool(torch.isfinite(norm))
+        # GradScaler's own fused check (one kernel over all grads), with a scale of 1.
+        if self._found is None or self._found.device != grads[0].device:
+            self._found = torch.zeros(1, device=grads[0].device)
+            self._one = torch.ones(1, device=grads[0].device)
+        self._found.zero_()
+        by_dtype: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault((g.device, g.dtype), []).append(g)
+        for group in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(group, self._found, self._one)
+        return not bool(self._found.item())
+
+    def __call__(self, loss: torch.Tensor) -> bool:
+        self.backward(loss)
+        return self.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "skipped": self.skipped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped = int(state.get("skipped", 0))

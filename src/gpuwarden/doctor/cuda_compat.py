@@ -279,19 +279,31 @@ def best_wheel(
     driver_cuda: Optional[tuple[int, int]],
     ccs: tuple[tuple[int, int], ...],
     torch_version: Optional[tuple[int, ...]],
+    driver_version: Optional[str] = None,
 ) -> Optional[WheelBuild]:
-    """The newest official build the driver runs without caveats that has code for every GPU;
-    failing that, the newest the driver runs; None when the driver runs none."""
-    candidates = [
-        w for w in wheels_for(torch_version) if driver_cuda is None or w.cuda <= driver_cuda
-    ]
-    if not candidates:
-        return None
-    candidates.sort(key=lambda w: w.cuda, reverse=True)
-    for w in candidates:
-        if all(kernel_support(w.archs, cc) for cc in ccs):
-            return w
-    return candidates[0]
+    """The official build to install for this driver and these GPUs.
+
+    Preference: builds the driver runs outright (newest first), then builds it
+    runs through minor-version compatibility (closest to the driver first);
+    within a tier, one with code for every GPU wins. None when the driver runs none.
+    """
+    wheels = wheels_for(torch_version)
+    if driver_cuda is None and driver_version is None:
+        tiers = [sorted(wheels, key=lambda w: w.cuda, reverse=True)]
+    else:
+        verdicts = {w: driver_runs(w.cuda, driver_cuda, driver_version).level for w in wheels}
+        tiers = [
+            sorted((w for w in wheels if verdicts[w] == "ok"), key=lambda w: w.cuda, reverse=True),
+            sorted((w for w in wheels if verdicts[w] == "minor-compat"), key=lambda w: w.cuda),
+        ]
+    for tier in tiers:
+        for w in tier:
+            if all(kernel_support(w.archs, cc) for cc in ccs):
+                return w
+    for tier in tiers:
+        if tier:
+            return tier[0]
+    return None
 
 
 def install_command(variant: str, torch_version: Optional[str]) -> str:

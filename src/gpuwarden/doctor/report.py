@@ -31,7 +31,8 @@ def text(facts: Facts, findings: Sequence[Finding], *, verbose: bool = False) ->
         if f.saw and (verbose or f.level != "PASS"):
             lines.extend(_wrap(f.saw, indent + "saw: ", indent + "     "))
         if f.fix:
-            lines.extend(_wrap(f.fix, indent + "fix: ", indent + "     "))
+            # Never wrapped: a fix is often a command that must copy as one line.
+            lines.append(f"{indent}fix: {f.fix}")
     counts = summary(findings)
     lines.append(
         "summary: "
@@ -42,7 +43,6 @@ def text(facts: Facts, findings: Sequence[Finding], *, verbose: bool = False) ->
 
 
 def _wrap(body: str, first: str, rest: str) -> list[str]:
-    # Commands are not broken across lines: copying them must work.
     return textwrap.wrap(
         body,
         width=max(WIDTH, len(first) + 40),

@@ -33,7 +33,10 @@ def install_fix(facts: Facts, wheel: Optional[cuda_compat.WheelBuild] = None) ->
     snap = facts.snapshot
     if wheel is None:
         wheel = cuda_compat.best_wheel(
-            snap.cuda_driver_version, capabilities(facts), torch_release(facts)
+            snap.cuda_driver_version,
+            capabilities(facts),
+            torch_release(facts),
+            snap.driver_version,
         )
     if wheel is None:
         need = cuda_compat.MINOR_COMPAT_MIN_DRIVER[12]

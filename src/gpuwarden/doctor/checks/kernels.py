@@ -105,23 +105,25 @@ def check_kernels(facts: Facts) -> list[Finding]:
 
 def _fix(facts: Facts, cc: tuple[int, int], release: object) -> str:
     version = cuda_compat.parse_version(facts.torch.version)
+    sm = f"sm_{cc[0]}{cc[1]}"
     wheels = cuda_compat.wheels_supporting(cc, version)
     where = f"torch {facts.torch.version}"
     if not wheels:
+        version = None
         wheels = cuda_compat.wheels_supporting(cc, None)
         where = "current torch releases"
     if not wheels:
         return (
-            f"no official wheel has code for sm_{cc[0]}{cc[1]}: build PyTorch from source with "
-            f"TORCH_CUDA_ARCH_LIST={cc[0]}.{cc[1]}"
+            f"no official wheel has code for {sm}: build PyTorch from source with "
+            f"TORCH_CUDA_ARCH_LIST={cc[0]}.{cc[1]}, or use an older torch release"
         )
     names = ", ".join(sorted({w.variant for w in wheels}))
-    driver_cuda = facts.snapshot.cuda_driver_version
-    runnable = [w for w in wheels if driver_cuda is None or w.cuda <= driver_cuda]
-    pick = max(runnable or wheels, key=lambda w: w.cuda)
-    line = cuda_compat.install_command(
-        pick.variant, facts.torch.version if where.startswith("torch") else None
-    )
-    need = cuda_compat.TOOLKIT_DRIVER.get(pick.cuda, "a newer one")
-    note = "" if runnable else f" (after updating the driver to >= {need})"
-    return f"builds of {where} with sm_{cc[0]}{cc[1]} code: {names}; {line}{note}"
+    snap = facts.snapshot
+    pick = cuda_compat.best_wheel(snap.cuda_driver_version, (cc,), version, snap.driver_version)
+    note = ""
+    if pick is None or not cuda_compat.kernel_support(pick.archs, cc):
+        pick = max(wheels, key=lambda w: w.cuda)
+        need = cuda_compat.TOOLKIT_DRIVER.get(pick.cuda, "a newer one")
+        note = f" (after updating the NVIDIA driver to >= {need})"
+    line = cuda_compat.install_command(pick.variant, facts.torch.version if version else None)
+    return f"builds of {where} with {sm} code: {names}; {line}{note}"

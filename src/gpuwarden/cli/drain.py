@@ -1,0 +1,86 @@
+"""`gpuwarden drain IDS --reason TEXT` / `gpuwarden undrain IDS` (and `drain` alone lists)."""
+
+from __future__ import annotations
+
+import argparse
+
+SERVES_SEVERAL = True
+
+
+def add_arguments(parser: argparse.ArgumentParser, command_name: str) -> None:
+    parser.add_argument(
+        "ids",
+        nargs="*",
+        metavar="IDS",
+        help="GPUs: nvidia-smi indices or UUID prefixes, comma- or space-separated"
+        + ("; none lists the drains" if command_name == "drain" else ""),
+    )
+    if command_name == "drain":
+        parser.add_argument("--reason", metavar="TEXT", help="why (shown to everyone)")
+    parser.add_argument("--json", action="store_true", help="print the drains as JSON")
+
+
+def _split(ids: list[str]) -> list[str]:
+    return [part.strip() for item in ids for part in item.split(",") if part.strip()]
+
+
+def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
+    """(uuid, label) per ID. IDs resolve through the machine; undrain also accepts a
+    drained UUID prefix of a GPU that is no longer seen (lost, removed)."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.select import resolve_ids
+
+    snapshot = read_snapshot(processes=False)
+    out: list[tuple[str, str]] = []
+    for text in ids:
+        try:
+            gpu = resolve_ids(snapshot, [text])[0]
+            target = (gpu.uuid, f"GPU {gpu.index} ({gpu.uuid})")
+        except UserError:
+            low = text.lower()
+            known = {g.uuid for g in snapshot.gpus}
+            gone = [u for u in drains if u not in known and u.lower().startswith(low)]
+            if len(gone) != 1 or text.isdigit():
+                raise
+            target = (gone[0], gone[0])
+        if target not in out:
+            out.append(target)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from gpuwarden import config
+    from gpuwarden.drain import drain, list_drains, undrain
+    from gpuwarden.errors import UserError
+
+    where = config.state_dir()
+    drains = list_drains(where)
+    ids = _split(args.ids)
+    if not ids:
+        if args.command == "undrain":
+            raise UserError("name the GPUs to undrain (indices or UUID prefixes)")
+        if args.json:
+            print(json.dumps([d.__dict__ for d in drains.values()], indent=2))
+        elif not drains:
+            print("no GPU is drained")
+        for d in [] if args.json else drains.values():
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(d.at))
+            auto = " (automatic)" if d.auto else ""
+            print(f"{d.uuid}: drained by {d.by}{auto} at {when}: {d.reason}")
+        return 0
+    targets = _targets(ids, drains)
+    if args.command == "drain":
+        if not args.reason or not args.reason.strip():
+            raise UserError("a drain needs a reason: --reason TEXT (others will see it)")
+        for uuid, label in targets:
+            drain(uuid, args.reason, directory=where)
+            print(f"drained {label}: {args.reason.strip()}")
+    else:
+        for uuid, label in targets:
+            undrain(uuid, directory=where)
+            print(f"undrained {label}")
+    return 0

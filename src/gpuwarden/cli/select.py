@@ -1,0 +1,101 @@
+"""`gpuwarden select -n N [filters]`: print the IDs of GPUs that fit, without reserving them.
+
+For scripts in the style of `CUDA_VISIBLE_DEVICES=$(nvisel -n 1) python train.py`.
+Nothing is held, so another job may take the same GPUs a moment later; stderr
+says so, and `gpuwarden run` / `gpuwarden reserve` are the commands that hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The request options shared with `run` and `reserve` (dests are config keys' last parts)."""
+    parser.add_argument(
+        "--gpus", metavar="IDS", help="candidates: nvidia-smi indices or UUID prefixes"
+    )
+    parser.add_argument("--min-free", metavar="SIZE", help="at least this much free memory (20GiB)")
+    parser.add_argument("--max-util", metavar="PCT", help="at most this utilization (percent)")
+    parser.add_argument("--min-capability", metavar="X.Y", help="at least this compute capability")
+    parser.add_argument("--model", metavar="PATTERN", help="GPU name glob or substring, any case")
+    parser.add_argument("--exclude", metavar="IDS", help="never these GPUs")
+    parser.add_argument("--mem", metavar="SIZE", help="a share of this size instead of whole GPUs")
+
+
+def cli_settings(args: argparse.Namespace) -> dict[str, object]:
+    """Command-line values as `gpuwarden.config.load(cli=...)` takes them."""
+    return {
+        "run.count": getattr(args, "count", None),
+        "run.gpus": args.gpus,
+        "run.min_free": args.min_free,
+        "run.max_util": args.max_util,
+        "run.min_capability": args.min_capability,
+        "run.model": args.model,
+        "run.exclude": args.exclude,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--count", metavar="N", help="how many GPUs (default 1)")
+    add_filter_arguments(parser)
+    parser.add_argument("--uuid", action="store_true", help="print UUIDs instead of indices")
+    parser.add_argument(
+        "--explain", action="store_true", help="say on stderr why each GPU was or was not chosen"
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no reminder that nothing is reserved"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden import config
+    from gpuwarden.drain import list_drains
+    from gpuwarden.errors import UserError
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.lease import EXIT_BUSY, list_leases
+    from gpuwarden.select import Request, choose
+    from gpuwarden.units import format_size, parse_size
+
+    cfg = config.load(cli_settings(args))
+    mem = parse_size(args.mem) if args.mem else None
+    snapshot = read_snapshot(topology=True)
+    allowed = None
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        from gpuwarden.visible import resolve
+
+        resolution = resolve(snapshot)
+        if resolution.problems:
+            raise UserError(resolution.problems[0])
+        allowed = {d.uuid for d in resolution.devices}
+    request = Request.from_config(cfg, mem=mem)
+    choice = choose(
+        snapshot,
+        request,
+        list_leases(str(config.lease_dir(cfg))),
+        list_drains(config.state_dir(cfg)),
+        allowed,
+    )
+    if args.explain:
+        for gpu in snapshot.gpus:
+            if any(g.uuid == gpu.uuid for g in choice.gpus):
+                why = f"chosen ({format_size(gpu.memory_free)} free)"
+            else:
+                why = choice.passed_over.get(gpu.uuid, "")
+            print(f"GPU {gpu.index} {gpu.uuid}: {why}", file=sys.stderr)
+    if choice.error:
+        raise UserError(choice.error, exit_code=None if choice.never_fits else EXIT_BUSY)
+    ids = [
+        g.uuid if args.uuid or cfg.get("run.id_format") == "uuid" else str(g.index)
+        for g in choice.gpus
+    ]
+    print(",".join(ids))
+    if not args.quiet:
+        print(
+            "gpuwarden select: not reserved; another job may take these GPUs "
+            "(`gpuwarden run` or `gpuwarden reserve` hold them)",
+            file=sys.stderr,
+        )
+    return 0

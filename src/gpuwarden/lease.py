@@ -1,9 +1,53 @@
-"""Leases: a held kernel `flock` on a per-GPU file (see ARCHITECTURE principle 3)."""
+"""Leases: a held kernel `flock` on a per-GPU file (see docs/leases.md).
+
+The kernel owns a lease. `<dir>/<uuid>.lock` is locked exclusively (a whole
+GPU) or shared (`--mem`, a declared share) by the job, whose process tree
+inherits the descriptor; the kernel drops the lock when the last holder exits,
+SIGKILL included, so there is nothing to expire and nothing stale to clean.
+
+Beside each lock, every holder keeps `<uuid>.<job>.lease`: its metadata
+(pid, command, start, declared memory), itself locked by the holder. A
+metadata file counts only while that lock is held, so one left behind by a
+killed wrapper is ignored (and tidied later). It is written under a temporary
+name, locked, then renamed into place, so a reader never sees it unlocked or
+half written.
+
+Choosing and taking is atomic among gpuwarden clients: `alloc.lock` is held
+exclusively while the leases are read, `select.choose` runs and the per-GPU
+locks are taken, and until the new metadata is in place. Waiting clients
+queue in the same directory (`gpuwarden.waitline`) and are served first come,
+first served.
+
+The lease directory is checked before use: a symlink, an unexpected owner,
+or a directory others may write without the sticky bit would let another
+local user delete or redirect the locks, so each is refused with one line.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import stat
+import sys
+import time
+import types
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
+
+from gpuwarden.errors import UserError
+
+ALLOC = "alloc.lock"
+LOCK_SUFFIX = ".lock"
+HOLDER_SUFFIX = ".lease"
+TMP_PREFIX = ".tmp-"
+
+# Exit status for "not now": no GPU fits at the moment (without --wait), or the
+# wait timed out. EX_TEMPFAIL from sysexits.h: "try again later".
+EXIT_BUSY = 75
 
 
 @dataclass(frozen=True)
@@ -17,8 +61,531 @@ class LeaseInfo:
     started: float  # time.time()
     mem: Optional[int] = None  # declared bytes for a shared lease; None = exclusive
     job: Optional[str] = None  # job id / name
+    expires: Optional[float] = None  # time.time() a reservation ends; None = with the job
+    index: Optional[int] = None  # nvidia-smi index when the lease was taken (presentation)
+
+
+# --- the directory and its safety ------------------------------------------------------------
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class LeaseDir:
+    """A checked lease directory. `shared` when other users may write into it (sticky,
+    as /tmp): their lock files are then expected; in a private one they are not."""
+
+    def __init__(self, path: str, shared: bool, owner_uid: int) -> None:
+        self.path = path
+        self.shared = shared
+        self.owner_uid = owner_uid
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def check_file(self, path: str, fd: int) -> None:
+        """Refuse a lock or metadata file that is not a plain file of an expected owner."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"lease file {path} is not a regular file; refusing it")
+        me = os.geteuid()
+        if not self.shared and st.st_uid not in (me, 0, self.owner_uid):
+            raise UserError(
+                f"lease file {path} is owned by {_owner(st.st_uid)}, not by {_owner(me)}, "
+                f"in a private lease directory; refusing it"
+            )
+
+    def open(self, name: str, flags: int = os.O_RDONLY | os.O_CREAT) -> int:
+        """Open a file in the directory, never through a symlink, and check it."""
+        path = self.join(name)
+        try:
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise UserError(
+                    f"lease file {path} is a symbolic link (owner "
+                    f"{_owner(os.lstat(path).st_uid)}); refusing it: whoever made it could "
+                    "redirect the lock"
+                ) from None
+            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
+            raise
+        try:
+            self.check_file(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _check_component(path: str, st: os.stat_result, what: str) -> None:
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise UserError(
+            f"{what} {path} is owned by {_owner(st.st_uid)}, not by {_owner(me)} or root; "
+            "refusing it: its owner could delete or replace the locks"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UserError(
+            f"{what} {path} (owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}) is "
+            "writable by others without the sticky bit; refusing it: anyone could delete "
+            "the locks (chmod +t it, as /tmp is, or use a private directory)"
+        )
+
+
+def check_dir(path: str) -> LeaseDir:
+    """Check an existing lease directory and every directory above it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise UserError(f"lease directory {path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(
+            f"lease directory {path} is a symbolic link (owner {_owner(st.st_uid)}, to "
+            f"{os.readlink(path)}); refusing it: whoever controls the link controls the locks"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"lease directory {path} is not a directory")
+    _check_component(path, st, "lease directory")
+    # Above it, a directory another user may rename would let them swap the whole tree.
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        _check_component(parent, os.stat(parent), "directory")
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    shared = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or st.st_uid != os.geteuid()
+    return LeaseDir(path, shared, st.st_uid)
+
+
+def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
+    """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
+    one, else per user), checked; a missing one is created private (0700)."""
+    if path is None:
+        from gpuwarden.config import lease_dir
+
+        path = str(lease_dir())
+    path = os.path.abspath(path)
+    if create and not os.path.lexists(path):
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot create lease directory {path}: {err.strerror}") from None
+    return check_dir(path)
+
+
+# --- reading leases --------------------------------------------------------------------------
+
+
+def _is_locked(fd: int) -> bool:
+    """True when some process holds a lock on the file; probes without keeping one."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def _read_holder(ld: LeaseDir, name: str) -> tuple[Optional[LeaseInfo], bool]:
+    """(lease, stale): the metadata when its holder still holds it; stale=True when nobody
+    does (the holder died without tidying)."""
+    try:
+        fd = ld.open(name, os.O_RDONLY)
+    except (FileNotFoundError, UserError):
+        return None, False
+    try:
+        if not _is_locked(fd):
+            return None, True
+        data = os.read(fd, 1 << 16)
+        owner = _owner(os.fstat(fd).st_uid)
+    finally:
+        os.close(fd)
+    try:
+        meta = json.loads(data)
+        # The owner comes from the kernel, not from the file: it cannot be forged.
+        info = LeaseInfo(
+            uuid=str(meta["uuid"]),
+            user=owner,
+            pid=int(meta["pid"]),
+            command=str(meta.get("command", "")),
+            started=float(meta["started"]),
+            mem=None if meta.get("mem") is None else int(meta["mem"]),
+            job=meta.get("job"),
+            expires=None if meta.get("expires") is None else float(meta["expires"]),
+            index=meta.get("index"),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None, False
+    return info, False
+
+
+def _scan(ld: LeaseDir) -> tuple[list[LeaseInfo], list[str]]:
+    leases, stale = [], []
+    for name in sorted(os.listdir(ld.path)):
+        if not name.endswith(HOLDER_SUFFIX) or name.startswith("."):
+            continue
+        info, dead = _read_holder(ld, name)
+        if info is not None:
+            leases.append(info)
+        elif dead:
+            stale.append(name)
+    return leases, stale
 
 
 def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
     """Leases that are held right now (lock actually held by a live holder)."""
-    return []  # filled in by the run/lease work
+    if lease_dir is None:
+        from gpuwarden.config import lease_dir as configured
+
+        lease_dir = str(configured())
+    if not os.path.lexists(lease_dir):
+        return []
+    return _scan(check_dir(os.path.abspath(lease_dir)))[0]
+
+
+def _tidy(ld: LeaseDir, names: Sequence[str]) -> None:
+    """Remove metadata nobody holds any more. Only a holder-less file is removed, while
+    we hold its lock, so a live lease is never touched."""
+    for name in names:
+        _remove_if_free(ld.join(name))
+
+
+def _remove_if_free(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path)
+        return True
+    except OSError:  # still held, already gone, or someone else's in a sticky directory
+        return False
+    finally:
+        os.close(fd)
+
+
+# --- holding leases --------------------------------------------------------------------------
+
+
+class Held:
+    """GPUs this process holds leases on. `fds` must reach the job (inherited); the
+    metadata appears when `publish()` names the job's pid, and the allocation lock is
+    held until then, so no other client sees a taken GPU without its metadata."""
+
+    def __init__(self, ld: LeaseDir, job: str, gpus: tuple[Any, ...], mem: Optional[int]):
+        self.dir = ld
+        self.job = job
+        self.gpus = gpus
+        self.mem = mem
+        self.fds: list[int] = []  # lock and metadata descriptors: what the job inherits
+        self._tmp: list[tuple[int, str, str, Any]] = []  # (fd, tmp path, final path, gpu)
+        self._final: list[str] = []
+        self._alloc_fd: Optional[int] = None
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+    def publish(
+        self,
+        pid: int,
+        command: str,
+        started: Optional[float] = None,
+        expires: Optional[float] = None,
+    ) -> None:
+        """Write the metadata under its final name, then let other clients allocate."""
+        started = time.time() if started is None else started
+        try:
+            for fd, tmp, final, gpu in self._tmp:
+                meta = {
+                    "uuid": gpu.uuid,
+                    "index": gpu.index,
+                    "pid": pid,
+                    "command": command[:500],
+                    "started": started,
+                    "mem": self.mem,
+                    "job": self.job,
+                    "expires": expires,
+                }
+                os.write(fd, json.dumps(meta).encode())
+                os.rename(tmp, final)
+                self._final.append(final)
+            self._tmp = []
+        finally:
+            self._unlock_alloc()
+
+    def _unlock_alloc(self) -> None:
+        if self._alloc_fd is not None:
+            os.close(self._alloc_fd)
+            self._alloc_fd = None
+
+    def close(self) -> None:
+        """Drop this process's descriptors; the lease lives on in any child holding them."""
+        self._unlock_alloc()
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+    def release(self) -> None:
+        """Drop our descriptors and remove the metadata if no one else (a job's leftover
+        children) still holds it."""
+        self.close()
+        for _, tmp, _, _ in self._tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self._tmp = []
+        for final in self._final:
+            _remove_if_free(final)
+        self._final = []
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def new_job_id() -> str:
+    return f"{os.getpid()}-{os.urandom(3).hex()}"
+
+
+def _take(ld: LeaseDir, held: Held, gpu: Any, shared: bool) -> bool:
+    """Lock one GPU for `held`; False when someone holds it in a conflicting mode."""
+    fd = ld.open(gpu.uuid + LOCK_SUFFIX, os.O_RDONLY | os.O_CREAT)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    held.fds.append(fd)
+    final = ld.join(f"{gpu.uuid}.{held.job}{HOLDER_SUFFIX}")
+    tmp = ld.join(f"{TMP_PREFIX}{gpu.uuid}.{held.job}")
+    mfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fcntl.flock(mfd, fcntl.LOCK_EX)
+    held.fds.append(mfd)
+    held._tmp.append((mfd, tmp, final, gpu))
+    return True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt: `held` on success; else the Choice that said no, or the earlier
+    waiter that must be served first."""
+
+    held: Optional[Held]
+    choice: Any  # select.Choice
+    ahead: int = 0  # waiters in line before us
+    blocked_by: Optional[Any] = None  # the first earlier waiter that does not fit yet
+
+
+def attempt(
+    ld: LeaseDir,
+    request: Any,
+    snapshot: Any,
+    *,
+    allowed: Optional[Collection[str]] = None,
+    job: Optional[str] = None,
+    ticket: Any = None,
+) -> Outcome:
+    """Choose and take under the allocation lock, serving earlier waiters first.
+
+    Earlier waiters are given, in order, what they would get now (as if leased); if
+    one of them does not fit, nobody behind it is served (strict first come, first
+    served: a large request is never starved by a stream of small ones). On success
+    the allocation lock stays held until `Held.publish()`.
+    """
+    from gpuwarden import drain, waitline
+    from gpuwarden.select import choose
+
+    alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
+    try:
+        fcntl.flock(alloc_fd, fcntl.LOCK_EX)
+        leases, stale = _scan(ld)
+        waiters = waitline.read_line(ld, tidy=True)
+        if stale:
+            _tidy(ld, stale)
+        drains = drain.list_drains()
+        mine = ticket.key if ticket is not None else None
+        ahead = [w for w in waiters if mine is None or w.key < mine]
+        virtual = list(leases)
+        for w in ahead:
+            try:
+                c = choose(snapshot, w.request, virtual, drains, w.allowed)
+            except UserError:
+                continue  # its own problem; it will fail on its next attempt
+            if c.never_fits:
+                continue
+            if not c.ok:
+                return Outcome(None, c, len(ahead), w)
+            virtual.extend(_virtual(g.uuid, w, c) for g in c.gpus)
+        held = Held(ld, job or new_job_id(), (), request.mem)
+        unknown: list[LeaseInfo] = []
+        while True:
+            choice = choose(snapshot, request, virtual + unknown, drains, allowed)
+            if not choice.ok:
+                held.close()
+                return Outcome(None, choice, len(ahead))
+            taken = []
+            for gpu in choice.gpus:
+                if not _take(ld, held, gpu, shared=request.mem is not None):
+                    # Locked without visible metadata (a holder killed mid-publish, or
+                    # another tool): treat it as leased and choose again.
+                    unknown.append(LeaseInfo(gpu.uuid, "unknown", 0, "(no metadata)", 0.0))
+                    break
+                taken.append(gpu)
+            else:
+                held.gpus = tuple(taken)
+                break
+            held.release()
+            held = Held(ld, held.job, (), request.mem)
+        if ticket is not None:
+            ticket.leave()
+        held._alloc_fd = alloc_fd
+        alloc_fd = -1
+        return Outcome(held, choice, len(ahead))
+    finally:
+        if alloc_fd >= 0:
+            os.close(alloc_fd)
+
+
+def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
+    return LeaseInfo(
+        uuid, waiter.user, waiter.pid, "(next in line)", waiter.since, waiter.request.mem
+    )
+
+
+def _describe(request: Any) -> str:
+    from gpuwarden.units import format_size
+
+    if request.gpus and request.count is None:
+        what = f"GPU {','.join(request.gpus)}"
+    else:
+        n = 1 if request.count is None else request.count
+        what = f"{n} GPU" + ("" if n == 1 else "s")
+        if request.gpus:
+            what += f" among {','.join(request.gpus)}"
+    if request.mem is not None:
+        what += f" with {format_size(request.mem)} shared"
+    elif request.min_free is not None:
+        what += f" with {format_size(request.min_free)} free"
+    return what
+
+
+def acquire(
+    request: Any,
+    *,
+    snapshot: Callable[[], Any],
+    wait: bool = False,
+    timeout: Optional[float] = None,
+    allowed: Optional[Collection[str]] = None,
+    job: Optional[str] = None,
+    on_wait: Optional[Callable[[int, int, str, float], None]] = None,
+    lease_dir: Optional[str] = None,
+    poll: float = 0.05,
+    refresh: float = 1.0,
+) -> Held:
+    """Take leases for `request` (the allocation lock stays held until `publish`).
+
+    `snapshot()` reads the machine. Without `wait`, a request that does not fit now
+    raises UserError(exit_code=EXIT_BUSY); with it, the caller joins the line and
+    `on_wait(position, waiting, reason, elapsed)` reports progress until granted or
+    `timeout` seconds pass (EXIT_BUSY too). A request that can never fit raises at
+    once. Waiters re-try when the lease directory changes (a lease or ticket came or
+    went) and every `refresh` seconds (a holder killed without tidying, memory freed
+    by processes gpuwarden did not start).
+    """
+    from gpuwarden import waitline
+
+    ld = open_dir(lease_dir)
+    start = time.monotonic()
+    ticket = None
+    last_seen = None
+    last_try = 0.0
+    gpu_count: Optional[int] = None
+    try:
+        while True:
+            now = time.monotonic()
+            seen = os.stat(ld.path).st_mtime_ns
+            if ticket is None or seen != last_seen or now - last_try >= refresh:
+                last_seen, last_try = seen, now
+                if ticket is None or not _hopeless(ld, ticket, request, gpu_count):
+                    snap = snapshot()
+                    gpu_count = len(snap.gpus)
+                    out = attempt(ld, request, snap, allowed=allowed, job=job, ticket=ticket)
+                    if out.held is not None:
+                        return out.held
+                    choice = out.choice
+                    if choice.never_fits:
+                        raise UserError(choice.error)
+                    reason = choice.error
+                    if out.blocked_by is not None:
+                        w = out.blocked_by
+                        reason = f"first in line: {w.user} pid {w.pid} ({_describe(w.request)})"
+                    if not wait:
+                        if out.blocked_by is not None:
+                            reason = f"{out.ahead} earlier request(s) waiting in line; {reason}"
+                        raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
+                    if ticket is None:
+                        ticket = waitline.join(ld, request, allowed)
+                        last_seen = os.stat(ld.path).st_mtime_ns
+                    position = ticket.position()
+                    if on_wait is not None:
+                        on_wait(position[0], position[1], reason or "", now - start)
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise UserError(
+                    f"timed out after {_span(timeout)} waiting for {_describe(request)}",
+                    exit_code=EXIT_BUSY,
+                )
+            time.sleep(poll)
+    finally:
+        if ticket is not None:
+            ticket.leave()
+
+
+def _hopeless(ld: LeaseDir, ticket: Any, request: Any, gpu_count: Optional[int]) -> bool:
+    """True when the waiters ahead need every GPU between them, so trying is pointless
+    (keeps a long line from all reading NVML at once)."""
+    if gpu_count is None:
+        return False
+    need = request.count if request.count is not None else len(request.gpus or ()) or 1
+    for w in ticket.ahead():
+        if w.request.mem is None:
+            n = w.request.count
+            need += n if n is not None else len(w.request.gpus or ()) or 1
+        if need > gpu_count:
+            return True
+    return False
+
+
+def _span(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class _CallableModule(types.ModuleType):
+    """`gpuwarden.lease(n=2, ...)` is the Python API, yet `gpuwarden.lease` is also this
+    module, and importing a submodule rebinds the package attribute to it. Making the
+    module callable keeps `gpuwarden.lease(...)` working whichever one the name holds."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from gpuwarden.api import hold
+
+        return hold(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

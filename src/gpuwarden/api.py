@@ -1,0 +1,224 @@
+"""The Python API: `gpuwarden.lease(...)` and `gpuwarden.select(...)`.
+
+    import subprocess, gpuwarden
+
+    with gpuwarden.lease(n=2, min_free="20GiB") as gpus:
+        subprocess.run(["python", "train.py"], env=gpus.env, pass_fds=gpus.fds, check=True)
+
+`lease` holds the GPUs for the `with` block in this process and changes
+nothing global: the caller decides where the environment goes (a subprocess,
+`os.environ` before importing torch). Pass `gpus.fds` to a subprocess that
+should keep the lease should this process die. `select` answers "which
+GPUs would I get" without reserving anything, like nvisel.
+
+Arguments not given fall back to the configured `run.*` defaults, exactly as
+for `gpuwarden run`, so scripts and the command line agree.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import gpuwarden.lease as leases
+import gpuwarden.select as _select_module
+from gpuwarden.errors import UserError
+from gpuwarden.inventory import Gpu, Snapshot
+
+Ids = Union[str, int, Sequence[Union[str, int]], None]
+SnapshotSource = Union[Snapshot, Callable[[], Snapshot], None]
+
+
+@dataclass(frozen=True)
+class Leased:
+    """GPUs held for a `with gpuwarden.lease(...)` block."""
+
+    gpus: tuple[Gpu, ...]
+    job: str
+    vars: dict[str, str]  # CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, GPUWARDEN_* to set
+    env: dict[str, str] = field(repr=False)  # the whole environment for a subprocess
+    fds: tuple[int, ...] = ()  # lease descriptors, for `pass_fds=`
+    mem: Optional[int] = None  # declared bytes of a shared lease
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.gpus)
+
+    @property
+    def visible(self) -> str:
+        """The CUDA_VISIBLE_DEVICES value."""
+        return self.vars["CUDA_VISIBLE_DEVICES"]
+
+    def __iter__(self) -> Iterator[Gpu]:
+        return iter(self.gpus)
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+
+def _ids(value: Ids) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, (str, int)):
+        return str(value)
+    return ",".join(str(v) for v in value)
+
+
+def _request(
+    n: Optional[int],
+    gpus: Ids,
+    min_free: Union[str, int, None],
+    max_util: Optional[float],
+    min_capability: Union[str, float, tuple[int, int], None],
+    model: Optional[str],
+    exclude: Ids,
+    mem: Union[str, int, None],
+) -> Any:
+    from gpuwarden import config
+    from gpuwarden.select import Request
+    from gpuwarden.units import parse_size
+
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise UserError(f"invalid n={n!r}: expected a whole number of GPUs, 1 or more")
+    conf = config.load(
+        {
+            "run.count": n,
+            "run.gpus": _ids(gpus),
+            "run.min_free": min_free,
+            "run.max_util": max_util,
+            "run.min_capability": min_capability,
+            "run.model": model,
+            "run.exclude": _ids(exclude),
+        }
+    )
+    declared = None
+    if mem is not None:
+        declared = mem if isinstance(mem, int) and not isinstance(mem, bool) else parse_size(mem)
+        if declared <= 0:
+            raise UserError(f"invalid mem={mem!r}: expected a size above zero")
+    return Request.from_config(conf, mem=declared)
+
+
+def _reader(snapshot: SnapshotSource, topology: bool) -> Callable[[], Snapshot]:
+    if isinstance(snapshot, Snapshot):
+        fixed = snapshot
+        return lambda: fixed
+    if snapshot is not None:
+        return snapshot
+    from gpuwarden.inventory import read_snapshot
+
+    return lambda: read_snapshot(processes=True, topology=topology)
+
+
+def _allowed(snap: Snapshot, environ: Mapping[str, str]) -> Optional[tuple[str, ...]]:
+    from gpuwarden.launch import allowed_uuids
+
+    return allowed_uuids(snap, environ)
+
+
+@contextmanager
+def hold(
+    n: Optional[int] = None,
+    *,
+    gpus: Ids = None,
+    min_free: Union[str, int, None] = None,
+    max_util: Optional[float] = None,
+    min_capability: Union[str, float, tuple[int, int], None] = None,
+    model: Optional[str] = None,
+    exclude: Ids = None,
+    mem: Union[str, int, None] = None,
+    wait: bool = False,
+    timeout: Optional[float] = None,
+    uuid: bool = False,
+    environ: Optional[Mapping[str, str]] = None,
+    snapshot: SnapshotSource = None,
+) -> Iterator[Leased]:
+    """Hold `n` GPUs (default 1, or all of `gpus`) that fit the filters for the block.
+
+    Sizes may be bytes or text (`"20GiB"`); `mem` asks for a shared lease declaring
+    that much. Without `wait`, raises UserError (`exit_code` 75) when nothing fits
+    now; with it, waits in line (first come, first served) up to `timeout` seconds.
+    A request that can never fit raises at once. `environ` (default os.environ) is
+    the base of `Leased.env`, and its CUDA_VISIBLE_DEVICES limits the choice.
+    """
+    from gpuwarden.launch import job_env
+
+    base = dict(os.environ if environ is None else environ)
+    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
+    if request.count == 0:
+        raise UserError("n=0 asks for no GPU; nothing to lease")
+    count = request.count or len(request.gpus or ()) or 1
+    read = _reader(snapshot, topology=count > 1)
+    first = read()
+    pending = [first]
+
+    def machine() -> Snapshot:
+        return pending.pop() if pending else read()
+
+    held = leases.acquire(
+        request,
+        snapshot=machine,
+        wait=wait,
+        timeout=timeout,
+        allowed=_allowed(first, base),
+    )
+    try:
+        held.publish(os.getpid(), "python: gpuwarden.lease()")
+        env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
+        ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+        yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
+    finally:
+        held.release()
+
+
+def pick(
+    n: Optional[int] = None,
+    *,
+    gpus: Ids = None,
+    min_free: Union[str, int, None] = None,
+    max_util: Optional[float] = None,
+    min_capability: Union[str, float, tuple[int, int], None] = None,
+    model: Optional[str] = None,
+    exclude: Ids = None,
+    mem: Union[str, int, None] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    snapshot: SnapshotSource = None,
+) -> tuple[Gpu, ...]:
+    """The GPUs `lease` would pick now, without reserving them: another job may take
+    them before you do. Raises UserError (with the reason) when none fit."""
+    from gpuwarden.drain import list_drains
+    from gpuwarden.select import choose
+
+    base = os.environ if environ is None else environ
+    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
+    count = request.count or len(request.gpus or ()) or 1
+    snap = _reader(snapshot, topology=count > 1)()
+    choice = choose(snap, request, leases.list_leases(), list_drains(), _allowed(snap, base))
+    if not choice.ok:
+        raise UserError(
+            choice.error or "no GPU fits", exit_code=2 if choice.never_fits else leases.EXIT_BUSY
+        )
+    return choice.gpus
+
+
+class _CallableSelect(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Gpu, ...]:
+        return pick(*args, **kwargs)
+
+
+# `gpuwarden.lease` and `gpuwarden.select` name both a module and an API function, and
+# importing a submodule rebinds the package attribute to the module. So the API names
+# are the modules themselves, made callable: `gpuwarden.lease(n=2)` and
+# `from gpuwarden import lease; lease.list_leases()` both work, in any import order.
+lease = leases
+if not isinstance(_select_module, _CallableSelect):
+    _select_module.__class__ = _CallableSelect
+select = _select_module

@@ -1,0 +1,268 @@
+"""`gpuwarden run`: pick GPUs, lease them, run the command on them, free them on exit.
+
+Exit status: the command's own; 128+N when signal N killed it; 127 when the
+command does not exist (126: not runnable); 2 for a bad request, including one
+that can never fit on this machine; 75 when nothing fits now (without
+`--wait`) or `--timeout` ran out. See docs/run.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from gpuwarden.errors import UserError
+
+HELP = "pick free GPUs, reserve them and run a command on them"
+
+
+def add_filters(parser: argparse.ArgumentParser) -> None:
+    """The options that describe which GPUs fit; shared with `reserve`."""
+    pick = parser.add_argument_group("which GPUs (defaults come from `gpuwarden config`)")
+    pick.add_argument("-g", "--count", metavar="N", help="how many GPUs (0: none, CPU only)")
+    pick.add_argument(
+        "--gpus", metavar="IDS", help="use these: nvidia-smi indices or UUID prefixes"
+    )
+    pick.add_argument("--min-free", metavar="SIZE", help="at least this much free memory (20GiB)")
+    pick.add_argument("--max-util", metavar="PCT", help="at most this utilization (percent)")
+    pick.add_argument("--min-capability", metavar="X.Y", help="at least this compute capability")
+    pick.add_argument("--model", metavar="PAT", help="GPU name matches (glob or substring)")
+    pick.add_argument("--exclude", metavar="IDS", help="never these GPUs")
+    pick.add_argument(
+        "--mem", metavar="SIZE", help="a shared lease declaring this much memory (not a whole GPU)"
+    )
+    pick.add_argument("--wait", action="store_true", default=None, help="wait in line for GPUs")
+    pick.add_argument("--timeout", metavar="T", help="with --wait: give up after T (90s, 5m, 2h)")
+    pick.add_argument(
+        "--uuid", action="store_true", help="CUDA_VISIBLE_DEVICES as UUIDs, not indices"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "gpuwarden run [-g N | --gpus IDS] [filters] [--wait] -- CMD ARGS..."
+    parser.epilog = (
+        "exit status: the command's; 128+N if killed by signal N; 127 command not found; "
+        "2 bad request or never fits; 75 no GPU free now (without --wait) or --timeout"
+    )
+    add_filters(parser)
+    parser.add_argument("--cpu", action="store_true", help="hide every GPU (same as -g 0)")
+    parser.add_argument("--dry-run", action="store_true", help="say what would be chosen, and why")
+    parser.add_argument(
+        "--ddp", action="store_true", help="start CMD (a script) with torchrun, one rank per GPU"
+    )
+    parser.add_argument("--nproc", metavar="N", type=int, help="--ddp ranks on the CPU (gloo)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+
+def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(config, select.Request) from the options, over the configured defaults."""
+    from gpuwarden import config as cfg
+    from gpuwarden.select import Request
+
+    count = args.count
+    if getattr(args, "cpu", False):
+        if count not in (None, "0"):
+            raise UserError("--cpu hides every GPU; it cannot be combined with -g " + count)
+        count = "0"
+    if count is not None and not str(count).strip().isdigit():
+        raise UserError(f"invalid GPU count {count!r}: expected a whole number, 0 or more")
+    conf = cfg.load(
+        {
+            "run.count": count,
+            "run.gpus": args.gpus,
+            "run.min_free": args.min_free,
+            "run.max_util": args.max_util,
+            "run.min_capability": args.min_capability,
+            "run.model": args.model,
+            "run.exclude": args.exclude,
+            "run.wait": args.wait,
+            "run.timeout": args.timeout,
+            "run.id_format": "uuid" if args.uuid else None,
+        }
+    )
+    mem = None
+    if args.mem is not None:
+        from gpuwarden.units import parse_size
+
+        mem = parse_size(args.mem)
+        if mem <= 0:
+            raise UserError(f"invalid --mem {args.mem!r}: expected a size above zero")
+    if conf.get("run.timeout") is not None and not conf.get("run.wait"):
+        raise UserError("--timeout only applies with --wait")
+    return conf, Request.from_config(conf, mem=mem)
+
+
+class Machine:
+    """Reads the machine for selection: the first reading is kept for the parent
+    CUDA_VISIBLE_DEVICES check and the first attempt; later attempts read afresh."""
+
+    def __init__(self, topology: bool) -> None:
+        from gpuwarden.inventory import read_snapshot
+
+        self._read = read_snapshot
+        self._topology = topology
+        self.first = read_snapshot(processes=True, topology=topology)
+        self._fresh = True
+
+    def __call__(self) -> Any:
+        if self._fresh:
+            self._fresh = False
+            return self.first
+        return self._read(processes=True, topology=self._topology)
+
+
+def _what(request: Any) -> str:
+    from gpuwarden.lease import _describe
+
+    return _describe(request)
+
+
+class WaitStatus:
+    """The one-line live status while waiting: rewritten in place on a terminal, a new
+    line only when it changes otherwise (a log file stays readable)."""
+
+    def __init__(self, command: str, request: Any, stream: Any = None) -> None:
+        self.prefix = f"gpuwarden {command}: waiting for {_what(request)}"
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.last = ""
+        self.shown = False
+
+    def __call__(self, position: int, total: int, reason: str, elapsed: float) -> None:
+        from gpuwarden.lease import _span
+
+        where = f"{_ordinal(position)} in line" + (f" of {total}" if total > 1 else "")
+        text = f"{self.prefix} ({where}): {reason}"
+        if self.tty:
+            import shutil
+
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            line = f"{text} [{_span(elapsed)}]"
+            if len(line) > width:
+                line = line[: width - 1] + "…"
+            self.stream.write("\r\x1b[K" + line)
+            self.stream.flush()
+            self.shown = True
+        elif text != self.last:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self.shown = True
+        self.last = text
+
+    def done(self, gpus: Any, elapsed: float) -> None:
+        if not self.shown:
+            return
+        from gpuwarden.lease import _span
+
+        ids = ",".join(str(g.index) for g in gpus)
+        end = (
+            f"\r\x1b[K{self.prefix.split(':')[0]}: "
+            if self.tty
+            else f"{self.prefix.split(':')[0]}: "
+        )
+        self.stream.write(f"{end}granted GPU {ids} after {_span(elapsed)}\n")
+        self.stream.flush()
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    return cmd
+
+
+def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: bool) -> int:
+    import gpuwarden.lease as lease
+    from gpuwarden import drain, waitline
+    from gpuwarden.select import choose
+    from gpuwarden.visible import export_value
+
+    ld = lease.open_dir()
+    choice = choose(snapshot, request, lease._scan(ld)[0], drain.list_drains(), allowed)
+    waiting = waitline.read_line(ld)
+    by_uuid = {g.uuid: g for g in snapshot.gpus}
+    if choice.ok:
+        names = ", ".join(f"GPU {g.index} ({g.name or 'n/a'}, {g.uuid})" for g in choice.gpus)
+        print(f"would use {names or 'no GPU'}")
+        print(f"  CUDA_VISIBLE_DEVICES={export_value(choice.gpus, use_uuid)}")
+    else:
+        print(f"would not start now: {choice.error}")
+    if waiting:
+        print(f"  {len(waiting)} request(s) waiting in line would be served first")
+    for uuid, reason in sorted(choice.passed_over.items(), key=lambda kv: by_uuid[kv[0]].index):
+        print(f"  GPU {by_uuid[uuid].index}: {reason}")
+    if choice.ok:
+        return 0
+    return 2 if choice.never_fits else lease.EXIT_BUSY
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden import launch
+
+    cmd = _command(args)
+    if args.nproc is not None and not args.ddp:
+        raise UserError("--nproc only applies with --ddp")
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError(f"invalid --nproc {args.nproc}: expected 1 or more")
+    if not cmd and not args.dry_run:
+        raise UserError(
+            "no command given: put it after --, e.g. `gpuwarden run -g 1 -- python train.py`"
+        )
+    conf, request = request_of(args)
+    use_uuid = conf.get("run.id_format") == "uuid"
+    if request.count == 0:
+        if request.mem is not None:
+            raise UserError(
+                "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
+            )
+        if args.dry_run:
+            print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")
+            return 0
+        argv = launch.ddp_argv(cmd, args.nproc or 1) if args.ddp else cmd
+        env = launch.job_env(os.environ, ())
+        if args.ddp:
+            env["GPUWARDEN_DDP_BACKEND"] = "gloo"
+        return launch.start(argv, env).wait()
+
+    import gpuwarden.lease as lease
+
+    machine = Machine(topology=(request.count or len(request.gpus or ()) or 1) > 1)
+    allowed = launch.allowed_uuids(machine.first)
+    if args.dry_run:
+        return dry_run(args.command, machine.first, request, allowed, use_uuid)
+    status = WaitStatus(args.command, request)
+    started = time.monotonic()
+    held = lease.acquire(
+        request,
+        snapshot=machine,
+        wait=bool(conf.get("run.wait")),
+        timeout=conf.get("run.timeout"),
+        allowed=allowed,
+        on_wait=status,
+    )
+    try:
+        status.done(held.gpus, time.monotonic() - started)
+        argv = cmd
+        if args.ddp:
+            if args.nproc is not None and args.nproc != len(held.gpus):
+                raise UserError(
+                    f"--nproc {args.nproc} with {len(held.gpus)} GPU(s): --ddp runs one rank "
+                    "per GPU; ask for -g N instead (or --cpu --nproc N)"
+                )
+            argv = launch.ddp_argv(cmd, len(held.gpus))
+        env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
+        if args.ddp:
+            env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        job = launch.start(argv, env, held.fds)
+        held.publish(job.pid, launch.command_text(cmd))
+        return job.wait()
+    finally:
+        held.release()

@@ -1,0 +1,242 @@
+"""Starting the job: its environment, its process group, signals and exit status.
+
+The job runs in a process group of its own so that a signal reaches all of it
+(its DataLoader workers, torchrun's ranks), and it is handed the terminal when
+`gpuwarden run` had it, so Ctrl-C, Ctrl-Z and a debugger's prompt behave as if
+the job had been started by the shell directly. SIGINT, SIGTERM and SIGHUP
+sent to the wrapper are forwarded to the group; a signal the wrapper was
+started with ignored (`nohup`) stays ignored for the job.
+
+`os.fork` + `os.execvpe` rather than `subprocess`: `subprocess` costs ~10 ms
+to import, paid by every training run, and none of its features are needed.
+An exec failure is reported back through a close-on-exec pipe, so "command
+not found" is a clear line and exit 127 (126: found but not runnable), as in
+the shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
+
+from gpuwarden.errors import UserError
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_TERMINAL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+# Dispositions the wrapper inherited: an ignored one (nohup) stays ignored for the job.
+_INHERITED_IGNORED = {s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN}
+
+# Variables a job inherits from an enclosing lease that must not leak into this one.
+_OURS = (
+    "GPUWARDEN_JOB",
+    "GPUWARDEN_GPUS",
+    "GPUWARDEN_GPU_INDICES",
+    "GPUWARDEN_LEASE",
+    "GPUWARDEN_MEM_LIMIT",
+    "GPUWARDEN_DDP_BACKEND",
+)
+
+
+def job_env(
+    base: Mapping[str, str],
+    gpus: Sequence[Any],
+    *,
+    use_uuid: bool = False,
+    job: Optional[str] = None,
+    mem: Optional[int] = None,
+) -> dict[str, str]:
+    """The job's environment: `base` plus the GPUs (an empty list hides every GPU)."""
+    from gpuwarden.visible import export_value
+
+    env = {k: v for k, v in base.items() if k not in _OURS}
+    env["CUDA_VISIBLE_DEVICES"] = export_value(gpus, use_uuid)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["GPUWARDEN_GPUS"] = ",".join(g.uuid for g in gpus)
+    env["GPUWARDEN_GPU_INDICES"] = ",".join(str(g.index) for g in gpus)
+    if job is not None:
+        env["GPUWARDEN_JOB"] = job
+        env["GPUWARDEN_LEASE"] = "exclusive" if mem is None else "shared"
+    if mem is not None:
+        env["GPUWARDEN_MEM_LIMIT"] = str(mem)
+    return env
+
+
+def command_text(argv: Sequence[str]) -> str:
+    """The command as one line for lease metadata and status."""
+    return " ".join(a if a and " " not in a else repr(a) for a in argv)
+
+
+_PYTHONS = ("python", "python3")
+
+
+def _is_python(word: str) -> bool:
+    base = os.path.basename(word)
+    return base in _PYTHONS or base.startswith("python3.") or word == sys.executable
+
+
+def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> list[str]:
+    """torchrun (`python -m torch.distributed.run`) starting `nproc` copies of the job on
+    this machine; `--standalone` makes it rendezvous on a free local port. The job may
+    be given as `train.py ARGS`, `python train.py ARGS` or `python -m pkg ARGS`; any other
+    program runs with `--no-python` and must read LOCAL_RANK itself."""
+    args = list(argv)
+    if args and _is_python(args[0]):
+        args = args[1:]
+        if args and args[0].startswith("-") and args[0] != "-m":
+            raise UserError(
+                f"--ddp: interpreter option {args[0]!r} is not passed through torchrun; give "
+                "the script and its arguments after --, e.g. `-- train.py --epochs 3`"
+            )
+    if not args or (args[0] == "-m" and len(args) < 2):
+        raise UserError("--ddp: no script given after --, e.g. `-- train.py --epochs 3`")
+    head = [python or sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    head.append(f"--nproc-per-node={nproc}")
+    if args[0] == "-m":
+        return [*head, "-m", *args[1:]]
+    if not args[0].endswith(".py"):
+        head.append("--no-python")
+    return [*head, *args]
+
+
+def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...]]:
+    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us;
+    None when unset. A malformed value is refused: guessing would pick the wrong card."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return None
+    from gpuwarden.visible import resolve
+
+    res = resolve(snapshot, env)
+    if res.problems:
+        raise UserError(res.problems[0] + " (fix or unset it)")
+    return tuple(d.uuid for d in res.devices)
+
+
+def _foreground_tty() -> Optional[int]:
+    """stdin when it is a terminal whose foreground we own (we were started by an
+    interactive shell in the foreground); the job is then given the terminal."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None
+
+
+def _set_foreground(tty: Optional[int], pgid: int) -> None:
+    if tty is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # we may be in the background
+    try:
+        os.tcsetpgrp(tty, pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+class LaunchError(UserError):
+    pass
+
+
+class Job:
+    """A started job: its pid (also its process group id)."""
+
+    def __init__(self, pid: int, tty: Optional[int]) -> None:
+        self.pid = pid
+        self.tty = tty
+        self._saved: dict[int, Any] = {}
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signum)
+
+    def _suspend(self) -> None:
+        """The job was stopped from the terminal (Ctrl-Z): stop ourselves so the shell
+        sees the job stopped, and carry on both when it resumes us (fg/bg)."""
+        _set_foreground(self.tty, os.getpgrp())
+        os.kill(os.getpid(), signal.SIGSTOP)
+        if self.tty is not None and os.tcgetpgrp(self.tty) == os.getpgrp():
+            _set_foreground(self.tty, self.pid)
+        self._forward(signal.SIGCONT, None)
+
+    def wait(self) -> int:
+        """Wait for the job's main process; its exit code, or 128+N if signal N killed it."""
+        try:
+            while True:
+                _, status = os.waitpid(self.pid, os.WUNTRACED)
+                if os.WIFSTOPPED(status):
+                    if os.WSTOPSIG(status) in _TERMINAL_STOPS and self.tty is not None:
+                        self._suspend()
+                    continue
+                break
+        finally:
+            _set_foreground(self.tty, os.getpgrp())
+            for signum, handler in self._saved.items():
+                signal.signal(signum, handler)
+        code = os.waitstatus_to_exitcode(status)
+        return 128 - code if code < 0 else code
+
+
+def start(argv: Sequence[str], env: Mapping[str, str], pass_fds: Iterable[int] = ()) -> Job:
+    """Start `argv` in a new process group with `env`, the descriptors `pass_fds` inherited
+    (the lease locks), and the wrapper's signals forwarded to the group."""
+    if not argv:
+        raise UserError("no command given: put it after --, e.g. `-- python train.py`")
+    fds = tuple(pass_fds)
+    tty = _foreground_tty()
+    forwarded = [s for s in FORWARDED if s not in _INHERITED_IGNORED]
+    # Signals wait until the handlers know the job's pid: none is lost or mishandled.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the job, until exec
+        try:
+            os.close(read_end)
+            os.setpgid(0, 0)
+            _set_foreground(tty, os.getpid())
+            for signum in forwarded:
+                signal.signal(signum, signal.SIG_DFL)
+            for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            for fd in fds:
+                os.set_inheritable(fd, True)
+            os.execvpe(argv[0], list(argv), dict(env))
+        except OSError as err:
+            os.write(write_end, str(err.errno or errno.ENOEXEC).encode())
+        except BaseException:
+            os.write(write_end, str(errno.ENOEXEC).encode())
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    with contextlib.suppress(OSError):  # the child did it already, or has exec'd
+        os.setpgid(pid, pid)
+    job = Job(pid, tty)
+    for signum in forwarded:
+        job._saved[signum] = signal.signal(signum, job._forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    failure = b""
+    while True:
+        chunk = os.read(read_end, 64)
+        if not chunk:
+            break
+        failure += chunk
+    os.close(read_end)
+    if failure:
+        os.waitpid(pid, 0)
+        _set_foreground(tty, os.getpgrp())
+        for signum, handler in job._saved.items():
+            signal.signal(signum, handler)
+        code = int(failure or errno.ENOEXEC)
+        if code == errno.ENOENT:
+            raise LaunchError(f"command not found: {argv[0]}", exit_code=127)
+        raise LaunchError(f"cannot run {argv[0]}: {os.strerror(code)}", exit_code=126)
+    return job

@@ -1,0 +1,136 @@
+"""The line of clients waiting for GPUs on this machine, first come first served.
+
+Each waiter keeps a ticket, `<key>.wait`, in the lease directory: its request
+as JSON, locked by the waiter like lease metadata is, so a waiter that is
+killed leaves the line by itself (the kernel drops the lock; the file is
+ignored, then tidied). The key is the time of joining, so ticket order is
+arrival order; `lease.attempt` serves earlier waiters first.
+
+Tickets live in the lease directory itself, not in a subdirectory: in a
+shared sticky directory only a file's owner may remove it, whereas a
+subdirectory's owner could remove everyone's tickets and jump the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Optional
+
+SUFFIX = ".wait"
+
+
+@dataclass(frozen=True)
+class Waiter:
+    key: str  # arrival order
+    user: str
+    pid: int
+    since: float  # time.time() it joined
+    request: Any  # select.Request
+    allowed: Optional[tuple[str, ...]] = None  # UUIDs its parent CUDA_VISIBLE_DEVICES leaves
+
+
+def _request_from(data: dict[str, Any]) -> Any:
+    from gpuwarden.select import Request
+
+    names = {f.name for f in dataclasses.fields(Request)}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    return Request(**fields)
+
+
+class Ticket:
+    """Our place in line; `leave()` (or dying) gives it up."""
+
+    def __init__(self, ld: Any, key: str, path: str, fd: int) -> None:
+        self.dir = ld
+        self.key = key
+        self.path = path
+        self._fd: Optional[int] = fd
+
+    def ahead(self) -> list[Waiter]:
+        return [w for w in read_line(self.dir) if w.key < self.key]
+
+    def position(self) -> tuple[int, int]:
+        """(our place counting from 1, waiters in line)."""
+        line = read_line(self.dir)
+        before = sum(1 for w in line if w.key < self.key)
+        return before + 1, max(len(line), before + 1)
+
+    def leave(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+def join(ld: Any, request: Any, allowed: Optional[Collection[str]] = None) -> Ticket:
+    """Take a place at the end of the line."""
+    from gpuwarden.lease import TMP_PREFIX
+
+    key = f"{time.time_ns():020d}-{os.getpid():08d}"
+    data = {
+        "pid": os.getpid(),
+        "since": time.time(),
+        "request": dataclasses.asdict(request),
+        "allowed": None if allowed is None else sorted(allowed),
+    }
+    tmp = ld.join(f"{TMP_PREFIX}{key}{SUFFIX}")
+    path = ld.join(key + SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(data).encode())
+        os.rename(tmp, path)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return Ticket(ld, key, path, fd)
+
+
+def read_line(ld: Any, tidy: bool = False) -> list[Waiter]:
+    """Live waiters in arrival order; with `tidy`, tickets of dead waiters are removed."""
+    from gpuwarden.lease import _is_locked, _owner, _remove_if_free
+
+    line = []
+    for name in sorted(os.listdir(ld.path)):
+        if not name.endswith(SUFFIX) or name.startswith("."):
+            continue
+        path = ld.join(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not _is_locked(fd):
+                if tidy:
+                    _remove_if_free(path)
+                continue
+            raw = os.read(fd, 1 << 16)
+            uid = os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
+        try:
+            data = json.loads(raw)
+            allowed = data.get("allowed")
+            line.append(
+                Waiter(
+                    key=name[: -len(SUFFIX)],
+                    user=_owner(uid),
+                    pid=int(data["pid"]),
+                    since=float(data["since"]),
+                    request=_request_from(data["request"]),
+                    allowed=None if allowed is None else tuple(allowed),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+    return line

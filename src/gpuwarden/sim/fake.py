@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Optional
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
-_MODULES: dict[tuple[str, Optional[str]], ModuleType] = {}
+_MODULES: dict[tuple[str, str], ModuleType] = {}
 
 
 def real_pynvml_path() -> Path:
@@ -60,7 +60,9 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     if not name:
         raise UserError("no simulated machine: set GPUWARDEN_SIM to a spec name or path")
     spec = specs.load(name)
-    key = (spec.path, state_dir)
+    # Keyed by the state file, so a process that changes GPUWARDEN_SIM_STATE (a test
+    # suite) gets a fresh library rather than one reading another machine's file.
+    key = (spec.path, str(specs.state_file(spec, state_dir)))
     if key in _MODULES:
         return _MODULES[key]
     nv = load_copy(f"gpuwarden.sim._pynvml_{len(_MODULES)}")

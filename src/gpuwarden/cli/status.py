@@ -1,0 +1,323 @@
+"""`gpuwarden status`: one line per GPU with load, memory, health, leases and processes.
+
+The JSON form (`--json`) is a documented, versioned interface (docs/status-json.md):
+fields are only ever added within a schema version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Optional
+
+from gpuwarden.inventory import Gpu, Snapshot
+
+SCHEMA = 1
+_SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON document (schema 1)")
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="refresh in place every SECONDS (default 2) until Ctrl-C",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.watch is not None:
+        if args.watch <= 0:
+            from gpuwarden.errors import UserError
+
+            raise UserError(f"--watch needs a positive number of seconds, got {args.watch:g}")
+        return _watch(args)
+    print(render(collect(), as_json=args.json))
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    try:
+        while True:
+            text = render(collect(), as_json=args.json)
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write(
+                f"\x1b[H\x1b[2J{text}\n\n(every {args.watch:g}s, {stamp}; Ctrl-C quits)\n"
+            )
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 0
+
+
+def collect() -> dict[str, Any]:
+    """Everything status shows, gathered once: snapshot, CUDA view, leases, drains, health."""
+    from gpuwarden.inventory import read_snapshot
+
+    snap = read_snapshot()
+    view = _visible(snap)
+    return {
+        "snapshot": snap,
+        "visible": view,
+        "leases": _leases(),
+        "drains": _drains(),
+        "health": _health(snap),
+    }
+
+
+def _visible(snap: Snapshot) -> Optional[Any]:
+    if not snap.gpus:
+        return None
+    try:
+        from gpuwarden.visible import resolve
+    except ImportError:  # pragma: no cover - while the module is being written
+        return None
+    return resolve(snap)
+
+
+def _leases() -> list[Any]:
+    from gpuwarden.lease import list_leases
+
+    try:
+        return list(list_leases())
+    except Exception as err:  # status must still show GPUs when the lease dir is unreadable
+        return [err]
+
+
+def _drains() -> dict[str, Any]:
+    from gpuwarden.drain import list_drains
+
+    try:
+        return dict(list_drains())
+    except Exception:
+        return {}
+
+
+def _health(snap: Snapshot) -> dict[str, tuple[Any, ...]]:
+    from gpuwarden import health
+
+    judge_all = getattr(health, "judge_all", None)
+    if judge_all is not None:
+        try:
+            return dict(judge_all(snap.gpus))
+        except Exception:
+            pass
+    return {g.uuid: health.judge(g) for g in snap.gpus}
+
+
+def _cuda_indices(view: Any) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for dev in getattr(view, "devices", ()):
+        found.setdefault(dev.uuid, []).append(dev.cuda_index)
+    return found
+
+
+def render(data: dict[str, Any], as_json: bool = False) -> str:
+    return json.dumps(to_json(data), indent=2) if as_json else to_text(data)
+
+
+# --- JSON ------------------------------------------------------------------------------
+
+
+def to_json(data: dict[str, Any]) -> dict[str, Any]:
+    snap: Snapshot = data["snapshot"]
+    view = data["visible"]
+    cuda = _cuda_indices(view)
+    leases = [x for x in data["leases"] if not isinstance(x, Exception)]
+    gpus = []
+    for g in snap.gpus:
+        findings = data["health"].get(g.uuid, ())
+        drain = data["drains"].get(g.uuid)
+        gpus.append(
+            {
+                **_gpu_json(g),
+                "cuda_index": cuda[g.uuid][0] if g.uuid in cuda else None,
+                "cuda_indices": cuda.get(g.uuid, []),
+                "health": {
+                    "level": _level(findings),
+                    "findings": [
+                        {
+                            "level": f.level,
+                            "reason": f.reason,
+                            "action": f.action,
+                            "code": getattr(f, "code", ""),
+                        }
+                        for f in findings
+                    ],
+                },
+                "drain": None
+                if drain is None
+                else {"reason": drain.reason, "by": drain.by, "at": drain.at, "auto": drain.auto},
+                "leases": [
+                    {
+                        "user": x.user,
+                        "pid": x.pid,
+                        "command": x.command,
+                        "started": x.started,
+                        "mem": x.mem,
+                        "job": x.job,
+                    }
+                    for x in leases
+                    if x.uuid == g.uuid
+                ],
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "hostname": snap.hostname,
+        "taken_at": snap.taken_at,
+        "source": snap.source,
+        "driver_version": snap.driver_version,
+        "cuda_driver_version": ".".join(map(str, snap.cuda_driver_version))
+        if snap.cuda_driver_version
+        else None,
+        "nvml_version": snap.nvml_version,
+        "error": snap.error,
+        "cuda_visible_devices": getattr(view, "value", None),
+        "cuda_device_order": getattr(view, "device_order", None),
+        "warnings": list(getattr(view, "warnings", ())) + list(getattr(view, "problems", ())),
+        "gpus": gpus,
+    }
+
+
+def _gpu_json(g: Gpu) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out = asdict(g)
+    out["compute_capability"] = (
+        f"{g.compute_capability[0]}.{g.compute_capability[1]}" if g.compute_capability else None
+    )
+    out["throttle_reasons"] = list(g.throttle_reasons) if g.throttle_reasons is not None else None
+    return out
+
+
+def _level(findings: tuple[Any, ...]) -> str:
+    from gpuwarden.health import level
+
+    return level(tuple(findings))
+
+
+# --- text ------------------------------------------------------------------------------
+
+
+def _pct(value: Optional[int]) -> str:
+    return "n/a" if value is None else f"{value}%"
+
+
+def _short(name: Optional[str]) -> str:
+    if not name:
+        return "n/a"
+    for prefix in _SHORT_NAMES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def to_text(data: dict[str, Any]) -> str:
+    from gpuwarden.table import render as table
+    from gpuwarden.units import format_size
+
+    snap: Snapshot = data["snapshot"]
+    if not snap.gpus:
+        return snap.error or "no GPUs found"
+    view = data["visible"]
+    cuda = _cuda_indices(view)
+    value = getattr(view, "value", None)
+    show_cuda = value is not None or any(
+        cuda.get(g.uuid, [g.index])[0] != g.index for g in snap.gpus
+    )
+    leases: dict[str, list[Any]] = {}
+    lease_error = None
+    for x in data["leases"]:
+        if isinstance(x, Exception):
+            lease_error = str(x)
+        else:
+            leases.setdefault(x.uuid, []).append(x)
+    cuda_version = (
+        ".".join(map(str, snap.cuda_driver_version)) if snap.cuda_driver_version else "n/a"
+    )
+    head = f"{snap.hostname}  driver {snap.driver_version or 'n/a'}  CUDA {cuda_version}"
+    if snap.source != "nvml":
+        head += f"  [{snap.source}]"
+    headers = (
+        ["GPU"]
+        + (["CUDA"] if show_cuda else [])
+        + [
+            "NAME",
+            "TEMP",
+            "UTIL",
+            "MEMORY",
+            "HEALTH",
+            "LEASE",
+            "PROCESSES",
+        ]
+    )
+    rows = []
+    notes = []
+    for g in snap.gpus:
+        findings = data["health"].get(g.uuid, ())
+        lvl = _level(findings)
+        if g.lost:
+            health_mark = "LOST"
+        elif lvl == "ok":
+            health_mark = "ok"
+        else:
+            first = getattr(findings[0], "code", "") or findings[0].reason
+            more = f"+{len(findings) - 1}" if len(findings) > 1 else ""
+            health_mark = f"{'FATAL' if lvl == 'fatal' else 'warn'}:{first}{more}"
+        for f in findings:
+            notes.append(f"GPU {g.index}: {f.reason}" + (f" -> {f.action}" if f.action else ""))
+        drain = data["drains"].get(g.uuid)
+        held = leases.get(g.uuid, [])
+        if drain is not None:
+            lease_mark = "drained"
+            notes.append(f"GPU {g.index}: drained by {drain.by}: {drain.reason}")
+        elif held:
+            lease_mark = ",".join(
+                sorted({x.user + ("(shared)" if x.mem is not None else "") for x in held})
+            )
+        else:
+            lease_mark = "-"
+        if g.lost:
+            memory = "n/a"
+        else:
+            memory = f"{format_size(g.memory_used)} / {format_size(g.memory_total)}"
+        procs = (
+            " ".join(f"{p.user or '?'}({format_size(p.used_memory)})" for p in g.processes) or "-"
+        )
+        mark = ""
+        if show_cuda:
+            ids = cuda.get(g.uuid)
+            mark = ",".join(map(str, ids)) if ids else "-"
+        temp = "n/a" if g.temperature is None else f"{g.temperature}C"
+        name = _short(g.name) + (" [MIG]" if g.mig_mode else "")
+        row = (
+            [str(g.index)]
+            + ([mark] if show_cuda else [])
+            + [
+                name,
+                temp,
+                _pct(g.utilization_gpu),
+                memory,
+                health_mark,
+                lease_mark,
+                procs,
+            ]
+        )
+        rows.append(row)
+    right = {0, 3, 4} if not show_cuda else {0, 1, 4, 5}
+    lines = [head, table(headers, rows, right=sorted(right))]
+    if value is not None:
+        lines.append(f"CUDA_VISIBLE_DEVICES={value!r} (CUDA column: the index a CUDA program sees)")
+    for text in list(getattr(view, "problems", ())) + list(getattr(view, "warnings", ())):
+        lines.append(f"warning: {text}")
+    if lease_error:
+        lines.append(f"warning: cannot read leases: {lease_error}")
+    lines.extend(notes)
+    return "\n".join(lines)

@@ -331,7 +331,7 @@ def test_only_one_mig_device_and_no_other_gpu_once_mig_is_used():
     assert [d.mig_uuid for d in res.devices] == [MIG_B.uuid]
     (warning,) = res.warnings
     assert "only one MIG device" in warning
-    assert "GPU 0" in warning and "GPU 2" in warning and MIG_A.uuid in warning
+    assert "GPU 0, 2;" in warning and MIG_A.uuid in warning
 
 
 def test_unset_with_mig_exposes_the_first_mig_device_only():
@@ -381,3 +381,69 @@ def test_exported_value_resolves_to_exactly_those_gpus():
         res = resolve(snap(*MIXED), export_env(gpus, use_uuid))
         assert [d.uuid for d in res.devices] == [g.uuid for g in gpus]
         assert res.warnings == () and res.problems == ()
+
+
+# --- the command, on the simulated machines ---------------------------------------------------
+
+
+def test_cli_json_on_server(sim, cli):
+    import json
+
+    sim("server-8xa100")
+    proc = cli(
+        "visible",
+        "--json",
+        env={"CUDA_VISIBLE_DEVICES": "GPU-814e,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["schema"] == "gpuwarden.visible/1"
+    assert [(d["cuda_index"], d["index"]) for d in data["devices"]] == [(0, 2), (1, 5)]
+    assert set(data["devices"][0]) == {"cuda_index", "index", "uuid", "name", "mig_uuid"}
+    assert data["devices"][0]["uuid"].startswith("GPU-814e")
+    assert data["problems"] == [] and data["warnings"] == []
+
+
+def test_cli_mixed_default_order_warns_and_maps_fastest_first(sim, cli):
+    import json
+
+    sim("mixed")
+    proc = cli("visible", "--json", env={"CUDA_VISIBLE_DEVICES": "2,0"})
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0
+    # In the model's order (A6000 8.6, A100 8.0, T4 7.5, V100 7.0) CUDA's 2 is the T4,
+    # nvidia-smi's GPU 0, and CUDA's 0 the RTX A6000, nvidia-smi's GPU 2.
+    assert [d["index"] for d in data["devices"]] == [0, 2]
+    assert any("PCI_BUS_ID" in w for w in data["warnings"])
+
+
+def test_cli_malformed_value_shows_what_survives_and_exits_0(sim, cli):
+    sim("server-8xa100")
+    env = {"CUDA_VISIBLE_DEVICES": "3,oops,4", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    proc = cli("visible", env=env)
+    assert proc.returncode == 0
+    assert "cuda:0" in proc.stdout and "cuda:1" not in proc.stdout
+    assert "problem:" in proc.stdout and "'oops'" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    strict = cli("visible", "--check", env=env)
+    assert strict.returncode == 1
+    fine = cli("visible", "--check", env={"CUDA_VISIBLE_DEVICES": "3"})
+    assert fine.returncode == 0
+
+
+def test_cli_duplicate_shows_no_gpu(sim, cli):
+    sim("workstation-3x3090")
+    proc = cli("visible", env={"CUDA_VISIBLE_DEVICES": "0,0"})
+    assert "no GPU is visible to CUDA" in proc.stdout
+    assert "twice" in proc.stdout
+
+
+def test_cli_no_driver(sim, cli):
+    import json
+
+    sim("laptop-none")
+    proc = cli("visible")
+    assert proc.returncode == 0
+    assert "CPU only" in proc.stdout and "CPU only; CPU only" not in proc.stdout
+    data = json.loads(cli("visible", "--json").stdout)
+    assert data["devices"] == [] and data["error"]

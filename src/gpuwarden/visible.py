@@ -248,10 +248,10 @@ def resolve(snapshot: Snapshot, environ: Optional[Mapping[str, str]] = None) -> 
     if order != PCI_BUS_ID and len(models) > 1:
         warnings.append(
             "the GPUs differ (" + ", ".join(models) + ") and CUDA_DEVICE_ORDER is not "
-            "PCI_BUS_ID: CUDA numbers them fastest first, by a measure it does not "
-            "document; the CUDA indices shown are a model (newest compute capability "
-            "first, then PCI bus order). Set CUDA_DEVICE_ORDER=PCI_BUS_ID to make CUDA's "
-            "numbers match nvidia-smi's"
+            "PCI_BUS_ID: CUDA numbers them fastest first by a measure it does not document; "
+            "the CUDA indices shown follow gpuwarden's model of it (newest compute "
+            "capability first, then PCI bus order). Set CUDA_DEVICE_ORDER=PCI_BUS_ID to "
+            "make CUDA's numbers match nvidia-smi's"
         )
     migs: list[tuple[Gpu, MigInstance]] = [
         (gpu, inst)
@@ -337,11 +337,14 @@ def _apply_mig(
         return chosen
     dropped = [pair for pair in chosen if pair is not mig_devices[0]]
     if dropped:
-        names = ", ".join(inst.uuid if inst else f"GPU {gpu.index}" for gpu, inst in dropped)
+        whole = sorted(gpu.index for gpu, inst in dropped if inst is None)
+        parts = [inst.uuid for _, inst in dropped if inst is not None]
+        if whole:
+            parts.insert(0, "GPU " + ", ".join(map(str, whole)))
         warnings.append(
             "CUDA enumerates only one MIG device per process, and no other GPU once it "
-            f"does (NVIDIA MIG user guide, CUDA 11/R450 and 12/R525): hidden: {names}. "
-            "Run one process per MIG device"
+            "does (NVIDIA MIG user guide, CUDA 11/R450 and 12/R525), so these stay "
+            f"hidden: {'; '.join(parts)}. Run one process per MIG device"
         )
     return [mig_devices[0]]
 

@@ -70,7 +70,8 @@ def as_json(snapshot: Snapshot, resolution: Resolution) -> dict:
 def print_table(snapshot: Snapshot, resolution: Resolution) -> None:
     out = sys.stdout
     if snapshot.error and not snapshot.gpus:
-        print(f"{snapshot.error}; CPU only", file=out)
+        suffix = "" if "CPU only" in snapshot.error else "; CPU only"
+        print(f"{snapshot.error}{suffix}", file=out)
         return
     value = "unset (every GPU)" if resolution.value is None else repr(resolution.value)
     order = os.environ.get("CUDA_DEVICE_ORDER")

@@ -42,7 +42,6 @@ def test_healthy_gpu_has_no_findings():
         ({"lost": True}, "lost"),
         ({"ecc_uncorrected_volatile": 2}, "ecc-uncorrected"),
         ({"remapped_rows_failure": True}, "remap-failure"),
-        ({"remapped_rows_pending": True}, "remap-pending"),
         ({"retired_pages_pending": True}, "retire-pending"),
     ],
 )
@@ -83,6 +82,12 @@ def test_fatal_list_is_configurable():
     assert health.parse_xids(None) == health.DEFAULT_FATAL_XIDS
     with pytest.raises(UserError, match="not an XID number"):
         health.parse_xids("48, seventy-nine")
+
+
+def test_pending_row_remap_is_a_warning_not_a_drain():
+    # NVIDIA: new work can still be launched; the remap applies at the next reset
+    (finding,) = judge(gpu(remapped_rows_pending=True))
+    assert finding.level == WARNING and "reset" in finding.action
 
 
 def test_warnings_throttle_ecc_rate_and_pcie():

@@ -275,11 +275,13 @@ def judge(
             )
         )
     if gpu.remapped_rows_pending:
+        # NVIDIA: with a remap pending, running and new work is unaffected; the
+        # remap takes effect at the next reset. Worth doing, not worth a drain.
         found.append(
             Finding(
-                FATAL,
+                WARNING,
                 "memory row remapping pending",
-                "let running jobs finish, then reset the GPU to apply the remap",
+                "reset the GPU when it is idle to apply the remap",
                 "remap-pending",
             )
         )

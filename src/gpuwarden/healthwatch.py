@@ -283,6 +283,14 @@ class HealthWatch:
     # -- threads -------------------------------------------------------------
 
     def start(self, *, events: bool = True, poll: bool = True) -> HealthWatch:
+        if self._nvml is None:
+            # Load the module here, once, before two threads could race to load it.
+            try:
+                from gpuwarden.inventory import load_nvml
+
+                self._nvml = load_nvml()
+            except Exception as err:  # no driver: the threads report it their way
+                self.log(f"NVML not loadable ({err})")
         if events:
             self._spawn(self._event_loop, "gpuwarden-xid")
         if poll:

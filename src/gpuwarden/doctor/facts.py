@@ -19,20 +19,18 @@ already imported is asked directly; nothing imports it.
 
 from __future__ import annotations
 
-import ast
-import json
 import os
-import platform
 import re
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.inventory import Snapshot
+
+if TYPE_CHECKING:
+    import subprocess
 
 NO_TORCH_ENV = "GPUWARDEN_DOCTOR_NO_TORCH"
 PROBE_TIMEOUT = 120.0
@@ -121,6 +119,8 @@ class Facts:
 
 def _read_version_py(path: str) -> dict[str, Any]:
     """The literal assignments of torch/version.py (`cuda: Optional[str] = '12.6'`)."""
+    import ast
+
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -161,6 +161,8 @@ def find_torch(environ: Mapping[str, str]) -> TorchBuild:
 
 
 def start_probe(python: Optional[str] = None) -> subprocess.Popen[str]:
+    import subprocess
+
     env = dict(os.environ)
     env.pop("PYTHONSTARTUP", None)
     return subprocess.Popen(
@@ -175,6 +177,9 @@ def start_probe(python: Optional[str] = None) -> subprocess.Popen[str]:
 
 def finish_probe(build: TorchBuild, proc: subprocess.Popen[str]) -> TorchBuild:
     """Merge the child's answer into `build`; a failed probe keeps the static facts."""
+    import json
+    import subprocess
+
     try:
         out, err = proc.communicate(timeout=PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -303,6 +308,8 @@ def read_machine() -> Snapshot:
         reason = f"NVML not loadable: {exc}"
     except Exception as exc:  # a broken driver must not stop the doctor
         reason = f"NVML failed: {type(exc).__name__}: {exc}"
+    import socket
+
     return Snapshot(taken_at=time.time(), hostname=socket.gethostname(), error=reason)
 
 
@@ -361,8 +368,8 @@ def gather(
         environ=env,
         torch=build,
         platform=sys.platform,
-        machine=platform.machine(),
-        python=platform.python_version(),
+        machine=os.uname().machine if hasattr(os, "uname") else "",
+        python=".".join(str(p) for p in sys.version_info[:3]),
         drains=drains,
         in_process=in_process,
         runtime=runtime if in_process else None,

@@ -1,0 +1,82 @@
+"""read_snapshot turns NVML answers into a Snapshot: None for what a card cannot say."""
+
+from __future__ import annotations
+
+from gpuwarden.inventory import NO_DRIVER, read_snapshot
+from gpuwarden.sim import Machine
+from gpuwarden.sim.fake import module
+
+
+def test_server_snapshot(sim):
+    sim("server-8xa100")
+    snap = read_snapshot(topology=True)
+    assert snap.source == "sim:server-8xa100"
+    assert snap.driver_version == "550.54.15" and snap.cuda_driver_version == (12, 4)
+    assert [g.index for g in snap.gpus] == list(range(8))
+    g0 = snap.gpus[0]
+    assert g0.compute_capability == (8, 0) and g0.power_limit == 400.0
+    assert g0.fan_speed is None  # SXM: NotSupported -> None
+    assert g0.memory_total == g0.memory_used + g0.memory_free + 527 * 2**20
+    assert [(p.user, p.used_memory) for p in g0.processes] == [("alice", 71 * 2**30)]
+    assert snap.gpus[6].remapped_rows_pending is True
+    assert snap.gpus[6].retired_pages_pending is None  # Ampere has no page retirement
+    assert snap.gpus[3].throttle_reasons == ("sw_power_cap",)
+    assert snap.nvlinks[(0, 7)] == 12  # NVSwitch: every pair
+    assert snap.topology[(0, 1)] == 10 and snap.topology[(0, 7)] == 50
+
+
+def test_consumer_card_fields_are_none(sim):
+    sim("workstation-3x3090")
+    g = read_snapshot().gpus[0]
+    assert g.ecc_mode is None and g.mig_mode is None and g.remapped_rows_pending is None
+    assert g.fan_speed == 30 and g.compute_capability == (8, 6)
+
+
+def test_mixed_machine(sim):
+    sim("mixed")
+    snap = read_snapshot()
+    assert [g.name for g in snap.gpus] == [
+        "Tesla T4",
+        "Tesla V100-SXM2-32GB",
+        "NVIDIA RTX A6000",
+        "NVIDIA A100-SXM4-80GB",
+    ]
+    assert snap.gpus[1].ecc_uncorrected_volatile == 2
+    a100 = snap.gpus[3]
+    assert a100.mig_mode is True and a100.utilization_gpu is None
+    assert [m.name for m in a100.mig_instances] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    owners = {p.user: p.mig_uuid for p in a100.processes}
+    assert owners["grace"] == a100.mig_instances[0].uuid
+    assert owners["heidi"] == a100.mig_instances[2].uuid
+
+
+def test_lost_gpu_is_marked_and_others_still_read(sim):
+    sim("server-8xa100")
+    Machine.open().lose(4)
+    snap = read_snapshot()
+    lost = snap.gpus[4]
+    assert lost.lost and lost.uuid.startswith("GPU-") and lost.memory_used is None
+    assert "lost" in (lost.error or "").lower()
+    assert all(not g.lost and g.memory_total for g in snap.gpus if g.index != 4)
+
+
+def test_no_driver_is_an_empty_snapshot_with_the_reason(sim):
+    sim("laptop-none")
+    snap = read_snapshot()
+    assert snap.gpus == () and snap.error == NO_DRIVER
+
+
+def test_real_process_gets_user_and_command_from_psutil(sim):
+    import getpass
+    import os
+
+    sim("server-8xa100")
+    Machine.open().add_process(7, os.getpid(), "1GiB")  # no user/command given
+    proc = read_snapshot().gpus[7].processes[0]
+    assert proc.pid == os.getpid() and proc.user == getpass.getuser()
+    assert "pytest" in (proc.command or "") or "python" in (proc.command or "")
+
+
+def test_explicit_module_and_processes_off():
+    snap = read_snapshot(module("server-8xa100"), processes=False)
+    assert all(g.processes == () for g in snap.gpus)

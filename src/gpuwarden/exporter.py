@@ -415,9 +415,9 @@ def dcgm_families(view: View) -> list:
     }
     out = []
     for name, doc, kind, attr in _DCGM:
-        # dcgm-exporter keeps counter names without `_total`; so do we.
-        fam = Metric(name, doc, "gauge")
-        fam.type = kind
+        # dcgm-exporter keeps counter names without `_total`; prometheus-client would
+        # add it to a counter, so those are exposed untyped under the exact name.
+        fam = Metric(name, doc, "gauge" if kind == "gauge" else "unknown")
         for gpu in snap.gpus:
             if gpu.lost:
                 continue

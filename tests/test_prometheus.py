@@ -1,0 +1,166 @@
+"""Real components: Debian's Prometheus scrapes the exporter on the simulated server,
+and promtool accepts the shipped alert rules.
+
+Skipped with the reason when prometheus/promtool are absent, unless
+GPUWARDEN_REQUIRE_COMPONENTS=1 (CI), where a missing component is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def component(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if path is None:
+        why = f"{name} is not installed (Debian package `prometheus`)"
+        if os.environ.get("GPUWARDEN_REQUIRE_COMPONENTS") == "1":
+            pytest.fail(f"{why}, and GPUWARDEN_REQUIRE_COMPONENTS=1")
+        pytest.skip(why)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=3) as reply:
+        return json.loads(reply.read())
+
+
+def query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    try:
+        answer = get_json(url)
+    except OSError:
+        return []
+    return answer.get("data", {}).get("result", []) if answer.get("status") == "success" else []
+
+
+def test_promtool_accepts_alert_rules():
+    promtool = component("promtool")
+    done = subprocess.run(
+        [promtool, "check", "rules", str(DEPLOY / "gpuwarden-alerts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_dashboard_queries_only_exported_metrics():
+    import re
+
+    from gpuwarden.exporter import View, render
+    from gpuwarden.inventory import Gpu, Snapshot
+
+    exported = set()
+    text = render(View(Snapshot(0.0, "h", (Gpu(0, "GPU-x"),))), dcgm_compat=True)
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            exported.add(name)
+            if kind == "counter":
+                exported.add(name if name.endswith("_total") else name + "_total")
+    dashboard = (DEPLOY / "grafana-dashboard.json").read_text()
+    rules = (DEPLOY / "gpuwarden-alerts.yml").read_text()
+    used = set(re.findall(r"\b(gpuwarden_[a-z_]+)", dashboard + rules))
+    assert used and used <= exported, used - exported
+
+
+@pytest.mark.slow
+def test_prometheus_stores_the_simulated_values(sim, tmp_path):
+    prometheus = component("prometheus")
+    sim("server-8xa100")
+    from gpuwarden.inventory import read_snapshot
+
+    truth = read_snapshot()
+    exporter_port, prom_port = free_port(), free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - {DEPLOY / 'gpuwarden-alerts.yml'}\n"
+        "scrape_configs:\n  - job_name: gpuwarden\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{exporter_port}']\n"
+    )
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "exporter", "--dcgm-compat", "--no-watch",
+         "--listen", f"127.0.0.1:{exporter_port}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    prom = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{prom_port}"
+    try:
+        deadline = time.monotonic() + 25
+        stored: list[dict] = []
+        while time.monotonic() < deadline:
+            stored = query(base, "gpuwarden_gpu_memory_used_bytes")
+            if len(stored) == len(truth.gpus):
+                break
+            assert prom.poll() is None, prom.stderr.read() if prom.stderr else ""
+            assert exporter.poll() is None, exporter.stderr.read() if exporter.stderr else ""
+            time.sleep(0.3)
+        assert len(stored) == len(truth.gpus), "Prometheus stored no complete scrape in 25 s"
+        by_gpu = {int(r["metric"]["gpu"]): r for r in stored}
+        for gpu in truth.gpus:
+            sample = by_gpu[gpu.index]
+            assert sample["metric"]["uuid"] == gpu.uuid
+            assert sample["metric"]["model"] == gpu.name
+            assert sample["metric"]["hostname"] == truth.hostname
+            assert float(sample["value"][1]) == gpu.memory_used
+
+        def values(promql: str) -> dict[int, float]:
+            return {int(r["metric"]["gpu"]): float(r["value"][1]) for r in query(base, promql)}
+
+        assert values("gpuwarden_gpu_memory_total_bytes") == {
+            g.index: float(g.memory_total) for g in truth.gpus
+        }
+        assert values("gpuwarden_gpu_temperature_celsius") == {
+            g.index: float(g.temperature) for g in truth.gpus
+        }
+        assert values("DCGM_FI_DEV_FB_USED") == {g.index: g.memory_used / 2**20 for g in truth.gpus}
+        users = {
+            r["metric"]["user"]: float(r["value"][1])
+            for r in query(base, "gpuwarden_user_memory_used_bytes")
+        }
+        expected: dict[str, float] = {}
+        for g in truth.gpus:
+            for p in g.processes:
+                if p.used_memory is not None:
+                    key = p.user or "unknown"
+                    expected[key] = expected.get(key, 0.0) + p.used_memory
+        assert users == expected
+        groups = get_json(f"{base}/api/v1/rules")["data"]["groups"]
+        assert [g["name"] for g in groups] == ["gpuwarden"]
+        assert all(r["health"] != "err" for g in groups for r in g["rules"])
+    finally:
+        for proc in (prom, exporter):
+            proc.terminate()
+        for proc in (prom, exporter):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

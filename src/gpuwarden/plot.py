@@ -84,6 +84,7 @@ def plot(rows: Sequence[dict[str, str]], out: str, title: Optional[str] = None) 
         n, 1, sharex=True, figsize=(11, 1.25 + 1.45 * n), squeeze=False, constrained_layout=True
     )
     lease_label = drain_label = False
+    models = {s.get("model") or "" for s in data.values()}
     for ax, (gpu, s) in zip(axes[:, 0], data.items()):
         t = [datetime.fromtimestamp(x) for x in s["t"]]
         mem = [float("nan") if v is None else v for v in s["mem"]]
@@ -119,11 +120,11 @@ def plot(rows: Sequence[dict[str, str]], out: str, title: Optional[str] = None) 
             )
             drain_label = True
             ax.text(
-                datetime.fromtimestamp(end),
-                97,
-                f"drained: {why[:40]} ",
+                datetime.fromtimestamp(start),
+                80,
+                f" drained: {why[:60]}",
                 va="top",
-                ha="right",
+                ha="left",
                 fontsize=7,
                 color="#c44e52",
                 clip_on=True,
@@ -132,12 +133,14 @@ def plot(rows: Sequence[dict[str, str]], out: str, title: Optional[str] = None) 
         ax.step(t, util, where="post", color="#dd8452", linewidth=1.2, label="utilization")
         ax.set_ylim(0, 100)
         ax.set_yticks([0, 50, 100])
-        ax.set_ylabel(f"GPU {gpu}\n%", fontsize=8)
+        label = f"GPU {gpu}" if len(models) == 1 else f"GPU {gpu}\n{_short_model(s['model'])}"
+        ax.set_ylabel(f"{label}\n%", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(axis="y", alpha=0.3)
-        if s.get("model"):
-            ax.set_title(str(s["model"]), fontsize=7, loc="right", pad=2)
-    axes[0, 0].set_title(title or "GPU utilization and memory", fontsize=10, loc="left")
+    heading = title or "GPU utilization and memory" + (
+        f" ({next(iter(models))})" if len(models) == 1 and next(iter(models)) else ""
+    )
+    axes[0, 0].set_title(heading, fontsize=10, loc="left")
     handles, labels = [], []
     for ax in axes[:, 0]:
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -161,6 +164,10 @@ def plot(rows: Sequence[dict[str, str]], out: str, title: Optional[str] = None) 
     finally:
         plt.close(fig)
     return out
+
+
+def _short_model(name: object) -> str:
+    return str(name or "").replace("NVIDIA ", "")[:18]
 
 
 def plot_files(paths: Sequence[str], out: str, title: Optional[str] = None) -> str:

@@ -1,0 +1,215 @@
+"""`gpuwarden reserve` / `gpuwarden release`: hold GPUs for an interactive session.
+
+    eval "$(gpuwarden reserve -g 1 --for 4h)"   # this shell now uses the GPU
+    jupyter lab                                 # ... work ...
+    eval "$(gpuwarden release)"                 # give it back, unset the variables
+
+The lease is held by a small detached holder process (a fork of this one,
+in its own session, with no terminal), so it outlives `reserve` and the shell
+that ran it, ends when `release` (or `kill`) stops the holder or `--for`
+runs out, and the kernel frees it whichever way the holder goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from gpuwarden.errors import UserError
+
+SERVES_SEVERAL = True
+RESERVATION_PREFIX = "res-"
+COMMAND = "gpuwarden reserve"
+_EXPORTED = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "GPUWARDEN_RESERVATION",
+    "GPUWARDEN_GPUS",
+    "GPUWARDEN_GPU_INDICES",
+    "GPUWARDEN_MEM_LIMIT",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, command_name: str) -> None:
+    if command_name == "reserve":
+        from gpuwarden.cli.run import add_filters
+
+        parser.usage = 'eval "$(gpuwarden reserve [-g N | --gpus IDS] [--for T] [filters])"'
+        add_filters(parser)
+        parser.add_argument(
+            "--for", dest="duration", metavar="T", help="end the reservation after T (4h, 30m)"
+        )
+    else:
+        parser.usage = 'eval "$(gpuwarden release [ID])"'
+        parser.add_argument(
+            "id",
+            nargs="?",
+            help="reservation ID (default: $GPUWARDEN_RESERVATION, or your only one)",
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    return reserve(args) if args.command == "reserve" else release(args)
+
+
+def _quote(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
+
+
+def _holder(held: Any, ready_fd: int, until: Any) -> None:
+    """The background holder: keeps the lease descriptors open until told to stop or the
+    reservation runs out. Never returns."""
+    code = 0
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        held._unlock_alloc()  # our copy only: the parent still holds it until publish
+
+        def stop(_signum: int, _frame: Any) -> None:
+            raise SystemExit(0)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, stop)
+        os.write(ready_fd, b"ok")
+        os.close(ready_fd)
+        while True:
+            left = None if until is None else until - time.time()
+            if left is not None and left <= 0:
+                break
+            time.sleep(3600 if left is None else min(left, 3600))
+    except SystemExit:
+        pass
+    except BaseException:
+        code = 1
+    finally:
+        finals = [final for _, _, final, _ in held._tmp] + list(held._final)
+        held.close()
+        from gpuwarden.lease import _remove_if_free
+
+        for final in finals:
+            _remove_if_free(final)
+        os._exit(code)
+
+
+def reserve(args: argparse.Namespace) -> int:
+    import gpuwarden.lease as lease
+    from gpuwarden import launch
+    from gpuwarden.cli.run import Machine, WaitStatus, request_of
+
+    args.cpu = False
+    conf, request = request_of(args)
+    if request.count == 0:
+        raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
+    until = None
+    if args.duration is not None:
+        from gpuwarden.config import parse_duration
+
+        seconds = parse_duration(args.duration)
+        if seconds <= 0:
+            raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
+        until = time.time() + seconds
+    machine = Machine(topology=(request.count or len(request.gpus or ()) or 1) > 1)
+    allowed = launch.allowed_uuids(machine.first)
+    status = WaitStatus("reserve", request)
+    started = time.monotonic()
+    held = lease.acquire(
+        request,
+        snapshot=machine,
+        wait=bool(conf.get("run.wait")),
+        timeout=conf.get("run.timeout"),
+        allowed=allowed,
+        job=RESERVATION_PREFIX + os.urandom(4).hex(),
+        on_wait=status,
+    )
+    try:
+        status.done(held.gpus, time.monotonic() - started)
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            _holder(held, write_end, until)
+        os.close(write_end)
+        ok = os.read(read_end, 2) == b"ok"
+        os.close(read_end)
+        if not ok:
+            raise UserError("the reservation holder could not start")
+        what = COMMAND + (f" --for {args.duration}" if args.duration else "")
+        held.publish(pid, what, expires=until)
+    finally:
+        held.close()  # our copies; the holder keeps its own
+    use_uuid = conf.get("run.id_format") == "uuid"
+    env = launch.job_env({}, held.gpus, use_uuid=use_uuid, mem=held.mem)
+    env["GPUWARDEN_RESERVATION"] = held.job
+    for name in _EXPORTED:
+        if name in env:
+            print(f"export {name}={_quote(env[name])}")
+    ids = ",".join(str(g.index) for g in held.gpus)
+    end = (
+        "until released"
+        if until is None
+        else "until " + time.strftime("%H:%M", time.localtime(until))
+    )
+    print(
+        f"gpuwarden reserve: holding GPU {ids} {end} (reservation {held.job}, holder pid {pid}); "
+        "end it with `gpuwarden release`",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _mine(leases: list[Any]) -> dict[str, list[Any]]:
+    import pwd
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    out: dict[str, list[Any]] = {}
+    for info in leases:
+        if info.job and info.job.startswith(RESERVATION_PREFIX) and info.user == me:
+            out.setdefault(info.job, []).append(info)
+    return out
+
+
+def release(args: argparse.Namespace) -> int:
+    import gpuwarden.lease as lease
+
+    leases = lease.list_leases()
+    wanted = args.id or os.environ.get("GPUWARDEN_RESERVATION")
+    if wanted is None:
+        mine = _mine(leases)
+        if not mine:
+            raise UserError("you hold no reservation (see `gpuwarden status`)")
+        if len(mine) > 1:
+            raise UserError("you hold several reservations; name one: " + ", ".join(sorted(mine)))
+        wanted = next(iter(mine))
+    found = [i for i in leases if i.job == wanted]
+    if not found:
+        raise UserError(f"no reservation {wanted!r} is held (it may have ended or expired)")
+    import pwd
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    if found[0].user != me and os.geteuid() != 0:
+        raise UserError(f"reservation {wanted} belongs to {found[0].user}, not to {me}")
+    pid = found[0].pid
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while any(i.job == wanted for i in lease.list_leases()):
+        if time.monotonic() > deadline:
+            raise UserError(f"reservation {wanted}: holder pid {pid} did not stop")
+        time.sleep(0.02)
+    if os.environ.get("GPUWARDEN_RESERVATION") == wanted:
+        print("unset " + " ".join(_EXPORTED))
+    ids = ",".join(str(i.index) for i in found if i.index is not None)
+    print(f"gpuwarden release: released GPU {ids} (reservation {wanted})", file=sys.stderr)
+    return 0

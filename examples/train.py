@@ -19,7 +19,15 @@ import time
 import torch
 from torch import nn
 
-from gpuwarden.torch import AmpStep, Checkpointer, accumulate, init_distributed, precision, wrap
+from gpuwarden.torch import (
+    AmpStep,
+    Checkpointer,
+    accumulate,
+    init_distributed,
+    precision,
+    unwrap,
+    wrap,
+)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         took = time.perf_counter() - started
         print(f"done: {step} steps, loss {loss_value:.4f}, {took:.2f}s", flush=True)
         if args.out:
-            torch.save({k: v.cpu() for k, v in model.state_dict().items()}, args.out)
+            torch.save({k: v.cpu() for k, v in unwrap(model).state_dict().items()}, args.out)
     return 0
 
 

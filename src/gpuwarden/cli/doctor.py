@@ -27,11 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.doctor.checks import run_checks
     from gpuwarden.doctor.facts import gather
-    from gpuwarden.doctor.findings import exit_code
     from gpuwarden.errors import UserError
 
+    # Gather first: the torch probe starts at once and runs while the rest is imported.
     facts = gather(probe_torch=not args.no_torch_import)
     if args.export:
         from gpuwarden.doctor import fingerprint
@@ -43,8 +42,11 @@ def run(args: argparse.Namespace) -> int:
         if args.export != "-":
             print(f"wrote {kind} fingerprint to {args.export}", file=sys.stderr)
         return 0
-    findings = run_checks(facts)
     from gpuwarden.doctor import report
+    from gpuwarden.doctor.checks import run_checks
+    from gpuwarden.doctor.findings import exit_code
+
+    findings = run_checks(facts)
 
     if args.json:
         sys.stdout.write(report.as_json(facts, findings))

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from gpuwarden.doctor import cuda_compat
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.inventory import Gpu
+
+_RESOLVED: dict[int, tuple[Facts, Any]] = {}
+
+
+def resolution(facts: Facts) -> Any:
+    """`gpuwarden.visible.resolve` for these facts, computed once per Facts (it is pure)."""
+    hit = _RESOLVED.get(id(facts))
+    if hit is not None and hit[0] is facts:
+        return hit[1]
+    from gpuwarden import visible
+
+    res = visible.resolve(facts.snapshot, facts.environ)
+    _RESOLVED.clear()  # keep one: the facts being judged now
+    _RESOLVED[id(facts)] = (facts, res)
+    return res
 
 
 def gpu_label(gpu: Gpu) -> str:

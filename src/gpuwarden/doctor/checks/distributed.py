@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from gpuwarden.doctor.checks.common import resolution
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding
 
@@ -169,8 +170,6 @@ def _environment(facts: Facts) -> list[Finding]:
 
 def _visible_count(facts: Facts) -> Optional[int]:
     try:
-        from gpuwarden import visible
-
-        return len(visible.resolve(facts.snapshot, facts.environ).devices)
+        return len(resolution(facts).devices)
     except Exception:
         return None

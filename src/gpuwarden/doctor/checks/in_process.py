@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from gpuwarden.doctor.checks.common import resolution
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import PASS, WARN, Finding
 
@@ -95,9 +96,7 @@ def _show(value: Optional[str]) -> str:
 
 def _expected(facts: Facts) -> Optional[tuple[str, ...]]:
     try:
-        from gpuwarden import visible
-
-        res = visible.resolve(facts.snapshot, facts.environ)
+        res = resolution(facts)
     except Exception:
         return None
     if not facts.snapshot.gpus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuwarden.doctor.checks.common import resolution
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding
 from gpuwarden.errors import UserError
@@ -18,9 +19,7 @@ def check_visible(facts: Facts) -> list[Finding]:
             return [Finding(NAME, INFO, f"CUDA_VISIBLE_DEVICES={shown}, but there are no GPUs")]
         return [Finding(NAME, SKIP, "no NVIDIA GPUs to make visible")]
     try:
-        from gpuwarden import visible
-
-        res = visible.resolve(snap, env)
+        res = resolution(facts)
     except (ImportError, AttributeError, NotImplementedError) as exc:
         return [Finding(NAME, SKIP, "CUDA_VISIBLE_DEVICES cannot be resolved here", str(exc))]
     except UserError as exc:

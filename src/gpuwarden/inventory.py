@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -182,7 +181,7 @@ class _Reader:
 def read_snapshot(nvml=None, *, processes: bool = True, topology: bool = False) -> Snapshot:
     """Read the machine once. `nvml` defaults to `load_nvml()`; never raises for
     hardware conditions (see the module docstring)."""
-    hostname = socket.gethostname()
+    hostname = os.uname().nodename  # what gethostname() returns, without importing socket
     now = time.time()
     if nvml is None:
         try:

@@ -8,11 +8,9 @@ the line where it can be found, and the field, because specs are hand-written.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sys
-import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -146,6 +144,8 @@ def state_file(spec: Spec, state_dir: Optional[str] = None) -> Path:
     if Path(spec.path).parent == SPEC_DIR:
         stem = spec.name
     else:
+        import hashlib
+
         digest = hashlib.sha1(str(Path(spec.path).resolve()).encode()).hexdigest()[:8]
         stem = f"{spec.name}-{digest}"
     return Path(base) / f"{stem}.json"
@@ -205,6 +205,8 @@ def _size(value: Any) -> int:
 
 
 def _make_uuid(name: str, index: int, kind: str = "GPU") -> str:
+    import uuid as uuidlib
+
     return f"{kind}-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'gpuwarden-sim/{name}/{index}')}"
 
 

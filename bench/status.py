@@ -1,0 +1,82 @@
+"""`gpuwarden status` as a whole process vs gpustat, nvitop -1 and `python -c pass`.
+
+All four run on the same simulated server-8xa100 (gpustat and nvitop through the
+pynvml shim), interleaved round by round so machine noise hits them alike;
+the median wall time of each is printed with its ratio to gpuwarden's.
+Targets: faster than gpustat, at most half of nvitop.
+
+    .venv/bin/python bench/status.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    from gpuwarden.sim.fake import SHIM_DIR
+
+    env = dict(
+        os.environ,
+        GPUWARDEN_SIM="server-8xa100",
+        GPUWARDEN_SIM_STATE=tempfile.mkdtemp(prefix="gpuwarden-bench-"),
+        PYTHONPATH=f"{SHIM_DIR}{os.pathsep}{ROOT / 'src'}",
+        COLUMNS="120",
+    )
+    # Installed packages carry compiled bytecode; let every tool here have it too.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    commands = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "gpuwarden status": [sys.executable, "-m", "gpuwarden", "status"],
+        "gpustat": [str(BIN / "gpustat")],
+        "nvitop -1": [str(BIN / "nvitop"), "-1"],
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
+    for cmd in commands.values():  # warm the page cache and .pyc files
+        subprocess.run(cmd, env=env, capture_output=True, check=True)
+    for _ in range(args.runs):
+        for name, cmd in commands.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            subprocess.run(cmd, env=env, capture_output=True, check=True)
+            times[name].append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    cpu_medians = {name: statistics.median(t) for name, t in cpu.items()}
+    ours = medians["gpuwarden status"]
+    ours_cpu = cpu_medians["gpuwarden status"]
+    print(f"server-8xa100, median of {args.runs} runs each (interleaved)")
+    print(f"  {'command':<18} {'wall':>9}  {'ratio':>6}   {'cpu':>9}  {'ratio':>6}")
+    for name, value in medians.items():
+        c = cpu_medians[name]
+        print(
+            f"  {name:<18} {value * 1000:6.1f} ms  {value / ours:5.2f}x   "
+            f"{c * 1000:6.1f} ms  {c / ours_cpu:5.2f}x"
+        )
+    floor = medians["python -c pass"]
+    print(f"  gpuwarden status above the interpreter floor: {(ours - floor) * 1000:.1f} ms")
+    print(f"  gpustat / gpuwarden status = {medians['gpustat'] / ours:.2f} wall (target > 1)")
+    print(f"  nvitop -1 / gpuwarden status = {medians['nvitop -1'] / ours:.2f} wall (target >= 2)")
+    print("  (cpu = user+sys of the process: less disturbed by other load than wall time)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

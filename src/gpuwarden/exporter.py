@@ -611,6 +611,62 @@ class Server:
         self.httpd.server_close()
 
 
+class Exposition:
+    """The rendered /metrics body, kept per view and format: between two NVML reads
+    every scrape is a dictionary lookup, not a re-render of a few hundred series."""
+
+    def __init__(self, cache: ViewCache, registry: Any) -> None:
+        self.cache = cache
+        self.registry = registry
+        self._lock = threading.Lock()
+        self._bodies: dict[str, bytes] = {}
+        self._view: Optional[View] = None
+
+    def body(self, accept: Optional[str]) -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept or "")
+        with self._lock:
+            view = self.cache.get()
+            if view is not self._view:
+                self._view, self._bodies = view, {}
+            body = self._bodies.get(content_type)
+            if body is None:
+                body = self._bodies[content_type] = encoder(self.registry)
+        return body, content_type
+
+
+def _http_server(host: str, port: int, exposition: Exposition):  # -> ThreadingHTTPServer
+    import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, content_type = exposition.body(self.headers.get("Accept"))
+                status = 200
+            elif path == "/":
+                body = b'<html><body><a href="/metrics">metrics</a></body></html>'
+                content_type, status = "text/html", 200
+            else:
+                body, content_type, status = b"not found\n", "text/plain", 404
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # scrapes are not news
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    return Server((host, port), Handler)
+
+
 def serve(
     listen: str = "127.0.0.1:9400",
     *,
@@ -622,7 +678,7 @@ def serve(
     from gpuwarden.errors import UserError
 
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
         from prometheus_client.process_collector import ProcessCollector
     except ImportError:
         raise UserError(
@@ -634,13 +690,15 @@ def serve(
     registry.register(Collector(cache, dcgm_compat))  # type: ignore[arg-type]
     ProcessCollector(namespace="gpuwarden_exporter", registry=registry)
     try:
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
+        httpd = _http_server(host, port, Exposition(cache, registry))
     except OSError as err:
         why = err.strerror or str(err)
         if getattr(err, "errno", None) == 98:
             why = "address already in use (another exporter running?)"
         raise UserError(f"cannot listen on {host}:{port}: {why}") from None
     real_port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, name="gpuwarden-http", daemon=True)
+    thread.start()
     if watch is not None:
         watch.start()
     return Server(host, real_port, cache, httpd, thread, watch)

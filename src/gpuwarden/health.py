@@ -478,6 +478,13 @@ def judge_all(
 ) -> dict[str, tuple[Finding, ...]]:
     """Findings per UUID for a whole snapshot, with the persisted XIDs by default."""
     xids = xids_seen() if xids is None else xids
+    if rules is None:
+        from gpuwarden.errors import UserError
+
+        try:
+            rules = rules_from_config()
+        except UserError:
+            rules = Rules()  # a bad setting is reported by the commands that own it
     return {g.uuid: judge(g, xids.get(g.uuid, ()), rules=rules) for g in gpus}
 
 

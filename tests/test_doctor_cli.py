@@ -184,6 +184,9 @@ def test_find_torch_reads_version_file_without_importing(tmp_path, monkeypatch):
         "cuda: Optional[str] = '12.6'\ngit_version = 'abc'\nhip: Optional[str] = None\n",
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    # find_spec answers from sys.modules once torch is imported (another test may
+    # have done so); hide it for this call only, nothing imports it again.
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     build = find_torch({})
     assert build.installed and build.version == "2.6.0+cu126" and build.cuda == "12.6"
     assert build.hip is None  # and its __init__ (which raises) never ran

@@ -22,9 +22,9 @@ from gpuwarden.torch import (  # noqa: E402
     init_distributed,
     precision,
     use_gpus,
+    visibility,
     wrap,
 )
-from gpuwarden.torch import visibility  # noqa: E402
 
 
 def test_device_falls_back_to_cpu_and_honours_request(monkeypatch: pytest.MonkeyPatch) -> None:

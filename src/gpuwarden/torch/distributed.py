@@ -13,6 +13,7 @@ talk to, and not opening a TCP store keeps `python train.py` as simple as before
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class DistInfo:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        destroy()
+        destroy(barrier=exc[0] is None)
 
 
 def choose_backend(device_type: str, windows: bool = False) -> str:
@@ -93,15 +94,42 @@ def init_distributed(
     dist.init_process_group(
         chosen, init_method="env://", rank=launch.rank, world_size=launch.world_size, **kwargs
     )
-    atexit.register(destroy)
+    _leave_together_at_exit()
     return DistInfo(
         launch.rank, launch.local_rank, launch.world_size, dev, chosen, launch.environment, True
     )
 
 
-def destroy() -> None:
+_failed = False
+
+
+def _leave_together_at_exit() -> None:
+    """At exit, meet the other ranks before tearing down, unless this rank is failing.
+
+    A rank that tears its connections down while a peer still talks to it can
+    make gloo abort the peer; after an uncaught exception a barrier would only
+    wait for peers that will never arrive, so then we leave at once.
+    """
+    import sys
+
+    previous = sys.excepthook
+
+    def note_failure(*exc: Any) -> None:
+        global _failed
+        _failed = True
+        previous(*exc)
+
+    sys.excepthook = note_failure
+    atexit.register(lambda: destroy(barrier=not _failed))
+
+
+def destroy(barrier: bool = False) -> None:
     """Leave the process group if there is one (safe to call twice, or with none)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if barrier:
+            # A peer that is already gone leaves nothing to wait for.
+            with contextlib.suppress(Exception):
+                dist.barrier()
         dist.destroy_process_group()

@@ -1,0 +1,77 @@
+"""`gpuwarden.lease(...)` and `gpuwarden.select(...)` on the simulated server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import gpuwarden
+from gpuwarden.errors import UserError
+
+
+def test_lease_yields_gpus_and_env_and_sets_nothing_globally(sim) -> None:
+    sim("server-8xa100")
+    before = dict(os.environ)
+    with gpuwarden.lease(n=1, min_free="20GiB") as gpus:
+        assert len(gpus) == 1
+        [gpu] = gpus
+        assert gpus.env["CUDA_VISIBLE_DEVICES"] == str(gpu.index) == gpus.visible
+        assert gpus.vars["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert gpus.env["GPUWARDEN_JOB"] == gpus.job
+        assert [i.uuid for i in gpuwarden.lease.list_leases()] == [gpu.uuid]
+        out = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
+            env=gpus.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == gpus.visible
+        # a second lease gets the other free GPU (6 and 7 are the free ones)
+        with gpuwarden.lease(1) as other:
+            assert other.uuids != gpus.uuids
+            with pytest.raises(UserError) as err, gpuwarden.lease(1):
+                pass
+            assert err.value.exit_code == 75
+    assert dict(os.environ) == before
+    assert gpuwarden.lease.list_leases() == []
+
+
+def test_select_reserves_nothing(sim) -> None:
+    sim("server-8xa100")
+    picked = gpuwarden.select(2)
+    assert [g.index for g in picked] == [6, 7]
+    assert gpuwarden.lease.list_leases() == []
+    with gpuwarden.lease(gpus=[7]):
+        assert [g.index for g in gpuwarden.select(1)] == [6]
+
+
+def test_api_bad_input(sim) -> None:
+    sim("server-8xa100")
+    with pytest.raises(UserError, match="invalid n"):
+        gpuwarden.select(0)
+    with pytest.raises(UserError, match="min_free"):
+        gpuwarden.select(1, min_free="10XB")
+    with pytest.raises(UserError, match="only 8 GPUs"), gpuwarden.lease(9, wait=True):
+        pass
+    with pytest.raises(UserError, match="unknown GPU"):
+        gpuwarden.select(gpus="42")
+
+
+def test_shared_api_lease(sim) -> None:
+    sim("server-8xa100")
+    with gpuwarden.lease(gpus=7, mem="10GiB") as a, gpuwarden.lease(gpus=7, mem="10GiB") as b:
+        assert a.uuids == b.uuids
+        assert a.env["GPUWARDEN_MEM_LIMIT"] == str(10 * 2**30)
+        assert sorted(i.mem for i in gpuwarden.lease.list_leases()) == [10 * 2**30] * 2
+
+
+def test_module_and_api_names_coexist() -> None:
+    from gpuwarden import lease, select
+
+    assert callable(lease) and callable(select)
+    assert lease.list_leases is gpuwarden.lease.list_leases
+    assert select.choose is not None

@@ -1,0 +1,66 @@
+"""The job's environment and torchrun command line (no process started)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gpuwarden.errors import UserError
+from gpuwarden.inventory import Gpu
+from gpuwarden.launch import allowed_uuids, ddp_argv, job_env
+
+G = [Gpu(index=3, uuid="GPU-3"), Gpu(index=5, uuid="GPU-5")]
+
+
+def test_job_env_replaces_an_enclosing_lease() -> None:
+    base = {"PATH": "/bin", "GPUWARDEN_MEM_LIMIT": "1", "GPUWARDEN_JOB": "old"}
+    env = job_env(base, G, job="j1")
+    assert env["CUDA_VISIBLE_DEVICES"] == "3,5"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["GPUWARDEN_GPUS"] == "GPU-3,GPU-5"
+    assert env["GPUWARDEN_JOB"] == "j1"
+    assert "GPUWARDEN_MEM_LIMIT" not in env
+    assert env["PATH"] == "/bin"
+    assert job_env(base, G, use_uuid=True)["CUDA_VISIBLE_DEVICES"] == "GPU-3,GPU-5"
+    shared = job_env({}, G[:1], job="j", mem=2**30)
+    assert shared["GPUWARDEN_MEM_LIMIT"] == str(2**30)
+    assert shared["GPUWARDEN_LEASE"] == "shared"
+    assert job_env({}, ())["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(
+    ("cmd", "tail"),
+    [
+        (["train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
+        (["python", "train.py", "-x"], ["train.py", "-x"]),
+        (["python3", "-m", "pkg.train", "a"], ["-m", "pkg.train", "a"]),
+        (["./trainer", "a"], ["--no-python", "./trainer", "a"]),
+    ],
+)
+def test_ddp_argv(cmd: list[str], tail: list[str]) -> None:
+    argv = ddp_argv(cmd, 4, python="/py")
+    assert argv[:5] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    assert argv[5:] == tail
+
+
+def test_ddp_argv_bad_input() -> None:
+    with pytest.raises(UserError, match="no script"):
+        ddp_argv([], 2)
+    with pytest.raises(UserError, match="no script"):
+        ddp_argv(["python"], 2)
+    with pytest.raises(UserError, match="interpreter option"):
+        ddp_argv(["python", "-u", "train.py"], 2)
+    assert ddp_argv([sys.executable, "t.py"], 1)[-1] == "t.py"
+
+
+def test_allowed_uuids_follow_the_parent_environment() -> None:
+    from gpuwarden.inventory import Snapshot
+
+    snap = Snapshot(0.0, "h", gpus=tuple(Gpu(index=i, uuid=f"GPU-{i}{i}") for i in range(4)))
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert allowed_uuids(snap, env) is None
+    assert allowed_uuids(snap, dict(env, CUDA_VISIBLE_DEVICES="2,0")) == ("GPU-22", "GPU-00")
+    assert allowed_uuids(snap, dict(env, CUDA_VISIBLE_DEVICES="")) == ()
+    with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES"):
+        allowed_uuids(snap, dict(env, CUDA_VISIBLE_DEVICES="1,1"))

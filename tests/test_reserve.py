@@ -1,0 +1,89 @@
+"""`gpuwarden reserve` / `release`: a detached holder keeps the lease."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+
+import gpuwarden.lease as lease
+
+
+def exports(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        assert line.startswith("export ")
+        name, _, value = line[len("export ") :].partition("=")
+        out[name] = shlex.split(value)[0] if value else ""
+    return out
+
+
+def test_reserve_holds_until_release(sim, cli) -> None:
+    sim("server-8xa100")
+    r = cli("reserve", "-g", "1", "--for", "1h")
+    assert r.returncode == 0, r.stderr
+    env = exports(r.stdout)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    rid = env["GPUWARDEN_RESERVATION"]
+    [info] = lease.list_leases()
+    assert info.job == rid and str(info.index) == env["CUDA_VISIBLE_DEVICES"]
+    assert info.expires is not None and info.expires - time.time() > 3500
+    # the holder outlived `reserve`; the GPU is not handed out again
+    r2 = cli("run", "--gpus", env["CUDA_VISIBLE_DEVICES"], "--", "true")
+    assert r2.returncode == lease.EXIT_BUSY
+    r3 = cli("release", env={"GPUWARDEN_RESERVATION": rid})
+    assert r3.returncode == 0, r3.stderr
+    assert r3.stdout.startswith("unset CUDA_VISIBLE_DEVICES")
+    assert lease.list_leases() == []
+    assert cli("run", "--gpus", env["CUDA_VISIBLE_DEVICES"], "--", "true").returncode == 0
+
+
+def test_reservation_expires(sim, cli) -> None:
+    sim("server-8xa100")
+    r = cli("reserve", "-g", "1", "--for", "3s")
+    assert r.returncode == 0, r.stderr
+    assert len(lease.list_leases()) == 1
+    deadline = time.monotonic() + 8
+    while lease.list_leases():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_killed_holder_frees_the_gpu(sim, cli) -> None:
+    sim("server-8xa100")
+    r = cli("reserve", "-g", "1")
+    assert r.returncode == 0, r.stderr
+    [info] = lease.list_leases()
+    os.kill(info.pid, 9)
+    deadline = time.monotonic() + 1
+    while lease.list_leases():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_release_bad_input(sim, cli) -> None:
+    sim("server-8xa100")
+    r = cli("release")
+    assert r.returncode == 2 and "you hold no reservation" in r.stderr
+    r = cli("release", "res-nope")
+    assert r.returncode == 2 and "no reservation 'res-nope'" in r.stderr
+    r = cli("reserve", "-g", "0")
+    assert r.returncode == 2 and "reserves nothing" in r.stderr
+    r = cli("reserve", "-g", "1", "--for", "forever")
+    assert r.returncode == 2 and "invalid duration" in r.stderr
+    r = cli("reserve", "-g", "9")
+    assert r.returncode == 2 and "only 8 GPUs" in r.stderr
+    assert lease.list_leases() == []
+
+
+def test_release_picks_your_only_reservation(sim, cli) -> None:
+    sim("server-8xa100")
+    a = exports(cli("reserve", "-g", "1").stdout)["GPUWARDEN_RESERVATION"]
+    b = exports(cli("reserve", "-g", "1").stdout)["GPUWARDEN_RESERVATION"]
+    r = cli("release")
+    assert r.returncode == 2 and "several reservations" in r.stderr
+    assert cli("release", a).returncode == 0
+    r = cli("release")
+    assert r.returncode == 0, r.stderr
+    assert b in r.stderr
+    assert lease.list_leases() == []

@@ -481,6 +481,15 @@ def _describe(request: Any) -> str:
     return what
 
 
+def needs(request: Any) -> int:
+    """Whole GPUs a request takes (0 for a shared one): what the line's cheap check adds."""
+    if request.mem is not None:
+        return 0
+    if request.count is not None:
+        return request.count
+    return len(request.gpus or ()) or 1
+
+
 def acquire(
     request: Any,
     *,
@@ -500,9 +509,15 @@ def acquire(
     raises UserError(exit_code=EXIT_BUSY); with it, the caller joins the line and
     `on_wait(position, waiting, reason, elapsed)` reports progress until granted or
     `timeout` seconds pass (EXIT_BUSY too). A request that can never fit raises at
-    once. Waiters re-try when the lease directory changes (a lease or ticket came or
-    went) and every `refresh` seconds (a holder killed without tidying, memory freed
-    by processes gpuwarden did not start).
+    once.
+
+    Waiting costs little however long the line: a waiter looks at the directory's
+    mtime every `poll` seconds (a lease or ticket came or went), then at the ticket
+    names (which carry each waiter's GPU count), and reads NVML and takes the
+    allocation lock only when the waiters ahead leave room for it. It also re-tries
+    every `refresh` seconds (memory freed by processes gpuwarden did not start) and
+    checks that the waiters ahead are alive (a killed waiter leaves the line). Both
+    periods stretch with the distance from the front of the line.
     """
     from gpuwarden import waitline
 
@@ -510,24 +525,37 @@ def acquire(
     start = time.monotonic()
     ticket = None
     last_seen = None
-    last_try = 0.0
+    last_refresh = 0.0
     gpu_count: Optional[int] = None
+    reason = ""
+    mine = needs(request)
+    position, total, slow = 1, 1, 1.0
     try:
         while True:
             now = time.monotonic()
             seen = os.stat(ld.path).st_mtime_ns
-            if ticket is None or seen != last_seen or now - last_try >= refresh:
-                last_seen, last_try = seen, now
-                if ticket is None or not _hopeless(ld, ticket, request, gpu_count):
+            due = now - last_refresh >= refresh * slow
+            if ticket is None or seen != last_seen or due:
+                last_seen = seen
+                hopeless = False
+                if ticket is not None:
+                    if due:
+                        last_refresh = now
+                    position, total, ahead_need = ticket.scan(check_alive=due)
+                    hopeless = gpu_count is not None and ahead_need + mine > gpu_count
+                    # Far back in a long line, look less often: nobody there can be
+                    # served before those ahead are.
+                    slow = max(1.0, position / max(1, gpu_count or 1))
+                if not hopeless:
                     snap = snapshot()
-                    gpu_count = len(snap.gpus)
+                    gpu_count = len(snap.gpus) if allowed is None else len(allowed)
                     out = attempt(ld, request, snap, allowed=allowed, job=job, ticket=ticket)
                     if out.held is not None:
                         return out.held
                     choice = out.choice
                     if choice.never_fits:
                         raise UserError(choice.error)
-                    reason = choice.error
+                    reason = choice.error or ""
                     if out.blocked_by is not None:
                         w = out.blocked_by
                         reason = f"first in line: {w.user} pid {w.pid} ({_describe(w.request)})"
@@ -536,36 +564,24 @@ def acquire(
                             reason = f"{out.ahead} earlier request(s) waiting in line; {reason}"
                         raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
                     if ticket is None:
-                        ticket = waitline.join(ld, request, allowed)
+                        ticket = waitline.join(ld, request, allowed, mine)
                         last_seen = os.stat(ld.path).st_mtime_ns
-                    position = ticket.position()
-                    if on_wait is not None:
-                        on_wait(position[0], position[1], reason or "", now - start)
+                        last_refresh = now
+                        position, total, _ = ticket.scan(check_alive=False)
+                elif not reason:
+                    reason = "the waiters ahead need every GPU"
+                if on_wait is not None:
+                    on_wait(position, total, reason, now - start)
             elapsed = time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise UserError(
                     f"timed out after {_span(timeout)} waiting for {_describe(request)}",
                     exit_code=EXIT_BUSY,
                 )
-            time.sleep(poll)
+            time.sleep(poll * min(slow, 10.0))
     finally:
         if ticket is not None:
             ticket.leave()
-
-
-def _hopeless(ld: LeaseDir, ticket: Any, request: Any, gpu_count: Optional[int]) -> bool:
-    """True when the waiters ahead need every GPU between them, so trying is pointless
-    (keeps a long line from all reading NVML at once)."""
-    if gpu_count is None:
-        return False
-    need = request.count if request.count is not None else len(request.gpus or ()) or 1
-    for w in ticket.ahead():
-        if w.request.mem is None:
-            n = w.request.count
-            need += n if n is not None else len(w.request.gpus or ()) or 1
-        if need > gpu_count:
-            return True
-    return False
 
 
 def _span(seconds: float) -> str:

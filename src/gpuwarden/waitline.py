@@ -1,10 +1,12 @@
 """The line of clients waiting for GPUs on this machine, first come first served.
 
-Each waiter keeps a ticket, `<key>.wait`, in the lease directory: its request
-as JSON, locked by the waiter like lease metadata is, so a waiter that is
-killed leaves the line by itself (the kernel drops the lock; the file is
-ignored, then tidied). The key is the time of joining, so ticket order is
-arrival order; `lease.attempt` serves earlier waiters first.
+Each waiter keeps a ticket, `<key>.<n>.wait`, in the lease directory: its
+request as JSON, locked by the waiter like lease metadata is, so a waiter
+that is killed leaves the line by itself (the kernel drops the lock; the file
+is ignored, then tidied). The key is the time of joining, so ticket order is
+arrival order; `lease.attempt` serves earlier waiters first. `n` is the number
+of whole GPUs the waiter needs, so that a waiter far back in a long line can
+tell from the names alone (one `listdir`) that it cannot be served yet.
 
 Tickets live in the lease directory itself, not in a subdirectory: in a
 shared sticky directory only a file's owner may remove it, whereas a
@@ -56,11 +58,37 @@ class Ticket:
     def ahead(self) -> list[Waiter]:
         return [w for w in read_line(self.dir) if w.key < self.key]
 
-    def position(self) -> tuple[int, int]:
-        """(our place counting from 1, waiters in line)."""
-        line = read_line(self.dir)
-        before = sum(1 for w in line if w.key < self.key)
-        return before + 1, max(len(line), before + 1)
+    def scan(self, check_alive: bool = False) -> tuple[int, int, int]:
+        """(our place counting from 1, waiters in line, GPUs the waiters ahead need),
+        from the ticket names; with `check_alive`, tickets ahead whose waiter died are
+        removed first (a dead waiter must not hold the line)."""
+        from gpuwarden.lease import _is_locked, _remove_if_free
+
+        before = after = need = 0
+        for name in os.listdir(self.dir.path):
+            parsed = _parse_name(name)
+            if parsed is None or parsed[0] == self.key:
+                continue
+            key, n = parsed
+            if key > self.key:
+                after += 1
+                continue
+            if check_alive:
+                path = self.dir.join(name)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    alive = _is_locked(fd)
+                finally:
+                    os.close(fd)
+                if not alive:
+                    _remove_if_free(path)
+                    continue
+            before += 1
+            need += n
+        return before + 1, before + 1 + after, need
 
     def leave(self) -> None:
         if self._fd is None:
@@ -71,8 +99,18 @@ class Ticket:
         self._fd = None
 
 
-def join(ld: Any, request: Any, allowed: Optional[Collection[str]] = None) -> Ticket:
-    """Take a place at the end of the line."""
+def _parse_name(name: str) -> Optional[tuple[str, int]]:
+    """(key, GPUs needed) from a ticket's file name; None for any other file."""
+    if not name.endswith(SUFFIX) or name.startswith("."):
+        return None
+    key, _, need = name[: -len(SUFFIX)].rpartition(".")
+    if not key or not need.isdigit():
+        return None
+    return key, int(need)
+
+
+def join(ld: Any, request: Any, allowed: Optional[Collection[str]] = None, need: int = 1) -> Ticket:
+    """Take a place at the end of the line; `need` is how many whole GPUs we take."""
     from gpuwarden.lease import TMP_PREFIX
 
     key = f"{time.time_ns():020d}-{os.getpid():08d}"
@@ -83,7 +121,7 @@ def join(ld: Any, request: Any, allowed: Optional[Collection[str]] = None) -> Ti
         "allowed": None if allowed is None else sorted(allowed),
     }
     tmp = ld.join(f"{TMP_PREFIX}{key}{SUFFIX}")
-    path = ld.join(key + SUFFIX)
+    path = ld.join(f"{key}.{need}{SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -102,7 +140,8 @@ def read_line(ld: Any, tidy: bool = False) -> list[Waiter]:
 
     line = []
     for name in sorted(os.listdir(ld.path)):
-        if not name.endswith(SUFFIX) or name.startswith("."):
+        parsed = _parse_name(name)
+        if parsed is None:
             continue
         path = ld.join(name)
         try:
@@ -123,7 +162,7 @@ def read_line(ld: Any, tidy: bool = False) -> list[Waiter]:
             allowed = data.get("allowed")
             line.append(
                 Waiter(
-                    key=name[: -len(SUFFIX)],
+                    key=parsed[0],
                     user=_owner(uid),
                     pid=int(data["pid"]),
                     since=float(data["since"]),

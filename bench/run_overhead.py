@@ -1,0 +1,136 @@
+"""What `gpuwarden run` adds to a job's start, side by side with the floor and with
+what users do today, on the simulated 8-GPU server.
+
+    .venv/bin/python bench/run_overhead.py [--rounds 15] [--importtime]
+
+Cases, timed interleaved round by round so machine load hits them alike:
+  true                                         the floor: fork+exec of nothing
+  python -c pass                               the interpreter's own start-up
+  gpuwarden run -g 1 -- true                   choose, lease, set the env, run, free
+  CUDA_VISIBLE_DEVICES=$(nvisel -n 1) true     today's pattern (nvitop's nvisel)
+
+Targets: `run` adds at most 40 ms over `python -c pass`, and at most half of
+what the nvisel pattern adds over `true`. nvisel reads the same simulated
+machine through gpuwarden's pynvml shim on PYTHONPATH. `--importtime` also
+prints the slowest imports on the `run` path (python -X importtime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SHIM = ROOT / "src" / "gpuwarden" / "sim" / "shim"
+
+
+def environment(tmp: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("CUDA_VISIBLE_DEVICES", "GPU_IDS"):
+        env.pop(name, None)
+    env.update(
+        GPUWARDEN_SIM="server-8xa100",
+        GPUWARDEN_SIM_STATE=os.path.join(tmp, "sim"),
+        GPUWARDEN_LEASE_DIR=os.path.join(tmp, "leases"),
+        GPUWARDEN_STATE_DIR=os.path.join(tmp, "state"),
+        GPUWARDEN_SYSTEM_CONFIG=os.path.join(tmp, "etc", "config.toml"),
+        XDG_CONFIG_HOME=os.path.join(tmp, "xdg"),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    return env
+
+
+def cases(env: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
+    gw = (
+        [str(BIN / "gpuwarden")]
+        if (BIN / "gpuwarden").exists()
+        else [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+        ]
+    )
+    nvisel_env = dict(env, PYTHONPATH=f"{SHIM}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    return [
+        ("true", ["true"], env),
+        ("python -c pass", [sys.executable, "-c", "pass"], env),
+        ("gpuwarden run -g 1 -- true", [*gw, "run", "-g", "1", "--", "true"], env),
+        (
+            "CUDA_VISIBLE_DEVICES=$(nvisel -n 1) true",
+            ["sh", "-c", "CUDA_VISIBLE_DEVICES=$(nvisel -n 1 2>/dev/null) true"],
+            nvisel_env,
+        ),
+    ]
+
+
+def once(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{argv}: exit {done.returncode}: {done.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def import_costs(env: dict[str, str], top: int = 12) -> None:
+    argv = [sys.executable, "-X", "importtime", "-m", "gpuwarden", "run", "-g", "1", "--", "true"]
+    err = subprocess.run(argv, env=env, capture_output=True, text=True).stderr
+    rows = []
+    for line in err.splitlines():
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line:
+            _, self_us, cumulative, name = (p.strip() for p in line.replace(":", "|", 1).split("|"))
+            rows.append((int(cumulative), int(self_us), name.strip()))
+    print(f"\nslowest imports on the run path (cumulative ms, top {top}):")
+    for cumulative, self_us, name in sorted(rows, reverse=True)[:top]:
+        print(f"  {cumulative / 1000:7.1f}  (self {self_us / 1000:5.1f})  {name}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--importtime", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = environment(tmp)
+        table = cases(env)
+        for _, argv, case_env in table:  # warm caches (bytecode, page cache) for all alike
+            once(argv, case_env)
+        times: dict[str, list[float]] = {name: [] for name, _, _ in table}
+        for _ in range(args.rounds):
+            for name, argv, case_env in table:
+                times[name].append(once(argv, case_env))
+        med = {name: statistics.median(ts) * 1000 for name, ts in times.items()}
+        low = {name: min(ts) * 1000 for name, ts in times.items()}
+        print(f"{args.rounds} rounds on sim:server-8xa100, {os.cpu_count()} CPUs")
+        print(f"{'case':<44} {'median ms':>10} {'min ms':>8}")
+        for name, _, _ in table:
+            print(f"{name:<44} {med[name]:>10.1f} {low[name]:>8.1f}")
+        run, py, floor = med["gpuwarden run -g 1 -- true"], med["python -c pass"], med["true"]
+        nvisel = med["CUDA_VISIBLE_DEVICES=$(nvisel -n 1) true"]
+        over_py = run - py
+        run_added, nvisel_added = run - floor, nvisel - floor
+        ratio = run_added / nvisel_added if nvisel_added > 0 else float("nan")
+        print(
+            f"\nrun adds {over_py:.1f} ms over `python -c pass` (target <= 40 ms): "
+            f"{'met' if over_py <= 40 else 'NOT met'}"
+        )
+        print(
+            f"run adds {run_added:.1f} ms over `true`; the nvisel pattern adds "
+            f"{nvisel_added:.1f} ms: ratio {ratio:.2f} (target <= 0.5): "
+            f"{'met' if ratio <= 0.5 else 'NOT met'}"
+        )
+        print(f"run / python -c pass = {run / py:.2f}x; nvisel pattern / run = {nvisel / run:.2f}x")
+        if args.importtime:
+            import_costs(env)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

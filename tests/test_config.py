@@ -35,7 +35,7 @@ def test_defaults_come_from_the_schema() -> None:
     cfg = config.load()
     assert cfg.get("run.keep_first_last") is True
     assert cfg.get("exporter.listen") == "127.0.0.1:9400"
-    assert cfg.get("health.fatal_xids") == config.DEFAULT_FATAL_XIDS
+    assert cfg.get("health.fatal_xids") is None  # health's catalogue list applies
     assert cfg.source("run.min_free") == "default"
     assert [k for k, _, _ in cfg.items()] == [k.name for k in config.SCHEMA]
 
@@ -257,7 +257,7 @@ def test_cli_config_shows_values_and_sources(cli, user: Path) -> None:
     assert "default" in lines["run.keep_first_last"]
     data = json.loads(cli("config", "--json").stdout)
     assert data["run.min_free"] == {"value": 20 * GiB, "source": f"user: {user}"}
-    assert data["health.fatal_xids"]["value"] == list(config.DEFAULT_FATAL_XIDS)
+    assert data["health.fatal_xids"]["value"] is None
 
 
 def test_cli_config_bad_file_is_one_line(cli, user: Path) -> None:

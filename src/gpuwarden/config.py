@@ -33,9 +33,6 @@ PROJECT_FILE = "gpuwarden.toml"
 SYSTEM_LEASE_DIR = "/var/lib/gpuwarden/leases"
 SYSTEM_STATE_DIR = "/var/lib/gpuwarden/state"
 
-DEFAULT_FATAL_XIDS = (48, 62, 63, 64, 74, 79, 94, 95, 119, 120)
-
-
 # --- value types -----------------------------------------------------------------------------
 
 
@@ -301,10 +298,24 @@ SCHEMA: tuple[Key, ...] = (
         "on a fatal finding: drain the GPU, or only alert",
         choices=("drain", "alert"),
     ),
-    Key("health.fatal_xids", "ints", DEFAULT_FATAL_XIDS, "XID codes that make a GPU unusable"),
-    Key("health.hook", "str", None, "command run on a fatal finding"),
-    Key("health.webhook", "str", None, "URL that gets a JSON POST on a fatal finding"),
+    Key(
+        "health.fatal_xids",
+        "ints",
+        None,
+        "XID codes that make a GPU unusable (default: NVIDIA's reset/reboot XIDs)",
+    ),
+    Key("health.hook", "str", None, "command run on each new health finding"),
+    Key("health.webhook", "str", None, "URL that gets a JSON POST on each new health finding"),
     Key("health.webhook_timeout", "float", 5.0, "seconds to wait for the webhook"),
+    Key("health.hook_timeout", "float", 30.0, "seconds a hook command may run"),
+    Key("health.ecc_corrected_warn", "int", None, "warn above this many corrected ECC errors"),
+    Key(
+        "health.ecc_corrected_rate_warn",
+        "float",
+        None,
+        "warn above this many corrected ECC errors per hour",
+    ),
+    Key("health.pcie_replay_warn", "int", None, "warn above this many PCIe replays"),
     Key("health.poll_seconds", "float", 5.0, "how often the health watch reads the GPUs"),
     Key("record.interval", "float", 1.0, "seconds between recorded samples"),
     Key("record.max_bytes", "size", 100 * 2**20, "start a new CSV file beyond this size"),

@@ -444,7 +444,7 @@ class HealthWatch:
             try:
                 from gpuwarden.drain import drain
 
-                drain(gpu.uuid, f"health: {finding.reason}", by=DRAINED_BY, auto=True)
+                drain(gpu.uuid, finding.reason, by=DRAINED_BY, auto=True)
                 drains[gpu.uuid] = True
                 drained = True
             except UserError as err:

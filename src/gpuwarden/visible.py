@@ -244,7 +244,7 @@ def resolve(snapshot: Snapshot, environ: Optional[Mapping[str, str]] = None) -> 
             f"({' or '.join(DEVICE_ORDERS)}): CUDA uses its default, {FASTEST_FIRST}"
         )
     gpus = cuda_order(snapshot.gpus, order)
-    models = _models(gpus)
+    models = _models([g for g in gpus if not g.lost])  # a lost GPU has no name to compare
     if order != PCI_BUS_ID and len(models) > 1:
         warnings.append(
             "the GPUs differ (" + ", ".join(models) + ") and CUDA_DEVICE_ORDER is not "

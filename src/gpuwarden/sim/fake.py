@@ -17,12 +17,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from gpuwarden.sim.specs import Spec
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 _MODULES: dict[tuple[str, str], ModuleType] = {}
+_MODULES_LOCK = threading.Lock()
 
 
 def real_pynvml_path() -> Path:
@@ -54,7 +59,6 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     so every importer shares the NVML init count and event sets, as with one real library."""
     from gpuwarden.errors import UserError
     from gpuwarden.sim import specs
-    from gpuwarden.sim.library import FakeLibrary, process_table
 
     name = spec_name or os.environ.get("GPUWARDEN_SIM")
     if not name:
@@ -63,8 +67,15 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     # Keyed by the state file, so a process that changes GPUWARDEN_SIM_STATE (a test
     # suite) gets a fresh library rather than one reading another machine's file.
     key = (spec.path, str(specs.state_file(spec, state_dir)))
-    if key in _MODULES:
+    with _MODULES_LOCK:  # two threads must not build two copies (and lose error classes)
+        if key not in _MODULES:
+            _MODULES[key] = _build(spec, state_dir)
         return _MODULES[key]
+
+
+def _build(spec: Spec, state_dir: Optional[str]) -> ModuleType:
+    from gpuwarden.sim.library import FakeLibrary, process_table
+
     nv = load_copy(f"gpuwarden.sim._pynvml_{len(_MODULES)}")
     library = FakeLibrary(spec, nv, state_dir)
 
@@ -78,5 +89,4 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     nv.gpuwarden_sim_spec = spec.name
     nv.gpuwarden_sim_library = library
     nv.gpuwarden_sim_processes = lambda: process_table(library.file.read())
-    _MODULES[key] = nv
     return nv

@@ -62,7 +62,8 @@ def on(sig, _):
     open(mark + ".sig", "w").write(str(sig)); sys.exit(40)
 signal.signal(signal.SIGTERM, on)
 open(mark + ".pid", "w").write(str(os.getpid()))
-while not os.path.exists(mark + ".go"):
+end = time.time() + 60  # never outlive a failed test by much
+while not os.path.exists(mark + ".go") and time.time() < end:
     time.sleep(0.02)
 """
 

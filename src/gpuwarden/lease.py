@@ -411,14 +411,14 @@ def attempt(
     try:
         fcntl.flock(alloc_fd, fcntl.LOCK_EX)
         leases, stale = _scan(ld)
-        waiters = waitline.read_line(ld, tidy=True)
         if stale:
             _tidy(ld, stale)
         drains = drain.list_drains()
         mine = ticket.key if ticket is not None else None
-        ahead = [w for w in waiters if mine is None or w.key < mine]
         virtual = list(leases)
-        for w in ahead:
+        ahead = 0
+        for w in waitline.iter_line(ld, before=mine, tidy=True):
+            ahead += 1
             try:
                 c = choose(snapshot, w.request, virtual, drains, w.allowed)
             except UserError:
@@ -426,7 +426,7 @@ def attempt(
             if c.never_fits:
                 continue
             if not c.ok:
-                return Outcome(None, c, len(ahead), w)
+                return Outcome(None, c, ahead, w)
             virtual.extend(_virtual(g.uuid, w, c) for g in c.gpus)
         held = Held(ld, job or new_job_id(), (), request.mem)
         unknown: list[LeaseInfo] = []
@@ -434,7 +434,7 @@ def attempt(
             choice = choose(snapshot, request, virtual + unknown, drains, allowed)
             if not choice.ok:
                 held.close()
-                return Outcome(None, choice, len(ahead))
+                return Outcome(None, choice, ahead)
             taken = []
             for gpu in choice.gpus:
                 if not _take(ld, held, gpu, shared=request.mem is not None):
@@ -452,7 +452,7 @@ def attempt(
             ticket.leave()
         held._alloc_fd = alloc_fd
         alloc_fd = -1
-        return Outcome(held, choice, len(ahead))
+        return Outcome(held, choice, ahead)
     finally:
         if alloc_fd >= 0:
             os.close(alloc_fd)
@@ -561,7 +561,7 @@ def acquire(
                         reason = f"first in line: {w.user} pid {w.pid} ({_describe(w.request)})"
                     if not wait:
                         if out.blocked_by is not None:
-                            reason = f"{out.ahead} earlier request(s) waiting in line; {reason}"
+                            reason = f"requests waiting in line come first; {reason}"
                         raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
                     if ticket is None:
                         ticket = waitline.join(ld, request, allowed, mine)

@@ -21,7 +21,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -136,13 +136,20 @@ def join(ld: Any, request: Any, allowed: Optional[Collection[str]] = None, need:
 
 def read_line(ld: Any, tidy: bool = False) -> list[Waiter]:
     """Live waiters in arrival order; with `tidy`, tickets of dead waiters are removed."""
+    return list(iter_line(ld, tidy=tidy))
+
+
+def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iterator[Waiter]:
+    """Live waiters in arrival order, read one by one (a caller serving the line stops
+    at the first that does not fit, without reading the rest); only those that joined
+    before key `before` when given."""
     from gpuwarden.lease import _is_locked, _owner, _remove_if_free
 
-    line = []
-    for name in sorted(os.listdir(ld.path)):
-        parsed = _parse_name(name)
-        if parsed is None:
-            continue
+    tickets = sorted((*p, n) for n in os.listdir(ld.path) for p in [_parse_name(n)] if p)
+    for key, _, name in tickets:
+        if before is not None and key >= before:
+            break
+        parsed = (key,)
         path = ld.join(name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -160,16 +167,14 @@ def read_line(ld: Any, tidy: bool = False) -> list[Waiter]:
         try:
             data = json.loads(raw)
             allowed = data.get("allowed")
-            line.append(
-                Waiter(
-                    key=parsed[0],
-                    user=_owner(uid),
-                    pid=int(data["pid"]),
-                    since=float(data["since"]),
-                    request=_request_from(data["request"]),
-                    allowed=None if allowed is None else tuple(allowed),
-                )
+            waiter = Waiter(
+                key=parsed[0],
+                user=_owner(uid),
+                pid=int(data["pid"]),
+                since=float(data["since"]),
+                request=_request_from(data["request"]),
+                allowed=None if allowed is None else tuple(allowed),
             )
         except (ValueError, KeyError, TypeError):
             continue
-    return line
+        yield waiter

@@ -87,3 +87,16 @@ def test_release_picks_your_only_reservation(sim, cli) -> None:
     assert r.returncode == 0, r.stderr
     assert b in r.stderr
     assert lease.list_leases() == []
+
+
+def test_run_inside_a_reservation_uses_it(sim, cli, tmp_path) -> None:
+    sim("server-8xa100")
+    env = exports(cli("reserve", "-g", "1").stdout)
+    out = tmp_path / "visible"
+    code = f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"
+    r = cli("run", "-g", "1", "--", "python3", "-c", code, env=env)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == env["CUDA_VISIBLE_DEVICES"]
+    r = cli("run", "-g", "2", "--", "true", env=env)
+    assert r.returncode == 2 and "leaves only 1 GPU visible" in r.stderr
+    assert cli("release", env=env).returncode == 0

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 
@@ -204,6 +204,32 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
     return 2 if choice.never_fits else lease.EXIT_BUSY
 
 
+def reserved_gpus(snapshot: Any, request: Any, allowed: Any) -> Optional[tuple[Any, ...]]:
+    """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), a job runs on
+    the reserved GPUs under that reservation's lease instead of waiting for it to end.
+    None when there is no live reservation of ours to use."""
+    rid = os.environ.get("GPUWARDEN_RESERVATION")
+    if not rid:
+        return None
+    import pwd
+
+    import gpuwarden.lease as lease
+    from gpuwarden.drain import list_drains
+    from gpuwarden.select import choose
+
+    leases = lease.list_leases()
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    ours = {i.uuid for i in leases if i.job == rid and i.user == me}
+    if not ours:
+        return None  # ended or expired: lease normally
+    scope = ours if allowed is None else ours & set(allowed)
+    others = [i for i in leases if i.job != rid]
+    choice = choose(snapshot, request, others, list_drains(), scope)
+    if not choice.ok:
+        raise UserError(f"within reservation {rid}: {choice.error}")
+    return choice.gpus
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuwarden import launch
 
@@ -238,6 +264,13 @@ def run(args: argparse.Namespace) -> int:
     allowed = launch.allowed_uuids(machine.first)
     if args.dry_run:
         return dry_run(args.command, machine.first, request, allowed, use_uuid)
+    covered = reserved_gpus(machine.first, request, allowed)
+    if covered is not None:
+        argv = launch.ddp_argv(cmd, len(covered)) if args.ddp else cmd
+        env = launch.job_env(os.environ, covered, use_uuid=use_uuid)
+        if args.ddp:
+            env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        return launch.start(argv, env).wait()
     status = WaitStatus(args.command, request)
     started = time.monotonic()
     held = lease.acquire(

@@ -227,10 +227,14 @@ def _read_holder(ld: LeaseDir, name: str) -> tuple[Optional[LeaseInfo], bool]:
     return info, False
 
 
-def _scan(ld: LeaseDir) -> tuple[list[LeaseInfo], list[str]]:
+def _scan(ld: LeaseDir, line: Optional[list[bool]] = None) -> tuple[list[LeaseInfo], list[str]]:
+    """Live leases and stale metadata names; `line` (if given) gets True appended when
+    anyone is waiting in line, so that an empty line costs nothing more."""
     leases, stale = [], []
     for name in sorted(os.listdir(ld.path)):
         if not name.endswith(HOLDER_SUFFIX) or name.startswith("."):
+            if line is not None and not line and name.endswith(".wait"):
+                line.append(True)
             continue
         info, dead = _read_holder(ld, name)
         if info is not None:
@@ -377,15 +381,22 @@ def _take(ld: LeaseDir, held: Held, gpu: Any, shared: bool) -> bool:
     return True
 
 
-@dataclass(frozen=True)
 class Outcome:
     """One attempt: `held` on success; else the Choice that said no, or the earlier
-    waiter that must be served first."""
+    waiter that must be served first. (A plain class: a dataclass costs ~1 ms to
+    create at import, paid by every `run`.)"""
 
-    held: Optional[Held]
-    choice: Any  # select.Choice
-    ahead: int = 0  # waiters in line before us
-    blocked_by: Optional[Any] = None  # the first earlier waiter that does not fit yet
+    def __init__(
+        self,
+        held: Optional[Held],
+        choice: Any,  # select.Choice
+        ahead: int = 0,  # waiters read before us
+        blocked_by: Optional[Any] = None,  # the first earlier waiter that does not fit yet
+    ) -> None:
+        self.held = held
+        self.choice = choice
+        self.ahead = ahead
+        self.blocked_by = blocked_by
 
 
 def attempt(
@@ -404,20 +415,27 @@ def attempt(
     served: a large request is never starved by a stream of small ones). On success
     the allocation lock stays held until `Held.publish()`.
     """
-    from gpuwarden import drain, waitline
+    from gpuwarden import drain
     from gpuwarden.select import choose
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
         fcntl.flock(alloc_fd, fcntl.LOCK_EX)
-        leases, stale = _scan(ld)
+        waiting: list[bool] = []
+        leases, stale = _scan(ld, waiting)
         if stale:
             _tidy(ld, stale)
         drains = drain.list_drains()
         mine = ticket.key if ticket is not None else None
         virtual = list(leases)
         ahead = 0
-        for w in waitline.iter_line(ld, before=mine, tidy=True):
+        if waiting:
+            from gpuwarden import waitline
+
+            line = waitline.iter_line(ld, before=mine, tidy=True)
+        else:
+            line = iter(())
+        for w in line:
             ahead += 1
             try:
                 c = choose(snapshot, w.request, virtual, drains, w.allowed)

@@ -279,3 +279,19 @@ def test_foreign_lock_file_in_private_dir_is_refused() -> None:
     with pytest.raises(UserError, match="owned by") as err:
         take(snap, count=1)
     assert path in str(err.value)
+
+
+def test_lease_dir_on_nfs_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mounts = tmp_path / "mounts"
+    d = tmp_path / "home" / "leases"
+    d.mkdir(parents=True, mode=0o700)
+    mounts.write_text(
+        f"/dev/sda1 / ext4 rw 0 0\nserver:/export/home {tmp_path / 'home'} nfs4 rw 0 0\n"
+    )
+    assert lease.filesystem_type(str(d), str(mounts)) == "nfs4"
+    assert lease.filesystem_type("/etc", str(mounts)) == "ext4"
+    real = lease.filesystem_type
+    monkeypatch.setattr(lease, "filesystem_type", lambda p: real(p, str(mounts)))
+    with pytest.raises(UserError, match="is on nfs4") as err:
+        lease.open_dir(str(d))
+    assert "local directory" in str(err.value)

@@ -161,8 +161,40 @@ def check_dir(path: str) -> LeaseDir:
         if up == parent:
             break
         parent = up
+    fstype = filesystem_type(os.path.realpath(path))
+    if fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse."):
+        raise UserError(
+            f"lease directory {path} is on {fstype}: there flock is emulated with locks that "
+            "a job does not inherit and that other machines see, so leases would not hold; "
+            "set lease.dir (or GPUWARDEN_LEASE_DIR) to a local directory such as "
+            "/var/lib/gpuwarden/leases"
+        )
     shared = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or st.st_uid != os.geteuid()
     return LeaseDir(path, shared, st.st_uid)
+
+
+# Where Linux emulates flock with POSIX byte-range locks (owned by a process, not
+# inherited by its children) or has no shared locks at all.
+NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre"})
+
+
+def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str:
+    """The type of the filesystem holding `path` (longest mount point that contains it);
+    "" when it cannot be told."""
+    best, kind = "", ""
+    try:
+        with open(mounts) as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return ""
+    return kind
 
 
 def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:

@@ -569,8 +569,6 @@ def acquire(
     checks that the waiters ahead are alive (a killed waiter leaves the line). Both
     periods stretch with the distance from the front of the line.
     """
-    from gpuwarden import waitline
-
     ld = open_dir(lease_dir)
     start = time.monotonic()
     ticket = None
@@ -614,6 +612,8 @@ def acquire(
                             reason = f"requests waiting in line come first; {reason}"
                         raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
                     if ticket is None:
+                        from gpuwarden import waitline
+
                         ticket = waitline.join(ld, request, allowed, mine)
                         last_seen = os.stat(ld.path).st_mtime_ns
                         last_refresh = now

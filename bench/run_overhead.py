@@ -33,7 +33,9 @@ SHIM = ROOT / "src" / "gpuwarden" / "sim" / "shim"
 
 def environment(tmp: str) -> dict[str, str]:
     env = dict(os.environ)
-    for name in ("CUDA_VISIBLE_DEVICES", "GPU_IDS"):
+    # PYTHONDONTWRITEBYTECODE would make every run recompile the modules changed since
+    # their .pyc was written; an installed gpuwarden has its bytecode, so measure that.
+    for name in ("CUDA_VISIBLE_DEVICES", "GPU_IDS", "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
     env.update(
         GPUWARDEN_SIM="server-8xa100",

@@ -104,7 +104,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=50)
-    parser.add_argument("--hold-ms", type=float, default=0.0, help="extra time each job holds")
+    parser.add_argument(
+        "--hold-ms", type=float, default=10.0, help="time each job holds its GPU (0: none)"
+    )
     parser.add_argument("--fresh", action="store_true", help="read NVML at every attempt")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

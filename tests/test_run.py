@@ -366,3 +366,44 @@ def test_unsafe_lease_dir_is_refused(sim, cli, tmp_path: Path) -> None:
     r = cli("run", "-g", "1", "--", "true", env={"GPUWARDEN_LEASE_DIR": str(d)})
     assert r.returncode == 2
     assert "sticky" in r.stderr and str(d) in r.stderr
+
+
+def test_nested_run_inside_a_job_uses_its_gpu(sim, cli, tmp_path: Path) -> None:
+    sim("server-8xa100")
+    inner = f"import os; open({str(tmp_path / 'inner')!r}, 'w').write(os.environ['GPUWARDEN_GPUS'])"
+    outer = (
+        "import os, subprocess, sys; "
+        "sys.exit(subprocess.call([sys.executable, '-m', 'gpuwarden', 'run', '-g', '1', '--', "
+        f"sys.executable, '-c', {inner!r}]))"
+    )
+    r = cli("run", "--gpus", "6", "--", sys.executable, "-c", outer)
+    assert r.returncode == 0, r.stderr
+    from gpuwarden.inventory import read_snapshot
+
+    gpu6 = next(g.uuid for g in read_snapshot().gpus if g.index == 6)
+    assert (tmp_path / "inner").read_text() == gpu6
+
+
+def test_waiters_are_served_in_arrival_order(sim, tmp_path: Path) -> None:
+    sim("server-8xa100")
+    first, mark = hold(tmp_path, "a", "--gpus", "7")
+    log = tmp_path / "order"
+    lease_dir = os.environ["GPUWARDEN_LEASE_DIR"]
+    waiters = []
+    try:
+        for name in ("one", "two", "three"):
+            waiters.append(
+                popen("run", "--gpus", "7", "--wait", "--", "sh", "-c", f"echo {name} >> {log}")
+            )
+            n = len(waiters)
+            wait_for(lambda n=n: sum(x.endswith(".wait") for x in os.listdir(lease_dir)) == n)
+        Path(str(mark) + ".go").touch()
+        for w in waiters:
+            assert w.wait(20) == 0
+        assert log.read_text().split() == ["one", "two", "three"]
+    finally:
+        Path(str(mark) + ".go").touch()
+        first.wait(10)
+        for w in waiters:
+            if w.poll() is None:
+                w.kill()

@@ -205,11 +205,13 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
 
 
 def reserved_gpus(snapshot: Any, request: Any, allowed: Any) -> Optional[tuple[Any, ...]]:
-    """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), a job runs on
-    the reserved GPUs under that reservation's lease instead of waiting for it to end.
-    None when there is no live reservation of ours to use."""
-    rid = os.environ.get("GPUWARDEN_RESERVATION")
-    if not rid:
+    """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), or inside a
+    job started by `gpuwarden run` (GPUWARDEN_JOB), a nested job runs on those GPUs under
+    the enclosing lease instead of waiting for it to end. None when there is no live
+    enclosing lease of ours."""
+    enclosing = [os.environ.get(n) for n in ("GPUWARDEN_RESERVATION", "GPUWARDEN_JOB")]
+    enclosing = [e for e in enclosing if e]
+    if not enclosing:
         return None
     import pwd
 
@@ -219,15 +221,17 @@ def reserved_gpus(snapshot: Any, request: Any, allowed: Any) -> Optional[tuple[A
 
     leases = lease.list_leases()
     me = pwd.getpwuid(os.geteuid()).pw_name
-    ours = {i.uuid for i in leases if i.job == rid and i.user == me}
-    if not ours:
-        return None  # ended or expired: lease normally
-    scope = ours if allowed is None else ours & set(allowed)
-    others = [i for i in leases if i.job != rid]
-    choice = choose(snapshot, request, others, list_drains(), scope)
-    if not choice.ok:
-        raise UserError(f"within reservation {rid}: {choice.error}")
-    return choice.gpus
+    for rid in enclosing:
+        ours = {i.uuid for i in leases if i.job == rid and i.user == me}
+        if not ours:
+            continue  # ended or expired: lease normally
+        scope = ours if allowed is None else ours & set(allowed)
+        others = [i for i in leases if i.job != rid]
+        choice = choose(snapshot, request, others, list_drains(), scope)
+        if not choice.ok:
+            raise UserError(f"within {rid}: {choice.error}")
+        return choice.gpus
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,6 +272,9 @@ def run(args: argparse.Namespace) -> int:
     if covered is not None:
         argv = launch.ddp_argv(cmd, len(covered)) if args.ddp else cmd
         env = launch.job_env(os.environ, covered, use_uuid=use_uuid)
+        for name in ("GPUWARDEN_JOB", "GPUWARDEN_LEASE", "GPUWARDEN_MEM_LIMIT"):
+            if name in os.environ:  # still under the enclosing job's lease
+                env[name] = os.environ[name]
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
         return launch.start(argv, env).wait()

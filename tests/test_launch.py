@@ -64,3 +64,18 @@ def test_allowed_uuids_follow_the_parent_environment() -> None:
     assert allowed_uuids(snap, dict(env, CUDA_VISIBLE_DEVICES="")) == ()
     with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES"):
         allowed_uuids(snap, dict(env, CUDA_VISIBLE_DEVICES="1,1"))
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_starts_one_process_per_rank(cli, tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os\n"
+        f"open({str(tmp_path)!r} + '/rank' + os.environ['RANK'], 'w').write(\n"
+        "    os.environ['WORLD_SIZE'] + ' ' + os.environ['GPUWARDEN_DDP_BACKEND']\n"
+        "    + ' [' + os.environ['CUDA_VISIBLE_DEVICES'] + ']')\n"
+    )
+    r = cli("run", "--ddp", "--cpu", "--nproc", "2", "--", str(script), timeout=120)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}").read_text() == "2 gloo []"

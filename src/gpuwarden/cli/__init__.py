@@ -45,9 +45,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _top_parser() -> argparse.ArgumentParser:
+    """Only for `gpuwarden --help` and errors: the split itself is `_split`."""
     lines = [f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()]
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
+        usage="gpuwarden [--sim SPEC] [--version] COMMAND [ARGS...]",
         description="Pick, reserve, watch and diagnose NVIDIA GPUs on shared machines.",
         epilog="commands:\n" + "\n".join(lines) + "\n\nRun `gpuwarden COMMAND --help` for more.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -58,40 +60,66 @@ def _top_parser() -> argparse.ArgumentParser:
         help="use a simulated machine (bundled name or TOML path); same as GPUWARDEN_SIM",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    parser.add_argument("command", nargs="?", choices=list(COMMANDS), metavar="COMMAND")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
+
+
+def _split(argv: list[str]) -> tuple[dict[str, str | bool], str | None, list[str]]:
+    """Global options, the command, and everything after it, untouched.
+
+    Done by hand because argparse's REMAINDER drops a `--` that directly follows
+    the command, and `gpuwarden run -- --weird-script` must reach `run` intact.
+    """
+    options: dict[str, str | bool] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help", "--version"):
+            options[arg.lstrip("-")] = True
+        elif arg == "--sim" and i + 1 < len(argv):
+            options["sim"] = argv[i + 1]
+            i += 1
+        elif arg.startswith("--sim="):
+            options["sim"] = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            options.setdefault("bad", arg)
+        else:
+            return options, arg, argv[i + 1 :]
+        i += 1
+    return options, None, []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from gpuwarden.errors import UserError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    options, command, rest = _split(list(sys.argv[1:] if argv is None else argv))
     top = _top_parser()
-    ns = top.parse_args(argv)
-    if ns.version:
+    if options.get("version"):
         from gpuwarden import __version__
 
         print(f"gpuwarden {__version__}")
         return 0
-    if ns.command is None:
+    if "bad" in options:
+        top.error(f"unrecognized option {options['bad']!r} (global options go before COMMAND)")
+    if command is None or options.get("help"):
         top.print_help()
         return 0
-    if ns.sim:
-        os.environ["GPUWARDEN_SIM"] = ns.sim
-    module_name, summary = COMMANDS[ns.command]
+    if command not in COMMANDS:
+        top.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+    if "sim" in options:
+        os.environ["GPUWARDEN_SIM"] = str(options["sim"])
+    module_name, summary = COMMANDS[command]
     module = import_module(f"gpuwarden.cli.{module_name}")
-    parser = argparse.ArgumentParser(prog=f"gpuwarden {ns.command}", description=summary)
+    parser = argparse.ArgumentParser(prog=f"gpuwarden {command}", description=summary)
     if getattr(module, "SERVES_SEVERAL", False):
-        module.add_arguments(parser, ns.command)  # drain/undrain, reserve/release
+        module.add_arguments(parser, command)  # drain/undrain, reserve/release
     else:
         module.add_arguments(parser)
-    args = parser.parse_args(ns.rest)
-    args.command = ns.command
+    args = parser.parse_args(rest)
+    args.command = command
     try:
         return int(module.run(args) or 0)
     except UserError as err:
-        print(f"gpuwarden {ns.command}: {err}", file=sys.stderr)
+        print(f"gpuwarden {command}: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

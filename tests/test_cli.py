@@ -1,0 +1,61 @@
+"""The dispatcher: global options, unknown commands, and arguments passed through intact."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.cli import COMMANDS, _split
+
+
+def test_everything_after_the_command_is_passed_through_untouched() -> None:
+    assert _split(["run", "--", "--foo"]) == ({}, "run", ["--", "--foo"])
+    assert _split(["--sim", "mixed", "run", "-g", "1", "--", "ls", "--", "x"]) == (
+        {"sim": "mixed"},
+        "run",
+        ["-g", "1", "--", "ls", "--", "x"],
+    )
+    assert _split(["--sim=laptop-none", "status", "--json"]) == (
+        {"sim": "laptop-none"},
+        "status",
+        ["--json"],
+    )
+
+
+def test_a_command_whose_name_starts_with_a_dash_reaches_run(sim, cli) -> None:
+    sim("server-8xa100")
+    out = cli("run", "--cpu", "--", "--no-such-program")
+    assert out.returncode == 127
+    assert "command not found: --no-such-program" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("bogus",), "unknown command 'bogus'"),
+        (("--bad", "status"), "unrecognized option '--bad'"),
+    ],
+)
+def test_bad_top_level_input_is_one_error_line(cli, args: tuple[str, ...], message: str) -> None:
+    out = cli(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_help_lists_every_command_without_importing_them(cli) -> None:
+    out = cli("--help")
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert f"  {name} " in out.stdout
+
+
+def test_global_sim_option_selects_the_machine(cli) -> None:
+    out = cli("--sim", "mixed", "status", "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"sim:mixed"' in out.stdout
+
+
+def test_unknown_spec_lists_the_bundled_ones(cli) -> None:
+    out = cli("--sim", "nope", "status")
+    assert out.returncode == 2
+    assert "unknown spec 'nope'" in out.stderr and "server-8xa100" in out.stderr

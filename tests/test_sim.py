@@ -282,6 +282,30 @@ def test_every_bundled_spec_parses():
         assert spec.driver == (name != "laptop-none")
 
 
+def test_parsed_spec_cache_equals_a_fresh_parse_and_follows_edits(tmp_path, monkeypatch):
+    state = str(tmp_path / "state")
+    real_parse = specs.parse
+    for name in specs.bundled():
+        path = specs.spec_path(name)
+        fresh = specs.parse(path.read_text(encoding="utf-8"), path)
+        monkeypatch.setattr(specs, "_CACHE", {})
+        assert specs.load(name, state) == fresh  # parsed, then written
+        monkeypatch.setattr(specs, "_CACHE", {})
+        monkeypatch.setattr(specs, "parse", None)  # a parse now would fail
+        assert specs.load(name, state) == fresh  # read back from the cache
+        monkeypatch.setattr(specs, "parse", real_parse)
+    path = _write(tmp_path, '[[gpu]]\nmodel = "T4"\n')
+    monkeypatch.setattr(specs, "_CACHE", {})
+    assert specs.load(path, state).gpus[0]["model"] == "T4"
+    Path(path).write_text('[[gpu]]\nmodel = "RTX-3090"\ntemperature = 61\n')
+    monkeypatch.setattr(specs, "_CACHE", {})
+    assert specs.load(path, state).gpus[0]["temperature"] == 61
+    Path(path).write_text('[[gpu]]\nmodel = "T4"\ntemprature = 40\n')
+    monkeypatch.setattr(specs, "_CACHE", {})
+    with pytest.raises(UserError, match="temprature"):
+        specs.load(path, state)
+
+
 def test_shim_makes_plain_import_see_the_machine(tmp_path):
     code = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
     env = dict(os.environ, PYTHONPATH=f"{SHIM_DIR}{os.pathsep}{SRC}", GPUWARDEN_SIM="mixed")

@@ -63,7 +63,7 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     name = spec_name or os.environ.get("GPUWARDEN_SIM")
     if not name:
         raise UserError("no simulated machine: set GPUWARDEN_SIM to a spec name or path")
-    spec = specs.load(name)
+    spec = specs.load(name, state_dir)
     # Keyed by the state file, so a process that changes GPUWARDEN_SIM_STATE (a test
     # suite) gets a fresh library rather than one reading another machine's file.
     key = (spec.path, str(specs.state_file(spec, state_dir)))

@@ -8,6 +8,7 @@ the line where it can be found, and the field, because specs are hand-written.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -17,11 +18,6 @@ from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.sim import cards
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.9/3.10 only
-    import tomli as tomllib
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
 
@@ -136,30 +132,82 @@ def spec_path(spec: str) -> Path:
 
 def state_file(spec: Spec, state_dir: Optional[str] = None) -> Path:
     """Where the machine's mutable state lives: one JSON file per spec in the state dir."""
+    return _state_base(state_dir) / f"{_stem(spec.name, spec.path)}.json"
+
+
+def _state_base(state_dir: Optional[str]) -> Path:
     base = state_dir or os.environ.get("GPUWARDEN_SIM_STATE")
     if not base:
         import tempfile
 
         base = os.path.join(tempfile.gettempdir(), f"gpuwarden-sim-{os.getuid()}")
-    if Path(spec.path).parent == SPEC_DIR:
-        stem = spec.name
-    else:
-        import hashlib
+    return Path(base)
 
-        digest = hashlib.sha1(str(Path(spec.path).resolve()).encode()).hexdigest()[:8]
-        stem = f"{spec.name}-{digest}"
-    return Path(base) / f"{stem}.json"
+
+def _stem(name: str, path: str) -> str:
+    """A bundled spec is known by its name; any other file also by a digest of its path,
+    so two `my.toml` in different directories are two machines."""
+    if Path(path).parent == SPEC_DIR:
+        return name
+    import hashlib
+
+    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:8]
+    return f"{name}-{digest}"
 
 
 _CACHE: dict[str, Spec] = {}
+# Bump when the parsed form changes in a way file identities would not show.
+_PARSED_FORMAT = 1
 
 
-def load(spec: str) -> Spec:
+def load(spec: str, state_dir: Optional[str] = None) -> Spec:
+    """The parsed spec for a bundled name or a path, once per process.
+
+    Every NVML client on a simulated machine (status, run, nvitop through the
+    shim) starts by loading its spec, and parsing costs more than the rest of
+    the fake's set-up (tomllib, uuid and hashlib imports, validation: ~8 ms).
+    So the parsed form is also kept as JSON beside the machine's state file,
+    keyed by the identity (path, mtime, size) of the spec and of the code that
+    parses it; any change to one of them means a fresh parse."""
     path = spec_path(spec)
     key = str(path)
     if key not in _CACHE:
-        _CACHE[key] = parse(path.read_text(encoding="utf-8"), path)
+        _CACHE[key] = _load_parsed(path, state_dir)
     return _CACHE[key]
+
+
+def _identity(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _load_parsed(path: Path, state_dir: Optional[str]) -> Spec:
+    try:
+        key = [_PARSED_FORMAT, str(path), *_identity(str(path))]
+        key += [*_identity(__file__), *_identity(cards.__file__)]
+        cache = _state_base(state_dir) / f".{_stem(path.stem, str(path))}.spec.json"
+    except OSError:
+        return parse(path.read_text(encoding="utf-8"), path)
+    try:
+        with open(cache, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        if saved["key"] == key:
+            fields = saved["spec"]
+            fields["gpus"] = tuple(fields["gpus"])
+            fields["processes"] = tuple(fields["processes"])
+            return Spec(**fields)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    parsed = parse(path.read_text(encoding="utf-8"), path)
+    try:  # a state dir we may not write is fine: the next load parses again
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"key": key, "spec": vars(parsed)}, handle)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return parsed
 
 
 class _Where:
@@ -212,6 +260,11 @@ def _make_uuid(name: str, index: int, kind: str = "GPU") -> str:
 
 def parse(text: str, path: Path) -> Spec:
     """Parse and validate spec text; every problem is one UserError line."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 only
+        import tomli as tomllib
+
     where = _Where(text, path)
     try:
         data = tomllib.loads(text)

@@ -155,7 +155,7 @@ class Machine:
         name = spec or os.environ.get("GPUWARDEN_SIM")
         if not name:
             raise UserError("no simulated machine: give a spec name or set GPUWARDEN_SIM")
-        return cls(specs.load(name), state_dir)
+        return cls(specs.load(name, state_dir), state_dir)
 
     @property
     def name(self) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.doctor import fingerprint
+from gpuwarden.doctor import facts, fingerprint
 from gpuwarden.doctor.facts import (
     NO_TORCH_ENV,
     Facts,
@@ -194,6 +194,34 @@ def test_find_torch_reads_version_file_without_importing(tmp_path, monkeypatch):
     assert "sm_90" in filled.arch_list and "sm_120" not in filled.arch_list
     assert filled.arch_source == "official cu126 wheel table"
     assert not find_torch({NO_TORCH_ENV: "1"}).installed
+
+
+def test_gather_uses_the_probe_the_cli_started_and_stops_an_unwanted_one(
+    tmp_path, monkeypatch, sim
+):
+    sim("server-8xa100")
+    fake_torch(tmp_path, "__version__ = '2.6.0+cu126'\ncuda = '12.6'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(facts, "start_probe", None)  # gather must not start one itself
+    answer = json.dumps({"version": "2.6.0+cu126", "arch_list": ["sm_80"], "nccl": True})
+    early = subprocess.Popen(
+        [sys.executable, "-c", f"print({answer!r})"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    got = facts.gather(environ={}, probe=early)
+    assert got.torch.arch_list == ("sm_80",) and got.torch.arch_source == "torch"
+    assert got.torch.nccl is True
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    got = facts.gather(environ={NO_TORCH_ENV: "1"}, probe=sleeper)
+    assert not got.torch.installed and sleeper.returncode is not None
 
 
 def test_unknown_build_keeps_arch_list_unknown():

@@ -27,14 +27,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.doctor.facts import gather
-    from gpuwarden.errors import UserError
+    import os
 
-    # Gather first: the torch probe starts at once and runs while the rest is imported.
-    facts = gather(probe_torch=not args.no_torch_import)
+    from gpuwarden.doctor.probe import start_if_wanted
+
+    # Importing torch in the probe is the long pole: start it before importing
+    # anything else of the doctor, so that all of that (and reading the machine)
+    # happens while the child runs.
+    probe = None if args.no_torch_import else start_if_wanted(os.environ)
+    from gpuwarden.doctor.facts import gather
+
     if args.export:
         from gpuwarden.doctor import fingerprint
+        from gpuwarden.errors import UserError
 
+        facts = gather(probe_torch=not args.no_torch_import, probe=probe)
         try:
             kind = fingerprint.export(facts, args.export)
         except OSError as exc:
@@ -46,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.doctor.checks import run_checks
     from gpuwarden.doctor.findings import exit_code
 
+    facts = gather(probe_torch=not args.no_torch_import, probe=probe)
     findings = run_checks(facts)
 
     if args.json:

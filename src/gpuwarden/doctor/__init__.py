@@ -11,30 +11,22 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding
+if TYPE_CHECKING:
+    from gpuwarden.doctor.findings import Report
 
 __all__ = ["FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding", "Report", "check", "diagnose"]
 
 
-@dataclass(frozen=True)
-class Report:
-    findings: tuple[Finding, ...]
-    facts: object  # gpuwarden.doctor.facts.Facts
+def __getattr__(name: str) -> Any:
+    # Resolved on first use, so that `gpuwarden doctor` can import its torch probe
+    # (gpuwarden.doctor.probe) and start it before paying for anything else.
+    if name in ("FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding", "Report"):
+        from gpuwarden.doctor import findings
 
-    @property
-    def ok(self) -> bool:
-        return not any(f.level == FAIL for f in self.findings)
-
-    def problems(self) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.level in (WARN, FAIL))
-
-    def text(self, verbose: bool = False) -> str:
-        from gpuwarden.doctor import report
-
-        return report.text(self.facts, self.findings, verbose=verbose)  # type: ignore[arg-type]
+        return getattr(findings, name)
+    raise AttributeError(f"module 'gpuwarden.doctor' has no attribute {name!r}")
 
 
 def diagnose(
@@ -45,6 +37,7 @@ def diagnose(
 ) -> Report:
     from gpuwarden.doctor.checks import run_checks
     from gpuwarden.doctor.facts import gather
+    from gpuwarden.doctor.findings import Report
 
     facts = gather(environ=environ, probe_torch=probe_torch, in_process=in_process)
     return Report(tuple(run_checks(facts)), facts)

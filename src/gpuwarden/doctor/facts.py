@@ -27,48 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+# The probe lives in its own module so the CLI can start it first.
+from gpuwarden.doctor.probe import NO_TORCH_ENV, PROBE_TIMEOUT, torch_location
+from gpuwarden.doctor.probe import start as start_probe
 from gpuwarden.inventory import Snapshot
 
 if TYPE_CHECKING:
     import subprocess
-
-NO_TORCH_ENV = "GPUWARDEN_DOCTOR_NO_TORCH"
-PROBE_TIMEOUT = 120.0
-
-# Run in a child interpreter: prints torch's build facts as JSON without
-# initialising CUDA (no is_available(), no device queries).
-PROBE = r"""
-import json, sys
-out = {}
-try:
-    import torch
-except Exception as e:
-    print(json.dumps({"error": "import torch failed: %s: %s" % (type(e).__name__, e)}))
-    sys.exit(0)
-def safe(name, fn):
-    try:
-        out[name] = fn()
-    except Exception as e:
-        out.setdefault("errors", []).append("%s: %s" % (name, e))
-safe("version", lambda: torch.__version__)
-safe("cuda", lambda: torch.version.cuda)
-safe("hip", lambda: getattr(torch.version, "hip", None))
-def archs():
-    flags = getattr(torch._C, "_cuda_getArchFlags", None)
-    return (flags() or "").split() if flags else []
-safe("arch_list", archs)
-safe("distributed", lambda: torch.distributed.is_available())
-safe("nccl", lambda: bool(torch.distributed.is_available()
-                          and torch.distributed.is_nccl_available()))
-def nccl_version():
-    v = torch.cuda.nccl.version()
-    return ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
-if torch.version.cuda:
-    safe("nccl_version", nccl_version)
-    safe("cudnn", lambda: torch.backends.cudnn.version())
-safe("mps", lambda: torch.backends.mps.is_built())
-print(json.dumps(out))
-"""
 
 
 @dataclass(frozen=True)
@@ -139,15 +104,9 @@ def find_torch(environ: Mapping[str, str]) -> TorchBuild:
     """Locate torch and read its version file, importing nothing."""
     if environ.get(NO_TORCH_ENV, "") not in ("", "0"):
         return TorchBuild(installed=False, skipped=f"{NO_TORCH_ENV} is set")
-    from importlib.util import find_spec
-
-    try:
-        spec = find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
+    location = torch_location(environ)
+    if location is None:
         return TorchBuild(installed=False, skipped="torch is not installed")
-    location = next(iter(spec.submodule_search_locations))
     values = _read_version_py(os.path.join(location, "version.py"))
     version = values.get("__version__")
     return TorchBuild(
@@ -157,21 +116,6 @@ def find_torch(environ: Mapping[str, str]) -> TorchBuild:
         hip=values.get("hip"),
         location=location,
         error=None if version else "torch/version.py unreadable",
-    )
-
-
-def start_probe(python: Optional[str] = None) -> subprocess.Popen[str]:
-    import subprocess
-
-    env = dict(os.environ)
-    env.pop("PYTHONSTARTUP", None)
-    return subprocess.Popen(
-        [python or sys.executable, "-c", PROBE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
     )
 
 
@@ -343,8 +287,12 @@ def gather(
     probe_torch: bool = True,
     in_process: bool = False,
     snapshot: Optional[Snapshot] = None,
+    probe: Optional[subprocess.Popen[str]] = None,
 ) -> Facts:
-    """Collect every fact once. `probe_torch=False` never starts torch anywhere."""
+    """Collect every fact once. `probe_torch=False` never starts torch anywhere.
+
+    `probe` is a torch probe the caller already started (`probe.start_if_wanted`),
+    so that it runs while the caller imports the rest of the doctor."""
     env = dict(os.environ if environ is None else environ)
     runtime: Optional[TorchRuntime] = None
     loaded = sys.modules.get("torch") if env.get(NO_TORCH_ENV, "") in ("", "0") else None
@@ -354,10 +302,15 @@ def gather(
     else:
         build = find_torch(env)
         if build.installed and probe_torch:
-            try:
-                proc = start_probe()
-            except OSError as exc:
-                build = _with(build, error=f"torch probe could not start: {exc}")
+            proc, probe = probe, None
+            if proc is None:
+                try:
+                    proc = start_probe()
+                except OSError as exc:
+                    build = _with(build, error=f"torch probe could not start: {exc}")
+    if probe is not None:  # started, but this environment does not want it
+        probe.kill()
+        probe.communicate()
     snap = snapshot if snapshot is not None else read_machine()
     drains = read_drains()
     if proc is not None:

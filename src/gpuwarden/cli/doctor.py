@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,21 @@ def run(args: argparse.Namespace) -> int:
     # anything else of the doctor, so that all of that (and reading the machine)
     # happens while the child runs.
     probe = None if args.no_torch_import else start_if_wanted(os.environ)
+    import gc
+
+    # One run, then the process exits: the cyclic collector would walk the modules
+    # and facts just built (and everything again at exit) to free nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _diagnose(args, probe)
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
+def _diagnose(args: argparse.Namespace, probe: Any) -> int:
     from gpuwarden.doctor.facts import gather
 
     if args.export:

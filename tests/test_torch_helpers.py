@@ -180,6 +180,71 @@ def test_amp_step_skips_non_finite_gradients(scaler: bool, clip: float | None) -
     assert not ok and amp.skipped == 1
 
 
+def _poison(model: torch.nn.Module, which: int, value: float) -> None:
+    """Give every parameter a finite gradient except parameter `which`."""
+    for i, p in enumerate(model.parameters()):
+        p.grad = torch.full_like(p, value if i == which else 0.5)
+
+
+@pytest.mark.parametrize("which", [0, 1, 3])
+def test_amp_step_finds_one_bad_element_among_many_then_steps_again(which: int) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).double()
+    model[1].float()  # two dtypes: two fused checks
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp = AmpStep(opt, precision("fp32", torch.device("cpu")))
+    before = [p.detach().clone() for p in model.parameters()]
+    _poison(model, which, 0.5)
+    next(iter(model.parameters())).grad = None  # a parameter without a gradient is fine
+    assert amp.step()
+    after = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.equal(b, a) for b, a in zip(before, after))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        _poison(model, which, 0.5)
+        list(model.parameters())[which].grad.view(-1)[-1] = bad  # one element of one tensor
+        assert not amp.step()
+        assert all(torch.equal(a, p) for a, p in zip(after, model.parameters()))
+    assert amp.skipped == 3
+    _poison(model, which, 0.5)
+    assert amp.step()  # the flag was reset: a good step after bad ones is applied
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_amp_step_checks_a_param_group_added_later() -> None:
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(first.parameters(), lr=0.1)
+    amp = AmpStep(opt, precision("fp32", torch.device("cpu")))
+    _poison(first, -1, 0.5)
+    assert amp.step()
+    opt.add_param_group({"params": list(second.parameters())})
+    _poison(first, -1, 0.5)
+    _poison(second, 1, float("nan"))
+    assert not amp.step()
+    assert second.bias.grad is None  # cleared with the rest
+
+
+def test_amp_step_clears_through_an_overridden_zero_grad_or_under_a_profiler() -> None:
+    calls = []
+
+    class Counting(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            calls.append(set_to_none)
+            super().zero_grad(set_to_none)
+
+    model = torch.nn.Linear(2, 1)
+    amp = AmpStep(Counting(model.parameters(), lr=0.1), precision("fp32", torch.device("cpu")))
+    _poison(model, -1, 0.5)
+    assert amp.step() and calls == [True]
+    assert model.weight.grad is None
+
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp = AmpStep(plain, precision("fp32", torch.device("cpu")))
+    _poison(model, -1, 0.5)
+    with torch.profiler.profile() as prof:
+        amp.step()
+    assert model.weight.grad is None
+    assert any("zero_grad" in e.name for e in prof.events())  # the profiler still sees it
+
+
 def test_amp_step_clips_after_unscaling() -> None:
     model = torch.nn.Linear(3, 1, bias=False)
     torch.nn.init.zeros_(model.weight)

@@ -21,26 +21,39 @@ float rounding.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from gpuwarden.errors import UserError
 
 T = TypeVar("T")
+_LOOK_UP: Any = object()
 
 
 class MicroStep:
     """One micro-batch: its place in the group, the loss divisor, the no_sync context."""
 
+    __slots__ = ("_ctx", "_sync_off", "correction", "divisor", "index", "last", "model")
+
     def __init__(
-        self, model: Any, index: int, divisor: int, last: bool, correction: float = 1.0
+        self,
+        model: Any,
+        index: int,
+        divisor: int,
+        last: bool,
+        correction: float = 1.0,
+        sync_off: Any = _LOOK_UP,
     ) -> None:
         self.model = model
         self.index = index
         self.divisor = divisor
         self.last = last
         self.correction = correction  # grads *= this after a short group's last backward
+        # accumulate() looks `no_sync` up once per loop, not once per micro-batch (on a
+        # plain Module a missing attribute costs a raised and caught AttributeError).
+        if sync_off is _LOOK_UP:
+            sync_off = getattr(model, "no_sync", None)
+        self._sync_off = None if last else sync_off
         self._ctx: Any = None
 
     def scale(self, loss: Any) -> Any:
@@ -48,13 +61,15 @@ class MicroStep:
         return loss / self.divisor
 
     def __enter__(self) -> MicroStep:
-        sync_off = getattr(self.model, "no_sync", None)
-        self._ctx = sync_off() if (sync_off and not self.last) else contextlib.nullcontext()
-        self._ctx.__enter__()
+        if self._sync_off is not None:
+            self._ctx = self._sync_off()
+            self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._ctx.__exit__(*exc)
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            ctx.__exit__(*exc)
         if self.last and self.correction != 1.0 and exc[0] is None and self.model is not None:
             for p in self.model.parameters():
                 if p.grad is not None:
@@ -67,15 +82,18 @@ def accumulate(
     """Yield `(batch, MicroStep)`; `micro.last` marks where the optimizer should step."""
     if every < 1:
         raise UserError(f"accumulate: every={every}; it must be at least 1")
+    sync_off = getattr(model, "no_sync", None)
     try:
         total: int | None = len(batches)  # type: ignore[arg-type]
     except TypeError:
         total = None
     if total is not None:
+        start, size = 0, min(every, total)
         for i, batch in enumerate(batches):
-            start = i - i % every
-            size = min(every, total - start)
-            yield batch, MicroStep(model, i - start, size, i - start == size - 1)
+            if i - start == every:
+                start, size = i, min(every, total - i)
+            index = i - start
+            yield batch, MicroStep(model, index, size, index == size - 1, 1.0, sync_off)
         return
     it = iter(batches)
     pending = next(it, _END)
@@ -84,7 +102,7 @@ def accumulate(
         batch, pending = pending, next(it, _END)
         last = index == every - 1 or pending is _END
         correction = every / (index + 1) if last else 1.0
-        yield batch, MicroStep(model, index, every, last, correction)  # type: ignore[misc]
+        yield batch, MicroStep(model, index, every, last, correction, sync_off)  # type: ignore[misc]
         index = 0 if last else index + 1
 
 

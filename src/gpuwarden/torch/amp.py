@@ -14,7 +14,6 @@ scaler, so one bad batch cannot poison the weights.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,8 @@ if TYPE_CHECKING:
     import torch
 
 REQUESTS = ("auto", "fp32", "bf16", "fp16")
+# nullcontext keeps no state, so one instance serves every fp32 step (and nests).
+_NO_AUTOCAST = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Precision:
     def autocast(self) -> Any:
         """Autocast for the forward pass and loss (a no-op context for fp32)."""
         if self.name == "fp32":
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         import torch
 
         return torch.autocast(self.device_type, dtype=self.dtype)
@@ -120,6 +121,16 @@ class AmpStep:
     `step()` returns False when it skipped the update because a gradient was not
     finite; `skipped` counts those. Its `state_dict()` carries the scaler's state,
     so a Checkpointer can save it in place of the scaler.
+
+    Without a scaler the check is GradScaler's own fused kernel with a scale of 1:
+    one call per (device, dtype) bucket and one read of a flag per device each
+    step. What the step does per parameter in Python is gathered once and again
+    only when the optimizer's param groups change or the parameters move device,
+    so the check costs what its kernel costs. Clearing the gradients sets them to
+    None directly, which is all `zero_grad(set_to_none=True)` does, without its
+    per-call profiler scope and compiler guard (a few microseconds a step: about
+    what the check itself costs on a small CPU model); an optimizer that
+    overrides `zero_grad`, or a running profiler, gets the real call.
     """
 
     def __init__(
@@ -131,36 +142,68 @@ class AmpStep:
         scaler: Any = None,
         zero_grad: bool = True,
     ) -> None:
+        import torch
+
         self.optimizer = optimizer
         self.precision = prec
         self.scaler = scaler if scaler is not None else (prec.make_scaler() if prec else None)
         self.clip = clip
         self.zero_grad = zero_grad
         self.skipped = 0
-        self._found: Any = None
+        self._check = torch._amp_foreach_non_finite_check_and_unscale_
+        self._profiling = torch.autograd._profiler_enabled
+        self._plain_zero_grad = type(optimizer).zero_grad is torch.optim.Optimizer.zero_grad
+        self._sizes: list[int] = []  # len(params) per param group when last gathered
+        self._anchors: list[tuple[torch.Tensor, torch.device]] = []  # a param per bucket
+        self._params: list[torch.Tensor] = []
+        # (params of one device and dtype, that device's found-inf flag, a 1.0 "scale")
+        self._buckets: list[tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]] = []
+        # One found-inf flag per device, kept at 0, and on CPU a host view of it.
+        self._flags: list[tuple[torch.Tensor, memoryview | None]] = []
 
     def autocast(self) -> Any:
-        return self.precision.autocast() if self.precision else contextlib.nullcontext()
+        return self.precision.autocast() if self.precision else _NO_AUTOCAST
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def _params(self) -> Iterable[torch.Tensor]:
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    yield p
+    def _refresh(self) -> None:
+        """Re-gather the buckets if param groups were added or resized, or moved device."""
+        groups = self.optimizer.param_groups
+        sizes = [len(g["params"]) for g in groups]
+        if sizes == self._sizes:
+            for p, dev in self._anchors:
+                if p.device != dev:
+                    break
+            else:
+                return
+        import torch
+
+        params = [p for g in groups for p in g["params"]]
+        by_kind: dict[Any, list[torch.Tensor]] = {}
+        for p in params:
+            by_kind.setdefault((p.device, p.dtype), []).append(p)
+        flags: dict[Any, tuple[torch.Tensor, memoryview | None, torch.Tensor]] = {}
+        for dev, _ in by_kind:
+            if dev not in flags:
+                flags[dev] = (*_flag(dev), torch.ones(1, device=dev))
+        self._buckets = [(ps, flags[dev][0], flags[dev][2]) for (dev, _), ps in by_kind.items()]
+        self._flags = [(found, host) for found, host, _ in flags.values()]
+        self._anchors = [(ps[0], dev) for (dev, _), ps in by_kind.items()]
+        self._params = params
+        self._sizes = sizes
 
     def step(self) -> bool:
         """Apply the accumulated gradients unless one is inf/NaN; clear them either way."""
-        import torch
-
         opt = self.optimizer
+        self._refresh()
         if self.scaler is not None:
             self.scaler.unscale_(opt)
             found = sum(v.item() for v in self.scaler._found_inf_per_device(opt).values())
             if self.clip is not None and not found:
-                torch.nn.utils.clip_grad_norm_(list(self._params()), self.clip)
+                import torch
+
+                torch.nn.utils.clip_grad_norm_(self._params, self.clip)
             self.scaler.step(opt)  # skips by itself when found
             self.scaler.update()
             ok = not found
@@ -171,30 +214,30 @@ class AmpStep:
         if not ok:
             self.skipped += 1
         if self.zero_grad:
-            opt.zero_grad(set_to_none=True)
+            if self._plain_zero_grad and not self._profiling():
+                for p in self._params:
+                    p.grad = None
+            else:
+                opt.zero_grad(set_to_none=True)
         return ok
 
     def _finite_then_clip(self) -> bool:
-        import torch
-
-        grads = [p.grad for p in self._params()]
-        if not grads:
-            return True
         if self.clip is not None:
+            import torch
+
             # The norm is computed for clipping anyway; a non-finite norm means a bad grad.
-            norm = torch.nn.utils.clip_grad_norm_(list(self._params()), self.clip)
+            norm = torch.nn.utils.clip_grad_norm_(self._params, self.clip)
             return bool(torch.isfinite(norm))
-        # GradScaler's own fused check (one kernel over all grads), with a scale of 1.
-        if self._found is None or self._found.device != grads[0].device:
-            self._found = torch.zeros(1, device=grads[0].device)
-            self._one = torch.ones(1, device=grads[0].device)
-        self._found.zero_()
-        by_dtype: dict[Any, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault((g.device, g.dtype), []).append(g)
-        for group in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(group, self._found, self._one)
-        return not bool(self._found.item())
+        for params, found, one in self._buckets:
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                self._check(grads, found, one)
+        ok = True
+        for found, host in self._flags:
+            if (host[0] if host is not None else found.item()) != 0.0:
+                found.zero_()  # the flags stay 0 between steps: no zeroing on the good path
+                ok = False
+        return ok
 
     def __call__(self, loss: torch.Tensor) -> bool:
         self.backward(loss)
@@ -210,3 +253,19 @@ class AmpStep:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.skipped = int(state.get("skipped", 0))
+
+
+def _flag(dev: torch.device) -> tuple[torch.Tensor, memoryview | None]:
+    """A zero found-inf flag, and on CPU a view Python reads without a torch call.
+
+    On CPU `.item()` costs as much as the fused check it would read; the kernel
+    writes the flag's memory directly, so reading the bytes it shares with a
+    bytearray gives the same answer. A CUDA flag needs `.item()`: the one host
+    sync per step that GradScaler also makes.
+    """
+    import torch
+
+    if dev.type == "cpu":
+        memory = bytearray(4)
+        return torch.frombuffer(memory, dtype=torch.float32), memoryview(memory).cast("f")
+    return torch.zeros(1, device=dev), None

@@ -12,7 +12,7 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.torch import environments as envs
-from gpuwarden.torch.amp import Decision, decide
+from gpuwarden.torch.amp import decide
 from gpuwarden.torch.devices import cuda_index, pick_type, requested
 from gpuwarden.torch.distributed import choose_backend
 from gpuwarden.torch.memory import fraction, limit_bytes
@@ -141,24 +141,26 @@ def test_tasks_per_node() -> None:
 @pytest.mark.parametrize(
     ("device", "cc", "asked", "expected"),
     [
-        ("cuda", (9, 0), "auto", Decision("bf16", False)),
-        ("cuda", (8, 0), "auto", Decision("bf16", False)),
-        ("cuda", (8, 6), "fp16", Decision("fp16", True)),
-        ("cuda", (7, 5), "auto", Decision("fp16", True)),
-        ("cuda", (7, 0), "auto", Decision("fp16", True)),
-        ("cuda", (6, 1), "auto", Decision("fp32", False)),
-        ("cuda", (6, 1), "fp16", Decision("fp16", True)),
-        ("cuda", (9, 0), "fp32", Decision("fp32", False)),
-        ("cpu", None, "auto", Decision("fp32", False)),
-        ("cpu", None, "bf16", Decision("bf16", False)),
-        ("cpu", None, "fp16", Decision("fp16", True)),
-        ("cpu", None, "FP32", Decision("fp32", False)),
-        ("mps", None, "auto", Decision("fp32", False)),
-        ("mps", None, "fp16", Decision("fp16", True)),
+        ("cuda", (9, 0), "auto", ("bf16", False)),
+        ("cuda", (8, 0), "auto", ("bf16", False)),
+        ("cuda", (8, 6), "fp16", ("fp16", True)),
+        ("cuda", (7, 5), "auto", ("fp16", True)),
+        ("cuda", (7, 0), "auto", ("fp16", True)),
+        ("cuda", (6, 1), "auto", ("fp32", False)),
+        ("cuda", (6, 1), "fp16", ("fp16", True)),
+        ("cuda", (9, 0), "fp32", ("fp32", False)),
+        ("cpu", None, "auto", ("fp32", False)),
+        ("cpu", None, "bf16", ("bf16", False)),
+        ("cpu", None, "fp16", ("fp16", True)),
+        ("cpu", None, "FP32", ("fp32", False)),
+        ("mps", None, "auto", ("fp32", False)),
+        ("mps", None, "fp16", ("fp16", True)),
     ],
 )
-def test_precision_policy(device: str, cc: tuple | None, asked: str, expected: Decision) -> None:
-    assert decide(device, cc, asked) == expected
+def test_precision_policy(device: str, cc: tuple | None, asked: str, expected: tuple) -> None:
+    made = decide(device, cc, asked)
+    assert (made.name, made.scaler) == expected
+    assert made.device_type == device
 
 
 def test_precision_refuses_bf16_on_volta_and_unknown_requests() -> None:

@@ -28,49 +28,15 @@ _NO_AUTOCAST = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
-class Decision:
-    """Pure result of the policy: which autocast dtype (None = none) and whether to scale."""
+class Precision:
+    """The policy's answer for one device: `with p.autocast():` and `p.make_scaler()`.
+
+    One record serves both as the pure decision (compared in tests) and as the
+    thing a training loop uses: each dataclass costs about half a millisecond
+    to create at import, which every training script would pay.
+    """
 
     name: str  # "fp32" | "bf16" | "fp16"
-    scaler: bool
-
-    @property
-    def autocast(self) -> bool:
-        return self.name != "fp32"
-
-
-def decide(device_type: str, capability: tuple[int, int] | None, request: str = "auto") -> Decision:
-    """The precision for a request on a device (capability: CUDA's (major, minor), else None)."""
-    request = request.lower()
-    if request not in REQUESTS:
-        raise UserError(f"precision {request!r}: choose one of {', '.join(REQUESTS)}")
-    if request == "fp32":
-        return Decision("fp32", False)
-    if device_type == "cuda":
-        major = (capability or (0, 0))[0]
-        if request == "auto":
-            if major >= 8:
-                return Decision("bf16", False)
-            if major == 7:
-                return Decision("fp16", True)
-            return Decision("fp32", False)  # Pascal and older: no tensor cores, fp16 gains nothing
-        if request == "bf16" and major < 8:
-            cc = ".".join(map(str, capability or (0, 0)))
-            raise UserError(
-                f"bf16 needs compute capability 8.0 or newer; this GPU is {cc}: use fp16 or auto"
-            )
-        return Decision(request, request == "fp16")
-    if request == "auto":
-        return Decision("fp32", False)
-    # bf16 has fp32's exponent range, so it never needs loss scaling; fp16 always does.
-    return Decision(request, request == "fp16")
-
-
-@dataclass(frozen=True)
-class Precision:
-    """A decision bound to a device: `with p.autocast():` and `p.make_scaler()`."""
-
-    name: str
     device_type: str
     scaler: bool
 
@@ -97,6 +63,36 @@ class Precision:
         return torch.amp.GradScaler(self.device_type)
 
 
+def decide(
+    device_type: str, capability: tuple[int, int] | None, request: str = "auto"
+) -> Precision:
+    """The precision for a request on a device (capability: CUDA's (major, minor), else None)."""
+    request = request.lower()
+    if request not in REQUESTS:
+        raise UserError(f"precision {request!r}: choose one of {', '.join(REQUESTS)}")
+    if request == "fp32":
+        return Precision("fp32", device_type, False)
+    if device_type == "cuda":
+        major = (capability or (0, 0))[0]
+        if request == "auto":
+            if major >= 8:
+                return Precision("bf16", device_type, False)
+            if major == 7:
+                return Precision("fp16", device_type, True)
+            # Pascal and older: no tensor cores, fp16 gains nothing
+            return Precision("fp32", device_type, False)
+        if request == "bf16" and major < 8:
+            cc = ".".join(map(str, capability or (0, 0)))
+            raise UserError(
+                f"bf16 needs compute capability 8.0 or newer; this GPU is {cc}: use fp16 or auto"
+            )
+        return Precision(request, device_type, request == "fp16")
+    if request == "auto":
+        return Precision("fp32", device_type, False)
+    # bf16 has fp32's exponent range, so it never needs loss scaling; fp16 always does.
+    return Precision(request, device_type, request == "fp16")
+
+
 def precision(request: str = "auto", dev: torch.device | None = None) -> Precision:
     """Decide precision for `dev` (default: `device()`); GPUWARDEN_PRECISION overrides auto."""
     import os
@@ -111,8 +107,7 @@ def precision(request: str = "auto", dev: torch.device | None = None) -> Precisi
         import torch
 
         capability = tuple(torch.cuda.get_device_capability(dev))
-    made = decide(dev.type, capability, request)  # type: ignore[arg-type]
-    return Precision(made.name, dev.type, made.scaler)
+    return decide(dev.type, capability, request)  # type: ignore[arg-type]
 
 
 class AmpStep:

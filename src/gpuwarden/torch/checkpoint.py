@@ -17,14 +17,10 @@ save, then exit with 128 + signal number.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import random
-import re
-import signal
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +29,7 @@ from gpuwarden.errors import UserError
 
 _MAGIC = b"GPUWARDEN-CKPT1\n"
 _TRAILER = len(_MAGIC) + 32
-_NAME = re.compile(r"^step-(\d+)\.pt$")
+_NAME = r"step-(\d+)\.pt"
 
 
 class Checkpointer:
@@ -45,7 +41,7 @@ class Checkpointer:
         keep: int = 3,
         *,
         every: int | None = None,
-        signals: tuple[int, ...] = (signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGTERM)),
+        signals: tuple[int, ...] | None = None,
         **objects: Any,
     ) -> None:
         if keep < 1:
@@ -82,6 +78,8 @@ class Checkpointer:
 
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"step-{step:08d}.pt"
+        import tempfile
+
         fd, tmp = tempfile.mkstemp(prefix=".step-", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -106,11 +104,13 @@ class Checkpointer:
 
     def checkpoints(self) -> list[Path]:
         """Checkpoint files, oldest first."""
+        import re
+
         if not self.directory.is_dir():
             return []
         found = []
         for path in self.directory.iterdir():
-            m = _NAME.match(path.name)
+            m = re.fullmatch(_NAME, path.name)
             if m:
                 found.append((int(m.group(1)), path))
         return [p for _, p in sorted(found)]
@@ -141,7 +141,12 @@ class Checkpointer:
     # -- preemption ------------------------------------------------------------------
     def install_signal_handlers(self) -> Checkpointer:
         """Turn SIGTERM/SIGUSR1 into "save at the end of this step, then exit"."""
-        for sig in self._signals:
+        import signal
+
+        signals = self._signals
+        if signals is None:  # what Slurm sends before preemption, and at --signal
+            signals = (signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGTERM))
+        for sig in signals:
             signal.signal(sig, self._on_signal)
         self._installed = True
         return self
@@ -151,7 +156,9 @@ class Checkpointer:
 
     def step_done(self, step: int) -> None:
         """Call after each optimizer step: saves every `every` steps, and on preemption."""
-        preempted = _agree(self.preempted) if self._installed else None
+        preempted = self.preempted
+        if self._installed and _group_running():
+            preempted = _agree(preempted)
         if preempted or (self.every and step % self.every == 0):
             self.save(step)
         if preempted:
@@ -171,6 +178,8 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     if len(data) < _TRAILER or data[-_TRAILER:-32] != _MAGIC:
         raise ValueError("truncated or not a gpuwarden checkpoint")
     body = memoryview(data)[:-_TRAILER]
+    import hashlib
+
     if hashlib.sha256(body).digest() != data[-32:]:
         raise ValueError("checksum mismatch (corrupt file)")
     return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
@@ -181,6 +190,8 @@ class _HashingWriter(io.RawIOBase):
 
     def __init__(self, f: Any) -> None:
         self._f = f
+        import hashlib
+
         self._h = hashlib.sha256()
 
     def writable(self) -> bool:
@@ -231,13 +242,16 @@ def _is_main() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _agree(flag: int | None) -> int | None:
-    """Under DDP, the highest signal any rank saw, so all ranks save and stop together."""
+def _group_running() -> bool:
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
+    return dist.is_available() and dist.is_initialized()
+
+
+def _agree(flag: int | None) -> int | None:
+    """Under DDP, the highest signal any rank saw, so all ranks save and stop together."""
     import torch
+    import torch.distributed as dist
 
     backend = dist.get_backend()
     dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None

@@ -12,7 +12,6 @@ variables, and torchrun's are the truth for its worker processes.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -228,9 +227,6 @@ def detect(environ: Mapping[str, str] | None = None) -> Launch:
     raise AssertionError("SingleProcess always matches")  # pragma: no cover
 
 
-_BRACKET = re.compile(r"\[([^\[\]]*)\]")
-
-
 def _split_top(nodelist: str) -> Iterator[str]:
     depth, start = 0, 0
     for i, ch in enumerate(nodelist):
@@ -265,13 +261,15 @@ def _range_items(body: str, nodelist: str) -> list[str]:
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """`node[01-03],gpu7` -> ['node01', 'node02', 'node03', 'gpu7'] (zero padding kept)."""
+    import re  # here, not at import: only Slurm jobs read a nodelist
+
     hosts: list[str] = []
     for group in _split_top(nodelist.strip()):
         if not group:
             raise UserError(f"Slurm nodelist {nodelist!r} has an empty entry")
         names = [""]
         pos = 0
-        for m in _BRACKET.finditer(group):
+        for m in re.finditer(r"\[([^\[\]]*)\]", group):
             prefix = group[pos : m.start()]
             items = _range_items(m.group(1), nodelist)
             names = [n + prefix + item for n in names for item in items]
@@ -282,6 +280,8 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 def tasks_on_node(per_node: str, node: int) -> int:
     """This node's entry of Slurm's compressed task counts (`2(x3),1`: 2, 2, 2, 1)."""
+    import re
+
     counts: list[int] = []
     for part in per_node.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)

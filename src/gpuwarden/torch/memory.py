@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gpuwarden.errors import UserError
-from gpuwarden.units import parse_size
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +25,8 @@ def limit_bytes(environ: Mapping[str, str] | None = None) -> int | None:
     raw = (os.environ if environ is None else environ).get(ENV, "").strip()
     if not raw:
         return None
+    from gpuwarden.units import parse_size  # only when a limit is set
+
     try:
         value = parse_size(raw)
     except UserError as err:

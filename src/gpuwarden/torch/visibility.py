@@ -14,7 +14,6 @@ with them, because CUDA's default order (fastest first) can differ.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 from collections.abc import Iterable
@@ -79,6 +78,8 @@ def driver_started() -> bool:
     """
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes
+
     try:
         lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:

@@ -116,7 +116,7 @@ def main() -> None:
     verdict = "OK" if t_doc <= t_floor + 100 else "OVER budget (import + 100 ms)"
     print(
         f"  {'doctor (torch probed)':<28} {t_doc:7.1f}; {c_doc:6.1f}  ({t_doc / t_floor:.2f}x, "
-        f"+{t_doc - t_floor:.0f} ms wall, +{c_doc - c_floor:.0f} ms cpu)  {verdict}"
+        f"{t_doc - t_floor:+.0f} ms wall, {c_doc - c_floor:+.0f} ms cpu)  {verdict}"
     )
 
 

@@ -201,7 +201,7 @@ def _load_parsed(path: Path, state_dir: Optional[str]) -> Spec:
     parsed = parse(path.read_text(encoding="utf-8"), path)
     try:  # a state dir we may not write is fine: the next load parses again
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.{id(parsed):x}.tmp")  # per writer
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump({"key": key, "spec": vars(parsed)}, handle)
         os.replace(tmp, cache)

@@ -36,18 +36,10 @@ def run(args: argparse.Namespace) -> int:
     # anything else of the doctor, so that all of that (and reading the machine)
     # happens while the child runs.
     probe = None if args.no_torch_import else start_if_wanted(os.environ)
-    import gc
+    from gpuwarden.cli.oneshot import one_shot
 
-    # One run, then the process exits: the cyclic collector would walk the modules
-    # and facts just built (and everything again at exit) to free nothing.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with one_shot():
         return _diagnose(args, probe)
-    finally:
-        gc.freeze()
-        if was_enabled:
-            gc.enable()
 
 
 def _diagnose(args: argparse.Namespace, probe: Any) -> int:

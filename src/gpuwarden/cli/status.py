@@ -37,20 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
             raise UserError(f"--watch needs a positive number of seconds, got {args.watch:g}")
         return _watch(args)
-    import gc
+    from gpuwarden.cli.oneshot import one_shot
 
-    # One reading, then the process exits. The cyclic collector would only walk
-    # the modules and the snapshot just built, finding nothing to free, during the
-    # reading and once more over everything at interpreter exit; freezing what is
-    # alive spares that last walk. Together ~10 ms of CPU of ~80 (docs/performance.md).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with one_shot():
         print(render(collect(), as_json=args.json))
-    finally:
-        gc.freeze()
-        if was_enabled:
-            gc.enable()
     return 0
 
 

@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
     from gpuwarden import launch
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.select import Request
+    from gpuwarden.selection import Request
 
     cached = [0.0, None]
 
@@ -125,8 +125,8 @@ def main() -> int:
         for p in machine.state()["processes"]:  # an idle server: all 8 GPUs leasable
             machine.remove_process(p["pid"])
         # Import everything once here; forked clients share it.
-        import gpuwarden.lease  # noqa: F401
-        from gpuwarden import drain, launch, select, waitline  # noqa: F401
+        import gpuwarden.leases  # noqa: F401
+        from gpuwarden import drain, launch, selection, waitline  # noqa: F401
         from gpuwarden.inventory import read_snapshot
 
         read_snapshot()

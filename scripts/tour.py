@@ -67,7 +67,7 @@ def wait_until(count_code: str, minimum: int, what: str, env: dict[str, str]) ->
     raise SystemExit(f"tour: expected {what} within 20s")
 
 
-LEASES = "len(__import__('gpuwarden.lease').lease.list_leases())"
+LEASES = "len(__import__('gpuwarden.leases').leases.list_leases())"
 DRAINS = "len(__import__('gpuwarden.drain').drain.list_drains())"
 
 

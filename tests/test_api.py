@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import gpuwarden
+import gpuwarden.leases as leases
 from gpuwarden.errors import UserError
 
 
@@ -21,7 +22,7 @@ def test_lease_yields_gpus_and_env_and_sets_nothing_globally(sim) -> None:
         assert gpus.env["CUDA_VISIBLE_DEVICES"] == str(gpu.index) == gpus.visible
         assert gpus.vars["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert gpus.env["GPUWARDEN_JOB"] == gpus.job
-        assert [i.uuid for i in gpuwarden.lease.list_leases()] == [gpu.uuid]
+        assert [i.uuid for i in leases.list_leases()] == [gpu.uuid]
         out = subprocess.run(
             [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
             env=gpus.env,
@@ -37,14 +38,14 @@ def test_lease_yields_gpus_and_env_and_sets_nothing_globally(sim) -> None:
                 pass
             assert err.value.exit_code == 75
     assert dict(os.environ) == before
-    assert gpuwarden.lease.list_leases() == []
+    assert leases.list_leases() == []
 
 
 def test_select_reserves_nothing(sim) -> None:
     sim("server-8xa100")
     picked = gpuwarden.select(2)
     assert [g.index for g in picked] == [6, 7]
-    assert gpuwarden.lease.list_leases() == []
+    assert leases.list_leases() == []
     with gpuwarden.lease(gpus=[7]):
         assert [g.index for g in gpuwarden.select(1)] == [6]
 
@@ -66,12 +67,13 @@ def test_shared_api_lease(sim) -> None:
     with gpuwarden.lease(gpus=7, mem="10GiB") as a, gpuwarden.lease(gpus=7, mem="10GiB") as b:
         assert a.uuids == b.uuids
         assert a.env["GPUWARDEN_MEM_LIMIT"] == str(10 * 2**30)
-        assert sorted(i.mem for i in gpuwarden.lease.list_leases()) == [10 * 2**30] * 2
+        assert sorted(i.mem for i in leases.list_leases()) == [10 * 2**30] * 2
 
 
-def test_module_and_api_names_coexist() -> None:
-    from gpuwarden import lease, select
+def test_api_names_survive_importing_every_module() -> None:
+    import gpuwarden.api
+    import gpuwarden.leases
+    import gpuwarden.selection
 
-    assert callable(lease) and callable(select)
-    assert lease.list_leases is gpuwarden.lease.list_leases
-    assert select.choose is not None
+    assert gpuwarden.lease is gpuwarden.api.hold
+    assert gpuwarden.select is gpuwarden.api.pick

@@ -12,7 +12,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.exporter import IdleTracker, View, ViewCache, parse_listen, render, serve
 from gpuwarden.health import judge
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
-from gpuwarden.lease import LeaseInfo
+from gpuwarden.leases import LeaseInfo
 
 GiB = 2**30
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import gpuwarden.lease as lease
+import gpuwarden.leases as lease
 from gpuwarden import waitline
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.select import Request
+from gpuwarden.selection import Request
 
 GiB = 2**30
 
@@ -205,8 +205,8 @@ def test_earlier_waiter_is_served_first() -> None:
 def test_dead_waiter_leaves_the_line() -> None:
     ld = lease.open_dir()
     code = (
-        "import time; import gpuwarden.lease as lease; from gpuwarden import waitline; "
-        "from gpuwarden.select import Request; "
+        "import time; import gpuwarden.leases as lease; from gpuwarden import waitline; "
+        "from gpuwarden.selection import Request; "
         "waitline.join(lease.open_dir(), Request(count=1)); print('in', flush=True); "
         "time.sleep(60)"
     )

@@ -6,7 +6,7 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.lease import LeaseInfo
+from gpuwarden.leases import LeaseInfo
 from gpuwarden.plot import plot, series, spans
 from gpuwarden.record import COLUMNS, rows
 

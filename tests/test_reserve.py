@@ -6,7 +6,7 @@ import os
 import shlex
 import time
 
-import gpuwarden.lease as lease
+import gpuwarden.leases as lease
 
 
 def exports(text: str) -> dict[str, str]:

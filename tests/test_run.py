@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import gpuwarden.lease as lease
+import gpuwarden.leases as lease
 from conftest import SRC
 
 
@@ -199,7 +199,7 @@ def _alive(pid: int) -> bool:
 
 
 def _req(**kw: Any) -> Any:
-    from gpuwarden.select import Request
+    from gpuwarden.selection import Request
 
     return Request(**kw)
 

@@ -7,8 +7,8 @@ import pytest
 from gpuwarden.drain import Drain
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Gpu, GpuProcess, Snapshot
-from gpuwarden.lease import LeaseInfo
-from gpuwarden.select import Request, choose, resolve_ids
+from gpuwarden.leases import LeaseInfo
+from gpuwarden.selection import Request, choose, resolve_ids
 
 GiB = 2**30
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from gpuwarden.drain import Drain
 from gpuwarden.health import FATAL, judge, level
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.lease import LeaseInfo
-from gpuwarden.select import Request, choose
+from gpuwarden.leases import LeaseInfo
+from gpuwarden.selection import Request, choose
 
 GiB = 2**30
 MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA RTX A6000", "Tesla V100-SXM2-32GB")

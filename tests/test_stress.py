@@ -94,7 +94,7 @@ def test_concurrent_waiting_clients_never_share_a_gpu(sim, tmp_path: Path) -> No
     assert sum(per_gpu.values()) == CLIENTS
     assert len(per_gpu) == 4
     assert waited == CLIENTS - 4
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
 
     assert lease.list_leases() == []
     assert not [n for n in os.listdir(os.environ["GPUWARDEN_LEASE_DIR"]) if n.endswith(".wait")]

@@ -14,12 +14,14 @@ __all__ = ["__version__", "lease", "select"]
 
 
 def __getattr__(name: str) -> Any:
+    # The API functions are named like no module (`leases`, `selection` are the
+    # modules), so importing a submodule never rebinds these names.
     if name == "lease":
-        from gpuwarden.api import lease
+        from gpuwarden.api import hold
 
-        return lease
+        return hold
     if name == "select":
-        from gpuwarden.api import select
+        from gpuwarden.api import pick
 
-        return select
+        return pick
     raise AttributeError(f"module 'gpuwarden' has no attribute {name!r}")

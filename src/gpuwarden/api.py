@@ -18,14 +18,12 @@ for `gpuwarden run`, so scripts and the command line agree.
 from __future__ import annotations
 
 import os
-import types
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-import gpuwarden.lease as leases
-import gpuwarden.select as _select_module
+import gpuwarden.leases as leases
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 
@@ -83,7 +81,7 @@ def _request(
     mem: Union[str, int, None],
 ) -> Any:
     from gpuwarden import config
-    from gpuwarden.select import Request
+    from gpuwarden.selection import Request
     from gpuwarden.units import parse_size
 
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -195,7 +193,7 @@ def pick(
     """The GPUs `lease` would pick now, without reserving them: another job may take
     them before you do. Raises UserError (with the reason) when none fit."""
     from gpuwarden.drain import list_drains
-    from gpuwarden.select import choose
+    from gpuwarden.selection import choose
 
     base = os.environ if environ is None else environ
     request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
@@ -207,18 +205,3 @@ def pick(
             choice.error or "no GPU fits", exit_code=2 if choice.never_fits else leases.EXIT_BUSY
         )
     return choice.gpus
-
-
-class _CallableSelect(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Gpu, ...]:
-        return pick(*args, **kwargs)
-
-
-# `gpuwarden.lease` and `gpuwarden.select` name both a module and an API function, and
-# importing a submodule rebinds the package attribute to the module. So the API names
-# are the modules themselves, made callable: `gpuwarden.lease(n=2)` and
-# `from gpuwarden import lease; lease.list_leases()` both work, in any import order.
-lease = leases
-if not isinstance(_select_module, _CallableSelect):
-    _select_module.__class__ = _CallableSelect
-select = _select_module

@@ -527,7 +527,7 @@ class ViewCache:
 
 def _leases() -> list:
     try:
-        from gpuwarden.lease import list_leases
+        from gpuwarden.leases import list_leases
 
         return list(list_leases())
     except (NotImplementedError, OSError):

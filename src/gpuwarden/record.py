@@ -174,7 +174,7 @@ def sample(read: Optional[Callable[[], Snapshot]] = None) -> list[list[str]]:
     else:
         snap = read()
     try:
-        from gpuwarden.lease import list_leases
+        from gpuwarden.leases import list_leases
 
         leases = list_leases()
     except NotImplementedError:

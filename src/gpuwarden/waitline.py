@@ -39,7 +39,7 @@ class Waiter:
 
 
 def _request_from(data: dict[str, Any]) -> Any:
-    from gpuwarden.select import Request
+    from gpuwarden.selection import Request
 
     names = {f.name for f in dataclasses.fields(Request)}
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
@@ -62,7 +62,7 @@ class Ticket:
         """(our place counting from 1, waiters in line, GPUs the waiters ahead need),
         from the ticket names; with `check_alive`, tickets ahead whose waiter died are
         removed first (a dead waiter must not hold the line)."""
-        from gpuwarden.lease import _is_locked, _remove_if_free
+        from gpuwarden.leases import _is_locked, _remove_if_free
 
         before = after = need = 0
         for name in os.listdir(self.dir.path):
@@ -111,7 +111,7 @@ def _parse_name(name: str) -> Optional[tuple[str, int]]:
 
 def join(ld: Any, request: Any, allowed: Optional[Collection[str]] = None, need: int = 1) -> Ticket:
     """Take a place at the end of the line; `need` is how many whole GPUs we take."""
-    from gpuwarden.lease import TMP_PREFIX
+    from gpuwarden.leases import TMP_PREFIX
 
     key = f"{time.time_ns():020d}-{os.getpid():08d}"
     data = {
@@ -143,7 +143,7 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
     """Live waiters in arrival order, read one by one (a caller serving the line stops
     at the first that does not fit, without reading the rest); only those that joined
     before key `before` when given."""
-    from gpuwarden.lease import _is_locked, _owner, _remove_if_free
+    from gpuwarden.leases import _is_locked, _owner, _remove_if_free
 
     tickets = sorted((*p, n) for n in os.listdir(ld.path) for p in [_parse_name(n)] if p)
     for key, _, name in tickets:

@@ -29,7 +29,7 @@ def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
     drained UUID prefix of a GPU that is no longer seen (lost, removed)."""
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.select import resolve_ids
+    from gpuwarden.selection import resolve_ids
 
     snapshot = read_snapshot(processes=False)
     out: list[tuple[str, str]] = []

@@ -94,7 +94,7 @@ def _holder(held: Any, ready_fd: int, until: Any) -> None:
     finally:
         finals = [final for _, _, final, _ in held._tmp] + list(held._final)
         held.close()
-        from gpuwarden.lease import _remove_if_free
+        from gpuwarden.leases import _remove_if_free
 
         for final in finals:
             _remove_if_free(final)
@@ -102,7 +102,7 @@ def _holder(held: Any, ready_fd: int, until: Any) -> None:
 
 
 def reserve(args: argparse.Namespace) -> int:
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
     from gpuwarden import launch
     from gpuwarden.cli.run import Machine, WaitStatus, request_of
 
@@ -181,7 +181,7 @@ def _mine(leases: list[Any]) -> dict[str, list[Any]]:
 
 
 def release(args: argparse.Namespace) -> int:
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
 
     leases = lease.list_leases()
     wanted = args.id or os.environ.get("GPUWARDEN_RESERVATION")

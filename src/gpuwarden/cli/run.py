@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
     """(config, select.Request) from the options, over the configured defaults."""
     from gpuwarden import config as cfg
-    from gpuwarden.select import Request
+    from gpuwarden.selection import Request
 
     count = args.count
     if getattr(args, "cpu", False):
@@ -115,7 +115,7 @@ class Machine:
 
 
 def _what(request: Any) -> str:
-    from gpuwarden.lease import _describe
+    from gpuwarden.leases import _describe
 
     return _describe(request)
 
@@ -132,7 +132,7 @@ class WaitStatus:
         self.shown = False
 
     def __call__(self, position: int, total: int, reason: str, elapsed: float) -> None:
-        from gpuwarden.lease import _span
+        from gpuwarden.leases import _span
 
         where = f"{_ordinal(position)} in line" + (f" of {total}" if total > 1 else "")
         text = f"{self.prefix} ({where}): {reason}"
@@ -155,7 +155,7 @@ class WaitStatus:
     def done(self, gpus: Any, elapsed: float) -> None:
         if not self.shown:
             return
-        from gpuwarden.lease import _span
+        from gpuwarden.leases import _span
 
         ids = ",".join(str(g.index) for g in gpus)
         end = (
@@ -180,9 +180,9 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: bool) -> int:
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
     from gpuwarden import drain, waitline
-    from gpuwarden.select import choose
+    from gpuwarden.selection import choose
     from gpuwarden.visible import export_value
 
     ld = lease.open_dir()
@@ -215,9 +215,9 @@ def reserved_gpus(snapshot: Any, request: Any, allowed: Any) -> Optional[tuple[A
         return None
     import pwd
 
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
     from gpuwarden.drain import list_drains
-    from gpuwarden.select import choose
+    from gpuwarden.selection import choose
 
     leases = lease.list_leases()
     me = pwd.getpwuid(os.geteuid()).pw_name
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
         return launch.start(argv, env).wait()
 
-    import gpuwarden.lease as lease
+    import gpuwarden.leases as lease
 
     machine = Machine(topology=(request.count or len(request.gpus or ()) or 1) > 1)
     allowed = launch.allowed_uuids(machine.first)

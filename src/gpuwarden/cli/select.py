@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.drain import list_drains
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.lease import EXIT_BUSY, list_leases
-    from gpuwarden.select import Request, choose
+    from gpuwarden.leases import EXIT_BUSY, list_leases
+    from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size, parse_size
 
     cfg = config.load(cli_settings(args))

@@ -85,7 +85,7 @@ def _visible(snap: Snapshot) -> Optional[Any]:
 
 
 def _leases() -> list[Any]:
-    from gpuwarden.lease import list_leases
+    from gpuwarden.leases import list_leases
 
     try:
         return list(list_leases())

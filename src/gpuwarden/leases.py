@@ -31,9 +31,7 @@ import fcntl
 import json
 import os
 import stat
-import sys
 import time
-import types
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -448,7 +446,7 @@ def attempt(
     the allocation lock stays held until `Held.publish()`.
     """
     from gpuwarden import drain
-    from gpuwarden.select import choose
+    from gpuwarden.selection import choose
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
@@ -641,17 +639,3 @@ def _span(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-class _CallableModule(types.ModuleType):
-    """`gpuwarden.lease(n=2, ...)` is the Python API, yet `gpuwarden.lease` is also this
-    module, and importing a submodule rebinds the package attribute to it. Making the
-    module callable keeps `gpuwarden.lease(...)` working whichever one the name holds."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from gpuwarden.api import hold
-
-        return hold(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

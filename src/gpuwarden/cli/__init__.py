@@ -45,7 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    """Only for `gpuwarden --help` and errors: the split itself is `_split`."""
+    """Only for `gpuwarden --help` and errors (building it costs milliseconds that
+    `gpuwarden run` should not pay); the split itself is `_split`."""
     lines = [f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()]
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
@@ -92,19 +93,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpuwarden.errors import UserError
 
     options, command, rest = _split(list(sys.argv[1:] if argv is None else argv))
-    top = _top_parser()
     if options.get("version"):
         from gpuwarden import __version__
 
         print(f"gpuwarden {__version__}")
         return 0
     if "bad" in options:
-        top.error(f"unrecognized option {options['bad']!r} (global options go before COMMAND)")
+        bad = options["bad"]
+        _top_parser().error(f"unrecognized option {bad!r} (global options go before COMMAND)")
     if command is None or options.get("help"):
-        top.print_help()
+        _top_parser().print_help()
         return 0
     if command not in COMMANDS:
-        top.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+        _top_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     if "sim" in options:
         os.environ["GPUWARDEN_SIM"] = str(options["sim"])
     module_name, summary = COMMANDS[command]

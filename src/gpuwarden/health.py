@@ -16,13 +16,12 @@ an explicit `gpuwarden health --clear`.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from gpuwarden.inventory import Gpu
 
@@ -358,52 +357,24 @@ def rules_from_config(config: object = None) -> Rules:
     return rules
 
 
-def _config_getter(config: object = None):  # -> Callable[[str], object]
-    """`config.get`, tolerant of a config module that is not there yet or
-    of keys it does not know (the defaults here then apply)."""
+def _config_getter(config: object = None) -> Callable[[str], object]:
+    """`get` of the given config (the exporter passes the one it loaded), else of the
+    configuration in force."""
     if config is None:
-        try:
-            from gpuwarden import config as config_module
+        from gpuwarden import config as config_module
 
-            config = config_module.load()
-        except (ImportError, AttributeError, NotImplementedError):
-            config = None
-
-    def get(key: str) -> object:
-        if config is None:
-            return None
-        try:
-            return config.get(key)  # type: ignore[attr-defined]
-        except (KeyError, LookupError):
-            return None
-        except Exception as err:  # an unknown key may raise the config's own error
-            from gpuwarden.errors import UserError
-
-            if isinstance(err, UserError) and "unknown" not in str(err).lower():
-                raise
-            return None
-
-    return get
+        config = config_module.load()
+    return config.get  # type: ignore[attr-defined]
 
 
 # --- XIDs seen, persisted by the watch -------------------------------------
 
 
-def state_dir() -> Path:
-    """Where drains and the XID log live (config `state.dir`)."""
-    try:
-        from gpuwarden import config as config_module
-
-        return Path(config_module.state_dir())
-    except (ImportError, AttributeError, NotImplementedError):
-        env = os.environ.get("GPUWARDEN_STATE_DIR")
-        if env:
-            return Path(env)
-        base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-        return Path(base) / "gpuwarden"
-
-
 def xid_log_path() -> Path:
+    """In the state directory, shared like the drains, so a one-shot `status` or
+    `health` of any user sees the XIDs the watch recorded."""
+    from gpuwarden.config import state_dir
+
     return state_dir() / "xids.jsonl"
 
 

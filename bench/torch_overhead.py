@@ -122,7 +122,8 @@ def side_by_side(batches: list, ckpt_dir: str, plain_first: bool) -> tuple[float
             cpu[side] += clock() - c
             wall[side] += clock_wall() - w
     for pa, pb in zip(models[0].parameters(), models[1].parameters()):
-        torch.testing.assert_close(pa, pb)  # the same training, not just the same time
+        # the same training, not just the same time (loose enough for GPU kernels)
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)
     return cpu[0], cpu[1], wall[0], wall[1]
 
 

@@ -66,11 +66,11 @@ class MicroStep:
             self._ctx.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
-            ctx.__exit__(*exc)
-        if self.last and self.correction != 1.0 and exc[0] is None and self.model is not None:
+            ctx.__exit__(kind, value, tb)
+        if self.correction != 1.0 and self.last and kind is None and self.model is not None:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(self.correction)

@@ -77,10 +77,8 @@ def collect() -> dict[str, Any]:
 def _visible(snap: Snapshot) -> Optional[Any]:
     if not snap.gpus:
         return None
-    try:
-        from gpuwarden.visible import resolve
-    except ImportError:  # pragma: no cover - while the module is being written
-        return None
+    from gpuwarden.visible import resolve
+
     return resolve(snap)
 
 
@@ -105,13 +103,10 @@ def _drains() -> dict[str, Any]:
 def _health(snap: Snapshot) -> dict[str, tuple[Any, ...]]:
     from gpuwarden import health
 
-    judge_all = getattr(health, "judge_all", None)
-    if judge_all is not None:
-        try:
-            return dict(judge_all(snap.gpus))
-        except Exception:
-            pass
-    return {g.uuid: health.judge(g) for g in snap.gpus}
+    try:
+        return health.judge_all(snap.gpus)
+    except Exception:  # status must still show the GPUs, judged without the XID log
+        return {g.uuid: health.judge(g) for g in snap.gpus}
 
 
 def _cuda_indices(view: Any) -> dict[str, list[int]]:

@@ -499,8 +499,10 @@ class ViewCache:
         else:
             self.scrape_errors += sum(1 for g in snap.gpus if g.error is not None)
             nvml_up = snap.error is None
+        from gpuwarden.drain import list_drains
+
         leases = tuple(_leases())
-        drains = _drains()
+        drains = list_drains()
         xids = xids_seen()
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
         idle = self._idle.update(snap, (lease.uuid for lease in leases))
@@ -526,21 +528,12 @@ class ViewCache:
 
 
 def _leases() -> list:
-    try:
-        from gpuwarden.leases import list_leases
+    from gpuwarden.leases import list_leases
 
-        return list(list_leases())
-    except (NotImplementedError, OSError):
+    try:
+        return list_leases()
+    except OSError:  # a lease directory we may not list: serve the GPUs without leases
         return []
-
-
-def _drains() -> dict:
-    try:
-        from gpuwarden.drain import list_drains
-
-        return dict(list_drains())
-    except (NotImplementedError, OSError):
-        return {}
 
 
 class Collector:

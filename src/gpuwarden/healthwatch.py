@@ -399,8 +399,10 @@ class HealthWatch:
 
     def check(self, snapshot: Snapshot) -> list[tuple[Gpu, Finding]]:
         """Judge every GPU; act on findings not seen in the previous check."""
+        from gpuwarden.drain import list_drains
+
         xids = xids_seen()
-        drains = _drains()
+        drains = list_drains()
         first = not self._started
         self._started = True
         new: list[tuple[Gpu, Finding]] = []
@@ -467,12 +469,3 @@ class HealthWatch:
         if self.on_finding is not None:
             self.on_finding(gpu, finding, event)
         self.notifier.notify(event)
-
-
-def _drains() -> dict:
-    try:
-        from gpuwarden.drain import list_drains
-
-        return dict(list_drains())
-    except (NotImplementedError, OSError):
-        return {}

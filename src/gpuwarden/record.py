@@ -173,18 +173,11 @@ def sample(read: Optional[Callable[[], Snapshot]] = None) -> list[list[str]]:
         snap = read_snapshot()
     else:
         snap = read()
-    try:
-        from gpuwarden.leases import list_leases
+    from gpuwarden.drain import list_drains
+    from gpuwarden.leases import list_leases
 
-        leases = list_leases()
-    except NotImplementedError:
-        leases = []
-    try:
-        from gpuwarden.drain import list_drains
-
-        drains = dict(list_drains())
-    except NotImplementedError:
-        drains = {}
+    leases = list_leases()
+    drains = list_drains()
     xids = xids_seen()
     health = {g.uuid: level(judge(g, xids.get(g.uuid, ()))) for g in snap.gpus}
     return rows(snap, leases, drains, health)

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from gpuwarden import health
+    from gpuwarden.drain import list_drains
     from gpuwarden.inventory import read_snapshot
 
     snapshot = read_snapshot(processes=False)
@@ -80,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"no GPUs to judge: {snapshot.error}")
     rules = health.rules_from_config()
     xids = health.xids_seen()
-    drains = _drains()
+    drains = list_drains()
     rows = []
     worst = health.OK
     for gpu in snapshot.gpus:
@@ -94,15 +95,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         _print_table(rows)
     return EXIT[worst]
-
-
-def _drains() -> dict:
-    try:
-        from gpuwarden.drain import list_drains
-
-        return dict(list_drains())
-    except NotImplementedError:
-        return {}
 
 
 def _as_json(snapshot: Any, rows: list) -> dict:

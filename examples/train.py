@@ -4,7 +4,7 @@ Runs unchanged as any of
 
     python examples/train.py
     gpuwarden run -g 1 -- python examples/train.py       # one leased GPU (CPU if none)
-    gpuwarden run --ddp --cpu --nproc 2 -- examples/train.py   # two processes, gloo
+    gpuwarden run --ddp --nproc 2 -- examples/train.py   # two processes, gloo
     srun python examples/train.py                        # Slurm, one task per GPU
 
 Kill it and start it again with the same --checkpoint-dir: it resumes where the

@@ -95,19 +95,11 @@ def test_two_process_allreduce_ddp_step_and_accumulation(tmp_path: Path) -> None
     assert "rank 0 OK" in done.stdout and "rank 1 OK" in done.stdout
 
 
-_NO_CPU_FLAG = pytest.mark.xfail(
-    reason="gpuwarden run (src/gpuwarden/cli/run.py) asks for 1 GPU unless -g 0/--cpu is "
-    "given, so --nproc without --cpu fails: 'asked for 1 GPU but this machine has no GPUs' "
-    "(or '--nproc 2 with 1 GPU(s)' on a GPU machine)",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     "form",
     [
         pytest.param(("--ddp", "--cpu", "--nproc", "2"), id="cpu-nproc-2"),
-        pytest.param(("--ddp", "--nproc", "2"), id="nproc-2", marks=_NO_CPU_FLAG),
+        pytest.param(("--ddp", "--nproc", "2"), id="nproc-2"),  # the form
     ],
 )
 def test_example_under_run_ddp_matches_one_process(

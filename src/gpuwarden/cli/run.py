@@ -53,7 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ddp", action="store_true", help="start CMD (a script) with torchrun, one rank per GPU"
     )
-    parser.add_argument("--nproc", metavar="N", type=int, help="--ddp ranks on the CPU (gloo)")
+    parser.add_argument(
+        "--nproc",
+        metavar="N",
+        type=int,
+        help="--ddp ranks on the CPU (gloo); implies --cpu without -g/--gpus",
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
 
@@ -242,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--nproc only applies with --ddp")
     if args.nproc is not None and args.nproc < 1:
         raise UserError(f"invalid --nproc {args.nproc}: expected 1 or more")
+    if args.ddp and args.nproc is not None and args.count is None and args.gpus is None:
+        args.cpu = True  # `--ddp --nproc N` alone: N gloo ranks on the CPU
     if not cmd and not args.dry_run:
         raise UserError(
             "no command given: put it after --, e.g. `gpuwarden run -g 1 -- python train.py`"

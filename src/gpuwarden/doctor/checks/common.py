@@ -24,6 +24,12 @@ def resolution(facts: Facts) -> Any:
     return res
 
 
+def kept_ids(res: Any) -> tuple[str, ...]:
+    """The devices a resolution keeps, each by the one ID that names it exactly (a MIG
+    instance by its own UUID): what to put back into CUDA_VISIBLE_DEVICES."""
+    return tuple(d.mig_uuid or d.uuid for d in res.devices)
+
+
 def gpu_label(gpu: Gpu) -> str:
     cc = (
         f", sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gpuwarden.doctor.checks.common import resolution
+from gpuwarden.doctor.checks.common import kept_ids, resolution
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import PASS, WARN, Finding
 
@@ -101,4 +101,4 @@ def _expected(facts: Facts) -> Optional[tuple[str, ...]]:
         return None
     if not facts.snapshot.gpus:
         return None
-    return tuple(d.mig_uuid or d.uuid for d in res.devices)
+    return kept_ids(res)

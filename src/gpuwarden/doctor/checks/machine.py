@@ -56,8 +56,8 @@ def _drains(facts: Facts) -> list[Finding]:
     for uuid, drain in sorted(facts.drains.items()):
         gpu = by_uuid.get(uuid)
         label = gpu_label(gpu) if gpu else uuid
-        reason = getattr(drain, "reason", "") or "no reason given"
-        by = getattr(drain, "by", "")
+        reason = drain.reason or "no reason given"
+        by = drain.by
         found.append(
             Finding(
                 "machine.drain",
@@ -72,10 +72,8 @@ def _drains(facts: Facts) -> list[Finding]:
 
 
 def _health(facts: Facts) -> list[Finding]:
-    try:
-        from gpuwarden import health
-    except ImportError:
-        return []
+    from gpuwarden import health
+
     found = []
     for gpu in facts.snapshot.gpus:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.doctor.checks.common import resolution
+from gpuwarden.doctor.checks.common import kept_ids, resolution
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding
 from gpuwarden.errors import UserError
@@ -20,8 +20,6 @@ def check_visible(facts: Facts) -> list[Finding]:
         return [Finding(NAME, SKIP, "no NVIDIA GPUs to make visible")]
     try:
         res = resolution(facts)
-    except (ImportError, AttributeError, NotImplementedError) as exc:
-        return [Finding(NAME, SKIP, "CUDA_VISIBLE_DEVICES cannot be resolved here", str(exc))]
     except UserError as exc:
         return [Finding(NAME, FAIL, f"CUDA_VISIBLE_DEVICES={shown} is unusable", str(exc))]
     mapping = ", ".join(
@@ -29,7 +27,7 @@ def check_visible(facts: Facts) -> list[Finding]:
     )
     saw = f"CUDA_VISIBLE_DEVICES={shown}, CUDA_DEVICE_ORDER={env.get('CUDA_DEVICE_ORDER', 'unset')}"
     saw += f" -> {mapping or 'no devices'}"
-    kept = _export(res)
+    kept = ",".join(kept_ids(res))
     found = []
     for problem in res.problems:
         fix = (
@@ -56,11 +54,3 @@ def check_visible(facts: Facts) -> list[Finding]:
     if not found:
         found.append(Finding(NAME, PASS, f"CUDA sees {len(res.devices)} device(s)", saw))
     return found
-
-
-def _export(res: object) -> str:
-    devices = getattr(res, "devices", ())
-    ids = []
-    for d in devices:
-        ids.append(d.mig_uuid or d.uuid)
-    return ",".join(ids)

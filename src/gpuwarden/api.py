@@ -153,8 +153,7 @@ def hold(
     request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
-    count = request.count or len(request.gpus or ()) or 1
-    read = _reader(snapshot, topology=count > 1)
+    read = _reader(snapshot, topology=request.gpu_count > 1)
     first = read()
     pending = [first]
 
@@ -197,8 +196,7 @@ def pick(
 
     base = os.environ if environ is None else environ
     request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
-    count = request.count or len(request.gpus or ()) or 1
-    snap = _reader(snapshot, topology=count > 1)()
+    snap = _reader(snapshot, topology=request.gpu_count > 1)()
     choice = choose(snap, request, leases.list_leases(), list_drains(), _allowed(snap, base))
     if not choice.ok:
         raise UserError(

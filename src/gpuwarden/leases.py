@@ -531,11 +531,7 @@ def _describe(request: Any) -> str:
 
 def needs(request: Any) -> int:
     """Whole GPUs a request takes (0 for a shared one): what the line's cheap check adds."""
-    if request.mem is not None:
-        return 0
-    if request.count is not None:
-        return request.count
-    return len(request.gpus or ()) or 1
+    return 0 if request.mem is not None else request.gpu_count
 
 
 def acquire(

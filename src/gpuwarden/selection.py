@@ -45,6 +45,15 @@ class Request:
     mem: Optional[int] = None  # bytes; None = exclusive
     keep_first_last: bool = True
 
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs the request names before the IDs are resolved: what decides,
+        ahead of choosing, whether topology matters and how many whole GPUs a waiter
+        needs."""
+        if self.count is not None:
+            return self.count
+        return len(self.gpus or ()) or 1
+
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> Request:
         """The request the `run.*` settings describe (see gpuwarden.config); keyword

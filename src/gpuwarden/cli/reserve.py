@@ -118,7 +118,7 @@ def reserve(args: argparse.Namespace) -> int:
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
         until = time.time() + seconds
-    machine = Machine(topology=(request.count or len(request.gpus or ()) or 1) > 1)
+    machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)
     status = WaitStatus("reserve", request)
     started = time.monotonic()

@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
 
     import gpuwarden.leases as lease
 
-    machine = Machine(topology=(request.count or len(request.gpus or ()) or 1) > 1)
+    machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)
     if args.dry_run:
         return dry_run(args.command, machine.first, request, allowed, use_uuid)

@@ -18,6 +18,7 @@ an unexpected exception is still a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -109,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "sim" in options:
         os.environ["GPUWARDEN_SIM"] = str(options["sim"])
     module_name, summary = COMMANDS[command]
+    # Imports and argument parsing build objects that live until exit; the cyclic
+    # collector would walk them again and again (and once more at exit) for
+    # nothing. Pause it until they exist, then freeze them out of its sight.
+    gc.disable()
     module = import_module(f"gpuwarden.cli.{module_name}")
     parser = argparse.ArgumentParser(prog=f"gpuwarden {command}", description=summary)
     if getattr(module, "SERVES_SEVERAL", False):
@@ -117,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         module.add_arguments(parser)
     args = parser.parse_args(rest)
     args.command = command
+    gc.freeze()
+    gc.enable()
     try:
         return int(module.run(args) or 0)
     except UserError as err:

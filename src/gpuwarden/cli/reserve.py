@@ -102,9 +102,8 @@ def _holder(held: Any, ready_fd: int, until: Any) -> None:
 
 
 def reserve(args: argparse.Namespace) -> int:
-    import gpuwarden.leases as lease
     from gpuwarden import launch
-    from gpuwarden.cli.run import Machine, WaitStatus, request_of
+    from gpuwarden.cli.run import Machine, request_of, take
 
     args.cpu = False
     conf, request = request_of(args)
@@ -120,19 +119,10 @@ def reserve(args: argparse.Namespace) -> int:
         until = time.time() + seconds
     machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)
-    status = WaitStatus("reserve", request)
-    started = time.monotonic()
-    held = lease.acquire(
-        request,
-        snapshot=machine,
-        wait=bool(conf.get("run.wait")),
-        timeout=conf.get("run.timeout"),
-        allowed=allowed,
-        job=RESERVATION_PREFIX + os.urandom(4).hex(),
-        on_wait=status,
+    held = take(
+        "reserve", conf, request, machine, allowed, RESERVATION_PREFIX + os.urandom(4).hex()
     )
     try:
-        status.done(held.gpus, time.monotonic() - started)
         read_end, write_end = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()

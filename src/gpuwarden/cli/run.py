@@ -172,6 +172,32 @@ class WaitStatus:
         self.stream.flush()
 
 
+def take(
+    command: str, conf: Any, request: Any, machine: Machine, allowed: Any, job: Optional[str] = None
+) -> Any:
+    """Lease for `request` as `gpuwarden <command>` does: in line with the live status
+    when `run.wait` is set, and a last line saying what was granted after a wait."""
+    import gpuwarden.leases as lease
+
+    status = WaitStatus(command, request)
+    started = time.monotonic()
+    held = lease.acquire(
+        request,
+        snapshot=machine,
+        wait=bool(conf.get("run.wait")),
+        timeout=conf.get("run.timeout"),
+        allowed=allowed,
+        job=job,
+        on_wait=status,
+    )
+    try:
+        status.done(held.gpus, time.monotonic() - started)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -269,8 +295,6 @@ def run(args: argparse.Namespace) -> int:
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
         return launch.start(argv, env).wait()
 
-    import gpuwarden.leases as lease
-
     machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)
     if args.dry_run:
@@ -285,18 +309,8 @@ def run(args: argparse.Namespace) -> int:
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
         return launch.start(argv, env).wait()
-    status = WaitStatus(args.command, request)
-    started = time.monotonic()
-    held = lease.acquire(
-        request,
-        snapshot=machine,
-        wait=bool(conf.get("run.wait")),
-        timeout=conf.get("run.timeout"),
-        allowed=allowed,
-        on_wait=status,
-    )
+    held = take(args.command, conf, request, machine, allowed)
     try:
-        status.done(held.gpus, time.monotonic() - started)
         argv = cmd
         if args.ddp:
             if args.nproc is not None and args.nproc != len(held.gpus):

@@ -8,12 +8,12 @@ says so, and `gpuwarden run` / `gpuwarden reserve` are the commands that hold.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    """The request options shared with `run` and `reserve` (dests are config keys' last parts)."""
+    """The filters (dests are the config keys' last parts, so `cli_settings` maps them
+    one to one); `run` and `reserve` word theirs in `cli.run.add_filters`."""
     parser.add_argument(
         "--gpus", metavar="IDS", help="candidates: nvidia-smi indices or UUID prefixes"
     )
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.drain import list_drains
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.launch import allowed_uuids
     from gpuwarden.leases import EXIT_BUSY, list_leases
     from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size, parse_size
@@ -62,14 +63,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load(cli_settings(args))
     mem = parse_size(args.mem) if args.mem else None
     snapshot = read_snapshot(topology=True)
-    allowed = None
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        from gpuwarden.visible import resolve
-
-        resolution = resolve(snapshot)
-        if resolution.problems:
-            raise UserError(resolution.problems[0])
-        allowed = {d.uuid for d in resolution.devices}
+    allowed = allowed_uuids(snapshot)
     request = Request.from_config(cfg, mem=mem)
     choice = choose(
         snapshot,

@@ -13,7 +13,7 @@ name, locked, then renamed into place, so a reader never sees it unlocked or
 half written.
 
 Choosing and taking is atomic among gpuwarden clients: `alloc.lock` is held
-exclusively while the leases are read, `select.choose` runs and the per-GPU
+exclusively while the leases are read, `selection.choose` runs and the per-GPU
 locks are taken, and until the new metadata is in place. Waiting clients
 queue in the same directory (`gpuwarden.waitline`) and are served first come,
 first served.
@@ -419,7 +419,7 @@ class Outcome:
     def __init__(
         self,
         held: Optional[Held],
-        choice: Any,  # select.Choice
+        choice: Any,  # selection.Choice
         ahead: int = 0,  # waiters read before us
         blocked_by: Optional[Any] = None,  # the first earlier waiter that does not fit yet
     ) -> None:

@@ -34,7 +34,7 @@ class Waiter:
     user: str
     pid: int
     since: float  # time.time() it joined
-    request: Any  # select.Request
+    request: Any  # selection.Request
     allowed: Optional[tuple[str, ...]] = None  # UUIDs its parent CUDA_VISIBLE_DEVICES leaves
 
 

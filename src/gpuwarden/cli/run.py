@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(config, select.Request) from the options, over the configured defaults."""
+    """(config, selection.Request) from the options, over the configured defaults."""
     from gpuwarden import config as cfg
     from gpuwarden.selection import Request
 

@@ -160,9 +160,9 @@ def reserve(args: argparse.Namespace) -> int:
 
 
 def _mine(leases: list[Any]) -> dict[str, list[Any]]:
-    import pwd
+    from gpuwarden.paths import user_name
 
-    me = pwd.getpwuid(os.geteuid()).pw_name
+    me = user_name(os.geteuid())
     out: dict[str, list[Any]] = {}
     for info in leases:
         if info.job and info.job.startswith(RESERVATION_PREFIX) and info.user == me:
@@ -185,9 +185,9 @@ def release(args: argparse.Namespace) -> int:
     found = [i for i in leases if i.job == wanted]
     if not found:
         raise UserError(f"no reservation {wanted!r} is held (it may have ended or expired)")
-    import pwd
+    from gpuwarden.paths import user_name
 
-    me = pwd.getpwuid(os.geteuid()).pw_name
+    me = user_name(os.geteuid())
     if found[0].user != me and os.geteuid() != 0:
         raise UserError(f"reservation {wanted} belongs to {found[0].user}, not to {me}")
     pid = found[0].pid

@@ -6,7 +6,10 @@ training command: the Python API (`lease`, `select`) is resolved lazily.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+if TYPE_CHECKING:
+    from typing import Any
+
 
 __version__ = "0.1.0"
 

@@ -23,9 +23,12 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 SYSTEM_CONFIG = "/etc/gpuwarden/config.toml"
 PROJECT_FILE = "gpuwarden.toml"

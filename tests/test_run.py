@@ -407,3 +407,15 @@ def test_waiters_are_served_in_arrival_order(sim, tmp_path: Path) -> None:
         for w in waiters:
             if w.poll() is None:
                 w.kill()
+
+
+def test_without_a_driver_an_unspecified_count_runs_on_the_cpu(sim, cli) -> None:
+    """The same `gpuwarden run -- python train.py` works on a laptop: documented fallback."""
+    sim("laptop-none")
+    out = cli("run", "--", "sh", "-c", 'echo "cvd=[$CUDA_VISIBLE_DEVICES]"')
+    assert out.returncode == 0, out.stderr
+    assert "cvd=[]" in out.stdout
+    assert "the job runs with no GPU" in out.stderr
+    asked = cli("run", "-g", "1", "--", "true")
+    assert asked.returncode == 2
+    assert "asked for 1 GPU but this machine has no GPUs" in asked.stderr

@@ -268,6 +268,26 @@ def reserved_gpus(snapshot: Any, request: Any, allowed: Any) -> Optional[tuple[A
     return None
 
 
+def _gpus_unspecified(args: argparse.Namespace, conf: Any) -> bool:
+    """No -g, --gpus or --mem, and no configured count or GPU list: "1 GPU" is a default."""
+    keys = ("run.count", "run.gpus")
+    return args.mem is None and all(conf.source(k) == "default" for k in keys)
+
+
+def on_cpu(args: argparse.Namespace, cmd: list[str]) -> int:
+    """Run with every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
+    from gpuwarden import launch
+
+    if args.dry_run:
+        print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")
+        return 0
+    argv = launch.ddp_argv(cmd, args.nproc or 1) if args.ddp else cmd
+    env = launch.job_env(os.environ, ())
+    if args.ddp:
+        env["GPUWARDEN_DDP_BACKEND"] = "gloo"
+    return launch.start(argv, env).wait()
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuwarden import launch
 
@@ -289,16 +309,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
             )
-        if args.dry_run:
-            print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")
-            return 0
-        argv = launch.ddp_argv(cmd, args.nproc or 1) if args.ddp else cmd
-        env = launch.job_env(os.environ, ())
-        if args.ddp:
-            env["GPUWARDEN_DDP_BACKEND"] = "gloo"
-        return launch.start(argv, env).wait()
+        return on_cpu(args, cmd)
 
     machine = Machine(topology=request.gpu_count > 1)
+    if not machine.first.gpus and machine.first.error and _gpus_unspecified(args, conf):
+        # The same command on a laptop and on the server: with no NVIDIA driver and no
+        # GPU asked for by name or number, the job runs on the CPU (documented fallback).
+        note = f"{machine.first.error}: the job runs with no GPU (-g N would refuse instead)"
+        print(f"gpuwarden run: {note}", file=sys.stderr)
+        return on_cpu(args, cmd)
     allowed = launch.allowed_uuids(machine.first)
     if args.dry_run:
         return dry_run(args.command, machine.first, request, allowed, use_uuid)

@@ -206,7 +206,10 @@ def test_cli_drain_undrain_and_select_on_the_simulated_server(sim, cli) -> None:
             ("select", "--gpus", "12"),
             "gpuwarden select: unknown GPU '12': this machine has GPUs 0-7",
         ),
-        (("select", "-n", "two"), "gpuwarden select: invalid count 'two': expected an integer"),
+        (
+            ("select", "-n", "two"),
+            "gpuwarden select: invalid GPU count 'two': expected a whole number, 0 or more",
+        ),
         (("select", "-n", "9"), "asked for 9 GPUs but this machine has only 8 GPUs"),
         (("select", "--min-free", "1TiB"), "none is suitable for this request"),
         (("drain", "12", "--reason", "x"), "gpuwarden drain: unknown GPU '12'"),

@@ -23,20 +23,13 @@ HELP = "pick free GPUs, reserve them and run a command on them"
 
 
 def add_filters(parser: argparse.ArgumentParser) -> None:
-    """The options that describe which GPUs fit; shared with `reserve`."""
+    """Which GPUs fit (shared with `select`), plus what holding them takes; `reserve`
+    uses these too."""
+    from gpuwarden.cli import filters
+
     pick = parser.add_argument_group("which GPUs (defaults come from `gpuwarden config`)")
     pick.add_argument("-g", "--count", metavar="N", help="how many GPUs (0: none, CPU only)")
-    pick.add_argument(
-        "--gpus", metavar="IDS", help="use these: nvidia-smi indices or UUID prefixes"
-    )
-    pick.add_argument("--min-free", metavar="SIZE", help="at least this much free memory (20GiB)")
-    pick.add_argument("--max-util", metavar="PCT", help="at most this utilization (percent)")
-    pick.add_argument("--min-capability", metavar="X.Y", help="at least this compute capability")
-    pick.add_argument("--model", metavar="PAT", help="GPU name matches (glob or substring)")
-    pick.add_argument("--exclude", metavar="IDS", help="never these GPUs")
-    pick.add_argument(
-        "--mem", metavar="SIZE", help="a shared lease declaring this much memory (not a whole GPU)"
-    )
+    filters.add_filters(pick)
     pick.add_argument("--wait", action="store_true", default=None, help="wait in line for GPUs")
     pick.add_argument("--timeout", metavar="T", help="with --wait: give up after T (90s, 5m, 2h)")
     pick.add_argument(
@@ -68,36 +61,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
     """(config, selection.Request) from the options, over the configured defaults."""
     from gpuwarden import config as cfg
+    from gpuwarden.cli import filters
     from gpuwarden.selection import Request
 
-    count = args.count
     if getattr(args, "cpu", False):
-        if count not in (None, "0"):
-            raise UserError("--cpu hides every GPU; it cannot be combined with -g " + count)
-        count = "0"
-    if count is not None and not str(count).strip().isdigit():
-        raise UserError(f"invalid GPU count {count!r}: expected a whole number, 0 or more")
+        if args.count not in (None, "0"):
+            raise UserError("--cpu hides every GPU; it cannot be combined with -g " + args.count)
+        args.count = "0"
     conf = cfg.load(
         {
-            "run.count": count,
-            "run.gpus": args.gpus,
-            "run.min_free": args.min_free,
-            "run.max_util": args.max_util,
-            "run.min_capability": args.min_capability,
-            "run.model": args.model,
-            "run.exclude": args.exclude,
+            **filters.settings(args),
             "run.wait": args.wait,
             "run.timeout": args.timeout,
             "run.id_format": "uuid" if args.uuid else None,
         }
     )
-    mem = None
-    if args.mem is not None:
-        from gpuwarden.units import parse_size
-
-        mem = parse_size(args.mem)
-        if mem <= 0:
-            raise UserError(f"invalid --mem {args.mem!r}: expected a size above zero")
+    mem = filters.mem_of(args)
     if conf.get("run.timeout") is not None and not conf.get("run.wait"):
         raise UserError("--timeout only applies with --wait")
     return conf, Request.from_config(conf, mem=mem)

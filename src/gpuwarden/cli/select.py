@@ -10,37 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    """The filters (dests are the config keys' last parts, so `cli_settings` maps them
-    one to one); `run` and `reserve` word theirs in `cli.run.add_filters`."""
-    parser.add_argument(
-        "--gpus", metavar="IDS", help="candidates: nvidia-smi indices or UUID prefixes"
-    )
-    parser.add_argument("--min-free", metavar="SIZE", help="at least this much free memory (20GiB)")
-    parser.add_argument("--max-util", metavar="PCT", help="at most this utilization (percent)")
-    parser.add_argument("--min-capability", metavar="X.Y", help="at least this compute capability")
-    parser.add_argument("--model", metavar="PATTERN", help="GPU name glob or substring, any case")
-    parser.add_argument("--exclude", metavar="IDS", help="never these GPUs")
-    parser.add_argument("--mem", metavar="SIZE", help="a share of this size instead of whole GPUs")
-
-
-def cli_settings(args: argparse.Namespace) -> dict[str, object]:
-    """Command-line values as `gpuwarden.config.load(cli=...)` takes them."""
-    return {
-        "run.count": getattr(args, "count", None),
-        "run.gpus": args.gpus,
-        "run.min_free": args.min_free,
-        "run.max_util": args.max_util,
-        "run.min_capability": args.min_capability,
-        "run.model": args.model,
-        "run.exclude": args.exclude,
-    }
+from gpuwarden.cli import filters
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--count", metavar="N", help="how many GPUs (default 1)")
-    add_filter_arguments(parser)
+    filters.add_filters(parser)
     parser.add_argument("--uuid", action="store_true", help="print UUIDs instead of indices")
     parser.add_argument(
         "--explain", action="store_true", help="say on stderr why each GPU was or was not chosen"
@@ -58,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.launch import allowed_uuids
     from gpuwarden.leases import EXIT_BUSY, list_leases
     from gpuwarden.selection import Request, choose
-    from gpuwarden.units import format_size, parse_size
+    from gpuwarden.units import format_size
 
-    cfg = config.load(cli_settings(args))
-    mem = parse_size(args.mem) if args.mem else None
+    cfg = config.load(filters.settings(args))
+    mem = filters.mem_of(args)
     snapshot = read_snapshot(topology=True)
     allowed = allowed_uuids(snapshot)
     request = Request.from_config(cfg, mem=mem)

@@ -419,3 +419,76 @@ def test_without_a_driver_an_unspecified_count_runs_on_the_cpu(sim, cli) -> None
     asked = cli("run", "-g", "1", "--", "true")
     assert asked.returncode == 2
     assert "asked for 1 GPU but this machine has no GPUs" in asked.stderr
+
+
+def test_run_sets_up_without_the_collector_and_waits_with_it(sim, monkeypatch) -> None:
+    """The set-up's objects live until exit, so the cyclic collector is paused while they
+    are built and frozen out of its sight before the job runs; during the job it is on."""
+    import gc
+
+    from gpuwarden import launch
+    from gpuwarden.cli import main
+
+    sim("server-8xa100")
+    seen: list[tuple[str, bool]] = []
+    real_start, real_wait = launch.start, launch.Job.wait
+
+    def start(*args: Any, **kw: Any) -> Any:
+        seen.append(("start", gc.isenabled()))
+        return real_start(*args, **kw)
+
+    def wait(self: Any) -> int:
+        seen.append(("wait", gc.isenabled()))
+        return real_wait(self)
+
+    monkeypatch.setattr(launch, "start", start)
+    monkeypatch.setattr(launch.Job, "wait", wait)
+    frozen = gc.get_freeze_count()
+    try:
+        assert main(["run", "-g", "1", "--", "true"]) == 0
+        assert seen == [("start", False), ("wait", True)]
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        seen.clear()
+        assert main(["run", "-g", "1", "--", "false"]) == 1
+        assert main(["run", "--cpu", "--", "true"]) == 0
+        assert seen == [("start", False), ("wait", True)] * 2
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_a_lease_that_must_wait_gives_the_collector_back_once(sim, tmp_path: Path) -> None:
+    """A wait may last hours and its loop makes garbage: the pause ends when it starts."""
+    from gpuwarden import config
+    from gpuwarden.cli.run import Machine, take
+    from gpuwarden.errors import UserError
+
+    sim("server-8xa100")
+    first, mark = hold(tmp_path, "a", "--gpus", "7")
+    calls: list[int] = []
+    try:
+        conf = config.load({"run.wait": True, "run.timeout": "0.3"})
+        with pytest.raises(UserError, match="timed out"):
+            take(
+                "run",
+                conf,
+                _req(gpus=("7",)),
+                Machine(False),
+                None,
+                on_first_wait=lambda: calls.append(1),
+            )
+        assert calls == [1]
+        held = take(
+            "run",
+            config.load(),
+            _req(count=1),
+            Machine(False),
+            None,
+            on_first_wait=lambda: calls.append(2),
+        )
+        held.release()
+        assert calls == [1]  # granted at once: no wait, no call
+    finally:
+        Path(str(mark) + ".go").touch()
+        first.wait(10)

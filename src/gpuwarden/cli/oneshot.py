@@ -7,22 +7,31 @@ that was ~10 ms of CPU out of ~80 (docs/performance.md). Inside `one_shot()`
 the collector is paused; at its end what is alive is frozen (never walked
 again, also not at exit) and the collector is switched back on for whatever
 follows. Not for loops (`--watch`): their garbage must still be collected.
+
+`gpuwarden run` pauses it the same way while it sets up (imports, config,
+the reading, the lease) and gives it back when the job starts, or as soon as
+it has to wait in line: a wait may last hours and its loop makes garbage.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
 @contextmanager
-def one_shot() -> Iterator[None]:
+def one_shot() -> Iterator[Callable[[], None]]:
+    """Yields `resume`, which ends the pause early (calling it again is harmless)."""
     was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
+
+    def resume() -> None:
         gc.freeze()
         if was_enabled:
             gc.enable()
+
+    gc.disable()
+    try:
+        yield resume
+    finally:
+        resume()

@@ -17,7 +17,7 @@ from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
 HELP = "pick free GPUs, reserve them and run a command on them"
 
@@ -155,13 +155,29 @@ class WaitStatus:
 
 
 def take(
-    command: str, conf: Any, request: Any, machine: Machine, allowed: Any, job: Optional[str] = None
+    command: str,
+    conf: Any,
+    request: Any,
+    machine: Machine,
+    allowed: Any,
+    job: Optional[str] = None,
+    on_first_wait: Optional[Callable[[], None]] = None,
 ) -> Any:
     """Lease for `request` as `gpuwarden <command>` does: in line with the live status
-    when `run.wait` is set, and a last line saying what was granted after a wait."""
+    when `run.wait` is set, and a last line saying what was granted after a wait.
+    `on_first_wait` is called once, when it turns out that the lease must wait."""
     import gpuwarden.leases as lease
 
     status = WaitStatus(command, request)
+    on_wait: Callable[..., None] = status
+    if on_first_wait is not None:
+        pending = [on_first_wait]
+
+        def on_wait(*progress: Any) -> None:
+            while pending:
+                pending.pop()()
+            status(*progress)
+
     started = time.monotonic()
     held = lease.acquire(
         request,
@@ -170,7 +186,7 @@ def take(
         timeout=conf.get("run.timeout"),
         allowed=allowed,
         job=job,
-        on_wait=status,
+        on_wait=on_wait,
     )
     try:
         status.done(held.gpus, time.monotonic() - started)
@@ -253,8 +269,8 @@ def _gpus_unspecified(args: argparse.Namespace, conf: Any) -> bool:
     return args.mem is None and all(conf.source(k) == "default" for k in keys)
 
 
-def on_cpu(args: argparse.Namespace, cmd: list[str]) -> int:
-    """Run with every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
+def _start_on_cpu(args: argparse.Namespace, cmd: list[str]) -> Any:
+    """Start with every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
     from gpuwarden import launch
 
     if args.dry_run:
@@ -264,10 +280,29 @@ def on_cpu(args: argparse.Namespace, cmd: list[str]) -> int:
     env = launch.job_env(os.environ, ())
     if args.ddp:
         env["GPUWARDEN_DDP_BACKEND"] = "gloo"
-    return launch.start(argv, env).wait()
+    return launch.start(argv, env)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Set up and start the job with the cyclic garbage collector paused (what the set-up
+    builds lives until exit: walking it dozens of times, and again at exit, freed
+    nothing; see gpuwarden.cli.oneshot), then wait for the job with it back on."""
+    from gpuwarden.cli.oneshot import one_shot
+
+    with one_shot() as resume:
+        started, held = _start(args, resume)
+    if isinstance(started, int):
+        return started
+    try:
+        return started.wait()
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, Any]:
+    """(the started job, or the exit code when none was started; the lease held for it,
+    or None)."""
     from gpuwarden import launch
 
     cmd = _command(args)
@@ -288,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
             )
-        return on_cpu(args, cmd)
+        return _start_on_cpu(args, cmd), None
 
     machine = Machine(topology=request.gpu_count > 1)
     if not machine.first.gpus and machine.first.error and _gpus_unspecified(args, conf):
@@ -296,10 +331,10 @@ def run(args: argparse.Namespace) -> int:
         # GPU asked for by name or number, the job runs on the CPU (documented fallback).
         note = f"{machine.first.error}: the job runs with no GPU (-g N would refuse instead)"
         print(f"gpuwarden run: {note}", file=sys.stderr)
-        return on_cpu(args, cmd)
+        return _start_on_cpu(args, cmd), None
     allowed = launch.allowed_uuids(machine.first)
     if args.dry_run:
-        return dry_run(args.command, machine.first, request, allowed, use_uuid)
+        return dry_run(args.command, machine.first, request, allowed, use_uuid), None
     covered = reserved_gpus(machine.first, request, allowed)
     if covered is not None:
         argv = launch.ddp_argv(cmd, len(covered)) if args.ddp else cmd
@@ -309,8 +344,8 @@ def run(args: argparse.Namespace) -> int:
                 env[name] = os.environ[name]
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
-        return launch.start(argv, env).wait()
-    held = take(args.command, conf, request, machine, allowed)
+        return launch.start(argv, env), None
+    held = take(args.command, conf, request, machine, allowed, on_first_wait=resume)
     try:
         argv = cmd
         if args.ddp:
@@ -325,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
         job = launch.start(argv, env, held.fds)
         held.publish(job.pid, launch.command_text(cmd))
-        return job.wait()
-    finally:
+    except BaseException:
         held.release()
+        raise
+    return job, held

@@ -8,7 +8,10 @@ environment variables, then the command line. Every value remembers which
 layer set it, so `gpuwarden config` can answer "why is it this?".
 
 Loading runs on every `gpuwarden run`, so it stays cheap: a few `stat` calls,
-and `tomllib` is imported only when a file actually exists.
+and `tomllib` is imported only when a file actually exists. Locations are
+worked out as `os.path` strings; `pathlib` (with the `urllib.parse` it imports,
+~3 ms) is imported only by the functions that hand out a `Path` and when a
+file is read.
 
 Values are normalised on the way in (sizes to bytes, durations to seconds,
 ID lists to tuples of strings), so a wrong type is reported once, here, naming
@@ -22,12 +25,12 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Callable, Optional
 
 SYSTEM_CONFIG = "/etc/gpuwarden/config.toml"
@@ -363,14 +366,24 @@ def _known(key: str) -> str:
 
 
 def system_config_path(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    return Path(env.get("GPUWARDEN_SYSTEM_CONFIG") or SYSTEM_CONFIG)
+    from pathlib import Path
+
+    return Path(_system_config(os.environ if environ is None else environ))
+
+
+def _system_config(env: Mapping[str, str]) -> str:
+    return env.get("GPUWARDEN_SYSTEM_CONFIG") or SYSTEM_CONFIG
 
 
 def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
+    from pathlib import Path
+
+    return Path(_user_config(os.environ if environ is None else environ))
+
+
+def _user_config(env: Mapping[str, str]) -> str:
     base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gpuwarden" / "config.toml"
+    return os.path.join(base, "gpuwarden", "config.toml")
 
 
 def project_config_path(cwd: str | os.PathLike[str] | None = None) -> Optional[Path]:
@@ -380,15 +393,34 @@ def project_config_path(cwd: str | os.PathLike[str] | None = None) -> Optional[P
     Walking up lets a job started from `experiments/` in a repository use the
     repository's settings; stopping at the repository root keeps one project's
     file from leaking into another."""
-    here = Path(os.getcwd() if cwd is None else cwd).absolute()
-    home = Path(os.path.expanduser("~")).absolute()
-    for directory in (here, *here.parents):
-        candidate = directory / PROJECT_FILE
-        if candidate.is_file():
+    found = _project_config(cwd)
+    if found is None:
+        return None
+    from pathlib import Path
+
+    return Path(found)
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    """`Path(path).absolute()` as a string: joined to the working directory, `.` and
+    doubled slashes dropped, `..` kept (it may cross a symlink)."""
+    joined = os.path.join(os.getcwd(), path)
+    return "/" + "/".join(p for p in joined.split("/") if p and p != ".")
+
+
+def _project_config(cwd: str | os.PathLike[str] | None = None) -> Optional[str]:
+    directory = _absolute(os.getcwd() if cwd is None else cwd)
+    home = _absolute(os.path.expanduser("~"))
+    while True:
+        candidate = os.path.join(directory, PROJECT_FILE)
+        if os.path.isfile(candidate):
             return candidate
-        if directory == home or (directory / ".git").exists():
+        if directory == home or os.path.exists(os.path.join(directory, ".git")):
             return None
-    return None
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -472,13 +504,16 @@ def load(
     values: dict[str, tuple[Any, str]] = {k.name: (k.default, "default") for k in SCHEMA}
     files = []
     layers = (
-        ("system", system_config_path(env)),
-        ("user", user_config_path(env)),
-        ("project", project_config_path(cwd)),
+        ("system", _system_config(env)),
+        ("user", _user_config(env)),
+        ("project", _project_config(cwd)),
     )
-    for layer, path in layers:
-        if path is None or not path.is_file():
+    for layer, name in layers:
+        if name is None or not os.path.isfile(name):
             continue
+        from pathlib import Path
+
+        path = Path(name)
         files.append((layer, str(path)))
         for key, value in _file_values(path, _read_toml(path)).items():
             values[key] = (value, f"{layer}: {path}")
@@ -545,15 +580,22 @@ def state_dir(config: Config | None = None) -> Path:
     """Where drains, the wait queue and job history live: `state.dir` if set, else the
     system directory when an admin created it (shared by every local user), else a
     per-user one under $XDG_STATE_HOME (~/.local/state). Not created here."""
+    from pathlib import Path
+
+    return Path(state_location(config))
+
+
+def state_location(config: Config | None = None) -> str:
+    """`state_dir()` as a string, for the status and run paths (no pathlib import)."""
     explicit = os.environ.get("GPUWARDEN_STATE_DIR")
     if explicit and config is None:
-        return Path(os.path.abspath(explicit))
+        return os.path.abspath(explicit)
     config = config or load()
     if config.get("state.dir"):
-        return Path(config.get("state.dir"))
+        return config.get("state.dir")
     if os.path.isdir(SYSTEM_STATE_DIR):
-        return Path(SYSTEM_STATE_DIR)
-    return Path(_user_state_base(os.environ))
+        return SYSTEM_STATE_DIR
+    return _user_state_base(os.environ)
 
 
 def lease_dir(config: Config | None = None) -> Path:
@@ -562,12 +604,19 @@ def lease_dir(config: Config | None = None) -> Path:
     per-user one under $XDG_STATE_HOME. Not $XDG_RUNTIME_DIR: logind removes that at
     logout while a `nohup` job may still hold its lock, and a fresh lock file there
     would let a second job take the same GPU. Not created here."""
+    from pathlib import Path
+
+    return Path(lease_location(config))
+
+
+def lease_location(config: Config | None = None) -> str:
+    """`lease_dir()` as a string, for the status and run paths (no pathlib import)."""
     explicit = os.environ.get("GPUWARDEN_LEASE_DIR")
     if explicit and config is None:
-        return Path(os.path.abspath(explicit))
+        return os.path.abspath(explicit)
     config = config or load()
     if config.get("lease.dir"):
-        return Path(config.get("lease.dir"))
+        return config.get("lease.dir")
     if os.path.isdir(SYSTEM_LEASE_DIR):
-        return Path(SYSTEM_LEASE_DIR)
-    return Path(_user_state_base(os.environ)) / "leases"
+        return SYSTEM_LEASE_DIR
+    return os.path.join(_user_state_base(os.environ), "leases")

@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpuwarden.errors import UserError
 
@@ -46,22 +45,24 @@ class Drain:
     uid: Optional[int] = None  # owner of the record: who may undrain (with root)
 
 
-def _directory(directory: Optional[PathLike]) -> Path:
+def _directory(directory: Optional[PathLike]) -> str:
+    # Strings, not Paths: `status` and `run` list the drains, and pathlib costs ~3 ms
+    # to import there.
     if directory is not None:
-        return Path(directory)
-    from gpuwarden.config import state_dir
+        return os.fspath(directory)
+    from gpuwarden.config import state_location
 
-    return state_dir()
+    return state_location()
 
 
-def _record_path(directory: Path, uuid: str) -> Path:
+def _record_path(directory: str, uuid: str) -> str:
     if not uuid or "/" in uuid or uuid.startswith("."):
         raise UserError(f"invalid GPU UUID {uuid!r}")
-    return directory / f"{PREFIX}{uuid}{SUFFIX}"
+    return os.path.join(directory, f"{PREFIX}{uuid}{SUFFIX}")
 
 
-def _read(path: Path) -> Drain:
-    uuid = path.name[len(PREFIX) : -len(SUFFIX)]
+def _read(path: str) -> Drain:
+    uuid = os.path.basename(path)[len(PREFIX) : -len(SUFFIX)]
     try:
         st = os.lstat(path)
         with open(path, encoding="utf-8") as fh:
@@ -95,13 +96,13 @@ def list_drains(directory: Optional[PathLike] = None) -> dict[str, Drain]:
     drains = {}
     for name in sorted(names):
         if name.startswith(PREFIX) and name.endswith(SUFFIX) and len(name) > 11:
-            record = _read(where / name)
+            record = _read(os.path.join(where, name))
             drains[record.uuid] = record
     return drains
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def _locked(directory: str) -> Iterator[None]:
     import fcntl
 
     from gpuwarden.paths import ensure_dir
@@ -109,7 +110,9 @@ def _locked(directory: Path) -> Iterator[None]:
     ensure_dir(directory, "state directory")
     # Read-only is enough for flock, and lets every user of a shared directory lock
     # a file that its first user created.
-    fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = os.open(
+        os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -158,8 +161,9 @@ def drain(
     return record
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _write_atomic(path: str, text: str) -> None:
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
@@ -172,7 +176,7 @@ def _write_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise UserError(f"cannot write drain record {path}: {err.strerror}") from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    dir_fd = os.open(folder or ".", os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

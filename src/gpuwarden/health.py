@@ -16,16 +16,17 @@ an explicit `gpuwarden health --clear`.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from gpuwarden.inventory import Gpu
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Callable, Optional
 
 OK, WARNING, FATAL = "ok", "warning", "fatal"
@@ -376,17 +377,24 @@ def _config_getter(config: object = None) -> Callable[[str], object]:
 def xid_log_path() -> Path:
     """In the state directory, shared like the drains, so a one-shot `status` or
     `health` of any user sees the XIDs the watch recorded."""
-    from gpuwarden.config import state_dir
+    from pathlib import Path
 
-    return state_dir() / "xids.jsonl"
+    return Path(_xid_log())
+
+
+def _xid_log() -> str:
+    """`xid_log_path()` as a string: `status` reads it, and pathlib costs ~3 ms to import."""
+    from gpuwarden.config import state_location
+
+    return os.path.join(state_location(), "xids.jsonl")
 
 
 def record_xid(
     uuid: str, xid: int, *, index: Optional[int] = None, at: Optional[float] = None
 ) -> None:
     """Append one XID event (one short line, O_APPEND: safe from several writers)."""
-    path = xid_log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _xid_log()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     line = json.dumps(
         {"uuid": uuid, "xid": int(xid), "index": index, "at": at or time.time()},
         separators=(",", ":"),
@@ -399,8 +407,8 @@ def clear_xids(uuids: Iterable[str] = ()) -> None:
     """Forget the XIDs seen so far, on the given GPUs (all when empty): the
     admin has reset or checked them."""
     uuids = list(uuids)
-    path = xid_log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _xid_log()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
         for uuid in uuids or ["*"]:
             fh.write(json.dumps({"clear": uuid, "at": time.time()}) + "\n")
@@ -412,7 +420,8 @@ def xid_events(since: Optional[float] = None) -> list[dict]:
     if since is None:
         since = _boot_time()
     try:
-        text = xid_log_path().read_text(encoding="utf-8")
+        with open(_xid_log(), encoding="utf-8") as log:
+            text = log.read()
     except OSError:
         return []
     events: list[dict] = []

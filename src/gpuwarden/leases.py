@@ -202,9 +202,9 @@ def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
     """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
     one, else per user), checked; a missing one is created private (0700)."""
     if path is None:
-        from gpuwarden.config import lease_dir
+        from gpuwarden.config import lease_location
 
-        path = str(lease_dir())
+        path = lease_location()
     path = os.path.abspath(path)
     if create and not os.path.lexists(path):
         try:
@@ -280,9 +280,9 @@ def _scan(ld: LeaseDir, line: Optional[list[bool]] = None) -> tuple[list[LeaseIn
 def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
     """Leases that are held right now (lock actually held by a live holder)."""
     if lease_dir is None:
-        from gpuwarden.config import lease_dir as configured
+        from gpuwarden.config import lease_location
 
-        lease_dir = str(configured())
+        lease_dir = lease_location()
     if not os.path.lexists(lease_dir):
         return []
     return _scan(check_dir(os.path.abspath(lease_dir)))[0]

@@ -18,29 +18,43 @@ import importlib.util
 import os
 import sys
 import threading
-from pathlib import Path
 from types import ModuleType
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Optional
+    from pathlib import Path
+    from typing import Any, Optional
 
     from gpuwarden.sim.specs import Spec
 
-SHIM_DIR = Path(__file__).resolve().parent / "shim"
+# A string here: pathlib stays off the way of every simulated NVML client.
+_SHIM_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
 _MODULES: dict[tuple[str, str], ModuleType] = {}
 _MODULES_LOCK = threading.Lock()
 
 
+def __getattr__(name: str) -> Any:
+    if name == "SHIM_DIR":  # a Path, as it always was, made when first asked for
+        from pathlib import Path
+
+        return Path(_SHIM_DIR)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def real_pynvml_path() -> Path:
     """nvidia-ml-py's pynvml.py on sys.path, skipping our own shim."""
-    shim = str(SHIM_DIR)
+    from pathlib import Path
+
+    return Path(_real_pynvml_file())
+
+
+def _real_pynvml_file() -> str:
     for entry in sys.path:
         base = os.path.realpath(entry or os.getcwd())
-        if base == shim:
+        if base == _SHIM_DIR:
             continue
-        candidate = Path(base) / "pynvml.py"
-        if candidate.is_file():
+        candidate = os.path.join(base, "pynvml.py")
+        if os.path.isfile(candidate):
             return candidate
     raise ImportError("nvidia-ml-py is not installed (no pynvml.py outside the gpuwarden shim)")
 
@@ -48,7 +62,7 @@ def real_pynvml_path() -> Path:
 def load_copy(name: str) -> ModuleType:
     """A fresh copy of nvidia-ml-py's module registered as `name` in sys.modules
     (its error-class set-up looks itself up there)."""
-    spec = importlib.util.spec_from_file_location(name, real_pynvml_path())
+    spec = importlib.util.spec_from_file_location(name, _real_pynvml_file())
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -68,7 +82,7 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     spec = specs.load(name, state_dir)
     # Keyed by the state file, so a process that changes GPUWARDEN_SIM_STATE (a test
     # suite) gets a fresh library rather than one reading another machine's file.
-    key = (spec.path, str(specs.state_file(spec, state_dir)))
+    key = (spec.path, specs._state_file(spec, state_dir))
     with _MODULES_LOCK:  # two threads must not build two copies (and lose error classes)
         if key not in _MODULES:
             _MODULES[key] = _build(spec, state_dir)

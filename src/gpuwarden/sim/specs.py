@@ -4,6 +4,11 @@ A spec names each GPU's card model (whose real figures come from `cards.CARDS`)
 plus what is going on: temperatures, load, other users' processes, faults. A spec
 that is malformed or contradicts itself is refused with one line naming the file,
 the line where it can be found, and the field, because specs are hand-written.
+
+Every NVML client of a simulated machine loads its spec at start, so the path
+work on that way is done with `os.path` strings: `pathlib` (with the
+`urllib.parse` it imports, ~3 ms) is imported only where the public API hands
+out a `Path` (`SPEC_DIR`, `spec_path`, `state_file`) or a spec is parsed.
 """
 
 from __future__ import annotations
@@ -13,16 +18,25 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gpuwarden.errors import UserError
 from gpuwarden.sim import cards
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Optional
 
-SPEC_DIR = Path(__file__).resolve().parent / "specs"
+_SPEC_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "specs")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SPEC_DIR":  # a Path, as it always was, made when first asked for
+        from pathlib import Path
+
+        return Path(_SPEC_DIR)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Synthetic pids for other users' processes sit above any real pid (pid_max is at
 # most 2**22), so they can never be mistaken for, or pruned as, a process here.
@@ -114,18 +128,26 @@ class Spec:
 
 
 def bundled() -> list[str]:
-    return sorted(p.stem for p in SPEC_DIR.glob("*.toml"))
+    return sorted(n[: -len(".toml")] for n in os.listdir(_SPEC_DIR) if n.endswith(".toml"))
 
 
 def spec_path(spec: str) -> Path:
     """The TOML file for a bundled name or a path; unknown names list the bundled ones."""
+    from pathlib import Path
+
+    return Path(_spec_file(spec))
+
+
+def _spec_file(spec: str) -> str:
     if spec.endswith(".toml") or os.sep in spec:
-        path = Path(spec).expanduser()
-        if not path.is_file():
+        from pathlib import Path  # its spelling of the path is the spec's identity
+
+        path = str(Path(spec).expanduser())
+        if not os.path.isfile(path):
             raise UserError(f"spec file {spec} not found")
         return path
-    path = SPEC_DIR / f"{spec}.toml"
-    if not path.is_file():
+    path = os.path.join(_SPEC_DIR, f"{spec}.toml")
+    if not os.path.isfile(path):
         raise UserError(
             f"unknown spec {spec!r}; bundled specs: {', '.join(bundled())} "
             "(or give the path of a .toml file)"
@@ -135,27 +157,44 @@ def spec_path(spec: str) -> Path:
 
 def state_file(spec: Spec, state_dir: Optional[str] = None) -> Path:
     """Where the machine's mutable state lives: one JSON file per spec in the state dir."""
-    return _state_base(state_dir) / f"{_stem(spec.name, spec.path)}.json"
+    from pathlib import Path
+
+    return Path(_state_file(spec, state_dir))
 
 
-def _state_base(state_dir: Optional[str]) -> Path:
+def _state_file(spec: Spec, state_dir: Optional[str] = None) -> str:
+    return os.path.join(_state_base(state_dir), f"{_stem(spec.name, spec.path)}.json")
+
+
+def _state_base(state_dir: Optional[str]) -> str:
     base = state_dir or os.environ.get("GPUWARDEN_SIM_STATE")
     if not base:
         import tempfile
 
         base = os.path.join(tempfile.gettempdir(), f"gpuwarden-sim-{os.getuid()}")
-    return Path(base)
+    return base
 
 
 def _stem(name: str, path: str) -> str:
     """A bundled spec is known by its name; any other file also by a digest of its path,
     so two `my.toml` in different directories are two machines."""
-    if Path(path).parent == SPEC_DIR:
+    if os.path.dirname(path) == _SPEC_DIR:
+        return name
+    from pathlib import Path
+
+    if Path(path).parent == Path(_SPEC_DIR):  # the same directory, spelt differently
         return name
     import hashlib
 
     digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:8]
     return f"{name}-{digest}"
+
+
+def _name_of(path: str) -> str:
+    """The file name without its suffix, as `Path.stem` has it."""
+    name = os.path.basename(path)
+    dot = name.rfind(".")
+    return name[:dot] if 0 < dot < len(name) - 1 else name
 
 
 _CACHE: dict[str, Spec] = {}
@@ -172,11 +211,10 @@ def load(spec: str, state_dir: Optional[str] = None) -> Spec:
     So the parsed form is also kept as JSON beside the machine's state file,
     keyed by the identity (path, mtime, size) of the spec and of the code that
     parses it; any change to one of them means a fresh parse."""
-    path = spec_path(spec)
-    key = str(path)
-    if key not in _CACHE:
-        _CACHE[key] = _load_parsed(path, state_dir)
-    return _CACHE[key]
+    path = _spec_file(spec)
+    if path not in _CACHE:
+        _CACHE[path] = _load_parsed(path, state_dir)
+    return _CACHE[path]
 
 
 def _identity(path: str) -> list[int]:
@@ -184,13 +222,20 @@ def _identity(path: str) -> list[int]:
     return [st.st_mtime_ns, st.st_size]
 
 
-def _load_parsed(path: Path, state_dir: Optional[str]) -> Spec:
+def _parse_file(path: str) -> Spec:
+    from pathlib import Path
+
+    with open(path, encoding="utf-8") as handle:
+        return parse(handle.read(), Path(path))
+
+
+def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:
     try:
-        key = [_PARSED_FORMAT, str(path), *_identity(str(path))]
+        key = [_PARSED_FORMAT, path, *_identity(path)]
         key += [*_identity(__file__), *_identity(cards.__file__)]
-        cache = _state_base(state_dir) / f".{_stem(path.stem, str(path))}.spec.json"
+        cache = os.path.join(_state_base(state_dir), f".{_stem(_name_of(path), path)}.spec.json")
     except OSError:
-        return parse(path.read_text(encoding="utf-8"), path)
+        return _parse_file(path)
     try:
         with open(cache, encoding="utf-8") as handle:
             saved = json.load(handle)
@@ -201,10 +246,10 @@ def _load_parsed(path: Path, state_dir: Optional[str]) -> Spec:
             return Spec(**fields)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    parsed = parse(path.read_text(encoding="utf-8"), path)
+    parsed = _parse_file(path)
     try:  # a state dir we may not write is fine: the next load parses again
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.{id(parsed):x}.tmp")  # per writer
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.{id(parsed):x}.tmp"  # one per writer
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump({"key": key, "spec": vars(parsed)}, handle)
         os.replace(tmp, cache)

@@ -16,13 +16,13 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from gpuwarden.errors import UserError
 from gpuwarden.sim import specs
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Callable, Optional, Union
 
     GpuRef = Union[int, str]
@@ -61,11 +61,13 @@ def live_processes(state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class StateFile:
-    """Reads (cached by file identity) and atomically updates one machine's state."""
+    """Reads (cached by file identity) and atomically updates one machine's state.
+    `path` is a string: every simulated NVML client opens one, and pathlib is not
+    imported on that way (see gpuwarden.sim.specs)."""
 
     def __init__(self, spec: specs.Spec, state_dir: Optional[str] = None) -> None:
         self.spec = spec
-        self.path = specs.state_file(spec, state_dir)
+        self.path = specs._state_file(spec, state_dir)
         self._key: Optional[tuple[int, int, int]] = None
         self._state: Optional[dict[str, Any]] = None
 
@@ -92,8 +94,8 @@ class StateFile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(str(self.path) + ".lock", "a") as lock:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path + ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -110,7 +112,8 @@ class StateFile:
                 state = self.spec.initial_state()
             state["processes"] = live_processes(state)
             result = change(state)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            folder, name = os.path.split(self.path)
+            tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
             with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump(state, handle)
             os.replace(tmp, self.path)
@@ -315,4 +318,6 @@ class Machine:
 
     @property
     def state_path(self) -> Path:
-        return self.file.path
+        from pathlib import Path
+
+        return Path(self.file.path)

@@ -1,0 +1,121 @@
+"""What `gpuwarden status` and `gpuwarden run` load at start-up.
+
+Both are short processes paid again and again (`run` prefixes every training
+command), so modules they do not need stay off their way; docs/performance.md
+says what each one cost. These tests fail when one creeps back in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SRC
+from gpuwarden import config
+
+# Report the modules loaded once the command is done (for `run`: after the job).
+PROBE = """
+import atexit, json, sys
+atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))
+sys.argv = ["gpuwarden", *sys.argv[1:]]
+from gpuwarden.cli import main
+raise SystemExit(main())
+"""
+
+# Not needed to show the machine or to start a job on it.
+UNNEEDED = ("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch")
+
+
+def loaded(*args: str) -> set[str]:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stderr.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("args", [("status",), ("run", "-g", "1", "--", "true")])
+def test_status_and_run_leave_unneeded_modules_alone(sim, args: tuple[str, ...]) -> None:
+    sim("server-8xa100")
+    loaded(*args)  # the first client of a machine parses its spec (tomllib), then caches it
+    modules = loaded(*args)
+    assert "gpuwarden.inventory" in modules  # the probe saw the command's imports
+    assert not modules & set(UNNEEDED), sorted(modules & set(UNNEEDED))
+
+
+@pytest.mark.parametrize(
+    "cwd", ["/", "/a/b", "/a//b/", "/a/./b/.", "/a/../b", "rel", "./rel/../x", "rel//y/."]
+)
+def test_absolute_spells_a_path_as_pathlib_does(cwd: str) -> None:
+    assert config._absolute(cwd) == str(Path(cwd).absolute())
+
+
+def test_string_locations_are_the_paths(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config.state_location() == str(config.state_dir())
+    assert config.lease_location() == str(config.lease_dir())
+    monkeypatch.delenv("GPUWARDEN_STATE_DIR")
+    monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(isolated / "xdg-state"))
+    assert config.state_location() == str(config.state_dir())
+    assert config.lease_location() == str(config.lease_dir())
+    cfg = config.load({"state.dir": "s", "lease.dir": "l"})
+    assert config.state_location(cfg) == str(config.state_dir(cfg)) == str(isolated / "cwd" / "s")
+    assert config.lease_location(cfg) == str(config.lease_dir(cfg))
+
+
+def _project_file_by_pathlib(cwd: str | Path) -> Path | None:
+    """The walk as it was written with pathlib, before the path work became strings."""
+    here = Path(cwd).absolute()
+    home = Path(os.path.expanduser("~")).absolute()
+    for directory in (here, *here.parents):
+        candidate = directory / config.PROJECT_FILE
+        if candidate.is_file():
+            return candidate
+        if directory == home or (directory / ".git").exists():
+            return None
+    return None
+
+
+def test_project_file_found_as_pathlib_found_it(isolated: Path) -> None:
+    repo = isolated / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "sub" / "deeper").mkdir(parents=True)
+    (repo / "gpuwarden.toml").write_text("[run]\nmax_util = 5\n")
+    spellings = (
+        repo / "sub" / "deeper",
+        f"{repo}//sub/./deeper/",
+        f"{repo}/sub/../sub",
+        f"{repo}/sub/deeper/../..",
+        isolated,
+        "/",
+    )
+    for cwd in spellings:
+        assert config.project_config_path(cwd) == _project_file_by_pathlib(cwd), cwd
+    assert config.project_config_path(repo / "sub") == repo / "gpuwarden.toml"
+
+
+@pytest.mark.parametrize("name", ["a.toml", "/x/a.b.toml", "/x/.toml", "/x/a.", "/x/a", "a..toml"])
+def test_spec_names_are_pathlib_stems(name: str) -> None:
+    from gpuwarden.sim import specs
+
+    assert specs._name_of(name) == Path(name).stem
+
+
+def test_simulator_paths_are_still_paths() -> None:
+    from gpuwarden.sim import fake, specs
+
+    assert isinstance(specs.SPEC_DIR, Path) and (specs.SPEC_DIR / "server-8xa100.toml").is_file()
+    assert isinstance(fake.SHIM_DIR, Path) and (fake.SHIM_DIR / "pynvml.py").is_file()
+    assert specs.spec_path("server-8xa100") == specs.SPEC_DIR / "server-8xa100.toml"
+    assert "server-8xa100" in specs.bundled()
+    assert fake.real_pynvml_path().parent != fake.SHIM_DIR
+    spec = specs.load("server-8xa100")
+    assert specs.state_file(spec) == Path(os.environ["GPUWARDEN_SIM_STATE"]) / "server-8xa100.json"
+    with pytest.raises(AttributeError):
+        specs.NO_SUCH_NAME  # noqa: B018

@@ -37,6 +37,8 @@ LOCK_NAME = "drains.lock"
 
 @dataclass(frozen=True)
 class Drain:
+    """A GPU out of service: who took it out, when and why (one file on disk)."""
+
     uuid: str
     reason: str
     by: str  # user name, or "gpuwarden-health" for an automatic drain

@@ -116,7 +116,8 @@ def _as_size(value: Any) -> int:
     raise _BadValue
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(s|sec|m|min|h|d|)\s*$", re.IGNORECASE)
+# Compiled on first use (re keeps it): most runs parse no duration.
+_DURATION = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(s|sec|m|min|h|d|)\s*$"
 _DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
@@ -124,7 +125,7 @@ def parse_duration(text: str | float) -> float:
     """Seconds in `text` (`90`, `30s`, `5m`, `4h`, `1d`); raises UserError naming the value."""
     if isinstance(text, (int, float)) and not isinstance(text, bool) and text >= 0:
         return float(text)
-    match = _DURATION.match(str(text))
+    match = re.match(_DURATION, str(text), re.IGNORECASE)
     if match is None:
         raise UserError(
             f"invalid duration {text!r}: expected seconds or a number with s/m/h/d, e.g. 30m or 4h"

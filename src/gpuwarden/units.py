@@ -31,12 +31,13 @@ _UNITS = {
     "tib": 2**40,
 }
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+# Compiled on first use (re keeps it): `status` and `run` import this module to format.
+_SIZE = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$"
 
 
 def parse_size(text: str) -> int:
     """Bytes in `text`; raises UserError naming the bad value and the accepted forms."""
-    match = _SIZE.match(str(text))
+    match = re.match(_SIZE, str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise UserError(

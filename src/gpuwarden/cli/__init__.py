@@ -17,12 +17,16 @@ an unexpected exception is still a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
+
+TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.
@@ -48,6 +52,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _top_parser() -> argparse.ArgumentParser:
     """Only for `gpuwarden --help` and errors (building it costs milliseconds that
     `gpuwarden run` should not pay); the split itself is `_split`."""
+    import argparse
+
     lines = [f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()]
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
@@ -91,39 +97,20 @@ def _split(argv: list[str]) -> tuple[dict[str, str | bool], str | None, list[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpuwarden.errors import UserError
-
-    options, command, rest = _split(list(sys.argv[1:] if argv is None else argv))
-    if options.get("version"):
-        from gpuwarden import __version__
-
-        print(f"gpuwarden {__version__}")
-        return 0
-    if "bad" in options:
-        bad = options["bad"]
-        _top_parser().error(f"unrecognized option {bad!r} (global options go before COMMAND)")
-    if command is None or options.get("help"):
-        _top_parser().print_help()
-        return 0
-    if command not in COMMANDS:
-        _top_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
-    if "sim" in options:
-        os.environ["GPUWARDEN_SIM"] = str(options["sim"])
-    module_name, summary = COMMANDS[command]
     # Imports and argument parsing build objects that live until exit; the cyclic
     # collector would walk them again and again (and once more at exit) for
-    # nothing. Pause it until they exist, then freeze them out of its sight.
+    # nothing. Pause it until they exist (argparse is imported below for that
+    # reason), then freeze them out of its sight.
     gc.disable()
-    module = import_module(f"gpuwarden.cli.{module_name}")
-    parser = argparse.ArgumentParser(prog=f"gpuwarden {command}", description=summary)
-    if getattr(module, "SERVES_SEVERAL", False):
-        module.add_arguments(parser, command)  # drain/undrain, reserve/release
-    else:
-        module.add_arguments(parser)
-    args = parser.parse_args(rest)
-    args.command = command
-    gc.freeze()
-    gc.enable()
+    try:
+        module, command, args = _parse(argv)
+    finally:
+        gc.freeze()
+        gc.enable()
+    if module is None:
+        return int(args)
+    from gpuwarden.errors import UserError
+
     try:
         return int(module.run(args) or 0)
     except UserError as err:
@@ -135,3 +122,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `gpuwarden status | head`: the reader left; that is not an error.
         sys.stderr.close()
         return 0
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
+    """(the command's module, its name, its parsed arguments), or (None, "", exit code)
+    when there is nothing to run (--version, --help)."""
+    import argparse
+
+    options, command, rest = _split(list(sys.argv[1:] if argv is None else argv))
+    if options.get("version"):
+        from gpuwarden import __version__
+
+        print(f"gpuwarden {__version__}")
+        return None, "", 0
+    if "bad" in options:
+        bad = options["bad"]
+        _top_parser().error(f"unrecognized option {bad!r} (global options go before COMMAND)")
+    if command is None or options.get("help"):
+        _top_parser().print_help()
+        return None, "", 0
+    if command not in COMMANDS:
+        _top_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+    if "sim" in options:
+        os.environ["GPUWARDEN_SIM"] = str(options["sim"])
+    module_name, summary = COMMANDS[command]
+    module = import_module(f"gpuwarden.cli.{module_name}")
+    parser = argparse.ArgumentParser(prog=f"gpuwarden {command}", description=summary)
+    if getattr(module, "SERVES_SEVERAL", False):
+        module.add_arguments(parser, command)  # drain/undrain, reserve/release
+    else:
+        module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    args.command = command
+    return module, command, args

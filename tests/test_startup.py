@@ -40,13 +40,33 @@ def loaded(*args: str) -> set[str]:
     return set(json.loads(out.stderr.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("args", [("status",), ("run", "-g", "1", "--", "true")])
-def test_status_and_run_leave_unneeded_modules_alone(sim, args: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "args, also_unneeded",
+    [
+        (("status",), ("gpuwarden.xids",)),
+        # CUDA_VISIBLE_DEVICES is unset: nothing of visible's reading side is needed,
+        # nor the Xid catalogue (no XID seen).
+        (("run", "-g", "1", "--", "true"), ("gpuwarden.visible", "gpuwarden.xids")),
+    ],
+)
+def test_status_and_run_leave_unneeded_modules_alone(
+    sim, args: tuple[str, ...], also_unneeded: tuple[str, ...]
+) -> None:
     sim("server-8xa100")
     loaded(*args)  # the first client of a machine parses its spec (tomllib), then caches it
     modules = loaded(*args)
     assert "gpuwarden.inventory" in modules  # the probe saw the command's imports
-    assert not modules & set(UNNEEDED), sorted(modules & set(UNNEEDED))
+    unneeded = {*UNNEEDED, *also_unneeded}
+    assert not modules & unneeded, sorted(modules & unneeded)
+
+
+def test_visible_still_offers_the_writing_side() -> None:
+    from gpuwarden import launch, visible
+
+    assert visible.export_value is launch.export_value
+    assert visible.export_env is launch.export_env
+    with pytest.raises(AttributeError):
+        visible.no_such_name  # noqa: B018
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,31 @@ _OURS = (
 )
 
 
+def export_value(gpus: Sequence[Any], use_uuid: bool = False) -> str:
+    """`CUDA_VISIBLE_DEVICES` naming exactly `gpus`, in that order.
+
+    Indices are NVML's and so mean the right GPUs only together with
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see `export_env`); UUIDs are right in any
+    order. An empty list hides every GPU. A GPU given twice would make CUDA
+    expose none, so it is refused. (Also `gpuwarden.visible.export_value`; it lives
+    here so that starting a job does not load the reading side's records.)
+    """
+    seen: set[str] = set()
+    for gpu in gpus:
+        if gpu.uuid in seen:
+            raise ValueError(f"GPU {gpu.uuid} given twice: CUDA would expose no GPU at all")
+        seen.add(gpu.uuid)
+    return ",".join(gpu.uuid if use_uuid else str(gpu.index) for gpu in gpus)
+
+
+def export_env(gpus: Sequence[Any], use_uuid: bool = False) -> dict[str, str]:
+    """Both variables a child needs so that its cuda:N are exactly `gpus`, in order."""
+    return {
+        "CUDA_VISIBLE_DEVICES": export_value(gpus, use_uuid),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+
+
 def job_env(
     base: Mapping[str, str],
     gpus: Sequence[Any],
@@ -56,11 +81,8 @@ def job_env(
     mem: Optional[int] = None,
 ) -> dict[str, str]:
     """The job's environment: `base` plus the GPUs (an empty list hides every GPU)."""
-    from gpuwarden.visible import export_value
-
     env = {k: v for k, v in base.items() if k not in _OURS}
-    env["CUDA_VISIBLE_DEVICES"] = export_value(gpus, use_uuid)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.update(export_env(gpus, use_uuid))
     env["GPUWARDEN_GPUS"] = ",".join(g.uuid for g in gpus)
     env["GPUWARDEN_GPU_INDICES"] = ",".join(str(g.index) for g in gpus)
     if job is not None:

@@ -22,6 +22,11 @@ Integer entries count in CUDA's own order, which is not nvidia-smi's unless
 
 Everything here is pure (no NVML, no CUDA): `parse` works on a list of UUIDs,
 `resolve` on a `Snapshot`, so the rules can be tested exhaustively.
+
+The writing side, `export_value` and `export_env` (what gpuwarden hands to a
+child), lives in `gpuwarden.launch` and is reachable from here too: `run`
+needs it for every job, and this module's three record classes (~2 ms to
+create) only when a parent `CUDA_VISIBLE_DEVICES` must be read.
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ DEVICE_ORDERS = (FASTEST_FIRST, PCI_BUS_ID)
 # What C's isspace() accepts; str.strip() would also drop Unicode spaces CUDA keeps.
 _SPACE = " \t\n\v\f\r"
 _DIGITS = "0123456789"
+
+
+def __getattr__(name: str) -> object:
+    if name in ("export_value", "export_env"):
+        from gpuwarden import launch
+
+        return getattr(launch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -350,30 +363,3 @@ def _apply_mig(
             f"hidden: {'; '.join(parts)}. Run one process per MIG device"
         )
     return [mig_devices[0]]
-
-
-# --- what gpuwarden hands to a child ---------------------------------------------------------
-
-
-def export_value(gpus: Sequence[Gpu], use_uuid: bool = False) -> str:
-    """`CUDA_VISIBLE_DEVICES` naming exactly `gpus`, in that order.
-
-    Indices are NVML's and so mean the right GPUs only together with
-    `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see `export_env`); UUIDs are right in any
-    order. An empty list hides every GPU. A GPU given twice would make CUDA
-    expose none, so it is refused.
-    """
-    seen: set[str] = set()
-    for gpu in gpus:
-        if gpu.uuid in seen:
-            raise ValueError(f"GPU {gpu.uuid} given twice: CUDA would expose no GPU at all")
-        seen.add(gpu.uuid)
-    return ",".join(gpu.uuid if use_uuid else str(gpu.index) for gpu in gpus)
-
-
-def export_env(gpus: Sequence[Gpu], use_uuid: bool = False) -> dict[str, str]:
-    """Both variables a child needs so that its cuda:N are exactly `gpus`, in order."""
-    return {
-        "CUDA_VISIBLE_DEVICES": export_value(gpus, use_uuid),
-        "CUDA_DEVICE_ORDER": PCI_BUS_ID,
-    }

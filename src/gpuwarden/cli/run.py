@@ -211,8 +211,8 @@ def _command(args: argparse.Namespace) -> list[str]:
 def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: bool) -> int:
     import gpuwarden.leases as lease
     from gpuwarden import drain, waitline
+    from gpuwarden.launch import export_value
     from gpuwarden.selection import choose
-    from gpuwarden.visible import export_value
 
     ld = lease.open_dir()
     choice = choose(snapshot, request, lease._scan(ld)[0], drain.list_drains(), allowed)

@@ -10,15 +10,19 @@ Cases, timed interleaved round by round so machine load hits them alike:
   CUDA_VISIBLE_DEVICES=$(nvisel -n 1) true     today's pattern (nvitop's nvisel)
 
 Targets: `run` adds at most 40 ms over `python -c pass`, and at most half of
-what the nvisel pattern adds over `true`. nvisel reads the same simulated
-machine through gpuwarden's pynvml shim on PYTHONPATH. `--importtime` also
-prints the slowest imports on the `run` path (python -X importtime).
+what the nvisel pattern adds over `true`. Wall time is the figure; CPU time
+(user+sys of the case and the children it waited for) is printed beside it,
+because on a shared or virtual machine it is much less disturbed by other load.
+nvisel reads the same simulated machine through gpuwarden's pynvml shim on
+PYTHONPATH. `--importtime` also prints the slowest imports on the `run` path
+(python -X importtime).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,13 +76,17 @@ def cases(env: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
     ]
 
 
-def once(argv: list[str], env: dict[str, str]) -> float:
+def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{argv}: exit {done.returncode}: {done.stderr.decode()[-500:]}")
-    return elapsed
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return elapsed, cpu
 
 
 def import_costs(env: dict[str, str], top: int = 12) -> None:
@@ -105,15 +113,19 @@ def main() -> int:
         for _, argv, case_env in table:  # warm caches (bytecode, page cache) for all alike
             once(argv, case_env)
         times: dict[str, list[float]] = {name: [] for name, _, _ in table}
+        cpu: dict[str, list[float]] = {name: [] for name, _, _ in table}
         for _ in range(args.rounds):
             for name, argv, case_env in table:
-                times[name].append(once(argv, case_env))
+                wall, used = once(argv, case_env)
+                times[name].append(wall)
+                cpu[name].append(used)
         med = {name: statistics.median(ts) * 1000 for name, ts in times.items()}
         low = {name: min(ts) * 1000 for name, ts in times.items()}
+        med_cpu = {name: statistics.median(ts) * 1000 for name, ts in cpu.items()}
         print(f"{args.rounds} rounds on sim:server-8xa100, {os.cpu_count()} CPUs")
-        print(f"{'case':<44} {'median ms':>10} {'min ms':>8}")
+        print(f"{'case':<44} {'median ms':>10} {'min ms':>8} {'cpu ms':>8}")
         for name, _, _ in table:
-            print(f"{name:<44} {med[name]:>10.1f} {low[name]:>8.1f}")
+            print(f"{name:<44} {med[name]:>10.1f} {low[name]:>8.1f} {med_cpu[name]:>8.1f}")
         run, py, floor = med["gpuwarden run -g 1 -- true"], med["python -c pass"], med["true"]
         nvisel = med["CUDA_VISIBLE_DEVICES=$(nvisel -n 1) true"]
         over_py = run - py
@@ -129,6 +141,8 @@ def main() -> int:
             f"{'met' if ratio <= 0.5 else 'NOT met'}"
         )
         print(f"run / python -c pass = {run / py:.2f}x; nvisel pattern / run = {nvisel / run:.2f}x")
+        cpu_over = med_cpu["gpuwarden run -g 1 -- true"] - med_cpu["python -c pass"]
+        print(f"(CPU time: run adds {cpu_over:.1f} ms over `python -c pass`)")
         if args.importtime:
             import_costs(env)
     return 0

@@ -514,3 +514,14 @@ def test_in_process_torch_imported_then_variable_changed():
 def test_in_process_without_torch_passes_and_cli_mode_has_no_such_check():
     assert one(run_checks(_proc_facts(None, {}, {})), "in-process", PASS)
     assert not pick(run_checks(facts(snap(gpu(0)))), "in-process")
+
+
+def test_install_line_replaces_an_installed_torch_and_plainly_installs_a_missing_one() -> None:
+    from gpuwarden.doctor.cuda_compat import install_command
+
+    assert install_command("cu124", "2.13.0+cpu").startswith(
+        "pip install --force-reinstall 'torch==2.13.0' --index-url "
+    )
+    missing = install_command("cu124", None)
+    assert missing.startswith("pip install torch --index-url ")
+    assert "--force-reinstall" not in missing

@@ -307,9 +307,10 @@ def best_wheel(
 
 
 def install_command(variant: str, torch_version: Optional[str]) -> str:
-    """The pip line that installs torch from an official index (pinned to the same release)."""
-    pin = ""
+    """The pip line that installs torch from an official index: a replacement pinned to the
+    installed release, or a plain install when there is none to replace."""
     v = parse_version(torch_version)
-    if v:
-        pin = "==" + ".".join(str(p) for p in v)
+    if not v:
+        return f"pip install torch --index-url {WHEEL_INDEX}{variant}"
+    pin = "==" + ".".join(str(p) for p in v)
     return f"pip install --force-reinstall 'torch{pin}' --index-url {WHEEL_INDEX}{variant}"

@@ -525,3 +525,31 @@ def test_install_line_replaces_an_installed_torch_and_plainly_installs_a_missing
     missing = install_command("cu124", None)
     assert missing.startswith("pip install torch --index-url ")
     assert "--force-reinstall" not in missing
+
+
+def test_private_leases_on_a_machine_others_use_are_a_warning() -> None:
+    busy = gpu(0, processes=(GpuProcess(pid=7, used_memory=2**30, user="alice"),))
+    found = run_checks(
+        facts(
+            snap(busy, gpu(1)),
+            user="bob",
+            lease_dir="/home/bob/.local/state/gpuwarden/leases",
+            lease_dir_shared=False,
+        )
+    )
+    finding = one(found, "machine.sharing", WARN)
+    assert "private to bob" in finding.title and "alice" in finding.saw
+    assert "install -d -m 1777 /var/lib/gpuwarden/leases" in finding.fix
+
+
+def test_private_leases_alone_on_the_machine_are_only_information() -> None:
+    mine = gpu(0, processes=(GpuProcess(pid=7, used_memory=2**30, user="bob"),))
+    found = run_checks(facts(snap(mine), user="bob", lease_dir="/x", lease_dir_shared=False))
+    one(found, "machine.sharing", INFO)
+
+
+@pytest.mark.parametrize("shared", [True, None])
+def test_shared_or_unknown_lease_dir_says_nothing(shared: Optional[bool]) -> None:
+    busy = gpu(0, processes=(GpuProcess(pid=7, used_memory=2**30, user="alice"),))
+    found = run_checks(facts(snap(busy), user="bob", lease_dir="/x", lease_dir_shared=shared))
+    assert pick(found, "machine.sharing") == []

@@ -77,6 +77,11 @@ class Facts:
     in_process: bool = False
     runtime: Optional[TorchRuntime] = None  # torch state, when torch is imported here
     initial_environ: Optional[Mapping[str, str]] = None  # the environment at exec time
+    user: str = ""  # who runs the doctor
+    lease_dir: str = ""  # where this user's gpuwarden keeps its leases
+    # Whether other users' gpuwarden jobs use the same lease directory (sticky and
+    # world-writable, like /var/lib/gpuwarden/leases); None when it could not be told.
+    lease_dir_shared: Optional[bool] = None
 
 
 # -- torch, without importing it --------------------------------------------------------
@@ -264,6 +269,27 @@ def read_drains() -> Mapping[str, Any]:
         return {}
 
 
+def read_lease_dir() -> tuple[str, Optional[bool]]:
+    """The lease directory and whether it is shared between users. One that does not
+    exist yet is private: gpuwarden creates a missing one per user, mode 0700."""
+    import stat
+
+    from gpuwarden import config
+    from gpuwarden.errors import UserError
+
+    try:
+        path = config.lease_location()
+    except UserError:
+        return "", None  # a broken config is the config check's finding, not this one
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path, False
+    except OSError:
+        return path, None
+    return path, bool(mode & stat.S_ISVTX and mode & stat.S_IWOTH)
+
+
 def initial_environ() -> Optional[dict[str, str]]:
     """The environment this process was started with (Linux /proc), to see later changes."""
     try:
@@ -311,6 +337,7 @@ def gather(
         probe.communicate()
     snap = snapshot if snapshot is not None else read_machine()
     drains = read_drains()
+    lease_dir, lease_dir_shared = read_lease_dir()
     if proc is not None:
         build = finish_probe(build, proc)
     build = table_archs(build)
@@ -325,4 +352,13 @@ def gather(
         in_process=in_process,
         runtime=runtime if in_process else None,
         initial_environ=initial_environ() if in_process else None,
+        user=_user_name(),
+        lease_dir=lease_dir,
+        lease_dir_shared=lease_dir_shared,
     )
+
+
+def _user_name() -> str:
+    from gpuwarden.paths import user_name
+
+    return user_name()

@@ -17,6 +17,7 @@ def check_machine(facts: Facts) -> list[Finding]:
     found: list[Finding] = []
     found.extend(_drains(facts))
     found.extend(_health(facts))
+    found.extend(_sharing(facts))
     for gpu in snap.gpus:
         total, used = gpu.memory_total, gpu.memory_used
         if total and used is not None and not gpu.processes and used >= HIDDEN_MEMORY_SHARE * total:
@@ -69,6 +70,33 @@ def _drains(facts: Facts) -> list[Finding]:
             )
         )
     return found
+
+
+def _sharing(facts: Facts) -> list[Finding]:
+    """Leases kept in a private directory protect a user's jobs from each other only.
+    Other users' GPU processes are the sign that the machine is shared."""
+    if facts.lease_dir_shared is not False:
+        return []
+    others = sorted(
+        {
+            p.user
+            for g in facts.snapshot.gpus
+            for p in g.processes
+            if p.user and p.user != facts.user
+        }
+    )
+    seen = f"GPU processes of {', '.join(others)}" if others else "no other user's GPU process"
+    return [
+        Finding(
+            "machine.sharing",
+            WARN if others else INFO,
+            f"gpuwarden's leases are private to {facts.user or 'you'} ({facts.lease_dir}): "
+            "other users' gpuwarden jobs neither see nor respect them",
+            seen,
+            "on a shared machine an admin runs once: sudo install -d -m 1777 "
+            "/var/lib/gpuwarden/leases /var/lib/gpuwarden/state",
+        )
+    ]
 
 
 def _health(facts: Facts) -> list[Finding]:

@@ -69,7 +69,7 @@ class LeaseInfo:
 # --- the directory and its safety ------------------------------------------------------------
 
 
-def _owner(uid: int) -> str:
+def owner_of(uid: int) -> str:
     import pwd
 
     try:
@@ -98,7 +98,7 @@ class LeaseDir:
         me = os.geteuid()
         if not self.shared and st.st_uid not in (me, 0, self.owner_uid):
             raise UserError(
-                f"lease file {path} is owned by {_owner(st.st_uid)}, not by {_owner(me)}, "
+                f"lease file {path} is owned by {owner_of(st.st_uid)}, not by {owner_of(me)}, "
                 f"in a private lease directory; refusing it"
             )
 
@@ -111,7 +111,7 @@ class LeaseDir:
             if err.errno == errno.ELOOP:
                 raise UserError(
                     f"lease file {path} is a symbolic link (owner "
-                    f"{_owner(os.lstat(path).st_uid)}); refusing it: whoever made it could "
+                    f"{owner_of(os.lstat(path).st_uid)}); refusing it: whoever made it could "
                     "redirect the lock"
                 ) from None
             if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -129,12 +129,12 @@ def _check_component(path: str, st: os.stat_result, what: str) -> None:
     me = os.geteuid()
     if st.st_uid not in (me, 0):
         raise UserError(
-            f"{what} {path} is owned by {_owner(st.st_uid)}, not by {_owner(me)} or root; "
+            f"{what} {path} is owned by {owner_of(st.st_uid)}, not by {owner_of(me)} or root; "
             "refusing it: its owner could delete or replace the locks"
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         raise UserError(
-            f"{what} {path} (owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}) is "
+            f"{what} {path} (owner {owner_of(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}) is "
             "writable by others without the sticky bit; refusing it: anyone could delete "
             "the locks (chmod +t it, as /tmp is, or use a private directory)"
         )
@@ -148,7 +148,7 @@ def check_dir(path: str) -> LeaseDir:
         raise UserError(f"lease directory {path} does not exist") from None
     if stat.S_ISLNK(st.st_mode):
         raise UserError(
-            f"lease directory {path} is a symbolic link (owner {_owner(st.st_uid)}, to "
+            f"lease directory {path} is a symbolic link (owner {owner_of(st.st_uid)}, to "
             f"{os.readlink(path)}); refusing it: whoever controls the link controls the locks"
         )
     if not stat.S_ISDIR(st.st_mode):
@@ -217,7 +217,7 @@ def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
 # --- reading leases --------------------------------------------------------------------------
 
 
-def _is_locked(fd: int) -> bool:
+def is_locked(fd: int) -> bool:
     """True when some process holds a lock on the file; probes without keeping one."""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -235,10 +235,10 @@ def _read_holder(ld: LeaseDir, name: str) -> tuple[Optional[LeaseInfo], bool]:
     except (FileNotFoundError, UserError):
         return None, False
     try:
-        if not _is_locked(fd):
+        if not is_locked(fd):
             return None, True
         data = os.read(fd, 1 << 16)
-        owner = _owner(os.fstat(fd).st_uid)
+        owner = owner_of(os.fstat(fd).st_uid)
     finally:
         os.close(fd)
     try:
@@ -260,7 +260,7 @@ def _read_holder(ld: LeaseDir, name: str) -> tuple[Optional[LeaseInfo], bool]:
     return info, False
 
 
-def _scan(ld: LeaseDir, line: Optional[list[bool]] = None) -> tuple[list[LeaseInfo], list[str]]:
+def scan(ld: LeaseDir, line: Optional[list[bool]] = None) -> tuple[list[LeaseInfo], list[str]]:
     """Live leases and stale metadata names; `line` (if given) gets True appended when
     anyone is waiting in line, so that an empty line costs nothing more."""
     leases, stale = [], []
@@ -285,17 +285,17 @@ def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
         lease_dir = lease_location()
     if not os.path.lexists(lease_dir):
         return []
-    return _scan(check_dir(os.path.abspath(lease_dir)))[0]
+    return scan(check_dir(os.path.abspath(lease_dir)))[0]
 
 
 def _tidy(ld: LeaseDir, names: Sequence[str]) -> None:
     """Remove metadata nobody holds any more. Only a holder-less file is removed, while
     we hold its lock, so a live lease is never touched."""
     for name in names:
-        _remove_if_free(ld.join(name))
+        remove_if_free(ld.join(name))
 
 
-def _remove_if_free(path: str) -> bool:
+def remove_if_free(path: str) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -358,16 +358,17 @@ class Held:
                 self._final.append(final)
             self._tmp = []
         finally:
-            self._unlock_alloc()
+            self.drop_allocation_lock()
 
-    def _unlock_alloc(self) -> None:
+    def drop_allocation_lock(self) -> None:
+        """Let other clients allocate; a forked holder drops its copy of the lock."""
         if self._alloc_fd is not None:
             os.close(self._alloc_fd)
             self._alloc_fd = None
 
     def close(self) -> None:
         """Drop this process's descriptors; the lease lives on in any child holding them."""
-        self._unlock_alloc()
+        self.drop_allocation_lock()
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -375,14 +376,16 @@ class Held:
 
     def release(self) -> None:
         """Drop our descriptors and remove the metadata if no one else (a job's leftover
-        children) still holds it."""
+        children) still holds it. Also right in a forked copy made before `publish()`
+        (the reservation holder): the metadata its parent published is removed too."""
         self.close()
-        for _, tmp, _, _ in self._tmp:
+        for _, tmp, final, _ in self._tmp:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            remove_if_free(final)  # unique to this job; absent unless published meanwhile
         self._tmp = []
         for final in self._final:
-            _remove_if_free(final)
+            remove_if_free(final)
         self._final = []
 
     def __enter__(self) -> Held:
@@ -455,7 +458,7 @@ def attempt(
     try:
         fcntl.flock(alloc_fd, fcntl.LOCK_EX)
         waiting: list[bool] = []
-        leases, stale = _scan(ld, waiting)
+        leases, stale = scan(ld, waiting)
         if stale:
             _tidy(ld, stale)
         drains = drain.list_drains()
@@ -515,7 +518,7 @@ def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
     )
 
 
-def _describe(request: Any) -> str:
+def describe_request(request: Any) -> str:
     from gpuwarden.units import format_size
 
     if request.gpus and request.count is None:
@@ -603,7 +606,9 @@ def acquire(
                     reason = choice.error or ""
                     if out.blocked_by is not None:
                         w = out.blocked_by
-                        reason = f"first in line: {w.user} pid {w.pid} ({_describe(w.request)})"
+                        reason = (
+                            f"first in line: {w.user} pid {w.pid} ({describe_request(w.request)})"
+                        )
                     if not wait:
                         if out.blocked_by is not None:
                             reason = f"requests waiting in line come first; {reason}"
@@ -622,7 +627,8 @@ def acquire(
             elapsed = time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise UserError(
-                    f"timed out after {_span(timeout)} waiting for {_describe(request)}",
+                    f"timed out after {format_span(timeout)} waiting for "
+                    f"{describe_request(request)}",
                     exit_code=EXIT_BUSY,
                 )
             time.sleep(poll * min(slow, 10.0))
@@ -631,7 +637,7 @@ def acquire(
             ticket.leave()
 
 
-def _span(seconds: float) -> str:
+def format_span(seconds: float) -> str:
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"

@@ -62,7 +62,7 @@ class Ticket:
         """(our place counting from 1, waiters in line, GPUs the waiters ahead need),
         from the ticket names; with `check_alive`, tickets ahead whose waiter died are
         removed first (a dead waiter must not hold the line)."""
-        from gpuwarden.leases import _is_locked, _remove_if_free
+        from gpuwarden.leases import is_locked, remove_if_free
 
         before = after = need = 0
         for name in os.listdir(self.dir.path):
@@ -80,11 +80,11 @@ class Ticket:
                 except OSError:
                     continue
                 try:
-                    alive = _is_locked(fd)
+                    alive = is_locked(fd)
                 finally:
                     os.close(fd)
                 if not alive:
-                    _remove_if_free(path)
+                    remove_if_free(path)
                     continue
             before += 1
             need += n
@@ -143,7 +143,7 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
     """Live waiters in arrival order, read one by one (a caller serving the line stops
     at the first that does not fit, without reading the rest); only those that joined
     before key `before` when given."""
-    from gpuwarden.leases import _is_locked, _owner, _remove_if_free
+    from gpuwarden.leases import is_locked, owner_of, remove_if_free
 
     tickets = sorted((*p, n) for n in os.listdir(ld.path) for p in [_parse_name(n)] if p)
     for key, _, name in tickets:
@@ -156,9 +156,9 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
         except OSError:
             continue
         try:
-            if not _is_locked(fd):
+            if not is_locked(fd):
                 if tidy:
-                    _remove_if_free(path)
+                    remove_if_free(path)
                 continue
             raw = os.read(fd, 1 << 16)
             uid = os.fstat(fd).st_uid
@@ -169,7 +169,7 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
             allowed = data.get("allowed")
             waiter = Waiter(
                 key=parsed[0],
-                user=_owner(uid),
+                user=owner_of(uid),
                 pid=int(data["pid"]),
                 since=float(data["since"]),
                 request=_request_from(data["request"]),

@@ -73,7 +73,7 @@ def _holder(held: Any, ready_fd: int, until: Any) -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
-        held._unlock_alloc()  # our copy only: the parent still holds it until publish
+        held.drop_allocation_lock()  # our copy only: the parent holds it until publish
 
         def stop(_signum: int, _frame: Any) -> None:
             raise SystemExit(0)
@@ -92,12 +92,7 @@ def _holder(held: Any, ready_fd: int, until: Any) -> None:
     except BaseException:
         code = 1
     finally:
-        finals = [final for _, _, final, _ in held._tmp] + list(held._final)
-        held.close()
-        from gpuwarden.leases import _remove_if_free
-
-        for final in finals:
-            _remove_if_free(final)
+        held.release()
         os._exit(code)
 
 

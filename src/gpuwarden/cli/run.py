@@ -102,9 +102,9 @@ class Machine:
 
 
 def _what(request: Any) -> str:
-    from gpuwarden.leases import _describe
+    from gpuwarden.leases import describe_request
 
-    return _describe(request)
+    return describe_request(request)
 
 
 class WaitStatus:
@@ -119,7 +119,7 @@ class WaitStatus:
         self.shown = False
 
     def __call__(self, position: int, total: int, reason: str, elapsed: float) -> None:
-        from gpuwarden.leases import _span
+        from gpuwarden.leases import format_span
 
         where = f"{_ordinal(position)} in line" + (f" of {total}" if total > 1 else "")
         text = f"{self.prefix} ({where}): {reason}"
@@ -127,7 +127,7 @@ class WaitStatus:
             import shutil
 
             width = shutil.get_terminal_size((100, 20)).columns - 1
-            line = f"{text} [{_span(elapsed)}]"
+            line = f"{text} [{format_span(elapsed)}]"
             if len(line) > width:
                 line = line[: width - 1] + "…"
             self.stream.write("\r\x1b[K" + line)
@@ -142,7 +142,7 @@ class WaitStatus:
     def done(self, gpus: Any, elapsed: float) -> None:
         if not self.shown:
             return
-        from gpuwarden.leases import _span
+        from gpuwarden.leases import format_span
 
         ids = ",".join(str(g.index) for g in gpus)
         end = (
@@ -150,7 +150,7 @@ class WaitStatus:
             if self.tty
             else f"{self.prefix.split(':')[0]}: "
         )
-        self.stream.write(f"{end}granted GPU {ids} after {_span(elapsed)}\n")
+        self.stream.write(f"{end}granted GPU {ids} after {format_span(elapsed)}\n")
         self.stream.flush()
 
 
@@ -215,7 +215,7 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
     from gpuwarden.selection import choose
 
     ld = lease.open_dir()
-    choice = choose(snapshot, request, lease._scan(ld)[0], drain.list_drains(), allowed)
+    choice = choose(snapshot, request, lease.scan(ld)[0], drain.list_drains(), allowed)
     waiting = waitline.read_line(ld)
     by_uuid = {g.uuid: g for g in snapshot.gpus}
     if choice.ok:

@@ -61,7 +61,9 @@ mark = sys.argv[1]
 def on(sig, _):
     open(mark + ".sig", "w").write(str(sig)); sys.exit(40)
 signal.signal(signal.SIGTERM, on)
-open(mark + ".pid", "w").write(str(os.getpid()))
+with open(mark + ".pid.tmp", "w") as f:  # renamed whole: a reader never sees it empty
+    f.write(str(os.getpid()))
+os.rename(mark + ".pid.tmp", mark + ".pid")
 end = time.time() + 60  # never outlive a failed test by much
 while not os.path.exists(mark + ".go") and time.time() < end:
     time.sleep(0.02)

@@ -215,6 +215,25 @@ def read_snapshot(nvml=None, *, processes: bool = True, topology: bool = False) 
             nvml.nvmlShutdown()
 
 
+class _SimOwners:
+    """Users and commands of simulated processes (they have no /proc entry).
+
+    Read when first asked and once more on a miss: a process registered while this
+    snapshot is being taken would otherwise reach psutil and show as its real owner.
+    On a real machine there is no table and every lookup misses at once."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+        self._known: Optional[dict[int, Any]] = None
+
+    def get(self, pid: int) -> Any:
+        if self._table is None:
+            return None
+        if self._known is None or pid not in self._known:
+            self._known = self._table()
+        return self._known.get(pid)
+
+
 def _read(
     nv: Any, hostname: str, now: float, source: str, processes: bool, topology: bool
 ) -> Snapshot:
@@ -223,8 +242,7 @@ def _read(
     cuda = r.get("nvmlSystemGetCudaDriverVersion_v2") or r.get("nvmlSystemGetCudaDriverVersion")
     nvml_version = r.get("nvmlSystemGetNVMLVersion")
     count = nv.nvmlDeviceGetCount()
-    names = getattr(nv, "gpuwarden_sim_processes", None)
-    known = names() if names is not None else {}
+    known = _SimOwners(getattr(nv, "gpuwarden_sim_processes", None))
     gpus = []
     handles: dict[int, Any] = {}
     for index in range(count):
@@ -262,7 +280,9 @@ def _read(
     )
 
 
-def _read_gpu(nv: Any, r: _Reader, index: int, handle: Any, processes: bool, known: dict) -> Gpu:
+def _read_gpu(
+    nv: Any, r: _Reader, index: int, handle: Any, processes: bool, known: _SimOwners
+) -> Gpu:
     uuid = f"unknown-{index}"
     fields: dict[str, Any] = {}
     try:
@@ -379,7 +399,7 @@ def _read_mig(nv: Any, r: _Reader, handle: Any) -> tuple[MigInstance, ...]:
 
 
 def _read_processes(
-    nv: Any, r: _Reader, handle: Any, migs: tuple[MigInstance, ...], known: dict
+    nv: Any, r: _Reader, handle: Any, migs: tuple[MigInstance, ...], known: _SimOwners
 ) -> tuple[GpuProcess, ...]:
     by_instance = {(m.gpu_instance_id, m.compute_instance_id): m.uuid for m in migs}
     seen = []

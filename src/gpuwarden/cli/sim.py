@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 
@@ -228,27 +228,22 @@ def _occupy(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     targets = _occupy_targets(args, machine)
     user = args.user or getpass.getuser()
-    if cmd:
-        try:
-            child = subprocess.Popen(cmd)
-        except OSError as err:
-            raise UserError(f"cannot run {cmd[0]}: {err.strerror}") from None
-        pid, command = child.pid, " ".join(cmd)
-    else:
-        child, pid, command = None, os.getpid(), "gpuwarden sim occupy"
+    child: Optional[subprocess.Popen[bytes]] = None
+    pid, command = os.getpid(), "gpuwarden sim occupy"
+    # Everything from the child's start on sits inside one try, so that Ctrl-C at any
+    # moment (even while the process is being registered) still unregisters it and
+    # never leaves the child running on its own.
     try:
+        if cmd:
+            try:
+                child = subprocess.Popen(cmd)
+            except OSError as err:
+                raise UserError(f"cannot run {cmd[0]}: {err.strerror}") from None
+            pid, command = child.pid, " ".join(cmd)
         for target in targets:
             machine.add_process(target, pid, size, user=user, command=command, util=args.util)
-    except UserError:
-        machine.remove_process(pid)
-        if child is not None:
-            child.kill()
-            child.wait()
-        raise
-    if child is None:
-        print(f"holding {args.mem} on GPU {','.join(targets)} as pid {pid}; Ctrl-C releases")
-    try:
         if child is None:
+            print(f"holding {args.mem} on GPU {','.join(targets)} as pid {pid}; Ctrl-C releases")
             signal.pause()
             return 0
         while True:
@@ -262,6 +257,9 @@ def _occupy(args: argparse.Namespace) -> int:
         return 0
     finally:
         machine.remove_process(pid)
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def _reset(args: argparse.Namespace) -> int:

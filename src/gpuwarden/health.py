@@ -324,25 +324,35 @@ def record_xid(
     uuid: str, xid: int, *, index: Optional[int] = None, at: Optional[float] = None
 ) -> None:
     """Append one XID event (one short line, O_APPEND: safe from several writers)."""
-    path = _xid_log()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     line = json.dumps(
         {"uuid": uuid, "xid": int(xid), "index": index, "at": at or time.time()},
         separators=(",", ":"),
     )
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+    _append_to_xid_log([line])
 
 
 def clear_xids(uuids: Iterable[str] = ()) -> None:
     """Forget the XIDs seen so far, on the given GPUs (all when empty): the
     admin has reset or checked them."""
-    uuids = list(uuids)
+    now = time.time()
+    _append_to_xid_log([json.dumps({"clear": u, "at": now}) for u in list(uuids) or ["*"]])
+
+
+def _append_to_xid_log(lines: list[str]) -> None:
+    """Append to the XID log in the state directory, checked and created like the drains'
+    (paths.ensure_dir), never through a symlink planted in a shared directory."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.paths import ensure_dir
+
     path = _xid_log()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        for uuid in uuids or ["*"]:
-            fh.write(json.dumps({"clear": uuid, "at": time.time()}) + "\n")
+    ensure_dir(os.path.dirname(path), "state directory")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        raise UserError(f"cannot write the XID log {path}: {err.strerror}") from None
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write("".join(line + "\n" for line in lines))
 
 
 def xid_events(since: Optional[float] = None) -> list[dict]:

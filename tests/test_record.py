@@ -74,13 +74,35 @@ def test_rotation_by_size(tmp_path):
             assert next(csv.reader(fh)) == list(COLUMNS)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_file_is_one_clear_line(tmp_path):
     locked = tmp_path / "ro"
     locked.mkdir()
     locked.chmod(0o500)
-    with pytest.raises(UserError, match=r"cannot write .*ro/r.csv: Permission denied"):
-        Recorder(str(locked / "r.csv"))
+
+    def attempt() -> None:
+        with pytest.raises(UserError, match=r"cannot write .*ro/r.csv: Permission denied"):
+            Recorder(str(locked / "r.csv"))
+
+    if os.geteuid() != 0:
+        attempt()
+        return
+    # Root writes anywhere (CI runs as root): make the attempt as nobody, in a child.
+    # Nobody cannot read root's Python install, so everything is imported first.
+    Recorder(str(tmp_path / "warm.csv"))
+    with pytest.raises(UserError):
+        Recorder(str(tmp_path))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            attempt()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "nobody could write, or the error differs"
 
 
 def test_missing_dir_directory_and_foreign_file(tmp_path):

@@ -118,7 +118,9 @@ class Recorder:
 
     def _check(self) -> None:
         """Fail now, in one line, rather than at the first sample."""
-        if self.path.is_dir():
+        # os.path.isdir, not Path.is_dir: the latter raises PermissionError for a path
+        # in a directory this user cannot enter; the open below then says so in one line.
+        if os.path.isdir(self.path):
             raise UserError(f"cannot write {self.path}: it is a directory")
         try:
             with open(self.path, "a", encoding="utf-8"):

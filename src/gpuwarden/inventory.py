@@ -32,6 +32,11 @@ TOPOLOGY_NODE = 40  # the same NUMA node
 TOPOLOGY_SYSTEM = 50  # across NUMA nodes (SMP interconnect)
 
 
+def dotted(version: Optional[tuple[int, ...]]) -> Optional[str]:
+    """(12, 4) -> "12.4", None -> None: how versions and compute capabilities are printed."""
+    return ".".join(map(str, version)) if version else None
+
+
 @dataclass(frozen=True)
 class GpuProcess:
     """A process holding a context on a GPU (NVML's compute or graphics list)."""

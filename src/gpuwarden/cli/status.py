@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.inventory import Gpu, Snapshot, dotted
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -175,9 +175,7 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
         "taken_at": snap.taken_at,
         "source": snap.source,
         "driver_version": snap.driver_version,
-        "cuda_driver_version": ".".join(map(str, snap.cuda_driver_version))
-        if snap.cuda_driver_version
-        else None,
+        "cuda_driver_version": dotted(snap.cuda_driver_version),
         "nvml_version": snap.nvml_version,
         "error": snap.error,
         "cuda_visible_devices": getattr(view, "value", None),
@@ -191,9 +189,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
     from dataclasses import asdict
 
     out = asdict(g)
-    out["compute_capability"] = (
-        f"{g.compute_capability[0]}.{g.compute_capability[1]}" if g.compute_capability else None
-    )
+    out["compute_capability"] = dotted(g.compute_capability)
     out["throttle_reasons"] = list(g.throttle_reasons) if g.throttle_reasons is not None else None
     return out
 
@@ -240,9 +236,7 @@ def to_text(data: dict[str, Any]) -> str:
             lease_error = str(x)
         else:
             leases.setdefault(x.uuid, []).append(x)
-    cuda_version = (
-        ".".join(map(str, snap.cuda_driver_version)) if snap.cuda_driver_version else "n/a"
-    )
+    cuda_version = dotted(snap.cuda_driver_version) or "n/a"
     head = f"{snap.hostname}  driver {snap.driver_version or 'n/a'}  CUDA {cuda_version}"
     if snap.source != "nvml":
         head += f"  [{snap.source}]"

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.doctor.facts import Facts
+from gpuwarden.inventory import dotted
 
 ENV_PREFIXES = (
     "CUDA_",
@@ -124,9 +125,7 @@ def collect(facts: Facts) -> dict[str, Any]:
         else None,
         "driver": {
             "version": snap.driver_version,
-            "cuda": ".".join(map(str, snap.cuda_driver_version))
-            if snap.cuda_driver_version
-            else None,
+            "cuda": dotted(snap.cuda_driver_version),
             "nvml": snap.nvml_version,
             "source": snap.source,
             "error": snap.error,
@@ -137,9 +136,7 @@ def collect(facts: Facts) -> dict[str, Any]:
                 "uuid": g.uuid,
                 "name": g.name,
                 "pci_bus_id": g.pci_bus_id,
-                "compute_capability": ".".join(map(str, g.compute_capability))
-                if g.compute_capability
-                else None,
+                "compute_capability": dotted(g.compute_capability),
                 "memory_total": g.memory_total,
                 "mig_mode": g.mig_mode,
             }

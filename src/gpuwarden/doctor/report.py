@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import FAIL, LEVELS, Finding, exit_code
+from gpuwarden.inventory import dotted
 
 WIDTH = 100
 
@@ -67,18 +68,14 @@ def document(facts: Facts, findings: Sequence[Finding]) -> dict[str, Any]:
         "findings": [f.to_dict() for f in findings],
         "facts": {
             "driver_version": snap.driver_version,
-            "cuda_driver_version": (
-                ".".join(map(str, snap.cuda_driver_version)) if snap.cuda_driver_version else None
-            ),
+            "cuda_driver_version": (dotted(snap.cuda_driver_version)),
             "nvml_error": snap.error,
             "gpus": [
                 {
                     "index": g.index,
                     "uuid": g.uuid,
                     "name": g.name,
-                    "compute_capability": (
-                        ".".join(map(str, g.compute_capability)) if g.compute_capability else None
-                    ),
+                    "compute_capability": (dotted(g.compute_capability)),
                 }
                 for g in snap.gpus
             ],

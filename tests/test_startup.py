@@ -27,8 +27,15 @@ from gpuwarden.cli import main
 raise SystemExit(main())
 """
 
-# Not needed to show the machine or to start a job on it.
-UNNEEDED = ("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch")
+# Not needed to show the machine or to start a job on it. argparse (with gettext and
+# locale) only reads help and mistakes; inspect (ast, dis), copy (weakref) and
+# ctypes.util (subprocess, tempfile) are deferred stand-ins (gpuwarden.cli.deferred);
+# shutil only measured the terminal.
+UNNEEDED = (
+    *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
+    *("argparse", "gettext", "locale", "ast", "dis", "weakref", "subprocess", "tempfile"),
+    "shutil",
+)
 
 
 def loaded(*args: str) -> set[str]:
@@ -139,3 +146,38 @@ def test_simulator_paths_are_still_paths() -> None:
     assert specs.state_file(spec) == Path(os.environ["GPUWARDEN_SIM_STATE"]) / "server-8xa100.json"
     with pytest.raises(AttributeError):
         specs.NO_SUCH_NAME  # noqa: B018
+
+
+DEFERRED_USE = """
+import sys
+from gpuwarden.cli import deferred
+deferred.install()
+import dataclasses, inspect, copy
+from ctypes.util import find_library
+assert "ast" not in sys.modules and "subprocess" not in sys.modules and "weakref" not in sys.modules
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: list
+
+p = Point(1, [2])
+assert dataclasses.asdict(p) == {"x": 1, "y": [2]}  # copy.deepcopy inside
+assert copy.deepcopy(p.y) == [2] and copy.deepcopy(p.y) is not p.y
+assert str(inspect.signature(Point)) == "(x: int, y: list) -> None"
+assert find_library("c") is not None
+import ctypes.util
+assert ctypes.util.find_library("c") == find_library("c")
+assert sys.modules["inspect"] is inspect.getmodule(inspect.signature)  # the real one now
+assert type(sys.modules["ctypes.util"]) is type(sys)
+print("ok")
+"""
+
+
+def test_deferred_modules_are_the_real_ones_when_used() -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    out = subprocess.run(
+        [sys.executable, "-c", DEFERRED_USE], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -9,7 +9,10 @@ Each subcommand lives in `gpuwarden.cli.<module>` and provides
 Only the chosen subcommand's module is imported, because `gpuwarden run`
 prefixes every training command and its start-up time is paid constantly.
 argparse (standard library) is used rather than a third-party CLI library for
-the same reason: click alone costs ~30 ms to import on a small machine.
+the same reason: click alone costs ~30 ms to import on a small machine. Commands
+declare their options through argparse's calls on `gpuwarden.cli.options.Options`,
+which reads a plain command line without importing argparse at all and hands
+help, errors and anything unusual to argparse.
 
 `UserError` from anywhere below becomes one line on stderr and its exit code;
 an unexpected exception is still a bug and keeps its traceback.
@@ -22,6 +25,9 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
+
+from gpuwarden.cli import deferred
+from gpuwarden.cli.options import NeedsArgparse, Options, formatter
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -99,10 +105,11 @@ def _split(argv: list[str]) -> tuple[dict[str, str | bool], str | None, list[str
 def main(argv: Sequence[str] | None = None) -> int:
     # Imports and argument parsing build objects that live until exit; the cyclic
     # collector would walk them again and again (and once more at exit) for
-    # nothing. Pause it until they exist (argparse is imported below for that
-    # reason), then freeze them out of its sight.
+    # nothing. Pause it until they exist (the command's modules are imported and
+    # its options read below for that reason), then freeze them out of its sight.
     gc.disable()
     try:
+        deferred.install()
         module, command, args = _parse(argv)
     finally:
         gc.freeze()
@@ -127,8 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
     """(the command's module, its name, its parsed arguments), or (None, "", exit code)
     when there is nothing to run (--version, --help)."""
-    import argparse
-
     options, command, rest = _split(list(sys.argv[1:] if argv is None else argv))
     if options.get("version"):
         from gpuwarden import __version__
@@ -147,11 +152,25 @@ def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
         os.environ["GPUWARDEN_SIM"] = str(options["sim"])
     module_name, summary = COMMANDS[command]
     module = import_module(f"gpuwarden.cli.{module_name}")
-    parser = argparse.ArgumentParser(prog=f"gpuwarden {command}", description=summary)
+    prog = f"gpuwarden {command}"
+    try:
+        declared = Options(prog, summary)
+        _declare(module, declared, command)
+        args = declared.parse(rest)
+    except NeedsArgparse:  # the command declares more than Options reads
+        import argparse
+
+        parser = argparse.ArgumentParser(
+            prog=prog, description=summary, formatter_class=formatter()
+        )
+        _declare(module, parser, command)
+        args = parser.parse_args(rest)
+    args.command = command
+    return module, command, args
+
+
+def _declare(module: Any, parser: Any, command: str) -> None:
     if getattr(module, "SERVES_SEVERAL", False):
         module.add_arguments(parser, command)  # drain/undrain, reserve/release
     else:
         module.add_arguments(parser)
-    args = parser.parse_args(rest)
-    args.command = command
-    return module, command, args

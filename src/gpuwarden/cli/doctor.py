@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
+
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

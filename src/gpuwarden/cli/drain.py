@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
+
 
 SERVES_SEVERAL = True
 

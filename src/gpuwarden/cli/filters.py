@@ -7,12 +7,11 @@ same keys (the dests are the config keys' last parts).
 
 from __future__ import annotations
 
-import argparse
-
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from typing import Optional, Union
 
     Group = Union[argparse.ArgumentParser, "argparse._ArgumentGroup"]

@@ -7,10 +7,13 @@ GPUs ok, 1 a warning somewhere, 3 a fatal finding somewhere (2 stays the
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any
+
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
 
 EXIT = {"ok": 0, "warning": 1, "fatal": 3}
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

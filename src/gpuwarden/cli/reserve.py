@@ -12,7 +12,6 @@ runs out, and the kernel frees it whichever way the holder goes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -21,6 +20,10 @@ import time
 from typing import Any
 
 from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
 
 SERVES_SEVERAL = True
 RESERVATION_PREFIX = "res-"

@@ -8,15 +8,16 @@ that can never fit on this machine; 75 when nothing fits now (without
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
+from gpuwarden.cli.options import REMAINDER
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
+    import argparse
     from typing import Any, Callable, Optional
 
 HELP = "pick free GPUs, reserve them and run a command on them"
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="--ddp ranks on the CPU (gloo); implies --cpu without -g/--gpus",
     )
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    parser.add_argument("cmd", nargs=REMAINDER, help="the command, after --")
 
 
 def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -124,9 +125,9 @@ class WaitStatus:
         where = f"{_ordinal(position)} in line" + (f" of {total}" if total > 1 else "")
         text = f"{self.prefix} ({where}): {reason}"
         if self.tty:
-            import shutil
+            from gpuwarden.table import columns
 
-            width = shutil.get_terminal_size((100, 20)).columns - 1
+            width = columns(100) - 1
             line = f"{text} [{format_span(elapsed)}]"
             if len(line) > width:
                 line = line[: width - 1] + "…"

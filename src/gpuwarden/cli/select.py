@@ -7,10 +7,13 @@ says so, and `gpuwarden run` / `gpuwarden reserve` are the commands that hold.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from gpuwarden.cli import filters
+
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,6 @@ fields are only ever added within a schema version.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -15,6 +14,7 @@ from gpuwarden.inventory import Gpu, Snapshot, dotted
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
+    import argparse
     from typing import Any, Optional
 
 SCHEMA = 1

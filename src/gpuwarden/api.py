@@ -20,18 +20,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Optional, Union
 
 import gpuwarden.leases as leases
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.records import record
 
 Ids = Union[str, int, Sequence[Union[str, int]], None]
 SnapshotSource = Union[Snapshot, Callable[[], Snapshot], None]
 
 
-@dataclass(frozen=True)
+@record
 class Leased:
     """GPUs held for a `with gpuwarden.lease(...)` block."""
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ _KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Key:
     """One setting: the single place its type, default, variable and meaning are written."""
 

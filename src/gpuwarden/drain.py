@@ -21,9 +21,9 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ PREFIX, SUFFIX = "drain.", ".json"
 LOCK_NAME = "drains.lock"
 
 
-@dataclass(frozen=True)
+@record
 class Drain:
     """A GPU out of service: who took it out, when and why (one file on disk)."""
 

@@ -26,12 +26,13 @@ from typing import Any, Callable, Optional
 
 from gpuwarden.health import OK, Finding, level
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.records import record
 
 MIB = 2**20
 LEVELS = ("ok", "warning", "fatal")
 
 
-@dataclass(frozen=True)
+@record
 class View:
     """Everything one scrape reports, read at one moment."""
 

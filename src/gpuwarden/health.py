@@ -21,9 +21,10 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from gpuwarden.inventory import Gpu
+from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One thing wrong (or worth a look) with a GPU; `code` says whether it is new."""
 
@@ -103,7 +104,7 @@ BAD_THROTTLE: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Rules:
     """The tunable part of the judgement (config keys `health.*`)."""
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -41,6 +41,7 @@ from gpuwarden.health import (
     xids_seen,
 )
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.records import record
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
@@ -50,7 +51,7 @@ def _warn(message: str) -> None:
     print(f"gpuwarden health: {message}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
+@record
 class WatchSettings:
     policy: str = "drain"
     rules: Rules = field(default_factory=Rules)

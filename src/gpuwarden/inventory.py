@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ def dotted(version: Optional[tuple[int, ...]]) -> Optional[str]:
     return ".".join(map(str, version)) if version else None
 
 
-@dataclass(frozen=True)
+@record
 class GpuProcess:
     """A process holding a context on a GPU (NVML's compute or graphics list)."""
 
@@ -49,7 +51,7 @@ class GpuProcess:
     mig_uuid: Optional[str] = None  # the MIG instance it runs in, if any
 
 
-@dataclass(frozen=True)
+@record
 class MigInstance:
     """A MIG device carved out of a physical GPU; CUDA sees it as its own device."""
 
@@ -62,7 +64,7 @@ class MigInstance:
     memory_used: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     """One physical GPU as NVML saw it at `Snapshot.taken_at`.
 
@@ -104,7 +106,7 @@ class Gpu:
     error: Optional[str] = None  # why the GPU could not be read, when lost or broken
 
 
-@dataclass(frozen=True)
+@record
 class Snapshot:
     """The whole machine at one moment. Cheap to pass around, safe to share."""
 

@@ -33,9 +33,9 @@ import os
 import stat
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ TMP_PREFIX = ".tmp-"
 EXIT_BUSY = 75
 
 
-@dataclass(frozen=True)
+@record
 class LeaseInfo:
     """Who holds (part of) a GPU, as recorded beside the lock."""
 
@@ -419,8 +419,8 @@ def _take(ld: LeaseDir, held: Held, gpu: Any, shared: bool) -> bool:
 
 class Outcome:
     """One attempt: `held` on success; else the Choice that said no, or the earlier
-    waiter that must be served first. (A plain class: a dataclass costs ~1 ms to
-    create at import, paid by every `run`.)"""
+    waiter that must be served first. (A plain class: it is never compared or
+    printed, and every class made at import is paid by every `run`.)"""
 
     def __init__(
         self,

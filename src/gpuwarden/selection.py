@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.records import record
 from gpuwarden.units import format_size
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 _SCOPE, _HEALTH, _FILTER = "scope", "health", "filter"
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """What a job asks for. `count` None means "every GPU in `gpus`", or 1 when `gpus`
     is not given; with both, `count` GPUs are picked among `gpus`. `mem` (bytes) asks
@@ -75,7 +76,7 @@ class Request:
         return cls(**fields)
 
 
-@dataclass(frozen=True)
+@record
 class Choice:
     """The outcome: chosen GPUs in PCI (nvidia-smi) order, and why every other GPU was
     passed over. `error` is set when fewer than `count` GPUs fit; `never_fits` when

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
+from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
+@record
 class Parsed:
     """What CUDA makes of one `CUDA_VISIBLE_DEVICES` value.
 
@@ -75,7 +75,7 @@ class Parsed:
     duplicate: bool = False  # True: a repeated device emptied the whole list
 
 
-@dataclass(frozen=True)
+@record
 class VisibleDevice:
     """One device a CUDA program started in this environment would see."""
 
@@ -86,7 +86,7 @@ class VisibleDevice:
     mig_uuid: Optional[str] = None  # set when the device is a MIG device of that GPU
 
 
-@dataclass(frozen=True)
+@record
 class Resolution:
     """The mapping CUDA index -> physical GPU for one environment, with its caveats.
 

@@ -22,13 +22,14 @@ import json
 import os
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
 from typing import Any, Optional
+
+from gpuwarden.records import record
 
 SUFFIX = ".wait"
 
 
-@dataclass(frozen=True)
+@record
 class Waiter:
     key: str  # arrival order
     user: str

@@ -10,10 +10,10 @@ every GPU and load this table only when one is seen. Also reachable as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from gpuwarden.records import record
 
 
-@dataclass(frozen=True)
+@record
 class XidInfo:
     """One row of NVIDIA's Xid catalogue."""
 

@@ -34,8 +34,9 @@ Sources (checked when the tables were written; update them together):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Optional
+
+from gpuwarden.records import record
 
 WHEEL_INDEX = "https://download.pytorch.org/whl/"
 
@@ -68,7 +69,7 @@ TOOLKIT_DRIVER: dict[tuple[int, int], str] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class WheelBuild:
     """One official `download.pytorch.org/whl/<variant>` build family.
 
@@ -230,7 +231,7 @@ def driver_at_least(driver: Optional[str], minimum: str) -> Optional[bool]:
     return d >= m
 
 
-@dataclass(frozen=True)
+@record
 class DriverVerdict:
     level: str  # "ok", "minor-compat", "too-old"
     reason: str

@@ -24,19 +24,20 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 # The probe lives in its own module so the CLI can start it first.
 from gpuwarden.doctor.probe import NO_TORCH_ENV, PROBE_TIMEOUT, torch_location
 from gpuwarden.doctor.probe import start as start_probe
 from gpuwarden.inventory import Snapshot
+from gpuwarden.records import record
 
 if TYPE_CHECKING:
     import subprocess
 
 
-@dataclass(frozen=True)
+@record
 class TorchBuild:
     """What is known about the installed PyTorch; `None` fields are unknown, not false."""
 
@@ -56,7 +57,7 @@ class TorchBuild:
     skipped: str = ""  # why torch was not looked at, when it was not
 
 
-@dataclass(frozen=True)
+@record
 class TorchRuntime:
     """The torch already imported in this process (in-process mode only)."""
 
@@ -65,7 +66,7 @@ class TorchRuntime:
     device_count: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@record
 class Facts:
     snapshot: Snapshot
     environ: Mapping[str, str] = field(default_factory=dict)

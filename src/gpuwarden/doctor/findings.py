@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Optional
+
+from gpuwarden.records import record
 
 PASS, INFO, SKIP, WARN, FAIL = "PASS", "INFO", "SKIP", "WARN", "FAIL"
 LEVELS = (PASS, INFO, SKIP, WARN, FAIL)  # mildest first
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     check: str  # e.g. "driver", "torch.build", "kernels"
     level: str  # one of LEVELS
@@ -40,7 +41,7 @@ def exit_code(findings: Iterable[Finding]) -> int:
     return 1 if any(f.level == FAIL for f in findings) else 0
 
 
-@dataclass(frozen=True)
+@record
 class Report:
     """What `gpuwarden.doctor.check()` and `diagnose()` return."""
 

@@ -18,9 +18,10 @@ import marshal
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 from gpuwarden.sim import cards
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
@@ -97,7 +98,7 @@ _PROC_KEYS = {"pid", "user", "command", "memory", "kind", "mig", "util"}
 _MIG_KEYS = {"profile"}
 
 
-@dataclass(frozen=True)
+@record
 class Spec:
     """A parsed, validated spec; `initial_state()` is the machine before anything happens."""
 

@@ -14,10 +14,10 @@ scaler, so one bad batch cannot poison the weights.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 
 if TYPE_CHECKING:
     import torch
@@ -27,13 +27,13 @@ REQUESTS = ("auto", "fp32", "bf16", "fp16")
 _NO_AUTOCAST = contextlib.nullcontext()
 
 
-@dataclass(frozen=True)
+@record
 class Precision:
     """The policy's answer for one device: `with p.autocast():` and `p.make_scaler()`.
 
     One record serves both as the pure decision (compared in tests) and as the
-    thing a training loop uses: each dataclass costs about half a millisecond
-    to create at import, which every training script would pay.
+    thing a training loop uses: each class made at import is paid by every
+    training script.
     """
 
     name: str  # "fp32" | "bf16" | "fp16"

@@ -16,10 +16,10 @@ import atexit
 import contextlib
 import datetime
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 from gpuwarden.torch.devices import device as pick_device
 from gpuwarden.torch.devices import is_windows
 from gpuwarden.torch.environments import Launch, detect
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
+@record
 class DistInfo:
     """Where this process stands in the job. Usable as a context manager that tears down."""
 

@@ -13,15 +13,15 @@ variables, and torchrun's are the truth for its worker processes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import ClassVar
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
 
 DEFAULT_PORT = 29500
 
 
-@dataclass(frozen=True)
+@record
 class Launch:
     """What the launcher told this process about its place in the job."""
 

@@ -1,0 +1,145 @@
+"""`@record`: a frozen dataclass whose methods are shared instead of compiled per class.
+
+For each class, `dataclasses.dataclass(frozen=True)` writes `__init__`, `__repr__`,
+`__eq__` and `__hash__` (and two frozen guards) as source text and compiles them
+while the module is imported: ~0.6 ms a class on a small machine, ~8 ms for the
+twelve records `gpuwarden run` needs before it can start a job — a fifth of
+what `run` adds to every job's start. A record is still a real frozen dataclass
+(`dataclasses.fields`, `replace`, `asdict` and `is_dataclass` work, assigning to a
+field raises `FrozenInstanceError`, `inspect.signature` shows the fields), and
+behaves as `@dataclass(frozen=True)` does — tests/test_records.py holds the two
+side by side — but those four methods are shared ones that walk the class's
+field list: making inventory's four records takes 0.85 ms instead of 2.9 ms,
+building a `Gpu` 6.5 µs instead of 4.7 µs. Every snapshot and value type in
+gpuwarden is a record.
+
+Not supported, because no record needs them: `kw_only` fields and `__post_init__`
+(refused when the class is made) and `InitVar` (refused when an instance is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from reprlib import recursive_repr
+
+TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    from typing_extensions import dataclass_transform
+
+    T = TypeVar("T")
+
+_MISSING = dataclasses.MISSING
+_set = object.__setattr__
+
+
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    fields = cls.__record_init__
+    if len(args) > len(fields):
+        raise TypeError(
+            f"{cls.__qualname__}.__init__() takes {len(fields) + 1} positional arguments "
+            f"but {len(args) + 1} were given"
+        )
+    values = dict(zip((f.name for f in fields), args))
+    for name, value in kwargs.items():
+        if name in values:
+            raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for {name!r}")
+        values[name] = value
+    missing = []
+    for field in fields:
+        name = field.name
+        if name in values:
+            _set(self, name, values.pop(name))
+        elif field.default is not _MISSING:
+            _set(self, name, field.default)
+        elif field.default_factory is not _MISSING:
+            _set(self, name, field.default_factory())
+        else:
+            missing.append(repr(name))
+    if values:
+        name = next(iter(values))
+        raise TypeError(
+            f"{cls.__qualname__}.__init__() got an unexpected keyword argument {name!r}"
+        )
+    if missing:
+        raise TypeError(
+            f"{cls.__qualname__}.__init__() missing {len(missing)} required argument(s): "
+            + ", ".join(missing)
+        )
+
+
+@recursive_repr()
+def _repr(self: Any) -> str:
+    parts = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__record_repr__)
+    return f"{type(self).__qualname__}({parts})"
+
+
+def _eq(self: Any, other: Any) -> Any:
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    names = self.__record_compare__
+    return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+
+
+def _hash(self: Any) -> int:
+    return hash(tuple(getattr(self, n) for n in self.__record_hash__))
+
+
+class _Factory:
+    def __repr__(self) -> str:  # how dataclasses' signatures show a default_factory
+        return "<factory>"
+
+
+class _Signature:
+    """`inspect.signature(RecordClass)`: the fields, as dataclasses' own `__init__` has them."""
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is not None:
+            raise AttributeError("__signature__")
+        import inspect
+
+        def default(f: dataclasses.Field[Any]) -> Any:
+            if f.default is not _MISSING:
+                return f.default
+            return inspect.Parameter.empty if f.default_factory is _MISSING else _Factory()
+
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        parameters = [
+            inspect.Parameter(f.name, kind, default=default(f), annotation=f.type)
+            for f in owner.__record_init__
+        ]
+        return inspect.Signature(parameters, return_annotation=None)
+
+
+_SHARED = {
+    "__init__": _init,
+    "__repr__": _repr,
+    "__eq__": _eq,
+    "__hash__": _hash,
+    "__signature__": _Signature(),
+}
+
+
+def record(cls: type[T]) -> type[T]:
+    """Make `cls` a frozen dataclass with the shared methods above (a method the class
+    writes itself stays)."""
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__qualname__}: a record has no __post_init__")
+    for name, method in _SHARED.items():
+        if name not in cls.__dict__:
+            setattr(cls, name, method)
+    cls = dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)(cls)
+    fields = dataclasses.fields(cls)
+    if any(getattr(f, "kw_only", False) is True for f in fields):  # 3.10+
+        raise TypeError(f"{cls.__qualname__}: a record has no keyword-only fields")
+    cls.__record_init__ = tuple(f for f in fields if f.init)
+    cls.__record_repr__ = tuple(f.name for f in fields if f.repr)
+    cls.__record_compare__ = tuple(f.name for f in fields if f.compare)
+    cls.__record_hash__ = tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))
+    return cls
+
+
+if TYPE_CHECKING:  # type checkers read a record's fields as they read a dataclass's
+    record = dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))(record)

@@ -90,7 +90,10 @@ def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def import_costs(env: dict[str, str], top: int = 12) -> None:
-    argv = [sys.executable, "-X", "importtime", "-m", "gpuwarden", "run", "-g", "1", "--", "true"]
+    # The console script, as users run it (`-m` would add runpy's own imports).
+    script = BIN / "gpuwarden"
+    entry = [str(script)] if script.exists() else ["-m", "gpuwarden"]
+    argv = [sys.executable, "-X", "importtime", *entry, "run", "-g", "1", "--", "true"]
     err = subprocess.run(argv, env=env, capture_output=True, text=True).stderr
     rows = []
     for line in err.splitlines():

@@ -8,8 +8,10 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("key", nargs="?", help="show only this setting (e.g. run.min_free)")
     parser.add_argument("--json", action="store_true", help="print JSON: {key: {value, source}}")
     parser.add_argument(

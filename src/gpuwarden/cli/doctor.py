@@ -9,8 +9,10 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("--json", action="store_true", help="print findings and facts as JSON")
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="also show what each passing check saw"

@@ -6,11 +6,13 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
+
 
 SERVES_SEVERAL = True
 
 
-def add_arguments(parser: argparse.ArgumentParser, command_name: str) -> None:
+def add_arguments(parser: Parser, command_name: str) -> None:
     parser.add_argument(
         "ids",
         nargs="*",

@@ -8,8 +8,10 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: Parser) -> None:
     parser.add_argument(
         "--listen", metavar="HOST:PORT", help="address to serve (exporter.listen, 127.0.0.1:9400)"
     )

@@ -14,10 +14,12 @@ if TYPE_CHECKING:
     import argparse
     from typing import Optional, Union
 
-    Group = Union[argparse.ArgumentParser, "argparse._ArgumentGroup"]
+    from gpuwarden.cli.options import Group, Parser
+
+    Declared = Union[Parser, Group]
 
 
-def add_filters(parser: Group) -> None:
+def add_filters(parser: Declared) -> None:
     parser.add_argument(
         "--gpus", metavar="IDS", help="candidates: nvidia-smi indices or UUID prefixes"
     )

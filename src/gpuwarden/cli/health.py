@@ -15,10 +15,12 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
+
 EXIT = {"ok": 0, "warning": 1, "fatal": 3}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
         "--watch",

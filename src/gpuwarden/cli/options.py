@@ -27,7 +27,12 @@ TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it onl
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
-    from typing import Any, Optional
+    from typing import Any, Optional, Union
+
+    # What a command's add_arguments() is given: Options, or a real parser when the
+    # command declares more than Options reads (see NeedsArgparse).
+    Parser = Union["Options", argparse.ArgumentParser]
+    Group = Union["_Group", "argparse._ArgumentGroup"]
 
 REMAINDER = "..."  # argparse.REMAINDER's value: the rest of the line, as written
 

@@ -8,8 +8,10 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("file", metavar="FILE.csv", help="CSV file to append to")
     parser.add_argument(
         "--interval",

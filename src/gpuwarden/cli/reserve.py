@@ -25,6 +25,8 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
+
 SERVES_SEVERAL = True
 RESERVATION_PREFIX = "res-"
 COMMAND = "gpuwarden reserve"
@@ -38,7 +40,7 @@ _EXPORTED = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser, command_name: str) -> None:
+def add_arguments(parser: Parser, command_name: str) -> None:
     if command_name == "reserve":
         from gpuwarden.cli.run import add_filters
 

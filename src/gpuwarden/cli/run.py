@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, Callable, Optional
 
+    from gpuwarden.cli.options import Parser
+
 HELP = "pick free GPUs, reserve them and run a command on them"
 
 
-def add_filters(parser: argparse.ArgumentParser) -> None:
+def add_filters(parser: Parser) -> None:
     """Which GPUs fit (shared with `select`), plus what holding them takes; `reserve`
     uses these too."""
     from gpuwarden.cli import filters
@@ -38,7 +40,7 @@ def add_filters(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: Parser) -> None:
     parser.usage = "gpuwarden run [-g N | --gpus IDS] [filters] [--wait] -- CMD ARGS..."
     parser.epilog = (
         "exit status: the command's; 128+N if killed by signal N; 127 command not found; "

@@ -15,8 +15,10 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("-n", "--count", metavar="N", help="how many GPUs (default 1)")
     filters.add_filters(parser)
     parser.add_argument("--uuid", action="store_true", help="print UUIDs instead of indices")

@@ -17,11 +17,13 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional
 
+    from gpuwarden.cli.options import Parser
+
 SCHEMA = 1
 _SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON document (schema 1)")
     parser.add_argument(
         "--watch",

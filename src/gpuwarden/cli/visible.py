@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import argparse
 
+    from gpuwarden.cli.options import Parser
     from gpuwarden.inventory import Snapshot
     from gpuwarden.visible import Resolution
 
 SCHEMA = "gpuwarden.visible/1"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: Parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the mapping as JSON")
     parser.add_argument(
         "--check",

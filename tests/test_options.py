@@ -170,3 +170,11 @@ def test_help_and_errors_are_argparse_s(capsys: pytest.CaptureFixture[str]) -> N
         main(["run", "--help"])
     assert exit_.value.code == 0
     assert "--min-free SIZE" in capsys.readouterr().out
+
+
+def test_what_options_lacks_is_a_missing_attribute() -> None:
+    options = Options("gpuwarden x")
+    assert not hasattr(options, "add_subparsers")
+    assert not hasattr(options.add_argument_group("g"), "add_mutually_exclusive_group")
+    with pytest.raises(NeedsArgparse):
+        options.set_defaults(x=1)

@@ -43,8 +43,9 @@ _KEYWORDS = frozenset(
 _ACTIONS = frozenset({None, "store", "store_true"})
 
 
-class NeedsArgparse(Exception):
-    """The command uses argparse beyond `Options`: declare it on a real parser."""
+class NeedsArgparse(AttributeError):
+    """The command uses argparse beyond `Options`: declare it on a real parser. (An
+    AttributeError, so that `hasattr` and other probes see a missing attribute.)"""
 
 
 class Namespace(SimpleNamespace):

@@ -85,3 +85,29 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+def require(available: bool, why: str, module: bool = False) -> None:
+    """Skip a test (or with `module`, a whole test module) whose outside component is
+    missing here, with the reason; fail it where GPUWARDEN_REQUIRE_COMPONENTS=1 (CI),
+    which must run every test."""
+    if available:
+        return
+    if os.environ.get("GPUWARDEN_REQUIRE_COMPONENTS") == "1":
+        pytest.fail(f"{why}, and GPUWARDEN_REQUIRE_COMPONENTS=1", pytrace=False)
+    pytest.skip(why, allow_module_level=module)
+
+
+TORCH_MISSING = "torch is not installed (scripts/test installs torch==2.13.0)"
+
+
+def torch_found() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+@pytest.fixture
+def torch_installed() -> None:
+    """For tests of what gpuwarden does with a real torch install (found, probed, run)."""
+    require(torch_found(), TORCH_MISSING)

@@ -32,6 +32,7 @@ def levels(found: list[dict], check: str) -> set[str]:
     return {f["level"] for f in found if f["check"] == check}
 
 
+@pytest.mark.usefixtures("torch_installed")
 def test_mixed_with_cpu_torch_names_the_machines_real_problems(cli, sim):
     sim("mixed")
     proc = cli("doctor", "--json")
@@ -54,6 +55,7 @@ def test_mixed_with_cpu_torch_names_the_machines_real_problems(cli, sim):
     assert levels(found, "distributed.backend") == {"INFO"}  # CPU build: gloo
 
 
+@pytest.mark.usefixtures("torch_installed")
 def test_mixed_text_output_and_pci_bus_id_clears_the_order_warning(cli, sim):
     sim("mixed")
     proc = cli("doctor", "--no-torch-import")
@@ -64,6 +66,7 @@ def test_mixed_text_output_and_pci_bus_id_clears_the_order_warning(cli, sim):
     assert not [f for f in findings(fixed.stdout) if "PCI_BUS_ID" in f["fix"]]
 
 
+@pytest.mark.usefixtures("torch_installed")
 def test_laptop_without_gpus_exits_zero(cli, sim):
     sim("laptop-none")
     proc = cli("doctor", "--json", "--no-torch-import")
@@ -100,7 +103,9 @@ def test_distributed_env_and_visible_errors_reach_the_cli(cli, sim):
 
 
 @pytest.mark.parametrize("name", ["env.json", "env.txt"])
-def test_export_fingerprint_by_extension(cli, sim, tmp_path, name):
+def test_export_fingerprint_by_extension(cli, sim, tmp_path, name, request):
+    if name.endswith(".json"):  # it names the installed torch
+        request.getfixturevalue("torch_installed")
     sim("mixed")
     out = tmp_path / name
     proc = cli("doctor", "--export", str(out), "--no-torch-import", env={"HF_TOKEN_SECRET": "x"})
@@ -127,6 +132,7 @@ def test_export_to_unwritable_path_is_one_line(cli, sim, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.usefixtures("torch_installed")
 def test_in_process_warns_when_variable_changes_after_torch_import(tmp_path, sim):
     sim("server-8xa100")
     script = textwrap.dedent(

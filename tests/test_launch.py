@@ -67,6 +67,7 @@ def test_allowed_uuids_follow_the_parent_environment() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("torch_installed")
 def test_ddp_on_cpu_starts_one_process_per_rank(cli, tmp_path) -> None:
     script = tmp_path / "train.py"
     script.write_text(

@@ -20,17 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 
 
 def component(name: str) -> str:
     path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-    if path is None:
-        why = f"{name} is not installed (Debian package `prometheus`)"
-        if os.environ.get("GPUWARDEN_REQUIRE_COMPONENTS") == "1":
-            pytest.fail(f"{why}, and GPUWARDEN_REQUIRE_COMPONENTS=1")
-        pytest.skip(why)
+    require(path is not None, f"{name} is not installed (Debian package `prometheus`)")
+    assert path is not None
     return path
 
 

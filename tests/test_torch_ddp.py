@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from conftest import TORCH_MISSING, require, torch_found
+
+require(torch_found(), TORCH_MISSING, module=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train.py"

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from conftest import TORCH_MISSING, require, torch_found
+
+require(torch_found(), TORCH_MISSING, module=True)
+import torch  # noqa: E402
 
 from gpuwarden.errors import UserError  # noqa: E402
 from gpuwarden.torch import (  # noqa: E402

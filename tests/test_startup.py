@@ -33,8 +33,9 @@ raise SystemExit(main())
 # shutil only measured the terminal.
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
-    *("argparse", "gettext", "locale", "ast", "dis", "weakref", "subprocess", "tempfile"),
-    "shutil",
+    *("argparse", "gettext", "locale", "subprocess", "tempfile", "shutil"),
+    # From Python 3.12 dataclasses reads annotations through inspect.
+    *(("ast", "dis", "weakref") if sys.version_info < (3, 12) else ()),
 )
 
 

@@ -3,8 +3,9 @@
 Two imports sit on the way of every `gpuwarden run` without doing anything there:
 
 - `inspect` (with ast, dis and tokenize, ~5 ms): `dataclasses` imports it at the
-  top, but calls it only to write a docstring for a class that has none, and
-  every gpuwarden record has one.
+  top, but on Python 3.9-3.11 calls it only to write a docstring for a class
+  that has none, and every gpuwarden record has one. (From 3.12 it reads every
+  class's annotations through `inspect`, so there it loads with the first record.)
 - `copy` (with weakref, ~1 ms): `dataclasses` imports it too, for `asdict()`,
   which `run` never calls.
 - `ctypes.util` (with subprocess, tempfile, random and hashlib, ~3 ms):

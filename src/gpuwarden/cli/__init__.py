@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("record", "append per-GPU samples to a CSV file"),
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),
+    "serve": ("serve", "run the queue service of a shared machine (root)"),
 }
 
 

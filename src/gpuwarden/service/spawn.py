@@ -104,6 +104,49 @@ def job_environment(submitted: Mapping[str, str], extra: Mapping[str, str]) -> d
     return env
 
 
+MARKER_SUFFIX = ".started"
+
+
+def marker_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{MARKER_SUFFIX}")
+
+
+def write_marker(status_dir: str, job: str, data: Mapping[str, object]) -> None:
+    write_atomic(marker_path(status_dir, job), json.dumps(data))
+
+
+def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:
+    """The supervisor's marker ({"supervisor", "since", "pid"?}), or None: no supervisor
+    was ever forked for this job (or the marker is unreadable, which is treated alike
+    only by callers that can check the exit record too)."""
+    try:
+        raw, _ = read_small(marker_path(status_dir, job), what="job marker")
+        data = json.loads(raw)
+    except FileNotFoundError:
+        return None
+    except (UserError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def start_time(pid: Optional[int] = None) -> int:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22):
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+        return int(text.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def alive(pid: int, since: int) -> bool:
+    """Whether the process `pid` that started at `since` still exists (not a reuse)."""
+    return since >= 0 and start_time(pid) == since
+
+
 def exit_record_path(status_dir: str, job: str) -> str:
     return os.path.join(status_dir, f"{job}{EXIT_SUFFIX}")
 
@@ -190,6 +233,12 @@ def _reap(pid: int, timeout: float) -> None:
 def _supervise(launch: Launch, report_w: int) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record."""
     os.setsid()
+    # Nothing of the service's survives into the supervisor but what the job needs:
+    # a copy of the allocation lock or of a client's socket would outlive the service's.
+    _close_all_but({0, 1, 2, report_w, *launch.keep, *(launch.stdio or ())})
+    # Before the job can exist: a restarted service that finds no marker knows it
+    # never started and may queue it again without running it twice.
+    write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL if sig == signal.SIGPIPE else signal.SIG_IGN)
     error_r, error_w = os.pipe2(os.O_CLOEXEC)
@@ -206,6 +255,11 @@ def _supervise(launch: Launch, report_w: int) -> int:
             finally:
                 os._exit(127)
     os.close(error_w)
+    write_marker(
+        launch.status_dir,
+        launch.job,
+        {"supervisor": os.getpid(), "since": start_time(), "pid": job},
+    )
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
     os.close(error_r)
     os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())

@@ -159,8 +159,12 @@ def start_job(
             keep=tuple(held.fds),
             extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
         )
+
+        def record(supervisor: int, since: int) -> None:
+            service.store.update(job.id, supervisor=supervisor)
+
         try:
-            started = spawn.start(launch)
+            started = spawn.start(launch, on_forked=record)
         except UserError:
             held.release()
             raise

@@ -138,30 +138,42 @@ class Service:
     # -- recovery ----------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Find every job of the journal again after a start, a crash or a `kill -9`."""
+        """Find every job of the journal again after a start, a crash or a `kill -9`.
+
+        A STARTING job whose supervisor was never recorded never got the go-ahead: its
+        supervisor (if one was forked) exits without running it, so it is queued again.
+        A recorded supervisor still alive is watched; when it ends, its exit record
+        says how the job ended, and its absence with no marker means it never started.
+        """
         for job in self.store.jobs([store.STARTING, store.RUNNING]):
             marker = spawn.read_marker(self.exits, str(job.id))
             ended = spawn.read_exit_record(self.exits, str(job.id))
             if ended is not None:
                 self._finish(job, ended)
+            elif (
+                job.supervisor
+                and spawn.start_time(job.supervisor) >= 0
+                and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
+            ):
+                self.store.update(job.id, pid=(marker or {}).get("pid") or job.pid)
+                self._watch(job.id, job.supervisor)
+                log.info("re-adopted job %s", job.id)
             elif marker is None:
-                # The supervisor was never forked: the job never ran. Queue it again.
-                log.warning("job %s never started before a restart; queued again", job.id)
-                self.store.update(job.id, state=store.PENDING, gpus=(), started=None)
-            elif spawn.alive(marker["supervisor"], marker.get("since", -1)):
-                self.store.update(
-                    job.id,
-                    state=store.RUNNING,
-                    supervisor=marker["supervisor"],
-                    pid=marker.get("pid"),
-                )
-                self._watch(job.id, marker["supervisor"])
-                log.info("re-adopted running job %s", job.id)
+                self._requeue(job)
             else:
                 self._finish(
                     job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
                 )
         self.dirty = True
+
+    def _requeue(self, job: store.Job) -> None:
+        log.warning("job %s never started before a restart; queued again", job.id)
+        from gpuwarden.service.placing import release_leases
+
+        release_leases(self, job)
+        self.store.update(
+            job.id, state=store.PENDING, gpus=(), started=None, supervisor=None, pid=None
+        )
 
     # -- clients -----------------------------------------------------------------------
 
@@ -469,11 +481,14 @@ class Service:
         if job.supervisor:
             spawn.wait_supervisor(job.supervisor, timeout=0)
         ended = spawn.read_exit_record(self.exits, str(job_id))
-        if ended is None:
-            ended = spawn.Ended(None, None, "its supervisor died", time.time())
-            self._finish(job, ended, store.LOST)
-        else:
+        if ended is not None:
             self._finish(job, ended)
+        elif spawn.read_marker(self.exits, str(job_id)) is None:
+            self._requeue(job)  # its supervisor never had the go-ahead
+        else:
+            self._finish(
+                job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
+            )
 
     def _finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
         if state is None:

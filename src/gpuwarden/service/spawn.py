@@ -28,7 +28,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -170,20 +170,40 @@ def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
         return Ended(None, None, "unreadable exit record", 0.0)
 
 
-def start(launch: Launch, timeout: float = 30.0) -> Started:
+def start(
+    launch: Launch,
+    timeout: float = 30.0,
+    on_forked: Optional[Callable[[int, int], None]] = None,
+) -> Started:
     """Fork the supervisor and the job; return once the job has exec'd (or raise
-    UserError with the reason it could not start, after recording it)."""
+    UserError with the reason it could not start, after recording it).
+
+    `on_forked(supervisor pid, its start time)` runs before the supervisor may start
+    the job: the service records the supervisor there. The supervisor waits for a
+    go-ahead on a pipe, and a service that dies before giving it leaves a supervisor
+    that reads end-of-file and exits without running anything — so a job the
+    journal does not know to be starting never runs, and none runs twice.
+    """
     if not launch.argv or not launch.argv[0]:
         raise UserError("empty command")
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # the supervisor
         code = 70
         try:
             os.close(report_r)
-            code = _supervise(launch, report_w)
+            os.close(go_w)
+            code = _supervise(launch, report_w, go_r)
         finally:
             os._exit(code)
+    os.close(go_r)
+    try:
+        if on_forked is not None:
+            on_forked(pid, _start_time_of_child(pid))
+        os.write(go_w, b"g")
+    finally:
+        os.close(go_w)
     os.close(report_w)
     try:
         message = _read_all(report_r, timeout)
@@ -230,12 +250,21 @@ def _reap(pid: int, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def _supervise(launch: Launch, report_w: int) -> int:
+def _start_time_of_child(pid: int) -> int:
+    """The forked supervisor's start time (it exists: it waits for the go-ahead)."""
+    return start_time(pid)
+
+
+def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record."""
     os.setsid()
     # Nothing of the service's survives into the supervisor but what the job needs:
     # a copy of the allocation lock or of a client's socket would outlive the service's.
-    _close_all_but({0, 1, 2, report_w, *launch.keep, *(launch.stdio or ())})
+    _close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
+    go = os.read(go_r, 1)
+    os.close(go_r)
+    if go != b"g":
+        return 0  # the service died before recording us: the job must not run
     # Before the job can exist: a restarted service that finds no marker knows it
     # never started and may queue it again without running it twice.
     write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})

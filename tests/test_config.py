@@ -147,7 +147,7 @@ def test_dotted_keys_at_top_level_work(user: Path) -> None:
         ('[run]\nmin_free = "10XB"\n', "run.min_free must be a size such as 20GiB or 500M"),
         ("[run]\nkeep_first_last = 1\n", "run.keep_first_last must be true or false, got 1"),
         ('[run]\nid_format = "pci"\n', "run.id_format must be one of index|uuid, got 'pci'"),
-        ("[run]\ncount = 1.5\n", "run.count must be an integer, got 1.5"),
+        ("[run]\ncount = 1.5\n", "run.count must be an integer >= 0, got 1.5"),
         ('[health]\nfatal_xids = ["x"]\n', "health.fatal_xids must be a list of integers"),
         ('[exporter]\nlisten = "localhost"\n', "exporter.listen must be HOST:PORT"),
         ('[run]\nmin_capability = "eight"\n', "run.min_capability must be a compute capability"),

@@ -288,7 +288,7 @@ SCHEMA: tuple[Key, ...] = (
         choices=("index", "uuid"),
     ),
     Key("run.wait", "bool", False, "wait in line when not enough GPUs are free"),
-    Key("run.timeout", "duration", None, "give up waiting after this long", low=0),
+    Key("run.timeout", "duration", None, "give up waiting after this long"),
     Key(
         "lease.dir",
         "path",
@@ -564,9 +564,8 @@ def refusal(path: str) -> Optional[str]:
         if stat.S_ISLNK(st.st_mode):
             # A symlink (dotfile managers use them) is followed only when its owner
             # is trusted; then the target and its directory are judged as well.
-            why = _untrusted(st, "the symlink")
-            if why:
-                return why
+            if st.st_uid not in (os.geteuid(), 0):  # a link's own mode means nothing
+                return f"the symlink is owned by {_owner(st.st_uid)}, not by you or root"
             st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"

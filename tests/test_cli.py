@@ -59,3 +59,27 @@ def test_unknown_spec_lists_the_bundled_ones(cli) -> None:
     out = cli("--sim", "nope", "status")
     assert out.returncode == 2
     assert "unknown spec 'nope'" in out.stderr and "server-8xa100" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("stauts", "status"), ("sttaus", "status"), ("reserv", "reserve"), ("undrian", "undrain")],
+)
+def test_a_mistyped_command_gets_a_did_you_mean(
+    typed: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwarden.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([typed])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"gpuwarden: error: unknown command {typed!r}; did you mean {meant!r}?"
+
+
+def test_a_command_like_nothing_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuwarden.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["xyzzy"])
+    assert "(choose from status, visible, run," in capsys.readouterr().err

@@ -217,8 +217,8 @@ _KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "float": (_as_float, "a number"),
     "seconds": (_as_seconds, "a number of seconds (ten years at most)"),
     "percent": (_as_percent, "a percentage 0-100"),
-    "size": (_as_size, "a size such as 20GiB or 500M"),
-    "duration": (_as_duration, "a duration such as 90, 30s, 5m or 4h"),
+    "size": (_as_size, "a size such as 20GiB or 500M (1EiB at most)"),
+    "duration": (_as_duration, "a duration such as 90, 30s, 5m or 4h (ten years at most)"),
     "ids": (_as_ids, 'GPU IDs such as "0,2" or ["GPU-3f2a"]'),
     "ints": (_as_ints, "a list of integers"),
     "capability": (_as_capability, "a compute capability such as 8.0"),
@@ -668,12 +668,18 @@ def _file_values(path: Path, data: dict[str, Any]) -> dict[str, Any]:
                 values[key] = spec.normalise(value)
             except _BadValue:
                 raise UserError(
-                    f"{path}: {key} must be {spec.expected()}, got {value!r}"
+                    f"{path}: {key} must be {spec.expected()}, got {_shown(value)}"
                     f"{_line_of(path, section, name)}"
                 ) from None
             if spec.kind == "path" and not os.path.isabs(values[key]):
                 values[key] = str((path.parent / values[key]).absolute())
     return values
+
+
+def _shown(value: Any) -> str:
+    from gpuwarden.units import shown
+
+    return shown(value)
 
 
 def _suggest(key: str) -> str:
@@ -723,7 +729,9 @@ def load(
             try:
                 value = spec.normalise(text)
             except _BadValue:
-                raise UserError(f"{name}={text!r}: {spec.name} must be {spec.expected()}") from None
+                raise UserError(
+                    f"{name}={_shown(text)}: {spec.name} must be {spec.expected()}"
+                ) from None
             if spec.kind == "path":
                 value = os.path.abspath(value)
             values[spec.name] = (value, f"env: {name}")
@@ -738,7 +746,7 @@ def load(
             value = spec.normalise(raw)
         except _BadValue:
             raise UserError(
-                f"invalid {key.split('.')[-1]} {raw!r}: expected {spec.expected()}"
+                f"invalid {key.split('.')[-1]} {_shown(raw)}: expected {spec.expected()}"
             ) from None
         if spec.kind == "path":
             value = os.path.abspath(value)

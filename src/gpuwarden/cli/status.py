@@ -37,10 +37,12 @@ def add_arguments(parser: Parser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.watch is not None:
-        if args.watch <= 0:
+        if not 0 < args.watch <= 86400:  # also NaN; time.sleep(inf) raises OverflowError
             from gpuwarden.errors import UserError
 
-            raise UserError(f"--watch needs a positive number of seconds, got {args.watch:g}")
+            raise UserError(
+                f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
+            )
         return _watch(args)
     from gpuwarden.cli.oneshot import one_shot
 

@@ -479,3 +479,18 @@ def test_out_of_range_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) ->
         "GPUWARDEN_HEALTH_POLL_SECONDS='0': health.poll_seconds must be "
         "a number of seconds (ten years at most) > 0"
     )
+
+
+def test_group_write_counts_only_when_someone_else_is_in_the_group(
+    user: Path, other_uid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pwd
+
+    write(user, HOOK).chmod(0o664)  # umask 002 with a user private group: the usual case
+    os.chown(user, -1, pwd.getpwuid(os.geteuid()).pw_gid)
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") == "touch /tmp/owned" and err == ""
+    os.chown(user, -1, pwd.getpwuid(other_uid).pw_gid)  # the other user's primary group
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert "the file is writable by others (mode 0664)" in err

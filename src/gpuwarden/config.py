@@ -539,6 +539,9 @@ def _others_can_write(st: os.stat_result) -> bool:
         return True
     if any(member != owner for member in group.gr_mem):
         return True
+    if group.gr_name == owner:  # the owner's private group, as useradd makes it
+        return False
+    # Someone may have it as their primary group without being listed as a member.
     return any(p.pw_gid == st.st_gid and p.pw_uid != st.st_uid for p in pwd.getpwall())
 
 

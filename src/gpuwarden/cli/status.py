@@ -31,7 +31,8 @@ def add_arguments(parser: Parser) -> None:
         const=2.0,
         type=float,
         metavar="SECONDS",
-        help="refresh in place every SECONDS (default 2) until Ctrl-C",
+        help="refresh every SECONDS (default 2) until Ctrl-C: in place on a terminal, "
+        "else one plain frame after another",
     )
 
 

@@ -231,6 +231,18 @@ ENV_CASES = [
     case("status", expect="unknown spec", env={"GPUWARDEN_SIM": "nope"}),
     case("status", expect="not found", env={"GPUWARDEN_SIM": "/no/such/spec.toml"}),
     case("status", expect="spec", env={"GPUWARDEN_SIM": "."}),
+    case("status", expect="is not a regular file", env={"GPUWARDEN_SIM": "/dev/null"}),
+    case("status", expect="is not a regular file", env={"GPUWARDEN_SIM": "/tmp/"}),
+    case("status", expect="GPUWARDEN_SIM_STATE", env={"GPUWARDEN_SIM_STATE": "/dev/null"}),
+    case(
+        "sim",
+        "set",
+        "--gpu",
+        "0",
+        "temp=50",
+        expect="GPUWARDEN_SIM_STATE",
+        env={"GPUWARDEN_SIM_STATE": "/dev/null"},
+    ),
 ]
 
 # --- config files ----------------------------------------------------------------------------

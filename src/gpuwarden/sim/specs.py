@@ -148,7 +148,10 @@ def _spec_file(spec: str) -> str:
 
         path = str(Path(spec).expanduser())
         if not os.path.isfile(path):
-            raise UserError(f"spec file {spec} not found")
+            exists = os.path.exists(path)
+            raise UserError(
+                f"spec file {spec} {'is not a regular file' if exists else 'not found'}"
+            )
         return path
     path = os.path.join(_SPEC_DIR, f"{spec}.toml")
     if not os.path.isfile(path):

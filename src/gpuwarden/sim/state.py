@@ -117,6 +117,8 @@ class StateFile:
                 self._state = self.spec.initial_state()
                 self._key = None
             return self._state
+        except OSError as err:  # GPUWARDEN_SIM_STATE names a file, or one we may not read
+            raise self._unusable(err) from None
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != self._key or self._state is None:
             try:
@@ -140,8 +142,20 @@ class StateFile:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def _unusable(self, err: OSError) -> UserError:
+        return UserError(
+            f"simulated machine state {self.path}: {err.strerror} "
+            "(GPUWARDEN_SIM_STATE must name a directory you can write)"
+        )
+
     def update(self, change: Callable[[dict[str, Any]], Any]) -> Any:
         """Apply `change` to the current state under the lock and publish the result."""
+        try:
+            return self._update(change)
+        except OSError as err:
+            raise self._unusable(err) from None
+
+    def _update(self, change: Callable[[dict[str, Any]], Any]) -> Any:
         with self._locked():
             try:
                 with open(self.path, encoding="utf-8") as handle:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
-from gpuwarden import config
+from gpuwarden import config, config_trust
 
 SECONDS = 20  # no case may take this long: a hang fails the case instead of the run
 
@@ -309,7 +309,7 @@ def invoke(
     """`gpuwarden ARGV` in this process: (exit code, stdout, stderr)."""
     from gpuwarden.cli import main
 
-    config._WARNED.clear()
+    config_trust._WARNED.clear()
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(SECONDS)
     try:

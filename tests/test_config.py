@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import config
+from gpuwarden import config, config_trust
 from gpuwarden.errors import UserError
 
 GiB = 2**30
@@ -308,7 +308,7 @@ def project(isolated: Path, mode: int = 0o755) -> Path:
 
 
 def refused_load(capsys: pytest.CaptureFixture[str]) -> tuple[config.Config, str]:
-    config._WARNED.clear()
+    config_trust._WARNED.clear()
     cfg = config.load()
     return cfg, capsys.readouterr().err
 

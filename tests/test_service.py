@@ -285,3 +285,67 @@ def test_malformed_requests_leave_the_service_serving(server: Server) -> None:
         sock.close()
     assert server.call(None, "hello")["admin"] is True
     assert "argv" in server.call(None, "submit", argv=[], cwd="/")["error"]
+
+
+ATTACHED = """
+import json, os, sys
+from gpuwarden.errors import UserError
+from gpuwarden.service.client import run_attached
+fields = json.loads(sys.argv[2])
+fields["cwd"] = os.getcwd()
+fields["env"] = dict(os.environ)
+try:
+    sys.exit(run_attached(fields, sys.argv[1]))
+except UserError as err:
+    print("gpuwarden run: " + str(err), file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def attached(srv: Server, who: Person, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    fields = json.dumps({"argv": argv, "request": {"count": 1}})
+    return subprocess.Popen(
+        [USER_PY, "-c", ATTACHED, srv.socket, fields],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+        **popen,
+    )
+
+
+def test_attached_run_output_and_exit_status_are_the_jobs(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    script = "import os, sys; print('out', os.getuid()); print('err', file=sys.stderr); sys.exit(5)"
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    assert out == f"out {alice.uid}\n" and err == "err\n"
+
+
+def test_ctrl_c_reaches_the_attached_job(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 42
+
+
+def test_an_attached_job_ends_when_its_client_is_killed(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    proc = attached(server, alice, ["sh", "-c", "echo ready; exec sleep 60"])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    job = max(r["id"] for r in server.call(None, "queue")["jobs"])
+    proc.kill()
+    proc.wait(10)
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM

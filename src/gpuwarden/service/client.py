@@ -8,9 +8,11 @@ on a workstation.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
+import sys
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
@@ -89,3 +91,87 @@ def require(path: Optional[str] = None) -> Client:
             "an admin starts one with `gpuwarden serve` (docs/service.md)"
         )
     return client
+
+
+def run_attached(fields: dict[str, Any], path: Optional[str] = None) -> int:
+    """Submit a job that runs on this terminal, as `gpuwarden run` does without the
+    service: its output is ours (our stdin, stdout and stderr are passed to the
+    service with the request), Ctrl-C and other signals we get are passed on to the
+    job, and the job's exit status is returned. If the connection is lost (the service
+    restarted), the job runs on; we reconnect and wait for its end."""
+    import signal
+
+    client = require(path)
+    message = {"v": protocol.VERSION, "op": "submit", "attached": True, **fields}
+    socket.send_fds(client.sock, [protocol.encode(message)], [0, 1, 2])
+    reply = client.receive()
+    if not reply.get("ok"):
+        client.close()
+        raise UserError(str(reply.get("error") or "the service refused the job"))
+    job = int(reply["job"])
+    state = {"client": client}
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError, UserError):
+            sock = state["client"].sock
+            sock.sendall(
+                protocol.encode(
+                    {"v": protocol.VERSION, "op": "signal", "job": job, "signal": signum}
+                )
+            )
+
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        while True:
+            try:
+                event = state["client"].receive()
+            except UserError:
+                state["client"].close()
+                status = _wait_after_reconnect(job, path, state)
+                if status is not None:
+                    return status
+                continue
+            if event.get("event") == "ended":
+                if event.get("error"):
+                    print(f"gpuwarden run: job {job}: {event['error']}", file=sys.stderr)
+                return int(event.get("status", 1))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        state["client"].close()
+
+
+def _wait_after_reconnect(job: int, path: Optional[str], state: dict[str, Any]) -> Optional[int]:
+    """After a lost connection: reconnect (the service may be restarting) and poll the
+    job until it has ended; its status from the journal."""
+    import time
+
+    while True:
+        client = connect(path)
+        if client is None:
+            time.sleep(0.2)
+            continue
+        state["client"] = client
+        try:
+            while True:
+                rows = client.call("queue")["jobs"] + client.call("jobs", limit=1000)["jobs"]
+                row = next((r for r in rows if r["id"] == job), None)
+                if row is None or row["state"] not in ("PENDING", "STARTING", "RUNNING"):
+                    return _status_of(row)
+                time.sleep(0.2)
+        except UserError:
+            client.close()
+            time.sleep(0.2)
+
+
+def _status_of(row: Optional[dict[str, Any]]) -> int:
+    if row is None:
+        return 1
+    if row.get("signal"):
+        return 128 + int(row["signal"])
+    if row.get("exit_code") is not None:
+        return int(row["exit_code"])
+    if row.get("error"):
+        print(f"gpuwarden run: job {row['id']}: {row['error']}", file=sys.stderr)
+    return 1 if row.get("state") != "CANCELLED" else 143

@@ -156,6 +156,7 @@ def start_job(
             status_dir=service.exits,
             umask=job.umask,
             output=job.output,
+            stdio=_stdio(service, job.id),
             keep=tuple(held.fds),
             extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
         )
@@ -170,6 +171,8 @@ def start_job(
             raise
         held.publish(started.pid, command_text(job.argv))
         held.close()  # the job holds the leases now; the service keeps no copy
+        service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
+        service.release_stdio(job.id)  # the job has them now
     except BaseException:
         held.close()
         raise
@@ -177,6 +180,11 @@ def start_job(
         job.id, state=store.RUNNING, supervisor=started.supervisor, pid=started.pid
     )
     return started
+
+
+def _stdio(service: Service, job_id: int) -> Optional[tuple[int, int, int]]:
+    fds = service.stdio.get(job_id)
+    return None if not fds else (fds[0], fds[1], fds[2])
 
 
 def release_leases(service: Service, job: store.Job) -> None:

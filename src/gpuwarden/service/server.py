@@ -53,8 +53,18 @@ class _Client:
     sock: socket.socket
     who: Person
     decoder: protocol.Decoder = field(default_factory=protocol.Decoder)
-    out: bytearray = field(default_factory=bytearray)
     seen: float = field(default_factory=time.monotonic)
+    fds: list[int] = field(default_factory=list)  # descriptors passed with the last message
+    job: Optional[int] = None  # the attached job this connection waits for
+
+    def take_fds(self) -> list[int]:
+        fds, self.fds = self.fds, []
+        return fds
+
+    def close_fds(self) -> None:
+        for fd in self.take_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class Service:
@@ -75,6 +85,8 @@ class Service:
         self._priorities: dict[int, float] = {}
         self._estimates: dict[int, Optional[float]] = {}
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
+        self.attached: dict[int, _Client] = {}  # job id -> the client waiting on it
+        self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -145,6 +157,14 @@ class Service:
         A recorded supervisor still alive is watched; when it ends, its exit record
         says how the job ended, and its absence with no marker means it never started.
         """
+        for job in self.store.jobs([store.PENDING]):
+            if job.attached:  # its client's terminal went with the old service
+                self.store.update(
+                    job.id,
+                    state=store.CANCELLED,
+                    ended=time.time(),
+                    error="the service restarted before it started; submit it again",
+                )
         for job in self.store.jobs([store.STARTING, store.RUNNING]):
             marker = spawn.read_marker(self.exits, str(job.id))
             ended = spawn.read_exit_record(self.exits, str(job.id))
@@ -203,11 +223,13 @@ class Service:
 
     def _read(self, client: _Client) -> None:
         try:
-            data = client.sock.recv(65536)
+            data, fds, _, _ = socket.recv_fds(client.sock, 65536, 3)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, fds = b"", []
+        client.close_fds()  # descriptors not claimed by the message they came with
+        client.fds = list(fds)
         if not data:
             self._drop(client)
             return
@@ -220,7 +242,7 @@ class Service:
             return
         for message in messages:
             try:
-                reply = self.handle(client.who, message)
+                reply = self.handle(client.who, message, client)
             except UserError as err:
                 reply = {"ok": False, "error": str(err)}
             except Exception as err:  # a bug must not take the queue down with it
@@ -243,11 +265,35 @@ class Service:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(client.sock)
         client.sock.close()
+        client.close_fds()
+        if client.job is not None:
+            self._detach(client.job)
+
+    def _detach(self, job_id: int) -> None:
+        """An attached client went away (its terminal closed, it was killed): its job
+        ends too, as a job started from a shell would, and its descriptors are closed."""
+        self.attached.pop(job_id, None)
+        self.release_stdio(job_id)
+        job = self.store.get(job_id)
+        if job is None or job.state not in store.ACTIVE:
+            return
+        log.info("job %s: its attached client left; cancelling it", job_id)
+        self._cancel(job)
+
+    def release_stdio(self, job_id: int) -> None:
+        for fd in self.stdio.pop(job_id, ()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def notify_attached(self, job_id: int, event: dict[str, Any]) -> None:
+        client = self.attached.get(job_id)
+        if client is not None:
+            self._send(client, {"ok": True, "job": job_id, **event})
 
     def _tick(self) -> None:
         now = time.monotonic()
         for client in list(self.clients.values()):
-            if now - client.seen > self.settings.idle_timeout:
+            if client.job is None and now - client.seen > self.settings.idle_timeout:
                 self._drop(client)
         self._enforce_time_limits()
         if any(True for _ in self.store.jobs([store.PENDING])):
@@ -255,7 +301,9 @@ class Service:
 
     # -- requests ----------------------------------------------------------------------
 
-    def handle(self, who: Person, message: Mapping[str, Any]) -> dict[str, Any]:
+    def handle(
+        self, who: Person, message: Mapping[str, Any], client: Optional[_Client] = None
+    ) -> dict[str, Any]:
         op = protocol.op_of(message)
         if op == "hello":
             return {
@@ -266,7 +314,20 @@ class Service:
                 "admin": self.settings.admins.include(who),
             }
         if op == "submit":
-            return self._submit(who, protocol.submit(message))
+            return self._submit(who, protocol.submit(message), client)
+        if op == "signal":
+            (job_id,) = protocol.job_ids([message.get("job")], "job")
+            number = protocol.signal_number(message.get("signal"))
+            job = self._owned(who, job_id, "signal")
+            if job.state == store.PENDING and number in (
+                signal.SIGINT,
+                signal.SIGTERM,
+                signal.SIGHUP,
+            ):
+                self._cancel(job)
+            elif job.pid:
+                spawn.signal_job(job.pid, number)
+            return {"ok": True}
         if op in ("queue", "jobs"):
             return self._list(who, op, message)
         if op in ("cancel", "hold", "release"):
@@ -279,8 +340,17 @@ class Service:
             return self._share()
         raise protocol.ProtocolError(f"operation {op!r} is not served yet")
 
-    def _submit(self, who: Person, sub: protocol.Submit) -> dict[str, Any]:
+    def _submit(
+        self, who: Person, sub: protocol.Submit, client: Optional[_Client] = None
+    ) -> dict[str, Any]:
         s = self.settings
+        stdio: list[int] = []
+        if sub.attached:
+            stdio = client.take_fds() if client is not None else []
+            if len(stdio) != 3 or client is None or client.job is not None:
+                for fd in stdio:
+                    os.close(fd)
+                raise UserError("an attached job needs its client's stdin, stdout and stderr")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
         limit = s.max_jobs_per_user
@@ -320,7 +390,12 @@ class Service:
                 output=sub.output,
             )
         )
-        if job.output is None:
+        if sub.attached and client is not None:
+            self.store.update(job.id, attached=True)
+            client.job = job.id
+            self.attached[job.id] = client
+            self.stdio[job.id] = stdio
+        elif job.output is None:
             self.store.update(job.id, output=os.path.join(sub.cwd, f"gpuwarden-{job.id}.out"))
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
         self.dirty = True
@@ -347,12 +422,7 @@ class Service:
             if job.state not in store.ACTIVE:
                 raise UserError(f"job {job_id} has ended ({job.state})")
             if op == "cancel":
-                if job.state == store.PENDING:
-                    self.store.update(job_id, state=store.CANCELLED, ended=time.time(), reason=None)
-                elif job.pid:
-                    spawn.signal_job(job.pid, signal.SIGTERM)
-                    self.termed.setdefault(job_id, time.monotonic())
-                    self.store.update(job_id, reason="cancelling")
+                self._cancel(job)
             elif job.state != store.PENDING:
                 raise UserError(f"job {job_id} is already running; only waiting jobs can be held")
             else:
@@ -361,6 +431,25 @@ class Service:
             log.info("%s: job %s by %s", op, job_id, who.name)
         self.dirty = True
         return {"ok": True, "jobs": done}
+
+    def _cancel(self, job: store.Job) -> None:
+        if job.state == store.PENDING:
+            self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
+            self._ended_attached(job.id, None)
+        elif job.pid:
+            spawn.signal_job(job.pid, signal.SIGTERM)
+            self.termed.setdefault(job.id, time.monotonic())
+            self.store.update(job.id, reason="cancelling")
+
+    def _ended_attached(self, job_id: int, ended: Optional[spawn.Ended]) -> None:
+        """Tell an attached client how its job ended, and let go of its descriptors."""
+        status = 128 + signal.SIGTERM if ended is None else ended.shell_status
+        error = "cancelled before it started" if ended is None else ended.error
+        self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
+        client = self.attached.pop(job_id, None)
+        if client is not None:
+            client.job = None
+        self.release_stdio(job_id)
 
     def _list(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
         if op == "jobs":
@@ -523,6 +612,7 @@ class Service:
         for name in (spawn.exit_record_path, spawn.marker_path):
             with contextlib.suppress(OSError):
                 os.unlink(name(self.exits, str(job.id)))
+        self._ended_attached(job.id, ended)
         log.info("job %s ended: %s", job.id, state)
         self.dirty = True
 

@@ -11,6 +11,7 @@ supervisor (service.spawn), and records it RUNNING. docs/service.md has the desi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import selectors
@@ -25,7 +26,8 @@ from typing import Any, Callable, Optional
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol, spawn, store
-from gpuwarden.service.identity import Admins, Person, peer
+from gpuwarden.service.identity import Admins, Person, peer, person
+from gpuwarden.service.notify import JobNotifier
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -43,6 +45,8 @@ class Settings:
     max_time: Optional[float] = None
     show_commands: bool = False
     grace: float = 30.0  # SIGTERM to SIGKILL past a time limit
+    webhook: Optional[str] = None  # POSTed a JSON event when a job ends
+    sendmail: Optional[str] = None  # mails the owner when a job ends
     tick: float = 1.0
     max_clients: int = 512
     idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped
@@ -87,6 +91,7 @@ class Service:
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
         self.attached: dict[int, _Client] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
+        self.notifier = JobNotifier(settings.webhook, settings.sendmail)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -100,6 +105,7 @@ class Service:
             if not stat.S_ISSOCK(st.st_mode):
                 raise UserError(f"{path} exists and is not a socket; refusing to replace it")
             os.unlink(path)
+        self.notifier.start()  # a fork: before anything else runs
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         os.chmod(path, 0o666)  # anyone may ask; the kernel says who asked
@@ -121,6 +127,7 @@ class Service:
         for fd in self.watched.values():
             os.close(fd)
         self.watched.clear()
+        self.notifier.close()
         self.store.close()
 
     def serve_forever(self) -> None:
@@ -401,6 +408,12 @@ class Service:
         self.dirty = True
         return {"ok": True, "job": job.id}
 
+    def _is_admin_uid(self, uid: int) -> bool:
+        try:
+            return self.settings.admins.include(person(uid))
+        except UserError:
+            return False
+
     def _exempt(self, who: Person) -> bool:
         return self.settings.admins.include(who)
 
@@ -521,13 +534,17 @@ class Service:
         now = time.time()
         gpus, busy, waiting = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
+        policy = self.settings.policy
+        if policy.max_gpus_per_user is not None:
+            admins = {j.user for j in (*pending, *running) if self._is_admin_uid(j.uid)}
+            policy = dataclasses.replace(policy, exempt=policy.exempt | admins)
         decisions = scheduling.plan(
             gpus,
             busy,
             waiting,
             usage,
             now,
-            self.settings.policy,
+            policy,
             finished={str(k): v for k, v in ended.items()},
         )
         self._priorities = {int(d.id): d.priority for d in decisions}
@@ -613,6 +630,22 @@ class Service:
             with contextlib.suppress(OSError):
                 os.unlink(name(self.exits, str(job.id)))
         self._ended_attached(job.id, ended)
+        self.notifier.notify(
+            {
+                "event": "job_ended",
+                "job": job.id,
+                "user": job.user,
+                "state": state,
+                "exit_code": ended.code,
+                "signal": ended.signal,
+                "error": ended.error,
+                "command": list(job.argv),
+                "gpus": list(job.gpus),
+                "output": job.output,
+                "elapsed": (ended.at or now) - started,
+                "host": os.uname().nodename,
+            }
+        )
         log.info("job %s ended: %s", job.id, state)
         self.dirty = True
 

@@ -103,7 +103,10 @@ def _fields(data: object) -> tuple[str, float, bool]:
     at = data.get("at")
     if isinstance(at, bool) or not isinstance(at, (int, float)):
         raise ValueError("field 'at' is not a number")
-    at = float(at)  # an int too large for a float raises OverflowError, caught below
+    try:
+        at = float(at)
+    except OverflowError:
+        raise ValueError("field 'at' is not a time") from None
     if not math.isfinite(at) or at < 0:
         raise ValueError("field 'at' is not a time")
     auto = data.get("auto", False)

@@ -75,6 +75,10 @@ def open_regular(
             raise UnsafeFile(f"refusing {what} {os.fspath(path)}: it is a FIFO") from None
         if err.errno == errno.EISDIR:
             raise UnsafeFile(f"refusing {what} {os.fspath(path)}: it is a directory") from None
+        if err.errno == errno.EACCES and _is_symlink(path, dir_fd):
+            # fs.protected_symlinks refuses another user's symlink in a sticky directory
+            # before O_NOFOLLOW is looked at: the same refusal, said the same way.
+            raise UnsafeFile(f"refusing {what} {os.fspath(path)}: it is a symbolic link") from None
         raise
     try:
         st = os.fstat(fd)
@@ -84,6 +88,13 @@ def open_regular(
         os.close(fd)
         raise
     return fd, st
+
+
+def _is_symlink(path: PathLike, dir_fd: Optional[int]) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
 
 
 def read_bounded(fd: int, limit: int = MAX_RECORD, *, what: str = "file") -> bytes:

@@ -106,32 +106,37 @@ def _open_own(path: str, me: int) -> int:
     """A descriptor appending to `path`, a regular file owned by `me`. Root removes
     whatever else stands under its own log's name (a symlink, a FIFO, a file planted
     by another user); anyone else gets a UserError naming the problem."""
+    import stat
+
     from gpuwarden.safefiles import UnsafeFile, open_regular
     from gpuwarden.safefiles import owner_name as user_name
 
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-    for attempt in (1, 2):
-        try:
-            fd, st = open_regular(path, flags, 0o644, what="XID log")
-        except UnsafeFile as err:
-            if me != 0 or attempt == 2 or os.path.isdir(path):
-                raise UserError(f"cannot write the XID log: {err}") from None
-            _remove(path)
-            continue
-        except OSError as err:
-            raise UserError(f"cannot write the XID log {path}: {err.strerror}") from None
-        if st.st_uid == me:
-            return fd
-        os.close(fd)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise UserError(f"cannot write the XID log {path}: {err.strerror}") from None
+    if st is not None and (st.st_uid != me or not stat.S_ISREG(st.st_mode)):
         owner = user_name(st.st_uid)
-        if me != 0 or attempt == 2:
+        if me != 0 or stat.S_ISDIR(st.st_mode):
             raise UserError(
-                f"cannot write the XID log {path}: it belongs to {owner}, not {user_name(me)} "
-                "(remove it; that name is kept for this user's health watch)"
+                f"cannot write the XID log {path}: it is not a file of {user_name(me)}'s "
+                f"(owner {owner}); remove it, that name is kept for this user's health watch"
             )
-        report(f"replacing the XID log {path} made by {owner}: only root's watch writes it")
+        report(f"replacing {path}, made by {owner}: only root's health watch writes it")
         _remove(path)
-    raise AssertionError("unreachable")  # pragma: no cover
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        fd, st = open_regular(path, flags, 0o644, what="XID log")
+    except UnsafeFile as err:  # planted again between the check and the open
+        raise UserError(f"cannot write the XID log: {err}") from None
+    except OSError as err:
+        raise UserError(f"cannot write the XID log {path}: {err.strerror}") from None
+    if st.st_uid != me:  # the same race; never append to a file someone else owns
+        os.close(fd)
+        raise UserError(f"cannot write the XID log {path}: it belongs to {user_name(st.st_uid)}")
+    return fd
 
 
 def _remove(path: str) -> None:

@@ -232,7 +232,7 @@ def test_a_held_drain_lock_times_out_naming_its_holder(mallory: int, shared: Pat
 
 def test_a_fifo_as_the_drain_lock_is_refused_not_waited_on(mallory: int, shared: Path) -> None:
     as_mallory("mkfifo", str(shared / drains.LOCK_NAME))
-    with pytest.raises(UserError, match="refusing drain lock .*: it is a FIFO"):
+    with pytest.raises(UserError, match=r"refusing drain lock .*: it is a FIFO"):
         drains.drain(UUID, "x")  # before: open() blocked for ever
     drains.drain(UUID, "x", force=True)
     assert UUID in drains.list_drains()
@@ -348,9 +348,7 @@ def machine(sim):
     return Machine.open()
 
 
-def test_the_watch_survives_an_unwritable_xid_log_and_still_drains(
-    isolated: Path, machine
-) -> None:
+def test_the_watch_survives_an_unwritable_xid_log_and_still_drains(isolated: Path, machine) -> None:
     state = isolated / "state"
     (state / "xids.jsonl").mkdir(parents=True)  # cannot be replaced, even by root
     said: list[str] = []
@@ -411,3 +409,21 @@ def test_xid_advice_says_each_step_once(xid: int) -> None:
     _, action = health.describe_xid(xid)
     assert action.count("restart the application") == 1, action
     assert "if it repeats on one GPU only" in action
+
+
+def test_an_exporter_scrape_survives_hostile_drains_and_xid_lines(
+    mallory: int, shared: Path, machine
+) -> None:
+    # Before: one `xid: "79"` line or `at: []` drain emptied every scrape (and a FIFO hung it).
+    from gpuwarden.exporter import ViewCache, render
+
+    gpus = read_snapshot(processes=False).gpus
+    as_mallory("mkfifo", str(shared / f"drain.{gpus[0].uuid}.json"))
+    plant(shared / f"drain.{gpus[1].uuid}.json", '{"reason": "x", "at": []}')
+    xidlog.record_xid(gpus[2].uuid, 13)
+    with open(shared / "xids.jsonl", "a") as log:
+        log.write(json.dumps({"uuid": gpus[3].uuid, "xid": "79", "at": []}) + "\n")
+    text = render(ViewCache(cache_seconds=0).get())
+    drained = [line for line in text.splitlines() if line.startswith("gpuwarden_gpu_drained{")]
+    assert sum(line.endswith(" 1.0") for line in drained) == 2
+    assert f'uuid="{gpus[2].uuid}"' in text and 'xid="13"' in text and 'xid="79"' not in text

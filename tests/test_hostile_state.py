@@ -337,6 +337,26 @@ def test_a_non_root_reader_believes_root_and_itself_only(mallory: int, shared: P
     assert xidlog.xids_seen() == {"GPU-by-root": (79,)}  # root does not believe hers
 
 
+def test_a_service_owning_the_state_directory_writes_the_shared_log(
+    mallory: int, shared: Path
+) -> None:
+    # A service running as its own user (systemd StateDirectory= makes it the owner).
+    os.chown(shared, mallory, mallory)
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import xidlog\n"
+        "xidlog.record_xid('GPU-seen-by-service', 79)"
+    )
+    as_mallory("env", f"GPUWARDEN_STATE_DIR={shared}", "HOME=/tmp", "python3", "-c", code, src)
+    assert os.stat(shared / "xids.jsonl").st_uid == mallory
+    assert xidlog.xids_seen(problems=[]) == {"GPU-seen-by-service": (79,)}
+    # Root writes its own shared log only when it is not the service's name.
+    os.chown(shared, 0, 0)
+    problems: list[str] = []
+    assert xidlog.xids_seen(problems=problems) == {}
+    assert "it belongs to gw-mallory, not root" in problems[0]
+
+
 # --- the health watch ------------------------------------------------------------------------
 
 

@@ -9,14 +9,15 @@ explicit `gpuwarden health --clear`.
 Trust rule. The state directory may be writable by every user (mode 1777), and
 whoever creates a file there owns it and can write anything into it. So each
 writer appends only to a log of its own, and a reader believes only logs owned
-by root or by itself:
+by root, by the state directory's owner or by itself:
 
-- root's watch (the service) writes `xids.jsonl`; any other user's watch writes
+- the shared watch writes `xids.jsonl`: root's, or that of the state directory's
+  owner (a service running as its own user); any other user's watch writes
   `xids.<uid>.jsonl`;
-- a reader takes lines from `xids.jsonl` when root owns it, and from its own
-  `xids.<uid>.jsonl` when it owns it; a log with the wrong owner is ignored with
-  a warning naming that owner (root's watch replaces such a file: the name is
-  root's);
+- a reader takes lines from `xids.jsonl` when root or the directory's owner owns
+  it, and from its own `xids.<uid>.jsonl` when it owns it; a log with the wrong
+  owner is ignored with a warning naming that owner (the shared watch replaces
+  such a file: the name is its own);
 - the watch drains only from what it heard itself (its own log and the events
   it could not write), never from a file someone else wrote.
 
@@ -58,21 +59,33 @@ def report(message: str) -> None:
         print(f"gpuwarden: warning: {message}", file=sys.stderr, flush=True)
 
 
-def log_name(uid: int) -> str:
-    """The file name of the log written by `uid`'s health watch."""
-    return ROOT_LOG if uid == 0 else f"xids.{uid}.jsonl"
-
-
 def _state() -> str:
     from gpuwarden.config import state_location
 
     return state_location()
 
 
+def shared_writers(state: str) -> frozenset[int]:
+    """Who writes the log everyone believes, `xids.jsonl`: root, and the owner of the
+    state directory (a service running as its own user, the user of a private one).
+    Nobody else can own that directory."""
+    try:
+        return frozenset({0, os.stat(state).st_uid})
+    except OSError:
+        return frozenset({0})
+
+
+def log_name(uid: int, state: Optional[str] = None) -> str:
+    """The file name of the log written by `uid`'s health watch."""
+    writers = shared_writers(_state() if state is None else state)
+    return ROOT_LOG if uid in writers else f"xids.{uid}.jsonl"
+
+
 def log_location(uid: Optional[int] = None) -> str:
     """The log `uid` (default: this process) writes, as a string: `status` reads the
     logs, and pathlib costs ~3 ms to import."""
-    return os.path.join(_state(), log_name(os.geteuid() if uid is None else uid))
+    state = _state()
+    return os.path.join(state, log_name(os.geteuid() if uid is None else uid, state))
 
 
 def xid_log_path() -> Path:
@@ -97,15 +110,17 @@ def record_xid(
 def clear_xids(uuids: Iterable[str] = ()) -> None:
     """Forget the XIDs seen so far, on the given GPUs (all when empty): the admin
     has reset or checked them. Writes to this user's own log, so it clears what this
-    user's readers believe of it: root's log only when run as root."""
+    user's readers believe of it: the shared log only when run by its writer
+    (root, or the state directory's owner)."""
     now = time.time()
     _append([json.dumps({"clear": u, "at": now}) for u in list(uuids) or ["*"]])
 
 
-def _open_own(path: str, me: int) -> int:
-    """A descriptor appending to `path`, a regular file owned by `me`. Root removes
-    whatever else stands under its own log's name (a symlink, a FIFO, a file planted
-    by another user); anyone else gets a UserError naming the problem."""
+def _open_own(path: str, me: int, *, may_replace: bool) -> int:
+    """A descriptor appending to `path`, a regular file owned by `me`. A shared writer
+    (`may_replace`: root or the directory's owner, whom the sticky bit lets remove any
+    file there) removes whatever else stands under the shared log's name (a symlink, a
+    FIFO, a file planted by another user); anyone else gets a UserError naming it."""
     import stat
 
     from gpuwarden.safefiles import UnsafeFile, open_regular
@@ -119,12 +134,12 @@ def _open_own(path: str, me: int) -> int:
         raise UserError(f"cannot write the XID log {path}: {err.strerror}") from None
     if st is not None and (st.st_uid != me or not stat.S_ISREG(st.st_mode)):
         owner = user_name(st.st_uid)
-        if me != 0 or stat.S_ISDIR(st.st_mode):
+        if not may_replace or stat.S_ISDIR(st.st_mode):
             raise UserError(
                 f"cannot write the XID log {path}: it is not a file of {user_name(me)}'s "
                 f"(owner {owner}); remove it, that name is kept for this user's health watch"
             )
-        report(f"replacing {path}, made by {owner}: only root's health watch writes it")
+        report(f"replacing {path}, made by {owner}: only the shared health watch writes it")
         _remove(path)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
     try:
@@ -152,9 +167,11 @@ def _append(lines: list[str]) -> None:
     from gpuwarden.paths import ensure_dir
     from gpuwarden.safefiles import write_all
 
-    path = log_location()
-    ensure_dir(os.path.dirname(path), "state directory")
-    fd = _open_own(path, os.geteuid())
+    state = _state()
+    ensure_dir(state, "state directory")
+    me = os.geteuid()
+    path = os.path.join(state, log_name(me, state))
+    fd = _open_own(path, me, may_replace=me in shared_writers(state))
     try:
         write_all(fd, "".join(line + "\n" for line in lines).encode("utf-8"))
     except OSError as err:
@@ -163,14 +180,26 @@ def _append(lines: list[str]) -> None:
         os.close(fd)
 
 
-def trusted_uids() -> tuple[int, ...]:
-    """Whose logs a reader believes: root's and its own."""
+def trusted_logs(
+    state: str, uids: Optional[Iterable[int]] = None
+) -> list[tuple[str, frozenset[int]]]:
+    """(path, owners believed) of each log a reader takes lines from: by default the
+    shared log when root or the directory's owner owns it, and the reader's own; with
+    `uids`, the log each of them writes, owned by it."""
+    writers = shared_writers(state)
+    if uids is not None:
+        return [
+            (os.path.join(state, log_name(u, state)), frozenset({u})) for u in sorted(set(uids))
+        ]
+    logs = [(os.path.join(state, ROOT_LOG), writers)]
     me = os.geteuid()
-    return (0,) if me == 0 else (0, me)
+    if me not in writers:
+        logs.append((os.path.join(state, log_name(me, state)), frozenset({me})))
+    return logs
 
 
-def _read_log(path: str, uid: int, problems: list[str]) -> Optional[str]:
-    """The text of the log `uid` writes, or None (absent, unsafe, wrong owner)."""
+def _read_log(path: str, owners: frozenset[int], problems: list[str]) -> Optional[str]:
+    """The text of the log at `path`, or None (absent, unsafe, not owned by `owners`)."""
     from gpuwarden.safefiles import UnsafeFile, open_regular, owner_name, read_bounded
 
     try:
@@ -184,10 +213,11 @@ def _read_log(path: str, uid: int, problems: list[str]) -> Optional[str]:
         problems.append(f"cannot read the XID log {path}: {err.strerror}")
         return None
     try:
-        if st.st_uid != uid:
+        if st.st_uid not in owners:
+            allowed = " or ".join(owner_name(u) for u in sorted(owners))
             problems.append(
                 f"ignoring the XID log {path}: it belongs to {owner_name(st.st_uid)}, "
-                f"not {owner_name(uid)} (only the health watch's own log is believed)"
+                f"not {allowed} (only the health watch's own log is believed)"
             )
             return None
         skip_partial = st.st_size > MAX_LOG
@@ -289,9 +319,8 @@ def xid_events(
         since = _boot_time()
     said: list[str] = [] if problems is None else problems
     events: list[dict] = []
-    for uid in sorted(set(trusted_uids() if uids is None else uids)):
-        path = os.path.join(_state(), log_name(uid))
-        text = _read_log(path, uid, said)
+    for path, owners in trusted_logs(_state(), uids):
+        text = _read_log(path, owners, said)
         if text is not None:
             events.extend(_events_of(text, path, since, said))
     if problems is None and said:

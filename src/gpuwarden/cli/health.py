@@ -80,10 +80,10 @@ def _run(args: argparse.Namespace) -> int:
         left = xidlog.xids_seen()
         kept = sorted({u for u in left if not uuids or u in uuids})
         if kept:
-            # Another trusted log (root's watch) still has them: only its writer clears it.
+            # The shared log (root's watch) still has them: only its writer clears it.
             print(
-                f"XIDs recorded by root's health watch remain on {len(kept)} GPU(s); "
-                "only root can clear them (sudo gpuwarden health --clear)",
+                f"XIDs recorded by the shared health watch remain on {len(kept)} GPU(s); "
+                "only its user (root) can clear them (sudo gpuwarden health --clear)",
                 file=sys.stderr,
             )
             return 1

@@ -232,10 +232,18 @@ def test_a_held_drain_lock_times_out_naming_its_holder(mallory: int, shared: Pat
 
 def test_a_fifo_as_the_drain_lock_is_refused_not_waited_on(mallory: int, shared: Path) -> None:
     as_mallory("mkfifo", str(shared / drains.LOCK_NAME))
-    with pytest.raises(UserError, match=r"refusing drain lock .*: it is a FIFO"):
-        drains.drain(UUID, "x")  # before: open() blocked for ever
-    drains.drain(UUID, "x", force=True)
-    assert UUID in drains.list_drains()
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import drain\n"
+        "try:\n    drain.drain('GPU-x', 'x')\nexcept Exception as e:\n    print(e)\n"
+        "drain.drain('GPU-y', 'y', force=True)"
+    )
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = ("env", f"GPUWARDEN_STATE_DIR={shared}", "HOME=/tmp")
+    out = as_mallory(*env, "python3", "-c", code, src).stdout  # before: blocked for ever
+    assert out.strip() == f"refusing drain lock {shared}/drains.lock: it is a FIFO"
+    assert set(drains.list_drains()) == {"GPU-y"}  # the watch drains all the same
+    drains.drain(UUID, "x")  # root takes the name back
+    assert set(drains.list_drains()) == {"GPU-y", UUID}
 
 
 # --- the XID log -----------------------------------------------------------------------------
@@ -325,6 +333,8 @@ def test_a_non_root_reader_believes_root_and_itself_only(mallory: int, shared: P
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import xidlog\n"
         "xidlog.record_xid('GPU-mine', 13)\n"
+        "print(sorted(xidlog.xids_seen(problems=[])))\n"
+        "xidlog.clear_xids()\n"  # clears her own log, not root's
         "print(sorted(xidlog.xids_seen(problems=[])))"
     )
     exe = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
@@ -332,7 +342,7 @@ def test_a_non_root_reader_believes_root_and_itself_only(mallory: int, shared: P
     out = as_mallory(
         "env", f"GPUWARDEN_STATE_DIR={shared}", "HOME=/tmp", exe, "-c", code, src
     ).stdout
-    assert out.strip() == "['GPU-by-root', 'GPU-mine']"
+    assert out.splitlines() == ["['GPU-by-root', 'GPU-mine']", "['GPU-by-root']"]
     assert os.stat(shared / f"xids.{mallory}.jsonl").st_uid == mallory
     assert xidlog.xids_seen() == {"GPU-by-root": (79,)}  # root does not believe hers
 

@@ -200,7 +200,13 @@ def _locked(directory: str, timeout: float = LOCK_TIMEOUT, force: bool = False) 
     # a file that its first user created. open_regular: a FIFO or a symlink to a
     # device planted under the lock's name is refused, not waited on.
     try:
-        fd, st = open_regular(path, os.O_RDONLY | os.O_CREAT, 0o644, what="drain lock")
+        try:
+            fd, st = open_regular(path, os.O_RDONLY | os.O_CREAT, 0o644, what="drain lock")
+        except UnsafeFile:
+            if os.geteuid() != 0 or os.path.isdir(path):
+                raise
+            os.unlink(path)  # root takes back a FIFO or symlink planted as the lock
+            fd, st = open_regular(path, os.O_RDONLY | os.O_CREAT, 0o644, what="drain lock")
     except UnsafeFile:
         if not force:
             raise

@@ -47,9 +47,17 @@ function clock(t) {
 }
 
 function hue(name) {
-  let h = 0;
-  for (const ch of String(name)) h = (h * 31 + ch.codePointAt(0)) >>> 0;
-  return h % 360;
+  let h = 2166136261; // FNV-1a, then spread by the golden angle: neighbours differ
+  for (const ch of String(name)) h = Math.imul(h ^ ch.codePointAt(0), 16777619) >>> 0;
+  return Math.round((h % 1000) * 137.508) % 360;
+}
+
+function shortName(name) {
+  if (!name) return "unknown";
+  for (const prefix of ["NVIDIA GeForce ", "NVIDIA ", "Tesla "]) {
+    if (name.startsWith(prefix)) return name.slice(prefix.length);
+  }
+  return name;
 }
 
 function userColor(name) {
@@ -99,15 +107,20 @@ function memoryBar(gpu) {
 function sparkline(history) {
   const box = svg("svg", { class: "spark", viewBox: "0 0 100 28", preserveAspectRatio: "none",
     role: "img", "aria-label": "utilization and temperature, last hour" });
-  const n = history.t.length;
-  if (n === 0) return box;
-  const xAt = (i) => (n === 1 ? 100 : (i / (n - 1)) * 100);
-  const util = history.utilization.map((u, i) => [xAt(i), 27 - ((u || 0) / 100) * 26]);
+  let { utilization, temperature } = history;
+  if (utilization.length === 0) return box;
+  if (utilization.length === 1) { // one sample so far: a level line, not a ramp
+    utilization = [utilization[0], utilization[0]];
+    temperature = [temperature[0], temperature[0]];
+  }
+  const n = utilization.length;
+  const xAt = (i) => (i / (n - 1)) * 100;
+  const util = utilization.map((u, i) => [xAt(i), 27 - ((u || 0) / 100) * 26]);
   const area = "0,27 " + util.map(([x, y]) => `${x.toFixed(2)},${y.toFixed(2)}`).join(" ") + " 100,27";
   box.append(svg("polygon", { points: area, fill: "hsl(210 70% 55% / .35)", stroke: "hsl(210 70% 45%)",
     "stroke-width": 0.6, "vector-effect": "non-scaling-stroke" }));
   const temps = [];
-  history.temperature.forEach((c, i) => {
+  temperature.forEach((c, i) => {
     if (c !== null) temps.push(`${xAt(i).toFixed(2)},${(27 - ((Math.min(100, Math.max(20, c)) - 20) / 80) * 26).toFixed(2)}`);
   });
   if (temps.length) {
@@ -125,7 +138,7 @@ function gpuCard(gpu) {
   const card = el("article", { class: classes.join(" "), "data-uuid": gpu.uuid, "data-index": gpu.index,
     "data-memory-used": gpu.memory_used, "data-memory-total": gpu.memory_total, "data-health": level },
     el("div", { class: "top" },
-      el("span", { class: "name", title: gpu.uuid }, `GPU ${gpu.index} · ${gpu.name || "unknown"}${gpu.mig ? " [MIG]" : ""}`),
+      el("span", { class: "name", title: gpu.uuid }, `GPU ${gpu.index} · ${shortName(gpu.name)}${gpu.mig ? " [MIG]" : ""}`),
       el("span", { class: "mark " + level }, markText)));
   card.append(el("div", { class: "mem" }, `${size(gpu.memory_used)} / ${size(gpu.memory_total)}`));
   card.append(memoryBar(gpu));
@@ -151,9 +164,9 @@ function gpuCard(gpu) {
       l.command ? el("div", { class: "muted" }, l.command) : null));
   }
   for (const p of gpu.processes) {
-    items.push(el("li", { class: "process" + (p.reserved ? "" : " unreserved") },
+    items.push(el("li", { class: "process", "data-reserved": p.reserved },
       `${p.user || "?"} · pid ${p.pid}${p.name ? " · " + p.name : ""} · ${size(p.memory)}`,
-      p.reserved ? "" : " · no lease",
+      p.reserved ? null : el("span", { class: "unreserved", title: "on this GPU without a lease" }, " · no lease"),
       p.command ? el("div", { class: "muted" }, p.command) : null));
   }
   if (items.length) card.append(el("ul", { class: "list" }, ...items));

@@ -263,6 +263,9 @@ def _handler(feed: Feed, pages: Pages, loopback_only: bool, timeout: float) -> t
         server_version = "gpuwarden-web"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        # Errors found before the request line's version is read (a garbled line, a
+        # TLS handshake) would otherwise get HTTP/0.9's answer: a body with no status.
+        default_request_version = "HTTP/1.0"
 
         def setup(self) -> None:
             self.timeout = timeout

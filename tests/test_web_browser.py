@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import SRC, require
 
+from conftest import SRC, require
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
 

@@ -223,3 +223,21 @@ def test_cli_port_in_use_is_one_line(cli, sim):
         result = cli("web", "--no-watch", "--listen", f"127.0.0.1:{port}", timeout=30)
     assert result.returncode != 0
     assert "cannot listen on 127.0.0.1" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_kept_alive_requests_are_not_held_back_by_delayed_acks(web):
+    """Headers and body go out in two writes; without TCP_NODELAY the second waits for
+    the client's delayed ACK, ~40 ms a request on Linux."""
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    times = []
+    try:
+        for _ in range(15):
+            started = time.perf_counter()
+            conn.request("GET", "/api/v1/state")
+            response = conn.getresponse()
+            response.read()
+            times.append(time.perf_counter() - started)
+            assert response.status == 200
+    finally:
+        conn.close()
+    assert sorted(times)[len(times) // 2] < 0.025

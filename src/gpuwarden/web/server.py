@@ -266,6 +266,9 @@ def _handler(feed: Feed, pages: Pages, loopback_only: bool, timeout: float) -> t
         # Errors found before the request line's version is read (a garbled line, a
         # TLS handshake) would otherwise get HTTP/0.9's answer: a body with no status.
         default_request_version = "HTTP/1.0"
+        # Headers and body leave in two writes; with Nagle's algorithm the second
+        # waits for the client's delayed ACK (~40 ms) on a kept-alive connection.
+        disable_nagle_algorithm = True
 
         def setup(self) -> None:
             self.timeout = timeout

@@ -28,7 +28,6 @@ LIVE = 2.0  # seconds within which a change must be on the page
 try:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 except ImportError:  # pragma: no cover - CI installs it (the `test` extra)
     webdriver = None  # type: ignore[assignment]
 
@@ -100,12 +99,36 @@ def wait_for(check: Callable[[], Any], within: float, what: str) -> float:
         time.sleep(0.05)
 
 
-def cards(driver: Any) -> list[Any]:
-    return driver.find_elements(By.CSS_SELECTOR, "article.gpu")
+# The page redraws on every update, replacing its elements: read what it shows in one
+# script (atomic with respect to redraws) rather than through element references.
+READ_PAGE = """
+return Array.from(document.querySelectorAll("article.gpu")).map((c) => ({
+  index: Number(c.dataset.index),
+  uuid: c.dataset.uuid,
+  used: Number(c.dataset.memoryUsed),
+  total: Number(c.dataset.memoryTotal),
+  health: c.dataset.health,
+  text: c.innerText,
+  jobs: Array.from(c.querySelectorAll("li.lease")).map((l) => l.dataset.job),
+  images: c.querySelectorAll("img").length,
+}));
+"""
+READ_FAULTS = """
+return Array.from(document.querySelectorAll("#faults tr[data-xid]")).map((r) => ({
+  xid: Number(r.dataset.xid), text: r.innerText }));
+"""
 
 
-def card(driver: Any, index: int) -> Any:
-    return driver.find_element(By.CSS_SELECTOR, f'article.gpu[data-index="{index}"]')
+def cards(driver: Any) -> list[dict]:
+    return driver.execute_script(READ_PAGE)
+
+
+def card(driver: Any, index: int) -> dict:
+    return next((c for c in cards(driver) if c["index"] == index), {})
+
+
+def faults(driver: Any) -> list[dict]:
+    return driver.execute_script(READ_FAULTS)
 
 
 def gpuwarden(*args: str) -> list[str]:
@@ -128,9 +151,8 @@ def test_the_page_live_in_a_browser(browser, page, cli, tmp_path):
     status = json.loads(cli("status", "--json").stdout)
     for gpu in status["gpus"]:
         shown = card(browser, gpu["index"])
-        assert int(shown.get_attribute("data-memory-used")) == gpu["memory_used"]
-        assert int(shown.get_attribute("data-memory-total")) == gpu["memory_total"]
-        assert shown.get_attribute("data-uuid") == gpu["uuid"]
+        assert (shown["used"], shown["total"]) == (gpu["memory_used"], gpu["memory_total"])
+        assert shown["uuid"] == gpu["uuid"]
 
     # A job started with `gpuwarden run` appears without a reload.
     job = subprocess.Popen(
@@ -145,24 +167,24 @@ def test_the_page_live_in_a_browser(browser, page, cli, tmp_path):
         wait_for(lambda: list_leases(), 30, "the job's lease")
         [lease] = list_leases()
         took = wait_for(
-            lambda: browser.find_elements(By.CSS_SELECTOR, f'li.lease[data-job="{lease.job}"]'),
+            lambda: any(lease.job in c["jobs"] for c in cards(browser)),
             LIVE,
             "the job on the page",
         )
         assert took <= LIVE
-        row = browser.find_element(By.CSS_SELECTOR, f'li.lease[data-job="{lease.job}"]')
-        assert lease.user in row.text
+        [shown] = [c for c in cards(browser) if lease.job in c["jobs"]]
+        assert shown["uuid"] == lease.uuid and lease.user in shown["text"]
 
         # A drained GPU shows its reason, as text even when it looks like markup.
         reason = 'fan rattles <img src=x onerror="window.pwned=1"> & co'
         drained = cli("drain", "3", "--reason", reason)
         assert drained.returncode == 0, drained.stderr
         wait_for(
-            lambda: reason in card(browser, 3).text,
+            lambda: reason in card(browser, 3).get("text", ""),
             LIVE,
             "the drain reason on GPU 3",
         )
-        assert card(browser, 3).find_elements(By.TAG_NAME, "img") == []
+        assert card(browser, 3)["images"] == 0
         assert browser.execute_script("return window.pwned") is None
 
         # A fatal XID (48, double-bit ECC error) shows in the faults and on its GPU.
@@ -171,13 +193,13 @@ def test_the_page_live_in_a_browser(browser, page, cli, tmp_path):
         assert injected.returncode == 0, injected.stderr
         wait_for(
             lambda: (
-                browser.find_elements(By.CSS_SELECTOR, '#faults tr[data-xid="48"]')
-                and card(browser, 5).get_attribute("data-health") == "fatal"
+                any(f["xid"] == 48 for f in faults(browser))
+                and card(browser, 5).get("health") == "fatal"
             ),
             LIVE,
             "the fatal XID on the page",
         )
-        assert "(fatal)" in browser.find_element(By.CSS_SELECTOR, '#faults tr[data-xid="48"]').text
+        assert any("(fatal)" in f["text"] for f in faults(browser) if f["xid"] == 48)
         assert browser.execute_script("return window.notReloaded") is True
         browser.save_screenshot(str(artifacts(tmp_path) / "web.png"))
     finally:
@@ -194,8 +216,10 @@ def test_readable_on_a_phone(browser, page, tmp_path):
             "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
         )
         assert wide <= 0, "the page scrolls sideways on a phone"
-        lefts = {c.rect["x"] for c in cards(browser)}
-        assert len(lefts) == 1, "GPUs should stack in one column on a phone"
+        lefts = browser.execute_script(
+            'return Array.from(document.querySelectorAll("article.gpu"), (c) => c.offsetLeft)'
+        )
+        assert len(set(lefts)) == 1, "GPUs should stack in one column on a phone"
         browser.save_screenshot(str(artifacts(tmp_path) / "web-phone.png"))
     finally:
         browser.set_window_size(1280, 1300)

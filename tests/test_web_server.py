@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +16,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from conftest import SRC
 from gpuwarden.errors import UserError
+from gpuwarden.leases import open_dir
+from gpuwarden.selection import Request
+from gpuwarden.waitline import join
 from gpuwarden.web.server import Feed, WebServer, parse_listen, serve
 
 SCHEMA = json.loads(
@@ -201,7 +209,7 @@ def test_cli_once_prints_the_document(cli, sim):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--listen", "nowhere"], "invalid listen 'nowhere'"),
+        (["--listen", "nowhere"], "invalid listen address 'nowhere'"),
         (["--interval", "0"], "web.interval must be between"),
         (["--interval", "soon"], "invalid interval 'soon'"),
     ],
@@ -241,3 +249,44 @@ def test_kept_alive_requests_are_not_held_back_by_delayed_acks(web):
     finally:
         conn.close()
     assert sorted(times)[len(times) // 2] < 0.025
+
+
+def test_cli_serves_until_terminated(sim):
+    """`gpuwarden web --listen 127.0.0.1:0` as a user starts it: it says where it serves,
+    answers, and stops cleanly on SIGTERM."""
+    sim("server-8xa100")
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "web", "--listen", "127.0.0.1:0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()  # blocks until the server says where it is
+        assert line.startswith("gpuwarden web: serving http://127.0.0.1:"), line
+        port = int(line.split("127.0.0.1:")[1].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api/v1/state")
+        doc = json.loads(conn.getresponse().read())
+        conn.close()
+        assert len(doc["gpus"]) == 8 and doc["watch"]["running"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_waiting_clients_are_listed(sim):
+    sim("server-8xa100")
+    ticket = join(open_dir(), Request(count=2), need=2)
+    try:
+        [waiter] = Feed().document()["waitline"]
+        assert waiter["wants"] == "2 GPUs" and waiter["waited"] >= 0
+        assert waiter["pid"] == os.getpid()
+    finally:
+        ticket.leave()
+    assert Feed().document()["waitline"] == []

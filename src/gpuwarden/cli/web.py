@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: Parser) -> None:
     parser.add_argument(
-        "--listen", metavar="HOST:PORT", help="address to serve (web.listen, 127.0.0.1:9500)"
+        "--listen",
+        metavar="HOST:PORT",
+        help="address to serve (web.listen, 127.0.0.1:9500; port 0: any free one)",
     )
     parser.add_argument(
         "--interval", metavar="SECONDS", help="seconds between updates (web.interval, 1)"
@@ -46,14 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
     from gpuwarden.errors import UserError
     from gpuwarden.health import rules_from_config
-    from gpuwarden.web.server import Feed, serve
+    from gpuwarden.web.server import Feed, parse_listen, serve
 
+    if args.listen is not None:
+        parse_listen(args.listen)  # checked here: port 0 (any free port) is allowed
     config = config_module.load(
-        {
-            "web.listen": args.listen,
-            "web.interval": args.interval,
-            "web.show_commands": args.show_commands,
-        }
+        {"web.interval": args.interval, "web.show_commands": args.show_commands}
     )
     interval = float(config.get("web.interval"))
     if not 0.1 <= interval <= 3600:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     watch = None if args.no_watch else _make_watch(config, feed)
     feed.watch = watch
     server = serve(
-        str(config.get("web.listen")),
+        args.listen if args.listen is not None else str(config.get("web.listen")),
         feed=feed,
         watch=watch,
         max_clients=int(config.get("web.max_clients")),

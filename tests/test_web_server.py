@@ -122,6 +122,10 @@ def test_malformed_or_unwanted_requests_get_a_clear_answer(web, request_bytes, s
 def test_loopback_host_names_are_accepted(web):
     for host in ("localhost", f"127.0.0.1:{web.port}", "[::1]:80", "localhost:1"):
         assert get(web, "/api/v1/state", host=host)[0] == 200, host
+    for host in ("localhost.evil.example", "127.0.0.1.nip.io", "[::2]"):
+        assert get(web, "/api/v1/state", host=host)[0] == 400, host
+    # no Host at all (an HTTP/1.0 script): no browser sends that, so no rebinding
+    assert raw(web, b"GET /api/v1/state HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 ")
 
 
 def test_events_stream_sends_each_new_document(web):

@@ -45,7 +45,6 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 KEEPALIVE = 15.0  # seconds between SSE comments on a quiet stream (proxies drop idle ones)
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def _warn(message: str) -> None:
@@ -238,7 +237,15 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_NAMES or host.startswith("127.")
+    """A loopback address or `localhost` ("127.0.0.1.nip.io" is a name, not an address)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _host_name(header: str) -> str:
@@ -260,8 +267,9 @@ class Pages:
 
 def _handler(feed: Feed, pages: Pages, loopback_only: bool, timeout: float) -> type:
     class Handler(BaseHTTPRequestHandler):
-        server_version = "gpuwarden-web"
-        sys_version = ""
+        def version_string(self) -> str:  # no Python version for the curious
+            return "gpuwarden-web"
+
         protocol_version = "HTTP/1.1"
         # Errors found before the request line's version is read (a garbled line, a
         # TLS handshake) would otherwise get HTTP/0.9's answer: a body with no status.
@@ -280,7 +288,8 @@ def _handler(feed: Feed, pages: Pages, loopback_only: bool, timeout: float) -> t
             if self.command not in ("GET", "HEAD"):
                 self._plain(405, "read-only: GET and HEAD only\n", {"Allow": "GET, HEAD"})
                 return False
-            if loopback_only and not is_loopback(_host_name(self.headers.get("Host", ""))):
+            host = self.headers.get("Host")  # browsers always send it; scripts may not
+            if loopback_only and host is not None and not is_loopback(_host_name(host)):
                 self._plain(400, "this page answers to localhost only\n")
                 return False
             return True

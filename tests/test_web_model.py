@@ -192,3 +192,25 @@ def test_history_is_bounded():
     assert len(h.series()["GPU-a"]["t"]) == 10
     with pytest.raises(ValueError):
         History(span=0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_numbers_json_cannot_carry_become_null(bad):
+    """Lease and wait-line files are written by their holders and Python's json reads
+    NaN; one such file must not stop the page (JSON has no NaN)."""
+    snap = machine(gpu(0))
+    doc = valid(
+        build(
+            snap,
+            leases=[lease(0, "ann", 2, started=bad, expires=bad)],
+            drains={"GPU-0000": Drain("GPU-0000", "r", "ann", bad)},
+            waiters=[Waiter("k", "cat", 3, bad, Request())],
+            xid_events=[{"uuid": "GPU-0000", "xid": 13, "at": bad}],
+            now=NOW,
+        )
+    )
+    held = doc["gpus"][0]["leases"][0]
+    assert held["started"] is None and held["age"] is None and held["expires_in"] is None
+    assert doc["gpus"][0]["drain"]["at"] is None
+    assert doc["waitline"][0]["waited"] is None
+    assert doc["faults"][0]["at"] is None

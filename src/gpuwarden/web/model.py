@@ -13,6 +13,7 @@ the admin asked for them (`web.show_commands`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -28,6 +29,18 @@ def text(value: object, limit: int = TEXT_LIMIT) -> str:
     """Any value as bounded text (lease metadata may hold any JSON type)."""
     out = value if isinstance(value, str) else ("" if value is None else str(value))
     return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+def finite(value: object) -> Optional[float]:
+    """A number fit for JSON, or None: lease and wait-line files are written by their
+    holders, and Python's json reads NaN and Infinity, which JSON cannot carry."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _since(now: float, then: Optional[float]) -> Optional[float]:
+    return None if then is None else max(0.0, now - then)
 
 
 def reserved(process: GpuProcess, leases: Sequence[Any]) -> bool:
@@ -157,7 +170,7 @@ def _gpu(
         else {
             "reason": text(drain.reason),
             "by": text(drain.by),
-            "at": drain.at,
+            "at": finite(drain.at),
             "auto": bool(drain.auto),
         },
         "leases": [_lease(x, now, show_commands) for x in leases],
@@ -176,14 +189,15 @@ def _program(command: str) -> str:
 
 
 def _lease(x: Any, now: float, show_commands: bool) -> dict[str, Any]:
+    started, expires = finite(x.started), finite(x.expires)
     return {
         "job": text(x.job) if x.job is not None else None,
         "user": text(x.user),
         "pid": x.pid,
-        "started": x.started,
-        "age": max(0.0, now - x.started),
-        "expires": x.expires,
-        "expires_in": None if x.expires is None else x.expires - now,
+        "started": started,
+        "age": _since(now, started),
+        "expires": expires,
+        "expires_in": None if expires is None else expires - now,
         "mem": x.mem,
         "command": text(x.command) if show_commands and x.command else None,
     }
@@ -224,11 +238,12 @@ def _users(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _waiter(w: Any, now: float, describe: Any) -> dict[str, Any]:
     request = getattr(w, "request", None)
     wants = describe(request) if describe is not None and request is not None else ""
+    since = finite(w.since)
     return {
         "user": text(w.user),
         "pid": w.pid,
-        "since": w.since,
-        "waited": max(0.0, now - w.since),
+        "since": since,
+        "waited": _since(now, since),
         "wants": text(wants),
     }
 
@@ -248,7 +263,7 @@ def _faults(
         try:
             xid = int(event["xid"])
             uuid = str(event["uuid"])
-            at = float(event.get("at", 0))
+            at = finite(float(event.get("at", 0)))
         except (KeyError, TypeError, ValueError):
             continue
         what, _action = describe_xid(xid)

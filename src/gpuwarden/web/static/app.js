@@ -43,6 +43,7 @@ function span(seconds) {
 }
 
 function clock(t) {
+  if (t === null || t === undefined) return "n/a";
   return new Date(t * 1000).toLocaleTimeString();
 }
 

@@ -74,8 +74,8 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def page(sim: Callable[[str], str]) -> Iterator[WebServer]:
     """`gpuwarden web` as the CLI builds it, in this process: the feed and the health watch."""
     sim("server-8xa100")
-    feed = Feed(interval=0.5)
-    watch = HealthWatch(WatchSettings(poll_seconds=0.5), read=feed.snapshot, log=lambda _: None)
+    feed = Feed(interval=1.0)  # the default: the 2 s promise is checked as users get it
+    watch = HealthWatch(WatchSettings(), read=feed.snapshot, log=lambda _: None)
     feed.watch = watch
     server = serve("127.0.0.1:0", feed=feed, watch=watch)
     yield server

@@ -114,6 +114,9 @@ function sparkline(history) {
     utilization = [utilization[0], utilization[0]];
     temperature = [temperature[0], temperature[0]];
   }
+  const legend = svg("title", {});
+  legend.textContent = "last hour: utilization (filled), temperature 20-100 °C (line)";
+  box.append(legend);
   const n = utilization.length;
   const xAt = (i) => (i / (n - 1)) * 100;
   const util = utilization.map((u, i) => [xAt(i), 27 - ((u || 0) / 100) * 26]);

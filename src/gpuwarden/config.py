@@ -356,6 +356,10 @@ SCHEMA: tuple[Key, ...] = (
         above=True,
     ),
     Key("exporter.dcgm_compat", "bool", False, "also export DCGM_FI_* metric names"),
+    Key("web.listen", "listen", "127.0.0.1:9500", "address the web page serves (loopback default)"),
+    Key("web.interval", "float", 1.0, "seconds between the web page's updates"),
+    Key("web.show_commands", "bool", False, "show processes' command lines on the web page"),
+    Key("web.max_clients", "int", 64, "most connections the web page serves at once"),
     Key(
         "health.policy",
         "choice",

@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("doctor", "find driver, CUDA, PyTorch and environment problems"),
     "health": ("health", "judge each GPU's health (XID, ECC, lost, throttling)"),
     "exporter": ("exporter", "serve Prometheus metrics for GPUs, users and leases"),
+    "web": ("web", "serve a live web page of the GPUs, leases, queue and faults"),
     "record": ("record", "append per-GPU samples to a CSV file"),
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),

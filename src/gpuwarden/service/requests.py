@@ -32,6 +32,7 @@ class Requests:
     stdio: dict[int, list[int]]
     dirty: bool
     _priorities: dict[int, float]
+    indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
 
     if TYPE_CHECKING:  # provided by Lifecycle
@@ -191,6 +192,7 @@ class Requests:
                 "state": job.state,
                 "count": job.count,
                 "gpus": list(job.gpus),
+                "indices": [self.indices.get(u) for u in job.gpus],
                 "mem": job.mem,
                 "reason": job.reason,
                 "submitted": job.submitted,

@@ -630,35 +630,18 @@ class Exposition:
         return body, content_type
 
 
-def _http_server(host: str, port: int, exposition: Exposition):  # -> ThreadingHTTPServer
-    import socket
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+def _handler(exposition: Exposition):  # -> exporter_http.Handler
+    index = b'<html><body><a href="/metrics">metrics</a></body></html>'
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, content_type = exposition.body(self.headers.get("Accept"))
-                status = 200
-            elif path == "/":
-                body = b'<html><body><a href="/metrics">metrics</a></body></html>'
-                content_type, status = "text/html", 200
-            else:
-                body, content_type, status = b"not found\n", "text/plain", 404
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def handle(path: str, accept: Optional[str]) -> tuple[int, str, bytes]:
+        if path == "/metrics":
+            body, content_type = exposition.body(accept)
+            return 200, content_type, body
+        if path == "/":
+            return 200, "text/html", index
+        return 404, "text/plain", b"not found\n"
 
-        def log_message(self, *args: Any) -> None:  # scrapes are not news
-            pass
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    return Server((host, port), Handler)
+    return handle
 
 
 def serve(
@@ -670,6 +653,7 @@ def serve(
 ) -> Server:
     """Start serving /metrics in a thread; raise UserError when the port is taken."""
     from gpuwarden.errors import UserError
+    from gpuwarden.exporter_http import HttpServer
 
     try:
         from prometheus_client import CollectorRegistry
@@ -684,7 +668,7 @@ def serve(
     registry.register(Collector(cache, dcgm_compat))  # type: ignore[arg-type]
     ProcessCollector(namespace="gpuwarden_exporter", registry=registry)
     try:
-        httpd = _http_server(host, port, Exposition(cache, registry))
+        httpd = HttpServer((host, port), _handler(Exposition(cache, registry)))
     except OSError as err:
         why = err.strerror or str(err)
         if getattr(err, "errno", None) == 98:

@@ -231,3 +231,39 @@ def test_port_in_use_by_another_program_is_one_line(cli):
         .startswith(f"gpuwarden exporter: cannot listen on 127.0.0.1:{port}")
     )
     assert "Traceback" not in done.stderr
+
+
+def test_xid_events_exist_at_zero_before_the_first_so_increase_sees_it():
+    # Per code, a series is born at 1 with its first XID (Prometheus sees no
+    # increase); the per-GPU counters are there at 0 from the first scrape.
+    before = samples(render(View(machine())))
+    for gpu in ("0", "1", "2"):
+        assert value(before, "gpuwarden_gpu_xid_events_total", gpu=gpu, fatal="true") == 0
+        assert value(before, "gpuwarden_gpu_xid_events_total", gpu=gpu, fatal="false") == 0
+    after = samples(render(View(machine(), xids={"GPU-bbbb": (13, 79, 13, 48)})))
+    assert value(after, "gpuwarden_gpu_xid_events_total", gpu="1", fatal="true") == 2
+    assert value(after, "gpuwarden_gpu_xid_events_total", gpu="1", fatal="false") == 2
+    assert value(after, "gpuwarden_gpu_xid_events_total", gpu="0", fatal="true") == 0
+    assert value(after, "gpuwarden_gpu_xid_errors_total", gpu="1", xid="79", fatal="true") == 1
+    assert value(after, "gpuwarden_gpu_xid_errors_total", gpu="1", xid="13", fatal="false") == 2
+
+
+def test_fatal_label_follows_the_configured_fatal_list():
+    from gpuwarden.health import DEFAULT_FATAL_XIDS
+
+    fatal = (DEFAULT_FATAL_XIDS - {79}) | {13}  # health.fatal_xids = "+13 -79"
+    xids = {"GPU-aaaa": (13, 79)}
+    found = samples(render(View(machine(), xids=xids, fatal_xids=fatal)))
+    assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
+    assert value(found, "gpuwarden_gpu_xid_errors_total", xid="79", fatal="false") == 1
+    assert value(found, "gpuwarden_gpu_xid_events_total", gpu="0", fatal="true") == 1
+
+
+def test_view_cache_labels_xids_with_its_rules(monkeypatch):
+    import gpuwarden.health as health
+    from gpuwarden.health import Rules
+
+    monkeypatch.setattr(health, "xids_seen", lambda since=None: {"GPU-aaaa": (13,)})
+    cache = ViewCache(machine, rules=Rules(fatal_xids=frozenset({13})))
+    found = samples(render(cache.get()))
+    assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1

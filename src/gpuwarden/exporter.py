@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from gpuwarden.health import OK, Finding, level
+from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Finding, level
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import record
 
@@ -41,6 +41,7 @@ class View:
     drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> Drain
     findings: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
     xids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    fatal_xids: frozenset = DEFAULT_FATAL_XIDS  # health.fatal_xids, for the `fatal` label
     idle_seconds: Mapping[str, float] = field(default_factory=dict)  # held-while-idle time
     idle_after: float = 600.0  # seconds of idle-held before `gpuwarden_gpu_idle_held` is 1
     scrape_errors: int = 0
@@ -185,20 +186,36 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             throttle.add_metric([*gpu_labels(gpu), reason], 1)
     out.append(throttle)
 
+    # Per code, the series is born with the first event, already at 1: Prometheus's
+    # increase() cannot see that first step. The per-GPU `xid_events` counters are
+    # exported at 0 from the start, so alerts and panels use those for "new XID".
     xid_total = CounterMetricFamily(
         "gpuwarden_gpu_xid_errors",
-        "XID errors seen since boot (or since `gpuwarden health --clear`)",
-        labels=[*base, "xid"],
+        "XID errors seen since boot (or since `gpuwarden health --clear`), per code; "
+        "fatal per health.fatal_xids",
+        labels=[*base, "xid", "fatal"],
+    )
+    xid_events = CounterMetricFamily(
+        "gpuwarden_gpu_xid_events",
+        "XID errors on the GPU, fatal (per health.fatal_xids) or not; both series "
+        "exist at 0 before the first, so increase() sees it",
+        labels=[*base, "fatal"],
     )
     last_xid = GaugeMetricFamily(
         "gpuwarden_gpu_last_xid", "The most recent XID on the GPU (0: none)", labels=base
     )
     for gpu in snap.gpus:
         seen = view.xids.get(gpu.uuid, ())
+        fatal_count = 0
         for xid in sorted(set(seen)):
-            xid_total.add_metric([*gpu_labels(gpu), str(xid)], seen.count(xid))
+            count = seen.count(xid)
+            fatal = xid in view.fatal_xids
+            fatal_count += count if fatal else 0
+            xid_total.add_metric([*gpu_labels(gpu), str(xid), _bool(fatal)], count)
+        xid_events.add_metric([*gpu_labels(gpu), "true"], fatal_count)
+        xid_events.add_metric([*gpu_labels(gpu), "false"], len(seen) - fatal_count)
         last_xid.add_metric(gpu_labels(gpu), seen[-1] if seen else 0)
-    out += [xid_total, last_xid]
+    out += [xid_total, xid_events, last_xid]
 
     health = GaugeMetricFamily(
         "gpuwarden_gpu_health",
@@ -234,7 +251,7 @@ def families(view: View, dcgm_compat: bool = False) -> list:
                     *gpu_labels(gpu),
                     str(getattr(d, "reason", "")),
                     str(getattr(d, "by", "")),
-                    "true" if getattr(d, "auto", False) else "false",
+                    _bool(getattr(d, "auto", False)),
                 ],
                 1,
             )
@@ -435,6 +452,10 @@ def dcgm_families(view: View) -> list:
     return out
 
 
+def _bool(value: object) -> str:
+    return "true" if value else "false"
+
+
 def _short(text: Optional[str], limit: int) -> str:
     text = (text or "").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -513,6 +534,7 @@ class ViewCache:
             drains=drains,
             findings=findings,
             xids=xids,
+            fatal_xids=getattr(self.rules, "fatal_xids", DEFAULT_FATAL_XIDS),
             idle_seconds=idle,
             idle_after=self.idle_after,
             scrape_errors=self.scrape_errors,

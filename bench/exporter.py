@@ -54,7 +54,11 @@ while True:
         util.labels(*l).set(d.gpu_utilization())
         mem.labels(*l).set(d.memory_used())
         for pid, p in d.processes().items():
-            pmem.labels(*l, str(pid), p.username()).set(p.gpu_memory())
+            try:  # the simulator's processes may have no host process behind them
+                user = p.username()
+            except Exception:
+                user = "unknown"
+            pmem.labels(*l, str(pid), user).set(p.gpu_memory())
     time.sleep(1.0)
 """
 

@@ -267,3 +267,20 @@ def test_view_cache_labels_xids_with_its_rules(monkeypatch):
     cache = ViewCache(machine, rules=Rules(fatal_xids=frozenset({13})))
     found = samples(render(cache.get()))
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
+
+
+@pytest.mark.parametrize("args", [["--once"], ["--listen", "127.0.0.1:0"]])
+def test_without_prometheus_client_the_exporter_says_so_in_one_line(cli, tmp_path, args):
+    from pathlib import Path
+
+    hidden = tmp_path / "prometheus_client"
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('not installed')\n")
+    src = Path(__file__).resolve().parent.parent / "src"
+    done = cli("--sim", "server-8xa100", "exporter", *args, env={"PYTHONPATH": f"{tmp_path}:{src}"})
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "gpuwarden exporter: the exporter needs prometheus-client: "
+        "pip install 'gpuwarden[exporter]'"
+    ]

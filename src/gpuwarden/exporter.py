@@ -148,6 +148,18 @@ class Collector:
         return []
 
 
+def require_client() -> None:
+    """One line, not an ImportError traceback, when the `exporter` extra is missing."""
+    from gpuwarden.errors import UserError
+
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "the exporter needs prometheus-client: pip install 'gpuwarden[exporter]'"
+        ) from None
+
+
 # --- serving ------------------------------------------------------------------
 
 
@@ -239,13 +251,10 @@ def serve(
     from gpuwarden.errors import UserError
     from gpuwarden.exporter_http import HttpServer
 
-    try:
-        from prometheus_client import CollectorRegistry
-        from prometheus_client.process_collector import ProcessCollector
-    except ImportError:
-        raise UserError(
-            "the exporter needs prometheus-client: pip install 'gpuwarden[exporter]'"
-        ) from None
+    require_client()
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.process_collector import ProcessCollector
+
     host, port = parse_listen(listen)
     cache = cache or ViewCache()
     registry = CollectorRegistry(auto_describe=False)

@@ -284,3 +284,12 @@ def test_without_prometheus_client_the_exporter_says_so_in_one_line(cli, tmp_pat
         "gpuwarden exporter: the exporter needs prometheus-client: "
         "pip install 'gpuwarden[exporter]'"
     ]
+
+
+def test_a_lease_of_the_wrong_types_costs_its_labels_not_the_scrape():
+    hostile = LeaseInfo("GPU-aaaa", 123, "abc", 5, 1.0, job=["x"])  # type: ignore[arg-type]
+    newline = LeaseInfo("GPU-bbbb", "eve", 7, "a\nb", 1.0, job=None)
+    found = samples(render(View(machine(), leases=(hostile, newline))))
+    assert value(found, "gpuwarden_gpu_leased", gpu="0", user="123", job="['x']", pid="abc") == 1
+    assert value(found, "gpuwarden_gpu_leased", gpu="1", user="eve", job="a b") == 1
+    assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB

@@ -271,8 +271,11 @@ def families(view: View, dcgm_compat: bool = False) -> list:
         if not leases:
             leased.add_metric([*gpu_labels(gpu), "", "", ""], 0)
         for lease in leases:
-            job = lease.job or _short(lease.command, 60)
-            leased.add_metric([*gpu_labels(gpu), lease.user, job, str(lease.pid)], 1)
+            # lease files are written by other users: every label is made a string
+            # here, so one record of the wrong type cannot fail the whole scrape
+            job = _short(lease.job, 60) or _short(lease.command, 60)
+            user = _short(lease.user, 60)
+            leased.add_metric([*gpu_labels(gpu), user, job, _short(lease.pid, 20)], 1)
     out.append(leased)
 
     idle_held = GaugeMetricFamily(
@@ -299,7 +302,7 @@ def families(view: View, dcgm_compat: bool = False) -> list:
     per_user: dict[str, float] = {}
     for gpu in snap.gpus:
         for p in gpu.processes:
-            user = p.user or "unknown"
+            user = _short(p.user, 60) or "unknown"
             if p.used_memory is None:
                 continue
             procs.add_metric(
@@ -457,8 +460,9 @@ def _bool(value: object) -> str:
     return "true" if value else "false"
 
 
-def _short(text: Optional[str], limit: int) -> str:
-    text = (text or "").replace("\n", " ")
+def _short(text: object, limit: int) -> str:
+    """A label value: a string (whatever type a record held), one line, at most `limit`."""
+    text = ("" if text is None else str(text)).replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -293,3 +293,32 @@ def test_a_lease_of_the_wrong_types_costs_its_labels_not_the_scrape():
     assert value(found, "gpuwarden_gpu_leased", gpu="0", user="123", job="['x']", pid="abc") == 1
     assert value(found, "gpuwarden_gpu_leased", gpu="1", user="eve", job="a b") == 1
     assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB
+
+
+def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):
+    import gpuwarden.drain as drain
+    import gpuwarden.health as health
+
+    calls = []
+
+    def drains():
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("a drain record no reader expected")
+        return {}
+
+    def broken_xids(since=None):
+        raise TypeError("an XID line of the wrong type")
+
+    monkeypatch.setattr(drain, "list_drains", drains)
+    monkeypatch.setattr(health, "xids_seen", broken_xids)
+    clock = [0.0]
+    cache = ViewCache(machine, cache_seconds=1, clock=lambda: clock[0])
+    first = cache.get()
+    assert first.scrape_errors == 2  # the lost GPU and the XID reader
+    clock[0] = 5
+    second = cache.get()
+    assert second.scrape_errors == 5 and second.drains == first.drains
+    found = samples(render(second))
+    assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB
+    assert value(found, "gpuwarden_scrape_errors_total") == 5

@@ -234,3 +234,26 @@ def test_backlog_holds_a_burst_of_scrapers_while_the_loop_is_busy():
             sock.close()
         httpd.server_close()
     assert len(clients) == 100
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped():
+    big = b"x" * (32 * 2**20)  # more than both socket buffers hold
+
+    def answer(path, accept):
+        return (200, "text/plain", big) if path == "/big" else handler(path, accept)
+
+    httpd = HttpServer(("127.0.0.1", 0), answer, write_timeout=0.3)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.connect(httpd.server_address)
+        sock.sendall(b"GET /big HTTP/1.1\r\n\r\n")
+        assert wait_for(lambda: httpd.connections == 1)
+        assert wait_for(lambda: httpd.connections == 0)  # never read: dropped
+        assert get(httpd.server_address[1], timeout=5)[0] == 200  # the server still serves
+    finally:
+        sock.close()
+        httpd.shutdown()
+        httpd.server_close()

@@ -98,9 +98,10 @@ class ViewCache:
             nvml_up = snap.error is None
         from gpuwarden.drain import list_drains
 
-        leases = tuple(_leases())
-        drains = list_drains()
-        xids = xids_seen()
+        previous = self._view
+        leases = self._state("leases", lambda: tuple(_leases()), (), previous)
+        drains = self._state("drains", list_drains, {}, previous)
+        xids = self._state("xids", xids_seen, {}, previous)
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
         idle = self._idle.update(snap, (lease.uuid for lease in leases))
         return View(
@@ -116,6 +117,16 @@ class ViewCache:
             read_seconds=time.perf_counter() - started,
             nvml_up=nvml_up,
         )
+
+    def _state(self, name: str, read: Callable[[], Any], empty: Any, previous: Any) -> Any:
+        """Leases, drains or XIDs from the shared directories. A reader that fails
+        there (a file no reader expected) costs a scrape error and serves the last
+        good value, never the GPUs' series."""
+        try:
+            return read()
+        except Exception:
+            self.scrape_errors += 1
+            return getattr(previous, name) if previous is not None else empty
 
     def _read_snapshot(self) -> Snapshot:
         if self._read is not None:

@@ -322,3 +322,51 @@ def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monke
     found = samples(render(second))
     assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB
     assert value(found, "gpuwarden_scrape_errors_total") == 5
+
+
+def test_a_hung_read_serves_the_last_view_instead_of_hanging_the_scrape():
+    import threading
+    import time
+
+    release = threading.Event()
+    calls = []
+
+    def read():
+        calls.append(1)
+        if len(calls) == 2:  # NVML stuck on a failing GPU, or a reader on a FIFO
+            release.wait(30)
+        return machine()
+
+    cache = ViewCache(read, cache_seconds=0, read_timeout=2.0)
+    first = cache.get()
+    started = time.monotonic()
+    stale = cache.get()
+    assert time.monotonic() - started < 10
+    assert stale.snapshot == first.snapshot and stale.scrape_errors == first.scrape_errors + 1
+    started = time.monotonic()
+    assert cache.get() is stale and time.monotonic() - started < 1.5  # no second wait
+    assert len(calls) == 2  # one read at a time, however many scrapes
+    release.set()
+    deadline = time.monotonic() + 10
+    while cache.get() is stale and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.get() is not stale and len(calls) >= 3
+
+
+def test_a_first_read_that_hangs_gives_an_nvml_down_view():
+    import threading
+
+    release = threading.Event()
+    cache = ViewCache(lambda: release.wait(30) and machine(), read_timeout=0.1)
+    try:
+        view = cache.get()
+        assert (
+            not view.nvml_up
+            and view.snapshot.gpus == ()
+            and "longer than" in str(view.snapshot.error)
+        )
+        found = samples(render(view))
+        assert value(found, "gpuwarden_nvml_up") == 0
+        assert value(found, "gpuwarden_scrape_errors_total") == 1
+    finally:
+        release.set()

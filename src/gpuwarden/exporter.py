@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS
@@ -51,16 +51,22 @@ class ViewCache:
         idle_after: float = 600.0,
         rules: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        read_timeout: float = 5.0,
     ) -> None:
         self._read = read
         self.cache_seconds = cache_seconds
         self.idle_after = idle_after
         self.rules = rules
+        self.read_timeout = read_timeout
         self._clock = clock
         self._idle = IdleTracker(idle_util)
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
         self._view: Optional[View] = None
         self._at = float("-inf")
+        self._generation = 0  # completed reads
+        self._reading = False
+        self._stale: Optional[View] = None  # the last view, served while a read hangs
         self.scrape_errors = 0
         self.reads = 0
 
@@ -69,12 +75,56 @@ class ViewCache:
         return self.get().snapshot
 
     def get(self) -> View:
+        """The view, read again when older than `cache_seconds`. The read runs on its
+        own thread: when it takes longer than `read_timeout` (NVML stuck on a failing
+        GPU, a shared file that blocks) the last view is served with one more scrape
+        error, so a scrape never hangs, and the read goes on in the background."""
         with self._lock:
-            now = self._clock()
-            if self._view is None or now - self._at >= self.cache_seconds:
-                self._view = self._fresh()
-                self._at = self._clock()
+            if self._view is not None and self._clock() - self._at < self.cache_seconds:
+                return self._view
+            if self._reading and self._stale is not None:
+                return self._stale  # a read known to hang: do not wait for it again
+            generation = self._generation
+            if not self._reading:
+                self._reading = True
+                threading.Thread(target=self._refresh, name="gpuwarden-read", daemon=True).start()
+            deadline = time.monotonic() + self.read_timeout
+            while self._generation == generation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._stuck()
+                self._done.wait(left)
+            if self._view is None:
+                raise RuntimeError("the view could not be read")
             return self._view
+
+    def _refresh(self) -> None:
+        try:
+            view: Optional[View] = self._fresh()
+        except Exception:  # counted; the last view stays
+            view = None
+            self.scrape_errors += 1
+        with self._lock:
+            if view is not None:
+                self._view, self._at, self._stale = view, self._clock(), None
+            self._generation += 1
+            self._reading = False
+            self._done.notify_all()
+
+    def _stuck(self) -> View:
+        """Called with the lock held while a read hangs: one error per hung read."""
+        if self._stale is None:
+            self.scrape_errors += 1
+            if self._view is not None:
+                stale = replace(self._view, scrape_errors=self.scrape_errors)
+            else:
+                import socket
+
+                why = f"reading the GPUs took longer than {self.read_timeout:g}s"
+                snap = Snapshot(time.time(), socket.gethostname(), error=why)
+                stale = View(snap, scrape_errors=self.scrape_errors, nvml_up=False)
+            self._stale = stale
+        return self._stale
 
     def _fresh(self) -> View:
         from gpuwarden.health import judge, xids_seen

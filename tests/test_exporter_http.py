@@ -257,3 +257,32 @@ def test_a_client_that_never_reads_its_answer_is_dropped():
         sock.close()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_the_loop_sleeps_while_a_slow_answer_is_built():
+    # A busy connection's request deadline has passed while its answer is built;
+    # the loop must not spin on it (select with timeout 0) meanwhile.
+    release = threading.Event()
+
+    def slow(path, accept):
+        release.wait(30)
+        return 200, "text/plain", b"late\n"
+
+    httpd = HttpServer(("127.0.0.1", 0), slow, request_timeout=0.05)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        sock = socket.create_connection(httpd.server_address, timeout=10)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        time.sleep(0.1)  # past the request deadline
+        before = httpd.turns
+        time.sleep(0.5)
+        turns = httpd.turns - before
+        assert turns < 20, f"{turns} turns of the loop in 0.5s: it spins"
+        release.set()
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.close()
+    finally:
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()

@@ -179,6 +179,10 @@ def test_prometheus_stores_the_simulated_values(sim, tmp_path):
             g.index: float(g.temperature) for g in truth.gpus
         }
         assert values("DCGM_FI_DEV_FB_USED") == {g.index: g.memory_used / 2**20 for g in truth.gpus}
+        # there at 0 before any XID, so the GpuFatalXid alert's increase() sees the first
+        assert values('gpuwarden_gpu_xid_events_total{fatal="true"}') == {
+            g.index: 0.0 for g in truth.gpus
+        }
         users = {
             r["metric"]["user"]: float(r["value"][1])
             for r in query(base, "gpuwarden_user_memory_used_bytes")

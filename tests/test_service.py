@@ -424,3 +424,22 @@ def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> Non
     assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
     bad = cli_as(server, alice, "hold", "nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr
+
+
+def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
+    alice = make_user("alice", ("lab",))
+    running = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    submit(server, alice, ["true"], request={"count": 1})
+    server.wait_state(running, ("RUNNING",))
+    env = {"GPUWARDEN_SOCKET": server.socket, "GPUWARDEN_SIM": SPEC}
+    out = cli("exporter", "--once", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gpuwarden_queue_service_up{" in text and "service_up{hostname=" in text
+    assert 'state="running",user="gw-alice"' in text and 'state="pending",user="gw-alice"' in text
+    assert "gpuwarden_queue_wait_seconds_bucket{hostname=" in text and 'le="+Inf"' in text
+    assert "gpuwarden_user_fairshare_factor{" in text
+    server.call(None, "cancel", jobs=[running])
+    no_service = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
+    assert "gpuwarden_queue_service_up{" in no_service.stdout
+    assert "} 0.0" in no_service.stdout.split("gpuwarden_queue_service_up{", 1)[1].split("\n")[0]

@@ -443,3 +443,20 @@ def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     no_service = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
     assert "gpuwarden_queue_service_up{" in no_service.stdout
     assert "} 0.0" in no_service.stdout.split("gpuwarden_queue_service_up{", 1)[1].split("\n")[0]
+
+
+def test_slow_and_silent_clients_delay_nobody(server: Server) -> None:
+    import socket
+
+    stalled = []
+    for i in range(50):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.socket)
+        if i % 2:
+            sock.sendall(b'{"v":1,"op":"que')  # half a message, never finished
+        stalled.append(sock)
+    started = time.monotonic()
+    assert server.call(None, "hello")["ok"] is True
+    assert time.monotonic() - started < 5  # a subprocess client: start-up dominates
+    for sock in stalled:
+        sock.close()

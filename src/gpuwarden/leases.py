@@ -300,7 +300,8 @@ def parse_record(data: bytes, uuid: str, job: str, owner: str) -> LeaseInfo:
         uuid=uuid,
         user=owner,
         pid=meta["pid"],
-        command=meta.get("command", ""),
+        # Shown by status and the exporter: another user's text, escaped once here.
+        command=printable(meta.get("command", "")),
         started=float(meta["started"]),
         mem=meta.get("mem"),
         job=job,
@@ -324,7 +325,7 @@ def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional
         fd, st = open_regular(path, what="lease record")
     except FileNotFoundError:
         return None, False
-    except OSError as err:  # UnsafeFile included: a FIFO, a device, a symlink
+    except (OSError, UnsafeFile) as err:  # a FIFO, a device, a symlink, ...
         warn(f"skipping lease record {printable(path)}: {err}")
         return None, False
     try:
@@ -340,7 +341,7 @@ def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional
             if st.st_size > MAX_RECORD:
                 raise UnsafeFile(f"{st.st_size} bytes")
             info = parse_record(read_bounded(fd, MAX_RECORD), uuid, job, owner)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, UnsafeFile) as err:
             warn(
                 f"lease record {printable(path)} of {owner} is invalid ({err}); counting "
                 "its GPU as taken"
@@ -422,7 +423,7 @@ def sweep(ld: LeaseDir, names: Sequence[str]) -> None:
 def remove_if_free(path: str) -> bool:
     try:
         fd, _ = open_regular(path)
-    except OSError:
+    except (OSError, UnsafeFile):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -119,12 +119,12 @@ def check_ticket(
     whom it runs as, when the file was put in place. (verdict, contents)."""
     from gpuwarden import holders
     from gpuwarden.leases import is_locked
-    from gpuwarden.safefiles import MAX_RECORD, open_regular, read_bounded
+    from gpuwarden.safefiles import MAX_RECORD, UnsafeFile, open_regular, read_bounded
 
     path = ld.join(name)
     try:
         fd, st = open_regular(path, what="ticket")
-    except OSError as err:
+    except (OSError, UnsafeFile) as err:
         return Verdict(False, str(err)), b""
     try:
         if not is_locked(fd):
@@ -144,7 +144,7 @@ def check_ticket(
             return Verdict(False, "too large", uid=st.st_uid), b""
         try:
             raw = read_bounded(fd, MAX_RECORD)
-        except OSError as err:
+        except (OSError, UnsafeFile) as err:
             return Verdict(False, str(err), uid=st.st_uid), b""
     finally:
         os.close(fd)

@@ -250,7 +250,7 @@ def _prove_holder(info: Any) -> Any:
     path = os.path.join(lease_location(), f"{info.uuid}.{info.job}{lease.HOLDER_SUFFIX}")
     try:
         fd, st = open_regular(path, what="lease record")
-    except OSError as err:
+    except (OSError, UserError) as err:
         raise UserError(f"reservation {info.job}: cannot open its record: {err}") from None
     os.close(fd)
     target, why = holders.prove(info.pid, st)

@@ -548,3 +548,30 @@ def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
 
     reserve.hold_for(5.0, sleep=sleep)
     assert sum(slept) == pytest.approx(5.0)
+
+
+# --- what doctor says -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_doctor_says_a_shared_directory_cannot_be_made_fully_safe(shared: bool) -> None:
+    from gpuwarden.doctor.checks import run_checks
+    from gpuwarden.doctor.facts import Facts, TorchBuild
+
+    found = run_checks(
+        Facts(
+            snapshot=machine(1),
+            environ={},
+            torch=TorchBuild(installed=False, skipped="no torch"),
+            user="bob",
+            lease_dir="/var/lib/gpuwarden/leases",
+            lease_dir_shared=shared,
+        )
+    )
+    trust = [f for f in found if f.check == "machine.lease-trust"]
+    if not shared:
+        assert trust == []
+        return
+    [finding] = trust
+    assert finding.level == "INFO"
+    assert "never be made fully safe" in finding.title and "issue 12" in finding.fix

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 PROC = "/proc"
 

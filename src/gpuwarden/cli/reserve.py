@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 SERVES_SEVERAL = True
 RESERVATION_PREFIX = "res-"
 COMMAND = "gpuwarden reserve"
+MAX_DURATION = 10 * 366 * 86400  # --for beyond this is a mistake (and past what records hold)
 _EXPORTED = (
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -130,6 +131,11 @@ def reserve(args: argparse.Namespace) -> int:
         seconds = parse_duration(args.duration)
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
+        if seconds > MAX_DURATION:
+            raise UserError(
+                f"invalid --for {args.duration!r}: at most 10 years; leave --for out to hold "
+                "the GPUs until released"
+            )
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
     machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)
@@ -170,17 +176,20 @@ def reserve(args: argparse.Namespace) -> int:
         if name in env:
             print(f"export {name}={_quote(env[name])}")
     ids = ",".join(str(g.index) for g in held.gpus)
-    end = (
-        "until released"
-        if until is None
-        else "until " + time.strftime("%H:%M", time.localtime(until))
-    )
+    end = "until released" if until is None else "until " + _when(until)
     print(
         f"gpuwarden reserve: holding GPU {ids} {end} (reservation {held.job}, holder pid {pid}); "
         "end it with `gpuwarden release`",
         file=sys.stderr,
     )
     return 0
+
+
+def _when(at: float) -> str:
+    """A local time to read at a glance: the clock time today, with the date otherwise."""
+    local = time.localtime(at)
+    same_day = time.localtime()[:3] == local[:3]
+    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", local)
 
 
 def _mine(leases: list[Any]) -> dict[str, list[Any]]:

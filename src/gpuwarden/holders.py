@@ -26,12 +26,11 @@ STOPPED = frozenset("Tt")
 GONE = frozenset("ZXx")
 
 
-def lock_pids(dev: int, ino: int, locks: str = PROC + "/locks") -> Optional[list[int]]:
-    """Pids holding (not waiting for) a lock on the file (dev, ino), from /proc/locks;
-    None when it cannot be read. A pid of 0 (a holder in another pid namespace) is
-    left out."""
-    want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
-    pids = []
+def lock_table(locks: str = PROC + "/locks") -> Optional[dict[str, list[int]]]:
+    """Every held (not awaited) lock on the machine, as "MAJ:MIN:INODE" -> pids, from
+    /proc/locks; None when it cannot be read. Read once per look at the line: it lists
+    every lock on the machine. A pid of 0 (a holder in another pid namespace) is left out."""
+    table: dict[str, list[int]] = {}
     try:
         with open(locks, encoding="ascii", errors="replace") as fh:
             for line in fh:
@@ -39,11 +38,24 @@ def lock_pids(dev: int, ino: int, locks: str = PROC + "/locks") -> Optional[list
                 # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters have "->".
                 if len(fields) < 6 or fields[1] == "->":
                     continue
-                if fields[5] == want and fields[4].isdigit() and int(fields[4]) > 0:
-                    pids.append(int(fields[4]))
+                if fields[4].isdigit() and int(fields[4]) > 0:
+                    table.setdefault(fields[5], []).append(int(fields[4]))
     except OSError:
         return None
-    return pids
+    return table
+
+
+def file_key(dev: int, ino: int) -> str:
+    """How /proc/locks names a file: hex major and minor device numbers, decimal inode."""
+    return f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+
+
+def lock_pids(
+    dev: int, ino: int, table: Optional[dict[str, list[int]]] = None
+) -> Optional[list[int]]:
+    """Pids holding a lock on the file (dev, ino); None when /proc/locks cannot be read."""
+    table = lock_table() if table is None else table
+    return None if table is None else table.get(file_key(dev, ino), [])
 
 
 def state(pid: int) -> Optional[str]:

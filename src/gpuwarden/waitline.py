@@ -112,7 +112,7 @@ class Verdict:
 
 
 def check_ticket(
-    ld: Any, name: str, key: str, pid: int, locks: bool = True
+    ld: Any, name: str, key: str, pid: int, locks: Optional[dict[str, list[int]]] = None
 ) -> tuple[Verdict, bytes]:
     """Open a ticket safely (no FIFO, no symlink, bounded) and judge it by what the
     kernel says: who holds its lock (/proc/locks), whether that process is stopped,
@@ -131,9 +131,9 @@ def check_ticket(
             return Verdict(False, "nobody holds it", dead=True, uid=st.st_uid), b""
         if not st.st_ctime_ns - KEY_SLACK_NS <= int(key[:20]) <= st.st_ctime_ns + KEY_SLACK_NS:
             return Verdict(False, "its name's time is not when it was made", uid=st.st_uid), b""
-        if locks:
-            pids = holders.lock_pids(st.st_dev, st.st_ino)
-            if pids is not None and pid not in pids:
+        if locks is not None:  # None: /proc/locks unreadable, the lock probe must do
+            pids = holders.lock_pids(st.st_dev, st.st_ino, locks)
+            if pid not in (pids or ()):
                 return Verdict(False, "the pid in its name does not hold it", uid=st.st_uid), b""
         uid = holders.real_uid(pid)
         if uid is not None and uid != st.st_uid:
@@ -183,8 +183,11 @@ class Ticket:
         kernel (`check_ticket`): dead waiters' tickets are removed, and stopped waiters
         and tickets that do not fit are left out until the next check (neither must
         hold the line for everyone)."""
+        from gpuwarden import holders
         from gpuwarden.leases import remove_if_free
 
+        table: Optional[dict[str, list[int]]] = None
+        loaded = False
         before = after = need = seen = 0
         if check_alive:
             self._ignored = set()
@@ -200,7 +203,9 @@ class Ticket:
             if seen > MAX_TICKETS:
                 continue
             if check_alive:
-                verdict, _ = check_ticket(self.dir, name, key, int(key[21:]))
+                if not loaded:
+                    table, loaded = holders.lock_table(), True
+                verdict, _ = check_ticket(self.dir, name, key, int(key[21:]), table)
                 if verdict.dead:
                     remove_if_free(self.dir.join(name))
                 if not verdict.ok:
@@ -281,6 +286,7 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
     that joined before key `before` when given. A ticket is trusted only as far as the
     kernel vouches for it (`check_ticket`), and every field is checked; others are
     skipped and reported once."""
+    from gpuwarden import holders
     from gpuwarden.leases import owner_of, remove_if_free
 
     tickets = sorted((*p, n) for n in os.listdir(ld.path) for p in [_parse_name(n)] if p)
@@ -289,11 +295,12 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
 
         warn(f"{len(tickets)} tickets in line in {ld.path}; looking at the first {MAX_TICKETS}")
         del tickets[MAX_TICKETS:]
+    table = holders.lock_table() if tickets else None
     for key, need, name in tickets:
         if before is not None and key >= before:
             break
         pid = int(key[21:])
-        verdict, raw = check_ticket(ld, name, key, pid)
+        verdict, raw = check_ticket(ld, name, key, pid, table)
         if not verdict.ok:
             if verdict.dead:
                 if tidy:

@@ -502,14 +502,16 @@ def test_temporary_files_of_killed_writers_are_swept(shared, procs) -> None:
     old = shared / f".{UUID0}.x.lease.99-0000.tmp"
     fresh = shared / f".{UUID0}.y.lease.99-0001.tmp"
     busy = shared / f".{UUID0}.z.lease.99-0002.tmp"
-    for p in (old, fresh, busy):
+    legacy = shared / f".tmp-{UUID0}.123-abcdef"  # as earlier versions named them
+    for p in (old, fresh, busy, legacy):
         p.write_text("{")
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
+    os.utime(legacy, (hour_ago, hour_ago))
     os.utime(busy, (hour_ago, hour_ago))
     as_user(os.geteuid(), procs, busy, fcntl.LOCK_EX)  # a writer still alive (stopped)
     take(snap, count=1).release()
-    assert not old.exists()
+    assert not old.exists() and not legacy.exists()
     assert fresh.exists() and busy.exists()
 
 
@@ -589,3 +591,25 @@ def test_reserve_for_too_long_is_refused_and_a_far_end_shows_its_date(sim, cli) 
         assert f"until {end} " in r.stderr
     finally:
         assert cli("release").returncode == 0
+
+
+def test_a_job_whose_lease_cannot_be_published_is_stopped(sim, monkeypatch, capsys) -> None:
+    """If the record cannot be put in place after the job started, the job must not
+    run on under a lease nobody sees: it is killed (and reaped) before run returns."""
+    sim("server-8xa100")
+    from gpuwarden.cli import main
+
+    def fail(self: lease.Held, *args: object, **kw: object) -> None:
+        self.drop_allocation_lock()
+        raise UserError("cannot publish the lease record: No space left on device")
+
+    monkeypatch.setattr(lease.Held, "publish", fail)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:  # reap any leftovers of earlier tests
+            pass
+    code = main(["run", "-g", "1", "--", "sleep", "60"])
+    assert code != 0
+    assert "No space left" in capsys.readouterr().err
+    with pytest.raises(ChildProcessError):  # no child left running (or unreaped)
+        os.waitpid(-1, os.WNOHANG)
+    assert lease.list_leases() == []

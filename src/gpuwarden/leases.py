@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 ALLOC = "alloc.lock"
 LOCK_SUFFIX = ".lock"
 HOLDER_SUFFIX = ".lease"
+LEGACY_TMP_PREFIX = ".tmp-"  # what earlier versions named their temporary files
 PID_ROOM = 16  # spaces after a prepared record: room for the pid `publish` writes
 
 # Without --wait, how long to try for the allocation lock before saying who holds it.
@@ -366,7 +367,11 @@ def scan(
             if name.endswith(".wait"):
                 if line is not None and not line:
                     line.append(True)
-            elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
+            elif (
+                tidy is not None
+                and name.startswith(".")
+                and (name.endswith(TMP_SUFFIX) or name.startswith(LEGACY_TMP_PREFIX))
+            ):
                 tidy.append(name)
             continue
         m = HOLDER_RE.fullmatch(name)

@@ -613,3 +613,18 @@ def test_a_job_whose_lease_cannot_be_published_is_stopped(sim, monkeypatch, caps
     with pytest.raises(ChildProcessError):  # no child left running (or unreaped)
         os.waitpid(-1, os.WNOHANG)
     assert lease.list_leases() == []
+
+
+def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
+    """The GPU the first waiter would get is not leased yet: the message says so
+    instead of naming a lease that does not exist."""
+    from gpuwarden import waitline
+
+    snap = machine(1)
+    ticket = waitline.join(lease.open_dir(), Request(count=1))
+    try:
+        with pytest.raises(UserError) as err:
+            take(snap, count=1)
+        assert "(waiting in line)" in str(err.value), str(err.value)
+    finally:
+        ticket.leave()

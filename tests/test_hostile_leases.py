@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -351,36 +352,70 @@ def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
         cli("release")
 
 
-def _crafted_ticket(d: Path, uid: int, procs: list[int], key: str, need: int, data: object) -> None:
+def _ticket(d: Path, uid: int, procs: list[int], make: Callable[[int], tuple]) -> None:
+    """A ticket held locked by a process of `uid`; `make(holder pid)` gives its
+    (key, need, contents)."""
     tmp = d / ".crafted"
-    tmp.write_text(json.dumps(data))
+    tmp.write_text("{}")
     os.chown(tmp, uid, uid)
-    as_user(uid, procs, tmp, fcntl.LOCK_EX)
+    pid = as_user(uid, procs, tmp, fcntl.LOCK_EX)
+    key, need, data = make(pid)
+    tmp.write_text(data if isinstance(data, str) else json.dumps(data))
     os.rename(tmp, d / f"{key}.{need}.wait")
 
 
-GOOD_REQUEST = {"count": 8, "exclude": [], "keep_first_last": True}
+def _request(count: int) -> dict[str, object]:
+    return {"count": count, "exclude": [], "keep_first_last": True}
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["ancient key", "pid not the holder", "huge count", "bad request", "count disagrees"],
-)
+CRAFTED: dict[str, Callable[[int], tuple]] = {
+    "ancient key": lambda pid: (
+        f"{1:020d}-{pid:08d}",
+        8,
+        {"pid": pid, "since": 1.0, "request": _request(8)},
+    ),
+    "pid not the holder": lambda pid: (
+        f"{time.time_ns():020d}-{1:08d}",
+        8,
+        {"pid": 1, "since": time.time(), "request": _request(8)},
+    ),
+    "count disagrees": lambda pid: (
+        f"{time.time_ns():020d}-{pid:08d}",
+        1,
+        {"pid": pid, "since": time.time(), "request": _request(8)},
+    ),
+    "bad request": lambda pid: (
+        f"{time.time_ns():020d}-{pid:08d}",
+        8,
+        {"pid": pid, "since": time.time(), "request": {"count": "all", "gpus": 7}},
+    ),
+    "nested too deep": lambda pid: (
+        f"{time.time_ns():020d}-{pid:08d}",
+        8,
+        '{"pid": ' + str(pid) + ', "x": ' + "[" * 50_000,
+    ),
+    "more GPUs than exist": lambda pid: (
+        f"{time.time_ns():020d}-{pid:08d}",
+        9999,
+        {"pid": pid, "since": time.time(), "request": _request(9999)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", [*CRAFTED, "genuine"])
 def test_crafted_tickets_do_not_block_the_line(sim, cli, users, shared, procs, case) -> None:
     sim("server-8xa100")
     mallory, _ = users
-    data: dict[str, object] = {"pid": 1, "since": time.time(), "request": GOOD_REQUEST}
-    key, need = f"{time.time_ns():020d}-00000001", 8
-    if case == "ancient key":
-        key = "00000000000000000001-00000001"
-    elif case == "huge count":
-        need = 9999
-    elif case == "bad request":
-        data["request"] = {"count": "all", "gpus": 7}
-    elif case == "count disagrees":
-        need = 1
-    _crafted_ticket(shared, mallory, procs, key, need, data)
+    genuine = lambda pid: (  # noqa: E731
+        f"{time.time_ns():020d}-{pid:08d}",
+        2,
+        {"pid": pid, "since": time.time(), "request": _request(2)},
+    )
+    _ticket(shared, mallory, procs, CRAFTED.get(case, genuine))
     r = cli("run", "-g", "1", "--", "true", timeout=30)
+    if case == "genuine":  # a real waiter, running, for what the machine has: it comes first
+        assert r.returncode == lease.EXIT_BUSY, r.stderr  # the 2 free GPUs are its
+        return
     assert r.returncode == 0, r.stderr
     r = cli("run", "-g", "1", "--wait", "--timeout", "10s", "--", "true", timeout=60)
     assert r.returncode == 0, r.stderr
@@ -628,3 +663,21 @@ def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
         assert "(waiting in line)" in str(err.value), str(err.value)
     finally:
         ticket.leave()
+
+
+def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
+    users, shared, procs
+) -> None:
+    """A waiter ahead counts its GPUs from its ticket's name; one asking for more than
+    the machine has can never be served, so it must not make everyone behind it give
+    up looking."""
+    from gpuwarden import waitline
+
+    mallory, _ = users
+    _ticket(shared, mallory, procs, CRAFTED["more GPUs than exist"])
+    mine = waitline.join(lease.open_dir(), Request(count=1))
+    try:
+        position, total, ahead_need = mine.scan(check_alive=True, most=8)
+        assert ahead_need == 0 and position == 1
+    finally:
+        mine.leave()

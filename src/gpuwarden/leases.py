@@ -815,7 +815,7 @@ def acquire(
                 if ticket is not None:
                     if due:
                         last_refresh = now
-                    position, total, ahead_need = ticket.scan(check_alive=due)
+                    position, total, ahead_need = ticket.scan(check_alive=due, most=gpu_count)
                     hopeless = gpu_count is not None and ahead_need + mine > gpu_count
                     # Far back in a long line, look less often: nobody there can be
                     # served before those ahead are.

@@ -177,12 +177,13 @@ class Ticket:
     def ahead(self) -> list[Waiter]:
         return [w for w in read_line(self.dir) if w.key < self.key]
 
-    def scan(self, check_alive: bool = False) -> tuple[int, int, int]:
+    def scan(self, check_alive: bool = False, most: Optional[int] = None) -> tuple[int, int, int]:
         """(our place counting from 1, waiters in line, GPUs the waiters ahead need),
         from the ticket names; with `check_alive`, every ticket ahead is judged by the
         kernel (`check_ticket`): dead waiters' tickets are removed, and stopped waiters
         and tickets that do not fit are left out until the next check (neither must
-        hold the line for everyone)."""
+        hold the line for everyone). A ticket for more than `most` GPUs (all there are)
+        can never be served, so it does not count either."""
         from gpuwarden import holders
         from gpuwarden.leases import remove_if_free
 
@@ -196,6 +197,8 @@ class Ticket:
             if parsed is None or parsed[0] == self.key or name in self._ignored:
                 continue
             key, n = parsed
+            if most is not None and n > most:
+                continue
             if key > self.key:
                 after += 1
                 continue
@@ -321,7 +324,10 @@ def parse_ticket(raw: bytes, key: str, pid: int, need: int, user: str) -> Waiter
     the name (pid, GPU count); ValueError or TypeError otherwise."""
     from gpuwarden.leases import needs
 
-    data = json.loads(raw)
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if data.get("pid") != pid:

@@ -681,3 +681,14 @@ def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
         assert ahead_need == 0 and position == 1
     finally:
         mine.leave()
+
+
+def test_warnings_about_junk_are_bounded(shared, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(lease, "_warned", set())
+    for i in range(100):
+        os.mkfifo(shared / f"GPU-{i:08x}-0000-0000-0000-000000000000.j.lease")
+    lease.list_leases()
+    lease.list_leases()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == lease.MAX_WARNINGS + 1
+    assert "not reporting them" in lines[-1]

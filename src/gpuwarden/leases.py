@@ -241,6 +241,7 @@ MAX_RECORDS = 4096
 TMP_AGE = 600.0
 
 _warned: set[str] = set()
+MAX_WARNINGS = 20
 
 
 def warn(message: str) -> None:
@@ -248,9 +249,11 @@ def warn(message: str) -> None:
     that is skipped is said so, and a long-running exporter does not repeat itself."""
     import sys
 
-    if message in _warned:
+    if message in _warned or len(_warned) > MAX_WARNINGS:
         return
     _warned.add(message)
+    if len(_warned) > MAX_WARNINGS:  # a directory full of junk must not flood a log
+        message = "more problems in the lease directory; not reporting them"
     print(f"gpuwarden: warning: {message}", file=sys.stderr)
 
 

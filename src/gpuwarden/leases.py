@@ -21,6 +21,11 @@ first served.
 The lease directory is checked before use: a symlink, an unexpected owner,
 or a directory others may write without the sticky bit would let another
 local user delete or redirect the locks, so each is refused with one line.
+
+Every file in it may have been put there by a hostile user: records are opened
+through `safefiles` (no FIFO, no link, bounded), every field is checked, a held
+lease with a bad record still takes its GPU, and the allocation lock is waited
+for with a deadline. See docs/leases.md, "A hostile local user".
 """
 
 from __future__ import annotations

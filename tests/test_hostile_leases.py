@@ -25,6 +25,7 @@ from typing import Callable
 import pytest
 
 import gpuwarden.leases as lease
+from gpuwarden import holders
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.selection import Request
@@ -322,6 +323,13 @@ def _ticket_names(d: Path) -> list[str]:
     return [n for n in os.listdir(d) if n.endswith(".wait")]
 
 
+def _until(condition: Callable[[], bool], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
     sim("server-8xa100")
     assert cli("reserve", "-g", "1").returncode == 0
@@ -337,12 +345,14 @@ def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
             assert time.monotonic() < deadline and big.poll() is None
             time.sleep(0.05)
         os.kill(big.pid, signal.SIGSTOP)  # Ctrl-Z
+        _until(lambda: holders.is_stopped(big.pid))
         r = cli("run", "-g", "1", "--", "true", timeout=30)
         assert r.returncode == 0, r.stderr
         assert "stopped waiter" in r.stderr
         r = cli("run", "-g", "1", "--wait", "--timeout", "20s", "--", "true", timeout=60)
         assert r.returncode == 0, r.stderr
         os.kill(big.pid, signal.SIGCONT)  # resumed: back in its place, first in line
+        _until(lambda: not holders.is_stopped(big.pid))
         r = cli("run", "-g", "1", "--", "true", timeout=30)
         assert r.returncode == lease.EXIT_BUSY and "first in line" in r.stderr
         assert "waiting in line" in r.stderr
@@ -677,7 +687,7 @@ def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
     _ticket(shared, mallory, procs, CRAFTED["more GPUs than exist"])
     mine = waitline.join(lease.open_dir(), Request(count=1))
     try:
-        position, total, ahead_need = mine.scan(check_alive=True, most=8)
+        position, _, ahead_need = mine.scan(check_alive=True, most=8)
         assert ahead_need == 0 and position == 1
     finally:
         mine.leave()

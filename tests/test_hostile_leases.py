@@ -188,6 +188,8 @@ def test_devices_and_huge_files_named_like_records(users, shared, procs, capsys)
     mallory, _ = users
     snap = machine(2)
     os.mknod(shared / f"{snap.gpus[0].uuid}.zero.lease", 0o644 | 0o020000, os.makedev(1, 5))
+    os.symlink("/dev/zero", shared / f"{snap.gpus[0].uuid}.link.lease")
+    os.symlink("/dev/zero", shared / f"{time.time_ns():020d}-{os.getpid():08d}.1.wait")
     big = shared / f"{snap.gpus[1].uuid}.big.lease"
     with open(big, "wb") as fh:
         fh.truncate(1 << 30)  # sparse: 1 GiB of zeros to whoever reads it all
@@ -200,7 +202,7 @@ def test_devices_and_huge_files_named_like_records(users, shared, procs, capsys)
     assert held.uuids == (snap.gpus[0].uuid,)
     held.release()
     err = capsys.readouterr().err
-    assert "character device" in err and "big.lease" in err
+    assert "character device" in err and "big.lease" in err and "symbolic link" in err
 
 
 # --- wrong types --------------------------------------------------------------------------------

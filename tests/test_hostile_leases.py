@@ -623,13 +623,13 @@ def test_doctor_says_a_shared_directory_cannot_be_made_fully_safe(shared: bool) 
         return
     [finding] = trust
     assert finding.level == "INFO"
-    assert "never be made fully safe" in finding.title and "issue 12" in finding.fix
+    assert "never be made fully safe" in finding.title and "gpuwarden serve" in finding.fix
 
 
 def test_reserve_for_too_long_is_refused_and_a_far_end_shows_its_date(sim, cli) -> None:
     sim("server-8xa100")
     r = cli("reserve", "-g", "1", "--for", "99999999999d")
-    assert "at most 10 years" in one_line_error(r)
+    assert "above ten years" in one_line_error(r)
     assert lease.list_leases() == []
     r = cli("reserve", "-g", "1", "--for", "3d")
     assert r.returncode == 0, r.stderr

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 SERVES_SEVERAL = True
 RESERVATION_PREFIX = "res-"
 COMMAND = "gpuwarden reserve"
-MAX_DURATION = 10 * 366 * 86400  # --for beyond this is a mistake (and past what records hold)
 _EXPORTED = (
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -131,11 +130,6 @@ def reserve(args: argparse.Namespace) -> int:
         seconds = parse_duration(args.duration)
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
-        if seconds > MAX_DURATION:
-            raise UserError(
-                f"invalid --for {args.duration!r}: at most 10 years; leave --for out to hold "
-                "the GPUs until released"
-            )
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
     machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)

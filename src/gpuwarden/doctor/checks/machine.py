@@ -87,8 +87,9 @@ def _sharing(facts: Facts) -> list[Finding]:
                 "gpuwarden refuses what others plant there (FIFOs, links, bad records, "
                 "forged pids, crafted tickets) and times out, naming the holder, on a lock "
                 "held too long; a user can still hold GPU locks or alloc.lock to block others",
-                "the real fix is the per-machine gpuwarden service (issue 12), which alone "
-                'writes the leases; until then see docs/leases.md ("A hostile local user")',
+                "the real fix is the per-machine queue service (`gpuwarden serve`, "
+                "docs/service.md), which alone writes the leases; see docs/leases.md "
+                '("A hostile local user")',
             )
         ]
     if facts.lease_dir_shared is not False:

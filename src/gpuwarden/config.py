@@ -324,6 +324,13 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key("health.pcie_replay_warn", "int", None, "warn above this many PCIe replays"),
     Key("health.poll_seconds", "float", 5.0, "how often the health watch reads the GPUs"),
+    Key(
+        "enforce.devices",
+        "choice",
+        "auto",
+        "device cgroup per job run as root: auto (where possible), off, require",
+        choices=("auto", "off", "require"),
+    ),
     Key("record.interval", "float", 1.0, "seconds between recorded samples"),
     Key("record.max_bytes", "size", 100 * 2**20, "start a new CSV file beyond this size"),
 )

@@ -140,6 +140,13 @@ def _as_duration(value: Any) -> float:
         raise _BadValue from None
 
 
+def _as_interval(value: Any) -> float:
+    seconds = _as_duration(value)
+    if seconds <= 0:
+        raise _BadValue
+    return seconds
+
+
 def _as_ids(value: Any) -> tuple[str, ...]:
     """GPU IDs as typed: `"0,2"`, `[0, 2]`, `["GPU-3f2a"]`; kept as strings for select."""
     if isinstance(value, str):
@@ -213,6 +220,7 @@ _KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "percent": (_as_percent, "a percentage 0-100"),
     "size": (_as_size, "a size such as 20GiB or 500M"),
     "duration": (_as_duration, "a duration such as 90, 30s, 5m or 4h"),
+    "interval": (_as_interval, "a duration above zero such as 5, 30s or 2h"),
     "ids": (_as_ids, 'GPU IDs such as "0,2" or ["GPU-3f2a"]'),
     "ints": (_as_ints, "a list of integers"),
     "capability": (_as_capability, "a compute capability such as 8.0"),
@@ -331,6 +339,38 @@ SCHEMA: tuple[Key, ...] = (
         "device cgroup per job run as root: auto (where possible), off, require",
         choices=("auto", "off", "require"),
     ),
+    Key(
+        "enforce.memory_tolerance",
+        "percent",
+        10.0,
+        "a --mem job may use this much more than it declared (percent) before it is over",
+    ),
+    Key("enforce.memory_grace", "duration", 60.0, "over its --mem this long => memory_action"),
+    Key(
+        "enforce.memory_action",
+        "choice",
+        "notify",
+        "a job over its --mem after the grace: notify, or kill (SIGTERM, then SIGKILL)",
+        choices=("notify", "kill"),
+    ),
+    Key("enforce.unleased_grace", "duration", 300.0, "unleased GPU use this long => action"),
+    Key(
+        "enforce.unleased_action",
+        "choice",
+        "notify",
+        "a process using a GPU without a lease: notify, or kill it after the grace when the "
+        "GPU is leased to someone else",
+        choices=("notify", "kill"),
+    ),
+    Key("enforce.idle_after", "interval", 86400.0, "a lease idle (0% and memory still) this long"),
+    Key(
+        "enforce.idle_action",
+        "choice",
+        "report",
+        "an idle lease: report it, or release it (SIGTERM to its holder)",
+        choices=("report", "release"),
+    ),
+    Key("enforce.poll_seconds", "interval", 5.0, "how often `gpuwarden enforce --watch` looks"),
     Key("record.interval", "float", 1.0, "seconds between recorded samples"),
     Key("record.max_bytes", "size", 100 * 2**20, "start a new CSV file beyond this size"),
 )

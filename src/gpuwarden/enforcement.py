@@ -194,10 +194,12 @@ def unleased_action(
 
 @record
 class Idle:
-    """What the last reading of a lease's GPUs showed: since when idle, and its memory."""
+    """What the last reading of a lease's GPU showed: since when idle, its memory, and its
+    time when it was at 0% (an idle stretch counts from the first quiet reading)."""
 
     since: Optional[Since]
     memory: Optional[int]
+    quiet_at: Optional[float] = None
 
 
 def idle_action(
@@ -208,23 +210,13 @@ def idle_action(
     policy: Policy,
 ) -> tuple[Idle, Optional[str]]:
     """(new state, action) for one lease: idle means 0% utilization and the same memory as
-    last time; after `policy.idle_after` of it, "report" or "release" once. Any activity
-    starts the count again; an unknown reading is never idle."""
-    bad = util == 0 and memory is not None and last is not None and last.memory == memory
-    state, event = track(bad, last.since if last is not None else None, now, policy.idle_after)
-    return Idle(state, memory), (policy.idle_action if event == "expired" else None)
-
-
-def gpu_idle_reading(
-    gpus: Mapping[str, Any], lease_gpus: Iterable[str]
-) -> tuple[Optional[int], Optional[int]]:
-    """(utilization, memory) of a lease over its GPUs: the highest utilization and the total
-    memory used; None where a GPU could not say."""
-    utils, memory = [], 0
-    for uuid in lease_gpus:
-        gpu = gpus.get(uuid)
-        if gpu is None or gpu.utilization_gpu is None or gpu.memory_used is None:
-            return None, None
-        utils.append(gpu.utilization_gpu)
-        memory += gpu.memory_used
-    return (max(utils) if utils else None), (memory if utils else None)
+    at the previous reading, itself at 0%; after `policy.idle_after` of it, "report" or
+    "release" once. Any activity starts the count again; an unknown reading is never idle."""
+    quiet = util == 0 and memory is not None
+    bad = quiet and last is not None and last.quiet_at is not None and last.memory == memory
+    previous = None
+    if bad and last is not None:
+        previous = last.since or Since(last.quiet_at)  # type: ignore[arg-type]
+    state, event = track(bad, previous, now, policy.idle_after)
+    quiet_at = (last.quiet_at if bad and last is not None else now) if quiet else None
+    return Idle(state, memory, quiet_at), (policy.idle_action if event == "expired" else None)

@@ -31,7 +31,7 @@ from gpuwarden.records import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
     from typing import Any, Optional
 
 

@@ -26,9 +26,10 @@ everything; `Isolation.confine()` then writes the rules, which the kernel
 checks at every open. The same cgroups (`cpuacct`, `memory`, where mounted)
 give the job's CPU and memory usage and the list of its processes.
 
-cgroup v2 (`devices` is no file there but a BPF_PROG_TYPE_CGROUP_DEVICE
-program) and systemd's `DeviceAllow=` are detected and reported, not yet
-enforced: see docs/enforcement.md.
+cgroup v2 has no `devices` files: there a BPF_PROG_TYPE_CGROUP_DEVICE program
+(`gpuwarden.devbpf`) attached to the job's cgroup decides, where no v1 `devices`
+controller is mounted. systemd's `DeviceAllow=` (a transient scope) is not used:
+see docs/enforcement.md.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ V1_ROOT = "/sys/fs/cgroup"
 GROUP = "gpuwarden"
 # Accounting hierarchies joined when mounted; `devices` is the one that must be.
 ACCOUNTING = ("cpuacct", "memory")
+DEVICES = ("devices", "")  # the v1 controller, or the v2 hierarchy (a BPF program)
 MODES = ("none", "cgroup-v1", "cgroup-v2-bpf", "systemd")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -134,8 +136,8 @@ def judge(
 ) -> tuple[str, str]:
     """(mode, why): which device isolation `gpuwarden run` gets here, from the facts.
 
-    `mode` is one of MODES; only "cgroup-v1" is enforced today, the others name what the
-    machine would need, so that `gpuwarden doctor` can say why there is none."""
+    `mode` is one of MODES ("systemd" is not chosen: see docs/enforcement.md); with "none",
+    `why` says what is missing, so that `gpuwarden doctor` can tell the admin."""
     v1 = v1_mounts(mounts)
     if "devices" in v1:
         if euid != 0:
@@ -148,12 +150,17 @@ def judge(
         return "cgroup-v1", f"cgroup v1 devices controller at {v1['devices']}"
     v2 = v2_mount(mounts)
     if v2 is not None:
-        how = "systemd is PID 1 (DeviceAllow= on a transient scope)" if pid1 == "systemd" else ""
-        why = (
-            "cgroup v2 only: device access there needs a BPF_PROG_TYPE_CGROUP_DEVICE program "
-            "or " + (how or "systemd's DeviceAllow=") + ", which gpuwarden does not load yet"
-        )
-        return "none", why
+        if euid != 0:
+            return (
+                "none",
+                "not root: only root can attach device programs (run as root, or the service)",
+            )
+        if "" not in own_paths(proc_cgroup):
+            return "none", "this process is in no cgroup v2 hierarchy"
+        where = f"cgroup v2 at {v2}: a BPF device program per job"
+        if pid1 == "systemd":
+            where += " (systemd is PID 1: a service should use a delegated unit)"
+        return "cgroup-v2-bpf", where
     return "none", "no cgroup filesystem mounted"
 
 
@@ -249,16 +256,23 @@ class Isolation:
         self.wait()
         if any(m is None for m in minors):
             raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
+        leased = [m for m in minors if m is not None]
+        if "devices" not in self.dirs:
+            from gpuwarden import devbpf
+
+            devbpf.confine(self.dirs[""], leased)  # every GPU minor but these: no `present`
+            self.confined = True
+            return
         fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
         try:
-            for rule in deny_rules([m for m in minors if m is not None], present):
+            for rule in deny_rules(leased, present):
                 os.write(fd, rule.encode())  # the kernel takes one rule per write
         finally:
             os.close(fd)
         self.confined = True
 
     def pids(self) -> list[int]:
-        return pids_in(self.dirs["devices"])
+        return pids_in(self.dirs["devices" if "devices" in self.dirs else ""])
 
     def usage(self) -> dict[str, Optional[int]]:
         return usage_of(self.dirs)
@@ -282,29 +296,37 @@ class Isolation:
         return removed
 
 
-def _job_dirs(name: str, root: str = V1_ROOT) -> tuple[dict[str, str], dict[str, str]]:
+def _job_dirs(name: str, mode: str) -> tuple[dict[str, str], dict[str, str]]:
     own = own_paths(_read("/proc/self/cgroup"))
-    mounts = v1_mounts(_read("/proc/self/mounts", 1 << 20))
+    mounts_text = _read("/proc/self/mounts", 1 << 20)
+    if mode == "cgroup-v2-bpf":
+        mount = v2_mount(mounts_text)
+        places = {"": mount} if mount is not None else {}
+    else:
+        mounts = v1_mounts(mounts_text)
+        places = {c: mounts[c] for c in ("devices", *ACCOUNTING) if c in mounts}
     dirs: dict[str, str] = {}
     home: dict[str, str] = {}
-    for controller in ("devices", *ACCOUNTING):
-        if controller not in own or controller not in mounts:
+    for controller, mount in places.items():
+        if controller not in own:
             continue
-        base = os.path.join(mounts[controller], own[controller].lstrip("/"))
+        base = os.path.join(mount, own[controller].lstrip("/"))
         home[controller] = base
         dirs[controller] = os.path.join(base, GROUP, name)
     return dirs, home
 
 
-def prepare() -> Isolation:
+def prepare(mode: Optional[str] = None) -> Isolation:
     """Make this job's cgroups (allowing everything for now) and start moving this process
-    into them. Raises CgroupError when that is impossible here."""
-    mode, why = detect()
-    if mode != "cgroup-v1":
-        raise CgroupError(f"no device isolation: {why}")
+    into them; `mode` (default: what `detect` finds) is "cgroup-v1" or "cgroup-v2-bpf".
+    Raises CgroupError when that is impossible here."""
+    if mode is None:
+        mode, why = detect()
+        if mode == "none":
+            raise CgroupError(f"no device isolation: {why}")
     name = cgroup_name(os.getpid(), os.urandom(3).hex())
     try:
-        dirs, home = _job_dirs(name)
+        dirs, home = _job_dirs(name, mode)
     except OSError as err:
         raise CgroupError(f"cannot read this process's cgroups: {err.strerror}") from None
     made: list[str] = []
@@ -313,17 +335,19 @@ def prepare() -> Isolation:
             parent = os.path.dirname(path)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(parent, 0o755)
-            if controller == "devices":
+            if controller in DEVICES:
                 sweep(parent)
             os.mkdir(path, 0o755)
             made.append(path)
     except OSError as err:
-        for path in made:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-        if "devices" not in made:
+        if not any(dirs.get(c) in made for c in DEVICES):
+            for path in made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
             raise CgroupError(f"cannot create a device cgroup: {err.strerror}") from None
         dirs = {c: p for c, p in dirs.items() if p in made}  # accounting is optional
+    if not any(c in dirs for c in DEVICES):
+        raise CgroupError("this process is in no hierarchy that can control devices")
     return Isolation(dirs, home)
 
 
@@ -421,10 +445,11 @@ def usage(pid: int) -> dict[str, Optional[int]]:
 def signal_job(pid: int, signum: int) -> int:
     """Send `signum` to every process in `pid`'s job cgroup; how many were signalled."""
     dirs = job_cgroups(pid)
-    if "devices" not in dirs:
+    where = dirs.get("devices", dirs.get(""))
+    if where is None:
         return 0
     sent = 0
-    for target in pids_in(dirs["devices"]):
+    for target in pids_in(where):
         try:
             os.kill(target, signum)
             sent += 1

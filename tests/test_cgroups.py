@@ -400,3 +400,38 @@ def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
     }
     assert closed is True
     assert set(after.values()) == {"ENXIO"}
+
+
+def test_signal_job_reaches_every_process_of_the_job(tmp_path: Path) -> None:
+    mode, why = cgroups.detect()
+    require(mode == "cgroup-v1", f"no device isolation here ({why})")
+    # A job whose child double-forks away (a daemon) is still found through its cgroup.
+    script = textwrap.dedent("""\
+        import os, signal, subprocess, sys, time
+        sys.path.insert(0, sys.argv[1])
+        from gpuwarden import cgroups
+        iso = cgroups.prepare()
+        iso.confine([0], [0, 1])
+        job = subprocess.Popen([sys.executable, "-c",
+            "import os, sys, time\\n"
+            "if os.fork() == 0:\\n"
+            "    os.setsid(); print(os.getpid(), flush=True); time.sleep(600)\\n"
+            "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        daemon = int(job.stdout.readline())
+        me = os.getpid()
+        members = sorted(iso.pids())
+        assert members == sorted([me, job.pid, daemon]), (members, me, job.pid, daemon)
+        os.write(1, b"%d\\n" % len(members))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the wrapper is in the job too
+        sent = cgroups.signal_job(job.pid, signal.SIGTERM)
+        job.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while sorted(iso.pids()) != [me] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(sent, sorted(iso.pids()) == [me], iso.close())
+    """)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(SRC)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "3", "True", "True"]

@@ -435,3 +435,46 @@ def test_signal_job_reaches_every_process_of_the_job(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "3", "True", "True"]
+
+
+def test_require_refuses_a_job_that_cannot_be_isolated() -> None:
+    """As a user who is not root, `enforce.devices = require` refuses to start the job
+    with one line; `auto` (the default) runs it as before."""
+    require(os.geteuid() == 0, "needs root to run a command as another user")
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="gpuwarden-nobody-"))  # pytest's own is root's only
+    os.chmod(work, 0o1777)  # sticky, as /tmp: the lease directory checks it
+    try:
+        _run_as_nobody(work)
+    finally:
+        shutil.rmtree(work)
+
+
+def _run_as_nobody(work: Path) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(SRC),
+        "GPUWARDEN_SIM": "server-8xa100",
+        "GPUWARDEN_SIM_STATE": str(work / "sim"),
+        "GPUWARDEN_LEASE_DIR": str(work / "leases"),
+        "GPUWARDEN_STATE_DIR": str(work / "state"),
+        "GPUWARDEN_SYSTEM_CONFIG": str(work / "none.toml"),
+        "HOME": str(work),
+    }
+    as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    cmd = [*as_nobody, sys.executable, "-m", "gpuwarden", "run", "--gpus", "7", "--", "true"]
+    out = subprocess.run(
+        cmd,
+        env=dict(env, GPUWARDEN_ENFORCE_DEVICES="require"),
+        capture_output=True,
+        text=True,
+        cwd=work,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not root" in lines[0] and "enforce.devices = require" in lines[0]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=work, timeout=60)
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr

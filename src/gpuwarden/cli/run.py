@@ -335,10 +335,11 @@ def _start(
             )
         return _start_on_cpu(args, cmd), None
 
-    if not args.dry_run and os.geteuid() == 0 and conf.get("enforce.devices") != "off":
-        from gpuwarden.cgroups import isolate  # root: the job gets a device cgroup
+    devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
+    if not args.dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
+        from gpuwarden.cgroups import isolate
 
-        isolation.extend(isolate(conf.get("enforce.devices")))
+        isolation.extend(isolate(devices))
     machine = Machine(topology=request.gpu_count > 1)
     if not machine.first.gpus and machine.first.error and _gpus_unspecified(args, conf):
         # The same command on a laptop and on the server: with no NVIDIA driver and no
@@ -375,7 +376,7 @@ def _start(
         for cgroup in isolation:
             from gpuwarden.cgroups import confine
 
-            confine(cgroup, held.gpus, machine.first.gpus, conf.get("enforce.devices"))
+            confine(cgroup, held.gpus, machine.first.gpus, devices)
         job = launch.start(argv, env, held.fds)
         held.publish(job.pid, launch.command_text(cmd))
     except BaseException:

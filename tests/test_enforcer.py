@@ -179,3 +179,34 @@ def test_enforce_on_a_quiet_machine_says_nothing(sim, cli, tmp_path: Path) -> No
     spec.write_text('[[gpu]]\nmodel = "T4"\n')
     out = cli("enforce", env={"GPUWARDEN_SIM": str(spec)})
     assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_a_process_that_ignores_sigterm_gets_sigkill_at_a_later_reading() -> None:
+    from gpuwarden.enforcer import KILL_AFTER, Action
+
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "print('ready', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
+        e = Enforcer(Policy())
+        kill = Action("kill", "unleased", "GPU-2", 2, stubborn.pid, "carol", "test")
+        e.carry_out([kill], 0.0)
+        assert stubborn.poll() is None and stubborn.pid in e.terminated  # SIGTERM ignored
+        e.carry_out([], KILL_AFTER / 2)
+        assert stubborn.poll() is None
+        e.carry_out([], KILL_AFTER)
+        assert stubborn.wait(timeout=60) == -9
+        assert e.terminated == {}
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+        stubborn.communicate()

@@ -6,7 +6,8 @@ ancestry) into `Action`s and keeps the state the policies carry between readings
 `carry_out` does them. Everything done is logged with `logging` (logger
 "gpuwarden.enforce"), one line per action, naming the GPU, the process and its user.
 
-Killing: SIGTERM first, to the job's process group (the lease holder leads one, see
+Killing: SIGTERM first, to every process of the job (its cgroup, see
+`gpuwarden.cgroups`; without one, the process group the lease holder leads, see
 `gpuwarden.launch`) or to the single unleased process; a process still alive
 `KILL_AFTER` seconds later gets SIGKILL at the next reading. Only processes whose
 owner (from /proc, the kernel) is the lease's owner are signalled for a lease: the
@@ -100,7 +101,7 @@ class Enforcer:
         self.memory: dict[tuple[str, int], policy.Since] = {}
         self.unleased: dict[tuple[str, int], policy.Since] = {}
         self.idle: dict[tuple[str, int], policy.Idle] = {}
-        self.terminated: dict[int, float] = {}  # pid -> when SIGTERM was sent
+        self.terminated: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM sent, group)
 
     def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
         """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
@@ -238,26 +239,37 @@ class Enforcer:
             )
             return
         try:
-            if act.group and os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGTERM)
-            else:
-                os.kill(pid, signal.SIGTERM)
+            _signal(pid, act.group, signal.SIGTERM)
         except ProcessLookupError:
             return
         except PermissionError as err:
             log.error("%s %s: cannot signal pid %s: %s", act.policy, act.kind, pid, err.strerror)
             return
         log.info("%s %s: SIGTERM sent to pid %s", act.policy, act.kind, pid)
-        self.terminated[pid] = now
+        self.terminated[pid] = (now, act.group)
 
     def _follow_up(self, now: float) -> None:
-        for pid, since in list(self.terminated.items()):
+        for pid, (since, group) in list(self.terminated.items()):
             if now - since < KILL_AFTER:
                 continue
             del self.terminated[pid]
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                _signal(pid, group, signal.SIGKILL)
                 log.error("pid %s outlived SIGTERM by %gs: SIGKILL", pid, KILL_AFTER)
+
+
+def _signal(pid: int, group: bool, signum: int) -> None:
+    """`signum` to a job's whole tree (its cgroup when it has one: that catches what
+    left the process group; else the group it leads), or to the one process."""
+    if group:
+        from gpuwarden import cgroups
+
+        if cgroups.signal_job(pid, signum):
+            return
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+            return
+    os.kill(pid, signum)
 
 
 def _keep(table: dict[Any, Any], key: Any, state: Any) -> None:

@@ -478,3 +478,54 @@ def _run_as_nobody(work: Path) -> None:
     assert len(lines) == 1 and "not root" in lines[0] and "enforce.devices = require" in lines[0]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=work, timeout=60)
     assert (out.returncode, out.stderr) == (0, ""), out.stderr
+
+
+def _all_job_cgroups() -> list[str]:
+    """Job cgroup names under every hierarchy `prepare` uses."""
+    dirs, _ = cgroups._job_dirs("x", "cgroup-v1")
+    names = []
+    for path in dirs.values():
+        parent = Path(path).parent
+        names += [p.name for p in parent.iterdir() if p.is_dir()] if parent.exists() else []
+    return names
+
+
+def test_a_killed_wrappers_cgroups_go_with_the_next_run(nodes: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    job = [sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"]
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "run", "--gpus", "7", "--", *job],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert wrapper.stdout is not None and wrapper.stdout.readline() == "ready\n"
+    mine = [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid]
+    assert len(mine) >= 1  # devices, and cpuacct/memory where mounted
+    wrapper.kill()  # SIGKILL: no chance to tidy; the job lives on, confined, then ends
+    wrapper.communicate("")
+    deadline = time.monotonic() + 60
+    while any(cgroups.pids_in(p) for p in _dirs_of(mine)):
+        assert time.monotonic() < deadline, "the job never ended"
+        time.sleep(0.01)
+    assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid] == mine
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "run", "--gpus", "6", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid] == []
+
+
+def _dirs_of(names: list[str]) -> list[str]:
+    dirs, _ = cgroups._job_dirs("x", "cgroup-v1")
+    return [
+        str(Path(p).parent / n)
+        for p in dirs.values()
+        for n in names
+        if (Path(p).parent / n).exists()
+    ]

@@ -335,8 +335,7 @@ def prepare(mode: Optional[str] = None) -> Isolation:
             parent = os.path.dirname(path)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(parent, 0o755)
-            if controller in DEVICES:
-                sweep(parent)
+            sweep(parent)  # in every hierarchy: a killed wrapper leaves one in each
             os.mkdir(path, 0o755)
             made.append(path)
     except OSError as err:

@@ -529,3 +529,19 @@ def _dirs_of(names: list[str]) -> list[str]:
         for n in names
         if (Path(p).parent / n).exists()
     ]
+
+
+def test_a_run_inside_a_job_leaves_nothing_behind(nodes: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    inner = [sys.executable, "-m", "gpuwarden", "run", "-g", "1", "--", "true"]
+    outer = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "run", "--gpus", "7", "--", *inner],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = outer.communicate(timeout=60)
+    assert outer.returncode == 0, err
+    # The outer wrapper removed its cgroup although the inner run made a group inside it.
+    assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == outer.pid] == []

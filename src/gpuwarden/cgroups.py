@@ -288,7 +288,7 @@ class Isolation:
             with contextlib.suppress(OSError):
                 _write(os.path.join(self.home[controller], "cgroup.procs"), str(os.getpid()))
             try:
-                os.rmdir(path)
+                _remove(path)
             except FileNotFoundError:
                 pass
             except OSError:
@@ -331,7 +331,7 @@ def prepare(mode: Optional[str] = None) -> Isolation:
         raise CgroupError(f"cannot read this process's cgroups: {err.strerror}") from None
     made: list[str] = []
     try:
-        for controller, path in dirs.items():
+        for path in dirs.values():
             parent = os.path.dirname(path)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(parent, 0o755)
@@ -363,9 +363,17 @@ def sweep(parent: str) -> list[str]:
         if pid is None or _alive(pid):
             continue
         with contextlib.suppress(OSError):
-            os.rmdir(os.path.join(parent, name))
+            _remove(os.path.join(parent, name))
             removed.append(name)
     return removed
+
+
+def _remove(path: str) -> None:
+    """rmdir a job cgroup, and first the group a `gpuwarden run` inside the job made in it
+    (that run removed its own cgroup, not the shared parent it may not be the last of)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.join(path, GROUP))
+    os.rmdir(path)
 
 
 def _alive(pid: int) -> bool:

@@ -52,6 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("record", "append per-GPU samples to a CSV file"),
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),
+    "serve": ("serve", "run the queue service of a shared machine (root)"),
 }
 
 
@@ -147,7 +148,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
         _top_parser().print_help()
         return None, "", 0
     if command not in COMMANDS:
-        _top_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+        _top_parser().error(f"unknown command {command!r}{_did_you_mean(command)}")
     if "sim" in options:
         os.environ["GPUWARDEN_SIM"] = str(options["sim"])
     module_name, summary = COMMANDS[command]
@@ -169,6 +170,16 @@ def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
         args = parser.parse_args(rest)
     args.command = command
     return module, command, args
+
+
+def _did_you_mean(command: str) -> str:
+    """`; did you mean 'status'?` for `stauts`, else the list of commands."""
+    import difflib
+
+    close = difflib.get_close_matches(command, list(COMMANDS), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (choose from {', '.join(COMMANDS)})"
 
 
 def _declare(module: Any, parser: Any, command: str) -> None:

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.key:
         read = ", ".join(f"{layer}: {path}" for layer, path in cfg.files) or "none"
         print(f"\nfiles read: {read}")
+        for layer, path, why in cfg.refused:
+            print(f"file refused: {layer}: {path}: {why}")
         print(f"lease directory: {config.lease_dir(cfg)}")
         print(f"state directory: {config.state_dir(cfg)}")
     return 0

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import SRC, require
-from gpuwarden import cgroups, devbpf
+from gpuwarden import accounting, cgroups, devbpf
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import specs
@@ -85,6 +85,15 @@ def test_parsing_mounts_and_own_cgroups() -> None:
         (0, MOUNTS_V2, "0::/\n", "bash", "cgroup-v2-bpf", "BPF device program"),
         (1000, MOUNTS_V2, "0::/\n", "bash", "none", "not root"),
         (0, "proc /proc proc rw 0 0\n", "", "init", "none", "no cgroup filesystem"),
+        (
+            0,
+            MOUNTS_V1.replace("rw,relatime,devices", "ro,devices"),
+            OWN,
+            "init",
+            "none",
+            "read-only",
+        ),
+        (0, MOUNTS_V2.replace("rw,", "ro,"), "0::/\n", "bash", "none", "read-only"),
     ],
 )
 def test_judge_says_which_enforcement_and_why(euid, mounts, own, pid1, mode, why) -> None:
@@ -269,12 +278,12 @@ def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
     script = textwrap.dedent("""\
         import json, os, sys
         sys.path.insert(0, sys.argv[1])
-        from gpuwarden import cgroups
+        from gpuwarden import accounting, cgroups
         iso = cgroups.prepare()
         iso.confine([0], [0, 1])
         x = sum(i * i for i in range(300000))
         me = os.getpid()
-        print(json.dumps({"pids": iso.pids(), "usage": iso.usage(), "by_pid": cgroups.usage(me),
+        print(json.dumps({"pids": iso.pids(), "usage": iso.usage(), "by_pid": accounting.usage(me),
                           "me": me}))
         print(json.dumps(iso.close()))
     """)
@@ -409,7 +418,7 @@ def test_signal_job_reaches_every_process_of_the_job(tmp_path: Path) -> None:
     script = textwrap.dedent("""\
         import os, signal, subprocess, sys, time
         sys.path.insert(0, sys.argv[1])
-        from gpuwarden import cgroups
+        from gpuwarden import accounting, cgroups
         iso = cgroups.prepare()
         iso.confine([0], [0, 1])
         job = subprocess.Popen([sys.executable, "-c",
@@ -423,7 +432,7 @@ def test_signal_job_reaches_every_process_of_the_job(tmp_path: Path) -> None:
         assert members == sorted([me, job.pid, daemon]), (members, me, job.pid, daemon)
         os.write(1, b"%d\\n" % len(members))
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the wrapper is in the job too
-        sent = cgroups.signal_job(job.pid, signal.SIGTERM)
+        sent = accounting.signal_job(job.pid, signal.SIGTERM)
         job.wait(timeout=60)
         deadline = time.monotonic() + 60
         while sorted(iso.pids()) != [me] and time.monotonic() < deadline:
@@ -506,7 +515,7 @@ def test_a_killed_wrappers_cgroups_go_with_the_next_run(nodes: Path, tmp_path: P
     wrapper.kill()  # SIGKILL: no chance to tidy; the job lives on, confined, then ends
     wrapper.communicate("")
     deadline = time.monotonic() + 60
-    while any(cgroups.pids_in(p) for p in _dirs_of(mine)):
+    while any(accounting.pids_in(p) for p in _dirs_of(mine)):
         assert time.monotonic() < deadline, "the job never ended"
         time.sleep(0.01)
     assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid] == mine

@@ -24,7 +24,8 @@ while. `prepare()` therefore starts the move in a thread while the caller
 reads the GPUs and takes the lease, with the cgroup still allowing
 everything; `Isolation.confine()` then writes the rules, which the kernel
 checks at every open. The same cgroups (`cpuacct`, `memory`, where mounted)
-give the job's CPU and memory usage and the list of its processes.
+give the job's CPU and memory usage and the list of its processes
+(`gpuwarden.accounting`).
 
 cgroup v2 has no `devices` files: there a BPF_PROG_TYPE_CGROUP_DEVICE program
 (`gpuwarden.devbpf`) attached to the job's cgroup decides, where no v1 `devices`
@@ -35,7 +36,6 @@ see docs/enforcement.md.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 
@@ -131,9 +131,17 @@ def v2_mount(mounts: str) -> Optional[str]:
     return None
 
 
-def judge(
-    euid: int, mounts: str, proc_cgroup: str, pid1: str, v2_controllers: str = ""
-) -> tuple[str, str]:
+def read_only(mounts: str, mountpoint: str) -> bool:
+    """Whether /proc/self/mounts text has `mountpoint` mounted read-only (as containers
+    usually mount the cgroup filesystems)."""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == mountpoint:
+            return "ro" in fields[3].split(",")
+    return False
+
+
+def judge(euid: int, mounts: str, proc_cgroup: str, pid1: str) -> tuple[str, str]:
     """(mode, why): which device isolation `gpuwarden run` gets here, from the facts.
 
     `mode` is one of MODES ("systemd" is not chosen: see docs/enforcement.md); with "none",
@@ -147,6 +155,8 @@ def judge(
             )
         if "devices" not in own_paths(proc_cgroup):
             return "none", "this process is in no cgroup v1 `devices` hierarchy"
+        if read_only(mounts, v1["devices"]):
+            return "none", f"{v1['devices']} is mounted read-only (in a container?)"
         return "cgroup-v1", f"cgroup v1 devices controller at {v1['devices']}"
     v2 = v2_mount(mounts)
     if v2 is not None:
@@ -157,6 +167,8 @@ def judge(
             )
         if "" not in own_paths(proc_cgroup):
             return "none", "this process is in no cgroup v2 hierarchy"
+        if read_only(mounts, v2):
+            return "none", f"{v2} is mounted read-only (in a container?)"
         where = f"cgroup v2 at {v2}: a BPF device program per job"
         if pid1 == "systemd":
             where += " (systemd is PID 1: a service should use a delegated unit)"
@@ -272,9 +284,13 @@ class Isolation:
         self.confined = True
 
     def pids(self) -> list[int]:
+        from gpuwarden.accounting import pids_in
+
         return pids_in(self.dirs["devices" if "devices" in self.dirs else ""])
 
     def usage(self) -> dict[str, Optional[int]]:
+        from gpuwarden.accounting import usage_of
+
         return usage_of(self.dirs)
 
     def close(self) -> bool:
@@ -384,86 +400,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def pids_in(path: str) -> list[int]:
-    """The processes in a cgroup: the job's whole tree, however it forked or daemonised."""
-    try:
-        text = _read(os.path.join(path, "cgroup.procs"), 1 << 22)
-    except OSError:
-        return []
-    return [int(x) for x in text.split() if x.isdigit()]
-
-
-def _number(path: str) -> Optional[int]:
-    try:
-        text = _read(path).strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def usage_of(dirs: dict[str, str]) -> dict[str, Optional[int]]:
-    """CPU and memory the job used: `cpu_ns` (all its processes, since it started),
-    `memory` (now) and `memory_peak` (bytes); None for what this machine does not account."""
-    out: dict[str, Optional[int]] = {"cpu_ns": None, "memory": None, "memory_peak": None}
-    if "cpuacct" in dirs:
-        out["cpu_ns"] = _number(os.path.join(dirs["cpuacct"], "cpuacct.usage"))
-    if "memory" in dirs:
-        out["memory"] = _number(os.path.join(dirs["memory"], "memory.usage_in_bytes"))
-        out["memory_peak"] = _number(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"))
-    if "" in dirs:  # cgroup v2
-        try:
-            stat = dict(
-                line.split() for line in _read(os.path.join(dirs[""], "cpu.stat")).splitlines()
-            )
-            out["cpu_ns"] = int(stat["usage_usec"]) * 1000
-        except (OSError, KeyError, ValueError):
-            pass
-        out["memory"] = _number(os.path.join(dirs[""], "memory.current"))
-        out["memory_peak"] = _number(os.path.join(dirs[""], "memory.peak"))
-    return out
-
-
-def job_cgroups(pid: int, root: str = V1_ROOT) -> dict[str, str]:
-    """The gpuwarden job cgroups process `pid` is in (controller -> directory): how a job is
-    found from a lease's pid. The kernel's /proc/<pid>/cgroup, not a file anyone wrote."""
-    try:
-        own = own_paths(_read(f"/proc/{pid}/cgroup"))
-        mounts = v1_mounts(_read("/proc/self/mounts", 1 << 20))
-        v2 = v2_mount(_read("/proc/self/mounts", 1 << 20))
-    except OSError:
-        return {}
-    found = {}
-    for controller, path in own.items():
-        if f"/{GROUP}/" not in path + "/":
-            continue
-        base = v2 if controller == "" else mounts.get(controller)
-        if base is not None:
-            found[controller] = os.path.join(base, path.lstrip("/"))
-    return found
-
-
-def usage(pid: int) -> dict[str, Optional[int]]:
-    """CPU and memory of the job whose process is `pid` (see `usage_of`)."""
-    return usage_of(job_cgroups(pid))
-
-
-def signal_job(pid: int, signum: int) -> int:
-    """Send `signum` to every process in `pid`'s job cgroup; how many were signalled."""
-    dirs = job_cgroups(pid)
-    where = dirs.get("devices", dirs.get(""))
-    if where is None:
-        return 0
-    sent = 0
-    for target in pids_in(where):
-        try:
-            os.kill(target, signum)
-            sent += 1
-        except OSError as err:
-            if err.errno != errno.ESRCH:
-                raise
-    return sent
 
 
 # --- what `gpuwarden run` calls ----------------------------------------------------------------

@@ -262,9 +262,9 @@ def _signal(pid: int, group: bool, signum: int) -> None:
     """`signum` to a job's whole tree (its cgroup when it has one: that catches what
     left the process group; else the group it leads), or to the one process."""
     if group:
-        from gpuwarden import cgroups
+        from gpuwarden import accounting
 
-        if cgroups.signal_job(pid, signum):
+        if accounting.signal_job(pid, signum):
             return
         if os.getpgid(pid) == pid:
             os.killpg(pid, signum)

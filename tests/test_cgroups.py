@@ -554,3 +554,22 @@ def test_a_run_inside_a_job_leaves_nothing_behind(nodes: Path) -> None:
     assert outer.returncode == 0, err
     # The outer wrapper removed its cgroup although the inner run made a group inside it.
     assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == outer.pid] == []
+
+
+@pytest.mark.parametrize("found", ["cgroup-v1", "none"])
+def test_auto_runs_the_job_anyway_and_says_so_only_when_it_should_have_worked(
+    monkeypatch, capsys, found: str
+) -> None:
+    def fail(mode=None):
+        raise cgroups.CgroupError("cannot create a device cgroup: Permission denied")
+
+    monkeypatch.setattr(cgroups, "prepare", fail)
+    monkeypatch.setattr(cgroups, "detect", lambda: (found, "facts"))
+    assert cgroups.isolate("auto") == []
+    err = capsys.readouterr().err
+    if found == "none":
+        assert err == ""
+    else:
+        assert err.count("\n") == 1 and "Permission denied; the job runs without it" in err
+    with pytest.raises(UserError, match=r"enforce\.devices = require"):
+        cgroups.isolate("require")

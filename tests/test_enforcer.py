@@ -135,22 +135,31 @@ def test_a_job_over_its_mem_is_warned_and_killed_within_the_grace(sim, cli) -> N
             stderr=subprocess.PIPE,
             text=True,
         )
-        started = time.monotonic()
         try:
             code = job.wait(timeout=60)
-            took = time.monotonic() - started
         finally:
             watch.terminate()
             log = watch.communicate(timeout=60)[1]
         assert code == 128 + 15, log  # SIGTERM reached the job
-        assert took < 1 + 0.2 + 10, took  # the grace, a poll, and start-up on a loaded machine
+        warned, killed = _logged_at(log, "memory warn"), _logged_at(log, "memory kill")
+        # Killed once the 1 s grace ran out, at a later poll. Log times are taken after each
+        # reading, the grace between readings' starts: hence the slack below 1 s (the exact
+        # grace is property-tested on the policy function).
+        assert 0.5 <= killed - warned < 1.0 + 0.2 + 5, log
         warn = log.index("memory warn")
         assert "30.0GiB" in log[warn:] and "over its --mem 10.0GiB" in log[warn:]
-        assert log.index("memory kill") > warn
     finally:
         if job.poll() is None:
             job.kill()
         job.communicate()
+
+
+def _logged_at(log: str, words: str) -> float:
+    """The time of the first log line with `words` ("2026-11-30 17:49:38,126 ...")."""
+    from datetime import datetime
+
+    line = next(x for x in log.splitlines() if words in x)
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def test_within_its_mem_and_under_notify_nothing_is_killed(sim, cli) -> None:

@@ -1,4 +1,4 @@
-"""Device isolation and accounting for a job, with cgroups.
+"""Device isolation for a job, with cgroups.
 
 A job gets a cgroup of its own in which only its leased GPUs' device nodes can
 be opened. NVIDIA's nodes are character devices of major 195: `/dev/nvidiaN`
@@ -50,7 +50,6 @@ NVIDIA_MAJOR = 195
 MODESET_MINOR = 254
 CTL_MINOR = 255
 GPU_MINORS = range(0, MODESET_MINOR)  # what /dev/nvidiaN can be
-V1_ROOT = "/sys/fs/cgroup"
 GROUP = "gpuwarden"
 # Accounting hierarchies joined when mounted; `devices` is the one that must be.
 ACCOUNTING = ("cpuacct", "memory")
@@ -352,7 +351,12 @@ def prepare(mode: Optional[str] = None) -> Isolation:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(parent, 0o755)
             sweep(parent)  # in every hierarchy: a killed wrapper leaves one in each
-            os.mkdir(path, 0o755)
+            try:
+                os.mkdir(path, 0o755)
+            except FileNotFoundError:  # an ending job's cgroup took the empty parent along
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parent, 0o755)
+                os.mkdir(path, 0o755)
             made.append(path)
     except OSError as err:
         if not any(dirs.get(c) in made for c in DEVICES):

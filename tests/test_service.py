@@ -349,3 +349,78 @@ def test_an_attached_job_ends_when_its_client_is_killed(server: Server) -> None:
     proc.kill()
     proc.wait(10)
     assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+
+
+def test_owners_are_told_when_their_job_ends(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A webhook gets the JSON event; `sendmail -t` gets a mail addressed to the owner."""
+    import http.server
+    import threading
+
+    got: list[dict[str, Any]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    mailbox = tmp_path / "mail"
+    sendmail = tmp_path / "sendmail"
+    sendmail.write_text(f"#!/bin/sh\ncat >> {mailbox}\n")
+    sendmail.chmod(0o755)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    monkeypatch.setenv("GPUWARDEN_SERVICE_WEBHOOK", f"http://127.0.0.1:{web.server_port}/hook")
+    monkeypatch.setenv("GPUWARDEN_SERVICE_SENDMAIL", str(sendmail))
+    alice = make_user("alice", ("lab",))
+    srv = Server(tmp_path, open_dir / "work", ())
+    srv.start()
+    try:
+        job = submit(srv, alice, ["sh", "-c", "exit 3"])
+        srv.wait_state(job, ("FAILED",))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (got and mailbox.exists()):
+            time.sleep(0.05)
+        assert got and got[0]["job"] == job and got[0]["state"] == "FAILED"
+        assert got[0]["exit_code"] == 3 and got[0]["user"] == "gw-alice"
+        mail = mailbox.read_text()
+        assert "To: gw-alice" in mail and f"Subject: gpuwarden job {job} failed (exit 3)" in mail
+    finally:
+        srv.kill(signal.SIGTERM)
+        web.shutdown()
+
+
+def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket}
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+    )
+
+
+def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["true"], hold=True)
+    assert server.job(job)["reason"] == "Held"
+    refused = cli_as(server, bob, "unhold", str(job))
+    assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
+    done = cli_as(server, alice, "unhold", str(job))
+    assert done.returncode == 0 and f"released: {job}" in done.stdout, done.stderr
+    server.wait_state(job, ("COMPLETED",))
+    history = cli_as(server, alice, "jobs", "--me")
+    assert history.returncode == 0 and "COMPLETED" in history.stdout and "exit 0" in history.stdout
+    share = cli_as(server, bob, "share")
+    assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
+    bad = cli_as(server, alice, "hold", "nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr

@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("config", "show each effective setting and where it came from"),
     "doctor": ("doctor", "find driver, CUDA, PyTorch and environment problems"),
     "health": ("health", "judge each GPU's health (XID, ECC, lost, throttling)"),
+    "enforce": ("enforce", "apply the [enforce] policies: memory over-use, unleased use, idle"),
     "exporter": ("exporter", "serve Prometheus metrics for GPUs, users and leases"),
     "web": ("web", "serve a live web page of the GPUs, leases, queue and faults"),
     "record": ("record", "append per-GPU samples to a CSV file"),

@@ -293,18 +293,25 @@ def run(args: argparse.Namespace) -> int:
     nothing; see gpuwarden.cli.oneshot), then wait for the job with it back on."""
     from gpuwarden.cli.oneshot import one_shot
 
-    with one_shot() as resume:
-        started, held = _start(args, resume)
-    if isinstance(started, int):
-        return started
+    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
-        return started.wait()
+        with one_shot() as resume:
+            started, held = _start(args, resume, isolation)
+        if isinstance(started, int):
+            return started
+        try:
+            return started.wait()
+        finally:
+            if held is not None:
+                held.release()
     finally:
-        if held is not None:
-            held.release()
+        for cgroup in isolation:
+            cgroup.close()
 
 
-def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, Any]:
+def _start(
+    args: argparse.Namespace, resume: Callable[[], None], isolation: list[Any]
+) -> tuple[Any, Any]:
     """(the started job, or the exit code when none was started; the lease held for it,
     or None)."""
     from gpuwarden import launch
@@ -329,6 +336,11 @@ def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, A
             )
         return _start_on_cpu(args, cmd), None
 
+    devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
+    if not args.dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
+        from gpuwarden.cgroups import isolate
+
+        isolation.extend(isolate(devices))
     machine = Machine(topology=request.gpu_count > 1)
     if not machine.first.gpus and machine.first.error and _gpus_unspecified(args, conf):
         # The same command on a laptop and on the server: with no NVIDIA driver and no
@@ -362,6 +374,10 @@ def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, A
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        for cgroup in isolation:
+            from gpuwarden.cgroups import confine
+
+            confine(cgroup, held.gpus, machine.first.gpus, devices)
         held.prepare(launch.command_text(cmd))  # a full disk fails here, before the job
         job = launch.start(argv, env, held.fds)
     except BaseException:

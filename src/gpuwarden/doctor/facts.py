@@ -83,6 +83,8 @@ class Facts:
     # Whether other users' gpuwarden jobs use the same lease directory (sticky and
     # world-writable, like /var/lib/gpuwarden/leases); None when it could not be told.
     lease_dir_shared: Optional[bool] = None
+    # (mode, why): the device isolation `gpuwarden run` gets here (gpuwarden.cgroups.judge).
+    enforcement: Optional[tuple[str, str]] = None
 
 
 # -- torch, without importing it --------------------------------------------------------
@@ -356,7 +358,21 @@ def gather(
         user=_user_name(),
         lease_dir=lease_dir,
         lease_dir_shared=lease_dir_shared,
+        enforcement=read_enforcement(),
     )
+
+
+def read_enforcement() -> Optional[tuple[str, str]]:
+    from gpuwarden.cgroups import detect
+    from gpuwarden.config import load
+
+    try:
+        setting = load().get("enforce.devices")
+    except Exception:  # a broken config is the config check's finding, not this one's
+        setting = "auto"
+    if setting == "off":
+        return "none", "enforce.devices = off"
+    return detect()
 
 
 def _user_name() -> str:

@@ -161,6 +161,8 @@ def start_job(
             extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
         )
 
+        held.prepare(command_text(job.argv))  # a full disk fails here, before the job
+
         def record(supervisor: int, since: int) -> None:
             service.store.update(job.id, supervisor=supervisor)
 
@@ -169,7 +171,11 @@ def start_job(
         except UserError:
             held.release()
             raise
-        held.publish(started.pid, command_text(job.argv))
+        try:
+            held.publish(started.pid)
+        except BaseException:
+            spawn.signal_job(started.pid, 9)  # never a job under a lease others cannot see
+            raise
         held.close()  # the job holds the leases now; the service keeps no copy
         service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
         service.release_stdio(job.id)  # the job has them now

@@ -6,6 +6,7 @@ from typing import Callable
 
 from gpuwarden.doctor.checks.distributed import check_distributed
 from gpuwarden.doctor.checks.driver import check_driver, check_driver_toolkit
+from gpuwarden.doctor.checks.enforcement import check_enforcement
 from gpuwarden.doctor.checks.in_process import check_in_process
 from gpuwarden.doctor.checks.kernels import check_kernels
 from gpuwarden.doctor.checks.machine import check_machine
@@ -22,6 +23,7 @@ CHECKS: tuple[Callable[[Facts], list[Finding]], ...] = (
     check_visible,
     check_distributed,
     check_machine,
+    check_enforcement,
     check_in_process,
 )
 

@@ -326,6 +326,11 @@ SCHEMA: tuple[Key, ...] = (
     Key("health.poll_seconds", "float", 5.0, "how often the health watch reads the GPUs"),
     Key("record.interval", "float", 1.0, "seconds between recorded samples"),
     Key("record.max_bytes", "size", 100 * 2**20, "start a new CSV file beyond this size"),
+    # Slurm (docs/slurm.md)
+    Key("slurm.drain_node", "bool", False, "drain this Slurm node on a fatal GPU fault"),
+    Key("slurm.node", "str", None, "this machine's Slurm node name (default: short hostname)"),
+    Key("slurm.gpu_types", "ids", (), "Slurm GPU gres types that --model may name (typed gres)"),
+    Key("slurm.prolog_timeout", "duration", 30.0, "prolog: wait this long for local leases"),
 )
 
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}

@@ -51,6 +51,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("record", "append per-GPU samples to a CSV file"),
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),
+    "submit": ("submit", "hand a job to Slurm (--slurm): the same request as `run`"),
+    "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
+    "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
+    "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
+    "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
 }
 
 

@@ -1,0 +1,224 @@
+"""A gpuwarden request as a Slurm job: the batch script and `srun` options (pure).
+
+The same words as `gpuwarden run`: `-g N` becomes `--gres=gpu:N` (typed,
+`gpu:TYPE:N`, when `--model` names a GPU type the site configured under
+`slurm.gpu_types`; otherwise `--model` becomes a node feature, `--constraint`).
+With `ddp`, Slurm starts one task per GPU (`--ntasks-per-node`) through `srun`,
+and `gpuwarden.torch.init_distributed` reads rank, world size and the master
+address from Slurm's own variables; nothing else sets them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from gpuwarden.errors import UserError
+from gpuwarden.records import record
+
+# Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
+_UNLIMITED = ("UNLIMITED", "INFINITE")
+# What may stand in a gres type or a feature expression without quoting trouble.
+_WORD = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_FEATURES = re.compile(r"^[A-Za-z0-9_.+\-&|*\[\]:()]+$")
+_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+
+
+@record
+class JobSpec:
+    """What to ask Slurm for. `command` is the user's command line as given after `--`."""
+
+    command: tuple[str, ...]
+    gpus: int = 0
+    nodes: Optional[int] = None
+    time: Optional[str] = None  # already in Slurm's form (see `slurm_time`)
+    mem: Optional[str] = None  # per node, Slurm's form (e.g. 16G)
+    gpu_type: Optional[str] = None
+    constraint: Optional[str] = None
+    ddp: bool = False
+    output: Optional[str] = None
+    name: Optional[str] = None
+    partition: Optional[str] = None
+    workdir: Optional[str] = None
+    python: str = sys.executable
+
+
+def slurm_time(value: str) -> str:
+    """A --time value in Slurm's form: Slurm's own forms pass through; gpuwarden's
+    durations (90s, 30m, 4h, 2d) are converted; anything else is refused here, with
+    the forms accepted, before Slurm says only "Invalid --time specification"."""
+    text = value.strip()
+    if text.upper() in _UNLIMITED or _SLURM_TIME.match(text):
+        return text
+    from gpuwarden.config import parse_duration
+
+    try:
+        seconds = round(parse_duration(text))
+    except (UserError, ValueError):
+        seconds = -1
+    if seconds <= 0:
+        raise UserError(
+            f"invalid --time {value!r}: expected minutes, [D-]HH:MM:SS, MM:SS or a duration "
+            "such as 90s, 30m, 4h, 2d"
+        )
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def slurm_mem(value: str) -> str:
+    """--mem in Slurm's form (a number with an optional K/M/G/T suffix; MiB by default).
+    gpuwarden sizes such as 16GiB are accepted and rounded up to MiB."""
+    text = value.strip()
+    if _MEM.match(text):
+        return text.upper()
+    from gpuwarden.units import parse_size
+
+    try:
+        size = parse_size(text)
+    except (UserError, ValueError):
+        size = 0
+    if size <= 0:
+        raise UserError(f"invalid --mem {value!r}: expected a size such as 16G or 16GiB")
+    return f"{-(-size // 2**20)}M"
+
+
+def gres(spec: JobSpec) -> Optional[str]:
+    if spec.gpus <= 0:
+        return None
+    if spec.gpu_type:
+        return f"gpu:{spec.gpu_type}:{spec.gpus}"
+    return f"gpu:{spec.gpus}"
+
+
+def options(spec: JobSpec) -> list[str]:
+    """The sbatch/srun options (one `--name=value` each) for the request."""
+    out = []
+    if spec.name:
+        out.append(f"--job-name={spec.name}")
+    if spec.partition:
+        out.append(f"--partition={spec.partition}")
+    if spec.nodes is not None:
+        out.append(f"--nodes={spec.nodes}")
+    g = gres(spec)
+    if g:
+        out.append(f"--gres={g}")
+    if spec.ddp:
+        out.append(f"--ntasks-per-node={max(spec.gpus, 1)}")
+    if spec.time:
+        out.append(f"--time={spec.time}")
+    if spec.mem:
+        out.append(f"--mem={spec.mem}")
+    if spec.constraint:
+        out.append(f"--constraint={spec.constraint}")
+    if spec.output:
+        out.append(f"--output={spec.output}")
+    if spec.workdir:
+        out.append(f"--chdir={spec.workdir}")
+    return out
+
+
+def launch_argv(spec: JobSpec) -> list[str]:
+    """What runs inside the allocation: the command itself, or with `ddp`, `srun` starting
+    one task per GPU (a `.py` script or `-m module` runs under the submitting Python, as
+    `gpuwarden run --ddp` does)."""
+    cmd = list(spec.command)
+    if not cmd:
+        raise UserError("no command given after --, e.g. `-- python train.py`")
+    if not spec.ddp:
+        return cmd
+    if _is_python(cmd[0]):
+        cmd = cmd[1:]
+        if not cmd:
+            raise UserError("--ddp: no script given after --, e.g. `-- train.py --epochs 3`")
+    if cmd[0] == "-m" or cmd[0].endswith(".py"):
+        cmd = [spec.python, *cmd]
+    return ["srun", "--kill-on-bad-exit=1", *cmd]
+
+
+def _is_python(arg: str) -> bool:
+    base = arg.rsplit("/", 1)[-1]
+    return re.match(r"^python[0-9.]*$", base) is not None
+
+
+def script(spec: JobSpec) -> str:
+    """The batch script `sbatch` reads on its standard input."""
+    lines = ["#!/bin/bash", "# written by gpuwarden submit --slurm"]
+    lines += [f"#SBATCH {opt}" for opt in options(spec)]
+    lines.append(shlex.join(["exec", *launch_argv(spec)]))
+    return "\n".join(lines) + "\n"
+
+
+def srun_argv(spec: JobSpec) -> list[str]:
+    """`run --slurm`: the attached job, one `srun` holding the terminal."""
+    cmd = launch_argv(spec)
+    if spec.ddp:
+        cmd = cmd[2:]  # srun itself starts the tasks
+    return ["srun", *options(spec), *cmd]
+
+
+def check_word(what: str, value: str, pattern: re.Pattern[str] = _WORD) -> str:
+    if not pattern.match(value):
+        raise UserError(f"invalid {what} {value!r}: letters, digits and _.+- only")
+    return value
+
+
+def spec_of(
+    command: Sequence[str],
+    *,
+    gpus: Optional[str] = None,
+    nodes: Optional[str] = None,
+    time: Optional[str] = None,
+    mem: Optional[str] = None,
+    model: Optional[str] = None,
+    constraint: Optional[str] = None,
+    gpu_types: Sequence[str] = (),
+    ddp: bool = False,
+    output: Optional[str] = None,
+    name: Optional[str] = None,
+    partition: Optional[str] = None,
+    workdir: Optional[str] = None,
+    python: str = sys.executable,
+) -> JobSpec:
+    """The JobSpec for command-line values (strings as typed); every bad value is one
+    UserError line here rather than a Slurm error later."""
+    count = 1
+    if gpus is not None:
+        if not str(gpus).strip().isdigit():
+            raise UserError(f"invalid GPU count {gpus!r}: expected a whole number, 0 or more")
+        count = int(gpus)
+    n_nodes = None
+    if nodes is not None:
+        if not str(nodes).strip().isdigit() or int(nodes) < 1:
+            raise UserError(f"invalid --nodes {nodes!r}: expected a whole number, 1 or more")
+        n_nodes = int(nodes)
+    gpu_type = None
+    features = []
+    if model is not None:
+        types = {t.lower(): t for t in gpu_types}
+        if model.lower() in types:
+            gpu_type = types[model.lower()]
+        else:
+            features.append(check_word("--model", model))
+    if constraint:
+        features.append(check_word("--constraint", constraint, _FEATURES))
+    return JobSpec(
+        command=tuple(command),
+        gpus=count,
+        nodes=n_nodes,
+        time=None if time is None else slurm_time(time),
+        mem=None if mem is None else slurm_mem(mem),
+        gpu_type=gpu_type,
+        constraint="&".join(features) or None,
+        ddp=ddp,
+        output=output,
+        name=None if name is None else check_word("--name", name),
+        partition=None if partition is None else check_word("--partition", partition),
+        workdir=workdir,
+        python=python,
+    )

@@ -1,0 +1,231 @@
+"""Slurm's own commands, called with fixed arguments and read in fixed text formats.
+
+Formats are requested explicitly and the variables that would change them
+(SQUEUE_FORMAT, SLURM_TIME_FORMAT, ...) are removed, so a user's defaults never
+change what is parsed. `--json` is not used: its schema changed between Slurm
+versions (a job's state became a list in 23.11). Each failure becomes one line
+carrying Slurm's own text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+from gpuwarden.errors import UserError
+from gpuwarden.records import record
+from gpuwarden.slurm.states import ENDED, reason_word, state_word
+
+# Variables that change squeue/scontrol/sinfo output.
+_FORMAT_VARIABLES = (
+    "SQUEUE_FORMAT",
+    "SQUEUE_FORMAT2",
+    "SQUEUE_SORT",
+    "SQUEUE_USERS",
+    "SQUEUE_STATES",
+    "SQUEUE_PARTITION",
+    "SQUEUE_ACCOUNT",
+    "SQUEUE_NAMES",
+    "SQUEUE_QOS",
+    "SQUEUE_ALL",
+    "SQUEUE_ARRAY",
+    "SQUEUE_PRIORITY",
+    "SINFO_FORMAT",
+    "SINFO_SORT",
+    "SLURM_TIME_FORMAT",
+    "SLURM_CLUSTERS",
+)
+# `%i|...|%j`: the name goes last, as the only field that may hold the separator.
+SQUEUE_FORMAT = "%i|%u|%T|%r|%M|%l|%D|%b|%N|%j"
+_FIELD = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?= [A-Za-z][A-Za-z0-9_:/]*=|$)")
+JOB_ID = re.compile(r"^\d+(_\d+)?$")
+TIMEOUT = 60.0
+
+
+@record
+class SlurmJob:
+    """One job as `gpuwarden queue --slurm` shows it."""
+
+    id: str
+    user: str
+    state: str  # the queue's word: pending, running, done, ...
+    reason: str  # why it waits: Resources, Priority, ... ("" when none)
+    elapsed: str
+    limit: str
+    nodes: int
+    gres: str  # e.g. gpu:2 ("" when none)
+    nodelist: str
+    name: str
+    slurm_state: str  # as Slurm said it
+
+
+def clean_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    for name in _FORMAT_VARIABLES:
+        env.pop(name, None)
+    return env
+
+
+def call(
+    argv: Sequence[str], *, stdin: Optional[str] = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm command; its missing program or failure is one line with its text."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise UserError(
+            f"{argv[0]} not found on PATH: install Slurm's client commands (Debian: "
+            "slurm-client) or run where they are"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{argv[0]} did not answer within {timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise UserError(f"{argv[0]} failed: {slurm_text(done.stderr or done.stdout, argv[0])}")
+    return done
+
+
+def slurm_text(output: str, program: str) -> str:
+    """Slurm's error lines as one line: `sbatch: error: X` -> `X`; several joined by `; `."""
+    lines = []
+    for raw in output.splitlines():
+        line = raw.strip()
+        for prefix in (f"{program}: error: ", f"{program}: fatal: ", "error: ", f"{program}: "):
+            if line.startswith(prefix):
+                line = line[len(prefix) :]
+                break
+        if line and line not in lines:
+            lines.append(line)
+    return "; ".join(lines) or "no message"
+
+
+def submit(script: str) -> str:
+    """`sbatch --parsable` reading the script on stdin; the job id."""
+    done = call(["sbatch", "--parsable"], stdin=script)
+    return parse_submitted(done.stdout)
+
+
+def parse_submitted(stdout: str) -> str:
+    """`--parsable` prints `ID` or `ID;CLUSTER`."""
+    text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    job = text.split(";", 1)[0].strip()
+    if not JOB_ID.match(job):
+        raise UserError(f"sbatch printed no job id (it printed {stdout.strip()[:200]!r})")
+    return job
+
+
+def parse_queue(stdout: str) -> list[SlurmJob]:
+    """squeue -h -o SQUEUE_FORMAT, one job a line."""
+    jobs = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", 9)
+        if len(fields) != 10:
+            continue  # not ours (a warning line)
+        jid, user, state, reason, elapsed, limit, nodes, gres, nodelist, name = fields
+        jobs.append(
+            SlurmJob(
+                id=jid,
+                user=user,
+                state=state_word(state),
+                reason=reason_word(reason) if state.startswith("PENDING") else "",
+                elapsed=elapsed,
+                limit=limit,
+                nodes=int(nodes) if nodes.isdigit() else 0,
+                gres=_gres_word(gres),
+                nodelist=nodelist,
+                name=name,
+                slurm_state=state,
+            )
+        )
+    return jobs
+
+
+def _gres_word(gres: str) -> str:
+    """`gres:gpu:2` (22.05's %b) or `gres/gpu:2` -> `gpu:2`; N/A and (null) -> ``."""
+    text = gres.strip()
+    if text in ("N/A", "(null)", ""):
+        return ""
+    parts = [p.split("gres:", 1)[-1].split("gres/", 1)[-1] for p in text.split(",")]
+    return ",".join(parts)
+
+
+def queue(user: Optional[str] = None, jobs: Sequence[str] = ()) -> list[SlurmJob]:
+    argv = ["squeue", "-h", "-o", SQUEUE_FORMAT]
+    if user:
+        argv += ["-u", user]
+    if jobs:
+        argv += ["-j", ",".join(jobs)]
+    return parse_queue(call(argv).stdout)
+
+
+def check_id(job: str) -> str:
+    if not JOB_ID.match(job):
+        raise UserError(f"invalid Slurm job id {job!r}: expected a number such as 1234")
+    return job
+
+
+def show_job(job: str) -> dict[str, str]:
+    """`scontrol show job -o ID` as a dict (StdOut, UserId, JobState, ...)."""
+    check_id(job)
+    try:
+        done = call(["scontrol", "show", "job", "-o", job])
+    except UserError as err:
+        if "Invalid job id" in str(err):
+            raise UserError(
+                f"Slurm knows no job {job} (it never existed, or ended longer ago than "
+                "the controller's MinJobAge)"
+            ) from None
+        raise
+    return parse_show(done.stdout)
+
+
+def parse_show(stdout: str) -> dict[str, str]:
+    """scontrol's one-line `Key=Value Key=Value`; a value may hold spaces (a command,
+    a path), so a field ends only where the next ` Key=` starts."""
+    line = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    out: dict[str, str] = {}
+    for m in _FIELD.finditer(line):
+        out.setdefault(m.group(1), m.group(2))
+    return out
+
+
+def cancel(job: str) -> None:
+    check_id(job)
+    try:
+        known = queue(jobs=[job])
+    except UserError as err:
+        if "Invalid job id" not in str(err):
+            raise
+        known = []
+    if not known or all(j.state in ENDED for j in known):
+        raise UserError(f"no Slurm job {job} is pending or running")
+    call(["scancel", job])
+
+
+def drain_node(node: str, reason: str) -> None:
+    """Take the node out of Slurm's scheduling until an admin resumes it: running jobs
+    finish, no new one starts (`scontrol update ... State=DRAIN`)."""
+    check_word = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
+    if not check_word.match(node):
+        raise UserError(f"invalid Slurm node name {node!r}")
+    reason = " ".join(reason.split())[:200] or "gpuwarden: GPU fault"
+    call(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+
+def node_state(node: str) -> tuple[str, str]:
+    """(state, reason) of a node as `sinfo -N` shows them: `idle`, `drained`, ..."""
+    done = call(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"])
+    first = done.stdout.strip().splitlines()[0] if done.stdout.strip() else "|"
+    state, _, reason = first.partition("|")
+    return state, reason

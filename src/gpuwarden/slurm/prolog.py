@@ -165,4 +165,5 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
         if time.monotonic() > deadline:
             raise UserError(f"Slurm job {job}: lease holder pid {min(pids)} did not stop")
         time.sleep(0.02)
-    return f"Slurm job {job}: released GPU {','.join(str(i.index) for i in held)}"
+    indices = sorted(i.index for i in held if i.index is not None)
+    return f"Slurm job {job}: released GPU {','.join(map(str, indices))}"

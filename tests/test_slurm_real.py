@@ -59,10 +59,13 @@ def _free_port_pair() -> int:
 
 
 class Cluster:
-    def __init__(self, path: Path, **settings: str) -> None:
+    def __init__(self, path: Path, started: bool = False, **settings: str) -> None:
         self.path = path
         self.conf = str(path / "slurm.conf")
         self.out = path / "out"
+        self.ours = not started
+        if started:
+            return
         env = dict(os.environ, SLURM_CI_PORT=str(_free_port_pair()))
         env.update(settings)
         done = subprocess.run(
@@ -73,6 +76,8 @@ class Cluster:
             pytest.fail(f"slurm-ci start failed: {done.stdout}{done.stderr}", pytrace=False)
 
     def stop(self) -> None:
+        if not self.ours:
+            return
         subprocess.run([str(SLURM_CI), "stop", str(self.path)], capture_output=True)
 
     def env(self) -> dict[str, str]:
@@ -107,6 +112,9 @@ def clusters() -> Iterator[Callable[..., Cluster]]:
     top.chmod(0o755)  # jobs of a non-root user read the config and write output here
 
     def get(name: str, **settings: str) -> Cluster:
+        shared = os.environ.get("GPUWARDEN_TEST_SLURM_CONF")
+        if name == "plain" and shared and name not in made:
+            made[name] = Cluster(Path(shared).parent, started=True)  # .ci/run's
         if name not in made:
             made[name] = Cluster(top / name, **settings)
         return made[name]
@@ -119,7 +127,8 @@ def clusters() -> Iterator[Callable[..., Cluster]]:
 
 @pytest.fixture
 def slurm(clusters: Callable[..., Cluster], monkeypatch: pytest.MonkeyPatch) -> Cluster:
-    """The plain cluster: 4 fake GPUs, 8 declared CPUs; SLURM_CONF set for this test."""
+    """The plain cluster (.ci/run's when it exported GPUWARDEN_TEST_SLURM_CONF): 4 fake
+    GPUs, 8 declared CPUs; SLURM_CONF set for this test."""
     cluster = clusters("plain")
     monkeypatch.setenv("SLURM_CONF", cluster.conf)
     return cluster

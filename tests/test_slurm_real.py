@@ -189,10 +189,14 @@ def test_a_job_submitted_by_a_real_user_runs_as_that_user(cli: Any, slurm: Clust
         pwd.getpwnam(USER)
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
+    # A copy of the sources the user can read (the checkout may sit in root's home).
+    src = Path(tempfile.mkdtemp(prefix="gw-src-"))
+    src.chmod(0o755)
+    shutil.copytree(SRC / "gpuwarden", src / "gpuwarden", ignore=shutil.ignore_patterns("*.pyc"))
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": "/nonexistent",
-        "PYTHONPATH": str(SRC),
+        "PYTHONPATH": str(src),
         "SLURM_CONF": slurm.conf,
     }
     argv = ["runuser", "-u", USER, "--", "env", "-i"]
@@ -202,7 +206,10 @@ def test_a_job_submitted_by_a_real_user_runs_as_that_user(cli: Any, slurm: Clust
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     argv += [python, "-m", "gpuwarden", "submit", "--slurm", "-g", "0"]
     argv += ["--output", "user-%j.out", "--", "sh", "-c", "id -un; echo $SLURM_JOB_USER"]
-    done = subprocess.run(argv, cwd=slurm.out, capture_output=True, text=True, timeout=60)
+    try:
+        done = subprocess.run(argv, cwd=slurm.out, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     job = done.stdout.strip()
     assert slurm.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"

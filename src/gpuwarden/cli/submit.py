@@ -71,7 +71,6 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
-    from gpuwarden import config as cfg
     from gpuwarden.slurm import batch
 
     for name in NO_SLURM_EQUIVALENT:
@@ -81,7 +80,11 @@ def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
                 f"{flag} chooses among this machine's GPUs; under --slurm Slurm picks them "
                 "(use --model or --constraint for node features)"
             )
-    conf = cfg.load({})
+    types = ()
+    if args.model is not None:  # the config only says which --model names are gres types
+        from gpuwarden import config as cfg
+
+        types = cfg.load({}).get("slurm.gpu_types") or ()
     return batch.spec_of(
         _command(args),
         gpus=args.count,
@@ -90,7 +93,7 @@ def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
         mem=mem,
         model=args.model,
         constraint=args.constraint,
-        gpu_types=conf.get("slurm.gpu_types") or (),
+        gpu_types=types,
         ddp=args.ddp,
         output=getattr(args, "output", None),
         name=getattr(args, "name", None),

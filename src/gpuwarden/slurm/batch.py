@@ -10,22 +10,41 @@ address from Slurm's own variables; nothing else sets them.
 
 from __future__ import annotations
 
-import re
-import shlex
 import sys
-from collections.abc import Sequence
-from typing import Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.records import record
 
-# Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
+# `re`, `shlex` and `typing` are not imported: `submit --slurm` sits in front of every
+# sbatch and should add little to it (bench/slurm_submit.py); these checks are simple.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Optional
+
 _UNLIMITED = ("UNLIMITED", "INFINITE")
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 # What may stand in a gres type or a feature expression without quoting trouble.
-_WORD = re.compile(r"^[A-Za-z0-9_.+-]+$")
-_FEATURES = re.compile(r"^[A-Za-z0-9_.+\-&|*\[\]:()]+$")
-_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+WORD = _ALNUM | frozenset("_.+-")
+FEATURES = WORD | frozenset("&|*[]:()")
+# What a shell word may hold unquoted (shlex.quote's set).
+_SAFE = _ALNUM | frozenset("@%+=:,./-_")
+
+
+def _is_slurm_time(text: str) -> bool:
+    """Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    days, dash, rest = text.partition("-")
+    if dash and not days.isdigit():
+        return False
+    parts = (rest if dash else text).split(":")
+    return len(parts) <= 3 and all(p.isdigit() for p in parts)
+
+
+def quote(word: str) -> str:
+    """A shell word (shlex.quote without importing shlex and re)."""
+    if word and all(c in _SAFE for c in word):
+        return word
+    return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
 @record
@@ -52,7 +71,7 @@ def slurm_time(value: str) -> str:
     durations (90s, 30m, 4h, 2d) are converted; anything else is refused here, with
     the forms accepted, before Slurm says only "Invalid --time specification"."""
     text = value.strip()
-    if text.upper() in _UNLIMITED or _SLURM_TIME.match(text):
+    if text.upper() in _UNLIMITED or _is_slurm_time(text):
         return text
     from gpuwarden.config import parse_duration
 
@@ -75,7 +94,8 @@ def slurm_mem(value: str) -> str:
     """--mem in Slurm's form (a number with an optional K/M/G/T suffix; MiB by default).
     gpuwarden sizes such as 16GiB are accepted and rounded up to MiB."""
     text = value.strip()
-    if _MEM.match(text):
+    digits = text[:-1] if text[-1:].upper() in ("K", "M", "G", "T") else text
+    if digits.isdigit():
         return text.upper()
     from gpuwarden.units import parse_size
 
@@ -143,14 +163,14 @@ def launch_argv(spec: JobSpec) -> list[str]:
 
 def _is_python(arg: str) -> bool:
     base = arg.rsplit("/", 1)[-1]
-    return re.match(r"^python[0-9.]*$", base) is not None
+    return base.startswith("python") and all(c in "0123456789." for c in base[6:])
 
 
 def script(spec: JobSpec) -> str:
     """The batch script `sbatch` reads on its standard input."""
     lines = ["#!/bin/bash", "# written by gpuwarden submit --slurm"]
     lines += [f"#SBATCH {opt}" for opt in options(spec)]
-    lines.append(shlex.join(["exec", *launch_argv(spec)]))
+    lines.append(" ".join(quote(w) for w in ["exec", *launch_argv(spec)]))
     return "\n".join(lines) + "\n"
 
 
@@ -162,8 +182,8 @@ def srun_argv(spec: JobSpec) -> list[str]:
     return ["srun", *options(spec), *cmd]
 
 
-def check_word(what: str, value: str, pattern: re.Pattern[str] = _WORD) -> str:
-    if not pattern.match(value):
+def check_word(what: str, value: str, allowed: frozenset[str] = WORD) -> str:
+    if not value or not all(c in allowed for c in value):
         raise UserError(f"invalid {what} {value!r}: letters, digits and _.+- only")
     return value
 
@@ -206,7 +226,7 @@ def spec_of(
         else:
             features.append(check_word("--model", model))
     if constraint:
-        features.append(check_word("--constraint", constraint, _FEATURES))
+        features.append(check_word("--constraint", constraint, FEATURES))
     return JobSpec(
         command=tuple(command),
         gpus=count,

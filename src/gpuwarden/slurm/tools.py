@@ -10,14 +10,16 @@ carrying Slurm's own text.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
-from collections.abc import Mapping, Sequence
-from typing import Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.records import record
 from gpuwarden.slurm.states import ENDED, reason_word, state_word
+
+TYPE_CHECKING = False  # typing and re are not imported on `submit --slurm`'s path
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Optional
 
 # Variables that change squeue/scontrol/sinfo output.
 _FORMAT_VARIABLES = (
@@ -40,8 +42,7 @@ _FORMAT_VARIABLES = (
 )
 # `%i|...|%j`: the name goes last, as the only field that may hold the separator.
 SQUEUE_FORMAT = "%i|%u|%T|%r|%M|%l|%D|%b|%N|%j"
-_FIELD = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?= [A-Za-z][A-Za-z0-9_:/]*=|$)")
-JOB_ID = re.compile(r"^\d+(_\d+)?$")
+_FIELD = r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?= [A-Za-z][A-Za-z0-9_:/]*=|$)"
 TIMEOUT = 60.0
 
 
@@ -118,7 +119,7 @@ def parse_submitted(stdout: str) -> str:
     """`--parsable` prints `ID` or `ID;CLUSTER`."""
     text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     job = text.split(";", 1)[0].strip()
-    if not JOB_ID.match(job):
+    if not is_job_id(job):
         raise UserError(f"sbatch printed no job id (it printed {stdout.strip()[:200]!r})")
     return job
 
@@ -169,8 +170,14 @@ def queue(user: Optional[str] = None, jobs: Sequence[str] = ()) -> list[SlurmJob
     return parse_queue(call(argv).stdout)
 
 
+def is_job_id(text: str) -> bool:
+    """`1234`, or `1234_5` (an array task)."""
+    job, sep, task = text.partition("_")
+    return job.isdigit() and job.isascii() and (not sep or (task.isdigit() and task.isascii()))
+
+
 def check_id(job: str) -> str:
-    if not JOB_ID.match(job):
+    if not is_job_id(job):
         raise UserError(f"invalid Slurm job id {job!r}: expected a number such as 1234")
     return job
 
@@ -195,7 +202,9 @@ def parse_show(stdout: str) -> dict[str, str]:
     a path), so a field ends only where the next ` Key=` starts."""
     line = stdout.strip().splitlines()[0] if stdout.strip() else ""
     out: dict[str, str] = {}
-    for m in _FIELD.finditer(line):
+    import re
+
+    for m in re.finditer(_FIELD, line):
         out.setdefault(m.group(1), m.group(2))
     return out
 
@@ -216,8 +225,9 @@ def cancel(job: str) -> None:
 def drain_node(node: str, reason: str) -> None:
     """Take the node out of Slurm's scheduling until an admin resumes it: running jobs
     finish, no new one starts (`scontrol update ... State=DRAIN`)."""
-    check_word = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
-    if not check_word.match(node):
+    from gpuwarden.slurm.batch import WORD
+
+    if not node or not all(c in WORD or c in "[]," for c in node):
         raise UserError(f"invalid Slurm node name {node!r}")
     reason = " ".join(reason.split())[:200] or "gpuwarden: GPU fault"
     call(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,13 +29,20 @@ TARGET_MS = 50.0
 GPUWARDEN = [sys.executable, "-m", "gpuwarden"]
 
 
-def timed(argv: list[str], stdin: str | None, env: dict[str, str]) -> tuple[float, str]:
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], stdin: str | None, env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the process and what it waited for, the job id)."""
+    cpu = _cpu()
     start = time.perf_counter()
     done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env)
     took = time.perf_counter() - start
     if done.returncode != 0:
         sys.exit(f"{argv[0]} failed: {done.stderr.strip()}")
-    return took, done.stdout.strip().splitlines()[-1].split(";")[0]
+    return took, _cpu() - cpu, done.stdout.strip().splitlines()[-1].split(";")[0]
 
 
 def main() -> int:
@@ -61,14 +69,16 @@ def main() -> int:
         ),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpus: dict[str, list[float]] = {name: [] for name in cases}
     jobs: list[str] = []
     try:
         for argv, stdin in cases.values():  # warm both once
-            jobs.append(timed(argv, stdin, env)[1])
+            jobs.append(timed(argv, stdin, env)[2])
         for _ in range(args.rounds):
             for name, (argv, stdin) in cases.items():
-                took, job = timed(argv, stdin, env)
+                took, cpu, job = timed(argv, stdin, env)
                 times[name].append(took)
+                cpus[name].append(cpu)
                 jobs.append(job)
     finally:
         subprocess.run(["scancel", *jobs], env=env, capture_output=True)
@@ -77,13 +87,17 @@ def main() -> int:
             shutil.rmtree(top, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
     medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
+    cpu_ms = {name: statistics.median(t) * 1000 for name, t in cpus.items()}
     for name, ms in medians.items():
-        print(f"{name:<42} median {ms:7.1f} ms  (min {min(times[name]) * 1000:.1f})")
+        low = min(times[name]) * 1000
+        print(f"{name:<40} wall {ms:7.1f} ms (min {low:6.1f})  cpu {cpu_ms[name]:6.1f} ms")
     base, ours = medians.values()
     added = ours - base
+    cpu_base, cpu_ours = cpu_ms.values()
     verdict = "ok" if added <= TARGET_MS else "OVER"
     print(
-        f"{'added by gpuwarden':<42} median {added:7.1f} ms  target <= {TARGET_MS:.0f}: {verdict}"
+        f"{'added by gpuwarden':<40} wall {added:7.1f} ms{'':13}cpu {cpu_ours - cpu_base:6.1f} ms"
+        f"  target <= {TARGET_MS:.0f} ms: {verdict}"
     )
     return 0 if added <= TARGET_MS else 1
 

@@ -7,7 +7,8 @@ Cases, timed interleaved round by round so machine load hits them alike:
   sbatch --parsable < script                 Slurm's own submission of the same script
   gpuwarden submit --slurm -g 0 -- true      translate, submit, parse the id
 
-Target: `submit --slurm` adds at most 50 ms (median wall time) to sbatch's. The jobs
+Also timed, for scale: `python -c pass`, the interpreter's own start, which any Python
+front end pays. Target: `submit --slurm` adds at most 50 ms (median wall time) to sbatch's. The jobs
 are trivial (`true`, no GPU) and are cancelled at the end.
 """
 
@@ -68,6 +69,7 @@ def main() -> int:
             None,
         ),
     }
+    floor = "python -c pass (the interpreter's start)"
     times: dict[str, list[float]] = {name: [] for name in cases}
     cpus: dict[str, list[float]] = {name: [] for name in cases}
     jobs: list[str] = []
@@ -80,6 +82,9 @@ def main() -> int:
                 times[name].append(took)
                 cpus[name].append(cpu)
                 jobs.append(job)
+            took, cpu, _ = timed([sys.executable, "-c", "print(0)"], None, env)
+            times.setdefault(floor, []).append(took)
+            cpus.setdefault(floor, []).append(cpu)
     finally:
         subprocess.run(["scancel", *jobs], env=env, capture_output=True)
         if top is not None:
@@ -91,9 +96,9 @@ def main() -> int:
     for name, ms in medians.items():
         low = min(times[name]) * 1000
         print(f"{name:<40} wall {ms:7.1f} ms (min {low:6.1f})  cpu {cpu_ms[name]:6.1f} ms")
-    base, ours = medians.values()
+    base, ours, _ = medians.values()
     added = ours - base
-    cpu_base, cpu_ours = cpu_ms.values()
+    cpu_base, cpu_ours, _ = cpu_ms.values()
     verdict = "ok" if added <= TARGET_MS else "OVER"
     print(
         f"{'added by gpuwarden':<40} wall {added:7.1f} ms{'':13}cpu {cpu_ours - cpu_base:6.1f} ms"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 
 from gpuwarden.errors import UserError
-from gpuwarden.records import record
 
 # `re`, `shlex` and `typing` are not imported: `submit --slurm` sits in front of every
 # sbatch and should add little to it (bench/slurm_submit.py); these checks are simple.
@@ -47,23 +46,67 @@ def quote(word: str) -> str:
     return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
-@record
-class JobSpec:
-    """What to ask Slurm for. `command` is the user's command line as given after `--`."""
+class Value:
+    """A plain value with keyword fields, compared and shown by them. Not a `@record`:
+    dataclasses (with inspect and re) would be most of what `submit --slurm` imports."""
 
-    command: tuple[str, ...]
-    gpus: int = 0
-    nodes: Optional[int] = None
-    time: Optional[str] = None  # already in Slurm's form (see `slurm_time`)
-    mem: Optional[str] = None  # per node, Slurm's form (e.g. 16G)
-    gpu_type: Optional[str] = None
-    constraint: Optional[str] = None
-    ddp: bool = False
-    output: Optional[str] = None
-    name: Optional[str] = None
-    partition: Optional[str] = None
-    workdir: Optional[str] = None
-    python: str = sys.executable
+    FIELDS: tuple[tuple[str, object], ...] = ()  # (name, default); REQUIRED: none
+
+    def __init__(self, **values: object) -> None:
+        for name, default in self.FIELDS:
+            value = values.pop(name, default)
+            if value is REQUIRED:
+                raise TypeError(f"{type(self).__name__} needs {name}")
+            setattr(self, name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__} has no field {next(iter(values))}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self.FIELDS)
+        return f"{type(self).__name__}({body})"
+
+
+REQUIRED = object()
+
+
+class JobSpec(Value):
+    """What to ask Slurm for. `command` is the user's command line as given after `--`;
+    `time` and `mem` are already in Slurm's form (see `slurm_time`, `slurm_mem`)."""
+
+    FIELDS = (
+        ("command", REQUIRED),
+        ("gpus", 0),
+        ("nodes", None),
+        ("time", None),
+        ("mem", None),
+        ("gpu_type", None),
+        ("constraint", None),
+        ("ddp", False),
+        ("output", None),
+        ("name", None),
+        ("partition", None),
+        ("workdir", None),
+        ("python", sys.executable),
+    )
+    if TYPE_CHECKING:
+        command: tuple[str, ...]
+        gpus: int
+        nodes: Optional[int]
+        time: Optional[str]
+        mem: Optional[str]
+        gpu_type: Optional[str]
+        constraint: Optional[str]
+        ddp: bool
+        output: Optional[str]
+        name: Optional[str]
+        partition: Optional[str]
+        workdir: Optional[str]
+        python: str
 
 
 def slurm_time(value: str) -> str:

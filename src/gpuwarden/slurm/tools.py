@@ -14,7 +14,7 @@ import os
 import time
 
 from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.slurm.batch import REQUIRED, Value
 from gpuwarden.slurm.states import ENDED, reason_word, state_word
 
 TYPE_CHECKING = False  # typing and re are not imported on `submit --slurm`'s path
@@ -47,21 +47,39 @@ _FIELD = r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?= [A-Za-z][A-Za-z0-9_:/]*=|$)
 TIMEOUT = 60.0
 
 
-@record
-class SlurmJob:
-    """One job as `gpuwarden queue --slurm` shows it."""
+class SlurmJob(Value):
+    """One job as `gpuwarden queue --slurm` shows it: `state` in the queue's words
+    (pending, running, done, ...), `reason` why it waits (Resources, ...; "" when none),
+    `gres` like gpu:2, and `slurm_state` as Slurm said it."""
 
-    id: str
-    user: str
-    state: str  # the queue's word: pending, running, done, ...
-    reason: str  # why it waits: Resources, Priority, ... ("" when none)
-    elapsed: str
-    limit: str
-    nodes: int
-    gres: str  # e.g. gpu:2 ("" when none)
-    nodelist: str
-    name: str
-    slurm_state: str  # as Slurm said it
+    FIELDS = tuple(
+        (name, REQUIRED)
+        for name in (
+            "id",
+            "user",
+            "state",
+            "reason",
+            "elapsed",
+            "limit",
+            "nodes",
+            "gres",
+            "nodelist",
+            "name",
+            "slurm_state",
+        )
+    )
+    if TYPE_CHECKING:
+        id: str
+        user: str
+        state: str
+        reason: str
+        elapsed: str
+        limit: str
+        nodes: int
+        gres: str
+        nodelist: str
+        name: str
+        slurm_state: str
 
 
 def clean_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:

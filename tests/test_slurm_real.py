@@ -185,10 +185,20 @@ def test_two_jobs_get_disjoint_gpus_a_third_waits_for_resources_and_cancel_ends_
 
 
 def test_a_job_submitted_by_a_real_user_runs_as_that_user(cli: Any, slurm: Cluster) -> None:
+    made = False
     try:
         pwd.getpwnam(USER)
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
+        made = True
+    try:
+        _as_a_user(cli, slurm)
+    finally:
+        if made:
+            subprocess.run(["userdel", USER], capture_output=True)
+
+
+def _as_a_user(cli: Any, slurm: Cluster) -> None:
     # A copy of the sources the user can read (the checkout may sit in root's home).
     src = Path(tempfile.mkdtemp(prefix="gw-src-"))
     src.chmod(0o755)

@@ -357,3 +357,18 @@ def test_slurm_conf_on_the_simulated_server(cli: object, sim: object) -> None:
     lines = done.stdout.splitlines()
     assert sum(line.startswith("Name=gpu File=/dev/nvidia") for line in lines) == 8
     assert lines[-1].startswith("NodeName=") and lines[-1].endswith("Gres=gpu:8")
+
+
+def test_gres_takes_minor_and_affinity_from_the_snapshot_when_it_has_them() -> None:
+    from types import SimpleNamespace
+
+    gpus = [
+        SimpleNamespace(index=0, minor=3, cpu_affinity=[0, 1, 2, 3]),
+        SimpleNamespace(index=1, minor=2, cpu_affinity="4-7"),
+    ]
+    snap = SimpleNamespace(gpus=gpus, nvlinks={})
+    devices = gres.read_devices(snap, nvml=object())  # NVML is not asked
+    assert gres.gres_lines(snap, devices) == [
+        "Name=gpu File=/dev/nvidia3 Cores=0-3",
+        "Name=gpu File=/dev/nvidia2 Cores=4-7",
+    ]

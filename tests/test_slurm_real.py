@@ -415,7 +415,7 @@ def test_prolog_leases_keep_local_runs_off_the_gpus_of_a_slurm_job(
 
 
 def test_slurm_conf_of_the_simulated_server_is_accepted_by_slurmd(
-    cli: Any, clusters: Callable[..., Cluster], sim: Any, tmp_path: Path
+    cli: Any, clusters: Callable[..., Cluster], sim: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim("server-8xa100")
     top = Path(tempfile.mkdtemp(prefix="gw-gres-"))
@@ -439,12 +439,9 @@ def test_slurm_conf_of_the_simulated_server_is_accepted_by_slurmd(
         # and the health watch's drain, when configured, takes the node out of service
         from gpuwarden.slurm import node as slurm_node
 
-        os.environ["SLURM_CONF"] = cluster.conf
-        try:
-            conf = {"slurm.drain_node": True, "slurm.node": None}
-            drained = slurm_node.drain_for_fault(conf, "3", "XID 79 (fallen off the bus)")
-        finally:
-            del os.environ["SLURM_CONF"]
+        monkeypatch.setenv("SLURM_CONF", cluster.conf)
+        conf = {"slurm.drain_node": True, "slurm.node": None}
+        drained = slurm_node.drain_for_fault(conf, "3", "XID 79 (fallen off the bus)")
         state = cluster.tool("sinfo", "-h", "-N", "-n", drained, "-o", "%T|%E").strip()
         assert state == "drained|gpuwarden: GPU 3: XID 79 (fallen off the bus)"
     finally:

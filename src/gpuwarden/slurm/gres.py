@@ -116,7 +116,16 @@ def notes(devices: Sequence[GresDevice]) -> list[str]:
 
 def read_devices(snapshot: Any, nvml: Any = None) -> list[GresDevice]:
     """Minor numbers and CPU affinity of the Snapshot's GPUs; None where NVML (or, for
-    the affinity, sysfs) cannot say."""
+    the affinity, sysfs) cannot say.
+
+    The one place outside `inventory` that asks NVML, for two facts a Snapshot does not
+    carry yet; a Gpu with `minor` / `cpu_affinity` fields is taken at its word, so this
+    shrinks to nothing once the inventory reads them."""
+    if all(getattr(g, "minor", None) is not None for g in snapshot.gpus):
+        return [
+            GresDevice(g.index, g.minor, _cores_field(getattr(g, "cpu_affinity", None)))
+            for g in snapshot.gpus
+        ]
     if nvml is None:
         from gpuwarden.inventory import load_nvml
 
@@ -152,6 +161,13 @@ def read_devices(snapshot: Any, nvml: Any = None) -> list[GresDevice]:
         if nvml is not None:
             with contextlib.suppress(Exception):
                 nvml.nvmlShutdown()
+
+
+def _cores_field(value: Any) -> Optional[str]:
+    """A Snapshot's CPU affinity (a list of CPUs, or Slurm-style text) as Cores=."""
+    if not value:
+        return None
+    return value if isinstance(value, str) else cpu_list(list(value))
 
 
 def _minor(nvml: Any, handle: Any) -> Optional[int]:

@@ -122,6 +122,9 @@ def simulated(base: Path) -> None:
     say("The doctor explains this machine's environment problems")
     gw("doctor", env=env)
 
+    say("The same view, live in a browser, for everyone in the lab")
+    print("  GPUWARDEN_SIM=server-8xa100 .venv/bin/gpuwarden web   # then open http://127.0.0.1:9500/")
+
 
 def real() -> None:
     env = dict(os.environ)
@@ -138,8 +141,30 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="gpuwarden-tour-") as base:
         simulated(Path(base))
-    print('\nDone. Try it yourself: eval "$(gpuwarden sim env server-8xa100)"; gpuwarden status')
+    print("\n" + hint())
     return 0
+
+
+def hint() -> str:
+    """What to type next, in a fresh shell: gpuwarden lives in the virtual environment
+    the demo made, which is not on PATH until it is activated."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    if sys.prefix != sys.base_prefix and activate.exists():
+        near = os.path.relpath(activate)
+        where = near if not near.startswith("..") else str(activate)
+        first = f"source {shlex.quote(where)}   # gpuwarden is installed here, not on PATH"
+    else:
+        first = "python3 -m pip install -e .   # or put gpuwarden on PATH another way"
+    return "\n".join(
+        [
+            "Done. Try it yourself in a new shell:",
+            f"  {first}",
+            '  eval "$(gpuwarden sim env server-8xa100)"   # this shell sees the simulated server',
+            "  gpuwarden status",
+            "The demo installs gpuwarden alone; ./scripts/test installs torch and the test",
+            "extras (prometheus-client, ...) into the same .venv and runs the tests.",
+        ]
+    )
 
 
 if __name__ == "__main__":

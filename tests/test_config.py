@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import config
+from gpuwarden import config, config_trust
 from gpuwarden.errors import UserError
 
 GiB = 2**30
@@ -147,7 +147,7 @@ def test_dotted_keys_at_top_level_work(user: Path) -> None:
         ('[run]\nmin_free = "10XB"\n', "run.min_free must be a size such as 20GiB or 500M"),
         ("[run]\nkeep_first_last = 1\n", "run.keep_first_last must be true or false, got 1"),
         ('[run]\nid_format = "pci"\n', "run.id_format must be one of index|uuid, got 'pci'"),
-        ("[run]\ncount = 1.5\n", "run.count must be an integer, got 1.5"),
+        ("[run]\ncount = 1.5\n", "run.count must be an integer >= 0, got 1.5"),
         ('[health]\nfatal_xids = ["x"]\n', "health.fatal_xids must be a list of integers"),
         ('[exporter]\nlisten = "localhost"\n', "exporter.listen must be HOST:PORT"),
         ('[run]\nmin_capability = "eight"\n', "run.min_capability must be a compute capability"),
@@ -265,3 +265,232 @@ def test_cli_config_bad_file_is_one_line(cli, user: Path) -> None:
     out = cli("config")
     assert out.returncode == 2
     assert out.stderr.strip() == f"gpuwarden config: {user}: unknown key 'run.zzz' (line 2)"
+
+
+# --- trust: files and directories another user can write are refused ---------------------
+
+OTHER_USER = "gpuwarden-other"
+
+
+@pytest.fixture
+def other_uid() -> int:
+    """The uid of a real second Unix account (created here when missing, as root)."""
+    import pwd
+    import shutil
+    import subprocess
+
+    from conftest import require
+
+    require(os.geteuid() == 0, "needs root to create and chown to a second Unix user")
+    try:
+        return pwd.getpwnam(OTHER_USER).pw_uid
+    except KeyError:
+        pass
+    require(shutil.which("useradd") is not None, "useradd is not installed")
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+        check=False,
+        capture_output=True,
+    )  # a parallel test may have made it first: look it up either way
+    return pwd.getpwnam(OTHER_USER).pw_uid
+
+
+HOOK = '[health]\nhook = "touch /tmp/owned"\n'
+
+
+def project(isolated: Path, mode: int = 0o755) -> Path:
+    """A project directory holding gpuwarden.toml, with the working directory below it."""
+    top = isolated / "proj"
+    (top / "sub").mkdir(parents=True)
+    top.chmod(mode)
+    os.chdir(top / "sub")
+    return write(top / "gpuwarden.toml", HOOK)
+
+
+def refused_load(capsys: pytest.CaptureFixture[str]) -> tuple[config.Config, str]:
+    config_trust._WARNED.clear()
+    cfg = config.load()
+    return cfg, capsys.readouterr().err
+
+
+def test_a_project_file_owned_by_another_user_is_refused(
+    isolated: Path, other_uid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = project(isolated)
+    os.chown(path, other_uid, -1)
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert cfg.files == ()
+    assert cfg.refused[0][:2] == ("project", str(path))
+    assert f"owned by {OTHER_USER}" in cfg.refused[0][2]
+    assert err == (
+        f"gpuwarden: ignoring config file {path}: the file is owned by {OTHER_USER} "
+        f"(uid {other_uid}), not by you or root\n"
+    )
+    config.load()  # once per process, however often settings are loaded
+    assert capsys.readouterr().err == ""
+
+
+def test_a_directory_owned_by_another_user_is_refused(
+    isolated: Path, other_uid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = project(isolated)
+    os.chown(path.parent, other_uid, -1)  # they can replace the file at will
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert f"its directory {path.parent} is owned by {OTHER_USER}" in err
+
+
+def test_a_symlink_planted_by_another_user_is_refused(
+    isolated: Path, other_uid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = write(isolated / "mine.toml", HOOK)
+    top = isolated / "proj"
+    top.mkdir()
+    os.chdir(top)
+    link = top / "gpuwarden.toml"
+    link.symlink_to(mine)
+    assert config.load().get("health.hook") == "touch /tmp/owned"  # my own link: followed
+    os.lchown(link, other_uid, -1)
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert "the symlink is owned by" in err
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o757, 0o722])
+def test_a_directory_others_can_write_is_refused(
+    isolated: Path, mode: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = project(isolated, mode)
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert f"its directory {path.parent} is writable by others (mode {mode:04o})" in err
+
+
+def test_a_sticky_shared_directory_keeps_your_own_file(
+    isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project(isolated, 0o1777)  # like /tmp: others may add files, not replace ours
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") == "touch /tmp/owned"
+    assert err == ""
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o646, 0o602])
+def test_a_file_others_can_write_is_refused(
+    user: Path, mode: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(user, HOOK).chmod(mode)
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert cfg.refused == (
+        ("user", str(user), f"the file is writable by others (mode {mode:04o})"),
+    )
+    assert err.count("\n") == 1
+
+
+def test_a_fifo_or_directory_in_place_of_the_file_is_refused_without_hanging(
+    isolated: Path, user: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user.parent.mkdir(parents=True)
+    os.mkfifo(user)  # opening it for reading would wait for a writer forever
+    Path("gpuwarden.toml").mkdir()
+    cfg, err = refused_load(capsys)
+    assert [(layer, why) for layer, _, why in cfg.refused] == [
+        ("user", "not a regular file"),
+        ("project", "not a regular file"),
+    ]
+    assert err.count("\n") == 2
+
+
+def test_cli_config_shows_the_refusal(cli, isolated: Path) -> None:
+    path = project(isolated, 0o777)
+    r = cli("config")
+    assert r.returncode == 0, r.stderr
+    why = f"its directory {path.parent} is writable by others (mode 0777)"
+    assert f"file refused: project: {path}: {why}" in r.stdout
+    assert r.stderr == f"gpuwarden: ignoring config file {path}: {why}\n"
+
+
+def test_a_huge_file_is_one_line(user: Path) -> None:
+    write(user, "# " + "x" * (config.MAX_CONFIG_BYTES + 10) + "\n")
+    with pytest.raises(UserError, match="too large for a config file"):
+        config.load()
+
+
+def test_non_utf8_file_is_one_line_naming_the_file(user: Path, cli) -> None:
+    user.parent.mkdir(parents=True)
+    user.write_bytes(b'[run]\nmodel = "caf\xe9"\n')
+    with pytest.raises(UserError) as err:
+        config.load()
+    assert str(err.value) == f"{user}: not UTF-8 text (byte 0xe9 on line 2)"
+    r = cli("config")
+    assert r.returncode == 2
+    assert r.stderr == f"gpuwarden config: {user}: not UTF-8 text (byte 0xe9 on line 2)\n"
+
+
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("exporter", "cache_seconds", "-1"),
+        ("exporter", "idle_seconds", "0"),
+        ("exporter", "idle_seconds", "-5"),
+        ("health", "poll_seconds", "0"),
+        ("health", "poll_seconds", "-0.5"),
+        ("health", "poll_seconds", "1e300"),
+        ("health", "hook_timeout", "0"),
+        ("health", "webhook_timeout", "-1"),
+        ("health", "ecc_corrected_warn", "-1"),
+        ("health", "ecc_corrected_rate_warn", "-0.1"),
+        ("health", "pcie_replay_warn", "-3"),
+        ("health", "fatal_xids", "[79, -1]"),
+        ("health", "fatal_xids", "[0]"),
+        ("record", "interval", "0"),
+        ("record", "interval", "-1"),
+        ("record", "interval", "nan"),
+        ("record", "interval", "inf"),
+        ("record", "max_bytes", "0"),
+        ("record", "max_bytes", "-1"),
+        ("run", "count", "-1"),
+        ("run", "timeout", "-1"),
+        ("run", "timeout", '"99999999999d"'),
+        ("run", "min_free", '"2000000EiB"'),
+        ("run", "min_free", "-1"),
+    ],
+)
+def test_numbers_out_of_range_name_the_key(user: Path, section: str, key: str, value: str) -> None:
+    write(user, f"[{section}]\n{key} = {value}\n")
+    with pytest.raises(UserError) as err:
+        config.load()
+    assert str(err.value).startswith(f"{user}: {section}.{key} must be ")
+    assert str(err.value).endswith(" (line 2)")
+
+
+def test_zero_cache_means_every_scrape_reads(user: Path) -> None:
+    write(user, "[exporter]\ncache_seconds = 0\n")
+    assert config.load().get("exporter.cache_seconds") == 0.0
+
+
+def test_out_of_range_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUWARDEN_HEALTH_POLL_SECONDS", "0")
+    with pytest.raises(UserError) as err:
+        config.load()
+    assert str(err.value) == (
+        "GPUWARDEN_HEALTH_POLL_SECONDS='0': health.poll_seconds must be "
+        "a number of seconds (ten years at most) > 0"
+    )
+
+
+def test_group_write_counts_only_when_someone_else_is_in_the_group(
+    user: Path, other_uid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pwd
+
+    write(user, HOOK).chmod(0o664)  # umask 002 with a user private group: the usual case
+    os.chown(user, -1, pwd.getpwuid(os.geteuid()).pw_gid)
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") == "touch /tmp/owned" and err == ""
+    os.chown(user, -1, pwd.getpwuid(other_uid).pw_gid)  # the other user's primary group
+    cfg, err = refused_load(capsys)
+    assert cfg.get("health.hook") is None
+    assert "the file is writable by others (mode 0664)" in err

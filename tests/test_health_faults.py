@@ -89,7 +89,7 @@ def test_fatal_fault_drains_shows_in_metrics_and_calls_hook(machine, watch, faul
     fault(machine)
     assert wait_for(lambda: uuid in list_drains()), f"GPU 7 not drained after {code}"
     drain = list_drains()[uuid]
-    assert drain.auto and drain.by == "gpuwarden-health"
+    assert drain.auto and drain.uid == os.getuid() and drain.who.endswith("(health watch)")
     assert wait_for(lambda: any(e["code"] == code for e in hook_events(watch)))
     event = next(e for e in hook_events(watch) if e["code"] == code)
     assert event["gpu_index"] == 7 and event["level"] == "fatal" and event["drained"]

@@ -330,3 +330,44 @@ def test_state_file_is_shared_between_processes(tmp_path):
         assert mod.nvmlDeviceGetUtilizationRates(mod.nvmlDeviceGetHandleByIndex(7)).gpu == 77
     finally:
         mod.nvmlShutdown()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temp", "-500", "temperature must be 0 to 150, got -500"),
+        ("temp", "151", "temperature must be 0 to 150, got 151"),
+        ("util", "101", "utilization must be 0 to 100, got 101"),
+        ("util", "-1", "utilization must be 0 to 100, got -1"),
+        ("mem_util", "200", "memory_utilization must be 0 to 100, got 200"),
+        ("power", "nan", "power must be 0 to 5000, got nan"),
+        ("power", "-3", "power must be 0 to 5000, got -3.0"),
+        ("power", "900", "power must be 0 to 800 on GPU 0, got 900.0"),
+        ("clock_sm", "-1", "clock_sm must be 0 to 10000, got -1"),
+        ("pcie_replay", "-1", "pcie_replay must be 0 to 4.29497e+09, got -1"),
+        ("mem", "100GiB", "memory_used must be 0 to 80.0GiB on GPU 0, got 107374182400"),
+        ("temp", "hot", "bad value for temperature: 'hot'"),
+    ],
+)
+def test_sim_set_refuses_values_a_card_cannot_report(
+    sim, capsys: pytest.CaptureFixture[str], field: str, value: str, message: str
+) -> None:
+    from gpuwarden.cli import main
+
+    sim("server-8xa100")
+    before = Machine.open().state()["gpus"][0]
+    assert main(["sim", "set", "--gpu", "0", f"{field}={value}"]) == 2
+    assert capsys.readouterr().err == f"gpuwarden sim: {message}\n"
+    assert Machine.open().state()["gpus"][0] == before  # nothing was changed
+
+
+def test_sim_set_fan_on_a_fanless_card_says_not_supported(sim, capsys) -> None:
+    from gpuwarden.cli import main
+
+    sim("server-8xa100")
+    assert main(["sim", "set", "--gpu", "0", "fan=50"]) == 2
+    assert "has no fan: NVML reports NotSupported" in capsys.readouterr().err
+    sim("workstation-3x3090")
+    assert main(["sim", "set", "--gpu", "0", "fan=70", "temp=80"]) == 0
+    gpu = Machine.open().state()["gpus"][0]
+    assert (gpu["fan"], gpu["temperature"]) == (70, 80)

@@ -100,20 +100,84 @@ def test_occupy_shows_up_and_goes_away(sim, cli):
     assert gpu["processes"] == [] and gpu["memory_used"] == 0
 
 
-def test_watch_refreshes_and_ctrl_c_exits_0(sim):
-    sim("workstation-3x3090")
+def _watch(args: list[str], stdout: object, until: str, read: object) -> str:
+    """Run `status --watch 0.2 ARGS` until `until` shows up twice in what `read` returns
+    (generous deadline), then Ctrl-C it; everything it wrote."""
     env = dict(os.environ, PYTHONPATH=str(SRC))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "status", "--watch", "0.2"],
+        [sys.executable, "-m", "gpuwarden", "status", "--watch", "0.2", *args],
         env=env,
-        stdout=subprocess.PIPE,
-        text=True,
+        stdout=stdout,
     )
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 0
+    out = ""
+    try:
+        deadline = time.time() + 30
+        while out.count(until) < 2 and time.time() < deadline:
+            out += read()  # type: ignore[operator]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+        out += read()  # type: ignore[operator]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out
+
+
+def test_watch_refreshes_a_terminal_in_place_and_ctrl_c_exits_0(sim):
+    import pty
+    import select
+
+    sim("workstation-3x3090")
+    main, child = pty.openpty()
+
+    def read() -> str:
+        ready, _, _ = select.select([main], [], [], 0.2)
+        try:
+            return os.read(main, 65536).decode() if ready else ""
+        except OSError:  # the child closed its end
+            return ""
+
+    try:
+        out = _watch([], child, "\x1b[H\x1b[2J", read)
+    finally:
+        os.close(child)
+        os.close(main)
     assert out.count("\x1b[H\x1b[2J") >= 2 and "RTX 3090" in out
+
+
+def _tail(path: Path):  # type: ignore[no-untyped-def]
+    """A reader of what was appended to `path` since the last call."""
+    seen = [0]
+
+    def read() -> str:
+        time.sleep(0.05)  # a poll interval, not a wait for the outcome
+        data = path.read_bytes()[seen[0] :]
+        seen[0] += len(data)
+        return data.decode()
+
+    return read
+
+
+def test_watch_into_a_file_writes_plain_frames(sim, tmp_path: Path):
+    sim("workstation-3x3090")
+    path = tmp_path / "frames.txt"
+    with open(path, "w") as sink:
+        out = _watch([], sink, "--- ", _tail(path))
+    assert "\x1b" not in out
+    frames = [f for f in out.split("\n\n") if f.strip()]
+    assert len(frames) >= 2
+    for frame in frames:
+        assert frame.startswith("--- ") and "RTX 3090" in frame
+
+
+def test_watch_json_into_a_pipe_writes_one_document_per_line(sim, tmp_path: Path):
+    sim("workstation-3x3090")
+    path = tmp_path / "frames.jsonl"
+    with open(path, "w") as sink:
+        out = _watch(["--json"], sink, "\n", _tail(path))
+    lines = out.splitlines()
+    assert len(lines) >= 2 and "\x1b" not in out
+    assert all(json.loads(line)["schema"] == 1 for line in lines)
 
 
 def test_watch_rejects_nonpositive(sim, cli):
@@ -141,3 +205,31 @@ def test_one_shot_commands_pause_the_collector_and_give_it_back():
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_power_and_fan_columns_and_json(sim, cli):
+    sim("workstation-3x3090")
+    assert cli("sim", "set", "--gpu", "1", "power=342.4", "fan=78").returncode == 0
+    lines = cli("status").stdout.splitlines()
+    assert lines[1].split()[:7] == ["GPU", "NAME", "TEMP", "FAN", "POWER", "UTIL", "MEMORY"]
+    row = next(ln for ln in lines if ln.startswith("  1"))
+    assert " 78% " in row and " 342/350W " in row
+    gpu = json.loads(cli("status", "--json").stdout)["gpus"][1]
+    assert (gpu["fan_speed"], gpu["power_draw"], gpu["power_limit"]) == (78, 342.4, 350.0)
+
+
+def test_a_card_without_a_fan_shows_n_a(sim, cli):
+    sim("server-8xa100")  # data-centre cards: nvmlDeviceGetFanSpeed is NotSupported
+    lines = cli("status").stdout.splitlines()
+    fan = lines[1].split().index("FAN")
+    assert lines[2].split()[fan] == "n/a"
+    assert json.loads(cli("status", "--json").stdout)["gpus"][0]["fan_speed"] is None
+
+
+def test_power_column_formats():
+    from gpuwarden.cli.status import _power
+
+    assert _power(61.6, 400.0) == "62/400W"
+    assert _power(None, 400.0) == "n/a/400W"
+    assert _power(61.6, None) == "62W"
+    assert _power(None, None) == "n/a"

@@ -81,13 +81,27 @@ def _as_float(value: Any) -> float:
     if isinstance(value, bool):
         raise _BadValue
     if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
+        number = float(value)
+    elif isinstance(value, str):
         try:
-            return float(value.strip())
+            number = float(value.strip())
         except ValueError:
             raise _BadValue from None
-    raise _BadValue
+    else:
+        raise _BadValue
+    if number != number or number in (float("inf"), float("-inf")):  # NaN, infinities
+        raise _BadValue
+    return number
+
+
+def _as_seconds(value: Any) -> float:
+    """A number of seconds up to ten years: `time.sleep(1e300)` raises OverflowError."""
+    from gpuwarden.units import MAX_DURATION
+
+    number = _as_float(value)
+    if number > MAX_DURATION:
+        raise _BadValue
+    return number
 
 
 def _as_percent(value: Any) -> float:
@@ -116,21 +130,12 @@ def _as_size(value: Any) -> int:
     raise _BadValue
 
 
-# Compiled on first use (re keeps it): most runs parse no duration.
-_DURATION = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(s|sec|m|min|h|d|)\s*$"
-_DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str | float) -> float:
-    """Seconds in `text` (`90`, `30s`, `5m`, `4h`, `1d`); raises UserError naming the value."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text >= 0:
-        return float(text)
-    match = re.match(_DURATION, str(text), re.IGNORECASE)
-    if match is None:
-        raise UserError(
-            f"invalid duration {text!r}: expected seconds or a number with s/m/h/d, e.g. 30m or 4h"
-        )
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+    """Seconds in `text` (`90`, `30s`, `5m`, `4h`, `1d`); raises UserError naming the value.
+    Kept here for callers that import it from config; the parsing is `units.parse_duration`."""
+    from gpuwarden.units import parse_duration as parse
+
+    return parse(text)
 
 
 def _as_duration(value: Any) -> float:
@@ -169,6 +174,33 @@ def _as_ints(value: Any) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)):
         raise _BadValue
     return tuple(_as_int(v) for v in value)
+
+
+def _as_names(value: Any) -> tuple[str, ...]:
+    """User or group names (`@group`): a list, or one comma-separated string."""
+    if isinstance(value, str):
+        value = [p.strip() for p in value.split(",")] if value.strip() else []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise _BadValue
+    return tuple(value)
+
+
+def _as_shares(value: Any) -> dict[str, float]:
+    """Fair-share weights per user: a table `{alice = 2, bob = 1}` or `"alice=2,bob=1"`."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise _BadValue
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        raise _BadValue
+    shares = {}
+    for user, share in value.items():
+        number = _as_float(share)
+        if not user or not number > 0:
+            raise _BadValue
+        shares[str(user)] = number
+    return shares
 
 
 def parse_capability(text: Any) -> tuple[int, int]:
@@ -210,15 +242,18 @@ _KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "bool": (_as_bool, "true or false"),
     "int": (_as_int, "an integer"),
     "float": (_as_float, "a number"),
+    "seconds": (_as_seconds, "a number of seconds (ten years at most)"),
     "percent": (_as_percent, "a percentage 0-100"),
-    "size": (_as_size, "a size such as 20GiB or 500M"),
-    "duration": (_as_duration, "a duration such as 90, 30s, 5m or 4h"),
+    "size": (_as_size, "a size such as 20GiB or 500M (1EiB at most)"),
+    "duration": (_as_duration, "a duration such as 90, 30s, 5m or 4h (ten years at most)"),
     "ids": (_as_ids, 'GPU IDs such as "0,2" or ["GPU-3f2a"]'),
     "ints": (_as_ints, "a list of integers"),
     "capability": (_as_capability, "a compute capability such as 8.0"),
     "path": (_as_path, "a path (string)"),
     "listen": (_as_listen, "HOST:PORT"),
     "choice": (_as_str, "one of"),
+    "names": (_as_names, 'names such as ["alice", "@gpuadmins"]'),
+    "shares": (_as_shares, "a table of positive numbers such as {alice = 2, bob = 1}"),
 }
 
 
@@ -232,6 +267,8 @@ class Key:
     doc: str
     env: tuple[str, ...] = ()  # variables, strongest first; derived when empty
     choices: tuple[str, ...] = ()
+    low: Optional[float] = None  # numbers (each one, for lists) must be >= low ...
+    above: bool = False  # ... or > low when set: an interval of 0 s would spin
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -240,12 +277,20 @@ class Key:
     def expected(self) -> str:
         if self.kind == "choice":
             return "one of " + "|".join(self.choices)
-        return _KINDS[self.kind][1]
+        what = _KINDS[self.kind][1]
+        if self.low is None:
+            return what
+        bound = format_value(self.low, self.name)
+        return f"{what} {'>' if self.above else '>='} {bound}"
 
     def normalise(self, value: Any) -> Any:
         result = _KINDS[self.kind][0](value)
         if self.kind == "choice" and result not in self.choices:
             raise _BadValue
+        if self.low is not None:
+            for number in result if isinstance(result, tuple) else (result,):
+                if number < self.low or (self.above and number == self.low):
+                    raise _BadValue
         return result
 
 
@@ -257,7 +302,7 @@ SCHEMA: tuple[Key, ...] = (
         "GPUs to use (indices or UUID prefixes); the candidates for -g",
         env=("GPUWARDEN_RUN_GPUS", "GPU_IDS"),
     ),
-    Key("run.count", "int", None, "how many GPUs to pick (default 1, or all of run.gpus)"),
+    Key("run.count", "int", None, "how many GPUs to pick (default 1, or all of run.gpus)", low=0),
     Key("run.min_free", "size", None, "skip GPUs with less free memory than this"),
     Key("run.max_util", "percent", None, "skip GPUs busier than this (percent)"),
     Key("run.min_capability", "capability", None, "skip GPUs below this compute capability"),
@@ -283,7 +328,7 @@ SCHEMA: tuple[Key, ...] = (
         "state.dir",
         "path",
         None,
-        f"drains, wait queue, job history (default {SYSTEM_STATE_DIR} if it exists, else per user)",
+        f"drains, wait queue, XID log (default {SYSTEM_STATE_DIR} if it exists, else per user)",
     ),
     Key(
         "torch.device",
@@ -294,10 +339,27 @@ SCHEMA: tuple[Key, ...] = (
         choices=("auto", "cpu", "cuda", "mps"),
     ),
     Key("exporter.listen", "listen", "127.0.0.1:9400", "address the Prometheus exporter serves"),
-    Key("exporter.cache_seconds", "float", 1.0, "reuse one NVML reading for this long"),
+    Key(
+        "exporter.cache_seconds",
+        "seconds",
+        1.0,
+        "reuse one NVML reading for this long (0: read on every scrape)",
+        low=0,
+    ),
     Key("exporter.idle_util", "percent", 5.0, "a GPU at or below this utilization is idle"),
-    Key("exporter.idle_seconds", "float", 600.0, "idle this long with memory held => flagged"),
+    Key(
+        "exporter.idle_seconds",
+        "seconds",
+        600.0,
+        "idle this long with memory held => flagged",
+        low=0,
+        above=True,
+    ),
     Key("exporter.dcgm_compat", "bool", False, "also export DCGM_FI_* metric names"),
+    Key("web.listen", "listen", "127.0.0.1:9500", "address the web page serves (loopback default)"),
+    Key("web.interval", "float", 1.0, "seconds between the web page's updates"),
+    Key("web.show_commands", "bool", False, "show processes' command lines on the web page"),
+    Key("web.max_clients", "int", 64, "most connections the web page serves at once"),
     Key(
         "health.policy",
         "choice",
@@ -310,27 +372,115 @@ SCHEMA: tuple[Key, ...] = (
         "ints",
         None,
         "XID codes that make a GPU unusable (default: NVIDIA's reset/reboot XIDs)",
+        low=1,
     ),
     Key("health.hook", "str", None, "command run on each new health finding"),
     Key("health.webhook", "str", None, "URL that gets a JSON POST on each new health finding"),
-    Key("health.webhook_timeout", "float", 5.0, "seconds to wait for the webhook"),
-    Key("health.hook_timeout", "float", 30.0, "seconds a hook command may run"),
-    Key("health.ecc_corrected_warn", "int", None, "warn above this many corrected ECC errors"),
+    Key(
+        "health.webhook_timeout",
+        "seconds",
+        5.0,
+        "seconds to wait for the webhook",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "health.hook_timeout",
+        "seconds",
+        30.0,
+        "seconds a hook command may run",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "health.ecc_corrected_warn",
+        "int",
+        None,
+        "warn above this many corrected ECC errors",
+        low=0,
+    ),
     Key(
         "health.ecc_corrected_rate_warn",
         "float",
         None,
         "warn above this many corrected ECC errors per hour",
+        low=0,
     ),
-    Key("health.pcie_replay_warn", "int", None, "warn above this many PCIe replays"),
-    Key("health.poll_seconds", "float", 5.0, "how often the health watch reads the GPUs"),
-    Key("record.interval", "float", 1.0, "seconds between recorded samples"),
-    Key("record.max_bytes", "size", 100 * 2**20, "start a new CSV file beyond this size"),
+    Key("health.pcie_replay_warn", "int", None, "warn above this many PCIe replays", low=0),
+    Key(
+        "health.poll_seconds",
+        "seconds",
+        5.0,
+        "how often the health watch reads the GPUs",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "service.socket",
+        "path",
+        "/run/gpuwarden/gpuwarden.sock",
+        "the queue service's Unix socket",
+        env=("GPUWARDEN_SOCKET",),
+    ),
+    Key("service.dir", "path", "/var/lib/gpuwarden/service", "the service's journal and records"),
+    Key("service.admins", "names", (), "users and @groups who may act on every job and GPU"),
+    Key("service.max_gpus_per_user", "int", None, "GPUs one user may use at once", low=1),
+    Key(
+        "service.max_jobs_per_user", "int", None, "jobs one user may have queued or running", low=1
+    ),
+    Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
+    Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
+    Key(
+        "service.half_life",
+        "seconds",
+        7 * 86400.0,
+        "fair-share usage halves in this time",
+        low=0,
+        above=True,
+    ),
+    Key("service.shares", "shares", {}, "fair-share weight per user (others get 1)"),
+    Key("service.weight_fairshare", "float", 10000.0, "priority weight of fair share", low=0),
+    Key("service.weight_age", "float", 1000.0, "priority weight of time waited", low=0),
+    Key("service.weight_qos", "float", 10000.0, "priority weight of the admin-set QOS", low=0),
+    Key("service.weight_nice", "float", 1000.0, "priority weight of a job's nice value", low=0),
+    Key(
+        "service.age_max",
+        "seconds",
+        7 * 86400.0,
+        "waiting this long gives the full age factor",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "service.starve_after",
+        "seconds",
+        3600.0,
+        "then GPUs are kept for a job that cannot start",
+        low=0,
+    ),
+    Key("service.show_commands", "bool", False, "show everyone's command lines in `queue`"),
+    Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
+    Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
+    Key("record.interval", "seconds", 1.0, "seconds between recorded samples", low=0, above=True),
+    Key(
+        "record.max_bytes",
+        "size",
+        100 * 2**20,
+        "start a new CSV file beyond this size",
+        low=0,
+        above=True,
+    ),
     # Slurm (docs/slurm.md)
     Key("slurm.drain_node", "bool", False, "drain this Slurm node on a fatal GPU fault"),
     Key("slurm.node", "str", None, "this machine's Slurm node name (default: short hostname)"),
-    Key("slurm.gpu_types", "ids", (), "Slurm GPU gres types that --model may name (typed gres)"),
-    Key("slurm.prolog_timeout", "duration", 30.0, "prolog: wait this long for local leases"),
+    Key("slurm.gpu_types", "names", (), "Slurm GPU gres types that --model may name (typed gres)"),
+    Key(
+        "slurm.prolog_timeout",
+        "seconds",
+        30.0,
+        "`slurm prolog`: wait this long for GPUs still leased locally",
+        low=0,
+    ),
 )
 
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
@@ -342,9 +492,15 @@ KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 class Config:
     """Effective settings; every value knows the layer that set it."""
 
-    def __init__(self, values: dict[str, tuple[Any, str]], files: tuple[tuple[str, str], ...]):
+    def __init__(
+        self,
+        values: dict[str, tuple[Any, str]],
+        files: tuple[tuple[str, str], ...],
+        refused: tuple[tuple[str, str, str], ...] = (),
+    ):
         self._values = values
         self.files = files  # (layer, path) actually read, lowest precedence first
+        self.refused = refused  # (layer, path, why) found but not trusted, so not read
 
     def get(self, key: str) -> Any:
         return self._values[_known(key)][0]
@@ -419,7 +575,7 @@ def _project_config(cwd: str | os.PathLike[str] | None = None) -> Optional[str]:
     home = _absolute(os.path.expanduser("~"))
     while True:
         candidate = os.path.join(directory, PROJECT_FILE)
-        if os.path.isfile(candidate):
+        if os.path.lexists(candidate):  # whatever it is: a planted FIFO is refused, not skipped
             return candidate
         if directory == home or os.path.exists(os.path.join(directory, ".git")):
             return None
@@ -429,18 +585,43 @@ def _project_config(cwd: str | os.PathLike[str] | None = None) -> Optional[str]:
         directory = parent
 
 
+# --- reading ---------------------------------------------------------------------------------
+
+MAX_CONFIG_BYTES = 1 << 20  # a settings file is a few hundred bytes; a bigger one is junk
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's settings, read without following it into a FIFO or reading without
+    bound; every failure is one UserError naming the file."""
     try:
         import tomllib  # type: ignore[import-not-found]
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # type: ignore[no-redef]
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(f"{path}: invalid TOML: {err}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            import stat
+
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
+                raise UserError(f"{path}: not a regular file")
+            data = os.read(fd, MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as err:
         raise UserError(f"{path}: cannot read: {err.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"{path}: too large for a config file (over {MAX_CONFIG_BYTES} bytes)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} on line {line})"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{path}: invalid TOML: {err}") from None
 
 
 def _line_of(path: Path, section: str, name: str) -> str:
@@ -482,12 +663,18 @@ def _file_values(path: Path, data: dict[str, Any]) -> dict[str, Any]:
                 values[key] = spec.normalise(value)
             except _BadValue:
                 raise UserError(
-                    f"{path}: {key} must be {spec.expected()}, got {value!r}"
+                    f"{path}: {key} must be {spec.expected()}, got {_shown(value)}"
                     f"{_line_of(path, section, name)}"
                 ) from None
             if spec.kind == "path" and not os.path.isabs(values[key]):
                 values[key] = str((path.parent / values[key]).absolute())
     return values
+
+
+def _shown(value: Any) -> str:
+    from gpuwarden.units import shown
+
+    return shown(value)
 
 
 def _suggest(key: str) -> str:
@@ -509,13 +696,21 @@ def load(
     env = os.environ if environ is None else environ
     values: dict[str, tuple[Any, str]] = {k.name: (k.default, "default") for k in SCHEMA}
     files = []
+    refused = []
     layers = (
         ("system", _system_config(env)),
         ("user", _user_config(env)),
         ("project", _project_config(cwd)),
     )
     for layer, name in layers:
-        if name is None or not os.path.isfile(name):
+        if name is None or not os.path.lexists(name):
+            continue
+        from gpuwarden.config_trust import refusal, warn_refused
+
+        why = refusal(name)
+        if why is not None:
+            refused.append((layer, name, why))
+            warn_refused(name, why)
             continue
         from pathlib import Path
 
@@ -531,7 +726,9 @@ def load(
             try:
                 value = spec.normalise(text)
             except _BadValue:
-                raise UserError(f"{name}={text!r}: {spec.name} must be {spec.expected()}") from None
+                raise UserError(
+                    f"{name}={_shown(text)}: {spec.name} must be {spec.expected()}"
+                ) from None
             if spec.kind == "path":
                 value = os.path.abspath(value)
             values[spec.name] = (value, f"env: {name}")
@@ -546,12 +743,12 @@ def load(
             value = spec.normalise(raw)
         except _BadValue:
             raise UserError(
-                f"invalid {key.split('.')[-1]} {raw!r}: expected {spec.expected()}"
+                f"invalid {key.split('.')[-1]} {_shown(raw)}: expected {spec.expected()}"
             ) from None
         if spec.kind == "path":
             value = os.path.abspath(value)
         values[key] = (value, "command line")
-    return Config(values, tuple(files))
+    return Config(values, tuple(files), tuple(refused))
 
 
 def format_value(value: Any, key: str | None = None) -> str:
@@ -583,7 +780,7 @@ def _user_state_base(environ: Mapping[str, str]) -> str:
 
 
 def state_dir(config: Config | None = None) -> Path:
-    """Where drains, the wait queue and job history live: `state.dir` if set, else the
+    """Where drains, the wait queue and the XID log live: `state.dir` if set, else the
     system directory when an admin created it (shared by every local user), else a
     per-user one under $XDG_STATE_HOME (~/.local/state). Not created here."""
     from pathlib import Path

@@ -1,7 +1,13 @@
-"""Memory sizes as people type them (`20GiB`, `500M`, `1.5T`) and as we print them.
+"""Memory sizes (`20GiB`, `500M`, `1.5T`) and durations (`90`, `30m`, `4h`) as people
+type them, and sizes as we print them.
 
 Decimal and binary suffixes are both accepted because users copy figures from
 `nvidia-smi` (MiB) and from spec sheets (GB) alike; a bare number is bytes.
+
+Both parsers refuse values no machine can mean (sizes above 1 EiB, durations above
+ten years) rather than passing them on: a huge figure overflows later arithmetic
+(`reserve --for 99999999999d` once printed "until 17:12"), so it is refused here,
+in one line that names the value.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ _UNITS = {
 
 # Compiled on first use (re keeps it): `status` and `run` import this module to format.
 _SIZE = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$"
+MAX_SIZE = 2**60  # 1 EiB: more memory than any machine has, far below float trouble
+MAX_DURATION = 10 * 365 * 86400.0  # ten years: longer is a typo, not a plan
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """`repr(value)`, cut short: an error line stays one readable line whatever was typed."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def parse_size(text: str) -> int:
@@ -41,10 +55,40 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise UserError(
-            f"invalid size {text!r}: expected a number with an optional unit "
+            f"invalid size {shown(text)}: expected a number with an optional unit "
             "K/M/G/T (decimal) or KiB/MiB/GiB/TiB (binary), e.g. 20GiB or 500M"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1)) * _UNITS[unit]  # huge digit strings give inf, not an error
+    if not number <= MAX_SIZE:
+        raise UserError(f"invalid size {shown(text)}: sizes above 1EiB are not accepted")
+    return int(number)
+
+
+_DURATION = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(s|sec|m|min|h|d|)\s*$"
+_DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds in `text` (`90`, `30s`, `5m`, `4h`, `1d`, or a number of seconds);
+    raises UserError naming the value when it is malformed, negative, not finite or
+    longer than ten years."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+        if not 0 <= seconds <= MAX_DURATION:  # also NaN
+            raise UserError(f"invalid duration {shown(text)}: expected 0 to ten years (in seconds)")
+        return seconds
+    match = re.match(_DURATION, str(text), re.IGNORECASE)
+    if match is None:
+        raise UserError(
+            f"invalid duration {shown(text)}: "
+            "expected seconds or a number with s/m/h/d, e.g. 30m or 4h"
+        )
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+    if not seconds <= MAX_DURATION:
+        raise UserError(
+            f"invalid duration {shown(text)}: durations above ten years are not accepted"
+        )
+    return seconds
 
 
 def format_size(num_bytes: int | None) -> str:

@@ -48,9 +48,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("doctor", "find driver, CUDA, PyTorch and environment problems"),
     "health": ("health", "judge each GPU's health (XID, ECC, lost, throttling)"),
     "exporter": ("exporter", "serve Prometheus metrics for GPUs, users and leases"),
+    "web": ("web", "serve a live web page of the GPUs, leases, queue and faults"),
     "record": ("record", "append per-GPU samples to a CSV file"),
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),
+    "serve": ("serve", "run the queue service of a shared machine (root)"),
+    "hold": ("hold", "keep waiting jobs from starting (queue service)"),
+    "unhold": ("hold", "let held jobs start again (queue service)"),
+    "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
+    "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
     "submit": ("submit", "hand a job to Slurm (--slurm): the same request as `run`"),
     "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
     "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
@@ -151,7 +157,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
         _top_parser().print_help()
         return None, "", 0
     if command not in COMMANDS:
-        _top_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+        _top_parser().error(f"unknown command {command!r}{_did_you_mean(command)}")
     if "sim" in options:
         os.environ["GPUWARDEN_SIM"] = str(options["sim"])
     module_name, summary = COMMANDS[command]
@@ -173,6 +179,16 @@ def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
         args = parser.parse_args(rest)
     args.command = command
     return module, command, args
+
+
+def _did_you_mean(command: str) -> str:
+    """`; did you mean 'status'?` for `stauts`, else the list of commands."""
+    import difflib
+
+    close = difflib.get_close_matches(command, list(COMMANDS), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (choose from {', '.join(COMMANDS)})"
 
 
 def _declare(module: Any, parser: Any, command: str) -> None:

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.errors import UserError
     from gpuwarden.health import rules_from_config
 
+    exporter.require_client()  # before reading anything, `--once` included
     config = config_module.load(
         {"exporter.listen": args.listen, "exporter.dcgm_compat": args.dcgm_compat}
     )

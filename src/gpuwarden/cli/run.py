@@ -8,6 +8,7 @@ that can never fit on this machine; 75 when nothing fits now (without
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -371,9 +372,20 @@ def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, A
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        held.prepare(launch.command_text(cmd))  # a full disk fails here, before the job
         job = launch.start(argv, env, held.fds)
-        held.publish(job.pid, launch.command_text(cmd))
     except BaseException:
+        held.release()
+        raise
+    try:
+        held.publish(job.pid)
+    except BaseException:
+        # A job must never run under a lease others cannot see: stop it.
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
         held.release()
         raise
     return job, held

@@ -31,16 +31,19 @@ def add_arguments(parser: Parser) -> None:
         const=2.0,
         type=float,
         metavar="SECONDS",
-        help="refresh in place every SECONDS (default 2) until Ctrl-C",
+        help="refresh every SECONDS (default 2) until Ctrl-C: in place on a terminal, "
+        "else one plain frame after another",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.watch is not None:
-        if args.watch <= 0:
+        if not 0 < args.watch <= 86400:  # also NaN; time.sleep(inf) raises OverflowError
             from gpuwarden.errors import UserError
 
-            raise UserError(f"--watch needs a positive number of seconds, got {args.watch:g}")
+            raise UserError(
+                f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
+            )
         return _watch(args)
     from gpuwarden.cli.oneshot import one_shot
 
@@ -50,17 +53,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
+    """Redraw in place on a terminal. Anywhere else (a file, a pipe, `tee`) cursor codes
+    would only be noise, so each frame is written whole after the last: text frames
+    under a `--- time ---` line and a blank line, JSON frames one compact document
+    per line (JSON Lines), so `status --json --watch 5 > log.jsonl` can be read back."""
+    terminal = sys.stdout.isatty()
     try:
         while True:
-            text = render(collect(), as_json=args.json)
-            stamp = time.strftime("%H:%M:%S")
-            sys.stdout.write(
-                f"\x1b[H\x1b[2J{text}\n\n(every {args.watch:g}s, {stamp}; Ctrl-C quits)\n"
-            )
+            data = collect()
+            if terminal:
+                text = render(data, as_json=args.json)
+                stamp = time.strftime("%H:%M:%S")
+                sys.stdout.write(
+                    f"\x1b[H\x1b[2J{text}\n\n(every {args.watch:g}s, {stamp}; Ctrl-C quits)\n"
+                )
+            elif args.json:
+                sys.stdout.write(json.dumps(to_json(data), separators=(",", ":")) + "\n")
+            else:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                sys.stdout.write(f"--- {stamp} ---\n{to_text(data)}\n\n")
             sys.stdout.flush()
             time.sleep(args.watch)
     except KeyboardInterrupt:
-        sys.stdout.write("\n")
+        if terminal:
+            sys.stdout.write("\n")
         return 0
 
 
@@ -209,6 +225,14 @@ def _pct(value: Optional[int]) -> str:
     return "n/a" if value is None else f"{value}%"
 
 
+def _power(draw: Optional[float], limit: Optional[float]) -> str:
+    """`62/400W`: drawn and the enforced limit, in one narrow column as nvidia-smi's
+    Pwr:Usage/Cap; n/a for what NVML does not report."""
+    if draw is None:
+        return "n/a" if limit is None else f"n/a/{limit:.0f}W"
+    return f"{draw:.0f}W" if limit is None else f"{draw:.0f}/{limit:.0f}W"
+
+
 def _short(name: Optional[str]) -> str:
     if not name:
         return "n/a"
@@ -248,6 +272,8 @@ def to_text(data: dict[str, Any]) -> str:
         + [
             "NAME",
             "TEMP",
+            "FAN",
+            "POWER",
             "UTIL",
             "MEMORY",
             "HEALTH",
@@ -300,6 +326,8 @@ def to_text(data: dict[str, Any]) -> str:
             + [
                 name,
                 temp,
+                _pct(g.fan_speed),
+                _power(g.power_draw, g.power_limit),
                 _pct(g.utilization_gpu),
                 memory,
                 health_mark,
@@ -308,7 +336,7 @@ def to_text(data: dict[str, Any]) -> str:
             ]
         )
         rows.append(row)
-    right = {0, 3, 4} if not show_cuda else {0, 1, 4, 5}
+    right = {0, 3, 4, 5, 6} if not show_cuda else {0, 1, 4, 5, 6, 7}  # numbers line up
     lines = [head, table(headers, rows, right=sorted(right))]
     if value is not None:
         lines.append(f"CUDA_VISIBLE_DEVICES={value!r} (CUDA column: the index a CUDA program sees)")

@@ -148,7 +148,10 @@ def _spec_file(spec: str) -> str:
 
         path = str(Path(spec).expanduser())
         if not os.path.isfile(path):
-            raise UserError(f"spec file {spec} not found")
+            exists = os.path.exists(path)
+            raise UserError(
+                f"spec file {spec} {'is not a regular file' if exists else 'not found'}"
+            )
         return path
     path = os.path.join(_SPEC_DIR, f"{spec}.toml")
     if not os.path.isfile(path):
@@ -202,6 +205,8 @@ def _name_of(path: str) -> str:
 
 
 _CACHE: dict[str, Spec] = {}
+_MAX_SPEC_BYTES = 4 << 20  # a spec is a few KiB; more is a wrong file, not a machine
+
 # Bump when the parsed form changes in a way file identities would not show.
 _PARSED_FORMAT = 1
 
@@ -229,8 +234,21 @@ def _identity(path: str) -> list[int]:
 def _parse_file(path: str) -> Spec:
     from pathlib import Path
 
-    with open(path, encoding="utf-8") as handle:
-        return parse(handle.read(), Path(path))
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_MAX_SPEC_BYTES + 1)
+    except OSError as err:
+        raise UserError(f"spec {path}: cannot read: {err.strerror}") from None
+    if len(data) > _MAX_SPEC_BYTES:
+        raise UserError(f"spec {path}: too large for a spec (over {_MAX_SPEC_BYTES} bytes)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"spec {path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x})"
+        ) from None
+    return parse(text, Path(path))
 
 
 def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:

@@ -45,6 +45,44 @@ _SETTABLE = {
 }
 
 
+# What each settable number may be: what NVML can report on a working card. NVML
+# hands temperatures and percentages back as unsigned integers, so a negative value
+# would come out as 4294966796C; it is refused here instead.
+RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0, 150),  # degrees C; drivers shut a card down well below 150
+    "utilization": (0, 100),
+    "memory_utilization": (0, 100),
+    "fan": (0, 100),  # percent of the fan's top speed
+    "power": (0, 5000),  # watts; also capped by the card's limit below
+    "clock_sm": (0, 10000),  # MHz
+    "pcie_replay": (0, 2**32 - 1),
+    "memory_used": (0, 2**60),  # bytes; also capped by the card's memory below
+}
+
+
+def check_value(key: str, value: Any, gpu: Optional[dict[str, Any]] = None) -> None:
+    """Raise UserError, in one line naming the field and its range, for a value the
+    simulated card could not report."""
+    low, high = RANGES.get(key, (None, None))
+    if low is None or high is None:
+        return
+    if gpu is not None and key == "memory_used":
+        high = gpu["memory_total"]
+    if gpu is not None and key == "power":
+        high = 2 * float(gpu["power_limit"])  # transients overshoot the limit, not twofold
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and low <= value <= high:  # also refuses NaN
+        return
+    if key == "memory_used":
+        from gpuwarden.units import format_size
+
+        span = f"0 to {format_size(int(high))}"
+    else:
+        span = f"{low:g} to {high:g}"
+    where = f" on GPU {gpu['index']}" if gpu is not None else ""
+    raise UserError(f"{key} must be {span}{where}, got {value!r}")
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -79,6 +117,8 @@ class StateFile:
                 self._state = self.spec.initial_state()
                 self._key = None
             return self._state
+        except OSError as err:  # GPUWARDEN_SIM_STATE names a file, or one we may not read
+            raise self._unusable(err) from None
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != self._key or self._state is None:
             try:
@@ -102,8 +142,20 @@ class StateFile:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def _unusable(self, err: OSError) -> UserError:
+        return UserError(
+            f"simulated machine state {self.path}: {err.strerror} "
+            "(GPUWARDEN_SIM_STATE must name a directory you can write)"
+        )
+
     def update(self, change: Callable[[dict[str, Any]], Any]) -> Any:
         """Apply `change` to the current state under the lock and publish the result."""
+        try:
+            return self._update(change)
+        except OSError as err:
+            raise self._unusable(err) from None
+
+    def _update(self, change: Callable[[dict[str, Any]], Any]) -> Any:
         with self._locked():
             try:
                 with open(self.path, encoding="utf-8") as handle:
@@ -245,7 +297,16 @@ class Machine:
             if key == "compute_mode" and fields[key] not in specs.COMPUTE_MODES:
                 raise UserError(f"compute_mode must be one of {', '.join(specs.COMPUTE_MODES)}")
 
+        for key, value in fields.items():
+            check_value(key, value)
+
         def change(state: dict[str, Any], g: dict[str, Any]) -> None:
+            for key, value in fields.items():
+                check_value(key, value, g)
+                if key == "fan" and g.get("fan") is None:
+                    raise UserError(
+                        f"GPU {g['index']} ({g['name']}) has no fan: NVML reports NotSupported"
+                    )
             for key, value in fields.items():
                 g[key] = _SETTABLE[key](value)
 

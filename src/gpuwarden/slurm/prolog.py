@@ -16,7 +16,6 @@ never silently shared.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import signal
@@ -148,22 +147,54 @@ def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] 
 
 
 def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
-    """Stop the job's holder and wait until its leases are gone."""
+    """Stop the job's holder and wait until its leases are gone.
+
+    The pid in a lease record is only a claim (in the shared lease directory anyone may
+    write a record named like this job's), so only records owned by whoever runs the
+    epilog (root, as the prolog) count, and their holder is signalled only once the
+    kernel proves it holds the record open (`gpuwarden.holders.prove`)."""
     from gpuwarden import leases
+    from gpuwarden.paths import user_name
 
     job = job_id(environ)
     name = JOB_PREFIX + job
-    held = [i for i in leases.list_leases(lease_dir) if i.job == name]
+    if lease_dir is None:
+        from gpuwarden.config import lease_location
+
+        lease_dir = lease_location()
+    me = user_name(os.geteuid())
+    held = [i for i in leases.list_leases(lease_dir) if i.job == name and i.user == me]
     if not held:
         return f"Slurm job {job}: no leases held"
-    pids = {i.pid for i in held}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+    targets = {}
+    for info in held:
+        if info.pid not in targets:
+            targets[info.pid] = _prove(lease_dir, info, job)
+    for target in targets.values():
+        try:
+            target.send(signal.SIGTERM)
+        finally:
+            target.close()
     deadline = time.monotonic() + 10
-    while any(i.job == name for i in leases.list_leases(lease_dir)):
+    while any(i.job == name and i.user == me for i in leases.list_leases(lease_dir)):
         if time.monotonic() > deadline:
-            raise UserError(f"Slurm job {job}: lease holder pid {min(pids)} did not stop")
+            raise UserError(f"Slurm job {job}: lease holder pid {min(targets)} did not stop")
         time.sleep(0.02)
     indices = sorted(i.index for i in held if i.index is not None)
     return f"Slurm job {job}: released GPU {','.join(map(str, indices))}"
+
+
+def _prove(lease_dir: str, info: Any, job: str) -> Any:
+    from gpuwarden import holders, leases
+    from gpuwarden.safefiles import open_regular
+
+    path = os.path.join(lease_dir, f"{info.uuid}.{info.job}{leases.HOLDER_SUFFIX}")
+    try:
+        fd, st = open_regular(path, what="lease record")
+    except (OSError, UserError) as err:
+        raise UserError(f"Slurm job {job}: cannot open its lease record: {err}") from None
+    os.close(fd)
+    target, why = holders.prove(info.pid, st)
+    if target is None:
+        raise UserError(f"Slurm job {job}: not signalling pid {info.pid}: {why}")
+    return target

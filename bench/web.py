@@ -1,0 +1,186 @@
+"""Web page cost: the data endpoint's latency and what open pages cost the server.
+
+On the simulated server-8xa100 with 64 extra GPU processes (8 per GPU), against
+a real `gpuwarden web` process (health watch on, one update a second), loopback only:
+
+* `/api/v1/state` latency (median, p99) over one keep-alive connection, and
+  over a new connection per request (target: median <= 5 ms);
+* the cost of building one document (what the shared feed does once a second,
+  however many pages are open), measured in this process;
+* server CPU while idle and while 50 pages follow `/api/v1/events` (one update a
+  second each): the difference is what the pages cost (target < 2% of a core).
+
+Run: .venv/bin/python bench/web.py [--requests 300] [--cpu-seconds 20] [--pages 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import selectors
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gpuwarden web exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"port {port} did not open in {timeout}s")
+
+
+def ms(values: list[float]) -> str:
+    values = sorted(values)
+    p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+    return f"median {statistics.median(values) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms"
+
+
+def latency(port: int, requests: int, keep_alive: bool) -> list[float]:
+    times = []
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for _ in range(requests):
+        if not keep_alive:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        started = time.perf_counter()
+        conn.request("GET", "/api/v1/state")
+        reply = conn.getresponse()
+        body = reply.read()
+        times.append(time.perf_counter() - started)
+        assert reply.status == 200 and body.startswith(b"{"), reply.status
+        if not keep_alive:
+            conn.close()
+    conn.close()
+    return times
+
+
+def build_cost(runs: int) -> list[float]:
+    from gpuwarden.web.server import Feed
+
+    feed = Feed()
+    feed.document()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        feed.sample()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def cpu_share(proc: psutil.Process, seconds: float) -> float:
+    """Percent of one core the process used over `seconds`."""
+    before = proc.cpu_times()
+    started = time.monotonic()
+    time.sleep(seconds)
+    after = proc.cpu_times()
+    used = (after.user - before.user) + (after.system - before.system)
+    return 100.0 * used / (time.monotonic() - started)
+
+
+def follow(port: int, pages: int, seconds: float, proc: psutil.Process) -> tuple[float, int]:
+    """Open `pages` event streams, read them for `seconds`; (server CPU %, events read)."""
+    sel = selectors.DefaultSelector()
+    socks = []
+    for _ in range(pages):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        socks.append(s)
+    events = 0
+    before = proc.cpu_times()
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        for key, _ in sel.select(timeout=0.5):
+            data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
+            events += data.count(b"\ndata: ") + data.startswith(b"data: ")
+    after = proc.cpu_times()
+    elapsed = time.monotonic() - started
+    for s in socks:
+        s.close()
+    used = (after.user - before.user) + (after.system - before.system)
+    return 100.0 * used / elapsed, events
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--cpu-seconds", type=float, default=20.0)
+    parser.add_argument("--pages", type=int, default=50)
+    args = parser.parse_args()
+    if not (1 <= args.requests <= 100_000 and 1 <= args.cpu_seconds <= 600):
+        raise SystemExit("--requests 1..100000, --cpu-seconds 1..600")
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-web-"))
+    os.environ.update(
+        GPUWARDEN_SIM="server-8xa100",
+        GPUWARDEN_SIM_STATE=str(tmp / "sim"),
+        GPUWARDEN_LEASE_DIR=str(tmp / "leases"),
+        GPUWARDEN_STATE_DIR=str(tmp / "state"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    )
+    sys.path.insert(0, str(ROOT / "src"))
+    from gpuwarden.sim import Machine
+
+    machine = Machine.open()
+    sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(64)]
+    server = None
+    try:
+        for n, sleeper in enumerate(sleepers):
+            machine.add_process(
+                n % 8, sleeper.pid, "64MiB", user=f"user{n % 5}", command=f"python job{n}.py"
+            )
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "web", "--listen", f"127.0.0.1:{port}"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_up(port, server)
+        proc = psutil.Process(server.pid)
+        print("server-8xa100 (simulated), 64 extra processes, gpuwarden web (watch on, 1 s)")
+        print(
+            f"/api/v1/state keep-alive ({args.requests}): {ms(latency(port, args.requests, True))}"
+        )
+        print(f"/api/v1/state new connection: {ms(latency(port, args.requests, False))}")
+        print(f"building one document (once a second, shared): {ms(build_cost(50))}")
+        idle = cpu_share(proc, args.cpu_seconds)
+        busy, events = follow(port, args.pages, args.cpu_seconds, proc)
+        print(f"server CPU idle: {idle:.2f}% of a core")
+        print(
+            f"server CPU with {args.pages} pages following events: {busy:.2f}% "
+            f"({events} events read); the pages cost {busy - idle:.2f}% (target < 2%)"
+        )
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

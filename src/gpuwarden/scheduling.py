@@ -1,0 +1,423 @@
+"""Which waiting jobs start now, and why each other one waits — pure functions.
+
+The queue service calls `plan()` after every event (a submit, a job's end, a
+drain, a limit change) with what it knows: the GPUs, the running jobs, the
+waiting ones, each user's decayed usage. `plan()` reads no file, clock or NVML,
+so the whole policy is tested on hand-built queues (tests/test_scheduling*.py
+fuzz its invariants). docs/service.md explains it to users with a worked example.
+
+Priority is Slurm's multifactor sum, each weight configurable:
+
+    priority = w_fairshare * 2^(-U/S) + w_age * min(age / age_max, 1)
+             + w_qos * qos + w_nice * (-nice / 20)
+
+where U is the user's share of all decayed usage and S the user's share of all
+configured shares (Slurm's classic fair-share factor). Usage is GPU-seconds,
+a shared (`--mem`) job counting the fraction of the card it declared, decayed
+with a half-life (7 days by default, as Slurm's PriorityDecayHalfLife).
+
+Starting is EASY backfill: jobs are taken in priority order and start while
+they fit; the first that does not fit gets a reservation at the earliest time
+the running jobs' time limits free enough GPUs, and a later job may still start
+now only if it cannot delay that reservation (it ends before it, or leaves the
+reserved job enough room). A job without `--time` is assumed to run forever,
+so it is never backfilled in front of a reservation, only onto GPUs the
+reservation does not need — except while the reserved job is young: when its
+start cannot be estimated (the running jobs declared no `--time`), holding GPUs
+idle for it could last forever, so for its first `policy.starve_after` seconds
+(an hour by default) later jobs that fit still start; after that the GPUs it
+needs are kept for it as they free up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+# Why a job waits, as squeue's REASON column words it (docs/service.md lists them).
+RESOURCES = "Resources"  # not enough free GPUs now (or it holds the reservation)
+PRIORITY = "Priority"  # it would fit, but starting it could delay a job ahead of it
+HELD = "Held"
+DEPENDENCY = "Dependency"  # waits for `--after` jobs to end
+DEPENDENCY_FAILED = "DependencyNeverSatisfied"  # an `--after` job failed or was cancelled
+USER_GPU_LIMIT = "UserGpuLimit"  # the owner already uses as many GPUs as allowed
+DRAINED = "Drained"  # every GPU it could use is drained or unhealthy
+
+NICE_RANGE = (-20, 19)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Weights, decay and limits; `gpuwarden config` shows where each came from."""
+
+    weight_fairshare: float = 10_000.0
+    weight_age: float = 1_000.0
+    weight_qos: float = 10_000.0
+    weight_nice: float = 1_000.0
+    age_max: float = 7 * 86400.0  # age factor reaches 1 after this long
+    half_life: float = 7 * 86400.0  # usage halves in this time
+    shares: Mapping[str, float] = field(default_factory=dict)  # user -> share; others 1
+    default_share: float = 1.0
+    max_gpus_per_user: Optional[int] = None  # GPUs in use at once
+    exempt: frozenset[str] = frozenset()  # users the limits do not bind (admins)
+    starve_after: float = 3600.0  # see the module docstring: when GPUs are kept idle
+
+    def share(self, user: str) -> float:
+        return float(self.shares.get(user, self.default_share))
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU the queue may hand out. `memory` (bytes) bounds the shared (`--mem`)
+    jobs packed onto it; `usable` is False when it is drained or unhealthy."""
+
+    uuid: str
+    memory: int
+    usable: bool = True
+
+
+@dataclass(frozen=True)
+class Running:
+    """A job holding GPUs. `mem` None: it holds them whole."""
+
+    id: str
+    user: str
+    gpus: tuple[str, ...]
+    started: float
+    mem: Optional[int] = None
+    time_limit: Optional[float] = None  # seconds; None: no limit declared
+
+    @property
+    def ends(self) -> float:
+        """When the queue may count on its GPUs: its time limit, or never."""
+        return math.inf if self.time_limit is None else self.started + self.time_limit
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job in the queue. `eligible` limits the GPUs it may get (its filters, a parent
+    CUDA_VISIBLE_DEVICES); None means any usable GPU. `after`: ids it depends on."""
+
+    id: str
+    user: str
+    count: int
+    submitted: float
+    mem: Optional[int] = None
+    time_limit: Optional[float] = None
+    nice: int = 0
+    qos: float = 0.0  # admin-set, 0..1
+    held: bool = False
+    after: tuple[str, ...] = ()
+    eligible: Optional[frozenset[str]] = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `plan` decided for one waiting job: start it on `gpus`, or why it waits."""
+
+    id: str
+    priority: float
+    gpus: tuple[str, ...] = ()
+    reason: Optional[str] = None  # None when it starts
+    estimated_start: Optional[float] = None  # for the job holding the reservation
+
+    @property
+    def starts(self) -> bool:
+        return self.reason is None
+
+
+# --- usage and priority ------------------------------------------------------
+
+
+def decayed(usage: float, elapsed: float, half_life: float) -> float:
+    """`usage` seen `elapsed` seconds ago, as it counts now."""
+    if elapsed <= 0:
+        return usage
+    return usage * 2.0 ** (-elapsed / half_life)
+
+
+def job_usage(gpus: int, seconds: float, mem: Optional[int] = None, memory: int = 0) -> float:
+    """GPU-seconds a job is charged: whole GPUs count 1 each; a shared job counts the
+    fraction of the card it declared (a 20 GiB share of an 80 GiB card is 0.25)."""
+    weight = 1.0 if mem is None or memory <= 0 else min(1.0, mem / memory)
+    return gpus * weight * max(0.0, seconds)
+
+
+def fairshare_factors(
+    usage: Mapping[str, float], policy: Policy, users: Iterable[str] = ()
+) -> dict[str, float]:
+    """2^(-U/S) for every user in `usage`, `policy.shares` and `users`: 1.0 for a user
+    who used nothing, 0.5 for one who used exactly their share, towards 0 far over it.
+    U is the user's fraction of all usage, S their fraction of all shares."""
+    everyone = set(usage) | set(policy.shares) | set(users)
+    total = sum(max(0.0, u) for u in usage.values())
+    shares = sum(policy.share(u) for u in everyone)
+    factors = {}
+    for user in everyone:
+        share = policy.share(user) / shares if shares > 0 else 0.0
+        used = max(0.0, usage.get(user, 0.0)) / total if total > 0 else 0.0
+        if used == 0.0:
+            factors[user] = 1.0
+        else:
+            factors[user] = 2.0 ** (-used / share) if share > 0 else 0.0
+    return factors
+
+
+def fairshare_factor(user: str, usage: Mapping[str, float], policy: Policy) -> float:
+    """`fairshare_factors` for one user."""
+    return fairshare_factors(usage, policy, (user,))[user]
+
+
+def priority(job: Waiting, now: float, fairshare: float, policy: Policy) -> float:
+    """The multifactor priority of `job` at `now` (higher starts first), given its
+    owner's fair-share factor."""
+    age = min(max(0.0, now - job.submitted) / policy.age_max, 1.0) if policy.age_max > 0 else 1.0
+    nice = min(max(job.nice, NICE_RANGE[0]), NICE_RANGE[1])
+    return (
+        policy.weight_fairshare * fairshare
+        + policy.weight_age * age
+        + policy.weight_qos * min(max(job.qos, 0.0), 1.0)
+        + policy.weight_nice * (-nice / 20.0)
+    )
+
+
+# --- capacity ------------------------------------------------------------------
+
+
+class _Capacity:
+    """Per GPU: taken whole, or how much memory shared jobs declared on it."""
+
+    def __init__(self, gpus: Iterable[Gpu]) -> None:
+        self.order = [g.uuid for g in gpus if g.usable]
+        self.rank = {u: i for i, u in enumerate(self.order)}
+        self.most: dict[tuple[Optional[frozenset[str]], Optional[int]], int] = {}
+        self.memory = {g.uuid: g.memory for g in gpus if g.usable}
+        self.whole: dict[str, int] = dict.fromkeys(self.order, 0)
+        self.declared: dict[str, int] = dict.fromkeys(self.order, 0)
+        self.shared: dict[str, int] = dict.fromkeys(self.order, 0)
+
+    def copy(self) -> _Capacity:
+        other = _Capacity(())
+        other.order = self.order
+        other.rank = self.rank
+        other.most = self.most
+        other.memory = self.memory
+        other.whole = dict(self.whole)
+        other.declared = dict(self.declared)
+        other.shared = dict(self.shared)
+        return other
+
+    def take(self, gpus: Sequence[str], mem: Optional[int], sign: int = 1) -> None:
+        for uuid in gpus:
+            if uuid not in self.whole:
+                continue  # a GPU drained under a running job: nothing to hand out anyway
+            if mem is None:
+                self.whole[uuid] += sign
+            else:
+                self.declared[uuid] += sign * mem
+                self.shared[uuid] += sign
+
+    def place(self, job: Waiting, avoid: frozenset[str] = frozenset()) -> Optional[tuple[str, ...]]:
+        """GPUs for `job` now, or None. Whole jobs take free GPUs in the given order;
+        shared jobs go where most is already declared (best fit), keeping whole GPUs
+        free for whole jobs. GPUs in `avoid` (what a reserved job will need) come last."""
+        allowed = self.order
+        if job.eligible is not None:
+            allowed = [u for u in allowed if u in job.eligible]
+        if job.mem is None:
+            fits = [u for u in allowed if self.whole[u] == 0 and self.shared[u] == 0]
+            fits.sort(key=lambda u: (u in avoid, self.rank[u]))
+        else:
+            fits = [
+                u
+                for u in allowed
+                if self.whole[u] == 0 and self.memory[u] - self.declared[u] >= job.mem
+            ]
+            fits.sort(key=lambda u: (u in avoid, -self.declared[u], self.rank[u]))
+        if len(fits) < job.count:
+            return None
+        return tuple(sorted(fits[: job.count], key=self.rank.__getitem__))
+
+    def can_ever_place(self, job: Waiting) -> bool:
+        """Whether the machine could hold `job` if every job ended (cached per shape:
+        a long queue is mostly jobs of a few shapes)."""
+        key = (job.eligible, job.mem)
+        most = self.most.get(key)
+        if most is None:
+            most = sum(
+                1
+                for u in self.order
+                if (job.eligible is None or u in job.eligible)
+                and (job.mem is None or self.memory[u] >= job.mem)
+            )
+            self.most[key] = most
+        return most >= job.count
+
+
+# --- the plan ------------------------------------------------------------------
+
+
+def plan(
+    gpus: Sequence[Gpu],
+    running: Sequence[Running],
+    waiting: Sequence[Waiting],
+    usage: Mapping[str, float],
+    now: float,
+    policy: Optional[Policy] = None,
+    finished: Optional[Mapping[str, bool]] = None,
+) -> list[Decision]:
+    """One decision per waiting job, highest priority first.
+
+    `finished` maps the ids of ended jobs to whether they succeeded, for `--after`:
+    a dependency on a job that is neither running, waiting nor finished (unknown) is
+    treated as satisfied, as Slurm does once a job is purged from its records.
+    """
+    policy = Policy() if policy is None else policy
+    finished = {} if finished is None else finished
+    free = _Capacity(gpus)
+    in_use: dict[str, int] = {}
+    for job in running:
+        free.take(job.gpus, job.mem)
+        in_use[job.user] = in_use.get(job.user, 0) + len(job.gpus)
+    pending_ids = {w.id for w in waiting}
+    running_ids = {r.id for r in running}
+
+    factors = fairshare_factors(usage, policy, {w.user for w in waiting})
+    ranked = sorted(
+        ((priority(w, now, factors[w.user], policy), w) for w in waiting),
+        key=lambda pw: (-pw[0], pw[1].submitted, pw[1].id),
+    )
+    decisions: list[Decision] = []
+    shadow: Optional[float] = None  # when the reserved job can start
+    reserved: Optional[Waiting] = None
+    keep: frozenset[str] = frozenset()  # the GPUs it will get then
+    for prio, job in ranked:
+        reason = _blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
+        if reason is not None:
+            decisions.append(Decision(job.id, prio, reason=reason))
+            continue
+        chosen = free.place(job, keep)
+        if chosen is not None and (
+            reserved is None
+            or _leaves_room(job, chosen, now, shadow, reserved, free, running, policy)
+        ):
+            free.take(chosen, job.mem)
+            in_use[job.user] = in_use.get(job.user, 0) + len(chosen)
+            decisions.append(Decision(job.id, prio, gpus=chosen))
+            continue
+        if reserved is None:
+            reserved, shadow = job, _earliest_start(job, free, running, now)
+            keep = _kept_for(job, free, running, shadow)
+            estimate = None if shadow is None or math.isinf(shadow) else shadow
+            decisions.append(Decision(job.id, prio, reason=RESOURCES, estimated_start=estimate))
+            continue
+        decisions.append(Decision(job.id, prio, reason=PRIORITY if chosen else RESOURCES))
+    return decisions
+
+
+def _blocked(
+    job: Waiting,
+    pending: set[str],
+    running: set[str],
+    finished: Mapping[str, bool],
+    free: _Capacity,
+    in_use: Mapping[str, int],
+    policy: Policy,
+) -> Optional[str]:
+    """Why `job` cannot start whatever the GPUs do, or None."""
+    if job.held:
+        return HELD
+    for dep in job.after:
+        if dep in finished and not finished[dep]:
+            return DEPENDENCY_FAILED
+        if dep in pending or dep in running:
+            return DEPENDENCY
+    limit = policy.max_gpus_per_user
+    if (
+        limit is not None
+        and job.user not in policy.exempt
+        and in_use.get(job.user, 0) + job.count > limit
+    ):
+        return USER_GPU_LIMIT
+    if not free.can_ever_place(job):
+        return DRAINED
+    return None
+
+
+def _earliest_start(
+    job: Waiting, free: _Capacity, running: Sequence[Running], now: float
+) -> Optional[float]:
+    """When enough running jobs will have ended (by their time limits) for `job` to fit;
+    inf when that depends on a job without a time limit."""
+    state = free.copy()
+    for other in sorted(running, key=lambda r: r.ends):
+        if math.isinf(other.ends):
+            return math.inf
+        state.take(other.gpus, other.mem, -1)
+        if state.place(job) is not None:
+            return max(now, other.ends)
+    return math.inf
+
+
+def _kept_for(
+    job: Waiting, free: _Capacity, running: Sequence[Running], shadow: Optional[float]
+) -> frozenset[str]:
+    """The GPUs `job` would get at `shadow`; backfilled jobs go elsewhere first."""
+    if shadow is None or math.isinf(shadow):
+        return frozenset(free.order if job.eligible is None else job.eligible)
+    state = free.copy()
+    for other in running:
+        if other.ends <= shadow:
+            state.take(other.gpus, other.mem, -1)
+    return frozenset(state.place(job) or ())
+
+
+def _leaves_room(
+    job: Waiting,
+    chosen: tuple[str, ...],
+    now: float,
+    shadow: Optional[float],
+    reserved: Waiting,
+    free: _Capacity,
+    running: Sequence[Running],
+    policy: Policy,
+) -> bool:
+    """Whether starting `job` on `chosen` now cannot delay `reserved`'s start at `shadow`."""
+    if shadow is None or math.isinf(shadow):
+        # Nobody can say when the reserved job starts: GPUs it can never use are fair
+        # game, and the rest too while it is young (see the module docstring).
+        if reserved.eligible is not None and not set(chosen) & reserved.eligible:
+            return True
+        return now - reserved.submitted < policy.starve_after
+    if job.time_limit is not None and now + job.time_limit <= shadow:
+        return True
+    # It outlives the reservation: fine only if the reserved job still fits at `shadow`
+    # with this job's GPUs taken.
+    state = free.copy()
+    for other in running:
+        if other.ends <= shadow:
+            state.take(other.gpus, other.mem, -1)
+    state.take(chosen, job.mem)
+    return state.place(reserved) is not None
+
+
+# --- time limits ---------------------------------------------------------------
+
+TERM, KILL = "TERM", "KILL"
+
+
+def overdue(running: Iterable[Running], now: float, grace: float = 30.0) -> list[tuple[str, str]]:
+    """(job id, TERM or KILL) for jobs past their time limit: SIGTERM first (the
+    gpuwarden.torch Checkpointer saves on it), SIGKILL once `grace` has passed too."""
+    actions = []
+    for job in running:
+        if job.time_limit is None:
+            continue
+        over = now - job.ends
+        if over >= grace:
+            actions.append((job.id, KILL))
+        elif over >= 0:
+            actions.append((job.id, TERM))
+    return actions

@@ -1,0 +1,8 @@
+"""The per-machine queue service (`gpuwarden serve`): one privileged process that owns
+the queue, the leases and the decisions on a shared server, so that no user can block
+or forge another's (docs/service.md).
+
+Layer: above `scheduling`, `leases`, `selection` and `inventory`, which it calls;
+below `cli`, whose commands talk to it through `service.client`. Nothing outside this
+package imports it, except the CLI.
+"""

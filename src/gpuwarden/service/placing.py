@@ -1,0 +1,200 @@
+"""From the machine and the journal to `scheduling.plan`'s inputs, and from a decision to
+a running job holding its leases.
+
+The plan sees every GPU (unusable when drained, fatal or lost), every job of the
+queue that holds GPUs, every other holder of a lease in the service's directory
+(a Slurm job's prolog, say), and every process on a GPU that nobody leased,
+as an occupant with the memory it uses — so a colleague's plain `python
+train.py` is respected as it is without the service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
+
+from gpuwarden import scheduling
+from gpuwarden.errors import UserError
+from gpuwarden.service import spawn, store
+from gpuwarden.service.identity import person
+
+if TYPE_CHECKING:
+    from gpuwarden.service.server import Service, Settings
+
+
+def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]:
+    """The GPUs a job's filters allow (None: any), whatever is running on them now."""
+    from gpuwarden.selection import _model_matches, resolve_ids
+
+    names = request.get("gpus")
+    exclude = request.get("exclude") or ()
+    model = request.get("model")
+    capability = request.get("min_capability")
+    need = max(request.get("min_free") or 0, request.get("mem") or 0)
+    if not (names or exclude or model or capability or need):
+        return None
+    allowed = {g.uuid for g in (resolve_ids(snapshot, names) if names else snapshot.gpus)}
+    allowed -= {g.uuid for g in resolve_ids(snapshot, exclude)}
+    for gpu in snapshot.gpus:
+        if model and not _model_matches(gpu.name, model):
+            allowed.discard(gpu.uuid)
+        if capability and (
+            gpu.compute_capability is None or tuple(gpu.compute_capability) < tuple(capability)
+        ):
+            allowed.discard(gpu.uuid)
+        if need and gpu.memory_total is not None and gpu.memory_total < need:
+            allowed.discard(gpu.uuid)
+    return frozenset(allowed)
+
+
+def inputs(
+    snapshot: Any, running: Sequence[store.Job], pending: Sequence[store.Job], settings: Settings
+) -> tuple[list[scheduling.Gpu], list[scheduling.Running], list[scheduling.Waiting]]:
+    from gpuwarden import drain, health, leases
+
+    drains = drain.list_drains()
+    findings = health.judge_all(snapshot.gpus)
+    gpus = [
+        scheduling.Gpu(
+            g.uuid,
+            g.memory_total or 0,
+            usable=not g.lost
+            and g.uuid not in drains
+            and not any(f.level == health.FATAL for f in findings.get(g.uuid, ())),
+        )
+        for g in snapshot.gpus
+    ]
+    now = time.time()
+    busy = [
+        scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
+        for j in running
+    ]
+    ours = {str(j.id) for j in running}
+    held: set[str] = set()
+    for lease in leases.list_leases(settings.lease_dir):
+        held.add(lease.uuid)
+        if lease.job in ours:
+            continue
+        limit = None if lease.expires is None else max(0.0, lease.expires - lease.started)
+        busy.append(
+            scheduling.Running(
+                f"lease:{lease.uuid}:{lease.pid}",
+                lease.user,
+                (lease.uuid,),
+                lease.started,
+                lease.mem,
+                limit,
+            )
+        )
+    held.update(u for j in running for u in j.gpus)
+    for gpu in snapshot.gpus:
+        if gpu.uuid in held or not gpu.processes:
+            continue
+        used = sum(p.used_memory or 0 for p in gpu.processes) or 1
+        owner = next((p.user for p in gpu.processes if getattr(p, "user", None)), "?")
+        busy.append(scheduling.Running(f"proc:{gpu.uuid}", owner or "?", (gpu.uuid,), now, used))
+    waiting = []
+    for job in pending:
+        try:
+            allowed = eligible(snapshot, dict(job.request))
+        except UserError:
+            allowed = frozenset()  # its named GPUs are gone: it waits, reason Drained
+        waiting.append(
+            scheduling.Waiting(
+                str(job.id),
+                job.user,
+                job.count,
+                job.submitted,
+                mem=job.mem,
+                time_limit=job.time_limit,
+                nice=job.nice,
+                qos=job.qos,
+                held=job.held,
+                after=tuple(str(a) for a in job.after),
+                eligible=allowed,
+            )
+        )
+    return gpus, busy, waiting
+
+
+def start_job(
+    service: Service, job: store.Job, uuids: Sequence[str], snapshot: Any
+) -> Optional[spawn.Started]:
+    """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
+    its owner holding the lease descriptors, record it RUNNING."""
+    from gpuwarden import leases
+    from gpuwarden.launch import command_text, job_env
+    from gpuwarden.selection import Request
+
+    ld = leases.open_dir(service.settings.lease_dir)
+    request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
+    outcome = leases.attempt(ld, request, snapshot, job=str(job.id))
+    if outcome.held is None:
+        # The machine moved since the plan (a process appeared): try on the next pass.
+        service.store.update(job.id, reason=scheduling.RESOURCES)
+        service.dirty = True
+        return None
+    held = outcome.held
+    try:
+        gpus = sorted(held.gpus, key=lambda g: g.index)
+        service.store.update(
+            job.id,
+            state=store.STARTING,
+            gpus=tuple(g.uuid for g in gpus),
+            started=time.time(),
+            reason=None,
+        )
+        owner = person(job.uid, job.gid)
+        launch = spawn.Launch(
+            job=str(job.id),
+            argv=job.argv,
+            owner=owner,
+            cwd=job.cwd,
+            env=dict(job.env),
+            status_dir=service.exits,
+            umask=job.umask,
+            output=job.output,
+            stdio=_stdio(service, job.id),
+            keep=tuple(held.fds),
+            extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
+        )
+
+        def record(supervisor: int, since: int) -> None:
+            service.store.update(job.id, supervisor=supervisor)
+
+        try:
+            started = spawn.start(launch, on_forked=record)
+        except UserError:
+            held.release()
+            raise
+        held.publish(started.pid, command_text(job.argv))
+        held.close()  # the job holds the leases now; the service keeps no copy
+        service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
+        service.release_stdio(job.id)  # the job has them now
+    except BaseException:
+        held.close()
+        raise
+    service.store.update(
+        job.id, state=store.RUNNING, supervisor=started.supervisor, pid=started.pid
+    )
+    return started
+
+
+def _stdio(service: Service, job_id: int) -> Optional[tuple[int, int, int]]:
+    fds = service.stdio.get(job_id)
+    return None if not fds else (fds[0], fds[1], fds[2])
+
+
+def release_leases(service: Service, job: store.Job) -> None:
+    """Tidy a finished job's lease metadata (the kernel already dropped its locks)."""
+    from gpuwarden import leases
+
+    try:
+        ld = leases.open_dir(service.settings.lease_dir)
+    except UserError:
+        return
+    for uuid in job.gpus:
+        with contextlib.suppress(OSError):
+            leases.remove_if_free(ld.join(f"{uuid}.{job.id}{leases.HOLDER_SUFFIX}"))

@@ -1,0 +1,294 @@
+"""The service's wire format, and the validation of every request before it is used.
+
+One JSON object per line over a Unix stream socket, at most `MAX_MESSAGE` bytes.
+Every request names the protocol version (`"v": 1`) and an operation (`"op"`);
+every answer has `"ok"` and either the result or a one-line `"error"`. A client of
+another version gets an error naming both versions, never a guess. Nothing here
+trusts the client: each field is checked for type and range, and a request that
+fails gets one line naming the field (`ProtocolError`), never a traceback, and
+never reaches the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpuwarden.errors import UserError
+
+VERSION = 1
+MAX_MESSAGE = 1 << 20  # a submit carries an environment: generous, but bounded
+MAX_ENV = 4096  # variables
+MAX_WORDS = 65536  # command words
+MAX_PATH = 4096
+MAX_IDS = 1024
+MAX_TIME = 10 * 365 * 86400.0
+MAX_BYTES = 1 << 60
+
+OPS = (
+    "hello",
+    "submit",
+    "queue",
+    "jobs",
+    "cancel",
+    "hold",
+    "release",
+    "logs",
+    "share",
+    "signal",
+    "stats",
+)
+
+
+class ProtocolError(UserError):
+    """A malformed or refused request; the message is sent back as the error."""
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One message on the wire: compact JSON and a newline."""
+    data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes is larger than {MAX_MESSAGE}")
+    return data
+
+
+class Decoder:
+    """Splits a byte stream into messages; refuses a line longer than MAX_MESSAGE
+    before buffering it all, so a client cannot make the service hold a gigabyte."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self.buffer += data
+        messages = []
+        while True:
+            end = self.buffer.find(b"\n")
+            if end < 0:
+                if len(self.buffer) > MAX_MESSAGE:
+                    raise ProtocolError(f"message larger than {MAX_MESSAGE} bytes")
+                return messages
+            line = bytes(self.buffer[:end])
+            del self.buffer[: end + 1]
+            if len(line) > MAX_MESSAGE:
+                raise ProtocolError(f"message larger than {MAX_MESSAGE} bytes")
+            messages.append(parse(line))
+
+
+def parse(line: bytes) -> dict[str, Any]:
+    """A message from one line: a JSON object of this protocol's version with a known op."""
+    try:
+        value = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ProtocolError(f"not a JSON message: {err}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError("a message is a JSON object")
+    version = value.get("v")
+    if version != VERSION:
+        raise ProtocolError(
+            f"protocol version {version!r} is not supported (this service: {VERSION})"
+        )
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def op_of(message: Mapping[str, Any]) -> str:
+    op = message.get("op")
+    if op not in OPS:
+        raise ProtocolError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+    return str(op)
+
+
+# --- field checks --------------------------------------------------------------
+
+
+def _string(value: Any, name: str, limit: int = MAX_PATH, empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{name} must be a string")
+    if "\0" in value:
+        raise ProtocolError(f"{name} must not contain a NUL byte")
+    if len(value) > limit:
+        raise ProtocolError(f"{name} is longer than {limit} characters")
+    if not empty and not value:
+        raise ProtocolError(f"{name} must not be empty")
+    return value
+
+
+def _path(value: Any, name: str) -> str:
+    text = _string(value, name)
+    if not os.path.isabs(text):
+        raise ProtocolError(f"{name} must be an absolute path")
+    return text
+
+
+def _int(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"{name} must be an integer")
+    if not low <= value <= high:
+        raise ProtocolError(f"{name} must be between {low} and {high}")
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float, open_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProtocolError(f"{name} must be a finite number")
+    if value < low or value > high or (open_low and value == low):
+        raise ProtocolError(
+            f"{name} must be {'above' if open_low else 'at least'} {low} and at most {high}"
+        )
+    return float(value)
+
+
+def _optional(value: Any, check: Any, *args: Any) -> Any:
+    return None if value is None else check(value, *args)
+
+
+def _strings(value: Any, name: str, limit: int) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"{name} must be a list of strings")
+    if len(value) > limit:
+        raise ProtocolError(f"{name} has more than {limit} entries")
+    return tuple(_string(v, f"{name} entry", empty=True) for v in value)
+
+
+def job_ids(value: Any, name: str = "jobs") -> tuple[int, ...]:
+    """A non-empty list of job ids (positive integers)."""
+    if not isinstance(value, list) or not value:
+        raise ProtocolError(f"{name} must be a non-empty list of job ids")
+    if len(value) > MAX_IDS:
+        raise ProtocolError(f"{name} has more than {MAX_IDS} entries")
+    return tuple(_int(v, "job id", 1, 2**62) for v in value)
+
+
+# --- submit --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What the job asks of the GPUs (the fields of selection.Request)."""
+
+    count: int = 1
+    gpus: Optional[tuple[str, ...]] = None
+    exclude: tuple[str, ...] = ()
+    model: Optional[str] = None
+    min_capability: Optional[tuple[int, int]] = None
+    min_free: Optional[int] = None
+    max_util: Optional[float] = None
+    mem: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Submit:
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    umask: int
+    gpus: GpuRequest
+    time_limit: Optional[float] = None
+    nice: int = 0
+    hold: bool = False
+    after: tuple[int, ...] = ()
+    output: Optional[str] = None
+    attached: bool = False
+
+
+def gpu_request(value: Any) -> GpuRequest:
+    if value is None:
+        return GpuRequest()
+    if not isinstance(value, dict):
+        raise ProtocolError("request must be an object")
+    unknown = set(value) - {f for f in GpuRequest.__dataclass_fields__}
+    if unknown:
+        raise ProtocolError(f"request has unknown fields: {', '.join(sorted(unknown))}")
+    gpus = _optional(value.get("gpus"), _strings, "request.gpus", 1024)
+    count = value.get("count")
+    count = len(gpus or ()) or 1 if count is None else _int(count, "request.count", 0, 1024)
+    capability = value.get("min_capability")
+    if capability is not None:
+        if not isinstance(capability, list) or len(capability) != 2:
+            raise ProtocolError("request.min_capability must be [major, minor]")
+        capability = (
+            _int(capability[0], "request.min_capability major", 0, 100),
+            _int(capability[1], "request.min_capability minor", 0, 100),
+        )
+    return GpuRequest(
+        count=count,
+        gpus=gpus,
+        exclude=_strings(value.get("exclude", []), "request.exclude", 1024),
+        model=_optional(value.get("model"), _string, "request.model", 200),
+        min_capability=capability,
+        min_free=_optional(value.get("min_free"), _int, "request.min_free", 1, MAX_BYTES),
+        max_util=_optional(value.get("max_util"), _number, "request.max_util", 0.0, 100.0),
+        mem=_optional(value.get("mem"), _int, "request.mem", 1, MAX_BYTES),
+    )
+
+
+def submit(message: Mapping[str, Any]) -> Submit:
+    """A validated submit request."""
+    from gpuwarden.service.spawn import argv_of
+
+    try:
+        argv = tuple(argv_of(message.get("argv")))
+    except UserError as err:
+        raise ProtocolError(f"argv: {err}") from None
+    if len(argv) > MAX_WORDS:
+        raise ProtocolError(f"argv has more than {MAX_WORDS} words")
+    env = message.get("env", {})
+    if not isinstance(env, dict):
+        raise ProtocolError("env must be an object of strings")
+    if len(env) > MAX_ENV:
+        raise ProtocolError(f"env has more than {MAX_ENV} variables")
+    for key, val in env.items():
+        _string(key, "env name", 4096)
+        if "=" in key:
+            raise ProtocolError(f"env name {key[:40]!r} contains '='")
+        _string(val, f"env {key[:40]}", MAX_MESSAGE, empty=True)
+    after = message.get("after", [])
+    return Submit(
+        argv=argv,
+        cwd=_path(message.get("cwd"), "cwd"),
+        env=dict(env),
+        umask=_int(message.get("umask", 0o022), "umask", 0, 0o777),
+        gpus=gpu_request(message.get("request")),
+        time_limit=_optional(message.get("time_limit"), _number, "time_limit", 0.0, MAX_TIME, True),
+        nice=_int(message.get("nice", 0), "nice", -20, 19),
+        hold=_bool(message.get("hold", False), "hold"),
+        after=job_ids(after, "after") if after else (),
+        output=_optional(message.get("output"), _path, "output"),
+        attached=_bool(message.get("attached", False), "attached"),
+    )
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{name} must be true or false")
+    return value
+
+
+def signal_number(value: Any) -> int:
+    """A signal a client may ask to deliver to its attached job."""
+    import signal
+
+    allowed = {
+        int(s)
+        for s in (
+            signal.SIGINT,
+            signal.SIGTERM,
+            signal.SIGHUP,
+            signal.SIGQUIT,
+            signal.SIGUSR1,
+            signal.SIGUSR2,
+            signal.SIGKILL,
+        )
+    }
+    number = _int(value, "signal", 1, 64)
+    if number not in allowed:
+        raise ProtocolError(f"signal {number} may not be sent to a job")
+    return number

@@ -1,0 +1,269 @@
+"""`gpuwarden serve`: the socket loop that owns the queue on a shared machine.
+
+One thread, one `selectors` loop: client sockets, one pidfd per running job's
+supervisor (readable when it ends, also for supervisors adopted after a restart),
+and a tick for time limits and GPUs freed by processes outside the queue. After
+every event `schedule()` asks `scheduling.plan` what starts, takes the leases for
+it in the service's own lease directory, records the job as STARTING, forks its
+supervisor (service.spawn), and records it RUNNING. docs/service.md has the design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from gpuwarden import scheduling
+from gpuwarden.errors import UserError
+from gpuwarden.service import protocol, store
+from gpuwarden.service.identity import Admins, Person, peer
+from gpuwarden.service.lifecycle import Lifecycle
+from gpuwarden.service.notify import JobNotifier
+from gpuwarden.service.requests import Requests
+
+log = logging.getLogger("gpuwarden.serve")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `gpuwarden serve` is told by its configuration ([service] table)."""
+
+    socket: str
+    state_dir: str
+    lease_dir: Optional[str] = None
+    policy: scheduling.Policy = field(default_factory=scheduling.Policy)
+    admins: Admins = field(default_factory=Admins)
+    max_jobs_per_user: Optional[int] = None
+    max_time: Optional[float] = None
+    show_commands: bool = False
+    grace: float = 30.0  # SIGTERM to SIGKILL past a time limit
+    webhook: Optional[str] = None  # POSTed a JSON event when a job ends
+    sendmail: Optional[str] = None  # mails the owner when a job ends
+    tick: float = 1.0
+    max_clients: int = 512
+    idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped
+
+
+@dataclass
+class _Client:
+    sock: socket.socket
+    who: Person
+    decoder: protocol.Decoder = field(default_factory=protocol.Decoder)
+    seen: float = field(default_factory=time.monotonic)
+    fds: list[int] = field(default_factory=list)  # descriptors passed with the last message
+    job: Optional[int] = None  # the attached job this connection waits for
+
+    def take_fds(self) -> list[int]:
+        fds, self.fds = self.fds, []
+        return fds
+
+    def close_fds(self) -> None:
+        for fd in self.take_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class Service(Requests, Lifecycle):
+    def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
+        self.settings = settings
+        self.read_snapshot = snapshot
+        os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
+        self.exits = os.path.join(settings.state_dir, "jobs")
+        os.makedirs(self.exits, mode=0o700, exist_ok=True)
+        self.store = store.Store(os.path.join(settings.state_dir, "jobs.db"))
+        self.selector = selectors.DefaultSelector()
+        self.clients: dict[int, _Client] = {}
+        self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
+        self.listener: Optional[socket.socket] = None
+        self.stopping = False
+        self.dirty = True  # something changed: plan again
+        self._priorities: dict[int, float] = {}
+        self._estimates: dict[int, Optional[float]] = {}
+        self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
+        self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
+        self.attached: dict[int, _Client] = {}  # job id -> the client waiting on it
+        self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
+        self.notifier = JobNotifier(settings.webhook, settings.sendmail)
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Bind the socket (replacing a stale one) and re-adopt the journal's jobs."""
+        path = self.settings.socket
+        folder = os.path.dirname(path) or "."
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise UserError(f"{path} exists and is not a socket; refusing to replace it")
+            os.unlink(path)
+        self.notifier.start()  # a fork: before anything else runs
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        os.chmod(path, 0o666)  # anyone may ask; the kernel says who asked
+        listener.listen(128)
+        listener.setblocking(False)
+        self.listener = listener
+        self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
+        snapshot = self.read_snapshot()
+        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
+        self.indices = {g.uuid: g.index for g in snapshot.gpus}
+        self.recover()
+        log.info("serving on %s", path)
+
+    def close(self) -> None:
+        for client in list(self.clients.values()):
+            self._drop(client)
+        if self.listener is not None:
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.settings.socket)
+        for fd in self.watched.values():
+            os.close(fd)
+        self.watched.clear()
+        self.notifier.close()
+        self.store.close()
+
+    def serve_forever(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: setattr(self, "stopping", True))
+        self.open()
+        try:
+            while not self.stopping:
+                self.step()
+        finally:
+            self.close()
+
+    def step(self, timeout: Optional[float] = None) -> None:
+        """One turn of the loop: wait for events (at most a tick), handle them, plan."""
+        if self.dirty:
+            self.schedule()
+        for key, _ in self.selector.select(self.settings.tick if timeout is None else timeout):
+            kind, data = key.data
+            if kind == "listen":
+                self._accept()
+            elif kind == "client":
+                self._read(data)
+            elif kind == "job":
+                self._ended(data)
+        self._tick()
+
+    # -- recovery ----------------------------------------------------------------------
+
+    # -- clients -----------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            if len(self.clients) >= self.settings.max_clients:
+                sock.close()  # bounded: a flood of connections cannot exhaust the service
+                continue
+            try:
+                who = peer(sock)
+            except UserError as err:
+                with contextlib.suppress(OSError):
+                    sock.sendall(
+                        protocol.encode({"v": protocol.VERSION, "ok": False, "error": str(err)})
+                    )
+                sock.close()
+                continue
+            sock.setblocking(False)
+            client = _Client(sock, who)
+            self.clients[sock.fileno()] = client
+            self.selector.register(sock, selectors.EVENT_READ, ("client", client))
+
+    def _read(self, client: _Client) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(client.sock, 65536, 3)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        client.close_fds()  # descriptors not claimed by the message they came with
+        client.fds = list(fds)
+        if not data:
+            self._drop(client)
+            return
+        client.seen = time.monotonic()
+        try:
+            messages = client.decoder.feed(data)
+        except protocol.ProtocolError as err:
+            self._send(client, {"ok": False, "error": str(err)})
+            self._drop(client)
+            return
+        for message in messages:
+            try:
+                reply = self.handle(client.who, message, client)
+            except UserError as err:
+                reply = {"ok": False, "error": str(err)}
+            except Exception as err:  # a bug must not take the queue down with it
+                log.exception("request %r failed", message.get("op"))
+                reply = {"ok": False, "error": f"internal error: {type(err).__name__}"}
+            self._send(client, reply)
+
+    def _send(self, client: _Client, reply: dict[str, Any]) -> None:
+        reply.setdefault("v", protocol.VERSION)
+        try:
+            client.sock.sendall(protocol.encode(reply))
+        except (BlockingIOError, OSError):
+            # A client that does not read its answers is dropped, never waited for.
+            self._drop(client)
+
+    def _drop(self, client: _Client) -> None:
+        fd = client.sock.fileno()
+        if fd in self.clients:
+            del self.clients[fd]
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(client.sock)
+        client.sock.close()
+        client.close_fds()
+        if client.job is not None:
+            self._detach(client.job)
+
+    def _detach(self, job_id: int) -> None:
+        """An attached client went away (its terminal closed, it was killed): its job
+        ends too, as a job started from a shell would, and its descriptors are closed."""
+        self.attached.pop(job_id, None)
+        self.release_stdio(job_id)
+        job = self.store.get(job_id)
+        if job is None or job.state not in store.ACTIVE:
+            return
+        log.info("job %s: its attached client left; cancelling it", job_id)
+        self._cancel(job)
+
+    def release_stdio(self, job_id: int) -> None:
+        for fd in self.stdio.pop(job_id, ()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def notify_attached(self, job_id: int, event: dict[str, Any]) -> None:
+        client = self.attached.get(job_id)
+        if client is not None:
+            self._send(client, {"ok": True, "job": job_id, **event})
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for client in list(self.clients.values()):
+            if client.job is None and now - client.seen > self.settings.idle_timeout:
+                self._drop(client)
+        self._enforce_time_limits()
+        if any(True for _ in self.store.jobs([store.PENDING])):
+            self.dirty = True  # GPUs freed outside the queue show up on the next plan
+
+    # -- requests ----------------------------------------------------------------------
+
+    # -- scheduling --------------------------------------------------------------------

@@ -1,0 +1,416 @@
+"""Starting a job as its owner, and learning how it ended even across a service restart.
+
+The service (root) forks a supervisor per job. The supervisor starts a session of
+its own, so it and the job outlive the service if it is killed, and forks the job,
+which drops to its owner before anything it does can be steered by the owner:
+
+1. `setgroups` (every group of the owner's, as `initgroups` gives: setting uid and
+   gid alone would keep root's supplementary groups), then `setgid`, then `setuid`;
+   a uid other than 0 must then be unable to get root back, or the job is not run;
+2. the owner's umask and working directory (`chdir` as the owner: a directory the
+   owner may not enter is refused as it would be in their shell);
+3. the output file, opened as the owner, so a symlink the owner planted can never
+   make the service write where the owner could not;
+4. `exec` with the owner's environment less the variables the service controls.
+
+The job inherits the lease lock descriptors (`Launch.keep`): the leases live exactly
+as long as the job's process tree. A failure before `exec` reaches the supervisor
+through a close-on-exec pipe (empty at a successful exec). The supervisor then
+records the job's pid, waits for it and writes its exit status atomically into the
+service's status directory, where a restarted service finds it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gpuwarden.errors import UserError
+from gpuwarden.safefiles import read_small, write_atomic
+from gpuwarden.service.identity import Person
+
+#: Variables a job never takes from its submitter: the service sets the GPU ones.
+CONTROLLED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES")
+CONTROLLED_PREFIXES = ("GPUWARDEN_",)
+
+EXIT_SUFFIX = ".exit"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one job; built by the service from a validated request."""
+
+    job: str
+    argv: tuple[str, ...]
+    owner: Person
+    cwd: str
+    env: Mapping[str, str]
+    status_dir: str  # the service's own directory: exit records go here
+    umask: int = 0o022
+    output: Optional[str] = None  # stdout+stderr appended here (opened as the owner)
+    stdio: Optional[tuple[int, int, int]] = None  # an attached client's descriptors
+    keep: tuple[int, ...] = ()  # lease descriptors the job inherits
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # set by the service
+
+
+@dataclass(frozen=True)
+class Started:
+    """A running job: its supervisor (whose end means the exit record is written) and
+    the job's own pid, which is also its process group (signals go to the group)."""
+
+    supervisor: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a job ended: `code` for a normal exit, `signal` when killed; `error` when it
+    never started (the reason, one line)."""
+
+    code: Optional[int]
+    signal: Optional[int]
+    error: Optional[str]
+    at: float
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.error is None
+
+    @property
+    def shell_status(self) -> int:
+        """The status a shell would report: the code, 128+signal, or 127 (never ran)."""
+        if self.error is not None:
+            return 127
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.code if self.code is not None else 1
+
+
+def job_environment(submitted: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The submitter's environment less what the service controls, plus what it sets."""
+    env = {
+        k: v
+        for k, v in submitted.items()
+        if k not in CONTROLLED and not k.startswith(CONTROLLED_PREFIXES)
+    }
+    env.update(extra)
+    return env
+
+
+MARKER_SUFFIX = ".started"
+
+
+def marker_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{MARKER_SUFFIX}")
+
+
+def write_marker(status_dir: str, job: str, data: Mapping[str, object]) -> None:
+    write_atomic(marker_path(status_dir, job), json.dumps(data))
+
+
+def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:
+    """The supervisor's marker ({"supervisor", "since", "pid"?}), or None: no supervisor
+    was ever forked for this job (or the marker is unreadable, which is treated alike
+    only by callers that can check the exit record too)."""
+    try:
+        raw, _ = read_small(marker_path(status_dir, job), what="job marker")
+        data = json.loads(raw)
+    except FileNotFoundError:
+        return None
+    except (UserError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def start_time(pid: Optional[int] = None) -> int:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22):
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+        return int(text.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def alive(pid: int, since: int) -> bool:
+    """Whether the process `pid` that started at `since` still exists (not a reuse)."""
+    return since >= 0 and start_time(pid) == since
+
+
+def exit_record_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{EXIT_SUFFIX}")
+
+
+def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
+    """The exit status the supervisor wrote, or None while the job runs (or if the
+    supervisor was killed before writing: the caller then knows only that it ended)."""
+    try:
+        raw, _ = read_small(exit_record_path(status_dir, job), what="exit record")
+        data = json.loads(raw)
+        code, sig, error = data.get("code"), data.get("signal"), data.get("error")
+        return Ended(
+            code=code if isinstance(code, int) else None,
+            signal=sig if isinstance(sig, int) else None,
+            error=str(error) if error is not None else None,
+            at=float(data.get("at", 0.0)),
+        )
+    except FileNotFoundError:
+        return None
+    except (UserError, ValueError, TypeError, AttributeError):
+        return Ended(None, None, "unreadable exit record", 0.0)
+
+
+def start(
+    launch: Launch,
+    timeout: float = 30.0,
+    on_forked: Optional[Callable[[int, int], None]] = None,
+) -> Started:
+    """Fork the supervisor and the job; return once the job has exec'd (or raise
+    UserError with the reason it could not start, after recording it).
+
+    `on_forked(supervisor pid, its start time)` runs before the supervisor may start
+    the job: the service records the supervisor there. The supervisor waits for a
+    go-ahead on a pipe, and a service that dies before giving it leaves a supervisor
+    that reads end-of-file and exits without running anything — so a job the
+    journal does not know to be starting never runs, and none runs twice.
+    """
+    if not launch.argv or not launch.argv[0]:
+        raise UserError("empty command")
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the supervisor
+        code = 70
+        try:
+            os.close(report_r)
+            os.close(go_w)
+            code = _supervise(launch, report_w, go_r)
+        finally:
+            os._exit(code)
+    os.close(go_r)
+    try:
+        if on_forked is not None:
+            on_forked(pid, _start_time_of_child(pid))
+        os.write(go_w, b"g")
+    finally:
+        os.close(go_w)
+    os.close(report_w)
+    try:
+        message = _read_all(report_r, timeout)
+    finally:
+        os.close(report_r)
+    try:
+        report = json.loads(message or b"{}")
+    except ValueError:
+        report = {}
+    if report.get("error"):
+        _reap(pid, timeout)
+        raise UserError(f"job {launch.job} could not start: {report['error']}")
+    if not isinstance(report.get("pid"), int):
+        _reap(pid, timeout)
+        raise UserError(f"job {launch.job} could not start: its supervisor died")
+    return Started(supervisor=pid, pid=report["pid"])
+
+
+def _read_all(fd: int, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UserError("a job's supervisor did not answer in time")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _reap(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.01)
+
+
+def _start_time_of_child(pid: int) -> int:
+    """The forked supervisor's start time (it exists: it waits for the go-ahead)."""
+    return start_time(pid)
+
+
+def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
+    """In the supervisor: start the job, report its pid, wait, write its exit record."""
+    os.setsid()
+    # Nothing of the service's survives into the supervisor but what the job needs:
+    # a copy of the allocation lock or of a client's socket would outlive the service's.
+    _close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
+    go = os.read(go_r, 1)
+    os.close(go_r)
+    if go != b"g":
+        return 0  # the service died before recording us: the job must not run
+    # Before the job can exist: a restarted service that finds no marker knows it
+    # never started and may queue it again without running it twice.
+    write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL if sig == signal.SIGPIPE else signal.SIG_IGN)
+    error_r, error_w = os.pipe2(os.O_CLOEXEC)
+    job = os.fork()
+    if job == 0:
+        try:
+            os.close(error_r)
+            os.close(report_w)
+            _become_job(launch, error_w)  # only returns by raising
+        except BaseException as err:  # report any failure, then exit: never run on as root
+            text = err.args[0] if isinstance(err, UserError) else _describe(err)
+            try:
+                os.write(error_w, str(text).encode("utf-8", "replace")[:4000])
+            finally:
+                os._exit(127)
+    os.close(error_w)
+    write_marker(
+        launch.status_dir,
+        launch.job,
+        {"supervisor": os.getpid(), "since": start_time(), "pid": job},
+    )
+    failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
+    os.close(error_r)
+    os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
+    os.close(report_w)
+    while True:
+        try:
+            _, status = os.waitpid(job, 0)
+            break
+        except InterruptedError:
+            continue
+    if failure:
+        record = {"code": None, "signal": None, "error": failure, "at": time.time()}
+    elif os.WIFSIGNALED(status):
+        record = {"code": None, "signal": os.WTERMSIG(status), "error": None, "at": time.time()}
+    else:
+        record = {"code": os.WEXITSTATUS(status), "signal": None, "error": None, "at": time.time()}
+    write_atomic(exit_record_path(launch.status_dir, launch.job), json.dumps(record))
+    return 0
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        where = f" {err.filename}" if err.filename else ""
+        return f"{err.strerror}{where}"
+    return f"{type(err).__name__}: {err}"
+
+
+def drop_privileges(owner: Person) -> None:
+    """Become `owner` for good: groups, then gid, then uid (the only order that works:
+    after setuid a non-root process may no longer change its groups)."""
+    os.setgroups(list(owner.groups))
+    os.setresgid(owner.gid, owner.gid, owner.gid)
+    os.setresuid(owner.uid, owner.uid, owner.uid)
+    if owner.uid != 0:
+        try:
+            os.setuid(0)
+        except PermissionError:
+            return
+        raise UserError("could still become root after dropping privileges; refusing to run")
+
+
+def _become_job(launch: Launch, error_w: int) -> None:
+    os.setpgid(0, 0)  # its own process group: cancel and time limits signal the group
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    drop_privileges(launch.owner)
+    os.umask(launch.umask)
+    try:
+        os.chdir(launch.cwd)
+    except OSError as err:
+        raise UserError(f"cannot enter {launch.cwd}: {err.strerror}") from None
+    if launch.stdio is not None:
+        stdin, stdout, stderr = launch.stdio
+    else:
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        stdout = stderr = _open_output(launch.output)
+    keep = set(launch.keep)
+    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        if fd != target:
+            os.dup2(fd, target)
+    _close_all_but({0, 1, 2, error_w} | keep)  # error_w is close-on-exec
+    for fd in keep:
+        os.set_inheritable(fd, True)
+    env = job_environment(launch.env, launch.extra_env)
+    try:
+        os.execvpe(launch.argv[0], list(launch.argv), env)
+    except OSError as err:
+        raise UserError(f"cannot run {launch.argv[0]!r}: {err.strerror}") from None
+
+
+def _open_output(path: Optional[str]) -> int:
+    if path is None:
+        return os.open(os.devnull, os.O_WRONLY)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        raise UserError(f"cannot open output {path}: {err.strerror}") from None
+
+
+def _close_all_but(keep: set[int]) -> None:
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError as err:
+                if err.errno != errno.EBADF:
+                    raise
+
+
+def signal_job(started_pid: int, sig: int) -> bool:
+    """Send `sig` to the job's process group; False when it is gone already."""
+    try:
+        os.killpg(started_pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_supervisor(supervisor: int, timeout: Optional[float] = None) -> bool:
+    """Reap the supervisor if it is our child and has ended (True), without blocking
+    past `timeout` (None: block)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            pid, _ = os.waitpid(supervisor, 0 if timeout is None else os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid:
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+
+
+def argv_of(value: object) -> Sequence[str]:
+    """A command from a request: a non-empty list of strings without NUL bytes."""
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+        raise UserError("a command is a non-empty list of strings")
+    if not value[0] or any("\0" in a for a in value):
+        raise UserError("a command's words must be non-empty and contain no NUL byte")
+    return value

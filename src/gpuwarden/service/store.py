@@ -1,0 +1,284 @@
+"""The service's journal: every job and every change of its state, in SQLite.
+
+A state change is committed (WAL, `synchronous=FULL`: on disk when `commit`
+returns) before it takes effect, so a service killed at any moment finds on
+restart exactly what it had promised: waiting jobs in their order, running jobs
+to re-adopt, ended jobs with their exit status. A job is marked STARTING before
+its supervisor is forked; the supervisor leaves a marker before it forks the
+job, so a restart can tell a job that never started (queued again) from one
+that may have (adopted), and nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
+
+PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
+COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
+ACTIVE = (PENDING, STARTING, RUNNING)
+ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    argv TEXT NOT NULL,
+    cwd TEXT NOT NULL,
+    env TEXT NOT NULL,
+    umask INTEGER NOT NULL,
+    request TEXT NOT NULL,
+    time_limit REAL,
+    nice INTEGER NOT NULL DEFAULT 0,
+    qos REAL NOT NULL DEFAULT 0,
+    held INTEGER NOT NULL DEFAULT 0,
+    after TEXT NOT NULL DEFAULT '[]',
+    output TEXT,
+    attached INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    reason TEXT,
+    submitted REAL NOT NULL,
+    started REAL,
+    ended REAL,
+    gpus TEXT NOT NULL DEFAULT '[]',
+    mem INTEGER,
+    supervisor INTEGER,
+    pid INTEGER,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the journal."""
+
+    id: int
+    uid: int
+    gid: int
+    user: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    umask: int
+    request: Mapping[str, Any]  # count, gpus, filters, mem: what selection needs
+    state: str
+    submitted: float
+    time_limit: Optional[float] = None
+    nice: int = 0
+    qos: float = 0.0
+    held: bool = False
+    after: tuple[int, ...] = ()
+    output: Optional[str] = None
+    attached: bool = False
+    reason: Optional[str] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    gpus: tuple[str, ...] = ()
+    mem: Optional[int] = None
+    supervisor: Optional[int] = None
+    pid: Optional[int] = None
+    exit_code: Optional[int] = None
+    exit_signal: Optional[int] = None
+    error: Optional[str] = None
+
+    @property
+    def count(self) -> int:
+        return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
+
+
+_JSON = {"argv", "env", "request", "after", "gpus"}
+_BOOL = {"held", "attached"}
+_COLUMNS = [f.name for f in fields(Job)]  # one per table column
+
+
+def _row_to_job(row: sqlite3.Row) -> Job:
+    values: dict[str, Any] = {}
+    for name in _COLUMNS:
+        value = row[name]
+        if name in _JSON:
+            value = json.loads(value)
+            if isinstance(value, list):
+                value = tuple(value)
+        elif name in _BOOL:
+            value = bool(value)
+        values[name] = value
+    return Job(**values)
+
+
+class Store:
+    """The journal on disk. One writer: the service's single thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        with self.transaction():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self.db.execute(statement)
+            self.db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        if path != ":memory:":
+            os.chmod(path, 0o600)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- transactions ------------------------------------------------------------
+
+    def transaction(self) -> _Transaction:
+        return _Transaction(self.db)
+
+    # -- jobs --------------------------------------------------------------------
+
+    def add(self, job: Job) -> Job:
+        """Record a new job (its id is assigned here) and return it."""
+        values = {name: getattr(job, name) for name in _COLUMNS if name != "id"}
+        for name in _JSON:
+            values[name] = json.dumps(
+                list(values[name]) if isinstance(values[name], tuple) else values[name]
+            )
+        for name in _BOOL:
+            values[name] = int(values[name])
+        names = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self.transaction():
+            cursor = self.db.execute(
+                f"INSERT INTO jobs ({names}) VALUES ({marks})", list(values.values())
+            )
+        return replace(job, id=int(cursor.lastrowid or 0))
+
+    def update(self, job_id: int, **changes: Any) -> None:
+        """Change columns of one job, committed before returning."""
+        if not changes:
+            return
+        for name in changes:
+            if name not in _COLUMNS or name == "id":
+                raise ValueError(f"no job column {name!r}")
+        values = [
+            json.dumps(list(v) if isinstance(v, tuple) else v)
+            if k in _JSON
+            else (int(v) if k in _BOOL else v)
+            for k, v in changes.items()
+        ]
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        with self.transaction():
+            self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*values, job_id])
+
+    def get(self, job_id: int) -> Optional[Job]:
+        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _row_to_job(row)
+
+    def jobs(self, states: Iterable[str] = ACTIVE, limit: Optional[int] = None) -> list[Job]:
+        """Jobs in the given states, oldest first (ended ones newest first, for history)."""
+        states = tuple(states)
+        marks = ", ".join("?" for _ in states)
+        order = "DESC" if set(states) <= set(ENDED) else "ASC"
+        query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id {order}"
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        return [_row_to_job(r) for r in self.db.execute(query, states)]
+
+    def count_active(self, uid: int) -> int:
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE uid = ? AND state IN (?, ?, ?)", (uid, *ACTIVE)
+        ).fetchone()
+        return int(row[0])
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
+        out: dict[str, dict[str, int]] = {}
+        query = (
+            "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY state, user"
+        )
+        for state, user, count in self.db.execute(query, ACTIVE):
+            out.setdefault(state, {})[user] = int(count)
+        return out
+
+    def wait_histogram(self, bounds: tuple[float, ...]) -> tuple[list[int], float, int]:
+        """How long every job that ever started waited: cumulative counts per upper
+        bound (Prometheus' `le`), the sum and the count."""
+        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
+        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
+        row = self.db.execute(query + " WHERE started IS NOT NULL").fetchone()
+        counts = [int(v or 0) for v in row[: len(bounds)]]
+        return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
+
+    # -- usage -------------------------------------------------------------------
+
+    def usage(self, now: float, half_life: float) -> dict[str, float]:
+        """Each user's usage decayed to `now`."""
+        from gpuwarden.scheduling import decayed
+
+        return {
+            r["user"]: decayed(r["value"], now - r["at"], half_life)
+            for r in self.db.execute("SELECT user, value, at FROM usage")
+        }
+
+    def charge(self, user: str, amount: float, now: float, half_life: float) -> None:
+        """Add GPU-seconds to `user`'s usage, decaying what was there to `now` first."""
+        from gpuwarden.scheduling import decayed
+
+        with self.transaction():
+            row = self.db.execute("SELECT value, at FROM usage WHERE user = ?", (user,)).fetchone()
+            old = 0.0 if row is None else decayed(row["value"], now - row["at"], half_life)
+            self.db.execute(
+                "INSERT INTO usage (user, value, at) VALUES (?, ?, ?) "
+                "ON CONFLICT(user) DO UPDATE SET value = excluded.value, at = excluded.at",
+                (user, old + max(0.0, amount), now),
+            )
+
+
+class _Transaction:
+    """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on an exception); nests as a no-op."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.outer = False
+
+    def __enter__(self) -> None:
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if not self.outer:
+            return
+        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def new_job(**fields: Any) -> Job:
+    """A PENDING job with id 0 (the store assigns one) submitted now."""
+    fields.setdefault("state", PENDING)
+    fields.setdefault("submitted", time.time())
+    return Job(id=0, **fields)
+
+
+def iter_ids(values: Iterable[Any]) -> Iterator[int]:
+    """Job ids from a request: positive integers only."""
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"invalid job id {value!r}")
+        yield value

@@ -1,0 +1,462 @@
+"""The queue service end to end, as root, with real Unix users as clients.
+
+The service runs as a real process (`python -m gpuwarden serve`) on a simulated
+server of four idle A100s (tests/data/idle-4xa100.toml); clients connect as real
+users (identity from SO_PEERCRED), and jobs run as their owners. Each test that
+needs users skips where they cannot be made, and fails under CI, which runs as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from gpuwarden.service import store as st
+from gpuwarden.service.identity import Person
+from users import make_user
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
+USER_PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+CLIENT = """
+import json, sys
+from gpuwarden.errors import UserError
+from gpuwarden.service.client import require
+try:
+    with require(sys.argv[1]) as c:
+        print(json.dumps(c.call(sys.argv[2], **json.loads(sys.argv[3]))))
+except UserError as err:
+    print("ERROR " + str(err))
+    sys.exit(2)
+"""
+
+
+class Server:
+    def __init__(self, root: Path, work: Path, args: tuple[str, ...]) -> None:
+        self.root = root
+        self.work = work
+        self.socket = str(work.parent / "sock" / "gpuwarden.sock")
+        self.state = str(root / "service")
+        self.args = args
+        self.proc: Optional[subprocess.Popen[str]] = None
+        self.log = root / "serve.log"
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=SPEC)
+        with contextlib.suppress(OSError):
+            os.unlink(self.socket)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "serve",
+                "--socket",
+                self.socket,
+                "--state-dir",
+                self.state,
+                "--log-level",
+                "DEBUG",
+                *self.args,
+            ],
+            env=env,
+            stdout=open(self.log, "a"),  # noqa: SIM115 - the process owns it
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if os.path.exists(self.socket):
+                return
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.02)
+        raise AssertionError("the service did not start:\n" + self.log.read_text())
+
+    def kill_jobs(self) -> None:
+        """End what the test left running: jobs outlive the service by design."""
+        journal = st.Store(os.path.join(self.state, "jobs.db"))
+        for job in journal.jobs(st.ACTIVE):
+            for pid in (job.pid, job.supervisor):
+                if pid:
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, signal.SIGKILL)
+        journal.close()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(30)
+
+    def call(self, who: Optional[Person], op: str, **fields: Any) -> dict[str, Any]:
+        """`op` as `who` (root when None); an error answer comes back as {"error": ...}."""
+        env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "USER": "root", "LOGNAME": "root"}
+        run = subprocess.run(
+            [USER_PY if who else sys.executable, "-c", CLIENT, self.socket, op, json.dumps(fields)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=None if who is None else _become(who),
+            cwd=str(self.work),
+        )
+        out = run.stdout.strip()
+        if out.startswith("ERROR "):
+            return {"error": out[6:]}
+        assert run.returncode == 0, run.stderr
+        return json.loads(out)
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        active, ended = self.call(None, "queue"), self.call(None, "jobs", limit=1000)
+        assert "jobs" in active and "jobs" in ended, (active, ended)
+        rows = active["jobs"] + ended["jobs"]
+        return next(r for r in rows if r["id"] == job_id)
+
+    def wait_state(
+        self, job_id: int, states: tuple[str, ...], timeout: float = 30
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        row: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            row = self.job(job_id)
+            if row["state"] in states:
+                return row
+            time.sleep(0.05)
+        raise AssertionError(
+            f"job {job_id} stayed {row.get('state')}: {row}\n{self.log.read_text()[-3000:]}"
+        )
+
+
+def _become(who: Person):  # type: ignore[no-untyped-def]
+    def drop() -> None:
+        os.setgroups(list(who.groups))
+        os.setgid(who.gid)
+        os.setuid(who.uid)
+
+    return drop
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="gw-service-"))
+    d.chmod(0o755)
+    (d / "work").mkdir()
+    (d / "work").chmod(0o1777)
+    (d / "sock").mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    make_user("alice", groups=("lab",))
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s"))
+    srv.start()
+    yield srv
+    if srv.proc and srv.proc.poll() is None:
+        srv.kill(signal.SIGTERM)
+    srv.kill_jobs()
+
+
+def submit(srv: Server, who: Person, argv: list[str], **kw: Any) -> int:
+    fields = {"argv": argv, "cwd": str(srv.work), "env": {"PATH": "/usr/bin:/bin", "USER": "bob"}}
+    fields.update(kw)
+    reply = srv.call(who, "submit", **fields)
+    assert "job" in reply, reply
+    return int(reply["job"])
+
+
+PROBE = (
+    "import os, json; print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), "
+    "'groups': sorted(os.getgroups()), 'cvd': os.environ.get('CUDA_VISIBLE_DEVICES')}))"
+)
+
+
+def test_a_job_runs_as_its_submitter_whatever_it_claims(server: Server) -> None:
+    alice = make_user("alice", groups=("lab",))
+    hello = server.call(alice, "hello")
+    assert hello["user"] == "gw-alice" and hello["uid"] == alice.uid and not hello["admin"]
+    job = submit(server, alice, [USER_PY, "-c", PROBE], request={"count": 2})
+    row = server.wait_state(job, ("COMPLETED", "FAILED"))
+    assert row["state"] == "COMPLETED", row
+    assert row["user"] == "gw-alice"  # $USER=bob in the request changed nothing
+    out = json.loads((server.work / f"gpuwarden-{job}.out").read_text())
+    assert out["uid"] == alice.uid and out["gid"] == alice.gid
+    assert set(out["groups"]) == set(alice.groups) and len(out["groups"]) >= 2
+    assert len(out["cvd"].split(",")) == 2 and len(row["gpus"]) == 2
+
+
+def test_only_the_owner_or_an_admin_may_act_on_a_job(server: Server) -> None:
+    alice, bob, carol = make_user("alice", ("lab",)), make_user("bob"), make_user("carol")
+    job = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    server.wait_state(job, ("RUNNING",))
+    for op in ("cancel", "hold"):
+        refused = server.call(bob, op, jobs=[job])
+        assert "only its owner or an admin" in refused["error"], refused
+    assert "only its owner or an admin" in server.call(bob, "logs", job=job)["error"]
+    assert server.call(carol, "hello")["admin"] is True
+    assert server.call(carol, "cancel", jobs=[job])["jobs"] == [job]
+    row = server.wait_state(job, ("CANCELLED",))
+    assert row["signal"] == signal.SIGTERM
+
+
+def test_commands_of_others_are_hidden(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["sleep", "30"], hold=True)
+    rows = {r["id"]: r for r in server.call(bob, "queue")["jobs"]}
+    assert rows[job]["command"] is None and rows[job]["reason"] == "Held"
+    assert server.call(alice, "queue")["jobs"][0]["command"] == ["sleep", "30"]
+    server.call(alice, "cancel", jobs=[job])
+
+
+def test_fair_share_starts_the_lighter_user_first(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    srv = Server(tmp_path, open_dir / "work", ())
+    journal = st.Store(os.path.join(srv.state, "jobs.db"))
+    now = time.time()
+    journal.charge("gw-alice", 100 * 3600.0, now, 7 * 86400.0)
+    journal.charge("gw-bob", 10 * 3600.0, now, 7 * 86400.0)
+    journal.close()
+    srv.start()
+    try:
+        blocker = submit(srv, alice, ["sleep", "60"], request={"count": 4})
+        srv.wait_state(blocker, ("RUNNING",))
+        first = submit(srv, alice, ["sleep", "60"], request={"count": 4})
+        second = submit(srv, bob, ["sleep", "60"], request={"count": 4})
+        srv.call(alice, "cancel", jobs=[blocker])
+        srv.wait_state(second, ("RUNNING",))
+        assert srv.job(first)["state"] == "PENDING"
+        assert srv.job(first)["reason"] == "Resources"
+    finally:
+        srv.call(
+            None, "cancel", jobs=[j for j in (first, second) if srv.job(j)["state"] in st.ACTIVE]
+        )
+        srv.kill(signal.SIGTERM)
+
+
+def test_a_job_past_its_time_gets_term_then_kill(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    polite = submit(server, alice, ["sleep", "60"], time_limit=0.5)
+    stubborn = submit(server, alice, ["sh", "-c", "trap '' TERM; sleep 60"], time_limit=0.5)
+    assert server.wait_state(polite, ("TIMEOUT",))["signal"] == signal.SIGTERM
+    assert server.wait_state(stubborn, ("TIMEOUT",), timeout=30)["signal"] == signal.SIGKILL
+
+
+def test_running_jobs_survive_a_service_kill_and_are_readopted(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    job = submit(server, alice, ["sh", "-c", "sleep 1.5; exit 7"])
+    waiting = submit(server, alice, ["true"], request={"count": 4})
+    server.wait_state(job, ("RUNNING",))
+    server.kill(signal.SIGKILL)
+    server.start()
+    row = server.wait_state(job, ("FAILED", "COMPLETED", "LOST"))
+    assert row["state"] == "FAILED" and row["exit_code"] == 7  # its real status, not lost
+    assert server.wait_state(waiting, ("COMPLETED",))["state"] == "COMPLETED"
+
+
+def test_malformed_requests_leave_the_service_serving(server: Server) -> None:
+    import socket
+
+    for payload in (b"junk\n", b'{"v":1,"op":"nope"}\n', b'{"v":9}\n', b"x" * (2 << 20)):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.socket)
+        with contextlib.suppress(OSError):
+            sock.sendall(payload)
+        sock.settimeout(10)
+        with contextlib.suppress(OSError):
+            answer = sock.recv(65536)
+            assert b'"ok":false' in answer
+        sock.close()
+    assert server.call(None, "hello")["admin"] is True
+    assert "argv" in server.call(None, "submit", argv=[], cwd="/")["error"]
+
+
+ATTACHED = """
+import json, os, sys
+from gpuwarden.errors import UserError
+from gpuwarden.service.client import run_attached
+fields = json.loads(sys.argv[2])
+fields["cwd"] = os.getcwd()
+fields["env"] = dict(os.environ)
+try:
+    sys.exit(run_attached(fields, sys.argv[1]))
+except UserError as err:
+    print("gpuwarden run: " + str(err), file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def attached(srv: Server, who: Person, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    fields = json.dumps({"argv": argv, "request": {"count": 1}})
+    return subprocess.Popen(
+        [USER_PY, "-c", ATTACHED, srv.socket, fields],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+        **popen,
+    )
+
+
+def test_attached_run_output_and_exit_status_are_the_jobs(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    script = "import os, sys; print('out', os.getuid()); print('err', file=sys.stderr); sys.exit(5)"
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    assert out == f"out {alice.uid}\n" and err == "err\n"
+
+
+def test_ctrl_c_reaches_the_attached_job(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 42
+
+
+def test_an_attached_job_ends_when_its_client_is_killed(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    proc = attached(server, alice, ["sh", "-c", "echo ready; exec sleep 60"])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    job = max(r["id"] for r in server.call(None, "queue")["jobs"])
+    proc.kill()
+    proc.wait(10)
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+
+
+def test_owners_are_told_when_their_job_ends(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A webhook gets the JSON event; `sendmail -t` gets a mail addressed to the owner."""
+    import http.server
+    import threading
+
+    got: list[dict[str, Any]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    mailbox = tmp_path / "mail"
+    sendmail = tmp_path / "sendmail"
+    sendmail.write_text(f"#!/bin/sh\ncat >> {mailbox}\n")
+    sendmail.chmod(0o755)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    monkeypatch.setenv("GPUWARDEN_SERVICE_WEBHOOK", f"http://127.0.0.1:{web.server_port}/hook")
+    monkeypatch.setenv("GPUWARDEN_SERVICE_SENDMAIL", str(sendmail))
+    alice = make_user("alice", ("lab",))
+    srv = Server(tmp_path, open_dir / "work", ())
+    srv.start()
+    try:
+        job = submit(srv, alice, ["sh", "-c", "exit 3"])
+        srv.wait_state(job, ("FAILED",))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (got and mailbox.exists()):
+            time.sleep(0.05)
+        assert got and got[0]["job"] == job and got[0]["state"] == "FAILED"
+        assert got[0]["exit_code"] == 3 and got[0]["user"] == "gw-alice"
+        mail = mailbox.read_text()
+        assert "To: gw-alice" in mail and f"Subject: gpuwarden job {job} failed (exit 3)" in mail
+    finally:
+        srv.kill(signal.SIGTERM)
+        web.shutdown()
+
+
+def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket}
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+    )
+
+
+def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["true"], hold=True)
+    assert server.job(job)["reason"] == "Held"
+    refused = cli_as(server, bob, "unhold", str(job))
+    assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
+    done = cli_as(server, alice, "unhold", str(job))
+    assert done.returncode == 0 and f"released: {job}" in done.stdout, done.stderr
+    server.wait_state(job, ("COMPLETED",))
+    history = cli_as(server, alice, "jobs", "--me")
+    assert history.returncode == 0 and "COMPLETED" in history.stdout and "exit 0" in history.stdout
+    share = cli_as(server, bob, "share")
+    assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
+    bad = cli_as(server, alice, "hold", "nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr
+
+
+def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
+    alice = make_user("alice", ("lab",))
+    running = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    submit(server, alice, ["true"], request={"count": 1})
+    server.wait_state(running, ("RUNNING",))
+    env = {"GPUWARDEN_SOCKET": server.socket, "GPUWARDEN_SIM": SPEC}
+    out = cli("exporter", "--once", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gpuwarden_queue_service_up{" in text and "service_up{hostname=" in text
+    assert 'state="running",user="gw-alice"' in text and 'state="pending",user="gw-alice"' in text
+    assert "gpuwarden_queue_wait_seconds_bucket{hostname=" in text and 'le="+Inf"' in text
+    assert "gpuwarden_user_fairshare_factor{" in text
+    server.call(None, "cancel", jobs=[running])
+    no_service = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
+    assert "gpuwarden_queue_service_up{" in no_service.stdout
+    assert "} 0.0" in no_service.stdout.split("gpuwarden_queue_service_up{", 1)[1].split("\n")[0]
+
+
+def test_slow_and_silent_clients_delay_nobody(server: Server) -> None:
+    import socket
+
+    stalled = []
+    for i in range(50):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.socket)
+        if i % 2:
+            sock.sendall(b'{"v":1,"op":"que')  # half a message, never finished
+        stalled.append(sock)
+    started = time.monotonic()
+    assert server.call(None, "hello")["ok"] is True
+    assert time.monotonic() - started < 5  # a subprocess client: start-up dominates
+    for sock in stalled:
+        sock.close()

@@ -1,0 +1,146 @@
+"""The service's wire format: every malformed request is one line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuwarden.service import protocol as p
+
+GOOD = {
+    "v": 1,
+    "op": "submit",
+    "argv": ["python", "train.py"],
+    "cwd": "/home/alice",
+    "env": {"PATH": "/usr/bin"},
+    "umask": 0o022,
+    "request": {"count": 2, "mem": 20 * 2**30},
+    "time_limit": 3600,
+}
+
+
+def test_a_good_submit_round_trips() -> None:
+    (msg,) = p.Decoder().feed(p.encode(GOOD))
+    sub = p.submit(msg)
+    assert sub.argv == ("python", "train.py") and sub.gpus.count == 2
+    assert sub.gpus.mem == 20 * 2**30 and sub.time_limit == 3600.0 and not sub.attached
+
+
+def test_messages_split_across_reads() -> None:
+    data = p.encode({"v": 1, "op": "queue"}) + p.encode({"v": 1, "op": "share"})
+    d = p.Decoder()
+    out = []
+    for i in range(len(data)):
+        out += d.feed(data[i : i + 1])
+    assert [m["op"] for m in out] == ["queue", "share"]
+
+
+def test_an_endless_line_is_refused_before_it_is_all_buffered() -> None:
+    d = p.Decoder()
+    with pytest.raises(p.ProtocolError, match="larger than"):
+        for _ in range(p.MAX_MESSAGE // 65536 + 2):
+            d.feed(b"x" * 65536)
+    assert len(d.buffer) <= p.MAX_MESSAGE + 65536
+
+
+LINES = [
+    b"not json\n",
+    b"[1,2]\n",
+    b'"text"\n',
+    b"\xff\xfe\n",
+    b'{"op":"queue"}\n',
+    b'{"v":2,"op":"queue"}\n',
+    b'{"v":"1","op":"queue"}\n',
+    b'{"v":1,"op":"queue","x":NaN}\n',
+    b'{"v":1,"op":"queue","x":Infinity}\n',
+]
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_malformed_lines(line: bytes) -> None:
+    with pytest.raises(p.ProtocolError):
+        p.Decoder().feed(line)
+
+
+@pytest.mark.parametrize("op", [None, 3, "", "drop_tables", "SUBMIT"])
+def test_unknown_operations(op: object) -> None:
+    with pytest.raises(p.ProtocolError, match="unknown operation"):
+        p.op_of({"v": 1, "op": op})
+
+
+def bad(**changes: object) -> dict:
+    msg = json.loads(json.dumps(GOOD))
+    for key, value in changes.items():
+        if value is ...:
+            msg.pop(key)
+        else:
+            msg[key] = value
+    return msg
+
+
+SUBMITS = [
+    (bad(argv=...), "argv"),
+    (bad(argv=[]), "argv"),
+    (bad(argv="python train.py"), "argv"),
+    (bad(argv=["", "x"]), "argv"),
+    (bad(argv=["py\0thon"]), "argv"),
+    (bad(argv=["python", 3]), "argv"),
+    (bad(cwd=...), "cwd"),
+    (bad(cwd="relative/dir"), "cwd"),
+    (bad(cwd=""), "cwd"),
+    (bad(cwd="/a\0b"), "cwd"),
+    (bad(cwd="/" + "x" * 5000), "cwd"),
+    (bad(env=[]), "env"),
+    (bad(env={"A": 1}), "env"),
+    (bad(env={"A=B": "c"}), "env name"),
+    (bad(env={"": "c"}), "env name"),
+    (bad(umask=-1), "umask"),
+    (bad(umask=0o1000), "umask"),
+    (bad(umask="022"), "umask"),
+    (bad(umask=True), "umask"),
+    (bad(request=[]), "request"),
+    (bad(request={"count": -1}), "request.count"),
+    (bad(request={"count": 2.5}), "request.count"),
+    (bad(request={"count": 10**9}), "request.count"),
+    (bad(request={"mem": 0}), "request.mem"),
+    (bad(request={"mem": -5}), "request.mem"),
+    (bad(request={"mem": "20GiB"}), "request.mem"),
+    (bad(request={"max_util": 101}), "request.max_util"),
+    (bad(request={"min_capability": [8]}), "min_capability"),
+    (bad(request={"min_capability": ["8", "0"]}), "min_capability"),
+    (bad(request={"gpus": "0,1"}), "request.gpus"),
+    (bad(request={"colour": "red"}), "unknown fields"),
+    (bad(time_limit=0), "time_limit"),
+    (bad(time_limit=-60), "time_limit"),
+    (bad(time_limit="1h"), "time_limit"),
+    (bad(time_limit=1e12), "time_limit"),
+    (bad(nice=-21), "nice"),
+    (bad(nice=20), "nice"),
+    (bad(hold="yes"), "hold"),
+    (bad(after=[0]), "job id"),
+    (bad(after=["3"]), "job id"),
+    (bad(after=3), "after"),
+    (bad(output="out.txt"), "output"),
+    (bad(attached=1), "attached"),
+]
+
+
+@pytest.mark.parametrize(("msg", "names"), SUBMITS)
+def test_malformed_submits_name_the_field(msg: dict, names: str) -> None:
+    with pytest.raises(p.ProtocolError, match=names):
+        p.submit(msg)
+
+
+def test_signals_a_client_may_send() -> None:
+    assert p.signal_number(2) == 2
+    for value in (0, 65, "2", 19, True):
+        with pytest.raises(p.ProtocolError):
+            p.signal_number(value)
+
+
+def test_job_ids() -> None:
+    assert p.job_ids([1, 2]) == (1, 2)
+    for value in ([], [0], [-1], ["1"], [True], list(range(1, 2000)), "1"):
+        with pytest.raises(p.ProtocolError):
+            p.job_ids(value)

@@ -1,0 +1,205 @@
+"""Jobs run as their owner: uid, gid, supplementary groups, umask, cwd, environment,
+output opened as the owner, and an exit status that survives the service."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.errors import UserError
+from gpuwarden.service import spawn
+from gpuwarden.service.identity import Admins, person
+from users import make_user
+
+# The test users cannot enter /root, where the venv's interpreter may live.
+PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+def wait_exit(status_dir: Path, job: str, timeout: float = 30.0) -> spawn.Ended:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ended = spawn.read_exit_record(str(status_dir), job)
+        if ended is not None:
+            return ended
+        time.sleep(0.01)
+    raise AssertionError(f"job {job} did not end")
+
+
+@pytest.fixture
+def status_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "status"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A directory test users can reach (pytest's own tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="gw-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def home(open_tmp: Path) -> Path:
+    """A working directory every test user may enter and write."""
+    d = open_tmp / "work"
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+def launch(owner, status_dir: Path, cwd: Path, argv, **kw) -> spawn.Launch:  # type: ignore[no-untyped-def]
+    kw.setdefault("env", {"PATH": os.environ["PATH"]})
+    return spawn.Launch(
+        job=kw.pop("job", "j1"),
+        argv=tuple(argv),
+        owner=owner,
+        cwd=str(cwd),
+        status_dir=str(status_dir),
+        **kw,
+    )
+
+
+PROBE = (
+    "import os, json; print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), "
+    "'gid': os.getgid(), 'groups': sorted(os.getgroups()), 'cwd': os.getcwd(), "
+    "'umask': os.umask(0), 'env': dict(os.environ)}))"
+)
+
+
+def test_a_job_runs_as_its_owner_with_every_group(status_dir: Path, home: Path) -> None:
+    alice = make_user("alice", groups=("lab", "cluster"))
+    out = home / "alice.out"
+    env = {
+        "PATH": os.environ["PATH"],
+        "USER": "root",  # what the client claims is never used for identity
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",  # the service controls these
+        "GPUWARDEN_LEASE_DIR": "/tmp/x",
+        "KEEP": "yes",
+    }
+    started = spawn.start(
+        launch(
+            alice,
+            status_dir,
+            home,
+            [PY, "-c", PROBE],
+            env=env,
+            umask=0o027,
+            output=str(out),
+            extra_env={"CUDA_VISIBLE_DEVICES": "GPU-x"},
+        )
+    )
+    assert started.pid > 0 and started.supervisor > 0
+    ended = wait_exit(status_dir, "j1")
+    assert ended.ok, out.read_text()
+    seen = json.loads(out.read_text())
+    assert seen["uid"] == seen["euid"] == alice.uid
+    assert seen["gid"] == alice.gid
+    assert set(seen["groups"]) == set(alice.groups)
+    assert len(alice.groups) >= 3  # primary + lab + cluster: initgroups, not setuid alone
+    assert 0 not in seen["groups"]
+    assert seen["cwd"] == str(home)
+    assert seen["umask"] == 0o027
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-x"
+    assert "GPUWARDEN_LEASE_DIR" not in seen["env"] and seen["env"]["KEEP"] == "yes"
+    assert out.stat().st_uid == alice.uid  # created by the job, as alice
+    spawn.wait_supervisor(started.supervisor, timeout=10)
+
+
+def test_output_is_opened_as_the_owner_so_a_planted_symlink_cannot_redirect_it(
+    status_dir: Path, home: Path, open_tmp: Path
+) -> None:
+    bob = make_user("bob")
+    secret = open_tmp / "root-only"
+    secret.write_text("untouched\n")
+    secret.chmod(0o600)
+    link = home / "bob.out"
+    link.symlink_to(secret)
+    with pytest.raises(UserError, match=r"cannot open output .*Permission denied"):
+        spawn.start(launch(bob, status_dir, home, ["true"], output=str(link)))
+    assert secret.read_text() == "untouched\n"
+    ended = wait_exit(status_dir, "j1")
+    assert ended.error and "Permission denied" in ended.error and ended.shell_status == 127
+
+
+def test_a_directory_the_owner_cannot_enter_is_refused(status_dir: Path, open_tmp: Path) -> None:
+    bob = make_user("bob")
+    private = open_tmp / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(UserError, match="cannot enter"):
+        spawn.start(launch(bob, status_dir, private, ["true"]))
+
+
+def test_a_missing_program_is_one_line(status_dir: Path, home: Path) -> None:
+    bob = make_user("bob")
+    with pytest.raises(UserError, match="cannot run 'no-such-program-here'"):
+        spawn.start(launch(bob, status_dir, home, ["no-such-program-here"]))
+
+
+def test_exit_codes_and_signals_are_recorded(status_dir: Path, home: Path) -> None:
+    bob = make_user("bob")
+    spawn.start(launch(bob, status_dir, home, ["sh", "-c", "exit 3"], job="code"))
+    assert wait_exit(status_dir, "code").shell_status == 3
+    started = spawn.start(launch(bob, status_dir, home, ["sleep", "60"], job="sig"))
+    assert spawn.signal_job(started.pid, signal.SIGTERM)
+    ended = wait_exit(status_dir, "sig")
+    assert ended.signal == signal.SIGTERM and ended.shell_status == 128 + signal.SIGTERM
+
+
+def test_the_job_outlives_a_dead_supervisor_parent(status_dir: Path, home: Path) -> None:
+    """The supervisor is in its own session: the service's death (here: not waiting
+    for it at all) leaves the job running, and the exit record still appears."""
+    bob = make_user("bob")
+    started = spawn.start(launch(bob, status_dir, home, ["sh", "-c", "sleep 0.3; exit 4"]))
+    assert os.getsid(started.supervisor) == started.supervisor
+    assert os.getpgid(started.pid) == started.pid
+    assert wait_exit(status_dir, "j1").code == 4
+
+
+def test_lease_descriptors_reach_the_job(status_dir: Path, home: Path, tmp_path: Path) -> None:
+    bob = make_user("bob")
+    lock = tmp_path / "lease"
+    lock.write_text("")
+    fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    out = home / "fds.out"
+    script = f"import os; print(os.readlink('/proc/self/fd/{fd}'))"
+    spawn.start(launch(bob, status_dir, home, [PY, "-c", script], keep=(fd,), output=str(out)))
+    assert wait_exit(status_dir, "j1").ok, out.read_text()
+    assert out.read_text().strip() == str(lock)
+    os.close(fd)
+
+
+def test_environment_filter() -> None:
+    env = spawn.job_environment(
+        {"A": "1", "CUDA_DEVICE_ORDER": "FASTEST_FIRST", "GPUWARDEN_X": "y"},
+        {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
+    assert env == {"A": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@pytest.mark.parametrize("bad", [[], "ls", [""], ["ls", 3], ["a\0b"], None])
+def test_malformed_commands(bad: object) -> None:
+    with pytest.raises(UserError):
+        spawn.argv_of(bad)
+
+
+def test_admins_by_name_group_and_root() -> None:
+    root = person(0)
+    alice = make_user("alice", groups=("lab",))
+    bob = make_user("bob")
+    admins = Admins.parse(["gw-bob"])
+    assert admins.include(root) and admins.include(bob) and not admins.include(alice)
+    assert Admins.parse(["@gw-lab"]).include(alice)
+    with pytest.raises(UserError, match="no group named"):
+        Admins.parse(["@no-such-group-here"])

@@ -523,6 +523,17 @@ SCHEMA: tuple[Key, ...] = (
         low=0,
         above=True,
     ),
+    # Slurm (docs/slurm.md)
+    Key("slurm.drain_node", "bool", False, "drain this Slurm node on a fatal GPU fault"),
+    Key("slurm.node", "str", None, "this machine's Slurm node name (default: short hostname)"),
+    Key("slurm.gpu_types", "names", (), "Slurm GPU gres types that --model may name (typed gres)"),
+    Key(
+        "slurm.prolog_timeout",
+        "seconds",
+        30.0,
+        "`slurm prolog`: wait this long for GPUs still leased locally",
+        low=0,
+    ),
 )
 
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}

@@ -59,6 +59,12 @@ def add_arguments(parser: Parser) -> None:
         type=int,
         help="--ddp ranks on the CPU (gloo); implies --cpu without -g/--gpus",
     )
+    slurm = parser.add_argument_group("Slurm (docs/slurm.md)")
+    slurm.add_argument("--slurm", action="store_true", help="run it as a Slurm job, via srun")
+    slurm.add_argument("--nodes", metavar="K", help="with --slurm: this many nodes")
+    slurm.add_argument("--time", metavar="T", help="with --slurm: time limit (90, 2:00:00, 4h)")
+    slurm.add_argument("--constraint", metavar="FEATURES", help="with --slurm: node features")
+    slurm.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
     parser.add_argument("cmd", nargs=REMAINDER, help="the command, after --")
 
 
@@ -293,6 +299,10 @@ def run(args: argparse.Namespace) -> int:
     nothing; see gpuwarden.cli.oneshot), then wait for the job with it back on."""
     from gpuwarden.cli.oneshot import one_shot
 
+    if args.slurm:
+        from gpuwarden.cli.submit import run_attached
+
+        return run_attached(args)
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
         with one_shot() as resume:

@@ -1,0 +1,65 @@
+"""`gpuwarden queue --slurm`: jobs, their state and why they wait, in the local queue's
+words (pending (Resources), running, ...). Without --slurm: the local queue, which
+needs the queue service (not available yet)."""
+
+from __future__ import annotations
+
+import sys
+
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument("--slurm", action="store_true", help="Slurm's queue")
+    parser.add_argument("--me", action="store_true", help="only my jobs")
+    parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.slurm:
+        from gpuwarden.cli.submit import LOCAL_QUEUE
+
+        raise UserError(LOCAL_QUEUE)
+    from gpuwarden.slurm import tools
+
+    user = None
+    if args.me:
+        import os
+
+        from gpuwarden.paths import user_name
+
+        user = user_name(os.geteuid())
+    jobs = tools.queue(user=user)
+    if args.json:
+        import json
+
+        fields = ("id", "user", "state", "reason", "elapsed", "limit", "nodes", "gres", "name")
+        json.dump([{f: getattr(j, f) for f in fields} for j in jobs], sys.stdout, indent=2)
+        print()
+        return 0
+    if not jobs:
+        print("no Slurm jobs")
+        return 0
+    from gpuwarden.table import render
+
+    rows = [
+        [
+            j.id,
+            j.user,
+            j.state + (f" ({j.reason})" if j.reason else ""),
+            j.elapsed,
+            j.limit,
+            j.gres or "-",
+            j.nodelist or "-",
+            j.name,
+        ]
+        for j in jobs
+    ]
+    print(render(["JOB", "USER", "STATE", "TIME", "LIMIT", "GRES", "NODES", "NAME"], rows))
+    return 0

@@ -17,13 +17,16 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 SCHEMA = 1
 _SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("--json", action="store_true", help="print a JSON document (schema 1)")
     parser.add_argument(
         "--watch",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.cli.options import REMAINDER
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
@@ -19,7 +18,9 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
+
+    Parser = argparse.ArgumentParser
 
 LOCAL_QUEUE = (
     "the local queue needs gpuwarden's queue service, which is not available yet: "
@@ -41,7 +42,10 @@ def add_slurm_options(parser: Parser) -> None:
     parser.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.usage = (
         "gpuwarden submit --slurm [-g N] [--nodes K] [--time T] [--mem X] [--ddp] "
         "[--dry-run] -- CMD ARGS..."
@@ -58,7 +62,7 @@ def add_arguments(parser: Parser) -> None:
     parser.add_argument("--output", metavar="FILE", help="the job's output file (slurm-%%j.out)")
     parser.add_argument("--name", metavar="NAME", help="the job's name")
     parser.add_argument("--dry-run", action="store_true", help="print the batch script only")
-    parser.add_argument("cmd", nargs=REMAINDER, help="the command, after --")
+    parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
 def _command(args: argparse.Namespace) -> list[str]:

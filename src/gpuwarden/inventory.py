@@ -152,9 +152,9 @@ def load_nvml():  # -> ModuleType
         from gpuwarden.sim.fake import module
 
         return module()
-    import pynvml
+    from gpuwarden.nvmlload import without_ctypes_util
 
-    return pynvml
+    return without_ctypes_util(lambda: __import__("pynvml"))
 
 
 def _text(value: Any) -> str:

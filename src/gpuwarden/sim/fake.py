@@ -20,6 +20,8 @@ import threading
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import ModuleType
 
+from gpuwarden.nvmlload import without_ctypes_util
+
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
@@ -72,7 +74,8 @@ def load_copy(name: str) -> ModuleType:
     module.__spec__ = ModuleSpec(name, loader, origin=path)
     module.__spec__.has_location = True
     sys.modules[name] = module
-    loader.exec_module(module)  # from nvidia-ml-py's cached bytecode, as an import would
+    # From nvidia-ml-py's cached bytecode, as an import would; without ctypes.util.
+    without_ctypes_util(lambda: loader.exec_module(module))
     return module
 
 

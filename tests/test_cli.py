@@ -212,3 +212,31 @@ def test_completion_needs_a_known_shell(cli) -> None:
     out = cli("completion", "fish")
     assert out.returncode == 2
     assert "invalid choice: 'fish'" in out.stderr
+
+
+def test_long_running_commands_log_at_the_level_asked(sim, cli, tmp_path) -> None:
+    sim("server-8xa100")
+    csv = str(tmp_path / "samples.csv")
+    args = ("record", csv, "--count", "1", "--interval", "0.01")
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    assert " INFO gpuwarden.record: recording to " in out.stderr
+    assert " INFO gpuwarden.record: wrote 1 samples to " in out.stderr
+    quiet = cli("--log-level", "warning", *args)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    from_env = cli(*args, env={"GPUWARDEN_LOG_LEVEL": "WARNING"})
+    assert from_env.returncode == 0 and from_env.stderr == ""
+
+
+def test_a_bad_log_level_is_one_line(sim, cli) -> None:
+    sim("server-8xa100")
+    out = cli("health", env={"GPUWARDEN_LOG_LEVEL": "loud"})
+    assert out.returncode == 2
+    assert out.stderr == (
+        "gpuwarden health: GPUWARDEN_LOG_LEVEL='loud': expected one of debug, info, warning, "
+        "error\n"
+    )
+    flag = cli("--log-level", "loud", "health")
+    assert flag.returncode == 2 and "invalid choice: 'loud'" in flag.stderr
+    # A one-shot command that never logs does not read the variable at all.
+    assert cli("status", env={"GPUWARDEN_LOG_LEVEL": "loud"}).returncode == 0

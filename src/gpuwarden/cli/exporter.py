@@ -35,7 +35,10 @@ def register(commands: Commands, name: str) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"gpuwarden exporter: {message}", file=sys.stderr, flush=True)
+    # Through logging: the CLI sets its format and level once (--log-level).
+    import logging
+
+    logging.getLogger("gpuwarden.exporter").warning(message)
 
 
 def run(args: argparse.Namespace) -> int:

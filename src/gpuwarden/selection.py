@@ -25,7 +25,7 @@ from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import record
 from gpuwarden.units import format_size
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Optional, Union
 

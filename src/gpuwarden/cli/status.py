@@ -12,7 +12,7 @@ import time
 
 from gpuwarden.inventory import Gpu, Snapshot, dotted
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional

@@ -460,3 +460,34 @@ def test_slow_and_silent_clients_delay_nobody(server: Server) -> None:
     assert time.monotonic() - started < 5  # a subprocess client: start-up dominates
     for sock in stalled:
         sock.close()
+
+
+def test_run_submit_queue_logs_cancel_through_the_service(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    ran = cli_as(
+        server, alice, "run", "-g", "2", "--", "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"; exit 4'
+    )
+    assert ran.returncode == 4, ran.stderr
+    assert len(ran.stdout.strip().split(",")) == 2
+    sub = cli_as(
+        server, alice, "submit", "-g", "1", "--time", "1h", "--", "sh", "-c", "echo hello; sleep 60"
+    )
+    assert sub.returncode == 0, sub.stderr
+    job = int(sub.stdout.strip())
+    server.wait_state(job, ("RUNNING",))
+    queue = cli_as(server, bob, "queue")
+    assert queue.returncode == 0 and f"{job}" in queue.stdout and "gw-alice" in queue.stdout
+    assert "(hidden)" in queue.stdout  # bob does not see alice's command
+    deadline = time.monotonic() + 30
+    logs = cli_as(server, alice, "logs", str(job))
+    while "hello" not in logs.stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+        logs = cli_as(server, alice, "logs", str(job))
+    assert logs.stdout == "hello\n", logs.stderr
+    denied = cli_as(server, bob, "logs", str(job))
+    assert denied.returncode == 2 and "only its owner or an admin" in denied.stderr
+    full = cli_as(server, alice, "run", "-g", "4", "--", "true")
+    assert full.returncode == 75 and "add --wait" in full.stderr  # 1 of 4 is taken: not now
+    done = cli_as(server, alice, "cancel", str(job))
+    assert done.returncode == 0 and f"cancelled: {job}" in done.stdout
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM

@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),
     "serve": ("serve", "run the queue service of a shared machine (root)"),
+    "service": ("service", "install, remove or check the queue service (admins)"),
 }
 
 

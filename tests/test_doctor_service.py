@@ -183,3 +183,18 @@ def test_something_else_at_the_socket_path_warns(tmp_path: Path) -> None:
     assert found["problem"] == "not-a-socket"
     assert judged(found)[0].level == "WARN"
     assert judged(None) == []
+
+
+def test_service_status_reports_socket_version_and_queue(service: Server, cli: Any) -> None:
+    out = cli("service", "status", "--socket", service.socket)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"running: answers on {service.socket}"
+    assert "protocol: version 1 (this gpuwarden: 1)" in lines
+    assert "you: root (an admin)" in lines and "jobs: none queued or running" in lines
+    fields = {"argv": ["true"], "cwd": str(service.work), "env": {"PATH": "/usr/bin:/bin"}}
+    for _ in range(2):
+        assert "job" in service.call(None, "submit", hold=True, **fields)
+    data = json.loads(cli("service", "status", "--json", "--socket", service.socket).stdout)
+    assert data["running"] and data["version"] == 1 and data["jobs"] == {"HELD": 2}
+    assert "jobs: 2 held" in cli("service", "status", "--socket", service.socket).stdout

@@ -90,26 +90,28 @@ LimitMEMLOCK=infinity
 # Sandboxing, as far as a service that runs arbitrary user jobs allows:
 # - /usr, /boot and /etc read-only (users could not write there anyway).
 ProtectSystem=full
-# - no kernel tunables, clock or host name changes from the service or its jobs.
-ProtectKernelTunables=yes
-ProtectClock=yes
-ProtectHostname=yes
+# - no kernel log reading, host name changes, realtime scheduling or personality
+#   changes from the service or its jobs.
 ProtectKernelLogs=yes
-LockPersonality=yes
+ProtectHostname=yes
 RestrictRealtime=yes
-RestrictSUIDSGID=yes
+LockPersonality=yes
 # Kept, and why:
 # - home directories writable (ProtectHome off): jobs read and write the user's files.
 # - the shared /tmp (PrivateTmp off): jobs meet their users' other processes there.
-# - every device (PrivateDevices off, no DevicePolicy): jobs open /dev/nvidia*,
-#   /dev/nvidia-uvm and /dev/infiniband/*.
+# - every device (PrivateDevices off, no DevicePolicy or DeviceAllow, and no
+#   ProtectClock, which adds a DeviceAllow rule and so closes the others): jobs open
+#   /dev/nvidia*, /dev/nvidia-uvm and /dev/infiniband/*.
 # - setuid programs and module loading (NoNewPrivileges and ProtectKernelModules
 #   off): CUDA's first use may run the setuid nvidia-modprobe to load nvidia-uvm
 #   and create its device nodes.
+# - /sys writable (ProtectKernelTunables and ProtectControlGroups off): jobs are
+#   placed in cgroups under /sys/fs/cgroup, which a read-only /sys would cover.
+# - setgid files and directories (RestrictSUIDSGID off): labs share group
+#   directories with the setgid bit, and jobs copy them.
 # - writable W+X memory (MemoryDenyWriteExecute off): PyTorch, Triton and CUDA JIT.
 # - namespaces, address families and system calls unrestricted: jobs are the users'
 #   own programs (containers, NCCL sockets, any library).
-# - the cgroup tree writable (ProtectControlGroups off): jobs are placed in cgroups.
 
 [Install]
 WantedBy=multi-user.target

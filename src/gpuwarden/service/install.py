@@ -309,6 +309,7 @@ def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
     for path, text in ((UNIT_PATH, unit_text(exec_start)), (TMPFILES_PATH, TMPFILES)):
         lines.append(_write_file(root, path, text, manifest))
     lines.append(_add_config(root, manifest))
+    lines.extend(_foreign_lock_files(_at(root, LEASE_DIR)))
     _write_manifest(root, manifest)
     lines.append(f"recorded what was installed in {_at(root, MANIFEST)}")
     return lines
@@ -324,6 +325,31 @@ def _preflight(root: str) -> None:
             raise UserError(
                 f"{where} exists and is not a directory; move it away and install again"
             )
+
+
+def _foreign_lock_files(where: str) -> list[str]:
+    """Files users left in a lease directory that was shared before: still theirs, so
+    they could still open and lock them. Named, not removed: a job may hold one now."""
+    owners: dict[str, int] = {}
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return []
+    from gpuwarden.paths import user_name
+
+    for name in names:
+        with contextlib.suppress(OSError):
+            uid = os.lstat(os.path.join(where, name)).st_uid
+            if uid != 0:
+                owner = user_name(uid)
+                owners[owner] = owners.get(owner, 0) + 1
+    if not owners:
+        return []
+    who = ", ".join(f"{n} of {owner}" for owner, n in sorted(owners.items()))
+    return [
+        f"note: {where} still holds files of its users ({who}): once `gpuwarden status` "
+        "shows no lease, remove them so that only the service's lock files remain"
+    ]
 
 
 def _make_dir(root: str, path: str, mode: int, manifest: Manifest, as_root: bool) -> str:

@@ -276,3 +276,19 @@ def test_status_without_a_service(tmp_path: Path, cli: Any) -> None:
     assert out.returncode == 3 and "not running" in out.stdout and str(sock) in out.stdout
     data = json.loads(cli("service", "status", "--json", "--socket", str(sock)).stdout)
     assert data["running"] is False and data["problem"] == "absent"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        ((), "required"),
+        (("start",), "invalid choice"),
+        (("install", "--root", ""), "--root needs a directory"),
+        (("install", "--bogus"), "unrecognized arguments"),
+        (("status", "--socket"), "expected one argument"),
+    ],
+)
+def test_bad_command_lines_are_one_error(cli: Any, argv: tuple[str, ...], words: str) -> None:
+    out = cli("service", *argv)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert words in out.stderr.splitlines()[-1], out.stderr

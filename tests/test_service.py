@@ -394,3 +394,52 @@ def test_owners_are_told_when_their_job_ends(
     finally:
         srv.kill(signal.SIGTERM)
         web.shutdown()
+
+
+def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket}
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+    )
+
+
+def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["true"], hold=True)
+    assert server.job(job)["reason"] == "Held"
+    refused = cli_as(server, bob, "unhold", str(job))
+    assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
+    done = cli_as(server, alice, "unhold", str(job))
+    assert done.returncode == 0 and f"released: {job}" in done.stdout, done.stderr
+    server.wait_state(job, ("COMPLETED",))
+    history = cli_as(server, alice, "jobs", "--me")
+    assert history.returncode == 0 and "COMPLETED" in history.stdout and "exit 0" in history.stdout
+    share = cli_as(server, bob, "share")
+    assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
+    bad = cli_as(server, alice, "hold", "nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr
+
+
+def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
+    alice = make_user("alice", ("lab",))
+    running = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    submit(server, alice, ["true"], request={"count": 1})
+    server.wait_state(running, ("RUNNING",))
+    env = {"GPUWARDEN_SOCKET": server.socket, "GPUWARDEN_SIM": SPEC}
+    out = cli("exporter", "--once", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gpuwarden_queue_service_up{" in text and "service_up{hostname=" in text
+    assert 'state="running",user="gw-alice"' in text and 'state="pending",user="gw-alice"' in text
+    assert "gpuwarden_queue_wait_seconds_bucket{hostname=" in text and 'le="+Inf"' in text
+    assert "gpuwarden_user_fairshare_factor{" in text
+    server.call(None, "cancel", jobs=[running])
+    no_service = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
+    assert "gpuwarden_queue_service_up{" in no_service.stdout
+    assert "} 0.0" in no_service.stdout.split("gpuwarden_queue_service_up{", 1)[1].split("\n")[0]

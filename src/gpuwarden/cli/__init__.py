@@ -53,6 +53,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("plot", "draw a recorded CSV as a picture"),
     "sim": ("sim", "run and steer a simulated GPU machine"),
     "serve": ("serve", "run the queue service of a shared machine (root)"),
+    "hold": ("hold", "keep waiting jobs from starting (queue service)"),
+    "unhold": ("hold", "let held jobs start again (queue service)"),
+    "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
+    "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
     "service": ("service", "install, remove or check the queue service (admins)"),
 }
 

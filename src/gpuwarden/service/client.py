@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import socket
 import sys
 from typing import Any, Optional
@@ -22,7 +21,11 @@ DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 
 
 def socket_path() -> str:
-    return os.environ.get("GPUWARDEN_SOCKET") or DEFAULT_SOCKET
+    """`service.socket` (or GPUWARDEN_SOCKET, which sets it), read with the rest of
+    the configuration."""
+    from gpuwarden import config
+
+    return str(config.load().get("service.socket") or DEFAULT_SOCKET)
 
 
 class Client:

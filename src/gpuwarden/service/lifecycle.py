@@ -38,6 +38,7 @@ class Lifecycle:
     termed: dict[int, float]
     notifier: JobNotifier
     memory: dict[str, int]
+    indices: dict[str, int]
     dirty: bool
     read_snapshot: Callable[[], Any]
     _priorities: dict[int, float]
@@ -126,6 +127,7 @@ class Lifecycle:
             return
         snapshot = self.read_snapshot()
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
+        self.indices = {g.uuid: g.index for g in snapshot.gpus}
         running = self.store.jobs([store.STARTING, store.RUNNING])
         ended = {j.id: j.state == store.COMPLETED for j in self.store.jobs(store.ENDED, limit=5000)}
         now = time.time()

@@ -29,7 +29,19 @@ MAX_IDS = 1024
 MAX_TIME = 10 * 365 * 86400.0
 MAX_BYTES = 1 << 60
 
-OPS = ("hello", "submit", "queue", "jobs", "cancel", "hold", "release", "logs", "share", "signal")
+OPS = (
+    "hello",
+    "submit",
+    "queue",
+    "jobs",
+    "cancel",
+    "hold",
+    "release",
+    "logs",
+    "share",
+    "signal",
+    "stats",
+)
 
 
 class ProtocolError(UserError):

@@ -89,6 +89,7 @@ class Service(Requests, Lifecycle):
         self._priorities: dict[int, float] = {}
         self._estimates: dict[int, Optional[float]] = {}
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
+        self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
         self.attached: dict[int, _Client] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
@@ -113,6 +114,9 @@ class Service(Requests, Lifecycle):
         listener.setblocking(False)
         self.listener = listener
         self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
+        snapshot = self.read_snapshot()
+        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
+        self.indices = {g.uuid: g.index for g in snapshot.gpus}
         self.recover()
         log.info("serving on %s", path)
 

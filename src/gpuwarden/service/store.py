@@ -207,6 +207,25 @@ class Store:
         ).fetchone()
         return int(row[0])
 
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
+        out: dict[str, dict[str, int]] = {}
+        query = (
+            "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY state, user"
+        )
+        for state, user, count in self.db.execute(query, ACTIVE):
+            out.setdefault(state, {})[user] = int(count)
+        return out
+
+    def wait_histogram(self, bounds: tuple[float, ...]) -> tuple[list[int], float, int]:
+        """How long every job that ever started waited: cumulative counts per upper
+        bound (Prometheus' `le`), the sum and the count."""
+        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
+        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
+        row = self.db.execute(query + " WHERE started IS NOT NULL").fetchone()
+        counts = [int(v or 0) for v in row[: len(bounds)]]
+        return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
+
     # -- usage -------------------------------------------------------------------
 
     def usage(self, now: float, half_life: float) -> dict[str, float]:

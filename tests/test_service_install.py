@@ -70,7 +70,7 @@ def test_install_writes_every_file_with_its_mode_and_contents(tmp_path: Path, cl
     assert service["Install"]["WantedBy"] == "multi-user.target"
     assert mode(root / "etc/systemd/system/gpuwarden.service") == 0o644
 
-    tmpfiles = (root / "etc/tmpfiles.d/gpuwarden.conf").read_text()
+    tmpfiles = (root / "etc/tmpfiles.d/gpuwarden-service.conf").read_text()
     entries = {
         line.split()[1]: line.split()
         for line in tmpfiles.splitlines()
@@ -99,9 +99,12 @@ def test_install_writes_every_file_with_its_mode_and_contents(tmp_path: Path, cl
     manifest = json.loads((root / "var/lib/gpuwarden/service/install.json").read_text())
     assert set(manifest["files"]) == {
         "/etc/systemd/system/gpuwarden.service",
-        "/etc/tmpfiles.d/gpuwarden.conf",
+        "/etc/tmpfiles.d/gpuwarden-service.conf",
+        "/etc/systemd/system/gpuwarden-exporter.service.d/gpuwarden-service.conf",
         "/etc/gpuwarden/config.toml",
     }
+    dropin = unit(root / "etc/systemd/system/gpuwarden-exporter.service.d/gpuwarden-service.conf")
+    assert dict(dropin["Service"]) == {"StateDirectoryMode": "0755"}  # not the exporter's 1777
     assert mode(root / "var/lib/gpuwarden/service/install.json") == 0o600
 
 
@@ -114,6 +117,28 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "gpuwarden.service" not in done.stderr, done.stderr  # no complaint about the unit
+
+
+def test_the_service_tmpfiles_win_over_the_shared_directory_snippet(tmp_path: Path) -> None:
+    """With the exporter's 1777 snippet installed too, systemd-tmpfiles gives the lease
+    and state directories the service's 0755: its file name sorts first."""
+    tmpfiles = shutil.which("systemd-tmpfiles")
+    require(tmpfiles is not None, "systemd-tmpfiles is not installed (Debian package `systemd`)")
+    install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
+    shared = tmp_path / "etc/tmpfiles.d/gpuwarden.conf"
+    shutil.copy(ROOT / "deploy/gpuwarden.tmpfiles.conf", shared)
+    for path in ("var/lib/gpuwarden/leases", "var/lib/gpuwarden/state"):
+        (tmp_path / path).chmod(0o1777)  # as the snippet alone would have made them
+    done = subprocess.run(
+        [str(tmpfiles), "--create", f"--root={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    for path in ("var/lib/gpuwarden/leases", "var/lib/gpuwarden/state"):
+        assert mode(tmp_path / path) == 0o755, path
+    assert mode(tmp_path / "var/lib/gpuwarden/service") == 0o700
 
 
 def test_the_deploy_files_are_what_install_writes() -> None:
@@ -209,7 +234,7 @@ def test_files_install_did_not_write_are_left_alone(tmp_path: Path) -> None:
     lines = install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
     assert path.read_text() == "[Service]\nExecStart=/opt/mine\n"
     assert any(line.startswith(f"left {path}") for line in lines)
-    tmpfiles = tmp_path / "etc/tmpfiles.d/gpuwarden.conf"
+    tmpfiles = tmp_path / "etc/tmpfiles.d/gpuwarden-service.conf"
     tmpfiles.write_text(tmpfiles.read_text() + "# an admin's line\n")
     lines = install.uninstall(str(tmp_path))
     assert path.exists() and tmpfiles.exists()

@@ -34,7 +34,14 @@ from typing import Any, Optional
 from gpuwarden.errors import UserError
 
 UNIT_PATH = "/etc/systemd/system/gpuwarden.service"
-TMPFILES_PATH = "/etc/tmpfiles.d/gpuwarden.conf"
+# Not gpuwarden.conf, the name docs/monitoring.md gives the shared-directory snippet
+# (deploy/gpuwarden.tmpfiles.conf, 1777): for a path named in both, systemd-tmpfiles
+# applies the file whose name sorts first, and "gpuwarden-" sorts before "gpuwarden.".
+TMPFILES_PATH = "/etc/tmpfiles.d/gpuwarden-service.conf"
+# The exporter's unit makes the lease and state directories 1777 (StateDirectoryMode=)
+# each time it starts; with a service this drop-in keeps them root's 0755.
+EXPORTER_DROPIN_DIR = "/etc/systemd/system/gpuwarden-exporter.service.d"
+EXPORTER_DROPIN = EXPORTER_DROPIN_DIR + "/gpuwarden-service.conf"
 CONFIG_PATH = "/etc/gpuwarden/config.toml"
 RUN_DIR = "/run/gpuwarden"
 BASE_DIR = "/var/lib/gpuwarden"
@@ -119,7 +126,9 @@ WantedBy=multi-user.target
 
 TMPFILES = """\
 # tmpfiles.d entry for the gpuwarden queue service (docs/service.md, "Operations").
-# Installed as /etc/tmpfiles.d/gpuwarden.conf by `gpuwarden service install`.
+# Installed as /etc/tmpfiles.d/gpuwarden-service.conf by `gpuwarden service install`.
+# Where the shared-directory snippet gpuwarden.conf (1777) is installed too, this
+# file's lines win for the same paths: its name sorts first.
 # /run is emptied at boot: the socket's directory is made again before the service.
 d /run/gpuwarden 0755 root root -
 d /var/lib/gpuwarden 0755 root root -
@@ -129,6 +138,17 @@ d /var/lib/gpuwarden/service 0700 root root -
 # only, so that no user can hold a GPU's lock or drain it behind the service's back.
 d /var/lib/gpuwarden/leases 0755 root root -
 d /var/lib/gpuwarden/state 0755 root root -
+"""
+
+EXPORTER_DROPIN_TEXT = """\
+# Installed by `gpuwarden service install` (docs/service.md, "Operations").
+# With the queue service the lease and state directories belong to root, mode 0755,
+# so that no user can create or hold lock files or drains there. The exporter's unit
+# makes them sticky and world-writable (StateDirectoryMode=1777) for machines without
+# a service, and systemd applies that mode each time the exporter starts: this keeps
+# them closed. The exporter runs as root and owns them, so it still writes drains.
+[Service]
+StateDirectoryMode=0755
 """
 
 CONFIG_SECTION = """\
@@ -226,7 +246,8 @@ class Manifest:
             and all(isinstance(k, str) and _valid_before(v) for k, v in dirs.items())
         ):
             raise bad("wrong types")
-        known = {p for p, _ in DIRECTORIES} | {CONFIG_DIR, UNIT_PATH, TMPFILES_PATH, CONFIG_PATH}
+        known = {p for p, _ in DIRECTORIES} | {CONFIG_DIR, EXPORTER_DROPIN_DIR}
+        known |= {UNIT_PATH, TMPFILES_PATH, EXPORTER_DROPIN, CONFIG_PATH}
         if not set(files) | set(dirs) | set(appended) <= known:
             raise bad("a path install never writes")
         return cls(files, dirs, appended)
@@ -303,10 +324,15 @@ def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
     lines: list[str] = []
     for path, mode in DIRECTORIES:
         lines.append(_make_dir(root, path, mode, manifest, as_root))
-    if not os.path.lexists(_at(root, CONFIG_DIR)):
-        lines.append(_make_dir(root, CONFIG_DIR, 0o755, manifest, as_root))
+    for path in (CONFIG_DIR, EXPORTER_DROPIN_DIR):
+        if not os.path.lexists(_at(root, path)):
+            lines.append(_make_dir(root, path, 0o755, manifest, as_root))
     exec_start = exec_start or default_exec_start()
-    for path, text in ((UNIT_PATH, unit_text(exec_start)), (TMPFILES_PATH, TMPFILES)):
+    for path, text in (
+        (UNIT_PATH, unit_text(exec_start)),
+        (TMPFILES_PATH, TMPFILES),
+        (EXPORTER_DROPIN, EXPORTER_DROPIN_TEXT),
+    ):
         lines.append(_write_file(root, path, text, manifest))
     lines.append(_add_config(root, manifest))
     lines.extend(_foreign_lock_files(_at(root, LEASE_DIR)))
@@ -317,9 +343,9 @@ def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
 
 def _preflight(root: str) -> None:
     """Refuse before changing anything, so that a refusal leaves no half-install."""
-    for path in (UNIT_PATH, TMPFILES_PATH, CONFIG_PATH):
+    for path in (UNIT_PATH, TMPFILES_PATH, EXPORTER_DROPIN, CONFIG_PATH):
         _read_existing(_at(root, path))
-    for path in (CONFIG_DIR, *(p for p, _ in DIRECTORIES)):
+    for path in (CONFIG_DIR, EXPORTER_DROPIN_DIR, *(p for p, _ in DIRECTORIES)):
         where = _at(root, path)
         if os.path.lexists(where) and not stat.S_ISDIR(os.lstat(where).st_mode):
             raise UserError(
@@ -466,7 +492,7 @@ def uninstall(root: str = "/", purge: bool = False) -> list[str]:
 
         shutil.rmtree(_at(root, SERVICE_DIR), ignore_errors=True)
         lines.append(f"removed {_at(root, SERVICE_DIR)} and the job journal in it (--purge)")
-    for path in (CONFIG_DIR, *(p for p, _ in reversed(DIRECTORIES))):
+    for path in (CONFIG_DIR, EXPORTER_DROPIN_DIR, *(p for p, _ in reversed(DIRECTORIES))):
         before = manifest.dirs.get(path)
         if before is not None:
             lines.append(_undo_dir(_at(root, path), before))

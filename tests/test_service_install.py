@@ -21,7 +21,7 @@ except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 from conftest import require
-from gpuwarden.service import install
+from gpuwarden.service import install, unitfiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,8 +143,8 @@ def test_the_service_tmpfiles_win_over_the_shared_directory_snippet(tmp_path: Pa
 
 def test_the_deploy_files_are_what_install_writes() -> None:
     shipped = (ROOT / "deploy/gpuwarden.service").read_text()
-    assert shipped == install.unit_text("/usr/local/bin/gpuwarden")
-    assert (ROOT / "deploy/gpuwarden.tmpfiles").read_text() == install.TMPFILES
+    assert shipped == unitfiles.unit_text("/usr/local/bin/gpuwarden")
+    assert (ROOT / "deploy/gpuwarden.tmpfiles").read_text() == unitfiles.TMPFILES
 
 
 def test_a_second_install_changes_nothing(tmp_path: Path) -> None:

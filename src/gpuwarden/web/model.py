@@ -65,6 +65,7 @@ def build(
     show_commands: bool = False,
     describe: Any = None,
     fatal_xids: Optional[Iterable[int]] = None,
+    service: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
     """The `/api/v1/state` document for one moment.
 
@@ -72,8 +73,11 @@ def build(
     `health.Finding`s by UUID, `xid_events` the XID log's entries, `waiters`
     `waitline.Waiter`s in arrival order, `history` per-UUID series from
     `web.history.History.series()`; `describe` turns a waiter's request into words;
-    `fatal_xids` (default: the built-in list) marks the fault lines that are fatal.
+    `fatal_xids` (default: the built-in list) marks the fault lines that are fatal;
+    `service` is what `web.queue.ask()` got from the queue service (None: not asked).
     """
+    from gpuwarden.web.queue import merge_users, section
+
     drains = drains or {}
     findings = findings or {}
     history = history or {}
@@ -93,6 +97,7 @@ def build(
         for g in snapshot.gpus
     ]
     index = {g.uuid: g.index for g in snapshot.gpus}
+    queue, shares = section(service, now, show_commands)
     return {
         "api": API_VERSION,
         "hostname": text(snapshot.hostname),
@@ -106,9 +111,9 @@ def build(
         "show_commands": show_commands,
         "watch": dict(watch) if watch is not None else {"running": False, "listening": False},
         "gpus": gpus,
-        "users": _users(gpus),
+        "users": merge_users(_users(gpus), shares, queue),
         "waitline": [_waiter(w, now, describe) for w in waiters],
-        "queue": {"service": False, "state": NO_QUEUE, "running": [], "waiting": []},
+        "queue": queue,
         "faults": _faults(xid_events, index, fatal_xids),
     }
 

@@ -1,10 +1,12 @@
 """The page's HTTP server: one sampler shared by every client, read-only routes.
 
 `Feed` reads the machine once per interval (snapshot, leases, drains, XID log,
-wait line), keeps the last hour in a `History`, builds the API document with
-`model.build` and encodes it once; every page — by server-sent events
-(`/api/v1/events`) or by polling `/api/v1/state` — gets those same bytes. So
-fifty open pages cost fifty socket writes a second, not fifty NVML reads.
+wait line, and the queue service's queue and fair share when one runs), keeps
+the last hour in a `History`, builds the API document with `model.build` and
+encodes it once; every page — by server-sent events (`/api/v1/events`) or by
+polling `/api/v1/state` — gets those same bytes. So
+fifty open pages cost fifty socket writes a second, not fifty NVML reads (nor
+fifty questions to the queue service).
 
 The server is `http.server.ThreadingHTTPServer` with bounds: at most
 `max_clients` connections at once (one more is answered 503 and closed), a
@@ -64,8 +66,14 @@ class Feed:
         watch: Any = None,
         history: Optional[History] = None,
         log: Callable[[str], None] = _warn,
+        service: Optional[str] = None,
+        service_timeout: Optional[float] = None,
     ) -> None:
         self.interval = interval
+        # The queue service's socket (None: none asked). Its answers must come within
+        # a fraction of the interval, so a stuck service cannot stall the GPUs' updates.
+        self.service = service
+        self.service_timeout = service_timeout or min(0.5, interval / 2)
         self.show_commands = show_commands
         self.rules = rules
         self.watch = watch
@@ -132,7 +140,15 @@ class Feed:
             show_commands=self.show_commands,
             describe=describe_request,
             fatal_xids=rules.fatal_xids,
+            service=self._ask_service(),
         )
+
+    def _ask_service(self) -> Optional[dict[str, Any]]:
+        if self.service is None:
+            return None
+        from gpuwarden.web.queue import ask
+
+        return ask(self.service, self.service_timeout)
 
     def _read_snapshot(self) -> Snapshot:
         try:

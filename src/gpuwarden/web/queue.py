@@ -119,7 +119,11 @@ def section(
     if not isinstance(answer, Mapping) or answer.get("state") == "absent":
         return empty, {}
     if answer.get("state") != "answered":
-        return {**empty, "state": NOT_ANSWERING, "error": text(answer.get("error"))}, {}
+        return {
+            **empty,
+            "state": NOT_ANSWERING,
+            "error": text(answer.get("error") or "malformed answer"),
+        }, {}
     hello, queue, share = answer.get("hello"), answer.get("queue"), answer.get("share")
     problem = _refused(hello, "hello") or _refused(queue, "queue")
     rows = queue.get("jobs") if isinstance(queue, Mapping) else None
@@ -205,16 +209,18 @@ def _job(row: Any, now: float, show_commands: bool) -> Optional[dict[str, Any]]:
     }
 
 
+def _figure(value: Any) -> Optional[float]:
+    """A fair-share figure: finite and not negative, else unknown (None)."""
+    number = finite(value)
+    return number if number is not None and number >= 0 else None
+
+
 def _shares(rows: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for row in rows if isinstance(rows, list) else ():
         if not isinstance(row, Mapping) or not isinstance(row.get("user"), str):
             continue
-        out[text(row["user"])] = {
-            "usage": finite(row.get("usage")),
-            "share": finite(row.get("share")),
-            "factor": finite(row.get("factor")),
-        }
+        out[text(row["user"])] = {k: _figure(row.get(k)) for k in ("usage", "share", "factor")}
     return out
 
 

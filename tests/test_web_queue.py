@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jsonschema
 import pytest
 
-from gpuwarden.inventory import Snapshot
+from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.web.model import NO_QUEUE, build
 from gpuwarden.web.queue import JOBS_SHOWN, NOT_ANSWERING, ask, section
 from gpuwarden.web.server import Feed, serve
@@ -27,6 +27,7 @@ SCHEMA = json.loads(
     (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
 )
 NOW = 1_700_000_000.0
+FOUR = Snapshot(NOW, "lab1", gpus=tuple(Gpu(index=i, uuid=f"GPU-{i:04d}") for i in range(4)))
 
 
 def valid(doc: dict) -> dict:
@@ -71,10 +72,18 @@ def answered(jobs: Any, users: Any = (), **hello: Any) -> dict[str, Any]:
 
 
 JOBS = [
-    row(1, "gw-alice", "RUNNING", gpus=[0, 1], started=NOW - 60, time_limit=3600.0, priority=9.0),
+    row(
+        1,
+        "gw-alice",
+        "RUNNING",
+        gpus=["GPU-0000", "GPU-0001"],
+        started=NOW - 60,
+        time_limit=3600.0,
+        priority=9.0,
+    ),
     row(2, "gw-bob", "PENDING", reason="Resources", priority=500.0, estimated_start=NOW + 30),
     row(3, "gw-alice", "PENDING", reason="Priority", priority=100.0, command=["python", "a b"]),
-    row(4, "gw-bob", "STARTING", gpus=[2], started=NOW - 1),
+    row(4, "gw-bob", "STARTING", gpus=["GPU-0002"], started=NOW - 1),
 ]
 SHARES = [
     {"user": "gw-alice", "usage": 7200.0, "share": 1.0, "factor": 0.25},
@@ -84,14 +93,15 @@ SHARES = [
 
 
 def test_running_and_waiting_jobs_with_reason_priority_and_times():
-    doc = valid(build(Snapshot(NOW, "lab1"), now=NOW, service=answered(JOBS, SHARES)))
+    doc = valid(build(FOUR, now=NOW, service=answered(JOBS, SHARES)))
     queue = doc["queue"]
     assert queue["service"] is True and queue["state"] == "running"
     assert queue["user"] == "gw-web" and queue["admin"] is False and queue["error"] is None
     assert [j["id"] for j in queue["running"]] == [1, 4]  # by start
     assert [j["id"] for j in queue["waiting"]] == [2, 3]  # by priority, highest first
     first, starting = queue["running"]
-    assert first["gpus"] == [0, 1] and first["elapsed"] == pytest.approx(60)
+    assert first["gpus"] == [0, 1] and first["uuids"] == ["GPU-0000", "GPU-0001"]
+    assert first["elapsed"] == pytest.approx(60)
     assert first["waited"] == pytest.approx(40)  # submitted 100 s ago, started 60 s ago
     assert starting["state"] == "STARTING"
     bob = queue["waiting"][0]
@@ -101,7 +111,7 @@ def test_running_and_waiting_jobs_with_reason_priority_and_times():
 
 
 def test_fair_share_beside_gpus_in_use_and_users_known_only_to_the_service():
-    doc = valid(build(Snapshot(NOW, "lab1"), now=NOW, service=answered(JOBS, SHARES)))
+    doc = valid(build(FOUR, now=NOW, service=answered(JOBS, SHARES)))
     users = {u["user"]: u for u in doc["users"]}
     assert users["gw-alice"]["usage"] == 7200.0 and users["gw-alice"]["factor"] == 0.25
     assert users["gw-bob"]["share"] == 2.0
@@ -114,7 +124,7 @@ def test_fair_share_beside_gpus_in_use_and_users_known_only_to_the_service():
 
 
 def test_commands_only_when_configured_and_only_what_the_service_gave():
-    hidden = build(Snapshot(NOW, "lab1"), now=NOW, service=answered(JOBS, SHARES))
+    hidden = build(FOUR, now=NOW, service=answered(JOBS, SHARES))
     assert all(
         j["command"] is None for j in hidden["queue"]["waiting"] + hidden["queue"]["running"]
     )
@@ -163,14 +173,18 @@ def test_malformed_rows_and_figures_cost_only_themselves():
         {"id": 5, "user": None, "state": "PENDING"},
         {"id": 6, "user": "x", "state": ["RUNNING"]},
         row(7, "gw-eve", "PENDING", priority=math.nan, submitted="yesterday", gpus="0,1"),
-        row(8, "gw-eve", "RUNNING", started=math.inf, gpus=[0, "1", None, 2.5, True, 3]),
+        row(
+            8,
+            "gw-eve",
+            "RUNNING",
+            started=math.inf,
+            gpus=["GPU-0000", 1, None, "GPU-9", True, "GPU-0003"],
+        ),
         row(9, "<b>x</b>" * 100, "PENDING", reason={"r": 1}, command="rm -rf /"),
         row(10, "gw-eve", "COMPLETED"),  # not active: not listed
     ]
     shares = ["x", {"user": 3}, {"user": "gw-eve", "usage": "lots", "share": -1, "factor": None}]
-    doc = valid(
-        build(Snapshot(NOW, "lab1"), now=NOW, show_commands=True, service=answered(jobs, shares))
-    )
+    doc = valid(build(FOUR, now=NOW, show_commands=True, service=answered(jobs, shares)))
     queue = doc["queue"]
     assert queue["state"] == "running"
     assert [j["id"] for j in queue["waiting"]] == [7, 9]
@@ -179,7 +193,8 @@ def test_malformed_rows_and_figures_cost_only_themselves():
     assert nine["user"].endswith("…") and len(nine["user"]) <= 200 and nine["reason"] is None
     assert nine["command"] is None  # a string is not a command list: not shown
     [eight] = queue["running"]
-    assert eight["gpus"] == [0, 3] and eight["started"] is None and eight["elapsed"] is None
+    assert eight["gpus"] == [0, 3] and eight["uuids"] == ["GPU-0000", "GPU-9", "GPU-0003"]
+    assert eight["started"] is None and eight["elapsed"] is None
     eve = next(u for u in doc["users"] if u["user"] == "gw-eve")
     assert eve["usage"] is None and eve["factor"] is None
 

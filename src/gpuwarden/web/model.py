@@ -97,7 +97,7 @@ def build(
         for g in snapshot.gpus
     ]
     index = {g.uuid: g.index for g in snapshot.gpus}
-    queue, shares = section(service, now, show_commands)
+    queue, shares = section(service, now, show_commands, index)
     return {
         "api": API_VERSION,
         "hostname": text(snapshot.hostname),

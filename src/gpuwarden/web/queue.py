@@ -100,12 +100,17 @@ def _why(err: BaseException) -> str:
 
 
 def section(
-    answer: Optional[Mapping[str, Any]], now: float, show_commands: bool = False
+    answer: Optional[Mapping[str, Any]],
+    now: float,
+    show_commands: bool = False,
+    index: Optional[Mapping[str, int]] = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The document's `queue` object and the fair-share figures by user name.
 
     `answer` is what `ask()` returned, or None when nobody asked (no service
-    configured, or tests of other sections)."""
+    configured, or tests of other sections); `index` maps the GPUs' UUIDs (how
+    the service names a job's GPUs) to their indexes on the page."""
+    index = index or {}
     empty: dict[str, Any] = {
         "service": False,
         "state": NO_QUEUE,
@@ -132,7 +137,7 @@ def section(
     if problem is not None:
         return {**empty, "state": NOT_ANSWERING, "error": problem}, {}
     assert isinstance(hello, Mapping) and isinstance(rows, list)
-    jobs = [j for j in (_job(r, now, show_commands) for r in rows) if j is not None]
+    jobs = [j for j in (_job(r, now, show_commands, index) for r in rows) if j is not None]
     running = sorted(
         (j for j in jobs if j["state"] in RUNNING_STATES),
         key=lambda j: (j["started"] or 0, j["id"]),
@@ -170,7 +175,9 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _job(row: Any, now: float, show_commands: bool) -> Optional[dict[str, Any]]:
+def _job(
+    row: Any, now: float, show_commands: bool, index: Mapping[str, int]
+) -> Optional[dict[str, Any]]:
     """One row of the queue, or None for a row without an id, user or state."""
     if not isinstance(row, Mapping):
         return None
@@ -179,6 +186,7 @@ def _job(row: Any, now: float, show_commands: bool) -> Optional[dict[str, Any]]:
         return None
     submitted, started = finite(row.get("submitted")), finite(row.get("started"))
     gpus = row.get("gpus")
+    uuids = [g for g in gpus if isinstance(g, str)][:64] if isinstance(gpus, list) else []
     command = row.get("command")
     shown = None
     if show_commands and isinstance(command, list) and all(isinstance(w, str) for w in command):
@@ -193,7 +201,8 @@ def _job(row: Any, now: float, show_commands: bool) -> Optional[dict[str, Any]]:
         "id": job_id,
         "user": text(user),
         "state": text(state, 20),
-        "gpus": [g for g in gpus if _int(g) is not None] if isinstance(gpus, list) else [],
+        "gpus": [index[g] for g in uuids if g in index],
+        "uuids": [text(g) for g in uuids],
         "count": _int(row.get("count")),
         "mem": _int(row.get("mem")),
         "reason": text(row.get("reason")) if isinstance(row.get("reason"), str) else None,

@@ -5,9 +5,11 @@ the page, in a browser, is in test_web_browser.py."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
+import os
 import socket
 import threading
 import time
@@ -233,6 +235,8 @@ class FakeService:
         self.reply = reply
         self.trickle = trickle
         self.asked = 0
+        self.connections = 0
+        self.open: list[socket.socket] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(16)
@@ -247,6 +251,8 @@ class FakeService:
                 conn, _ = self.listener.accept()
             except OSError:
                 continue
+            self.connections += 1
+            self.open.append(conn)
             threading.Thread(target=self._client, args=(conn,), daemon=True).start()
 
     def _client(self, conn: socket.socket) -> None:
@@ -273,6 +279,9 @@ class FakeService:
     def close(self) -> None:
         self.stop.set()
         self.listener.close()
+        for conn in self.open:  # the service is gone: so are its connections
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         self.thread.join(5)
 
 
@@ -339,7 +348,7 @@ def test_a_stuck_service_cannot_stop_the_page(fake, sim):
     """The page keeps updating its GPUs and says why the queue is missing."""
     sim("server-8xa100")
     service = fake(lambda r: None)
-    feed = Feed(interval=0.2, service=service.path)
+    feed = Feed(interval=0.2, service=service.path, service_timeout=0.3)
     server = serve("127.0.0.1:0", feed=feed, max_clients=4, timeout=5)
     try:
         seen = set()
@@ -366,18 +375,38 @@ def test_the_service_is_asked_once_per_interval_whatever_the_number_of_pages(fak
     sim("server-8xa100")
     service = fake(good)
     feed = Feed(interval=0.5, service=service.path)
+    started = time.monotonic()
     server = serve("127.0.0.1:0", feed=feed, max_clients=16, timeout=5)
     try:
-        before = feed.samples
-        asked_before = service.asked
         for _ in range(40):
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             conn.request("GET", "/api/v1/state")
             doc = json.loads(conn.getresponse().read())
             conn.close()
-        samples = feed.samples - before
+        rounds = (time.monotonic() - started) / 0.5 + 2
         assert doc["queue"]["service"] is True and len(doc["queue"]["waiting"]) == 2
-        # Three questions (hello, queue, share) per sample, however many requests came.
-        assert service.asked - asked_before <= 3 * (samples + 1)
+        # hello once, then queue and share once per interval, however many requests came,
+        # over one connection kept open.
+        assert service.asked <= 1 + 2 * rounds
+        assert service.connections == 1
     finally:
         server.close()
+
+
+def test_a_service_restart_is_followed(fake, tmp_path):
+    """A closed connection is reopened at the next question."""
+    from gpuwarden.web.queue import Asker
+
+    service = fake(good)
+    asker = Asker(service.path, 2.0)
+    try:
+        assert asker.ask()["state"] == "answered"
+        service.close()
+        os.unlink(service.path)
+        assert asker.ask()["state"] in ("failed", "absent")
+        again = fake(good)
+        os.rename(again.path, service.path)
+        assert asker.ask()["state"] == "answered"
+        assert again.connections == 1
+    finally:
+        asker.close()

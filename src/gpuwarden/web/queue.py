@@ -1,11 +1,12 @@
 """The page's queue and fair-share sections, from the queue service (`gpuwarden serve`).
 
-`ask()` is the only part that talks: once per interval the page's feed connects
-to the service's socket, asks `hello`, `queue` and `share` within one short
-deadline, and hands the raw answers to `section()`, a pure function that turns
-them into the document's `queue` object and per-user fair-share figures. Every
-open page then gets those same bytes: the service is asked once per interval,
-never once per client.
+`ServiceWatch` is the only part that talks: once per interval, in a thread of
+its own, it asks the service's socket `queue` and `share` (and `hello` once per
+connection) within one deadline, and keeps the raw answers; the page's feed
+hands the latest to `section()`, a pure function that turns them into the
+document's `queue` object and per-user fair-share figures. Every open page then
+gets those same bytes: the service is asked once per interval, never once per
+client, and a slow service delays the queue section only, never the GPUs.
 
 The service is trusted to be the service, not to be well-formed: a missing or
 mistyped field costs that row or that figure, an answer that is not the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -32,43 +34,115 @@ RUNNING_STATES = ("STARTING", "RUNNING")
 WAITING_STATES = ("PENDING",)
 JOBS_SHOWN = 200  # rows of each list in the document; the rest are counted in `hidden`
 NOT_ANSWERING = "service not answering"
-DEFAULT_TIMEOUT = 0.5  # seconds for all three questions together
+DEFAULT_TIMEOUT = 2.0  # seconds for one round of questions (a loaded machine is slow)
+
+
+class Asker:
+    """One connection to the service, kept between questions (`hello` is asked once
+    per connection); any failure closes it, and the next question reconnects."""
+
+    def __init__(self, path: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.sock: Optional[socket.socket] = None
+        self.decoder: Any = None
+        self.hello: Any = None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+
+    def ask(self) -> dict[str, Any]:
+        """The service's answers to hello, queue and share, or why there are none.
+
+        `{"state": "absent"}` when no service listens at the path (the ordinary case
+        on a workstation), `{"state": "failed", "error": ...}` when it did not answer
+        in time or not in its protocol, else `{"state": "answered", "hello": ...,
+        "queue": ..., "share": ...}` with the replies as they came."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            if self.sock is None and not self._connect():
+                return {"state": "absent"}
+            out: dict[str, Any] = {"state": "answered", "hello": self.hello}
+            for op in ("queue", "share"):
+                out[op] = self._call(op, deadline)
+            return out
+        except TimeoutError:
+            self.close()
+            return {"state": "failed", "error": f"no answer within {self.timeout:g} s"}
+        except (OSError, ValueError, UserError) as err:  # UserError: a ProtocolError
+            self.close()
+            return {"state": "failed", "error": _why(err)}
+
+    def _connect(self) -> bool:
+        import errno
+
+        from gpuwarden.service import protocol
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError as err:
+            sock.close()
+            if err.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR):
+                return False
+            raise ConnectionError(f"cannot connect: {_why(err)}") from None
+        self.sock, self.decoder = sock, protocol.Decoder()
+        self.hello = self._call("hello", time.monotonic() + self.timeout)
+        return True
+
+    def _call(self, op: str, deadline: float) -> Any:
+        from gpuwarden.service import protocol
+
+        assert self.sock is not None
+        return _call(
+            self.sock, self.decoder, protocol.encode({"v": protocol.VERSION, "op": op}), deadline
+        )
 
 
 def ask(path: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
-    """The service's answers to hello, queue and share, or why there are none.
-
-    `{"state": "absent"}` when no service listens at `path` (the ordinary case on
-    a workstation), `{"state": "failed", "error": ...}` when it did not answer
-    in time or not in its protocol, else `{"state": "answered", "hello": ...,
-    "queue": ..., "share": ...}` with the replies as they came."""
-    import errno
-
-    from gpuwarden.service import protocol
-
-    deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """`Asker.ask` once, on a connection of its own."""
+    asker = Asker(path, timeout)
     try:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-        except OSError as err:
-            if err.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR):
-                return {"state": "absent"}
-            return {"state": "failed", "error": f"cannot connect: {_why(err)}"}
-        decoder = protocol.Decoder()
-        out: dict[str, Any] = {"state": "answered"}
-        for op in ("hello", "queue", "share"):
-            out[op] = _call(
-                sock, decoder, protocol.encode({"v": protocol.VERSION, "op": op}), deadline
-            )
-        return out
-    except TimeoutError:
-        return {"state": "failed", "error": f"no answer within {timeout:g} s"}
-    except (OSError, ValueError, UserError) as err:  # UserError: the decoder's ProtocolError
-        return {"state": "failed", "error": _why(err)}
+        return asker.ask()
     finally:
-        sock.close()
+        asker.close()
+
+
+class ServiceWatch:
+    """Asks the service once per interval in a thread of its own, so the page's GPUs
+    never wait for it: the feed takes the latest answer, however slow the service."""
+
+    def __init__(self, path: str, interval: float, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.asker = Asker(path, timeout)
+        self.interval = interval
+        self.answer: Optional[dict[str, Any]] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def latest(self) -> dict[str, Any]:
+        """The last answer; without the thread running (`web --once`), asked now."""
+        if self._thread is None or self.answer is None:
+            self.answer = self.asker.ask()
+        return self.answer
+
+    def start(self) -> ServiceWatch:
+        self.answer = self.asker.ask()  # the first page must not find the queue empty
+        self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-queue", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.answer = self.asker.ask()
+        self.asker.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.asker.timeout + 5)
 
 
 def _call(sock: socket.socket, decoder: Any, request: bytes, deadline: float) -> Any:

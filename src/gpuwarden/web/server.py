@@ -70,10 +70,12 @@ class Feed:
         service_timeout: Optional[float] = None,
     ) -> None:
         self.interval = interval
-        # The queue service's socket (None: none asked). Its answers must come within
-        # a fraction of the interval, so a stuck service cannot stall the GPUs' updates.
-        self.service = service
-        self.service_timeout = service_timeout or min(0.5, interval / 2)
+        # The queue service's socket (None: none asked), asked by a thread of its own.
+        self.service: Any = None
+        if service is not None:
+            from gpuwarden.web.queue import DEFAULT_TIMEOUT, ServiceWatch
+
+            self.service = ServiceWatch(service, interval, service_timeout or DEFAULT_TIMEOUT)
         self.show_commands = show_commands
         self.rules = rules
         self.watch = watch
@@ -144,11 +146,7 @@ class Feed:
         )
 
     def _ask_service(self) -> Optional[dict[str, Any]]:
-        if self.service is None:
-            return None
-        from gpuwarden.web.queue import ask
-
-        return ask(self.service, self.service_timeout)
+        return None if self.service is None else self.service.latest()
 
     def _read_snapshot(self) -> Snapshot:
         try:
@@ -165,6 +163,8 @@ class Feed:
     # -- the loop --------------------------------------------------------------
 
     def start(self) -> Feed:
+        if self.service is not None:
+            self.service.start()
         if self.seq == 0:
             self.sample()  # the first request must not find an empty document
         self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-feed", daemon=True)
@@ -188,6 +188,8 @@ class Feed:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(5)
+        if self.service is not None:
+            self.service.stop()
 
     @property
     def stopped(self) -> bool:

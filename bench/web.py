@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import os
 import selectors
 import socket
@@ -132,6 +133,8 @@ def with_service(tmp: Path, jobs: int, requests: int) -> subprocess.Popen:
     from gpuwarden.service.client import connect
 
     sock, state = str(tmp / "service.sock"), str(tmp / "service")
+    # A machine of its own, without the 64 processes above: GPUs the queue can hand out.
+    os.environ["GPUWARDEN_SIM_STATE"] = str(tmp / "sim-queue")
     service = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "serve", "--socket", sock, "--state-dir", state],
         stderr=subprocess.DEVNULL,
@@ -156,8 +159,13 @@ def with_service(tmp: Path, jobs: int, requests: int) -> subprocess.Popen:
                     output=os.devnull,
                 )
                 ids.append(reply["job"])
-            rows = client.call("queue")["jobs"]
-        running = sum(r["state"] == "RUNNING" for r in rows)
+            deadline = time.monotonic() + 10  # let the service start what fits
+            while True:
+                rows = client.call("queue")["jobs"]
+                running = sum(r["state"] == "RUNNING" for r in rows)
+                if running or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         port = free_port()
         page = subprocess.Popen(
             [
@@ -174,7 +182,14 @@ def with_service(tmp: Path, jobs: int, requests: int) -> subprocess.Popen:
             text=True,
         )
         wait_up(port, page)
-        print(f"with a queue service of {len(rows)} jobs ({running} running):")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api/v1/state")
+        queue = json.loads(conn.getresponse().read())["queue"]
+        conn.close()
+        listed = len(queue["running"]) + len(queue["waiting"])
+        print(
+            f"with a queue service of {len(rows)} jobs ({running} running; {listed} on the page):"
+        )
         print(f"/api/v1/state keep-alive ({requests}): {ms(latency(port, requests, True))}")
         print(f"building one document with the service's answers: {ms(build_cost(50, sock))}")
         with connect(sock) as client:  # type: ignore[union-attr]

@@ -410,3 +410,14 @@ def test_a_service_restart_is_followed(fake, tmp_path):
         assert again.connections == 1
     finally:
         asker.close()
+
+
+def test_web_once_shows_the_service_named_by_socket(fake, sim, cli, tmp_path):
+    sim("server-8xa100")
+    service = fake(good)
+    shown = cli("web", "--once", "--socket", service.path)
+    assert shown.returncode == 0, shown.stderr
+    doc = valid(json.loads(shown.stdout))
+    assert doc["queue"]["service"] is True and [j["id"] for j in doc["queue"]["waiting"]] == [2, 3]
+    alone = cli("web", "--once", "--socket", str(tmp_path / "nobody.sock"))
+    assert json.loads(alone.stdout)["queue"]["state"] == NO_QUEUE

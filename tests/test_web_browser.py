@@ -333,6 +333,9 @@ def test_the_queue_service_on_the_page(browser, queue_page, tmp_path):
     assert api_run["user"] == "gw-alice" and api_run["gpus"] == [0, 1, 2, 3]
     assert api_run["uuids"] == [g["uuid"] for g in doc["gpus"]]
     assert api_run["elapsed"] is not None and api_run["command"] is None
+    # The service holds the job's leases; the page names the job's owner on the GPUs.
+    held = [(x["job"], x["user"]) for g in doc["gpus"] for x in g["leases"]]
+    assert held == [(str(running), "gw-alice")] * 4, held
     assert (api_wait["user"], api_wait["reason"]) == ("gw-bob", "Resources")
     assert api_wait["priority"] is not None and api_wait["waited"] >= 0
     users = {u["user"]: u for u in doc["users"]}

@@ -421,3 +421,28 @@ def test_web_once_shows_the_service_named_by_socket(fake, sim, cli, tmp_path):
     assert doc["queue"]["service"] is True and [j["id"] for j in doc["queue"]["waiting"]] == [2, 3]
     alone = cli("web", "--once", "--socket", str(tmp_path / "nobody.sock"))
     assert json.loads(alone.stdout)["queue"]["state"] == NO_QUEUE
+
+
+def test_a_service_lease_is_its_jobs_users_and_their_processes_are_reserved():
+    """The service holds its jobs' leases as root; the page names the job's owner, and
+    the owner's processes on that GPU are not flagged as unreserved use."""
+    from gpuwarden.inventory import GpuProcess
+    from gpuwarden.leases import LeaseInfo
+
+    def lease(user: str, job: str) -> LeaseInfo:
+        return LeaseInfo(uuid="GPU-0000", user=user, pid=4000, command="", started=NOW, job=job)
+
+    procs = (GpuProcess(pid=4242, used_memory=2**30, user="gw-alice"),)
+    snap = Snapshot(NOW, "lab1", gpus=(Gpu(index=0, uuid="GPU-0000", processes=procs),))
+    doc = valid(build(snap, leases=[lease("root", "1")], now=NOW, service=answered(JOBS)))
+    [g0] = doc["gpus"]
+    assert g0["leases"][0]["user"] == "gw-alice" and g0["processes"][0]["reserved"] is True
+    users = {u["user"]: u for u in doc["users"]}
+    assert users["gw-alice"]["leased_gpus"] == [0] and "root" not in users
+    # Without the service's word, or from a lease file root does not own, nothing changes.
+    alone = valid(build(snap, leases=[lease("root", "1")], now=NOW))
+    assert alone["gpus"][0]["leases"][0]["user"] == "root"
+    assert alone["gpus"][0]["processes"][0]["reserved"] is False
+    forged = valid(build(snap, leases=[lease("gw-mallory", "1")], now=NOW, service=answered(JOBS)))
+    assert forged["gpus"][0]["leases"][0]["user"] == "gw-mallory"
+    assert forged["gpus"][0]["processes"][0]["reserved"] is False

@@ -112,22 +112,52 @@ def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> l
     be given as `train.py ARGS`, `python train.py ARGS` or `python -m pkg ARGS`; any other
     program runs with `--no-python` and must read LOCAL_RANK itself."""
     args = list(argv)
+    script = False  # `python X`: X is a script whatever its name
     if args and _is_python(args[0]):
         args = args[1:]
+        script = True
         if args and args[0].startswith("-") and args[0] != "-m":
             raise UserError(
                 f"--ddp: interpreter option {args[0]!r} is not passed through torchrun; give "
                 "the script and its arguments after --, e.g. `-- train.py --epochs 3`"
             )
-    if not args or (args[0] == "-m" and len(args) < 2):
+    if not args or not args[0] or (args[0] == "-m" and len(args) < 2):
         raise UserError("--ddp: no script given after --, e.g. `-- train.py --epochs 3`")
+    _check_ddp_target(args, script or args[0].endswith(".py"))
     head = [python or sys.executable, "-m", "torch.distributed.run", "--standalone"]
     head.append(f"--nproc-per-node={nproc}")
     if args[0] == "-m":
         return [*head, "-m", *args[1:]]
-    if not args[0].endswith(".py"):
+    if not (script or args[0].endswith(".py")):
         head.append("--no-python")
     return [*head, *args]
+
+
+def _check_ddp_target(args: Sequence[str], script: bool) -> None:
+    """Refuse a script, program or module that is not there, with one line: torchrun
+    would start every rank only to print a 40-line traceback per failure."""
+    if args[0] == "-m":
+        # Only the top-level package is looked up, without importing anything: the
+        # ranks run with the working directory first on sys.path, as `python -m` does.
+        import importlib.machinery
+
+        top = args[1].split(".")[0]
+        if not top or (
+            top not in sys.builtin_module_names
+            and importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None
+        ):
+            raise LaunchError(f"--ddp: no module named {args[1]!r}", exit_code=127)
+        return
+    target = args[0]
+    if script:
+        if not os.path.isfile(target):
+            why = "is not a file" if os.path.exists(target) else "not found"
+            raise LaunchError(f"--ddp: script {why}: {target}", exit_code=127)
+        return
+    import shutil
+
+    if shutil.which(target) is None:
+        raise LaunchError(f"command not found: {target}", exit_code=127)
 
 
 def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...]]:
@@ -226,6 +256,9 @@ def start(argv: Sequence[str], env: Mapping[str, str], pass_fds: Iterable[int] =
     (the lease locks), and the wrapper's signals forwarded to the group."""
     if not argv:
         raise UserError("no command given: put it after --, e.g. `-- python train.py`")
+    if not argv[0]:
+        # posix_spawnp raises ValueError for it; the shell says "command not found".
+        raise LaunchError("command not found: '' (the command name is empty)", exit_code=127)
     fds = tuple(pass_fds)
     tty = _foreground_tty()
     forwarded = [s for s in FORWARDED if s not in _INHERITED_IGNORED]

@@ -1,10 +1,14 @@
 """Which GPUs a request gets: filters, then ranking — a pure function over data.
 
-`choose()` reads a `Snapshot`, the held leases and the drains, and returns a
-`Choice`; it never touches NVML, files or the clock, so `run`, `reserve`,
-`select`, the wait queue and the Python API all share one policy that can be
-tested exhaustively (tests/test_select_properties.py fuzzes its invariants).
-docs/selection.md is the user-facing account of the same rules.
+`choose()` reads a `Snapshot`, the held leases, the drains and the health
+findings, and returns a `Choice`; it never touches NVML or the clock, so `run`,
+`reserve`, `select`, the wait queue and the Python API all share one policy that
+can be tested exhaustively (tests/test_select_properties.py fuzzes its
+invariants). The one file it reads, when the caller does not pass the findings,
+is the XID log, through `health.judge_all`: the same judgement `status` shows, so
+a GPU `status` calls FATAL is never handed out (an XID exists only as a recorded
+event; judging the snapshot alone would miss it). docs/selection.md is the
+user-facing account of the same rules.
 
 Two kinds of "no": a GPU that can never serve this request on this machine
 (outside the allowed set, excluded, unhealthy, drained, wrong model or
@@ -31,6 +35,9 @@ if TYPE_CHECKING:
 
 # Kinds of "can never serve", used to word the never-fits message.
 _SCOPE, _HEALTH, _FILTER = "scope", "health", "filter"
+# How a GPU someone else computes on is passed over, and how to accept one anyway.
+_BUSY = "busy: "
+_BUSY_HINT = "an exclusive lease avoids GPUs others compute on: --max-util or --gpus accepts them"
 
 
 @record
@@ -166,12 +173,15 @@ def choose(
     leases: Sequence[Any] = (),
     drains: Union[Mapping[str, Any], Iterable[Any], None] = None,
     allowed: Optional[Collection[str]] = None,
+    health: Optional[Mapping[str, Sequence[Any]]] = None,
 ) -> Choice:
     """Pick `request.count` GPUs. `leases` are `LeaseInfo`s held now, `drains` the
     `Drain`s by UUID (or a list), `allowed` the UUIDs a parent CUDA_VISIBLE_DEVICES
-    leaves visible (None = all). Bad IDs in the request raise UserError; "does not
-    fit" is reported in the Choice, not raised."""
-    from gpuwarden.health import FATAL, WARNING, judge
+    leaves visible (None = all), `health` the `health.Finding`s by UUID as
+    `health.judge_all` gives them (None = judged now by that same function, with the
+    recorded XIDs and the configured fatal list). Bad IDs in the request raise
+    UserError; "does not fit" is reported in the Choice, not raised."""
+    from gpuwarden.health import FATAL, WARNING, judge, judge_all
 
     named = resolve_ids(snapshot, request.gpus) if request.gpus else None
     excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude)}
@@ -196,20 +206,25 @@ def choose(
 
     never: dict[str, tuple[str, str]] = {}  # uuid -> (kind, reason)
     busy: dict[str, str] = {}
-    warned: set[str] = set()
+    warned: dict[str, str] = {}  # uuid -> its health warnings
     room: dict[str, float] = {}  # free bytes as far as this request is concerned
+    if health is None:
+        health = judge_all(snapshot.gpus)
     for gpu in snapshot.gpus:
-        findings = judge(gpu)
+        findings = health[gpu.uuid] if gpu.uuid in health else judge(gpu)
         fatal = [f.reason for f in findings if f.level == FATAL]
-        if any(f.level == WARNING for f in findings):
-            warned.add(gpu.uuid)
+        warnings = [f.reason for f in findings if f.level == WARNING]
+        if warnings:
+            warned[gpu.uuid] = "; ".join(warnings)
         reason = _never_reason(
             gpu, request, allowed_set, named_uuids, excluded, fatal, drain_by_uuid.get(gpu.uuid)
         )
         if reason:
             never[gpu.uuid] = reason
             continue
-        reason, free = _busy_reason(gpu, request, leases_on.get(gpu.uuid, []), lease_pids)
+        reason, free = _busy_reason(
+            gpu, request, leases_on.get(gpu.uuid, []), lease_pids, named_uuids is not None
+        )
         if reason:
             busy[gpu.uuid] = reason
         else:
@@ -244,6 +259,8 @@ def choose(
             )
         reasons = _some(snapshot, busy)
         error = f"asked for {_plural(count)} but {_only(len(candidates))} free now ({reasons})"
+        if any(r.startswith(_BUSY) for r in busy.values()):
+            error += f"; {_BUSY_HINT}"
         return Choice((), passed, error, False)
 
     chosen = _best_set(snapshot, candidates, count, warned, request.keep_first_last)
@@ -251,7 +268,9 @@ def choose(
     for g in candidates:
         if g.uuid in chosen_uuids:
             continue
-        if request.keep_first_last and g.index == 0:
+        if g.uuid in warned:
+            passed[g.uuid] = f"ranked after GPUs without health warnings ({warned[g.uuid]})"
+        elif request.keep_first_last and g.index == 0:
             passed[g.uuid] = "kept for last (GPU 0 often drives a display)"
         else:
             util = "n/a" if g.utilization_gpu is None else _pct(g.utilization_gpu)
@@ -304,10 +323,10 @@ def _never_reason(
 
 
 def _busy_reason(
-    gpu: Gpu, request: Request, leases: list[Any], lease_pids: set[int]
+    gpu: Gpu, request: Request, leases: list[Any], lease_pids: set[int], named: bool = False
 ) -> tuple[Optional[str], float]:
     """Why the GPU cannot serve the request now (None if it can), and the free memory
-    it offers this request (for ranking)."""
+    it offers this request (for ranking). `named`: the request names this GPU."""
     free = float(gpu.memory_free) if gpu.memory_free is not None else 0.0
     exclusive = [lease for lease in leases if lease.mem is None]
     blocking = leases if request.mem is None else exclusive
@@ -316,16 +335,18 @@ def _busy_reason(
         kind = "" if lease.mem is None else f" (shared, {format_size(lease.mem)})"
         more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
         return f"leased by {lease.user} pid {lease.pid}{kind}{more}", free
-    if request.mem is None and request.min_free is None and request.max_util is None:
-        # With no thresholds, an exclusive request wants an idle GPU: a colleague's
-        # plain `python train.py` (no lease) is respected, not crowded.
-        compute = [p for p in gpu.processes if p.kind == "compute"]
+    if request.mem is None and request.max_util is None and not named:
+        # An exclusive lease does not land on a GPU someone else computes on (a
+        # colleague's plain `python train.py`, no lease), however much memory is
+        # free: `--min-free` only narrows the idle GPUs. Asking for it is explicit:
+        # name the GPU (--gpus), accept a load (--max-util) or take a share (--mem).
+        compute = [p for p in gpu.processes if p.kind == "compute" and p.pid not in lease_pids]
         if compute:
             p = compute[0]
             who = f" ({p.user})" if p.user else ""
             more = f" and {len(compute) - 1} more" if len(compute) > 1 else ""
             return (
-                f"busy: pid {p.pid}{who} uses {format_size(p.used_memory)}{more}",
+                f"{_BUSY}pid {p.pid}{who} uses {format_size(p.used_memory)}{more}",
                 free,
             )
     if request.mem is not None:
@@ -419,7 +440,7 @@ def _best_set(
     snapshot: Snapshot,
     ranked: list[Gpu],
     count: int,
-    warned: set[str],
+    warned: Collection[str],
     keep_first_last: bool,
 ) -> list[Gpu]:
     """The best `count` GPUs among `ranked` (best first): fewest health warnings, one

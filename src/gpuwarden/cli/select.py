@@ -1,4 +1,4 @@
-"""`gpuwarden select -n N [filters]`: print the IDs of GPUs that fit, without reserving them.
+"""`gpuwarden select -g N [filters]`: print the IDs of GPUs that fit, without reserving them.
 
 For scripts in the style of `CUDA_VISIBLE_DEVICES=$(nvisel -n 1) python train.py`.
 Nothing is held, so another job may take the same GPUs a moment later; stderr
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: Parser) -> None:
-    parser.add_argument("-n", "--count", metavar="N", help="how many GPUs (default 1)")
+    parser.add_argument("-g", "-n", "--count", metavar="N", help="how many GPUs (default 1)")
     filters.add_filters(parser)
     parser.add_argument("--uuid", action="store_true", help="print UUIDs instead of indices")
     parser.add_argument(

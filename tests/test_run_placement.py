@@ -112,3 +112,68 @@ def test_ddp_with_a_missing_script_is_one_clear_line(sim, cli) -> None:
         assert r.returncode == 127, r.stderr
         assert r.stderr.strip() == "gpuwarden run: --ddp: script not found: nosuch.py"
     assert lease.list_leases() == []
+
+
+# --- MIG, on the `mixed` spec: GPU 3 is an A100 in MIG mode with four MIG devices;
+# grace computes in the first (3g.40gb), heidi in the third (1g.10gb).
+MIG_IDLE_20GB = "MIG-44d5e7c7-29e5-5224-b9a1-2b9b2e5ed9e6"
+MIG_GRACE = "MIG-4d8bf2db-7c15-5609-9823-3ee2cb6e1304"
+MIG_IDLE_10GB = "MIG-a519e028-12b6-5f0e-b6eb-f2727e12e20a"
+
+
+def test_a_parent_mig_device_is_passed_on_as_itself(sim, cli, tmp_path: Path) -> None:
+    # Not `3`: CUDA would read that as the A100, and give its first MIG device (grace's).
+    sim("mixed")
+    parent = {"CUDA_VISIBLE_DEVICES": MIG_IDLE_20GB}
+    r = cli("run", "--", *_job(tmp_path), env=parent)
+    assert _visible(tmp_path, r) == MIG_IDLE_20GB
+    out = cli("visible", env={"CUDA_VISIBLE_DEVICES": MIG_IDLE_20GB})
+    assert MIG_IDLE_20GB in out.stdout and MIG_GRACE not in out.stdout
+    # A prefix in the parent, and a request that cannot fit in what the parent sees.
+    r = cli("run", "--", *_job(tmp_path), env={"CUDA_VISIBLE_DEVICES": MIG_IDLE_20GB[:12]})
+    assert _visible(tmp_path, r) == MIG_IDLE_20GB
+    r = cli("run", "--", "true", env={"CUDA_VISIBLE_DEVICES": MIG_GRACE})
+    assert r.returncode == 75 and "(grace)" in r.stderr
+    r = cli("select", "-q", env=parent)
+    assert r.stdout.strip() == MIG_IDLE_20GB
+
+
+def test_mig_devices_are_named_chosen_and_filtered_like_gpus(sim, cli) -> None:
+    sim("mixed")
+    out = cli("run", "--gpus", MIG_IDLE_10GB[:10], "--dry-run", "--", "x")
+    assert out.returncode == 0, out.stderr
+    assert f"CUDA_VISIBLE_DEVICES={MIG_IDLE_10GB}" in out.stdout
+    out = cli("run", "--gpus", "3", "--", "true")
+    assert out.returncode == 2 and "GPU 3 is in MIG mode" in out.stderr
+    assert MIG_IDLE_10GB in out.stderr
+    out = cli("run", "--exclude", "3", "--max-util", "100", "--dry-run", "--", "x")
+    assert f"GPU 3 {MIG_IDLE_20GB}: excluded" in out.stdout
+    # NVML reads no utilization per MIG device: at most 100% still passes.
+    out = cli("select", "--max-util", "100", "--gpus", MIG_GRACE, "-q")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == MIG_GRACE
+    out = cli("select", "--max-util", "50", "--gpus", MIG_GRACE, "-q")
+    assert out.returncode == 75 and "NVML gives none per MIG device" in out.stderr
+    # An idle MIG device is the one a plain `run` gets (every GPU here is busy or broken).
+    out = cli("run", "--dry-run", "--", "x")
+    assert f"CUDA_VISIBLE_DEVICES={MIG_IDLE_20GB}" in out.stdout
+    assert f"GPU 3 {MIG_GRACE}: busy: pid" in out.stdout
+    out = cli("run", "-g", "2", "--max-util", "100", "--dry-run", "--", "x")
+    assert f"GPU 3 {MIG_IDLE_20GB}: MIG device: CUDA shows a process one MIG device only" in (
+        out.stdout
+    )
+
+
+def test_a_mig_device_is_leased_by_its_own_uuid(sim, cli, tmp_path: Path) -> None:
+    sim("mixed")
+    first = cli("run", "--", *_job(tmp_path))
+    assert _visible(tmp_path, first) == MIG_IDLE_20GB
+    with gpuwarden_lease(MIG_IDLE_20GB):
+        r = cli("run", "--", *_job(tmp_path))
+        assert _visible(tmp_path, r) == MIG_IDLE_10GB  # the next idle MIG device
+
+
+def gpuwarden_lease(ids: str):
+    import gpuwarden
+
+    return gpuwarden.lease(gpus=ids)

@@ -52,16 +52,21 @@ def export_value(gpus: Sequence[Any], use_uuid: bool = False) -> str:
 
     Indices are NVML's and so mean the right GPUs only together with
     `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see `export_env`); UUIDs are right in any
-    order. An empty list hides every GPU. A GPU given twice would make CUDA
-    expose none, so it is refused. (Also `gpuwarden.visible.export_value`; it lives
-    here so that starting a job does not load the reading side's records.)
+    order, and a MIG device is always given by its UUID. An empty list hides every
+    GPU. A GPU given twice would make CUDA expose none, so it is refused. (Also
+    `gpuwarden.visible.export_value`; it lives here so that starting a job does not
+    load the reading side's records.)
     """
     seen: set[str] = set()
     for gpu in gpus:
         if gpu.uuid in seen:
             raise ValueError(f"GPU {gpu.uuid} given twice: CUDA would expose no GPU at all")
         seen.add(gpu.uuid)
-    return ",".join(gpu.uuid if use_uuid else str(gpu.index) for gpu in gpus)
+    # A MIG device has no index of its own that CUDA would read: only its MIG- UUID
+    # names it (the parent's index names the GPU, and CUDA then picks a MIG device).
+    return ",".join(
+        gpu.uuid if use_uuid or gpu.uuid.startswith("MIG-") else str(gpu.index) for gpu in gpus
+    )
 
 
 def export_env(gpus: Sequence[Any], use_uuid: bool = False) -> dict[str, str]:
@@ -161,7 +166,8 @@ def _check_ddp_target(args: Sequence[str], script: bool) -> None:
 
 
 def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...]]:
-    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us;
+    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us,
+    by UUID (`MIG-` for a MIG device: a child may be given only what the parent sees);
     None when unset. A malformed value is refused: guessing would pick the wrong card."""
     env = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" not in env:
@@ -171,7 +177,7 @@ def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...
     res = resolve(snapshot, env)
     if res.problems:
         raise UserError(res.problems[0] + " (fix or unset it)")
-    return tuple(d.uuid for d in res.devices)
+    return tuple(d.mig_uuid or d.uuid for d in res.devices)
 
 
 def _foreground_tty() -> Optional[int]:

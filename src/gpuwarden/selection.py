@@ -99,10 +99,59 @@ class Choice:
         return self.error is None
 
 
-def resolve_ids(snapshot: Snapshot, ids: Iterable[str]) -> tuple[Gpu, ...]:
+def is_mig(gpu: Gpu) -> bool:
+    """A MIG device as `devices()` gives it (its `uuid` is the `MIG-` one)."""
+    return gpu.uuid.startswith("MIG-")
+
+
+def devices(snapshot: Snapshot) -> tuple[Gpu, ...]:
+    """What a job can be given: each GPU, except that a GPU in MIG mode is replaced by
+    its MIG devices, in NVML order. CUDA cannot use a MIG-mode GPU as a whole, and
+    shows a process its MIG devices only by their `MIG-` UUIDs (docs/cuda-visible-
+    devices.md), so each is a unit of its own: `uuid` is the MIG UUID (what a lease
+    holds), `index` the parent's, memory the device's own, and processes those in it.
+    NVML reports no utilization per MIG device: a device with no process in it counts
+    as idle (0%), one with a process as unknown."""
+    from dataclasses import replace
+
+    found: list[Gpu] = []
+    for gpu in snapshot.gpus:
+        if not gpu.mig_mode or not gpu.mig_instances:
+            found.append(gpu)  # MIG mode with no MIG device: choose() says why not
+            continue
+        for inst in sorted(gpu.mig_instances, key=lambda m: m.index):
+            procs = tuple(p for p in gpu.processes if p.mig_uuid == inst.uuid)
+            total, used = inst.memory_total, inst.memory_used
+            computing = any(p.kind == "compute" for p in procs)
+            found.append(
+                replace(
+                    gpu,
+                    uuid=inst.uuid,
+                    name=f"{gpu.name} MIG {inst.name}" if gpu.name and inst.name else gpu.name,
+                    memory_total=total,
+                    memory_used=used,
+                    memory_free=None if total is None or used is None else max(0, total - used),
+                    utilization_gpu=None if computing else 0.0,
+                    processes=procs,
+                    mig_mode=False,
+                    mig_instances=(),
+                )
+            )
+    return tuple(found)
+
+
+def label(gpu: Gpu) -> str:
+    """ "GPU 3", or "GPU 3 MIG-44d5e7c7…" for a MIG device, for reasons and listings."""
+    return f"GPU {gpu.index} {gpu.uuid}" if is_mig(gpu) else f"GPU {gpu.index}"
+
+
+def resolve_ids(snapshot: Snapshot, ids: Iterable[str], whole_mig: bool = False) -> tuple[Gpu, ...]:
     """GPUs named by nvidia-smi indices or UUID prefixes (with or without `GPU-`, any
-    case), in the order given, duplicates dropped. An unknown or ambiguous ID raises
-    UserError naming it."""
+    case; `MIG-` prefixes name MIG devices), in the order given, duplicates dropped.
+    An unknown or ambiguous ID raises UserError naming it, and so does a GPU in MIG
+    mode named as a whole, unless `whole_mig` (as for --exclude): then it stands for
+    all its MIG devices."""
+    units = devices(snapshot)
     found: list[Gpu] = []
     for raw in ids:
         text = str(raw).strip()
@@ -114,7 +163,7 @@ def resolve_ids(snapshot: Snapshot, ids: Iterable[str]) -> tuple[Gpu, ...]:
             low = text.lower()
             matches = [
                 g
-                for g in snapshot.gpus
+                for g in (*snapshot.gpus, *(u for u in units if is_mig(u)))
                 if g.uuid.lower().startswith(low) or g.uuid.lower().startswith("gpu-" + low)
             ]
         if not matches:
@@ -122,8 +171,18 @@ def resolve_ids(snapshot: Snapshot, ids: Iterable[str]) -> tuple[Gpu, ...]:
         if len(matches) > 1:
             listed = ", ".join(f"GPU {g.index} ({g.uuid})" for g in matches[:4])
             raise UserError(f"GPU ID {text!r} is ambiguous: it matches {listed}")
-        if matches[0] not in found:
-            found.append(matches[0])
+        match = matches[0]
+        if match.mig_mode and whole_mig:
+            found.extend(u for u in units if u.index == match.index and u not in found)
+            continue
+        if match.mig_mode:
+            slices = ", ".join(f"{m.uuid} ({m.name or 'n/a'})" for m in match.mig_instances)
+            raise UserError(
+                f"GPU {match.index} is in MIG mode: CUDA cannot use it as a whole; name one "
+                f"of its MIG devices instead: {slices or 'it has none'}"
+            )
+        if match not in found:
+            found.append(match)
     return tuple(found)
 
 
@@ -184,11 +243,19 @@ def choose(
     from gpuwarden.health import FATAL, WARNING, judge, judge_all
 
     named = resolve_ids(snapshot, request.gpus) if request.gpus else None
-    excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude)}
+    excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, whole_mig=True)}
     count = request.count if request.count is not None else (len(named) if named else 1)
     if count < 0:
         raise UserError(f"invalid GPU count {count}: expected 0 or more")
     allowed_set = None if allowed is None else set(allowed)
+    # A GPU in MIG mode is chosen by MIG device; health, drains and whole-GPU leases
+    # are the parent GPU's.
+    parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
+    physical = snapshot
+    if parent:
+        from dataclasses import replace
+
+        snapshot = replace(snapshot, gpus=devices(snapshot))
     drain_by_uuid = _drain_map(drains)
     leases_on: dict[str, list[Any]] = {}
     for lease in leases:
@@ -209,21 +276,30 @@ def choose(
     warned: dict[str, str] = {}  # uuid -> its health warnings
     room: dict[str, float] = {}  # free bytes as far as this request is concerned
     if health is None:
-        health = judge_all(snapshot.gpus)
+        health = judge_all(physical.gpus)
+    by_uuid = {g.uuid: g for g in physical.gpus}
     for gpu in snapshot.gpus:
-        findings = health[gpu.uuid] if gpu.uuid in health else judge(gpu)
+        own = parent.get(gpu.uuid, gpu.uuid)
+        findings = health[own] if own in health else judge(by_uuid.get(own, gpu))
         fatal = [f.reason for f in findings if f.level == FATAL]
         warnings = [f.reason for f in findings if f.level == WARNING]
         if warnings:
             warned[gpu.uuid] = "; ".join(warnings)
-        reason = _never_reason(
-            gpu, request, allowed_set, named_uuids, excluded, fatal, drain_by_uuid.get(gpu.uuid)
-        )
+        drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
+        reason = _never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
+        if not reason and gpu.mig_mode:
+            reason = _FILTER, "MIG mode is on but it has no MIG device: CUDA cannot use it"
+        if not reason and count > 1 and is_mig(gpu):
+            reason = _FILTER, "MIG device: CUDA shows a process one MIG device only"
         if reason:
             never[gpu.uuid] = reason
             continue
         reason, free = _busy_reason(
-            gpu, request, leases_on.get(gpu.uuid, []), lease_pids, named_uuids is not None
+            gpu,
+            request,
+            leases_on.get(gpu.uuid, []) + (leases_on.get(own, []) if own != gpu.uuid else []),
+            lease_pids,
+            named_uuids is not None,
         )
         if reason:
             busy[gpu.uuid] = reason
@@ -373,9 +449,11 @@ def _busy_reason(
                 f"only {format_size(gpu.memory_free)} free < {format_size(request.min_free)}",
                 free,
             )
-    if request.max_util is not None:
+    if request.max_util is not None and request.max_util < 100:
+        # At most 100% is every GPU, whether or not its utilization can be read.
         if gpu.utilization_gpu is None:
-            return f"utilization n/a (asked for at most {_pct(request.max_util)})", free
+            why = " (NVML gives none per MIG device)" if is_mig(gpu) else ""
+            return f"utilization n/a{why} (asked for at most {_pct(request.max_util)})", free
         if gpu.utilization_gpu > request.max_util:
             return f"util {_pct(gpu.utilization_gpu)} > {_pct(request.max_util)}", free
     return None, free

@@ -109,3 +109,20 @@ def test_ddp_on_cpu_starts_one_process_per_rank(cli, tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}").read_text() == "2 gloo []"
+
+
+def test_a_mig_device_is_exported_and_allowed_by_its_mig_uuid() -> None:
+    from gpuwarden.inventory import MigInstance, Snapshot
+    from gpuwarden.launch import export_value
+
+    mig = Gpu(index=3, uuid="MIG-44d5e7c7-29e5", name="A100 MIG 2g.20gb")
+    assert export_value([G[0], mig]) == "3,MIG-44d5e7c7-29e5"  # never "3,3"
+    assert export_value([mig], use_uuid=True) == "MIG-44d5e7c7-29e5"
+    parent = Gpu(
+        index=0,
+        uuid="GPU-aa",
+        mig_mode=True,
+        mig_instances=(MigInstance("MIG-11", 0), MigInstance("MIG-22", 1)),
+    )
+    snap = Snapshot(0.0, "h", gpus=(parent,))
+    assert allowed_uuids(snap, {"CUDA_VISIBLE_DEVICES": "MIG-22"}) == ("MIG-22",)

@@ -312,3 +312,34 @@ def test_request_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config.load({"run.min_free": "1GiB", "run.min_capability": "8.0"})
     req = Request.from_config(cfg, mem=5)
     assert req == Request(count=None, gpus=("1", "2"), min_free=GiB, min_capability=(8, 0), mem=5)
+
+
+def test_a_mig_gpu_is_chosen_by_mig_device() -> None:
+    from gpuwarden.inventory import MigInstance
+    from gpuwarden.selection import devices
+
+    slices = (
+        MigInstance("MIG-aa", 0, name="3g.40gb", memory_total=40 * GiB, memory_used=20 * GiB),
+        MigInstance("MIG-bb", 1, name="2g.20gb", memory_total=20 * GiB, memory_used=0),
+    )
+    grace = GpuProcess(pid=5, used_memory=20 * GiB, user="grace", mig_uuid="MIG-aa")
+    a100 = card(3, mig_mode=True, mig_instances=slices, processes=(grace,), utilization_gpu=None)
+    alice = GpuProcess(pid=4, used_memory=80 * GiB, user="alice")
+    snap = machine(card(1, memory_free=0, memory_used=80 * GiB, processes=(alice,)), a100)
+    units = devices(snap)
+    assert [g.uuid for g in units] == [snap.gpus[0].uuid, "MIG-aa", "MIG-bb"]
+    assert units[1].processes == (grace,) and units[2].processes == ()
+    assert (units[2].memory_free, units[2].utilization_gpu) == (20 * GiB, 0.0)
+    choice = choose(snap, Request(count=1))
+    assert [g.uuid for g in choice.gpus] == ["MIG-bb"]
+    assert choice.passed_over["MIG-aa"].startswith("busy: pid 5 (grace)")
+    assert [g.uuid for g in choose(snap, Request(gpus=("MIG-a",), max_util=100)).gpus] == ["MIG-aa"]
+    assert choose(snap, Request(count=2)).passed_over["MIG-bb"] == (
+        "MIG device: CUDA shows a process one MIG device only"
+    )
+    # The parent's drain and whole-GPU lease apply to its MIG devices.
+    assert not choose(snap, Request(count=1), drains=[drained(a100)]).ok
+    assert not choose(snap, Request(count=1), leases=[lease(a100)]).ok
+    with pytest.raises(UserError, match=r"GPU 3 is in MIG mode.*MIG-aa"):
+        choose(snap, Request(gpus=("3",)))
+    assert not choose(snap, Request(count=1, exclude=("3",))).ok

@@ -26,6 +26,7 @@ from dataclasses import field
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.mig import devices, is_mig
 from gpuwarden.records import record
 from gpuwarden.units import format_size
 
@@ -97,52 +98,6 @@ class Choice:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-def is_mig(gpu: Gpu) -> bool:
-    """A MIG device as `devices()` gives it (its `uuid` is the `MIG-` one)."""
-    return gpu.uuid.startswith("MIG-")
-
-
-def devices(snapshot: Snapshot) -> tuple[Gpu, ...]:
-    """What a job can be given: each GPU, except that a GPU in MIG mode is replaced by
-    its MIG devices, in NVML order. CUDA cannot use a MIG-mode GPU as a whole, and
-    shows a process its MIG devices only by their `MIG-` UUIDs (docs/cuda-visible-
-    devices.md), so each is a unit of its own: `uuid` is the MIG UUID (what a lease
-    holds), `index` the parent's, memory the device's own, and processes those in it.
-    NVML reports no utilization per MIG device: a device with no process in it counts
-    as idle (0%), one with a process as unknown."""
-    from dataclasses import replace
-
-    found: list[Gpu] = []
-    for gpu in snapshot.gpus:
-        if not gpu.mig_mode or not gpu.mig_instances:
-            found.append(gpu)  # MIG mode with no MIG device: choose() says why not
-            continue
-        for inst in sorted(gpu.mig_instances, key=lambda m: m.index):
-            procs = tuple(p for p in gpu.processes if p.mig_uuid == inst.uuid)
-            total, used = inst.memory_total, inst.memory_used
-            computing = any(p.kind == "compute" for p in procs)
-            found.append(
-                replace(
-                    gpu,
-                    uuid=inst.uuid,
-                    name=f"{gpu.name} MIG {inst.name}" if gpu.name and inst.name else gpu.name,
-                    memory_total=total,
-                    memory_used=used,
-                    memory_free=None if total is None or used is None else max(0, total - used),
-                    utilization_gpu=None if computing else 0.0,
-                    processes=procs,
-                    mig_mode=False,
-                    mig_instances=(),
-                )
-            )
-    return tuple(found)
-
-
-def label(gpu: Gpu) -> str:
-    """ "GPU 3", or "GPU 3 MIG-44d5e7c7…" for a MIG device, for reasons and listings."""
-    return f"GPU {gpu.index} {gpu.uuid}" if is_mig(gpu) else f"GPU {gpu.index}"
 
 
 def resolve_ids(snapshot: Snapshot, ids: Iterable[str], whole_mig: bool = False) -> tuple[Gpu, ...]:

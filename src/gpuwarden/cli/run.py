@@ -215,7 +215,8 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
     import gpuwarden.leases as lease
     from gpuwarden import drain, waitline
     from gpuwarden.launch import export_value
-    from gpuwarden.selection import choose, devices, label
+    from gpuwarden.mig import devices, label
+    from gpuwarden.selection import choose
 
     ld = lease.open_dir()
     choice = choose(snapshot, request, lease.scan(ld)[0], drain.list_drains(), allowed)

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         allowed,
     )
     if args.explain:
-        from gpuwarden.selection import devices
+        from gpuwarden.mig import devices
 
         for gpu in devices(snapshot):
             if any(g.uuid == gpu.uuid for g in choice.gpus):

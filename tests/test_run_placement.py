@@ -177,3 +177,15 @@ def gpuwarden_lease(ids: str):
     import gpuwarden
 
     return gpuwarden.lease(gpus=ids)
+
+
+def test_a_mig_gpu_is_drained_whole_and_its_devices_follow(sim, cli) -> None:
+    # drain names physical GPUs; the drain then keeps every MIG device of it from jobs.
+    sim("mixed")
+    out = cli("drain", "3", "--reason", "maintenance")
+    assert out.returncode == 0, out.stderr
+    out = cli("run", "--dry-run", "--", "x")
+    assert out.returncode == 75  # GPUs 0 and 2 are only busy
+    assert f"GPU 3 {MIG_IDLE_20GB}: drained by" in out.stdout
+    assert cli("undrain", "3").returncode == 0
+    assert f"CUDA_VISIBLE_DEVICES={MIG_IDLE_20GB}" in cli("run", "--dry-run", "--", "x").stdout

@@ -100,13 +100,16 @@ class Choice:
         return self.error is None
 
 
-def resolve_ids(snapshot: Snapshot, ids: Iterable[str], whole_mig: bool = False) -> tuple[Gpu, ...]:
+def resolve_ids(
+    snapshot: Snapshot, ids: Iterable[str], mig: Optional[str] = None
+) -> tuple[Gpu, ...]:
     """GPUs named by nvidia-smi indices or UUID prefixes (with or without `GPU-`, any
-    case; `MIG-` prefixes name MIG devices), in the order given, duplicates dropped.
-    An unknown or ambiguous ID raises UserError naming it, and so does a GPU in MIG
-    mode named as a whole, unless `whole_mig` (as for --exclude): then it stands for
-    all its MIG devices."""
-    units = devices(snapshot)
+    case), in the order given, duplicates dropped. An unknown or ambiguous ID raises
+    UserError naming it. `mig` says what a GPU in MIG mode stands for: None, the GPU
+    itself (as `drain` names GPUs); "devices", its MIG devices one by one (`MIG-`
+    prefixes; the GPU named as a whole is refused, naming them: the GPUs a job may be
+    given); "expand", all its MIG devices (for --exclude)."""
+    units = devices(snapshot) if mig else ()
     found: list[Gpu] = []
     for raw in ids:
         text = str(raw).strip()
@@ -127,10 +130,10 @@ def resolve_ids(snapshot: Snapshot, ids: Iterable[str], whole_mig: bool = False)
             listed = ", ".join(f"GPU {g.index} ({g.uuid})" for g in matches[:4])
             raise UserError(f"GPU ID {text!r} is ambiguous: it matches {listed}")
         match = matches[0]
-        if match.mig_mode and whole_mig:
+        if match.mig_mode and mig == "expand":
             found.extend(u for u in units if u.index == match.index and u not in found)
             continue
-        if match.mig_mode:
+        if match.mig_mode and mig == "devices":
             slices = ", ".join(f"{m.uuid} ({m.name or 'n/a'})" for m in match.mig_instances)
             raise UserError(
                 f"GPU {match.index} is in MIG mode: CUDA cannot use it as a whole; name one "
@@ -197,8 +200,8 @@ def choose(
     UserError; "does not fit" is reported in the Choice, not raised."""
     from gpuwarden.health import FATAL, WARNING, judge, judge_all
 
-    named = resolve_ids(snapshot, request.gpus) if request.gpus else None
-    excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, whole_mig=True)}
+    named = resolve_ids(snapshot, request.gpus, "devices") if request.gpus else None
+    excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, "expand")}
     count = request.count if request.count is not None else (len(named) if named else 1)
     if count < 0:
         raise UserError(f"invalid GPU count {count}: expected 0 or more")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden import joboutput
 from gpuwarden.errors import UserError
 from gpuwarden.slurm import batch, gres, node, prolog, states, tools
 from gpuwarden.slurm import logs as slurm_logs
@@ -280,20 +281,20 @@ def test_drain_for_fault_only_when_configured() -> None:
 def test_output_file_that_is_a_symlink_fifo_or_someone_elses_is_refused(tmp_path: Path) -> None:
     real = tmp_path / "real.out"
     real.write_text("ok\n")
-    fd = slurm_logs._open(str(real), os.geteuid())
+    fd = joboutput.open_output(str(real), os.geteuid())
     os.close(fd)
     link = tmp_path / "link.out"
     link.symlink_to("/etc/shadow")
     with pytest.raises(UserError, match="symbolic link"):
-        slurm_logs._open(str(link), os.geteuid())
+        joboutput.open_output(str(link), os.geteuid())
     fifo = tmp_path / "fifo.out"
     os.mkfifo(fifo)
     with pytest.raises(UserError, match="not a regular file"):
-        slurm_logs._open(str(fifo), os.geteuid())
+        joboutput.open_output(str(fifo), os.geteuid())
     if os.geteuid() == 0:
         os.chown(real, 12345, 12345)
         with pytest.raises(UserError, match="not to the job's user"):
-            slurm_logs._open(str(real), 4242)
+            joboutput.open_output(str(real), 4242)
 
 
 # --- the CLI without Slurm -------------------------------------------------------------------
@@ -311,10 +312,9 @@ def test_output_file_that_is_a_symlink_fifo_or_someone_elses_is_refused(tmp_path
 def test_local_queue_commands_say_the_service_is_missing(cli: object, argv: tuple[str]) -> None:
     done = cli(*argv)  # type: ignore[operator]
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        f"gpuwarden {argv[0]}: the local queue needs gpuwarden's queue service, which is not "
-        "available yet: use --slurm or `gpuwarden run --wait`"
-    ]
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"gpuwarden {argv[0]}: no gpuwarden service runs on this machine (")
+    assert "gpuwarden serve" in line
 
 
 def test_submit_dry_run_prints_the_script(cli: object) -> None:

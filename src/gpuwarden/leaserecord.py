@@ -53,10 +53,12 @@ def _integer(value: object, lo: int, hi: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
-def parse_record(data: bytes, uuid: str, job: str, owner: str) -> LeaseInfo:
+def parse_record(data: bytes, uuid: str, job: str, owner: str, by_root: bool = False) -> LeaseInfo:
     """The lease a metadata file records, every field checked (types, ranges, the uuid
     and job its name says); ValueError naming the first bad field. The user is the
-    file's owner from the kernel, never a field."""
+    file's owner from the kernel, never a field — except in a record root wrote
+    (`by_root`: the queue service leases for its jobs' owners), whose `user` field
+    names the job's owner."""
     try:
         meta = json.loads(data)
     except (ValueError, RecursionError):
@@ -77,9 +79,13 @@ def parse_record(data: bytes, uuid: str, job: str, owner: str) -> LeaseInfo:
     for field, ok in checks.items():
         if not ok:
             raise ValueError(f"bad {field!r} ({printable(repr(meta.get(field)))[:60]})")
+    user = owner
+    named = meta.get("user")
+    if by_root and isinstance(named, str) and 0 < len(named) <= 64 and named.isprintable():
+        user = named
     return LeaseInfo(
         uuid=uuid,
-        user=owner,
+        user=user,
         pid=meta["pid"],
         # Shown by status and the exporter: another user's text, escaped once here.
         command=printable(meta.get("command", "")),

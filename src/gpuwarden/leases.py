@@ -106,7 +106,10 @@ class LeaseDir:
         a FIFO, only a regular file (safefiles.open_regular), of an expected owner."""
         path = self.join(name)
         try:
-            fd, st = open_regular(path, flags, 0o644, what="lease file")
+            # In a directory others may not write (a user's own, or the queue service's),
+            # nobody else needs to open a lock file: 0600 keeps them from holding it.
+            mode = 0o644 if self.shared else 0o600
+            fd, st = open_regular(path, flags, mode, what="lease file")
         except UnsafeFile as err:
             raise UserError(
                 f"{err}; whoever made it (see `ls -l {path}`) could block or redirect the "
@@ -273,7 +276,9 @@ def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional
         try:
             if st.st_size > MAX_RECORD:
                 raise UnsafeFile(f"{st.st_size} bytes")
-            info = parse_record(read_bounded(fd, MAX_RECORD), uuid, job, owner)
+            info = parse_record(
+                read_bounded(fd, MAX_RECORD), uuid, job, owner, by_root=st.st_uid == 0
+            )
         except (OSError, ValueError, UnsafeFile) as err:
             warn(
                 f"lease record {printable(path)} of {owner} is invalid ({err}); counting "
@@ -390,6 +395,7 @@ class Held:
         self._final: list[str] = []
         self._records: Optional[list[dict[str, Any]]] = None  # prepared, not yet published
         self._alloc_fd: Optional[int] = None
+        self.on_behalf: Optional[str] = None  # root leasing for this user (the queue service)
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -416,6 +422,7 @@ class Held:
                 "mem": self.mem,
                 "job": self.job,
                 "expires": expires,
+                **({"user": self.on_behalf} if self.on_behalf else {}),
             }
             # Room for any pid: publish rewrites these bytes, never more.
             raw = json.dumps(meta).encode() + b" " * PID_ROOM

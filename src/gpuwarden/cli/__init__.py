@@ -63,6 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
     "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
     "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
+    "service": ("service", "install, remove or check the queue service (admins)"),
     "completion": ("completion", "print a bash or zsh completion script for gpuwarden"),
 }
 

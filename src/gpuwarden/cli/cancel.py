@@ -1,10 +1,9 @@
-"""`gpuwarden cancel --slurm ID...`: end Slurm jobs, pending or running."""
+"""`gpuwarden cancel ID...`: end jobs of this machine's queue, waiting or running (only
+their owner or an admin may); `--slurm`: Slurm jobs."""
 
 from __future__ import annotations
 
 import sys
-
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,9 +22,14 @@ def register(commands: Commands, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        from gpuwarden.cli.submit import LOCAL_QUEUE
+        from gpuwarden.cli.hold import job_ids
+        from gpuwarden.service.client import require
 
-        raise UserError(LOCAL_QUEUE)
+        ids = job_ids(args.ids)
+        with require() as client:
+            done = client.call("cancel", jobs=ids)["jobs"]
+        print(f"cancelled: {', '.join(str(i) for i in done)}")
+        return 0
     from gpuwarden.slurm import tools
 
     for job in args.ids:

@@ -1,5 +1,5 @@
-"""`gpuwarden logs --slurm ID [-f]`: a Slurm job's output; `-f` follows it until the
-job ends."""
+"""`gpuwarden logs ID [-f]`: a queued job's output (only its owner or an admin may read
+it); `-f` follows it until the job ends. `--slurm`: a Slurm job's."""
 
 from __future__ import annotations
 
@@ -21,11 +21,27 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("id", metavar="ID", help="job id")
 
 
+def local(args: argparse.Namespace) -> int:
+    from gpuwarden import joboutput
+    from gpuwarden.cli.hold import job_ids
+    from gpuwarden.service.client import require
+
+    (job,) = job_ids([args.id])
+    with require() as client:
+        reply = client.call("logs", job=job)
+        if reply.get("attached"):
+            raise UserError(f"job {job} ran attached to a terminal: its output went there")
+
+        def ended() -> bool:
+            state = client.call("logs", job=job)["state"]
+            return state not in ("PENDING", "STARTING", "RUNNING")
+
+        return joboutput.show(reply["output"], reply["uid"], ended, args.follow, f"job {job}")
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        from gpuwarden.cli.submit import LOCAL_QUEUE
-
-        raise UserError(LOCAL_QUEUE)
+        return local(args)
     from gpuwarden.slurm import logs
 
     return logs.show(args.id, follow=args.follow)

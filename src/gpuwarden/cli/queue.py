@@ -1,12 +1,10 @@
-"""`gpuwarden queue --slurm`: jobs, their state and why they wait, in the local queue's
-words (pending (Resources), running, ...). Without --slurm: the local queue, which
-needs the queue service (not available yet)."""
+"""`gpuwarden queue`: this machine's queue (running jobs, then waiting ones in priority
+order with why they wait, as squeue shows them); `--slurm`: Slurm's, in the same words
+(pending (Resources), running, ...)."""
 
 from __future__ import annotations
 
 import sys
-
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,11 +22,29 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
 
 
+def local(args: argparse.Namespace) -> int:
+    from gpuwarden.cli.jobtables import queue_table
+    from gpuwarden.paths import user_name
+    from gpuwarden.service.client import require
+
+    with require() as client:
+        jobs = client.call("queue")["jobs"]
+    if args.me:
+        me = user_name()
+        jobs = [j for j in jobs if j.get("user") == me]
+    if args.json:
+        import json
+
+        json.dump(jobs, sys.stdout, indent=2)
+        print()
+    else:
+        print(queue_table(jobs))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        from gpuwarden.cli.submit import LOCAL_QUEUE
-
-        raise UserError(LOCAL_QUEUE)
+        return local(args)
     from gpuwarden.slurm import tools
 
     user = None

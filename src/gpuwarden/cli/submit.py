@@ -1,9 +1,8 @@
-"""`gpuwarden submit --slurm [-g N] [--nodes K] [--time T] [--mem X] [--ddp] -- CMD`:
-the request `gpuwarden run` takes, as a Slurm batch job (see docs/slurm.md).
-
-Without `--slurm` the job would go to this machine's own queue, which needs the
-per-machine queue service; until it exists, that is one clear line.
-`run --slurm` (attached, through `srun`) is `run_attached` here.
+"""`gpuwarden submit [-g N] [filters] [--time T] [--after ID] -- CMD`: a batch job for
+this machine's queue service (docs/service.md), which runs it as you when its GPUs are
+free, with its output in `gpuwarden-ID.out`; with `--slurm`, the same request as a
+Slurm batch job (docs/slurm.md). `run --slurm` (attached, through `srun`) is
+`run_attached` here.
 """
 
 from __future__ import annotations
@@ -22,10 +21,6 @@ if TYPE_CHECKING:
 
     Parser = argparse.ArgumentParser
 
-LOCAL_QUEUE = (
-    "the local queue needs gpuwarden's queue service, which is not available yet: "
-    "use --slurm or `gpuwarden run --wait`"
-)
 # Filters that choose among one machine's GPUs by what NVML shows; under Slurm the
 # scheduler picks the GPUs, so they have no meaning there.
 NO_SLURM_EQUIVALENT = ("gpus", "min_free", "max_util", "min_capability", "exclude")
@@ -47,15 +42,23 @@ def register(commands: Commands, name: str) -> None:
 
     parser = subcommand(commands, name)
     parser.usage = (
-        "gpuwarden submit --slurm [-g N] [--nodes K] [--time T] [--mem X] [--ddp] "
+        "gpuwarden submit [--slurm] [-g N] [filters] [--time T] [--after ID] [--ddp] "
         "[--dry-run] -- CMD ARGS..."
     )
     parser.add_argument("-g", "--count", metavar="N", help="GPUs per node (default 1; 0: none)")
-    parser.add_argument("--model", metavar="NAME", help="a GPU type (slurm.gpu_types) or feature")
-    parser.add_argument("--mem", metavar="SIZE", help="with --slurm: host memory per node (16G)")
+    parser.add_argument("--model", metavar="NAME", help="a GPU model; with --slurm a gres type")
+    parser.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="a shared GPU lease declaring this much GPU memory; with --slurm host memory",
+    )
     for name in NO_SLURM_EQUIVALENT:
         parser.add_argument("--" + name.replace("_", "-"), metavar="X", help="(not with --slurm)")
     add_slurm_options(parser)
+    local = parser.add_argument_group("this machine's queue (docs/service.md)")
+    local.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
+    local.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
+    local.add_argument("--nice", metavar="N", help="lower your own priority (0..19)")
     parser.add_argument(
         "--ddp", action="store_true", help="one task per GPU through srun (init_distributed)"
     )
@@ -105,9 +108,61 @@ def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
     )
 
 
+def submit_local(args: argparse.Namespace) -> int:
+    """The job to this machine's queue service; prints its id."""
+    from gpuwarden import config as cfg
+    from gpuwarden.cli import filters
+    from gpuwarden.cli.hold import job_ids
+    from gpuwarden.selection import Request
+    from gpuwarden.service.client import job_fields, require
+    from gpuwarden.units import parse_duration
+
+    for name in ("nodes", "constraint", "partition", "name"):
+        if getattr(args, name, None) is not None:
+            raise UserError(f"--{name} is a Slurm option: add --slurm")
+    conf = cfg.load(filters.settings(args))
+    request = Request.from_config(conf, mem=filters.mem_of(args))
+    cmd = _command(args)
+    if args.ddp:
+        from gpuwarden.launch import ddp_argv
+
+        cmd = ddp_argv(cmd, request.gpu_count)
+    nice = 0
+    if args.nice is not None:
+        if not args.nice.lstrip("-").isdigit() or not -20 <= int(args.nice) <= 19:
+            raise UserError(f"invalid --nice {args.nice!r}: a whole number from -20 to 19")
+        nice = int(args.nice)
+    fields = job_fields(
+        request,
+        cmd,
+        time_limit=None if args.time is None else parse_duration(args.time),
+        after=tuple(job_ids([args.after])) if args.after else (),
+        hold=args.hold,
+        nice=nice,
+        output=args.output,
+    )
+    if args.dry_run:
+        import json
+
+        shown = {k: v for k, v in fields.items() if k != "env"}
+        print(json.dumps(shown, indent=2))
+        return 0
+    with require(conf.get("service.socket")) as client:
+        job = client.call("submit", **fields)["job"]
+    print(job)
+    print(
+        f"gpuwarden submit: job {job} queued (`gpuwarden queue`, `gpuwarden logs {job}`)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        raise UserError(LOCAL_QUEUE)
+        return submit_local(args)
+    for name in ("after", "hold", "nice"):
+        if getattr(args, name, None) not in (None, False):
+            raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     from gpuwarden.slurm import batch, tools
 
     spec = spec_of(args, args.mem)

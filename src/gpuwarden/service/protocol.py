@@ -197,6 +197,7 @@ class Submit:
     after: tuple[int, ...] = ()
     output: Optional[str] = None
     attached: bool = False
+    wait: bool = True  # False: start now or not at all (`run` without --wait)
 
 
 def gpu_request(value: Any) -> GpuRequest:
@@ -263,6 +264,7 @@ def submit(message: Mapping[str, Any]) -> Submit:
         after=job_ids(after, "after") if after else (),
         output=_optional(message.get("output"), _path, "output"),
         attached=_bool(message.get("attached", False), "attached"),
+        wait=_bool(message.get("wait", True), "wait"),
     )
 
 

@@ -76,7 +76,13 @@ class Requests:
         if op == "logs":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             job = self._owned(who, job_id, "read the logs of")
-            return {"ok": True, "output": job.output, "state": job.state}
+            return {
+                "ok": True,
+                "output": job.output,
+                "state": job.state,
+                "uid": job.uid,
+                "attached": job.attached,
+            }
         if op == "stats":
             return self._stats()
         if op == "share":
@@ -134,7 +140,7 @@ class Requests:
             )
         )
         if sub.attached and client is not None:
-            self.store.update(job.id, attached=True)
+            self.store.update(job.id, attached=True, wait=sub.wait)
             client.job = job.id
             self.attached[job.id] = client
             self.stdio[job.id] = stdio

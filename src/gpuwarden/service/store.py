@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     after TEXT NOT NULL DEFAULT '[]',
     output TEXT,
     attached INTEGER NOT NULL DEFAULT 0,
+    wait INTEGER NOT NULL DEFAULT 1,
     state TEXT NOT NULL,
     reason TEXT,
     submitted REAL NOT NULL,
@@ -85,6 +86,7 @@ class Job:
     after: tuple[int, ...] = ()
     output: Optional[str] = None
     attached: bool = False
+    wait: bool = True
     reason: Optional[str] = None
     started: Optional[float] = None
     ended: Optional[float] = None
@@ -102,7 +104,7 @@ class Job:
 
 
 _JSON = {"argv", "env", "request", "after", "gpus"}
-_BOOL = {"held", "attached"}
+_BOOL = {"held", "attached", "wait"}
 _COLUMNS = [f.name for f in fields(Job)]  # one per table column
 
 

@@ -10,6 +10,7 @@ from gpuwarden.doctor.checks.enforcement import check_enforcement
 from gpuwarden.doctor.checks.in_process import check_in_process
 from gpuwarden.doctor.checks.kernels import check_kernels
 from gpuwarden.doctor.checks.machine import check_machine
+from gpuwarden.doctor.checks.service import check_service
 from gpuwarden.doctor.checks.torch_build import check_torch_build
 from gpuwarden.doctor.checks.visible import check_visible
 from gpuwarden.doctor.facts import Facts
@@ -24,6 +25,7 @@ CHECKS: tuple[Callable[[Facts], list[Finding]], ...] = (
     check_distributed,
     check_machine,
     check_enforcement,
+    check_service,
     check_in_process,
 )
 

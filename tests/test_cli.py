@@ -240,3 +240,20 @@ def test_a_bad_log_level_is_one_line(sim, cli) -> None:
     assert flag.returncode == 2 and "invalid choice: 'loud'" in flag.stderr
     # A one-shot command that never logs does not read the variable at all.
     assert cli("status", env={"GPUWARDEN_LOG_LEVEL": "loud"}).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sim", "inject", "ecc", "--gpu", "0", "--uncorr", "3"],  # nested in sim
+        ["service", "uninstall", "--pur"],  # nested in service
+        ["run", "--max-u", "5", "--", "true"],
+    ],
+)
+def test_nested_commands_refuse_abbreviations_too(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        parse(argv)
+    assert stop.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err

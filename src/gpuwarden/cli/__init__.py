@@ -29,6 +29,7 @@ TYPE_CHECKING = False  # the typing module is not needed at run time here
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import ModuleType
+    from typing import Any
 
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -76,9 +77,14 @@ _GLOBAL_VALUES = ("--sim", "--log-level")
 _GLOBAL_FLAGS = ("-h", "--help", "-V", "--version")
 
 
+_FORMATTER: list[type[argparse.HelpFormatter]] = []
+
+
 def formatter() -> type[argparse.HelpFormatter]:
     """argparse's help formatter, told the terminal's width: left to find it itself,
     it imports shutil (with its compression modules) for every argument declared."""
+    if _FORMATTER:
+        return _FORMATTER[0]
     from gpuwarden.table import columns
 
     class Formatter(argparse.HelpFormatter):
@@ -92,7 +98,19 @@ def formatter() -> type[argparse.HelpFormatter]:
             width = columns() - 2 if width is None else width
             super().__init__(prog, indent_increment, max_help_position, width)
 
+    _FORMATTER.append(Formatter)
     return Formatter
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Every command's parser, and the parsers nested in one (`sim inject xid`,
+    `service install`: argparse makes those of their parent's class): no option
+    may be abbreviated, and help is wrapped to the terminal."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", formatter())
+        super().__init__(*args, **kwargs)
 
 
 class RawFormatter(argparse.RawDescriptionHelpFormatter):
@@ -114,8 +132,6 @@ def subcommand(commands: Commands, name: str, **kwargs: str) -> argparse.Argumen
         prog=f"gpuwarden {name}",
         help=summary,
         description=kwargs.pop("description", summary),
-        allow_abbrev=False,
-        formatter_class=formatter(),
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -145,7 +161,9 @@ def top_parser() -> tuple[argparse.ArgumentParser, Commands]:
         "GPUWARDEN_LOG_LEVEL",
     )
     parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help=argparse.SUPPRESS, parser_class=CommandParser
+    )
     return parser, commands
 
 

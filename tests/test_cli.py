@@ -257,3 +257,32 @@ def test_nested_commands_refuse_abbreviations_too(
         parse(argv)
     assert stop.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_health_watch_logs_its_start(sim) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import SRC
+
+    sim("server-8xa100")
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "health", "--watch"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()  # blocks until the watch says it started
+        assert " INFO gpuwarden.health: watching GPU health (policy " in line, line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

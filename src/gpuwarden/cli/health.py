@@ -176,12 +176,13 @@ def _watch(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     hooks = [x for x in (settings.hook and "hook", settings.webhook and "webhook") if x]
-    print(
-        f"watching GPU health (policy {settings.policy}, poll every {settings.poll_seconds:g}s"
-        + (f", {' and '.join(hooks)}" if hooks else "")
-        + "); Ctrl-C to stop",
-        file=sys.stderr,
-        flush=True,
+    import logging
+
+    logging.getLogger("gpuwarden.health").info(
+        "watching GPU health (policy %s, poll every %gs%s); Ctrl-C to stop",
+        settings.policy,
+        settings.poll_seconds,
+        f", {' and '.join(hooks)}" if hooks else "",
     )
     watch.start()
     while not stop.wait(0.5):

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         grace=cfg.get("service.grace") if args.grace is None else parse_duration(args.grace),
         webhook=cfg.get("service.webhook"),
         sendmail=cfg.get("service.sendmail"),
+        devices=cfg.get("enforce.devices"),
     )
     Service(settings, read_snapshot).serve_forever()
     return 0

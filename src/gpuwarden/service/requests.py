@@ -42,6 +42,8 @@ class Requests:
 
         def _cancel(self, job: store.Job) -> None: ...
 
+        def job_cgroup(self, job_id: int) -> dict[str, str]: ...
+
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[_Client] = None
     ) -> dict[str, Any]:
@@ -221,8 +223,22 @@ class Requests:
             }
             if job.started is not None:
                 row["elapsed"] = (job.ended or now) - job.started
+            row["cpu_seconds"], row["mem_peak"] = job.cpu_seconds, job.mem_peak
+            if job.state == store.RUNNING:
+                row["cpu_seconds"], row["mem_peak"] = self._usage_now(job.id)
             rows.append(row)
         return {"ok": True, "jobs": rows}
+
+    def _usage_now(self, job_id: int) -> tuple[Optional[float], Optional[int]]:
+        """A running job's CPU seconds and peak memory so far, from its cgroup."""
+        dirs = self.job_cgroup(job_id)
+        if not dirs:
+            return None, None
+        from gpuwarden.accounting import usage_of
+
+        used = usage_of(dirs)
+        cpu = used.get("cpu_ns")
+        return (None if cpu is None else cpu / 1e9), used.get("memory_peak")
 
     def _stats(self) -> dict[str, Any]:
         """What the exporter turns into queue metrics: counts, waits, fair share."""

@@ -47,6 +47,7 @@ class Settings:
     grace: float = 30.0  # SIGTERM to SIGKILL past a time limit
     webhook: Optional[str] = None  # POSTed a JSON event when a job ends
     sendmail: Optional[str] = None  # mails the owner when a job ends
+    devices: str = "auto"  # enforce.devices: a device cgroup per job (auto, off, require)
     tick: float = 1.0
     max_clients: int = 512
     idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped

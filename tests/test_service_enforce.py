@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import textwrap
 import time
 from pathlib import Path
@@ -110,8 +111,10 @@ def test_a_job_opens_only_its_leased_gpu_and_so_do_its_children(
 
 ESCAPE = (
     "import os, subprocess, sys\n"
-    # A child in a session of its own that ignores SIGTERM: out of the job's process group.
-    "p = subprocess.Popen(['sh', '-c', \"trap '' TERM; exec sleep 300\"], start_new_session=True)\n"
+    # A child in a session of its own, out of the job's process group: it tells when
+    # SIGTERM reaches it, or ignores it (stubborn) and must then get SIGKILL.
+    "child = sys.argv[3] if sys.argv[2] == 'polite' else \"trap '' TERM; exec sleep 300\"\n"
+    "p = subprocess.Popen(['sh', '-c', child], start_new_session=True)\n"
     "open(sys.argv[1] + '.tmp', 'w').write(str(p.pid))\n"
     "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
     "os.execvp('sleep', ['sleep', '300'])\n"
@@ -127,13 +130,18 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("how", ["cancel", "time limit"])
-def test_cancel_and_time_limits_reach_a_child_that_left_the_group(server: Server, how: str) -> None:
+@pytest.mark.parametrize("child", ["polite", "stubborn"])
+def test_cancel_and_time_limits_reach_a_child_that_left_the_group(
+    server: Server, how: str, child: str
+) -> None:
     mode, why = cgroups.detect()
     require(mode != "none", f"no job cgroups here ({why})")
     alice = make_user("alice", ("lab",))
     pidfile = server.work / f"escaped-{how.replace(' ', '-')}"
+    termed = server.work / "termed"
+    polite = f"trap 'echo TERM > {termed}; exit 0' TERM; while :; do sleep 0.05; done"
     extra = {"time_limit": 1.0} if how == "time limit" else {}
-    job = submit(server, alice, [USER_PY, "-c", ESCAPE, str(pidfile)], **extra)
+    job = submit(server, alice, [USER_PY, "-c", ESCAPE, str(pidfile), child, polite], **extra)
     assert _poll(pidfile.exists), server.log.read_text()[-2000:]
     escaped = int(pidfile.read_text())
     assert os.getsid(escaped) == escaped  # it did leave the job's session and group
@@ -142,6 +150,8 @@ def test_cancel_and_time_limits_reach_a_child_that_left_the_group(server: Server
     row = server.wait_state(job, ("CANCELLED", "TIMEOUT"), timeout=60)
     assert row["state"] == ("CANCELLED" if how == "cancel" else "TIMEOUT")
     assert _poll(lambda: _gone(escaped), 30), f"{escaped} escaped the {how}"
+    if child == "polite":  # SIGTERM first, to every process: a chance to save its work
+        assert _poll(termed.exists, 10) and termed.read_text() == "TERM\n"
 
 
 def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
@@ -171,3 +181,23 @@ def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
     history = cli_as(server, alice, "jobs")
     lines = [x for x in history.stdout.splitlines() if x.split()[:1] == [str(job)]]
     assert len(lines) == 1 and "MiB" in lines[0], history.stdout + history.stderr
+
+
+def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Server) -> None:
+    mode, why = cgroups.detect()
+    require(mode != "none", f"no job cgroups here ({why})")
+    from gpuwarden.service.jobcgroup import job_dirs
+
+    alice = make_user("alice", ("lab",))
+    flag, ready = server.work / "end", server.work / "ready"
+    wait = f"touch {ready}; while [ ! -e {flag} ]; do sleep 0.05; done"
+    job = submit(server, alice, ["sh", "-c", wait])
+    assert _poll(ready.exists), server.log.read_text()[-2000:]
+    assert job_dirs(str(job), mode) != {}  # made for it, while it runs
+    server.kill(signal.SIGKILL)
+    flag.touch()
+    exits = Path(server.state) / "jobs" / f"{job}.exit"
+    assert _poll(exits.exists), "the job did not end"
+    server.start()
+    assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
+    assert job_dirs(str(job), mode) == {}

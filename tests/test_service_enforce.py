@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -201,3 +202,119 @@ def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Se
     server.start()
     assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
     assert job_dirs(str(job), mode) == {}
+
+
+# --- the enforcement watcher in the service ----------------------------------------------------
+
+
+@pytest.fixture
+def watched(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    """A service whose watcher looks at every tick (the default waits 5 s between looks)."""
+    make_user("alice", ("lab",))
+    make_user("bob")
+    leases = open_dir / "leases"
+    leases.mkdir(mode=0o755)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
+    monkeypatch.setenv("GPUWARDEN_ENFORCE_POLL_SECONDS", "0.1")
+    monkeypatch.setenv("GPUWARDEN_SIM", test_service.SPEC)
+    srv = Server(tmp_path, open_dir / "work", ("--grace", "1s"))
+    srv.start()
+    yield srv
+    if srv.proc and srv.proc.poll() is None:
+        srv.kill(signal.SIGTERM)
+    srv.kill_jobs()
+
+
+def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
+    from gpuwarden.sim.state import Machine
+
+    bob = make_user("bob")
+    stray = subprocess.Popen(["sleep", "300"])  # bob's `python train.py`, without a lease
+    try:
+        Machine.open().add_process(1, stray.pid, "2GiB", user="gw-bob")
+        found = _poll(lambda: watched.call(None, "queue").get("unleased"))
+        assert [(r["user"], r["index"], r["pid"]) for r in found] == [("gw-bob", 1, stray.pid)]
+        header = cli_as(watched, bob, "queue").stdout.splitlines()[0]
+        assert header.startswith("unreserved: GPU 1 used by gw-bob"), header
+
+        def usage() -> float:
+            users = watched.call(None, "share")["users"]
+            return next((u["usage"] for u in users if u["user"] == "gw-bob"), 0.0)
+
+        assert _poll(lambda: usage() >= 1.0, 30), "unreserved use was not charged"
+        stats = watched.call(None, "stats")
+        counted = {(r["policy"], r["action"]): r["count"] for r in stats["enforcement"]}
+        assert counted.get(("unleased", "notify")) == 1  # once, not at every look
+        from gpuwarden.queuemetrics import families
+
+        names = {f.name: f for f in families(stats, "h")}
+        assert names["gpuwarden_enforcement_actions"].samples[0].value == 1
+        gauge = names["gpuwarden_unleased_processes"].samples
+        assert [(s.labels["user"], s.labels["gpu"], s.value) for s in gauge] == [
+            ("gw-bob", "1", 1.0)
+        ]
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server) -> None:
+    from gpuwarden.service import store as st
+    from gpuwarden.sim.state import Machine
+
+    alice = make_user("alice", ("lab",))
+    out = watched.work / "alice.out"
+    ready = watched.work / "ready"
+    job = submit(
+        watched,
+        alice,
+        ["sh", "-c", f"echo started; touch {ready}; exec sleep 300"],
+        request={"count": 1, "mem": 1 << 30},
+        output=str(out),
+    )
+    row = watched.wait_state(job, ("RUNNING",))
+    assert _poll(ready.exists)
+    # The job uses 4 GiB of the 1 GiB it declared.
+    journal = st.Store(os.path.join(watched.state, "jobs.db"))
+    pid = journal.get(job).pid
+    journal.close()
+    Machine.open().add_process(row["indices"][0], pid, "4GiB", user="gw-alice")
+    assert _poll(lambda: "memory warn" in out.read_text()), out.read_text()
+    text = out.read_text()
+    assert text.startswith("started\n") and "over its --mem 1.0GiB" in text
+    assert os.stat(out).st_uid == alice.uid  # still the owner's file
+    watched.call(None, "cancel", jobs=[job])
+    watched.wait_state(job, ("CANCELLED",))
+
+
+def test_appending_as_the_owner_never_follows_their_symlink_as_root(tmp_path: Path) -> None:
+    from gpuwarden.service import store as st
+    from gpuwarden.service.watching import append_as
+
+    alice = make_user("alice", ("lab",))
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o777)
+    (home / "out").symlink_to(secret)
+    job = st.new_job(
+        uid=alice.uid,
+        gid=alice.gid,
+        user="gw-alice",
+        argv=("true",),
+        cwd=str(home),
+        env={},
+        umask=0o22,
+        request={},
+        state=st.RUNNING,
+        submitted=0.0,
+        output=str(home / "out"),
+    )
+    tmp_path.chmod(0o755)
+    assert append_as(job, "warned\n") is False
+    assert secret.read_text() == "root's\n"
+    (home / "out").unlink()
+    os.mkfifo(home / "out")  # a FIFO nobody reads: refused at once, never waited on
+    assert append_as(job, "warned\n", timeout=10) is False

@@ -102,6 +102,7 @@ class Enforcer:
         self.unleased: dict[tuple[str, int], policy.Since] = {}
         self.idle: dict[tuple[str, int], policy.Idle] = {}
         self.terminated: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM sent, group)
+        self.last_unleased: list[policy.Unleased] = []  # the last reading's unreserved use
 
     def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
         """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
@@ -171,7 +172,8 @@ class Enforcer:
         self, gpus: dict[str, Any], held: list[policy.Lease], uses: list[policy.Use], now: float
     ) -> list[Action]:
         out, seen = [], set()
-        for found in policy.unleased(uses, held):
+        self.last_unleased = policy.unleased(uses, held)
+        for found in self.last_unleased:
             key = (found.gpu, found.pid)
             seen.add(key)
             state, act = policy.unleased_action(found, self.unleased.get(key), now, self.rules)

@@ -112,6 +112,29 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
     return render(headers, rows, right=(0, 5, 6, 7, 8, 9, 10))
 
 
+def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> list[str]:
+    """The queue's header lines for GPU use outside any lease (no reservation, no job),
+    one per GPU and user: it counts against that user's fair share like a job."""
+    now = time.time() if now is None else now
+    by: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in found:
+        index = row.get("index")
+        key = ("?" if index is None else str(index), str(row.get("user") or "?"))
+        by.setdefault(key, []).append(row)
+    lines = []
+    for (gpu, user), rows in sorted(by.items()):
+        pids = ",".join(str(r.get("pid")) for r in rows)
+        since = min((r.get("since") or now) for r in rows)
+        line = (
+            f"unreserved: GPU {gpu} used by {printable(user)} (pid {pids}) for {span(now - since)}"
+        )
+        owners = sorted({str(r["leased_to"]) for r in rows if r.get("leased_to")})
+        if owners:
+            line += f", on a GPU leased to {printable(', '.join(owners))}"
+        lines.append(line)
+    return lines
+
+
 def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """Ended jobs, newest first: how each ended and what it used."""
     rows = []

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from gpuwarden import config, scheduling
+    from gpuwarden.enforcement import Policy as EnforcePolicy
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.service.identity import Admins
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         webhook=cfg.get("service.webhook"),
         sendmail=cfg.get("service.sendmail"),
         devices=cfg.get("enforce.devices"),
+        enforce=EnforcePolicy.from_config(cfg),
+        enforce_every=cfg.get("enforce.poll_seconds"),
     )
     Service(settings, read_snapshot).serve_forever()
     return 0

@@ -27,6 +27,7 @@ from gpuwarden.service.notify import JobNotifier
 
 if TYPE_CHECKING:
     from gpuwarden.service.server import Settings
+    from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -133,6 +134,14 @@ class Lifecycle:
                 time.sleep(0.01)
         if not remove_job(dirs):
             log.info("job %s: its cgroup is not empty yet; removed later", job_id)
+
+    def watcher(self) -> ServiceWatch:
+        watch = getattr(self, "_watcher", None)
+        if watch is None:
+            from gpuwarden.service.watching import ServiceWatch
+
+            watch = self._watcher = ServiceWatch(self)  # type: ignore[arg-type]
+        return watch
 
     def sweep_cgroups(self) -> None:
         """Remove the cgroups of jobs no longer running (ended while the service was down,
@@ -332,6 +341,13 @@ class Lifecycle:
         if now - getattr(self, "_swept", 0.0) >= SWEEP_EVERY:  # on the loop's tick
             self._swept = now
             self.sweep_cgroups()
+        watch = self.watcher()
+        if watch.due(now):
+            try:
+                watch.step(now)
+            except Exception:  # a reading that fails must not take the queue down
+                log.exception("the enforcement watcher failed")
+                watch.last = now
         running = self.store.jobs([store.RUNNING])
         for job in running:
             sent = self.termed.get(job.id)

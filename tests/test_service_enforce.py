@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -318,3 +319,31 @@ def test_appending_as_the_owner_never_follows_their_symlink_as_root(tmp_path: Pa
     (home / "out").unlink()
     os.mkfifo(home / "out")  # a FIFO nobody reads: refused at once, never waited on
     assert append_as(job, "warned\n", timeout=10) is False
+
+
+def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_path: Path) -> None:
+    mode, why = cgroups.detect()
+    require(mode == "cgroup-v1", f"no device isolation here ({why})")
+    from test_visible_acceptance import FAKE_SMI, run_script
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text(FAKE_SMI.format(python=sys.executable))
+    (bindir / "nvidia-smi").chmod(0o755)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for minor in range(4):
+        os.mknod(dev / f"nvidia{minor}", 0o600 | 0o020000, os.makedev(195, minor))
+    results = {}
+    for spec in (test_service.SPEC, "h200"):
+        env = {"GPU_ACCEPTANCE_SIM": spec, "GPUWARDEN_SIM": spec, "GPU_ACCEPTANCE_DEV": str(dev)}
+        out = tmp_path / f"out-{len(results)}"
+        run_script(
+            "--only", "service-device", path=f"{bindir}:{os.environ['PATH']}", env=env, out=out
+        )
+        record = json.loads((out / "gpu-acceptance.json").read_text())
+        results[spec] = next(r for r in record["results"] if r["name"].startswith("service-"))
+    four = results[test_service.SPEC]
+    assert four["status"] == "PASS", four
+    assert "3 other node(s) EPERM" in four["detail"]
+    assert results["h200"]["status"] == "SKIP" and "needs two GPUs" in results["h200"]["detail"]

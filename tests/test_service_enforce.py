@@ -218,6 +218,10 @@ def watched(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
     monkeypatch.setenv("GPUWARDEN_ENFORCE_POLL_SECONDS", "0.1")
     monkeypatch.setenv("GPUWARDEN_SIM", test_service.SPEC)
+    sendmail = tmp_path / "sendmail"  # the owner's notifications land in tmp_path/mail
+    sendmail.write_text(f"#!/bin/sh\ncat >> {tmp_path / 'mail'}\n")
+    sendmail.chmod(0o755)
+    monkeypatch.setenv("GPUWARDEN_SERVICE_SENDMAIL", str(sendmail))
     srv = Server(tmp_path, open_dir / "work", ("--grace", "1s"))
     srv.start()
     yield srv
@@ -284,6 +288,10 @@ def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server
     text = out.read_text()
     assert text.startswith("started\n") and "over its --mem 1.0GiB" in text
     assert os.stat(out).st_uid == alice.uid  # still the owner's file
+    mailbox = watched.root / "mail"  # and the owner is told through the notifier
+    assert _poll(lambda: mailbox.exists() and "memory warn" in mailbox.read_text())
+    mail = mailbox.read_text()
+    assert "To: gw-alice" in mail and f"Subject: gpuwarden job {job} memory warn" in mail
     watched.call(None, "cancel", jobs=[job])
     watched.wait_state(job, ("CANCELLED",))
 

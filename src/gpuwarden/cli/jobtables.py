@@ -124,7 +124,7 @@ def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = No
     lines = []
     for (gpu, user), rows in sorted(by.items()):
         pids = ",".join(str(r.get("pid")) for r in rows)
-        since = min((r.get("since") or now) for r in rows)
+        since = min(now if r.get("since") is None else r["since"] for r in rows)
         line = (
             f"unreserved: GPU {gpu} used by {printable(user)} (pid {pids}) for {span(now - since)}"
         )

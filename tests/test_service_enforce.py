@@ -106,9 +106,10 @@ def test_a_job_opens_only_its_leased_gpu_and_so_do_its_children(
     assert got_a == {"job": _expect(2), "child": _expect(2)}
     assert got_b == {"job": _expect(0), "child": _expect(0)}
     # Removed when the jobs ended: nothing of theirs is left in the cgroup tree.
-    from gpuwarden.service.jobcgroup import job_dirs
+    from gpuwarden.service.jobcgroup import job_dirs, scope_of
 
-    assert job_dirs(str(first)) == {} and job_dirs(str(second)) == {}
+    scope = scope_of(os.path.join(server.state, "jobs"))
+    assert job_dirs(scope, str(first)) == {} and job_dirs(scope, str(second)) == {}
 
 
 ESCAPE = (
@@ -188,21 +189,22 @@ def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
 def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Server) -> None:
     mode, why = cgroups.detect()
     require(mode != "none", f"no job cgroups here ({why})")
-    from gpuwarden.service.jobcgroup import job_dirs
+    from gpuwarden.service.jobcgroup import job_dirs, scope_of
 
     alice = make_user("alice", ("lab",))
     flag, ready = server.work / "end", server.work / "ready"
     wait = f"touch {ready}; while [ ! -e {flag} ]; do sleep 0.05; done"
     job = submit(server, alice, ["sh", "-c", wait])
     assert _poll(ready.exists), server.log.read_text()[-2000:]
-    assert job_dirs(str(job), mode) != {}  # made for it, while it runs
+    scope = scope_of(os.path.join(server.state, "jobs"))
+    assert job_dirs(scope, str(job), mode) != {}  # made for it, while it runs
     server.kill(signal.SIGKILL)
     flag.touch()
     exits = Path(server.state) / "jobs" / f"{job}.exit"
     assert _poll(exits.exists), "the job did not end"
     server.start()
     assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
-    assert job_dirs(str(job), mode) == {}
+    assert job_dirs(scope, str(job), mode) == {}
 
 
 # --- the enforcement watcher in the service ----------------------------------------------------
@@ -355,3 +357,20 @@ def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_pat
     assert four["status"] == "PASS", four
     assert "3 other node(s) EPERM" in four["detail"]
     assert results["h200"]["status"] == "SKIP" and "needs two GPUs" in results["h200"]["detail"]
+
+
+def test_two_services_never_share_or_sweep_each_others_job_cgroups(tmp_path: Path) -> None:
+    mode, why = cgroups.detect()
+    require(mode == "cgroup-v1", f"no device isolation here ({why})")
+    from gpuwarden.service import jobcgroup
+
+    first, second = (jobcgroup.scope_of(str(tmp_path / n)) for n in ("one", "two"))
+    assert first != second and first == jobcgroup.scope_of(str(tmp_path / "one"))
+    made = [jobcgroup.make_job(s, "1", [0], [0, 1]) for s in (first, second)]
+    try:
+        assert made[0]["devices"] != made[1]["devices"]
+        assert set(jobcgroup.service_jobs(first)) == {"1"}
+        assert jobcgroup.service_jobs(first)["1"] == made[0]
+    finally:
+        assert all(jobcgroup.remove_job(d) for d in made)
+    assert jobcgroup.service_jobs(first) == {} and jobcgroup.service_jobs(second) == {}

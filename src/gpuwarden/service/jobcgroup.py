@@ -25,16 +25,29 @@ if TYPE_CHECKING:
     from typing import Optional
 
 _JOB = re.compile(r"job-(\d{1,18})")
+_SCOPE = re.compile(r"svc-[0-9a-f]{12}")
 
 
-def job_name(job: str) -> str:
+def scope_of(state_dir: str) -> str:
+    """The directory that holds one service's job cgroups, named after its state
+    directory: two services on one machine (a test suite run beside the real one) never
+    share job ids, and one never sweeps the other's jobs. The same after a restart."""
+    import hashlib
+
+    digest = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()
+    return f"svc-{digest[:12]}"
+
+
+def job_name(scope: str, job: str) -> str:
     name = f"job-{job}"
-    if not _JOB.fullmatch(name):
-        raise ValueError(f"bad job id {job!r}")
-    return name
+    if not _JOB.fullmatch(name) or not _SCOPE.fullmatch(scope):
+        raise ValueError(f"bad job id {job!r} or scope {scope!r}")
+    return f"{scope}/{name}"
 
 
-def job_dirs(job: str, mode: Optional[str] = None, existing: bool = True) -> dict[str, str]:
+def job_dirs(
+    scope: str, job: str, mode: Optional[str] = None, existing: bool = True
+) -> dict[str, str]:
     """Controller -> directory of the service job `job`'s cgroups (only those that exist
     when `existing`); {} where this machine has no device isolation."""
     if mode is None:
@@ -42,7 +55,7 @@ def job_dirs(job: str, mode: Optional[str] = None, existing: bool = True) -> dic
     if mode == "none":
         return {}
     try:
-        dirs, _ = _job_dirs(job_name(job), mode)
+        dirs, _ = _job_dirs(job_name(scope, job), mode)
     except OSError:
         return {}
     if existing:
@@ -50,7 +63,9 @@ def job_dirs(job: str, mode: Optional[str] = None, existing: bool = True) -> dic
     return dirs
 
 
-def make_job(job: str, minors: Sequence[Optional[int]], present: Iterable[int]) -> dict[str, str]:
+def make_job(
+    scope: str, job: str, minors: Sequence[Optional[int]], present: Iterable[int]
+) -> dict[str, str]:
     """Make service job `job`'s cgroups, allowing only the GPU nodes of `minors` (as root);
     its dirs. Raises CgroupError (and leaves nothing behind) when that is impossible."""
     mode, why = detect()
@@ -59,14 +74,13 @@ def make_job(job: str, minors: Sequence[Optional[int]], present: Iterable[int]) 
     if any(m is None for m in minors):
         raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
     leased = [m for m in minors if m is not None]
-    dirs = job_dirs(job, mode, existing=False)
+    dirs = job_dirs(scope, job, mode, existing=False)
     if not any(c in dirs for c in DEVICES):
         raise CgroupError("the service is in no hierarchy that can control devices")
     made: dict[str, str] = {}
     try:
         for controller, path in dirs.items():
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(os.path.dirname(path), 0o755)
+            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 _remove(path)  # left by a try that never started: its rules may differ
             os.mkdir(path, 0o755)
@@ -110,14 +124,14 @@ def remove_job(dirs: dict[str, str]) -> bool:
     return removed
 
 
-def service_jobs(mode: Optional[str] = None) -> dict[str, dict[str, str]]:
-    """Job id -> dirs of every service job cgroup that exists under the service's own."""
+def service_jobs(scope: str, mode: Optional[str] = None) -> dict[str, dict[str, str]]:
+    """Job id -> dirs of every job cgroup of the service `scope` that exists."""
     if mode is None:
         mode = detect()[0]
     if mode == "none":
         return {}
     try:
-        dirs, _ = _job_dirs("job-0", mode)
+        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
     except OSError:
         return {}
     found: dict[str, dict[str, str]] = {}

@@ -106,9 +106,9 @@ class Lifecycle:
             mode = self._cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
-        from gpuwarden.service.jobcgroup import job_dirs
+        from gpuwarden.service.jobcgroup import job_dirs, scope_of
 
-        return job_dirs(str(job_id), mode)
+        return job_dirs(scope_of(self.exits), str(job_id), mode)
 
     def signal(self, job: store.Job, sig: int) -> None:
         """`sig` to every process of the job: its cgroup's (however they detached), and its
@@ -148,10 +148,10 @@ class Lifecycle:
         or not empty when they ended), with whatever is left in them."""
         if self.settings.devices == "off" or getattr(self, "_cgroup_mode", "") == "none":
             return
-        from gpuwarden.service.jobcgroup import service_jobs
+        from gpuwarden.service.jobcgroup import scope_of, service_jobs
 
         active = {str(j.id) for j in self.store.jobs([store.STARTING, store.RUNNING])}
-        for job_id, dirs in service_jobs().items():
+        for job_id, dirs in service_jobs(scope_of(self.exits)).items():
             if job_id not in active:
                 self._close_cgroup(int(job_id), dirs)
 

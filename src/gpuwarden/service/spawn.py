@@ -332,7 +332,8 @@ def _job_cgroup(launch: Launch) -> tuple[dict[str, str], Optional[str]]:
     from gpuwarden.service import jobcgroup
 
     try:
-        return jobcgroup.make_job(launch.job, launch.minors, launch.present), None
+        scope = jobcgroup.scope_of(launch.status_dir)
+        return jobcgroup.make_job(scope, launch.job, launch.minors, launch.present), None
     except CgroupError as err:
         if launch.devices == "require":
             return {}, f"{err} (enforce.devices = require)"

@@ -1,6 +1,6 @@
 """A queue service job's cgroups: made by its supervisor, joined by the job before exec.
 
-The service (root) does not move itself: its job's supervisor makes `job-<id>`
+The service (root) does not move itself: its job's supervisor makes `svc-<hash>/job-<id>`
 below the service's own cgroups and writes the device rules (`gpuwarden.cgroups`),
 and the job's child joins it before it drops to its owner and execs, so the job
 and every descendant are confined from their first instruction while the

@@ -224,12 +224,13 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
     import gpuwarden.leases as lease
     from gpuwarden import drain, waitline
     from gpuwarden.launch import export_value
+    from gpuwarden.mig import devices, label
     from gpuwarden.selection import choose
 
     ld = lease.open_dir()
     choice = choose(snapshot, request, lease.scan(ld)[0], drain.list_drains(), allowed)
     waiting = waitline.read_line(ld)
-    by_uuid = {g.uuid: g for g in snapshot.gpus}
+    by_uuid = {g.uuid: g for g in devices(snapshot)}
     if choice.ok:
         names = ", ".join(f"GPU {g.index} ({g.name or 'n/a'}, {g.uuid})" for g in choice.gpus)
         print(f"would use {names or 'no GPU'}")
@@ -238,8 +239,9 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
         print(f"would not start now: {choice.error}")
     if waiting:
         print(f"  {len(waiting)} request(s) waiting in line would be served first")
-    for uuid, reason in sorted(choice.passed_over.items(), key=lambda kv: by_uuid[kv[0]].index):
-        print(f"  GPU {by_uuid[uuid].index}: {reason}")
+    order = list(by_uuid)
+    for uuid, reason in sorted(choice.passed_over.items(), key=lambda kv: order.index(kv[0])):
+        print(f"  {label(by_uuid[uuid])}: {reason}")
     if choice.ok:
         return 0
     return 2 if choice.never_fits else lease.EXIT_BUSY

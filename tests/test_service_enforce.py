@@ -120,7 +120,10 @@ ESCAPE = (
     "p = subprocess.Popen(['sh', '-c', child], start_new_session=True)\n"
     "open(sys.argv[1] + '.tmp', 'w').write(str(p.pid))\n"
     "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
-    "os.execvp('sleep', ['sleep', '300'])\n"
+    # The job itself outlives SIGTERM until its child has ended: the child's answer to
+    # SIGTERM is never cut short by the end of the job (which kills what is left).
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "p.wait()\n"
 )
 
 

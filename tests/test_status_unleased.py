@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from gpuwarden.cli.status import unleased_pids
 from gpuwarden.inventory import Gpu, GpuProcess
 
 JOB = """
-import os, subprocess, sys
+import json, os, subprocess, sys
 from gpuwarden.sim.state import Machine
 # A process of the job on its leased GPU 7: under its lease, so not marked.
 Machine.open().add_process(7, os.getpid(), "1GiB", user="me")
+out = subprocess.run([sys.executable, "-m", "gpuwarden", "status", "--json"], capture_output=True)
+print("JSON", json.dumps(json.loads(out.stdout)))
 sys.exit(subprocess.run([sys.executable, "-m", "gpuwarden", "status"]).returncode)
 """
 
@@ -27,6 +30,9 @@ def test_processes_outside_every_lease_are_marked(sim, cli) -> None:
     assert "me(1024MiB)" in rows["7"] and "me(1024MiB)*" not in rows["7"]  # under the lease
     assert ")*" in rows["4"]  # bob's notebook: no lease
     assert "unreserved use" in out.stdout
+    data = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("JSON "))[5:])
+    marked = {g["index"]: g["unleased_pids"] for g in data["gpus"]}
+    assert marked[7] == [] and len(marked[4]) == 1 and marked[6] == []
 
 
 class _Lease:

@@ -203,6 +203,8 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
     view = data["visible"]
     cuda = _cuda_indices(view)
     leases = [x for x in data["leases"] if not isinstance(x, Exception)]
+    if leases:
+        from gpuwarden.ancestry import lineage
     gpus = []
     for g in snap.gpus:
         findings = data["health"].get(g.uuid, ())
@@ -241,6 +243,12 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
                     for x in leases
                     if x.uuid == g.uuid
                 ],
+                # Processes under no lease (unreserved use), where leases are in use.
+                "unleased_pids": sorted(
+                    unleased_pids(g, [x for x in leases if x.uuid == g.uuid], lineage)
+                )
+                if leases
+                else [],
             }
         )
     return {

@@ -28,7 +28,8 @@ def local(args: argparse.Namespace) -> int:
     from gpuwarden.service.client import require
 
     with require() as client:
-        jobs = client.call("queue")["jobs"]
+        reply = client.call("queue")
+    jobs = reply["jobs"]
     if args.me:
         me = user_name()
         jobs = [j for j in jobs if j.get("user") == me]
@@ -38,6 +39,10 @@ def local(args: argparse.Namespace) -> int:
         json.dump(jobs, sys.stdout, indent=2)
         print()
     else:
+        from gpuwarden.cli.jobtables import unleased_lines
+
+        for line in unleased_lines(reply.get("unleased") or ()):
+            print(line)
         print(queue_table(jobs))
     return 0
 

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from gpuwarden import config, scheduling
+    from gpuwarden.enforcement import Policy as EnforcePolicy
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.service.identity import Admins
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         grace=cfg.get("service.grace") if args.grace is None else parse_duration(args.grace),
         webhook=cfg.get("service.webhook"),
         sendmail=cfg.get("service.sendmail"),
+        devices=cfg.get("enforce.devices"),
+        enforce=EnforcePolicy.from_config(cfg),
+        enforce_every=cfg.get("enforce.poll_seconds"),
     )
     Service(settings, read_snapshot).serve_forever()
     return 0

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -170,6 +170,14 @@ class Service:
         assert self.proc is not None
         self.proc.send_signal(sig)
         self.proc.wait(60)
+
+    def about(self, jobs: Iterable[int]) -> str:
+        """The log's lines about `jobs`, and its restarts."""
+        import re
+
+        pattern = re.compile(r"serving on|\bjobs? ({})\b".format("|".join(str(j) for j in jobs)))
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(ln[:160] for ln in lines if pattern.search(ln))
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
@@ -327,7 +335,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
     assert sorted(rows) == sorted(ids.values()), f"seed {seed}: the journal has other jobs"
     bad = {i: (r["state"], r["exit_code"], r["error"]) for i, r in rows.items()}
     bad = {i: v for i, v in bad.items() if v != ("COMPLETED", 0, None)}
-    assert not bad, f"seed {seed}: jobs that did not complete with 0: {bad}\n{service.tail()}"
+    assert not bad, f"seed {seed}: jobs that did not complete with 0: {bad}\n" + service.about(bad)
     lines = []
     for user in USERS:
         text = (work / f"{user}.log").read_text()
@@ -402,3 +410,52 @@ def test_a_lease_left_half_taken_by_a_killed_service_does_not_stop_the_next(
     finally:
         if service.proc and service.proc.poll() is None:
             service.kill(signal.SIGTERM)
+
+
+def test_a_job_whose_service_died_before_reading_its_report_still_records_its_exit(
+    tmp_path: Path,
+) -> None:
+    """The supervisor reports the job's pid to the service over a pipe. A service killed
+    after the go-ahead and before reading that report closed the pipe; the supervisor
+    must still wait for the job and write its exit record (the stress test found jobs
+    recorded LOST: the supervisor died of SIGPIPE, the job ran on unrecorded)."""
+    from conftest import require
+    from gpuwarden.service import spawn
+    from gpuwarden.service.identity import person
+
+    require(os.geteuid() == 0, "starting a job as its owner needs root")
+    status = tmp_path / "status"
+    status.mkdir()
+    launch = spawn.Launch(
+        job="7",
+        argv=("sh", "-c", "exit 3"),
+        owner=person(0),
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        status_dir=str(status),
+    )
+    service = os.fork()
+    if service == 0:  # a service that dies right after giving the go-ahead
+        try:
+            read_all = spawn._read_all
+
+            def die(fd: int, timeout: float, me: int = os.getpid()) -> bytes:
+                if os.getpid() == me:
+                    os._exit(0)
+                return read_all(fd, timeout)
+
+            spawn._read_all = die  # type: ignore[assignment]
+            spawn.start(launch)
+        finally:
+            os._exit(1)
+    _, status_code = os.waitpid(service, 0)
+    assert os.WIFEXITED(status_code) and os.WEXITSTATUS(status_code) == 0
+    deadline = time.monotonic() + 30
+    while (ended := spawn.read_exit_record(str(status), "7")) is None:
+        marker = spawn.read_marker(str(status), "7") or {}
+        supervisor = marker.get("supervisor")
+        gone = marker.get("pid") and supervisor and not spawn.alive(supervisor, marker["since"])
+        assert not gone, "the supervisor died without writing the job's exit record"
+        assert time.monotonic() < deadline, "no exit record after 30 s"
+        time.sleep(0.02)
+    assert (ended.code, ended.signal, ended.error) == (3, None, None)

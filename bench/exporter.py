@@ -4,7 +4,11 @@ On the simulated server-8xa100 with 64 extra GPU processes (8 per GPU):
 
 * scrape latency (median, p99) of `gpuwarden exporter` (default 1 s cache, and
   with cache_seconds = 0, i.e. one full NVML read per scrape) versus the peer;
-* CPU use of each exporter while scraped once per second (target < 2% of a core).
+* CPU use of each exporter while scraped once per second (target < 2% of a core);
+* scrape latency with `--concurrency` clients at once (the listen backlog: 5 in
+  http.server gave a p99 near 1 s at 50), and a scrape's latency, the thread
+  count and memory while `--idle` connections sit open and silent (a thread per
+  connection in http.server; bounded in gpuwarden's server).
 
 The peer is nvitop-exporter (PyPI `nvitop-exporter`) from the venv given by
 --peer-venv (default /tmp/nvx: `python -m venv /tmp/nvx && /tmp/nvx/bin/pip
@@ -13,6 +17,7 @@ prometheus-client exporter built on nvitop's API (say so in reports). Both
 exporters read the same simulated machine through the simulator's pynvml shim.
 
 Run: .venv/bin/python bench/exporter.py [--scrapes 300] [--cpu-seconds 20]
+     [--concurrency 50] [--idle 1000]
 """
 
 from __future__ import annotations
@@ -49,7 +54,11 @@ while True:
         util.labels(*l).set(d.gpu_utilization())
         mem.labels(*l).set(d.memory_used())
         for pid, p in d.processes().items():
-            pmem.labels(*l, str(pid), p.username()).set(p.gpu_memory())
+            try:  # the simulator's processes may have no host process behind them
+                user = p.username()
+            except Exception:
+                user = "unknown"
+            pmem.labels(*l, str(pid), user).set(p.gpu_memory())
     time.sleep(1.0)
 """
 
@@ -90,6 +99,55 @@ def latency(url: str, n: int) -> tuple[float, float, int]:
     return statistics.median(times), times[int(len(times) * 0.99) - 1], size
 
 
+def concurrent_latency(url: str, clients: int, each: int) -> tuple[float, float]:
+    """Median and p99 of scrapes made by `clients` threads at once, `each` apiece."""
+    import threading
+
+    times: list[float] = []
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def client() -> None:
+        go.wait()
+        for _ in range(each):
+            try:
+                t, _ = scrape(url)
+            except OSError:
+                t = 10.0  # counted as the timeout it hit
+            with lock:
+                times.append(t)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    go.set()
+    for thread in threads:
+        thread.join()
+    times.sort()
+    return statistics.median(times), times[max(0, int(len(times) * 0.99) - 1)]
+
+
+def beside_idle(proc: subprocess.Popen, url: str, port: int, idle: int) -> tuple[float, int, float]:
+    """(scrape seconds, threads, RSS MiB) while `idle` silent connections are open."""
+    sockets = []
+    try:
+        for _ in range(idle):
+            try:
+                sockets.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)  # let the server accept them all
+        try:
+            took, _ = scrape(url)
+        except OSError:
+            took = float("inf")
+        p = psutil.Process(proc.pid)
+        return took, p.num_threads(), p.memory_info().rss / 2**20
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def cpu_share(proc: subprocess.Popen, url: str, seconds: float) -> float:
     """Fraction of one core the exporter used while scraped once a second."""
     p = psutil.Process(proc.pid)
@@ -116,6 +174,8 @@ def main() -> int:
     ap.add_argument("--scrapes", type=int, default=300)
     ap.add_argument("--cpu-seconds", type=float, default=20.0)
     ap.add_argument("--peer-venv", default="/tmp/nvx")
+    ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--idle", type=int, default=1000)
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-"))
@@ -199,6 +259,16 @@ def main() -> int:
         print("  target for gpuwarden: < 2%. With the health watch on the simulator adds its")
         print("  own cost: the fake nvmlEventSetWait polls the state file every 20 ms, where the")
         print("  real driver blocks in the kernel.")
+        chosen = {k: v for k, v in everyone.items() if "cache 0" not in k and "watch on" not in k}
+        print(f"\n{args.concurrency} clients at once, 10 scrapes each:")
+        for label, (_, url) in chosen.items():
+            med, p99 = concurrent_latency(url, args.concurrency, 10)
+            print(f"  {label:<72} median {med * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms")
+        print(f"\nOne scrape beside {args.idle} idle connections:")
+        for label, (proc, url) in chosen.items():
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            took, threads, rss = beside_idle(proc, url, port, args.idle)
+            print(f"  {label:<72} {took * 1e3:8.1f} ms  {threads:5d} threads  {rss:6.1f} MiB RSS")
     finally:
         for proc in procs:
             proc.terminate()

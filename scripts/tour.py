@@ -122,6 +122,9 @@ def simulated(base: Path) -> None:
     say("The doctor explains this machine's environment problems")
     gw("doctor", env=env)
 
+    say("The same view, live in a browser, for everyone in the lab")
+    print("  GPUWARDEN_SIM=server-8xa100 .venv/bin/gpuwarden web   # then open http://127.0.0.1:9500/")
+
 
 def real() -> None:
     env = dict(os.environ)

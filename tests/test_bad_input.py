@@ -211,6 +211,8 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "capability": ["eight", "8.x"],
     "listen": ["localhost", "host:0", "host:99999"],
     "choice": ["bogus"],
+    "names": [",", "a,,b"],
+    "shares": ["alice", "alice=0", "alice=-1,bob=2"],
 }
 
 
@@ -264,6 +266,8 @@ def _bad_files() -> Iterator[Case]:
         "capability": ['"eight"', "[8]", "true"],
         "listen": ['"localhost"', '"host:0"', "9400"],
         "choice": ['"bogus"', "1"],
+        "names": ["5", '[""]', "[1]"],
+        "shares": ["5", "{alice = 0}", '{alice = "x"}', "[1]"],
     }
     for key in config.SCHEMA:
         section, name = key.name.split(".")

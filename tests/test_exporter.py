@@ -231,3 +231,142 @@ def test_port_in_use_by_another_program_is_one_line(cli):
         .startswith(f"gpuwarden exporter: cannot listen on 127.0.0.1:{port}")
     )
     assert "Traceback" not in done.stderr
+
+
+def test_xid_events_exist_at_zero_before_the_first_so_increase_sees_it():
+    # Per code, a series is born at 1 with its first XID (Prometheus sees no
+    # increase); the per-GPU counters are there at 0 from the first scrape.
+    before = samples(render(View(machine())))
+    for gpu in ("0", "1", "2"):
+        assert value(before, "gpuwarden_gpu_xid_events_total", gpu=gpu, fatal="true") == 0
+        assert value(before, "gpuwarden_gpu_xid_events_total", gpu=gpu, fatal="false") == 0
+    after = samples(render(View(machine(), xids={"GPU-bbbb": (13, 79, 13, 48)})))
+    assert value(after, "gpuwarden_gpu_xid_events_total", gpu="1", fatal="true") == 2
+    assert value(after, "gpuwarden_gpu_xid_events_total", gpu="1", fatal="false") == 2
+    assert value(after, "gpuwarden_gpu_xid_events_total", gpu="0", fatal="true") == 0
+    assert value(after, "gpuwarden_gpu_xid_errors_total", gpu="1", xid="79", fatal="true") == 1
+    assert value(after, "gpuwarden_gpu_xid_errors_total", gpu="1", xid="13", fatal="false") == 2
+
+
+def test_fatal_label_follows_the_configured_fatal_list():
+    from gpuwarden.health import DEFAULT_FATAL_XIDS
+
+    fatal = (DEFAULT_FATAL_XIDS - {79}) | {13}  # health.fatal_xids = "+13 -79"
+    xids = {"GPU-aaaa": (13, 79)}
+    found = samples(render(View(machine(), xids=xids, fatal_xids=fatal)))
+    assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
+    assert value(found, "gpuwarden_gpu_xid_errors_total", xid="79", fatal="false") == 1
+    assert value(found, "gpuwarden_gpu_xid_events_total", gpu="0", fatal="true") == 1
+
+
+def test_view_cache_labels_xids_with_its_rules(monkeypatch):
+    import gpuwarden.health as health
+    from gpuwarden.health import Rules
+
+    monkeypatch.setattr(health, "xids_seen", lambda since=None: {"GPU-aaaa": (13,)})
+    cache = ViewCache(machine, rules=Rules(fatal_xids=frozenset({13})))
+    found = samples(render(cache.get()))
+    assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
+
+
+@pytest.mark.parametrize("args", [["--once"], ["--listen", "127.0.0.1:0"]])
+def test_without_prometheus_client_the_exporter_says_so_in_one_line(cli, tmp_path, args):
+    from pathlib import Path
+
+    hidden = tmp_path / "prometheus_client"
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('not installed')\n")
+    src = Path(__file__).resolve().parent.parent / "src"
+    done = cli("--sim", "server-8xa100", "exporter", *args, env={"PYTHONPATH": f"{tmp_path}:{src}"})
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "gpuwarden exporter: the exporter needs prometheus-client: "
+        "pip install 'gpuwarden[exporter]'"
+    ]
+
+
+def test_a_lease_of_the_wrong_types_costs_its_labels_not_the_scrape():
+    hostile = LeaseInfo("GPU-aaaa", 123, "abc", 5, 1.0, job=["x"])  # type: ignore[arg-type]
+    newline = LeaseInfo("GPU-bbbb", "eve", 7, "a\nb", 1.0, job=None)
+    found = samples(render(View(machine(), leases=(hostile, newline))))
+    assert value(found, "gpuwarden_gpu_leased", gpu="0", user="123", job="['x']", pid="abc") == 1
+    assert value(found, "gpuwarden_gpu_leased", gpu="1", user="eve", job="a b") == 1
+    assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB
+
+
+def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):
+    import gpuwarden.drain as drain
+    import gpuwarden.health as health
+
+    calls = []
+
+    def drains():
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("a drain record no reader expected")
+        return {}
+
+    def broken_xids(since=None):
+        raise TypeError("an XID line of the wrong type")
+
+    monkeypatch.setattr(drain, "list_drains", drains)
+    monkeypatch.setattr(health, "xids_seen", broken_xids)
+    clock = [0.0]
+    cache = ViewCache(machine, cache_seconds=1, clock=lambda: clock[0])
+    first = cache.get()
+    assert first.scrape_errors == 2  # the lost GPU and the XID reader
+    clock[0] = 5
+    second = cache.get()
+    assert second.scrape_errors == 5 and second.drains == first.drains
+    found = samples(render(second))
+    assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB
+    assert value(found, "gpuwarden_scrape_errors_total") == 5
+
+
+def test_a_hung_read_serves_the_last_view_instead_of_hanging_the_scrape():
+    import threading
+    import time
+
+    release = threading.Event()
+    calls = []
+
+    def read():
+        calls.append(1)
+        if len(calls) == 2:  # NVML stuck on a failing GPU, or a reader on a FIFO
+            release.wait(30)
+        return machine()
+
+    cache = ViewCache(read, cache_seconds=0, read_timeout=2.0)
+    first = cache.get()
+    started = time.monotonic()
+    stale = cache.get()
+    assert time.monotonic() - started < 10
+    assert stale.snapshot == first.snapshot and stale.scrape_errors == first.scrape_errors + 1
+    started = time.monotonic()
+    assert cache.get() is stale and time.monotonic() - started < 1.5  # no second wait
+    assert len(calls) == 2  # one read at a time, however many scrapes
+    release.set()
+    deadline = time.monotonic() + 10
+    while cache.get() is stale and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.get() is not stale and len(calls) >= 3
+
+
+def test_a_first_read_that_hangs_gives_an_nvml_down_view():
+    import threading
+
+    release = threading.Event()
+    cache = ViewCache(lambda: release.wait(30) and machine(), read_timeout=0.1)
+    try:
+        view = cache.get()
+        assert (
+            not view.nvml_up
+            and view.snapshot.gpus == ()
+            and "longer than" in str(view.snapshot.error)
+        )
+        found = samples(render(view))
+        assert value(found, "gpuwarden_nvml_up") == 0
+        assert value(found, "gpuwarden_scrape_errors_total") == 1
+    finally:
+        release.set()

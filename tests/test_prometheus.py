@@ -65,6 +65,44 @@ def test_promtool_accepts_alert_rules():
     assert "SUCCESS" in done.stdout
 
 
+def test_promtool_unit_tests_of_the_alert_rules_pass():
+    """deploy/gpuwarden-alerts.test.yml: among others, the first fatal XID on a GPU
+    alerts (the per-code series is born at 1, which increase() cannot see)."""
+    promtool = component("promtool")
+    done = subprocess.run(
+        [promtool, "test", "rules", "gpuwarden-alerts.test.yml"],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+# Series that appear with their first event, already past 0: increase()/rate()/delta()
+# over them misses that first event, so alerts and panels must not use them so.
+BORN_AT_FIRST_EVENT = ("gpuwarden_gpu_xid_errors_total",)
+
+
+def test_no_alert_or_panel_takes_the_increase_of_a_series_born_at_its_first_event():
+    import re
+
+    rules_text = (DEPLOY / "gpuwarden-alerts.yml").read_text()
+    # every `expr:` in the rules file is on one line (promtool check rules reads the same)
+    rules = dict(re.findall(r"- alert: (\w+)\n\s+expr: (.+)", rules_text))
+    assert len(rules) == rules_text.count("- alert:")
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = list(rules.values())
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "expr" in t]
+    assert any("xid" in e for e in exprs)
+    for expr in exprs:
+        for name in BORN_AT_FIRST_EVENT:
+            assert not re.search(rf"\b(increase|rate|irate|delta|idelta)\(\s*{name}\b", expr), expr
+    # fatal per the exporter's health.fatal_xids, not a list copied into the rule
+    assert "xid_events_total" in rules["GpuFatalXid"] and "xid=~" not in rules["GpuFatalXid"]
+
+
 def test_dashboard_queries_only_exported_metrics():
     import re
 
@@ -141,6 +179,10 @@ def test_prometheus_stores_the_simulated_values(sim, tmp_path):
             g.index: float(g.temperature) for g in truth.gpus
         }
         assert values("DCGM_FI_DEV_FB_USED") == {g.index: g.memory_used / 2**20 for g in truth.gpus}
+        # there at 0 before any XID, so the GpuFatalXid alert's increase() sees the first
+        assert values('gpuwarden_gpu_xid_events_total{fatal="true"}') == {
+            g.index: 0.0 for g in truth.gpus
+        }
         users = {
             r["metric"]["user"]: float(r["value"][1])
             for r in query(base, "gpuwarden_user_memory_used_bytes")

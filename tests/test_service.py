@@ -162,7 +162,9 @@ def open_dir() -> Iterator[Path]:
 @pytest.fixture
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     make_user("alice", groups=("lab",))
-    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    leases = open_dir / "leases"  # as `gpuwarden service install` makes it: root's, 0755
+    leases.mkdir(mode=0o755)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
     srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s"))
     srv.start()
     yield srv
@@ -285,3 +287,234 @@ def test_malformed_requests_leave_the_service_serving(server: Server) -> None:
         sock.close()
     assert server.call(None, "hello")["admin"] is True
     assert "argv" in server.call(None, "submit", argv=[], cwd="/")["error"]
+
+
+ATTACHED = """
+import json, os, sys
+from gpuwarden.errors import UserError
+from gpuwarden.service.client import run_attached
+fields = json.loads(sys.argv[2])
+fields["cwd"] = os.getcwd()
+fields["env"] = dict(os.environ)
+try:
+    sys.exit(run_attached(fields, sys.argv[1]))
+except UserError as err:
+    print("gpuwarden run: " + str(err), file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def attached(srv: Server, who: Person, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    fields = json.dumps({"argv": argv, "request": {"count": 1}})
+    return subprocess.Popen(
+        [USER_PY, "-c", ATTACHED, srv.socket, fields],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+        **popen,
+    )
+
+
+def test_attached_run_output_and_exit_status_are_the_jobs(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    script = "import os, sys; print('out', os.getuid()); print('err', file=sys.stderr); sys.exit(5)"
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    assert out == f"out {alice.uid}\n" and err == "err\n"
+
+
+def test_ctrl_c_reaches_the_attached_job(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 42
+
+
+def test_an_attached_job_ends_when_its_client_is_killed(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    proc = attached(server, alice, ["sh", "-c", "echo ready; exec sleep 60"])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    job = max(r["id"] for r in server.call(None, "queue")["jobs"])
+    proc.kill()
+    proc.wait(10)
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+
+
+def test_owners_are_told_when_their_job_ends(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A webhook gets the JSON event; `sendmail -t` gets a mail addressed to the owner."""
+    import http.server
+    import threading
+
+    got: list[dict[str, Any]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    mailbox = tmp_path / "mail"
+    sendmail = tmp_path / "sendmail"
+    sendmail.write_text(f"#!/bin/sh\ncat >> {mailbox}\n")
+    sendmail.chmod(0o755)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    monkeypatch.setenv("GPUWARDEN_SERVICE_WEBHOOK", f"http://127.0.0.1:{web.server_port}/hook")
+    monkeypatch.setenv("GPUWARDEN_SERVICE_SENDMAIL", str(sendmail))
+    alice = make_user("alice", ("lab",))
+    srv = Server(tmp_path, open_dir / "work", ())
+    srv.start()
+    try:
+        job = submit(srv, alice, ["sh", "-c", "exit 3"])
+        srv.wait_state(job, ("FAILED",))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (got and mailbox.exists()):
+            time.sleep(0.05)
+        assert got and got[0]["job"] == job and got[0]["state"] == "FAILED"
+        assert got[0]["exit_code"] == 3 and got[0]["user"] == "gw-alice"
+        mail = mailbox.read_text()
+        assert "To: gw-alice" in mail and f"Subject: gpuwarden job {job} failed (exit 3)" in mail
+    finally:
+        srv.kill(signal.SIGTERM)
+        web.shutdown()
+
+
+def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket}
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+    )
+
+
+def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["true"], hold=True)
+    assert server.job(job)["reason"] == "Held"
+    refused = cli_as(server, bob, "unhold", str(job))
+    assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
+    done = cli_as(server, alice, "unhold", str(job))
+    assert done.returncode == 0 and f"released: {job}" in done.stdout, done.stderr
+    server.wait_state(job, ("COMPLETED",))
+    history = cli_as(server, alice, "jobs", "--me")
+    assert history.returncode == 0 and "COMPLETED" in history.stdout and "exit 0" in history.stdout
+    share = cli_as(server, bob, "share")
+    assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
+    bad = cli_as(server, alice, "hold", "nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr
+
+
+def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
+    alice = make_user("alice", ("lab",))
+    running = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    submit(server, alice, ["true"], request={"count": 1})
+    server.wait_state(running, ("RUNNING",))
+    env = {"GPUWARDEN_SOCKET": server.socket, "GPUWARDEN_SIM": SPEC}
+    out = cli("exporter", "--once", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gpuwarden_queue_service_up{" in text and "service_up{hostname=" in text
+    assert 'state="running",user="gw-alice"' in text and 'state="pending",user="gw-alice"' in text
+    assert "gpuwarden_queue_wait_seconds_bucket{hostname=" in text and 'le="+Inf"' in text
+    assert "gpuwarden_user_fairshare_factor{" in text
+    server.call(None, "cancel", jobs=[running])
+    no_service = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
+    assert "gpuwarden_queue_service_up{" in no_service.stdout
+    assert "} 0.0" in no_service.stdout.split("gpuwarden_queue_service_up{", 1)[1].split("\n")[0]
+
+
+def test_slow_and_silent_clients_delay_nobody(server: Server) -> None:
+    import socket
+
+    stalled = []
+    for i in range(50):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.socket)
+        if i % 2:
+            sock.sendall(b'{"v":1,"op":"que')  # half a message, never finished
+        stalled.append(sock)
+    started = time.monotonic()
+    assert server.call(None, "hello")["ok"] is True
+    assert time.monotonic() - started < 5  # a subprocess client: start-up dominates
+    for sock in stalled:
+        sock.close()
+
+
+def test_run_submit_queue_logs_cancel_through_the_service(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    ran = cli_as(
+        server, alice, "run", "-g", "2", "--", "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"; exit 4'
+    )
+    assert ran.returncode == 4, ran.stderr
+    assert len(ran.stdout.strip().split(",")) == 2
+    sub = cli_as(
+        server, alice, "submit", "-g", "1", "--time", "1h", "--", "sh", "-c", "echo hello; sleep 60"
+    )
+    assert sub.returncode == 0, sub.stderr
+    job = int(sub.stdout.strip())
+    server.wait_state(job, ("RUNNING",))
+    queue = cli_as(server, bob, "queue")
+    assert queue.returncode == 0 and f"{job}" in queue.stdout and "gw-alice" in queue.stdout
+    assert "(hidden)" in queue.stdout  # bob does not see alice's command
+    deadline = time.monotonic() + 30
+    logs = cli_as(server, alice, "logs", str(job))
+    while "hello" not in logs.stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+        logs = cli_as(server, alice, "logs", str(job))
+    assert logs.stdout == "hello\n", logs.stderr
+    denied = cli_as(server, bob, "logs", str(job))
+    assert denied.returncode == 2 and "only its owner or an admin" in denied.stderr
+    full = cli_as(server, alice, "run", "-g", "4", "--", "true")
+    assert full.returncode == 75 and "add --wait" in full.stderr  # 1 of 4 is taken: not now
+    done = cli_as(server, alice, "cancel", str(job))
+    assert done.returncode == 0 and f"cancelled: {job}" in done.stdout
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+
+
+def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Server) -> None:
+    """The service leases as root, for the job's owner: status names the owner, and no
+    user can open (and so hold) a GPU's lock file in the service's directory."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["sleep", "60"], request={"count": 1})
+    row = server.wait_state(job, ("RUNNING",))
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+    lock = lease_dir / f"{row['gpus'][0]}.lock"
+    assert lock.stat().st_mode & 0o777 == 0o600
+    probe = subprocess.run(
+        [USER_PY, "-c", f"open({str(lock)!r})"],
+        preexec_fn=_become(bob),
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr
+    from gpuwarden import leases
+
+    [mine] = [lease for lease in leases.list_leases(str(lease_dir)) if lease.job == str(job)]
+    assert mine.user == "gw-alice"
+    server.call(None, "cancel", jobs=[job])
+    server.wait_state(job, ("CANCELLED",))
+    assert not list(lease_dir.glob(f"*.{job}.lease"))

@@ -176,6 +176,33 @@ def _as_ints(value: Any) -> tuple[int, ...]:
     return tuple(_as_int(v) for v in value)
 
 
+def _as_names(value: Any) -> tuple[str, ...]:
+    """User or group names (`@group`): a list, or one comma-separated string."""
+    if isinstance(value, str):
+        value = [p.strip() for p in value.split(",")] if value.strip() else []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise _BadValue
+    return tuple(value)
+
+
+def _as_shares(value: Any) -> dict[str, float]:
+    """Fair-share weights per user: a table `{alice = 2, bob = 1}` or `"alice=2,bob=1"`."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise _BadValue
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        raise _BadValue
+    shares = {}
+    for user, share in value.items():
+        number = _as_float(share)
+        if not user or not number > 0:
+            raise _BadValue
+        shares[str(user)] = number
+    return shares
+
+
 def parse_capability(text: Any) -> tuple[int, int]:
     """`8.0`, `"8.6"`, `[8, 6]` -> (8, 6); raises UserError naming the value."""
     if isinstance(text, (list, tuple)) and len(text) == 2:
@@ -225,6 +252,8 @@ _KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "path": (_as_path, "a path (string)"),
     "listen": (_as_listen, "HOST:PORT"),
     "choice": (_as_str, "one of"),
+    "names": (_as_names, 'names such as ["alice", "@gpuadmins"]'),
+    "shares": (_as_shares, "a table of positive numbers such as {alice = 2, bob = 1}"),
 }
 
 
@@ -327,6 +356,10 @@ SCHEMA: tuple[Key, ...] = (
         above=True,
     ),
     Key("exporter.dcgm_compat", "bool", False, "also export DCGM_FI_* metric names"),
+    Key("web.listen", "listen", "127.0.0.1:9500", "address the web page serves (loopback default)"),
+    Key("web.interval", "float", 1.0, "seconds between the web page's updates"),
+    Key("web.show_commands", "bool", False, "show processes' command lines on the web page"),
+    Key("web.max_clients", "int", 64, "most connections the web page serves at once"),
     Key(
         "health.policy",
         "choice",
@@ -382,6 +415,105 @@ SCHEMA: tuple[Key, ...] = (
         low=0,
         above=True,
     ),
+    Key(
+        "service.socket",
+        "path",
+        "/run/gpuwarden/gpuwarden.sock",
+        "the queue service's Unix socket",
+        env=("GPUWARDEN_SOCKET",),
+    ),
+    Key("service.dir", "path", "/var/lib/gpuwarden/service", "the service's journal and records"),
+    Key("service.admins", "names", (), "users and @groups who may act on every job and GPU"),
+    Key("service.max_gpus_per_user", "int", None, "GPUs one user may use at once", low=1),
+    Key(
+        "service.max_jobs_per_user", "int", None, "jobs one user may have queued or running", low=1
+    ),
+    Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
+    Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
+    Key(
+        "service.half_life",
+        "seconds",
+        7 * 86400.0,
+        "fair-share usage halves in this time",
+        low=0,
+        above=True,
+    ),
+    Key("service.shares", "shares", {}, "fair-share weight per user (others get 1)"),
+    Key("service.weight_fairshare", "float", 10000.0, "priority weight of fair share", low=0),
+    Key("service.weight_age", "float", 1000.0, "priority weight of time waited", low=0),
+    Key("service.weight_qos", "float", 10000.0, "priority weight of the admin-set QOS", low=0),
+    Key("service.weight_nice", "float", 1000.0, "priority weight of a job's nice value", low=0),
+    Key(
+        "service.age_max",
+        "seconds",
+        7 * 86400.0,
+        "waiting this long gives the full age factor",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "service.starve_after",
+        "seconds",
+        3600.0,
+        "then GPUs are kept for a job that cannot start",
+        low=0,
+    ),
+    Key("service.show_commands", "bool", False, "show everyone's command lines in `queue`"),
+    Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
+    Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
+    Key(
+        "enforce.devices",
+        "choice",
+        "auto",
+        "device cgroup per job run as root: auto (where possible), off, require",
+        choices=("auto", "off", "require"),
+    ),
+    Key(
+        "enforce.memory_tolerance",
+        "percent",
+        10.0,
+        "a --mem job may use this much more than it declared (percent) before it is over",
+    ),
+    Key("enforce.memory_grace", "duration", 60.0, "over its --mem this long => memory_action"),
+    Key(
+        "enforce.memory_action",
+        "choice",
+        "notify",
+        "a job over its --mem after the grace: notify, or kill (SIGTERM, then SIGKILL)",
+        choices=("notify", "kill"),
+    ),
+    Key("enforce.unleased_grace", "duration", 300.0, "unleased GPU use this long => action"),
+    Key(
+        "enforce.unleased_action",
+        "choice",
+        "notify",
+        "a process using a GPU without a lease: notify, or kill it after the grace when the "
+        "GPU is leased to someone else",
+        choices=("notify", "kill"),
+    ),
+    Key(
+        "enforce.idle_after",
+        "duration",
+        86400.0,
+        "a lease idle (0% and memory still) this long",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "enforce.idle_action",
+        "choice",
+        "report",
+        "an idle lease: report it, or release it (SIGTERM to its holder)",
+        choices=("report", "release"),
+    ),
+    Key(
+        "enforce.poll_seconds",
+        "duration",
+        5.0,
+        "how often `gpuwarden enforce --watch` looks",
+        low=0,
+        above=True,
+    ),
     Key("record.interval", "seconds", 1.0, "seconds between recorded samples", low=0, above=True),
     Key(
         "record.max_bytes",
@@ -390,6 +522,17 @@ SCHEMA: tuple[Key, ...] = (
         "start a new CSV file beyond this size",
         low=0,
         above=True,
+    ),
+    # Slurm (docs/slurm.md)
+    Key("slurm.drain_node", "bool", False, "drain this Slurm node on a fatal GPU fault"),
+    Key("slurm.node", "str", None, "this machine's Slurm node name (default: short hostname)"),
+    Key("slurm.gpu_types", "names", (), "Slurm GPU gres types that --model may name (typed gres)"),
+    Key(
+        "slurm.prolog_timeout",
+        "seconds",
+        30.0,
+        "`slurm prolog`: wait this long for GPUs still leased locally",
+        low=0,
     ),
 )
 

@@ -7,23 +7,34 @@ drained or root may undrain" in the shared system directory: it is sticky, so
 nobody else can delete or replace that file. The tool checks the same rule
 first so the refusal is a clear line rather than EPERM.
 
-Writes are atomic (temporary file, fsync, rename, fsync of the directory) and
-serialised by an flock on `drains.lock`, so a reader never sees half a record
-and two people draining at once do not lose either reason. Readers take no lock.
-A record that cannot be read still counts as a drain: a GPU is never put back
-into service by a corrupt file.
+Who drained comes from the kernel (the file's owner), never from the file: any
+user can write any text into a file of their own. Every field read back is
+validated, and text from other users is escaped for the terminal once, here, so
+every display (`drain`, `health`, `status`, `select`, `doctor`) shows it safely.
+
+Writes are atomic (`safefiles.write_atomic`: a temporary file of a name nobody
+else can guess, fsync, rename, fsync of the directory) and serialised by an
+flock on `drains.lock`, so a reader never sees half a record and two people
+draining at once do not lose either reason. The lock is waited for with a
+timeout, and a lock held too long is an error naming its holder. Readers take
+no lock, open nothing that is not a regular file and read a bounded size.
+A record that cannot be read or is not valid still counts as a drain: a GPU is
+never put back into service by a corrupt or hostile file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
 
 from gpuwarden.errors import UserError
 from gpuwarden.records import record
+from gpuwarden.safefiles import MAX_RECORD, UnsafeFile, printable, read_small
+from gpuwarden.safefiles import owner_name as _owner
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -33,18 +44,36 @@ if TYPE_CHECKING:
 
 PREFIX, SUFFIX = "drain.", ".json"
 LOCK_NAME = "drains.lock"
+#: How long a drain or undrain waits for another one's lock before it gives up.
+LOCK_TIMEOUT = 10.0
+#: Longest reason kept; the rest is cut (a reason is one line for people to read).
+MAX_REASON = 500
+#: Temporary files of killed writers older than this are removed by the next writer.
+STALE_TEMPORARY = 600.0
+
+
+class DrainLockBusy(UserError):
+    """`drains.lock` stayed held longer than the timeout; the message names the holder."""
 
 
 @record
 class Drain:
-    """A GPU out of service: who took it out, when and why (one file on disk)."""
+    """A GPU out of service: who took it out, when and why (one file on disk).
+
+    `by` is the login name of the record's owner as the kernel reports it, and
+    `reason` is escaped for printing (`safefiles.printable`)."""
 
     uuid: str
     reason: str
-    by: str  # user name, or "gpuwarden-health" for an automatic drain
+    by: str  # owner of the record (its st_uid), as a login name
     at: float  # time.time()
     auto: bool = False  # set by the health watch rather than a person
     uid: Optional[int] = None  # owner of the record: who may undrain (with root)
+
+    @property
+    def who(self) -> str:
+        """`by`, saying when the health watch (rather than a person) drained."""
+        return f"{self.by} (health watch)" if self.auto else self.by
 
 
 def _directory(directory: Optional[PathLike]) -> str:
@@ -58,32 +87,59 @@ def _directory(directory: Optional[PathLike]) -> str:
 
 
 def _record_path(directory: str, uuid: str) -> str:
-    if not uuid or "/" in uuid or uuid.startswith("."):
-        raise UserError(f"invalid GPU UUID {uuid!r}")
+    if not uuid or not uuid.strip() or "/" in uuid or uuid.startswith("."):
+        raise UserError(f"invalid GPU UUID {printable(repr(uuid))}")
     return os.path.join(directory, f"{PREFIX}{uuid}{SUFFIX}")
 
 
-def _read(path: str) -> Drain:
-    uuid = os.path.basename(path)[len(PREFIX) : -len(SUFFIX)]
+def _fields(data: object) -> tuple[str, float, bool]:
+    """(reason, at, auto) of a record's JSON, or ValueError saying which field is wrong.
+    `by`, `uid` and `uuid` in the file are ignored: the owner and the name say those."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    reason = data.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("field 'reason' is not a non-empty string")
+    at = data.get("at")
+    if isinstance(at, bool) or not isinstance(at, (int, float)):
+        raise ValueError("field 'at' is not a number")
     try:
-        st = os.lstat(path)
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        return Drain(
-            uuid=uuid,
-            reason=str(data.get("reason", "")),
-            by=str(data.get("by", "?")),
-            at=float(data.get("at", st.st_mtime)),
-            auto=bool(data.get("auto", False)),
-            uid=st.st_uid,
-        )
-    except (OSError, ValueError, TypeError, AttributeError) as err:
-        try:
-            st = os.lstat(path)
-            at, uid = st.st_mtime, st.st_uid
-        except OSError:
-            at, uid = 0.0, None
-        return Drain(uuid, f"unreadable drain record {path} ({err})", "?", at, False, uid)
+        at = float(at)
+    except OverflowError:
+        raise ValueError("field 'at' is not a time") from None
+    if not math.isfinite(at) or at < 0:
+        raise ValueError("field 'at' is not a time")
+    auto = data.get("auto", False)
+    if not isinstance(auto, bool):
+        raise ValueError("field 'auto' is not true or false")
+    reason = reason.strip()
+    if len(reason) > MAX_REASON:
+        reason = reason[:MAX_REASON] + "..."
+    return reason, at, auto
+
+
+def _read(path: str) -> Optional[Drain]:
+    """The drain recorded at `path`; an unreadable or invalid record is a drain too
+    (fail safe), with the reason saying so and naming the file's owner. None when
+    the file vanished meanwhile (an undrain)."""
+    uuid = os.path.basename(path)[len(PREFIX) : -len(SUFFIX)]
+    st: Optional[os.stat_result] = None
+    try:
+        raw, st = read_small(path, MAX_RECORD, what="drain record")
+        reason, at, auto = _fields(json.loads(raw.decode("utf-8")))
+    except FileNotFoundError:
+        return None
+    except (UnsafeFile, OSError, ValueError, OverflowError, RecursionError) as err:
+        if st is None:
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+        uid = None if st is None else st.st_uid
+        why = getattr(err, "strerror", None) or str(err)
+        why = why.replace(f" {path}", "")  # the path is said once, below
+        reason = f"unreadable drain record {path} (owner {_owner(uid)}): {why}"
+        at = 0.0 if st is None else st.st_mtime
+        return Drain(uuid, printable(reason), _owner(uid), at, False, uid)
+    return Drain(uuid, printable(reason), _owner(st.st_uid), at, auto, st.st_uid)
 
 
 def list_drains(directory: Optional[PathLike] = None) -> dict[str, Drain]:
@@ -98,32 +154,91 @@ def list_drains(directory: Optional[PathLike] = None) -> dict[str, Drain]:
     drains = {}
     for name in sorted(names):
         if name.startswith(PREFIX) and name.endswith(SUFFIX) and len(name) > 11:
-            record = _read(os.path.join(where, name))
-            drains[record.uuid] = record
+            found = _read(os.path.join(where, name))
+            if found is not None:
+                drains[found.uuid] = found
     return drains
 
 
+def lock_holder(path: str, st: os.stat_result) -> str:
+    """Who holds a lock on the file `path` (fstat `st`), from /proc/locks: "pid 12 (flock,
+    user alice)", or "" when it cannot tell (another PID namespace, no /proc)."""
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        raw, _ = read_small("/proc/locks", 4 << 20, what="lock table")
+    except (OSError, UserError):
+        return ""
+    for line in raw.decode("ascii", "replace").splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" ("->" marks a waiter)
+        if "->" in parts or len(parts) < 6 or parts[5] != want:
+            continue
+        pid = parts[4]
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+                comm = fh.read(64).strip()
+        except OSError:
+            return f"pid {pid}"
+        return f"pid {pid} ({printable(comm)}, user {_owner(uid)})"
+    return ""
+
+
 @contextlib.contextmanager
-def _locked(directory: str) -> Iterator[None]:
+def _locked(directory: str, timeout: float = LOCK_TIMEOUT, force: bool = False) -> Iterator[bool]:
+    """Hold `drains.lock` in `directory`; yields whether the lock is held. After
+    `timeout` seconds of someone else holding it, raise DrainLockBusy naming the
+    holder, or with `force` go on without it (see `drain`)."""
     import fcntl
 
     from gpuwarden.paths import ensure_dir
+    from gpuwarden.safefiles import open_regular
 
     ensure_dir(directory, "state directory")
+    path = os.path.join(directory, LOCK_NAME)
     # Read-only is enough for flock, and lets every user of a shared directory lock
-    # a file that its first user created.
-    fd = os.open(
-        os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644
-    )
+    # a file that its first user created. open_regular: a FIFO or a symlink to a
+    # device planted under the lock's name is refused, not waited on.
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fd, st = open_regular(path, os.O_RDONLY | os.O_CREAT, 0o644, what="drain lock")
+        except UnsafeFile:
+            if os.geteuid() != 0 or os.path.isdir(path):
+                raise
+            os.unlink(path)  # root takes back a FIFO or symlink planted as the lock
+            fd, st = open_regular(path, os.O_RDONLY | os.O_CREAT, 0o644, what="drain lock")
+    except UnsafeFile:
+        if not force:
+            raise
+        yield False
+        return
+    except OSError as err:
+        raise UserError(f"cannot open the drain lock {path}: {err.strerror}") from None
+    try:
+        deadline = time.monotonic() + timeout
+        held = True
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    if force:
+                        held = False
+                        break
+                    holder = lock_holder(path, st) or "another process"
+                    raise DrainLockBusy(
+                        f"drains are locked: {path} has been held by {holder} for more than "
+                        f"{timeout:g}s (try again; if it stays held, ask that user or root)"
+                    ) from None
+                time.sleep(0.05)
+        yield held
     finally:
         os.close(fd)
 
 
-def _may_change(record: Drain) -> bool:
-    return os.getuid() == 0 or record.uid is None or record.uid == os.getuid()
+def _may_change(found: Drain) -> bool:
+    return os.getuid() == 0 or found.uid is None or found.uid == os.getuid()
 
 
 def drain(
@@ -133,73 +248,82 @@ def drain(
     by: str | None = None,
     auto: bool = False,
     directory: Optional[PathLike] = None,
+    lock_timeout: float = LOCK_TIMEOUT,
+    force: bool = False,
 ) -> Drain:
     """Take `uuid` out of service. Draining again updates the reason; a GPU drained
-    by someone else raises UserError (only they or root may change it)."""
-    from gpuwarden.paths import user_name
+    by someone else raises UserError (only they or root may change it).
+
+    `by` is only written into the record for people reading the file; readers take
+    the owner from the kernel. With `force` (the health watch), a lock held by
+    someone else for more than `lock_timeout` seconds does not stop the drain: the
+    write is atomic, and the sticky directory already keeps anyone but the owner
+    and root from replacing a record, so the lock only orders two changes at once."""
+    from gpuwarden.safefiles import sweep_temporaries, write_atomic
 
     if not reason or not reason.strip():
         raise UserError("a drain needs a reason (--reason TEXT), so others know why")
     where = _directory(directory)
     path = _record_path(where, uuid)
-    record = Drain(uuid, reason.strip(), by or user_name(), time.time(), auto, os.getuid())
-    with _locked(where):
+    text = reason.strip()
+    if len(text) > MAX_REASON:
+        raise UserError(f"a drain reason is at most {MAX_REASON} characters")
+    me = os.getuid()
+    made = Drain(uuid, printable(text), _owner(me), time.time(), auto, me)
+    with _locked(where, lock_timeout, force):
         if os.path.lexists(path):
             old = _read(path)
-            if not _may_change(old):
+            if old is not None and not _may_change(old):
                 raise UserError(
-                    f"{uuid} is already drained by {old.by}: {old.reason} "
+                    f"{printable(uuid)} is already drained by {old.by}: {old.reason} "
                     f"(only {old.by} or root may change it)"
                 )
+            if old is not None and old.reason.startswith("unreadable drain record"):
+                # Not a record of ours (a FIFO, a directory): rename cannot replace
+                # every kind of file, so remove it first; we own it, or are root.
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
         body = {
             "uuid": uuid,
-            "reason": record.reason,
-            "by": record.by,
-            "at": record.at,
+            "reason": text,
+            "by": by or made.by,
+            "at": made.at,
             "auto": auto,
-            "uid": record.uid,
+            "uid": me,
         }
-        _write_atomic(path, json.dumps(body, indent=1) + "\n")
-    return record
+        write_atomic(path, json.dumps(body, indent=1) + "\n", what="drain record")
+        sweep_temporaries(where, STALE_TEMPORARY)
+    return made
 
 
-def _write_atomic(path: str, text: str) -> None:
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise UserError(f"cannot write drain record {path}: {err.strerror}") from None
-    dir_fd = os.open(folder or ".", os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def undrain(uuid: str, *, by: str | None = None, directory: Optional[PathLike] = None) -> None:
+def undrain(
+    uuid: str,
+    *,
+    by: str | None = None,
+    directory: Optional[PathLike] = None,
+    lock_timeout: float = LOCK_TIMEOUT,
+) -> None:
     """Put `uuid` back into service. Raises UserError if it is not drained, or was
     drained by someone else and the caller is not root."""
+    from gpuwarden.safefiles import sweep_temporaries, sync_directory
+
     where = _directory(directory)
     path = _record_path(where, uuid)
-    with _locked(where):
-        if not os.path.lexists(path):
-            raise UserError(f"{uuid} is not drained")
-        old = _read(path)
+    with _locked(where, lock_timeout):
+        old = _read(path) if os.path.lexists(path) else None
+        if old is None:
+            raise UserError(f"{printable(uuid)} is not drained")
         if not _may_change(old):
             raise UserError(
-                f"{uuid} was drained by {old.by} ({old.reason}); only {old.by} or root may "
-                "undrain it"
+                f"{printable(uuid)} was drained by {old.by} ({old.reason}); only {old.by} or "
+                "root may undrain it"
             )
         try:
-            os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
         except OSError as err:
             raise UserError(f"cannot remove drain record {path}: {err.strerror}") from None
+        sync_directory(where)
+        sweep_temporaries(where, STALE_TEMPORARY)

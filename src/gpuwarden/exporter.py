@@ -1,443 +1,39 @@
-"""Prometheus metrics for GPUs, processes, users, leases, drains and health.
+"""The Prometheus exporter: views read at most once per cache period, served over HTTP.
 
 A scrape costs at most one snapshot read: `ViewCache` keeps the last `View`
 (snapshot plus leases, drains, findings and idle times) for
 `exporter.cache_seconds`, so several Prometheus servers scraping the same box
-cost one NVML pass. `families()` turns a `View` into metric families and is
-pure, so every series can be tested on hand-built snapshots.
+cost one NVML pass, and `Exposition` keeps the rendered body per view. The
+metric families are in `metrics`, the HTTP server in `exporter_http`.
 
-Names follow Prometheus conventions: base units (bytes, seconds, watts,
-joules, hertz, ratios 0-1) in the name, counters end in `_total`. Labels on
-every GPU series: `gpu` (the nvidia-smi index), `uuid`, `model`, `hostname`.
-With `dcgm_compat`, the dcgm-exporter names, units and labels are emitted too
-(`DCGM_FI_DEV_*` with `gpu`, `UUID`, `device`, `modelName`, `Hostname`), so
-dashboards built for dcgm-exporter (Grafana 12239) work unchanged.
-
-prometheus-client is the `exporter` extra and imported only here.
+prometheus-client is the `exporter` extra and imported only when serving.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
-from gpuwarden.health import OK, Finding, level
-from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import record
+from gpuwarden.health import DEFAULT_FATAL_XIDS
+from gpuwarden.inventory import Snapshot
+from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
 
-MIB = 2**20
-LEVELS = ("ok", "warning", "fatal")
-
-
-@record
-class View:
-    """Everything one scrape reports, read at one moment."""
-
-    snapshot: Snapshot
-    leases: tuple = ()  # LeaseInfo
-    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> Drain
-    findings: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
-    xids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    idle_seconds: Mapping[str, float] = field(default_factory=dict)  # held-while-idle time
-    idle_after: float = 600.0  # seconds of idle-held before `gpuwarden_gpu_idle_held` is 1
-    scrape_errors: int = 0
-    read_seconds: float = 0.0
-    nvml_up: bool = True
-
-
-def held(gpu: Gpu, leased: bool) -> bool:
-    """Someone has the GPU: a lease, or a process holding memory on it."""
-    return leased or any(p.kind == "compute" or p.used_memory for p in gpu.processes)
-
-
-def is_idle(gpu: Gpu, idle_util: float) -> bool:
-    return gpu.utilization_gpu is not None and gpu.utilization_gpu <= idle_util
-
-
-class IdleTracker:
-    """How long each GPU has been held while idle (the waste admins want to see)."""
-
-    def __init__(self, idle_util: float = 1.0) -> None:
-        self.idle_util = idle_util
-        self._since: dict[str, float] = {}
-
-    def update(self, snapshot: Snapshot, leased: Iterable[str]) -> dict[str, float]:
-        leased = set(leased)
-        now = snapshot.taken_at
-        result: dict[str, float] = {}
-        for gpu in snapshot.gpus:
-            if not gpu.lost and held(gpu, gpu.uuid in leased) and is_idle(gpu, self.idle_util):
-                since = self._since.setdefault(gpu.uuid, now)
-                result[gpu.uuid] = max(0.0, now - since)
-            else:
-                self._since.pop(gpu.uuid, None)
-                result[gpu.uuid] = 0.0
-        return result
-
-
-def _ratio(percent: Optional[float]) -> Optional[float]:
-    return None if percent is None else percent / 100.0
-
-
-def families(view: View, dcgm_compat: bool = False) -> list:
-    """The metric families for one view (prometheus_client `Metric`s)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    snap = view.snapshot
-    host = snap.hostname
-    base = ["gpu", "uuid", "model", "hostname"]
-
-    def gpu_labels(gpu: Gpu) -> list[str]:
-        return [str(gpu.index), gpu.uuid, gpu.name or "", host]
-
-    out: list = []
-
-    def gauge(name: str, doc: str, attr: Callable[[Gpu], Optional[float]], unit: str = ""):
-        fam = GaugeMetricFamily(name, doc, labels=base, unit=unit)
-        for gpu in snap.gpus:
-            value = attr(gpu)
-            if value is not None:
-                fam.add_metric(gpu_labels(gpu), float(value))
-        out.append(fam)
-
-    def counter(name: str, doc: str, attr: Callable[[Gpu], Optional[float]]):
-        fam = CounterMetricFamily(name, doc, labels=base)
-        for gpu in snap.gpus:
-            value = attr(gpu)
-            if value is not None:
-                fam.add_metric(gpu_labels(gpu), float(value))
-        out.append(fam)
-
-    info = GaugeMetricFamily(
-        "gpuwarden_gpu_info",
-        "GPU identity (always 1)",
-        labels=[*base, "pci_bus_id", "driver_version"],
-    )
-    for gpu in snap.gpus:
-        info.add_metric([*gpu_labels(gpu), gpu.pci_bus_id or "", snap.driver_version or ""], 1)
-    out.append(info)
-    gauge("gpuwarden_gpu_memory_used_bytes", "GPU memory in use", lambda g: g.memory_used)
-    gauge("gpuwarden_gpu_memory_total_bytes", "GPU memory size", lambda g: g.memory_total)
-    gauge("gpuwarden_gpu_memory_free_bytes", "GPU memory free", lambda g: g.memory_free)
-    gauge(
-        "gpuwarden_gpu_utilization_ratio",
-        "Fraction of time a kernel ran (NVML utilization.gpu)",
-        lambda g: _ratio(g.utilization_gpu),
-    )
-    gauge(
-        "gpuwarden_gpu_memory_utilization_ratio",
-        "Fraction of time memory was read or written (NVML utilization.memory)",
-        lambda g: _ratio(g.utilization_memory),
-    )
-    gauge("gpuwarden_gpu_temperature_celsius", "GPU core temperature", lambda g: g.temperature)
-    gauge("gpuwarden_gpu_power_watts", "Power draw", lambda g: g.power_draw)
-    gauge("gpuwarden_gpu_power_limit_watts", "Power limit", lambda g: g.power_limit)
-    gauge("gpuwarden_gpu_fan_speed_ratio", "Fan speed", lambda g: _ratio(g.fan_speed))
-    gauge(
-        "gpuwarden_gpu_sm_clock_hertz",
-        "SM clock",
-        lambda g: None if g.clock_sm is None else g.clock_sm * 1e6,
-    )
-    counter(
-        "gpuwarden_gpu_energy_joules",
-        "Energy used since the driver loaded",
-        lambda g: g.energy_consumed,
-    )
-    ecc = CounterMetricFamily(
-        "gpuwarden_gpu_ecc_errors",
-        "ECC errors since the driver loaded (volatile)",
-        labels=[*base, "type"],
-    )
-    for gpu in snap.gpus:
-        for kind, value in (
-            ("corrected", gpu.ecc_corrected_volatile),
-            ("uncorrected", gpu.ecc_uncorrected_volatile),
-        ):
-            if value is not None:
-                ecc.add_metric([*gpu_labels(gpu), kind], value)
-    out.append(ecc)
-    counter(
-        "gpuwarden_gpu_pcie_replays",
-        "PCIe replays since the driver loaded",
-        lambda g: g.pcie_replay_count,
-    )
-    gauge(
-        "gpuwarden_gpu_remapped_rows_pending",
-        "1 when a memory row remap waits for a GPU reset",
-        lambda g: None if g.remapped_rows_pending is None else int(g.remapped_rows_pending),
-    )
-    gauge(
-        "gpuwarden_gpu_remapped_rows_failure",
-        "1 when row remapping failed",
-        lambda g: None if g.remapped_rows_failure is None else int(g.remapped_rows_failure),
-    )
-    gauge("gpuwarden_gpu_lost", "1 when the GPU has fallen off the bus", lambda g: int(g.lost))
-    throttle = GaugeMetricFamily(
-        "gpuwarden_gpu_throttled",
-        "1 for each active clock throttle reason",
-        labels=[*base, "reason"],
-    )
-    for gpu in snap.gpus:
-        for reason in gpu.throttle_reasons or ():
-            throttle.add_metric([*gpu_labels(gpu), reason], 1)
-    out.append(throttle)
-
-    xid_total = CounterMetricFamily(
-        "gpuwarden_gpu_xid_errors",
-        "XID errors seen since boot (or since `gpuwarden health --clear`)",
-        labels=[*base, "xid"],
-    )
-    last_xid = GaugeMetricFamily(
-        "gpuwarden_gpu_last_xid", "The most recent XID on the GPU (0: none)", labels=base
-    )
-    for gpu in snap.gpus:
-        seen = view.xids.get(gpu.uuid, ())
-        for xid in sorted(set(seen)):
-            xid_total.add_metric([*gpu_labels(gpu), str(xid)], seen.count(xid))
-        last_xid.add_metric(gpu_labels(gpu), seen[-1] if seen else 0)
-    out += [xid_total, last_xid]
-
-    health = GaugeMetricFamily(
-        "gpuwarden_gpu_health",
-        "1 for the GPU's health state (ok, warning, fatal), 0 for the others",
-        labels=[*base, "state"],
-    )
-    reason = GaugeMetricFamily(
-        "gpuwarden_gpu_health_finding",
-        "One series per current health finding",
-        labels=[*base, "level", "code", "reason"],
-    )
-    for gpu in snap.gpus:
-        found = tuple(view.findings.get(gpu.uuid, ()))
-        state = level(found) if found else OK
-        for name in LEVELS:
-            health.add_metric([*gpu_labels(gpu), name], int(name == state))
-        for f in found:
-            reason.add_metric([*gpu_labels(gpu), f.level, f.code, f.reason], 1)
-    out += [health, reason]
-
-    drained = GaugeMetricFamily(
-        "gpuwarden_gpu_drained",
-        "1 when the GPU is taken out of service",
-        labels=[*base, "reason", "by", "auto"],
-    )
-    for gpu in snap.gpus:
-        d = view.drains.get(gpu.uuid)
-        if d is None:
-            drained.add_metric([*gpu_labels(gpu), "", "", ""], 0)
-        else:
-            drained.add_metric(
-                [
-                    *gpu_labels(gpu),
-                    str(getattr(d, "reason", "")),
-                    str(getattr(d, "by", "")),
-                    "true" if getattr(d, "auto", False) else "false",
-                ],
-                1,
-            )
-    out.append(drained)
-
-    leased = GaugeMetricFamily(
-        "gpuwarden_gpu_leased",
-        "1 per lease held on the GPU (0 with empty user when none)",
-        labels=[*base, "user", "job", "pid"],
-    )
-    by_uuid: dict[str, list] = {}
-    for lease in view.leases:
-        by_uuid.setdefault(lease.uuid, []).append(lease)
-    for gpu in snap.gpus:
-        leases = by_uuid.get(gpu.uuid, [])
-        if not leases:
-            leased.add_metric([*gpu_labels(gpu), "", "", ""], 0)
-        for lease in leases:
-            job = lease.job or _short(lease.command, 60)
-            leased.add_metric([*gpu_labels(gpu), lease.user, job, str(lease.pid)], 1)
-    out.append(leased)
-
-    idle_held = GaugeMetricFamily(
-        "gpuwarden_gpu_idle_held",
-        f"1 when the GPU is leased or holds memory but has been idle {view.idle_after:g}s or more",
-        labels=base,
-    )
-    idle_secs = GaugeMetricFamily(
-        "gpuwarden_gpu_idle_held_seconds",
-        "How long the GPU has been held while idle",
-        labels=base,
-    )
-    for gpu in snap.gpus:
-        secs = view.idle_seconds.get(gpu.uuid, 0.0)
-        idle_held.add_metric(gpu_labels(gpu), int(secs >= view.idle_after and secs > 0))
-        idle_secs.add_metric(gpu_labels(gpu), secs)
-    out += [idle_held, idle_secs]
-
-    procs = GaugeMetricFamily(
-        "gpuwarden_process_memory_used_bytes",
-        "GPU memory held by one process",
-        labels=[*base, "pid", "user", "command"],
-    )
-    per_user: dict[str, float] = {}
-    for gpu in snap.gpus:
-        for p in gpu.processes:
-            user = p.user or "unknown"
-            if p.used_memory is None:
-                continue
-            procs.add_metric(
-                [*gpu_labels(gpu), str(p.pid), user, _short(p.command, 60)], p.used_memory
-            )
-            per_user[user] = per_user.get(user, 0.0) + p.used_memory
-    out.append(procs)
-    users = GaugeMetricFamily(
-        "gpuwarden_user_memory_used_bytes",
-        "GPU memory held by a user's processes, all GPUs together",
-        labels=["user", "hostname"],
-    )
-    for user, used in sorted(per_user.items()):
-        users.add_metric([user, host], used)
-    out.append(users)
-
-    out.append(
-        CounterMetricFamily(
-            "gpuwarden_scrape_errors",
-            "GPU reads that failed (a GPU NVML could not read, or a whole read)",
-            value=view.scrape_errors,
-        )
-    )
-    out.append(
-        GaugeMetricFamily(
-            "gpuwarden_nvml_up", "1 when NVML answered the last read", value=int(view.nvml_up)
-        )
-    )
-    out.append(
-        GaugeMetricFamily(
-            "gpuwarden_snapshot_read_seconds",
-            "How long the last snapshot read took",
-            value=view.read_seconds,
-        )
-    )
-    if dcgm_compat:
-        out += dcgm_families(view)
-    return out
-
-
-# (name, help, type, value of Gpu) as dcgm-exporter's default counters define them
-_DCGM: Sequence[tuple[str, str, str, Callable[[Gpu], Optional[float]]]] = (
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "gauge", lambda g: g.clock_sm),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge", lambda g: g.temperature),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge", lambda g: g.power_draw),
-    (
-        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
-        "Power management limit (in W).",
-        "gauge",
-        lambda g: g.power_limit,
-    ),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "Total energy consumption since boot (in mJ).",
-        "counter",
-        lambda g: None if g.energy_consumed is None else g.energy_consumed * 1000.0,
-    ),
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", lambda g: g.utilization_gpu),
-    (
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "Memory utilization (in %).",
-        "gauge",
-        lambda g: g.utilization_memory,
-    ),
-    (
-        "DCGM_FI_DEV_FB_FREE",
-        "Framebuffer memory free (in MiB).",
-        "gauge",
-        lambda g: None if g.memory_free is None else g.memory_free / MIB,
-    ),
-    (
-        "DCGM_FI_DEV_FB_USED",
-        "Framebuffer memory used (in MiB).",
-        "gauge",
-        lambda g: None if g.memory_used is None else g.memory_used / MIB,
-    ),
-    (
-        "DCGM_FI_DEV_FB_TOTAL",
-        "Framebuffer memory total (in MiB).",
-        "gauge",
-        lambda g: None if g.memory_total is None else g.memory_total / MIB,
-    ),
-    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", "gauge", lambda g: g.fan_speed),
-    (
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "Total number of PCIe retries.",
-        "counter",
-        lambda g: g.pcie_replay_count,
-    ),
-    (
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "Total number of single-bit volatile ECC errors.",
-        "counter",
-        lambda g: g.ecc_corrected_volatile,
-    ),
-    (
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "Total number of double-bit volatile ECC errors.",
-        "counter",
-        lambda g: g.ecc_uncorrected_volatile,
-    ),
-    (
-        "DCGM_FI_DEV_RETIRED_PENDING",
-        "Number of pages pending retirement.",
-        "gauge",
-        lambda g: None if g.retired_pages_pending is None else int(g.retired_pages_pending),
-    ),
-    (
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-        "Whether remapping of rows has failed.",
-        "gauge",
-        lambda g: None if g.remapped_rows_failure is None else int(g.remapped_rows_failure),
-    ),
-)
-
-
-def dcgm_families(view: View) -> list:
-    """dcgm-exporter's names, units and labels, so its dashboards work unchanged."""
-    from prometheus_client import Metric
-
-    snap = view.snapshot
-    labels_of = {
-        gpu.uuid: {
-            "gpu": str(gpu.index),
-            "UUID": gpu.uuid,
-            "device": f"nvidia{gpu.index}",
-            "modelName": gpu.name or "",
-            "Hostname": snap.hostname,
-            "DCGM_FI_DRIVER_VERSION": snap.driver_version or "",
-        }
-        for gpu in snap.gpus
-    }
-    out = []
-    for name, doc, kind, attr in _DCGM:
-        # dcgm-exporter keeps counter names without `_total`; prometheus-client would
-        # add it to a counter, so those are exposed untyped under the exact name.
-        fam = Metric(name, doc, "gauge" if kind == "gauge" else "unknown")
-        for gpu in snap.gpus:
-            if gpu.lost:
-                continue
-            value = attr(gpu)
-            if value is not None:
-                fam.add_sample(name, labels_of[gpu.uuid], float(value))
-        out.append(fam)
-    xid = Metric("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gauge")
-    for gpu in snap.gpus:
-        seen = view.xids.get(gpu.uuid, ())
-        last = float(seen[-1] if seen else 0)
-        xid.add_sample("DCGM_FI_DEV_XID_ERRORS", labels_of[gpu.uuid], last)
-    out.append(xid)
-    return out
-
-
-def _short(text: Optional[str], limit: int) -> str:
-    text = (text or "").replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+__all__ = [
+    "Collector",
+    "Exposition",
+    "IdleTracker",
+    "Server",
+    "View",
+    "ViewCache",
+    "families",
+    "held",
+    "is_idle",
+    "parse_listen",
+    "render",
+    "serve",
+]
 
 
 # --- reading a view, cached ---------------------------------------------------
@@ -455,16 +51,22 @@ class ViewCache:
         idle_after: float = 600.0,
         rules: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        read_timeout: float = 5.0,
     ) -> None:
         self._read = read
         self.cache_seconds = cache_seconds
         self.idle_after = idle_after
         self.rules = rules
+        self.read_timeout = read_timeout
         self._clock = clock
         self._idle = IdleTracker(idle_util)
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
         self._view: Optional[View] = None
         self._at = float("-inf")
+        self._generation = 0  # completed reads
+        self._reading = False
+        self._stale: Optional[View] = None  # the last view, served while a read hangs
         self.scrape_errors = 0
         self.reads = 0
 
@@ -473,12 +75,56 @@ class ViewCache:
         return self.get().snapshot
 
     def get(self) -> View:
+        """The view, read again when older than `cache_seconds`. The read runs on its
+        own thread: when it takes longer than `read_timeout` (NVML stuck on a failing
+        GPU, a shared file that blocks) the last view is served with one more scrape
+        error, so a scrape never hangs, and the read goes on in the background."""
         with self._lock:
-            now = self._clock()
-            if self._view is None or now - self._at >= self.cache_seconds:
-                self._view = self._fresh()
-                self._at = self._clock()
+            if self._view is not None and self._clock() - self._at < self.cache_seconds:
+                return self._view
+            if self._reading and self._stale is not None:
+                return self._stale  # a read known to hang: do not wait for it again
+            generation = self._generation
+            if not self._reading:
+                self._reading = True
+                threading.Thread(target=self._refresh, name="gpuwarden-read", daemon=True).start()
+            deadline = time.monotonic() + self.read_timeout
+            while self._generation == generation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._stuck()
+                self._done.wait(left)
+            if self._view is None:
+                raise RuntimeError("the view could not be read")
             return self._view
+
+    def _refresh(self) -> None:
+        try:
+            view: Optional[View] = self._fresh()
+        except Exception:  # counted; the last view stays
+            view = None
+            self.scrape_errors += 1
+        with self._lock:
+            if view is not None:
+                self._view, self._at, self._stale = view, self._clock(), None
+            self._generation += 1
+            self._reading = False
+            self._done.notify_all()
+
+    def _stuck(self) -> View:
+        """Called with the lock held while a read hangs: one error per hung read."""
+        if self._stale is None:
+            self.scrape_errors += 1
+            if self._view is not None:
+                stale = replace(self._view, scrape_errors=self.scrape_errors)
+            else:
+                import socket
+
+                why = f"reading the GPUs took longer than {self.read_timeout:g}s"
+                snap = Snapshot(time.time(), socket.gethostname(), error=why)
+                stale = View(snap, scrape_errors=self.scrape_errors, nvml_up=False)
+            self._stale = stale
+        return self._stale
 
     def _fresh(self) -> View:
         from gpuwarden.health import judge, xids_seen
@@ -502,23 +148,38 @@ class ViewCache:
             nvml_up = snap.error is None
         from gpuwarden.drain import list_drains
 
-        leases = tuple(_leases())
-        drains = list_drains()
-        xids = xids_seen()
+        previous = self._view
+        leases = self._state("leases", lambda: tuple(_leases()), (), previous)
+        drains = self._state("drains", list_drains, {}, previous)
+        xids = self._state("xids", xids_seen, {}, previous)
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
         idle = self._idle.update(snap, (lease.uuid for lease in leases))
+        from gpuwarden.queuemetrics import read_stats
+
         return View(
             snapshot=snap,
             leases=leases,
             drains=drains,
             findings=findings,
             xids=xids,
+            fatal_xids=getattr(self.rules, "fatal_xids", DEFAULT_FATAL_XIDS),
             idle_seconds=idle,
             idle_after=self.idle_after,
             scrape_errors=self.scrape_errors,
             read_seconds=time.perf_counter() - started,
             nvml_up=nvml_up,
+            queue=read_stats(),
         )
+
+    def _state(self, name: str, read: Callable[[], Any], empty: Any, previous: Any) -> Any:
+        """Leases, drains or XIDs from the shared directories. A reader that fails
+        there (a file no reader expected) costs a scrape error and serves the last
+        good value, never the GPUs' series."""
+        try:
+            return read()
+        except Exception:
+            self.scrape_errors += 1
+            return getattr(previous, name) if previous is not None else empty
 
     def _read_snapshot(self) -> Snapshot:
         if self._read is not None:
@@ -551,17 +212,16 @@ class Collector:
         return []
 
 
-def render(view: View, dcgm_compat: bool = False) -> str:
-    """The text exposition for one view (tests, `--once`)."""
-    from prometheus_client import CollectorRegistry, generate_latest
+def require_client() -> None:
+    """One line, not an ImportError traceback, when the `exporter` extra is missing."""
+    from gpuwarden.errors import UserError
 
-    class _Once:
-        def collect(self):
-            yield from families(view, dcgm_compat)
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Once())  # type: ignore[arg-type]
-    return generate_latest(registry).decode()
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "the exporter needs prometheus-client: pip install 'gpuwarden[exporter]'"
+        ) from None
 
 
 # --- serving ------------------------------------------------------------------
@@ -630,35 +290,18 @@ class Exposition:
         return body, content_type
 
 
-def _http_server(host: str, port: int, exposition: Exposition):  # -> ThreadingHTTPServer
-    import socket
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+def _handler(exposition: Exposition):  # -> exporter_http.Handler
+    index = b'<html><body><a href="/metrics">metrics</a></body></html>'
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, content_type = exposition.body(self.headers.get("Accept"))
-                status = 200
-            elif path == "/":
-                body = b'<html><body><a href="/metrics">metrics</a></body></html>'
-                content_type, status = "text/html", 200
-            else:
-                body, content_type, status = b"not found\n", "text/plain", 404
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def handle(path: str, accept: Optional[str]) -> tuple[int, str, bytes]:
+        if path == "/metrics":
+            body, content_type = exposition.body(accept)
+            return 200, content_type, body
+        if path == "/":
+            return 200, "text/html", index
+        return 404, "text/plain", b"not found\n"
 
-        def log_message(self, *args: Any) -> None:  # scrapes are not news
-            pass
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    return Server((host, port), Handler)
+    return handle
 
 
 def serve(
@@ -670,21 +313,19 @@ def serve(
 ) -> Server:
     """Start serving /metrics in a thread; raise UserError when the port is taken."""
     from gpuwarden.errors import UserError
+    from gpuwarden.exporter_http import HttpServer
 
-    try:
-        from prometheus_client import CollectorRegistry
-        from prometheus_client.process_collector import ProcessCollector
-    except ImportError:
-        raise UserError(
-            "the exporter needs prometheus-client: pip install 'gpuwarden[exporter]'"
-        ) from None
+    require_client()
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.process_collector import ProcessCollector
+
     host, port = parse_listen(listen)
     cache = cache or ViewCache()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(cache, dcgm_compat))  # type: ignore[arg-type]
     ProcessCollector(namespace="gpuwarden_exporter", registry=registry)
     try:
-        httpd = _http_server(host, port, Exposition(cache, registry))
+        httpd = HttpServer((host, port), _handler(Exposition(cache, registry)))
     except OSError as err:
         why = err.strerror or str(err)
         if getattr(err, "errno", None) == 98:

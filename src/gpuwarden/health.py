@@ -7,18 +7,13 @@ automatic drains. The catalogue (`gpuwarden.xids`, loaded when an XID is
 described) follows NVIDIA's Xid catalogue ("Resolution Bucket" immediate and
 investigatory actions) for Ampere and newer GPUs.
 
-XIDs only exist as events: NVML delivers them to whoever is listening at the
-moment. The health watch (exporter or `health --watch`) therefore writes each
-one to a small log in the state directory, which `xids_seen()` reads back, so
-a one-shot `health` or `status` can still report them until the next boot or
-an explicit `gpuwarden health --clear`.
+XIDs only exist as events: the health watch keeps the ones it heard in the XID
+log, `gpuwarden.xidlog`, which also says whose logs are believed. This module
+reads no state file itself; `judge_all` without XIDs asks the log.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import field, replace
@@ -28,10 +23,12 @@ from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Callable, Optional
 
 OK, WARNING, FATAL = "ok", "warning", "fatal"
+
+
+_MOVED_TO_XIDLOG = ("xids_seen", "xid_events", "record_xid", "clear_xids", "xid_log_path")
 
 
 def __getattr__(name: str) -> object:
@@ -41,6 +38,11 @@ def __getattr__(name: str) -> object:
         from gpuwarden import xids
 
         return getattr(xids, name)
+    if name in _MOVED_TO_XIDLOG:
+        # The XID log moved to gpuwarden.xidlog; callers elsewhere still find it here.
+        from gpuwarden import xidlog
+
+        return getattr(xidlog, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -66,8 +68,9 @@ ACTIONS: dict[str, str] = {
     "CHECK_MECHANICALS": "check cooling, power cabling and seating",
     "INVESTIGATE_SW": "check driver and firmware versions",
     "UPDATE_SWFW": "update the driver / firmware",
-    "WORKFLOW_XID_13": "restart the application; if it repeats on one GPU only, run diagnostics",
-    "WORKFLOW_XID_31": "restart the application; a repeat on one GPU only points at the GPU",
+    # Investigatory actions, said after the immediate one ("restart the application").
+    "WORKFLOW_XID_13": "if it repeats on one GPU only, run diagnostics on that GPU",
+    "WORKFLOW_XID_31": "if it repeats on one GPU only, suspect the GPU and run diagnostics",
     "WORKFLOW_XID_45": "follow the XID that came with it; alone, restart the fabric manager",
     "WORKFLOW_XID_48": "reset the GPU; if row remapping then fails, RMA the GPU",
     "WORKFLOW_NVLINK_ERR": "reset the GPU; if it repeats on the same link, check NVLink cabling",
@@ -159,7 +162,7 @@ def describe_xid(xid: int) -> tuple[str, str]:
     action = ACTIONS.get(info.immediate, info.immediate)
     later = ACTIONS.get(info.investigatory, info.investigatory)
     if info.investigatory not in ("IGNORE", "IGNORE (sympathetic)", info.immediate):
-        action = f"{action}; then {later}"
+        action = f"{action}; {later}" if later.startswith("if ") else f"{action}; then {later}"
     return f"XID {xid} ({info.description})", action
 
 
@@ -303,101 +306,17 @@ def _config_getter(config: object = None) -> Callable[[str], object]:
     return config.get  # type: ignore[attr-defined]
 
 
-# --- XIDs seen, persisted by the watch -------------------------------------
-
-
-def xid_log_path() -> Path:
-    """In the state directory, shared like the drains, so a one-shot `status` or
-    `health` of any user sees the XIDs the watch recorded."""
-    from pathlib import Path
-
-    return Path(_xid_log())
-
-
-def _xid_log() -> str:
-    """`xid_log_path()` as a string: `status` reads it, and pathlib costs ~3 ms to import."""
-    from gpuwarden.config import state_location
-
-    return os.path.join(state_location(), "xids.jsonl")
-
-
-def record_xid(
-    uuid: str, xid: int, *, index: Optional[int] = None, at: Optional[float] = None
-) -> None:
-    """Append one XID event (one short line, O_APPEND: safe from several writers)."""
-    line = json.dumps(
-        {"uuid": uuid, "xid": int(xid), "index": index, "at": at or time.time()},
-        separators=(",", ":"),
-    )
-    _append_to_xid_log([line])
-
-
-def clear_xids(uuids: Iterable[str] = ()) -> None:
-    """Forget the XIDs seen so far, on the given GPUs (all when empty): the
-    admin has reset or checked them."""
-    now = time.time()
-    _append_to_xid_log([json.dumps({"clear": u, "at": now}) for u in list(uuids) or ["*"]])
-
-
-def _append_to_xid_log(lines: list[str]) -> None:
-    """Append to the XID log in the state directory, checked and created like the drains'
-    (paths.ensure_dir), never through a symlink planted in a shared directory."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.paths import ensure_dir
-
-    path = _xid_log()
-    ensure_dir(os.path.dirname(path), "state directory")
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as err:
-        raise UserError(f"cannot write the XID log {path}: {err.strerror}") from None
-    with os.fdopen(fd, "a", encoding="utf-8") as fh:
-        fh.write("".join(line + "\n" for line in lines))
-
-
-def xid_events(since: Optional[float] = None) -> list[dict]:
-    """XID events still in force: after `since` (default: this boot) and
-    after the last clear of their GPU. Corrupt lines are skipped."""
-    if since is None:
-        since = _boot_time()
-    try:
-        with open(_xid_log(), encoding="utf-8") as log:
-            text = log.read()
-    except OSError:
-        return []
-    events: list[dict] = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-            at = float(item.get("at", 0))
-        except (ValueError, TypeError, AttributeError):
-            continue
-        if at < since:
-            continue
-        if "clear" in item:
-            gone = item["clear"]
-            events = [e for e in events if gone not in ("*", e["uuid"])]
-        elif "uuid" in item and "xid" in item:
-            events.append(item)
-    return events
-
-
-def xids_seen(since: Optional[float] = None) -> dict[str, tuple[int, ...]]:
-    """XIDs per GPU UUID, oldest first, for `judge(gpu, xids_seen().get(uuid, ()))`."""
-    seen: dict[str, list[int]] = {}
-    for event in xid_events(since):
-        seen.setdefault(str(event["uuid"]), []).append(int(event["xid"]))
-    return {uuid: tuple(x) for uuid, x in seen.items()}
-
-
 def judge_all(
     gpus: Iterable[Gpu],
     xids: Optional[Mapping[str, tuple[int, ...]]] = None,
     rules: Optional[Rules] = None,
 ) -> dict[str, tuple[Finding, ...]]:
-    """Findings per UUID for a whole snapshot, with the persisted XIDs by default."""
-    xids = xids_seen() if xids is None else xids
+    """Findings per UUID for a whole snapshot, with the XIDs of the trusted XID logs
+    (`gpuwarden.xidlog.xids_seen`) by default."""
+    if xids is None:
+        from gpuwarden.xidlog import xids_seen
+
+        xids = xids_seen()
     if rules is None:
         from gpuwarden.errors import UserError
 
@@ -406,19 +325,3 @@ def judge_all(
         except UserError:
             rules = Rules()  # a bad setting is reported by the commands that own it
     return {g.uuid: judge(g, xids.get(g.uuid, ()), rules=rules) for g in gpus}
-
-
-def _boot_time() -> float:
-    """When this machine booted: XIDs from an earlier boot no longer count.
-
-    Read from /proc/stat rather than psutil, which costs ~25 ms to import on
-    every `gpuwarden status`.
-    """
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            for line in stat:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0

@@ -2,11 +2,17 @@
 
 Two loops run in daemon threads. The event loop blocks in `nvmlEventSetWait`
 (XID critical errors are events, not readable state: a listener that is not
-waiting when one happens never learns of it), writes each XID to the XID log
-and wakes the poll loop. The poll loop reads a snapshot every
+waiting when one happens never learns of it), writes each XID to the watch's
+own XID log (`gpuwarden.xidlog`) and wakes the poll loop. The poll loop reads a snapshot every
 `health.poll_seconds`, judges every GPU and acts on findings it has not seen
 before: a fatal one drains the GPU (policy `drain`; `alert` only notifies), and
 every new finding goes to the hook command and/or webhook.
+
+The watch judges XIDs only from what it heard itself: its own log (owned by
+the user it runs as) and the events it could not write there. A line in a file
+another user wrote never drains a GPU. Any failure to write the log or a drain
+is reported on every attempt, never stops the listener, and a drain that could
+not be written is tried again at every poll while its GPU stays judged fatal.
 
 Notifications run on their own worker thread with a timeout and a bounded
 queue, so a hung webhook can delay other notifications but never the polling,
@@ -36,12 +42,11 @@ from gpuwarden.health import (
     Rules,
     _config_getter,
     judge,
-    record_xid,
     rules_from_config,
-    xids_seen,
 )
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import record
+from gpuwarden.xidlog import record_xid, xids_seen
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
@@ -60,6 +65,7 @@ class WatchSettings:
     webhook_timeout: float = 5.0
     hook_timeout: float = 30.0
     poll_seconds: float = 10.0
+    slurm_node: Optional[str] = None  # drain this Slurm node on a fatal fault (slurm.drain_node)
 
 
 def parse_hook(value: object) -> Optional[tuple[str, ...]]:
@@ -117,7 +123,21 @@ def settings_from_config(config: object = None, policy: Optional[str] = None) ->
         webhook_timeout=_number(get, "health.webhook_timeout", 5.0),
         hook_timeout=_number(get, "health.hook_timeout", 30.0),
         poll_seconds=_number(get, "health.poll_seconds", 10.0),
+        slurm_node=_slurm_node(get),
     )
+
+
+def _slurm_node(get: Callable[[str], object]) -> Optional[str]:
+    """The Slurm node to drain on a fatal fault, when `slurm.drain_node` is set."""
+    if not get("slurm.drain_node"):
+        return None
+    from gpuwarden.slurm.node import node_name
+
+    class _Conf:
+        def get(self, key: str) -> object:
+            return get(key)
+
+    return node_name(_Conf())
 
 
 class Notifier:
@@ -280,6 +300,8 @@ class HealthWatch:
         self._threads: list[threading.Thread] = []
         self.listening = False  # the XID listener is registered and waiting
         self.xids_heard = 0
+        self._unrecorded: list[dict[str, Any]] = []  # heard, but the log could not take them
+        self._to_drain: dict[str, tuple[int, str]] = {}  # uuid -> (index, reason), to retry
 
     # -- threads -------------------------------------------------------------
 
@@ -373,7 +395,10 @@ class HealthWatch:
                     except nvml.NVMLError:
                         self.log(f"XID {int(data.eventData)} on an unknown GPU")
                         continue
-                self.on_xid(where[0], int(data.eventData), where[1])
+                try:
+                    self.on_xid(where[0], int(data.eventData), where[1])
+                except Exception as err:  # one event's trouble must not end the listening
+                    self.log(f"XID {int(data.eventData)} not handled: {type(err).__name__}: {err}")
         except Exception as err:
             self.log(f"XID listener stopped: {type(err).__name__}: {err}")
         finally:
@@ -390,10 +415,16 @@ class HealthWatch:
     def on_xid(self, uuid: str, xid: int, index: Optional[int] = None) -> None:
         """One XID event: remember it for `health`/`status`, then judge at once."""
         self.xids_heard += 1
+        at = time.time()
         try:
-            record_xid(uuid, xid, index=index)
-        except OSError as err:
-            self.log(f"cannot record XID {xid} on GPU {index}: {err}")
+            record_xid(uuid, xid, index=index, at=at)
+        except Exception as err:  # the listener must outlive any failure to write
+            with self._lock:
+                self._unrecorded.append({"uuid": uuid, "xid": int(xid), "at": at})
+            self.log(
+                f"XID {xid} on GPU {index} NOT RECORDED in the XID log ({err}); "
+                "judging it from memory until this watch stops"
+            )
         with self._lock:  # a repeat of the same XID is news too
             self._known.get(uuid, set()).discard(f"xid-{xid}")
         self._wake.set()
@@ -402,8 +433,9 @@ class HealthWatch:
         """Judge every GPU; act on findings not seen in the previous check."""
         from gpuwarden.drain import list_drains
 
-        xids = xids_seen()
+        xids = self._xids()
         drains = list_drains()
+        self._retry_drains(drains)
         first = not self._started
         self._started = True
         new: list[tuple[Gpu, Finding]] = []
@@ -427,6 +459,42 @@ class HealthWatch:
             self._act(snapshot, gpu, finding, drains)
         return new
 
+    def _xids(self) -> dict[str, tuple[int, ...]]:
+        """The XIDs this watch heard: its own log (owned by the user it runs as, never
+        a file someone else wrote) and the events it could not write there."""
+        problems: list[str] = []
+        seen = xids_seen(uids=(os.geteuid(),), problems=problems)
+        for line in problems:
+            self.log(line)
+        with self._lock:
+            for event in self._unrecorded:
+                seen[event["uuid"]] = (*seen.get(event["uuid"], ()), event["xid"])
+        return seen
+
+    def _drain(self, gpu_uuid: str, index: int, reason: str) -> bool:
+        """Drain one GPU for the watch; a failure is said loudly and tried again later."""
+        from gpuwarden.drain import drain
+
+        try:
+            drain(gpu_uuid, reason, by=DRAINED_BY, auto=True, lock_timeout=2.0, force=True)
+        except (UserError, NotImplementedError, OSError) as err:
+            self._to_drain[gpu_uuid] = (index, reason)
+            self.log(
+                f"GPU {index} NOT DRAINED ({err or type(err).__name__}); it stays judged "
+                "fatal and the drain is tried again at every poll"
+            )
+            return False
+        if self._to_drain.pop(gpu_uuid, None) is not None:
+            self.log(f"GPU {index} drained now ({reason})")
+        return True
+
+    def _retry_drains(self, drains: dict) -> None:
+        for gpu_uuid, (index, reason) in list(self._to_drain.items()):
+            if gpu_uuid in drains:
+                self._to_drain.pop(gpu_uuid, None)
+            elif self.settings.policy == "drain" and self._drain(gpu_uuid, index, reason):
+                drains[gpu_uuid] = True
+
     def _ecc_rate(self, gpu: Gpu, now: float) -> Optional[float]:
         count = gpu.ecc_corrected_volatile
         if count is None:
@@ -441,19 +509,28 @@ class HealthWatch:
         self._ecc[gpu.uuid] = (now, count)
         return (count - before[1]) / elapsed * 3600.0
 
+    def _drain_slurm_node(self, gpu: Gpu, reason: str) -> None:
+        """With `slurm.drain_node`, the node is drained too: Slurm then starts no new job
+        on it (running ones finish), as the local drain does for this GPU."""
+        node = self.settings.slurm_node
+        if node is None:
+            return
+        from gpuwarden.slurm.tools import drain_node
+
+        try:
+            drain_node(node, f"gpuwarden: GPU {gpu.index}: {reason}")
+        except UserError as err:
+            _warn(f"could not drain Slurm node {node}: {err}")
+        else:
+            _warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
+
     def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Finding, drains: dict) -> None:
         drained = False
         if finding.level == FATAL and self.settings.policy == "drain" and gpu.uuid not in drains:
-            try:
-                from gpuwarden.drain import drain
-
-                drain(gpu.uuid, finding.reason, by=DRAINED_BY, auto=True)
+            drained = self._drain(gpu.uuid, gpu.index, finding.reason)
+            if drained:
                 drains[gpu.uuid] = True
-                drained = True
-            except UserError as err:
-                self.log(f"could not drain GPU {gpu.index}: {err}")
-            except (NotImplementedError, OSError) as err:
-                self.log(f"could not drain GPU {gpu.index}: {err or type(err).__name__}")
+                self._drain_slurm_node(gpu, finding.reason)
         event = {
             "hostname": snapshot.hostname,
             "gpu_index": gpu.index,

@@ -23,11 +23,14 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config
     from gpuwarden.errors import UserError
 
+    names = max(len(key.name) for key in config.SCHEMA)
     if args.keys:
         for key in config.SCHEMA:
             default = config.format_value(key.default, key.name)
-            print(f"{key.name:<24} {key.expected():<34} {default:<16} {','.join(key.env_names)}")
-            print(f"{'':<24} {key.doc}")
+            print(
+                f"{key.name:<{names}} {key.expected():<34} {default:<16} {','.join(key.env_names)}"
+            )
+            print(f"{'':<{names}} {key.doc}")
         return 0
     cfg = config.load()
     rows = list(cfg.items())
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     width = max(len(config.format_value(v, k)) for k, v, _ in rows)
     for key, value, source in rows:
-        print(f"{key:<24} {config.format_value(value, key):<{width}}  {source}")
+        print(f"{key:<{names}} {config.format_value(value, key):<{width}}  {source}")
     if not args.key:
         read = ", ".join(f"{layer}: {path}" for layer, path in cfg.files) or "none"
         print(f"\nfiles read: {read}")

@@ -26,7 +26,18 @@ def add_arguments(parser: Parser, command_name: str) -> None:
 
 
 def _split(ids: list[str]) -> list[str]:
-    return [part.strip() for item in ids for part in item.split(",") if part.strip()]
+    """The IDs named, one per comma-separated part; an empty one is an error (an
+    empty argument must not turn `drain '' --reason x` into a listing that exits 0)."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.safefiles import printable
+
+    parts = [part.strip() for item in ids for part in item.split(",")]
+    if ids and not all(parts):
+        raise UserError(
+            f"empty GPU ID in {printable(' '.join(repr(i) for i in ids))}: "
+            "name GPUs by index or UUID prefix"
+        )
+    return parts
 
 
 def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
@@ -61,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config
     from gpuwarden.drain import drain, list_drains, undrain
     from gpuwarden.errors import UserError
+    from gpuwarden.safefiles import printable
 
     where = config.state_dir()
     drains = list_drains(where)
@@ -74,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
             print("no GPU is drained")
         for d in [] if args.json else drains.values():
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(d.at))
-            auto = " (automatic)" if d.auto else ""
-            print(f"{d.uuid}: drained by {d.by}{auto} at {when}: {d.reason}")
+            # d.reason and d.by are escaped when read; the UUID comes from a file name.
+            print(f"{printable(d.uuid)}: drained by {d.who} at {when}: {d.reason}")
         return 0
     targets = _targets(ids, drains)
     if args.command == "drain":
@@ -83,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("a drain needs a reason: --reason TEXT (others will see it)")
         for uuid, label in targets:
             drain(uuid, args.reason, directory=where)
-            print(f"drained {label}: {args.reason.strip()}")
+            print(f"drained {label}: {printable(args.reason.strip())}")
     else:
         for uuid, label in targets:
             undrain(uuid, directory=where)

@@ -44,12 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.errors import UserError
     from gpuwarden.health import rules_from_config
 
-    try:  # an optional dependency: say how to get it rather than show a traceback
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        raise UserError(
-            "the exporter needs prometheus-client: pip install 'gpuwarden[exporter]'"
-        ) from None
+    exporter.require_client()  # before reading anything, `--once` included
     config = config_module.load(
         {"exporter.listen": args.listen, "exporter.dcgm_compat": args.dcgm_compat}
     )

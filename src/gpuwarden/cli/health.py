@@ -67,16 +67,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuwarden import health
+    from gpuwarden import health, xidlog
     from gpuwarden.drain import list_drains
     from gpuwarden.inventory import read_snapshot
 
     snapshot = read_snapshot(processes=False)
     if args.clear is not None:
         uuids = _resolve(snapshot, args.clear)
-        health.clear_xids(uuids)
+        xidlog.clear_xids(uuids)
         what = ", ".join(args.clear) if args.clear else "all GPUs"
         print(f"forgot recorded XIDs on {what}")
+        left = xidlog.xids_seen()
+        kept = sorted({u for u in left if not uuids or u in uuids})
+        if kept:
+            # The shared log (root's watch) still has them: only its writer clears it.
+            print(
+                f"XIDs recorded by the shared health watch remain on {len(kept)} GPU(s); "
+                "only its user (root) can clear them (sudo gpuwarden health --clear)",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     if args.watch:
         return _watch(args)
@@ -85,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
 
         raise UserError(f"no GPUs to judge: {snapshot.error}")
     rules = health.rules_from_config()
-    xids = health.xids_seen()
+    xids = xidlog.xids_seen()
     drains = list_drains()
     rows = []
     worst = health.OK
@@ -112,7 +122,8 @@ def _as_json(snapshot: Any, rows: list) -> dict:
                 "uuid": gpu.uuid,
                 "name": gpu.name,
                 "state": state,
-                "drained": None if drain is None else getattr(drain, "reason", "drained"),
+                "drained": None if drain is None else drain.reason,
+                "drained_by": None if drain is None else drain.who,
                 "findings": [
                     {"level": f.level, "reason": f.reason, "action": f.action, "code": f.code}
                     for f in findings
@@ -130,12 +141,13 @@ def _print_table(rows: list) -> None:
         name = gpu.name or gpu.uuid
         if not findings:
             print(f"{gpu.index:<4} {state:<8} {mark:<8} {name}")
-            continue
         for n, f in enumerate(findings):
             head = f"{gpu.index:<4} {f.level:<8} {mark:<8}" if n == 0 else " " * 22
             print(f"{head} {f.reason}")
             if f.action:
                 print(f"{'':<22}   -> {f.action}")
+        if drain is not None:  # by and reason are escaped when the record is read
+            print(f"{'':<22}   drained by {drain.who}: {drain.reason}")
 
 
 def _watch(args: argparse.Namespace) -> int:

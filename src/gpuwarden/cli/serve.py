@@ -45,34 +45,52 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from gpuwarden import scheduling
-    from gpuwarden.config import parse_duration
+    from gpuwarden import config, scheduling
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.service.client import socket_path
     from gpuwarden.service.identity import Admins
     from gpuwarden.service.server import Service, Settings
+    from gpuwarden.units import parse_duration
 
     if os.geteuid() != 0:
         raise UserError("the service runs as root: it starts each job as the user who submitted it")
-    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    cfg = config.load()
+
+    def pick(option: object, key: str) -> object:
+        return cfg.get(key) if option is None else option
+
     for name, value in (
         ("--max-gpus-per-user", args.max_gpus_per_user),
         ("--max-jobs-per-user", args.max_jobs_per_user),
     ):
         if value is not None and value < 1:
             raise UserError(f"{name} must be 1 or more")
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    policy = scheduling.Policy(
+        weight_fairshare=cfg.get("service.weight_fairshare"),
+        weight_age=cfg.get("service.weight_age"),
+        weight_qos=cfg.get("service.weight_qos"),
+        weight_nice=cfg.get("service.weight_nice"),
+        age_max=cfg.get("service.age_max"),
+        half_life=cfg.get("service.half_life"),
+        shares=dict(cfg.get("service.shares") or {}),
+        max_gpus_per_user=pick(args.max_gpus_per_user, "service.max_gpus_per_user"),  # type: ignore[arg-type]
+        starve_after=cfg.get("service.starve_after"),
+    )
+    max_time = (
+        cfg.get("service.max_time") if args.max_time is None else parse_duration(args.max_time)
+    )
     settings = Settings(
-        socket=args.socket or socket_path(),
-        state_dir=args.state_dir
-        or os.environ.get("GPUWARDEN_SERVICE_DIR")
-        or "/var/lib/gpuwarden/service",
-        policy=scheduling.Policy(max_gpus_per_user=args.max_gpus_per_user),
-        admins=Admins.parse(args.admin or ()),
-        max_jobs_per_user=args.max_jobs_per_user,
-        max_time=None if args.max_time is None else parse_duration(args.max_time),
-        show_commands=args.show_commands,
-        grace=parse_duration(args.grace),
+        socket=args.socket or cfg.get("service.socket"),
+        state_dir=args.state_dir or cfg.get("service.dir"),
+        policy=policy,
+        admins=Admins.parse([*cfg.get("service.admins"), *(args.admin or ())]),
+        max_jobs_per_user=pick(args.max_jobs_per_user, "service.max_jobs_per_user"),  # type: ignore[arg-type]
+        max_time=max_time,
+        show_commands=args.show_commands or cfg.get("service.show_commands"),
+        grace=cfg.get("service.grace") if args.grace is None else parse_duration(args.grace),
+        webhook=cfg.get("service.webhook"),
+        sendmail=cfg.get("service.sendmail"),
     )
     Service(settings, read_snapshot).serve_forever()
     return 0

@@ -1,0 +1,46 @@
+"""`gpuwarden hold ID...` / `gpuwarden unhold ID...`: keep waiting jobs from starting, or let them.
+
+Only the job's owner or an admin may hold or unhold it (the service checks, from
+the kernel's word on who is asking). A held job keeps its place: its priority
+still ages.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+SERVES_SEVERAL = True
+
+
+def add_arguments(parser: Parser, command_name: str) -> None:
+    parser.add_argument("ids", nargs="+", metavar="ID", help="job ids (from `gpuwarden queue`)")
+
+
+def job_ids(words: list[str]) -> list[int]:
+    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
+    from gpuwarden.errors import UserError
+
+    ids = []
+    for word in words:
+        for part in word.split(","):
+            part = part.strip()
+            if not part.isdigit() or int(part) <= 0:
+                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
+            ids.append(int(part))
+    return ids
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuwarden.service.client import require
+
+    op = "hold" if args.command == "hold" else "release"
+    ids = job_ids(args.ids)
+    with require() as client:
+        done = client.call(op, jobs=ids)["jobs"]
+    verb = "held" if op == "hold" else "released"
+    print(f"{verb}: {', '.join(str(i) for i in done)}")
+    return 0

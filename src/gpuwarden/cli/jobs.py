@@ -1,0 +1,35 @@
+"""`gpuwarden jobs`: finished jobs with how they ended and the GPU-hours they used."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument("-n", "--last", type=int, default=50, metavar="N", help="how many (50)")
+    parser.add_argument("--me", action="store_true", help="only my jobs")
+    parser.add_argument("--user", metavar="NAME", help="only this user's jobs")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from gpuwarden.cli.jobtables import history_table
+    from gpuwarden.errors import UserError
+    from gpuwarden.paths import user_name
+    from gpuwarden.service.client import require
+
+    if args.last < 1:
+        raise UserError("--last must be 1 or more")
+    user = user_name() if args.me else args.user
+    with require() as client:
+        jobs = client.call("jobs", limit=args.last if user is None else 100000)["jobs"]
+    if user is not None:
+        jobs = [j for j in jobs if j.get("user") == user][: args.last]
+    print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
+    return 0

@@ -1,0 +1,143 @@
+"""Tables of jobs and users, as `queue`, `jobs --history` and `share` print them.
+
+One shape for every source: a job is the dict the service's `queue`/`jobs`
+operations answer with (docs/service.md), and rows from Slurm are mapped to the
+same keys, so a user reads the same columns whichever ran their job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from gpuwarden.safefiles import printable
+from gpuwarden.table import render
+
+
+def span(seconds: Optional[float]) -> str:
+    """`45s`, `12m03s`, `3h05m`, `2d04h`; `-` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def gpus_cell(job: Mapping[str, Any]) -> str:
+    """The GPUs a job holds (nvidia-smi indices), or how many it waits for."""
+    held = job.get("indices") or job.get("gpus") or []
+    if held:
+        return ",".join("?" if i is None else str(i) for i in held)
+    count = job.get("count") or 0
+    shared = job.get("mem")
+    return f"({count}{'' if not shared else ' shared'})"
+
+
+def command_cell(job: Mapping[str, Any]) -> str:
+    words = job.get("command")
+    if words is None:
+        return "(hidden)"
+    return printable(" ".join(str(w) for w in words))
+
+
+def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> str:
+    """Running jobs first, then waiting ones in priority order, as squeue lists them."""
+    now = time.time() if now is None else now
+    running = [j for j in jobs if j.get("state") in ("RUNNING", "STARTING")]
+    waiting = sorted(
+        (j for j in jobs if j.get("state") == "PENDING"),
+        key=lambda j: (-(j.get("priority") or 0.0), j.get("submitted") or 0.0),
+    )
+    rows = []
+    for job in [*running, *waiting]:
+        pending = job.get("state") == "PENDING"
+        started = job.get("started")
+        waited = (started if started else now) - (job.get("submitted") or now)
+        estimate = job.get("estimated_start")
+        reason = job.get("reason") or "-"
+        if pending and estimate:
+            reason += f" (start in ~{span(estimate - now)})"
+        prio = job.get("priority")
+        rows.append(
+            [
+                str(job.get("id")),
+                printable(str(job.get("user"))),
+                str(job.get("state")),
+                gpus_cell(job),
+                reason,
+                "-" if prio is None or not pending else f"{prio:.0f}",
+                span(waited),
+                "-" if pending else span(job.get("elapsed")),
+                span(job.get("time_limit")) if job.get("time_limit") else "-",
+                command_cell(job),
+            ]
+        )
+    if not rows:
+        return "no jobs queued or running"
+    headers = [
+        "JOB",
+        "USER",
+        "STATE",
+        "GPUS",
+        "REASON",
+        "PRIORITY",
+        "WAITED",
+        "ELAPSED",
+        "LIMIT",
+        "COMMAND",
+    ]
+    return render(headers, rows, right=(0, 5, 6, 7, 8))
+
+
+def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
+    """Ended jobs, newest first: how each ended and what it used."""
+    rows = []
+    for job in jobs:
+        elapsed = job.get("elapsed") or 0.0
+        gpu_hours = len(job.get("gpus") or []) * elapsed / 3600.0
+        if job.get("signal"):
+            how = f"signal {job['signal']}"
+        elif job.get("exit_code") is not None:
+            how = f"exit {job['exit_code']}"
+        else:
+            how = printable(str(job.get("error") or "-"))[:40]
+        ended = job.get("ended")
+        rows.append(
+            [
+                str(job.get("id")),
+                printable(str(job.get("user"))),
+                str(job.get("state")),
+                how,
+                gpus_cell(job),
+                span(elapsed),
+                f"{gpu_hours:.2f}",
+                time.strftime("%m-%d %H:%M", time.localtime(ended)) if ended else "-",
+                command_cell(job),
+            ]
+        )
+    if not rows:
+        return "no finished jobs"
+    headers = ["JOB", "USER", "STATE", "ENDED AS", "GPUS", "ELAPSED", "GPU-H", "ENDED", "COMMAND"]
+    return render(headers, rows, right=(0, 5, 6))
+
+
+def share_table(users: Sequence[Mapping[str, Any]]) -> str:
+    """Each user's decayed usage, share and fair-share factor, as sshare shows them."""
+    rows = [
+        [
+            printable(str(u.get("user"))),
+            f"{(u.get('usage') or 0.0) / 3600.0:.1f}",
+            f"{u.get('share', 1.0):g}",
+            f"{u.get('factor', 1.0):.3f}",
+        ]
+        for u in sorted(users, key=lambda u: -(u.get("usage") or 0.0))
+    ]
+    if not rows:
+        return "no usage recorded yet"
+    return render(["USER", "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))

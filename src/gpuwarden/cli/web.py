@@ -1,0 +1,113 @@
+"""`gpuwarden web`: serve the live page of this machine (docs/web.md)."""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False  # argparse is read only by type checkers here
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="address to serve (web.listen, 127.0.0.1:9500; port 0: any free one)",
+    )
+    parser.add_argument(
+        "--interval", metavar="SECONDS", help="seconds between updates (web.interval, 1)"
+    )
+    parser.add_argument(
+        "--show-commands",
+        action="store_true",
+        default=None,
+        help="show processes' command lines (web.show_commands; hidden by default)",
+    )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the queue service's socket to show (service.socket); the page asks it as "
+        "the user running `gpuwarden web`: run it as an unprivileged user",
+    )
+    parser.add_argument(
+        "--no-watch",
+        action="store_true",
+        help="do not run the health watch (no XID listener, no automatic drains)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="print the API document once to stdout and exit"
+    )
+
+
+def _warn(message: str) -> None:
+    print(f"gpuwarden web: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import signal
+    import threading
+
+    from gpuwarden import config as config_module
+    from gpuwarden.errors import UserError
+    from gpuwarden.health import rules_from_config
+    from gpuwarden.web.server import Feed, parse_listen, serve
+
+    if args.listen is not None:
+        parse_listen(args.listen)  # checked here: port 0 (any free port) is allowed
+    config = config_module.load(
+        {"web.interval": args.interval, "web.show_commands": args.show_commands}
+    )
+    interval = float(config.get("web.interval"))
+    if not 0.1 <= interval <= 3600:
+        raise UserError(f"web.interval must be between 0.1 and 3600 seconds, got {interval:g}")
+    try:
+        rules = rules_from_config(config)
+    except UserError as err:
+        _warn(f"{err}; using the built-in health rules")
+        rules = None
+    feed = Feed(
+        interval=interval,
+        show_commands=bool(config.get("web.show_commands")),
+        rules=rules,
+        service=str(args.socket or config.get("service.socket")),
+    )
+    if args.once:
+        print(json.dumps(feed.document(), indent=2))
+        return 0
+    watch = None if args.no_watch else _make_watch(config, feed)
+    feed.watch = watch
+    server = serve(
+        args.listen if args.listen is not None else str(config.get("web.listen")),
+        feed=feed,
+        watch=watch,
+        max_clients=int(config.get("web.max_clients")),
+    )
+    _warn(f"serving {server.url}" + ("" if watch else " (health watch off)"))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    server.close()
+    return 0
+
+
+def _make_watch(config: object, feed: object):  # -> HealthWatch
+    """The health watch beside the page, reading the page's own snapshots; a bad
+    hook or webhook setting costs the notifications, never the page."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.healthwatch import HealthWatch, WatchSettings, settings_from_config
+
+    try:
+        settings = settings_from_config(config)
+    except UserError as err:
+        _warn(f"{err}; alerts disabled, the page and drains still on")
+        from gpuwarden.health import Rules
+
+        policy = str(config.get("health.policy"))  # type: ignore[attr-defined]
+        settings = WatchSettings(policy=policy, rules=getattr(feed, "rules", None) or Rules())
+    return HealthWatch(settings, read=feed.snapshot, log=_warn)  # type: ignore[attr-defined]

@@ -1,0 +1,483 @@
+"""Prometheus metric families for GPUs, processes, users, leases, drains and health.
+
+`families()` turns a `View` (one moment's snapshot plus leases, drains,
+findings, XIDs and idle times) into metric families and is pure, so every
+series can be tested on hand-built snapshots; `exporter` reads the views and
+serves them.
+
+Names follow Prometheus conventions: base units (bytes, seconds, watts,
+joules, hertz, ratios 0-1) in the name, counters end in `_total`. Labels on
+every GPU series: `gpu` (the nvidia-smi index), `uuid`, `model`, `hostname`.
+With `dcgm_compat`, the dcgm-exporter names, units and labels are emitted too
+(`DCGM_FI_DEV_*` with `gpu`, `UUID`, `device`, `modelName`, `Hostname`), so
+dashboards built for dcgm-exporter (Grafana 12239) work unchanged.
+
+A series that alerts take the increase() of must exist at 0 before its first
+event (Prometheus sees no increase in a series born at 1): hence the per-GPU
+`gpuwarden_gpu_xid_events_total{fatal}` beside the per-code XID counters.
+
+prometheus-client is the `exporter` extra, imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import field
+from typing import Any, Callable, Optional
+
+from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Finding, level
+from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.records import record
+
+MIB = 2**20
+LEVELS = ("ok", "warning", "fatal")
+
+
+@record
+class View:
+    """Everything one scrape reports, read at one moment."""
+
+    snapshot: Snapshot
+    leases: tuple = ()  # LeaseInfo
+    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> Drain
+    findings: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
+    xids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    fatal_xids: frozenset = DEFAULT_FATAL_XIDS  # health.fatal_xids, for the `fatal` label
+    idle_seconds: Mapping[str, float] = field(default_factory=dict)  # held-while-idle time
+    idle_after: float = 600.0  # seconds of idle-held before `gpuwarden_gpu_idle_held` is 1
+    scrape_errors: int = 0
+    read_seconds: float = 0.0
+    nvml_up: bool = True
+    queue: Optional[Mapping[str, Any]] = None  # the queue service's `stats`; None: no service
+
+
+def held(gpu: Gpu, leased: bool) -> bool:
+    """Someone has the GPU: a lease, or a process holding memory on it."""
+    return leased or any(p.kind == "compute" or p.used_memory for p in gpu.processes)
+
+
+def is_idle(gpu: Gpu, idle_util: float) -> bool:
+    return gpu.utilization_gpu is not None and gpu.utilization_gpu <= idle_util
+
+
+class IdleTracker:
+    """How long each GPU has been held while idle (the waste admins want to see)."""
+
+    def __init__(self, idle_util: float = 1.0) -> None:
+        self.idle_util = idle_util
+        self._since: dict[str, float] = {}
+
+    def update(self, snapshot: Snapshot, leased: Iterable[str]) -> dict[str, float]:
+        leased = set(leased)
+        now = snapshot.taken_at
+        result: dict[str, float] = {}
+        for gpu in snapshot.gpus:
+            if not gpu.lost and held(gpu, gpu.uuid in leased) and is_idle(gpu, self.idle_util):
+                since = self._since.setdefault(gpu.uuid, now)
+                result[gpu.uuid] = max(0.0, now - since)
+            else:
+                self._since.pop(gpu.uuid, None)
+                result[gpu.uuid] = 0.0
+        return result
+
+
+def _ratio(percent: Optional[float]) -> Optional[float]:
+    return None if percent is None else percent / 100.0
+
+
+def families(view: View, dcgm_compat: bool = False) -> list:
+    """The metric families for one view (prometheus_client `Metric`s)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    snap = view.snapshot
+    host = snap.hostname
+    base = ["gpu", "uuid", "model", "hostname"]
+
+    def gpu_labels(gpu: Gpu) -> list[str]:
+        return [str(gpu.index), gpu.uuid, gpu.name or "", host]
+
+    out: list = []
+
+    def gauge(name: str, doc: str, attr: Callable[[Gpu], Optional[float]], unit: str = ""):
+        fam = GaugeMetricFamily(name, doc, labels=base, unit=unit)
+        for gpu in snap.gpus:
+            value = attr(gpu)
+            if value is not None:
+                fam.add_metric(gpu_labels(gpu), float(value))
+        out.append(fam)
+
+    def counter(name: str, doc: str, attr: Callable[[Gpu], Optional[float]]):
+        fam = CounterMetricFamily(name, doc, labels=base)
+        for gpu in snap.gpus:
+            value = attr(gpu)
+            if value is not None:
+                fam.add_metric(gpu_labels(gpu), float(value))
+        out.append(fam)
+
+    info = GaugeMetricFamily(
+        "gpuwarden_gpu_info",
+        "GPU identity (always 1)",
+        labels=[*base, "pci_bus_id", "driver_version"],
+    )
+    for gpu in snap.gpus:
+        info.add_metric([*gpu_labels(gpu), gpu.pci_bus_id or "", snap.driver_version or ""], 1)
+    out.append(info)
+    gauge("gpuwarden_gpu_memory_used_bytes", "GPU memory in use", lambda g: g.memory_used)
+    gauge("gpuwarden_gpu_memory_total_bytes", "GPU memory size", lambda g: g.memory_total)
+    gauge("gpuwarden_gpu_memory_free_bytes", "GPU memory free", lambda g: g.memory_free)
+    gauge(
+        "gpuwarden_gpu_utilization_ratio",
+        "Fraction of time a kernel ran (NVML utilization.gpu)",
+        lambda g: _ratio(g.utilization_gpu),
+    )
+    gauge(
+        "gpuwarden_gpu_memory_utilization_ratio",
+        "Fraction of time memory was read or written (NVML utilization.memory)",
+        lambda g: _ratio(g.utilization_memory),
+    )
+    gauge("gpuwarden_gpu_temperature_celsius", "GPU core temperature", lambda g: g.temperature)
+    gauge("gpuwarden_gpu_power_watts", "Power draw", lambda g: g.power_draw)
+    gauge("gpuwarden_gpu_power_limit_watts", "Power limit", lambda g: g.power_limit)
+    gauge("gpuwarden_gpu_fan_speed_ratio", "Fan speed", lambda g: _ratio(g.fan_speed))
+    gauge(
+        "gpuwarden_gpu_sm_clock_hertz",
+        "SM clock",
+        lambda g: None if g.clock_sm is None else g.clock_sm * 1e6,
+    )
+    counter(
+        "gpuwarden_gpu_energy_joules",
+        "Energy used since the driver loaded",
+        lambda g: g.energy_consumed,
+    )
+    ecc = CounterMetricFamily(
+        "gpuwarden_gpu_ecc_errors",
+        "ECC errors since the driver loaded (volatile)",
+        labels=[*base, "type"],
+    )
+    for gpu in snap.gpus:
+        for kind, value in (
+            ("corrected", gpu.ecc_corrected_volatile),
+            ("uncorrected", gpu.ecc_uncorrected_volatile),
+        ):
+            if value is not None:
+                ecc.add_metric([*gpu_labels(gpu), kind], value)
+    out.append(ecc)
+    counter(
+        "gpuwarden_gpu_pcie_replays",
+        "PCIe replays since the driver loaded",
+        lambda g: g.pcie_replay_count,
+    )
+    gauge(
+        "gpuwarden_gpu_remapped_rows_pending",
+        "1 when a memory row remap waits for a GPU reset",
+        lambda g: None if g.remapped_rows_pending is None else int(g.remapped_rows_pending),
+    )
+    gauge(
+        "gpuwarden_gpu_remapped_rows_failure",
+        "1 when row remapping failed",
+        lambda g: None if g.remapped_rows_failure is None else int(g.remapped_rows_failure),
+    )
+    gauge("gpuwarden_gpu_lost", "1 when the GPU has fallen off the bus", lambda g: int(g.lost))
+    throttle = GaugeMetricFamily(
+        "gpuwarden_gpu_throttled",
+        "1 for each active clock throttle reason",
+        labels=[*base, "reason"],
+    )
+    for gpu in snap.gpus:
+        for reason in gpu.throttle_reasons or ():
+            throttle.add_metric([*gpu_labels(gpu), reason], 1)
+    out.append(throttle)
+
+    # Per code, the series is born with the first event, already at 1: Prometheus's
+    # increase() cannot see that first step. The per-GPU `xid_events` counters are
+    # exported at 0 from the start, so alerts and panels use those for "new XID".
+    xid_total = CounterMetricFamily(
+        "gpuwarden_gpu_xid_errors",
+        "XID errors seen since boot (or since `gpuwarden health --clear`), per code; "
+        "fatal per health.fatal_xids",
+        labels=[*base, "xid", "fatal"],
+    )
+    xid_events = CounterMetricFamily(
+        "gpuwarden_gpu_xid_events",
+        "XID errors on the GPU, fatal (per health.fatal_xids) or not; both series "
+        "exist at 0 before the first, so increase() sees it",
+        labels=[*base, "fatal"],
+    )
+    last_xid = GaugeMetricFamily(
+        "gpuwarden_gpu_last_xid", "The most recent XID on the GPU (0: none)", labels=base
+    )
+    for gpu in snap.gpus:
+        seen = view.xids.get(gpu.uuid, ())
+        fatal_count = 0
+        for xid in sorted(set(seen)):
+            count = seen.count(xid)
+            fatal = xid in view.fatal_xids
+            fatal_count += count if fatal else 0
+            xid_total.add_metric([*gpu_labels(gpu), str(xid), _bool(fatal)], count)
+        xid_events.add_metric([*gpu_labels(gpu), "true"], fatal_count)
+        xid_events.add_metric([*gpu_labels(gpu), "false"], len(seen) - fatal_count)
+        last_xid.add_metric(gpu_labels(gpu), seen[-1] if seen else 0)
+    out += [xid_total, xid_events, last_xid]
+
+    health = GaugeMetricFamily(
+        "gpuwarden_gpu_health",
+        "1 for the GPU's health state (ok, warning, fatal), 0 for the others",
+        labels=[*base, "state"],
+    )
+    reason = GaugeMetricFamily(
+        "gpuwarden_gpu_health_finding",
+        "One series per current health finding",
+        labels=[*base, "level", "code", "reason"],
+    )
+    for gpu in snap.gpus:
+        found = tuple(view.findings.get(gpu.uuid, ()))
+        state = level(found) if found else OK
+        for name in LEVELS:
+            health.add_metric([*gpu_labels(gpu), name], int(name == state))
+        for f in found:
+            reason.add_metric([*gpu_labels(gpu), f.level, f.code, f.reason], 1)
+    out += [health, reason]
+
+    drained = GaugeMetricFamily(
+        "gpuwarden_gpu_drained",
+        "1 when the GPU is taken out of service",
+        labels=[*base, "reason", "by", "auto"],
+    )
+    for gpu in snap.gpus:
+        d = view.drains.get(gpu.uuid)
+        if d is None:
+            drained.add_metric([*gpu_labels(gpu), "", "", ""], 0)
+        else:
+            drained.add_metric(
+                [
+                    *gpu_labels(gpu),
+                    str(getattr(d, "reason", "")),
+                    str(getattr(d, "by", "")),
+                    _bool(getattr(d, "auto", False)),
+                ],
+                1,
+            )
+    out.append(drained)
+
+    leased = GaugeMetricFamily(
+        "gpuwarden_gpu_leased",
+        "1 per lease held on the GPU (0 with empty user when none)",
+        labels=[*base, "user", "job", "pid"],
+    )
+    by_uuid: dict[str, list] = {}
+    for lease in view.leases:
+        by_uuid.setdefault(lease.uuid, []).append(lease)
+    for gpu in snap.gpus:
+        leases = by_uuid.get(gpu.uuid, [])
+        if not leases:
+            leased.add_metric([*gpu_labels(gpu), "", "", ""], 0)
+        for lease in leases:
+            # lease files are written by other users: every label is made a string
+            # here, so one record of the wrong type cannot fail the whole scrape
+            job = _short(lease.job, 60) or _short(lease.command, 60)
+            user = _short(lease.user, 60)
+            leased.add_metric([*gpu_labels(gpu), user, job, _short(lease.pid, 20)], 1)
+    out.append(leased)
+
+    idle_held = GaugeMetricFamily(
+        "gpuwarden_gpu_idle_held",
+        f"1 when the GPU is leased or holds memory but has been idle {view.idle_after:g}s or more",
+        labels=base,
+    )
+    idle_secs = GaugeMetricFamily(
+        "gpuwarden_gpu_idle_held_seconds",
+        "How long the GPU has been held while idle",
+        labels=base,
+    )
+    for gpu in snap.gpus:
+        secs = view.idle_seconds.get(gpu.uuid, 0.0)
+        idle_held.add_metric(gpu_labels(gpu), int(secs >= view.idle_after and secs > 0))
+        idle_secs.add_metric(gpu_labels(gpu), secs)
+    out += [idle_held, idle_secs]
+
+    procs = GaugeMetricFamily(
+        "gpuwarden_process_memory_used_bytes",
+        "GPU memory held by one process",
+        labels=[*base, "pid", "user", "command"],
+    )
+    per_user: dict[str, float] = {}
+    for gpu in snap.gpus:
+        for p in gpu.processes:
+            user = _short(p.user, 60) or "unknown"
+            if p.used_memory is None:
+                continue
+            procs.add_metric(
+                [*gpu_labels(gpu), str(p.pid), user, _short(p.command, 60)], p.used_memory
+            )
+            per_user[user] = per_user.get(user, 0.0) + p.used_memory
+    out.append(procs)
+    users = GaugeMetricFamily(
+        "gpuwarden_user_memory_used_bytes",
+        "GPU memory held by a user's processes, all GPUs together",
+        labels=["user", "hostname"],
+    )
+    for user, used in sorted(per_user.items()):
+        users.add_metric([user, host], used)
+    out.append(users)
+
+    out.append(
+        CounterMetricFamily(
+            "gpuwarden_scrape_errors",
+            "GPU reads that failed (a GPU NVML could not read, or a whole read)",
+            value=view.scrape_errors,
+        )
+    )
+    out.append(
+        GaugeMetricFamily(
+            "gpuwarden_nvml_up", "1 when NVML answered the last read", value=int(view.nvml_up)
+        )
+    )
+    out.append(
+        GaugeMetricFamily(
+            "gpuwarden_snapshot_read_seconds",
+            "How long the last snapshot read took",
+            value=view.read_seconds,
+        )
+    )
+    from gpuwarden.queuemetrics import families as queue_families
+
+    out += queue_families(view.queue, host)
+    if dcgm_compat:
+        out += dcgm_families(view)
+    return out
+
+
+# (name, help, type, value of Gpu) as dcgm-exporter's default counters define them
+_DCGM: Sequence[tuple[str, str, str, Callable[[Gpu], Optional[float]]]] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "gauge", lambda g: g.clock_sm),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge", lambda g: g.temperature),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge", lambda g: g.power_draw),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        "Power management limit (in W).",
+        "gauge",
+        lambda g: g.power_limit,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        "counter",
+        lambda g: None if g.energy_consumed is None else g.energy_consumed * 1000.0,
+    ),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", lambda g: g.utilization_gpu),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "Memory utilization (in %).",
+        "gauge",
+        lambda g: g.utilization_memory,
+    ),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "Framebuffer memory free (in MiB).",
+        "gauge",
+        lambda g: None if g.memory_free is None else g.memory_free / MIB,
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "Framebuffer memory used (in MiB).",
+        "gauge",
+        lambda g: None if g.memory_used is None else g.memory_used / MIB,
+    ),
+    (
+        "DCGM_FI_DEV_FB_TOTAL",
+        "Framebuffer memory total (in MiB).",
+        "gauge",
+        lambda g: None if g.memory_total is None else g.memory_total / MIB,
+    ),
+    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", "gauge", lambda g: g.fan_speed),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "Total number of PCIe retries.",
+        "counter",
+        lambda g: g.pcie_replay_count,
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "Total number of single-bit volatile ECC errors.",
+        "counter",
+        lambda g: g.ecc_corrected_volatile,
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "Total number of double-bit volatile ECC errors.",
+        "counter",
+        lambda g: g.ecc_uncorrected_volatile,
+    ),
+    (
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "Number of pages pending retirement.",
+        "gauge",
+        lambda g: None if g.retired_pages_pending is None else int(g.retired_pages_pending),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "Whether remapping of rows has failed.",
+        "gauge",
+        lambda g: None if g.remapped_rows_failure is None else int(g.remapped_rows_failure),
+    ),
+)
+
+
+def dcgm_families(view: View) -> list:
+    """dcgm-exporter's names, units and labels, so its dashboards work unchanged."""
+    from prometheus_client import Metric
+
+    snap = view.snapshot
+    labels_of = {
+        gpu.uuid: {
+            "gpu": str(gpu.index),
+            "UUID": gpu.uuid,
+            "device": f"nvidia{gpu.index}",
+            "modelName": gpu.name or "",
+            "Hostname": snap.hostname,
+            "DCGM_FI_DRIVER_VERSION": snap.driver_version or "",
+        }
+        for gpu in snap.gpus
+    }
+    out = []
+    for name, doc, kind, attr in _DCGM:
+        # dcgm-exporter keeps counter names without `_total`; prometheus-client would
+        # add it to a counter, so those are exposed untyped under the exact name.
+        fam = Metric(name, doc, "gauge" if kind == "gauge" else "unknown")
+        for gpu in snap.gpus:
+            if gpu.lost:
+                continue
+            value = attr(gpu)
+            if value is not None:
+                fam.add_sample(name, labels_of[gpu.uuid], float(value))
+        out.append(fam)
+    xid = Metric("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gauge")
+    for gpu in snap.gpus:
+        seen = view.xids.get(gpu.uuid, ())
+        last = float(seen[-1] if seen else 0)
+        xid.add_sample("DCGM_FI_DEV_XID_ERRORS", labels_of[gpu.uuid], last)
+    out.append(xid)
+    return out
+
+
+def _bool(value: object) -> str:
+    return "true" if value else "false"
+
+
+def _short(text: object, limit: int) -> str:
+    """A label value: a string (whatever type a record held), one line, at most `limit`."""
+    text = ("" if text is None else str(text)).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render(view: View, dcgm_compat: bool = False) -> str:
+    """The text exposition for one view (tests, `--once`)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class _Once:
+        def collect(self):
+            yield from families(view, dcgm_compat)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Once())  # type: ignore[arg-type]
+    return generate_latest(registry).decode()

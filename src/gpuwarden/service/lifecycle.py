@@ -1,0 +1,285 @@
+"""A job's life in the service: planned, started, watched, ended, recovered after a crash.
+
+`schedule()` asks `scheduling.plan` what starts and starts it (service.placing);
+a pidfd per supervisor tells when a job ended, also for supervisors adopted after
+a restart (`recover`); time limits and cancels are SIGTERM, then SIGKILL after the
+grace period. Mixed into `server.Service`, whose attributes it uses (declared
+below for type checkers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import selectors
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from gpuwarden import scheduling
+from gpuwarden.errors import UserError
+from gpuwarden.service import spawn, store
+from gpuwarden.service.notify import JobNotifier
+
+if TYPE_CHECKING:
+    from gpuwarden.service.server import Settings
+
+log = logging.getLogger("gpuwarden.serve")
+
+
+class Lifecycle:
+    settings: Settings
+    store: store.Store
+    exits: str
+    selector: selectors.BaseSelector
+    watched: dict[int, int]
+    termed: dict[int, float]
+    notifier: JobNotifier
+    memory: dict[str, int]
+    indices: dict[str, int]
+    dirty: bool
+    read_snapshot: Callable[[], Any]
+    _priorities: dict[int, float]
+    _estimates: dict[int, Optional[float]]
+
+    if TYPE_CHECKING:  # provided by Service and Requests
+
+        def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
+
+        def release_stdio(self, job_id: int) -> None: ...
+
+        def _is_admin_uid(self, uid: int) -> bool: ...
+
+    def recover(self) -> None:
+        """Find every job of the journal again after a start, a crash or a `kill -9`.
+
+        A STARTING job whose supervisor was never recorded never got the go-ahead: its
+        supervisor (if one was forked) exits without running it, so it is queued again.
+        A recorded supervisor still alive is watched; when it ends, its exit record
+        says how the job ended, and its absence with no marker means it never started.
+        """
+        for job in self.store.jobs([store.PENDING]):
+            if job.attached:  # its client's terminal went with the old service
+                self.store.update(
+                    job.id,
+                    state=store.CANCELLED,
+                    ended=time.time(),
+                    error="the service restarted before it started; submit it again",
+                )
+        for job in self.store.jobs([store.STARTING, store.RUNNING]):
+            marker = spawn.read_marker(self.exits, str(job.id))
+            ended = spawn.read_exit_record(self.exits, str(job.id))
+            if ended is not None:
+                self._finish(job, ended)
+            elif (
+                job.supervisor
+                and spawn.start_time(job.supervisor) >= 0
+                and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
+            ):
+                self.store.update(job.id, pid=(marker or {}).get("pid") or job.pid)
+                self._watch(job.id, job.supervisor)
+                log.info("re-adopted job %s", job.id)
+            elif marker is None:
+                self._requeue(job)
+            else:
+                self._finish(
+                    job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
+                )
+        self.dirty = True
+
+    def _requeue(self, job: store.Job) -> None:
+        log.warning("job %s never started before a restart; queued again", job.id)
+        from gpuwarden.service.placing import release_leases
+
+        release_leases(self, job)
+        self.store.update(
+            job.id, state=store.PENDING, gpus=(), started=None, supervisor=None, pid=None
+        )
+
+    def _cancel(self, job: store.Job) -> None:
+        if job.state == store.PENDING:
+            self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
+            self._ended_attached(job.id, None)
+        elif job.pid:
+            spawn.signal_job(job.pid, signal.SIGTERM)
+            self.termed.setdefault(job.id, time.monotonic())
+            self.store.update(job.id, reason="cancelling")
+
+    def _refuse(self, job: store.Job, reason: str) -> None:
+        """A job that must start now or not at all (`run` without --wait) that cannot."""
+        why = f"no GPU fits now ({reason}); add --wait to queue for one"
+        self.store.update(job.id, state=store.CANCELLED, ended=time.time(), error=why, reason=None)
+        self.notify_attached(job.id, {"event": "ended", "status": 75, "error": why})
+        self._ended_attached(job.id, None, quiet=True)
+
+    def _ended_attached(
+        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False
+    ) -> None:
+        """Tell an attached client how its job ended, and let go of its descriptors."""
+        if not quiet:
+            status = 128 + signal.SIGTERM if ended is None else ended.shell_status
+            error = "cancelled before it started" if ended is None else ended.error
+            self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
+        client = self.attached.pop(job_id, None)
+        if client is not None:
+            client.job = None
+        self.release_stdio(job_id)
+
+    def schedule(self) -> None:
+        """Plan, and start whatever the plan says starts."""
+        from gpuwarden.service.placing import inputs, start_job
+
+        self.dirty = False
+        pending = self.store.jobs([store.PENDING])
+        if not pending:
+            return
+        snapshot = self.read_snapshot()
+        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
+        self.indices = {g.uuid: g.index for g in snapshot.gpus}
+        running = self.store.jobs([store.STARTING, store.RUNNING])
+        ended = {j.id: j.state == store.COMPLETED for j in self.store.jobs(store.ENDED, limit=5000)}
+        now = time.time()
+        gpus, busy, waiting = inputs(snapshot, running, pending, self.settings)
+        usage = self.store.usage(now, self.settings.policy.half_life)
+        policy = self.settings.policy
+        if policy.max_gpus_per_user is not None:
+            admins = {j.user for j in (*pending, *running) if self._is_admin_uid(j.uid)}
+            policy = dataclasses.replace(policy, exempt=policy.exempt | admins)
+        decisions = scheduling.plan(
+            gpus,
+            busy,
+            waiting,
+            usage,
+            now,
+            policy,
+            finished={str(k): v for k, v in ended.items()},
+        )
+        self._priorities = {int(d.id): d.priority for d in decisions}
+        self._estimates = {int(d.id): d.estimated_start for d in decisions}
+        by_id = {j.id: j for j in pending}
+        for decision in decisions:
+            job = by_id[int(decision.id)]
+            if not decision.starts:
+                if not job.wait:
+                    self._refuse(job, decision.reason or "")
+                elif job.reason != decision.reason:
+                    self.store.update(job.id, reason=decision.reason)
+                continue
+            try:
+                started = start_job(self, job, decision.gpus, snapshot)
+            except UserError as err:
+                log.warning("job %s could not start: %s", job.id, err)
+                self.store.update(
+                    job.id, state=store.FAILED, error=str(err), ended=time.time(), reason=None
+                )
+                continue
+            if started is not None:
+                self._watch(job.id, started.supervisor)
+
+    def _watch(self, job_id: int, pid: int) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._ended(job_id)
+            return
+        self.watched[job_id] = fd
+        self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
+
+    def _ended(self, job_id: int) -> None:
+        fd = self.watched.pop(job_id, None)
+        if fd is not None:
+            self.selector.unregister(fd)
+            os.close(fd)
+        job = self.store.get(job_id)
+        if job is None or job.state not in (store.STARTING, store.RUNNING):
+            return
+        if job.supervisor:
+            spawn.wait_supervisor(job.supervisor, timeout=0)
+        ended = spawn.read_exit_record(self.exits, str(job_id))
+        if ended is not None:
+            self._finish(job, ended)
+        elif spawn.read_marker(self.exits, str(job_id)) is None:
+            self._requeue(job)  # its supervisor never had the go-ahead
+        else:
+            self._finish(
+                job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
+            )
+
+    def _finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
+        if state is None:
+            if job.id in self.termed and job.reason == "time limit":
+                state = store.TIMEOUT
+            elif job.id in self.termed:
+                state = store.CANCELLED
+            else:
+                state = store.COMPLETED if ended.ok else store.FAILED
+        now = time.time()
+        started = job.started or now
+        from gpuwarden.service.placing import release_leases
+
+        release_leases(self, job)
+        self.store.update(
+            job.id,
+            state=state,
+            ended=ended.at or now,
+            exit_code=ended.code,
+            exit_signal=ended.signal,
+            error=ended.error,
+            reason=None,
+        )
+        memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
+        self.store.charge(
+            job.user,
+            scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
+            now,
+            self.settings.policy.half_life,
+        )
+        self.termed.pop(job.id, None)
+        for name in (spawn.exit_record_path, spawn.marker_path):
+            with contextlib.suppress(OSError):
+                os.unlink(name(self.exits, str(job.id)))
+        self._ended_attached(job.id, ended)
+        self.notifier.notify(
+            {
+                "event": "job_ended",
+                "job": job.id,
+                "user": job.user,
+                "state": state,
+                "exit_code": ended.code,
+                "signal": ended.signal,
+                "error": ended.error,
+                "command": list(job.argv),
+                "gpus": list(job.gpus),
+                "output": job.output,
+                "elapsed": (ended.at or now) - started,
+                "host": os.uname().nodename,
+            }
+        )
+        log.info("job %s ended: %s", job.id, state)
+        self.dirty = True
+
+    def _enforce_time_limits(self) -> None:
+        running = self.store.jobs([store.RUNNING])
+        now = time.time()
+        for job in running:
+            sent = self.termed.get(job.id)
+            if sent is not None and job.pid and time.monotonic() - sent >= self.settings.grace:
+                spawn.signal_job(job.pid, signal.SIGKILL)  # a cancel or limit ignored SIGTERM
+        views = [
+            scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
+            for j in running
+        ]
+        by_id = {j.id: j for j in running}
+        for job_id, action in scheduling.overdue(views, now, self.settings.grace):
+            job = by_id[int(job_id)]
+            if not job.pid:
+                continue
+            if action == scheduling.TERM and int(job_id) not in self.termed:
+                spawn.signal_job(job.pid, signal.SIGTERM)
+                self.termed[int(job_id)] = time.monotonic()
+                self.store.update(job.id, reason="time limit")
+                log.info("job %s past its time limit: SIGTERM", job_id)
+            elif action == scheduling.KILL:
+                spawn.signal_job(job.pid, signal.SIGKILL)

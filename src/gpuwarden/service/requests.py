@@ -1,0 +1,261 @@
+"""The service's answers to requests: who may do what, and what each operation does.
+
+Every rule is checked against the person the kernel named (SO_PEERCRED), and
+every refusal is one line naming the rule. Mixed into `server.Service`, whose
+attributes it uses (declared below for type checkers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
+
+from gpuwarden import scheduling
+from gpuwarden.errors import UserError
+from gpuwarden.service import protocol, spawn, store
+from gpuwarden.service.identity import Person, person
+
+if TYPE_CHECKING:
+    from gpuwarden.service.server import Settings, _Client
+
+log = logging.getLogger("gpuwarden.serve")
+
+#: Upper bounds (seconds) of the wait-time histogram: from an instant start to a day.
+WAIT_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
+
+
+class Requests:
+    settings: Settings
+    store: store.Store
+    attached: dict[int, _Client]
+    stdio: dict[int, list[int]]
+    dirty: bool
+    _priorities: dict[int, float]
+    indices: dict[str, int]
+    _estimates: dict[int, Optional[float]]
+
+    if TYPE_CHECKING:  # provided by Lifecycle
+
+        def _cancel(self, job: store.Job) -> None: ...
+
+    def handle(
+        self, who: Person, message: Mapping[str, Any], client: Optional[_Client] = None
+    ) -> dict[str, Any]:
+        op = protocol.op_of(message)
+        if op == "hello":
+            return {
+                "ok": True,
+                "version": protocol.VERSION,
+                "user": who.name,
+                "uid": who.uid,
+                "admin": self.settings.admins.include(who),
+            }
+        if op == "submit":
+            return self._submit(who, protocol.submit(message), client)
+        if op == "signal":
+            (job_id,) = protocol.job_ids([message.get("job")], "job")
+            number = protocol.signal_number(message.get("signal"))
+            job = self._owned(who, job_id, "signal")
+            if job.state == store.PENDING and number in (
+                signal.SIGINT,
+                signal.SIGTERM,
+                signal.SIGHUP,
+            ):
+                self._cancel(job)
+            elif job.pid:
+                spawn.signal_job(job.pid, number)
+            return {"ok": True}
+        if op in ("queue", "jobs"):
+            return self._list(who, op, message)
+        if op in ("cancel", "hold", "release"):
+            return self._act(who, op, protocol.job_ids(message.get("jobs")))
+        if op == "logs":
+            (job_id,) = protocol.job_ids([message.get("job")], "job")
+            job = self._owned(who, job_id, "read the logs of")
+            return {
+                "ok": True,
+                "output": job.output,
+                "state": job.state,
+                "uid": job.uid,
+                "attached": job.attached,
+            }
+        if op == "stats":
+            return self._stats()
+        if op == "share":
+            return self._share()
+        raise protocol.ProtocolError(f"operation {op!r} is not served yet")
+
+    def _submit(
+        self, who: Person, sub: protocol.Submit, client: Optional[_Client] = None
+    ) -> dict[str, Any]:
+        s = self.settings
+        stdio: list[int] = []
+        if sub.attached:
+            stdio = client.take_fds() if client is not None else []
+            if len(stdio) != 3 or client is None or client.job is not None:
+                for fd in stdio:
+                    os.close(fd)
+                raise UserError("an attached job needs its client's stdin, stdout and stderr")
+        if sub.nice < 0 and not s.admins.include(who):
+            raise UserError("only an admin may submit with a negative nice value")
+        limit = s.max_jobs_per_user
+        if (
+            limit is not None
+            and not self._exempt(who)
+            and self.store.count_active(who.uid) >= limit
+        ):
+            raise UserError(
+                f"you have {limit} jobs queued or running, the most allowed (max_jobs_per_user)"
+            )
+        too_long = sub.time_limit is None or (
+            s.max_time is not None and sub.time_limit > s.max_time
+        )
+        if s.max_time is not None and not self._exempt(who) and too_long:
+            most = scheduling_span(s.max_time)
+            raise UserError(f"--time is required and must be at most {most} (max_time)")
+        for dep in sub.after:
+            if self.store.get(dep) is None:
+                raise UserError(f"--after {dep}: no such job")
+        request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
+        job = self.store.add(
+            store.new_job(
+                uid=who.uid,
+                gid=who.gid,
+                user=who.name,
+                argv=sub.argv,
+                cwd=sub.cwd,
+                env=dict(sub.env),
+                umask=sub.umask,
+                request=request,
+                time_limit=sub.time_limit,
+                nice=sub.nice,
+                held=sub.hold,
+                after=sub.after,
+                mem=sub.gpus.mem,
+                output=sub.output,
+            )
+        )
+        if sub.attached and client is not None:
+            self.store.update(job.id, attached=True, wait=sub.wait)
+            client.job = job.id
+            self.attached[job.id] = client
+            self.stdio[job.id] = stdio
+        elif job.output is None:
+            self.store.update(job.id, output=os.path.join(sub.cwd, f"gpuwarden-{job.id}.out"))
+        log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
+        self.dirty = True
+        return {"ok": True, "job": job.id}
+
+    def _is_admin_uid(self, uid: int) -> bool:
+        try:
+            return self.settings.admins.include(person(uid))
+        except UserError:
+            return False
+
+    def _exempt(self, who: Person) -> bool:
+        return self.settings.admins.include(who)
+
+    def _owned(self, who: Person, job_id: int, action: str) -> store.Job:
+        job = self.store.get(job_id)
+        if job is None:
+            raise UserError(f"no job {job_id}")
+        if job.uid != who.uid and not self.settings.admins.include(who):
+            raise UserError(
+                f"job {job_id} belongs to {job.user}: only its owner or an admin may {action} it"
+            )
+        return job
+
+    def _act(self, who: Person, op: str, ids: tuple[int, ...]) -> dict[str, Any]:
+        verb = {"cancel": "cancel", "hold": "hold", "release": "release"}[op]
+        done = []
+        for job_id in ids:
+            job = self._owned(who, job_id, verb)
+            if job.state not in store.ACTIVE:
+                raise UserError(f"job {job_id} has ended ({job.state})")
+            if op == "cancel":
+                self._cancel(job)
+            elif job.state != store.PENDING:
+                raise UserError(f"job {job_id} is already running; only waiting jobs can be held")
+            else:
+                self.store.update(job_id, held=(op == "hold"))
+            done.append(job_id)
+            log.info("%s: job %s by %s", op, job_id, who.name)
+        self.dirty = True
+        return {"ok": True, "jobs": done}
+
+    def _list(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
+        if op == "jobs":
+            limit = protocol._int(message.get("limit", 100), "limit", 1, 100000)
+            jobs = self.store.jobs(store.ENDED, limit=limit)
+        else:
+            jobs = self.store.jobs(store.ACTIVE)
+        show = self.settings.show_commands or self.settings.admins.include(who)
+        now = time.time()
+        rows = []
+        for job in jobs:
+            row = {
+                "id": job.id,
+                "user": job.user,
+                "state": job.state,
+                "count": job.count,
+                "gpus": list(job.gpus),
+                "indices": [self.indices.get(u) for u in job.gpus],
+                "mem": job.mem,
+                "reason": job.reason,
+                "submitted": job.submitted,
+                "started": job.started,
+                "ended": job.ended,
+                "time_limit": job.time_limit,
+                "held": job.held,
+                "after": list(job.after),
+                "exit_code": job.exit_code,
+                "signal": job.exit_signal,
+                "error": job.error,
+                "priority": self._priorities.get(job.id),
+                "estimated_start": self._estimates.get(job.id),
+                "command": list(job.argv) if show or job.uid == who.uid else None,
+            }
+            if job.started is not None:
+                row["elapsed"] = (job.ended or now) - job.started
+            rows.append(row)
+        return {"ok": True, "jobs": rows}
+
+    def _stats(self) -> dict[str, Any]:
+        """What the exporter turns into queue metrics: counts, waits, fair share."""
+        counts, total, number = self.store.wait_histogram(WAIT_BUCKETS)
+        return {
+            "ok": True,
+            "jobs": self.store.counts(),
+            "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, counts)],
+            "wait_sum": total,
+            "wait_count": number,
+            "users": self._share()["users"],
+        }
+
+    def _share(self) -> dict[str, Any]:
+        policy = self.settings.policy
+        usage = self.store.usage(time.time(), policy.half_life)
+        active = {user for per_user in self.store.counts().values() for user in per_user}
+        factors = scheduling.fairshare_factors(usage, policy, active)
+        return {
+            "ok": True,
+            "users": [
+                {
+                    "user": u,
+                    "usage": usage.get(u, 0.0),
+                    "share": policy.share(u),
+                    "factor": factors[u],
+                }
+                for u in sorted(factors)
+            ],
+        }
+
+
+def scheduling_span(seconds: float) -> str:
+    from gpuwarden.leases import format_span
+
+    return format_span(seconds)

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import pytest
 
+from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
 from users import make_user
 
@@ -79,15 +80,28 @@ def client():
     raise SystemExit("the service did not come back within 60 s")
 
 def find(c, tag):
-    rows = c.call("queue")["jobs"] + c.call("jobs", limit=100000)["jobs"]
+    # Small listings: the job is active, or among the latest to end (a reply larger
+    # than the socket's buffer is not what this test is about).
+    rows = c.call("queue")["jobs"] + c.call("jobs", limit=300)["jobs"]
     found = [r["id"] for r in rows if r["command"] and r["command"][-1] == tag]
     if len(found) > 1:
         raise SystemExit(f"tag {tag} was recorded as {len(found)} jobs: {found}")
     return found[0] if found else None
 
+def mine(c):
+    return sum(1 for r in c.call("queue")["jobs"] if r["command"])
+
 ids, retries = {}, 0
 c = client()
-for tag, count, mem in plan["jobs"]:
+for n, (tag, count, mem) in enumerate(plan["jobs"]):
+    while n % 10 == 0:  # at most ~30 of ours waiting: the queue stays a screenful
+        try:
+            if mine(c) < 20:
+                break
+            time.sleep(0.05)
+        except UserError:
+            c.close()
+            c = client()
     request = {"count": count}
     if mem:
         request["mem"] = mem
@@ -318,7 +332,6 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
         while service.call("queue")["jobs"]:
             assert time.monotonic() < deadline, f"seed {seed}: jobs never ended\n{service.tail()}"
             time.sleep(0.2)
-        rows = {r["id"]: r for r in service.call("jobs", limit=100000)["jobs"]}
     finally:
         for c in clients.values():
             if c.poll() is None:
@@ -326,6 +339,12 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
         if service.proc and service.proc.poll() is None:
             service.kill(signal.SIGTERM)
 
+    journal = st.Store(os.path.join(service.state, "jobs.db"))
+    rows = {
+        j.id: {"state": j.state, "exit_code": j.exit_code, "error": j.error, "gpus": j.gpus}
+        for j in journal.jobs(st.ACTIVE + st.ENDED)
+    }
+    journal.close()
     tags = {tag: (count, mem) for plan in plans.values() for tag, count, mem in plan}
     assert sorted(ids) == sorted(tags), f"seed {seed}: a submission was lost"
     assert len(set(ids.values())) == len(ids), f"seed {seed}: two tags share a job id"
@@ -360,13 +379,12 @@ def test_a_lease_left_half_taken_by_a_killed_service_does_not_stop_the_next(
     the leftover at every start)."""
     alice = make_user("alice", groups=("lab",))
     monkeypatch.setenv("GPUWARDEN_SIM", SPEC)
-    from gpuwarden import leases
     from gpuwarden.inventory import read_snapshot
 
     service = Service(open_dir, open_dir / "work", str(open_dir / "sock" / "gpuwarden.sock"))
     os.makedirs(service.leases, mode=0o755)
     for gpu in read_snapshot().gpus:  # the first job of a new journal is job 1
-        Path(service.leases, f"{leases.TMP_PREFIX}{gpu.uuid}.1").write_text("")
+        Path(service.leases, f".tmp-{gpu.uuid}.1").write_text("")  # as leases named it
     service.start()
     try:
         service.ready()
@@ -456,3 +474,51 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
         assert time.monotonic() < deadline, "no exit record after 30 s"
         time.sleep(0.02)
     assert (ended.code, ended.signal, ended.error) == (3, None, None)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server._send drops a client whose answer does not fit the socket's buffer "
+    "at once (sendall on a non-blocking socket); found by the stress test's final listing",
+)
+def test_a_long_answer_reaches_a_client_that_reads_it_slowly(open_dir: Path) -> None:
+    """`queue` on a long queue is several hundred kilobytes; a client that reads it
+    a little later (a busy machine) must still get all of it."""
+    import socket as sockets
+
+    from gpuwarden.service import protocol
+
+    require_root()
+    service = Service(open_dir, open_dir / "work", str(open_dir / "sock" / "gpuwarden.sock"))
+    service.start()
+    try:
+        service.ready()
+        from gpuwarden.service.client import require
+
+        with require(service.socket) as client:
+            for _ in range(300):
+                client.call(
+                    "submit", argv=["true", "x" * 2000], cwd="/", hold=True, output="/dev/null"
+                )
+        sock = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+        sock.connect(service.socket)
+        sock.sendall(protocol.encode({"v": protocol.VERSION, "op": "queue"}))
+        time.sleep(0.5)  # a slow reader, on purpose
+        sock.settimeout(30)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+        sock.close()
+        assert data.endswith(b"\n"), f"the answer was cut after {len(data)} bytes"
+        assert len(json.loads(data)["jobs"]) == 300
+    finally:
+        service.kill(signal.SIGTERM)
+
+
+def require_root() -> None:
+    from conftest import require
+
+    require(os.geteuid() == 0, "the service runs as root")

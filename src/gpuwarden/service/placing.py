@@ -129,8 +129,6 @@ def start_job(
     from gpuwarden.selection import Request
 
     ld = leases.open_dir(service.settings.lease_dir)
-    for uuid in uuids:  # left by a service killed between taking and publishing a lease
-        leases.remove_if_free(ld.join(f"{leases.TMP_PREFIX}{uuid}.{job.id}"))
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
     outcome = leases.attempt(ld, request, snapshot, job=str(job.id))
     if outcome.held is None:

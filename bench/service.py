@@ -136,6 +136,9 @@ class GpuwardenQueue:
         from gpuwarden.service.client import connect
 
         self.client = wait_for(lambda: self._connect(connect), 60, "the service to start", 0.01)
+        # Answered only from the loop: start-up (imports, the first snapshot, recovery)
+        # is over, and does not count as idle CPU.
+        self.client.call("hello")
         self.pid = self.proc.pid
 
     def _connect(self, connect: Callable[..., Any]) -> Any:

@@ -522,3 +522,30 @@ def require_root() -> None:
     from conftest import require
 
     require(os.geteuid() == 0, "the service runs as root")
+
+
+def test_a_job_gets_sigpipe_at_its_default_though_its_supervisor_ignores_it(
+    tmp_path: Path,
+) -> None:
+    """Ignored signals stay ignored across exec: the job must not inherit the
+    supervisor's SIG_IGN for SIGPIPE (`yes | head` would then never end)."""
+    from gpuwarden.service import spawn
+    from gpuwarden.service.identity import person
+
+    require_root()
+    out = tmp_path / "out"
+    launch = spawn.Launch(
+        job="8",
+        argv=("sh", "-c", "grep SigIgn /proc/$$/status"),
+        owner=person(0),
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        status_dir=str(tmp_path),
+        output=str(out),
+    )
+    started = spawn.start(launch)
+    spawn.wait_supervisor(started.supervisor)
+    ended = spawn.read_exit_record(str(tmp_path), "8")
+    assert ended is not None and ended.code == 0, ended
+    ignored = int(out.read_text().split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), out.read_text()

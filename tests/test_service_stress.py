@@ -476,11 +476,6 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
     assert (ended.code, ended.signal, ended.error) == (3, None, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server._send drops a client whose answer does not fit the socket's buffer "
-    "at once (sendall on a non-blocking socket); found by the stress test's final listing",
-)
 def test_a_long_answer_reaches_a_client_that_reads_it_slowly(open_dir: Path) -> None:
     """`queue` on a long queue is several hundred kilobytes; a client that reads it
     a little later (a busy machine) must still get all of it."""

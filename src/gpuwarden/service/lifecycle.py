@@ -225,13 +225,16 @@ class Lifecycle:
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}
         by_id = {j.id: j for j in pending}
+        with self.store.transaction(durable=False):  # one commit for every reason
+            for decision in decisions:
+                job = by_id[int(decision.id)]
+                if not decision.starts and job.wait and job.reason != decision.reason:
+                    self.store.update(job.id, durable=False, reason=decision.reason)
         for decision in decisions:
             job = by_id[int(decision.id)]
             if not decision.starts:
                 if not job.wait:
                     self._refuse(job, decision.reason or "")
-                elif job.reason != decision.reason:
-                    self.store.update(job.id, reason=decision.reason)
                 continue
             try:
                 started = start_job(self, job, decision.gpus, snapshot)
@@ -294,24 +297,25 @@ class Lifecycle:
             self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
         cpu = used.get("cpu_ns")
-        self.store.update(
-            job.id,
-            cpu_seconds=None if cpu is None else cpu / 1e9,
-            mem_peak=used.get("memory_peak"),
-            state=state,
-            ended=ended.at or now,
-            exit_code=ended.code,
-            exit_signal=ended.signal,
-            error=ended.error,
-            reason=None,
-        )
-        memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
-        self.store.charge(
-            job.user,
-            scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
-            now,
-            self.settings.policy.half_life,
-        )
+        with self.store.transaction():  # the end and the usage it adds: one commit
+            self.store.update(
+                job.id,
+                cpu_seconds=None if cpu is None else cpu / 1e9,
+                mem_peak=used.get("memory_peak"),
+                state=state,
+                ended=ended.at or now,
+                exit_code=ended.code,
+                exit_signal=ended.signal,
+                error=ended.error,
+                reason=None,
+            )
+            memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
+            self.store.charge(
+                job.user,
+                scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
+                now,
+                self.settings.policy.half_life,
+            )
         self.termed.pop(job.id, None)
         for name in (spawn.exit_record_path, spawn.marker_path):
             with contextlib.suppress(OSError):

@@ -134,19 +134,12 @@ def start_job(
     outcome = leases.attempt(ld, request, snapshot, job=str(job.id))
     if outcome.held is None:
         # The machine moved since the plan (a process appeared): try on the next pass.
-        service.store.update(job.id, reason=scheduling.RESOURCES)
+        service.store.update(job.id, durable=False, reason=scheduling.RESOURCES)
         service.dirty = True
         return None
     held = outcome.held
     try:
         gpus = sorted(held.gpus, key=lambda g: g.index)
-        service.store.update(
-            job.id,
-            state=store.STARTING,
-            gpus=tuple(g.uuid for g in gpus),
-            started=time.time(),
-            reason=None,
-        )
         owner = person(job.uid, job.gid)
         launch = spawn.Launch(
             job=str(job.id),
@@ -169,7 +162,16 @@ def start_job(
         held.prepare(command_text(job.argv))  # a full disk fails here, before the job
 
         def record(supervisor: int, since: int) -> None:
-            service.store.update(job.id, supervisor=supervisor)
+            # One durable commit before the supervisor may run the job: a service killed
+            # earlier leaves it PENDING, and the supervisor exits without running it.
+            service.store.update(
+                job.id,
+                state=store.STARTING,
+                gpus=tuple(g.uuid for g in gpus),
+                started=time.time(),
+                reason=None,
+                supervisor=supervisor,
+            )
 
         try:
             started = spawn.start(launch, on_forked=record)
@@ -187,9 +189,7 @@ def start_job(
     except BaseException:
         held.close()
         raise
-    service.store.update(
-        job.id, state=store.RUNNING, supervisor=started.supervisor, pid=started.pid
-    )
+    service.store.update(job.id, durable=False, state=store.RUNNING, pid=started.pid)
     return started
 
 

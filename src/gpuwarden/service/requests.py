@@ -126,31 +126,33 @@ class Requests:
             if self.store.get(dep) is None:
                 raise UserError(f"--after {dep}: no such job")
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
-        job = self.store.add(
-            store.new_job(
-                uid=who.uid,
-                gid=who.gid,
-                user=who.name,
-                argv=sub.argv,
-                cwd=sub.cwd,
-                env=dict(sub.env),
-                umask=sub.umask,
-                request=request,
-                time_limit=sub.time_limit,
-                nice=sub.nice,
-                held=sub.hold,
-                after=sub.after,
-                mem=sub.gpus.mem,
-                output=sub.output,
+        with self.store.transaction():  # the job and its output path: one commit
+            job = self.store.add(
+                store.new_job(
+                    uid=who.uid,
+                    gid=who.gid,
+                    user=who.name,
+                    argv=sub.argv,
+                    cwd=sub.cwd,
+                    env=dict(sub.env),
+                    umask=sub.umask,
+                    request=request,
+                    time_limit=sub.time_limit,
+                    nice=sub.nice,
+                    held=sub.hold,
+                    after=sub.after,
+                    mem=sub.gpus.mem,
+                    output=sub.output,
+                    attached=sub.attached and client is not None,
+                    wait=sub.wait,
+                )
             )
-        )
-        if sub.attached and client is not None:
-            self.store.update(job.id, attached=True, wait=sub.wait)
+            if not job.attached and job.output is None:
+                self.store.update(job.id, output=os.path.join(sub.cwd, f"gpuwarden-{job.id}.out"))
+        if job.attached and client is not None:
             client.job = job.id
             self.attached[job.id] = client
             self.stdio[job.id] = stdio
-        elif job.output is None:
-            self.store.update(job.id, output=os.path.join(sub.cwd, f"gpuwarden-{job.id}.out"))
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
         self.dirty = True
         return {"ok": True, "job": job.id}

@@ -56,6 +56,9 @@ class Settings:
     idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped
 
 
+MAX_PENDING = 64 << 20  # answers queued for one client before it is dropped
+
+
 @dataclass
 class _Client:
     sock: socket.socket
@@ -64,6 +67,8 @@ class _Client:
     seen: float = field(default_factory=time.monotonic)
     fds: list[int] = field(default_factory=list)  # descriptors passed with the last message
     job: Optional[int] = None  # the attached job this connection waits for
+    out: bytearray = field(default_factory=bytearray)  # answers the client has yet to read
+    out_since: float = 0.0  # when `out` last stopped being empty
 
     def take_fds(self) -> list[int]:
         fds, self.fds = self.fds, []
@@ -152,12 +157,15 @@ class Service(Requests, Lifecycle):
         """One turn of the loop: wait for events (at most a tick), handle them, plan."""
         if self.dirty:
             self.schedule()
-        for key, _ in self.selector.select(self.settings.tick if timeout is None else timeout):
+        for key, mask in self.selector.select(self.settings.tick if timeout is None else timeout):
             kind, data = key.data
             if kind == "listen":
                 self._accept()
             elif kind == "client":
-                self._read(data)
+                if mask & selectors.EVENT_WRITE:
+                    self._flush(data)
+                if mask & selectors.EVENT_READ and data.sock.fileno() in self.clients:
+                    self._read(data)
             elif kind == "job":
                 self._ended(data)
         self._tick()
@@ -220,12 +228,35 @@ class Service(Requests, Lifecycle):
             self._send(client, reply)
 
     def _send(self, client: _Client, reply: dict[str, Any]) -> None:
+        """Queue an answer and send what the socket takes now; the rest goes out as the
+        client reads (the loop waits for the socket to be writable). A client that lets
+        more than MAX_PENDING pile up, or reads nothing for idle_timeout, is dropped:
+        nobody waits for a slow reader."""
         reply.setdefault("v", protocol.VERSION)
-        try:
-            client.sock.sendall(protocol.encode(reply))
-        except (BlockingIOError, OSError):
-            # A client that does not read its answers is dropped, never waited for.
+        if not client.out:
+            client.out_since = time.monotonic()
+        client.out += protocol.encode(reply)
+        if len(client.out) > MAX_PENDING:
             self._drop(client)
+            return
+        self._flush(client)
+
+    def _flush(self, client: _Client) -> None:
+        try:
+            while client.out:
+                sent = client.sock.send(client.out)
+                del client.out[:sent]
+                client.out_since = time.monotonic()
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(client)
+            return
+        if client.sock.fileno() not in self.clients:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.modify(client.sock, events, ("client", client))
 
     def _drop(self, client: _Client) -> None:
         fd = client.sock.fileno()
@@ -264,6 +295,8 @@ class Service(Requests, Lifecycle):
         for client in list(self.clients.values()):
             if client.job is None and now - client.seen > self.settings.idle_timeout:
                 self._drop(client)
+            elif client.out and now - client.out_since > self.settings.idle_timeout:
+                self._drop(client)  # it stopped reading its answers
         self._enforce_time_limits()
         if any(True for _ in self.store.jobs([store.PENDING])):
             self.dirty = True  # GPUs freed outside the queue show up on the next plan

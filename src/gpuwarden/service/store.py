@@ -154,8 +154,12 @@ class Store:
 
     # -- transactions ------------------------------------------------------------
 
-    def transaction(self) -> _Transaction:
-        return _Transaction(self.db)
+    def transaction(self, durable: bool = True) -> _Transaction:
+        """One commit for everything inside. `durable=False` for what may be lost to a
+        power cut but never to a crash of the service (WAL keeps every commit across a
+        process kill): the reason a job waits, its pid once RUNNING (its supervisor's
+        marker has it too). Whatever decides what runs is written durably."""
+        return _Transaction(self.db, durable)
 
     # -- jobs --------------------------------------------------------------------
 
@@ -176,8 +180,8 @@ class Store:
             )
         return replace(job, id=int(cursor.lastrowid or 0))
 
-    def update(self, job_id: int, **changes: Any) -> None:
-        """Change columns of one job, committed before returning."""
+    def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
+        """Change columns of one job, committed before returning (see `transaction`)."""
         if not changes:
             return
         for name in changes:
@@ -190,7 +194,7 @@ class Store:
             for k, v in changes.items()
         ]
         sets = ", ".join(f"{k} = ?" for k in changes)
-        with self.transaction():
+        with self.transaction(durable):
             self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*values, job_id])
 
     def get(self, job_id: int) -> Optional[Job]:
@@ -260,19 +264,26 @@ class Store:
 class _Transaction:
     """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on an exception); nests as a no-op."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, durable: bool = True) -> None:
         self.db = db
+        self.durable = durable
         self.outer = False
 
     def __enter__(self) -> None:
         self.outer = not self.db.in_transaction
         if self.outer:
+            if not self.durable:
+                self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, kind: object, *rest: object) -> None:
         if not self.outer:
             return
-        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+        try:
+            self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+        finally:
+            if not self.durable:
+                self.db.execute("PRAGMA synchronous=FULL")
 
 
 def new_job(**fields: Any) -> Job:

@@ -170,12 +170,18 @@ def test_the_wheel_carries_version_types_and_data(tmp_path: Path) -> None:
     """Built the way pip installs it: the metadata's version is `__version__`, and
     `py.typed`, the JSON schemas and the simulator's specs are inside."""
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check",
+         "-q", "-w", str(tmp_path), str(ROOT)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    if result.returncode != 0 and "No module named" in result.stderr:
-        pytest.skip(f"cannot build here: {result.stderr.strip().splitlines()[-1]}")
+    # pip builds in an isolated environment with the build-system's setuptools,
+    # fetched from the package index: offline, say so rather than fail.
+    if result.returncode != 0 and re.search(
+        r"No matching distribution|Could not find a version", result.stderr
+    ):
+        pytest.skip(
+            f"cannot fetch the build requirements: {result.stderr.strip().splitlines()[-1]}"
+        )
     assert result.returncode == 0, result.stderr
     (wheel,) = tmp_path.glob("gpuwarden-*.whl")
     assert wheel.name.startswith(f"gpuwarden-{gpuwarden.__version__}-")

@@ -53,7 +53,7 @@ class Decoder:
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self.buffer += data
-        messages = []
+        messages: list[dict[str, Any]] = []
         while True:
             end = self.buffer.find(b"\n")
             if end < 0:

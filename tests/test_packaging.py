@@ -59,8 +59,8 @@ def test_license_is_the_apache_text_the_metadata_declares() -> None:
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a stub
-    assert PROJECT["license"] == {"text": "Apache-2.0"}
-    assert "License :: OSI Approved :: Apache Software License" in PROJECT["classifiers"]
+    assert PROJECT["license"] == "Apache-2.0"  # an SPDX expression (PEP 639)
+    assert PROJECT["license-files"] == ["LICENSE"]
 
 
 def test_the_version_is_written_once() -> None:
@@ -196,3 +196,5 @@ def test_the_wheel_carries_version_types_and_data(tmp_path: Path) -> None:
     )
     assert "Requires-Dist: nvidia-ml-py<14,>=12.535" in metadata
     assert "Classifier: Programming Language :: Python :: 3.13" in metadata
+    assert "License-Expression: Apache-2.0" in metadata
+    assert f"gpuwarden-{gpuwarden.__version__}.dist-info/licenses/LICENSE" in names

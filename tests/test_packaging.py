@@ -198,3 +198,10 @@ def test_the_wheel_carries_version_types_and_data(tmp_path: Path) -> None:
     assert "Classifier: Programming Language :: Python :: 3.13" in metadata
     assert "License-Expression: Apache-2.0" in metadata
     assert f"gpuwarden-{gpuwarden.__version__}.dist-info/licenses/LICENSE" in names
+
+
+def test_ci_runs_the_checks_this_file_documents() -> None:
+    """The type check runs in scripts/test, and CI runs the other Pythons' subset."""
+    test = (ROOT / "scripts" / "test").read_text(encoding="utf-8")
+    assert "scripts/typecheck" in test and "--group test" in test
+    assert "./scripts/test-pythons" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")

@@ -54,8 +54,9 @@ def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
         held = lease.acquire(Request(count=1), snapshot=machine, wait=True, on_wait=note)
         granted = time.monotonic_ns()
         waits += bool(seen)
+        held.prepare("true")  # as `gpuwarden run`: the record is written before the job starts
         job = launch.start(["true"], launch.job_env(os.environ, held.gpus, job=held.job), held.fds)
-        held.publish(job.pid, "true")
+        held.publish(job.pid)
         if hold:
             time.sleep(hold)
         code = job.wait()

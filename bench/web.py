@@ -8,15 +8,19 @@ a real `gpuwarden web` process (health watch on, one update a second), loopback 
 * the cost of building one document (what the shared feed does once a second,
   however many pages are open), measured in this process;
 * server CPU while idle and while 50 pages follow `/api/v1/events` (one update a
-  second each): the difference is what the pages cost (target < 2% of a core).
+  second each): the difference is what the pages cost (target < 2% of a core);
+* then the same latency and build cost with a real queue service (`gpuwarden
+  serve`, root only) holding `--jobs` jobs (8 running, the rest waiting), which
+  the page asks once a second (target: median <= 5 ms).
 
-Run: .venv/bin/python bench/web.py [--requests 300] [--cpu-seconds 20] [--pages 50]
+Run: .venv/bin/python bench/web.py [--requests 300] [--cpu-seconds 20] [--pages 50] [--jobs 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import os
 import selectors
 import socket
@@ -75,10 +79,10 @@ def latency(port: int, requests: int, keep_alive: bool) -> list[float]:
     return times
 
 
-def build_cost(runs: int) -> list[float]:
+def build_cost(runs: int, service: str | None = None) -> list[float]:
     from gpuwarden.web.server import Feed
 
-    feed = Feed()
+    feed = Feed(service=service)
     feed.document()
     times = []
     for _ in range(runs):
@@ -123,14 +127,90 @@ def follow(port: int, pages: int, seconds: float, proc: psutil.Process) -> tuple
     return 100.0 * used / elapsed, events
 
 
+def with_service(tmp: Path, jobs: int, requests: int) -> subprocess.Popen:
+    """The latency again, with a queue service of `jobs` jobs that the page asks once a
+    second; returns the page's process (the caller stops it)."""
+    from gpuwarden.service.client import connect
+
+    sock, state = str(tmp / "service.sock"), str(tmp / "service")
+    # A machine of its own, without the 64 processes above: GPUs the queue can hand out.
+    os.environ["GPUWARDEN_SIM_STATE"] = str(tmp / "sim-queue")
+    service = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "serve", "--socket", sock, "--state-dir", state],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("gpuwarden serve did not start")
+            time.sleep(0.05)
+        client = connect(sock)
+        assert client is not None
+        ids = []
+        with client:
+            for _ in range(jobs):
+                reply = client.call(
+                    "submit",
+                    argv=["sleep", "3600"],
+                    cwd=str(tmp),
+                    env={"PATH": "/usr/bin:/bin"},
+                    request={"count": 1},
+                    output=os.devnull,
+                )
+                ids.append(reply["job"])
+            deadline = time.monotonic() + 10  # let the service start what fits
+            while True:
+                rows = client.call("queue")["jobs"]
+                running = sum(r["state"] == "RUNNING" for r in rows)
+                if running or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        port = free_port()
+        page = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "web",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--socket",
+                sock,
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_up(port, page)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api/v1/state")
+        queue = json.loads(conn.getresponse().read())["queue"]
+        conn.close()
+        listed = len(queue["running"]) + len(queue["waiting"])
+        print(
+            f"with a queue service of {len(rows)} jobs ({running} running; {listed} on the page):"
+        )
+        print(f"/api/v1/state keep-alive ({requests}): {ms(latency(port, requests, True))}")
+        print(f"building one document with the service's answers: {ms(build_cost(50, sock))}")
+        with connect(sock) as client:  # type: ignore[union-attr]
+            client.call("cancel", jobs=ids)
+        return page
+    finally:
+        service.terminate()
+        service.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     parser.add_argument("--pages", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=50, help="jobs in the queue service (0: none)")
     args = parser.parse_args()
     if not (1 <= args.requests <= 100_000 and 1 <= args.cpu_seconds <= 600):
         raise SystemExit("--requests 1..100000, --cpu-seconds 1..600")
+    if not 0 <= args.jobs <= 10_000:
+        raise SystemExit("--jobs 0..10000")
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-web-"))
     os.environ.update(
@@ -172,6 +252,12 @@ def main() -> int:
             f"server CPU with {args.pages} pages following events: {busy:.2f}% "
             f"({events} events read); the pages cost {busy - idle:.2f}% (target < 2%)"
         )
+        if args.jobs and os.geteuid() != 0:
+            print("queue service: skipped (`gpuwarden serve` runs as root only)")
+        elif args.jobs:
+            server.terminate()
+            server.wait(10)
+            server = with_service(tmp, args.jobs, args.requests)
     finally:
         if server is not None:
             server.terminate()

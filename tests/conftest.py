@@ -52,6 +52,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(tmp_path / "etc" / "config.toml"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("GPUWARDEN_SIM_STATE", str(tmp_path / "sim"))
+    monkeypatch.setenv(
+        "GPUWARDEN_SOCKET", str(tmp_path / "no-service.sock")
+    )  # none, unless a test starts one
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)

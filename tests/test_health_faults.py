@@ -210,3 +210,21 @@ def test_exporter_end_to_end_xid79(machine, isolated, tmp_path, cli):
         dry = cli("run", "-g", "8", "--dry-run", "--", "true")
         assert dry.returncode != 0
         assert "7" in (dry.stdout + dry.stderr)
+
+
+def test_a_fatal_fault_drains_the_slurm_node_when_configured(machine, monkeypatch):
+    """`slurm.drain_node`: after draining the GPU, the watch drains the Slurm node too
+    (the real `scontrol` path is tested against a real Slurm in test_slurm_real)."""
+    from gpuwarden.slurm import tools
+
+    calls = []
+    monkeypatch.setattr(tools, "drain_node", lambda node, reason: calls.append((node, reason)))
+    w = HealthWatch(WatchSettings(policy="drain", slurm_node="node7"), log=lambda line: None)
+    machine.set_ecc(7, uncorrected=2)  # seen by polling: no event loop needed here
+    w.check(w._snapshot())
+    assert calls and calls[0][0] == "node7" and "GPU 7" in calls[0][1]
+    assert uuid_of(machine, 7) in list_drains()
+    plain = HealthWatch(WatchSettings(policy="drain"), log=lambda line: None)
+    machine.set_ecc(6, uncorrected=2)
+    plain.check(plain._snapshot())
+    assert len(calls) == 1  # not configured: the node is left alone

@@ -36,22 +36,51 @@ def test_job_env_replaces_an_enclosing_lease() -> None:
         (["python", "train.py", "-x"], ["train.py", "-x"]),
         (["python3", "-m", "pkg.train", "a"], ["-m", "pkg.train", "a"]),
         (["./trainer", "a"], ["--no-python", "./trainer", "a"]),
+        (["python", "trainer"], ["trainer"]),  # a script without .py is still a script
     ],
 )
-def test_ddp_argv(cmd: list[str], tail: list[str]) -> None:
+def test_ddp_argv(cmd: list[str], tail: list[str], tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").touch()
+    (tmp_path / "trainer").touch(mode=0o755)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").touch()
     argv = ddp_argv(cmd, 4, python="/py")
     assert argv[:5] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
     assert argv[5:] == tail
 
 
-def test_ddp_argv_bad_input() -> None:
+def test_ddp_argv_bad_input(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").touch()
     with pytest.raises(UserError, match="no script"):
         ddp_argv([], 2)
+    with pytest.raises(UserError, match="no script"):
+        ddp_argv([""], 2)
     with pytest.raises(UserError, match="no script"):
         ddp_argv(["python"], 2)
     with pytest.raises(UserError, match="interpreter option"):
         ddp_argv(["python", "-u", "train.py"], 2)
     assert ddp_argv([sys.executable, "t.py"], 1)[-1] == "t.py"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "message"),
+    [
+        (["missing.py"], "--ddp: script not found: missing.py"),
+        (["python", "sub"], "--ddp: script not found: sub"),
+        (["adir.py"], "--ddp: script is not a file: adir.py"),
+        (["-m", "no_such_module_here.train"], "--ddp: no module named"),
+        (["./no-such-program"], "command not found: ./no-such-program"),
+    ],
+)
+def test_ddp_argv_refuses_a_missing_target(cmd, message, tmp_path, monkeypatch) -> None:
+    # torchrun would start every rank and print a traceback for each instead.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir.py").mkdir()
+    with pytest.raises(UserError, match=message) as err:
+        ddp_argv(cmd, 2)
+    assert err.value.exit_code == 127
 
 
 def test_allowed_uuids_follow_the_parent_environment() -> None:
@@ -80,3 +109,20 @@ def test_ddp_on_cpu_starts_one_process_per_rank(cli, tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}").read_text() == "2 gloo []"
+
+
+def test_a_mig_device_is_exported_and_allowed_by_its_mig_uuid() -> None:
+    from gpuwarden.inventory import MigInstance, Snapshot
+    from gpuwarden.launch import export_value
+
+    mig = Gpu(index=3, uuid="MIG-44d5e7c7-29e5", name="A100 MIG 2g.20gb")
+    assert export_value([G[0], mig]) == "3,MIG-44d5e7c7-29e5"  # never "3,3"
+    assert export_value([mig], use_uuid=True) == "MIG-44d5e7c7-29e5"
+    parent = Gpu(
+        index=0,
+        uuid="GPU-aa",
+        mig_mode=True,
+        mig_instances=(MigInstance("MIG-11", 0), MigInstance("MIG-22", 1)),
+    )
+    snap = Snapshot(0.0, "h", gpus=(parent,))
+    assert allowed_uuids(snap, {"CUDA_VISIBLE_DEVICES": "MIG-22"}) == ("MIG-22",)

@@ -123,8 +123,8 @@ def test_status_positional_and_its_type() -> None:
     args = options.read(["--watch=2.5", "--json"])
     assert args is not None and args.json is True and args.watch == 2.5
     assert options.read(["--watch", "soon"]) is None  # not a number: argparse says so
-    assert vars(options.read(["--watch"])) == {"json": False, "watch": 2.0}
-    assert vars(options.read(["--watch", "--json"])) == {"json": True, "watch": 2.0}
+    assert vars(options.read(["--watch"])) == {"json": False, "watch": 2.0, "user": None}
+    assert vars(options.read(["--watch", "--json"])) == {"json": True, "watch": 2.0, "user": None}
     assert options.read(["1"]) is None  # no positional: argparse refuses it
 
 

@@ -105,16 +105,46 @@ def test_filter_reasons() -> None:
     assert idx(choose(snap, Request(count=1, model="v100"))) == [3]
 
 
-def test_exclusive_request_respects_unleased_processes_unless_thresholds_are_given() -> None:
+def test_exclusive_request_respects_unleased_processes_unless_asked() -> None:
     colleague = GpuProcess(pid=99, used_memory=30 * GiB, user="carol", command="python train.py")
     snap = machine(card(1, processes=(colleague,), memory_used=30 * GiB, memory_free=50 * GiB))
     choice = choose(snap, Request(count=1))
     assert choice.error and not choice.never_fits
     assert "busy: pid 99 (carol) uses 30.0GiB" in choice.error
-    assert idx(choose(snap, Request(count=1, min_free=40 * GiB))) == [1]
+    assert "--max-util or --gpus accepts them" in choice.error
+    # Free memory alone does not make a GPU someone computes on fair game ...
+    assert not choose(snap, Request(count=1, min_free=40 * GiB)).ok
+    # ... accepting a load, naming the GPU or asking for a share does.
+    assert idx(choose(snap, Request(count=1, max_util=100))) == [1]
+    assert idx(choose(snap, Request(gpus=("1",)))) == [1]
+    assert idx(choose(snap, Request(count=1, mem=GiB))) == [1]
     # Graphics contexts (a desktop) do not make a GPU busy.
     xorg = GpuProcess(pid=7, used_memory=GiB, kind="graphics")
     assert idx(choose(machine(card(1, processes=(xorg,))), Request(count=1))) == [1]
+
+
+def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
+    # The README's `lease(n=2, min_free="20GiB")`: bob's 12 GiB job leaves 68 GiB free,
+    # but an idle GPU (even one with a health warning) is taken before his.
+    from gpuwarden import health
+
+    bob = GpuProcess(pid=77, used_memory=12 * GiB, user="bob", command="python train.py")
+    snap = machine(
+        card(0, memory_free=0, memory_used=80 * GiB),
+        card(4, processes=(bob,), memory_used=12 * GiB, memory_free=68 * GiB),
+        card(6),
+        card(7),
+    )
+    remap = {snap.gpus[2].uuid: (health.Finding(health.WARNING, "remap pending"),)}
+    choice = choose(snap, Request(count=2, min_free=20 * GiB), health=remap)
+    assert idx(choice) == [6, 7]
+    assert choice.passed_over[snap.gpus[1].uuid] == "busy: pid 77 (bob) uses 12.0GiB"
+    choice = choose(snap, Request(count=1, min_free=20 * GiB), health=remap)
+    assert idx(choice) == [7]
+    assert choice.passed_over[snap.gpus[2].uuid] == (
+        "ranked after GPUs without health warnings (remap pending)"
+    )
+    assert set(choice.passed_over) == {g.uuid for g in snap.gpus} - {snap.gpus[3].uuid}
 
 
 def test_shared_requests_fit_by_declared_memory_plus_others_use() -> None:
@@ -241,15 +271,38 @@ def test_multi_gpu_prefers_one_model() -> None:
     assert idx(choose(snap, Request(count=1))) == [1]
 
 
-def test_health_warnings_rank_after_healthy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_health_warnings_rank_after_healthy() -> None:
     from gpuwarden import health
 
-    def judge(gpu: Gpu, xids: tuple[int, ...] = ()) -> tuple[health.Finding, ...]:
-        return (health.Finding(health.WARNING, "hot"),) if gpu.index == 1 else ()
-
-    monkeypatch.setattr(health, "judge", judge)
     snap = machine(card(0), card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    hot = {snap.gpus[1].uuid: (health.Finding(health.WARNING, "hot"),)}
+    assert idx(choose(snap, Request(count=1), health=hot)) == [2]
+
+
+def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
+    # The XID exists only in the log the health watch keeps: the snapshot alone looks fine.
+    from gpuwarden import health
+
+    snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    health.record_xid(snap.gpus[0].uuid, 79, index=1)
+    choice = choose(snap, Request(count=1))
+    assert idx(choice) == [2]
+    assert choice.passed_over[snap.gpus[0].uuid].startswith("unhealthy: XID 79")
+    assert choose(snap, Request(count=2)).never_fits
+    health.clear_xids([snap.gpus[0].uuid])
+    assert idx(choose(snap, Request(count=1))) == [1]
+    health.record_xid(snap.gpus[0].uuid, 13, index=1)  # a warning: ranked after healthy
     assert idx(choose(snap, Request(count=1))) == [2]
+
+
+def test_the_configured_fatal_list_is_the_one_status_uses(monkeypatch) -> None:
+    from gpuwarden import health
+
+    snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    health.record_xid(snap.gpus[1].uuid, 13, index=2)
+    monkeypatch.setenv("GPUWARDEN_HEALTH_FATAL_XIDS", "+13")
+    choice = choose(snap, Request(count=2))
+    assert choice.never_fits and "GPU 2 unhealthy: XID 13" in (choice.error or "")
 
 
 def test_request_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -259,3 +312,34 @@ def test_request_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config.load({"run.min_free": "1GiB", "run.min_capability": "8.0"})
     req = Request.from_config(cfg, mem=5)
     assert req == Request(count=None, gpus=("1", "2"), min_free=GiB, min_capability=(8, 0), mem=5)
+
+
+def test_a_mig_gpu_is_chosen_by_mig_device() -> None:
+    from gpuwarden.inventory import MigInstance
+    from gpuwarden.selection import devices
+
+    slices = (
+        MigInstance("MIG-aa", 0, name="3g.40gb", memory_total=40 * GiB, memory_used=20 * GiB),
+        MigInstance("MIG-bb", 1, name="2g.20gb", memory_total=20 * GiB, memory_used=0),
+    )
+    grace = GpuProcess(pid=5, used_memory=20 * GiB, user="grace", mig_uuid="MIG-aa")
+    a100 = card(3, mig_mode=True, mig_instances=slices, processes=(grace,), utilization_gpu=None)
+    alice = GpuProcess(pid=4, used_memory=80 * GiB, user="alice")
+    snap = machine(card(1, memory_free=0, memory_used=80 * GiB, processes=(alice,)), a100)
+    units = devices(snap)
+    assert [g.uuid for g in units] == [snap.gpus[0].uuid, "MIG-aa", "MIG-bb"]
+    assert units[1].processes == (grace,) and units[2].processes == ()
+    assert (units[2].memory_free, units[2].utilization_gpu) == (20 * GiB, 0.0)
+    choice = choose(snap, Request(count=1))
+    assert [g.uuid for g in choice.gpus] == ["MIG-bb"]
+    assert choice.passed_over["MIG-aa"].startswith("busy: pid 5 (grace)")
+    assert [g.uuid for g in choose(snap, Request(gpus=("MIG-a",), max_util=100)).gpus] == ["MIG-aa"]
+    assert choose(snap, Request(count=2)).passed_over["MIG-bb"] == (
+        "MIG device: CUDA shows a process one MIG device only"
+    )
+    # The parent's drain and whole-GPU lease apply to its MIG devices.
+    assert not choose(snap, Request(count=1), drains=[drained(a100)]).ok
+    assert not choose(snap, Request(count=1), leases=[lease(a100)]).ok
+    with pytest.raises(UserError, match=r"GPU 3 is in MIG mode.*MIG-aa"):
+        choose(snap, Request(gpus=("3",)))
+    assert not choose(snap, Request(count=1, exclude=("3",))).ok

@@ -162,7 +162,9 @@ def open_dir() -> Iterator[Path]:
 @pytest.fixture
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     make_user("alice", groups=("lab",))
-    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    leases = open_dir / "leases"  # as `gpuwarden service install` makes it: root's, 0755
+    leases.mkdir(mode=0o755)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
     srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s"))
     srv.start()
     yield srv
@@ -424,3 +426,95 @@ def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> Non
     assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
     bad = cli_as(server, alice, "hold", "nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr
+
+
+def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
+    alice = make_user("alice", ("lab",))
+    running = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    submit(server, alice, ["true"], request={"count": 1})
+    server.wait_state(running, ("RUNNING",))
+    env = {"GPUWARDEN_SOCKET": server.socket, "GPUWARDEN_SIM": SPEC}
+    out = cli("exporter", "--once", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gpuwarden_queue_service_up{" in text and "service_up{hostname=" in text
+    assert 'state="running",user="gw-alice"' in text and 'state="pending",user="gw-alice"' in text
+    assert "gpuwarden_queue_wait_seconds_bucket{hostname=" in text and 'le="+Inf"' in text
+    assert "gpuwarden_user_fairshare_factor{" in text
+    server.call(None, "cancel", jobs=[running])
+    no_service = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
+    assert "gpuwarden_queue_service_up{" in no_service.stdout
+    assert "} 0.0" in no_service.stdout.split("gpuwarden_queue_service_up{", 1)[1].split("\n")[0]
+
+
+def test_slow_and_silent_clients_delay_nobody(server: Server) -> None:
+    import socket
+
+    stalled = []
+    for i in range(50):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.socket)
+        if i % 2:
+            sock.sendall(b'{"v":1,"op":"que')  # half a message, never finished
+        stalled.append(sock)
+    started = time.monotonic()
+    assert server.call(None, "hello")["ok"] is True
+    assert time.monotonic() - started < 5  # a subprocess client: start-up dominates
+    for sock in stalled:
+        sock.close()
+
+
+def test_run_submit_queue_logs_cancel_through_the_service(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    ran = cli_as(
+        server, alice, "run", "-g", "2", "--", "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"; exit 4'
+    )
+    assert ran.returncode == 4, ran.stderr
+    assert len(ran.stdout.strip().split(",")) == 2
+    sub = cli_as(
+        server, alice, "submit", "-g", "1", "--time", "1h", "--", "sh", "-c", "echo hello; sleep 60"
+    )
+    assert sub.returncode == 0, sub.stderr
+    job = int(sub.stdout.strip())
+    server.wait_state(job, ("RUNNING",))
+    queue = cli_as(server, bob, "queue")
+    assert queue.returncode == 0 and f"{job}" in queue.stdout and "gw-alice" in queue.stdout
+    assert "(hidden)" in queue.stdout  # bob does not see alice's command
+    deadline = time.monotonic() + 30
+    logs = cli_as(server, alice, "logs", str(job))
+    while "hello" not in logs.stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+        logs = cli_as(server, alice, "logs", str(job))
+    assert logs.stdout == "hello\n", logs.stderr
+    denied = cli_as(server, bob, "logs", str(job))
+    assert denied.returncode == 2 and "only its owner or an admin" in denied.stderr
+    full = cli_as(server, alice, "run", "-g", "4", "--", "true")
+    assert full.returncode == 75 and "add --wait" in full.stderr  # 1 of 4 is taken: not now
+    done = cli_as(server, alice, "cancel", str(job))
+    assert done.returncode == 0 and f"cancelled: {job}" in done.stdout
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+
+
+def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Server) -> None:
+    """The service leases as root, for the job's owner: status names the owner, and no
+    user can open (and so hold) a GPU's lock file in the service's directory."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["sleep", "60"], request={"count": 1})
+    row = server.wait_state(job, ("RUNNING",))
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+    lock = lease_dir / f"{row['gpus'][0]}.lock"
+    assert lock.stat().st_mode & 0o777 == 0o600
+    probe = subprocess.run(
+        [USER_PY, "-c", f"open({str(lock)!r})"],
+        preexec_fn=_become(bob),
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr
+    from gpuwarden import leases
+
+    [mine] = [lease for lease in leases.list_leases(str(lease_dir)) if lease.job == str(job)]
+    assert mine.user == "gw-alice"
+    server.call(None, "cancel", jobs=[job])
+    server.wait_state(job, ("CANCELLED",))
+    assert not list(lease_dir.glob(f"*.{job}.lease"))

@@ -233,3 +233,97 @@ def test_power_column_formats():
     assert _power(None, 400.0) == "n/a/400W"
     assert _power(61.6, None) == "62W"
     assert _power(None, None) == "n/a"
+
+
+def _reserve(cli, *args: str) -> str:
+    r = cli("reserve", *args)
+    assert r.returncode == 0, r.stderr
+    return next(
+        line.split("=", 1)[1].strip("'\"")
+        for line in r.stdout.splitlines()
+        if line.startswith("export GPUWARDEN_RESERVATION=")
+    )
+
+
+def test_lease_rows_show_job_user_age_and_expiry(sim, cli):
+    from gpuwarden.paths import user_name
+
+    sim("server-8xa100")
+    rid = _reserve(cli, "-g", "2", "--for", "1h")
+    try:
+        text = cli("status").stdout
+        data = json.loads(cli("status", "--json").stdout)
+    finally:
+        assert cli("release", rid).returncode == 0
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("LEASE "))
+    assert lines[head].split() == ["LEASE", "USER", "JOB", "PID", "AGE", "EXPIRES", "COMMAND"]
+    rows = [ln.split() for ln in lines[head + 1 : head + 3]]
+    me = user_name()
+    for row in rows:
+        assert row[0] == "GPU" and row[2] == me and row[3] == rid
+        assert row[6] == "in" and row[7].startswith(("59m", "1h00m"))  # --for 1h
+    held = [(g["index"], x) for g in data["gpus"] for x in g["leases"]]
+    assert len(held) == 2 and {f"GPU {i}" for i, _ in held} == {" ".join(r[:2]) for r in rows}
+    for _, lease in held:
+        assert lease["job"] == rid and lease["user"] == me
+        assert 0 <= lease["age"] < 60 and 3500 < lease["expires"] - data["taken_at"] <= 3600
+
+
+def test_user_narrows_gpus_processes_and_leases(sim, cli):
+    from gpuwarden.paths import user_name
+
+    sim("server-8xa100")
+    data = json.loads(cli("status", "--json", "--user", "carol").stdout)
+    assert data["user"] == "carol" and [g["index"] for g in data["gpus"]] == [5]
+    assert {p["user"] for p in data["gpus"][0]["processes"]} == {"carol"}
+    alice = cli("status", "--user", "alice").stdout
+    rows = [ln for ln in alice.splitlines() if ln.lstrip()[:1].isdigit()]
+    assert [r.split()[0] for r in rows] == ["0", "1", "2", "3"]
+    assert "bob" not in alice and "carol" not in alice
+    rid = _reserve(cli, "-g", "1", "--for", "1h")
+    try:
+        mine = json.loads(cli("status", "--json", "--user", user_name()).stdout)
+        theirs = cli("status", "--user", "bob").stdout
+    finally:
+        assert cli("release", rid).returncode == 0
+    assert len(mine["gpus"]) == 1 and mine["gpus"][0]["processes"] == []
+    assert [x["job"] for x in mine["gpus"][0]["leases"]] == [rid]
+    assert rid not in theirs  # bob sees only his own GPU 4, and no lease table
+    assert not any(ln.startswith("LEASE ") for ln in theirs.splitlines())
+    assert [ln.split()[0] for ln in theirs.splitlines() if ln.lstrip()[:1].isdigit()] == ["4"]
+
+
+def test_user_with_nothing_or_nobody(sim, cli):
+    sim("server-8xa100")
+    out = cli("status", "--user", "root")
+    assert out.returncode == 0 and out.stdout.strip() == "root holds no GPU, process or lease here"
+    assert json.loads(cli("status", "--json", "--user", "root").stdout)["gpus"] == []
+    for name, words in (("no-such-user-x", "no user 'no-such-user-x'"), ("", "needs a user name")):
+        out = cli("status", "--user", name)
+        assert out.returncode != 0 and out.stderr.count("\n") == 1 and words in out.stderr
+
+
+def test_lease_rows_for_shared_expired_and_job_bound_leases():
+    from gpuwarden.cli.status import _lease_rows, for_user
+    from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+    from gpuwarden.leases import LeaseInfo
+
+    gpus = (
+        Gpu(index=0, uuid="GPU-a", processes=(GpuProcess(pid=1, used_memory=None, user="ann"),)),
+        Gpu(index=1, uuid="GPU-b", processes=(GpuProcess(pid=2, used_memory=None, user="ben"),)),
+    )
+    snap = Snapshot(taken_at=1000.0, hostname="h", gpus=gpus)
+    leases = [
+        LeaseInfo("GPU-b", "ann", 7, "train", 400.0, mem=20 << 30, job="17"),
+        LeaseInfo("GPU-a", "ann", 8, "", 990.0, expires=999.0),
+    ]
+    rows = _lease_rows(snap, leases)
+    assert rows[0] == ["GPU 1 shared 20.0GiB", "ann", "17", "7", "10m00s", "with job", "train"]
+    assert rows[1] == ["GPU 0", "ann", "-", "8", "10s", "now", "-"]
+    data = {"snapshot": snap, "leases": leases, "visible": None, "drains": {}, "health": {}}
+    ann = for_user(data, "ann")
+    assert [g.index for g in ann["snapshot"].gpus] == [0, 1]  # a process on 0, a lease on 1
+    assert ann["snapshot"].gpus[1].processes == ()  # ben's process is not ann's
+    ben = for_user(data, "ben")
+    assert [g.index for g in ben["snapshot"].gpus] == [1] and ben["leases"] == []

@@ -97,6 +97,40 @@ def test_two_process_allreduce_ddp_step_and_accumulation(tmp_path: Path) -> None
     assert "rank 0 OK" in done.stdout and "rank 1 OK" in done.stdout
 
 
+TEARDOWN = r"""
+import os, torch
+from gpuwarden.torch import init_distributed, wrap
+from gpuwarden.torch.distributed import destroy
+
+def gloo_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return [n for n in names if "gloo" in n]
+
+info = init_distributed()
+model = wrap(torch.nn.Linear(4, 1), info)  # DDP imports torch.distributed.nn here
+model(torch.randn(8, 4)).sum().backward()
+del model
+assert gloo_threads(), "expected gloo threads while the group runs"
+destroy(barrier=True)
+print(f"rank {info.rank} left: {gloo_threads()}", flush=True)
+"""
+
+
+def test_teardown_ends_the_group_and_its_threads_before_exit(tmp_path: Path) -> None:
+    # DDP imports torch.distributed.nn, whose functions bind the group that exists then
+    # as default arguments: the group outlived destroy_process_group() and its gloo
+    # threads ran into interpreter shutdown (where a rank sometimes died with
+    # "terminate called without an active exception" after training had finished).
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN)
+    done = _torchrun(str(script))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 0 left: []" in done.stdout and "rank 1 left: []" in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize(
     "form",
     [

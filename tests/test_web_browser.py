@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,12 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
+import jsonschema
 import pytest
 
 from conftest import SRC, require
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
 
+SCHEMA = json.loads(
+    (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
+)
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 LIVE = 2.0  # seconds within which a change must be on the page
@@ -223,3 +228,131 @@ def test_readable_on_a_phone(browser, page, tmp_path):
         browser.save_screenshot(str(artifacts(tmp_path) / "web-phone.png"))
     finally:
         browser.set_window_size(1280, 1300)
+
+
+# --- the queue service on the page ------------------------------------------------------
+
+READ_QUEUE = """
+const rows = (id) => Array.from(document.querySelectorAll(`#${id} tr[data-job]`)).map((r) => ({
+  id: Number(r.dataset.job), reason: r.dataset.reason || null, text: r.innerText }));
+return { running: rows("queue-running"), waiting: rows("queue-waiting"),
+  state: document.getElementById("queue-state").innerText,
+  machine: document.getElementById("machine").innerText,
+  users: Array.from(document.querySelectorAll("#users tr[data-user]"), (r) => r.innerText) };
+"""
+
+
+@pytest.fixture
+def queue_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WebServer, Any]]:
+    """A real queue service (`gpuwarden serve`, as test_service.py starts it) on four
+    idle A100s, and the page of the same machine asking it."""
+    import tempfile
+
+    from gpuwarden.service.store import Store
+    from test_service import SPEC, Server
+    from users import make_user
+
+    make_user("alice")
+    make_user("bob")
+    monkeypatch.setenv("GPUWARDEN_SIM", SPEC)
+    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
+    shared = Path(tempfile.mkdtemp(prefix="gw-web-service-"))
+    shared.chmod(0o755)
+    (shared / "work").mkdir()
+    (shared / "work").chmod(0o1777)
+    (shared / "sock").mkdir()
+    srv = Server(tmp_path, shared / "work", ())
+    journal = Store(os.path.join(srv.state, "jobs.db"))  # some past use, for fair share
+    journal.charge("gw-alice", 10 * 3600.0, time.time(), 7 * 86400.0)
+    journal.charge("gw-bob", 3600.0, time.time(), 7 * 86400.0)
+    journal.close()
+    srv.start()
+    feed = Feed(interval=1.0, service=srv.socket)  # the default interval, as users get it
+    server = serve("127.0.0.1:0", feed=feed)
+    try:
+        yield server, srv
+    finally:
+        server.close()
+        if srv.proc and srv.proc.poll() is None:
+            srv.kill(signal.SIGTERM)
+        srv.kill_jobs()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_the_queue_service_on_the_page(browser, queue_page, tmp_path):
+    from test_service import submit
+    from users import make_user
+
+    page, srv = queue_page
+    alice, bob = make_user("alice"), make_user("bob")
+    browser.set_window_size(1280, 1300)
+    browser.get(page.url)
+    wait_for(lambda: len(cards(browser)) == 4, 10, "4 GPUs on the page")
+    browser.execute_script("window.notReloaded = true")
+    wait_for(
+        lambda: "queue service running" in browser.execute_script(READ_QUEUE)["machine"],
+        LIVE,
+        "the service's state in the machine line",
+    )
+
+    running = submit(srv, alice, ["sleep", "120"], request={"count": 4})
+    srv.wait_state(running, ("RUNNING",))
+    waiting = submit(srv, bob, ["sleep", "120"], request={"count": 1})
+    row = srv.wait_state(waiting, ("PENDING",))
+    assert row["reason"] == "Resources", row
+    took = wait_for(
+        lambda: (
+            running in [r["id"] for r in browser.execute_script(READ_QUEUE)["running"]]
+            and waiting in [r["id"] for r in browser.execute_script(READ_QUEUE)["waiting"]]
+        ),
+        LIVE,
+        "the running and the waiting job on the page",
+    )
+    assert took <= LIVE
+    shown = browser.execute_script(READ_QUEUE)
+    [run_row] = [r for r in shown["running"] if r["id"] == running]
+    [wait_row] = [r for r in shown["waiting"] if r["id"] == waiting]
+    assert "gw-alice" in run_row["text"] and "0, 1, 2, 3" in run_row["text"]
+    assert wait_row["reason"] == "Resources" and "gw-bob" in wait_row["text"]
+    assert "Resources" in wait_row["text"]
+    assert any(u.startswith("■ gw-alice") or "gw-alice" in u for u in shown["users"])
+    assert "sleep" not in run_row["text"]  # commands hidden unless configured
+
+    # The JSON API says the same, in its schema.
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", page.port, timeout=10)
+    conn.request("GET", "/api/v1/state")
+    doc = json.loads(conn.getresponse().read())
+    conn.close()
+    jsonschema.validate(doc, SCHEMA)
+    queue = doc["queue"]
+    assert queue["service"] is True and queue["state"] == "running"
+    [api_run] = [j for j in queue["running"] if j["id"] == running]
+    [api_wait] = [j for j in queue["waiting"] if j["id"] == waiting]
+    assert api_run["user"] == "gw-alice" and api_run["gpus"] == [0, 1, 2, 3]
+    assert api_run["uuids"] == [g["uuid"] for g in doc["gpus"]]
+    assert api_run["elapsed"] is not None and api_run["command"] is None
+    # The service holds the job's leases; the page names the job's owner on the GPUs.
+    held = [(x["job"], x["user"]) for g in doc["gpus"] for x in g["leases"]]
+    assert held == [(str(running), "gw-alice")] * 4, held
+    assert (api_wait["user"], api_wait["reason"]) == ("gw-bob", "Resources")
+    assert api_wait["priority"] is not None and api_wait["waited"] >= 0
+    users = {u["user"]: u for u in doc["users"]}
+    assert users["gw-alice"]["jobs_running"] == 1 and users["gw-bob"]["jobs_waiting"] == 1
+    alice_share, bob_share = users["gw-alice"], users["gw-bob"]
+    assert alice_share["usage"] == pytest.approx(10 * 3600.0, rel=0.01)
+    assert bob_share["share"] == alice_share["share"] == 1.0
+    assert 0 < alice_share["factor"] < bob_share["factor"] <= 1
+
+    browser.save_screenshot(str(artifacts(tmp_path) / "web-queue.png"))
+
+    # The service going away shows as such, without a reload.
+    srv.call(None, "cancel", jobs=[running, waiting])
+    srv.kill(signal.SIGTERM)
+    wait_for(
+        lambda: "no queue service" in browser.execute_script(READ_QUEUE)["state"],
+        LIVE + 2,
+        "the placeholder once the service stopped",
+    )
+    assert browser.execute_script("return window.notReloaded") is True

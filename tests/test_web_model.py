@@ -66,7 +66,16 @@ def lease(index: int, user: str, pid: int, **kw: object) -> LeaseInfo:
 def test_empty_machine_is_a_valid_document_with_the_queue_placeholder():
     doc = valid(build(Snapshot(NOW, "lab1", error="NVML not found"), now=NOW))
     assert doc["gpus"] == [] and doc["error"] == "NVML not found"
-    assert doc["queue"] == {"service": False, "state": NO_QUEUE, "running": [], "waiting": []}
+    assert doc["queue"] == {
+        "service": False,
+        "state": NO_QUEUE,
+        "user": None,
+        "admin": False,
+        "error": None,
+        "running": [],
+        "waiting": [],
+        "hidden": 0,
+    }
     assert doc["watch"] == {"running": False, "listening": False}
 
 

@@ -49,6 +49,8 @@ class Leased:
 
     @property
     def indices(self) -> tuple[int, ...]:
+        """nvidia-smi indices; a MIG device's is its parent GPU's, which does not name
+        it to CUDA: `visible` does."""
         return tuple(g.index for g in self.gpus)
 
     @property

@@ -461,6 +461,59 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.show_commands", "bool", False, "show everyone's command lines in `queue`"),
     Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
     Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
+    Key(
+        "enforce.devices",
+        "choice",
+        "auto",
+        "device cgroup per job run as root: auto (where possible), off, require",
+        choices=("auto", "off", "require"),
+    ),
+    Key(
+        "enforce.memory_tolerance",
+        "percent",
+        10.0,
+        "a --mem job may use this much more than it declared (percent) before it is over",
+    ),
+    Key("enforce.memory_grace", "duration", 60.0, "over its --mem this long => memory_action"),
+    Key(
+        "enforce.memory_action",
+        "choice",
+        "notify",
+        "a job over its --mem after the grace: notify, or kill (SIGTERM, then SIGKILL)",
+        choices=("notify", "kill"),
+    ),
+    Key("enforce.unleased_grace", "duration", 300.0, "unleased GPU use this long => action"),
+    Key(
+        "enforce.unleased_action",
+        "choice",
+        "notify",
+        "a process using a GPU without a lease: notify, or kill it after the grace when the "
+        "GPU is leased to someone else",
+        choices=("notify", "kill"),
+    ),
+    Key(
+        "enforce.idle_after",
+        "duration",
+        86400.0,
+        "a lease idle (0% and memory still) this long",
+        low=0,
+        above=True,
+    ),
+    Key(
+        "enforce.idle_action",
+        "choice",
+        "report",
+        "an idle lease: report it, or release it (SIGTERM to its holder)",
+        choices=("report", "release"),
+    ),
+    Key(
+        "enforce.poll_seconds",
+        "duration",
+        5.0,
+        "how often `gpuwarden enforce --watch` looks",
+        low=0,
+        above=True,
+    ),
     Key("record.interval", "seconds", 1.0, "seconds between recorded samples", low=0, above=True),
     Key(
         "record.max_bytes",
@@ -469,6 +522,17 @@ SCHEMA: tuple[Key, ...] = (
         "start a new CSV file beyond this size",
         low=0,
         above=True,
+    ),
+    # Slurm (docs/slurm.md)
+    Key("slurm.drain_node", "bool", False, "drain this Slurm node on a fatal GPU fault"),
+    Key("slurm.node", "str", None, "this machine's Slurm node name (default: short hostname)"),
+    Key("slurm.gpu_types", "names", (), "Slurm GPU gres types that --model may name (typed gres)"),
+    Key(
+        "slurm.prolog_timeout",
+        "seconds",
+        30.0,
+        "`slurm prolog`: wait this long for GPUs still leased locally",
+        low=0,
     ),
 )
 

@@ -154,6 +154,8 @@ class ViewCache:
         xids = self._state("xids", xids_seen, {}, previous)
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
         idle = self._idle.update(snap, (lease.uuid for lease in leases))
+        from gpuwarden.queuemetrics import read_stats
+
         return View(
             snapshot=snap,
             leases=leases,
@@ -166,6 +168,7 @@ class ViewCache:
             scrape_errors=self.scrape_errors,
             read_seconds=time.perf_counter() - started,
             nvml_up=nvml_up,
+            queue=read_stats(),
         )
 
     def _state(self, name: str, read: Callable[[], Any], empty: Any, previous: Any) -> Any:

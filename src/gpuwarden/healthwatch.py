@@ -65,6 +65,7 @@ class WatchSettings:
     webhook_timeout: float = 5.0
     hook_timeout: float = 30.0
     poll_seconds: float = 10.0
+    slurm_node: Optional[str] = None  # drain this Slurm node on a fatal fault (slurm.drain_node)
 
 
 def parse_hook(value: object) -> Optional[tuple[str, ...]]:
@@ -122,7 +123,21 @@ def settings_from_config(config: object = None, policy: Optional[str] = None) ->
         webhook_timeout=_number(get, "health.webhook_timeout", 5.0),
         hook_timeout=_number(get, "health.hook_timeout", 30.0),
         poll_seconds=_number(get, "health.poll_seconds", 10.0),
+        slurm_node=_slurm_node(get),
     )
+
+
+def _slurm_node(get: Callable[[str], object]) -> Optional[str]:
+    """The Slurm node to drain on a fatal fault, when `slurm.drain_node` is set."""
+    if not get("slurm.drain_node"):
+        return None
+    from gpuwarden.slurm.node import node_name
+
+    class _Conf:
+        def get(self, key: str) -> object:
+            return get(key)
+
+    return node_name(_Conf())
 
 
 class Notifier:
@@ -494,12 +509,28 @@ class HealthWatch:
         self._ecc[gpu.uuid] = (now, count)
         return (count - before[1]) / elapsed * 3600.0
 
+    def _drain_slurm_node(self, gpu: Gpu, reason: str) -> None:
+        """With `slurm.drain_node`, the node is drained too: Slurm then starts no new job
+        on it (running ones finish), as the local drain does for this GPU."""
+        node = self.settings.slurm_node
+        if node is None:
+            return
+        from gpuwarden.slurm.tools import drain_node
+
+        try:
+            drain_node(node, f"gpuwarden: GPU {gpu.index}: {reason}")
+        except UserError as err:
+            _warn(f"could not drain Slurm node {node}: {err}")
+        else:
+            _warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
+
     def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Finding, drains: dict) -> None:
         drained = False
         if finding.level == FATAL and self.settings.policy == "drain" and gpu.uuid not in drains:
             drained = self._drain(gpu.uuid, gpu.index, finding.reason)
             if drained:
                 drains[gpu.uuid] = True
+                self._drain_slurm_node(gpu, finding.reason)
         event = {
             "hostname": snapshot.hostname,
             "gpu_index": gpu.index,

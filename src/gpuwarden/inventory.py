@@ -76,6 +76,7 @@ class Gpu:
     uuid: str
     name: Optional[str] = None
     pci_bus_id: Optional[str] = None
+    minor: Optional[int] = None  # /dev/nvidia<minor>: what device isolation allows or denies
     memory_total: Optional[int] = None  # bytes
     memory_used: Optional[int] = None
     memory_free: Optional[int] = None
@@ -298,6 +299,7 @@ def _read_gpu(
         fields["name"] = _text(name) if name is not None else None
         pci = r.get("nvmlDeviceGetPciInfo", handle)
         fields["pci_bus_id"] = _text(pci.busId) if pci is not None else None
+        fields["minor"] = r.get("nvmlDeviceGetMinorNumber", handle)
         fields.update(_read_state(nv, r, handle))
         if processes:
             fields["processes"] = _read_processes(
@@ -309,6 +311,7 @@ def _read_gpu(
             uuid=uuid,
             name=fields.get("name"),
             pci_bus_id=fields.get("pci_bus_id"),
+            minor=fields.get("minor"),
             lost=True,
             error=f"GPU is lost: {err}",
         )

@@ -52,16 +52,21 @@ def export_value(gpus: Sequence[Any], use_uuid: bool = False) -> str:
 
     Indices are NVML's and so mean the right GPUs only together with
     `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see `export_env`); UUIDs are right in any
-    order. An empty list hides every GPU. A GPU given twice would make CUDA
-    expose none, so it is refused. (Also `gpuwarden.visible.export_value`; it lives
-    here so that starting a job does not load the reading side's records.)
+    order, and a MIG device is always given by its UUID. An empty list hides every
+    GPU. A GPU given twice would make CUDA expose none, so it is refused. (Also
+    `gpuwarden.visible.export_value`; it lives here so that starting a job does not
+    load the reading side's records.)
     """
     seen: set[str] = set()
     for gpu in gpus:
         if gpu.uuid in seen:
             raise ValueError(f"GPU {gpu.uuid} given twice: CUDA would expose no GPU at all")
         seen.add(gpu.uuid)
-    return ",".join(gpu.uuid if use_uuid else str(gpu.index) for gpu in gpus)
+    # A MIG device has no index of its own that CUDA would read: only its MIG- UUID
+    # names it (the parent's index names the GPU, and CUDA then picks a MIG device).
+    return ",".join(
+        gpu.uuid if use_uuid or gpu.uuid.startswith("MIG-") else str(gpu.index) for gpu in gpus
+    )
 
 
 def export_env(gpus: Sequence[Any], use_uuid: bool = False) -> dict[str, str]:
@@ -112,26 +117,57 @@ def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> l
     be given as `train.py ARGS`, `python train.py ARGS` or `python -m pkg ARGS`; any other
     program runs with `--no-python` and must read LOCAL_RANK itself."""
     args = list(argv)
+    script = False  # `python X`: X is a script whatever its name
     if args and _is_python(args[0]):
         args = args[1:]
+        script = True
         if args and args[0].startswith("-") and args[0] != "-m":
             raise UserError(
                 f"--ddp: interpreter option {args[0]!r} is not passed through torchrun; give "
                 "the script and its arguments after --, e.g. `-- train.py --epochs 3`"
             )
-    if not args or (args[0] == "-m" and len(args) < 2):
+    if not args or not args[0] or (args[0] == "-m" and len(args) < 2):
         raise UserError("--ddp: no script given after --, e.g. `-- train.py --epochs 3`")
+    _check_ddp_target(args, script or args[0].endswith(".py"))
     head = [python or sys.executable, "-m", "torch.distributed.run", "--standalone"]
     head.append(f"--nproc-per-node={nproc}")
     if args[0] == "-m":
         return [*head, "-m", *args[1:]]
-    if not args[0].endswith(".py"):
+    if not (script or args[0].endswith(".py")):
         head.append("--no-python")
     return [*head, *args]
 
 
+def _check_ddp_target(args: Sequence[str], script: bool) -> None:
+    """Refuse a script, program or module that is not there, with one line: torchrun
+    would start every rank only to print a 40-line traceback per failure."""
+    if args[0] == "-m":
+        # Only the top-level package is looked up, without importing anything: the
+        # ranks run with the working directory first on sys.path, as `python -m` does.
+        import importlib.machinery
+
+        top = args[1].split(".")[0]
+        if not top or (
+            top not in sys.builtin_module_names
+            and importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None
+        ):
+            raise LaunchError(f"--ddp: no module named {args[1]!r}", exit_code=127)
+        return
+    target = args[0]
+    if script:
+        if not os.path.isfile(target):
+            why = "is not a file" if os.path.exists(target) else "not found"
+            raise LaunchError(f"--ddp: script {why}: {target}", exit_code=127)
+        return
+    import shutil
+
+    if shutil.which(target) is None:
+        raise LaunchError(f"command not found: {target}", exit_code=127)
+
+
 def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...]]:
-    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us;
+    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us,
+    by UUID (`MIG-` for a MIG device: a child may be given only what the parent sees);
     None when unset. A malformed value is refused: guessing would pick the wrong card."""
     env = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" not in env:
@@ -141,7 +177,7 @@ def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...
     res = resolve(snapshot, env)
     if res.problems:
         raise UserError(res.problems[0] + " (fix or unset it)")
-    return tuple(d.uuid for d in res.devices)
+    return tuple(d.mig_uuid or d.uuid for d in res.devices)
 
 
 def _foreground_tty() -> Optional[int]:
@@ -226,6 +262,9 @@ def start(argv: Sequence[str], env: Mapping[str, str], pass_fds: Iterable[int] =
     (the lease locks), and the wrapper's signals forwarded to the group."""
     if not argv:
         raise UserError("no command given: put it after --, e.g. `-- python train.py`")
+    if not argv[0]:
+        # posix_spawnp raises ValueError for it; the shell says "command not found".
+        raise LaunchError("command not found: '' (the command name is empty)", exit_code=127)
     fds = tuple(pass_fds)
     tty = _foreground_tty()
     forwarded = [s for s in FORWARDED if s not in _INHERITED_IGNORED]

@@ -21,12 +21,16 @@ first served.
 The lease directory is checked before use: a symlink, an unexpected owner,
 or a directory others may write without the sticky bit would let another
 local user delete or redirect the locks, so each is refused with one line.
+
+Every file in it may have been put there by a hostile user: records are opened
+through `safefiles` (no FIFO, no link, bounded), every field is checked, a held
+lease with a bad record still takes its GPU, and the allocation lock is waited
+for with a deadline. See docs/leases.md, "A hostile local user".
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -35,7 +39,17 @@ import time
 from collections.abc import Collection, Sequence
 
 from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.leaserecord import HOLDER_RE, HOLDER_SUFFIX, LeaseInfo, parse_record, unreadable
+from gpuwarden.safefiles import (
+    MAX_RECORD,
+    TMP_SUFFIX,
+    UnsafeFile,
+    open_regular,
+    printable,
+    read_bounded,
+    temporary_name,
+    write_all,
+)
 
 TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
 if TYPE_CHECKING:
@@ -43,27 +57,15 @@ if TYPE_CHECKING:
 
 ALLOC = "alloc.lock"
 LOCK_SUFFIX = ".lock"
-HOLDER_SUFFIX = ".lease"
-TMP_PREFIX = ".tmp-"
+LEGACY_TMP_PREFIX = ".tmp-"  # what earlier versions named their temporary files
+PID_ROOM = 16  # spaces after a prepared record: room for the pid `publish` writes
+
+# Without --wait, how long to try for the allocation lock before saying who holds it.
+ALLOC_PATIENCE = 5.0
 
 # Exit status for "not now": no GPU fits at the moment (without --wait), or the
 # wait timed out. EX_TEMPFAIL from sysexits.h: "try again later".
 EXIT_BUSY = 75
-
-
-@record
-class LeaseInfo:
-    """Who holds (part of) a GPU, as recorded beside the lock."""
-
-    uuid: str
-    user: str
-    pid: int
-    command: str
-    started: float  # time.time()
-    mem: Optional[int] = None  # declared bytes for a shared lease; None = exclusive
-    job: Optional[str] = None  # job id / name
-    expires: Optional[float] = None  # time.time() a reservation ends; None = with the job
-    index: Optional[int] = None  # nvidia-smi index when the lease was taken (presentation)
 
 
 # --- the directory and its safety ------------------------------------------------------------
@@ -90,11 +92,8 @@ class LeaseDir:
     def join(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def check_file(self, path: str, fd: int) -> None:
-        """Refuse a lock or metadata file that is not a plain file of an expected owner."""
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"lease file {path} is not a regular file; refusing it")
+    def check_owner(self, path: str, st: os.stat_result) -> None:
+        """Refuse, in a private lease directory, a file another user made."""
         me = os.geteuid()
         if not self.shared and st.st_uid not in (me, 0, self.owner_uid):
             raise UserError(
@@ -103,22 +102,23 @@ class LeaseDir:
             )
 
     def open(self, name: str, flags: int = os.O_RDONLY | os.O_CREAT) -> int:
-        """Open a file in the directory, never through a symlink, and check it."""
+        """Open a lock file in the directory: never through a symlink, never blocking on
+        a FIFO, only a regular file (safefiles.open_regular), of an expected owner."""
         path = self.join(name)
         try:
-            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            # In a directory others may not write (a user's own, or the queue service's),
+            # nobody else needs to open a lock file: 0600 keeps them from holding it.
+            mode = 0o644 if self.shared else 0o600
+            fd, st = open_regular(path, flags, mode, what="lease file")
+        except UnsafeFile as err:
+            raise UserError(
+                f"{err}; whoever made it (see `ls -l {path}`) could block or redirect the "
+                "lock: an admin should remove it"
+            ) from None
         except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise UserError(
-                    f"lease file {path} is a symbolic link (owner "
-                    f"{owner_of(os.lstat(path).st_uid)}); refusing it: whoever made it could "
-                    "redirect the lock"
-                ) from None
-            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
-            raise
+            raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
         try:
-            self.check_file(path, fd)
+            self.check_owner(path, st)
         except BaseException:
             os.close(fd)
             raise
@@ -216,6 +216,31 @@ def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
 
 # --- reading leases --------------------------------------------------------------------------
 
+# At most this many files named like lease metadata are read per listing: a directory
+# that everyone can write may hold any number of them. Real leases are one per GPU and
+# holder; beyond this, the per-GPU locks still keep exclusive leases apart.
+MAX_RECORDS = 4096
+
+# A wrapper or holder killed between creating and renaming its metadata leaves a
+# temporary file; ours older than this are removed.
+TMP_AGE = 600.0
+
+_warned: set[str] = set()
+MAX_WARNINGS = 20
+
+
+def warn(message: str) -> None:
+    """Report a problem with another user's file once per process, on one line: a record
+    that is skipped is said so, and a long-running exporter does not repeat itself."""
+    import sys
+
+    if message in _warned or len(_warned) > MAX_WARNINGS:
+        return
+    _warned.add(message)
+    if len(_warned) > MAX_WARNINGS:  # a directory full of junk must not flood a log
+        message = "more problems in the lease directory; not reporting them"
+    print(f"gpuwarden: warning: {message}", file=sys.stderr)
+
 
 def is_locked(fd: int) -> bool:
     """True when some process holds a lock on the file; probes without keeping one."""
@@ -227,53 +252,81 @@ def is_locked(fd: int) -> bool:
     return False
 
 
-def _read_holder(ld: LeaseDir, name: str) -> tuple[Optional[LeaseInfo], bool]:
+def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional[LeaseInfo], bool]:
     """(lease, stale): the metadata when its holder still holds it; stale=True when nobody
-    does (the holder died without tidying)."""
+    does and it is ours to tidy. A held file that is not a valid record counts as an
+    exclusive lease by its owner (and is reported once)."""
+    path = ld.join(name)
     try:
-        fd = ld.open(name, os.O_RDONLY)
-    except (FileNotFoundError, UserError):
+        fd, st = open_regular(path, what="lease record")
+    except FileNotFoundError:
+        return None, False
+    except (OSError, UnsafeFile) as err:  # a FIFO, a device, a symlink, ...
+        warn(f"skipping lease record {printable(path)}: {err}")
         return None, False
     try:
+        owner = owner_of(st.st_uid)
+        if ld.shared is False and st.st_uid not in (os.geteuid(), 0, ld.owner_uid):
+            warn(
+                f"skipping lease record {printable(path)}: owned by {owner} in a private directory"
+            )
+            return None, False
         if not is_locked(fd):
-            return None, True
-        data = os.read(fd, 1 << 16)
-        owner = owner_of(os.fstat(fd).st_uid)
+            return None, st.st_uid == os.geteuid() or os.geteuid() == 0
+        try:
+            if st.st_size > MAX_RECORD:
+                raise UnsafeFile(f"{st.st_size} bytes")
+            info = parse_record(
+                read_bounded(fd, MAX_RECORD), uuid, job, owner, by_root=st.st_uid == 0
+            )
+        except (OSError, ValueError, UnsafeFile) as err:
+            warn(
+                f"lease record {printable(path)} of {owner} is invalid ({err}); counting "
+                "its GPU as taken"
+            )
+            return unreadable(uuid, owner, "invalid record"), False
     finally:
         os.close(fd)
-    try:
-        meta = json.loads(data)
-        # The owner comes from the kernel, not from the file: it cannot be forged.
-        info = LeaseInfo(
-            uuid=str(meta["uuid"]),
-            user=owner,
-            pid=int(meta["pid"]),
-            command=str(meta.get("command", "")),
-            started=float(meta["started"]),
-            mem=None if meta.get("mem") is None else int(meta["mem"]),
-            job=meta.get("job"),
-            expires=None if meta.get("expires") is None else float(meta["expires"]),
-            index=meta.get("index"),
-        )
-    except (ValueError, KeyError, TypeError):
-        return None, False
     return info, False
 
 
-def scan(ld: LeaseDir, line: Optional[list[bool]] = None) -> tuple[list[LeaseInfo], list[str]]:
+def scan(
+    ld: LeaseDir, line: Optional[list[bool]] = None, tidy: Optional[list[str]] = None
+) -> tuple[list[LeaseInfo], list[str]]:
     """Live leases and stale metadata names; `line` (if given) gets True appended when
-    anyone is waiting in line, so that an empty line costs nothing more."""
+    anyone is waiting in line, so that an empty line costs nothing more. Names are
+    judged before anything is opened (junk costs a string test); with `tidy` (a list),
+    our own temporary files are collected into it for `sweep`."""
     leases, stale = [], []
-    for name in sorted(os.listdir(ld.path)):
-        if not name.endswith(HOLDER_SUFFIX) or name.startswith("."):
-            if line is not None and not line and name.endswith(".wait"):
-                line.append(True)
+    read = 0
+    for name in os.listdir(ld.path):
+        if not name.endswith(HOLDER_SUFFIX):
+            if name.endswith(".wait"):
+                if line is not None and not line:
+                    line.append(True)
+            elif (
+                tidy is not None
+                and name.startswith(".")
+                and (name.endswith(TMP_SUFFIX) or name.startswith(LEGACY_TMP_PREFIX))
+            ):
+                tidy.append(name)
             continue
-        info, dead = _read_holder(ld, name)
+        m = HOLDER_RE.fullmatch(name)
+        if m is None:
+            continue
+        read += 1
+        if read > MAX_RECORDS:
+            warn(
+                f"lease directory {ld.path} holds more than {MAX_RECORDS} lease records; "
+                "read the first ones only (someone may be filling it with junk)"
+            )
+            break
+        info, dead = _read_holder(ld, name, m.group(1), m.group(2))
         if info is not None:
             leases.append(info)
         elif dead:
             stale.append(name)
+    leases.sort(key=lambda i: (i.uuid, i.job or ""))
     return leases, stale
 
 
@@ -295,10 +348,24 @@ def _tidy(ld: LeaseDir, names: Sequence[str]) -> None:
         remove_if_free(ld.join(name))
 
 
+def sweep(ld: LeaseDir, names: Sequence[str]) -> None:
+    """Remove our temporary files (`names`, from `scan`) left by a writer killed before
+    its rename: only old ones, and only when no one holds them locked."""
+    now = time.time()
+    for name in names:
+        path = ld.join(name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.geteuid() and now - st.st_mtime > TMP_AGE:
+            remove_if_free(path)
+
+
 def remove_if_free(path: str) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd, _ = open_regular(path)
+    except (OSError, UnsafeFile):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -326,37 +393,73 @@ class Held:
         self.fds: list[int] = []  # lock and metadata descriptors: what the job inherits
         self._tmp: list[tuple[int, str, str, Any]] = []  # (fd, tmp path, final path, gpu)
         self._final: list[str] = []
+        self._records: Optional[list[dict[str, Any]]] = None  # prepared, not yet published
         self._alloc_fd: Optional[int] = None
+        self.on_behalf: Optional[str] = None  # root leasing for this user (the queue service)
 
     @property
     def uuids(self) -> tuple[str, ...]:
         return tuple(g.uuid for g in self.gpus)
 
-    def publish(
+    def prepare(
         self,
-        pid: int,
         command: str,
         started: Optional[float] = None,
         expires: Optional[float] = None,
     ) -> None:
-        """Write the metadata under its final name, then let other clients allocate."""
+        """Write the metadata, still under its temporary name, before the job starts: the
+        disk space it needs is taken now, so a full disk fails here (one line, nothing
+        started, nothing left behind) and `publish` only fills in the pid in place."""
         started = time.time() if started is None else started
+        self._records = []
+        for fd, tmp, _final, gpu in self._tmp:
+            meta = {
+                "uuid": gpu.uuid,
+                "index": gpu.index,
+                "pid": 0,
+                "command": command[:500],
+                "started": started,
+                "mem": self.mem,
+                "job": self.job,
+                "expires": expires,
+                **({"user": self.on_behalf} if self.on_behalf else {}),
+            }
+            # Room for any pid: publish rewrites these bytes, never more.
+            raw = json.dumps(meta).encode() + b" " * PID_ROOM
+            try:
+                write_all(fd, raw)
+            except OSError as err:
+                raise UserError(
+                    f"cannot write the lease record {tmp}: {err.strerror}; nothing was started"
+                ) from None
+            self._records.append(meta)
+
+    def publish(
+        self,
+        pid: int,
+        command: Optional[str] = None,
+        started: Optional[float] = None,
+        expires: Optional[float] = None,
+    ) -> None:
+        """Name the job's pid in the metadata and move it to its final name, then let
+        other clients allocate. Without `prepare` first, prepares with `command`."""
         try:
-            for fd, tmp, final, gpu in self._tmp:
-                meta = {
-                    "uuid": gpu.uuid,
-                    "index": gpu.index,
-                    "pid": pid,
-                    "command": command[:500],
-                    "started": started,
-                    "mem": self.mem,
-                    "job": self.job,
-                    "expires": expires,
-                }
-                os.write(fd, json.dumps(meta).encode())
-                os.rename(tmp, final)
+            if self._records is None:
+                self.prepare(command or "", started, expires)
+            assert self._records is not None
+            for (fd, tmp, final, _gpu), meta in zip(self._tmp, self._records):
+                raw = json.dumps({**meta, "pid": pid}).encode()
+                size = os.fstat(fd).st_size
+                try:
+                    os.pwrite(fd, raw.ljust(size), 0)
+                    os.rename(tmp, final)
+                except OSError as err:
+                    raise UserError(
+                        f"cannot publish the lease record {final}: {err.strerror}"
+                    ) from None
                 self._final.append(final)
             self._tmp = []
+            self._records = None
         finally:
             self.drop_allocation_lock()
 
@@ -384,6 +487,7 @@ class Held:
                 os.unlink(tmp)
             remove_if_free(final)  # unique to this job; absent unless published meanwhile
         self._tmp = []
+        self._records = None
         for final in self._final:
             remove_if_free(final)
         self._final = []
@@ -409,8 +513,12 @@ def _take(ld: LeaseDir, held: Held, gpu: Any, shared: bool) -> bool:
         return False
     held.fds.append(fd)
     final = ld.join(f"{gpu.uuid}.{held.job}{HOLDER_SUFFIX}")
-    tmp = ld.join(f"{TMP_PREFIX}{gpu.uuid}.{held.job}")
-    mfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    tmp = temporary_name(final)  # swept by `sweep` if we are killed before the rename
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        mfd = os.open(tmp, flags, 0o644)
+    except OSError as err:
+        raise UserError(f"cannot create the lease record {tmp}: {err.strerror}") from None
     fcntl.flock(mfd, fcntl.LOCK_EX)
     held.fds.append(mfd)
     held._tmp.append((mfd, tmp, final, gpu))
@@ -443,8 +551,12 @@ def attempt(
     allowed: Optional[Collection[str]] = None,
     job: Optional[str] = None,
     ticket: Any = None,
+    patience: float = 0.0,
 ) -> Outcome:
     """Choose and take under the allocation lock, serving earlier waiters first.
+
+    The allocation lock is tried for `patience` seconds (it is normally held for a few
+    milliseconds); AllocationBusy, naming the holder, when it stays held.
 
     Earlier waiters are given, in order, what they would get now (as if leased); if
     one of them does not fit, nobody behind it is served (strict first come, first
@@ -456,11 +568,14 @@ def attempt(
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
-        fcntl.flock(alloc_fd, fcntl.LOCK_EX)
+        lock_within(alloc_fd, patience, ld.join(ALLOC))
         waiting: list[bool] = []
-        leases, stale = scan(ld, waiting)
+        temporaries: list[str] = []
+        leases, stale = scan(ld, waiting, temporaries)
         if stale:
             _tidy(ld, stale)
+        if temporaries:
+            sweep(ld, temporaries)
         drains = drain.list_drains()
         mine = ticket.key if ticket is not None else None
         virtual = list(leases)
@@ -491,7 +606,12 @@ def attempt(
                 return Outcome(None, choice, ahead)
             taken = []
             for gpu in choice.gpus:
-                if not _take(ld, held, gpu, shared=request.mem is not None):
+                try:
+                    took = _take(ld, held, gpu, shared=request.mem is not None)
+                except BaseException:
+                    held.release()
+                    raise
+                if not took:
                     # Locked without visible metadata (a holder killed mid-publish, or
                     # another tool): treat it as leased and choose again.
                     unknown.append(LeaseInfo(gpu.uuid, "unknown", 0, "(no metadata)", 0.0))
@@ -513,9 +633,54 @@ def attempt(
 
 
 def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
+    # Not a lease yet: the user says so, since a message shows it as "leased by ...".
     return LeaseInfo(
-        uuid, waiter.user, waiter.pid, "(next in line)", waiter.since, waiter.request.mem
+        uuid,
+        f"{waiter.user} (waiting in line)",
+        waiter.pid,
+        "(next in line)",
+        waiter.since,
+        waiter.request.mem,
     )
+
+
+class AllocationBusy(UserError):
+    """The allocation lock stayed held longer than we were willing to wait."""
+
+
+def lock_within(fd: int, patience: float, path: str) -> None:
+    """Take an exclusive flock on `fd`, polling, for at most `patience` seconds: a lock
+    held by a stopped or hostile process must not stop every client (a blocking flock
+    cannot be given a timeout)."""
+    deadline = time.monotonic() + patience
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now >= deadline:
+            raise AllocationBusy(
+                f"{path} is held by {lock_holder(fd)}; gpuwarden clients take it for "
+                "milliseconds, so that process is stopped, stuck or hostile (a directory "
+                "every user can write cannot be protected from a user who holds its locks)",
+                exit_code=EXIT_BUSY,
+            )
+        time.sleep(min(delay, deadline - now))
+        delay = min(delay * 2, 0.05)
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds the lock on `fd`, from /proc/locks (the kernel), for messages."""
+    from gpuwarden import holders
+
+    st = os.fstat(fd)
+    pids = holders.lock_pids(st.st_dev, st.st_ino)
+    if not pids:
+        return f"another process (file owner {owner_of(st.st_uid)})"
+    return ", ".join(holders.describe(pid) for pid in sorted(set(pids)))
 
 
 def describe_request(request: Any) -> str:
@@ -589,49 +754,67 @@ def acquire(
                 if ticket is not None:
                     if due:
                         last_refresh = now
-                    position, total, ahead_need = ticket.scan(check_alive=due)
+                    position, total, ahead_need = ticket.scan(check_alive=due, most=gpu_count)
                     hopeless = gpu_count is not None and ahead_need + mine > gpu_count
                     # Far back in a long line, look less often: nobody there can be
                     # served before those ahead are.
-                    slow = max(1.0, position / max(1, gpu_count or 1))
+                    slow = min(10.0, max(1.0, position / max(1, gpu_count or 1)))
                 if not hopeless:
                     snap = snapshot()
                     gpu_count = len(snap.gpus) if allowed is None else len(allowed)
-                    out = attempt(ld, request, snap, allowed=allowed, job=job, ticket=ticket)
-                    if out.held is not None:
-                        return out.held
-                    choice = out.choice
-                    if choice.never_fits:
-                        raise UserError(choice.error)
-                    reason = choice.error or ""
-                    if out.blocked_by is not None:
-                        w = out.blocked_by
-                        reason = (
-                            f"first in line: {w.user} pid {w.pid} ({describe_request(w.request)})"
+                    left = 1.0 if timeout is None else max(0.0, timeout - (now - start))
+                    patience = min(1.0, left) if wait else ALLOC_PATIENCE
+                    try:
+                        out = attempt(
+                            ld,
+                            request,
+                            snap,
+                            allowed=allowed,
+                            job=job,
+                            ticket=ticket,
+                            patience=patience,
                         )
-                    if not wait:
+                    except AllocationBusy as err:
+                        if not wait:
+                            raise
+                        out, reason = None, str(err)
+                    if out is not None and out.held is not None:
+                        return out.held
+                    if out is not None:
+                        choice = out.choice
+                        if choice.never_fits:
+                            raise UserError(choice.error)
+                        reason = choice.error or ""
                         if out.blocked_by is not None:
-                            reason = f"requests waiting in line come first; {reason}"
-                        raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
+                            w = out.blocked_by
+                            reason = (
+                                f"first in line: {w.user} pid {w.pid} "
+                                f"({describe_request(w.request)})"
+                            )
+                        if not wait:
+                            if out.blocked_by is not None:
+                                reason = f"requests waiting in line come first; {reason}"
+                            raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
                     if ticket is None:
                         from gpuwarden import waitline
 
                         ticket = waitline.join(ld, request, allowed, mine)
                         last_seen = os.stat(ld.path).st_mtime_ns
                         last_refresh = now
-                        position, total, _ = ticket.scan(check_alive=False)
+                        position, total, _ = ticket.scan(check_alive=True)
                 elif not reason:
                     reason = "the waiters ahead need every GPU"
                 if on_wait is not None:
                     on_wait(position, total, reason, now - start)
             elapsed = time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
+                why = f" ({reason})" if reason else ""
                 raise UserError(
                     f"timed out after {format_span(timeout)} waiting for "
-                    f"{describe_request(request)}",
+                    f"{describe_request(request)}{why}",
                     exit_code=EXIT_BUSY,
                 )
-            time.sleep(poll * min(slow, 10.0))
+            time.sleep(poll * slow)
     finally:
         if ticket is not None:
             ticket.leave()

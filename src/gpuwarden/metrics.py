@@ -48,6 +48,7 @@ class View:
     scrape_errors: int = 0
     read_seconds: float = 0.0
     nvml_up: bool = True
+    queue: Optional[Mapping[str, Any]] = None  # the queue service's `stats`; None: no service
 
 
 def held(gpu: Gpu, leased: bool) -> bool:
@@ -338,6 +339,9 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             value=view.read_seconds,
         )
     )
+    from gpuwarden.queuemetrics import families as queue_families
+
+    out += queue_families(view.queue, host)
     if dcgm_compat:
         out += dcgm_families(view)
     return out

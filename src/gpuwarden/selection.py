@@ -1,10 +1,14 @@
 """Which GPUs a request gets: filters, then ranking — a pure function over data.
 
-`choose()` reads a `Snapshot`, the held leases and the drains, and returns a
-`Choice`; it never touches NVML, files or the clock, so `run`, `reserve`,
-`select`, the wait queue and the Python API all share one policy that can be
-tested exhaustively (tests/test_select_properties.py fuzzes its invariants).
-docs/selection.md is the user-facing account of the same rules.
+`choose()` reads a `Snapshot`, the held leases, the drains and the health
+findings, and returns a `Choice`; it never touches NVML or the clock, so `run`,
+`reserve`, `select`, the wait queue and the Python API all share one policy that
+can be tested exhaustively (tests/test_select_properties.py fuzzes its
+invariants). The one file it reads, when the caller does not pass the findings,
+is the XID log, through `health.judge_all`: the same judgement `status` shows, so
+a GPU `status` calls FATAL is never handed out (an XID exists only as a recorded
+event; judging the snapshot alone would miss it). docs/selection.md is the
+user-facing account of the same rules.
 
 Two kinds of "no": a GPU that can never serve this request on this machine
 (outside the allowed set, excluded, unhealthy, drained, wrong model or
@@ -22,6 +26,7 @@ from dataclasses import field
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.mig import devices, is_mig
 from gpuwarden.records import record
 from gpuwarden.units import format_size
 
@@ -31,6 +36,9 @@ if TYPE_CHECKING:
 
 # Kinds of "can never serve", used to word the never-fits message.
 _SCOPE, _HEALTH, _FILTER = "scope", "health", "filter"
+# How a GPU someone else computes on is passed over, and how to accept one anyway.
+_BUSY = "busy: "
+_BUSY_HINT = "an exclusive lease avoids GPUs others compute on: --max-util or --gpus accepts them"
 
 
 @record
@@ -92,10 +100,16 @@ class Choice:
         return self.error is None
 
 
-def resolve_ids(snapshot: Snapshot, ids: Iterable[str]) -> tuple[Gpu, ...]:
+def resolve_ids(
+    snapshot: Snapshot, ids: Iterable[str], mig: Optional[str] = None
+) -> tuple[Gpu, ...]:
     """GPUs named by nvidia-smi indices or UUID prefixes (with or without `GPU-`, any
     case), in the order given, duplicates dropped. An unknown or ambiguous ID raises
-    UserError naming it."""
+    UserError naming it. `mig` says what a GPU in MIG mode stands for: None, the GPU
+    itself (as `drain` names GPUs); "devices", its MIG devices one by one (`MIG-`
+    prefixes; the GPU named as a whole is refused, naming them: the GPUs a job may be
+    given); "expand", all its MIG devices (for --exclude)."""
+    units = devices(snapshot) if mig else ()
     found: list[Gpu] = []
     for raw in ids:
         text = str(raw).strip()
@@ -107,7 +121,7 @@ def resolve_ids(snapshot: Snapshot, ids: Iterable[str]) -> tuple[Gpu, ...]:
             low = text.lower()
             matches = [
                 g
-                for g in snapshot.gpus
+                for g in (*snapshot.gpus, *(u for u in units if is_mig(u)))
                 if g.uuid.lower().startswith(low) or g.uuid.lower().startswith("gpu-" + low)
             ]
         if not matches:
@@ -115,8 +129,18 @@ def resolve_ids(snapshot: Snapshot, ids: Iterable[str]) -> tuple[Gpu, ...]:
         if len(matches) > 1:
             listed = ", ".join(f"GPU {g.index} ({g.uuid})" for g in matches[:4])
             raise UserError(f"GPU ID {text!r} is ambiguous: it matches {listed}")
-        if matches[0] not in found:
-            found.append(matches[0])
+        match = matches[0]
+        if match.mig_mode and mig == "expand":
+            found.extend(u for u in units if u.index == match.index and u not in found)
+            continue
+        if match.mig_mode and mig == "devices":
+            slices = ", ".join(f"{m.uuid} ({m.name or 'n/a'})" for m in match.mig_instances)
+            raise UserError(
+                f"GPU {match.index} is in MIG mode: CUDA cannot use it as a whole; name one "
+                f"of its MIG devices instead: {slices or 'it has none'}"
+            )
+        if match not in found:
+            found.append(match)
     return tuple(found)
 
 
@@ -166,19 +190,30 @@ def choose(
     leases: Sequence[Any] = (),
     drains: Union[Mapping[str, Any], Iterable[Any], None] = None,
     allowed: Optional[Collection[str]] = None,
+    health: Optional[Mapping[str, Sequence[Any]]] = None,
 ) -> Choice:
     """Pick `request.count` GPUs. `leases` are `LeaseInfo`s held now, `drains` the
     `Drain`s by UUID (or a list), `allowed` the UUIDs a parent CUDA_VISIBLE_DEVICES
-    leaves visible (None = all). Bad IDs in the request raise UserError; "does not
-    fit" is reported in the Choice, not raised."""
-    from gpuwarden.health import FATAL, WARNING, judge
+    leaves visible (None = all), `health` the `health.Finding`s by UUID as
+    `health.judge_all` gives them (None = judged now by that same function, with the
+    recorded XIDs and the configured fatal list). Bad IDs in the request raise
+    UserError; "does not fit" is reported in the Choice, not raised."""
+    from gpuwarden.health import FATAL, WARNING, judge, judge_all
 
-    named = resolve_ids(snapshot, request.gpus) if request.gpus else None
-    excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude)}
+    named = resolve_ids(snapshot, request.gpus, "devices") if request.gpus else None
+    excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, "expand")}
     count = request.count if request.count is not None else (len(named) if named else 1)
     if count < 0:
         raise UserError(f"invalid GPU count {count}: expected 0 or more")
     allowed_set = None if allowed is None else set(allowed)
+    # A GPU in MIG mode is chosen by MIG device; health, drains and whole-GPU leases
+    # are the parent GPU's.
+    parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
+    physical = snapshot
+    if parent:
+        from dataclasses import replace
+
+        snapshot = replace(snapshot, gpus=devices(snapshot))
     drain_by_uuid = _drain_map(drains)
     leases_on: dict[str, list[Any]] = {}
     for lease in leases:
@@ -196,20 +231,34 @@ def choose(
 
     never: dict[str, tuple[str, str]] = {}  # uuid -> (kind, reason)
     busy: dict[str, str] = {}
-    warned: set[str] = set()
+    warned: dict[str, str] = {}  # uuid -> its health warnings
     room: dict[str, float] = {}  # free bytes as far as this request is concerned
+    if health is None:
+        health = judge_all(physical.gpus)
+    by_uuid = {g.uuid: g for g in physical.gpus}
     for gpu in snapshot.gpus:
-        findings = judge(gpu)
+        own = parent.get(gpu.uuid, gpu.uuid)
+        findings = health[own] if own in health else judge(by_uuid.get(own, gpu))
         fatal = [f.reason for f in findings if f.level == FATAL]
-        if any(f.level == WARNING for f in findings):
-            warned.add(gpu.uuid)
-        reason = _never_reason(
-            gpu, request, allowed_set, named_uuids, excluded, fatal, drain_by_uuid.get(gpu.uuid)
-        )
+        warnings = [f.reason for f in findings if f.level == WARNING]
+        if warnings:
+            warned[gpu.uuid] = "; ".join(warnings)
+        drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
+        reason = _never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
+        if not reason and gpu.mig_mode:
+            reason = _FILTER, "MIG mode is on but it has no MIG device: CUDA cannot use it"
+        if not reason and count > 1 and is_mig(gpu):
+            reason = _FILTER, "MIG device: CUDA shows a process one MIG device only"
         if reason:
             never[gpu.uuid] = reason
             continue
-        reason, free = _busy_reason(gpu, request, leases_on.get(gpu.uuid, []), lease_pids)
+        reason, free = _busy_reason(
+            gpu,
+            request,
+            leases_on.get(gpu.uuid, []) + (leases_on.get(own, []) if own != gpu.uuid else []),
+            lease_pids,
+            named_uuids is not None,
+        )
         if reason:
             busy[gpu.uuid] = reason
         else:
@@ -244,6 +293,8 @@ def choose(
             )
         reasons = _some(snapshot, busy)
         error = f"asked for {_plural(count)} but {_only(len(candidates))} free now ({reasons})"
+        if any(r.startswith(_BUSY) for r in busy.values()):
+            error += f"; {_BUSY_HINT}"
         return Choice((), passed, error, False)
 
     chosen = _best_set(snapshot, candidates, count, warned, request.keep_first_last)
@@ -251,7 +302,9 @@ def choose(
     for g in candidates:
         if g.uuid in chosen_uuids:
             continue
-        if request.keep_first_last and g.index == 0:
+        if g.uuid in warned:
+            passed[g.uuid] = f"ranked after GPUs without health warnings ({warned[g.uuid]})"
+        elif request.keep_first_last and g.index == 0:
             passed[g.uuid] = "kept for last (GPU 0 often drives a display)"
         else:
             util = "n/a" if g.utilization_gpu is None else _pct(g.utilization_gpu)
@@ -304,10 +357,10 @@ def _never_reason(
 
 
 def _busy_reason(
-    gpu: Gpu, request: Request, leases: list[Any], lease_pids: set[int]
+    gpu: Gpu, request: Request, leases: list[Any], lease_pids: set[int], named: bool = False
 ) -> tuple[Optional[str], float]:
     """Why the GPU cannot serve the request now (None if it can), and the free memory
-    it offers this request (for ranking)."""
+    it offers this request (for ranking). `named`: the request names this GPU."""
     free = float(gpu.memory_free) if gpu.memory_free is not None else 0.0
     exclusive = [lease for lease in leases if lease.mem is None]
     blocking = leases if request.mem is None else exclusive
@@ -316,16 +369,18 @@ def _busy_reason(
         kind = "" if lease.mem is None else f" (shared, {format_size(lease.mem)})"
         more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
         return f"leased by {lease.user} pid {lease.pid}{kind}{more}", free
-    if request.mem is None and request.min_free is None and request.max_util is None:
-        # With no thresholds, an exclusive request wants an idle GPU: a colleague's
-        # plain `python train.py` (no lease) is respected, not crowded.
-        compute = [p for p in gpu.processes if p.kind == "compute"]
+    if request.mem is None and request.max_util is None and not named:
+        # An exclusive lease does not land on a GPU someone else computes on (a
+        # colleague's plain `python train.py`, no lease), however much memory is
+        # free: `--min-free` only narrows the idle GPUs. Asking for it is explicit:
+        # name the GPU (--gpus), accept a load (--max-util) or take a share (--mem).
+        compute = [p for p in gpu.processes if p.kind == "compute" and p.pid not in lease_pids]
         if compute:
             p = compute[0]
             who = f" ({p.user})" if p.user else ""
             more = f" and {len(compute) - 1} more" if len(compute) > 1 else ""
             return (
-                f"busy: pid {p.pid}{who} uses {format_size(p.used_memory)}{more}",
+                f"{_BUSY}pid {p.pid}{who} uses {format_size(p.used_memory)}{more}",
                 free,
             )
     if request.mem is not None:
@@ -352,9 +407,11 @@ def _busy_reason(
                 f"only {format_size(gpu.memory_free)} free < {format_size(request.min_free)}",
                 free,
             )
-    if request.max_util is not None:
+    if request.max_util is not None and request.max_util < 100:
+        # At most 100% is every GPU, whether or not its utilization can be read.
         if gpu.utilization_gpu is None:
-            return f"utilization n/a (asked for at most {_pct(request.max_util)})", free
+            why = " (NVML gives none per MIG device)" if is_mig(gpu) else ""
+            return f"utilization n/a{why} (asked for at most {_pct(request.max_util)})", free
         if gpu.utilization_gpu > request.max_util:
             return f"util {_pct(gpu.utilization_gpu)} > {_pct(request.max_util)}", free
     return None, free
@@ -419,7 +476,7 @@ def _best_set(
     snapshot: Snapshot,
     ranked: list[Gpu],
     count: int,
-    warned: set[str],
+    warned: Collection[str],
     keep_first_last: bool,
 ) -> list[Gpu]:
     """The best `count` GPUs among `ranked` (best first): fewest health warnings, one

@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("config", "show each effective setting and where it came from"),
     "doctor": ("doctor", "find driver, CUDA, PyTorch and environment problems"),
     "health": ("health", "judge each GPU's health (XID, ECC, lost, throttling)"),
+    "enforce": ("enforce", "apply the [enforce] policies: memory over-use, unleased use, idle"),
     "exporter": ("exporter", "serve Prometheus metrics for GPUs, users and leases"),
     "web": ("web", "serve a live web page of the GPUs, leases, queue and faults"),
     "record": ("record", "append per-GPU samples to a CSV file"),
@@ -57,6 +58,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "unhold": ("hold", "let held jobs start again (queue service)"),
     "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
     "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
+    "submit": ("submit", "hand a job to Slurm (--slurm): the same request as `run`"),
+    "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
+    "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
+    "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
+    "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
+    "service": ("service", "install, remove or check the queue service (admins)"),
 }
 
 

@@ -68,7 +68,25 @@ def _quote(value: str) -> str:
     return shlex.quote(value)
 
 
-def _holder(held: Any, ready_fd: int, until: Any) -> None:
+def boottime() -> float:
+    """Seconds on a clock that never steps (CLOCK_BOOTTIME: it also counts suspend, so
+    `--for 4h` ends 4 h later however the wall clock is set meanwhile)."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
+
+
+def hold_for(seconds: Any, sleep: Any = time.sleep) -> None:
+    """Return after `seconds` on the boot clock (never, for None). Stepping the wall
+    clock back or forth does not change when it returns."""
+    deadline = None if seconds is None else boottime() + seconds
+    while True:
+        left = None if deadline is None else deadline - boottime()
+        if left is not None and left <= 0:
+            return
+        sleep(3600 if left is None else min(left, 3600))
+
+
+def _holder(held: Any, ready_fd: int, seconds: Any) -> None:
     """The background holder: keeps the lease descriptors open until told to stop or the
     reservation runs out. Never returns."""
     code = 0
@@ -87,11 +105,7 @@ def _holder(held: Any, ready_fd: int, until: Any) -> None:
             signal.signal(signum, stop)
         os.write(ready_fd, b"ok")
         os.close(ready_fd)
-        while True:
-            left = None if until is None else until - time.time()
-            if left is not None and left <= 0:
-                break
-            time.sleep(3600 if left is None else min(left, 3600))
+        hold_for(seconds)
     except SystemExit:
         pass
     except BaseException:
@@ -109,34 +123,44 @@ def reserve(args: argparse.Namespace) -> int:
     conf, request = request_of(args)
     if request.count == 0:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
-    until = None
+    until = seconds = None
     if args.duration is not None:
         from gpuwarden.config import parse_duration
 
         seconds = parse_duration(args.duration)
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
-        until = time.time() + seconds
+        until = time.time() + seconds  # shown to others; the holder times itself by boottime
     machine = Machine(topology=request.gpu_count > 1)
     allowed = launch.allowed_uuids(machine.first)
     held = take(
         "reserve", conf, request, machine, allowed, RESERVATION_PREFIX + os.urandom(4).hex()
     )
+    pid = 0
     try:
+        what = COMMAND + (f" --for {args.duration}" if args.duration else "")
+        held.prepare(what, expires=until)  # a full disk fails here, before any holder
         read_end, write_end = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             os.close(read_end)
-            _holder(held, write_end, until)
+            _holder(held, write_end, seconds)
         os.close(write_end)
         ok = os.read(read_end, 2) == b"ok"
         os.close(read_end)
         if not ok:
             raise UserError("the reservation holder could not start")
-        what = COMMAND + (f" --for {args.duration}" if args.duration else "")
-        held.publish(pid, what, expires=until)
+        held.publish(pid)
+    except BaseException:
+        if pid:  # our own child: no holder may outlive a reservation nobody can see
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        held.release()
+        raise
     finally:
         held.close()  # our copies; the holder keeps its own
     use_uuid = conf.get("run.id_format") == "uuid"
@@ -146,17 +170,20 @@ def reserve(args: argparse.Namespace) -> int:
         if name in env:
             print(f"export {name}={_quote(env[name])}")
     ids = ",".join(str(g.index) for g in held.gpus)
-    end = (
-        "until released"
-        if until is None
-        else "until " + time.strftime("%H:%M", time.localtime(until))
-    )
+    end = "until released" if until is None else "until " + _when(until)
     print(
         f"gpuwarden reserve: holding GPU {ids} {end} (reservation {held.job}, holder pid {pid}); "
         "end it with `gpuwarden release`",
         file=sys.stderr,
     )
     return 0
+
+
+def _when(at: float) -> str:
+    """A local time to read at a glance: the clock time today, with the date otherwise."""
+    local = time.localtime(at)
+    same_day = time.localtime()[:3] == local[:3]
+    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", local)
 
 
 def _mine(leases: list[Any]) -> dict[str, list[Any]]:
@@ -174,7 +201,9 @@ def release(args: argparse.Namespace) -> int:
     import gpuwarden.leases as lease
 
     leases = lease.list_leases()
-    wanted = args.id or os.environ.get("GPUWARDEN_RESERVATION")
+    wanted = args.id if args.id is not None else os.environ.get("GPUWARDEN_RESERVATION")
+    if wanted is not None and not wanted.strip():
+        raise UserError("empty reservation ID: name one (see `gpuwarden status`) or give none")
     if wanted is None:
         mine = _mine(leases)
         if not mine:
@@ -182,17 +211,24 @@ def release(args: argparse.Namespace) -> int:
         if len(mine) > 1:
             raise UserError("you hold several reservations; name one: " + ", ".join(sorted(mine)))
         wanted = next(iter(mine))
-    found = [i for i in leases if i.job == wanted]
+    from gpuwarden.safefiles import printable
+
+    found = [i for i in leases if i.job == wanted and i.pid > 0]
     if not found:
-        raise UserError(f"no reservation {wanted!r} is held (it may have ended or expired)")
+        raise UserError(
+            f"no reservation {printable(repr(wanted))} is held (it may have ended or expired)"
+        )
     from gpuwarden.paths import user_name
 
     me = user_name(os.geteuid())
     if found[0].user != me and os.geteuid() != 0:
         raise UserError(f"reservation {wanted} belongs to {found[0].user}, not to {me}")
-    pid = found[0].pid
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    target = _prove_holder(found[0])
+    pid = target.pid
+    try:
+        target.send(signal.SIGTERM)
+    finally:
+        target.close()
     deadline = time.monotonic() + 5
     while any(i.job == wanted for i in lease.list_leases()):
         if time.monotonic() > deadline:
@@ -203,3 +239,26 @@ def release(args: argparse.Namespace) -> int:
     ids = ",".join(str(i.index) for i in found if i.index is not None)
     print(f"gpuwarden release: released GPU {ids} (reservation {wanted})", file=sys.stderr)
     return 0
+
+
+def _prove_holder(info: Any) -> Any:
+    """The reservation's holder, proven by the kernel: the pid in the lease record is
+    only a claim (anyone can write that file), so it is signalled only when that process
+    holds the record open and the caller may signal it (holders.prove)."""
+    import gpuwarden.leases as lease
+    from gpuwarden import holders
+    from gpuwarden.config import lease_location
+    from gpuwarden.safefiles import open_regular
+
+    path = os.path.join(lease_location(), f"{info.uuid}.{info.job}{lease.HOLDER_SUFFIX}")
+    try:
+        fd, st = open_regular(path, what="lease record")
+    except (OSError, UserError) as err:
+        raise UserError(f"reservation {info.job}: cannot open its record: {err}") from None
+    os.close(fd)
+    target, why = holders.prove(info.pid, st)
+    if target is None:
+        raise UserError(
+            f"reservation {info.job}: not signalling pid {info.pid}: {why}; nothing was done"
+        )
+    return target

@@ -8,6 +8,7 @@ that can never fit on this machine; 75 when nothing fits now (without
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -58,6 +59,14 @@ def add_arguments(parser: Parser) -> None:
         type=int,
         help="--ddp ranks on the CPU (gloo); implies --cpu without -g/--gpus",
     )
+    slurm = parser.add_argument_group("Slurm (docs/slurm.md)")
+    slurm.add_argument("--slurm", action="store_true", help="run it as a Slurm job, via srun")
+    slurm.add_argument("--nodes", metavar="K", help="with --slurm: this many nodes")
+    slurm.add_argument(
+        "--time", metavar="T", help="time limit, with the queue service or --slurm (90s, 4h)"
+    )
+    slurm.add_argument("--constraint", metavar="FEATURES", help="with --slurm: node features")
+    slurm.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
     parser.add_argument("cmd", nargs=REMAINDER, help="the command, after --")
 
 
@@ -215,12 +224,13 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
     import gpuwarden.leases as lease
     from gpuwarden import drain, waitline
     from gpuwarden.launch import export_value
+    from gpuwarden.mig import devices, label
     from gpuwarden.selection import choose
 
     ld = lease.open_dir()
     choice = choose(snapshot, request, lease.scan(ld)[0], drain.list_drains(), allowed)
     waiting = waitline.read_line(ld)
-    by_uuid = {g.uuid: g for g in snapshot.gpus}
+    by_uuid = {g.uuid: g for g in devices(snapshot)}
     if choice.ok:
         names = ", ".join(f"GPU {g.index} ({g.name or 'n/a'}, {g.uuid})" for g in choice.gpus)
         print(f"would use {names or 'no GPU'}")
@@ -229,8 +239,9 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
         print(f"would not start now: {choice.error}")
     if waiting:
         print(f"  {len(waiting)} request(s) waiting in line would be served first")
-    for uuid, reason in sorted(choice.passed_over.items(), key=lambda kv: by_uuid[kv[0]].index):
-        print(f"  GPU {by_uuid[uuid].index}: {reason}")
+    order = list(by_uuid)
+    for uuid, reason in sorted(choice.passed_over.items(), key=lambda kv: order.index(kv[0])):
+        print(f"  {label(by_uuid[uuid])}: {reason}")
     if choice.ok:
         return 0
     return 2 if choice.never_fits else lease.EXIT_BUSY
@@ -292,18 +303,44 @@ def run(args: argparse.Namespace) -> int:
     nothing; see gpuwarden.cli.oneshot), then wait for the job with it back on."""
     from gpuwarden.cli.oneshot import one_shot
 
-    with one_shot() as resume:
-        started, held = _start(args, resume)
-    if isinstance(started, int):
-        return started
+    if args.slurm:
+        from gpuwarden.cli.submit import run_attached
+
+        return run_attached(args)
+    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
-        return started.wait()
+        with one_shot() as resume:
+            started, held = _start(args, resume, isolation)
+        if isinstance(started, int):
+            return started
+        try:
+            return started.wait()
+        finally:
+            if held is not None:
+                held.release()
     finally:
-        if held is not None:
-            held.release()
+        for cgroup in isolation:
+            cgroup.close()
 
 
-def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, Any]:
+def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: list[str]) -> int:
+    """With a queue service on this machine, the service leases the GPUs and starts the
+    job, as us and on our terminal (docs/service.md): no user who holds the shared lock
+    files can block it, and it takes its turn by priority and fair share."""
+    from gpuwarden import launch
+    from gpuwarden.service.client import job_fields, run_attached
+    from gpuwarden.units import parse_duration
+
+    argv = launch.ddp_argv(cmd, request.gpu_count) if args.ddp else cmd
+    limit = None if args.time is None else parse_duration(args.time)
+    fields = job_fields(request, argv, time_limit=limit)
+    fields["wait"] = bool(conf.get("run.wait"))
+    return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))
+
+
+def _start(
+    args: argparse.Namespace, resume: Callable[[], None], isolation: list[Any]
+) -> tuple[Any, Any]:
     """(the started job, or the exit code when none was started; the lease held for it,
     or None)."""
     from gpuwarden import launch
@@ -327,7 +364,20 @@ def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, A
                 "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
             )
         return _start_on_cpu(args, cmd), None
+    service = conf.get("service.socket")
+    if not args.dry_run and "GPUWARDEN_JOB" not in os.environ and os.path.exists(service):
+        return _through_service(args, conf, request, cmd), None
+    if args.time is not None:
+        raise UserError(
+            f"--time needs the queue service (none answers at {service}) or --slurm; "
+            "without them a job runs until it ends"
+        )
 
+    devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
+    if not args.dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
+        from gpuwarden.cgroups import isolate
+
+        isolation.extend(isolate(devices))
     machine = Machine(topology=request.gpu_count > 1)
     if not machine.first.gpus and machine.first.error and _gpus_unspecified(args, conf):
         # The same command on a laptop and on the server: with no NVIDIA driver and no
@@ -361,9 +411,24 @@ def _start(args: argparse.Namespace, resume: Callable[[], None]) -> tuple[Any, A
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        for cgroup in isolation:
+            from gpuwarden.cgroups import confine
+
+            confine(cgroup, held.gpus, machine.first.gpus, devices)
+        held.prepare(launch.command_text(cmd))  # a full disk fails here, before the job
         job = launch.start(argv, env, held.fds)
-        held.publish(job.pid, launch.command_text(cmd))
     except BaseException:
+        held.release()
+        raise
+    try:
+        held.publish(job.pid)
+    except BaseException:
+        # A job must never run under a lease others cannot see: stop it.
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
         held.release()
         raise
     return job, held

@@ -1,4 +1,4 @@
-"""`gpuwarden select -n N [filters]`: print the IDs of GPUs that fit, without reserving them.
+"""`gpuwarden select -g N [filters]`: print the IDs of GPUs that fit, without reserving them.
 
 For scripts in the style of `CUDA_VISIBLE_DEVICES=$(nvisel -n 1) python train.py`.
 Nothing is held, so another job may take the same GPUs a moment later; stderr
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: Parser) -> None:
-    parser.add_argument("-n", "--count", metavar="N", help="how many GPUs (default 1)")
+    parser.add_argument("-g", "-n", "--count", metavar="N", help="how many GPUs (default 1)")
     filters.add_filters(parser)
     parser.add_argument("--uuid", action="store_true", help="print UUIDs instead of indices")
     parser.add_argument(
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.drain import list_drains
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.launch import allowed_uuids
+    from gpuwarden.launch import allowed_uuids, export_value
     from gpuwarden.leases import EXIT_BUSY, list_leases
     from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size
@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
         allowed,
     )
     if args.explain:
-        for gpu in snapshot.gpus:
+        from gpuwarden.mig import devices
+
+        for gpu in devices(snapshot):
             if any(g.uuid == gpu.uuid for g in choice.gpus):
                 why = f"chosen ({format_size(gpu.memory_free)} free)"
             else:
@@ -61,11 +63,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"GPU {gpu.index} {gpu.uuid}: {why}", file=sys.stderr)
     if choice.error:
         raise UserError(choice.error, exit_code=None if choice.never_fits else EXIT_BUSY)
-    ids = [
-        g.uuid if args.uuid or cfg.get("run.id_format") == "uuid" else str(g.index)
-        for g in choice.gpus
-    ]
-    print(",".join(ids))
+    print(export_value(choice.gpus, bool(args.uuid or cfg.get("run.id_format") == "uuid")))
     if not args.quiet:
         print(
             "gpuwarden select: not reserved; another job may take these GPUs "

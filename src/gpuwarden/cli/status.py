@@ -34,9 +34,16 @@ def add_arguments(parser: Parser) -> None:
         help="refresh every SECONDS (default 2) until Ctrl-C: in place on a terminal, "
         "else one plain frame after another",
     )
+    parser.add_argument(
+        "--user",
+        metavar="NAME",
+        help="only the GPUs, processes and leases of this user",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.user is not None:
+        _check_user(args.user)
     if args.watch is not None:
         if not 0 < args.watch <= 86400:  # also NaN; time.sleep(inf) raises OverflowError
             from gpuwarden.errors import UserError
@@ -48,8 +55,55 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.cli.oneshot import one_shot
 
     with one_shot():
-        print(render(collect(), as_json=args.json))
+        print(render(gather(args.user), as_json=args.json))
     return 0
+
+
+def _check_user(name: str) -> None:
+    from gpuwarden.errors import UserError
+
+    if not name or len(name) > 256 or any(c.isspace() or not c.isprintable() for c in name):
+        raise UserError(f"--user needs a user name, got {name!r}")
+
+
+def gather(user: Optional[str] = None) -> dict[str, Any]:
+    """`collect()`, narrowed to one user when `user` is given. A name that is neither an
+    account here nor seen on any GPU or lease is one line, not an empty table."""
+    data = collect()
+    if user is None:
+        return data
+    mine = for_user(data, user)
+    if not mine["snapshot"].gpus and not _is_account(user):
+        from gpuwarden.errors import UserError
+
+        raise UserError(f"no user {user!r} on this machine, and nothing runs under that name")
+    return mine
+
+
+def _is_account(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return name.isdigit()  # processes of an account without a name show its uid
+    return True
+
+
+def for_user(data: dict[str, Any], user: str) -> dict[str, Any]:
+    """Only `user`'s part of `data`: the GPUs they lease or run a process on, with only
+    their processes and leases (what others hold there stays counted in the memory)."""
+    from dataclasses import replace
+
+    snap: Snapshot = data["snapshot"]
+    leases = [x for x in data["leases"] if isinstance(x, Exception) or x.user == user]
+    leased = {x.uuid for x in leases if not isinstance(x, Exception)}
+    gpus = []
+    for g in snap.gpus:
+        theirs = tuple(p for p in g.processes if p.user == user)
+        if theirs or g.uuid in leased:
+            gpus.append(replace(g, processes=theirs))
+    return {**data, "snapshot": replace(snap, gpus=tuple(gpus)), "leases": leases, "user": user}
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -60,7 +114,7 @@ def _watch(args: argparse.Namespace) -> int:
     terminal = sys.stdout.isatty()
     try:
         while True:
-            data = collect()
+            data = gather(args.user)
             if terminal:
                 text = render(data, as_json=args.json)
                 stamp = time.strftime("%H:%M:%S")
@@ -179,6 +233,8 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
                         "pid": x.pid,
                         "command": x.command,
                         "started": x.started,
+                        "age": max(0.0, snap.taken_at - x.started),
+                        "expires": x.expires,
                         "mem": x.mem,
                         "job": x.job,
                     }
@@ -196,6 +252,7 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
         "cuda_driver_version": dotted(snap.cuda_driver_version),
         "nvml_version": snap.nvml_version,
         "error": snap.error,
+        "user": data.get("user"),
         "cuda_visible_devices": getattr(view, "value", None),
         "cuda_device_order": getattr(view, "device_order", None),
         "warnings": list(getattr(view, "warnings", ())) + list(getattr(view, "problems", ())),
@@ -247,6 +304,8 @@ def to_text(data: dict[str, Any]) -> str:
     from gpuwarden.units import format_size
 
     snap: Snapshot = data["snapshot"]
+    if not snap.gpus and data.get("user") is not None and not snap.error:
+        return f"{data['user']} holds no GPU, process or lease here"
     if not snap.gpus:
         return snap.error or "no GPUs found"
     view = data["visible"]
@@ -342,7 +401,40 @@ def to_text(data: dict[str, Any]) -> str:
         lines.append(f"CUDA_VISIBLE_DEVICES={value!r} (CUDA column: the index a CUDA program sees)")
     for text in list(getattr(view, "problems", ())) + list(getattr(view, "warnings", ())):
         lines.append(f"warning: {text}")
+    held_rows = _lease_rows(snap, [x for g in snap.gpus for x in leases.get(g.uuid, [])])
+    if held_rows:
+        lines.append("")
+        lines.append(
+            table(
+                ["LEASE", "USER", "JOB", "PID", "AGE", "EXPIRES", "COMMAND"],
+                held_rows,
+                right=[3, 4],
+            )
+        )
     if lease_error:
         lines.append(f"warning: cannot read leases: {lease_error}")
     lines.extend(notes)
     return "\n".join(lines)
+
+
+def _lease_rows(snap: Snapshot, held: list[Any]) -> list[list[str]]:
+    """One row per lease: `GPU n` (with `shared` for a declared-memory lease), its job
+    id, user, age and when it expires (`with job`: it ends when its process tree does)."""
+    from gpuwarden.leases import format_span
+    from gpuwarden.units import format_size
+
+    index = {g.uuid: g.index for g in snap.gpus}
+    rows = []
+    for x in held:
+        gpu = f"GPU {index.get(x.uuid, '?')}"
+        if x.mem is not None:
+            gpu += f" shared {format_size(x.mem)}"
+        if x.expires is None:
+            expires = "with job"
+        elif x.expires <= snap.taken_at:
+            expires = "now"
+        else:
+            expires = "in " + format_span(x.expires - snap.taken_at)
+        age = format_span(max(0.0, snap.taken_at - x.started))
+        rows.append([gpu, x.user, x.job or "-", str(x.pid), age, expires, x.command or "-"])
+    return rows

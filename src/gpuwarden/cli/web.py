@@ -27,6 +27,12 @@ def add_arguments(parser: Parser) -> None:
         help="show processes' command lines (web.show_commands; hidden by default)",
     )
     parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the queue service's socket to show (service.socket); the page asks it as "
+        "the user running `gpuwarden web`: run it as an unprivileged user",
+    )
+    parser.add_argument(
         "--no-watch",
         action="store_true",
         help="do not run the health watch (no XID listener, no automatic drains)",
@@ -63,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
     except UserError as err:
         _warn(f"{err}; using the built-in health rules")
         rules = None
-    feed = Feed(interval=interval, show_commands=bool(config.get("web.show_commands")), rules=rules)
+    feed = Feed(
+        interval=interval,
+        show_commands=bool(config.get("web.show_commands")),
+        rules=rules,
+        service=str(args.socket or config.get("service.socket")),
+    )
     if args.once:
         print(json.dumps(feed.document(), indent=2))
         return 0

@@ -83,6 +83,11 @@ class Facts:
     # Whether other users' gpuwarden jobs use the same lease directory (sticky and
     # world-writable, like /var/lib/gpuwarden/leases); None when it could not be told.
     lease_dir_shared: Optional[bool] = None
+    # (mode, why): the device isolation `gpuwarden run` gets here (gpuwarden.cgroups.judge).
+    enforcement: Optional[tuple[str, str]] = None
+    # What `gpuwarden.service.probe.probe()` found at the service's socket (running,
+    # problem, versions, who we are to it); None when it was not asked.
+    service: Optional[Mapping[str, Any]] = None
 
 
 # -- torch, without importing it --------------------------------------------------------
@@ -291,6 +296,17 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     return path, bool(mode & stat.S_ISVTX and mode & stat.S_IWOTH)
 
 
+def read_service() -> Optional[Mapping[str, Any]]:
+    """Whether a queue service answers here, and to this user (never raises: a doctor
+    with a broken service to report must still report everything else)."""
+    try:
+        from gpuwarden.service.probe import probe
+
+        return probe()
+    except Exception:
+        return None
+
+
 def initial_environ() -> Optional[dict[str, str]]:
     """The environment this process was started with (Linux /proc), to see later changes."""
     try:
@@ -339,6 +355,7 @@ def gather(
     snap = snapshot if snapshot is not None else read_machine()
     drains = read_drains()
     lease_dir, lease_dir_shared = read_lease_dir()
+    service = read_service()
     if proc is not None:
         build = finish_probe(build, proc)
     build = table_archs(build)
@@ -356,7 +373,22 @@ def gather(
         user=_user_name(),
         lease_dir=lease_dir,
         lease_dir_shared=lease_dir_shared,
+        enforcement=read_enforcement(),
+        service=service,
     )
+
+
+def read_enforcement() -> Optional[tuple[str, str]]:
+    from gpuwarden.cgroups import detect
+    from gpuwarden.config import load
+
+    try:
+        setting = load().get("enforce.devices")
+    except Exception:  # a broken config is the config check's finding, not this one's
+        setting = "auto"
+    if setting == "off":
+        return "none", "enforce.devices = off"
+    return detect()
 
 
 def _user_name() -> str:

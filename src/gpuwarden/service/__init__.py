@@ -4,5 +4,6 @@ or forge another's (docs/service.md).
 
 Layer: above `scheduling`, `leases`, `selection` and `inventory`, which it calls;
 below `cli`, whose commands talk to it through `service.client`. Nothing outside this
-package imports it, except the CLI.
+package imports it, except the CLI and the doctor (which asks `service.probe`
+whether a service answers).
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import socket
 import sys
 from typing import Any, Optional
@@ -96,13 +97,21 @@ def require(path: Optional[str] = None) -> Client:
     return client
 
 
-def run_attached(fields: dict[str, Any], path: Optional[str] = None) -> int:
+def run_attached(
+    fields: dict[str, Any],
+    path: Optional[str] = None,
+    timeout: Optional[float] = None,
+    quiet: bool = False,
+) -> int:
     """Submit a job that runs on this terminal, as `gpuwarden run` does without the
     service: its output is ours (our stdin, stdout and stderr are passed to the
     service with the request), Ctrl-C and other signals we get are passed on to the
-    job, and the job's exit status is returned. If the connection is lost (the service
-    restarted), the job runs on; we reconnect and wait for its end."""
+    job, and the job's exit status is returned. While it waits for GPUs, one line
+    says why; after `timeout` seconds of waiting it is cancelled (exit 75). If the
+    connection is lost (the service restarted), the job runs on; we reconnect and
+    wait for its end."""
     import signal
+    import time
 
     client = require(path)
     message = {"v": protocol.VERSION, "op": "submit", "attached": True, **fields}
@@ -112,30 +121,53 @@ def run_attached(fields: dict[str, Any], path: Optional[str] = None) -> int:
         client.close()
         raise UserError(str(reply.get("error") or "the service refused the job"))
     job = int(reply["job"])
-    state = {"client": client}
+    state: dict[str, Any] = {"client": client}
+
+    def send(op: str, **more: Any) -> None:
+        with contextlib.suppress(OSError, UserError):
+            state["client"].sock.sendall(protocol.encode({"v": protocol.VERSION, "op": op, **more}))
 
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(OSError, UserError):
-            sock = state["client"].sock
-            sock.sendall(
-                protocol.encode(
-                    {"v": protocol.VERSION, "op": "signal", "job": job, "signal": signum}
-                )
-            )
+        send("signal", job=job, signal=signum)
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     previous = {s: signal.signal(s, forward) for s in forwarded}
+    began = time.monotonic()
+    started = said = timed_out = False
     try:
         while True:
+            wait = None
+            if not started:
+                wait = 1.0 if not said else None
+                if timeout is not None and not timed_out:
+                    left = max(0.0, timeout - (time.monotonic() - began))
+                    wait = left if wait is None else min(wait, left)
+            state["client"].sock.settimeout(wait)
             try:
                 event = state["client"].receive()
+            except (socket.timeout, TimeoutError):
+                if timeout is not None and time.monotonic() - began >= timeout:
+                    timed_out = True
+                    send("cancel", jobs=[job])
+                elif not said and not quiet:
+                    said = True
+                    print(f"gpuwarden run: job {job} waits: {_reason(job, path)}", file=sys.stderr)
+                continue
             except UserError:
                 state["client"].close()
                 status = _wait_after_reconnect(job, path, state)
                 if status is not None:
                     return status
                 continue
-            if event.get("event") == "ended":
+            if event.get("event") == "started":
+                started = True
+            elif event.get("event") == "ended":
+                if timed_out and not started:
+                    print(
+                        f"gpuwarden run: gave up on job {job} after waiting {timeout:g}s for GPUs",
+                        file=sys.stderr,
+                    )
+                    return 75
                 if event.get("error"):
                     print(f"gpuwarden run: job {job}: {event['error']}", file=sys.stderr)
                 return int(event.get("status", 1))
@@ -143,6 +175,19 @@ def run_attached(fields: dict[str, Any], path: Optional[str] = None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         state["client"].close()
+
+
+def _reason(job: int, path: Optional[str]) -> str:
+    """Why `job` waits, asked on a connection of its own (the attached one carries the
+    job's events)."""
+    with contextlib.suppress(UserError, OSError):
+        client = connect(path, timeout=5.0)
+        if client is not None:
+            with client:
+                for row in client.call("queue")["jobs"]:
+                    if row["id"] == job:
+                        return str(row.get("reason") or "queued")
+    return "queued"
 
 
 def _wait_after_reconnect(job: int, path: Optional[str], state: dict[str, Any]) -> Optional[int]:
@@ -178,3 +223,46 @@ def _status_of(row: Optional[dict[str, Any]]) -> int:
     if row.get("error"):
         print(f"gpuwarden run: job {row['id']}: {row['error']}", file=sys.stderr)
     return 1 if row.get("state") != "CANCELLED" else 143
+
+
+def job_fields(
+    request: Any,
+    argv: list[str],
+    *,
+    time_limit: Optional[float] = None,
+    after: tuple[int, ...] = (),
+    hold: bool = False,
+    nice: int = 0,
+    output: Optional[str] = None,
+) -> dict[str, Any]:
+    """A submit request for `argv` with a `selection.Request`'s GPU wishes, in this
+    process's working directory, environment and umask (what the job runs with)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    wishes: dict[str, Any] = {"count": request.gpu_count}
+    if request.gpus:
+        wishes["gpus"] = list(request.gpus)
+    if request.exclude:
+        wishes["exclude"] = list(request.exclude)
+    for name in ("model", "min_free", "max_util", "mem"):
+        value = getattr(request, name)
+        if value is not None:
+            wishes[name] = value
+    if request.min_capability is not None:
+        wishes["min_capability"] = list(request.min_capability)
+    fields: dict[str, Any] = {
+        "argv": list(argv),
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "umask": mask,
+        "request": wishes,
+        "nice": nice,
+        "hold": hold,
+    }
+    if time_limit is not None:
+        fields["time_limit"] = time_limit
+    if after:
+        fields["after"] = list(after)
+    if output is not None:
+        fields["output"] = os.path.abspath(output)
+    return fields

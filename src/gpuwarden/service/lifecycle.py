@@ -107,11 +107,21 @@ class Lifecycle:
             self.termed.setdefault(job.id, time.monotonic())
             self.store.update(job.id, reason="cancelling")
 
-    def _ended_attached(self, job_id: int, ended: Optional[spawn.Ended]) -> None:
+    def _refuse(self, job: store.Job, reason: str) -> None:
+        """A job that must start now or not at all (`run` without --wait) that cannot."""
+        why = f"no GPU fits now ({reason}); add --wait to queue for one"
+        self.store.update(job.id, state=store.CANCELLED, ended=time.time(), error=why, reason=None)
+        self.notify_attached(job.id, {"event": "ended", "status": 75, "error": why})
+        self._ended_attached(job.id, None, quiet=True)
+
+    def _ended_attached(
+        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False
+    ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
-        status = 128 + signal.SIGTERM if ended is None else ended.shell_status
-        error = "cancelled before it started" if ended is None else ended.error
-        self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
+        if not quiet:
+            status = 128 + signal.SIGTERM if ended is None else ended.shell_status
+            error = "cancelled before it started" if ended is None else ended.error
+            self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
         client = self.attached.pop(job_id, None)
         if client is not None:
             client.job = None
@@ -152,7 +162,9 @@ class Lifecycle:
         for decision in decisions:
             job = by_id[int(decision.id)]
             if not decision.starts:
-                if job.reason != decision.reason:
+                if not job.wait:
+                    self._refuse(job, decision.reason or "")
+                elif job.reason != decision.reason:
                     self.store.update(job.id, reason=decision.reason)
                 continue
             try:

@@ -161,6 +161,9 @@ def start_job(
             extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
         )
 
+        held.on_behalf = job.user  # status and the exporter name the owner, not root
+        held.prepare(command_text(job.argv))  # a full disk fails here, before the job
+
         def record(supervisor: int, since: int) -> None:
             service.store.update(job.id, supervisor=supervisor)
 
@@ -169,7 +172,11 @@ def start_job(
         except UserError:
             held.release()
             raise
-        held.publish(started.pid, command_text(job.argv))
+        try:
+            held.publish(started.pid)
+        except BaseException:
+            spawn.signal_job(started.pid, 9)  # never a job under a lease others cannot see
+            raise
         held.close()  # the job holds the leases now; the service keeps no copy
         service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
         service.release_stdio(job.id)  # the job has them now
@@ -188,7 +195,14 @@ def _stdio(service: Service, job_id: int) -> Optional[tuple[int, int, int]]:
 
 
 def release_leases(service: Service, job: store.Job) -> None:
-    """Tidy a finished job's lease metadata (the kernel already dropped its locks)."""
+    """Remove a finished job's lease records once the kernel has dropped its GPU locks.
+
+    The record goes even if someone else holds a lock on the record itself: a user who
+    kept it open could otherwise make a finished job's GPU look leased forever. What
+    decides is the GPU's lock file, which only root may open here (0600)."""
+    import fcntl
+    import os
+
     from gpuwarden import leases
 
     try:
@@ -196,5 +210,15 @@ def release_leases(service: Service, job: store.Job) -> None:
     except UserError:
         return
     for uuid in job.gpus:
+        try:
+            fd = ld.open(uuid + leases.LOCK_SUFFIX, os.O_RDONLY)
+        except (UserError, OSError):
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free only if nobody holds it
+        except BlockingIOError:
+            continue  # a leftover process of the job (or a job sharing the GPU) holds it
+        finally:
+            os.close(fd)
         with contextlib.suppress(OSError):
-            leases.remove_if_free(ld.join(f"{uuid}.{job.id}{leases.HOLDER_SUFFIX}"))
+            os.unlink(ld.join(f"{uuid}.{job.id}{leases.HOLDER_SUFFIX}"))

@@ -29,7 +29,19 @@ MAX_IDS = 1024
 MAX_TIME = 10 * 365 * 86400.0
 MAX_BYTES = 1 << 60
 
-OPS = ("hello", "submit", "queue", "jobs", "cancel", "hold", "release", "logs", "share", "signal")
+OPS = (
+    "hello",
+    "submit",
+    "queue",
+    "jobs",
+    "cancel",
+    "hold",
+    "release",
+    "logs",
+    "share",
+    "signal",
+    "stats",
+)
 
 
 class ProtocolError(UserError):
@@ -188,6 +200,7 @@ class Submit:
     after: tuple[int, ...] = ()
     output: Optional[str] = None
     attached: bool = False
+    wait: bool = True  # False: start now or not at all (`run` without --wait)
 
 
 def gpu_request(value: object) -> GpuRequest:
@@ -254,6 +267,7 @@ def submit(message: Mapping[str, Any]) -> Submit:
         after=job_ids(after, "after") if after else (),
         output=_optional(message.get("output"), _path, "output"),
         attached=_bool(message.get("attached", False), "attached"),
+        wait=_bool(message.get("wait", True), "wait"),
     )
 
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuwarden.serve")
 
+#: Upper bounds (seconds) of the wait-time histogram: from an instant start to a day.
+WAIT_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
+
 
 class Requests:
     settings: Settings
@@ -73,7 +76,15 @@ class Requests:
         if op == "logs":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             job = self._owned(who, job_id, "read the logs of")
-            return {"ok": True, "output": job.output, "state": job.state}
+            return {
+                "ok": True,
+                "output": job.output,
+                "state": job.state,
+                "uid": job.uid,
+                "attached": job.attached,
+            }
+        if op == "stats":
+            return self._stats()
         if op == "share":
             return self._share()
         raise protocol.ProtocolError(f"operation {op!r} is not served yet")
@@ -129,7 +140,7 @@ class Requests:
             )
         )
         if sub.attached and client is not None:
-            self.store.update(job.id, attached=True)
+            self.store.update(job.id, attached=True, wait=sub.wait)
             client.job = job.id
             self.attached[job.id] = client
             self.stdio[job.id] = stdio
@@ -213,10 +224,23 @@ class Requests:
             rows.append(row)
         return {"ok": True, "jobs": rows}
 
+    def _stats(self) -> dict[str, Any]:
+        """What the exporter turns into queue metrics: counts, waits, fair share."""
+        counts, total, number = self.store.wait_histogram(WAIT_BUCKETS)
+        return {
+            "ok": True,
+            "jobs": self.store.counts(),
+            "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, counts)],
+            "wait_sum": total,
+            "wait_count": number,
+            "users": self._share()["users"],
+        }
+
     def _share(self) -> dict[str, Any]:
         policy = self.settings.policy
         usage = self.store.usage(time.time(), policy.half_life)
-        factors = scheduling.fairshare_factors(usage, policy)
+        active = {user for per_user in self.store.counts().values() for user in per_user}
+        factors = scheduling.fairshare_factors(usage, policy, active)
         return {
             "ok": True,
             "users": [

@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     after TEXT NOT NULL DEFAULT '[]',
     output TEXT,
     attached INTEGER NOT NULL DEFAULT 0,
+    wait INTEGER NOT NULL DEFAULT 1,
     state TEXT NOT NULL,
     reason TEXT,
     submitted REAL NOT NULL,
@@ -85,6 +86,7 @@ class Job:
     after: tuple[int, ...] = ()
     output: Optional[str] = None
     attached: bool = False
+    wait: bool = True
     reason: Optional[str] = None
     started: Optional[float] = None
     ended: Optional[float] = None
@@ -102,7 +104,7 @@ class Job:
 
 
 _JSON = {"argv", "env", "request", "after", "gpus"}
-_BOOL = {"held", "attached"}
+_BOOL = {"held", "attached", "wait"}
 _COLUMNS = [f.name for f in fields(Job)]  # one per table column
 
 
@@ -206,6 +208,25 @@ class Store:
             "SELECT COUNT(*) FROM jobs WHERE uid = ? AND state IN (?, ?, ?)", (uid, *ACTIVE)
         ).fetchone()
         return int(row[0])
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
+        out: dict[str, dict[str, int]] = {}
+        query = (
+            "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY state, user"
+        )
+        for state, user, count in self.db.execute(query, ACTIVE):
+            out.setdefault(state, {})[user] = int(count)
+        return out
+
+    def wait_histogram(self, bounds: tuple[float, ...]) -> tuple[list[int], float, int]:
+        """How long every job that ever started waited: cumulative counts per upper
+        bound (Prometheus' `le`), the sum and the count."""
+        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
+        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
+        row = self.db.execute(query + " WHERE started IS NOT NULL").fetchone()
+        counts = [int(v or 0) for v in row[: len(bounds)]]
+        return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
 
     # -- usage -------------------------------------------------------------------
 

@@ -307,8 +307,11 @@ class FakeLibrary:
     def nvmlDeviceGetIndex(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
         _put(out, gpu["index"])
 
-    def nvmlDeviceGetMinorNumber(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
-        _put(out, gpu["index"])
+    def nvmlDeviceGetMinorNumber(self, state: Any, gpu: Any, mig: Any, out: Any) -> int:
+        if mig is not None:  # a MIG device has no /dev/nvidiaN of its own
+            return NOT_SUPPORTED
+        _put(out, gpu.get("minor", gpu["index"]))  # state files written before minors existed
+        return SUCCESS
 
     def nvmlDeviceGetPciInfo_v3(self, state: Any, gpu: Any, mig: Any, ref: Any) -> None:
         info = _obj(ref)

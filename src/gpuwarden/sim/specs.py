@@ -70,6 +70,7 @@ _GPU_KEYS = {
     "model",
     "uuid",
     "serial",
+    "minor",
     "pci_bus_id",
     "numa_node",
     "pcie_switch",
@@ -363,6 +364,7 @@ def parse(text: str, path: Path) -> Spec:
     procs: list[dict[str, Any]] = []
     next_pid = SYNTHETIC_PID_BASE
     seen_bus: set[str] = set()
+    seen_minor: set[int] = set()
     for i, g in enumerate(gpus_in):
         for key in g:
             if key not in _GPU_KEYS:
@@ -392,6 +394,20 @@ def parse(text: str, path: Path) -> Spec:
                 f"gpu[{i}].pci_bus_id", f"{bus} is used by two GPUs", where.line(i, "pci_bus_id")
             )
         seen_bus.add(bus.upper())
+        # The driver numbers /dev/nvidiaN itself; it need not follow the PCI (index)
+        # order, and 254/255 are nvidia-modeset and nvidiactl.
+        minor = g.get("minor", i)
+        if isinstance(minor, bool) or not isinstance(minor, int) or not 0 <= minor <= 253:
+            raise where.fail(
+                f"gpu[{i}].minor",
+                f"expected an integer 0-253 (/dev/nvidiaN), got {minor!r}",
+                where.line(i, "minor"),
+            )
+        if minor in seen_minor:
+            raise where.fail(
+                f"gpu[{i}].minor", f"{minor} is used by two GPUs", where.line(i, "minor")
+            )
+        seen_minor.add(minor)
         throttle = g.get("throttle", [])
         for reason in throttle:
             if reason not in THROTTLE_BITS:
@@ -431,6 +447,7 @@ def parse(text: str, path: Path) -> Spec:
             "name": card["name"],
             "serial": g.get("serial", f"{1320000000000 + 7919 * (i + 1) + len(name)}"),
             "pci_bus_id": bus.upper(),
+            "minor": minor,
             "numa_node": int(g.get("numa_node", 0)),
             "pcie_switch": int(g.get("pcie_switch", i)),
             "memory_total": card["memory_total"],

@@ -4,7 +4,8 @@ It reads the launcher (`environments.detect`), picks the backend (NCCL only for
 CUDA on Linux; gloo for CPU, MPS and Windows, where NCCL does not exist), binds the
 process to its local rank's device before the process group starts (so NCCL
 never creates a context on cuda:0 for every rank), applies `GPUWARDEN_MEM_LIMIT`,
-and tears the group down at exit.
+and tears the group down at exit (after importing what would otherwise keep the
+group alive past that teardown: `_import_before_the_group`).
 
 A single process (no launcher) gets no process group at all: there is nobody to
 talk to, and not opening a TCP store keeps `python train.py` as simple as before.
@@ -91,6 +92,7 @@ def init_distributed(
     kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout)
+    _import_before_the_group()
     dist.init_process_group(
         chosen, init_method="env://", rank=launch.rank, world_size=launch.world_size, **kwargs
     )
@@ -98,6 +100,23 @@ def init_distributed(
     return DistInfo(
         launch.rank, launch.local_rank, launch.world_size, dev, chosen, launch.environment, True
     )
+
+
+def _import_before_the_group() -> None:
+    """Import `torch.distributed.nn` while no process group exists.
+
+    Its functions take `group=group.WORLD` as a default argument, which binds the
+    process group that exists when the module is first imported. DDP imports it
+    lazily, after the group was made; the defaults then hold the group for the life
+    of the interpreter, `destroy_process_group()` cannot free it, and gloo's worker
+    and TCP threads keep running into interpreter shutdown, where the group is
+    finally destroyed while the interpreter goes away around it: the likely source of
+    the occasional `terminate called without an active exception` from a rank whose
+    training had finished. Imported first, the defaults are None (the default group,
+    looked up at call time) and `destroy()` really ends the group and its threads.
+    """
+    with contextlib.suppress(ImportError):
+        import torch.distributed.nn  # noqa: F401
 
 
 _failed = False

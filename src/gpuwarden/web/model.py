@@ -43,11 +43,30 @@ def _since(now: float, then: Optional[float]) -> Optional[float]:
     return None if then is None else max(0.0, now - then)
 
 
-def reserved(process: GpuProcess, leases: Sequence[Any]) -> bool:
+def reserved(
+    process: GpuProcess, leases: Sequence[Any], owners: Optional[Mapping[str, str]] = None
+) -> bool:
     """Whether a process on a GPU belongs to one of that GPU's leases: its pid is a
     lease holder's, or its owner holds a lease there. Anything else is unreserved use
-    (somebody running on a GPU without `gpuwarden run`/`reserve`)."""
-    return any(x.pid == process.pid or (process.user and x.user == process.user) for x in leases)
+    (somebody running on a GPU without `gpuwarden run`/`reserve`). `owners` maps the
+    queue service's running jobs to their users (see `lease_user`)."""
+    return any(
+        x.pid == process.pid or (process.user and lease_user(x, owners) == process.user)
+        for x in leases
+    )
+
+
+def lease_user(lease: Any, owners: Optional[Mapping[str, str]]) -> str:
+    """Whose a lease is. The queue service holds its jobs' leases itself (as root) and
+    names the job in them: such a lease is the user's whose job it is, as the service
+    says. Only a lease file root owns (the kernel says so, `st_uid`) is read this way:
+    anyone else's naming a job number claims nothing."""
+    if owners and lease.job is not None and str(lease.job) in owners:
+        from gpuwarden.leases import owner_of
+
+        if lease.user == owner_of(0):
+            return owners[str(lease.job)]
+    return lease.user
 
 
 def build(
@@ -65,6 +84,7 @@ def build(
     show_commands: bool = False,
     describe: Any = None,
     fatal_xids: Optional[Iterable[int]] = None,
+    service: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
     """The `/api/v1/state` document for one moment.
 
@@ -72,14 +92,20 @@ def build(
     `health.Finding`s by UUID, `xid_events` the XID log's entries, `waiters`
     `waitline.Waiter`s in arrival order, `history` per-UUID series from
     `web.history.History.series()`; `describe` turns a waiter's request into words;
-    `fatal_xids` (default: the built-in list) marks the fault lines that are fatal.
+    `fatal_xids` (default: the built-in list) marks the fault lines that are fatal;
+    `service` is what `web.queue.ask()` got from the queue service (None: not asked).
     """
+    from gpuwarden.web.queue import merge_users, section
+
     drains = drains or {}
     findings = findings or {}
     history = history or {}
     by_gpu: dict[str, list[Any]] = {}
     for lease in leases:
         by_gpu.setdefault(lease.uuid, []).append(lease)
+    index = {g.uuid: g.index for g in snapshot.gpus}
+    queue, shares = section(service, now, show_commands, index)
+    owners = {str(j["id"]): j["user"] for j in queue["running"]}
     gpus = [
         _gpu(
             g,
@@ -89,10 +115,10 @@ def build(
             history.get(g.uuid),
             now,
             show_commands,
+            owners,
         )
         for g in snapshot.gpus
     ]
-    index = {g.uuid: g.index for g in snapshot.gpus}
     return {
         "api": API_VERSION,
         "hostname": text(snapshot.hostname),
@@ -106,9 +132,9 @@ def build(
         "show_commands": show_commands,
         "watch": dict(watch) if watch is not None else {"running": False, "listening": False},
         "gpus": gpus,
-        "users": _users(gpus),
+        "users": merge_users(_users(gpus), shares, queue),
         "waitline": [_waiter(w, now, describe) for w in waiters],
-        "queue": {"service": False, "state": NO_QUEUE, "running": [], "waiting": []},
+        "queue": queue,
         "faults": _faults(xid_events, index, fatal_xids),
     }
 
@@ -121,6 +147,7 @@ def _gpu(
     history: Optional[Mapping[str, list]],
     now: float,
     show_commands: bool,
+    owners: Mapping[str, str],
 ) -> dict[str, Any]:
     from gpuwarden.health import level
 
@@ -131,7 +158,7 @@ def _gpu(
             "name": text(_program(p.command)) if p.command else None,
             "command": text(p.command) if show_commands and p.command else None,
             "memory": p.used_memory,
-            "reserved": reserved(p, leases),
+            "reserved": reserved(p, leases, owners),
         }
         for p in g.processes
     ]
@@ -173,7 +200,7 @@ def _gpu(
             "at": finite(drain.at),
             "auto": bool(drain.auto),
         },
-        "leases": [_lease(x, now, show_commands) for x in leases],
+        "leases": [_lease(x, now, show_commands, owners) for x in leases],
         "history": {
             "t": list(history.get("t", [])) if history else [],
             "utilization": list(history.get("utilization", [])) if history else [],
@@ -188,11 +215,11 @@ def _program(command: str) -> str:
     return first.rsplit("/", 1)[-1]
 
 
-def _lease(x: Any, now: float, show_commands: bool) -> dict[str, Any]:
+def _lease(x: Any, now: float, show_commands: bool, owners: Mapping[str, str]) -> dict[str, Any]:
     started, expires = finite(x.started), finite(x.expires)
     return {
         "job": text(x.job) if x.job is not None else None,
-        "user": text(x.user),
+        "user": text(lease_user(x, owners)),
         "pid": x.pid,
         "started": started,
         "age": _since(now, started),

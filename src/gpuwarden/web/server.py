@@ -1,10 +1,12 @@
 """The page's HTTP server: one sampler shared by every client, read-only routes.
 
 `Feed` reads the machine once per interval (snapshot, leases, drains, XID log,
-wait line), keeps the last hour in a `History`, builds the API document with
-`model.build` and encodes it once; every page — by server-sent events
-(`/api/v1/events`) or by polling `/api/v1/state` — gets those same bytes. So
-fifty open pages cost fifty socket writes a second, not fifty NVML reads.
+wait line, and the queue service's queue and fair share when one runs), keeps
+the last hour in a `History`, builds the API document with `model.build` and
+encodes it once; every page — by server-sent events (`/api/v1/events`) or by
+polling `/api/v1/state` — gets those same bytes. So
+fifty open pages cost fifty socket writes a second, not fifty NVML reads (nor
+fifty questions to the queue service).
 
 The server is `http.server.ThreadingHTTPServer` with bounds: at most
 `max_clients` connections at once (one more is answered 503 and closed), a
@@ -64,8 +66,16 @@ class Feed:
         watch: Any = None,
         history: Optional[History] = None,
         log: Callable[[str], None] = _warn,
+        service: Optional[str] = None,
+        service_timeout: Optional[float] = None,
     ) -> None:
         self.interval = interval
+        # The queue service's socket (None: none asked), asked by a thread of its own.
+        self.service: Any = None
+        if service is not None:
+            from gpuwarden.web.queue import DEFAULT_TIMEOUT, ServiceWatch
+
+            self.service = ServiceWatch(service, interval, service_timeout or DEFAULT_TIMEOUT)
         self.show_commands = show_commands
         self.rules = rules
         self.watch = watch
@@ -132,7 +142,11 @@ class Feed:
             show_commands=self.show_commands,
             describe=describe_request,
             fatal_xids=rules.fatal_xids,
+            service=self._ask_service(),
         )
+
+    def _ask_service(self) -> Optional[dict[str, Any]]:
+        return None if self.service is None else self.service.latest()
 
     def _read_snapshot(self) -> Snapshot:
         try:
@@ -149,6 +163,8 @@ class Feed:
     # -- the loop --------------------------------------------------------------
 
     def start(self) -> Feed:
+        if self.service is not None:
+            self.service.start()
         if self.seq == 0:
             self.sample()  # the first request must not find an empty document
         self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-feed", daemon=True)
@@ -172,6 +188,8 @@ class Feed:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(5)
+        if self.service is not None:
+            self.service.stop()
 
     @property
     def stopped(self) -> bool:

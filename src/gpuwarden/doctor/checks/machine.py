@@ -74,7 +74,24 @@ def _drains(facts: Facts) -> list[Finding]:
 
 def _sharing(facts: Facts) -> list[Finding]:
     """Leases kept in a private directory protect a user's jobs from each other only.
-    Other users' GPU processes are the sign that the machine is shared."""
+    Other users' GPU processes are the sign that the machine is shared. A shared one
+    is as safe as a directory every user can write can be, which is not entirely."""
+    if facts.lease_dir_shared is True:
+        return [
+            Finding(
+                "machine.lease-trust",
+                INFO,
+                f"leases are shared between users in {facts.lease_dir}: any local user can "
+                "hold its locks, and a directory every user can write can never be made "
+                "fully safe against that",
+                "gpuwarden refuses what others plant there (FIFOs, links, bad records, "
+                "forged pids, crafted tickets) and times out, naming the holder, on a lock "
+                "held too long; a user can still hold GPU locks or alloc.lock to block others",
+                "the real fix is the per-machine queue service (`gpuwarden serve`, "
+                "docs/service.md), which alone writes the leases; see docs/leases.md "
+                '("A hostile local user")',
+            )
+        ]
     if facts.lease_dir_shared is not False:
         return []
     others = sorted(

@@ -196,6 +196,8 @@ function draw(doc) {
   const bits = [`driver ${doc.driver_version || "n/a"}`, `CUDA ${doc.cuda_driver_version || "n/a"}`];
   if (doc.source !== "nvml") bits.push(doc.source);
   bits.push(doc.watch.running ? (doc.watch.listening ? "health watch on" : "health watch starting") : "health watch off");
+  bits.push(doc.queue.service ? `queue service running${doc.queue.user ? " (seen as " + doc.queue.user + ")" : ""}`
+    : doc.queue.state === "service not answering" ? "queue service not answering" : "no queue service");
   document.getElementById("machine").textContent = bits.join(" · ");
   const error = document.getElementById("error");
   error.hidden = !doc.error;
@@ -207,8 +209,12 @@ function draw(doc) {
     el("td", {}, u.leased_gpus.join(", ") || "-"),
     el("td", {}, size(u.memory)),
     el("td", {}, u.processes),
-    el("td", { class: u.unreserved ? "unreserved" : "" }, u.unreserved || "-")), "nobody on the GPUs");
-  document.getElementById("queue-state").textContent = doc.queue.service ? "" : doc.queue.state;
+    el("td", { class: u.unreserved ? "unreserved" : "" }, u.unreserved || "-"),
+    el("td", {}, u.jobs_running || u.jobs_waiting ? `${u.jobs_running} / ${u.jobs_waiting}` : "-"),
+    el("td", {}, u.usage === null ? "-" : (u.usage / 3600).toFixed(1) + " GPU-h"),
+    el("td", {}, u.share === null ? "-" : u.share),
+    el("td", {}, u.factor === null ? "-" : u.factor.toFixed(3))), "nobody on the GPUs");
+  drawQueue(doc.queue, doc.now);
   rows(document.getElementById("waitline"), doc.waitline, (w, i) => el("tr", {},
     el("td", {}, i + 1), el("td", {}, w.user), el("td", {}, w.wants), el("td", {}, span(w.waited))),
     "nobody waiting");
@@ -216,6 +222,39 @@ function draw(doc) {
     el("td", {}, clock(f.at)), el("td", {}, f.index === null ? f.uuid : f.index),
     el("td", {}, f.xid + (f.fatal ? " (fatal)" : "")), el("td", {}, f.description)), "no XID errors this boot");
   tick();
+}
+
+function gpusOf(job) {
+  if (job.gpus.length) return job.gpus.join(", ");
+  const n = job.count === null ? "?" : job.count;
+  return `${n}${job.mem !== null ? " × " + size(job.mem) : ""}`;
+}
+
+function jobCell(job) {
+  return el("td", {}, job.id, job.command ? el("div", { class: "muted" }, job.command) : null);
+}
+
+// The queue service's jobs; without a service, one line saying why there is none.
+function drawQueue(queue, now) {
+  const state = document.getElementById("queue-state");
+  const bits = [];
+  if (!queue.service) bits.push(queue.state);
+  if (queue.error) bits.push(queue.error);
+  if (queue.hidden) bits.push(`${queue.hidden} more jobs not listed`);
+  state.textContent = bits.join(": ");
+  state.classList.toggle("error", queue.state !== "running" && queue.error !== null);
+  document.getElementById("queue-service").hidden = !queue.service;
+  rows(document.getElementById("queue-running"), queue.running, (j) => el("tr", { "data-job": j.id, "data-state": j.state },
+    jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, j.state.toLowerCase()),
+    el("td", {}, gpusOf(j)), el("td", {}, span(j.waited)), el("td", {}, span(j.elapsed)),
+    el("td", {}, j.time_limit === null ? "-" : span(j.time_limit))), "no job running");
+  rows(document.getElementById("queue-waiting"), queue.waiting, (j) => el("tr", { "data-job": j.id, "data-reason": j.reason },
+    jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, gpusOf(j)),
+    el("td", { class: "reason" }, j.reason || "-"),
+    el("td", {}, j.priority === null ? "-" : Math.round(j.priority)),
+    el("td", {}, span(j.waited)),
+    el("td", {}, j.estimated_start === null ? "-" : j.estimated_start <= now ? "now" : `in ${span(j.estimated_start - now)}`)),
+    "no job waiting");
 }
 
 function tick() {

@@ -1,0 +1,99 @@
+"""A job's processes, CPU and memory, and signals to all of it, from its cgroups.
+
+The cgroups `gpuwarden.cgroups` makes for a job hold every process the job
+started, however it forked, daemonised or left its process group, so they are
+where the job's usage is read and where a cancel or a kill reaches all of it.
+A job is found from any of its processes through the kernel's
+/proc/<pid>/cgroup, not from a file anyone could write.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from gpuwarden.cgroups import GROUP, _read, own_paths, v1_mounts, v2_mount
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+
+def pids_in(path: str) -> list[int]:
+    """The processes in a cgroup: the job's whole tree, however it forked or daemonised."""
+    try:
+        text = _read(os.path.join(path, "cgroup.procs"), 1 << 22)
+    except OSError:
+        return []
+    return [int(x) for x in text.split() if x.isdigit()]
+
+
+def _number(path: str) -> Optional[int]:
+    try:
+        text = _read(path).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def usage_of(dirs: dict[str, str]) -> dict[str, Optional[int]]:
+    """CPU and memory the job used: `cpu_ns` (all its processes, since it started),
+    `memory` (now) and `memory_peak` (bytes); None for what this machine does not account."""
+    out: dict[str, Optional[int]] = {"cpu_ns": None, "memory": None, "memory_peak": None}
+    if "cpuacct" in dirs:
+        out["cpu_ns"] = _number(os.path.join(dirs["cpuacct"], "cpuacct.usage"))
+    if "memory" in dirs:
+        out["memory"] = _number(os.path.join(dirs["memory"], "memory.usage_in_bytes"))
+        out["memory_peak"] = _number(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"))
+    if "" in dirs:  # cgroup v2
+        try:
+            stat = dict(
+                line.split() for line in _read(os.path.join(dirs[""], "cpu.stat")).splitlines()
+            )
+            out["cpu_ns"] = int(stat["usage_usec"]) * 1000
+        except (OSError, KeyError, ValueError):
+            pass
+        out["memory"] = _number(os.path.join(dirs[""], "memory.current"))
+        out["memory_peak"] = _number(os.path.join(dirs[""], "memory.peak"))
+    return out
+
+
+def job_cgroups(pid: int) -> dict[str, str]:
+    """The gpuwarden job cgroups process `pid` is in (controller -> directory): how a job is
+    found from a lease's pid. The kernel's /proc/<pid>/cgroup, not a file anyone wrote."""
+    try:
+        own = own_paths(_read(f"/proc/{pid}/cgroup"))
+        mounts = v1_mounts(_read("/proc/self/mounts", 1 << 20))
+        v2 = v2_mount(_read("/proc/self/mounts", 1 << 20))
+    except OSError:
+        return {}
+    found = {}
+    for controller, path in own.items():
+        if f"/{GROUP}/" not in path + "/":
+            continue
+        base = v2 if controller == "" else mounts.get(controller)
+        if base is not None:
+            found[controller] = os.path.join(base, path.lstrip("/"))
+    return found
+
+
+def usage(pid: int) -> dict[str, Optional[int]]:
+    """CPU and memory of the job whose process is `pid` (see `usage_of`)."""
+    return usage_of(job_cgroups(pid))
+
+
+def signal_job(pid: int, signum: int) -> int:
+    """Send `signum` to every process in `pid`'s job cgroup; how many were signalled."""
+    dirs = job_cgroups(pid)
+    where = dirs.get("devices", dirs.get(""))
+    if where is None:
+        return 0
+    sent = 0
+    for target in pids_in(where):
+        try:
+            os.kill(target, signum)
+            sent += 1
+        except OSError as err:
+            if err.errno != errno.ESRCH:
+                raise
+    return sent

@@ -1,0 +1,438 @@
+"""Device isolation for a job, with cgroups.
+
+A job gets a cgroup of its own in which only its leased GPUs' device nodes can
+be opened. NVIDIA's nodes are character devices of major 195: `/dev/nvidiaN`
+has minor N (NVML's `nvmlDeviceGetMinorNumber`, which need not equal the
+index), `nvidia-modeset` is 195:254 and `nvidiactl` 195:255; `nvidia-uvm` and
+`nvidia-caps` have majors of their own. Only the GPU nodes of other GPUs are
+denied: everything the job could open before stays open to it, the control
+nodes included (CUDA needs them).
+
+Mechanics (cgroup v1, the `devices` controller): the job's cgroup sits below
+the starting process's own one, `<mount><own>/gpuwarden/<name>`, so whatever
+limits a container or a service already has still bind it. `gpuwarden run`
+moves *itself* into the new cgroup and then spawns the job, which inherits it
+at fork, before it execs: there is no moment in which the job runs
+unconfined, and `posix_spawn` (see `gpuwarden.launch`) needs no hook between
+fork and exec. The wrapper stays there with its job (it holds the job's lease
+descriptors, it is part of the job) and leaves when the job has ended, so the
+empty cgroup can be removed.
+
+Moving a process between cgroups waits for one RCU grace period of the kernel
+(~10 ms on the 2-CPU test VM, a few ms on a server) the first time in a
+while. `prepare()` therefore starts the move in a thread while the caller
+reads the GPUs and takes the lease, with the cgroup still allowing
+everything; `Isolation.confine()` then writes the rules, which the kernel
+checks at every open. The same cgroups (`cpuacct`, `memory`, where mounted)
+give the job's CPU and memory usage and the list of its processes
+(`gpuwarden.accounting`).
+
+cgroup v2 has no `devices` files: there a BPF_PROG_TYPE_CGROUP_DEVICE program
+(`gpuwarden.devbpf`) attached to the job's cgroup decides, where no v1 `devices`
+controller is mounted. systemd's `DeviceAllow=` (a transient scope) is not used:
+see docs/enforcement.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any, Optional
+
+NVIDIA_MAJOR = 195
+MODESET_MINOR = 254
+CTL_MINOR = 255
+GPU_MINORS = range(0, MODESET_MINOR)  # what /dev/nvidiaN can be
+GROUP = "gpuwarden"
+# Accounting hierarchies joined when mounted; `devices` is the one that must be.
+ACCOUNTING = ("cpuacct", "memory")
+DEVICES = ("devices", "")  # the v1 controller, or the v2 hierarchy (a BPF program)
+MODES = ("none", "cgroup-v1", "cgroup-v2-bpf", "systemd")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class CgroupError(UserError):
+    pass
+
+
+# --- pure policy ---------------------------------------------------------------------------
+
+
+def deny_rules(leased: Iterable[int], present: Iterable[int]) -> list[str]:
+    """The v1 `devices.deny` lines for a job leased the GPUs of minors `leased`, on a machine
+    whose GPU nodes have minors `present`: every other GPU node, nothing else.
+
+    `present` is what the machine has (NVML's minors and the /dev/nvidiaN nodes), not all
+    254 possible minors: each rule is one write, and a GPU the machine does not have
+    cannot be opened anyway."""
+    keep = set(leased)
+    for minor in keep:
+        if minor not in GPU_MINORS:
+            raise ValueError(f"minor {minor} is not a GPU node's (0-{GPU_MINORS[-1]})")
+    return [
+        f"c {NVIDIA_MAJOR}:{m} rwm"
+        for m in sorted(set(present))
+        if m in GPU_MINORS and m not in keep
+    ]
+
+
+def cgroup_name(pid: int, token: str) -> str:
+    """The job cgroup's directory name: the wrapper's pid first, so that a cgroup whose
+    wrapper died (SIGKILL) can be recognised and removed once it is empty."""
+    name = f"run-{pid}-{token}"
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"bad cgroup name {name!r}")
+    return name
+
+
+def owner_pid(name: str) -> Optional[int]:
+    """The wrapper pid in a name made by `cgroup_name`; None for any other name."""
+    match = re.fullmatch(r"run-(\d+)-[0-9a-f]+", name)
+    return int(match.group(1)) if match else None
+
+
+def own_paths(proc_cgroup: str) -> dict[str, str]:
+    """Controller -> path from the text of /proc/<pid>/cgroup ("" names the v2 hierarchy)."""
+    paths: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else ("",):
+            paths[controller] = parts[2]
+    return paths
+
+
+def v1_mounts(mounts: str) -> dict[str, str]:
+    """Controller -> mount point of each cgroup v1 hierarchy in /proc/self/mounts text."""
+    found: dict[str, str] = {}
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] != "cgroup":
+            continue
+        for option in fields[3].split(","):
+            found.setdefault(option, fields[1])
+    return found
+
+
+def v2_mount(mounts: str) -> Optional[str]:
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return fields[1]
+    return None
+
+
+def read_only(mounts: str, mountpoint: str) -> bool:
+    """Whether /proc/self/mounts text has `mountpoint` mounted read-only (as containers
+    usually mount the cgroup filesystems)."""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == mountpoint:
+            return "ro" in fields[3].split(",")
+    return False
+
+
+def judge(euid: int, mounts: str, proc_cgroup: str, pid1: str) -> tuple[str, str]:
+    """(mode, why): which device isolation `gpuwarden run` gets here, from the facts.
+
+    `mode` is one of MODES ("systemd" is not chosen: see docs/enforcement.md); with "none",
+    `why` says what is missing, so that `gpuwarden doctor` can tell the admin."""
+    v1 = v1_mounts(mounts)
+    if "devices" in v1:
+        if euid != 0:
+            return (
+                "none",
+                "not root: only root can create device cgroups (run as root, or the service)",
+            )
+        if "devices" not in own_paths(proc_cgroup):
+            return "none", "this process is in no cgroup v1 `devices` hierarchy"
+        if read_only(mounts, v1["devices"]):
+            return "none", f"{v1['devices']} is mounted read-only (in a container?)"
+        return "cgroup-v1", f"cgroup v1 devices controller at {v1['devices']}"
+    v2 = v2_mount(mounts)
+    if v2 is not None:
+        if euid != 0:
+            return (
+                "none",
+                "not root: only root can attach device programs (run as root, or the service)",
+            )
+        if "" not in own_paths(proc_cgroup):
+            return "none", "this process is in no cgroup v2 hierarchy"
+        if read_only(mounts, v2):
+            return "none", f"{v2} is mounted read-only (in a container?)"
+        where = f"cgroup v2 at {v2}: a BPF device program per job"
+        if pid1 == "systemd":
+            where += " (systemd is PID 1: a service should use a delegated unit)"
+        return "cgroup-v2-bpf", where
+    return "none", "no cgroup filesystem mounted"
+
+
+# --- reading the machine -------------------------------------------------------------------
+
+
+def _read(path: str, limit: int = 65536) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        return os.read(fd, limit).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def detect() -> tuple[str, str]:
+    """`judge` over this machine and process."""
+    try:
+        mounts = _read("/proc/self/mounts", 1 << 20)
+        own = _read("/proc/self/cgroup")
+    except OSError as err:
+        return "none", f"cannot read /proc: {err.strerror}"
+    try:
+        pid1 = _read("/proc/1/comm").strip()
+    except OSError:
+        pid1 = ""
+    return judge(os.geteuid(), mounts, own, pid1)
+
+
+def present_minors(gpus: Iterable[Any] = (), dev: str = "/dev") -> set[int]:
+    """GPU minors on this machine: NVML's for `gpus`, and every /dev/nvidiaN node's, so a
+    GPU NVML does not list (lost, or hidden from it) is still denied."""
+    minors = {g.minor for g in gpus if getattr(g, "minor", None) is not None}
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        names = []
+    for name in names:
+        if re.fullmatch(r"nvidia\d+", name):
+            try:
+                st = os.stat(os.path.join(dev, name))
+            except OSError:
+                continue
+            if os.major(st.st_rdev) == NVIDIA_MAJOR:
+                minors.add(os.minor(st.st_rdev))
+    return {m for m in minors if m in GPU_MINORS}
+
+
+# --- a job's cgroup --------------------------------------------------------------------------
+
+
+class Isolation:
+    """One job's cgroups (one per v1 hierarchy), made and joined by this process.
+
+    `prepare()` makes it and starts moving this process in; `confine()` waits for that and
+    writes the device rules; `close()` moves back out and removes what is empty."""
+
+    def __init__(self, dirs: dict[str, str], home: dict[str, str]) -> None:
+        self.dirs = dirs  # controller -> the job's cgroup directory
+        self.home = home  # controller -> the cgroup this process came from
+        self.error: Optional[OSError] = None
+        self.confined = False
+        import _thread  # built in: no import cost, unlike threading
+
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        _thread.start_new_thread(self._join, ())
+
+    def _join(self) -> None:
+        try:
+            for path in self.dirs.values():
+                _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+        except OSError as err:
+            self.error = err
+        finally:
+            self._done.release()
+
+    def wait(self) -> None:
+        with self._done:
+            pass
+        if self.error is not None:
+            raise CgroupError(f"cannot join the job's cgroup: {self.error.strerror}")
+
+    def confine(self, minors: Sequence[Optional[int]], present: Iterable[int]) -> None:
+        """Let this process and its children open only the GPU nodes of `minors`."""
+        self.wait()
+        if any(m is None for m in minors):
+            raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
+        leased = [m for m in minors if m is not None]
+        if "devices" not in self.dirs:
+            from gpuwarden import devbpf
+
+            devbpf.confine(self.dirs[""], leased)  # every GPU minor but these: no `present`
+            self.confined = True
+            return
+        fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
+        try:
+            for rule in deny_rules(leased, present):
+                os.write(fd, rule.encode())  # the kernel takes one rule per write
+        finally:
+            os.close(fd)
+        self.confined = True
+
+    def pids(self) -> list[int]:
+        from gpuwarden.accounting import pids_in
+
+        return pids_in(self.dirs["devices" if "devices" in self.dirs else ""])
+
+    def usage(self) -> dict[str, Optional[int]]:
+        from gpuwarden.accounting import usage_of
+
+        return usage_of(self.dirs)
+
+    def close(self) -> bool:
+        """Leave the job's cgroups and remove them; False when one stays (a process the job
+        started outlived it: it keeps the lease and stays confined; `sweep` removes it
+        once empty)."""
+        with contextlib.suppress(CgroupError):
+            self.wait()
+        removed = True
+        for controller, path in self.dirs.items():
+            with contextlib.suppress(OSError):
+                _write(os.path.join(self.home[controller], "cgroup.procs"), str(os.getpid()))
+            try:
+                _remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                removed = False
+        return removed
+
+
+def _job_dirs(name: str, mode: str) -> tuple[dict[str, str], dict[str, str]]:
+    own = own_paths(_read("/proc/self/cgroup"))
+    mounts_text = _read("/proc/self/mounts", 1 << 20)
+    if mode == "cgroup-v2-bpf":
+        mount = v2_mount(mounts_text)
+        places = {"": mount} if mount is not None else {}
+    else:
+        mounts = v1_mounts(mounts_text)
+        places = {c: mounts[c] for c in ("devices", *ACCOUNTING) if c in mounts}
+    dirs: dict[str, str] = {}
+    home: dict[str, str] = {}
+    for controller, mount in places.items():
+        if controller not in own:
+            continue
+        base = os.path.join(mount, own[controller].lstrip("/"))
+        home[controller] = base
+        dirs[controller] = os.path.join(base, GROUP, name)
+    return dirs, home
+
+
+def prepare(mode: Optional[str] = None) -> Isolation:
+    """Make this job's cgroups (allowing everything for now) and start moving this process
+    into them; `mode` (default: what `detect` finds) is "cgroup-v1" or "cgroup-v2-bpf".
+    Raises CgroupError when that is impossible here."""
+    if mode is None:
+        mode, why = detect()
+        if mode == "none":
+            raise CgroupError(f"no device isolation: {why}")
+    name = cgroup_name(os.getpid(), os.urandom(3).hex())
+    try:
+        dirs, home = _job_dirs(name, mode)
+    except OSError as err:
+        raise CgroupError(f"cannot read this process's cgroups: {err.strerror}") from None
+    made: list[str] = []
+    try:
+        for path in dirs.values():
+            parent = os.path.dirname(path)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(parent, 0o755)
+            sweep(parent)  # in every hierarchy: a killed wrapper leaves one in each
+            try:
+                os.mkdir(path, 0o755)
+            except FileNotFoundError:  # an ending job's cgroup took the empty parent along
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parent, 0o755)
+                os.mkdir(path, 0o755)
+            made.append(path)
+    except OSError as err:
+        if not any(dirs.get(c) in made for c in DEVICES):
+            for path in made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+            raise CgroupError(f"cannot create a device cgroup: {err.strerror}") from None
+        dirs = {c: p for c, p in dirs.items() if p in made}  # accounting is optional
+    if not any(c in dirs for c in DEVICES):
+        raise CgroupError("this process is in no hierarchy that can control devices")
+    return Isolation(dirs, home)
+
+
+def sweep(parent: str) -> list[str]:
+    """Remove the empty job cgroups under `parent` whose wrapper is gone (killed before it
+    could). rmdir fails on a cgroup with a process in it, so nothing live is touched."""
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        pid = owner_pid(name)
+        if pid is None or _alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            _remove(os.path.join(parent, name))
+            removed.append(name)
+    return removed
+
+
+def _remove(path: str) -> None:
+    """rmdir a job cgroup, and first the group a `gpuwarden run` inside the job made in it
+    (that run removed its own cgroup, not the shared parent it may not be the last of)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.join(path, GROUP))
+    os.rmdir(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- what `gpuwarden run` calls ----------------------------------------------------------------
+
+
+def isolate(setting: str) -> list[Isolation]:
+    """The job's cgroup being joined, or none. `setting` is `enforce.devices`: "auto" runs
+    the job as before where isolation is impossible (a line on stderr when it should have
+    worked), "require" refuses to start it."""
+    try:
+        return [prepare()]
+    except CgroupError as err:
+        if setting == "require":
+            raise CgroupError(f"{err} (enforce.devices = require)") from None
+        if detect()[0] != "none":
+            import sys
+
+            print(f"gpuwarden run: {err}; the job runs without it", file=sys.stderr)
+        return []
+
+
+def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Iterable[Any], setting: str) -> None:
+    """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`)."""
+    try:
+        cgroup.confine([g.minor for g in leased], present_minors(gpus))
+    except (CgroupError, OSError) as err:
+        text = str(err) if isinstance(err, CgroupError) else f"cannot write device rules: {err}"
+        if setting == "require":
+            raise CgroupError(f"{text} (enforce.devices = require)") from None
+        import sys
+
+        print(f"gpuwarden run: {text}; the job runs without device isolation", file=sys.stderr)

@@ -1,0 +1,37 @@
+"""`gpuwarden cancel ID...`: end jobs of this machine's queue, waiting or running (only
+their owner or an admin may); `--slurm`: Slurm jobs."""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument("--slurm", action="store_true", help="Slurm job ids")
+    parser.add_argument("ids", nargs="+", metavar="ID", help="job ids")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.slurm:
+        from gpuwarden.cli.hold import job_ids
+        from gpuwarden.service.client import require
+
+        ids = job_ids(args.ids)
+        with require() as client:
+            done = client.call("cancel", jobs=ids)["jobs"]
+        print(f"cancelled: {', '.join(str(i) for i in done)}")
+        return 0
+    from gpuwarden.slurm import tools
+
+    for job in args.ids:
+        tools.check_id(job)
+    for job in args.ids:
+        tools.cancel(job)
+        print(f"gpuwarden cancel: cancelled Slurm job {job}", file=sys.stderr)
+    return 0

@@ -1,0 +1,44 @@
+"""`gpuwarden logs ID [-f]`: a queued job's output (only its owner or an admin may read
+it); `-f` follows it until the job ends. `--slurm`: a Slurm job's."""
+
+from __future__ import annotations
+
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument("--slurm", action="store_true", help="a Slurm job id")
+    parser.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    parser.add_argument("id", metavar="ID", help="job id")
+
+
+def local(args: argparse.Namespace) -> int:
+    from gpuwarden import joboutput
+    from gpuwarden.cli.hold import job_ids
+    from gpuwarden.service.client import require
+
+    (job,) = job_ids([args.id])
+    with require() as client:
+        reply = client.call("logs", job=job)
+        if reply.get("attached"):
+            raise UserError(f"job {job} ran attached to a terminal: its output went there")
+
+        def ended() -> bool:
+            state = client.call("logs", job=job)["state"]
+            return state not in ("PENDING", "STARTING", "RUNNING")
+
+        return joboutput.show(reply["output"], reply["uid"], ended, args.follow, f"job {job}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.slurm:
+        return local(args)
+    from gpuwarden.slurm import logs
+
+    return logs.show(args.id, follow=args.follow)

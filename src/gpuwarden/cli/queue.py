@@ -1,0 +1,81 @@
+"""`gpuwarden queue`: this machine's queue (running jobs, then waiting ones in priority
+order with why they wait, as squeue shows them); `--slurm`: Slurm's, in the same words
+(pending (Resources), running, ...)."""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument("--slurm", action="store_true", help="Slurm's queue")
+    parser.add_argument("--me", action="store_true", help="only my jobs")
+    parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+
+
+def local(args: argparse.Namespace) -> int:
+    from gpuwarden.cli.jobtables import queue_table
+    from gpuwarden.paths import user_name
+    from gpuwarden.service.client import require
+
+    with require() as client:
+        jobs = client.call("queue")["jobs"]
+    if args.me:
+        me = user_name()
+        jobs = [j for j in jobs if j.get("user") == me]
+    if args.json:
+        import json
+
+        json.dump(jobs, sys.stdout, indent=2)
+        print()
+    else:
+        print(queue_table(jobs))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.slurm:
+        return local(args)
+    from gpuwarden.slurm import tools
+
+    user = None
+    if args.me:
+        import os
+
+        from gpuwarden.paths import user_name
+
+        user = user_name(os.geteuid())
+    jobs = tools.queue(user=user)
+    if args.json:
+        import json
+
+        fields = ("id", "user", "state", "reason", "elapsed", "limit", "nodes", "gres", "name")
+        json.dump([{f: getattr(j, f) for f in fields} for j in jobs], sys.stdout, indent=2)
+        print()
+        return 0
+    if not jobs:
+        print("no Slurm jobs")
+        return 0
+    from gpuwarden.table import render
+
+    rows = [
+        [
+            j.id,
+            j.user,
+            j.state + (f" ({j.reason})" if j.reason else ""),
+            j.elapsed,
+            j.limit,
+            j.gres or "-",
+            j.nodelist or "-",
+            j.name,
+        ]
+        for j in jobs
+    ]
+    print(render(["JOB", "USER", "STATE", "TIME", "LIMIT", "GRES", "NODES", "NAME"], rows))
+    return 0

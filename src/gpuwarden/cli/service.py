@@ -1,0 +1,139 @@
+"""`gpuwarden service install|uninstall|status`: the queue service for admins (docs/service.md)."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from gpuwarden.cli.options import Parser
+
+NOT_RUNNING = 3  # as `systemctl status` for a stopped unit
+
+
+def add_arguments(parser: Parser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    install = actions.add_parser(
+        "install", help="install the unit, directories and a commented config, and start it"
+    )
+    install.add_argument(
+        "--root",
+        metavar="DIR",
+        help="install under this prefix instead of / (packagers, tests); implies --no-start",
+    )
+    install.add_argument(
+        "--no-start", action="store_true", help="write everything but do not start the service"
+    )
+    uninstall = actions.add_parser("uninstall", help="stop it and remove what install made")
+    uninstall.add_argument("--root", metavar="DIR", help="the prefix given to install")
+    uninstall.add_argument(
+        "--purge", action="store_true", help="also remove the job journal (job history, usage)"
+    )
+    status = actions.add_parser("status", help="is it running, where, which version, its queue")
+    status.add_argument("--socket", metavar="PATH", help="the service's socket (service.socket)")
+    status.add_argument("--json", action="store_true", help="print a JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "install":
+        return _install(args)
+    if args.action == "uninstall":
+        return _uninstall(args)
+    return _status(args)
+
+
+def _install(args: argparse.Namespace) -> int:
+    from gpuwarden.service import install
+
+    root = _root(args.root)
+    for line in install.install(root):
+        print(line)
+    if root != "/" or args.no_start:
+        print("not started (--root or --no-start)")
+        return 0
+    if not install.systemd_running():
+        print(
+            "systemd is not running on this machine (PID 1 is not systemd), so nothing was "
+            "started; start the service by hand as root:\n"
+            "  gpuwarden serve &        (or under your process supervisor; logs go to stderr)"
+        )
+        return 0
+    _systemctl(install.start_commands())
+    print("started: systemctl status gpuwarden")
+    return 0
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from gpuwarden.service import install
+
+    root = _root(args.root)
+    if root == "/" and install.systemd_running():
+        _systemctl(install.stop_commands(), check=False)
+    for line in install.uninstall(root, purge=args.purge):
+        print(line)
+    return 0
+
+
+def _root(value: str | None) -> str:
+    import os
+
+    from gpuwarden.errors import UserError
+
+    if value is None:
+        return "/"
+    if not value or "\0" in value:
+        raise UserError("--root needs a directory")
+    root = os.path.abspath(value)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UserError(f"--root {value}: not a directory")
+    return root
+
+
+def _systemctl(commands: list[list[str]], check: bool = True) -> None:
+    import subprocess
+
+    from gpuwarden.errors import UserError
+
+    for argv in commands:
+        print("$ " + " ".join(argv))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise UserError(f"{argv[0]} failed: {err}") from None
+        if done.returncode != 0 and check:
+            why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"`{' '.join(argv)}` failed: {why[0]}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from gpuwarden.service.probe import probe
+
+    found = probe(args.socket)
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        print(_text(found))
+    return 0 if found["running"] else NOT_RUNNING
+
+
+def _text(found: dict[str, Any]) -> str:
+    sock = found["socket"]
+    if not found["running"]:
+        return f"not running: {found['error']} ({sock})"
+    lines = [f"running: answers on {sock}"]
+    ours, theirs = found["client_version"], found["version"]
+    if found.get("error"):  # a version it does not share with us
+        lines.append(f"protocol: {found['error']}")
+    else:
+        lines.append(f"protocol: version {theirs} (this gpuwarden: {ours})")
+    if found.get("user") is not None:
+        role = "an admin" if found.get("admin") else "not an admin"
+        lines.append(f"you: {found['user']} ({role})")
+    counts = found.get("jobs")
+    if counts is not None:
+        parts = [f"{n} {state.lower()}" for state, n in sorted(counts.items())]
+        lines.append("jobs: " + (", ".join(parts) if parts else "none queued or running"))
+    return "\n".join(lines)

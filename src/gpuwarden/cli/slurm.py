@@ -1,0 +1,80 @@
+"""`gpuwarden slurm conf|prolog|epilog`: an admin's help to run Slurm on this machine.
+
+gpuwarden slurm conf              gres.conf lines and the NodeName= line, from NVML
+gpuwarden slurm prolog            (slurmd's Prolog=) lease the job's GPUs
+gpuwarden slurm epilog            (slurmd's Epilog=) free them
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpuwarden.cli.options import Parser
+
+
+def add_arguments(parser: Parser) -> None:
+    parser.add_argument("action", choices=("conf", "prolog", "epilog"), help="what to do")
+    parser.add_argument(
+        "--section",
+        choices=("all", "gres", "node"),
+        default="all",
+        help="conf: only gres.conf's lines, or only slurm.conf's NodeName= line",
+    )
+    parser.add_argument(
+        "--dev-dir", metavar="DIR", default="/dev", help="conf: where nvidiaN are (/dev)"
+    )
+    parser.add_argument("--type", metavar="NAME", help="conf: a gres type for these GPUs")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "conf":
+        return conf(args)
+    from gpuwarden import config as cfg
+    from gpuwarden.slurm import prolog
+
+    if args.action == "prolog":
+        timeout = float(cfg.load({}).get("slurm.prolog_timeout"))
+        print(prolog.prolog(os.environ, timeout), file=sys.stderr)
+    else:
+        print(prolog.epilog(os.environ), file=sys.stderr)
+    return 0
+
+
+def conf(args: argparse.Namespace) -> int:
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.slurm import gres
+
+    if args.type is not None:
+        from gpuwarden.slurm.batch import check_word
+
+        check_word("--type", args.type)
+    snapshot = read_snapshot(processes=False, topology=True)
+    if not snapshot.gpus:
+        raise UserError(f"no GPUs to describe: {snapshot.error or 'NVML found none'}")
+    devices = gres.read_devices(snapshot)
+    lines = gres.gres_lines(snapshot, devices, dev_dir=args.dev_dir, gpu_type=args.type)
+    node = gres.node_line(
+        snapshot.hostname,
+        len(lines),
+        cpus=os.cpu_count() or 1,
+        memory_mib=gres.memory_mib(),
+        gpu_type=args.type,
+    )
+    where = "" if snapshot.source == "nvml" else f" ({snapshot.source})"
+    if args.section in ("all", "gres"):
+        print(f"# gres.conf for {snapshot.hostname}{where}, in NVML index order")
+        for note in gres.notes(devices):
+            print(f"# {note}")
+        print("\n".join(lines))
+    if args.section == "all":
+        print("# slurm.conf: this node's line (`slurmd -C` prints sockets, cores, threads)")
+    if args.section in ("all", "node"):
+        print(node)
+    return 0

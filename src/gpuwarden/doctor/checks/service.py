@@ -1,0 +1,99 @@
+"""The queue service: does one run, can this user reach it, does it speak our protocol,
+and, on a machine that shares a world-writable lease directory, should one run?
+
+A lease directory every user can write (the sticky 1777 /var/lib/gpuwarden/leases)
+protects jobs from accidents, not from a user: anyone can open a GPU's lock file
+and hold its lock, and everyone else's jobs wait behind it (docs/leases.md,
+docs/health.md). Only a service that owns the directory can close that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwarden.doctor.facts import Facts
+from gpuwarden.doctor.findings import FAIL, INFO, PASS, WARN, Finding
+
+NAME = "service"
+INSTALL = "sudo gpuwarden service install  (docs/service.md)"
+RESTART = "sudo systemctl restart gpuwarden, then journalctl -u gpuwarden for why it stopped"
+
+
+def check_service(facts: Facts) -> list[Finding]:
+    found = facts.service
+    if found is None:
+        return []
+    sock = found.get("socket") or "the service's socket"
+    problem = found.get("problem")
+    if found.get("running") and problem is None:
+        return [_answers(found, sock)]
+    if problem == "other-version":
+        theirs = found.get("version")
+        return [
+            Finding(
+                "service.version",
+                FAIL,
+                f"the service at {sock} speaks protocol {theirs if theirs is not None else '?'}"
+                f", this gpuwarden speaks {found.get('client_version')}: commands that need "
+                "the service will be refused",
+                str(found.get("error") or ""),
+                "use the gpuwarden release the service runs (or an admin upgrades the service "
+                "to this one and restarts it: sudo systemctl restart gpuwarden)",
+            )
+        ]
+    if problem == "denied":
+        return [
+            Finding(
+                "service.access",
+                FAIL,
+                f"a service socket is at {sock}, but this user may not open it",
+                str(found.get("error") or ""),
+                "an admin restores the modes (directory 0755, socket 0666; the kernel tells "
+                "the service who connects): sudo systemd-tmpfiles --create "
+                "/etc/tmpfiles.d/gpuwarden.conf && sudo systemctl restart gpuwarden",
+            )
+        ]
+    if problem != "absent":
+        return [
+            Finding(
+                "service",
+                WARN,
+                f"something is at {sock}, but no service answers there",
+                str(found.get("error") or ""),
+                RESTART,
+            )
+        ]
+    return [_absent(facts, sock)]
+
+
+def _answers(found: Any, sock: str) -> Finding:
+    who = found.get("user") or "you"
+    role = ", an admin" if found.get("admin") else ""
+    jobs = found.get("jobs") or {}
+    queued = ", ".join(f"{n} {state.lower()}" for state, n in sorted(jobs.items()))
+    return Finding(
+        NAME,
+        PASS,
+        f"the gpuwarden service answers at {sock} (protocol {found.get('version')}, "
+        f"the same as this gpuwarden) and knows you as {who}{role}",
+        f"jobs: {queued or 'none queued or running'}",
+    )
+
+
+def _absent(facts: Facts, sock: str) -> Finding:
+    if facts.lease_dir_shared:
+        return Finding(
+            "service.recommended",
+            WARN,
+            f"no gpuwarden service runs, and every user shares the lease directory "
+            f"{facts.lease_dir}, which any of them can write: one user can hold its lock "
+            "files and block everyone's jobs",
+            f"no socket at {sock}; {facts.lease_dir} is sticky and world-writable",
+            INSTALL + ": the service owns the leases (0755, root) and the queue",
+        )
+    return Finding(
+        NAME,
+        INFO,
+        "no gpuwarden service runs: commands work alone (fine for a machine one person uses)",
+        f"no socket at {sock}",
+    )

@@ -1,0 +1,285 @@
+"""The enforcement watcher: read the machine and the leases, apply the policies of
+`gpuwarden.enforcement`, carry out and log what they decide.
+
+`Enforcer.step` turns one reading (a Snapshot, the leases, the time, each process's
+ancestry) into `Action`s and keeps the state the policies carry between readings;
+`carry_out` does them. Everything done is logged with `logging` (logger
+"gpuwarden.enforce"), one line per action, naming the GPU, the process and its user.
+
+Killing: SIGTERM first, to every process of the job (its cgroup, see
+`gpuwarden.cgroups`; without one, the process group the lease holder leads, see
+`gpuwarden.launch`) or to the single unleased process; a process still alive
+`KILL_AFTER` seconds later gets SIGKILL at the next reading. Only processes whose
+owner (from /proc, the kernel) is the lease's owner are signalled for a lease: the
+pid written in a lease file is never trusted alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+
+from gpuwarden import enforcement as policy
+from gpuwarden.records import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any, Callable, Optional
+
+log = logging.getLogger("gpuwarden.enforce")
+KILL_AFTER = 10.0  # seconds between SIGTERM and SIGKILL
+
+
+@record
+class Action:
+    """One thing to do: `kind` is warn | notify | kill | report | release."""
+
+    kind: str
+    policy: str  # memory | unleased | idle
+    gpu: str  # UUID
+    index: Optional[int]
+    pid: Optional[int]
+    user: Optional[str]
+    message: str
+    group: bool = False  # signal the process group led by `pid` (a lease's job)
+
+
+def lineage(pid: int, proc: str = "/proc") -> tuple[int, ...]:
+    """`pid` and its ancestors, from the kernel's /proc/<pid>/stat; just (pid,) when it is
+    not a process here (another PID namespace, or a simulated one)."""
+    chain = [pid]
+    seen = {pid}
+    current = pid
+    while current > 1:
+        try:
+            with open(f"{proc}/{current}/stat", "rb") as f:
+                stat = f.read(4096)
+            parent = int(stat.rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if parent in seen or parent <= 0:
+            break
+        chain.append(parent)
+        seen.add(parent)
+        current = parent
+    return tuple(chain)
+
+
+def _uid_of(pid: int) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _user_uid(user: Optional[str]) -> Optional[int]:
+    if user is None:
+        return None
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return int(user) if user.isdigit() else None
+
+
+def _size(n: Optional[int]) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.1f}GiB"
+
+
+class Enforcer:
+    """The policies' state between readings, and the kills waiting for their SIGKILL."""
+
+    def __init__(
+        self, rules: policy.Policy, lineage_of: Callable[[int], tuple[int, ...]] = lineage
+    ):
+        self.rules = rules
+        self.lineage_of = lineage_of
+        self.memory: dict[tuple[str, int], policy.Since] = {}
+        self.unleased: dict[tuple[str, int], policy.Since] = {}
+        self.idle: dict[tuple[str, int], policy.Idle] = {}
+        self.terminated: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM sent, group)
+
+    def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
+        """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
+        actions: list[Action] = []
+        gpus = {g.uuid: g for g in snapshot.gpus if not g.lost}
+        held = [
+            policy.Lease(x.uuid, x.pid, x.user, x.job, x.mem is not None, x.mem) for x in leases
+        ]
+        uses = [
+            policy.Use(p.pid, g.uuid, p.user, p.used_memory, self.lineage_of(p.pid))
+            for g in gpus.values()
+            for p in g.processes
+        ]
+        actions += self._memory(gpus, held, uses, now)
+        actions += self._unleased(gpus, held, uses, now)
+        actions += self._idle(gpus, held, now)
+        return actions
+
+    def _memory(
+        self, gpus: dict[str, Any], held: list[policy.Lease], uses: list[policy.Use], now: float
+    ) -> list[Action]:
+        out, seen = [], set()
+        for lease in held:
+            if lease.mem is None or lease.pid is None or lease.gpu not in gpus:
+                continue
+            key = (lease.gpu, lease.pid)
+            seen.add(key)
+            mine = [
+                u.memory
+                for u in uses
+                if u.gpu == lease.gpu and policy.lease_of(u, [lease]) is lease
+            ]
+            used = (
+                None
+                if not mine or any(m is None for m in mine)
+                else sum(m for m in mine if m is not None)
+            )
+            state, act = policy.memory_action(
+                lease.mem, used, self.memory.get(key), now, self.rules
+            )
+            _keep(self.memory, key, state)
+            if act is not None:
+                limit = policy.memory_limit(lease.mem, self.rules.memory_tolerance)
+                text = (
+                    f"job {lease.job or lease.pid} of {lease.owner} uses {_size(used)} on GPU "
+                    f"{gpus[lease.gpu].index}, over its --mem {_size(lease.mem)} "
+                    f"(+{self.rules.memory_tolerance:g}% = {_size(limit)})"
+                )
+                if act == "warn":
+                    text += f"; {self.rules.memory_action} after {self.rules.memory_grace:g}s"
+                out.append(
+                    Action(
+                        act,
+                        "memory",
+                        lease.gpu,
+                        gpus[lease.gpu].index,
+                        lease.pid,
+                        lease.owner,
+                        text,
+                        group=True,
+                    )
+                )
+        _forget(self.memory, seen)
+        return out
+
+    def _unleased(
+        self, gpus: dict[str, Any], held: list[policy.Lease], uses: list[policy.Use], now: float
+    ) -> list[Action]:
+        out, seen = [], set()
+        for found in policy.unleased(uses, held):
+            key = (found.gpu, found.pid)
+            seen.add(key)
+            state, act = policy.unleased_action(found, self.unleased.get(key), now, self.rules)
+            _keep(self.unleased, key, state)
+            if act is None:
+                continue
+            where = f"GPU {gpus[found.gpu].index}"
+            text = f"pid {found.pid} of {found.user or '?'} uses {where} without a lease"
+            if found.leased_to:
+                text += f"; the GPU is leased to {found.leased_to}"
+            out.append(
+                Action(
+                    act, "unleased", found.gpu, gpus[found.gpu].index, found.pid, found.user, text
+                )
+            )
+        _forget(self.unleased, seen)
+        return out
+
+    def _idle(self, gpus: dict[str, Any], held: list[policy.Lease], now: float) -> list[Action]:
+        out, seen = [], set()
+        for lease in held:
+            if lease.pid is None or lease.gpu not in gpus:
+                continue
+            gpu = gpus[lease.gpu]
+            key = (lease.gpu, lease.pid)
+            seen.add(key)
+            state, act = policy.idle_action(
+                gpu.utilization_gpu, gpu.memory_used, self.idle.get(key), now, self.rules
+            )
+            self.idle[key] = state
+            if act is not None:
+                text = (
+                    f"lease of {lease.owner} (job {lease.job or lease.pid}) on GPU {gpu.index} "
+                    f"idle for {self.rules.idle_after:g}s: 0% and no memory change"
+                )
+                out.append(Action(act, "idle", lease.gpu, gpu.index, lease.pid, lease.owner, text))
+        _forget(self.idle, seen)
+        return out
+
+    # --- carrying out -------------------------------------------------------------------
+
+    def carry_out(self, actions: Iterable[Action], now: float, may_signal: bool = True) -> None:
+        """Log every action and send the signals (only `may_signal`: root, or a dry run)."""
+        for act in actions:
+            level = logging.WARNING if act.kind in ("warn", "notify", "report") else logging.ERROR
+            log.log(level, "%s %s: %s", act.policy, act.kind, act.message)
+            if act.kind not in ("kill", "release") or act.pid is None:
+                continue
+            if not may_signal:
+                log.warning("%s %s: not root, pid %s left alone", act.policy, act.kind, act.pid)
+                continue
+            self._terminate(act, now)
+        self._follow_up(now)
+
+    def _terminate(self, act: Action, now: float) -> None:
+        pid = act.pid
+        assert pid is not None
+        if act.policy != "unleased" and _uid_of(pid) != _user_uid(act.user):
+            log.error(
+                "%s %s: pid %s is not %s's process: not signalled",
+                act.policy,
+                act.kind,
+                pid,
+                act.user,
+            )
+            return
+        try:
+            _signal(pid, act.group, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        except PermissionError as err:
+            log.error("%s %s: cannot signal pid %s: %s", act.policy, act.kind, pid, err.strerror)
+            return
+        log.info("%s %s: SIGTERM sent to pid %s", act.policy, act.kind, pid)
+        self.terminated[pid] = (now, act.group)
+
+    def _follow_up(self, now: float) -> None:
+        for pid, (since, group) in list(self.terminated.items()):
+            if now - since < KILL_AFTER:
+                continue
+            del self.terminated[pid]
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                _signal(pid, group, signal.SIGKILL)
+                log.error("pid %s outlived SIGTERM by %gs: SIGKILL", pid, KILL_AFTER)
+
+
+def _signal(pid: int, group: bool, signum: int) -> None:
+    """`signum` to a job's whole tree (its cgroup when it has one: that catches what
+    left the process group; else the group it leads), or to the one process."""
+    if group:
+        from gpuwarden import accounting
+
+        if accounting.signal_job(pid, signum):
+            return
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+            return
+    os.kill(pid, signum)
+
+
+def _keep(table: dict[Any, Any], key: Any, state: Any) -> None:
+    if state is None:
+        table.pop(key, None)
+    else:
+        table[key] = state
+
+
+def _forget(table: dict[Any, Any], seen: set[Any]) -> None:
+    """Drop the state of what is no longer there (the job ended, the process left)."""
+    for key in [k for k in table if k not in seen]:
+        del table[key]

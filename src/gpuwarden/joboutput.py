@@ -1,0 +1,84 @@
+"""A job's output file, read with care, once or following it until the job ends.
+
+The file sits where the job's user chose, often a directory others can write:
+it is opened without following a symbolic link and without blocking (a FIFO
+in its place would hang the reader), must be a regular file, and must belong
+to the job's user or to whoever reads it; otherwise it is refused with one
+line, so `gpuwarden logs` run by root never shows a file someone planted under
+the job's output name. Used for the queue service's jobs and for Slurm's.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+import time
+from typing import Callable
+
+from gpuwarden.errors import UserError
+
+CHUNK = 1 << 16
+POLL = 0.5
+
+
+def open_output(path: str, job_uid: int) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"output file {path} is a symbolic link; refusing it") from None
+        raise UserError(f"cannot read output file {path}: {err.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UserError(f"output file {path} is not a regular file; refusing it")
+    if st.st_uid not in (job_uid, os.geteuid()):
+        from gpuwarden.leases import owner_of
+
+        os.close(fd)
+        raise UserError(
+            f"output file {path} belongs to {owner_of(st.st_uid)}, not to the job's user; "
+            "refusing it"
+        )
+    return fd
+
+
+def copy_out(fd: int) -> int:
+    n = 0
+    while True:
+        data = os.read(fd, CHUNK)
+        if not data:
+            return n
+        sys.stdout.buffer.write(data)
+        n += len(data)
+
+
+def show(path: str, job_uid: int, ended: Callable[[], bool], follow: bool, what: str) -> int:
+    """Print the file at `path`; with `follow`, keep printing what is appended until
+    `ended()` says the job is over. `what` names the job in errors."""
+    fd = -1
+    try:
+        while True:
+            if fd < 0:
+                try:
+                    fd = open_output(path, job_uid)
+                except FileNotFoundError:
+                    fd = -1
+            if fd >= 0:
+                copy_out(fd)
+                sys.stdout.flush()
+            over = ended()
+            if not follow or over:
+                if fd >= 0:
+                    copy_out(fd)  # what it wrote just before it ended
+                    return 0
+                when = "yet" if not over else "and the job has ended"
+                raise UserError(f"{what}: no output file {path} {when}")
+            time.sleep(POLL)
+    finally:
+        if fd >= 0:
+            os.close(fd)

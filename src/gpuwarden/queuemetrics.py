@@ -1,0 +1,79 @@
+"""The queue service's metrics: jobs waiting and running per user, how long jobs
+waited, and each user's fair share — from the service's `stats` answer.
+
+The exporter asks the service once per reading (with the GPUs), so a scrape
+costs the service one small query whatever the number of scrapers. Without a
+service only `gpuwarden_queue_service_up 0` is exported, so a dashboard can tell
+"no queue here" from "queue empty".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+
+def read_stats(path: Optional[str] = None, timeout: float = 2.0) -> Optional[dict[str, Any]]:
+    """The service's `stats`, or None when no service answers (never raises)."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.service.client import connect
+
+    try:
+        client = connect(path, timeout=timeout)
+        if client is None:
+            return None
+        with client:
+            return client.call("stats")
+    except (UserError, OSError, ValueError):
+        return None
+
+
+def families(stats: Optional[Mapping[str, Any]], host: str) -> list:
+    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+    up = GaugeMetricFamily(
+        "gpuwarden_queue_service_up",
+        "1 when the queue service answered the last reading",
+        labels=["hostname"],
+    )
+    up.add_metric([host], 0 if stats is None else 1)
+    out: list = [up]
+    if stats is None:
+        return out
+    jobs = GaugeMetricFamily(
+        "gpuwarden_queue_jobs",
+        "Jobs in the queue service per state and user",
+        labels=["state", "user", "hostname"],
+    )
+    for state in ("PENDING", "RUNNING"):
+        for user, count in sorted((stats.get("jobs") or {}).get(state, {}).items()):
+            jobs.add_metric([state.lower(), str(user), host], float(count))
+    out.append(jobs)
+    buckets = [(_le(b), float(c)) for b, c in stats.get("wait_buckets") or []]
+    buckets.append(("+Inf", float(stats.get("wait_count") or 0)))
+    waits = HistogramMetricFamily(
+        "gpuwarden_queue_wait_seconds",
+        "How long each started job waited in the queue",
+        labels=["hostname"],
+    )
+    waits.add_metric([host], buckets, sum_value=float(stats.get("wait_sum") or 0.0))
+    out.append(waits)
+    factor = GaugeMetricFamily(
+        "gpuwarden_user_fairshare_factor",
+        "Fair-share factor 2^(-usage/share), 1 = unused",
+        labels=["user", "hostname"],
+    )
+    usage = GaugeMetricFamily(
+        "gpuwarden_user_usage_gpu_seconds",
+        "Decayed GPU-seconds the user's jobs used",
+        labels=["user", "hostname"],
+    )
+    for row in stats.get("users") or []:
+        factor.add_metric([str(row.get("user")), host], float(row.get("factor") or 0.0))
+        usage.add_metric([str(row.get("user")), host], float(row.get("usage") or 0.0))
+    out += [factor, usage]
+    return out
+
+
+def _le(bound: float) -> str:
+    return f"{float(bound):g}"

@@ -1,0 +1,448 @@
+"""gpuwarden against a real single-node Slurm (Debian's 22.05), started here by
+scripts/slurm-ci under a temporary directory: the node's GPUs are character devices
+made for it, as Slurm's own test suite fakes GPUs. Skips with the reason where Slurm
+is missing (CI: fails; `.ci/run` installs it).
+
+Clusters run on their own ports with their own config (clients find it through
+SLURM_CONF), so none touches /etc/slurm, and each test asks for what it checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from conftest import ROOT, SRC, TORCH_MISSING, require, torch_found
+
+SLURM_CI = ROOT / "scripts" / "slurm-ci"
+EXAMPLE = ROOT / "examples" / "train.py"
+USER = "gwslurmtest"
+
+
+def _missing() -> str:
+    for tool in ("slurmctld", "slurmd", "sbatch", "squeue", "munged"):
+        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
+            return f"Slurm is not installed ({tool} missing; scripts/slurm-ci install)"
+    if os.geteuid() != 0:
+        return "a test Slurm needs root (slurmd runs jobs as their users)"
+    if not os.path.exists("/etc/munge/munge.key"):
+        return "munge has no key (/etc/munge/munge.key)"
+    return ""
+
+
+require(not _missing(), _missing() or "Slurm missing", module=True)
+
+
+def _free_port_pair() -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port > 60000:
+            continue
+        with contextlib.suppress(OSError), socket.socket() as t:
+            t.bind(("127.0.0.1", port + 1))
+            return port
+    raise RuntimeError("no two free ports in a row")
+
+
+class Cluster:
+    def __init__(self, path: Path, started: bool = False, **settings: str) -> None:
+        self.path = path
+        self.conf = str(path / "slurm.conf")
+        self.out = path / "out"
+        self.ours = not started
+        if started:
+            return
+        env = dict(os.environ, SLURM_CI_PORT=str(_free_port_pair()))
+        env.update(settings)
+        done = subprocess.run(
+            [str(SLURM_CI), "start", str(path)], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            self.stop()
+            pytest.fail(f"slurm-ci start failed: {done.stdout}{done.stderr}", pytrace=False)
+
+    def stop(self) -> None:
+        if not self.ours:
+            return
+        subprocess.run([str(SLURM_CI), "stop", str(self.path)], capture_output=True)
+
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": self.conf}
+
+    def tool(self, *argv: str) -> str:
+        done = subprocess.run(
+            argv, env=dict(os.environ, SLURM_CONF=self.conf), capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def state(self, job: str) -> str:
+        out = self.tool("scontrol", "show", "job", "-o", job)
+        return out.split("JobState=", 1)[1].split()[0]
+
+    def wait_for(self, job: str, states: tuple[str, ...], deadline: float = 90) -> str:
+        end = time.monotonic() + deadline
+        while True:
+            state = self.state(job)
+            if state in states:
+                return state
+            assert time.monotonic() < end, f"job {job} still {state}, not {states}"
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[Callable[..., Cluster]]:
+    """`clusters(name, **settings)`: a started cluster (slurm-ci settings), one per name."""
+    made: dict[str, Cluster] = {}
+    top = Path(tempfile.mkdtemp(prefix="gw-slurm-"))
+    top.chmod(0o755)  # jobs of a non-root user read the config and write output here
+
+    def get(name: str, **settings: str) -> Cluster:
+        shared = os.environ.get("GPUWARDEN_TEST_SLURM_CONF")
+        if name == "plain" and shared and name not in made:
+            made[name] = Cluster(Path(shared).parent, started=True)  # .ci/run's
+        if name not in made:
+            made[name] = Cluster(top / name, **settings)
+        return made[name]
+
+    yield get
+    for cluster in made.values():
+        cluster.stop()
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(clusters: Callable[..., Cluster], monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """The plain cluster (.ci/run's when it exported GPUWARDEN_TEST_SLURM_CONF): 4 fake
+    GPUs, 8 declared CPUs; SLURM_CONF set for this test."""
+    cluster = clusters("plain")
+    monkeypatch.setenv("SLURM_CONF", cluster.conf)
+    return cluster
+
+
+def _submit(cli: Any, *argv: str, cwd: Any = None) -> str:
+    done = cli("submit", "--slurm", *argv, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    assert job.isdigit(), done.stdout
+    return job
+
+
+def _poll(check: Callable[[], Any], what: str, deadline: float = 60) -> Any:
+    end = time.monotonic() + deadline
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_two_jobs_get_disjoint_gpus_a_third_waits_for_resources_and_cancel_ends_it(
+    cli: Any, slurm: Cluster, tmp_path: Path
+) -> None:
+    hold = "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 300"
+    a = _submit(cli, "-g", "2", "--output", "a.out", "--", "sh", "-c", hold)
+    b = _submit(cli, "-g", "2", "--output", "b.out", "--", "sh", "-c", hold)
+    c = _submit(cli, "-g", "2", "--name", "third", "--", "sh", "-c", hold)
+    try:
+        outs = [Path("a.out"), Path("b.out")]
+        _poll(lambda: all(p.exists() and "CVD=" in p.read_text() for p in outs), "both jobs")
+        seen = [set(p.read_text().split("CVD=")[1].split()[0].split(",")) for p in outs]
+        assert len(seen[0]) == len(seen[1]) == 2
+        assert not seen[0] & seen[1], seen
+
+        def third_line() -> str:
+            done = cli("queue", "--slurm")
+            assert done.returncode == 0, done.stderr
+            line = next(x for x in done.stdout.splitlines() if x.split()[0] == c)
+            return line if "pending (Resources)" in line else ""
+
+        line = _poll(third_line, "the third job pending for Resources")
+        assert line.split()[-1] == "third" and "gpu:2" in line
+        done = cli("cancel", "--slurm", c)
+        assert done.returncode == 0, done.stderr
+        assert slurm.wait_for(c, ("CANCELLED",)) == "CANCELLED"
+        again = cli("cancel", "--slurm", c)
+        assert again.returncode == 2
+        assert f"no Slurm job {c} is pending or running" in again.stderr
+    finally:
+        slurm.tool("scancel", a, b, c)
+
+
+def test_a_job_submitted_by_a_real_user_runs_as_that_user(cli: Any, slurm: Cluster) -> None:
+    made = False
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
+        made = True
+    try:
+        _as_a_user(cli, slurm)
+    finally:
+        if made:
+            subprocess.run(["userdel", USER], capture_output=True)
+
+
+def _as_a_user(cli: Any, slurm: Cluster) -> None:
+    # A copy of the sources the user can read (the checkout may sit in root's home).
+    src = Path(tempfile.mkdtemp(prefix="gw-src-"))
+    src.chmod(0o755)
+    shutil.copytree(SRC / "gpuwarden", src / "gpuwarden", ignore=shutil.ignore_patterns("*.pyc"))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "PYTHONPATH": str(src),
+        "SLURM_CONF": slurm.conf,
+    }
+    argv = ["runuser", "-u", USER, "--", "env", "-i"]
+    argv += [f"{k}={v}" for k, v in env.items()]
+    # The system's python: a venv's may link into root's home, which the user cannot enter;
+    # `submit` needs only the standard library.
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    argv += [python, "-m", "gpuwarden", "submit", "--slurm", "-g", "0"]
+    argv += ["--output", "user-%j.out", "--", "sh", "-c", "id -un; echo $SLURM_JOB_USER"]
+    try:
+        done = subprocess.run(argv, cwd=slurm.out, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    assert slurm.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+    out = slurm.out / f"user-{job}.out"
+    assert out.read_text().split() == [USER, USER]
+    assert out.stat().st_uid == pwd.getpwnam(USER).pw_uid
+    # and `gpuwarden queue`/`logs` see it as that user's
+    logs = cli("logs", "--slurm", job)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.split() == [USER, USER]
+
+
+def test_logs_follow_a_job_to_its_end(cli: Any, slurm: Cluster) -> None:
+    job = _submit(cli, "-g", "1", "--", "sh", "-c", "echo one; sleep 1; echo two")
+    done = cli("logs", "--slurm", "-f", job, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["one", "two"]
+    assert slurm.state(job) == "COMPLETED"
+
+
+def test_run_slurm_is_attached_through_srun(cli: Any, slurm: Cluster) -> None:
+    done = cli("run", "--slurm", "-g", "1", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 3")
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.strip() in {"0", "1", "2", "3"}
+
+
+def test_slurm_errors_are_one_line_with_slurms_text(
+    cli: Any, slurm: Cluster, tmp_path: Path
+) -> None:
+    cases = [
+        (("-g", "9", "--", "true"), "sbatch failed: Batch job submission failed: Requested node"),
+        (("--time", "1:2:3:4", "--", "true"), "invalid --time '1:2:3:4'"),
+    ]
+    for argv, text in cases:
+        done = cli("submit", "--slurm", *argv)
+        assert done.returncode == 2 and text in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    # a typed gres the site configured but this cluster lacks: Slurm says so
+    conf = tmp_path / "etc" / "config.toml"
+    conf.parent.mkdir()
+    conf.write_text('[slurm]\ngpu_types = ["h100"]\n')
+    dry = cli("submit", "--slurm", "--model", "H100", "--dry-run", "--", "true")
+    assert "#SBATCH --gres=gpu:h100:1" in dry.stdout, dry.stderr
+    done = cli("submit", "--slurm", "--model", "H100", "--", "true")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "gpuwarden submit: sbatch failed: Batch job submission failed: Requested node "
+        "configuration is not available"
+    )
+    # the controller down: a config naming a port nobody serves
+    down = tmp_path / "down.conf"
+    text = Path(slurm.conf).read_text()
+    port = text.split("SlurmctldPort=")[1].split()[0]
+    dead = str(_free_port_pair())
+    down.write_text(
+        text.replace(f"SlurmctldPort={port}", f"SlurmctldPort={dead}") + "MessageTimeout=2\n"
+    )
+    for argv in (("queue", "--slurm"), ("submit", "--slurm", "--", "true")):
+        done = cli(*argv, env={"SLURM_CONF": str(down)})
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Unable to contact slurm controller" in lines[0], lines
+
+
+def test_ddp_job_initialised_from_slurms_variables_matches_run_ddp(
+    cli: Any, slurm: Cluster
+) -> None:
+    require(torch_found(), TORCH_MISSING)
+    import torch
+
+    args = ("--steps", "20", "--threads", "1", "--micro-batch", "8")
+    env = {"OMP_NUM_THREADS": "1"}
+    job = _submit(
+        cli, "--ddp", "-g", "2", "--output", "ddp.log", "--", str(EXAMPLE), *args, "--out", "s.pt"
+    )
+    local = cli(
+        "run",
+        "--ddp",
+        "--nproc",
+        "2",
+        "--",
+        str(EXAMPLE),
+        *args,
+        "--out",
+        "r.pt",
+        env=env,
+        timeout=120,
+    )
+    assert local.returncode == 0, local.stderr
+    assert slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED")) == "COMPLETED", Path(
+        "ddp.log"
+    ).read_text()
+    log = Path("ddp.log").read_text()
+    assert "backend=gloo world=2 env=slurm" in log, log
+    final = [x for x in log.splitlines() if x.startswith("done:")]
+    assert len(final) == 1  # rank 0 only
+    mine = [x for x in local.stdout.splitlines() if x.startswith("done:")]
+    assert final[0].split(",")[:2] == mine[0].split(",")[:2]  # steps and final loss
+    a, b = torch.load("s.pt"), torch.load("r.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+FOUR = """
+description = "4 idle A100 for the Slurm prolog test"
+driver_version = "550.54.15"
+cuda_version = "12.4"
+""" + "".join(
+    f'[[gpu]]\nmodel = "A100-SXM4-80GB"\npci_bus_id = "00000000:{bus}:00.0"\n'
+    for bus in ("07", "0B", "48", "4C")
+)
+
+
+def test_prolog_leases_keep_local_runs_off_the_gpus_of_a_slurm_job(
+    cli: Any, clusters: Callable[..., Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    top = Path(tempfile.mkdtemp(prefix="gw-prolog-"))
+    try:
+        (top / "four.toml").write_text(FOUR)
+        (top / "leases").mkdir(mode=0o700)
+        local = {
+            "GPUWARDEN_SIM": str(top / "four.toml"),
+            "GPUWARDEN_SIM_STATE": str(top / "sim"),
+            "GPUWARDEN_LEASE_DIR": str(top / "leases"),
+            "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
+        }
+        # slurmd runs Prolog=/Epilog= with an environment of its own: the wrapper says
+        # where gpuwarden, the (simulated) machine and the leases are.
+        for action in ("prolog", "epilog"):
+            script = top / f"{action}.sh"
+            exports = " ".join(f"{k}={v}" for k, v in local.items())
+            script.write_text(
+                f"#!/bin/sh\nexport {exports} PYTHONPATH={SRC}\n"
+                f"exec {sys.executable} -m gpuwarden slurm {action} >>{top}/{action}.log 2>&1\n"
+            )
+            script.chmod(0o755)
+        cluster = clusters(
+            "prolog", SLURM_CI_PROLOG=str(top / "prolog.sh"), SLURM_CI_EPILOG=str(top / "epilog.sh")
+        )
+        for k, v in {**local, "SLURM_CONF": cluster.conf}.items():
+            monkeypatch.setenv(k, v)
+        flag = top / "go"
+        job = _submit(
+            cli, "-g", "2", "--", "sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.1; done"
+        )
+        cluster.wait_for(job, ("RUNNING",))
+        from gpuwarden.leases import list_leases
+
+        # (the prolog publishes one GPU's metadata after the other: poll for both)
+        def both() -> list[Any]:
+            got = list_leases(str(top / "leases"))
+            return got if len(got) == 2 else []
+
+        held = _poll(both, "the prolog's two leases")
+        assert {i.job for i in held} == {f"slurm-{job}"}
+        waiting = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "run",
+                "-g",
+                "4",
+                "--wait",
+                "--",
+                "sh",
+                "-c",
+                "echo $CUDA_VISIBLE_DEVICES",
+            ],
+            env=dict(os.environ, PYTHONPATH=str(SRC)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # it waits in line (its ticket appears) while the job holds 2 of the 4
+            _poll(lambda: any(n.endswith(".wait") for n in os.listdir(top / "leases")), "a waiter")
+            assert waiting.poll() is None
+            flag.touch()
+            out, err = waiting.communicate(timeout=90)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+        assert waiting.returncode == 0, err
+        assert out.strip() == "0,1,2,3"
+        assert "waiting for 4 GPUs" in err and f"slurm job {job}" not in out
+        # the GPUs came free during the epilog, while the job may still be completing
+        assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+        assert "leased GPU" in (top / "prolog.log").read_text()
+        assert "released GPU" in (top / "epilog.log").read_text()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_slurm_conf_of_the_simulated_server_is_accepted_by_slurmd(
+    cli: Any, clusters: Callable[..., Cluster], sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim("server-8xa100")
+    top = Path(tempfile.mkdtemp(prefix="gw-gres-"))
+    try:
+        dev = top / "dev"
+        dev.mkdir()
+        for i in range(8):  # what /dev/nvidia0..7 are on a GPU machine: char 195, i
+            os.mknod(dev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
+        gres = cli("slurm", "conf", "--section", "gres", "--dev-dir", str(dev))
+        node = cli("slurm", "conf", "--section", "node")
+        assert gres.returncode == 0 and node.returncode == 0, gres.stderr + node.stderr
+        assert gres.stdout.count(f"File={dev}/nvidia") == 8 and "Links=-1,12," in gres.stdout
+        (top / "gres.conf").write_text(gres.stdout)
+        cluster = clusters(
+            "gres",
+            SLURM_CI_GRES_CONF=str(top / "gres.conf"),
+            SLURM_CI_NODE_LINE=node.stdout.strip() + " State=UNKNOWN",
+        )
+        line = cluster.tool("sinfo", "-h", "-N", "-o", "%T %G")
+        assert line.split() == ["idle", "gpu:8"]
+        # and the health watch's drain, when configured, takes the node out of service
+        from gpuwarden.slurm import node as slurm_node
+
+        monkeypatch.setenv("SLURM_CONF", cluster.conf)
+        conf = {"slurm.drain_node": True, "slurm.node": None}
+        drained = slurm_node.drain_for_fault(conf, "3", "XID 79 (fallen off the bus)")
+        state = cluster.tool("sinfo", "-h", "-N", "-n", drained, "-o", "%T|%E").strip()
+        assert state == "drained|gpuwarden: GPU 3: XID 79 (fallen off the bus)"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "src" / "gpuwarden" / "schemas"
 CLI_DIR = ROOT / "src" / "gpuwarden" / "cli"
 
-# `--json` commands whose output needs the queue service running; their shapes
-# are the service protocol's, checked in tests/test_service*.py.
-SERVICE_ONLY = {"jobs", "share"}
+# `--json` commands whose output needs the queue service running (or Slurm); their
+# shapes are the service protocol's, checked in tests/test_service*.py.
+SERVICE_ONLY = {"jobs", "share", "queue"}
 
 
 def schema(name: str) -> dict[str, Any]:
@@ -108,3 +108,9 @@ def test_drains_and_leases_validate(cli: Cli, sim: Any) -> None:
     status = validate("status", inner.stdout)
     assert status["gpus"][0]["drain"]["reason"] == "fan noise"
     assert any(g["leases"] for g in status["gpus"]), "the job's lease is missing"
+
+
+def test_service_status_validates_when_no_service_runs(cli: Cli, tmp_path: Path) -> None:
+    result = cli("service", "status", "--json", env={"GPUWARDEN_SOCKET": str(tmp_path / "no.sock")})
+    found = validate("service", result.stdout)
+    assert found["running"] is False and found["problem"] and result.returncode != 0

@@ -48,15 +48,39 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict[str, str], str]] = {
 }
 
 # Times, and the energy counter (the simulator's grows with the clock, as NVML's does).
-_VOLATILE_JSON = {"taken_at": 0, "at": 0, "started": 0, "energy_consumed": 0}
+_VOLATILE_JSON = {
+    "taken_at": 0,
+    "at": 0,
+    "started": 0,
+    "age": 0,
+    "expires": 0,
+    "energy_consumed": 0,
+}
 
 
 def _me() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+def _lease_rows(text: str) -> str:
+    """The lease table's JOB, PID and AGE differ per run, and the columns' widths
+    with them: those cells become placeholders, cells joined by two spaces."""
+    out, in_table = [], False
+    for line in text.split("\n"):
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[:3] == ["LEASE", "USER", "JOB"]:
+            in_table = True
+        elif not line.strip():
+            in_table = False
+        elif in_table and len(cells) >= 5:
+            cells[2:5] = ["<job>", "<pid>", "<age>"]
+        out.append("  ".join(cells) if in_table else line)
+    return "\n".join(out)
+
+
 def normalize_text(text: str) -> str:
     host = socket.gethostname()
+    text = _lease_rows(text)
     text = re.sub(rf"^{re.escape(host)}(?=  )", "<host>", text, flags=re.M)
     text = text.replace(sys.executable, "<python>")
     return re.sub(rf"\b{re.escape(_me())}\b", "<me>", text)
@@ -143,3 +167,14 @@ def test_normalizing_keeps_what_matters() -> None:
         "taken_at": 0,
         "gpus": [{"drain": {"by": "<me>", "at": 0, "reason": "x"}}],
     }
+
+
+def test_lease_rows_lose_only_their_per_run_cells() -> None:
+    text = (
+        "x\n\nLEASE  USER  JOB             PID  AGE  EXPIRES   COMMAND\n"
+        "GPU 2  bob   10740-3f1175  10749   3s  with job  python t.py\n"
+    )
+    assert normalize_text(text).splitlines()[2:] == [
+        "LEASE  USER  JOB  PID  AGE  EXPIRES  COMMAND",
+        "GPU 2  bob  <job>  <pid>  <age>  with job  python t.py",
+    ]

@@ -25,8 +25,8 @@ Everything here is pure (no NVML, no CUDA): `parse` works on a list of UUIDs,
 
 The writing side, `export_value` and `export_env` (what gpuwarden hands to a
 child), lives in `gpuwarden.launch` and is reachable from here too: `run`
-needs it for every job, and this module's three record classes (~2 ms to
-create) only when a parent `CUDA_VISIBLE_DEVICES` must be read.
+needs it for every job, and this module's three record classes (their creation
+is measurable at start-up) only when a parent `CUDA_VISIBLE_DEVICES` must be read.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
 from gpuwarden.records import record
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Optional
 

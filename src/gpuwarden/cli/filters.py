@@ -14,9 +14,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Optional, Union
 
-    from gpuwarden.cli.options import Group, Parser
-
-    Declared = Union[Parser, Group]
+    Declared = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
 
 def add_filters(parser: Declared) -> None:

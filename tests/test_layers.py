@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "machine",
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
-        ("inventory", "sim.*", "cgroups", "devbpf", "accounting"),
+        ("inventory", "nvmlload", "sim.*", "cgroups", "devbpf", "accounting", "ancestry"),
     ),
     (
         "policy",
@@ -90,6 +90,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.protocol",
             "service.probe",
             "service.spawn",
+            "service.jobcgroup",
             "service.identity",
         ),
     ),
@@ -110,6 +111,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.server",
             "service.store",
             "service.unitfiles",
+            "service.watching",
         ),
     ),
     (
@@ -154,6 +156,7 @@ KNOWN_CIRCLES: dict[tuple[str, ...], str] = {
         "service.placing",
         "service.requests",
         "service.server",
+        "service.watching",
     ): "the handlers reach back into the server for its state",
 }
 

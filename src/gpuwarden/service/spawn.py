@@ -24,6 +24,7 @@ service's status directory, where a restarted service finds it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -275,8 +276,10 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     # Before the job can exist: a restarted service that finds no marker knows it
     # never started and may queue it again without running it twice.
     write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
+    # SIGPIPE too: a service killed before reading the report below must not kill us
+    # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL if sig == signal.SIGPIPE else signal.SIG_IGN)
+        signal.signal(sig, signal.SIG_IGN)
     cgroup, problem = _job_cgroup(launch)
     if problem is not None:
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
@@ -305,7 +308,8 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     )
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
     os.close(error_r)
-    os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
+    with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
+        os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
     os.close(report_w)
     while True:
         try:
@@ -375,7 +379,7 @@ def _become_job(launch: Launch, error_w: int, cgroup: Optional[dict[str, str]] =
 
         join(cgroup)
     os.setpgid(0, 0)  # its own process group, for a machine without cgroups
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     drop_privileges(launch.owner)
     os.umask(launch.umask)

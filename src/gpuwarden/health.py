@@ -23,7 +23,7 @@ from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Callable, Optional
+    from typing import Any, Callable, Optional
 
 OK, WARNING, FATAL = "ok", "warning", "fatal"
 
@@ -290,7 +290,10 @@ def rules_from_config(config: object = None) -> Rules:
             from gpuwarden.errors import UserError
 
             try:
-                rules = replace(rules, **{attr: cast(value)})
+                if not isinstance(value, (int, float, str)):
+                    raise TypeError(value)
+                number: dict[str, Any] = {attr: cast(value)}  # one field, by name
+                rules = replace(rules, **number)
             except (TypeError, ValueError):
                 raise UserError(f"{key}: expected a number, got {value!r}") from None
     return rules
@@ -303,7 +306,8 @@ def _config_getter(config: object = None) -> Callable[[str], object]:
         from gpuwarden import config as config_module
 
         config = config_module.load()
-    return config.get  # type: ignore[attr-defined]
+    getter: Callable[[str], object] = config.get  # type: ignore[attr-defined]
+    return getter
 
 
 def judge_all(

@@ -108,7 +108,7 @@ class _Signature:
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         parameters = [
             inspect.Parameter(f.name, kind, default=default(f), annotation=f.type)
-            for f in owner.__record_init__
+            for f in owner.__record_init__  # type: ignore[attr-defined]
         ]
         return inspect.Signature(parameters, return_annotation=None)
 
@@ -122,7 +122,7 @@ _SHARED = {
 }
 
 
-def record(cls: type[T]) -> type[T]:
+def _record(cls: type[T]) -> type[T]:
     """Make `cls` a frozen dataclass with the shared methods above (a method the class
     writes itself stays)."""
     if hasattr(cls, "__post_init__"):
@@ -130,16 +130,25 @@ def record(cls: type[T]) -> type[T]:
     for name, method in _SHARED.items():
         if name not in cls.__dict__:
             setattr(cls, name, method)
-    cls = dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)(cls)
-    fields = dataclasses.fields(cls)
+    made: Any = dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)(cls)
+    fields = dataclasses.fields(made)
     if any(getattr(f, "kw_only", False) is True for f in fields):  # 3.10+
         raise TypeError(f"{cls.__qualname__}: a record has no keyword-only fields")
-    cls.__record_init__ = tuple(f for f in fields if f.init)
-    cls.__record_repr__ = tuple(f.name for f in fields if f.repr)
-    cls.__record_compare__ = tuple(f.name for f in fields if f.compare)
-    cls.__record_hash__ = tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))
+    # The shared methods read these; a class of any shape gets them, hence `made: Any`.
+    made.__record_init__ = tuple(f for f in fields if f.init)
+    made.__record_repr__ = tuple(f.name for f in fields if f.repr)
+    made.__record_compare__ = tuple(f.name for f in fields if f.compare)
+    hashed = (f for f in fields if (f.compare if f.hash is None else f.hash))
+    made.__record_hash__ = tuple(f.name for f in hashed)
     return cls
 
 
-if TYPE_CHECKING:  # type checkers read a record's fields as they read a dataclass's
-    record = dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))(record)
+if TYPE_CHECKING:
+    # Type checkers read a record's fields as they read a dataclass's; they see the
+    # decorator only on a definition, not on a reassignment.
+    @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+    def record(cls: type[T]) -> type[T]:
+        return _record(cls)
+
+else:
+    record = _record

@@ -135,7 +135,8 @@ def decayed(usage: float, elapsed: float, half_life: float) -> float:
     """`usage` seen `elapsed` seconds ago, as it counts now."""
     if elapsed <= 0:
         return usage
-    return usage * 2.0 ** (-elapsed / half_life)
+    factor: float = 2.0 ** (-elapsed / half_life)  # float ** float is Any to a type checker
+    return usage * factor
 
 
 def job_usage(gpus: int, seconds: float, mem: Optional[int] = None, memory: int = 0) -> float:
@@ -278,9 +279,9 @@ def plan(
     finished = {} if finished is None else finished
     free = _Capacity(gpus)
     in_use: dict[str, int] = {}
-    for job in running:
-        free.take(job.gpus, job.mem)
-        in_use[job.user] = in_use.get(job.user, 0) + len(job.gpus)
+    for run in running:
+        free.take(run.gpus, run.mem)
+        in_use[run.user] = in_use.get(run.user, 0) + len(run.gpus)
     pending_ids = {w.id for w in waiting}
     running_ids = {r.id for r in running}
 

@@ -40,7 +40,11 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Optional
+    from typing import Any, Optional
+
+    # One parsed line of an XID log, as JSON gives it: {"uuid", "xid", "index", "at"}
+    # or {"clear", "at"} (parse_line checks each value's type).
+    Event = dict[str, Any]
 
 ROOT_LOG = "xids.jsonl"
 #: Bytes of a log read at most (its tail): ~40,000 events.
@@ -251,7 +255,7 @@ def _number(value: object) -> Optional[float]:
     return number if math.isfinite(number) else None
 
 
-def parse_line(line: str) -> dict:
+def parse_line(line: str) -> Event:
     """One validated line: {"uuid", "xid", "index", "at"} or {"clear", "at"}.
     Raises ValueError saying what is wrong."""
     try:
@@ -280,8 +284,8 @@ def parse_line(line: str) -> dict:
     return {"uuid": uuid, "xid": xid, "index": index, "at": at}
 
 
-def _events_of(text: str, path: str, since: float, problems: list[str]) -> list[dict]:
-    events: list[dict] = []
+def _events_of(text: str, path: str, since: float, problems: list[str]) -> list[Event]:
+    events: list[Event] = []
     bad = 0
     first = ""
     for number, line in enumerate(text.splitlines(), 1):
@@ -310,7 +314,7 @@ def xid_events(
     *,
     uids: Optional[Iterable[int]] = None,
     problems: Optional[list[str]] = None,
-) -> list[dict]:
+) -> list[Event]:
     """XID events still in force, oldest first: after `since` (default: this boot)
     and after the last clear of their GPU in the same log, from the logs of `uids`
     (default `trusted_uids()`). Problems (a log ignored, lines skipped) are appended
@@ -318,7 +322,7 @@ def xid_events(
     if since is None:
         since = _boot_time()
     said: list[str] = [] if problems is None else problems
-    events: list[dict] = []
+    events: list[Event] = []
     for path, owners in trusted_logs(_state(), uids):
         text = _read_log(path, owners, said)
         if text is not None:

@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 from gpuwarden.errors import UserError
 
@@ -65,7 +65,7 @@ class Decoder:
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self.buffer += data
-        messages = []
+        messages: list[dict[str, Any]] = []
         while True:
             end = self.buffer.find(b"\n")
             if end < 0:
@@ -95,7 +95,7 @@ def parse(line: bytes) -> dict[str, Any]:
     return value
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number")
 
 
@@ -109,7 +109,7 @@ def op_of(message: Mapping[str, Any]) -> str:
 # --- field checks --------------------------------------------------------------
 
 
-def _string(value: Any, name: str, limit: int = MAX_PATH, empty: bool = False) -> str:
+def _string(value: object, name: str, limit: int = MAX_PATH, empty: bool = False) -> str:
     if not isinstance(value, str):
         raise ProtocolError(f"{name} must be a string")
     if "\0" in value:
@@ -121,14 +121,14 @@ def _string(value: Any, name: str, limit: int = MAX_PATH, empty: bool = False) -
     return value
 
 
-def _path(value: Any, name: str) -> str:
+def _path(value: object, name: str) -> str:
     text = _string(value, name)
     if not os.path.isabs(text):
         raise ProtocolError(f"{name} must be an absolute path")
     return text
 
 
-def _int(value: Any, name: str, low: int, high: int) -> int:
+def _int(value: object, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProtocolError(f"{name} must be an integer")
     if not low <= value <= high:
@@ -136,7 +136,7 @@ def _int(value: Any, name: str, low: int, high: int) -> int:
     return value
 
 
-def _number(value: Any, name: str, low: float, high: float, open_low: bool = False) -> float:
+def _number(value: object, name: str, low: float, high: float, open_low: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ProtocolError(f"{name} must be a finite number")
     if value < low or value > high or (open_low and value == low):
@@ -146,11 +146,14 @@ def _number(value: Any, name: str, low: float, high: float, open_low: bool = Fal
     return float(value)
 
 
-def _optional(value: Any, check: Any, *args: Any) -> Any:
+T = TypeVar("T")
+
+
+def _optional(value: object, check: Callable[..., T], *args: Any) -> Optional[T]:
     return None if value is None else check(value, *args)
 
 
-def _strings(value: Any, name: str, limit: int) -> tuple[str, ...]:
+def _strings(value: object, name: str, limit: int) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise ProtocolError(f"{name} must be a list of strings")
     if len(value) > limit:
@@ -158,7 +161,7 @@ def _strings(value: Any, name: str, limit: int) -> tuple[str, ...]:
     return tuple(_string(v, f"{name} entry", empty=True) for v in value)
 
 
-def job_ids(value: Any, name: str = "jobs") -> tuple[int, ...]:
+def job_ids(value: object, name: str = "jobs") -> tuple[int, ...]:
     """A non-empty list of job ids (positive integers)."""
     if not isinstance(value, list) or not value:
         raise ProtocolError(f"{name} must be a non-empty list of job ids")
@@ -200,7 +203,7 @@ class Submit:
     wait: bool = True  # False: start now or not at all (`run` without --wait)
 
 
-def gpu_request(value: Any) -> GpuRequest:
+def gpu_request(value: object) -> GpuRequest:
     if value is None:
         return GpuRequest()
     if not isinstance(value, dict):
@@ -268,13 +271,13 @@ def submit(message: Mapping[str, Any]) -> Submit:
     )
 
 
-def _bool(value: Any, name: str) -> bool:
+def _bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise ProtocolError(f"{name} must be true or false")
     return value
 
 
-def signal_number(value: Any) -> int:
+def signal_number(value: object) -> int:
     """A signal a client may ask to deliver to its attached job."""
     import signal
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuwarden.doctor import cuda_compat
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.inventory import Gpu
 
-_RESOLVED: dict[int, tuple[Facts, Any]] = {}
+if TYPE_CHECKING:
+    from gpuwarden.visible import Resolution
+
+_RESOLVED: dict[int, tuple[Facts, Resolution]] = {}
 
 
-def resolution(facts: Facts) -> Any:
+def resolution(facts: Facts) -> Resolution:
     """`gpuwarden.visible.resolve` for these facts, computed once per Facts (it is pure)."""
     hit = _RESOLVED.get(id(facts))
     if hit is not None and hit[0] is facts:
@@ -24,7 +27,7 @@ def resolution(facts: Facts) -> Any:
     return res
 
 
-def kept_ids(res: Any) -> tuple[str, ...]:
+def kept_ids(res: Resolution) -> tuple[str, ...]:
     """The devices a resolution keeps, each by the one ID that names it exactly (a MIG
     instance by its own UUID): what to put back into CUDA_VISIBLE_DEVICES."""
     return tuple(d.mig_uuid or d.uuid for d in res.devices)

@@ -25,7 +25,7 @@ from typing import Callable
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import holders
+from gpuwarden import allocation, holders
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.selection import Request
@@ -52,7 +52,7 @@ def machine(n: int = 1, total: int = 80 * GiB) -> Snapshot:
 
 
 def take(snap: Snapshot, **req: object) -> lease.Held:
-    held = lease.acquire(Request(**req), snapshot=lambda: snap, wait=False, timeout=None)
+    held = allocation.acquire(Request(**req), snapshot=lambda: snap, wait=False, timeout=None)
     held.publish(os.getpid(), "test job")
     return held
 

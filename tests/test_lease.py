@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import waitline
+from gpuwarden import allocation, waitline
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.selection import Request
@@ -38,7 +38,7 @@ def machine(n: int = 2, total: int = 80 * GiB) -> Snapshot:
 
 
 def take(snap: Snapshot, wait: bool = False, **req: object) -> lease.Held:
-    held = lease.acquire(Request(**req), snapshot=lambda: snap, wait=wait, timeout=None)
+    held = allocation.acquire(Request(**req), snapshot=lambda: snap, wait=wait, timeout=None)
     held.publish(os.getpid(), "test job")
     return held
 
@@ -166,7 +166,7 @@ def test_wait_times_out_with_busy_exit_code() -> None:
     seen = []
     t0 = time.monotonic()
     with pytest.raises(UserError, match="timed out") as err:
-        lease.acquire(
+        allocation.acquire(
             Request(count=1),
             snapshot=lambda: snap,
             wait=True,

@@ -102,3 +102,13 @@ def format_size(num_bytes: int | None) -> str:
     if num_bytes >= 2**10:
         return f"{num_bytes / 2**10:.0f}KiB"
     return f"{num_bytes}B"
+
+
+def format_span(seconds: float) -> str:
+    """A duration as people read it: 42s, 5m07s, 3h20m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

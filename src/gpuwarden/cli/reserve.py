@@ -42,10 +42,10 @@ _EXPORTED = (
 
 def add_arguments(parser: Parser, command_name: str) -> None:
     if command_name == "reserve":
-        from gpuwarden.cli.run import add_filters
+        from gpuwarden.cli.filters import add_lease_options
 
         parser.usage = 'eval "$(gpuwarden reserve [-g N | --gpus IDS] [--for T] [filters])"'
-        add_filters(parser)
+        add_lease_options(parser)
         parser.add_argument(
             "--for", dest="duration", metavar="T", help="end the reservation after T (4h, 30m)"
         )
@@ -116,8 +116,9 @@ def _holder(held: Any, ready_fd: int, seconds: Any) -> None:
 
 
 def reserve(args: argparse.Namespace) -> int:
-    from gpuwarden import launch
-    from gpuwarden.cli.run import Machine, request_of, take
+    from gpuwarden import jobs, launch
+    from gpuwarden.cli.filters import request_of
+    from gpuwarden.cli.waiting import take
 
     args.cpu = False
     conf, request = request_of(args)
@@ -125,14 +126,14 @@ def reserve(args: argparse.Namespace) -> int:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
     until = seconds = None
     if args.duration is not None:
-        from gpuwarden.config import parse_duration
+        from gpuwarden.units import parse_duration
 
         seconds = parse_duration(args.duration)
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
-    machine = Machine(topology=request.gpu_count > 1)
-    allowed = launch.allowed_uuids(machine.first)
+    machine = jobs.Machine(topology=request.gpu_count > 1)
+    allowed = jobs.allowed(machine.first)
     held = take(
         "reserve", conf, request, machine, allowed, RESERVATION_PREFIX + os.urandom(4).hex()
     )

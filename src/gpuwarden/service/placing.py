@@ -124,13 +124,13 @@ def start_job(
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner holding the lease descriptors, record it RUNNING."""
-    from gpuwarden import leases
+    from gpuwarden import allocation, leases
     from gpuwarden.launch import command_text, job_env
     from gpuwarden.selection import Request
 
     ld = leases.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
-    outcome = leases.attempt(ld, request, snapshot, job=str(job.id))
+    outcome = allocation.attempt(ld, request, snapshot, job=str(job.id))
     if outcome.held is None:
         # The machine moved since the plan (a process appeared): try on the next pass.
         service.store.update(job.id, reason=scheduling.RESOURCES)

@@ -16,7 +16,6 @@ never silently shared.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import time
@@ -57,19 +56,13 @@ def _hold(ld: Any, job: str, gpus: Sequence[Any], timeout: float) -> Any:
 
     deadline = time.monotonic() + timeout
     while True:
-        alloc_fd = ld.open(leases.ALLOC, os.O_RDONLY | os.O_CREAT)
-        fcntl.flock(alloc_fd, fcntl.LOCK_EX)
-        held = leases.Held(ld, job, (), None)
-        taken = [g for g in gpus if leases._take(ld, held, g, shared=False)]
-        if len(taken) == len(gpus):
-            held.gpus = tuple(gpus)
-            held._alloc_fd = alloc_fd  # kept until publish, as every allocation does
-            return held
-        held.release()
-        os.close(alloc_fd)
+        left = max(0.0, deadline - time.monotonic())
+        held = leases.lease_exactly(ld, gpus, job, patience=max(left, leases.ALLOC_PATIENCE))
+        if held is not None:
+            return held  # the allocation lock is kept until publish, as always
         if time.monotonic() >= deadline:
-            busy = [g for g in gpus if g not in taken]
             holders = {i.uuid: i for i in leases.list_leases(ld.path)}
+            busy = [g for g in gpus if g.uuid in holders] or list(gpus)
             who = ", ".join(
                 f"GPU {g.index} ({holders[g.uuid].user} pid {holders[g.uuid].pid})"
                 if g.uuid in holders

@@ -109,8 +109,8 @@ class Feed:
 
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
+        from gpuwarden.allocation import describe_request
         from gpuwarden.health import Rules, judge, xid_events
-        from gpuwarden.leases import describe_request
 
         snap = self._read_snapshot()
         self.snap = snap

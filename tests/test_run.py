@@ -465,8 +465,8 @@ def test_a_lease_that_must_wait_gives_the_collector_back_once(sim, tmp_path: Pat
     """A wait may last hours and its loop makes garbage: the pause ends when it starts."""
     from gpuwarden import config
     from gpuwarden.cli.waiting import take
-    from gpuwarden.jobs import Machine
     from gpuwarden.errors import UserError
+    from gpuwarden.jobs import Machine
 
     sim("server-8xa100")
     first, mark = hold(tmp_path, "a", "--gpus", "7")

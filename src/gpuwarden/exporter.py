@@ -127,7 +127,8 @@ class ViewCache:
         return self._stale
 
     def _fresh(self) -> View:
-        from gpuwarden.health import judge, xids_seen
+        from gpuwarden.health import judge
+        from gpuwarden.xidlog import xids_seen
 
         started = time.perf_counter()
         self.reads += 1

@@ -110,7 +110,8 @@ class Feed:
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
         from gpuwarden.allocation import describe_request
-        from gpuwarden.health import Rules, judge, xid_events
+        from gpuwarden.health import Rules, judge
+        from gpuwarden.xidlog import xid_events
 
         snap = self._read_snapshot()
         self.snap = snap

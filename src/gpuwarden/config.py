@@ -229,10 +229,13 @@ def _as_path(value: Any) -> str:
 
 
 def _as_listen(value: Any) -> str:
+    from gpuwarden.units import parse_listen
+
     text = _as_str(value)
-    _host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise _BadValue
+    try:
+        parse_listen(text)  # the servers read it the same way when they start
+    except UserError:
+        raise _BadValue from None
     return text
 
 
@@ -250,7 +253,7 @@ _KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "ints": (_as_ints, "a list of integers"),
     "capability": (_as_capability, "a compute capability such as 8.0"),
     "path": (_as_path, "a path (string)"),
-    "listen": (_as_listen, "HOST:PORT"),
+    "listen": (_as_listen, "HOST:PORT, :PORT or PORT"),
     "choice": (_as_str, "one of"),
     "names": (_as_names, 'names such as ["alice", "@gpuadmins"]'),
     "shares": (_as_shares, "a table of positive numbers such as {alice = 2, bob = 1}"),

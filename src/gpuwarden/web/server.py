@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
+from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.web.history import History
 from gpuwarden.web.model import build
 
@@ -241,20 +242,6 @@ def _waiters() -> list:
 # --- HTTP ------------------------------------------------------------------------------
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """ "HOST:PORT", ":PORT" or "PORT"; loopback unless a host is named explicitly."""
-    text = str(value).strip()
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UserError(
-            f"invalid listen address {value!r}: expected HOST:PORT, e.g. 127.0.0.1:9500"
-        )
-    return host, int(port)
-
-
 def is_loopback(host: str) -> bool:
     """A loopback address or `localhost` ("127.0.0.1.nip.io" is a name, not an address)."""
     import ipaddress
@@ -457,7 +444,7 @@ def serve(
     timeout: float = 30.0,
 ) -> WebServer:
     """Start the page in threads; UserError when the address cannot be served."""
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen, any_host=LOOPBACK, any_port=True)
     if max_clients < 1:
         raise UserError(f"web.max_clients must be at least 1, got {max_clients}")
     feed = feed or Feed()

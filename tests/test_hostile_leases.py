@@ -25,9 +25,10 @@ from typing import Callable
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import allocation, holders
+from gpuwarden import allocation, holders, leasedir
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.safefiles import owner_name
 from gpuwarden.selection import Request
 
 GiB = 2**30
@@ -316,7 +317,7 @@ def test_allocation_lock_held_by_another_user(sim, cli, users, shared, procs) ->
     r = cli("run", "-g", "1", "--wait", "--timeout", "2s", "--", "true", timeout=60)
     assert r.returncode == lease.EXIT_BUSY, r.stderr
     assert time.monotonic() - started < 30
-    assert f"{lease.owner_of(mallory)} pid {holder}" in one_line_error(r)
+    assert f"{owner_name(mallory)} pid {holder}" in one_line_error(r)
     r = cli("run", "-g", "1", "--", "true", timeout=60)  # without --wait: a bounded try
     assert r.returncode == lease.EXIT_BUSY and f"pid {holder}" in r.stderr
 
@@ -668,7 +669,7 @@ def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
     from gpuwarden import waitline
 
     snap = machine(1)
-    ticket = waitline.join(lease.open_dir(), Request(count=1))
+    ticket = waitline.join(leasedir.open_dir(), Request(count=1))
     try:
         with pytest.raises(UserError) as err:
             take(snap, count=1)
@@ -687,7 +688,7 @@ def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
 
     mallory, _ = users
     _ticket(shared, mallory, procs, CRAFTED["more GPUs than exist"])
-    mine = waitline.join(lease.open_dir(), Request(count=1))
+    mine = waitline.join(leasedir.open_dir(), Request(count=1))
     try:
         position, _, ahead_need = mine.scan(check_alive=True, most=8)
         assert ahead_need == 0 and position == 1

@@ -14,18 +14,17 @@ import time
 from collections.abc import Collection
 
 from gpuwarden.errors import UserError
+from gpuwarden.leasedir import LeaseDir, open_dir
 from gpuwarden.leases import (
     ALLOC,
     ALLOC_PATIENCE,
     EXIT_BUSY,
     AllocationBusy,
     Held,
-    LeaseDir,
     LeaseInfo,
     lock_within,
     needs,
     new_job_id,
-    open_dir,
     scan,
     sweep,
     tidy,

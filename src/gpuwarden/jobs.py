@@ -142,9 +142,10 @@ def choose_now(snapshot: Any, request: Any, allowed: Optional[Collection[str]]) 
 
 def waiting_count() -> int:
     """How many requests wait in line (they are served before a new one)."""
-    from gpuwarden import leases, waitline
+    from gpuwarden import waitline
+    from gpuwarden.leasedir import open_dir
 
-    return len(waitline.read_line(leases.open_dir()))
+    return len(waitline.read_line(open_dir()))
 
 
 def within_enclosing(

@@ -18,9 +18,8 @@ locks are taken, and until the new metadata is in place. Waiting clients
 queue in the same directory (`gpuwarden.waitline`) and are served first come,
 first served.
 
-The lease directory is checked before use: a symlink, an unexpected owner,
-or a directory others may write without the sticky bit would let another
-local user delete or redirect the locks, so each is refused with one line.
+The lease directory is checked before use (`gpuwarden.leasedir`); choosing and
+waiting in line are `gpuwarden.allocation`'s.
 
 Every file in it may have been put there by a hostile user: records are opened
 through `safefiles` (no FIFO, no link, bounded), every field is checked, a held
@@ -34,17 +33,18 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import time
 from collections.abc import Sequence
 
 from gpuwarden.errors import UserError
+from gpuwarden.leasedir import LeaseDir, check_dir
 from gpuwarden.leaserecord import HOLDER_RE, HOLDER_SUFFIX, LeaseInfo, parse_record, unreadable
 from gpuwarden.safefiles import (
     MAX_RECORD,
     TMP_SUFFIX,
     UnsafeFile,
     open_regular,
+    owner_name,
     printable,
     read_bounded,
     temporary_name,
@@ -66,152 +66,6 @@ ALLOC_PATIENCE = 5.0
 # Exit status for "not now": no GPU fits at the moment (without --wait), or the
 # wait timed out. EX_TEMPFAIL from sysexits.h: "try again later".
 EXIT_BUSY = 75
-
-
-# --- the directory and its safety ------------------------------------------------------------
-
-
-def owner_of(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-class LeaseDir:
-    """A checked lease directory. `shared` when other users may write into it (sticky,
-    as /tmp): their lock files are then expected; in a private one they are not."""
-
-    def __init__(self, path: str, shared: bool, owner_uid: int) -> None:
-        self.path = path
-        self.shared = shared
-        self.owner_uid = owner_uid
-
-    def join(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def check_owner(self, path: str, st: os.stat_result) -> None:
-        """Refuse, in a private lease directory, a file another user made."""
-        me = os.geteuid()
-        if not self.shared and st.st_uid not in (me, 0, self.owner_uid):
-            raise UserError(
-                f"lease file {path} is owned by {owner_of(st.st_uid)}, not by {owner_of(me)}, "
-                f"in a private lease directory; refusing it"
-            )
-
-    def open(self, name: str, flags: int = os.O_RDONLY | os.O_CREAT) -> int:
-        """Open a lock file in the directory: never through a symlink, never blocking on
-        a FIFO, only a regular file (safefiles.open_regular), of an expected owner."""
-        path = self.join(name)
-        try:
-            # In a directory others may not write (a user's own, or the queue service's),
-            # nobody else needs to open a lock file: 0600 keeps them from holding it.
-            mode = 0o644 if self.shared else 0o600
-            fd, st = open_regular(path, flags, mode, what="lease file")
-        except UnsafeFile as err:
-            raise UserError(
-                f"{err}; whoever made it (see `ls -l {path}`) could block or redirect the "
-                "lock: an admin should remove it"
-            ) from None
-        except OSError as err:
-            raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
-        try:
-            self.check_owner(path, st)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-
-def _check_component(path: str, st: os.stat_result, what: str) -> None:
-    me = os.geteuid()
-    if st.st_uid not in (me, 0):
-        raise UserError(
-            f"{what} {path} is owned by {owner_of(st.st_uid)}, not by {owner_of(me)} or root; "
-            "refusing it: its owner could delete or replace the locks"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise UserError(
-            f"{what} {path} (owner {owner_of(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}) is "
-            "writable by others without the sticky bit; refusing it: anyone could delete "
-            "the locks (chmod +t it, as /tmp is, or use a private directory)"
-        )
-
-
-def check_dir(path: str) -> LeaseDir:
-    """Check an existing lease directory and every directory above it."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise UserError(f"lease directory {path} does not exist") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise UserError(
-            f"lease directory {path} is a symbolic link (owner {owner_of(st.st_uid)}, to "
-            f"{os.readlink(path)}); refusing it: whoever controls the link controls the locks"
-        )
-    if not stat.S_ISDIR(st.st_mode):
-        raise UserError(f"lease directory {path} is not a directory")
-    _check_component(path, st, "lease directory")
-    # Above it, a directory another user may rename would let them swap the whole tree.
-    parent = os.path.dirname(os.path.realpath(path))
-    while True:
-        _check_component(parent, os.stat(parent), "directory")
-        up = os.path.dirname(parent)
-        if up == parent:
-            break
-        parent = up
-    fstype = filesystem_type(os.path.realpath(path))
-    if fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse."):
-        raise UserError(
-            f"lease directory {path} is on {fstype}: there flock is emulated with locks that "
-            "a job does not inherit and that other machines see, so leases would not hold; "
-            "set lease.dir (or GPUWARDEN_LEASE_DIR) to a local directory such as "
-            "/var/lib/gpuwarden/leases"
-        )
-    shared = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or st.st_uid != os.geteuid()
-    return LeaseDir(path, shared, st.st_uid)
-
-
-# Where Linux emulates flock with POSIX byte-range locks (owned by a process, not
-# inherited by its children) or has no shared locks at all.
-NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre"})
-
-
-def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str:
-    """The type of the filesystem holding `path` (longest mount point that contains it);
-    "" when it cannot be told."""
-    best, kind = "", ""
-    try:
-        with open(mounts) as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = path == point or path.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        return ""
-    return kind
-
-
-def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
-    """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
-    one, else per user), checked; a missing one is created private (0700)."""
-    if path is None:
-        from gpuwarden.config import lease_location
-
-        path = lease_location()
-    path = os.path.abspath(path)
-    if create and not os.path.lexists(path):
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"cannot create lease directory {path}: {err.strerror}") from None
-    return check_dir(path)
 
 
 # --- reading leases --------------------------------------------------------------------------
@@ -265,7 +119,7 @@ def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional
         warn(f"skipping lease record {printable(path)}: {err}")
         return None, False
     try:
-        owner = owner_of(st.st_uid)
+        owner = owner_name(st.st_uid)
         if ld.shared is False and st.st_uid not in (os.geteuid(), 0, ld.owner_uid):
             warn(
                 f"skipping lease record {printable(path)}: owned by {owner} in a private directory"
@@ -594,7 +448,7 @@ def lock_holder(fd: int) -> str:
     st = os.fstat(fd)
     pids = holders.lock_pids(st.st_dev, st.st_ino)
     if not pids:
-        return f"another process (file owner {owner_of(st.st_uid)})"
+        return f"another process (file owner {owner_name(st.st_uid)})"
     return ", ".join(holders.describe(pid) for pid in sorted(set(pids)))
 
 

@@ -26,12 +26,13 @@ from collections.abc import Collection, Iterator
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
-from gpuwarden.leases import is_locked, needs, owner_of, remove_if_free, warn
+from gpuwarden.leases import is_locked, needs, remove_if_free, warn
 from gpuwarden.records import record
 from gpuwarden.safefiles import (
     MAX_RECORD,
     UnsafeFile,
     open_regular,
+    owner_name,
     printable,
     read_bounded,
     temporary_name,
@@ -164,7 +165,7 @@ def _skip(ld: Any, name: str, verdict: Verdict) -> None:
     """Say once why a ticket is not counted (a stopped waiter: it keeps its place and is
     counted again when it resumes)."""
 
-    who = f" of {owner_of(verdict.uid)}" if verdict.uid >= 0 else ""
+    who = f" of {owner_name(verdict.uid)}" if verdict.uid >= 0 else ""
     if verdict.why == "its waiter is stopped":
         warn(f"skipping a stopped waiter{who} in line ({printable(name)}) until it resumes")
     else:
@@ -312,7 +313,7 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
                 _skip(ld, name, verdict)
             continue
         try:
-            waiter = parse_ticket(raw, key, pid, need, owner_of(verdict.uid))
+            waiter = parse_ticket(raw, key, pid, need, owner_name(verdict.uid))
         except (ValueError, TypeError) as err:
             _skip(ld, name, Verdict(False, f"invalid ({err})", uid=verdict.uid))
             continue

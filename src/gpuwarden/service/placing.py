@@ -124,11 +124,11 @@ def start_job(
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner holding the lease descriptors, record it RUNNING."""
-    from gpuwarden import allocation, leases
+    from gpuwarden import allocation, leasedir
     from gpuwarden.launch import command_text, job_env
     from gpuwarden.selection import Request
 
-    ld = leases.open_dir(service.settings.lease_dir)
+    ld = leasedir.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
     outcome = allocation.attempt(ld, request, snapshot, job=str(job.id))
     if outcome.held is None:
@@ -203,10 +203,10 @@ def release_leases(service: Service, job: store.Job) -> None:
     import fcntl
     import os
 
-    from gpuwarden import leases
+    from gpuwarden import leasedir, leases
 
     try:
-        ld = leases.open_dir(service.settings.lease_dir)
+        ld = leasedir.open_dir(service.settings.lease_dir)
     except UserError:
         return
     for uuid in job.gpus:

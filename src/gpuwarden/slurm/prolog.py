@@ -104,7 +104,7 @@ def _holder(held: Any, ready_fd: int) -> None:
 
 def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] = None) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
-    from gpuwarden import leases
+    from gpuwarden import leasedir
     from gpuwarden.inventory import read_snapshot
 
     job = job_id(environ)
@@ -120,7 +120,7 @@ def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] 
             f"this machine ({len(snapshot.gpus)} GPUs); is gres.conf `gpuwarden slurm conf`'s?"
         )
     gpus = [by_index[i] for i in indices]
-    ld = leases.open_dir(lease_dir)
+    ld = leasedir.open_dir(lease_dir)
     held = _hold(ld, JOB_PREFIX + job, gpus, timeout)
     try:
         read_end, write_end = os.pipe()

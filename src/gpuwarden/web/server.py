@@ -230,7 +230,7 @@ def _drains() -> dict:
 
 def _waiters() -> list:
     from gpuwarden.config import lease_location
-    from gpuwarden.leases import open_dir
+    from gpuwarden.leasedir import open_dir
     from gpuwarden.waitline import read_line
 
     where = lease_location()

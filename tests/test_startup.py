@@ -85,17 +85,18 @@ def test_absolute_spells_a_path_as_pathlib_does(cwd: str) -> None:
     assert config._absolute(cwd) == str(Path(cwd).absolute())
 
 
-def test_string_locations_are_the_paths(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert config.state_location() == str(config.state_dir())
-    assert config.lease_location() == str(config.lease_dir())
+def test_locations_are_absolute_strings(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One function per location, a string (the run path does not import pathlib)."""
+    from gpuwarden import locations
+
     monkeypatch.delenv("GPUWARDEN_STATE_DIR")
     monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(isolated / "xdg-state"))
-    assert config.state_location() == str(config.state_dir())
-    assert config.lease_location() == str(config.lease_dir())
+    assert locations.state_location() == str(isolated / "xdg-state" / "gpuwarden")
+    assert locations.lease_location() == str(isolated / "xdg-state" / "gpuwarden" / "leases")
     cfg = config.load({"state.dir": "s", "lease.dir": "l"})
-    assert config.state_location(cfg) == str(config.state_dir(cfg)) == str(isolated / "cwd" / "s")
-    assert config.lease_location(cfg) == str(config.lease_dir(cfg))
+    assert locations.state_location(cfg) == str(isolated / "cwd" / "s")
+    assert locations.lease_location(cfg) == str(isolated / "cwd" / "l")
 
 
 def _project_file_by_pathlib(cwd: str | Path) -> Path | None:
@@ -125,8 +126,9 @@ def test_project_file_found_as_pathlib_found_it(isolated: Path) -> None:
         "/",
     )
     for cwd in spellings:
-        assert config.project_config_path(cwd) == _project_file_by_pathlib(cwd), cwd
-    assert config.project_config_path(repo / "sub") == repo / "gpuwarden.toml"
+        found = _project_file_by_pathlib(cwd)
+        assert config.project_config(cwd) == (None if found is None else str(found)), cwd
+    assert config.project_config(repo / "sub") == str(repo / "gpuwarden.toml")
 
 
 @pytest.mark.parametrize("name", ["a.toml", "/x/a.b.toml", "/x/.toml", "/x/a.", "/x/a", "a..toml"])

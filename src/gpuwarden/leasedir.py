@@ -142,7 +142,7 @@ def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
     """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
     one, else per user), checked; a missing one is created private (0700)."""
     if path is None:
-        from gpuwarden.config import lease_location
+        from gpuwarden.locations import lease_location
 
         path = lease_location()
     path = os.path.abspath(path)

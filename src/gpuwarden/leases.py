@@ -187,7 +187,7 @@ def scan(
 def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
     """Leases that are held right now (lock actually held by a live holder)."""
     if lease_dir is None:
-        from gpuwarden.config import lease_location
+        from gpuwarden.locations import lease_location
 
         lease_dir = lease_location()
     if not os.path.lexists(lease_dir):

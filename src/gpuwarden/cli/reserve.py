@@ -248,7 +248,7 @@ def _prove_holder(info: Any) -> Any:
     holds the record open and the caller may signal it (holders.prove)."""
     import gpuwarden.leases as lease
     from gpuwarden import holders
-    from gpuwarden.config import lease_location
+    from gpuwarden.locations import lease_location
     from gpuwarden.safefiles import open_regular
 
     path = os.path.join(lease_location(), f"{info.uuid}.{info.job}{lease.HOLDER_SUFFIX}")

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.jobs import allowed
     from gpuwarden.launch import export_value
     from gpuwarden.leases import EXIT_BUSY, list_leases
+    from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size
 
@@ -49,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     choice = choose(
         snapshot,
         request,
-        list_leases(str(config.lease_dir(cfg))),
-        list_drains(config.state_dir(cfg)),
+        list_leases(lease_location(cfg)),
+        list_drains(state_location(cfg)),
         scope,
     )
     if args.explain:

@@ -152,7 +152,7 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
     job = job_id(environ)
     name = JOB_PREFIX + job
     if lease_dir is None:
-        from gpuwarden.config import lease_location
+        from gpuwarden.locations import lease_location
 
         lease_dir = lease_location()
     me = user_name(os.geteuid())

@@ -229,8 +229,8 @@ def _drains() -> dict:
 
 
 def _waiters() -> list:
-    from gpuwarden.config import lease_location
     from gpuwarden.leasedir import open_dir
+    from gpuwarden.locations import lease_location
     from gpuwarden.waitline import read_line
 
     where = lease_location()

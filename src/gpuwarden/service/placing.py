@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]:
     """The GPUs a job's filters allow (None: any), whatever is running on them now."""
-    from gpuwarden.selection import _model_matches, resolve_ids
+    from gpuwarden.refusals import model_matches
+    from gpuwarden.selection import resolve_ids
 
     names = request.get("gpus")
     exclude = request.get("exclude") or ()
@@ -38,7 +39,7 @@ def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]
     allowed = {g.uuid for g in (resolve_ids(snapshot, names) if names else snapshot.gpus)}
     allowed -= {g.uuid for g in resolve_ids(snapshot, exclude)}
     for gpu in snapshot.gpus:
-        if model and not _model_matches(gpu.name, model):
+        if model and not model_matches(gpu.name, model):
             allowed.discard(gpu.uuid)
         if capability and (
             gpu.compute_capability is None or tuple(gpu.compute_capability) < tuple(capability)

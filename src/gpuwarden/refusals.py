@@ -18,8 +18,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from gpuwarden.selection import Request
-
 # Kinds of "never fits" reasons: outside the request's scope, unhealthy or drained,
 # or filtered out by the request.
 SCOPE, HEALTH, FILTER = "scope", "health", "filter"
@@ -65,7 +63,7 @@ def visible_list(snapshot: Snapshot, allowed: set[str]) -> str:
 
 def never_reason(
     gpu: Gpu,
-    request: Request,
+    request: Any,  # a selection.Request (selection imports this module)
     allowed: Optional[set[str]],
     named: Optional[set[str]],
     excluded: set[str],
@@ -100,7 +98,7 @@ def never_reason(
 
 
 def busy_reason(
-    gpu: Gpu, request: Request, leases: list[Any], lease_pids: set[int], named: bool = False
+    gpu: Gpu, request: Any, leases: list[Any], lease_pids: set[int], named: bool = False
 ) -> tuple[Optional[str], float]:
     """Why the GPU cannot serve the request now (None if it can), and the free memory
     it offers this request (for ranking). `named`: the request names this GPU."""

@@ -585,10 +585,10 @@ def test_a_reservation_does_not_follow_the_wall_clock(sim, tmp_path) -> None:
 
 
 def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
-    from gpuwarden.cli import reserve
+    from gpuwarden import jobs
 
     now = [100.0]
-    monkeypatch.setattr(reserve, "boottime", lambda: now[0])
+    monkeypatch.setattr(jobs, "boottime", lambda: now[0])
     monkeypatch.setattr(time, "time", lambda: 0.0)  # whatever the wall clock says
     slept: list[float] = []
 
@@ -596,7 +596,7 @@ def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
         slept.append(s)
         now[0] += s
 
-    reserve.hold_for(5.0, sleep=sleep)
+    jobs.hold_for(5.0, sleep=sleep)
     assert sum(slept) == pytest.approx(5.0)
 
 

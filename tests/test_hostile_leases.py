@@ -550,16 +550,14 @@ def test_temporary_files_of_killed_writers_are_swept(shared, procs) -> None:
     old = shared / f".{UUID0}.x.lease.99-0000.tmp"
     fresh = shared / f".{UUID0}.y.lease.99-0001.tmp"
     busy = shared / f".{UUID0}.z.lease.99-0002.tmp"
-    legacy = shared / f".tmp-{UUID0}.123-abcdef"  # as earlier versions named them
-    for p in (old, fresh, busy, legacy):
+    for p in (old, fresh, busy):
         p.write_text("{")
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
-    os.utime(legacy, (hour_ago, hour_ago))
     os.utime(busy, (hour_ago, hour_ago))
     as_user(os.geteuid(), procs, busy, fcntl.LOCK_EX)  # a writer still alive (stopped)
     take(snap, count=1).release()
-    assert not old.exists() and not legacy.exists()
+    assert not old.exists()
     assert fresh.exists() and busy.exists()
 
 

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
 ALLOC = "alloc.lock"
 LOCK_SUFFIX = ".lock"
-LEGACY_TMP_PREFIX = ".tmp-"  # what earlier versions named their temporary files
 PID_ROOM = 16  # spaces after a prepared record: room for the pid `publish` writes
 
 # Without --wait, how long to try for the allocation lock before saying who holds it.
@@ -158,11 +157,7 @@ def scan(
             if name.endswith(".wait"):
                 if line is not None and not line:
                     line.append(True)
-            elif (
-                tidy is not None
-                and name.startswith(".")
-                and (name.endswith(TMP_SUFFIX) or name.startswith(LEGACY_TMP_PREFIX))
-            ):
+            elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
                 tidy.append(name)
             continue
         m = HOLDER_RE.fullmatch(name)

@@ -1,7 +1,7 @@
 """What `gpuwarden run` adds to a job's start, side by side with the floor and with
 what users do today, on the simulated 8-GPU server.
 
-    .venv/bin/python bench/run_overhead.py [--rounds 15] [--importtime]
+    .venv/bin/python bench/run_overhead.py [--rounds 15] [--importtime] [--compare DIR]...
 
 Cases, timed interleaved round by round so machine load hits them alike:
   true                                         the floor: fork+exec of nothing
@@ -15,7 +15,11 @@ what the nvisel pattern adds over `true`. Wall time is the figure; CPU time
 because on a shared or virtual machine it is much less disturbed by other load.
 nvisel reads the same simulated machine through gpuwarden's pynvml shim on
 PYTHONPATH. `--importtime` also prints the slowest imports on the `run` path
-(python -X importtime).
+(python -X importtime). `--compare DIR` adds `gpuwarden run` from another source
+tree (another checkout or worktree, e.g. main) to the same rounds, with its own
+simulator state (the parsed-spec cache is keyed by the parsing code's file). The
+machine's load average is printed before and after: on a shared machine, compare
+CPU time between runs and wall time only within one.
 """
 
 from __future__ import annotations
@@ -49,11 +53,15 @@ def environment(tmp: str) -> dict[str, str]:
         GPUWARDEN_SYSTEM_CONFIG=os.path.join(tmp, "etc", "config.toml"),
         XDG_CONFIG_HOME=os.path.join(tmp, "xdg"),
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        # This tree's sources, whatever the virtual environment has installed.
+        PYTHONPATH=str(ROOT / "src"),
     )
     return env
 
 
-def cases(env: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
+def cases(
+    env: dict[str, str], compare: list[str], tmp: str
+) -> list[tuple[str, list[str], dict[str, str]]]:
     gw = (
         [str(BIN / "gpuwarden")]
         if (BIN / "gpuwarden").exists()
@@ -64,6 +72,18 @@ def cases(env: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
         ]
     )
     nvisel_env = dict(env, PYTHONPATH=f"{SHIM}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    others = [
+        (
+            f"gpuwarden run -g 1 -- true ({tree})",
+            [*gw, "run", "-g", "1", "--", "true"],
+            dict(
+                env,
+                PYTHONPATH=str(Path(tree).resolve() / "src"),
+                GPUWARDEN_SIM_STATE=os.path.join(tmp, f"sim-{number}"),
+            ),
+        )
+        for number, tree in enumerate(compare)
+    ]
     return [
         ("true", ["true"], env),
         ("python -c pass", [sys.executable, "-c", "pass"], env),
@@ -73,6 +93,7 @@ def cases(env: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
             ["sh", "-c", "CUDA_VISIBLE_DEVICES=$(nvisel -n 1 2>/dev/null) true"],
             nvisel_env,
         ),
+        *others,
     ]
 
 
@@ -109,10 +130,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--compare", action="append", default=[], metavar="DIR")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = environment(tmp)
-        table = cases(env)
+        table = cases(env, args.compare, tmp)
+        load_before = os.getloadavg()
         for _, argv, case_env in table:  # warm caches (bytecode, page cache) for all alike
             once(argv, case_env)
         times: dict[str, list[float]] = {name: [] for name, _, _ in table}
@@ -125,10 +148,12 @@ def main() -> int:
         med = {name: statistics.median(ts) * 1000 for name, ts in times.items()}
         low = {name: min(ts) * 1000 for name, ts in times.items()}
         med_cpu = {name: statistics.median(ts) * 1000 for name, ts in cpu.items()}
+        load_after = os.getloadavg()
         print(f"{args.rounds} rounds on sim:server-8xa100, {os.cpu_count()} CPUs")
-        print(f"{'case':<44} {'median ms':>10} {'min ms':>8} {'cpu ms':>8}")
+        print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+        print(f"{'case':<52} {'median ms':>10} {'min ms':>8} {'cpu ms':>8}")
         for name, _, _ in table:
-            print(f"{name:<44} {med[name]:>10.1f} {low[name]:>8.1f} {med_cpu[name]:>8.1f}")
+            print(f"{name:<52} {med[name]:>10.1f} {low[name]:>8.1f} {med_cpu[name]:>8.1f}")
         run, py, floor = med["gpuwarden run -g 1 -- true"], med["python -c pass"], med["true"]
         nvisel = med["CUDA_VISIBLE_DEVICES=$(nvisel -n 1) true"]
         over_py = run - py
@@ -146,6 +171,11 @@ def main() -> int:
         print(f"run / python -c pass = {run / py:.2f}x; nvisel pattern / run = {nvisel / run:.2f}x")
         cpu_over = med_cpu["gpuwarden run -g 1 -- true"] - med_cpu["python -c pass"]
         print(f"(CPU time: run adds {cpu_over:.1f} ms over `python -c pass`)")
+        for name, _, _ in table[4:]:
+            print(
+                f"{name}: {med[name] - py:+.1f} ms wall, "
+                f"{med_cpu[name] - med_cpu['python -c pass']:+.1f} ms CPU over `python -c pass`"
+            )
         if args.importtime:
             import_costs(env)
     return 0

@@ -5,7 +5,11 @@ pynvml shim), interleaved round by round so machine noise hits them alike;
 the median wall time of each is printed with its ratio to gpuwarden's.
 Targets: faster than gpustat, at most half of nvitop.
 
-    .venv/bin/python bench/status.py [--runs N]
+    .venv/bin/python bench/status.py [--runs N] [--compare DIR]...
+
+`--compare DIR` adds `gpuwarden status` from another source tree (e.g. main) to
+the same rounds, with its own simulator state. The load average is printed
+before and after: compare CPU time between runs, wall time only within one.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ BIN = Path(sys.executable).parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--compare", action="append", default=[], metavar="DIR")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from gpuwarden.sim.fake import SHIM_DIR
@@ -46,15 +51,27 @@ def main() -> int:
         "gpustat": [str(BIN / "gpustat")],
         "nvitop -1": [str(BIN / "nvitop"), "-1"],
     }
+    envs = {name: env for name in commands}
+    for number, tree in enumerate(args.compare):
+        name = f"status ({tree})"
+        commands[name] = commands["gpuwarden status"]
+        envs[name] = dict(
+            env,
+            PYTHONPATH=os.pathsep.join(
+                str(Path(tree).resolve() / part) for part in ("src/gpuwarden/sim/shim", "src")
+            ),
+            GPUWARDEN_SIM_STATE=tempfile.mkdtemp(prefix=f"gpuwarden-bench-{number}-"),
+        )
     times: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
-    for cmd in commands.values():  # warm the page cache and .pyc files
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
+    for name, cmd in commands.items():  # warm the page cache and .pyc files
+        subprocess.run(cmd, env=envs[name], capture_output=True, check=True, timeout=120)
+    load_before = os.getloadavg()[0]
     for _ in range(args.runs):
         for name, cmd in commands.items():
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
-            subprocess.run(cmd, env=env, capture_output=True, check=True)
+            subprocess.run(cmd, env=envs[name], capture_output=True, check=True, timeout=120)
             times[name].append(time.perf_counter() - start)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -63,6 +80,7 @@ def main() -> int:
     ours = medians["gpuwarden status"]
     ours_cpu = cpu_medians["gpuwarden status"]
     print(f"server-8xa100, median of {args.runs} runs each (interleaved)")
+    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     print(f"  {'command':<18} {'wall':>9}  {'ratio':>6}   {'cpu':>9}  {'ratio':>6}")
     for name, value in medians.items():
         c = cpu_medians[name]

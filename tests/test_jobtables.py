@@ -63,6 +63,8 @@ def test_queue_lists_running_then_waiting_by_priority() -> None:
         "WAITED",
         "ELAPSED",
         "LIMIT",
+        "CPU",
+        "PEAKMEM",
         "COMMAND",
     ]
     assert [line.split()[0] for line in lines[1:]] == ["1", "2", "3"]
@@ -78,12 +80,24 @@ def test_other_users_text_is_escaped() -> None:
 
 def test_history_and_share() -> None:
     ended = [
-        job(id=5, state="COMPLETED", exit_code=0, ended=NOW, elapsed=7200.0),
+        job(
+            id=5,
+            state="COMPLETED",
+            exit_code=0,
+            ended=NOW,
+            elapsed=7200.0,
+            cpu_seconds=3725.0,
+            mem_peak=3 << 30,
+        ),
         job(id=4, state="TIMEOUT", signal=15, ended=NOW - 10, elapsed=60.0),
         job(id=6, state="LOST", error="its supervisor died", ended=NOW, elapsed=1.0),
     ]
     out = t.history_table(ended)
     assert "exit 0" in out and "4.00" in out and "signal 15" in out and "supervisor died" in out
+    lines = out.splitlines()
+    assert "CPU" in lines[0].split() and "PEAKMEM" in lines[0].split()
+    assert "1h02m" in lines[1] and "3072MiB" in lines[1]  # from its cgroup
+    assert lines[2].split()[-6:-4] == ["-", "-"]  # not accounted: a dash, not a zero
     share = t.share_table(
         [
             {"user": "bob", "usage": 36000.0, "share": 1, "factor": 0.88},

@@ -27,15 +27,14 @@ from gpuwarden.cli import main
 raise SystemExit(main())
 """
 
-# Not needed to show the machine or to start a job on it. argparse (with gettext and
-# locale) only reads help and mistakes; inspect (ast, dis), copy (weakref) and
-# ctypes.util (subprocess, tempfile) are deferred stand-ins (gpuwarden.cli.deferred);
-# shutil only measured the terminal.
+# Not needed to show the machine or to start a job on it. ctypes.util (subprocess,
+# tempfile) is what nvidia-ml-py imports for Windows only (gpuwarden.nvmlload keeps it
+# out); shutil only measured the terminal; shtab only writes completion scripts. The
+# command modules other than the chosen one stay unimported too.
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
-    *("argparse", "gettext", "locale", "subprocess", "tempfile", "shutil"),
-    # From Python 3.12 dataclasses reads annotations through inspect.
-    *(("ast", "dis", "weakref") if sys.version_info < (3, 12) else ()),
+    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging"),
+    *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
 )
 
 
@@ -152,36 +151,37 @@ def test_simulator_paths_are_still_paths() -> None:
         specs.NO_SUCH_NAME  # noqa: B018
 
 
-DEFERRED_USE = """
+NVML_LOAD = """
 import sys
-from gpuwarden.cli import deferred
-deferred.install()
-import dataclasses, inspect, copy
-from ctypes.util import find_library
-assert "ast" not in sys.modules and "subprocess" not in sys.modules and "weakref" not in sys.modules
+from gpuwarden.nvmlload import without_ctypes_util
 
-@dataclasses.dataclass(frozen=True)
-class Point:
-    x: int
-    y: list
-
-p = Point(1, [2])
-assert dataclasses.asdict(p) == {"x": 1, "y": [2]}  # copy.deepcopy inside
-assert copy.deepcopy(p.y) == [2] and copy.deepcopy(p.y) is not p.y
-assert str(inspect.signature(Point)) == "(x: int, y: list) -> None"
-assert find_library("c") is not None
+module = without_ctypes_util(lambda: __import__("pynvml"))
+assert "ctypes.util" not in sys.modules and "subprocess" not in sys.modules
+import ctypes
+assert not hasattr(ctypes, "util")
+assert module.find_library("c") is not None  # the real one, loaded now
 import ctypes.util
-assert ctypes.util.find_library("c") == find_library("c")
-assert sys.modules["inspect"] is inspect.getmodule(inspect.signature)  # the real one now
-assert type(sys.modules["ctypes.util"]) is type(sys)
+assert type(sys.modules["ctypes.util"]) is type(sys) and ctypes.util.find_library is not None
+assert sys.modules["ctypes.util"].__file__.endswith("util.py")  # not the stand-in
+assert module.find_library("c") == ctypes.util.find_library("c")
 print("ok")
 """
 
 
-def test_deferred_modules_are_the_real_ones_when_used() -> None:
+def test_nvidia_ml_py_loads_without_ctypes_util_and_leaves_no_stand_in() -> None:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     out = subprocess.run(
-        [sys.executable, "-c", DEFERRED_USE], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", NVML_LOAD], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_a_loaded_ctypes_util_is_left_as_it_is() -> None:
+    import ctypes.util
+
+    from gpuwarden.nvmlload import without_ctypes_util
+
+    real = sys.modules["ctypes.util"]
+    assert without_ctypes_util(lambda: sys.modules["ctypes.util"]) is real
+    assert sys.modules["ctypes.util"] is real is ctypes.util

@@ -272,7 +272,7 @@ def test_cli_serves_until_terminated(sim):
     )
     try:
         line = proc.stderr.readline()  # blocks until the server says where it is
-        assert line.startswith("gpuwarden web: serving http://127.0.0.1:"), line
+        assert " INFO gpuwarden.web: serving http://127.0.0.1:" in line, line
         port = int(line.split("127.0.0.1:")[1].split("/")[0])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/api/v1/state")

@@ -6,7 +6,7 @@ training command: the Python API (`lease`, `select`) is resolved lazily.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any
 

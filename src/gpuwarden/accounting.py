@@ -97,3 +97,25 @@ def signal_job(pid: int, signum: int) -> int:
             if err.errno != errno.ESRCH:
                 raise
     return sent
+
+
+def signal_dirs(dirs: dict[str, str], signum: int, rounds: int = 8) -> int:
+    """Send `signum` to every process in a job's cgroups (`dirs`, controller -> path), again
+    while new ones appear (a process forking as it is signalled); how many got it. A
+    process that left its process group or session is still in the cgroup: none escapes."""
+    where = dirs.get("devices", dirs.get(""))
+    if where is None:
+        return 0
+    done: set[int] = set()
+    for _ in range(rounds):
+        fresh = [p for p in pids_in(where) if p not in done]
+        if not fresh:
+            break
+        for target in fresh:
+            done.add(target)
+            try:
+                os.kill(target, signum)
+            except OSError as err:
+                if err.errno != errno.ESRCH:
+                    raise
+    return len(done)

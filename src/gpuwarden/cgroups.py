@@ -19,7 +19,7 @@ descriptors, it is part of the job) and leaves when the job has ended, so the
 empty cgroup can be removed.
 
 Moving a process between cgroups waits for one RCU grace period of the kernel
-(~10 ms on the 2-CPU test VM, a few ms on a server) the first time in a
+(docs/performance.md has the figure) the first time in a
 while. `prepare()` therefore starts the move in a thread while the caller
 reads the GPUs and takes the lease, with the cgroup still allowing
 everything; `Isolation.confine()` then writes the rules, which the kernel

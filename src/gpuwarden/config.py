@@ -9,8 +9,8 @@ layer set it, so `gpuwarden config` can answer "why is it this?".
 
 Loading runs on every `gpuwarden run`, so it stays cheap: a few `stat` calls,
 and `tomllib` is imported only when a file actually exists. Locations are
-worked out as `os.path` strings; `pathlib` (with the `urllib.parse` it imports,
-~3 ms) is imported only by the functions that hand out a `Path` and when a
+worked out as `os.path` strings; `pathlib` (with the `urllib.parse` it imports)
+is imported only by the functions that hand out a `Path` and when a
 file is read.
 
 The keys and their types are `gpuwarden.configkeys` and `gpuwarden.configvalues`;
@@ -29,7 +29,7 @@ from gpuwarden.configkeys import KEYS, SCHEMA
 from gpuwarden.configvalues import BadValue
 from gpuwarden.errors import UserError
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Optional

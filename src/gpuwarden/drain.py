@@ -36,7 +36,7 @@ from gpuwarden.records import record
 from gpuwarden.safefiles import MAX_RECORD, UnsafeFile, printable, read_small
 from gpuwarden.safefiles import owner_name as _owner
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Optional, Union
 
@@ -77,8 +77,8 @@ class Drain:
 
 
 def _directory(directory: Optional[PathLike]) -> str:
-    # Strings, not Paths: `status` and `run` list the drains, and pathlib costs ~3 ms
-    # to import there.
+    # Strings, not Paths: `status` and `run` list the drains, and pathlib stays off
+    # their start-up path.
     if directory is not None:
         return os.fspath(directory)
     from gpuwarden.locations import state_location

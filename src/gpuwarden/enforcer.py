@@ -22,6 +22,7 @@ import os
 import signal
 
 from gpuwarden import enforcement as policy
+from gpuwarden.ancestry import lineage
 from gpuwarden.records import record
 
 TYPE_CHECKING = False
@@ -45,27 +46,6 @@ class Action:
     user: Optional[str]
     message: str
     group: bool = False  # signal the process group led by `pid` (a lease's job)
-
-
-def lineage(pid: int, proc: str = "/proc") -> tuple[int, ...]:
-    """`pid` and its ancestors, from the kernel's /proc/<pid>/stat; just (pid,) when it is
-    not a process here (another PID namespace, or a simulated one)."""
-    chain = [pid]
-    seen = {pid}
-    current = pid
-    while current > 1:
-        try:
-            with open(f"{proc}/{current}/stat", "rb") as f:
-                stat = f.read(4096)
-            parent = int(stat.rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-        if parent in seen or parent <= 0:
-            break
-        chain.append(parent)
-        seen.add(parent)
-        current = parent
-    return tuple(chain)
 
 
 def _uid_of(pid: int) -> Optional[int]:
@@ -102,6 +82,7 @@ class Enforcer:
         self.unleased: dict[tuple[str, int], policy.Since] = {}
         self.idle: dict[tuple[str, int], policy.Idle] = {}
         self.terminated: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM sent, group)
+        self.last_unleased: list[policy.Unleased] = []  # the last reading's unreserved use
 
     def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
         """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
@@ -171,7 +152,8 @@ class Enforcer:
         self, gpus: dict[str, Any], held: list[policy.Lease], uses: list[policy.Use], now: float
     ) -> list[Action]:
         out, seen = [], set()
-        for found in policy.unleased(uses, held):
+        self.last_unleased = policy.unleased(uses, held)
+        for found in self.last_unleased:
             key = (found.gpu, found.pid)
             seen.add(key)
             state, act = policy.unleased_action(found, self.unleased.get(key), now, self.rules)

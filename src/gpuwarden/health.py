@@ -21,7 +21,7 @@ from dataclasses import field, replace
 from gpuwarden.inventory import Gpu
 from gpuwarden.records import record
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Callable, Optional
 

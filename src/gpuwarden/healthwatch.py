@@ -27,7 +27,6 @@ import os
 import queue
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -53,7 +52,10 @@ DRAINED_BY = "gpuwarden-health"
 
 
 def _warn(message: str) -> None:
-    print(f"gpuwarden health: {message}", file=sys.stderr, flush=True)
+    # Through logging: the CLI sets its format and level once (--log-level).
+    import logging
+
+    logging.getLogger("gpuwarden.health").warning(message)
 
 
 @record

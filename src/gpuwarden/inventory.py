@@ -21,7 +21,7 @@ from dataclasses import field
 
 from gpuwarden.records import record
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Optional
 
@@ -152,9 +152,9 @@ def load_nvml():  # -> ModuleType
         from gpuwarden.sim.fake import module
 
         return module()
-    import pynvml
+    from gpuwarden.nvmlload import without_ctypes_util
 
-    return pynvml
+    return without_ctypes_util(lambda: __import__("pynvml"))
 
 
 def _text(value: Any) -> str:

@@ -7,9 +7,9 @@ the job had been started by the shell directly. SIGINT, SIGTERM and SIGHUP
 sent to the wrapper are forwarded to the group; a signal the wrapper was
 started with ignored (`nohup`) stays ignored for the job.
 
-`os.posix_spawnp` rather than `subprocess` (~10 ms to import, paid by every
-training run) or `os.fork` (copying a Python process's page tables took
-15-30 ms on the 2-CPU test machine; posix_spawn uses vfork). It sets the new
+`os.posix_spawnp` rather than `subprocess` (an import every training run would
+pay) or `os.fork` (which copies a Python process's page tables; posix_spawn uses
+vfork; docs/performance.md has both costs). It sets the new
 process group and default signal dispositions in the child, and reports a
 failed exec as an error, so "command not found" is a clear line and exit 127
 (126: found but not runnable), as in the shell. The terminal is handed over
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from gpuwarden.errors import UserError
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Optional
 

@@ -15,7 +15,7 @@ import re
 from gpuwarden.records import record
 from gpuwarden.safefiles import printable
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Optional
 

@@ -51,7 +51,7 @@ from gpuwarden.safefiles import (
     write_all,
 )
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Optional
 

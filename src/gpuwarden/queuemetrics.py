@@ -1,5 +1,6 @@
 """The queue service's metrics: jobs waiting and running per user, how long jobs
-waited, and each user's fair share — from the service's `stats` answer.
+waited, each user's fair share, the enforcement watcher's actions and the GPU use
+outside any lease — from the service's `stats` answer.
 
 The exporter asks the service once per reading (with the GPUs), so a scrape
 costs the service one small query whatever the number of scrapers. Without a
@@ -72,7 +73,35 @@ def families(stats: Optional[Mapping[str, Any]], host: str) -> list:
         factor.add_metric([str(row.get("user")), host], float(row.get("factor") or 0.0))
         usage.add_metric([str(row.get("user")), host], float(row.get("usage") or 0.0))
     out += [factor, usage]
-    return out
+    return out + enforcement_families(stats, host)
+
+
+def enforcement_families(stats: Mapping[str, Any], host: str) -> list:
+    """What the service's enforcement watcher did (counters by policy and action: warn,
+    notify, kill, report, release) and the GPU use it sees outside any lease now."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    actions = CounterMetricFamily(
+        "gpuwarden_enforcement_actions",
+        "Enforcement actions the queue service took, by policy and action",
+        labels=["policy", "action", "hostname"],
+    )
+    for row in stats.get("enforcement") or []:
+        actions.add_metric(
+            [str(row.get("policy")), str(row.get("action")), host], float(row.get("count") or 0)
+        )
+    unleased = GaugeMetricFamily(
+        "gpuwarden_unleased_processes",
+        "GPU processes that belong to no lease, per user and GPU",
+        labels=["user", "gpu", "hostname"],
+    )
+    seen: dict[tuple[str, str], int] = {}
+    for row in stats.get("unleased") or []:
+        key = (str(row.get("user") or "?"), str(row.get("index")))
+        seen[key] = seen.get(key, 0) + 1
+    for (user, gpu), count in sorted(seen.items()):
+        unleased.add_metric([user, gpu, host], float(count))
+    return [actions, unleased]
 
 
 def _le(bound: float) -> str:

@@ -2,15 +2,15 @@
 
 For each class, `dataclasses.dataclass(frozen=True)` writes `__init__`, `__repr__`,
 `__eq__` and `__hash__` (and two frozen guards) as source text and compiles them
-while the module is imported: ~0.6 ms a class on a small machine, ~8 ms for the
-twelve records `gpuwarden run` needs before it can start a job — a fifth of
-what `run` adds to every job's start. A record is still a real frozen dataclass
+while the module is imported, for every record `gpuwarden run` needs before it
+can start a job: a large part of what `run` adds to every job's start
+(docs/performance.md, "Records"). A record is still a real frozen dataclass
 (`dataclasses.fields`, `replace`, `asdict` and `is_dataclass` work, assigning to a
 field raises `FrozenInstanceError`, `inspect.signature` shows the fields), and
 behaves as `@dataclass(frozen=True)` does — tests/test_records.py holds the two
 side by side — but those four methods are shared ones that walk the class's
-field list: making inventory's four records takes 0.85 ms instead of 2.9 ms,
-building a `Gpu` 6.5 µs instead of 4.7 µs. Every snapshot and value type in
+field list: making a class is cheaper, building an instance a little dearer
+(the figures are in docs/performance.md). Every snapshot and value type in
 gpuwarden is a record.
 
 Not supported, because no record needs them: `kw_only` fields and `__post_init__`
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from reprlib import recursive_repr
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 

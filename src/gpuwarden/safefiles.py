@@ -20,7 +20,7 @@ import time
 
 from gpuwarden.errors import UserError
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import, on the path of `run` and `status`
+TYPE_CHECKING = False  # typing stays off the start-up path of `run` and `status`
 if TYPE_CHECKING:
     from typing import Optional, Union
 

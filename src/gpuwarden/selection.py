@@ -42,7 +42,7 @@ from gpuwarden.refusals import (
 )
 from gpuwarden.units import format_size
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Optional, Union
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 def columns(fallback: int = 80) -> int:
     """The terminal's width as `shutil.get_terminal_size` finds it ($COLUMNS, then
-    stdout's terminal, then `fallback`), without importing shutil (~2 ms, with its
+    stdout's terminal, then `fallback`), without importing shutil (with its
     compression modules) into commands that only need this number."""
     try:
         width = int(os.environ["COLUMNS"])

@@ -37,7 +37,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
 from gpuwarden.records import record
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Optional
 

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 
 from gpuwarden.errors import UserError
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Optional
@@ -83,7 +83,7 @@ def log_name(uid: int, state: Optional[str] = None) -> str:
 
 def log_location(uid: Optional[int] = None) -> str:
     """The log `uid` (default: this process) writes, as a string: `status` reads the
-    logs, and pathlib costs ~3 ms to import."""
+    logs, and pathlib stays off its start-up path."""
     state = _state()
     return os.path.join(state, log_name(os.geteuid() if uid is None else uid, state))
 
@@ -348,8 +348,8 @@ def xids_seen(
 def _boot_time() -> float:
     """When this machine booted: XIDs from an earlier boot no longer count.
 
-    Read from /proc/stat rather than psutil, which costs ~25 ms to import on
-    every `gpuwarden status`.
+    Read from /proc/stat rather than psutil, whose import `gpuwarden status`
+    would otherwise pay every time (docs/performance.md).
     """
     try:
         with open("/proc/stat", encoding="ascii") as stat:

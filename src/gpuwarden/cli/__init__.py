@@ -1,18 +1,18 @@
-"""The `gpuwarden` command: find the subcommand, import only its module, run it.
+"""The `gpuwarden` command: one argparse grammar, only the chosen command's module imported.
 
-Each subcommand lives in `gpuwarden.cli.<module>` and provides
+Each subcommand lives in `gpuwarden.cli.<module>` (the `COMMANDS` table below
+maps the command word to it) and provides
 
-    HELP: str                                  # one line for `gpuwarden --help`
-    def add_arguments(parser) -> None          # argparse options
+    def register(commands, name) -> None     # its own subparser, `commands.add_parser`
     def run(args) -> int                       # the exit code
 
-Only the chosen subcommand's module is imported, because `gpuwarden run`
-prefixes every training command and its start-up time is paid constantly.
-argparse (standard library) is used rather than a third-party CLI library for
-the same reason: click alone costs ~30 ms to import on a small machine. Commands
-declare their options through argparse's calls on `gpuwarden.cli.options.Options`,
-which reads a plain command line without importing argparse at all and hands
-help, errors and anything unusual to argparse.
+The top-level parser holds the global options and a subparser action into
+which only the chosen command registers itself: the command word is found
+before anything is built, so `gpuwarden run` imports `cli.run` and none of the
+twenty-odd other command modules, and `gpuwarden --help` lists the commands
+from the table without importing any. Every parser refuses abbreviations
+(`allow_abbrev=False`): `gpuwarden run python train.py --m 3` hands `--m 3`
+to the job instead of reading it as an abbreviation of one of run's options.
 
 `UserError` from anywhere below becomes one line on stderr and its exit code;
 an unexpected exception is still a bug and keeps its traceback.
@@ -20,18 +20,19 @@ an unexpected exception is still a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import sys
-from collections.abc import Sequence
 
-from gpuwarden.cli import deferred
-from gpuwarden.cli.options import NeedsArgparse, Options, formatter
-
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # the typing module is not needed at run time here
 if TYPE_CHECKING:
-    import argparse
+    from collections.abc import Sequence
+    from types import ModuleType
     from typing import Any
+
+    # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
+    Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.
@@ -64,54 +65,124 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
     "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
     "service": ("service", "install, remove or check the queue service (admins)"),
+    "completion": ("completion", "print a bash or zsh completion script for gpuwarden"),
 }
 
+# The long-running commands: they report through `logging`, set up once here.
+DAEMONS = frozenset({"exporter", "health", "web", "serve", "record", "enforce"})
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
-def _top_parser() -> argparse.ArgumentParser:
-    """Only for `gpuwarden --help` and errors (building it costs milliseconds that
-    `gpuwarden run` should not pay); the split itself is `_split`."""
-    import argparse
+# Global options that take a value, for finding the command word before parsing.
+_GLOBAL_VALUES = ("--sim", "--log-level")
+_GLOBAL_FLAGS = ("-h", "--help", "-V", "--version")
 
+
+_FORMATTER: list[type[argparse.HelpFormatter]] = []
+
+
+def formatter() -> type[argparse.HelpFormatter]:
+    """argparse's help formatter, told the terminal's width: left to find it itself,
+    it imports shutil (with its compression modules) for every argument declared."""
+    if _FORMATTER:
+        return _FORMATTER[0]
+    from gpuwarden.table import columns
+
+    class Formatter(argparse.HelpFormatter):
+        def __init__(
+            self,
+            prog: str,
+            indent_increment: int = 2,
+            max_help_position: int = 24,
+            width: int | None = None,
+        ) -> None:
+            width = columns() - 2 if width is None else width
+            super().__init__(prog, indent_increment, max_help_position, width)
+
+    _FORMATTER.append(Formatter)
+    return Formatter
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Every command's parser, and the parsers nested in one (`sim inject xid`,
+    `service install`: argparse makes those of their parent's class): no option
+    may be abbreviated, and help is wrapped to the terminal."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", formatter())
+        super().__init__(*args, **kwargs)
+
+
+class RawFormatter(argparse.RawDescriptionHelpFormatter):
+    """For the top-level help, whose epilog is the pre-formatted command table."""
+
+    def __init__(self, prog: str, **kwargs: int | None) -> None:
+        from gpuwarden.table import columns
+
+        kwargs.setdefault("width", columns() - 2)
+        super().__init__(prog, **kwargs)  # type: ignore[arg-type]
+
+
+def subcommand(commands: Commands, name: str, **kwargs: str) -> argparse.ArgumentParser:
+    """The parser of command `name`: its summary from `COMMANDS`, no abbreviations,
+    help wrapped to the terminal. Keywords go to `add_parser` (usage, epilog...)."""
+    summary = COMMANDS[name][1]
+    return commands.add_parser(
+        name,
+        prog=f"gpuwarden {name}",
+        help=summary,
+        description=kwargs.pop("description", summary),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def top_parser() -> tuple[argparse.ArgumentParser, Commands]:
+    """The global options, and the action each command registers its parser into."""
     lines = [f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()]
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
-        usage="gpuwarden [--sim SPEC] [--version] COMMAND [ARGS...]",
+        usage="gpuwarden [-h] [-V] [--sim SPEC] [--log-level LEVEL] COMMAND [ARGS...]",
         description="Pick, reserve, watch and diagnose NVIDIA GPUs on shared machines.",
         epilog="commands:\n" + "\n".join(lines) + "\n\nRun `gpuwarden COMMAND --help` for more.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--sim",
         metavar="SPEC",
         help="use a simulated machine (bundled name or TOML path); same as GPUWARDEN_SIM",
     )
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
-    return parser
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        choices=LOG_LEVELS,
+        help="what the long-running commands log (exporter, health --watch, web, serve, "
+        "record, enforce): debug, info (default), warning or error; same as "
+        "GPUWARDEN_LOG_LEVEL",
+    )
+    parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help=argparse.SUPPRESS, parser_class=CommandParser
+    )
+    return parser, commands
 
 
-def _split(argv: list[str]) -> tuple[dict[str, str | bool], str | None, list[str]]:
-    """Global options, the command, and everything after it, untouched.
-
-    Done by hand because argparse's REMAINDER drops a `--` that directly follows
-    the command, and `gpuwarden run -- --weird-script` must reach `run` intact.
-    """
-    options: dict[str, str | bool] = {}
+def command_word(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(the command word, an unknown option met before it). Global options go
+    before the command; everything from the command word on is the command's."""
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("-h", "--help", "--version"):
-            options[arg.lstrip("-")] = True
-        elif arg == "--sim" and i + 1 < len(argv):
-            options["sim"] = argv[i + 1]
+        if arg in _GLOBAL_VALUES:
+            i += 2
+            continue
+        if arg in _GLOBAL_FLAGS or arg.partition("=")[0] in _GLOBAL_VALUES:
             i += 1
-        elif arg.startswith("--sim="):
-            options["sim"] = arg.split("=", 1)[1]
-        elif arg.startswith("-"):
-            options.setdefault("bad", arg)
-        else:
-            return options, arg, argv[i + 1 :]
-        i += 1
-    return options, None, []
+            continue
+        if arg.startswith("-"):
+            return None, arg
+        return arg, None
+    return None, None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,16 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # its options read below for that reason), then freeze them out of its sight.
     gc.disable()
     try:
-        deferred.install()
-        module, command, args = _parse(argv)
+        module, args = parse(list(sys.argv[1:] if argv is None else argv))
     finally:
         gc.freeze()
         gc.enable()
     if module is None:
-        return int(args)
+        return 0
     from gpuwarden.errors import UserError
 
+    command = args.command
     try:
+        if command in DAEMONS:
+            configure_logging(args.log_level)
         return int(module.run(args) or 0)
     except UserError as err:
         print(f"gpuwarden {command}: {err}", file=sys.stderr)
@@ -143,44 +216,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _parse(argv: Sequence[str] | None) -> tuple[Any, str, Any]:
-    """(the command's module, its name, its parsed arguments), or (None, "", exit code)
-    when there is nothing to run (--version, --help)."""
-    options, command, rest = _split(list(sys.argv[1:] if argv is None else argv))
-    if options.get("version"):
+def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
+    """(the command's module, the parsed arguments), or (None, ...) when there is
+    nothing to run (--version, no command). Exits as argparse does on help and errors."""
+    parser, commands = top_parser()
+    word, unknown = command_word(argv)
+    if unknown is not None:
+        parser.error(f"unrecognized option {unknown!r} (global options go before COMMAND)")
+    module = None
+    if word is not None:
+        if word not in COMMANDS:
+            parser.error(f"unknown command {word!r}{_did_you_mean(word)}")
+        name = f"gpuwarden.cli.{COMMANDS[word][0]}"
+        __import__(name)  # not importlib.import_module: importlib is not loaded otherwise
+        module = sys.modules[name]
+        module.register(commands, word)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage line, not the top-level one
+        where = commands.choices[word] if word is not None else parser
+        where.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.version:
         from gpuwarden import __version__
 
         print(f"gpuwarden {__version__}")
-        return None, "", 0
-    if "bad" in options:
-        bad = options["bad"]
-        _top_parser().error(f"unrecognized option {bad!r} (global options go before COMMAND)")
-    if command is None or options.get("help"):
-        _top_parser().print_help()
-        return None, "", 0
-    if command not in COMMANDS:
-        _top_parser().error(f"unknown command {command!r}{_did_you_mean(command)}")
-    if "sim" in options:
-        os.environ["GPUWARDEN_SIM"] = str(options["sim"])
-    module_name, summary = COMMANDS[command]
-    name = f"gpuwarden.cli.{module_name}"
-    __import__(name)  # not importlib.import_module: the importlib package costs ~0.5 ms
-    module = sys.modules[name]
-    prog = f"gpuwarden {command}"
-    try:
-        declared = Options(prog, summary)
-        _declare(module, declared, command)
-        args = declared.parse(rest)
-    except NeedsArgparse:  # the command declares more than Options reads
-        import argparse
+        return None, args
+    if module is None:
+        parser.print_help()
+        return None, args
+    if args.sim is not None:
+        os.environ["GPUWARDEN_SIM"] = args.sim
+    return module, args
 
-        parser = argparse.ArgumentParser(
-            prog=prog, description=summary, formatter_class=formatter()
-        )
-        _declare(module, parser, command)
-        args = parser.parse_args(rest)
-    args.command = command
-    return module, command, args
+
+def configure_logging(level: str | None) -> None:
+    """One format for every long-running command: `LEVEL gpuwarden.AREA: message` on
+    stderr, where a service manager's journal keeps it. The level comes from
+    `--log-level`, else GPUWARDEN_LOG_LEVEL, else info; a bad variable is one line."""
+    import logging
+
+    from gpuwarden.errors import UserError
+
+    if level is None:
+        level = os.environ.get("GPUWARDEN_LOG_LEVEL", "info").strip().lower() or "info"
+        if level not in LOG_LEVELS:
+            raise UserError(
+                f"GPUWARDEN_LOG_LEVEL={level!r}: expected one of {', '.join(LOG_LEVELS)}"
+            )
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _did_you_mean(command: str) -> str:
@@ -191,10 +275,3 @@ def _did_you_mean(command: str) -> str:
     if close:
         return f"; did you mean {close[0]!r}?"
     return f" (choose from {', '.join(COMMANDS)})"
-
-
-def _declare(module: Any, parser: Any, command: str) -> None:
-    if getattr(module, "SERVES_SEVERAL", False):
-        module.add_arguments(parser, command)  # drain/undrain, reserve/release
-    else:
-        module.add_arguments(parser)

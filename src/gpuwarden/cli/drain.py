@@ -6,13 +6,13 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-SERVES_SEVERAL = True
+def register(commands: Commands, command_name: str) -> None:
+    from gpuwarden.cli import subcommand
 
-
-def add_arguments(parser: Parser, command_name: str) -> None:
+    parser = subcommand(commands, command_name)
     parser.add_argument(
         "ids",
         nargs="*",

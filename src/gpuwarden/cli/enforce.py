@@ -13,10 +13,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--once", action="store_true", help="read once, report and act (default)")
     group.add_argument(
@@ -25,7 +28,6 @@ def add_arguments(parser: Parser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
     import os
     import time
 
@@ -36,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.leases import list_leases
 
     conf = load()
-    logging.basicConfig(format="%(asctime)s gpuwarden enforce: %(message)s", level=logging.INFO)
     enforcer = Enforcer(Policy.from_config(conf))
     interval = conf.get("enforce.poll_seconds")
     root = os.geteuid() == 0

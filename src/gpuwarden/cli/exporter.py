@@ -8,10 +8,13 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument(
         "--listen", metavar="HOST:PORT", help="address to serve (exporter.listen, 127.0.0.1:9400)"
     )
@@ -32,7 +35,10 @@ def add_arguments(parser: Parser) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"gpuwarden exporter: {message}", file=sys.stderr, flush=True)
+    # Through logging: the CLI sets its format and level once (--log-level).
+    import logging
+
+    logging.getLogger("gpuwarden.exporter").warning(message)
 
 
 def run(args: argparse.Namespace) -> int:

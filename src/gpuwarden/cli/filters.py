@@ -14,9 +14,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional, Union
 
-    from gpuwarden.cli.options import Group, Parser
-
-    Declared = Union[Parser, Group]
+    Declared = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
 
 def add_filters(parser: Declared) -> None:
@@ -61,7 +59,7 @@ def mem_of(args: argparse.Namespace) -> Optional[int]:
     return mem
 
 
-def add_lease_options(parser: Parser) -> None:
+def add_lease_options(parser: argparse.ArgumentParser) -> None:
     """Which GPUs fit (as `select`), plus what holding them takes: `run` and `reserve`."""
     pick = parser.add_argument_group("which GPUs (defaults come from `gpuwarden config`)")
     pick.add_argument("-g", "--count", metavar="N", help="how many GPUs (0: none, CPU only)")

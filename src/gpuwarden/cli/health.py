@@ -15,12 +15,15 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 EXIT = {"ok": 0, "warning": 1, "fatal": 3}
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
         "--watch",
@@ -173,12 +176,13 @@ def _watch(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     hooks = [x for x in (settings.hook and "hook", settings.webhook and "webhook") if x]
-    print(
-        f"watching GPU health (policy {settings.policy}, poll every {settings.poll_seconds:g}s"
-        + (f", {' and '.join(hooks)}" if hooks else "")
-        + "); Ctrl-C to stop",
-        file=sys.stderr,
-        flush=True,
+    import logging
+
+    logging.getLogger("gpuwarden.health").info(
+        "watching GPU health (policy %s, poll every %gs%s); Ctrl-C to stop",
+        settings.policy,
+        settings.poll_seconds,
+        f", {' and '.join(hooks)}" if hooks else "",
     )
     watch.start()
     while not stop.wait(0.5):

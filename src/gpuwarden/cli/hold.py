@@ -11,12 +11,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
-
-SERVES_SEVERAL = True
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser, command_name: str) -> None:
+def register(commands: Commands, command_name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, command_name)
     parser.add_argument("ids", nargs="+", metavar="ID", help="job ids (from `gpuwarden queue`)")
 
 

@@ -6,10 +6,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("-n", "--last", type=int, default=50, metavar="N", help="how many (50)")
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs")

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from gpuwarden.safefiles import printable
 from gpuwarden.table import render
+from gpuwarden.units import format_size
 
 
 def span(seconds: Optional[float]) -> str:
@@ -37,6 +38,18 @@ def gpus_cell(job: Mapping[str, Any]) -> str:
     count = job.get("count") or 0
     shared = job.get("mem")
     return f"({count}{'' if not shared else ' shared'})"
+
+
+def cpu_cell(job: Mapping[str, Any]) -> str:
+    """CPU time of all the job's processes (its cgroup's), `-` where not accounted."""
+    cpu = job.get("cpu_seconds")
+    return "-" if not isinstance(cpu, (int, float)) else span(cpu)
+
+
+def mem_cell(job: Mapping[str, Any]) -> str:
+    """The job's peak memory (its cgroup's: every process, page cache included)."""
+    peak = job.get("mem_peak")
+    return "-" if not isinstance(peak, int) else format_size(peak)
 
 
 def command_cell(job: Mapping[str, Any]) -> str:
@@ -75,6 +88,8 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
                 span(waited),
                 "-" if pending else span(job.get("elapsed")),
                 span(job.get("time_limit")) if job.get("time_limit") else "-",
+                "-" if pending else cpu_cell(job),
+                "-" if pending else mem_cell(job),
                 command_cell(job),
             ]
         )
@@ -90,9 +105,34 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         "WAITED",
         "ELAPSED",
         "LIMIT",
+        "CPU",
+        "PEAKMEM",
         "COMMAND",
     ]
-    return render(headers, rows, right=(0, 5, 6, 7, 8))
+    return render(headers, rows, right=(0, 5, 6, 7, 8, 9, 10))
+
+
+def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> list[str]:
+    """The queue's header lines for GPU use outside any lease (no reservation, no job),
+    one per GPU and user: it counts against that user's fair share like a job."""
+    now = time.time() if now is None else now
+    by: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in found:
+        index = row.get("index")
+        key = ("?" if index is None else str(index), str(row.get("user") or "?"))
+        by.setdefault(key, []).append(row)
+    lines = []
+    for (gpu, user), rows in sorted(by.items()):
+        pids = ",".join(str(r.get("pid")) for r in rows)
+        since = min(now if r.get("since") is None else r["since"] for r in rows)
+        line = (
+            f"unreserved: GPU {gpu} used by {printable(user)} (pid {pids}) for {span(now - since)}"
+        )
+        owners = sorted({str(r["leased_to"]) for r in rows if r.get("leased_to")})
+        if owners:
+            line += f", on a GPU leased to {printable(', '.join(owners))}"
+        lines.append(line)
+    return lines
 
 
 def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
@@ -117,14 +157,19 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
                 gpus_cell(job),
                 span(elapsed),
                 f"{gpu_hours:.2f}",
+                cpu_cell(job),
+                mem_cell(job),
                 time.strftime("%m-%d %H:%M", time.localtime(ended)) if ended else "-",
                 command_cell(job),
             ]
         )
     if not rows:
         return "no finished jobs"
-    headers = ["JOB", "USER", "STATE", "ENDED AS", "GPUS", "ELAPSED", "GPU-H", "ENDED", "COMMAND"]
-    return render(headers, rows, right=(0, 5, 6))
+    headers = [
+        *("JOB", "USER", "STATE", "ENDED AS", "GPUS", "ELAPSED", "GPU-H", "CPU", "PEAKMEM"),
+        *("ENDED", "COMMAND"),
+    ]
+    return render(headers, rows, right=(0, 5, 6, 7, 8))
 
 
 def share_table(users: Sequence[Mapping[str, Any]]) -> str:

@@ -9,10 +9,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("--slurm", action="store_true", help="a Slurm job id")
     parser.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
     parser.add_argument("id", metavar="ID", help="job id")

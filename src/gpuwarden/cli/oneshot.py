@@ -3,7 +3,7 @@
 Such a process builds its modules and one reading, all alive until it exits.
 The cyclic collector would walk them dozens of times during the run and every
 object once more at interpreter exit, freeing nothing: for `gpuwarden status`
-that was ~10 ms of CPU out of ~80 (docs/performance.md). Inside `one_shot()`
+that was an eighth of its CPU time (docs/performance.md). Inside `one_shot()`
 the collector is paused; at its end what is alive is frozen (never walked
 again, also not at exit) and the collector is switched back on for whatever
 follows. Not for loops (`--watch`): their garbage must still be collected.

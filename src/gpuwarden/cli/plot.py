@@ -6,10 +6,13 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument(
         "files", nargs="+", metavar="FILE.csv", help="recordings (rotated parts too, any order)"
     )

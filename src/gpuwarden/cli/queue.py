@@ -10,10 +10,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("--slurm", action="store_true", help="Slurm's queue")
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
@@ -25,7 +28,8 @@ def local(args: argparse.Namespace) -> int:
     from gpuwarden.service.client import require
 
     with require() as client:
-        jobs = client.call("queue")["jobs"]
+        reply = client.call("queue")
+    jobs = reply["jobs"]
     if args.me:
         me = user_name()
         jobs = [j for j in jobs if j.get("user") == me]
@@ -35,6 +39,10 @@ def local(args: argparse.Namespace) -> int:
         json.dump(jobs, sys.stdout, indent=2)
         print()
     else:
+        from gpuwarden.cli.jobtables import unleased_lines
+
+        for line in unleased_lines(reply.get("unleased") or ()):
+            print(line)
         print(queue_table(jobs))
     return 0
 

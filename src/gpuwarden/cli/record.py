@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("file", metavar="FILE.csv", help="CSV file to append to")
     parser.add_argument(
         "--interval",
@@ -26,6 +27,8 @@ def add_arguments(parser: Parser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from gpuwarden import config as config_module
     from gpuwarden.errors import UserError
     from gpuwarden.record import record
@@ -38,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"invalid interval {interval:g}: expected seconds > 0")
     if args.count is not None and args.count < 1:
         raise UserError(f"invalid count {args.count}: expected 1 or more")
-    print(
-        f"recording to {args.file} every {interval:g}s"
-        + (f", {args.count} samples" if args.count else "; Ctrl-C to stop"),
-        file=sys.stderr,
-        flush=True,
+    log = logging.getLogger("gpuwarden.record")
+    log.info(
+        "recording to %s every %gs%s",
+        args.file,
+        interval,
+        f", {args.count} samples" if args.count else "; Ctrl-C to stop",
     )
     try:
         done = record(
@@ -53,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         return 0
-    print(f"wrote {done} samples to {args.file}", file=sys.stderr)
+    log.info("wrote %d samples to %s", done, args.file)
     return 0

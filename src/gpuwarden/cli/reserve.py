@@ -24,9 +24,8 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
-SERVES_SEVERAL = True
 RESERVATION_PREFIX = "res-"
 COMMAND = "gpuwarden reserve"
 _EXPORTED = (
@@ -39,7 +38,10 @@ _EXPORTED = (
 )
 
 
-def add_arguments(parser: Parser, command_name: str) -> None:
+def register(commands: Commands, command_name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, command_name)
     if command_name == "reserve":
         from gpuwarden.cli.filters import add_lease_options
 

@@ -11,20 +11,22 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.cli.options import REMAINDER
 from gpuwarden.errors import UserError
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     import argparse
     from typing import Any, Callable
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
-HELP = "pick free GPUs, reserve them and run a command on them"
+    Parser = argparse.ArgumentParser
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.usage = "gpuwarden run [-g N | --gpus IDS] [filters] [--wait] -- CMD ARGS..."
     parser.epilog = (
         "exit status: the command's; 128+N if killed by signal N; 127 command not found; "
@@ -52,7 +54,7 @@ def add_arguments(parser: Parser) -> None:
     )
     slurm.add_argument("--constraint", metavar="FEATURES", help="with --slurm: node features")
     slurm.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
-    parser.add_argument("cmd", nargs=REMAINDER, help="the command, after --")
+    parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
 def _command(args: argparse.Namespace) -> list[str]:

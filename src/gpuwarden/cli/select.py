@@ -15,10 +15,13 @@ TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("-g", "-n", "--count", metavar="N", help="how many GPUs (default 1)")
     filters.add_filters(parser)
     parser.add_argument("--uuid", action="store_true", help="print UUIDs instead of indices")

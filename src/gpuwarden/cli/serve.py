@@ -6,10 +6,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    import argparse
+
+    from gpuwarden.cli import LOG_LEVELS, subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument(
         "--socket", metavar="PATH", help="Unix socket to serve (default: service.socket)"
     )
@@ -36,16 +41,23 @@ def add_arguments(parser: Parser) -> None:
     parser.add_argument(
         "--show-commands", action="store_true", help="show everyone's commands in queue"
     )
+    # The global `gpuwarden --log-level`, also accepted after the command as it always
+    # was; SUPPRESS leaves the global value in place when it is not given here.
     parser.add_argument(
-        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        metavar="LEVEL",
+        help="what the service logs: debug, info (default), warning or error",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
     import os
 
     from gpuwarden import config, scheduling
+    from gpuwarden.enforcement import Policy as EnforcePolicy
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.service.identity import Admins
@@ -65,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value is not None and value < 1:
             raise UserError(f"{name} must be 1 or more")
-    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     policy = scheduling.Policy(
         weight_fairshare=cfg.get("service.weight_fairshare"),
         weight_age=cfg.get("service.weight_age"),
@@ -91,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         grace=cfg.get("service.grace") if args.grace is None else parse_duration(args.grace),
         webhook=cfg.get("service.webhook"),
         sendmail=cfg.get("service.sendmail"),
+        devices=cfg.get("enforce.devices"),
+        enforce=EnforcePolicy.from_config(cfg),
+        enforce_every=cfg.get("enforce.poll_seconds"),
     )
     Service(settings, read_snapshot).serve_forever()
     return 0

@@ -7,12 +7,15 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 NOT_RUNNING = 3  # as `systemctl status` for a stopped unit
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     install = actions.add_parser(
         "install", help="install the unit, directories and a commented config, and start it"

@@ -16,8 +16,15 @@ from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuwarden.cli import Commands
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
     sub.add_parser("list", help="the bundled specs")

@@ -12,18 +12,21 @@ import time
 
 from gpuwarden.inventory import Gpu, Snapshot, dotted
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 SCHEMA = 1
 _SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("--json", action="store_true", help="print a JSON document (schema 1)")
     parser.add_argument(
         "--watch",
@@ -203,6 +206,8 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
     view = data["visible"]
     cuda = _cuda_indices(view)
     leases = [x for x in data["leases"] if not isinstance(x, Exception)]
+    if leases:
+        from gpuwarden.ancestry import lineage
     gpus = []
     for g in snap.gpus:
         findings = data["health"].get(g.uuid, ())
@@ -241,6 +246,12 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
                     for x in leases
                     if x.uuid == g.uuid
                 ],
+                # Processes under no lease (unreserved use), where leases are in use.
+                "unleased_pids": sorted(
+                    unleased_pids(g, [x for x in leases if x.uuid == g.uuid], lineage)
+                )
+                if leases
+                else [],
             }
         )
     return {
@@ -342,6 +353,12 @@ def to_text(data: dict[str, Any]) -> str:
     )
     rows = []
     notes = []
+    # Where leases are in use (a shared machine), a GPU process under none is marked: it
+    # is unreserved use, counted against its user's fair share by the queue service.
+    any_lease = bool(leases)
+    unreserved = 0
+    if any_lease:
+        from gpuwarden.ancestry import lineage
     for g in snap.gpus:
         findings = data["health"].get(g.uuid, ())
         lvl = _level(findings)
@@ -370,9 +387,15 @@ def to_text(data: dict[str, Any]) -> str:
             memory = "n/a"
         else:
             memory = f"{format_size(g.memory_used)} / {format_size(g.memory_total)}"
+        stray = unleased_pids(g, held, lineage) if any_lease else set()
         procs = (
-            " ".join(f"{p.user or '?'}({format_size(p.used_memory)})" for p in g.processes) or "-"
+            " ".join(
+                f"{p.user or '?'}({format_size(p.used_memory)}){'*' if p.pid in stray else ''}"
+                for p in g.processes
+            )
+            or "-"
         )
+        unreserved += len(stray)
         mark = ""
         if show_cuda:
             ids = cuda.get(g.uuid)
@@ -399,6 +422,8 @@ def to_text(data: dict[str, Any]) -> str:
     lines = [head, table(headers, rows, right=sorted(right))]
     if value is not None:
         lines.append(f"CUDA_VISIBLE_DEVICES={value!r} (CUDA column: the index a CUDA program sees)")
+    if unreserved:
+        lines.append("* a process under no lease: unreserved use (see `gpuwarden enforce`)")
     for text in list(getattr(view, "problems", ())) + list(getattr(view, "warnings", ())):
         lines.append(f"warning: {text}")
     held_rows = _lease_rows(snap, [x for g in snap.gpus for x in leases.get(g.uuid, [])])
@@ -415,6 +440,13 @@ def to_text(data: dict[str, Any]) -> str:
         lines.append(f"warning: cannot read leases: {lease_error}")
     lines.extend(notes)
     return "\n".join(lines)
+
+
+def unleased_pids(gpu: Gpu, held: list[Any], lineage_of: Any) -> set[int]:
+    """The pids of `gpu`'s processes that belong to none of the leases `held` on it: no
+    lease's job is the process or one of its ancestors (the kernel's /proc)."""
+    holders = {x.pid for x in held if getattr(x, "pid", None)}
+    return {p.pid for p in gpu.processes if not holders & set(lineage_of(p.pid))}
 
 
 def _lease_rows(snap: Snapshot, held: list[Any]) -> list[list[str]]:

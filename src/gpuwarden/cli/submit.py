@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.cli.options import REMAINDER
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
@@ -18,7 +17,9 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
+
+    Parser = argparse.ArgumentParser
 
 # Filters that choose among one machine's GPUs by what NVML shows; under Slurm the
 # scheduler picks the GPUs, so they have no meaning there.
@@ -36,7 +37,10 @@ def add_slurm_options(parser: Parser) -> None:
     parser.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.usage = (
         "gpuwarden submit [--slurm] [-g N] [filters] [--time T] [--after ID] [--ddp] "
         "[--dry-run] -- CMD ARGS..."
@@ -61,7 +65,7 @@ def add_arguments(parser: Parser) -> None:
     parser.add_argument("--output", metavar="FILE", help="the job's output file (slurm-%%j.out)")
     parser.add_argument("--name", metavar="NAME", help="the job's name")
     parser.add_argument("--dry-run", action="store_true", help="print the batch script only")
-    parser.add_argument("cmd", nargs=REMAINDER, help="the command, after --")
+    parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
 def _command(args: argparse.Namespace) -> list[str]:

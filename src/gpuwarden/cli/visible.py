@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
     from gpuwarden.inventory import Snapshot
     from gpuwarden.visible import Resolution
 
 SCHEMA = "gpuwarden.visible/1"
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument("--json", action="store_true", help="print the mapping as JSON")
     parser.add_argument(
         "--check",

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
 
-    from gpuwarden.cli.options import Parser
+    from gpuwarden.cli import Commands
 
 
-def add_arguments(parser: Parser) -> None:
+def register(commands: Commands, name: str) -> None:
+    from gpuwarden.cli import subcommand
+
+    parser = subcommand(commands, name)
     parser.add_argument(
         "--listen",
         metavar="HOST:PORT",
@@ -43,7 +44,10 @@ def add_arguments(parser: Parser) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"gpuwarden web: {message}", file=sys.stderr, flush=True)
+    # Through logging: the CLI sets its format and level once (--log-level).
+    import logging
+
+    logging.getLogger("gpuwarden.web").warning(message)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
         watch=watch,
         max_clients=int(config.get("web.max_clients")),
     )
-    _warn(f"serving {server.url}" + ("" if watch else " (health watch off)"))
+    import logging
+
+    logging.getLogger("gpuwarden.web").info(
+        "serving %s%s", server.url, "" if watch else " (health watch off)"
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -3,7 +3,9 @@
 `schedule()` asks `scheduling.plan` what starts and starts it (service.placing);
 a pidfd per supervisor tells when a job ended, also for supervisors adopted after
 a restart (`recover`); time limits and cancels are SIGTERM, then SIGKILL after the
-grace period. Mixed into `server.Service`, whose attributes it uses (declared
+grace period, sent to every process in the job's cgroup (service.jobcgroup) so that
+none escapes by leaving its process group, and the cgroup's CPU and peak memory are
+recorded when the job ends. Mixed into `server.Service`, whose attributes it uses (declared
 below for type checkers).
 """
 
@@ -25,8 +27,11 @@ from gpuwarden.service.notify import JobNotifier
 
 if TYPE_CHECKING:
     from gpuwarden.service.server import Settings
+    from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
+
+SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-empty
 
 
 class Lifecycle:
@@ -87,7 +92,68 @@ class Lifecycle:
                 self._finish(
                     job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
                 )
+        self.sweep_cgroups()
         self.dirty = True
+
+    # -- the job's cgroup: signals, usage, removal -----------------------------------------
+
+    def job_cgroup(self, job_id: int) -> dict[str, str]:
+        """The job's cgroup directories ({} where the machine or the job has none)."""
+        mode = getattr(self, "_cgroup_mode", None)
+        if mode is None:
+            from gpuwarden.cgroups import detect
+
+            mode = self._cgroup_mode = detect()[0]
+        if mode == "none" or self.settings.devices == "off":
+            return {}
+        from gpuwarden.service.jobcgroup import job_dirs, scope_of
+
+        return job_dirs(scope_of(self.exits), str(job_id), mode)
+
+    def signal(self, job: store.Job, sig: int) -> None:
+        """`sig` to every process of the job: its cgroup's (however they detached), and its
+        process group's (all there is where the machine has no cgroups)."""
+        dirs = self.job_cgroup(job.id)
+        if dirs:
+            from gpuwarden.accounting import signal_dirs
+
+            signal_dirs(dirs, sig)
+        if job.pid:
+            spawn.signal_job(job.pid, sig)
+
+    def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
+        """An ended job's leftover processes go with it (as Slurm ends a job's step), then
+        its cgroup; one that is not empty yet is removed by a later `sweep_cgroups`."""
+        from gpuwarden.accounting import pids_in, signal_dirs
+        from gpuwarden.service.jobcgroup import remove_job
+
+        where = dirs.get("devices", dirs.get(""))
+        if where and signal_dirs(dirs, signal.SIGKILL):
+            deadline = time.monotonic() + 2.0  # killed processes leave within milliseconds
+            while pids_in(where) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if not remove_job(dirs):
+            log.info("job %s: its cgroup is not empty yet; removed later", job_id)
+
+    def watcher(self) -> ServiceWatch:
+        watch = getattr(self, "_watcher", None)
+        if watch is None:
+            from gpuwarden.service.watching import ServiceWatch
+
+            watch = self._watcher = ServiceWatch(self)  # type: ignore[arg-type]
+        return watch
+
+    def sweep_cgroups(self) -> None:
+        """Remove the cgroups of jobs no longer running (ended while the service was down,
+        or not empty when they ended), with whatever is left in them."""
+        if self.settings.devices == "off" or getattr(self, "_cgroup_mode", "") == "none":
+            return
+        from gpuwarden.service.jobcgroup import scope_of, service_jobs
+
+        active = {str(j.id) for j in self.store.jobs([store.STARTING, store.RUNNING])}
+        for job_id, dirs in service_jobs(scope_of(self.exits)).items():
+            if job_id not in active:
+                self._close_cgroup(int(job_id), dirs)
 
     def _requeue(self, job: store.Job) -> None:
         log.warning("job %s never started before a restart; queued again", job.id)
@@ -103,7 +169,7 @@ class Lifecycle:
             self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
             self._ended_attached(job.id, None)
         elif job.pid:
-            spawn.signal_job(job.pid, signal.SIGTERM)
+            self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
             self.store.update(job.id, reason="cancelling")
 
@@ -219,9 +285,19 @@ class Lifecycle:
         started = job.started or now
         from gpuwarden.service.placing import release_leases
 
+        dirs = self.job_cgroup(job.id)
+        used: dict[str, Any] = {}
+        if dirs:
+            from gpuwarden.accounting import usage_of
+
+            used = usage_of(dirs)
+            self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
+        cpu = used.get("cpu_ns")
         self.store.update(
             job.id,
+            cpu_seconds=None if cpu is None else cpu / 1e9,
+            mem_peak=used.get("memory_peak"),
             state=state,
             ended=ended.at or now,
             exit_code=ended.code,
@@ -261,12 +337,22 @@ class Lifecycle:
         self.dirty = True
 
     def _enforce_time_limits(self) -> None:
-        running = self.store.jobs([store.RUNNING])
         now = time.time()
+        if now - getattr(self, "_swept", 0.0) >= SWEEP_EVERY:  # on the loop's tick
+            self._swept = now
+            self.sweep_cgroups()
+        watch = self.watcher()
+        if watch.due(now):
+            try:
+                watch.step(now)
+            except Exception:  # a reading that fails must not take the queue down
+                log.exception("the enforcement watcher failed")
+                watch.last = now
+        running = self.store.jobs([store.RUNNING])
         for job in running:
             sent = self.termed.get(job.id)
             if sent is not None and job.pid and time.monotonic() - sent >= self.settings.grace:
-                spawn.signal_job(job.pid, signal.SIGKILL)  # a cancel or limit ignored SIGTERM
+                self.signal(job, signal.SIGKILL)  # a cancel or limit ignored SIGTERM
         views = [
             scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
             for j in running
@@ -277,9 +363,9 @@ class Lifecycle:
             if not job.pid:
                 continue
             if action == scheduling.TERM and int(job_id) not in self.termed:
-                spawn.signal_job(job.pid, signal.SIGTERM)
+                self.signal(job, signal.SIGTERM)
                 self.termed[int(job_id)] = time.monotonic()
                 self.store.update(job.id, reason="time limit")
                 log.info("job %s past its time limit: SIGTERM", job_id)
             elif action == scheduling.KILL:
-                spawn.signal_job(job.pid, signal.SIGKILL)
+                self.signal(job, signal.SIGKILL)

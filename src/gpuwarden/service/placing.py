@@ -126,6 +126,7 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner holding the lease descriptors, record it RUNNING."""
     from gpuwarden import allocation, leasedir
+    from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import command_text, job_env
     from gpuwarden.selection import Request
 
@@ -160,6 +161,9 @@ def start_job(
             stdio=_stdio(service, job.id),
             keep=tuple(held.fds),
             extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
+            minors=tuple(g.minor for g in gpus),
+            present=tuple(sorted(present_minors(snapshot.gpus))),
+            devices=service.settings.devices,
         )
 
         held.on_behalf = job.user  # status and the exporter name the owner, not root

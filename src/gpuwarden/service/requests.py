@@ -21,6 +21,7 @@ from gpuwarden.service.identity import Person, person
 
 if TYPE_CHECKING:
     from gpuwarden.service.server import Settings, _Client
+    from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -41,6 +42,10 @@ class Requests:
     if TYPE_CHECKING:  # provided by Lifecycle
 
         def _cancel(self, job: store.Job) -> None: ...
+
+        def job_cgroup(self, job_id: int) -> dict[str, str]: ...
+
+        def watcher(self) -> ServiceWatch: ...
 
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[_Client] = None
@@ -221,8 +226,25 @@ class Requests:
             }
             if job.started is not None:
                 row["elapsed"] = (job.ended or now) - job.started
+            row["cpu_seconds"], row["mem_peak"] = job.cpu_seconds, job.mem_peak
+            if job.state == store.RUNNING:
+                row["cpu_seconds"], row["mem_peak"] = self._usage_now(job.id)
             rows.append(row)
-        return {"ok": True, "jobs": rows}
+        reply: dict[str, Any] = {"ok": True, "jobs": rows}
+        if op == "queue":  # GPU use outside the queue, for its header
+            reply["unleased"] = self.watcher().unleased
+        return reply
+
+    def _usage_now(self, job_id: int) -> tuple[Optional[float], Optional[int]]:
+        """A running job's CPU seconds and peak memory so far, from its cgroup."""
+        dirs = self.job_cgroup(job_id)
+        if not dirs:
+            return None, None
+        from gpuwarden.accounting import usage_of
+
+        used = usage_of(dirs)
+        cpu = used.get("cpu_ns")
+        return (None if cpu is None else cpu / 1e9), used.get("memory_peak")
 
     def _stats(self) -> dict[str, Any]:
         """What the exporter turns into queue metrics: counts, waits, fair share."""
@@ -234,6 +256,11 @@ class Requests:
             "wait_sum": total,
             "wait_count": number,
             "users": self._share()["users"],
+            "enforcement": [
+                {"policy": p, "action": a, "count": n}
+                for (p, a), n in sorted(self.watcher().counts.items())
+            ],
+            "unleased": self.watcher().unleased,
         }
 
     def _share(self) -> dict[str, Any]:

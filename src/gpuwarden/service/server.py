@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuwarden import scheduling
+from gpuwarden.enforcement import Policy
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol, store
 from gpuwarden.service.identity import Admins, Person, peer
@@ -47,6 +48,9 @@ class Settings:
     grace: float = 30.0  # SIGTERM to SIGKILL past a time limit
     webhook: Optional[str] = None  # POSTed a JSON event when a job ends
     sendmail: Optional[str] = None  # mails the owner when a job ends
+    devices: str = "auto"  # enforce.devices: a device cgroup per job (auto, off, require)
+    enforce: Policy = field(default_factory=Policy)  # the [enforce] policies it applies
+    enforce_every: float = 5.0  # enforce.poll_seconds
     tick: float = 1.0
     max_clients: int = 512
     idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped

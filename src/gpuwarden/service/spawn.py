@@ -4,6 +4,8 @@ The service (root) forks a supervisor per job. The supervisor starts a session o
 its own, so it and the job outlive the service if it is killed, and forks the job,
 which drops to its owner before anything it does can be steered by the owner:
 
+0. (the supervisor, as root, has made the job's cgroup, `service.jobcgroup`, in which
+   only its leased GPUs can be opened) the job joins it, so all it starts does too;
 1. `setgroups` (every group of the owner's, as `initgroups` gives: setting uid and
    gid alone would keep root's supplementary groups), then `setgid`, then `setuid`;
    a uid other than 0 must then be unable to get root back, or the job is not run;
@@ -22,6 +24,7 @@ service's status directory, where a restarted service finds it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -58,6 +61,11 @@ class Launch:
     stdio: Optional[tuple[int, int, int]] = None  # an attached client's descriptors
     keep: tuple[int, ...] = ()  # lease descriptors the job inherits
     extra_env: Mapping[str, str] = field(default_factory=dict)  # set by the service
+    # Device isolation: the leased GPUs' minors (None: not asked for), the machine's GPU
+    # minors, and `enforce.devices` (auto: where possible; require: else not run; off).
+    minors: Optional[tuple[Optional[int], ...]] = None
+    present: tuple[int, ...] = ()
+    devices: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -268,15 +276,24 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     # Before the job can exist: a restarted service that finds no marker knows it
     # never started and may queue it again without running it twice.
     write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
+    # SIGPIPE too: a service killed before reading the report below must not kill us
+    # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL if sig == signal.SIGPIPE else signal.SIG_IGN)
+        signal.signal(sig, signal.SIG_IGN)
+    cgroup, problem = _job_cgroup(launch)
+    if problem is not None:
+        record = {"code": None, "signal": None, "error": problem, "at": time.time()}
+        write_atomic(exit_record_path(launch.status_dir, launch.job), json.dumps(record))
+        os.write(report_w, json.dumps({"pid": 0, "error": problem}).encode())
+        os.close(report_w)
+        return 0
     error_r, error_w = os.pipe2(os.O_CLOEXEC)
     job = os.fork()
     if job == 0:
         try:
             os.close(error_r)
             os.close(report_w)
-            _become_job(launch, error_w)  # only returns by raising
+            _become_job(launch, error_w, cgroup)  # only returns by raising
         except BaseException as err:  # report any failure, then exit: never run on as root
             text = err.args[0] if isinstance(err, UserError) else _describe(err)
             try:
@@ -291,7 +308,8 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     )
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
     os.close(error_r)
-    os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
+    with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
+        os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
     os.close(report_w)
     while True:
         try:
@@ -307,6 +325,29 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
         record = {"code": os.WEXITSTATUS(status), "signal": None, "error": None, "at": time.time()}
     write_atomic(exit_record_path(launch.status_dir, launch.job), json.dumps(record))
     return 0
+
+
+def _job_cgroup(launch: Launch) -> tuple[dict[str, str], Optional[str]]:
+    """The job's cgroup dirs, made and confined to its GPUs by the supervisor (root); or
+    no cgroup, with the reason the job must not run when `devices` is "require"."""
+    if launch.minors is None or launch.devices == "off":
+        return {}, None
+    from gpuwarden.cgroups import CgroupError, detect
+    from gpuwarden.service import jobcgroup
+
+    try:
+        scope = jobcgroup.scope_of(launch.status_dir)
+        return jobcgroup.make_job(scope, launch.job, launch.minors, launch.present), None
+    except CgroupError as err:
+        if launch.devices == "require":
+            return {}, f"{err} (enforce.devices = require)"
+        if detect()[0] != "none":
+            import logging
+
+            logging.getLogger("gpuwarden.serve").warning(
+                "job %s runs without device isolation: %s", launch.job, err
+            )
+        return {}, None
 
 
 def _describe(err: BaseException) -> str:
@@ -330,9 +371,15 @@ def drop_privileges(owner: Person) -> None:
         raise UserError("could still become root after dropping privileges; refusing to run")
 
 
-def _become_job(launch: Launch, error_w: int) -> None:
-    os.setpgid(0, 0)  # its own process group: cancel and time limits signal the group
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+def _become_job(launch: Launch, error_w: int, cgroup: Optional[dict[str, str]] = None) -> None:
+    if cgroup:
+        # As root, before anything of the owner's runs: the job and all it starts are in
+        # the cgroup (only its GPUs open; cancel reaches every process, however detached).
+        from gpuwarden.service.jobcgroup import join
+
+        join(cgroup)
+    os.setpgid(0, 0)  # its own process group, for a machine without cgroups
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     drop_privileges(launch.owner)
     os.umask(launch.umask)

@@ -57,7 +57,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid INTEGER,
     exit_code INTEGER,
     exit_signal INTEGER,
-    error TEXT
+    error TEXT,
+    cpu_seconds REAL,
+    mem_peak INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
@@ -97,6 +99,8 @@ class Job:
     exit_code: Optional[int] = None
     exit_signal: Optional[int] = None
     error: Optional[str] = None
+    cpu_seconds: Optional[float] = None  # from its cgroup, at its end (None: not accounted)
+    mem_peak: Optional[int] = None  # bytes, likewise
 
     @property
     def count(self) -> int:

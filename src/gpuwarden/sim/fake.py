@@ -20,7 +20,9 @@ import threading
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import ModuleType
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+from gpuwarden.nvmlload import without_ctypes_util
+
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Optional
@@ -63,7 +65,7 @@ def load_copy(name: str) -> ModuleType:
     """A fresh copy of nvidia-ml-py's module registered as `name` in sys.modules
     (its error-class set-up looks itself up there)."""
     # importlib.machinery, not importlib.util: on Python 3.9 the latter imports
-    # typing (~3 ms), and every simulated NVML client comes this way.
+    # typing, and every simulated NVML client comes this way.
     path = _real_pynvml_file()
     loader = SourceFileLoader(name, path)
     module = ModuleType(name)
@@ -72,7 +74,8 @@ def load_copy(name: str) -> ModuleType:
     module.__spec__ = ModuleSpec(name, loader, origin=path)
     module.__spec__.has_location = True
     sys.modules[name] = module
-    loader.exec_module(module)  # from nvidia-ml-py's cached bytecode, as an import would
+    # From nvidia-ml-py's cached bytecode, as an import would; without ctypes.util.
+    without_ctypes_util(lambda: loader.exec_module(module))
     return module
 
 

@@ -23,7 +23,7 @@ import time
 from gpuwarden.sim import cards, specs
 from gpuwarden.sim.state import StateFile, live_processes, memory_used
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 

@@ -7,7 +7,7 @@ the line where it can be found, and the field, because specs are hand-written.
 
 Every NVML client of a simulated machine loads its spec at start, so the path
 work on that way is done with `os.path` strings: `pathlib` (with the
-`urllib.parse` it imports, ~3 ms) is imported only where the public API hands
+`urllib.parse` it imports) is imported only where the public API hands
 out a `Path` (`SPEC_DIR`, `spec_path`, `state_file`) or a spec is parsed.
 """
 
@@ -25,7 +25,7 @@ from gpuwarden.records import record
 from gpuwarden.safefiles import write_atomic
 from gpuwarden.sim import cards
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Optional
@@ -218,7 +218,7 @@ def load(spec: str, state_dir: Optional[str] = None) -> Spec:
 
     Every NVML client on a simulated machine (status, run, nvitop through the
     shim) starts by loading its spec, and parsing costs more than the rest of
-    the fake's set-up (tomllib, uuid and hashlib imports, validation: ~8 ms).
+    the fake's set-up (tomllib, uuid and hashlib imports, validation).
     So the parsed form is also kept as JSON beside the machine's state file,
     keyed by the identity (path, mtime, size) of the spec and of the code that
     parses it; any change to one of them means a fresh parse."""

@@ -21,7 +21,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.safefiles import write_atomic
 from gpuwarden.sim import specs
 
-TYPE_CHECKING = False  # typing costs ~2.5 ms to import; annotations need it only here
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Callable, Optional, Union

@@ -51,7 +51,10 @@ KEEPALIVE = 15.0  # seconds between SSE comments on a quiet stream (proxies drop
 
 
 def _warn(message: str) -> None:
-    print(f"gpuwarden web: {message}", file=sys.stderr, flush=True)
+    # Through logging: the CLI sets its format and level once (--log-level).
+    import logging
+
+    logging.getLogger("gpuwarden.web").warning(message)
 
 
 class Feed:

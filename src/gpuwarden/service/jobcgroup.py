@@ -1,0 +1,148 @@
+"""A queue service job's cgroups: made by its supervisor, joined by the job before exec.
+
+The service (root) does not move itself: its job's supervisor makes `svc-<hash>/job-<id>`
+below the service's own cgroups and writes the device rules (`gpuwarden.cgroups`),
+and the job's child joins it before it drops to its owner and execs, so the job
+and every descendant are confined from their first instruction while the
+supervisor stays outside (it must outlive the job to record its status). The
+name is the journal's id, so a restarted service finds the cgroups of the jobs it
+re-adopts, and removes those of jobs that ended while it was down. The same
+cgroups are where a cancel or a time limit reaches every process of the job
+(`gpuwarden.accounting.signal_dirs`) and where its CPU and memory are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+from gpuwarden.cgroups import DEVICES, CgroupError, _job_dirs, _remove, _write, deny_rules, detect
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Optional
+
+_JOB = re.compile(r"job-(\d{1,18})")
+_SCOPE = re.compile(r"svc-[0-9a-f]{12}")
+
+
+def scope_of(state_dir: str) -> str:
+    """The directory that holds one service's job cgroups, named after its state
+    directory: two services on one machine (a test suite run beside the real one) never
+    share job ids, and one never sweeps the other's jobs. The same after a restart."""
+    import hashlib
+
+    digest = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()
+    return f"svc-{digest[:12]}"
+
+
+def job_name(scope: str, job: str) -> str:
+    name = f"job-{job}"
+    if not _JOB.fullmatch(name) or not _SCOPE.fullmatch(scope):
+        raise ValueError(f"bad job id {job!r} or scope {scope!r}")
+    return f"{scope}/{name}"
+
+
+def job_dirs(
+    scope: str, job: str, mode: Optional[str] = None, existing: bool = True
+) -> dict[str, str]:
+    """Controller -> directory of the service job `job`'s cgroups (only those that exist
+    when `existing`); {} where this machine has no device isolation."""
+    if mode is None:
+        mode = detect()[0]
+    if mode == "none":
+        return {}
+    try:
+        dirs, _ = _job_dirs(job_name(scope, job), mode)
+    except OSError:
+        return {}
+    if existing:
+        dirs = {c: p for c, p in dirs.items() if os.path.isdir(p)}
+    return dirs
+
+
+def make_job(
+    scope: str, job: str, minors: Sequence[Optional[int]], present: Iterable[int]
+) -> dict[str, str]:
+    """Make service job `job`'s cgroups, allowing only the GPU nodes of `minors` (as root);
+    its dirs. Raises CgroupError (and leaves nothing behind) when that is impossible."""
+    mode, why = detect()
+    if mode == "none":
+        raise CgroupError(f"no device isolation: {why}")
+    if any(m is None for m in minors):
+        raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
+    leased = [m for m in minors if m is not None]
+    dirs = job_dirs(scope, job, mode, existing=False)
+    if not any(c in dirs for c in DEVICES):
+        raise CgroupError("the service is in no hierarchy that can control devices")
+    made: dict[str, str] = {}
+    try:
+        for controller, path in dirs.items():
+            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                _remove(path)  # left by a try that never started: its rules may differ
+            os.mkdir(path, 0o755)
+            made[controller] = path
+        if "devices" in made:
+            fd = os.open(os.path.join(made["devices"], "devices.deny"), os.O_WRONLY)
+            try:
+                for rule in deny_rules(leased, present):
+                    os.write(fd, rule.encode())
+            finally:
+                os.close(fd)
+        else:
+            from gpuwarden import devbpf
+
+            devbpf.confine(made[""], leased)
+    except OSError as err:
+        remove_job(made)
+        raise CgroupError(f"cannot make the job's device cgroup: {err.strerror}") from None
+    return made
+
+
+def join(dirs: dict[str, str]) -> None:
+    """Move this process into `dirs` (the job's child, before exec): its children follow."""
+    for path in dirs.values():
+        try:
+            _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+        except OSError as err:
+            raise CgroupError(f"cannot join the job's cgroup: {err.strerror}") from None
+
+
+def remove_job(dirs: dict[str, str]) -> bool:
+    """rmdir a service job's cgroups; False when one still holds a process."""
+    removed = True
+    for path in dirs.values():
+        try:
+            _remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            removed = False
+    return removed
+
+
+def service_jobs(scope: str, mode: Optional[str] = None) -> dict[str, dict[str, str]]:
+    """Job id -> dirs of every job cgroup of the service `scope` that exists."""
+    if mode is None:
+        mode = detect()[0]
+    if mode == "none":
+        return {}
+    try:
+        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
+    except OSError:
+        return {}
+    found: dict[str, dict[str, str]] = {}
+    for controller, path in dirs.items():
+        parent = os.path.dirname(path)
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            match = _JOB.fullmatch(name)
+            if match:
+                found.setdefault(match.group(1), {})[controller] = os.path.join(parent, name)
+    return found

@@ -5,7 +5,7 @@ two overlap on one GPU and that every job ran exactly once.
     .venv/bin/python bench/stress.py [--clients 200] [--jobs 50] [--hold-ms 0]
 
 Each client is a process forked from this one that loops `gpuwarden run`'s own
-code path in-process (`lease.acquire(wait=True)` -> `launch.start(["true"])` ->
+code path in-process (`allocation.acquire(wait=True)` -> `launch.start(["true"])` ->
 `publish` -> wait -> `release`), so 10,000 jobs do not pay 10,000 interpreter
 start-ups on a small machine. The interval logged is from the grant (locks
 taken) to the release, which contains the job's whole life: a stricter check
@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
-    import gpuwarden.leases as lease
-    from gpuwarden import launch
+    from gpuwarden import allocation, launch
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.selection import Request
 
@@ -51,7 +50,7 @@ def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
 
     for j in range(jobs):
         seen.clear()
-        held = lease.acquire(Request(count=1), snapshot=machine, wait=True, on_wait=note)
+        held = allocation.acquire(Request(count=1), snapshot=machine, wait=True, on_wait=note)
         granted = time.monotonic_ns()
         waits += bool(seen)
         held.prepare("true")  # as `gpuwarden run`: the record is written before the job starts
@@ -126,7 +125,7 @@ def main() -> int:
         for p in machine.state()["processes"]:  # an idle server: all 8 GPUs leasable
             machine.remove_process(p["pid"])
         # Import everything once here; forked clients share it.
-        import gpuwarden.leases  # noqa: F401
+        import gpuwarden.allocation  # noqa: F401
         from gpuwarden import drain, launch, selection, waitline  # noqa: F401
         from gpuwarden.inventory import read_snapshot
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
-from gpuwarden import config, config_trust
+from gpuwarden import config_trust, configkeys
 
 SECONDS = 20  # no case may take this long: a hang fails the case instead of the run
 
@@ -217,7 +217,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
 
 
 def _bad_env() -> Iterator[Case]:
-    for key in config.SCHEMA:
+    for key in configkeys.SCHEMA:
         for text in BAD_BY_KIND.get(key.kind, []):
             if key.kind == "int" and text == "-1" and key.low is None:
                 continue
@@ -269,7 +269,7 @@ def _bad_files() -> Iterator[Case]:
         "names": ["5", '[""]', "[1]"],
         "shares": ["5", "{alice = 0}", '{alice = "x"}', "[1]"],
     }
-    for key in config.SCHEMA:
+    for key in configkeys.SCHEMA:
         section, name = key.name.split(".")
         for value in toml_bad[key.kind]:
             if key.kind == "int" and value == "-1" and key.low is None:

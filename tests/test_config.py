@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import config, config_trust
+from gpuwarden import config, config_trust, configkeys, configvalues, locations, units
 from gpuwarden.errors import UserError
 
 GiB = 2**30
@@ -37,7 +37,7 @@ def test_defaults_come_from_the_schema() -> None:
     assert cfg.get("exporter.listen") == "127.0.0.1:9400"
     assert cfg.get("health.fatal_xids") is None  # health's catalogue list applies
     assert cfg.source("run.min_free") == "default"
-    assert [k for k, _, _ in cfg.items()] == [k.name for k in config.SCHEMA]
+    assert [k for k, _, _ in cfg.items()] == [k.name for k in configkeys.SCHEMA]
 
 
 def test_precedence_system_user_project_env_cli(
@@ -96,8 +96,8 @@ def test_short_env_names(monkeypatch: pytest.MonkeyPatch, isolated: Path) -> Non
     assert cfg.get("torch.device") == "cpu"
     assert cfg.source("torch.device") == "env: GPUWARDEN_DEVICE"
     assert cfg.get("lease.dir") == str(isolated / "leases")
-    assert config.lease_dir() == isolated / "leases"
-    assert config.state_dir() == isolated / "state"
+    assert locations.lease_location() == str(isolated / "leases")
+    assert locations.state_location() == str(isolated / "state")
 
 
 def test_values_are_normalised(user: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,14 +196,14 @@ def test_unknown_gpuwarden_variables_are_not_settings(monkeypatch: pytest.Monkey
 
 
 def test_durations_and_capabilities() -> None:
-    assert config.parse_duration("90") == 90
-    assert config.parse_duration("1.5m") == 90
-    assert config.parse_duration("2d") == 172800
-    assert config.parse_capability("9") == (9, 0)
-    assert config.parse_capability(8.6) == (8, 6)
+    assert units.parse_duration("90") == 90
+    assert units.parse_duration("1.5m") == 90
+    assert units.parse_duration("2d") == 172800
+    assert configvalues.parse_capability("9") == (9, 0)
+    assert configvalues.parse_capability(8.6) == (8, 6)
     for bad in ("4 hours", "-1", "h"):
         with pytest.raises(UserError, match="invalid duration"):
-            config.parse_duration(bad)
+            units.parse_duration(bad)
 
 
 def test_locations_fall_back_to_system_then_per_user(
@@ -213,17 +213,17 @@ def test_locations_fall_back_to_system_then_per_user(
     monkeypatch.delenv("GPUWARDEN_STATE_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(isolated / "xdg-state"))
     shared = isolated / "var"
-    monkeypatch.setattr(config, "SYSTEM_LEASE_DIR", str(shared / "leases"))
-    monkeypatch.setattr(config, "SYSTEM_STATE_DIR", str(shared / "state"))
-    assert config.lease_dir() == isolated / "xdg-state" / "gpuwarden" / "leases"
-    assert config.state_dir() == isolated / "xdg-state" / "gpuwarden"
+    monkeypatch.setattr(locations, "SYSTEM_LEASE_DIR", str(shared / "leases"))
+    monkeypatch.setattr(locations, "SYSTEM_STATE_DIR", str(shared / "state"))
+    assert locations.lease_location() == str(isolated / "xdg-state" / "gpuwarden" / "leases")
+    assert locations.state_location() == str(isolated / "xdg-state" / "gpuwarden")
     (shared / "leases").mkdir(parents=True)
     (shared / "state").mkdir()
-    assert config.lease_dir() == shared / "leases"
-    assert config.state_dir() == shared / "state"
+    assert locations.lease_location() == str(shared / "leases")
+    assert locations.state_location() == str(shared / "state")
     write(Path("gpuwarden.toml"), '[lease]\ndir = "/srv/l"\n[state]\ndir = "/srv/s"\n')
-    assert config.lease_dir() == Path("/srv/l")
-    assert config.state_dir() == Path("/srv/s")
+    assert locations.lease_location() == str(Path("/srv/l"))
+    assert locations.state_location() == str(Path("/srv/s"))
 
 
 def test_loading_without_files_does_not_import_tomllib(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_loading_without_files_does_not_import_tomllib(tmp_path: Path) -> None:
 
 def test_docs_list_every_key() -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
-    for key in config.SCHEMA:
+    for key in configkeys.SCHEMA:
         assert f"`{key.name}`" in doc, key.name
         for name in key.env_names:
             assert name in doc, name

@@ -553,3 +553,19 @@ def test_shared_or_unknown_lease_dir_says_nothing(shared: Optional[bool]) -> Non
     busy = gpu(0, processes=(GpuProcess(pid=7, used_memory=2**30, user="alice"),))
     found = run_checks(facts(snap(busy), user="bob", lease_dir="/x", lease_dir_shared=shared))
     assert pick(found, "machine.sharing") == []
+
+
+def test_a_report_names_its_problems_and_renders_itself():
+    """Report lives beside the renderer it calls (no import back from findings)."""
+    from gpuwarden.doctor.report import Report
+
+    found = (
+        Finding("driver", PASS, "fine"),
+        Finding("torch.build", WARN, "old build", fix="pip install -U torch"),
+        Finding("kernels", FAIL, "no kernel image"),
+    )
+    rep = Report(found, facts(snap(gpu(0))))
+    assert [f.level for f in rep.problems()] == [WARN, FAIL]
+    assert not rep.ok
+    text = rep.text()
+    assert "old build" in text and "no kernel image" in text

@@ -9,10 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.errors import UserError
-from gpuwarden.exporter import IdleTracker, View, ViewCache, parse_listen, render, serve
+from gpuwarden.exporter import IdleTracker, View, ViewCache, render, serve
 from gpuwarden.health import judge
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
+from gpuwarden.units import parse_listen
 
 GiB = 2**30
 
@@ -202,6 +203,22 @@ def test_parse_listen():
     assert parse_listen("[::1]:9400") == ("::1", 9400)
     with pytest.raises(UserError, match="invalid listen address"):
         parse_listen("localhost:http")
+    with pytest.raises(UserError, match="invalid listen address"):
+        parse_listen("host:0")  # any free port: only where the caller allows it
+    assert parse_listen("127.0.0.1:0", any_port=True) == ("127.0.0.1", 0)
+
+
+def test_the_config_reads_a_listen_address_as_the_exporter_does(tmp_path, monkeypatch):
+    """`--listen 9400` (a bare port) and `:9400` were accepted by the exporter's parser
+    and refused by the config's: both now parse through units.parse_listen."""
+    from gpuwarden import config
+
+    for text, where in (("9400", ("127.0.0.1", 9400)), (":9400", ("0.0.0.0", 9400))):
+        assert config.load({"exporter.listen": text}).get("exporter.listen") == text
+        assert parse_listen(text) == where
+    for bad in ("localhost", "host:0", "host:99999", "host:٣"):
+        with pytest.raises(UserError, match="listen"):
+            config.load({"exporter.listen": bad})
 
 
 def test_serve_and_port_in_use():
@@ -260,10 +277,10 @@ def test_fatal_label_follows_the_configured_fatal_list():
 
 
 def test_view_cache_labels_xids_with_its_rules(monkeypatch):
-    import gpuwarden.health as health
+    import gpuwarden.xidlog as xidlog
     from gpuwarden.health import Rules
 
-    monkeypatch.setattr(health, "xids_seen", lambda since=None: {"GPU-aaaa": (13,)})
+    monkeypatch.setattr(xidlog, "xids_seen", lambda since=None: {"GPU-aaaa": (13,)})
     cache = ViewCache(machine, rules=Rules(fatal_xids=frozenset({13})))
     found = samples(render(cache.get()))
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
@@ -297,7 +314,7 @@ def test_a_lease_of_the_wrong_types_costs_its_labels_not_the_scrape():
 
 def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):
     import gpuwarden.drain as drain
-    import gpuwarden.health as health
+    import gpuwarden.xidlog as xidlog
 
     calls = []
 
@@ -311,7 +328,7 @@ def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monke
         raise TypeError("an XID line of the wrong type")
 
     monkeypatch.setattr(drain, "list_drains", drains)
-    monkeypatch.setattr(health, "xids_seen", broken_xids)
+    monkeypatch.setattr(xidlog, "xids_seen", broken_xids)
     clock = [0.0]
     cache = ViewCache(machine, cache_seconds=1, clock=lambda: clock[0])
     first = cache.get()

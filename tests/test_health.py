@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from gpuwarden import health
+from gpuwarden import health, xidlog, xids
 from gpuwarden.errors import UserError
 from gpuwarden.health import FATAL, OK, WARNING, Rules, judge, level
 from gpuwarden.healthwatch import (
@@ -57,7 +57,7 @@ def test_default_fatal_xids_are_fatal_with_catalogue_action(xid):
     (finding,) = judge(gpu(), (xid,))
     assert finding.level == FATAL
     assert finding.code == f"xid-{xid}"
-    assert xid in health.XID_CATALOGUE  # every default fatal XID is described
+    assert xid in xids.XID_CATALOGUE  # every default fatal XID is described
     assert finding.action and "XID" in finding.reason
 
 
@@ -107,22 +107,22 @@ def test_fatal_findings_come_first():
 
 
 def test_xid_log_round_trip_and_clear():
-    health.record_xid("GPU-a", 79, index=0)
-    health.record_xid("GPU-b", 13, index=1)
-    health.record_xid("GPU-a", 48, index=0)
-    assert health.xids_seen() == {"GPU-a": (79, 48), "GPU-b": (13,)}
-    health.clear_xids(["GPU-a"])
-    health.record_xid("GPU-a", 94)
-    assert health.xids_seen() == {"GPU-b": (13,), "GPU-a": (94,)}
-    health.clear_xids()
-    assert health.xids_seen() == {}
+    xidlog.record_xid("GPU-a", 79, index=0)
+    xidlog.record_xid("GPU-b", 13, index=1)
+    xidlog.record_xid("GPU-a", 48, index=0)
+    assert xidlog.xids_seen() == {"GPU-a": (79, 48), "GPU-b": (13,)}
+    xidlog.clear_xids(["GPU-a"])
+    xidlog.record_xid("GPU-a", 94)
+    assert xidlog.xids_seen() == {"GPU-b": (13,), "GPU-a": (94,)}
+    xidlog.clear_xids()
+    assert xidlog.xids_seen() == {}
 
 
 def test_xid_log_ignores_events_before_boot_and_garbage():
-    path = health.xid_log_path()
+    path = xidlog.xid_log_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"uuid":"GPU-a","xid":79,"at":1.0}\nnot json\n{"oops": 1}\n')
-    assert health.xids_seen() == {}
+    assert xidlog.xids_seen() == {}
 
 
 def test_hook_and_webhook_settings_are_checked():
@@ -212,7 +212,7 @@ def test_watch_drains_on_fatal_and_calls_hook_once(tmp_path):
     watch = HealthWatch(WatchSettings(policy="drain", hook=hook), log=lambda m: None)
     healthy = gpu(index=1, uuid="GPU-bbbb-1111")
     assert watch.check(_snapshot(gpu(), healthy)) == []
-    health.record_xid("GPU-aaaa-0000", 79, index=0)
+    xidlog.record_xid("GPU-aaaa-0000", 79, index=0)
     new = watch.check(_snapshot(gpu(), healthy))
     assert [(g.index, f.code) for g, f in new] == [(0, "xid-79")]
     from gpuwarden.drain import list_drains

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import health
+from gpuwarden import xidlog
 from gpuwarden.drain import list_drains
 from gpuwarden.exporter import ViewCache, render
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
@@ -106,7 +106,7 @@ def test_fatal_fault_drains_shows_in_metrics_and_calls_hook(machine, watch, faul
 def test_xid_is_recorded_and_counted(machine, watch):
     uuid = uuid_of(machine, 3)
     machine.inject_xid(3, 13)  # an application fault: a warning, no drain
-    assert wait_for(lambda: health.xids_seen().get(uuid) == (13,))
+    assert wait_for(lambda: xidlog.xids_seen().get(uuid) == (13,))
     assert wait_for(lambda: any(e["code"] == "xid-13" for e in hook_events(watch)))
     assert uuid not in list_drains()
     text = render(ViewCache(cache_seconds=0).get())

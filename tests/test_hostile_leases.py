@@ -25,9 +25,10 @@ from typing import Callable
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import holders
+from gpuwarden import allocation, holders, leasedir
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.safefiles import owner_name
 from gpuwarden.selection import Request
 
 GiB = 2**30
@@ -52,7 +53,7 @@ def machine(n: int = 1, total: int = 80 * GiB) -> Snapshot:
 
 
 def take(snap: Snapshot, **req: object) -> lease.Held:
-    held = lease.acquire(Request(**req), snapshot=lambda: snap, wait=False, timeout=None)
+    held = allocation.acquire(Request(**req), snapshot=lambda: snap, wait=False, timeout=None)
     held.publish(os.getpid(), "test job")
     return held
 
@@ -316,7 +317,7 @@ def test_allocation_lock_held_by_another_user(sim, cli, users, shared, procs) ->
     r = cli("run", "-g", "1", "--wait", "--timeout", "2s", "--", "true", timeout=60)
     assert r.returncode == lease.EXIT_BUSY, r.stderr
     assert time.monotonic() - started < 30
-    assert f"{lease.owner_of(mallory)} pid {holder}" in one_line_error(r)
+    assert f"{owner_name(mallory)} pid {holder}" in one_line_error(r)
     r = cli("run", "-g", "1", "--", "true", timeout=60)  # without --wait: a bounded try
     assert r.returncode == lease.EXIT_BUSY and f"pid {holder}" in r.stderr
 
@@ -549,16 +550,14 @@ def test_temporary_files_of_killed_writers_are_swept(shared, procs) -> None:
     old = shared / f".{UUID0}.x.lease.99-0000.tmp"
     fresh = shared / f".{UUID0}.y.lease.99-0001.tmp"
     busy = shared / f".{UUID0}.z.lease.99-0002.tmp"
-    legacy = shared / f".tmp-{UUID0}.123-abcdef"  # as earlier versions named them
-    for p in (old, fresh, busy, legacy):
+    for p in (old, fresh, busy):
         p.write_text("{")
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
-    os.utime(legacy, (hour_ago, hour_ago))
     os.utime(busy, (hour_ago, hour_ago))
     as_user(os.geteuid(), procs, busy, fcntl.LOCK_EX)  # a writer still alive (stopped)
     take(snap, count=1).release()
-    assert not old.exists() and not legacy.exists()
+    assert not old.exists()
     assert fresh.exists() and busy.exists()
 
 
@@ -584,10 +583,10 @@ def test_a_reservation_does_not_follow_the_wall_clock(sim, tmp_path) -> None:
 
 
 def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
-    from gpuwarden.cli import reserve
+    from gpuwarden import jobs
 
     now = [100.0]
-    monkeypatch.setattr(reserve, "boottime", lambda: now[0])
+    monkeypatch.setattr(jobs, "boottime", lambda: now[0])
     monkeypatch.setattr(time, "time", lambda: 0.0)  # whatever the wall clock says
     slept: list[float] = []
 
@@ -595,7 +594,7 @@ def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
         slept.append(s)
         now[0] += s
 
-    reserve.hold_for(5.0, sleep=sleep)
+    jobs.hold_for(5.0, sleep=sleep)
     assert sum(slept) == pytest.approx(5.0)
 
 
@@ -668,7 +667,7 @@ def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
     from gpuwarden import waitline
 
     snap = machine(1)
-    ticket = waitline.join(lease.open_dir(), Request(count=1))
+    ticket = waitline.join(leasedir.open_dir(), Request(count=1))
     try:
         with pytest.raises(UserError) as err:
             take(snap, count=1)
@@ -687,7 +686,7 @@ def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
 
     mallory, _ = users
     _ticket(shared, mallory, procs, CRAFTED["more GPUs than exist"])
-    mine = waitline.join(lease.open_dir(), Request(count=1))
+    mine = waitline.join(leasedir.open_dir(), Request(count=1))
     try:
         position, _, ahead_need = mine.scan(check_alive=True, most=8)
         assert ahead_need == 0 and position == 1

@@ -80,3 +80,41 @@ def test_real_process_gets_user_and_command_from_psutil(sim):
 def test_explicit_module_and_processes_off():
     snap = read_snapshot(module("server-8xa100"), processes=False)
     assert all(g.processes == () for g in snap.gpus)
+
+
+class _OldDriver:
+    """The simulated library as an older driver and binding see it: one function the
+    driver lacks (FunctionNotFound), one the binding lacks (no attribute)."""
+
+    def __init__(self, nv):
+        self._nv = nv
+
+    def __getattr__(self, name):
+        if name == "nvmlDeviceGetPowerUsage":
+
+            def lacking(*args):
+                raise self._nv.NVMLError(self._nv.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+            return lacking
+        if name == "nvmlDeviceGetTemperature":
+            raise AttributeError(name)
+        return getattr(self._nv, name)
+
+
+def test_a_missing_nvml_function_is_logged_once_and_reads_none(sim, caplog):
+    from gpuwarden import inventory
+
+    sim("server-8xa100")
+    inventory._MISSING.clear()
+    old = _OldDriver(module())
+    with caplog.at_level("WARNING", logger="gpuwarden.inventory"):
+        first = read_snapshot(old, processes=False)
+        read_snapshot(old, processes=False)
+    assert len(first.gpus) == 8
+    assert all(g.power_draw is None and g.temperature is None for g in first.gpus)
+    assert first.gpus[0].memory_total is not None  # the rest is still read
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuwarden.inventory"]
+    assert len(lines) == 2, lines  # once per function, not per GPU or per reading
+    assert any("nvmlDeviceGetPowerUsage" in t and "driver" in t for t in lines)
+    assert any("nvmlDeviceGetTemperature" in t and "binding" in t for t in lines)
+    inventory._MISSING.clear()

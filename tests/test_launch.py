@@ -8,7 +8,8 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu
-from gpuwarden.launch import allowed_uuids, ddp_argv, job_env
+from gpuwarden.launch import ddp_argv, job_env
+from gpuwarden.visible import allowed_uuids
 
 G = [Gpu(index=3, uuid="GPU-3"), Gpu(index=5, uuid="GPU-5")]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import waitline
+from gpuwarden import allocation, leasedir, waitline
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.selection import Request
@@ -38,7 +38,7 @@ def machine(n: int = 2, total: int = 80 * GiB) -> Snapshot:
 
 
 def take(snap: Snapshot, wait: bool = False, **req: object) -> lease.Held:
-    held = lease.acquire(Request(**req), snapshot=lambda: snap, wait=wait, timeout=None)
+    held = allocation.acquire(Request(**req), snapshot=lambda: snap, wait=wait, timeout=None)
     held.publish(os.getpid(), "test job")
     return held
 
@@ -98,7 +98,7 @@ def test_shared_leases_stack_while_declared_memory_fits() -> None:
 def test_kernel_enforces_the_lock_even_without_metadata() -> None:
     """A GPU locked by something that left no metadata is not handed out twice."""
     snap = machine(2)
-    ld = lease.open_dir()
+    ld = leasedir.open_dir()
     import fcntl
 
     fd = os.open(ld.join(snap.gpus[1].uuid + ".lock"), os.O_RDONLY | os.O_CREAT)
@@ -166,7 +166,7 @@ def test_wait_times_out_with_busy_exit_code() -> None:
     seen = []
     t0 = time.monotonic()
     with pytest.raises(UserError, match="timed out") as err:
-        lease.acquire(
+        allocation.acquire(
             Request(count=1),
             snapshot=lambda: snap,
             wait=True,
@@ -184,7 +184,7 @@ def test_earlier_waiter_is_served_first() -> None:
     """Strict first come, first served: a waiter for 2 GPUs blocks a later one for 1."""
     snap = machine(2)
     held = take(snap, count=1)
-    ld = lease.open_dir()
+    ld = leasedir.open_dir()
     ticket = waitline.join(ld, Request(count=2))
     try:
         with pytest.raises(UserError, match="waiting in line") as err:
@@ -203,11 +203,11 @@ def test_earlier_waiter_is_served_first() -> None:
 
 
 def test_dead_waiter_leaves_the_line() -> None:
-    ld = lease.open_dir()
+    ld = leasedir.open_dir()
     code = (
-        "import time; import gpuwarden.leases as lease; from gpuwarden import waitline; "
+        "import time; from gpuwarden import leasedir, waitline; "
         "from gpuwarden.selection import Request; "
-        "waitline.join(lease.open_dir(), Request(count=1)); print('in', flush=True); "
+        "waitline.join(leasedir.open_dir(), Request(count=1)); print('in', flush=True); "
         "time.sleep(60)"
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -228,7 +228,7 @@ def test_symlinked_lease_dir_is_refused(tmp_path: Path) -> None:
     link = tmp_path / "link"
     link.symlink_to(real)
     with pytest.raises(UserError, match="symbolic link"):
-        lease.open_dir(str(link))
+        leasedir.open_dir(str(link))
 
 
 def test_world_writable_dir_without_sticky_bit_is_refused(tmp_path: Path) -> None:
@@ -236,22 +236,22 @@ def test_world_writable_dir_without_sticky_bit_is_refused(tmp_path: Path) -> Non
     d.mkdir()
     d.chmod(0o777)
     with pytest.raises(UserError, match="sticky") as err:
-        lease.open_dir(str(d))
+        leasedir.open_dir(str(d))
     assert str(d) in str(err.value)
     d.chmod(0o1777)
-    assert lease.open_dir(str(d)).shared
+    assert leasedir.open_dir(str(d)).shared
 
 
 def test_symlinked_lock_file_is_refused() -> None:
     snap = machine(1)
-    ld = lease.open_dir()
+    ld = leasedir.open_dir()
     os.symlink("/etc/passwd", ld.join(snap.gpus[0].uuid + ".lock"))
     with pytest.raises(UserError, match="symbolic link"):
         take(snap, count=1)
 
 
 def test_missing_dir_is_created_private(tmp_path: Path) -> None:
-    ld = lease.open_dir(str(tmp_path / "a" / "leases"))
+    ld = leasedir.open_dir(str(tmp_path / "a" / "leases"))
     assert os.stat(ld.path).st_mode & 0o777 == 0o700
     assert not ld.shared
 
@@ -265,14 +265,14 @@ def test_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     d.mkdir(mode=0o700)
     os.chown(d, 65534, 65534)
     with pytest.raises(UserError, match="owned by") as err:
-        lease.open_dir(str(d))
+        leasedir.open_dir(str(d))
     assert str(d) in str(err.value)
 
 
 @needs_root
 def test_foreign_lock_file_in_private_dir_is_refused() -> None:
     snap = machine(1)
-    ld = lease.open_dir()
+    ld = leasedir.open_dir()
     path = ld.join(snap.gpus[0].uuid + ".lock")
     Path(path).touch()
     os.chown(path, 65534, 65534)
@@ -288,10 +288,10 @@ def test_lease_dir_on_nfs_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyP
     mounts.write_text(
         f"/dev/sda1 / ext4 rw 0 0\nserver:/export/home {tmp_path / 'home'} nfs4 rw 0 0\n"
     )
-    assert lease.filesystem_type(str(d), str(mounts)) == "nfs4"
-    assert lease.filesystem_type("/etc", str(mounts)) == "ext4"
-    real = lease.filesystem_type
-    monkeypatch.setattr(lease, "filesystem_type", lambda p: real(p, str(mounts)))
+    assert leasedir.filesystem_type(str(d), str(mounts)) == "nfs4"
+    assert leasedir.filesystem_type("/etc", str(mounts)) == "ext4"
+    real = leasedir.filesystem_type
+    monkeypatch.setattr(leasedir, "filesystem_type", lambda p: real(p, str(mounts)))
     with pytest.raises(UserError, match="is on nfs4") as err:
-        lease.open_dir(str(d))
+        leasedir.open_dir(str(d))
     assert "local directory" in str(err.value)

@@ -16,6 +16,7 @@ import pytest
 
 import gpuwarden.leases as lease
 from conftest import SRC
+from gpuwarden import allocation
 
 
 def free_all() -> None:
@@ -182,7 +183,7 @@ def test_killed_wrapper_leaves_the_lease_with_the_job(sim, cli, tmp_path: Path) 
     wait_for(lambda: not _alive(job_pid), 10)
     t0 = time.monotonic()
     # leasable again within 1 s of the last holder dying
-    held = lease.acquire(_req(gpus=("7",)), snapshot=_snap, wait=True, timeout=1.0)
+    held = allocation.acquire(_req(gpus=("7",)), snapshot=_snap, wait=True, timeout=1.0)
     assert time.monotonic() - t0 < 1.0
     held.release()
 
@@ -463,8 +464,9 @@ def test_run_sets_up_without_the_collector_and_waits_with_it(sim, monkeypatch) -
 def test_a_lease_that_must_wait_gives_the_collector_back_once(sim, tmp_path: Path) -> None:
     """A wait may last hours and its loop makes garbage: the pause ends when it starts."""
     from gpuwarden import config
-    from gpuwarden.cli.run import Machine, take
+    from gpuwarden.cli.waiting import take
     from gpuwarden.errors import UserError
+    from gpuwarden.jobs import Machine
 
     sim("server-8xa100")
     first, mark = hold(tmp_path, "a", "--gpus", "7")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import gpuwarden.leases as lease
-from gpuwarden import health
+from gpuwarden import xidlog
 from gpuwarden.inventory import read_snapshot
 
 
@@ -37,7 +37,7 @@ def _job(tmp_path: Path) -> list[str]:
 def test_a_gpu_status_calls_fatal_is_never_handed_out(sim, cli, tmp_path: Path) -> None:
     sim("server-8xa100")
     uuids = _uuids()
-    health.record_xid(uuids[7], 79, index=7)  # as the health watch records it
+    xidlog.record_xid(uuids[7], 79, index=7)  # as the health watch records it
     assert "FATAL:xid-79" in cli("status").stdout.splitlines()[9]
     out = cli("select", "-n", "1", "--explain", "-q")
     assert out.returncode == 0, out.stderr
@@ -52,7 +52,7 @@ def test_a_gpu_status_calls_fatal_is_never_handed_out(sim, cli, tmp_path: Path) 
     out = cli("select", "-g", "8", "-q")
     assert out.returncode == 2, out.stdout
     assert "only 7 are healthy and not drained (GPU 7 unhealthy: XID 79" in out.stderr
-    health.clear_xids([uuids[7]])
+    xidlog.clear_xids([uuids[7]])
     assert cli("select", "-n", "1", "-q").stdout.strip() == "7"
 
 

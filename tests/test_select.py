@@ -281,25 +281,25 @@ def test_health_warnings_rank_after_healthy() -> None:
 
 def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
     # The XID exists only in the log the health watch keeps: the snapshot alone looks fine.
-    from gpuwarden import health
+    from gpuwarden import xidlog
 
     snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
-    health.record_xid(snap.gpus[0].uuid, 79, index=1)
+    xidlog.record_xid(snap.gpus[0].uuid, 79, index=1)
     choice = choose(snap, Request(count=1))
     assert idx(choice) == [2]
     assert choice.passed_over[snap.gpus[0].uuid].startswith("unhealthy: XID 79")
     assert choose(snap, Request(count=2)).never_fits
-    health.clear_xids([snap.gpus[0].uuid])
+    xidlog.clear_xids([snap.gpus[0].uuid])
     assert idx(choose(snap, Request(count=1))) == [1]
-    health.record_xid(snap.gpus[0].uuid, 13, index=1)  # a warning: ranked after healthy
+    xidlog.record_xid(snap.gpus[0].uuid, 13, index=1)  # a warning: ranked after healthy
     assert idx(choose(snap, Request(count=1))) == [2]
 
 
 def test_the_configured_fatal_list_is_the_one_status_uses(monkeypatch) -> None:
-    from gpuwarden import health
+    from gpuwarden import xidlog
 
     snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
-    health.record_xid(snap.gpus[1].uuid, 13, index=2)
+    xidlog.record_xid(snap.gpus[1].uuid, 13, index=2)
     monkeypatch.setenv("GPUWARDEN_HEALTH_FATAL_XIDS", "+13")
     choice = choose(snap, Request(count=2))
     assert choice.never_fits and "GPU 2 unhealthy: XID 13" in (choice.error or "")

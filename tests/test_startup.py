@@ -67,13 +67,14 @@ def test_status_and_run_leave_unneeded_modules_alone(
     assert not modules & unneeded, sorted(modules & unneeded)
 
 
-def test_visible_still_offers_the_writing_side() -> None:
+def test_the_writing_side_lives_in_launch_alone() -> None:
+    """launch writes CUDA_VISIBLE_DEVICES, visible reads it: neither reaches into the
+    other (no forwarding names), so the two never import each other."""
     from gpuwarden import launch, visible
 
-    assert visible.export_value is launch.export_value
-    assert visible.export_env is launch.export_env
-    with pytest.raises(AttributeError):
-        visible.no_such_name  # noqa: B018
+    assert callable(launch.export_value) and callable(visible.allowed_uuids)
+    assert not hasattr(visible, "export_value") and not hasattr(visible, "export_env")
+    assert not hasattr(launch, "allowed_uuids")
 
 
 @pytest.mark.parametrize(
@@ -83,17 +84,18 @@ def test_absolute_spells_a_path_as_pathlib_does(cwd: str) -> None:
     assert config._absolute(cwd) == str(Path(cwd).absolute())
 
 
-def test_string_locations_are_the_paths(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert config.state_location() == str(config.state_dir())
-    assert config.lease_location() == str(config.lease_dir())
+def test_locations_are_absolute_strings(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One function per location, a string (the run path does not import pathlib)."""
+    from gpuwarden import locations
+
     monkeypatch.delenv("GPUWARDEN_STATE_DIR")
     monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(isolated / "xdg-state"))
-    assert config.state_location() == str(config.state_dir())
-    assert config.lease_location() == str(config.lease_dir())
+    assert locations.state_location() == str(isolated / "xdg-state" / "gpuwarden")
+    assert locations.lease_location() == str(isolated / "xdg-state" / "gpuwarden" / "leases")
     cfg = config.load({"state.dir": "s", "lease.dir": "l"})
-    assert config.state_location(cfg) == str(config.state_dir(cfg)) == str(isolated / "cwd" / "s")
-    assert config.lease_location(cfg) == str(config.lease_dir(cfg))
+    assert locations.state_location(cfg) == str(isolated / "cwd" / "s")
+    assert locations.lease_location(cfg) == str(isolated / "cwd" / "l")
 
 
 def _project_file_by_pathlib(cwd: str | Path) -> Path | None:
@@ -123,8 +125,9 @@ def test_project_file_found_as_pathlib_found_it(isolated: Path) -> None:
         "/",
     )
     for cwd in spellings:
-        assert config.project_config_path(cwd) == _project_file_by_pathlib(cwd), cwd
-    assert config.project_config_path(repo / "sub") == repo / "gpuwarden.toml"
+        found = _project_file_by_pathlib(cwd)
+        assert config.project_config(cwd) == (None if found is None else str(found)), cwd
+    assert config.project_config(repo / "sub") == str(repo / "gpuwarden.toml")
 
 
 @pytest.mark.parametrize("name", ["a.toml", "/x/a.b.toml", "/x/.toml", "/x/a.", "/x/a", "a..toml"])

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
+from gpuwarden.launch import export_env, export_value
 from gpuwarden.visible import (
     FASTEST_FIRST,
     PCI_BUS_ID,
     Parsed,
     cuda_order,
     effective_order,
-    export_env,
-    export_value,
     parse,
     resolve,
 )

@@ -8,10 +8,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from gpuwarden.allocation import describe_request
 from gpuwarden.drain import Drain
 from gpuwarden.health import Finding
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
-from gpuwarden.leases import LeaseInfo, describe_request
+from gpuwarden.leases import LeaseInfo
 from gpuwarden.selection import Request
 from gpuwarden.waitline import Waiter
 from gpuwarden.web.history import History

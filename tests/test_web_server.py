@@ -18,10 +18,11 @@ import pytest
 
 from conftest import SRC
 from gpuwarden.errors import UserError
-from gpuwarden.leases import open_dir
+from gpuwarden.leasedir import open_dir
 from gpuwarden.selection import Request
+from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.waitline import join
-from gpuwarden.web.server import Feed, WebServer, parse_listen, serve
+from gpuwarden.web.server import Feed, WebServer, serve
 
 SCHEMA = json.loads(
     (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
@@ -177,13 +178,16 @@ def test_connections_beyond_the_limit_are_refused_not_queued(web):
 
 
 def test_listen_addresses():
-    assert parse_listen("9500") == ("127.0.0.1", 9500)
-    assert parse_listen(":9500") == ("127.0.0.1", 9500)
-    assert parse_listen("0.0.0.0:80") == ("0.0.0.0", 80)
-    assert parse_listen("[::1]:80") == ("::1", 80)
+    def web(text: str) -> tuple[str, int]:
+        return parse_listen(text, any_host=LOOPBACK, any_port=True)  # as the web page reads it
+
+    assert web("9500") == ("127.0.0.1", 9500)
+    assert web(":9500") == ("127.0.0.1", 9500)
+    assert web("0.0.0.0:80") == ("0.0.0.0", 80)
+    assert web("[::1]:80") == ("::1", 80)
     for bad in ("", "host:", "host:http", "1:99999"):
         with pytest.raises(UserError, match="invalid listen address"):
-            parse_listen(bad)
+            web(bad)
 
 
 def test_a_failed_read_keeps_the_page_up():

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import field
 from typing import Any, Callable, Optional, Union
 
-import gpuwarden.leases as leases
+from gpuwarden import jobs
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import record
@@ -119,12 +119,6 @@ def _reader(snapshot: SnapshotSource, topology: bool) -> Callable[[], Snapshot]:
     return lambda: read_snapshot(processes=True, topology=topology)
 
 
-def _allowed(snap: Snapshot, environ: Mapping[str, str]) -> Optional[tuple[str, ...]]:
-    from gpuwarden.launch import allowed_uuids
-
-    return allowed_uuids(snap, environ)
-
-
 @contextmanager
 def hold(
     n: Optional[int] = None,
@@ -163,15 +157,11 @@ def hold(
     def machine() -> Snapshot:
         return pending.pop() if pending else read()
 
-    held = leases.acquire(
-        request,
-        snapshot=machine,
-        wait=wait,
-        timeout=timeout,
-        allowed=_allowed(first, base),
+    held = jobs.lease(
+        request, machine, wait=wait, timeout=timeout, allowed=jobs.allowed(first, base)
     )
+    jobs.publish_here(held, "python: gpuwarden.lease()")
     try:
-        held.publish(os.getpid(), "python: gpuwarden.lease()")
         env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
         ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
         yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
@@ -194,15 +184,14 @@ def pick(
 ) -> tuple[Gpu, ...]:
     """The GPUs `lease` would pick now, without reserving them: another job may take
     them before you do. Raises UserError (with the reason) when none fit."""
-    from gpuwarden.drain import list_drains
-    from gpuwarden.selection import choose
+    from gpuwarden.leases import EXIT_BUSY
 
     base = os.environ if environ is None else environ
     request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
     snap = _reader(snapshot, topology=request.gpu_count > 1)()
-    choice = choose(snap, request, leases.list_leases(), list_drains(), _allowed(snap, base))
+    choice = jobs.choose_now(snap, request, jobs.allowed(snap, base))
     if not choice.ok:
         raise UserError(
-            choice.error or "no GPU fits", exit_code=2 if choice.never_fits else leases.EXIT_BUSY
+            choice.error or "no GPU fits", exit_code=2 if choice.never_fits else EXIT_BUSY
         )
     return choice.gpus

@@ -1,7 +1,7 @@
 """Drains: GPUs taken out of service with a reason, persisted and keyed by UUID.
 
 Each drain is its own small JSON file, `drain.<UUID>.json`, in the state
-directory (`gpuwarden.config.state_dir()`). One file per drain, owned by the
+directory (`gpuwarden.locations.state_location()`). One file per drain, owned by the
 person who drained, lets the kernel enforce the rule "only the person who
 drained or root may undrain" in the shared system directory: it is sticky, so
 nobody else can delete or replace that file. The tool checks the same rule
@@ -81,7 +81,7 @@ def _directory(directory: Optional[PathLike]) -> str:
     # their start-up path.
     if directory is not None:
         return os.fspath(directory)
-    from gpuwarden.config import state_location
+    from gpuwarden.locations import state_location
 
     return state_location()
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from gpuwarden.health import DEFAULT_FATAL_XIDS
 from gpuwarden.inventory import Snapshot
 from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
+from gpuwarden.units import parse_listen
 
 __all__ = [
     "Collector",
@@ -30,7 +31,6 @@ __all__ = [
     "families",
     "held",
     "is_idle",
-    "parse_listen",
     "render",
     "serve",
 ]
@@ -127,7 +127,8 @@ class ViewCache:
         return self._stale
 
     def _fresh(self) -> View:
-        from gpuwarden.health import judge, xids_seen
+        from gpuwarden.health import judge
+        from gpuwarden.xidlog import xids_seen
 
         started = time.perf_counter()
         self.reads += 1
@@ -227,26 +228,6 @@ def require_client() -> None:
 # --- serving ------------------------------------------------------------------
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """ "HOST:PORT", ":PORT" or "PORT" (loopback by default: metrics name users)."""
-    from gpuwarden.errors import UserError
-
-    text = str(value).strip()
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    host = host.strip("[]") or "0.0.0.0"
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
-    if not 0 <= number <= 65535:
-        raise UserError(
-            f"invalid listen address {value!r}: expected HOST:PORT, e.g. 127.0.0.1:9400"
-        )
-    return host, number
-
-
 @dataclass
 class Server:
     """A running exporter: its address, cache and health watch."""
@@ -319,7 +300,7 @@ def serve(
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen, any_port=True)
     cache = cache or ViewCache()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(cache, dcgm_compat))  # type: ignore[arg-type]

@@ -28,24 +28,6 @@ if TYPE_CHECKING:
 OK, WARNING, FATAL = "ok", "warning", "fatal"
 
 
-_MOVED_TO_XIDLOG = ("xids_seen", "xid_events", "record_xid", "clear_xids", "xid_log_path")
-
-
-def __getattr__(name: str) -> object:
-    # The catalogue (a record class and ~40 rows) lives in gpuwarden.xids and is loaded
-    # when an XID is described: `status` and `run` judge every GPU, and XIDs are rare.
-    if name in ("XID_CATALOGUE", "XidInfo"):
-        from gpuwarden import xids
-
-        return getattr(xids, name)
-    if name in _MOVED_TO_XIDLOG:
-        # The XID log moved to gpuwarden.xidlog; callers elsewhere still find it here.
-        from gpuwarden import xidlog
-
-        return getattr(xidlog, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @record
 class Finding:
     """One thing wrong (or worth a look) with a GPU; `code` says whether it is new."""

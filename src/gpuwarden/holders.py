@@ -121,10 +121,10 @@ def holds_file(pid: int, dev: int, ino: int) -> bool:
 
 def describe(pid: int) -> str:
     """`user pid N (comm)` for messages, from /proc."""
-    from gpuwarden.leases import owner_of
+    from gpuwarden.safefiles import owner_name
 
     uid = real_uid(pid)
-    who = owner_of(uid) if uid is not None else "?"
+    who = owner_name(uid) if uid is not None else "?"
     return f"{who} pid {pid} ({command_name(pid)})"
 
 

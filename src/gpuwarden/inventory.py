@@ -161,16 +161,30 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+# NVML functions found missing in this process: each is logged once, not per GPU or read.
+_MISSING: set[str] = set()
+
+
+def missing_function(func: str, why: str) -> None:
+    """Log, once per process, that `func` cannot be called (an older driver, or an
+    nvidia-ml-py without the binding): every field it feeds reads n/a, and without
+    this line nobody could tell a missing function from a card that lacks a feature.
+    As nvitop's nvmlQuery does. `logging` is imported only when this happens."""
+    if func in _MISSING:
+        return
+    _MISSING.add(func)
+    import logging
+
+    logging.getLogger(__name__).warning("NVML function %s is unavailable (%s)", func, why)
+
+
 class _Reader:
-    """Calls NVML so that what the card cannot answer becomes None."""
+    """Calls NVML so that what the card cannot answer becomes None: the one path through
+    which the inventory asks the driver for a field."""
 
     def __init__(self, nv: Any) -> None:
         self.nv = nv
-        self.soft = (
-            nv.NVMLError_NotSupported,
-            nv.NVMLError_NoPermission,
-            nv.NVMLError_FunctionNotFound,
-        )
+        self.soft = (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission)
         self.soft += tuple(
             getattr(nv, name)
             for name in ("NVMLError_NotFound", "NVMLError_InvalidArgument", "NVMLError_Unknown")
@@ -178,9 +192,17 @@ class _Reader:
         )
 
     def get(self, func: str, *args: Any) -> Any:
-        """None for what the card cannot say; GpuIsLost propagates (the GPU is gone)."""
+        """None for what the card cannot say; GpuIsLost propagates (the GPU is gone). A
+        function the driver or nvidia-ml-py lacks is None too, logged once."""
+        call = getattr(self.nv, func, None)
+        if call is None:
+            missing_function(func, "this nvidia-ml-py has no binding for it")
+            return None
         try:
-            return getattr(self.nv, func)(*args)
+            return call(*args)
+        except self.nv.NVMLError_FunctionNotFound:
+            missing_function(func, "the driver does not provide it")
+            return None
         except self.soft:
             return None
         except self.nv.NVMLError_GpuIsLost:

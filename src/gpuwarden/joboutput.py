@@ -37,11 +37,11 @@ def open_output(path: str, job_uid: int) -> int:
         os.close(fd)
         raise UserError(f"output file {path} is not a regular file; refusing it")
     if st.st_uid not in (job_uid, os.geteuid()):
-        from gpuwarden.leases import owner_of
+        from gpuwarden.safefiles import owner_name
 
         os.close(fd)
         raise UserError(
-            f"output file {path} belongs to {owner_of(st.st_uid)}, not to the job's user; "
+            f"output file {path} belongs to {owner_name(st.st_uid)}, not to the job's user; "
             "refusing it"
         )
     return fd

@@ -53,9 +53,8 @@ def export_value(gpus: Sequence[Any], use_uuid: bool = False) -> str:
     Indices are NVML's and so mean the right GPUs only together with
     `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see `export_env`); UUIDs are right in any
     order, and a MIG device is always given by its UUID. An empty list hides every
-    GPU. A GPU given twice would make CUDA expose none, so it is refused. (Also
-    `gpuwarden.visible.export_value`; it lives here so that starting a job does not
-    load the reading side's records.)
+    GPU. A GPU given twice would make CUDA expose none, so it is refused. (The
+    reading side is `gpuwarden.visible`; starting a job needs only this one.)
     """
     seen: set[str] = set()
     for gpu in gpus:
@@ -163,21 +162,6 @@ def _check_ddp_target(args: Sequence[str], script: bool) -> None:
 
     if shutil.which(target) is None:
         raise LaunchError(f"command not found: {target}", exit_code=127)
-
-
-def allowed_uuids(snapshot: Any, environ: Any = None) -> Optional[tuple[str, ...]]:
-    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us,
-    by UUID (`MIG-` for a MIG device: a child may be given only what the parent sees);
-    None when unset. A malformed value is refused: guessing would pick the wrong card."""
-    env = os.environ if environ is None else environ
-    if "CUDA_VISIBLE_DEVICES" not in env:
-        return None
-    from gpuwarden.visible import resolve
-
-    res = resolve(snapshot, env)
-    if res.problems:
-        raise UserError(res.problems[0] + " (fix or unset it)")
-    return tuple(d.mig_uuid or d.uuid for d in res.devices)
 
 
 def _foreground_tty() -> Optional[int]:

@@ -18,9 +18,8 @@ locks are taken, and until the new metadata is in place. Waiting clients
 queue in the same directory (`gpuwarden.waitline`) and are served first come,
 first served.
 
-The lease directory is checked before use: a symlink, an unexpected owner,
-or a directory others may write without the sticky bit would let another
-local user delete or redirect the locks, so each is refused with one line.
+The lease directory is checked before use (`gpuwarden.leasedir`); choosing and
+waiting in line are `gpuwarden.allocation`'s.
 
 Every file in it may have been put there by a hostile user: records are opened
 through `safefiles` (no FIFO, no link, bounded), every field is checked, a held
@@ -34,17 +33,18 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from gpuwarden.errors import UserError
+from gpuwarden.leasedir import LeaseDir, check_dir
 from gpuwarden.leaserecord import HOLDER_RE, HOLDER_SUFFIX, LeaseInfo, parse_record, unreadable
 from gpuwarden.safefiles import (
     MAX_RECORD,
     TMP_SUFFIX,
     UnsafeFile,
     open_regular,
+    owner_name,
     printable,
     read_bounded,
     temporary_name,
@@ -53,11 +53,10 @@ from gpuwarden.safefiles import (
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Optional
 
 ALLOC = "alloc.lock"
 LOCK_SUFFIX = ".lock"
-LEGACY_TMP_PREFIX = ".tmp-"  # what earlier versions named their temporary files
 PID_ROOM = 16  # spaces after a prepared record: room for the pid `publish` writes
 
 # Without --wait, how long to try for the allocation lock before saying who holds it.
@@ -66,152 +65,6 @@ ALLOC_PATIENCE = 5.0
 # Exit status for "not now": no GPU fits at the moment (without --wait), or the
 # wait timed out. EX_TEMPFAIL from sysexits.h: "try again later".
 EXIT_BUSY = 75
-
-
-# --- the directory and its safety ------------------------------------------------------------
-
-
-def owner_of(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-class LeaseDir:
-    """A checked lease directory. `shared` when other users may write into it (sticky,
-    as /tmp): their lock files are then expected; in a private one they are not."""
-
-    def __init__(self, path: str, shared: bool, owner_uid: int) -> None:
-        self.path = path
-        self.shared = shared
-        self.owner_uid = owner_uid
-
-    def join(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def check_owner(self, path: str, st: os.stat_result) -> None:
-        """Refuse, in a private lease directory, a file another user made."""
-        me = os.geteuid()
-        if not self.shared and st.st_uid not in (me, 0, self.owner_uid):
-            raise UserError(
-                f"lease file {path} is owned by {owner_of(st.st_uid)}, not by {owner_of(me)}, "
-                f"in a private lease directory; refusing it"
-            )
-
-    def open(self, name: str, flags: int = os.O_RDONLY | os.O_CREAT) -> int:
-        """Open a lock file in the directory: never through a symlink, never blocking on
-        a FIFO, only a regular file (safefiles.open_regular), of an expected owner."""
-        path = self.join(name)
-        try:
-            # In a directory others may not write (a user's own, or the queue service's),
-            # nobody else needs to open a lock file: 0600 keeps them from holding it.
-            mode = 0o644 if self.shared else 0o600
-            fd, st = open_regular(path, flags, mode, what="lease file")
-        except UnsafeFile as err:
-            raise UserError(
-                f"{err}; whoever made it (see `ls -l {path}`) could block or redirect the "
-                "lock: an admin should remove it"
-            ) from None
-        except OSError as err:
-            raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
-        try:
-            self.check_owner(path, st)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-
-def _check_component(path: str, st: os.stat_result, what: str) -> None:
-    me = os.geteuid()
-    if st.st_uid not in (me, 0):
-        raise UserError(
-            f"{what} {path} is owned by {owner_of(st.st_uid)}, not by {owner_of(me)} or root; "
-            "refusing it: its owner could delete or replace the locks"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise UserError(
-            f"{what} {path} (owner {owner_of(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}) is "
-            "writable by others without the sticky bit; refusing it: anyone could delete "
-            "the locks (chmod +t it, as /tmp is, or use a private directory)"
-        )
-
-
-def check_dir(path: str) -> LeaseDir:
-    """Check an existing lease directory and every directory above it."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise UserError(f"lease directory {path} does not exist") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise UserError(
-            f"lease directory {path} is a symbolic link (owner {owner_of(st.st_uid)}, to "
-            f"{os.readlink(path)}); refusing it: whoever controls the link controls the locks"
-        )
-    if not stat.S_ISDIR(st.st_mode):
-        raise UserError(f"lease directory {path} is not a directory")
-    _check_component(path, st, "lease directory")
-    # Above it, a directory another user may rename would let them swap the whole tree.
-    parent = os.path.dirname(os.path.realpath(path))
-    while True:
-        _check_component(parent, os.stat(parent), "directory")
-        up = os.path.dirname(parent)
-        if up == parent:
-            break
-        parent = up
-    fstype = filesystem_type(os.path.realpath(path))
-    if fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse."):
-        raise UserError(
-            f"lease directory {path} is on {fstype}: there flock is emulated with locks that "
-            "a job does not inherit and that other machines see, so leases would not hold; "
-            "set lease.dir (or GPUWARDEN_LEASE_DIR) to a local directory such as "
-            "/var/lib/gpuwarden/leases"
-        )
-    shared = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or st.st_uid != os.geteuid()
-    return LeaseDir(path, shared, st.st_uid)
-
-
-# Where Linux emulates flock with POSIX byte-range locks (owned by a process, not
-# inherited by its children) or has no shared locks at all.
-NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre"})
-
-
-def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str:
-    """The type of the filesystem holding `path` (longest mount point that contains it);
-    "" when it cannot be told."""
-    best, kind = "", ""
-    try:
-        with open(mounts) as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = path == point or path.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        return ""
-    return kind
-
-
-def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
-    """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
-    one, else per user), checked; a missing one is created private (0700)."""
-    if path is None:
-        from gpuwarden.config import lease_location
-
-        path = lease_location()
-    path = os.path.abspath(path)
-    if create and not os.path.lexists(path):
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"cannot create lease directory {path}: {err.strerror}") from None
-    return check_dir(path)
 
 
 # --- reading leases --------------------------------------------------------------------------
@@ -265,7 +118,7 @@ def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional
         warn(f"skipping lease record {printable(path)}: {err}")
         return None, False
     try:
-        owner = owner_of(st.st_uid)
+        owner = owner_name(st.st_uid)
         if ld.shared is False and st.st_uid not in (os.geteuid(), 0, ld.owner_uid):
             warn(
                 f"skipping lease record {printable(path)}: owned by {owner} in a private directory"
@@ -304,11 +157,7 @@ def scan(
             if name.endswith(".wait"):
                 if line is not None and not line:
                     line.append(True)
-            elif (
-                tidy is not None
-                and name.startswith(".")
-                and (name.endswith(TMP_SUFFIX) or name.startswith(LEGACY_TMP_PREFIX))
-            ):
+            elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
                 tidy.append(name)
             continue
         m = HOLDER_RE.fullmatch(name)
@@ -333,7 +182,7 @@ def scan(
 def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
     """Leases that are held right now (lock actually held by a live holder)."""
     if lease_dir is None:
-        from gpuwarden.config import lease_location
+        from gpuwarden.locations import lease_location
 
         lease_dir = lease_location()
     if not os.path.lexists(lease_dir):
@@ -341,7 +190,7 @@ def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
     return scan(check_dir(os.path.abspath(lease_dir)))[0]
 
 
-def _tidy(ld: LeaseDir, names: Sequence[str]) -> None:
+def tidy(ld: LeaseDir, names: Sequence[str]) -> None:
     """Remove metadata nobody holds any more. Only a holder-less file is removed, while
     we hold its lock, so a live lease is never touched."""
     for name in names:
@@ -463,6 +312,35 @@ class Held:
         finally:
             self.drop_allocation_lock()
 
+    def take(self, gpu: Any, shared: bool) -> bool:
+        """Lock one GPU for this job; False when someone holds it in a conflicting mode.
+        Its metadata is created under a temporary name, locked, for `prepare`/`publish`."""
+        ld = self.dir
+        fd = ld.open(gpu.uuid + LOCK_SUFFIX, os.O_RDONLY | os.O_CREAT)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fds.append(fd)
+        final = ld.join(f"{gpu.uuid}.{self.job}{HOLDER_SUFFIX}")
+        tmp = temporary_name(final)  # swept by `sweep` if we are killed before the rename
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            mfd = os.open(tmp, flags, 0o644)
+        except OSError as err:
+            raise UserError(f"cannot create the lease record {tmp}: {err.strerror}") from None
+        fcntl.flock(mfd, fcntl.LOCK_EX)
+        self.fds.append(mfd)
+        self._tmp.append((mfd, tmp, final, gpu))
+        return True
+
+    def keep_allocation_lock(self, fd: int) -> None:
+        """Hold the allocation lock (descriptor `fd`, now ours to close) until `publish`:
+        no other client may see these GPUs taken without their metadata."""
+        self.drop_allocation_lock()
+        self._alloc_fd = fd
+
     def drop_allocation_lock(self) -> None:
         """Let other clients allocate; a forked holder drops its copy of the lock."""
         if self._alloc_fd is not None:
@@ -503,145 +381,31 @@ def new_job_id() -> str:
     return f"{os.getpid()}-{os.urandom(3).hex()}"
 
 
-def _take(ld: LeaseDir, held: Held, gpu: Any, shared: bool) -> bool:
-    """Lock one GPU for `held`; False when someone holds it in a conflicting mode."""
-    fd = ld.open(gpu.uuid + LOCK_SUFFIX, os.O_RDONLY | os.O_CREAT)
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    held.fds.append(fd)
-    final = ld.join(f"{gpu.uuid}.{held.job}{HOLDER_SUFFIX}")
-    tmp = temporary_name(final)  # swept by `sweep` if we are killed before the rename
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        mfd = os.open(tmp, flags, 0o644)
-    except OSError as err:
-        raise UserError(f"cannot create the lease record {tmp}: {err.strerror}") from None
-    fcntl.flock(mfd, fcntl.LOCK_EX)
-    held.fds.append(mfd)
-    held._tmp.append((mfd, tmp, final, gpu))
-    return True
-
-
-class Outcome:
-    """One attempt: `held` on success; else the Choice that said no, or the earlier
-    waiter that must be served first. (A plain class: it is never compared or
-    printed, and every class made at import is paid by every `run`.)"""
-
-    def __init__(
-        self,
-        held: Optional[Held],
-        choice: Any,  # selection.Choice
-        ahead: int = 0,  # waiters read before us
-        blocked_by: Optional[Any] = None,  # the first earlier waiter that does not fit yet
-    ) -> None:
-        self.held = held
-        self.choice = choice
-        self.ahead = ahead
-        self.blocked_by = blocked_by
-
-
-def attempt(
-    ld: LeaseDir,
-    request: Any,
-    snapshot: Any,
-    *,
-    allowed: Optional[Collection[str]] = None,
-    job: Optional[str] = None,
-    ticket: Any = None,
-    patience: float = 0.0,
-) -> Outcome:
-    """Choose and take under the allocation lock, serving earlier waiters first.
-
-    The allocation lock is tried for `patience` seconds (it is normally held for a few
-    milliseconds); AllocationBusy, naming the holder, when it stays held.
-
-    Earlier waiters are given, in order, what they would get now (as if leased); if
-    one of them does not fit, nobody behind it is served (strict first come, first
-    served: a large request is never starved by a stream of small ones). On success
-    the allocation lock stays held until `Held.publish()`.
-    """
-    from gpuwarden import drain
-    from gpuwarden.selection import choose
-
+def lease_exactly(
+    ld: LeaseDir, gpus: Sequence[Any], job: str, *, shared: bool = False, patience: float
+) -> Optional[Held]:
+    """Lease exactly `gpus` for `job` (someone else chose them: Slurm, say), taking the
+    allocation lock for at most `patience` seconds (AllocationBusy otherwise). None,
+    with nothing held, when any of them is leased in a conflicting mode. On success the
+    allocation lock stays held until `Held.publish()`."""
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
         lock_within(alloc_fd, patience, ld.join(ALLOC))
-        waiting: list[bool] = []
-        temporaries: list[str] = []
-        leases, stale = scan(ld, waiting, temporaries)
-        if stale:
-            _tidy(ld, stale)
-        if temporaries:
-            sweep(ld, temporaries)
-        drains = drain.list_drains()
-        mine = ticket.key if ticket is not None else None
-        virtual = list(leases)
-        ahead = 0
-        if waiting:
-            from gpuwarden import waitline
-
-            line = waitline.iter_line(ld, before=mine, tidy=True)
-        else:
-            line = iter(())
-        for w in line:
-            ahead += 1
-            try:
-                c = choose(snapshot, w.request, virtual, drains, w.allowed)
-            except UserError:
-                continue  # its own problem; it will fail on its next attempt
-            if c.never_fits:
-                continue
-            if not c.ok:
-                return Outcome(None, c, ahead, w)
-            virtual.extend(_virtual(g.uuid, w, c) for g in c.gpus)
-        held = Held(ld, job or new_job_id(), (), request.mem)
-        unknown: list[LeaseInfo] = []
-        while True:
-            choice = choose(snapshot, request, virtual + unknown, drains, allowed)
-            if not choice.ok:
-                held.close()
-                return Outcome(None, choice, ahead)
-            taken = []
-            for gpu in choice.gpus:
-                try:
-                    took = _take(ld, held, gpu, shared=request.mem is not None)
-                except BaseException:
-                    held.release()
-                    raise
-                if not took:
-                    # Locked without visible metadata (a holder killed mid-publish, or
-                    # another tool): treat it as leased and choose again.
-                    unknown.append(LeaseInfo(gpu.uuid, "unknown", 0, "(no metadata)", 0.0))
-                    break
-                taken.append(gpu)
-            else:
-                held.gpus = tuple(taken)
-                break
+        held = Held(ld, job, (), None)
+        try:
+            if not all(held.take(g, shared) for g in gpus):
+                held.release()
+                return None
+        except BaseException:
             held.release()
-            held = Held(ld, held.job, (), request.mem)
-        if ticket is not None:
-            ticket.leave()
-        held._alloc_fd = alloc_fd
+            raise
+        held.gpus = tuple(gpus)
+        held.keep_allocation_lock(alloc_fd)
         alloc_fd = -1
-        return Outcome(held, choice, ahead)
+        return held
     finally:
         if alloc_fd >= 0:
             os.close(alloc_fd)
-
-
-def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
-    # Not a lease yet: the user says so, since a message shows it as "leased by ...".
-    return LeaseInfo(
-        uuid,
-        f"{waiter.user} (waiting in line)",
-        waiter.pid,
-        "(next in line)",
-        waiter.since,
-        waiter.request.mem,
-    )
 
 
 class AllocationBusy(UserError):
@@ -679,151 +443,10 @@ def lock_holder(fd: int) -> str:
     st = os.fstat(fd)
     pids = holders.lock_pids(st.st_dev, st.st_ino)
     if not pids:
-        return f"another process (file owner {owner_of(st.st_uid)})"
+        return f"another process (file owner {owner_name(st.st_uid)})"
     return ", ".join(holders.describe(pid) for pid in sorted(set(pids)))
-
-
-def describe_request(request: Any) -> str:
-    from gpuwarden.units import format_size
-
-    if request.gpus and request.count is None:
-        what = f"GPU {','.join(request.gpus)}"
-    else:
-        n = 1 if request.count is None else request.count
-        what = f"{n} GPU" + ("" if n == 1 else "s")
-        if request.gpus:
-            what += f" among {','.join(request.gpus)}"
-    if request.mem is not None:
-        what += f" with {format_size(request.mem)} shared"
-    elif request.min_free is not None:
-        what += f" with {format_size(request.min_free)} free"
-    return what
 
 
 def needs(request: Any) -> int:
     """Whole GPUs a request takes (0 for a shared one): what the line's cheap check adds."""
     return 0 if request.mem is not None else request.gpu_count
-
-
-def acquire(
-    request: Any,
-    *,
-    snapshot: Callable[[], Any],
-    wait: bool = False,
-    timeout: Optional[float] = None,
-    allowed: Optional[Collection[str]] = None,
-    job: Optional[str] = None,
-    on_wait: Optional[Callable[[int, int, str, float], None]] = None,
-    lease_dir: Optional[str] = None,
-    poll: float = 0.05,
-    refresh: float = 1.0,
-) -> Held:
-    """Take leases for `request` (the allocation lock stays held until `publish`).
-
-    `snapshot()` reads the machine. Without `wait`, a request that does not fit now
-    raises UserError(exit_code=EXIT_BUSY); with it, the caller joins the line and
-    `on_wait(position, waiting, reason, elapsed)` reports progress until granted or
-    `timeout` seconds pass (EXIT_BUSY too). A request that can never fit raises at
-    once.
-
-    Waiting costs little however long the line: a waiter looks at the directory's
-    mtime every `poll` seconds (a lease or ticket came or went), then at the ticket
-    names (which carry each waiter's GPU count), and reads NVML and takes the
-    allocation lock only when the waiters ahead leave room for it. It also re-tries
-    every `refresh` seconds (memory freed by processes gpuwarden did not start) and
-    checks that the waiters ahead are alive (a killed waiter leaves the line). Both
-    periods stretch with the distance from the front of the line.
-    """
-    ld = open_dir(lease_dir)
-    start = time.monotonic()
-    ticket = None
-    last_seen = None
-    last_refresh = 0.0
-    gpu_count: Optional[int] = None
-    reason = ""
-    mine = needs(request)
-    position, total, slow = 1, 1, 1.0
-    try:
-        while True:
-            now = time.monotonic()
-            seen = os.stat(ld.path).st_mtime_ns
-            due = now - last_refresh >= refresh * slow
-            if ticket is None or seen != last_seen or due:
-                last_seen = seen
-                hopeless = False
-                if ticket is not None:
-                    if due:
-                        last_refresh = now
-                    position, total, ahead_need = ticket.scan(check_alive=due, most=gpu_count)
-                    hopeless = gpu_count is not None and ahead_need + mine > gpu_count
-                    # Far back in a long line, look less often: nobody there can be
-                    # served before those ahead are.
-                    slow = min(10.0, max(1.0, position / max(1, gpu_count or 1)))
-                if not hopeless:
-                    snap = snapshot()
-                    gpu_count = len(snap.gpus) if allowed is None else len(allowed)
-                    left = 1.0 if timeout is None else max(0.0, timeout - (now - start))
-                    patience = min(1.0, left) if wait else ALLOC_PATIENCE
-                    try:
-                        out = attempt(
-                            ld,
-                            request,
-                            snap,
-                            allowed=allowed,
-                            job=job,
-                            ticket=ticket,
-                            patience=patience,
-                        )
-                    except AllocationBusy as err:
-                        if not wait:
-                            raise
-                        out, reason = None, str(err)
-                    if out is not None and out.held is not None:
-                        return out.held
-                    if out is not None:
-                        choice = out.choice
-                        if choice.never_fits:
-                            raise UserError(choice.error)
-                        reason = choice.error or ""
-                        if out.blocked_by is not None:
-                            w = out.blocked_by
-                            reason = (
-                                f"first in line: {w.user} pid {w.pid} "
-                                f"({describe_request(w.request)})"
-                            )
-                        if not wait:
-                            if out.blocked_by is not None:
-                                reason = f"requests waiting in line come first; {reason}"
-                            raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
-                    if ticket is None:
-                        from gpuwarden import waitline
-
-                        ticket = waitline.join(ld, request, allowed, mine)
-                        last_seen = os.stat(ld.path).st_mtime_ns
-                        last_refresh = now
-                        position, total, _ = ticket.scan(check_alive=True)
-                elif not reason:
-                    reason = "the waiters ahead need every GPU"
-                if on_wait is not None:
-                    on_wait(position, total, reason, now - start)
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                why = f" ({reason})" if reason else ""
-                raise UserError(
-                    f"timed out after {format_span(timeout)} waiting for "
-                    f"{describe_request(request)}{why}",
-                    exit_code=EXIT_BUSY,
-                )
-            time.sleep(poll * slow)
-    finally:
-        if ticket is not None:
-            ticket.leave()
-
-
-def format_span(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -17,19 +17,14 @@ from pathlib import Path
 from typing import Union
 
 from gpuwarden.errors import UserError
+from gpuwarden.safefiles import owner_name
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
 def user_name(uid: int | None = None) -> str:
     """The login name for `uid` (default: the current user), or the number if unknown."""
-    uid = os.getuid() if uid is None else uid
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return str(uid)
+    return owner_name(os.getuid() if uid is None else uid)
 
 
 def check_dir(path: PathLike, what: str = "directory") -> Path:

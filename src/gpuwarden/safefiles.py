@@ -242,7 +242,7 @@ def printable(text: str) -> str:
 
 def owner_name(uid: Optional[int]) -> str:
     """The login name of a file's owner (`st_uid`), the number when unknown: who made a
-    record, as the kernel says, for messages (`paths.user_name` without its pathlib)."""
+    record, as the kernel says, for messages. The one uid-to-name helper."""
     if uid is None:
         return "?"
     try:

@@ -20,7 +20,6 @@ instead of waiting forever.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import field
 
@@ -28,6 +27,19 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.mig import devices, is_mig
 from gpuwarden.records import record
+from gpuwarden.refusals import (
+    BUSY,
+    FILTER,
+    busy_reason,
+    machine_ids,
+    never_message,
+    never_reason,
+    only,
+    pct,
+    plural,
+    some,
+    visible_list,
+)
 from gpuwarden.units import format_size
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -35,9 +47,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional, Union
 
 # Kinds of "can never serve", used to word the never-fits message.
-_SCOPE, _HEALTH, _FILTER = "scope", "health", "filter"
 # How a GPU someone else computes on is passed over, and how to accept one anyway.
-_BUSY = "busy: "
 _BUSY_HINT = "an exclusive lease avoids GPUs others compute on: --max-util or --gpus accepts them"
 
 
@@ -125,7 +135,7 @@ def resolve_ids(
                 if g.uuid.lower().startswith(low) or g.uuid.lower().startswith("gpu-" + low)
             ]
         if not matches:
-            raise UserError(f"unknown GPU {text!r}: {_machine_ids(snapshot)}")
+            raise UserError(f"unknown GPU {text!r}: {machine_ids(snapshot)}")
         if len(matches) > 1:
             listed = ", ".join(f"GPU {g.index} ({g.uuid})" for g in matches[:4])
             raise UserError(f"GPU ID {text!r} is ambiguous: it matches {listed}")
@@ -144,44 +154,12 @@ def resolve_ids(
     return tuple(found)
 
 
-def _machine_ids(snapshot: Snapshot) -> str:
-    if not snapshot.gpus:
-        return "this machine has no GPUs" + (f" ({snapshot.error})" if snapshot.error else "")
-    indices = sorted(g.index for g in snapshot.gpus)
-    if indices == list(range(indices[0], indices[-1] + 1)) and len(indices) > 2:
-        span = f"{indices[0]}-{indices[-1]}"
-    else:
-        span = ",".join(map(str, indices))
-    return f"this machine has GPUs {span} (or use a UUID prefix)"
-
-
-def _plural(n: int, word: str = "GPU") -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _model_matches(name: Optional[str], pattern: str) -> bool:
-    if name is None:
-        return False
-    low, pat = name.lower(), pattern.lower()
-    if any(c in pat for c in "*?["):
-        return fnmatch.fnmatchcase(low, pat)
-    return pat in low
-
-
 def _drain_map(drains: Any) -> dict[str, Any]:
     if drains is None:
         return {}
     if isinstance(drains, Mapping):
         return dict(drains)
     return {d.uuid: d for d in drains}
-
-
-def _only(n: int) -> str:
-    return "none is" if n == 0 else f"only {n} is" if n == 1 else f"only {n} are"
-
-
-def _pct(value: float) -> str:
-    return f"{value:g}%"
 
 
 def choose(
@@ -225,7 +203,7 @@ def choose(
             if allowed_set is not None and g.uuid not in allowed_set:
                 raise UserError(
                     f"GPU {g.index} is not visible here: the parent CUDA_VISIBLE_DEVICES "
-                    "leaves only " + _visible_list(snapshot, allowed_set)
+                    "leaves only " + visible_list(snapshot, allowed_set)
                 )
     named_uuids = None if named is None else {g.uuid for g in named}
 
@@ -244,15 +222,15 @@ def choose(
         if warnings:
             warned[gpu.uuid] = "; ".join(warnings)
         drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
-        reason = _never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
+        reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
         if not reason and gpu.mig_mode:
-            reason = _FILTER, "MIG mode is on but it has no MIG device: CUDA cannot use it"
+            reason = FILTER, "MIG mode is on but it has no MIG device: CUDA cannot use it"
         if not reason and count > 1 and is_mig(gpu):
-            reason = _FILTER, "MIG device: CUDA shows a process one MIG device only"
+            reason = FILTER, "MIG device: CUDA shows a process one MIG device only"
         if reason:
             never[gpu.uuid] = reason
             continue
-        reason, free = _busy_reason(
+        reason, free = busy_reason(
             gpu,
             request,
             leases_on.get(gpu.uuid, []) + (leases_on.get(own, []) if own != gpu.uuid else []),
@@ -289,11 +267,11 @@ def choose(
         usable = len(snapshot.gpus) - len(never)
         if usable < count:
             return Choice(
-                (), passed, _never_message(snapshot, count, named, allowed_set, never), True
+                (), passed, never_message(snapshot, count, named, allowed_set, never), True
             )
-        reasons = _some(snapshot, busy)
-        error = f"asked for {_plural(count)} but {_only(len(candidates))} free now ({reasons})"
-        if any(r.startswith(_BUSY) for r in busy.values()):
+        reasons = some(snapshot, busy)
+        error = f"asked for {plural(count)} but {only(len(candidates))} free now ({reasons})"
+        if any(r.startswith(BUSY) for r in busy.values()):
             error += f"; {_BUSY_HINT}"
         return Choice((), passed, error, False)
 
@@ -307,159 +285,12 @@ def choose(
         elif request.keep_first_last and g.index == 0:
             passed[g.uuid] = "kept for last (GPU 0 often drives a display)"
         else:
-            util = "n/a" if g.utilization_gpu is None else _pct(g.utilization_gpu)
+            util = "n/a" if g.utilization_gpu is None else pct(g.utilization_gpu)
             passed[g.uuid] = (
                 f"not needed: others ranked higher (this one: {format_size(int(room[g.uuid]))} "
                 f"free, util {util})"
             )
     return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed)
-
-
-def _visible_list(snapshot: Snapshot, allowed: set[str]) -> str:
-    indices = [str(g.index) for g in snapshot.gpus if g.uuid in allowed]
-    return ("GPUs " + ",".join(indices)) if indices else "no GPU"
-
-
-def _never_reason(
-    gpu: Gpu,
-    request: Request,
-    allowed: Optional[set[str]],
-    named: Optional[set[str]],
-    excluded: set[str],
-    fatal: list[str],
-    drain: Any,
-) -> Optional[tuple[str, str]]:
-    if allowed is not None and gpu.uuid not in allowed:
-        return _SCOPE, "not visible: outside the parent CUDA_VISIBLE_DEVICES"
-    if named is not None and gpu.uuid not in named:
-        return _SCOPE, "not among the requested GPUs"
-    if gpu.uuid in excluded:
-        return _FILTER, "excluded"
-    if fatal:
-        return _HEALTH, "unhealthy: " + "; ".join(fatal)
-    if drain is not None:
-        return _HEALTH, f"drained by {drain.by}: {drain.reason}"
-    want = request.min_capability
-    if want is not None:
-        have = gpu.compute_capability
-        if have is None:
-            return _FILTER, f"compute capability n/a (asked for {want[0]}.{want[1]})"
-        if tuple(have) < tuple(want):
-            return _FILTER, f"compute capability {have[0]}.{have[1]} < {want[0]}.{want[1]}"
-    if request.model is not None and not _model_matches(gpu.name, request.model):
-        return _FILTER, f"model {gpu.name or 'n/a'} does not match {request.model!r}"
-    need = max(request.min_free or 0, request.mem or 0)
-    if need and gpu.memory_total is not None and gpu.memory_total < need:
-        return _FILTER, (
-            f"only {format_size(gpu.memory_total)} in total < {format_size(need)} asked for"
-        )
-    return None
-
-
-def _busy_reason(
-    gpu: Gpu, request: Request, leases: list[Any], lease_pids: set[int], named: bool = False
-) -> tuple[Optional[str], float]:
-    """Why the GPU cannot serve the request now (None if it can), and the free memory
-    it offers this request (for ranking). `named`: the request names this GPU."""
-    free = float(gpu.memory_free) if gpu.memory_free is not None else 0.0
-    exclusive = [lease for lease in leases if lease.mem is None]
-    blocking = leases if request.mem is None else exclusive
-    if blocking:
-        lease = blocking[0]
-        kind = "" if lease.mem is None else f" (shared, {format_size(lease.mem)})"
-        more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
-        return f"leased by {lease.user} pid {lease.pid}{kind}{more}", free
-    if request.mem is None and request.max_util is None and not named:
-        # An exclusive lease does not land on a GPU someone else computes on (a
-        # colleague's plain `python train.py`, no lease), however much memory is
-        # free: `--min-free` only narrows the idle GPUs. Asking for it is explicit:
-        # name the GPU (--gpus), accept a load (--max-util) or take a share (--mem).
-        compute = [p for p in gpu.processes if p.kind == "compute" and p.pid not in lease_pids]
-        if compute:
-            p = compute[0]
-            who = f" ({p.user})" if p.user else ""
-            more = f" and {len(compute) - 1} more" if len(compute) > 1 else ""
-            return (
-                f"{_BUSY}pid {p.pid}{who} uses {format_size(p.used_memory)}{more}",
-                free,
-            )
-    if request.mem is not None:
-        if gpu.memory_total is None:
-            return "memory n/a: cannot judge a shared request", free
-        declared = sum(lease.mem for lease in leases)
-        ours = sum(p.used_memory or 0 for p in gpu.processes if p.pid in lease_pids)
-        # Memory used beyond what gpuwarden jobs declared (or are seen using) belongs
-        # to processes gpuwarden did not start.
-        others = max(0, (gpu.memory_used or 0) - max(declared, ours))
-        free = float(gpu.memory_total - declared - others)
-        if declared + others + request.mem > gpu.memory_total:
-            return (
-                f"no room for {format_size(request.mem)}: {format_size(declared)} declared by "
-                f"{_plural(len(leases), 'shared lease')} + {format_size(others)} used by others"
-                f" of {format_size(gpu.memory_total)}",
-                free,
-            )
-    if request.min_free is not None:
-        if gpu.memory_free is None:
-            return "free memory n/a", free
-        if gpu.memory_free < request.min_free:
-            return (
-                f"only {format_size(gpu.memory_free)} free < {format_size(request.min_free)}",
-                free,
-            )
-    if request.max_util is not None and request.max_util < 100:
-        # At most 100% is every GPU, whether or not its utilization can be read.
-        if gpu.utilization_gpu is None:
-            why = " (NVML gives none per MIG device)" if is_mig(gpu) else ""
-            return f"utilization n/a{why} (asked for at most {_pct(request.max_util)})", free
-        if gpu.utilization_gpu > request.max_util:
-            return f"util {_pct(gpu.utilization_gpu)} > {_pct(request.max_util)}", free
-    return None, free
-
-
-def _some(snapshot: Snapshot, reasons: Mapping[str, str], limit: int = 3) -> str:
-    """Reasons for a few GPUs, those sharing a reason named together ("GPUs 0,1,2 ...")."""
-    grouped: dict[str, list[int]] = {}
-    for g in snapshot.gpus:
-        if g.uuid in reasons:
-            grouped.setdefault(reasons[g.uuid], []).append(g.index)
-    parts = [
-        f"GPU{'s' if len(ix) > 1 else ''} {','.join(map(str, ix))} {reason}"
-        for reason, ix in grouped.items()
-    ]
-    shown = "; ".join(parts[:limit])
-    if len(parts) > limit:
-        shown += f"; and {len(parts) - limit} more"
-    return shown
-
-
-def _never_message(
-    snapshot: Snapshot,
-    count: int,
-    named: Optional[tuple[Gpu, ...]],
-    allowed: Optional[set[str]],
-    never: Mapping[str, tuple[str, str]],
-) -> str:
-    asked = f"asked for {_plural(count)}"
-    if not snapshot.gpus:
-        return f"{asked} but {_machine_ids(snapshot)}"
-    if named is not None and count > len(named):
-        return f"{asked} but only {len(named)} {'was' if len(named) == 1 else 'were'} named"
-    if allowed is not None:
-        visible = sum(1 for g in snapshot.gpus if g.uuid in allowed)
-        if count > visible:
-            return (
-                f"{asked} but the parent CUDA_VISIBLE_DEVICES leaves only "
-                f"{_plural(visible)} visible"
-            )
-    elif count > len(snapshot.gpus):
-        return f"{asked} but this machine has only {_plural(len(snapshot.gpus))}"
-    relevant = {u: kr for u, kr in never.items() if kr[0] != _SCOPE}
-    usable = len(snapshot.gpus) - len(never)
-    kinds = {k for k, _ in relevant.values()}
-    phrase = "healthy and not drained" if kinds == {_HEALTH} else "suitable for this request"
-    reasons = _some(snapshot, {u: r for u, (_, r) in relevant.items()})
-    return f"{asked} but {_only(usable)} {phrase} ({reasons})"
 
 
 def _pair_cost(snapshot: Snapshot, a: Gpu, b: Gpu) -> int:

@@ -1,5 +1,7 @@
-"""Memory sizes (`20GiB`, `500M`, `1.5T`) and durations (`90`, `30m`, `4h`) as people
-type them, and sizes as we print them.
+"""Memory sizes (`20GiB`, `500M`, `1.5T`), durations (`90`, `30m`, `4h`) and listening
+addresses (`127.0.0.1:9400`, `:9400`, `9400`) as people type them, and sizes and
+durations as we print them. The config keys, the command-line options and the
+servers all parse through here, so one spelling means one thing everywhere.
 
 Decimal and binary suffixes are both accepted because users copy figures from
 `nvidia-smi` (MiB) and from spec sheets (GB) alike; a bare number is bytes.
@@ -91,6 +93,30 @@ def parse_duration(text: str | float) -> float:
     return seconds
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def parse_listen(
+    text: str, *, any_host: str = "0.0.0.0", any_port: bool = False
+) -> tuple[str, int]:
+    """(host, port) of a listening address: `HOST:PORT`, `[IPv6]:PORT`, `:PORT` (host
+    `any_host`: every interface for the exporter, as Prometheus exporters read it) or a
+    bare `PORT` (loopback: what is served may name users). Port 0 (any free port) only
+    with `any_port`: a configured address must be one that clients can find."""
+    value = str(text).strip()
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = LOOPBACK, value
+    host = host.strip("[]") or any_host
+    low = 0 if any_port else 1
+    if not (port.isascii() and port.isdigit()) or not low <= int(port) <= 65535:
+        raise UserError(
+            f"invalid listen address {shown(text)}: expected HOST:PORT, :PORT or PORT, "
+            "e.g. 127.0.0.1:9400"
+        )
+    return host, int(port)
+
+
 def format_size(num_bytes: int | None) -> str:
     """Binary units, as nvidia-smi prints them (MiB below 10 GiB, GiB above)."""
     if num_bytes is None:
@@ -102,3 +128,13 @@ def format_size(num_bytes: int | None) -> str:
     if num_bytes >= 2**10:
         return f"{num_bytes / 2**10:.0f}KiB"
     return f"{num_bytes}B"
+
+
+def format_span(seconds: float) -> str:
+    """A duration as people read it: 42s, 5m07s, 3h20m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

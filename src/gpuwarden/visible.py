@@ -24,9 +24,8 @@ Everything here is pure (no NVML, no CUDA): `parse` works on a list of UUIDs,
 `resolve` on a `Snapshot`, so the rules can be tested exhaustively.
 
 The writing side, `export_value` and `export_env` (what gpuwarden hands to a
-child), lives in `gpuwarden.launch` and is reachable from here too: `run`
-needs it for every job, and this module's three record classes (their creation
-is measurable at start-up) only when a parent `CUDA_VISIBLE_DEVICES` must be read.
+child), lives in `gpuwarden.launch`: `run` needs it for every job, and this
+module's record classes only when a parent `CUDA_VISIBLE_DEVICES` must be read.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
 from gpuwarden.records import record
 
@@ -48,14 +48,6 @@ DEVICE_ORDERS = (FASTEST_FIRST, PCI_BUS_ID)
 # What C's isspace() accepts; str.strip() would also drop Unicode spaces CUDA keeps.
 _SPACE = " \t\n\v\f\r"
 _DIGITS = "0123456789"
-
-
-def __getattr__(name: str) -> object:
-    if name in ("export_value", "export_env"):
-        from gpuwarden import launch
-
-        return getattr(launch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @record
@@ -363,3 +355,18 @@ def _apply_mig(
             f"hidden: {'; '.join(parts)}. Run one process per MIG device"
         )
     return [mig_devices[0]]
+
+
+def allowed_uuids(
+    snapshot: Snapshot, environ: Optional[Mapping[str, str]] = None
+) -> Optional[tuple[str, ...]]:
+    """The GPUs a parent CUDA_VISIBLE_DEVICES (a container, a Slurm step) leaves to us,
+    by UUID (`MIG-` for a MIG device: a child may be given only what the parent sees);
+    None when unset. A malformed value is refused: guessing would pick the wrong card."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return None
+    res = resolve(snapshot, env)
+    if res.problems:
+        raise UserError(res.problems[0] + " (fix or unset it)")
+    return tuple(d.mig_uuid or d.uuid for d in res.devices)

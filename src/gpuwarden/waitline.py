@@ -4,7 +4,7 @@ Each waiter keeps a ticket, `<key>.<n>.wait`, in the lease directory: its
 request as JSON, locked by the waiter like lease metadata is, so a waiter
 that is killed leaves the line by itself (the kernel drops the lock; the file
 is ignored, then tidied). The key is the time of joining, so ticket order is
-arrival order; `lease.attempt` serves earlier waiters first. `n` is the number
+arrival order; `allocation.attempt` serves earlier waiters first. `n` is the number
 of whole GPUs the waiter needs, so that a waiter far back in a long line can
 tell from the names alone (one `listdir`) that it cannot be served yet.
 
@@ -25,7 +25,19 @@ import time
 from collections.abc import Collection, Iterator
 from typing import Any, Optional
 
+from gpuwarden.errors import UserError
+from gpuwarden.leases import is_locked, needs, remove_if_free, warn
 from gpuwarden.records import record
+from gpuwarden.safefiles import (
+    MAX_RECORD,
+    UnsafeFile,
+    open_regular,
+    owner_name,
+    printable,
+    read_bounded,
+    temporary_name,
+    write_all,
+)
 
 SUFFIX = ".wait"
 
@@ -118,8 +130,6 @@ def check_ticket(
     kernel says: who holds its lock (/proc/locks), whether that process is stopped,
     whom it runs as, when the file was put in place. (verdict, contents)."""
     from gpuwarden import holders
-    from gpuwarden.leases import is_locked
-    from gpuwarden.safefiles import MAX_RECORD, UnsafeFile, open_regular, read_bounded
 
     path = ld.join(name)
     try:
@@ -154,10 +164,8 @@ def check_ticket(
 def _skip(ld: Any, name: str, verdict: Verdict) -> None:
     """Say once why a ticket is not counted (a stopped waiter: it keeps its place and is
     counted again when it resumes)."""
-    from gpuwarden.leases import owner_of, warn
-    from gpuwarden.safefiles import printable
 
-    who = f" of {owner_of(verdict.uid)}" if verdict.uid >= 0 else ""
+    who = f" of {owner_name(verdict.uid)}" if verdict.uid >= 0 else ""
     if verdict.why == "its waiter is stopped":
         warn(f"skipping a stopped waiter{who} in line ({printable(name)}) until it resumes")
     else:
@@ -185,7 +193,6 @@ class Ticket:
         hold the line for everyone). A ticket for more than `most` GPUs (all there are)
         can never be served, so it does not count either."""
         from gpuwarden import holders
-        from gpuwarden.leases import remove_if_free
 
         table: Optional[dict[str, list[int]]] = None
         loaded = False
@@ -245,9 +252,6 @@ def join(
 ) -> Ticket:
     """Take a place at the end of the line; `need` is how many whole GPUs we take (by
     default what the request needs; readers check that the two agree)."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.leases import needs
-    from gpuwarden.safefiles import temporary_name, write_all
 
     need = needs(request) if need is None else need
     key = f"{time.time_ns():020d}-{os.getpid():08d}"
@@ -290,12 +294,9 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
     kernel vouches for it (`check_ticket`), and every field is checked; others are
     skipped and reported once."""
     from gpuwarden import holders
-    from gpuwarden.leases import owner_of, remove_if_free
 
     tickets = sorted((*p, n) for n in os.listdir(ld.path) for p in [_parse_name(n)] if p)
     if len(tickets) > MAX_TICKETS:
-        from gpuwarden.leases import warn
-
         warn(f"{len(tickets)} tickets in line in {ld.path}; looking at the first {MAX_TICKETS}")
         del tickets[MAX_TICKETS:]
     table = holders.lock_table() if tickets else None
@@ -312,7 +313,7 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
                 _skip(ld, name, verdict)
             continue
         try:
-            waiter = parse_ticket(raw, key, pid, need, owner_of(verdict.uid))
+            waiter = parse_ticket(raw, key, pid, need, owner_name(verdict.uid))
         except (ValueError, TypeError) as err:
             _skip(ld, name, Verdict(False, f"invalid ({err})", uid=verdict.uid))
             continue
@@ -322,7 +323,6 @@ def iter_line(ld: Any, before: Optional[str] = None, tidy: bool = False) -> Iter
 def parse_ticket(raw: bytes, key: str, pid: int, need: int, user: str) -> Waiter:
     """The waiter a ticket describes, every field checked against its type and against
     the name (pid, GPU count); ValueError or TypeError otherwise."""
-    from gpuwarden.leases import needs
 
     try:
         data = json.loads(raw)

@@ -64,7 +64,7 @@ def report(message: str) -> None:
 
 
 def _state() -> str:
-    from gpuwarden.config import state_location
+    from gpuwarden.locations import state_location
 
     return state_location()
 

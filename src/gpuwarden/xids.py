@@ -4,8 +4,7 @@ Rows follow NVIDIA's Xid catalogue ("Resolution Bucket" immediate and
 investigatory actions) for Ampere and newer GPUs; `gpuwarden.health` words the
 actions (`health.ACTIONS`) and decides what is fatal. Kept apart from the
 judgement because most readings have no XID at all: `status` and `run` judge
-every GPU and load this table only when one is seen. Also reachable as
-`gpuwarden.health.XID_CATALOGUE` and `gpuwarden.health.XidInfo`.
+every GPU and load this table only when one is seen.
 """
 
 from __future__ import annotations

@@ -23,13 +23,13 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden import config
+    from gpuwarden import config, configkeys, locations
     from gpuwarden.errors import UserError
 
-    names = max(len(key.name) for key in config.SCHEMA)
+    names = max(len(key.name) for key in configkeys.SCHEMA)
     if args.keys:
-        for key in config.SCHEMA:
-            default = config.format_value(key.default, key.name)
+        for key in configkeys.SCHEMA:
+            default = configkeys.format_value(key.default, key.name)
             print(
                 f"{key.name:<{names}} {key.expected():<34} {default:<16} {','.join(key.env_names)}"
             )
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load()
     rows = list(cfg.items())
     if args.key:
-        if args.key not in config.KEYS:
+        if args.key not in configkeys.KEYS:
             raise UserError(f"unknown setting {args.key!r} (see `gpuwarden config --keys`)")
         rows = [r for r in rows if r[0] == args.key]
     if args.json:
@@ -47,14 +47,14 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
         return 0
-    width = max(len(config.format_value(v, k)) for k, v, _ in rows)
+    width = max(len(configkeys.format_value(v, k)) for k, v, _ in rows)
     for key, value, source in rows:
-        print(f"{key:<{names}} {config.format_value(value, key):<{width}}  {source}")
+        print(f"{key:<{names}} {configkeys.format_value(value, key):<{width}}  {source}")
     if not args.key:
         read = ", ".join(f"{layer}: {path}" for layer, path in cfg.files) or "none"
         print(f"\nfiles read: {read}")
         for layer, path, why in cfg.refused:
             print(f"file refused: {layer}: {path}: {why}")
-        print(f"lease directory: {config.lease_dir(cfg)}")
-        print(f"state directory: {config.state_dir(cfg)}")
+        print(f"lease directory: {locations.lease_location(cfg)}")
+        print(f"state directory: {locations.state_location(cfg)}")
     return 0

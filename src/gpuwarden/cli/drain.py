@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from gpuwarden import config
     from gpuwarden.drain import drain, list_drains, undrain
     from gpuwarden.errors import UserError
+    from gpuwarden.locations import state_location
     from gpuwarden.safefiles import printable
 
-    where = config.state_dir()
+    where = state_location()
     drains = list_drains(where)
     ids = _split(args.ids)
     if not ids:

@@ -12,7 +12,7 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Optional, Union
+    from typing import Any, Optional, Union
 
     Declared = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
@@ -57,3 +57,38 @@ def mem_of(args: argparse.Namespace) -> Optional[int]:
     if mem <= 0:
         raise UserError(f"invalid --mem {args.mem!r}: expected a size above zero")
     return mem
+
+
+def add_lease_options(parser: argparse.ArgumentParser) -> None:
+    """Which GPUs fit (as `select`), plus what holding them takes: `run` and `reserve`."""
+    pick = parser.add_argument_group("which GPUs (defaults come from `gpuwarden config`)")
+    pick.add_argument("-g", "--count", metavar="N", help="how many GPUs (0: none, CPU only)")
+    add_filters(pick)
+    pick.add_argument("--wait", action="store_true", default=None, help="wait in line for GPUs")
+    pick.add_argument("--timeout", metavar="T", help="with --wait: give up after T (90s, 5m, 2h)")
+    pick.add_argument(
+        "--uuid", action="store_true", help="CUDA_VISIBLE_DEVICES as UUIDs, not indices"
+    )
+
+
+def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(config, selection.Request) from the options, over the configured defaults."""
+    from gpuwarden import config as cfg
+    from gpuwarden.selection import Request
+
+    if getattr(args, "cpu", False):
+        if args.count not in (None, "0"):
+            raise UserError("--cpu hides every GPU; it cannot be combined with -g " + args.count)
+        args.count = "0"
+    conf = cfg.load(
+        {
+            **settings(args),
+            "run.wait": args.wait,
+            "run.timeout": args.timeout,
+            "run.id_format": "uuid" if args.uuid else None,
+        }
+    )
+    mem = mem_of(args)
+    if conf.get("run.timeout") is not None and not conf.get("run.wait"):
+        raise UserError("--timeout only applies with --wait")
+    return conf, Request.from_config(conf, mem=mem)

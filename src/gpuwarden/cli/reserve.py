@@ -12,7 +12,6 @@ runs out, and the kernel frees it whichever way the holder goes.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -44,10 +43,10 @@ def register(commands: Commands, command_name: str) -> None:
 
     parser = subcommand(commands, command_name)
     if command_name == "reserve":
-        from gpuwarden.cli.run import add_filters
+        from gpuwarden.cli.filters import add_lease_options
 
         parser.usage = 'eval "$(gpuwarden reserve [-g N | --gpus IDS] [--for T] [filters])"'
-        add_filters(parser)
+        add_lease_options(parser)
         parser.add_argument(
             "--for", dest="duration", metavar="T", help="end the reservation after T (4h, 30m)"
         )
@@ -70,56 +69,10 @@ def _quote(value: str) -> str:
     return shlex.quote(value)
 
 
-def boottime() -> float:
-    """Seconds on a clock that never steps (CLOCK_BOOTTIME: it also counts suspend, so
-    `--for 4h` ends 4 h later however the wall clock is set meanwhile)."""
-    clock = getattr(time, "CLOCK_BOOTTIME", None)
-    return time.clock_gettime(clock) if clock is not None else time.monotonic()
-
-
-def hold_for(seconds: Any, sleep: Any = time.sleep) -> None:
-    """Return after `seconds` on the boot clock (never, for None). Stepping the wall
-    clock back or forth does not change when it returns."""
-    deadline = None if seconds is None else boottime() + seconds
-    while True:
-        left = None if deadline is None else deadline - boottime()
-        if left is not None and left <= 0:
-            return
-        sleep(3600 if left is None else min(left, 3600))
-
-
-def _holder(held: Any, ready_fd: int, seconds: Any) -> None:
-    """The background holder: keeps the lease descriptors open until told to stop or the
-    reservation runs out. Never returns."""
-    code = 0
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.close(null)
-        held.drop_allocation_lock()  # our copy only: the parent holds it until publish
-
-        def stop(_signum: int, _frame: Any) -> None:
-            raise SystemExit(0)
-
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, stop)
-        os.write(ready_fd, b"ok")
-        os.close(ready_fd)
-        hold_for(seconds)
-    except SystemExit:
-        pass
-    except BaseException:
-        code = 1
-    finally:
-        held.release()
-        os._exit(code)
-
-
 def reserve(args: argparse.Namespace) -> int:
-    from gpuwarden import launch
-    from gpuwarden.cli.run import Machine, request_of, take
+    from gpuwarden import jobs, launch
+    from gpuwarden.cli.filters import request_of
+    from gpuwarden.cli.waiting import take
 
     args.cpu = False
     conf, request = request_of(args)
@@ -127,44 +80,21 @@ def reserve(args: argparse.Namespace) -> int:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
     until = seconds = None
     if args.duration is not None:
-        from gpuwarden.config import parse_duration
+        from gpuwarden.units import parse_duration
 
         seconds = parse_duration(args.duration)
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
-    machine = Machine(topology=request.gpu_count > 1)
-    allowed = launch.allowed_uuids(machine.first)
+    machine = jobs.Machine(topology=request.gpu_count > 1)
+    allowed = jobs.allowed(machine.first)
     held = take(
         "reserve", conf, request, machine, allowed, RESERVATION_PREFIX + os.urandom(4).hex()
     )
-    pid = 0
-    try:
-        what = COMMAND + (f" --for {args.duration}" if args.duration else "")
-        held.prepare(what, expires=until)  # a full disk fails here, before any holder
-        read_end, write_end = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_end)
-            _holder(held, write_end, seconds)
-        os.close(write_end)
-        ok = os.read(read_end, 2) == b"ok"
-        os.close(read_end)
-        if not ok:
-            raise UserError("the reservation holder could not start")
-        held.publish(pid)
-    except BaseException:
-        if pid:  # our own child: no holder may outlive a reservation nobody can see
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        held.release()
-        raise
-    finally:
-        held.close()  # our copies; the holder keeps its own
+    what = COMMAND + (f" --for {args.duration}" if args.duration else "")
+    sys.stdout.flush()  # the holder is a fork: nothing buffered may be written twice
+    sys.stderr.flush()
+    pid = jobs.hold_in_background(held, what, expires=until, seconds=seconds)
     use_uuid = conf.get("run.id_format") == "uuid"
     env = launch.job_env({}, held.gpus, use_uuid=use_uuid, mem=held.mem)
     env["GPUWARDEN_RESERVATION"] = held.job
@@ -249,7 +179,7 @@ def _prove_holder(info: Any) -> Any:
     holds the record open and the caller may signal it (holders.prove)."""
     import gpuwarden.leases as lease
     from gpuwarden import holders
-    from gpuwarden.config import lease_location
+    from gpuwarden.locations import lease_location
     from gpuwarden.safefiles import open_regular
 
     path = os.path.join(lease_location(), f"{info.uuid}.{info.job}{lease.HOLDER_SUFFIX}")

@@ -8,36 +8,19 @@ that can never fit on this machine; 75 when nothing fits now (without
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import time
 
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Callable, Optional
+    from typing import Any, Callable
 
     from gpuwarden.cli import Commands
 
     Parser = argparse.ArgumentParser
-
-
-def add_filters(parser: Parser) -> None:
-    """Which GPUs fit (shared with `select`), plus what holding them takes; `reserve`
-    uses these too."""
-    from gpuwarden.cli import filters
-
-    pick = parser.add_argument_group("which GPUs (defaults come from `gpuwarden config`)")
-    pick.add_argument("-g", "--count", metavar="N", help="how many GPUs (0: none, CPU only)")
-    filters.add_filters(pick)
-    pick.add_argument("--wait", action="store_true", default=None, help="wait in line for GPUs")
-    pick.add_argument("--timeout", metavar="T", help="with --wait: give up after T (90s, 5m, 2h)")
-    pick.add_argument(
-        "--uuid", action="store_true", help="CUDA_VISIBLE_DEVICES as UUIDs, not indices"
-    )
 
 
 def register(commands: Commands, name: str) -> None:
@@ -49,7 +32,9 @@ def register(commands: Commands, name: str) -> None:
         "exit status: the command's; 128+N if killed by signal N; 127 command not found; "
         "2 bad request or never fits; 75 no GPU free now (without --wait) or --timeout"
     )
-    add_filters(parser)
+    from gpuwarden.cli import filters
+
+    filters.add_lease_options(parser)
     parser.add_argument("--cpu", action="store_true", help="hide every GPU (same as -g 0)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be chosen, and why")
     parser.add_argument(
@@ -72,149 +57,6 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
-def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(config, selection.Request) from the options, over the configured defaults."""
-    from gpuwarden import config as cfg
-    from gpuwarden.cli import filters
-    from gpuwarden.selection import Request
-
-    if getattr(args, "cpu", False):
-        if args.count not in (None, "0"):
-            raise UserError("--cpu hides every GPU; it cannot be combined with -g " + args.count)
-        args.count = "0"
-    conf = cfg.load(
-        {
-            **filters.settings(args),
-            "run.wait": args.wait,
-            "run.timeout": args.timeout,
-            "run.id_format": "uuid" if args.uuid else None,
-        }
-    )
-    mem = filters.mem_of(args)
-    if conf.get("run.timeout") is not None and not conf.get("run.wait"):
-        raise UserError("--timeout only applies with --wait")
-    return conf, Request.from_config(conf, mem=mem)
-
-
-class Machine:
-    """Reads the machine for selection: the first reading is kept for the parent
-    CUDA_VISIBLE_DEVICES check and the first attempt; later attempts read afresh."""
-
-    def __init__(self, topology: bool) -> None:
-        from gpuwarden.inventory import read_snapshot
-
-        self._read = read_snapshot
-        self._topology = topology
-        self.first = read_snapshot(processes=True, topology=topology)
-        self._fresh = True
-
-    def __call__(self) -> Any:
-        if self._fresh:
-            self._fresh = False
-            return self.first
-        return self._read(processes=True, topology=self._topology)
-
-
-def _what(request: Any) -> str:
-    from gpuwarden.leases import describe_request
-
-    return describe_request(request)
-
-
-class WaitStatus:
-    """The one-line live status while waiting: rewritten in place on a terminal, a new
-    line only when it changes otherwise (a log file stays readable)."""
-
-    def __init__(self, command: str, request: Any, stream: Any = None) -> None:
-        self.prefix = f"gpuwarden {command}: waiting for {_what(request)}"
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.last = ""
-        self.shown = False
-
-    def __call__(self, position: int, total: int, reason: str, elapsed: float) -> None:
-        from gpuwarden.leases import format_span
-
-        where = f"{_ordinal(position)} in line" + (f" of {total}" if total > 1 else "")
-        text = f"{self.prefix} ({where}): {reason}"
-        if self.tty:
-            from gpuwarden.table import columns
-
-            width = columns(100) - 1
-            line = f"{text} [{format_span(elapsed)}]"
-            if len(line) > width:
-                line = line[: width - 1] + "…"
-            self.stream.write("\r\x1b[K" + line)
-            self.stream.flush()
-            self.shown = True
-        elif text != self.last:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-            self.shown = True
-        self.last = text
-
-    def done(self, gpus: Any, elapsed: float) -> None:
-        if not self.shown:
-            return
-        from gpuwarden.leases import format_span
-
-        ids = ",".join(str(g.index) for g in gpus)
-        end = (
-            f"\r\x1b[K{self.prefix.split(':')[0]}: "
-            if self.tty
-            else f"{self.prefix.split(':')[0]}: "
-        )
-        self.stream.write(f"{end}granted GPU {ids} after {format_span(elapsed)}\n")
-        self.stream.flush()
-
-
-def take(
-    command: str,
-    conf: Any,
-    request: Any,
-    machine: Machine,
-    allowed: Any,
-    job: Optional[str] = None,
-    on_first_wait: Optional[Callable[[], None]] = None,
-) -> Any:
-    """Lease for `request` as `gpuwarden <command>` does: in line with the live status
-    when `run.wait` is set, and a last line saying what was granted after a wait.
-    `on_first_wait` is called once, when it turns out that the lease must wait."""
-    import gpuwarden.leases as lease
-
-    status = WaitStatus(command, request)
-    on_wait: Callable[..., None] = status
-    if on_first_wait is not None:
-        pending = [on_first_wait]
-
-        def on_wait(*progress: Any) -> None:
-            while pending:
-                pending.pop()()
-            status(*progress)
-
-    started = time.monotonic()
-    held = lease.acquire(
-        request,
-        snapshot=machine,
-        wait=bool(conf.get("run.wait")),
-        timeout=conf.get("run.timeout"),
-        allowed=allowed,
-        job=job,
-        on_wait=on_wait,
-    )
-    try:
-        status.done(held.gpus, time.monotonic() - started)
-    except BaseException:
-        held.release()
-        raise
-    return held
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
 def _command(args: argparse.Namespace) -> list[str]:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -223,15 +65,13 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: bool) -> int:
-    import gpuwarden.leases as lease
-    from gpuwarden import drain, waitline
+    from gpuwarden import jobs
     from gpuwarden.launch import export_value
+    from gpuwarden.leases import EXIT_BUSY
     from gpuwarden.mig import devices, label
-    from gpuwarden.selection import choose
 
-    ld = lease.open_dir()
-    choice = choose(snapshot, request, lease.scan(ld)[0], drain.list_drains(), allowed)
-    waiting = waitline.read_line(ld)
+    choice = jobs.choose_now(snapshot, request, allowed)
+    waiting = jobs.waiting_count()
     by_uuid = {g.uuid: g for g in devices(snapshot)}
     if choice.ok:
         names = ", ".join(f"GPU {g.index} ({g.name or 'n/a'}, {g.uuid})" for g in choice.gpus)
@@ -240,43 +80,13 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: b
     else:
         print(f"would not start now: {choice.error}")
     if waiting:
-        print(f"  {len(waiting)} request(s) waiting in line would be served first")
+        print(f"  {waiting} request(s) waiting in line would be served first")
     order = list(by_uuid)
     for uuid, reason in sorted(choice.passed_over.items(), key=lambda kv: order.index(kv[0])):
         print(f"  {label(by_uuid[uuid])}: {reason}")
     if choice.ok:
         return 0
-    return 2 if choice.never_fits else lease.EXIT_BUSY
-
-
-def reserved_gpus(snapshot: Any, request: Any, allowed: Any) -> Optional[tuple[Any, ...]]:
-    """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), or inside a
-    job started by `gpuwarden run` (GPUWARDEN_JOB), a nested job runs on those GPUs under
-    the enclosing lease instead of waiting for it to end. None when there is no live
-    enclosing lease of ours."""
-    enclosing = [os.environ.get(n) for n in ("GPUWARDEN_RESERVATION", "GPUWARDEN_JOB")]
-    enclosing = [e for e in enclosing if e]
-    if not enclosing:
-        return None
-    import pwd
-
-    import gpuwarden.leases as lease
-    from gpuwarden.drain import list_drains
-    from gpuwarden.selection import choose
-
-    leases = lease.list_leases()
-    me = pwd.getpwuid(os.geteuid()).pw_name
-    for rid in enclosing:
-        ours = {i.uuid for i in leases if i.job == rid and i.user == me}
-        if not ours:
-            continue  # ended or expired: lease normally
-        scope = ours if allowed is None else ours & set(allowed)
-        others = [i for i in leases if i.job != rid]
-        choice = choose(snapshot, request, others, list_drains(), scope)
-        if not choice.ok:
-            raise UserError(f"within {rid}: {choice.error}")
-        return choice.gpus
-    return None
+    return 2 if choice.never_fits else EXIT_BUSY
 
 
 def _gpus_unspecified(args: argparse.Namespace, conf: Any) -> bool:
@@ -345,7 +155,9 @@ def _start(
 ) -> tuple[Any, Any]:
     """(the started job, or the exit code when none was started; the lease held for it,
     or None)."""
-    from gpuwarden import launch
+    from gpuwarden import jobs, launch
+    from gpuwarden.cli import filters
+    from gpuwarden.cli.waiting import take
 
     cmd = _command(args)
     if args.nproc is not None and not args.ddp:
@@ -358,7 +170,7 @@ def _start(
         raise UserError(
             "no command given: put it after --, e.g. `gpuwarden run -g 1 -- python train.py`"
         )
-    conf, request = request_of(args)
+    conf, request = filters.request_of(args)
     use_uuid = conf.get("run.id_format") == "uuid"
     if request.count == 0:
         if request.mem is not None:
@@ -380,17 +192,17 @@ def _start(
         from gpuwarden.cgroups import isolate
 
         isolation.extend(isolate(devices))
-    machine = Machine(topology=request.gpu_count > 1)
+    machine = jobs.Machine(topology=request.gpu_count > 1)
     if not machine.first.gpus and machine.first.error and _gpus_unspecified(args, conf):
         # The same command on a laptop and on the server: with no NVIDIA driver and no
         # GPU asked for by name or number, the job runs on the CPU (documented fallback).
         note = f"{machine.first.error}: the job runs with no GPU (-g N would refuse instead)"
         print(f"gpuwarden run: {note}", file=sys.stderr)
         return _start_on_cpu(args, cmd), None
-    allowed = launch.allowed_uuids(machine.first)
+    allowed = jobs.allowed(machine.first)
     if args.dry_run:
         return dry_run(args.command, machine.first, request, allowed, use_uuid), None
-    covered = reserved_gpus(machine.first, request, allowed)
+    covered = jobs.within_enclosing(machine.first, request, allowed)
     if covered is not None:
         argv = launch.ddp_argv(cmd, len(covered)) if args.ddp else cmd
         env = launch.job_env(os.environ, covered, use_uuid=use_uuid)
@@ -413,24 +225,15 @@ def _start(
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+    except BaseException:
+        held.release()
+        raise
+
+    def confine() -> None:
+        from gpuwarden.cgroups import confine
+
         for cgroup in isolation:
-            from gpuwarden.cgroups import confine
-
             confine(cgroup, held.gpus, machine.first.gpus, devices)
-        held.prepare(launch.command_text(cmd))  # a full disk fails here, before the job
-        job = launch.start(argv, env, held.fds)
-    except BaseException:
-        held.release()
-        raise
-    try:
-        held.publish(job.pid)
-    except BaseException:
-        # A job must never run under a lease others cannot see: stop it.
-        import signal
 
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-        held.release()
-        raise
+    job = jobs.launch_leased(held, argv, env, launch.command_text(cmd), confine)
     return job, held

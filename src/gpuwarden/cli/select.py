@@ -38,22 +38,24 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.drain import list_drains
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.launch import allowed_uuids, export_value
+    from gpuwarden.jobs import allowed
+    from gpuwarden.launch import export_value
     from gpuwarden.leases import EXIT_BUSY, list_leases
+    from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size
 
     cfg = config.load(filters.settings(args))
     mem = filters.mem_of(args)
     snapshot = read_snapshot(topology=True)
-    allowed = allowed_uuids(snapshot)
+    scope = allowed(snapshot)
     request = Request.from_config(cfg, mem=mem)
     choice = choose(
         snapshot,
         request,
-        list_leases(str(config.lease_dir(cfg))),
-        list_drains(config.state_dir(cfg)),
-        allowed,
+        list_leases(lease_location(cfg)),
+        list_drains(state_location(cfg)),
+        scope,
     )
     if args.explain:
         from gpuwarden.mig import devices

@@ -452,8 +452,7 @@ def unleased_pids(gpu: Gpu, held: list[Any], lineage_of: Any) -> set[int]:
 def _lease_rows(snap: Snapshot, held: list[Any]) -> list[list[str]]:
     """One row per lease: `GPU n` (with `shared` for a declared-memory lease), its job
     id, user, age and when it expires (`with job`: it ends when its process tree does)."""
-    from gpuwarden.leases import format_span
-    from gpuwarden.units import format_size
+    from gpuwarden.units import format_size, format_span
 
     index = {g.uuid: g.index for g in snap.gpus}
     rows = []

@@ -58,10 +58,11 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
     from gpuwarden.errors import UserError
     from gpuwarden.health import rules_from_config
-    from gpuwarden.web.server import Feed, parse_listen, serve
+    from gpuwarden.units import parse_listen
+    from gpuwarden.web.server import Feed, serve
 
     if args.listen is not None:
-        parse_listen(args.listen)  # checked here: port 0 (any free port) is allowed
+        parse_listen(args.listen, any_port=True)  # checked here: port 0 (any free port) too
     config = config_module.load(
         {"web.interval": args.interval, "web.show_commands": args.show_commands}
     )

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 if TYPE_CHECKING:
-    from gpuwarden.doctor.findings import Report
+    from gpuwarden.doctor.report import Report
 
 __all__ = ["FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding", "Report", "check", "diagnose"]
 
@@ -22,7 +22,11 @@ __all__ = ["FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding", "Report", "check",
 def __getattr__(name: str) -> Any:
     # Resolved on first use, so that `gpuwarden doctor` can import its torch probe
     # (gpuwarden.doctor.probe) and start it before paying for anything else.
-    if name in ("FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding", "Report"):
+    if name == "Report":
+        from gpuwarden.doctor.report import Report
+
+        return Report
+    if name in ("FAIL", "INFO", "PASS", "SKIP", "WARN", "Finding"):
         from gpuwarden.doctor import findings
 
         return getattr(findings, name)
@@ -37,7 +41,7 @@ def diagnose(
 ) -> Report:
     from gpuwarden.doctor.checks import run_checks
     from gpuwarden.doctor.facts import gather
-    from gpuwarden.doctor.findings import Report
+    from gpuwarden.doctor.report import Report
 
     facts = gather(environ=environ, probe_torch=probe_torch, in_process=in_process)
     return Report(tuple(run_checks(facts)), facts)

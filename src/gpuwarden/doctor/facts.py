@@ -280,11 +280,11 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     exist yet is private: gpuwarden creates a missing one per user, mode 0700."""
     import stat
 
-    from gpuwarden import config
     from gpuwarden.errors import UserError
+    from gpuwarden.locations import lease_location
 
     try:
-        path = config.lease_location()
+        path = lease_location()
     except UserError:
         return "", None  # a broken config is the config check's finding, not this one
     try:

@@ -39,23 +39,3 @@ def worst(findings: Iterable[Finding]) -> str:
 def exit_code(findings: Iterable[Finding]) -> int:
     """0 when nothing FAILed, 1 otherwise (WARN does not fail the command)."""
     return 1 if any(f.level == FAIL for f in findings) else 0
-
-
-@record
-class Report:
-    """What `gpuwarden.doctor.check()` and `diagnose()` return."""
-
-    findings: tuple[Finding, ...]
-    facts: object  # gpuwarden.doctor.facts.Facts
-
-    @property
-    def ok(self) -> bool:
-        return not any(f.level == FAIL for f in self.findings)
-
-    def problems(self) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.level in (WARN, FAIL))
-
-    def text(self, verbose: bool = False) -> str:
-        from gpuwarden.doctor import report
-
-        return report.text(self.facts, self.findings, verbose=verbose)  # type: ignore[arg-type]

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwarden.doctor.facts import Facts
-from gpuwarden.doctor.findings import FAIL, LEVELS, Finding, exit_code
+from gpuwarden.doctor.findings import FAIL, LEVELS, WARN, Finding, exit_code
 from gpuwarden.inventory import dotted
+from gpuwarden.records import record
 
 WIDTH = 100
 
@@ -96,3 +97,21 @@ def document(facts: Facts, findings: Sequence[Finding]) -> dict[str, Any]:
             "python": facts.python,
         },
     }
+
+
+@record
+class Report:
+    """What `gpuwarden.doctor.check()` and `diagnose()` return."""
+
+    findings: tuple[Finding, ...]
+    facts: Facts
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.level == FAIL for f in self.findings)
+
+    def problems(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.level in (WARN, FAIL))
+
+    def text(self, verbose: bool = False) -> str:
+        return text(self.facts, self.findings, verbose=verbose)

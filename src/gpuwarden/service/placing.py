@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]:
     """The GPUs a job's filters allow (None: any), whatever is running on them now."""
-    from gpuwarden.selection import _model_matches, resolve_ids
+    from gpuwarden.refusals import model_matches
+    from gpuwarden.selection import resolve_ids
 
     names = request.get("gpus")
     exclude = request.get("exclude") or ()
@@ -38,7 +39,7 @@ def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]
     allowed = {g.uuid for g in (resolve_ids(snapshot, names) if names else snapshot.gpus)}
     allowed -= {g.uuid for g in resolve_ids(snapshot, exclude)}
     for gpu in snapshot.gpus:
-        if model and not _model_matches(gpu.name, model):
+        if model and not model_matches(gpu.name, model):
             allowed.discard(gpu.uuid)
         if capability and (
             gpu.compute_capability is None or tuple(gpu.compute_capability) < tuple(capability)
@@ -124,14 +125,14 @@ def start_job(
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner holding the lease descriptors, record it RUNNING."""
-    from gpuwarden import leases
+    from gpuwarden import allocation, leasedir
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import command_text, job_env
     from gpuwarden.selection import Request
 
-    ld = leases.open_dir(service.settings.lease_dir)
+    ld = leasedir.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
-    outcome = leases.attempt(ld, request, snapshot, job=str(job.id))
+    outcome = allocation.attempt(ld, request, snapshot, job=str(job.id))
     if outcome.held is None:
         # The machine moved since the plan (a process appeared): try on the next pass.
         service.store.update(job.id, durable=False, reason=scheduling.RESOURCES)
@@ -207,10 +208,10 @@ def release_leases(service: Service, job: store.Job) -> None:
     import fcntl
     import os
 
-    from gpuwarden import leases
+    from gpuwarden import leasedir, leases
 
     try:
-        ld = leases.open_dir(service.settings.lease_dir)
+        ld = leasedir.open_dir(service.settings.lease_dir)
     except UserError:
         return
     for uuid in job.gpus:

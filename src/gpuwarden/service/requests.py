@@ -285,6 +285,6 @@ class Requests:
 
 
 def scheduling_span(seconds: float) -> str:
-    from gpuwarden.leases import format_span
+    from gpuwarden.units import format_span
 
     return format_span(seconds)

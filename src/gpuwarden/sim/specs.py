@@ -22,6 +22,7 @@ from dataclasses import field
 
 from gpuwarden.errors import UserError
 from gpuwarden.records import record
+from gpuwarden.safefiles import write_atomic
 from gpuwarden.sim import cards
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -272,11 +273,9 @@ def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:
     parsed = _parse_file(path)
     try:  # a state dir we may not write is fine: the next load parses again
         os.makedirs(os.path.dirname(cache), exist_ok=True)
-        tmp = f"{cache}.{os.getpid()}.{id(parsed):x}.tmp"  # one per writer
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"key": key, "spec": vars(parsed)}, handle)
-        os.replace(tmp, cache)
-    except OSError:
+        data = json.dumps({"key": key, "spec": vars(parsed)})
+        write_atomic(cache, data, what="spec cache", durable=False)
+    except (OSError, UserError):
         pass
     return parsed
 

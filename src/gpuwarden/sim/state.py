@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 from gpuwarden.errors import UserError
+from gpuwarden.safefiles import write_atomic
 from gpuwarden.sim import specs
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -164,11 +165,8 @@ class StateFile:
                 state = self.spec.initial_state()
             state["processes"] = live_processes(state)
             result = change(state)
-            folder, name = os.path.split(self.path)
-            tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(state, handle)
-            os.replace(tmp, self.path)
+            # Readers (other NVML clients) take no lock: they see the old or new state.
+            write_atomic(self.path, json.dumps(state), what="simulated machine", durable=False)
         return result
 
     def reset(self) -> None:

@@ -116,7 +116,7 @@ def slurm_time(value: str) -> str:
     text = value.strip()
     if text.upper() in _UNLIMITED or _is_slurm_time(text):
         return text
-    from gpuwarden.config import parse_duration
+    from gpuwarden.units import parse_duration
 
     try:
         seconds = round(parse_duration(text))

@@ -16,7 +16,6 @@ never silently shared.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import time
@@ -57,19 +56,13 @@ def _hold(ld: Any, job: str, gpus: Sequence[Any], timeout: float) -> Any:
 
     deadline = time.monotonic() + timeout
     while True:
-        alloc_fd = ld.open(leases.ALLOC, os.O_RDONLY | os.O_CREAT)
-        fcntl.flock(alloc_fd, fcntl.LOCK_EX)
-        held = leases.Held(ld, job, (), None)
-        taken = [g for g in gpus if leases._take(ld, held, g, shared=False)]
-        if len(taken) == len(gpus):
-            held.gpus = tuple(gpus)
-            held._alloc_fd = alloc_fd  # kept until publish, as every allocation does
-            return held
-        held.release()
-        os.close(alloc_fd)
+        left = max(0.0, deadline - time.monotonic())
+        held = leases.lease_exactly(ld, gpus, job, patience=max(left, leases.ALLOC_PATIENCE))
+        if held is not None:
+            return held  # the allocation lock is kept until publish, as always
         if time.monotonic() >= deadline:
-            busy = [g for g in gpus if g not in taken]
             holders = {i.uuid: i for i in leases.list_leases(ld.path)}
+            busy = [g for g in gpus if g.uuid in holders] or list(gpus)
             who = ", ".join(
                 f"GPU {g.index} ({holders[g.uuid].user} pid {holders[g.uuid].pid})"
                 if g.uuid in holders
@@ -111,7 +104,7 @@ def _holder(held: Any, ready_fd: int) -> None:
 
 def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] = None) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
-    from gpuwarden import leases
+    from gpuwarden import leasedir
     from gpuwarden.inventory import read_snapshot
 
     job = job_id(environ)
@@ -127,7 +120,7 @@ def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] 
             f"this machine ({len(snapshot.gpus)} GPUs); is gres.conf `gpuwarden slurm conf`'s?"
         )
     gpus = [by_index[i] for i in indices]
-    ld = leases.open_dir(lease_dir)
+    ld = leasedir.open_dir(lease_dir)
     held = _hold(ld, JOB_PREFIX + job, gpus, timeout)
     try:
         read_end, write_end = os.pipe()
@@ -159,7 +152,7 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
     job = job_id(environ)
     name = JOB_PREFIX + job
     if lease_dir is None:
-        from gpuwarden.config import lease_location
+        from gpuwarden.locations import lease_location
 
         lease_dir = lease_location()
     me = user_name(os.geteuid())

@@ -62,9 +62,9 @@ def lease_user(lease: Any, owners: Optional[Mapping[str, str]]) -> str:
     says. Only a lease file root owns (the kernel says so, `st_uid`) is read this way:
     anyone else's naming a job number claims nothing."""
     if owners and lease.job is not None and str(lease.job) in owners:
-        from gpuwarden.leases import owner_of
+        from gpuwarden.safefiles import owner_name
 
-        if lease.user == owner_of(0):
+        if lease.user == owner_name(0):
             return owners[str(lease.job)]
     return lease.user
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
+from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.web.history import History
 from gpuwarden.web.model import build
 
@@ -112,8 +113,9 @@ class Feed:
 
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
-        from gpuwarden.health import Rules, judge, xid_events
-        from gpuwarden.leases import describe_request
+        from gpuwarden.allocation import describe_request
+        from gpuwarden.health import Rules, judge
+        from gpuwarden.xidlog import xid_events
 
         snap = self._read_snapshot()
         self.snap = snap
@@ -230,8 +232,8 @@ def _drains() -> dict:
 
 
 def _waiters() -> list:
-    from gpuwarden.config import lease_location
-    from gpuwarden.leases import open_dir
+    from gpuwarden.leasedir import open_dir
+    from gpuwarden.locations import lease_location
     from gpuwarden.waitline import read_line
 
     where = lease_location()
@@ -241,20 +243,6 @@ def _waiters() -> list:
 
 
 # --- HTTP ------------------------------------------------------------------------------
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """ "HOST:PORT", ":PORT" or "PORT"; loopback unless a host is named explicitly."""
-    text = str(value).strip()
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UserError(
-            f"invalid listen address {value!r}: expected HOST:PORT, e.g. 127.0.0.1:9500"
-        )
-    return host, int(port)
 
 
 def is_loopback(host: str) -> bool:
@@ -459,7 +447,7 @@ def serve(
     timeout: float = 30.0,
 ) -> WebServer:
     """Start the page in threads; UserError when the address cannot be served."""
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen, any_host=LOOPBACK, any_port=True)
     if max_clients < 1:
         raise UserError(f"web.max_clients must be at least 1, got {max_clients}")
     feed = feed or Feed()

@@ -1,0 +1,154 @@
+"""The lease directory, checked before use (see docs/leases.md).
+
+A symlink, an unexpected owner, a directory others may write without the
+sticky bit, or a network filesystem (where flock is emulated and not inherited)
+would let another local user delete or redirect the locks, or make leases not
+hold at all, so each is refused with one line naming the fix. Lock files inside
+are opened only as regular files of an expected owner.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from gpuwarden.errors import UserError
+from gpuwarden.safefiles import UnsafeFile, open_regular, owner_name
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+
+class LeaseDir:
+    """A checked lease directory. `shared` when other users may write into it (sticky,
+    as /tmp): their lock files are then expected; in a private one they are not."""
+
+    def __init__(self, path: str, shared: bool, owner_uid: int) -> None:
+        self.path = path
+        self.shared = shared
+        self.owner_uid = owner_uid
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def check_owner(self, path: str, st: os.stat_result) -> None:
+        """Refuse, in a private lease directory, a file another user made."""
+        me = os.geteuid()
+        if not self.shared and st.st_uid not in (me, 0, self.owner_uid):
+            raise UserError(
+                f"lease file {path} is owned by {owner_name(st.st_uid)}, not by {owner_name(me)}, "
+                f"in a private lease directory; refusing it"
+            )
+
+    def open(self, name: str, flags: int = os.O_RDONLY | os.O_CREAT) -> int:
+        """Open a lock file in the directory: never through a symlink, never blocking on
+        a FIFO, only a regular file (safefiles.open_regular), of an expected owner."""
+        path = self.join(name)
+        try:
+            # In a directory others may not write (a user's own, or the queue service's),
+            # nobody else needs to open a lock file: 0600 keeps them from holding it.
+            mode = 0o644 if self.shared else 0o600
+            fd, st = open_regular(path, flags, mode, what="lease file")
+        except UnsafeFile as err:
+            raise UserError(
+                f"{err}; whoever made it (see `ls -l {path}`) could block or redirect the "
+                "lock: an admin should remove it"
+            ) from None
+        except OSError as err:
+            raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
+        try:
+            self.check_owner(path, st)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _check_component(path: str, st: os.stat_result, what: str) -> None:
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise UserError(
+            f"{what} {path} is owned by {owner_name(st.st_uid)}, not by {owner_name(me)} or root; "
+            "refusing it: its owner could delete or replace the locks"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UserError(
+            f"{what} {path} (owner {owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}) is "
+            "writable by others without the sticky bit; refusing it: anyone could delete "
+            "the locks (chmod +t it, as /tmp is, or use a private directory)"
+        )
+
+
+def check_dir(path: str) -> LeaseDir:
+    """Check an existing lease directory and every directory above it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise UserError(f"lease directory {path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(
+            f"lease directory {path} is a symbolic link (owner {owner_name(st.st_uid)}, to "
+            f"{os.readlink(path)}); refusing it: whoever controls the link controls the locks"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"lease directory {path} is not a directory")
+    _check_component(path, st, "lease directory")
+    # Above it, a directory another user may rename would let them swap the whole tree.
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        _check_component(parent, os.stat(parent), "directory")
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    fstype = filesystem_type(os.path.realpath(path))
+    if fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse."):
+        raise UserError(
+            f"lease directory {path} is on {fstype}: there flock is emulated with locks that "
+            "a job does not inherit and that other machines see, so leases would not hold; "
+            "set lease.dir (or GPUWARDEN_LEASE_DIR) to a local directory such as "
+            "/var/lib/gpuwarden/leases"
+        )
+    shared = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or st.st_uid != os.geteuid()
+    return LeaseDir(path, shared, st.st_uid)
+
+
+# Where Linux emulates flock with POSIX byte-range locks (owned by a process, not
+# inherited by its children) or has no shared locks at all.
+NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre"})
+
+
+def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str:
+    """The type of the filesystem holding `path` (longest mount point that contains it);
+    "" when it cannot be told."""
+    best, kind = "", ""
+    try:
+        with open(mounts) as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return ""
+    return kind
+
+
+def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
+    """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
+    one, else per user), checked; a missing one is created private (0700)."""
+    if path is None:
+        from gpuwarden.locations import lease_location
+
+        path = lease_location()
+    path = os.path.abspath(path)
+    if create and not os.path.lexists(path):
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot create lease directory {path}: {err.strerror}") from None
+    return check_dir(path)

@@ -104,7 +104,7 @@ class Waiting(NamedTuple):
 
     id: str
     user: str
-    count: int
+    count: int  # type: ignore[assignment]  # GPUs; shadows tuple.count, never called here
     submitted: float
     mem: Optional[int] = None
     time_limit: Optional[float] = None

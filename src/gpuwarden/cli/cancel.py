@@ -22,7 +22,7 @@ def register(commands: Commands, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        from gpuwarden.cli.hold import job_ids
+        from gpuwarden.cli.jobtables import job_ids
         from gpuwarden.service.client import require
 
         ids = job_ids(args.ids)

@@ -21,21 +21,8 @@ def register(commands: Commands, command_name: str) -> None:
     parser.add_argument("ids", nargs="+", metavar="ID", help="job ids (from `gpuwarden queue`)")
 
 
-def job_ids(words: list[str]) -> list[int]:
-    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
-    from gpuwarden.errors import UserError
-
-    ids = []
-    for word in words:
-        for part in word.split(","):
-            part = part.strip()
-            if not part.isdigit() or int(part) <= 0:
-                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
-            ids.append(int(part))
-    return ids
-
-
 def run(args: argparse.Namespace) -> int:
+    from gpuwarden.cli.jobtables import job_ids
     from gpuwarden.service.client import require
 
     op = "hold" if args.command == "hold" else "release"

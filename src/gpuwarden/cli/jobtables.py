@@ -1,4 +1,5 @@
-"""Tables of jobs and users, as `queue`, `jobs --history` and `share` print them.
+"""Tables of jobs and users, as `queue`, `jobs --history` and `share` print them, and
+the job ids the queue commands read.
 
 One shape for every source: a job is the dict the service's `queue`/`jobs`
 operations answer with (docs/service.md), and rows from Slurm are mapped to the
@@ -186,3 +187,17 @@ def share_table(users: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "no usage recorded yet"
     return render(["USER", "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))
+
+
+def job_ids(words: list[str]) -> list[int]:
+    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
+    from gpuwarden.errors import UserError
+
+    ids = []
+    for word in words:
+        for part in word.split(","):
+            part = part.strip()
+            if not part.isdigit() or int(part) <= 0:
+                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
+            ids.append(int(part))
+    return ids

@@ -23,7 +23,7 @@ def register(commands: Commands, name: str) -> None:
 
 def local(args: argparse.Namespace) -> int:
     from gpuwarden import joboutput
-    from gpuwarden.cli.hold import job_ids
+    from gpuwarden.cli.jobtables import job_ids
     from gpuwarden.service.client import require
 
     (job,) = job_ids([args.id])

@@ -112,7 +112,7 @@ def submit_local(args: argparse.Namespace) -> int:
     """The job to this machine's queue service; prints its id."""
     from gpuwarden import config as cfg
     from gpuwarden.cli import filters
-    from gpuwarden.cli.hold import job_ids
+    from gpuwarden.cli.jobtables import job_ids
     from gpuwarden.selection import Request
     from gpuwarden.service.client import job_fields, require
     from gpuwarden.units import parse_duration

@@ -199,13 +199,18 @@ class StateFile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        from gpuwarden.safefiles import open_regular
+
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with open(self.path + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        # Not a plain open(): a FIFO there would block, a symlink would be followed.
+        fd, _ = open_regular(
+            self.path + ".lock", os.O_RDWR | os.O_CREAT, what="simulated machine lock"
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _unusable(self, err: OSError) -> UserError:
         return UserError(
@@ -225,11 +230,12 @@ class StateFile:
             state = self._load() or self.spec.initial_state()
             state["processes"] = live_processes(state)
             result = change(state)
-            folder, name = os.path.split(self.path)
-            tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(state, handle)
-            os.replace(tmp, self.path)
+            from gpuwarden.safefiles import write_atomic
+
+            # A temporary name no one can guess and plant a symlink at first.
+            write_atomic(
+                self.path, json.dumps(state), what="simulated machine state", durable=False
+            )
         return result
 
     def reset(self) -> None:

@@ -77,13 +77,14 @@ COMMANDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "web": (("web", "--once"),),
     "queue": (("queue",),),
     "config": (("config",),),
+    "sim-set": (("sim", "set", "--gpu", "2", "util=50"),),  # the simulator's one writer
 }
 
 # Commands whose exit status 1 reports findings (a FAIL check, an unhealthy GPU), not
 # an error: with it they may print nothing on stderr.
 FINDINGS_EXIT = {"doctor", "health"}
 
-EVERY = tuple(COMMANDS)
+EVERY = tuple(c for c in COMMANDS if c != "sim-set")  # every command that loads the config
 # What reads each kind of state (the crossings that can apply). Files not read by
 # a command are left out of its cases: planting them there tests nothing.
 LEASE_READERS = ("run", "reserve", "status", "status-json", "select", "exporter", "web", "doctor")
@@ -99,7 +100,7 @@ DRAIN_READERS = (
     "web",
 )
 XID_READERS = ("health", "status", "status-json", "select", "run", "exporter", "web", "drain")
-SIM_READERS = tuple(c for c in EVERY if c not in ("queue", "config"))  # no NVML there
+SIM_READERS = (*(c for c in EVERY if c not in ("queue", "config")), "sim-set")  # NVML users
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +146,14 @@ def _sim_state() -> bytes:
     from gpuwarden.sim import specs
 
     return json.dumps(specs.load(SPEC).initial_state()).encode()
+
+
+def _spec_cache() -> bytes:
+    """What the simulator caches of the parsed spec (in this test's own state)."""
+    from gpuwarden.sim import specs
+
+    specs.load(SPEC)
+    return (Path(os.environ["GPUWARDEN_SIM_STATE"]) / f".{SPEC}.spec.json").read_bytes()
 
 
 WRONG_JSON = b'{"uuid": 5, "job": 123, "pid": "x", "mem": -5, "count": "x", "started": []}'
@@ -214,6 +223,22 @@ TARGETS: tuple[Target, ...] = (
         SIM_READERS,
     ),
     Target(
+        "sim-lock",
+        "sim",
+        lambda u: f"{SPEC}.json.lock",
+        b"",
+        WRONG_JSON,
+        ("sim-set",),  # only a change to the machine takes it
+    ),
+    Target(
+        "sim-spec-cache",
+        "sim",
+        lambda u: f".{SPEC}.spec.json",
+        b"",  # filled in by `_targets`
+        b'{"key": 5, "spec": {"gpus": 5}}',
+        SIM_READERS,
+    ),
+    Target(
         "system-config",
         "system",
         lambda u: "config.toml",
@@ -273,6 +298,7 @@ def _targets(uuids: dict[int, str]) -> list[Target]:
         "xid-log": xid_line.encode(),
         "user-xid-log": xid_line.encode(),
         "sim-state": _sim_state(),
+        "sim-spec-cache": _spec_cache(),
     }
     return [dataclasses.replace(t, valid=filled.get(t.name, t.valid)) for t in TARGETS]
 

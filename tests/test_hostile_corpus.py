@@ -585,3 +585,23 @@ def test_every_file_form_and_reader_is_crossed(full: bool) -> None:
         forms = set(FORMS) - ({"dead-socket"} if t.where != "socket" else set())
         assert {c.form for c in mine} == forms, t.name
         assert t.file(uuids)
+
+
+def test_a_service_socket_that_never_answers_fails_in_one_line_naming_it(tmp_path: Path) -> None:
+    # A socket someone listens on but never answers (a wedged or impostor service):
+    # not in the corpus above, whose clients wait the service's full 30 s. Before, the
+    # line ended in "None" (a timeout has no strerror) and did not name the socket.
+    from gpuwarden.errors import UserError
+    from gpuwarden.service import client
+
+    path = str(tmp_path / "silent.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        conn = client.connect(path, timeout=0.2)
+        assert conn is not None
+        with conn, pytest.raises(UserError) as err:
+            conn.call("queue")
+    assert str(err.value) == (
+        f"lost the connection to the service at {path}: no answer within 0.2s"
+    )

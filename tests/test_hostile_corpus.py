@@ -16,7 +16,7 @@ Files in the shared directories are planted by a real other user (`gw-mallory`,
 made with useradd), as an attacker would; the cases run four at a time. By default
 each (file, form) pair meets two of the commands that read the file (all of them
 for a file with at most four readers), rotating so that every reader meets a spread
-of forms; GPUWARDEN_CORPUS_FULL=1 runs every crossing (about 1,100 cases, minutes;
+of forms; GPUWARDEN_CORPUS_FULL=1 runs every crossing (about 1,270 cases, minutes;
 no case has failed that the default set passes, when last run).
 """
 

@@ -16,8 +16,10 @@ Files in the shared directories are planted by a real other user (`gw-mallory`,
 made with useradd), as an attacker would; the cases run four at a time. By default
 each (file, form) pair meets two of the commands that read the file (all of them
 for a file with at most four readers), rotating so that every reader meets a spread
-of forms; GPUWARDEN_CORPUS_FULL=1 runs every crossing (about 1,270 cases, minutes;
-no case has failed that the default set passes, when last run).
+of forms; GPUWARDEN_CORPUS_FULL=1 runs every crossing (about 1,270 cases, minutes),
+and GPUWARDEN_CORPUS_ONLY=TEXT only the cases whose id (file/form/command) holds TEXT.
+The XID log a user keeps for herself is read as that user (`runuser`), its files
+planted by a third (`gw-trent`).
 """
 
 from __future__ import annotations

@@ -151,10 +151,11 @@ def _sim_state() -> bytes:
 
 
 def _spec_cache() -> bytes:
-    """What the simulator caches of the parsed spec (in this test's own state)."""
-    from gpuwarden.sim import specs
-
-    specs.load(SPEC)
+    """What the simulator caches of the parsed spec (in this test's own state): made by
+    a fresh process, as this one may hold the spec in memory from an earlier test."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    code = f"from gpuwarden.sim import specs; specs.load({SPEC!r})"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     return (Path(os.environ["GPUWARDEN_SIM_STATE"]) / f".{SPEC}.spec.json").read_bytes()
 
 

@@ -64,7 +64,11 @@ class Client:
             try:
                 data = self.sock.recv(65536)
             except OSError as err:
-                raise UserError(f"lost the connection to the service: {err.strerror}") from None
+                # A timeout's strerror is None: say what happened instead.
+                why = err.strerror or f"no answer within {self.sock.gettimeout():g}s"
+                raise UserError(
+                    f"lost the connection to the service at {self.path}: {why}"
+                ) from None
             if not data:
                 raise UserError(f"the service at {self.path} closed the connection")
             self.pending.extend(self.decoder.feed(data))

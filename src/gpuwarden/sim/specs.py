@@ -22,7 +22,6 @@ from dataclasses import field
 
 from gpuwarden.errors import UserError
 from gpuwarden.records import record
-from gpuwarden.safefiles import write_atomic
 from gpuwarden.sim import cards
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -260,18 +259,27 @@ def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:
         cache = os.path.join(_state_base(state_dir), f".{_stem(_name_of(path), path)}.spec.json")
     except OSError:
         return _parse_file(path)
+    from gpuwarden.safefiles import UnsafeFile, read_small
+
     try:
-        with open(cache, encoding="utf-8") as handle:
-            saved = json.load(handle)
+        # The cache sits in the state directory (by default a name in /tmp anyone
+        # could take first): only a regular file of our own is believed; a FIFO, a
+        # symlink, a huge file or another user's file is parsed around, never read.
+        raw, st = read_small(cache, 4 * _MAX_SPEC_BYTES, what="spec cache")
+        if st.st_uid != os.geteuid():
+            raise ValueError("not ours")
+        saved = json.loads(raw)
         if saved["key"] == key:
             fields = saved["spec"]
             fields["gpus"] = tuple(fields["gpus"])
             fields["processes"] = tuple(fields["processes"])
             return Spec(**fields)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (UnsafeFile, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         pass
     parsed = _parse_file(path)
     try:  # a state dir we may not write is fine: the next load parses again
+        from gpuwarden.safefiles import write_atomic
+
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         data = json.dumps({"key": key, "spec": vars(parsed)})
         write_atomic(cache, data, what="spec cache", durable=False)

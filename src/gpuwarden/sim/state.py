@@ -84,6 +84,51 @@ def check_value(key: str, value: Any, gpu: Optional[dict[str, Any]] = None) -> N
     raise UserError(f"{key} must be {span}{where}, got {value!r}")
 
 
+# A state file bigger than this is not one the simulator wrote (8 GPUs: ~10 KiB).
+MAX_STATE = 16 * 1024 * 1024
+
+
+def _fits(value: Any, like: Any) -> bool:
+    """Whether `value` has the JSON type of `like` (any number for a number; for a
+    dict, each of `like`'s keys present and fitting; for a list, each item fitting
+    `like`'s first item)."""
+    if like is None:
+        return True
+    if isinstance(like, bool):
+        return isinstance(value, bool)
+    if isinstance(like, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(like, dict):
+        return isinstance(value, dict) and all(
+            k in value and _fits(value[k], v) for k, v in like.items()
+        )
+    if isinstance(like, list):
+        return isinstance(value, list) and (not like or all(_fits(x, like[0]) for x in value))
+    return isinstance(value, type(like))
+
+
+_PROCESS = {"pid": 1, "gpu": "", "memory": 0}
+
+
+def check_shape(state: Any, initial: dict[str, Any]) -> None:
+    """ValueError naming the first field of `state` whose shape is not that of the
+    machine's `initial` state (every GPU as the spec has it, processes with pid, GPU
+    and memory): what every simulated NVML call relies on."""
+    if not isinstance(state, dict):
+        raise ValueError("not a JSON object")
+    for name, like in initial.items():
+        if name == "gpus":
+            gpus = state.get("gpus")
+            ok = isinstance(gpus, list) and len(gpus) == len(like)
+            ok = ok and all(_fits(g, g0) for g, g0 in zip(gpus, like))  # type: ignore[arg-type]
+        elif name == "processes":
+            ok = _fits(state.get(name), [_PROCESS])
+        else:
+            ok = _fits(state.get(name), like)
+        if not ok:
+            raise ValueError(f"field {name!r} does not fit the spec")
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -112,7 +157,7 @@ class StateFile:
 
     def read(self) -> dict[str, Any]:
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except FileNotFoundError:
             if self._key is not None or self._state is None:
                 self._state = self.spec.initial_state()
@@ -122,26 +167,51 @@ class StateFile:
             raise self._unusable(err) from None
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != self._key or self._state is None:
-            try:
-                with open(self.path, encoding="utf-8") as handle:
-                    self._state = json.load(handle)
-            except (OSError, ValueError):
-                # A reader racing a half-created directory: keep what we had.
-                if self._state is None:
-                    self._state = self.spec.initial_state()
-                return self._state
-            self._key = key
+            state = self._load()
+            if state is None:  # removed meanwhile: the machine was reset
+                return self.spec.initial_state()
+            self._state, self._key = state, key
         return self._state  # type: ignore[return-value]
+
+    def _load(self) -> Optional[dict[str, Any]]:
+        """The state file's contents, checked; None when it is missing. The file lives
+        where GPUWARDEN_SIM_STATE says (by default a per-user directory in /tmp, a name
+        anyone could take first), so it may be anything: a FIFO, a symlink, huge,
+        garbage, JSON of other shapes. Those are refused in one line, never trusted."""
+        from gpuwarden.safefiles import UnsafeFile, read_small
+
+        try:
+            raw, _ = read_small(self.path, MAX_STATE, what="simulated machine state")
+        except FileNotFoundError:
+            return None
+        except UnsafeFile as err:
+            raise UserError(f"{err} (remove it, or `gpuwarden sim reset`)") from None
+        except OSError as err:
+            raise self._unusable(err) from None
+        try:
+            state = json.loads(raw.decode("utf-8"))
+            check_shape(state, self.spec.initial_state())
+        except (ValueError, RecursionError) as err:
+            raise UserError(
+                f"simulated machine state {self.path} is not a state file: {err} "
+                "(remove it, or `gpuwarden sim reset`)"
+            ) from None
+        return state
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        from gpuwarden.safefiles import open_regular
+
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with open(self.path + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        # Not a plain open(): a FIFO there would block, a symlink would be followed.
+        fd, _ = open_regular(
+            self.path + ".lock", os.O_RDWR | os.O_CREAT, what="simulated machine lock"
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _unusable(self, err: OSError) -> UserError:
         return UserError(
@@ -158,11 +228,7 @@ class StateFile:
 
     def _update(self, change: Callable[[dict[str, Any]], Any]) -> Any:
         with self._locked():
-            try:
-                with open(self.path, encoding="utf-8") as handle:
-                    state = json.load(handle)
-            except (FileNotFoundError, ValueError):
-                state = self.spec.initial_state()
+            state = self._load() or self.spec.initial_state()
             state["processes"] = live_processes(state)
             result = change(state)
             # Readers (other NVML clients) take no lock: they see the old or new state.

@@ -518,3 +518,16 @@ def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Serve
     server.call(None, "cancel", jobs=[job])
     server.wait_state(job, ("CANCELLED",))
     assert not list(lease_dir.glob(f"*.{job}.lease"))
+
+
+def test_run_waits_says_why_and_gives_up_after_its_timeout(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    blocker = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    server.wait_state(blocker, ("RUNNING",))
+    started = time.monotonic()
+    waited = cli_as(server, alice, "run", "-g", "1", "--wait", "--timeout", "3s", "--", "true")
+    took = time.monotonic() - started
+    assert waited.returncode == 75, waited.stderr
+    assert "waits: Resources" in waited.stderr and "gave up" in waited.stderr
+    assert 2.5 < took < 20
+    server.call(None, "cancel", jobs=[blocker])

@@ -35,6 +35,7 @@ class Client:
         self.path = path
         self.decoder = protocol.Decoder()
         self.pending: list[dict[str, Any]] = []
+        self.waiting = False  # an attached job's events: timeouts are the caller's to handle
 
     def close(self) -> None:
         self.sock.close()
@@ -63,6 +64,13 @@ class Client:
         while not self.pending:
             try:
                 data = self.sock.recv(65536)
+            except socket.timeout:
+                if self.waiting:
+                    raise  # run_attached's own deadline: it decides what a quiet minute means
+                raise UserError(
+                    f"lost the connection to the service at {self.path}: "
+                    f"no answer within {self.sock.gettimeout():g}s"
+                ) from None
             except OSError as err:
                 # A timeout's strerror is None: say what happened instead.
                 why = err.strerror or f"no answer within {self.sock.gettimeout():g}s"
@@ -147,6 +155,7 @@ def run_attached(
                     left = max(0.0, timeout - (time.monotonic() - began))
                     wait = left if wait is None else min(wait, left)
             state["client"].sock.settimeout(wait)
+            state["client"].waiting = True
             try:
                 event = state["client"].receive()
             except (socket.timeout, TimeoutError):

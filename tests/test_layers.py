@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "vocabulary every layer shares: errors, values, units, safe files, settings",
         (
             "errors",
+            "lazyimport",
             "records",
             "units",
             "table",

@@ -64,6 +64,8 @@ def test_status_and_run_leave_unneeded_modules_alone(
     modules = loaded(*args)
     assert "gpuwarden.inventory" in modules  # the probe saw the command's imports
     unneeded = {*UNNEEDED, *also_unneeded}
+    if sys.version_info < (3, 12):  # dataclasses loads them for every class from 3.12
+        unneeded |= {"inspect", "copy", "ast", "dis"}
     assert not modules & unneeded, sorted(modules & unneeded)
 
 
@@ -166,6 +168,42 @@ assert sys.modules["ctypes.util"].__file__.endswith("util.py")  # not the stand-
 assert module.find_library("c") == ctypes.util.find_library("c")
 print("ok")
 """
+
+
+DATACLASSES_LOAD = """
+import sys
+from gpuwarden.lazyimport import import_dataclasses
+
+dataclasses = import_dataclasses()
+assert "inspect" not in sys.modules and "copy" not in sys.modules
+import inspect, copy
+assert inspect.__file__.endswith("inspect.py") and copy.__file__.endswith("copy.py")
+
+@dataclasses.dataclass
+class NoDocstring:  # dataclasses calls inspect.signature for its doc
+    x: list
+    y: int = 2
+
+assert NoDocstring.__doc__ == "NoDocstring(x: list, y: int = 2)"
+a = NoDocstring([1])
+b = dataclasses.replace(a, y=3)
+assert dataclasses.asdict(b) == {"x": [1], "y": 3} and dataclasses.asdict(b)["x"] is not b.x
+assert dataclasses.inspect is inspect and dataclasses.copy is copy  # stand-ins replaced
+print("ok")
+"""
+
+
+def test_dataclasses_loads_without_inspect_and_leaves_no_stand_in() -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    out = subprocess.run(
+        [sys.executable, "-c", DATACLASSES_LOAD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 def test_nvidia_ml_py_loads_without_ctypes_util_and_leaves_no_stand_in() -> None:

@@ -20,13 +20,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import field
 from typing import Any, Callable, Optional, Union
 
 from gpuwarden import jobs
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 
 Ids = Union[str, int, Sequence[Union[str, int]], None]
 SnapshotSource = Union[Snapshot, Callable[[], Snapshot], None]

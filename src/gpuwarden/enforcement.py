@@ -25,9 +25,7 @@ calls these functions, and carries out and logs what they return.
 
 from __future__ import annotations
 
-from dataclasses import field
-
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import field, replace
 
 from gpuwarden.inventory import Gpu
-from gpuwarden.records import record
+from gpuwarden.records import field, record, replace
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:

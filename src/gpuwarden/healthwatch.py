@@ -30,7 +30,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import field
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -44,7 +43,7 @@ from gpuwarden.health import (
     rules_from_config,
 )
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 from gpuwarden.xidlog import record_xid, xids_seen
 
 POLICIES = ("drain", "alert")

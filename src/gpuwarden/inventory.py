@@ -17,9 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import field
 
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:

@@ -22,12 +22,11 @@ prometheus-client is the `exporter` extra, imported inside the functions.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import field
 from typing import Any, Callable, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Finding, level
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 
 MIB = 2**20
 LEVELS = ("ok", "warning", "fatal")

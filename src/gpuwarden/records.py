@@ -19,10 +19,22 @@ Not supported, because no record needs them: `kw_only` fields and `__post_init__
 
 from __future__ import annotations
 
-import dataclasses
 from reprlib import recursive_repr
 
+from gpuwarden.lazyimport import import_dataclasses
+
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
+if TYPE_CHECKING:
+    import dataclasses
+else:
+    dataclasses = import_dataclasses()  # without `inspect` and `copy` where that saves time
+# What modules on the start-up path use beside `@record`, taken from here so that
+# `dataclasses` is always imported the cheap way (gpuwarden.lazyimport).
+field = dataclasses.field
+replace = dataclasses.replace
+asdict = dataclasses.asdict
+fields = dataclasses.fields
+
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 

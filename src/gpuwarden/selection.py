@@ -21,12 +21,11 @@ instead of waiting forever.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import field
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.mig import devices, is_mig
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 from gpuwarden.refusals import (
     BUSY,
     FILTER,

@@ -16,7 +16,6 @@ subdirectory's owner could remove everyone's tickets and jump the line.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -25,6 +24,7 @@ import time
 from collections.abc import Collection, Iterator
 from typing import Any, Optional
 
+from gpuwarden import records
 from gpuwarden.errors import UserError
 from gpuwarden.leases import is_locked, needs, remove_if_free, warn
 from gpuwarden.records import record
@@ -86,7 +86,7 @@ def _request_from(data: dict[str, Any]) -> Any:
     """The Request a ticket records; ValueError naming the first field that does not fit."""
     from gpuwarden.selection import Request
 
-    names = {f.name for f in dataclasses.fields(Request)}
+    names = {f.name for f in records.fields(Request)}
     fields = {}
     for k, v in data.items():
         if k not in names:
@@ -258,7 +258,7 @@ def join(
     data = {
         "pid": os.getpid(),
         "since": time.time(),
-        "request": dataclasses.asdict(request),
+        "request": records.asdict(request),
         "allowed": None if allowed is None else sorted(allowed),
     }
     path = ld.join(f"{key}.{need}{SUFFIX}")

@@ -24,14 +24,13 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 # The probe lives in its own module so the CLI can start it first.
 from gpuwarden.doctor.probe import NO_TORCH_ENV, PROBE_TIMEOUT, torch_location
 from gpuwarden.doctor.probe import start as start_probe
 from gpuwarden.inventory import Snapshot
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 
 if TYPE_CHECKING:
     import subprocess

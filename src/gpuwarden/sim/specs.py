@@ -18,10 +18,9 @@ import marshal
 import os
 import re
 import sys
-from dataclasses import field
 
 from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.records import field, record
 from gpuwarden.sim import cards
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here

@@ -110,8 +110,9 @@ def _sharing(facts: Facts) -> list[Finding]:
             f"gpuwarden's leases are private to {facts.user or 'you'} ({facts.lease_dir}): "
             "other users' gpuwarden jobs neither see nor respect them",
             seen,
-            "on a shared machine an admin runs once: sudo install -d -m 1777 "
-            "/var/lib/gpuwarden/leases /var/lib/gpuwarden/state",
+            "on a shared machine an admin runs once: sudo gpuwarden service install (the "
+            "queue service: no user can block another); or, for cooperating users only, "
+            "sudo install -d -m 1777 /var/lib/gpuwarden/leases /var/lib/gpuwarden/state",
         )
     ]
 

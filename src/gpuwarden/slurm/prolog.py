@@ -73,35 +73,6 @@ def _hold(ld: Any, job: str, gpus: Sequence[Any], timeout: float) -> Any:
         time.sleep(0.2)
 
 
-def _holder(held: Any, ready_fd: int) -> None:
-    """The per-job holder: keeps the lease descriptors until SIGTERM. Never returns."""
-    code = 0
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.close(null)
-        held.drop_allocation_lock()
-
-        def stop(_signum: int, _frame: Any) -> None:
-            raise SystemExit(0)
-
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, stop)
-        os.write(ready_fd, b"ok")
-        os.close(ready_fd)
-        while True:
-            time.sleep(3600)
-    except SystemExit:
-        pass
-    except BaseException:
-        code = 1
-    finally:
-        held.release()
-        os._exit(code)
-
-
 def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] = None) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
     from gpuwarden import leasedir
@@ -122,20 +93,9 @@ def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] 
     gpus = [by_index[i] for i in indices]
     ld = leasedir.open_dir(lease_dir)
     held = _hold(ld, JOB_PREFIX + job, gpus, timeout)
-    try:
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_end)
-            _holder(held, write_end)
-        os.close(write_end)
-        ok = os.read(read_end, 2) == b"ok"
-        os.close(read_end)
-        if not ok:
-            raise UserError(f"Slurm job {job}: the lease holder could not start")
-        held.publish(pid, f"slurm job {job}")
-    finally:
-        held.close()  # ours; the holder keeps its own
+    from gpuwarden.jobs import hold_in_background
+
+    pid = hold_in_background(held, f"slurm job {job}", expires=None, seconds=None)
     return f"Slurm job {job}: leased GPU {','.join(map(str, indices))} (holder pid {pid})"
 
 

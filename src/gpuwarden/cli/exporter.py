@@ -47,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuwarden import config as config_module
     from gpuwarden import exporter
-    from gpuwarden.errors import UserError
-    from gpuwarden.health import rules_from_config
+    from gpuwarden.healthwatch import rules_or_builtin, watch_beside
 
     exporter.require_client()  # before reading anything, `--once` included
     config = config_module.load(
@@ -56,11 +55,7 @@ def run(args: argparse.Namespace) -> int:
     )
     listen = str(config.get("exporter.listen"))
     dcgm = bool(config.get("exporter.dcgm_compat"))
-    try:
-        rules = rules_from_config(config)
-    except UserError as err:
-        _warn(f"{err}; using the built-in health rules")
-        rules = None
+    rules = rules_or_builtin(config, _warn)
     cache = exporter.ViewCache(
         cache_seconds=float(config.get("exporter.cache_seconds")),
         idle_util=float(config.get("exporter.idle_util")),
@@ -72,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     watch = None
     if not args.no_watch:
-        watch = _make_watch(config, cache)
+        watch = watch_beside(config, cache.snapshot, rules, _warn, "metrics and drains")
     server = exporter.serve(listen, dcgm_compat=dcgm, cache=cache, watch=watch)
     host = f"[{server.host}]" if ":" in server.host else server.host
     _warn(
@@ -87,21 +82,3 @@ def run(args: argparse.Namespace) -> int:
         pass
     server.close()
     return 0
-
-
-def _make_watch(config: object, cache: object):  # -> HealthWatch
-    """The health watch; a malformed hook or webhook setting costs the
-    notifications (with one line saying why), never the metrics."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.healthwatch import HealthWatch, WatchSettings, settings_from_config
-
-    try:
-        settings = settings_from_config(config)
-    except UserError as err:
-        _warn(f"{err}; alerts disabled, metrics and drains still on")
-        from gpuwarden.health import Rules
-
-        rules = getattr(cache, "rules", None) or Rules()
-        policy = str(config.get("health.policy"))  # type: ignore[attr-defined]
-        settings = WatchSettings(policy=policy, rules=rules)
-    return HealthWatch(settings, read=cache.snapshot, log=_warn)  # type: ignore[attr-defined]

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuwarden import config as config_module
     from gpuwarden.errors import UserError
-    from gpuwarden.health import rules_from_config
+    from gpuwarden.healthwatch import rules_or_builtin, watch_beside
     from gpuwarden.units import parse_listen
     from gpuwarden.web.server import Feed, serve
 
@@ -69,11 +69,7 @@ def run(args: argparse.Namespace) -> int:
     interval = float(config.get("web.interval"))
     if not 0.1 <= interval <= 3600:
         raise UserError(f"web.interval must be between 0.1 and 3600 seconds, got {interval:g}")
-    try:
-        rules = rules_from_config(config)
-    except UserError as err:
-        _warn(f"{err}; using the built-in health rules")
-        rules = None
+    rules = rules_or_builtin(config, _warn)
     feed = Feed(
         interval=interval,
         show_commands=bool(config.get("web.show_commands")),
@@ -83,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if args.once:
         print(json.dumps(feed.document(), indent=2))
         return 0
-    watch = None if args.no_watch else _make_watch(config, feed)
+    watch = (
+        None
+        if args.no_watch
+        else watch_beside(config, feed.snapshot, rules, _warn, "the page and drains")
+    )
     feed.watch = watch
     server = serve(
         args.listen if args.listen is not None else str(config.get("web.listen")),
@@ -103,20 +103,3 @@ def run(args: argparse.Namespace) -> int:
         pass
     server.close()
     return 0
-
-
-def _make_watch(config: object, feed: object):  # -> HealthWatch
-    """The health watch beside the page, reading the page's own snapshots; a bad
-    hook or webhook setting costs the notifications, never the page."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.healthwatch import HealthWatch, WatchSettings, settings_from_config
-
-    try:
-        settings = settings_from_config(config)
-    except UserError as err:
-        _warn(f"{err}; alerts disabled, the page and drains still on")
-        from gpuwarden.health import Rules
-
-        policy = str(config.get("health.policy"))  # type: ignore[attr-defined]
-        settings = WatchSettings(policy=policy, rules=getattr(feed, "rules", None) or Rules())
-    return HealthWatch(settings, read=feed.snapshot, log=_warn)  # type: ignore[attr-defined]

@@ -94,6 +94,19 @@ class Server:
                     with contextlib.suppress(OSError):
                         os.killpg(pid, signal.SIGKILL)
         journal.close()
+        self.forget_cgroups()
+
+    def forget_cgroups(self) -> None:
+        """Remove the job cgroups a killed service left (a restarted one would sweep them;
+        this one is not restarted), so tests leave no trail under /sys/fs/cgroup."""
+        from gpuwarden.service import jobcgroup
+
+        scope = jobcgroup.scope_of(os.path.join(self.state, "jobs"))
+        deadline = time.monotonic() + 10
+        while (left := jobcgroup.service_jobs(scope)) and time.monotonic() < deadline:
+            if not all([jobcgroup.remove_job(dirs) for dirs in left.values()]):
+                time.sleep(0.02)  # SIGKILLed processes are still on their way out
+        jobcgroup.remove_scope(scope)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None

@@ -377,3 +377,55 @@ def test_two_services_never_share_or_sweep_each_others_job_cgroups(tmp_path: Pat
     finally:
         assert all(jobcgroup.remove_job(d) for d in made)
     assert jobcgroup.service_jobs(first) == {} and jobcgroup.service_jobs(second) == {}
+
+
+def test_a_job_joins_its_cgroup_through_tasks_and_its_children_follow(tmp_path: Path) -> None:
+    """The job's child moves its one thread in through v1's `tasks` (the cheap move that
+    skips the whole-process lock); what it starts afterwards is in the cgroup too."""
+    mode, why = cgroups.detect()
+    require(mode == "cgroup-v1", f"no device isolation here ({why})")
+    from gpuwarden.service import jobcgroup
+
+    scope = jobcgroup.scope_of(str(tmp_path))
+    dirs = jobcgroup.make_job(scope, "7", [0], [0, 1])
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.close(read)
+                jobcgroup.join(dirs)
+                child = subprocess.run(["cat", "/proc/self/cgroup"], capture_output=True)
+                os.write(write, child.stdout)
+            finally:
+                os._exit(0)
+        os.close(write)
+        seen = b""
+        while chunk := os.read(read, 65536):
+            seen += chunk
+        os.close(read)
+        os.waitpid(pid, 0)
+        lines = {
+            controller: where
+            for _, controllers, where in (line.split(":", 2) for line in seen.decode().split())
+            for controller in controllers.split(",")
+        }
+        for controller, path in dirs.items():
+            assert path.endswith(lines[controller]), (controller, lines)
+    finally:
+        assert jobcgroup.remove_job(dirs)
+
+
+def test_a_stopped_service_leaves_no_cgroup_directory(server: Server) -> None:
+    mode, why = cgroups.detect()
+    require(mode == "cgroup-v1", f"no job cgroups here ({why})")
+    from gpuwarden.service import jobcgroup
+
+    alice = make_user("alice", ("lab",))
+    job = submit(server, alice, ["true"], request={"gpus": ["1"]})
+    assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
+    scope = jobcgroup.scope_of(os.path.join(server.state, "jobs"))
+    parents = {os.path.dirname(p) for p in jobcgroup.job_dirs(scope, "0", existing=False).values()}
+    assert parents and any(os.path.isdir(p) for p in parents)  # made for the job
+    server.kill(signal.SIGTERM)
+    assert not any(os.path.isdir(p) for p in parents)

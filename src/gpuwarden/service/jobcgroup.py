@@ -17,7 +17,15 @@ import contextlib
 import os
 import re
 
-from gpuwarden.cgroups import DEVICES, CgroupError, _job_dirs, _remove, _write, deny_rules, detect
+from gpuwarden.cgroups import (
+    DEVICES,
+    CgroupError,
+    _job_dirs,
+    _remove,
+    deny_rules,
+    detect,
+    move_in,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,10 +111,12 @@ def make_job(
 
 
 def join(dirs: dict[str, str]) -> None:
-    """Move this process into `dirs` (the job's child, before exec): its children follow."""
-    for path in dirs.values():
+    """Move this process into `dirs` (the job's child, before exec): its children follow.
+    The caller is single-threaded (just forked), so in v1 moving its thread moves it
+    whole, without the wait for an RCU grace period a process move has (`move_in`)."""
+    for controller, path in dirs.items():
         try:
-            _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+            move_in(path, controller)
         except OSError as err:
             raise CgroupError(f"cannot join the job's cgroup: {err.strerror}") from None
 
@@ -146,3 +156,19 @@ def service_jobs(scope: str, mode: Optional[str] = None) -> dict[str, dict[str, 
             if match:
                 found.setdefault(match.group(1), {})[controller] = os.path.join(parent, name)
     return found
+
+
+def remove_scope(scope: str) -> None:
+    """rmdir the service's own cgroup directories when no job cgroup is left in them (a
+    service stopped with jobs running leaves them, and finds them again on restart); a
+    machine where services come and go (tests, a moved state directory) keeps no trail."""
+    mode = detect()[0]
+    if mode == "none":
+        return
+    try:
+        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
+    except OSError:
+        return
+    for path in dirs.values():
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))

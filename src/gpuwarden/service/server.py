@@ -142,6 +142,10 @@ class Service(Requests, Lifecycle):
         self.watched.clear()
         self.notifier.close()
         self.store.close()
+        if self.settings.devices != "off" and getattr(self, "_cgroup_mode", "") != "none":
+            from gpuwarden.service.jobcgroup import remove_scope, scope_of
+
+            remove_scope(scope_of(self.exits))
 
     def serve_forever(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):

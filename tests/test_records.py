@@ -117,3 +117,34 @@ def test_gpuwarden_snapshots_are_records() -> None:
     assert repr(gpu).startswith("Gpu(index=0, uuid='GPU-1', name=None,")
     assert {gpu, dataclasses.replace(gpu)} == {gpu}
     assert pickle.loads(pickle.dumps(snap)) == snap
+
+
+def test_frozen_alike_down_to_the_messages_and_subclasses() -> None:
+    for made in (STOCK, RECORD):
+        assert made.__dataclass_params__.frozen is True  # type: ignore[attr-defined]
+    messages = []
+    for point in (STOCK(1), RECORD(1)):
+        for change in (lambda p: setattr(p, "x", 2), lambda p: delattr(p, "y")):
+            with pytest.raises(dataclasses.FrozenInstanceError) as caught:
+                change(point)
+            messages.append(str(caught.value))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            point.other = 1  # any attribute, as on a frozen dataclass
+    assert messages[:2] == messages[2:]
+    for base in (STOCK, RECORD):
+        with pytest.raises(TypeError, match="non-frozen"):
+            dataclasses.dataclass(type("Sub", (base,), {"__annotations__": {"z": int}}))
+        plain = type("Plain", (base,), {})(1)  # a plain subclass may add attributes
+        plain.extra = 5
+        assert plain.extra == 5
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plain.x = 2
+
+
+def test_a_record_without_a_docstring_is_refused() -> None:
+    # dataclasses would make one with `inspect`, which then weighs on every start-up.
+    class Bare:
+        x: int
+
+    with pytest.raises(TypeError, match="docstring"):
+        record(Bare)

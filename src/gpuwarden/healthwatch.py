@@ -59,6 +59,8 @@ def _warn(message: str) -> None:
 
 @record
 class WatchSettings:
+    """How the health watch acts on a fault (drain or not, the rules, hook and webhook)."""
+
     policy: str = "drain"
     rules: Rules = field(default_factory=Rules)
     hook: Optional[tuple[str, ...]] = None

@@ -1,14 +1,14 @@
 """`@record`: a frozen dataclass whose methods are shared instead of compiled per class.
 
 For each class, `dataclasses.dataclass(frozen=True)` writes `__init__`, `__repr__`,
-`__eq__` and `__hash__` (and two frozen guards) as source text and compiles them
+`__eq__`, `__hash__` and two frozen guards as source text and compiles them
 while the module is imported, for every record `gpuwarden run` needs before it
 can start a job: a large part of what `run` adds to every job's start
 (docs/performance.md, "Records"). A record is still a real frozen dataclass
 (`dataclasses.fields`, `replace`, `asdict` and `is_dataclass` work, assigning to a
 field raises `FrozenInstanceError`, `inspect.signature` shows the fields), and
 behaves as `@dataclass(frozen=True)` does — tests/test_records.py holds the two
-side by side — but those four methods are shared ones that walk the class's
+side by side — but those six methods are shared ones that walk the class's
 field list: making a class is cheaper, building an instance a little dearer
 (the figures are in docs/performance.md). Every snapshot and value type in
 gpuwarden is a record.
@@ -99,6 +99,20 @@ def _hash(self: Any) -> int:
     return hash(tuple(getattr(self, n) for n in self.__record_hash__))
 
 
+def _setattr(self: Any, name: str, value: Any) -> None:
+    cls = type(self)
+    if "__record_init__" in cls.__dict__ or name in cls.__dataclass_fields__:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    object.__setattr__(self, name, value)
+
+
+def _delattr(self: Any, name: str) -> None:
+    cls = type(self)
+    if "__record_init__" in cls.__dict__ or name in cls.__dataclass_fields__:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+    object.__delattr__(self, name)
+
+
 class _Factory:
     def __repr__(self) -> str:  # how dataclasses' signatures show a default_factory
         return "<factory>"
@@ -131,6 +145,8 @@ _SHARED = {
     "__eq__": _eq,
     "__hash__": _hash,
     "__signature__": _Signature(),
+    "__setattr__": _setattr,
+    "__delattr__": _delattr,
 }
 
 
@@ -139,10 +155,17 @@ def _record(cls: type[T]) -> type[T]:
     writes itself stays)."""
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__qualname__}: a record has no __post_init__")
+    if cls.__doc__ is None:  # dataclasses would write one with `inspect`, slow to import
+        raise TypeError(f"{cls.__qualname__}: a record says what it is in a docstring")
+    if "__setattr__" in cls.__dict__ or "__delattr__" in cls.__dict__:
+        raise TypeError(f"{cls.__qualname__}: a record is frozen; it has no __setattr__")
+    # Made as a plain dataclass, then frozen by the shared guards: `frozen=True` would
+    # compile two guard methods per class (most of the cost of making one).
+    made: Any = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
     for name, method in _SHARED.items():
         if name not in cls.__dict__:
             setattr(cls, name, method)
-    made: Any = dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)(cls)
+    made.__dataclass_params__.frozen = True  # as a frozen dataclass says, for subclasses
     fields = dataclasses.fields(made)
     if any(getattr(f, "kw_only", False) is True for f in fields):  # 3.10+
         raise TypeError(f"{cls.__qualname__}: a record has no keyword-only fields")

@@ -44,6 +44,8 @@ SUFFIX = ".wait"
 
 @record
 class Waiter:
+    """One request waiting in line, as its ticket file says (the file's owner is the user)."""
+
     key: str  # arrival order
     user: str
     pid: int

@@ -233,6 +233,8 @@ def driver_at_least(driver: Optional[str], minimum: str) -> Optional[bool]:
 
 @record
 class DriverVerdict:
+    """Whether the driver can run a given CUDA runtime, and why (one line)."""
+
     level: str  # "ok", "minor-compat", "too-old"
     reason: str
 

@@ -67,6 +67,8 @@ class TorchRuntime:
 
 @record
 class Facts:
+    """Everything the doctor's checks judge, read once (pure checks take it as input)."""
+
     snapshot: Snapshot
     environ: Mapping[str, str] = field(default_factory=dict)
     torch: TorchBuild = field(default_factory=lambda: TorchBuild(installed=False))

@@ -13,6 +13,8 @@ LEVELS = (PASS, INFO, SKIP, WARN, FAIL)  # mildest first
 
 @record
 class Finding:
+    """One check's verdict: what was seen and how to fix it."""
+
     check: str  # e.g. "driver", "torch.build", "kernels"
     level: str  # one of LEVELS
     title: str  # one line: the verdict

@@ -26,6 +26,8 @@ from gpuwarden.records import record
 
 @record
 class GresDevice:
+    """One GPU as Slurm's gres.conf names it: its index, device node and nearby CPUs."""
+
     index: int  # NVML index
     minor: Optional[int]  # /dev/nvidia<minor>; None when NVML could not say
     cores: Optional[str] = None  # CPU list near the GPU, Slurm's form: 0-15,32-47

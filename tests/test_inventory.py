@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuwarden.inventory import NO_DRIVER, read_snapshot
 from gpuwarden.sim import Machine
 from gpuwarden.sim.fake import module
@@ -118,3 +120,24 @@ def test_a_missing_nvml_function_is_logged_once_and_reads_none(sim, caplog):
     assert any("nvmlDeviceGetPowerUsage" in t and "driver" in t for t in lines)
     assert any("nvmlDeviceGetTemperature" in t and "binding" in t for t in lines)
     inventory._MISSING.clear()
+
+
+def test_reading_for_a_choice_skips_only_what_no_choice_uses(sim):
+    sim("mixed")
+    full, lean = read_snapshot(), read_snapshot(detail=False)
+    shown_only = (
+        "temperature",
+        "power_draw",
+        "power_limit",
+        "energy_consumed",
+        "fan_speed",
+        "clock_sm",
+        "clock_sm_max",
+        "persistence_mode",
+        "compute_mode",
+    )
+    assert any(getattr(g, "temperature") is not None for g in full.gpus)
+    for a, b in zip(full.gpus, lean.gpus):
+        assert all(getattr(b, name) is None for name in shown_only)
+        # Everything else (health, memory, processes, MIG) is read as fully as before.
+        assert dataclasses.replace(a, **dict.fromkeys(shown_only)) == b

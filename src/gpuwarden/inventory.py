@@ -210,9 +210,14 @@ class _Reader:
             return None
 
 
-def read_snapshot(nvml=None, *, processes: bool = True, topology: bool = False) -> Snapshot:
+def read_snapshot(
+    nvml=None, *, processes: bool = True, topology: bool = False, detail: bool = True
+) -> Snapshot:
     """Read the machine once. `nvml` defaults to `load_nvml()`; never raises for
-    hardware conditions (see the module docstring)."""
+    hardware conditions (see the module docstring). Without `detail`, only what
+    choosing a GPU decides on is read (no temperature, power, energy, fan, clocks,
+    persistence or compute mode: a third of the calls per GPU, and on some cards the
+    slowest ones); those fields are then None."""
     hostname = os.uname().nodename  # what gethostname() returns, without importing socket
     now = time.time()
     if nvml is None:
@@ -238,7 +243,7 @@ def read_snapshot(nvml=None, *, processes: bool = True, topology: bool = False) 
             error=f"NVML initialisation failed: {err}",
         )
     try:
-        return _read(nvml, hostname, now, source, processes, topology)
+        return _read(nvml, hostname, now, source, processes, topology, detail)
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
@@ -264,7 +269,13 @@ class _SimOwners:
 
 
 def _read(
-    nv: Any, hostname: str, now: float, source: str, processes: bool, topology: bool
+    nv: Any,
+    hostname: str,
+    now: float,
+    source: str,
+    processes: bool,
+    topology: bool,
+    detail: bool = True,
 ) -> Snapshot:
     r = _Reader(nv)
     driver = r.get("nvmlSystemGetDriverVersion")
@@ -288,7 +299,7 @@ def _read(
                 )
             )
             continue
-        gpu = _read_gpu(nv, r, index, handle, processes, known)
+        gpu = _read_gpu(nv, r, index, handle, processes, known, detail)
         if not gpu.lost:
             handles[index] = handle
         gpus.append(gpu)
@@ -310,7 +321,13 @@ def _read(
 
 
 def _read_gpu(
-    nv: Any, r: _Reader, index: int, handle: Any, processes: bool, known: _SimOwners
+    nv: Any,
+    r: _Reader,
+    index: int,
+    handle: Any,
+    processes: bool,
+    known: _SimOwners,
+    detail: bool = True,
 ) -> Gpu:
     uuid = f"unknown-{index}"
     fields: dict[str, Any] = {}
@@ -322,6 +339,8 @@ def _read_gpu(
         fields["pci_bus_id"] = _text(pci.busId) if pci is not None else None
         fields["minor"] = r.get("nvmlDeviceGetMinorNumber", handle)
         fields.update(_read_state(nv, r, handle))
+        if detail:
+            fields.update(_read_detail(nv, r, handle))
         if processes:
             fields["processes"] = _read_processes(
                 nv, r, handle, fields.get("mig_instances", ()), known
@@ -355,22 +374,8 @@ def _read_state(nv: Any, r: _Reader, handle: Any) -> dict[str, Any]:
     util = r.get("nvmlDeviceGetUtilizationRates", handle)
     if util is not None:
         f["utilization_gpu"], f["utilization_memory"] = int(util.gpu), int(util.memory)
-    f["temperature"] = r.get("nvmlDeviceGetTemperature", handle, nv.NVML_TEMPERATURE_GPU)
-    power = r.get("nvmlDeviceGetPowerUsage", handle)
-    f["power_draw"] = power / 1000.0 if power is not None else None
-    limit = r.get("nvmlDeviceGetEnforcedPowerLimit", handle)
-    f["power_limit"] = limit / 1000.0 if limit is not None else None
-    energy = r.get("nvmlDeviceGetTotalEnergyConsumption", handle)
-    f["energy_consumed"] = energy / 1000.0 if energy is not None else None
-    f["fan_speed"] = r.get("nvmlDeviceGetFanSpeed", handle)
-    f["clock_sm"] = r.get("nvmlDeviceGetClockInfo", handle, nv.NVML_CLOCK_SM)
-    f["clock_sm_max"] = r.get("nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_SM)
     cc = r.get("nvmlDeviceGetCudaComputeCapability", handle)
     f["compute_capability"] = (int(cc[0]), int(cc[1])) if cc is not None else None
-    persistence = r.get("nvmlDeviceGetPersistenceMode", handle)
-    f["persistence_mode"] = bool(persistence) if persistence is not None else None
-    mode = r.get("nvmlDeviceGetComputeMode", handle)
-    f["compute_mode"] = _COMPUTE_MODES.get(mode) if mode is not None else None
     mig = r.get("nvmlDeviceGetMigMode", handle)
     f["mig_mode"] = bool(mig[0]) if mig is not None else None
     if f["mig_mode"]:
@@ -403,6 +408,26 @@ def _read_state(nv: Any, r: _Reader, handle: Any) -> dict[str, Any]:
         f["throttle_reasons"] = tuple(
             name for bit, name in THROTTLE_REASONS.items() if reasons & bit
         )
+    return f
+
+
+def _read_detail(nv: Any, r: _Reader, handle: Any) -> dict[str, Any]:
+    """What `status`, the exporter and the health watch show, and no choice depends on."""
+    f: dict[str, Any] = {}
+    f["temperature"] = r.get("nvmlDeviceGetTemperature", handle, nv.NVML_TEMPERATURE_GPU)
+    power = r.get("nvmlDeviceGetPowerUsage", handle)
+    f["power_draw"] = power / 1000.0 if power is not None else None
+    limit = r.get("nvmlDeviceGetEnforcedPowerLimit", handle)
+    f["power_limit"] = limit / 1000.0 if limit is not None else None
+    energy = r.get("nvmlDeviceGetTotalEnergyConsumption", handle)
+    f["energy_consumed"] = energy / 1000.0 if energy is not None else None
+    f["fan_speed"] = r.get("nvmlDeviceGetFanSpeed", handle)
+    f["clock_sm"] = r.get("nvmlDeviceGetClockInfo", handle, nv.NVML_CLOCK_SM)
+    f["clock_sm_max"] = r.get("nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_SM)
+    persistence = r.get("nvmlDeviceGetPersistenceMode", handle)
+    f["persistence_mode"] = bool(persistence) if persistence is not None else None
+    mode = r.get("nvmlDeviceGetComputeMode", handle)
+    f["compute_mode"] = _COMPUTE_MODES.get(mode) if mode is not None else None
     return f
 
 

@@ -38,7 +38,9 @@ class Machine:
         if read is None:
             from gpuwarden.inventory import read_snapshot
 
-            read = read_snapshot
+            def read(**how: Any) -> Any:
+                return read_snapshot(detail=False, **how)  # what the choice decides on
+
         self._read = read
         self._topology = topology
         self.first = read(processes=True, topology=topology)

@@ -106,5 +106,6 @@ def run(args: argparse.Namespace) -> int:
         enforce=EnforcePolicy.from_config(cfg),
         enforce_every=cfg.get("enforce.poll_seconds"),
     )
-    Service(settings, read_snapshot).serve_forever()
+    # Scheduling and enforcement decide on memory, processes and health alone.
+    Service(settings, lambda: read_snapshot(detail=False)).serve_forever()
     return 0

@@ -12,11 +12,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
+import test_service
 from conftest import SRC
 from gpuwarden import config
+
+server = test_service.server  # the real queue service, as its tests get it
+open_dir = test_service.open_dir
 
 # Report the modules loaded once the command is done (for `run`: after the job).
 PROBE = """
@@ -38,8 +43,8 @@ UNNEEDED = (
 )
 
 
-def loaded(*args: str) -> set[str]:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
+def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
+    env = dict(os.environ, PYTHONPATH=str(SRC), **(env or {}))
     out = subprocess.run(
         [sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=60
     )
@@ -223,3 +228,19 @@ def test_a_loaded_ctypes_util_is_left_as_it_is() -> None:
     real = sys.modules["ctypes.util"]
     assert without_ctypes_util(lambda: sys.modules["ctypes.util"]) is real
     assert sys.modules["ctypes.util"] is real is ctypes.util
+
+
+def test_run_through_the_service_loads_nothing_of_choosing_or_leasing(
+    server: test_service.Server,
+) -> None:
+    """With a queue service the service chooses, leases and starts: `run` only asks it
+    and waits, so NVML, the lease and selection code and the typing of the service's
+    own modules stay off its start-up."""
+    env = {"GPUWARDEN_SOCKET": server.socket}
+    modules = loaded("run", "-g", "1", "--", "true", env=env)
+    assert "gpuwarden.service.client" in modules  # it did go through the service
+    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.inventory", "gpuwarden.allocation"}
+    unneeded |= {"gpuwarden.leases", "gpuwarden.health", "gpuwarden.jobs", "gpuwarden.sim.library"}
+    if sys.version_info < (3, 12):
+        unneeded |= {"inspect", "copy", "ast", "dis"}
+    assert not modules & unneeded, sorted(modules & unneeded)

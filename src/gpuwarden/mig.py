@@ -9,7 +9,9 @@ functions over a `Snapshot`, like `gpuwarden.selection`.
 
 from __future__ import annotations
 
-from gpuwarden.inventory import Gpu, Snapshot
+TYPE_CHECKING = False  # the snapshot types name annotations only: inventory stays unloaded
+if TYPE_CHECKING:
+    from gpuwarden.inventory import Gpu, Snapshot
 
 
 def is_mig(gpu: Gpu) -> bool:

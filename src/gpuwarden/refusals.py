@@ -10,13 +10,14 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 
-from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.mig import is_mig
 from gpuwarden.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
+
+    from gpuwarden.inventory import Gpu, Snapshot
 
 # Kinds of "never fits" reasons: outside the request's scope, unhealthy or drained,
 # or filtered out by the request.

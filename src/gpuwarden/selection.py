@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from gpuwarden.errors import UserError
-from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.mig import devices, is_mig
 from gpuwarden.records import field, record
 from gpuwarden.refusals import (
@@ -44,6 +43,8 @@ from gpuwarden.units import format_size
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any, Optional, Union
+
+    from gpuwarden.inventory import Gpu, Snapshot
 
 # Kinds of "can never serve", used to word the never-fits message.
 # How a GPU someone else computes on is passed over, and how to accept one anyway.

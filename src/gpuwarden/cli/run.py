@@ -155,9 +155,7 @@ def _start(
 ) -> tuple[Any, Any]:
     """(the started job, or the exit code when none was started; the lease held for it,
     or None)."""
-    from gpuwarden import jobs, launch
     from gpuwarden.cli import filters
-    from gpuwarden.cli.waiting import take
 
     cmd = _command(args)
     if args.nproc is not None and not args.ddp:
@@ -186,6 +184,9 @@ def _start(
             f"--time needs the queue service (none answers at {service}) or --slurm; "
             "without them a job runs until it ends"
         )
+    # Only the direct path chooses, leases and launches here (not through the service).
+    from gpuwarden import jobs, launch
+    from gpuwarden.cli.waiting import take
 
     devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
     if not args.dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
@@ -230,6 +231,8 @@ def _start(
         raise
 
     def confine() -> None:
+        if not isolation:
+            return
         from gpuwarden.cgroups import confine
 
         for cgroup in isolation:

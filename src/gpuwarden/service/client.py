@@ -13,10 +13,13 @@ import errno
 import os
 import socket
 import sys
-from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol
+
+TYPE_CHECKING = False  # typing stays off the start-up path of `run` through the service
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 

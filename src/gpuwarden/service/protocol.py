@@ -15,10 +15,15 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 from gpuwarden.errors import UserError
+from gpuwarden.records import record
+
+TYPE_CHECKING = False  # typing stays off a client's start-up path (`run` through the service)
+if TYPE_CHECKING:
+    from typing import Any, Callable, NoReturn, Optional, TypeVar
+
+    T = TypeVar("T")
 
 VERSION = 1
 MAX_MESSAGE = 1 << 20  # a submit carries an environment: generous, but bounded
@@ -146,9 +151,6 @@ def _number(value: object, name: str, low: float, high: float, open_low: bool = 
     return float(value)
 
 
-T = TypeVar("T")
-
-
 def _optional(value: object, check: Callable[..., T], *args: Any) -> Optional[T]:
     return None if value is None else check(value, *args)
 
@@ -173,7 +175,7 @@ def job_ids(value: object, name: str = "jobs") -> tuple[int, ...]:
 # --- submit --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class GpuRequest:
     """What the job asks of the GPUs (the fields of selection.Request)."""
 
@@ -187,8 +189,10 @@ class GpuRequest:
     mem: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@record
 class Submit:
+    """A validated `submit` (or attached `run`) request: what the service journals."""
+
     argv: tuple[str, ...]
     cwd: str
     env: Mapping[str, str]

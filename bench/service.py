@@ -23,6 +23,9 @@ stopped at the end. Measured, for each system:
   path). From the first submit to the last job's end, minus the ideal N/4 x 50 ms.
 - idle CPU: utime+stime of the service (and of slurmctld) over `--idle` seconds with
   nothing queued (target for the service: < 0.5% of a core).
+- attached run (the service only): `gpuwarden run -g 1 -- true` through the service,
+  the same command on the direct path, and `python -c pass`, in turn round after
+  round (target: through the service <= 40 ms over `python -c pass`).
 
 Slurm runs twice: with its default SchedulerParameters (sched_interval=60,
 batch_sched_delay=3, default_queue_depth=100, bf_interval=30, ...), and tuned for
@@ -330,6 +333,47 @@ def makespan(q: Any, work: Path, n: int) -> tuple[float, float]:
     return span, span - n / GPUS * JOB_SECONDS
 
 
+def attached_run(q: GpuwardenQueue, work: Path, rounds: int) -> dict[str, float]:
+    """Median wall ms of `python -c pass`, `gpuwarden run -g 1 -- true` through the
+    service, and the same command on the direct path (no service at its socket), run
+    in turn round after round so that load hits them alike."""
+    gw = shutil.which("gpuwarden", path=str(Path(sys.executable).parent))
+    entry = [gw] if gw else [sys.executable, "-m", "gpuwarden"]
+    env = dict(
+        os.environ,
+        PYTHONPATH=SRC,
+        GPUWARDEN_SIM=SPEC,
+        GPUWARDEN_SIM_STATE=str(work / "sim-direct"),
+        GPUWARDEN_LEASE_DIR=str(work / "leases-direct"),
+        GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"),
+        XDG_CONFIG_HOME=str(work / "xdg"),
+    )
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gpuwarden has its bytecode
+    cases = {
+        "python -c pass": ([sys.executable, "-c", "pass"], env),
+        "run via the service": (
+            [*entry, "run", "-g", "1", "--", "true"],
+            dict(env, GPUWARDEN_SOCKET=q.socket),
+        ),
+        "run, direct": (
+            [*entry, "run", "-g", "1", "--", "true"],
+            dict(env, GPUWARDEN_SOCKET=str(work / "no-service.sock")),
+        ),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for warm in (True, False):
+        for _ in range(1 if warm else rounds):
+            for name, (argv, case_env) in cases.items():
+                t0 = time.perf_counter()
+                done = subprocess.run(argv, env=case_env, capture_output=True, cwd=work)
+                elapsed = (time.perf_counter() - t0) * 1000
+                if done.returncode != 0:
+                    raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-400:]!r}")
+                if not warm:
+                    times[name].append(elapsed)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -346,6 +390,22 @@ def measure(q: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     ftn = free_to_next(q, work, args.rounds) if args.rounds else [math.nan]
     result["ftn"] = (statistics.median(ftn), pct(ftn, 0.99))
     print("   free-to-next-start p50 {:.1f} ms, p99 {:.1f} ms".format(*result["ftn"]), flush=True)
+    if args.rounds and isinstance(q, GpuwardenQueue):
+        med = attached_run(q, work, args.rounds)
+        result["attached"] = med
+        py = med["python -c pass"]
+        print(
+            "   `run -g 1 -- true` through the service {:.1f} ms, direct {:.1f} ms, "
+            "`python -c pass` {:.1f} ms: the service's adds {:+.1f} ms (target <= 40), "
+            "the direct path's {:+.1f} ms".format(
+                med["run via the service"],
+                med["run, direct"],
+                py,
+                med["run via the service"] - py,
+                med["run, direct"] - py,
+            ),
+            flush=True,
+        )
     if args.jobs:
         result["makespan"] = makespan(q, work, args.jobs)
         print(

@@ -1,5 +1,5 @@
 """`python -m gpuwarden` is the same as the `gpuwarden` console script."""
 
-from gpuwarden.cli import main
+from gpuwarden.cli import console
 
-raise SystemExit(main())
+console()

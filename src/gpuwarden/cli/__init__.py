@@ -216,6 +216,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def console() -> None:
+    """The `gpuwarden` command (and `python -m gpuwarden`): `main`, then the exit.
+
+    When `main` returns, the command's work is done: files written and closed, leases
+    released, the job reaped. Unwinding the interpreter (every module's objects freed
+    one by one) would only add time, ~3 ms to each `gpuwarden run` (docs/performance.md),
+    so the process flushes its output and ends there, unless something may still need
+    the normal exit: another thread, or modules that register exit handlers (logging,
+    used by the long-running commands; torch)."""
+    code = main()
+    threading = sys.modules.get("threading")
+    if (
+        (threading is None or threading.active_count() == 1)
+        and "logging" not in sys.modules
+        and "torch" not in sys.modules
+    ):
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed or broken stream: the normal exit copes
+            raise SystemExit(code) from None
+        os._exit(code & 0xFF)
+    raise SystemExit(code)
+
+
 def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
     """(the command's module, the parsed arguments), or (None, ...) when there is
     nothing to run (--version, no command). Exits as argparse does on help and errors."""

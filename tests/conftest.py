@@ -8,6 +8,7 @@ developer's real `~/.config/gpuwarden` or `/etc/gpuwarden` is never read.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,13 @@ from hypothesis import settings
 # that must be fast says so with its own assertion).
 settings.register_profile("gpuwarden", deadline=None)
 settings.load_profile("gpuwarden")
+
+# A suite started in the background of a non-interactive shell (`scripts/soak &`, a CI
+# step run with `&`) inherits SIGINT ignored, and an ignored signal stays ignored
+# across exec: every command a test interrupts with Ctrl-C would ignore it too. The
+# commands are tested as a terminal starts them, with the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"

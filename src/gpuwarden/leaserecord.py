@@ -10,7 +10,6 @@ Pure functions: nothing here touches a file.
 from __future__ import annotations
 
 import json
-import re
 
 from gpuwarden.records import record
 from gpuwarden.safefiles import printable
@@ -37,11 +36,11 @@ class LeaseInfo:
     index: Optional[int] = None  # nvidia-smi index when the lease was taken (presentation)
 
 
-UUID_RE = re.compile(
-    r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-)
-JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-HOLDER_RE = re.compile(rf"({UUID_RE.pattern})\.({JOB_RE.pattern})\{HOLDER_SUFFIX}")
+_UUID = r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_JOB = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+#: A holder file's name: (GPU UUID).(job).holder. A pattern, compiled (by `re`'s own
+#: cache) only when a directory holds a lease to read: an idle machine's run skips it.
+HOLDER_PATTERN = rf"({_UUID})\.({_JOB})\{HOLDER_SUFFIX}"
 
 
 def _number(value: object, lo: float, hi: float) -> bool:

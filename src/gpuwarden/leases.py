@@ -33,12 +33,13 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 
 from gpuwarden.errors import UserError
 from gpuwarden.leasedir import LeaseDir, check_dir
-from gpuwarden.leaserecord import HOLDER_RE, HOLDER_SUFFIX, LeaseInfo, parse_record, unreadable
+from gpuwarden.leaserecord import HOLDER_PATTERN, HOLDER_SUFFIX, LeaseInfo, parse_record, unreadable
 from gpuwarden.safefiles import (
     MAX_RECORD,
     TMP_SUFFIX,
@@ -160,7 +161,7 @@ def scan(
             elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
                 tidy.append(name)
             continue
-        m = HOLDER_RE.fullmatch(name)
+        m = re.fullmatch(HOLDER_PATTERN, name)
         if m is None:
             continue
         read += 1

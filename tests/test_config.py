@@ -494,3 +494,15 @@ def test_group_write_counts_only_when_someone_else_is_in_the_group(
     cfg, err = refused_load(capsys)
     assert cfg.get("health.hook") is None
     assert "the file is writable by others (mode 0664)" in err
+
+
+def test_a_reused_block_reads_the_configuration_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "2")
+    with config.reused():
+        first = config.load()
+        monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "3")  # seen by the next block only
+        assert config.load() is first and first.get("run.count") == 2
+        assert config.load({"run.count": "4"}).get("run.count") == 4  # arguments: read
+    assert config.load() is not first and config.load().get("run.count") == 3

@@ -136,7 +136,7 @@ def test_reading_for_a_choice_skips_only_what_no_choice_uses(sim):
         "persistence_mode",
         "compute_mode",
     )
-    assert any(getattr(g, "temperature") is not None for g in full.gpus)
+    assert any(g.temperature is not None for g in full.gpus)
     for a, b in zip(full.gpus, lean.gpus):
         assert all(getattr(b, name) is None for name in shown_only)
         # Everything else (health, memory, processes, MIG) is read as fully as before.

@@ -544,3 +544,27 @@ def test_run_waits_says_why_and_gives_up_after_its_timeout(server: Server) -> No
     assert "waits: Resources" in waited.stderr and "gave up" in waited.stderr
     assert 2.5 < took < 20
     server.call(None, "cancel", jobs=[blocker])
+
+
+def test_an_ended_jobs_records_go_once_its_end_is_committed_and_after_a_kill(
+    server: Server,
+) -> None:
+    alice = make_user("alice", groups=("lab",))
+    first = submit(server, alice, ["true"])
+    assert server.wait_state(first, ("COMPLETED",))["exit_code"] == 0
+    exits = Path(server.state) / "jobs"
+    mine = lambda job_id: sorted(p.name for p in exits.glob(f"{job_id}.*"))  # noqa: E731
+    deadline = time.monotonic() + 10
+    while mine(first) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mine(first) == []
+    # A service killed between a job's end and the removal leaves them: a restart removes
+    # them, and the records of a job still running stay.
+    second = submit(server, alice, ["sleep", "30"])
+    server.wait_state(second, ("RUNNING",))
+    server.kill()
+    for suffix in (".exit", ".started"):
+        (exits / f"{first}{suffix}").write_text("{}")
+    server.start()
+    assert server.job(second)["state"] == "RUNNING"  # answered: recovery is over
+    assert mine(first) == [] and f"{second}.started" in mine(second)

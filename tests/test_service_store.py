@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwarden.service import store as s
 
@@ -73,3 +75,48 @@ def test_usage_is_charged_and_decays(tmp_path: Path) -> None:
     store.charge("alice", 800.0, now=7 * DAY, half_life=7 * DAY)
     assert store.usage(7 * DAY, 7 * DAY)["alice"] == pytest.approx(4400.0)
     assert store.usage(14 * DAY, 7 * DAY)["alice"] == pytest.approx(2200.0)
+
+
+STATES = (*s.ACTIVE, *s.ENDED)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from(STATES), st.booleans()),
+        st.tuples(st.just("update"), st.integers(1, 8), st.sampled_from(STATES)),
+        st.tuples(st.just("update-rolled-back"), st.integers(1, 8), st.sampled_from(STATES)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60)
+@given(steps)
+def test_the_active_jobs_kept_in_memory_are_what_the_journal_holds(
+    tmp_path_factory: pytest.TempPathFactory, script: list[tuple[object, ...]]
+) -> None:
+    path = str(tmp_path_factory.mktemp("db") / "state.db")
+    store = s.Store(path)
+    store.jobs()  # the in-memory copy is made first, then kept up to date
+    for op, a, b in script:
+        if op == "add":
+            store.add(job(state=a, held=b, after=[1, 2]))
+        elif op == "update":
+            store.update(int(a), state=b, gpus=["GPU-1"], held=1)  # type: ignore[call-overload]
+        else:
+            with pytest.raises(RuntimeError), store.transaction():
+                store.update(int(a), state=b, reason="never")  # type: ignore[call-overload]
+                raise RuntimeError("rolled back")
+    fresh = s.Store(path)  # reads every row from disk
+    for states in (s.ACTIVE, (s.PENDING,), (s.STARTING, s.RUNNING)):
+        assert store.jobs(states) == fresh.jobs(states)
+    for job_id in range(1, 9):
+        assert store.get(job_id) == fresh.get(job_id)
+    store.close()
+    fresh.close()
+
+
+def test_states_of_named_jobs_however_old(tmp_path: Path) -> None:
+    store = s.Store(str(tmp_path / "state.db"))
+    ids = [store.add(job(state=s.COMPLETED)).id for _ in range(1200)]
+    store.update(ids[0], state=s.FAILED)
+    assert store.states([ids[0], ids[-1], 99999]) == {ids[0]: s.FAILED, ids[-1]: s.COMPLETED}
+    assert len(store.states(ids)) == 1200  # more ids than SQLite takes in one statement

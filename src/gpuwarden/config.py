@@ -215,6 +215,23 @@ def _suggest(key: str) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+# While a `reused()` block runs: its one reading of the configuration in force.
+_REUSED: list[Config | None] = []
+
+
+class reused:
+    """A block in which `load()` (no arguments: the configuration in force) reads the
+    files and variables once. The queue service plans and starts a job through code
+    that asks for the configuration in several places (state and lease directories,
+    health rules); within one such step they all see the same reading, taken once."""
+
+    def __enter__(self) -> None:
+        _REUSED.append(None)
+
+    def __exit__(self, *exc: object) -> None:
+        _REUSED.pop()
+
+
 def load(
     cli: Mapping[str, object] | None = None,
     *,
@@ -224,6 +241,19 @@ def load(
     """Effective settings. `cli` maps dotted keys to command-line values; None values
     (options not given) are ignored. Raises UserError for a broken file, unknown key,
     wrong type or bad variable."""
+    if _REUSED and cli is None and environ is None and cwd is None:
+        reading = _REUSED[-1]
+        if reading is None:
+            reading = _REUSED[-1] = _load(None, None, None)
+        return reading
+    return _load(cli, environ, cwd)
+
+
+def _load(
+    cli: Mapping[str, object] | None,
+    environ: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+) -> Config:
     env = os.environ if environ is None else environ
     values: dict[str, tuple[Any, str]] = {k.name: (k.default, "default") for k in SCHEMA}
     files = []

@@ -41,6 +41,7 @@ class Lifecycle:
     selector: selectors.BaseSelector
     watched: dict[int, int]
     termed: dict[int, float]
+    litter: list[str]  # files of ended jobs, removed after the next start
     notifier: JobNotifier
     memory: dict[str, int]
     indices: dict[str, int]
@@ -93,7 +94,23 @@ class Lifecycle:
                     job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
                 )
         self.sweep_cgroups()
+        self._litter_of_ended_jobs()
         self.dirty = True
+
+    def _litter_of_ended_jobs(self) -> None:
+        """Exit records and markers of jobs the journal has ended (a service killed
+        before `remove_litter` leaves them): removed."""
+        active = {str(j.id) for j in self.store.jobs(store.ACTIVE)}
+        try:
+            names = os.listdir(self.exits)
+        except OSError:
+            return
+        for name in names:
+            job, dot, suffix = name.partition(".")
+            ours = dot and "." + suffix in (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX)
+            if ours and job.isdigit() and job not in active:
+                self.litter.append(os.path.join(self.exits, name))
+        self.remove_litter()
 
     # -- the job's cgroup: signals, usage, removal -----------------------------------------
 
@@ -205,7 +222,10 @@ class Lifecycle:
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
         self.indices = {g.uuid: g.index for g in snapshot.gpus}
         running = self.store.jobs([store.STARTING, store.RUNNING])
-        ended = {j.id: j.state == store.COMPLETED for j in self.store.jobs(store.ENDED, limit=5000)}
+        # Only the dependencies waiting jobs name: reading every ended job made each
+        # pass grow with the history.
+        named = self.store.states(a for j in pending for a in j.after)
+        ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
         gpus, busy, waiting = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
@@ -317,9 +337,11 @@ class Lifecycle:
                 self.settings.policy.half_life,
             )
         self.termed.pop(job.id, None)
-        for name in (spawn.exit_record_path, spawn.marker_path):
-            with contextlib.suppress(OSError):
-                os.unlink(name(self.exits, str(job.id)))
+        # Removed once the next jobs have started (`remove_litter`): not on the way from
+        # a freed GPU to the next start. A restart removes what a killed service left.
+        self.litter.extend(
+            name(self.exits, str(job.id)) for name in (spawn.exit_record_path, spawn.marker_path)
+        )
         self._ended_attached(job.id, ended)
         self.notifier.notify(
             {
@@ -339,6 +361,13 @@ class Lifecycle:
         )
         log.info("job %s ended: %s", job.id, state)
         self.dirty = True
+
+    def remove_litter(self) -> None:
+        """Remove the exit records and markers of jobs whose end is committed."""
+        for path in self.litter:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self.litter.clear()
 
     def _enforce_time_limits(self) -> None:
         now = time.time()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from gpuwarden import scheduling
+from gpuwarden import config, scheduling
 from gpuwarden.enforcement import Policy
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol, store
@@ -91,6 +91,7 @@ class Service(Requests, Lifecycle):
         self.selector = selectors.DefaultSelector()
         self.clients: dict[int, _Client] = {}
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        self.litter: list[str] = []
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
         self.listener: Optional[socket.socket] = None
         self.stopping = False
@@ -160,7 +161,9 @@ class Service(Requests, Lifecycle):
     def step(self, timeout: Optional[float] = None) -> None:
         """One turn of the loop: wait for events (at most a tick), handle them, plan."""
         if self.dirty:
-            self.schedule()
+            with config.reused():  # one reading of the configuration for the whole pass
+                self.schedule()
+            self.remove_litter()
         for key, mask in self.selector.select(self.settings.tick if timeout is None else timeout):
             kind, data = key.data
             if kind == "listen":
@@ -171,7 +174,8 @@ class Service(Requests, Lifecycle):
                 if mask & selectors.EVENT_READ and data.sock.fileno() in self.clients:
                     self._read(data)
             elif kind == "job":
-                self._ended(data)
+                with config.reused():
+                    self._ended(data)
         self._tick()
 
     # -- recovery ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
@@ -112,6 +112,20 @@ _BOOL = {"held", "attached", "wait"}
 _COLUMNS = [f.name for f in fields(Job)]  # one per table column
 
 
+def _normalised(job: Job) -> Job:
+    """A job as read back from its row: lists as tuples, flags as bools."""
+    changes: dict[str, Any] = {}
+    for name in _JSON:
+        value = getattr(job, name)
+        if isinstance(value, list):
+            changes[name] = tuple(value)
+    for name in _BOOL:
+        value = getattr(job, name)
+        if not isinstance(value, bool):
+            changes[name] = bool(value)
+    return replace(job, **changes) if changes else job
+
+
 def _row_to_job(row: sqlite3.Row) -> Job:
     values: dict[str, Any] = {}
     for name in _COLUMNS:
@@ -148,6 +162,10 @@ class Store:
             )
         if path != ":memory:":
             os.chmod(path, 0o600)
+        # The active jobs, kept in memory as they are written: the service plans over
+        # them on every pass, and reading and decoding every row each time made a pass
+        # grow with the queue (a long queue's makespan grew with its square).
+        self._active: Optional[dict[int, Job]] = None
 
     def close(self) -> None:
         self.db.close()
@@ -159,7 +177,18 @@ class Store:
         power cut but never to a crash of the service (WAL keeps every commit across a
         process kill): the reason a job waits, its pid once RUNNING (its supervisor's
         marker has it too). Whatever decides what runs is written durably."""
-        return _Transaction(self.db, durable)
+        return _Transaction(self.db, durable, self._forget)
+
+    def _forget(self) -> None:
+        """Drop the in-memory active jobs (after a rollback): read afresh when asked."""
+        self._active = None
+
+    def _actives(self) -> dict[int, Job]:
+        if self._active is None:
+            marks = ", ".join("?" for _ in ACTIVE)
+            query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id ASC"
+            self._active = {int(r["id"]): _row_to_job(r) for r in self.db.execute(query, ACTIVE)}
+        return self._active
 
     # -- jobs --------------------------------------------------------------------
 
@@ -178,7 +207,10 @@ class Store:
             cursor = self.db.execute(
                 f"INSERT INTO jobs ({names}) VALUES ({marks})", list(values.values())
             )
-        return replace(job, id=int(cursor.lastrowid or 0))
+            added = replace(job, id=int(cursor.lastrowid or 0))
+            if self._active is not None and added.state in ACTIVE:
+                self._active[added.id] = _normalised(added)
+        return added
 
     def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
         """Change columns of one job, committed before returning (see `transaction`)."""
@@ -196,20 +228,48 @@ class Store:
         sets = ", ".join(f"{k} = ?" for k in changes)
         with self.transaction(durable):
             self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*values, job_id])
+            if self._active is None:
+                return
+            known = self._active.get(job_id)
+            if known is None:
+                if changes.get("state") in ACTIVE:
+                    self._active = None  # an ended job made active again: read afresh
+                return
+            changed = _normalised(replace(known, **changes))
+            if changed.state in ACTIVE:
+                self._active[job_id] = changed
+            else:
+                del self._active[job_id]
 
     def get(self, job_id: int) -> Optional[Job]:
+        known = self._actives().get(job_id)
+        if known is not None:
+            return known
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else _row_to_job(row)
 
     def jobs(self, states: Iterable[str] = ACTIVE, limit: Optional[int] = None) -> list[Job]:
         """Jobs in the given states, oldest first (ended ones newest first, for history)."""
         states = tuple(states)
+        if limit is None and set(states) <= set(ACTIVE):
+            return [j for j in self._actives().values() if j.state in states]  # by id
         marks = ", ".join("?" for _ in states)
         order = "DESC" if set(states) <= set(ENDED) else "ASC"
         query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id {order}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
         return [_row_to_job(r) for r in self.db.execute(query, states)]
+
+    def states(self, ids: Iterable[int]) -> dict[int, str]:
+        """Job id -> state, for the ids that exist (a waiting job's dependencies)."""
+        wanted = sorted(set(ids))
+        found: dict[int, str] = {}
+        for start in range(0, len(wanted), 500):  # under SQLite's limit on parameters
+            chunk = wanted[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            query = f"SELECT id, state FROM jobs WHERE id IN ({marks})"
+            found.update((int(i), str(state)) for i, state in self.db.execute(query, chunk))
+        return found
 
     def count_active(self, uid: int) -> int:
         row = self.db.execute(
@@ -264,10 +324,16 @@ class Store:
 class _Transaction:
     """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on an exception); nests as a no-op."""
 
-    def __init__(self, db: sqlite3.Connection, durable: bool = True) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        durable: bool = True,
+        on_rollback: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.db = db
         self.durable = durable
         self.outer = False
+        self.on_rollback = on_rollback
 
     def __enter__(self) -> None:
         self.outer = not self.db.in_transaction
@@ -280,7 +346,13 @@ class _Transaction:
         if not self.outer:
             return
         try:
+            if kind is not None and self.on_rollback is not None:
+                self.on_rollback()  # what was kept in memory may not have happened
             self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+        except BaseException:
+            if self.on_rollback is not None:
+                self.on_rollback()  # a failed commit: nothing of it happened either
+            raise
         finally:
             if not self.durable:
                 self.db.execute("PRAGMA synchronous=FULL")

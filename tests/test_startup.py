@@ -38,7 +38,7 @@ raise SystemExit(main())
 # command modules other than the chosen one stay unimported too.
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
-    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging"),
+    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging", "gettext"),
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
 )
 
@@ -218,6 +218,35 @@ def test_nvidia_ml_py_loads_without_ctypes_util_and_leaves_no_stand_in() -> None
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+ARGPARSE_LOAD = """
+import sys
+from gpuwarden import cli
+assert "gettext" not in sys.modules and "locale" not in sys.modules, "loaded"
+parser = cli.argparse.ArgumentParser(prog="p")
+parser.add_argument("--n", type=int, required=True)
+assert "options:" in parser.format_help() or "optional arguments:" in parser.format_help()
+assert cli.argparse.ngettext("a", "b", 1) == "a" and cli.argparse.ngettext("a", "b", 2) == "b"
+import gettext
+assert hasattr(gettext, "translation") and "gettext" in sys.modules  # the real one
+try:
+    parser.parse_args([])
+except SystemExit:
+    pass
+"""
+
+
+def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    out = subprocess.run(
+        [sys.executable, "-c", ARGPARSE_LOAD], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        out.stderr.strip()
+        == "usage: p [-h] --n N\np: error: the following arguments are required: --n"
+    )
 
 
 def test_a_loaded_ctypes_util_is_left_as_it_is() -> None:

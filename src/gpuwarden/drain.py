@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -107,7 +106,7 @@ def _fields(data: object) -> tuple[str, float, bool]:
         at = float(at)
     except OverflowError:
         raise ValueError("field 'at' is not a time") from None
-    if not math.isfinite(at) or at < 0:
+    if not 0 <= at < float("inf"):  # NaN compares false too
         raise ValueError("field 'at' is not a time")
     auto = data.get("auto", False)
     if not isinstance(auto, bool):

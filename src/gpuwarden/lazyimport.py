@@ -1,4 +1,4 @@
-"""Importing `dataclasses` without the `inspect` and `copy` it loads and rarely uses.
+"""Importing `dataclasses` and `argparse` without what they load and gpuwarden never uses.
 
 On Python 3.9-3.11 `dataclasses` imports `inspect` (with `ast`, `dis`, `tokenize`)
 and `copy` at the top, but calls them only for a class without a docstring
@@ -10,6 +10,15 @@ and put it in `dataclasses`' globals; afterwards they are taken out of `sys.modu
 so any later `import inspect` (by anyone) gets the real module, as `nvmlload` does
 for `ctypes.util`. From Python 3.12 `dataclasses` uses `inspect` for every class:
 nothing is saved there, and nothing is done.
+
+`argparse` takes `gettext` and `ngettext` from `gettext` to translate its own words
+("usage:", "options", its error messages) through the message catalogs of the
+process's domain. gpuwarden ships no catalog and speaks English only, like the rest
+of its output, yet every parser built (two for each command) looked the catalogs up
+again, importing `gettext` and `locale` on the way: ~2 ms of every `gpuwarden run`.
+While `argparse` executes, `gettext` is a stand-in whose two functions return the
+English text (as gettext's own `NullTranslations` does); it leaves `sys.modules`
+right after, so `import gettext` elsewhere gets the real module.
 """
 
 from __future__ import annotations
@@ -51,3 +60,31 @@ def import_dataclasses() -> ModuleType:
             if sys.modules.get(name) is stand_in:
                 del sys.modules[name]
     return dataclasses
+
+
+class _English(ModuleType):
+    """`gettext` while `argparse` imports it: the text as written (NullTranslations')."""
+
+    @staticmethod
+    def gettext(message: str) -> str:
+        return message
+
+    @staticmethod
+    def ngettext(singular: str, plural: str, n: int) -> str:
+        return singular if n == 1 else plural
+
+
+def import_argparse() -> ModuleType:
+    """The `argparse` module, imported with its own words untranslated when it is not
+    loaded yet (see the module docstring)."""
+    if "argparse" in sys.modules or "gettext" in sys.modules:
+        import argparse
+
+        return argparse
+    stand_in = sys.modules["gettext"] = _English("gettext")
+    try:
+        import argparse
+    finally:
+        if sys.modules.get("gettext") is stand_in:
+            del sys.modules["gettext"]
+    return argparse

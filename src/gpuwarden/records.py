@@ -43,35 +43,35 @@ if TYPE_CHECKING:
     T = TypeVar("T")
 
 _MISSING = dataclasses.MISSING
-_set = object.__setattr__
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     cls = type(self)
-    fields = cls.__record_init__
-    if len(args) > len(fields):
+    plan = cls.__record_plan__  # (name, default, default_factory) per init field
+    if len(args) > len(plan):
         raise TypeError(
-            f"{cls.__qualname__}.__init__() takes {len(fields) + 1} positional arguments "
+            f"{cls.__qualname__}.__init__() takes {len(plan) + 1} positional arguments "
             f"but {len(args) + 1} were given"
         )
-    values = dict(zip((f.name for f in fields), args))
-    for name, value in kwargs.items():
-        if name in values:
-            raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for {name!r}")
+    # Straight into the instance's dict, as a frozen dataclass's own __init__ does
+    # through object.__setattr__, one call per field fewer.
+    values = self.__dict__
+    for (name, _, _), value in zip(plan, args):
         values[name] = value
     missing = []
-    for field in fields:
-        name = field.name
-        if name in values:
-            _set(self, name, values.pop(name))
-        elif field.default is not _MISSING:
-            _set(self, name, field.default)
-        elif field.default_factory is not _MISSING:
-            _set(self, name, field.default_factory())
+    for name, default, factory in plan[len(args) :]:
+        if name in kwargs:
+            values[name] = kwargs.pop(name)
+        elif default is not _MISSING:
+            values[name] = default
+        elif factory is not _MISSING:
+            values[name] = factory()
         else:
             missing.append(repr(name))
-    if values:
-        name = next(iter(values))
+    if kwargs:
+        name = next(iter(kwargs))
+        if any(name == given for given, _, _ in plan[: len(args)]):
+            raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for {name!r}")
         raise TypeError(
             f"{cls.__qualname__}.__init__() got an unexpected keyword argument {name!r}"
         )
@@ -171,6 +171,7 @@ def _record(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__qualname__}: a record has no keyword-only fields")
     # The shared methods read these; a class of any shape gets them, hence `made: Any`.
     made.__record_init__ = tuple(f for f in fields if f.init)
+    made.__record_plan__ = tuple((f.name, f.default, f.default_factory) for f in fields if f.init)
     made.__record_repr__ = tuple(f.name for f in fields if f.repr)
     made.__record_compare__ = tuple(f.name for f in fields if f.compare)
     hashed = (f for f in fields if (f.compare if f.hash is None else f.hash))

@@ -7,7 +7,6 @@ which order) and this module as its explanation; both are pure.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping
 
 from gpuwarden.mig import is_mig
@@ -45,6 +44,8 @@ def model_matches(name: Optional[str], pattern: str) -> bool:
         return False
     low, pat = name.lower(), pattern.lower()
     if any(c in pat for c in "*?["):
+        import fnmatch  # only for a glob: run without --model never needs it
+
         return fnmatch.fnmatchcase(low, pat)
     return pat in low
 

@@ -356,7 +356,7 @@ def _boot_time() -> float:
     would otherwise pay every time (docs/performance.md).
     """
     try:
-        with open("/proc/stat", encoding="ascii") as stat:
+        with open("/proc/stat", encoding="utf-8", errors="replace") as stat:
             for line in stat:
                 if line.startswith("btime "):
                     return float(line.split()[1])

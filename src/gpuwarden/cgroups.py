@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 
 from gpuwarden.errors import UserError
 
@@ -55,7 +54,7 @@ GROUP = "gpuwarden"
 ACCOUNTING = ("cpuacct", "memory")
 DEVICES = ("devices", "")  # the v1 controller, or the v2 hierarchy (a BPF program)
 MODES = ("none", "cgroup-v1", "cgroup-v2-bpf", "systemd")
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 
 class CgroupError(UserError):
@@ -87,15 +86,20 @@ def cgroup_name(pid: int, token: str) -> str:
     """The job cgroup's directory name: the wrapper's pid first, so that a cgroup whose
     wrapper died (SIGKILL) can be recognised and removed once it is empty."""
     name = f"run-{pid}-{token}"
-    if not _NAME.fullmatch(name):
+    if not 1 <= len(name) <= 64 or not _NAME_CHARS.issuperset(name):
         raise ValueError(f"bad cgroup name {name!r}")
     return name
 
 
 def owner_pid(name: str) -> Optional[int]:
     """The wrapper pid in a name made by `cgroup_name`; None for any other name."""
-    match = re.fullmatch(r"run-(\d+)-[0-9a-f]+", name)
-    return int(match.group(1)) if match else None
+    # run-PID-TOKEN; str tests, not a pattern: a root `run` checks every name in the
+    # parent, and compiling one would cost it more than all of them.
+    kind, _, rest = name.partition("-")
+    pid, _, token = rest.partition("-")
+    if kind != "run" or not (pid.isascii() and pid.isdigit()) or not token:
+        return None
+    return int(pid) if all(c in "0123456789abcdef" for c in token) else None
 
 
 def own_paths(proc_cgroup: str) -> dict[str, str]:
@@ -217,7 +221,7 @@ def present_minors(gpus: Iterable[Any] = (), dev: str = "/dev") -> set[int]:
     except OSError:
         names = []
     for name in names:
-        if re.fullmatch(r"nvidia\d+", name):
+        if name.startswith("nvidia") and name[6:].isascii() and name[6:].isdigit():
             try:
                 st = os.stat(os.path.join(dev, name))
             except OSError:

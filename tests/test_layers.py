@@ -51,7 +51,16 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "machine",
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
-        ("inventory", "nvmlload", "sim.*", "cgroups", "devbpf", "accounting", "ancestry"),
+        (
+            "inventory",
+            "topology",
+            "nvmlload",
+            "sim.*",
+            "cgroups",
+            "devbpf",
+            "accounting",
+            "ancestry",
+        ),
     ),
     (
         "policy",

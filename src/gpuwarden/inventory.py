@@ -306,7 +306,10 @@ def _read(
     topo: dict[tuple[int, int], int] = {}
     links: dict[tuple[int, int], int] = {}
     if topology:
-        topo, links = _read_topology(nv, r, handles, gpus)
+        from gpuwarden.topology import read_topology  # n^2 calls: only when asked for
+
+        bus_ids = {g.index: g.pci_bus_id for g in gpus if g.pci_bus_id}
+        topo, links = read_topology(nv, r.get, handles, bus_ids)
     return Snapshot(
         taken_at=now,
         hostname=hostname,
@@ -492,44 +495,3 @@ def _owner(pid: int) -> tuple[Optional[str], Optional[str]]:
         return user, " ".join(cmdline) if cmdline else proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError, OSError):
         return None, None
-
-
-def _read_topology(
-    nv: Any, r: _Reader, handles: dict[int, Any], gpus: list[Gpu]
-) -> tuple[dict, dict]:
-    topo: dict[tuple[int, int], int] = {}
-    indices = sorted(handles)
-    for a_pos, a in enumerate(indices):
-        for b in indices[a_pos + 1 :]:
-            level = r.get("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
-            if level is not None:
-                topo[(a, b)] = int(level)
-    # NVLink: links to another GPU join that pair; links to an NVSwitch join every pair
-    # of GPUs on the switch fabric (by the smaller number of switch links of the two).
-    bus_to_index = {g.pci_bus_id.upper(): g.index for g in gpus if g.pci_bus_id}
-    direct: dict[tuple[int, int], int] = {}
-    switched: dict[int, int] = {}
-    max_links = getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)
-    for i in indices:
-        for link in range(max_links):
-            try:
-                active = nv.nvmlDeviceGetNvLinkState(handles[i], link)
-            except nv.NVMLError:
-                break
-            if not active:
-                continue
-            kind = r.get("nvmlDeviceGetNvLinkRemoteDeviceType", handles[i], link)
-            if kind == getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
-                switched[i] = switched.get(i, 0) + 1
-                continue
-            pci = r.get("nvmlDeviceGetNvLinkRemotePciInfo", handles[i], link)
-            other = bus_to_index.get(_text(pci.busId).upper()) if pci is not None else None
-            if other is not None and other != i:
-                key = (min(i, other), max(i, other))
-                direct[key] = direct.get(key, 0) + 1
-    links = {k: (v + 1) // 2 for k, v in direct.items()}  # each link is seen from both ends
-    fabric = sorted(switched)
-    for a_pos, a in enumerate(fabric):
-        for b in fabric[a_pos + 1 :]:
-            links[(a, b)] = min(switched[a], switched[b])
-    return topo, links

@@ -102,6 +102,17 @@ def idle_cpu(pid: int, seconds: float) -> float:
     return 100.0 * (cpu_ticks(pid) - c0) / hz / (time.monotonic() - t0)
 
 
+def sim_env(work: Path, tag: str = "") -> dict[str, str]:
+    """This tree's gpuwarden on the simulated four A100s, with its own state in `work`."""
+    return dict(
+        os.environ,
+        PYTHONPATH=SRC,
+        GPUWARDEN_SIM=SPEC,
+        GPUWARDEN_SIM_STATE=str(work / f"sim{tag}"),
+        GPUWARDEN_LEASE_DIR=str(work / f"leases{tag}"),
+    )
+
+
 # --- the two systems, behind one small interface --------------------------------------
 
 
@@ -111,13 +122,7 @@ class GpuwardenQueue:
     def __init__(self, work: Path, profile: Optional[str] = None) -> None:
         self.work = work
         self.socket = str(work / "gw.sock")
-        env = dict(
-            os.environ,
-            PYTHONPATH=SRC,
-            GPUWARDEN_SIM=SPEC,
-            GPUWARDEN_SIM_STATE=str(work / "sim"),
-            GPUWARDEN_LEASE_DIR=str(work / "leases"),
-        )
+        env = sim_env(work)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -339,15 +344,8 @@ def attached_run(q: GpuwardenQueue, work: Path, rounds: int) -> dict[str, float]
     in turn round after round so that load hits them alike."""
     gw = shutil.which("gpuwarden", path=str(Path(sys.executable).parent))
     entry = [gw] if gw else [sys.executable, "-m", "gpuwarden"]
-    env = dict(
-        os.environ,
-        PYTHONPATH=SRC,
-        GPUWARDEN_SIM=SPEC,
-        GPUWARDEN_SIM_STATE=str(work / "sim-direct"),
-        GPUWARDEN_LEASE_DIR=str(work / "leases-direct"),
-        GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"),
-        XDG_CONFIG_HOME=str(work / "xdg"),
-    )
+    env = sim_env(work, "-direct")
+    env.update(GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"), XDG_CONFIG_HOME=str(work / "xdg"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gpuwarden has its bytecode
     cases = {
         "python -c pass": ([sys.executable, "-c", "pass"], env),

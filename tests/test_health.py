@@ -12,11 +12,11 @@ from typing import ClassVar
 import pytest
 
 from gpuwarden import health, xidlog, xids
+from gpuwarden.alerts import Notifier
 from gpuwarden.errors import UserError
 from gpuwarden.health import FATAL, OK, WARNING, Rules, judge, level
 from gpuwarden.healthwatch import (
     HealthWatch,
-    Notifier,
     WatchSettings,
     parse_hook,
     parse_webhook,

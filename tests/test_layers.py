@@ -94,6 +94,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "launch",
             "joboutput",
             "healthwatch",
+            "alerts",
             "enforcer",
             "record",
             "plot",

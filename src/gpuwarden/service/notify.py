@@ -3,7 +3,7 @@
 The service forks its supervisors, and a process that forks must not run
 threads (a child could inherit a lock held by one and hang). So notifications
 go to a helper process forked once, before any thread exists, which reads one
-JSON event per line from a pipe and sends them (healthwatch's Notifier posts the
+JSON event per line from a pipe and sends them (gpuwarden.alerts' Notifier posts the
 webhook; `sendmail -t` delivers the mail). The service never waits for it: a
 full pipe drops the event with a log line.
 """
@@ -94,7 +94,7 @@ class JobNotifier:
             self.pid = None
 
     def _serve(self, fd: int) -> None:
-        from gpuwarden.healthwatch import Notifier
+        from gpuwarden.alerts import Notifier
 
         poster = Notifier(webhook=self.webhook, log=lambda line: log.warning("%s", line))
         with os.fdopen(fd, "rb") as events:

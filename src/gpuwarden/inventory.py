@@ -144,7 +144,7 @@ _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Excl
 NO_DRIVER = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable); CPU only"
 
 
-def load_nvml():  # -> ModuleType
+def load_nvml() -> Any:
     """The pynvml-like module to read: the simulator's when GPUWARDEN_SIM is set, else
     nvidia-ml-py's `pynvml`. Raises ImportError when neither can be had."""
     if os.environ.get("GPUWARDEN_SIM"):
@@ -211,7 +211,7 @@ class _Reader:
 
 
 def read_snapshot(
-    nvml=None, *, processes: bool = True, topology: bool = False, detail: bool = True
+    nvml: Any = None, *, processes: bool = True, topology: bool = False, detail: bool = True
 ) -> Snapshot:
     """Read the machine once. `nvml` defaults to `load_nvml()`; never raises for
     hardware conditions (see the module docstring). Without `detail`, only what

@@ -46,7 +46,7 @@ def devices(snapshot: Snapshot) -> tuple[Gpu, ...]:
                     memory_total=total,
                     memory_used=used,
                     memory_free=None if total is None or used is None else max(0, total - used),
-                    utilization_gpu=None if computing else 0.0,
+                    utilization_gpu=None if computing else 0,
                     processes=procs,
                     mig_mode=False,
                     mig_instances=(),

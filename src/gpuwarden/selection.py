@@ -230,15 +230,15 @@ def choose(
         if reason:
             never[gpu.uuid] = reason
             continue
-        reason, free = busy_reason(
+        busy_why, free = busy_reason(
             gpu,
             request,
             leases_on.get(gpu.uuid, []) + (leases_on.get(own, []) if own != gpu.uuid else []),
             lease_pids,
             named_uuids is not None,
         )
-        if reason:
-            busy[gpu.uuid] = reason
+        if busy_why:
+            busy[gpu.uuid] = busy_why
         else:
             room[gpu.uuid] = free
 
@@ -337,17 +337,18 @@ def _best_set(
         group = [seed]
         rest = [g for g in ranked if g is not seed]
         while len(group) < count:
-            best = min(
-                rest,
-                key=lambda c, group=group: (
+
+            def joining_cost(c: Gpu, group: list[Gpu] = group, seed: Gpu = seed) -> tuple[Any, ...]:
+                return (
                     c.uuid in warned,
                     c.name != seed.name,
                     is_first(c),
                     max(_pair_cost(snapshot, c, g) for g in group),
                     sum(_pair_cost(snapshot, c, g) for g in group),
                     position[c.uuid],
-                ),
-            )
+                )
+
+            best = min(rest, key=joining_cost)
             group.append(best)
             rest.remove(best)
         options.append(group)

@@ -199,6 +199,8 @@ print("ok")
 
 
 def test_dataclasses_loads_without_inspect_and_leaves_no_stand_in() -> None:
+    if sys.version_info >= (3, 12):
+        pytest.skip("from Python 3.12 dataclasses uses inspect for every class: nothing deferred")
     env = dict(os.environ, PYTHONPATH=str(SRC))
     out = subprocess.run(
         [sys.executable, "-c", DATACLASSES_LOAD],

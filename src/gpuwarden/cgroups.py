@@ -239,7 +239,7 @@ def move_in(path: str, controller: str) -> None:
 
     In a v1 hierarchy the caller's own thread moves through `tasks` ("0" names the
     caller): the kernel then skips the lock a whole-process move takes, and with it a
-    wait for an RCU grace period (6-13 ms here, on every job's start and end). What
+    wait for an RCU grace period, on every job's start and end (docs/performance.md). What
     the thread starts afterwards is born in the cgroup. In v2 (`controller` "") a
     thread may only move inside a threaded subtree, so the whole process moves."""
     if controller:

@@ -15,7 +15,8 @@ nothing is saved there, and nothing is done.
 ("usage:", "options", its error messages) through the message catalogs of the
 process's domain. gpuwarden ships no catalog and speaks English only, like the rest
 of its output, yet every parser built (two for each command) looked the catalogs up
-again, importing `gettext` and `locale` on the way: ~2 ms of every `gpuwarden run`.
+again, importing `gettext` and `locale` on the way, for every `gpuwarden run`
+(docs/performance.md has the measurement).
 While `argparse` executes, `gettext` is a stand-in whose two functions return the
 English text (as gettext's own `NullTranslations` does); it leaves `sys.modules`
 right after, so `import gettext` elsewhere gets the real module.

@@ -225,7 +225,7 @@ def console() -> None:
 
     When `main` returns, the command's work is done: files written and closed, leases
     released, the job reaped. Unwinding the interpreter (every module's objects freed
-    one by one) would only add time, ~3 ms to each `gpuwarden run` (docs/performance.md),
+    one by one) would only add time to each `gpuwarden run` (docs/performance.md),
     so the process flushes its output and ends there, unless something may still need
     the normal exit: another thread, or modules that register exit handlers (logging,
     used by the long-running commands; torch)."""

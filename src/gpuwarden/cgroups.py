@@ -321,17 +321,24 @@ class Isolation:
         once empty)."""
         with contextlib.suppress(CgroupError):
             self.wait()
-        removed = True
-        for controller, path in self.dirs.items():
+        for controller in self.dirs:
             with contextlib.suppress(OSError):
                 move_in(self.home[controller], controller)
-            try:
-                _remove(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                removed = False
-        return removed
+        return remove_dirs(self.dirs)
+
+
+def remove_dirs(dirs: dict[str, str]) -> bool:
+    """rmdir a job's cgroups (each with the group a `run` inside it made); False when
+    one still holds a process (rmdir refuses that, so nothing live is touched)."""
+    removed = True
+    for path in dirs.values():
+        try:
+            _remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            removed = False
+    return removed
 
 
 def _job_dirs(name: str, mode: str) -> tuple[dict[str, str], dict[str, str]]:

@@ -25,6 +25,7 @@ from gpuwarden.cgroups import (
     deny_rules,
     detect,
     move_in,
+    remove_dirs,
 )
 
 TYPE_CHECKING = False
@@ -123,15 +124,7 @@ def join(dirs: dict[str, str]) -> None:
 
 def remove_job(dirs: dict[str, str]) -> bool:
     """rmdir a service job's cgroups; False when one still holds a process."""
-    removed = True
-    for path in dirs.values():
-        try:
-            _remove(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            removed = False
-    return removed
+    return remove_dirs(dirs)
 
 
 def service_jobs(scope: str, mode: Optional[str] = None) -> dict[str, dict[str, str]]:

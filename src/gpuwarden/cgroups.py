@@ -305,16 +305,6 @@ class Isolation:
             os.close(fd)
         self.confined = True
 
-    def pids(self) -> list[int]:
-        from gpuwarden.accounting import pids_in
-
-        return pids_in(self.dirs["devices" if "devices" in self.dirs else ""])
-
-    def usage(self) -> dict[str, Optional[int]]:
-        from gpuwarden.accounting import usage_of
-
-        return usage_of(self.dirs)
-
     def close(self) -> bool:
         """Leave the job's cgroups and remove them; False when one stays (a process the job
         started outlived it: it keeps the lease and stays confined; `sweep` removes it

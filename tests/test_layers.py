@@ -161,7 +161,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 
 # Known import circles (as sorted module tuples) -> why they are still here.
 KNOWN_CIRCLES: dict[tuple[str, ...], str] = {
-    ("web.model", "web.queue"): "the document's shared helpers move down out of web.model",
     (
         "service.lifecycle",
         "service.placing",

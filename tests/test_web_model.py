@@ -16,7 +16,9 @@ from gpuwarden.leases import LeaseInfo
 from gpuwarden.selection import Request
 from gpuwarden.waitline import Waiter
 from gpuwarden.web.history import History
-from gpuwarden.web.model import NO_QUEUE, TEXT_LIMIT, build, reserved
+from gpuwarden.web.model import build, reserved
+from gpuwarden.web.queue import NO_QUEUE
+from gpuwarden.web.values import TEXT_LIMIT
 
 SCHEMA = json.loads(
     (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()

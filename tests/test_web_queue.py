@@ -21,8 +21,8 @@ import jsonschema
 import pytest
 
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.web.model import NO_QUEUE, build
-from gpuwarden.web.queue import JOBS_SHOWN, NOT_ANSWERING, ask, section
+from gpuwarden.web.model import build
+from gpuwarden.web.queue import JOBS_SHOWN, NO_QUEUE, NOT_ANSWERING, ask, section
 from gpuwarden.web.server import Feed, serve
 
 SCHEMA = json.loads(

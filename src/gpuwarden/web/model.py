@@ -13,30 +13,15 @@ the admin asked for them (`web.show_commands`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot, dotted
+from gpuwarden.web.queue import merge_users, section
+from gpuwarden.web.values import finite, text, user_row
 
 API_VERSION = 1
-TEXT_LIMIT = 200  # characters kept of any string another user controls
 FAULTS_SHOWN = 20  # most recent XID events in the document
-NO_QUEUE = "no queue service on this machine"
-
-
-def text(value: object, limit: int = TEXT_LIMIT) -> str:
-    """Any value as bounded text (lease metadata may hold any JSON type)."""
-    out = value if isinstance(value, str) else ("" if value is None else str(value))
-    return out if len(out) <= limit else out[: limit - 1] + "…"
-
-
-def finite(value: object) -> Optional[float]:
-    """A number fit for JSON, or None: lease and wait-line files are written by their
-    holders, and Python's json reads NaN and Infinity, which JSON cannot carry."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _since(now: float, then: Optional[float]) -> Optional[float]:
@@ -95,8 +80,6 @@ def build(
     `fatal_xids` (default: the built-in list) marks the fault lines that are fatal;
     `service` is what `web.queue.ask()` got from the queue service (None: not asked).
     """
-    from gpuwarden.web.queue import merge_users, section
-
     drains = drains or {}
     findings = findings or {}
     history = history or {}
@@ -235,17 +218,7 @@ def _users(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     users: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
-        return users.setdefault(
-            name,
-            {
-                "user": name,
-                "leased_gpus": [],
-                "used_gpus": [],
-                "memory": 0,
-                "processes": 0,
-                "unreserved": 0,
-            },
-        )
+        return users.setdefault(name, user_row(name))
 
     for g in gpus:
         for lease in g["leases"]:

@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
-from gpuwarden.web.model import NO_QUEUE, finite, text
+from gpuwarden.web.values import finite, text, user_row
+
+NO_QUEUE = "no queue service on this machine"
 
 RUNNING_STATES = ("STARTING", "RUNNING")
 WAITING_STATES = ("PENDING",)
@@ -321,14 +323,7 @@ def merge_users(
             counts.setdefault(job["user"], {"running": 0, "waiting": 0})[key] += 1
     for name in [*shares, *counts]:
         if name not in by_name:
-            by_name[name] = {
-                "user": name,
-                "leased_gpus": [],
-                "used_gpus": [],
-                "memory": 0,
-                "processes": 0,
-                "unreserved": 0,
-            }
+            by_name[name] = user_row(name)
     out = []
     for name, row in by_name.items():
         figures = shares.get(name, {})

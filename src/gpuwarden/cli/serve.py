@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.service.identity import Admins
-    from gpuwarden.service.server import Service, Settings
+    from gpuwarden.service.server import Service
+    from gpuwarden.service.settings import Settings
     from gpuwarden.units import parse_duration
 
     if os.geteuid() != 0:

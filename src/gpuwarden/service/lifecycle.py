@@ -26,7 +26,7 @@ from gpuwarden.service import spawn, store
 from gpuwarden.service.notify import JobNotifier
 
 if TYPE_CHECKING:
-    from gpuwarden.service.server import Settings
+    from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
@@ -42,6 +42,7 @@ class Lifecycle:
     watched: dict[int, int]
     termed: dict[int, float]
     litter: list[str]  # files of ended jobs, removed after the next start
+    stdio: dict[int, list[int]]  # job id -> an attached client's stdin/out/err
     notifier: JobNotifier
     memory: dict[str, int]
     indices: dict[str, int]
@@ -157,7 +158,7 @@ class Lifecycle:
         if watch is None:
             from gpuwarden.service.watching import ServiceWatch
 
-            watch = self._watcher = ServiceWatch(self)  # type: ignore[arg-type]
+            watch = self._watcher = ServiceWatch(self)
         return watch
 
     def sweep_cgroups(self) -> None:

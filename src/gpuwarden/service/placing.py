@@ -21,7 +21,22 @@ from gpuwarden.service import spawn, store
 from gpuwarden.service.identity import person
 
 if TYPE_CHECKING:
-    from gpuwarden.service.server import Service, Settings
+    from typing import Protocol
+
+    from gpuwarden.service.settings import Settings
+
+    class Service(Protocol):
+        """What placing a job needs of the service (`server.Service` has it)."""
+
+        settings: Settings
+        store: store.Store
+        exits: str
+        dirty: bool
+        stdio: dict[int, list[int]]
+
+        def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
+
+        def release_stdio(self, job_id: int) -> None: ...
 
 
 def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]:

@@ -20,7 +20,8 @@ from gpuwarden.service import protocol, spawn, store
 from gpuwarden.service.identity import Person, person
 
 if TYPE_CHECKING:
-    from gpuwarden.service.server import Settings, _Client
+    from gpuwarden.service.connection import Connection
+    from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
@@ -32,7 +33,7 @@ WAIT_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
 class Requests:
     settings: Settings
     store: store.Store
-    attached: dict[int, _Client]
+    attached: dict[int, Connection]
     stdio: dict[int, list[int]]
     dirty: bool
     _priorities: dict[int, float]
@@ -48,7 +49,7 @@ class Requests:
         def watcher(self) -> ServiceWatch: ...
 
     def handle(
-        self, who: Person, message: Mapping[str, Any], client: Optional[_Client] = None
+        self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
         op = protocol.op_of(message)
         if op == "hello":
@@ -95,7 +96,7 @@ class Requests:
         raise protocol.ProtocolError(f"operation {op!r} is not served yet")
 
     def _submit(
-        self, who: Person, sub: protocol.Submit, client: Optional[_Client] = None
+        self, who: Person, sub: protocol.Submit, client: Optional[Connection] = None
     ) -> dict[str, Any]:
         s = self.settings
         stdio: list[int] = []

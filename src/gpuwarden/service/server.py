@@ -18,66 +18,22 @@ import signal
 import socket
 import stat
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from gpuwarden import config, scheduling
-from gpuwarden.enforcement import Policy
+from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol, store
-from gpuwarden.service.identity import Admins, Person, peer
+from gpuwarden.service.connection import Connection
+from gpuwarden.service.identity import peer
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.requests import Requests
+from gpuwarden.service.settings import Settings
 
 log = logging.getLogger("gpuwarden.serve")
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What `gpuwarden serve` is told by its configuration ([service] table)."""
-
-    socket: str
-    state_dir: str
-    lease_dir: Optional[str] = None
-    policy: scheduling.Policy = field(default_factory=scheduling.Policy)
-    admins: Admins = field(default_factory=Admins)
-    max_jobs_per_user: Optional[int] = None
-    max_time: Optional[float] = None
-    show_commands: bool = False
-    grace: float = 30.0  # SIGTERM to SIGKILL past a time limit
-    webhook: Optional[str] = None  # POSTed a JSON event when a job ends
-    sendmail: Optional[str] = None  # mails the owner when a job ends
-    devices: str = "auto"  # enforce.devices: a device cgroup per job (auto, off, require)
-    enforce: Policy = field(default_factory=Policy)  # the [enforce] policies it applies
-    enforce_every: float = 5.0  # enforce.poll_seconds
-    tick: float = 1.0
-    max_clients: int = 512
-    idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped
-
-
 MAX_PENDING = 64 << 20  # answers queued for one client before it is dropped
-
-
-@dataclass
-class _Client:
-    sock: socket.socket
-    who: Person
-    decoder: protocol.Decoder = field(default_factory=protocol.Decoder)
-    seen: float = field(default_factory=time.monotonic)
-    fds: list[int] = field(default_factory=list)  # descriptors passed with the last message
-    job: Optional[int] = None  # the attached job this connection waits for
-    out: bytearray = field(default_factory=bytearray)  # answers the client has yet to read
-    out_since: float = 0.0  # when `out` last stopped being empty
-
-    def take_fds(self) -> list[int]:
-        fds, self.fds = self.fds, []
-        return fds
-
-    def close_fds(self) -> None:
-        for fd in self.take_fds():
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 class Service(Requests, Lifecycle):
@@ -89,7 +45,7 @@ class Service(Requests, Lifecycle):
         os.makedirs(self.exits, mode=0o700, exist_ok=True)
         self.store = store.Store(os.path.join(settings.state_dir, "jobs.db"))
         self.selector = selectors.DefaultSelector()
-        self.clients: dict[int, _Client] = {}
+        self.clients: dict[int, Connection] = {}
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
         self.litter: list[str] = []
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -100,7 +56,7 @@ class Service(Requests, Lifecycle):
         self._estimates: dict[int, Optional[float]] = {}
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
         self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
-        self.attached: dict[int, _Client] = {}  # job id -> the client waiting on it
+        self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
 
@@ -202,11 +158,11 @@ class Service(Requests, Lifecycle):
                 sock.close()
                 continue
             sock.setblocking(False)
-            client = _Client(sock, who)
+            client = Connection(sock, who)
             self.clients[sock.fileno()] = client
             self.selector.register(sock, selectors.EVENT_READ, ("client", client))
 
-    def _read(self, client: _Client) -> None:
+    def _read(self, client: Connection) -> None:
         try:
             data, fds, _, _ = socket.recv_fds(client.sock, 65536, 3)
         except (BlockingIOError, InterruptedError):
@@ -235,7 +191,7 @@ class Service(Requests, Lifecycle):
                 reply = {"ok": False, "error": f"internal error: {type(err).__name__}"}
             self._send(client, reply)
 
-    def _send(self, client: _Client, reply: dict[str, Any]) -> None:
+    def _send(self, client: Connection, reply: dict[str, Any]) -> None:
         """Queue an answer and send what the socket takes now; the rest goes out as the
         client reads (the loop waits for the socket to be writable). A client that lets
         more than MAX_PENDING pile up, or reads nothing for idle_timeout, is dropped:
@@ -249,7 +205,7 @@ class Service(Requests, Lifecycle):
             return
         self._flush(client)
 
-    def _flush(self, client: _Client) -> None:
+    def _flush(self, client: Connection) -> None:
         try:
             while client.out:
                 sent = client.sock.send(client.out)
@@ -266,7 +222,7 @@ class Service(Requests, Lifecycle):
         with contextlib.suppress(KeyError, ValueError):
             self.selector.modify(client.sock, events, ("client", client))
 
-    def _drop(self, client: _Client) -> None:
+    def _drop(self, client: Connection) -> None:
         fd = client.sock.fileno()
         if fd in self.clients:
             del self.clients[fd]

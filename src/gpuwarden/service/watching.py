@@ -31,9 +31,21 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden.service import store
 
 if TYPE_CHECKING:
+    from typing import Callable, Protocol
+
     from gpuwarden.enforcement import Unleased
     from gpuwarden.enforcer import Action
-    from gpuwarden.service.server import Service
+    from gpuwarden.service.notify import JobNotifier
+    from gpuwarden.service.settings import Settings
+
+    class Service(Protocol):
+        """What the watch needs of the service (`server.Service` has it)."""
+
+        settings: Settings
+        store: store.Store
+        notifier: JobNotifier
+        read_snapshot: Callable[[], Any]
+
 
 log = logging.getLogger("gpuwarden.serve")
 

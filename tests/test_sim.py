@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.errors import UserError
-from gpuwarden.sim import Machine, specs
+from gpuwarden.sim import Machine, specparse, specs
 from gpuwarden.sim.fake import SHIM_DIR, module
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -284,16 +284,16 @@ def test_every_bundled_spec_parses():
 
 def test_parsed_spec_cache_equals_a_fresh_parse_and_follows_edits(tmp_path, monkeypatch):
     state = str(tmp_path / "state")
-    real_parse = specs.parse
+    real_parse = specparse.parse
     for name in specs.bundled():
         path = specs.spec_path(name)
-        fresh = specs.parse(path.read_text(encoding="utf-8"), path)
+        fresh = specparse.parse(path.read_text(encoding="utf-8"), path)
         monkeypatch.setattr(specs, "_CACHE", {})
         assert specs.load(name, state) == fresh  # parsed, then written
         monkeypatch.setattr(specs, "_CACHE", {})
-        monkeypatch.setattr(specs, "parse", None)  # a parse now would fail
+        monkeypatch.setattr(specparse, "parse", None)  # a parse now would fail
         assert specs.load(name, state) == fresh  # read back from the cache
-        monkeypatch.setattr(specs, "parse", real_parse)
+        monkeypatch.setattr(specparse, "parse", real_parse)
     path = _write(tmp_path, '[[gpu]]\nmodel = "T4"\n')
     monkeypatch.setattr(specs, "_CACHE", {})
     assert specs.load(path, state).gpus[0]["model"] == "T4"

@@ -1,0 +1,81 @@
+"""NVML's C calling convention, as the fake library speaks it.
+
+Return codes, the opaque device handles it hands out, and reading and writing the
+ctypes arguments nvidia-ml-py passes (`byref(c_uint())`, string buffers, struct
+pointers). Shared by `library` and the modules it loads on first need (`sensors`,
+`links`, `events`, `procnames`), which must not import `library` itself: each of
+them is imported from inside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+SUCCESS = 0
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
+TIMEOUT = 10
+GPU_IS_LOST = 15
+ARGUMENT_VERSION_MISMATCH = 25
+
+HANDLE_BASE = 0x4E564D4C0000  # "NVML": handles are opaque pointers never dereferenced
+NO_INSTANCE = 0xFFFFFFFF  # a process or event outside any MIG instance
+
+
+def handle(gpu: dict[str, Any], mig: Optional[dict[str, Any]] = None) -> int:
+    """The handle of a GPU, or of one of its MIG devices: its address encodes both."""
+    return HANDLE_BASE + 0x100 * (gpu["index"] + 1) + (0 if mig is None else mig["index"] + 1)
+
+
+def val(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def obj(ref: Any) -> Any:
+    """The ctypes object behind `byref(obj)` (or the object itself)."""
+    return getattr(ref, "_obj", ref)
+
+
+def put(ref: Any, value: Any) -> None:
+    obj(ref).value = value
+
+
+def put_pointer(ref: Any, address: int) -> None:
+    out = obj(ref)
+    ctypes.memmove(
+        ctypes.addressof(out),
+        ctypes.byref(ctypes.c_void_p(address)),
+        ctypes.sizeof(ctypes.c_void_p),
+    )
+
+
+def address(handle: Any) -> Optional[int]:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+
+
+def text(x: Any) -> str:
+    value = val(x)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def bus_key(bus: str) -> tuple[int, int, int, int]:
+    """PCI bus id in any of NVML's accepted spellings, as numbers."""
+    parts = bus.strip().lower().replace(".", ":").split(":")
+    if len(parts) == 3:
+        parts = ["0", *parts]
+    return (int(parts[0], 16), int(parts[1], 16), int(parts[2], 16), int(parts[3], 16))
+
+
+def lacks(gpu: dict[str, Any], feature: str) -> bool:
+    """Whether the card has no such feature (`cards.ECC`, `cards.FAN`, ...): NOT_SUPPORTED."""
+    return feature in gpu["unsupported"]

@@ -214,6 +214,69 @@ def test_unknown_function_is_function_not_found(nv):
         nv._nvmlGetFunctionPointer("nvmlDeviceGetConfComputeMemSizeInfo")
 
 
+def test_functions_loaded_on_first_need_are_where_the_library_says():
+    """`_ELSEWHERE` is a literal (finding a function must import nothing): it names every
+    function of the modules loaded on first need, and only those, each where it is."""
+    import importlib
+
+    from gpuwarden.sim import library
+
+    found = {}
+    for home, cls in library._MIXINS.items():
+        mixin = getattr(importlib.import_module(f"gpuwarden.sim.{home}"), cls)
+        found.update({n: home for n in vars(mixin) if n.startswith("nvml")})
+    assert found == library._ELSEWHERE
+    assert not set(found) & {n for n in dir(library.FakeLibrary) if n.startswith("nvml")}
+    for alias, target in library._ALIASES.items():  # every alias reaches a function
+        assert target in found or hasattr(library.FakeLibrary, target), alias
+
+
+def test_functions_elsewhere_load_on_first_lookup_and_keep_the_guards(tmp_path):
+    """A fresh process: the run path's calls import none of the lazily loaded modules;
+    the first lookup of one of their functions (or an alias of one) does, and the
+    function is still guarded (uninitialised, lost GPU) like any other."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from gpuwarden.sim import Machine
+        from gpuwarden.sim.fake import module
+        lazy = ["sensors", "links", "events", "handles", "procinfo"]
+        def loaded():
+            return [m for m in lazy if f"gpuwarden.sim.{m}" in sys.modules]
+        nv = module("server-8xa100")
+        try:
+            nv.nvmlDeviceGetPowerUsage(None)
+        except nv.NVMLError_Uninitialized:
+            print("uninitialised")
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByIndex(0)
+        nv.nvmlDeviceGetMemoryInfo(h); nv.nvmlDeviceGetUUID(h)
+        print(loaded())
+        print(nv.nvmlDeviceGetPowerManagementLimit(h), loaded())
+        print(nv.nvmlDeviceGetTopologyCommonAncestor(h, h), loaded())
+        Machine.open("server-8xa100").lose(0)
+        try:
+            nv.nvmlDeviceGetTemperature(h, 0)
+        except nv.NVMLError_GpuIsLost:
+            print("lost")
+        try:
+            nv._nvmlGetFunctionPointer("nvmlDeviceGetNoSuchThing")
+        except nv.NVMLError_FunctionNotFound:
+            print("not found")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM_STATE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.splitlines() == [
+        "uninitialised",
+        "[]",
+        "400000 ['sensors']",
+        "0 ['sensors', 'links']",
+        "lost",
+        "not found",
+    ], out.stderr
+
+
 def test_h200_spec():
     mod = module("h200")
     mod.nvmlInit()

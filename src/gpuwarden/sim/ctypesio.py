@@ -13,7 +13,7 @@ import ctypes
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
 SUCCESS = 0
 UNINITIALIZED = 1
@@ -32,6 +32,36 @@ NO_INSTANCE = 0xFFFFFFFF  # a process or event outside any MIG instance
 def handle(gpu: dict[str, Any], mig: Optional[dict[str, Any]] = None) -> int:
     """The handle of a GPU, or of one of its MIG devices: its address encodes both."""
     return HANDLE_BASE + 0x100 * (gpu["index"] + 1) + (0 if mig is None else mig["index"] + 1)
+
+
+def resolve(state: dict[str, Any], ref: Any) -> Optional[tuple[dict[str, Any], Any]]:
+    """(GPU, MIG instance or None) in `state` for a handle; None for one no GPU has."""
+    where = address(ref)
+    if where is None or where <= HANDLE_BASE:
+        return None
+    offset = where - HANDLE_BASE
+    index, mig = divmod(offset, 0x100)
+    index -= 1
+    if not 0 <= index < len(state["gpus"]):
+        return None
+    gpu = state["gpus"][index]
+    if mig == 0:
+        return gpu, None
+    instances = gpu.get("mig_instances", [])
+    if not gpu.get("mig") or mig > len(instances):
+        return None
+    return gpu, instances[mig - 1]
+
+
+class Fn:
+    """A C function pointer stand-in: callable, and takes attributes (`fn.restype = ...`)."""
+
+    def __init__(self, func: Callable[..., Any], name: str) -> None:
+        self._func = func
+        self.__name__ = name
+
+    def __call__(self, *args: Any) -> Any:
+        return self._func(*args)
 
 
 def val(x: Any) -> Any:

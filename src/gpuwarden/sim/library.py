@@ -17,13 +17,10 @@ keeps from when the GPU was attached.
 
 from __future__ import annotations
 
-import time
-
 from gpuwarden.sim import cards
 from gpuwarden.sim.ctypesio import (
     ARGUMENT_VERSION_MISMATCH,
     GPU_IS_LOST,
-    HANDLE_BASE,
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
     NO_INSTANCE,
@@ -31,14 +28,14 @@ from gpuwarden.sim.ctypesio import (
     NOT_SUPPORTED,
     SUCCESS,
     UNINITIALIZED,
-    address,
+    Fn,
     bus_key,
     handle,
     lacks,
     obj,
     put,
     put_pointer,
-    text,
+    resolve,
     val,
 )
 from gpuwarden.sim.specdata import THROTTLE_BITS
@@ -81,17 +78,6 @@ _MIG_OK = _IDENTITY | {
 }
 
 
-class _Fn:
-    """A C function pointer stand-in: callable, and takes attributes (`fn.restype = ...`)."""
-
-    def __init__(self, func: Callable[..., Any], name: str) -> None:
-        self._func = func
-        self.__name__ = name
-
-    def __call__(self, *args: Any) -> Any:
-        return self._func(*args)
-
-
 class FakeLibrary:
     """What `CDLL("libnvidia-ml.so.1")` would be, for one simulated machine."""
 
@@ -103,14 +89,14 @@ class FakeLibrary:
         self.event_sets: dict[int, dict[str, Any]] = {}
         for name in dir(type(self)):
             if name.startswith("nvml"):
-                setattr(self, name, _Fn(self._guarded(name, getattr(self, name)), name))
+                setattr(self, name, Fn(self._guarded(name, getattr(self, name)), name))
         for alias, target in _ALIASES.items():
             if target in _ELSEWHERE:
                 continue  # set by __getattr__ when first looked up
             setattr(
                 self,
                 alias,
-                _Fn(self._guarded(alias, getattr(type(self), target).__get__(self)), alias),
+                Fn(self._guarded(alias, getattr(type(self), target).__get__(self)), alias),
             )
 
     def __getattr__(self, name: str) -> Any:
@@ -124,7 +110,7 @@ class FakeLibrary:
             raise AttributeError(f"{type(self).__name__!r} has no symbol {name!r}")
         module = __import__(f"gpuwarden.sim.{home}", fromlist=[_MIXINS[home]])
         method = getattr(getattr(module, _MIXINS[home]), target).__get__(self)
-        fn = _Fn(self._guarded(name, method), name)
+        fn = Fn(self._guarded(name, method), name)
         setattr(self, name, fn)  # found directly from now on
         return fn
 
@@ -152,7 +138,7 @@ class FakeLibrary:
             if not device:
                 return method(*args) or SUCCESS
             state = self.file.read()
-            found = self._resolve(state, args[0])
+            found = resolve(state, args[0])
             if found is None:
                 return INVALID_ARGUMENT
             gpu, mig = found
@@ -161,30 +147,13 @@ class FakeLibrary:
             if mig is not None and not mig_ok:
                 return NOT_SUPPORTED
             if two_devices:
-                other = self._resolve(state, args[1])
+                other = resolve(state, args[1])
                 if other is None:
                     return INVALID_ARGUMENT
                 return method(state, gpu, other[0], *args[2:]) or SUCCESS
             return method(state, gpu, mig, *args[1:]) or SUCCESS
 
         return call
-
-    def _resolve(self, state: dict[str, Any], ref: Any) -> Optional[tuple[dict[str, Any], Any]]:
-        where = address(ref)
-        if where is None or where <= HANDLE_BASE:
-            return None
-        offset = where - HANDLE_BASE
-        index, mig = divmod(offset, 0x100)
-        index -= 1
-        if not 0 <= index < len(state["gpus"]):
-            return None
-        gpu = state["gpus"][index]
-        if mig == 0:
-            return gpu, None
-        instances = gpu.get("mig_instances", [])
-        if not gpu.get("mig") or mig > len(instances):
-            return None
-        return gpu, instances[mig - 1]
 
     # -- library ----------------------------------------------------------------
 
@@ -228,29 +197,6 @@ class FakeLibrary:
             return INVALID_ARGUMENT
         put_pointer(out, handle(gpus[i]))
         return SUCCESS
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: Any, out: Any) -> int:
-        wanted = text(uuid)
-        for gpu in self.file.read()["gpus"]:
-            if gpu["uuid"] == wanted:
-                put_pointer(out, handle(gpu))
-                return SUCCESS
-            for mig in gpu.get("mig_instances", []) if gpu.get("mig") else []:
-                if mig["uuid"] == wanted:
-                    put_pointer(out, handle(gpu, mig))
-                    return SUCCESS
-        return NOT_FOUND
-
-    def nvmlDeviceGetHandleByPciBusId_v2(self, bus: Any, out: Any) -> int:
-        try:
-            key = bus_key(text(bus))
-        except ValueError:
-            return INVALID_ARGUMENT
-        for gpu in self.file.read()["gpus"]:
-            if bus_key(gpu["pci_bus_id"]) == key:
-                put_pointer(out, handle(gpu))
-                return SUCCESS
-        return NOT_FOUND
 
     # -- identity ---------------------------------------------------------------
 
@@ -366,17 +312,6 @@ class FakeLibrary:
         put_pointer(out, handle(gpu, gpu["mig_instances"][i]))
         return SUCCESS
 
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-        self, state: Any, gpu: Any, mig: Any, out: Any
-    ) -> int:
-        if mig is None:
-            return INVALID_ARGUMENT
-        put_pointer(out, handle(gpu))
-        return SUCCESS
-
-    def nvmlDeviceIsMigDeviceHandle(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
-        put(out, 0 if mig is None else 1)
-
     def nvmlDeviceGetGpuInstanceId(self, state: Any, gpu: Any, mig: Any, out: Any) -> int:
         if mig is None:
             return INVALID_ARGUMENT
@@ -471,31 +406,6 @@ class FakeLibrary:
     ) -> int:
         return self._processes(state, gpu, mig, "mps", count, array)
 
-    def nvmlDeviceGetProcessUtilization(
-        self, state: Any, gpu: Any, mig: Any, array: Any, count_ref: Any, since: Any
-    ) -> int:
-        procs = [p for p in live_processes(state) if p["gpu"] == gpu["uuid"]]
-        count = obj(count_ref)
-        if not procs:
-            return NOT_FOUND  # no samples since `since`, as the driver says for an idle GPU
-        if array is None or count.value < len(procs):
-            count.value = len(procs)
-            return INSUFFICIENT_SIZE
-        share = utilization(state, gpu) // len(procs)
-        mem_share = gpu["memory_utilization"] // len(procs)
-        now = int(time.time() * 1e6)
-        for i, p in enumerate(procs):
-            entry = array[i]
-            entry.pid, entry.timeStamp = p["pid"], now
-            entry.smUtil, entry.memUtil, entry.encUtil, entry.decUtil = share, mem_share, 0, 0
-        count.value = len(procs)
-        return SUCCESS
-
-    def nvmlDeviceGetDriverModel(
-        self, state: Any, gpu: Any, mig: Any, current: Any, pending: Any
-    ) -> int:
-        return NOT_SUPPORTED  # WDDM/TCC exist only on Windows
-
 
 # Symbol -> the method that answers it (older or newer names of the same C function).
 _ALIASES = {
@@ -519,7 +429,13 @@ _ALIASES = {
 }
 
 # The class answering the functions of each module loaded on first need.
-_MIXINS = {"sensors": "Sensors", "links": "Links", "events": "Events", "procnames": "ProcessNames"}
+_MIXINS = {
+    "sensors": "Sensors",
+    "links": "Links",
+    "events": "Events",
+    "handles": "Handles",
+    "procinfo": "ProcessInfo",
+}
 # Symbol -> the module whose class answers it. Literal, so that finding where a
 # function lives imports nothing; tests/test_sim.py checks it against the classes.
 _ELSEWHERE = {
@@ -552,7 +468,13 @@ _ELSEWHERE = {
     "nvmlDeviceRegisterEvents": "events",
     "nvmlEventSetWait_v2": "events",
     "nvmlEventSetFree": "events",
-    "nvmlSystemGetProcessName": "procnames",
+    "nvmlDeviceGetDriverModel": "sensors",
+    "nvmlDeviceGetHandleByUUID": "handles",
+    "nvmlDeviceGetHandleByPciBusId_v2": "handles",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": "handles",
+    "nvmlDeviceIsMigDeviceHandle": "handles",
+    "nvmlSystemGetProcessName": "procinfo",
+    "nvmlDeviceGetProcessUtilization": "procinfo",
 }
 
 

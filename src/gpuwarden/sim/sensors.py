@@ -140,6 +140,11 @@ class Sensors:
     def nvmlDeviceGetDisplayActive(self, state: Any, gpu: Any, mig: Any, out: Any) -> int:
         return _display(gpu, out)
 
+    def nvmlDeviceGetDriverModel(
+        self, state: Any, gpu: Any, mig: Any, current: Any, pending: Any
+    ) -> int:
+        return NOT_SUPPORTED  # WDDM/TCC exist only on Windows
+
 
 def _fan(gpu: dict[str, Any], out: Any) -> int:
     if lacks(gpu, cards.FAN) or gpu.get("fan") is None:

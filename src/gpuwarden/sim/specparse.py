@@ -159,7 +159,8 @@ def parse(text: str, path: Path) -> Spec:
                 where.line(i, "model"),
             )
         card = cards.CARDS[model]
-        unsupported = set(card["unsupported"])  # type: ignore[arg-type]
+        lacking = card["unsupported"]  # a tuple of feature names in every entry of CARDS
+        unsupported: set[str] = set(lacking) if isinstance(lacking, tuple) else set()
         bus = g.get("pci_bus_id", f"00000000:{0x07 + 0x10 * i:02X}:00.0")
         if not re.fullmatch(r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", bus):
             raise where.fail(

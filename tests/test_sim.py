@@ -369,6 +369,25 @@ def test_parsed_spec_cache_equals_a_fresh_parse_and_follows_edits(tmp_path, monk
         specs.load(path, state)
 
 
+def test_parsed_spec_cache_follows_the_parsing_code(tmp_path, monkeypatch):
+    """specs names specparse by path (importing it would put it on every client's
+    start-up path); that path is the module's, and editing the file means a fresh parse."""
+    assert os.path.samefile(specs._SPECPARSE, specparse.__file__)
+    state = str(tmp_path / "state")
+    code = tmp_path / "specparse.py"
+    code.write_text("one\n")
+    monkeypatch.setattr(specs, "_SPECPARSE", str(code))
+    parses = []
+    real_parse = specparse.parse
+    monkeypatch.setattr(specparse, "parse", lambda *a: parses.append(1) or real_parse(*a))
+    for edit in (None, None, "two\n"):
+        if edit:
+            code.write_text(edit)
+        monkeypatch.setattr(specs, "_CACHE", {})
+        assert specs.load("server-8xa100", state).name == "server-8xa100"
+    assert len(parses) == 2  # the first load and the one after the edit
+
+
 def test_shim_makes_plain_import_see_the_machine(tmp_path):
     code = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
     env = dict(os.environ, PYTHONPATH=f"{SHIM_DIR}{os.pathsep}{SRC}", GPUWARDEN_SIM="mixed")

@@ -215,19 +215,19 @@ def test_unknown_function_is_function_not_found(nv):
 
 
 def test_functions_loaded_on_first_need_are_where_the_library_says():
-    """`_ELSEWHERE` is a literal (finding a function must import nothing): it names every
+    """`abi.ELSEWHERE` is a literal (finding a function must import nothing): it names every
     function of the modules loaded on first need, and only those, each where it is."""
     import importlib
 
-    from gpuwarden.sim import library
+    from gpuwarden.sim import abi, library
 
     found = {}
-    for home, cls in library._MIXINS.items():
+    for home, cls in abi.MIXINS.items():
         mixin = getattr(importlib.import_module(f"gpuwarden.sim.{home}"), cls)
         found.update({n: home for n in vars(mixin) if n.startswith("nvml")})
-    assert found == library._ELSEWHERE
+    assert found == abi.ELSEWHERE
     assert not set(found) & {n for n in dir(library.FakeLibrary) if n.startswith("nvml")}
-    for alias, target in library._ALIASES.items():  # every alias reaches a function
+    for alias, target in abi.ALIASES.items():  # every alias reaches a function
         assert target in found or hasattr(library.FakeLibrary, target), alias
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import time
 
-from gpuwarden.sim.ctypesio import (
+from gpuwarden.sim.abi import (
     INVALID_ARGUMENT,
     NO_INSTANCE,
     SUCCESS,

@@ -8,7 +8,7 @@ functions is first looked up.
 
 from __future__ import annotations
 
-from gpuwarden.sim.ctypesio import (
+from gpuwarden.sim.abi import (
     INVALID_ARGUMENT,
     NOT_FOUND,
     SUCCESS,

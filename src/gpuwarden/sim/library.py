@@ -9,6 +9,10 @@ client (gpustat, nvitop) that calls function pointers itself. A symbol not here
 raises NVMLError_FunctionNotFound from the real lookup code, as it does with an
 older driver, and clients fall back as they would there.
 
+Here are the functions reading a snapshot calls, so on the way of every simulated
+`gpuwarden run`; the rest (sensors, links, events, handles, procinfo) are loaded
+when first looked up (`FakeLibrary.__getattr__`, table `abi.ELSEWHERE`).
+
 Per call: not initialised -> NVML_ERROR_UNINITIALIZED; a feature the card lacks
 -> NVML_ERROR_NOT_SUPPORTED; a lost GPU -> NVML_ERROR_GPU_IS_LOST on everything
 except its identity (UUID, PCI info, name, serial, index), which the driver
@@ -18,11 +22,17 @@ keeps from when the GPU was attached.
 from __future__ import annotations
 
 from gpuwarden.sim import cards
-from gpuwarden.sim.ctypesio import (
+from gpuwarden.sim.abi import (
+    ALIASES,
     ARGUMENT_VERSION_MISMATCH,
+    ELSEWHERE,
     GPU_IS_LOST,
+    IDENTITY,
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
+    MIG_OK,
+    MIXINS,
+    NO_HANDLE,
     NO_INSTANCE,
     NOT_FOUND,
     NOT_SUPPORTED,
@@ -47,36 +57,6 @@ if TYPE_CHECKING:
 
     from gpuwarden.sim.specdata import Spec
 
-_IDENTITY = {
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetPciInfo_v2",
-    "nvmlDeviceGetPciInfo",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetSerial",
-    "nvmlDeviceGetIndex",
-    "nvmlDeviceGetMinorNumber",
-    "nvmlDeviceIsMigDeviceHandle",
-}
-# Functions that work on a MIG device handle; everything else answers NOT_SUPPORTED there.
-_MIG_OK = _IDENTITY | {
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses",
-    "nvmlDeviceGetGraphicsRunningProcesses_v2",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-    "nvmlDeviceGetGpuInstanceId",
-    "nvmlDeviceGetComputeInstanceId",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-    "nvmlDeviceGetCudaComputeCapability",
-    "nvmlDeviceGetMaxMigDeviceCount",
-    "nvmlDeviceGetAttributes_v2",
-}
-
 
 class FakeLibrary:
     """What `CDLL("libnvidia-ml.so.1")` would be, for one simulated machine."""
@@ -90,8 +70,8 @@ class FakeLibrary:
         for name in dir(type(self)):
             if name.startswith("nvml"):
                 setattr(self, name, Fn(self._guarded(name, getattr(self, name)), name))
-        for alias, target in _ALIASES.items():
-            if target in _ELSEWHERE:
+        for alias, target in ALIASES.items():
+            if target in ELSEWHERE:
                 continue  # set by __getattr__ when first looked up
             setattr(
                 self,
@@ -104,12 +84,12 @@ class FakeLibrary:
         name not set in `__init__`): choosing a GPU never needs the sensors, links, events
         or process names, so `gpuwarden run` never imports their code. Any other name
         raises AttributeError, which nvidia-ml-py turns into NVMLError_FunctionNotFound."""
-        target = _ALIASES.get(name, name)
-        home = _ELSEWHERE.get(target)
+        target = ALIASES.get(name, name)
+        home = ELSEWHERE.get(target)
         if home is None:
             raise AttributeError(f"{type(self).__name__!r} has no symbol {name!r}")
-        module = __import__(f"gpuwarden.sim.{home}", fromlist=[_MIXINS[home]])
-        method = getattr(getattr(module, _MIXINS[home]), target).__get__(self)
+        module = __import__(f"gpuwarden.sim.{home}", fromlist=[MIXINS[home]])
+        method = getattr(getattr(module, MIXINS[home]), target).__get__(self)
         fn = Fn(self._guarded(name, method), name)
         setattr(self, name, fn)  # found directly from now on
         return fn
@@ -119,17 +99,9 @@ class FakeLibrary:
     def _guarded(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if name.startswith("nvmlInit") or name == "nvmlErrorString":
             return method
-        device = name.startswith("nvmlDevice") and name not in {
-            "nvmlDeviceGetCount",
-            "nvmlDeviceGetCount_v2",
-            "nvmlDeviceGetHandleByIndex",
-            "nvmlDeviceGetHandleByIndex_v2",
-            "nvmlDeviceGetHandleByUUID",
-            "nvmlDeviceGetHandleByPciBusId",
-            "nvmlDeviceGetHandleByPciBusId_v2",
-        }
-        identity = name in _IDENTITY
-        mig_ok = name in _MIG_OK
+        device = name.startswith("nvmlDevice") and name not in NO_HANDLE
+        identity = name in IDENTITY
+        mig_ok = name in MIG_OK
         two_devices = name == "nvmlDeviceGetTopologyCommonAncestor"
 
         def call(*args: Any) -> Any:
@@ -237,7 +209,7 @@ class FakeLibrary:
         put(major, gpu["compute_capability"][0])
         put(minor, gpu["compute_capability"][1])
 
-    # -- memory, load, sensors --------------------------------------------------
+    # -- memory, load -------------------------------------------------------------
 
     def _memory(self, state: dict[str, Any], gpu: dict[str, Any], mig: Any) -> tuple[int, int, int]:
         """(total, reserved, used) as the v2 struct reports them."""
@@ -405,77 +377,6 @@ class FakeLibrary:
         self, state: Any, gpu: Any, mig: Any, count: Any, array: Any
     ) -> int:
         return self._processes(state, gpu, mig, "mps", count, array)
-
-
-# Symbol -> the method that answers it (older or newer names of the same C function).
-_ALIASES = {
-    "nvmlInit": "nvmlInit_v2",
-    "nvmlSystemGetCudaDriverVersion_v2": "nvmlSystemGetCudaDriverVersion",
-    "nvmlDeviceGetCount": "nvmlDeviceGetCount_v2",
-    "nvmlDeviceGetHandleByIndex": "nvmlDeviceGetHandleByIndex_v2",
-    "nvmlDeviceGetHandleByPciBusId": "nvmlDeviceGetHandleByPciBusId_v2",
-    "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetPciInfo_v2": "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetPowerManagementLimit": "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetPowerManagementDefaultLimit": "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetCurrentClocksThrottleReasons": "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetSupportedClocksThrottleReasons": "nvmlDeviceGetSupportedClocksEventReasons",
-    "nvmlDeviceGetComputeRunningProcesses": "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetComputeRunningProcesses_v2": "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses": "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses_v2": "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetNvLinkRemotePciInfo": "nvmlDeviceGetNvLinkRemotePciInfo_v2",
-    "nvmlEventSetWait": "nvmlEventSetWait_v2",
-}
-
-# The class answering the functions of each module loaded on first need.
-_MIXINS = {
-    "sensors": "Sensors",
-    "links": "Links",
-    "events": "Events",
-    "handles": "Handles",
-    "procinfo": "ProcessInfo",
-}
-# Symbol -> the module whose class answers it. Literal, so that finding where a
-# function lives imports nothing; tests/test_sim.py checks it against the classes.
-_ELSEWHERE = {
-    "nvmlDeviceGetBAR1MemoryInfo": "sensors",
-    "nvmlDeviceGetEncoderUtilization": "sensors",
-    "nvmlDeviceGetDecoderUtilization": "sensors",
-    "nvmlDeviceGetTemperature": "sensors",
-    "nvmlDeviceGetTemperatureThreshold": "sensors",
-    "nvmlDeviceGetPowerUsage": "sensors",
-    "nvmlDeviceGetEnforcedPowerLimit": "sensors",
-    "nvmlDeviceGetPowerManagementLimitConstraints": "sensors",
-    "nvmlDeviceGetTotalEnergyConsumption": "sensors",
-    "nvmlDeviceGetNumFans": "sensors",
-    "nvmlDeviceGetFanSpeed": "sensors",
-    "nvmlDeviceGetFanSpeed_v2": "sensors",
-    "nvmlDeviceGetClockInfo": "sensors",
-    "nvmlDeviceGetMaxClockInfo": "sensors",
-    "nvmlDeviceGetPerformanceState": "sensors",
-    "nvmlDeviceGetSupportedClocksEventReasons": "sensors",
-    "nvmlDeviceGetPersistenceMode": "sensors",
-    "nvmlDeviceGetComputeMode": "sensors",
-    "nvmlDeviceGetDisplayMode": "sensors",
-    "nvmlDeviceGetDisplayActive": "sensors",
-    "nvmlDeviceGetTopologyCommonAncestor": "links",
-    "nvmlDeviceGetNvLinkState": "links",
-    "nvmlDeviceGetNvLinkRemoteDeviceType": "links",
-    "nvmlDeviceGetNvLinkRemotePciInfo_v2": "links",
-    "nvmlEventSetCreate": "events",
-    "nvmlDeviceGetSupportedEventTypes": "events",
-    "nvmlDeviceRegisterEvents": "events",
-    "nvmlEventSetWait_v2": "events",
-    "nvmlEventSetFree": "events",
-    "nvmlDeviceGetDriverModel": "sensors",
-    "nvmlDeviceGetHandleByUUID": "handles",
-    "nvmlDeviceGetHandleByPciBusId_v2": "handles",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": "handles",
-    "nvmlDeviceIsMigDeviceHandle": "handles",
-    "nvmlSystemGetProcessName": "procinfo",
-    "nvmlDeviceGetProcessUtilization": "procinfo",
-}
 
 
 def process_table(state: dict[str, Any]) -> dict[int, tuple[Optional[str], Optional[str]]]:

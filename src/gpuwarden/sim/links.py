@@ -8,7 +8,7 @@ module when one of its functions is first looked up.
 from __future__ import annotations
 
 from gpuwarden.sim import cards
-from gpuwarden.sim.ctypesio import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, lacks, obj, put, val
+from gpuwarden.sim.abi import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, lacks, obj, put, val
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:

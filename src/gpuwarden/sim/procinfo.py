@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from gpuwarden.sim.ctypesio import INSUFFICIENT_SIZE, NOT_FOUND, SUCCESS, obj, val
+from gpuwarden.sim.abi import INSUFFICIENT_SIZE, NOT_FOUND, SUCCESS, obj, val
 from gpuwarden.sim.state import live_processes, utilization
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here

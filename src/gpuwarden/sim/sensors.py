@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from gpuwarden.sim import cards
-from gpuwarden.sim.ctypesio import (
+from gpuwarden.sim.abi import (
     INVALID_ARGUMENT,
     NOT_SUPPORTED,
     SUCCESS,

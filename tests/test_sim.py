@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.errors import UserError
-from gpuwarden.sim import Machine, specs
+from gpuwarden.sim import Machine, specparse, specs
 from gpuwarden.sim.fake import SHIM_DIR, module
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -214,6 +214,69 @@ def test_unknown_function_is_function_not_found(nv):
         nv._nvmlGetFunctionPointer("nvmlDeviceGetConfComputeMemSizeInfo")
 
 
+def test_functions_loaded_on_first_need_are_where_the_library_says():
+    """`abi.ELSEWHERE` is a literal (finding a function must import nothing): it names every
+    function of the modules loaded on first need, and only those, each where it is."""
+    import importlib
+
+    from gpuwarden.sim import abi, library
+
+    found = {}
+    for home, cls in abi.MIXINS.items():
+        mixin = getattr(importlib.import_module(f"gpuwarden.sim.{home}"), cls)
+        found.update({n: home for n in vars(mixin) if n.startswith("nvml")})
+    assert found == abi.ELSEWHERE
+    assert not set(found) & {n for n in dir(library.FakeLibrary) if n.startswith("nvml")}
+    for alias, target in abi.ALIASES.items():  # every alias reaches a function
+        assert target in found or hasattr(library.FakeLibrary, target), alias
+
+
+def test_functions_elsewhere_load_on_first_lookup_and_keep_the_guards(tmp_path):
+    """A fresh process: the run path's calls import none of the lazily loaded modules;
+    the first lookup of one of their functions (or an alias of one) does, and the
+    function is still guarded (uninitialised, lost GPU) like any other."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from gpuwarden.sim import Machine
+        from gpuwarden.sim.fake import module
+        lazy = ["sensors", "links", "events", "handles", "procinfo"]
+        def loaded():
+            return [m for m in lazy if f"gpuwarden.sim.{m}" in sys.modules]
+        nv = module("server-8xa100")
+        try:
+            nv.nvmlDeviceGetPowerUsage(None)
+        except nv.NVMLError_Uninitialized:
+            print("uninitialised")
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByIndex(0)
+        nv.nvmlDeviceGetMemoryInfo(h); nv.nvmlDeviceGetUUID(h)
+        print(loaded())
+        print(nv.nvmlDeviceGetPowerManagementLimit(h), loaded())
+        print(nv.nvmlDeviceGetTopologyCommonAncestor(h, h), loaded())
+        Machine.open("server-8xa100").lose(0)
+        try:
+            nv.nvmlDeviceGetTemperature(h, 0)
+        except nv.NVMLError_GpuIsLost:
+            print("lost")
+        try:
+            nv._nvmlGetFunctionPointer("nvmlDeviceGetNoSuchThing")
+        except nv.NVMLError_FunctionNotFound:
+            print("not found")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM_STATE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.splitlines() == [
+        "uninitialised",
+        "[]",
+        "400000 ['sensors']",
+        "0 ['sensors', 'links']",
+        "lost",
+        "not found",
+    ], out.stderr
+
+
 def test_h200_spec():
     mod = module("h200")
     mod.nvmlInit()
@@ -284,16 +347,16 @@ def test_every_bundled_spec_parses():
 
 def test_parsed_spec_cache_equals_a_fresh_parse_and_follows_edits(tmp_path, monkeypatch):
     state = str(tmp_path / "state")
-    real_parse = specs.parse
+    real_parse = specparse.parse
     for name in specs.bundled():
         path = specs.spec_path(name)
-        fresh = specs.parse(path.read_text(encoding="utf-8"), path)
+        fresh = specparse.parse(path.read_text(encoding="utf-8"), path)
         monkeypatch.setattr(specs, "_CACHE", {})
         assert specs.load(name, state) == fresh  # parsed, then written
         monkeypatch.setattr(specs, "_CACHE", {})
-        monkeypatch.setattr(specs, "parse", None)  # a parse now would fail
+        monkeypatch.setattr(specparse, "parse", None)  # a parse now would fail
         assert specs.load(name, state) == fresh  # read back from the cache
-        monkeypatch.setattr(specs, "parse", real_parse)
+        monkeypatch.setattr(specparse, "parse", real_parse)
     path = _write(tmp_path, '[[gpu]]\nmodel = "T4"\n')
     monkeypatch.setattr(specs, "_CACHE", {})
     assert specs.load(path, state).gpus[0]["model"] == "T4"
@@ -304,6 +367,25 @@ def test_parsed_spec_cache_equals_a_fresh_parse_and_follows_edits(tmp_path, monk
     monkeypatch.setattr(specs, "_CACHE", {})
     with pytest.raises(UserError, match="temprature"):
         specs.load(path, state)
+
+
+def test_parsed_spec_cache_follows_the_parsing_code(tmp_path, monkeypatch):
+    """specs names specparse by path (importing it would put it on every client's
+    start-up path); that path is the module's, and editing the file means a fresh parse."""
+    assert os.path.samefile(specs._SPECPARSE, specparse.__file__)
+    state = str(tmp_path / "state")
+    code = tmp_path / "specparse.py"
+    code.write_text("one\n")
+    monkeypatch.setattr(specs, "_SPECPARSE", str(code))
+    parses = []
+    real_parse = specparse.parse
+    monkeypatch.setattr(specparse, "parse", lambda *a: parses.append(1) or real_parse(*a))
+    for edit in (None, None, "two\n"):
+        if edit:
+            code.write_text(edit)
+        monkeypatch.setattr(specs, "_CACHE", {})
+        assert specs.load("server-8xa100", state).name == "server-8xa100"
+    assert len(parses) == 2  # the first load and the one after the edit
 
 
 def test_shim_makes_plain_import_see_the_machine(tmp_path):

@@ -58,7 +58,19 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
         (("status",), ("gpuwarden.xids",)),
         # CUDA_VISIBLE_DEVICES is unset: nothing of visible's reading side is needed,
         # nor the Xid catalogue (no XID seen).
-        (("run", "-g", "1", "--", "true"), ("gpuwarden.visible", "gpuwarden.xids")),
+        (
+            ("run", "-g", "1", "--", "true"),
+            (
+                "gpuwarden.visible",
+                "gpuwarden.xids",
+                "gpuwarden.sim.sensors",
+                "gpuwarden.sim.links",
+                "gpuwarden.sim.events",
+                "gpuwarden.sim.handles",
+                "gpuwarden.sim.procinfo",
+                "gpuwarden.sim.specparse",
+            ),
+        ),
     ],
 )
 def test_status_and_run_leave_unneeded_modules_alone(

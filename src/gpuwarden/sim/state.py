@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from gpuwarden.errors import UserError
 from gpuwarden.safefiles import write_atomic
-from gpuwarden.sim import specs
+from gpuwarden.sim import specdata, specs
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -265,6 +265,16 @@ def memory_used(state: dict[str, Any], gpu: dict[str, Any], mig: Optional[int] =
     return used + (gpu.get("memory_used", 0) if mig is None else 0)
 
 
+def utilization(state: dict[str, Any], gpu: dict[str, Any]) -> int:
+    """The GPU's load in percent: the spec's figure plus what added processes bring."""
+    extra = sum(
+        p.get("util", 0)
+        for p in live_processes(state)
+        if p["gpu"] == gpu["uuid"] and not p.get("synthetic")
+    )
+    return min(100, gpu["utilization"] + extra)
+
+
 class Machine:
     """Steer a simulated machine: what tests, demos and `gpuwarden sim` use to make
     things happen that NVML clients in any process then see."""
@@ -306,7 +316,7 @@ class Machine:
     ) -> None:
         """Register `pid` as holding `memory` on `gpu`; refused, like a CUDA allocation,
         when the GPU has less free memory than that."""
-        size = specs._size(memory)
+        size = specdata.size(memory)
 
         def change(state: dict[str, Any], g: dict[str, Any]) -> None:
             if g.get("lost"):
@@ -339,7 +349,7 @@ class Machine:
         self._gpu_change(gpu, change)
 
     def set_process_memory(self, pid: int, memory: Union[int, str]) -> None:
-        size = specs._size(memory)
+        size = specdata.size(memory)
 
         def change(state: dict[str, Any]) -> None:
             for p in state["processes"]:
@@ -358,8 +368,8 @@ class Machine:
         for key in fields:
             if key not in _SETTABLE:
                 raise UserError(f"cannot set {key!r}; settable: {', '.join(sorted(_SETTABLE))}")
-            if key == "compute_mode" and fields[key] not in specs.COMPUTE_MODES:
-                raise UserError(f"compute_mode must be one of {', '.join(specs.COMPUTE_MODES)}")
+            if key == "compute_mode" and fields[key] not in specdata.COMPUTE_MODES:
+                raise UserError(f"compute_mode must be one of {', '.join(specdata.COMPUTE_MODES)}")
 
         for key, value in fields.items():
             check_value(key, value)
@@ -427,10 +437,9 @@ class Machine:
     def set_throttle(self, gpu: GpuRef, reasons: Union[str, list[str], tuple[str, ...]]) -> None:
         names = [r for r in (reasons.split(",") if isinstance(reasons, str) else reasons) if r]
         for reason in names:
-            if reason not in specs.THROTTLE_BITS:
-                raise UserError(
-                    f"unknown throttle reason {reason!r}; known: {', '.join(specs.THROTTLE_BITS)}"
-                )
+            if reason not in specdata.THROTTLE_BITS:
+                known = ", ".join(specdata.THROTTLE_BITS)
+                raise UserError(f"unknown throttle reason {reason!r}; known: {known}")
 
         def change(state: dict[str, Any], g: dict[str, Any]) -> None:
             g["throttle"] = list(names)

@@ -1,0 +1,80 @@
+"""What the fake library answers about how GPUs connect: PCIe topology and NVLink.
+
+Only `topology` (status's matrix, spreading a job over near GPUs when asked) reads
+these; choosing a GPU by default does not, so `library.FakeLibrary` loads this
+module when one of its functions is first looked up.
+"""
+
+from __future__ import annotations
+
+from gpuwarden.sim import cards
+from gpuwarden.sim.abi import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, lacks, obj, put, val
+
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Links:
+    """NVML's topology and NVLink functions, as methods of `FakeLibrary`."""
+
+    nv: Any  # the pynvml copy on top, for its constants
+
+    def nvmlDeviceGetTopologyCommonAncestor(
+        self, state: Any, gpu: Any, other: Any, out: Any
+    ) -> None:
+        if gpu["index"] == other["index"]:
+            level = 0
+        elif gpu["pcie_switch"] == other["pcie_switch"]:
+            level = 10
+        elif gpu["numa_node"] == other["numa_node"]:
+            level = 40
+        else:
+            level = 50
+        put(out, level)
+
+    def nvmlDeviceGetNvLinkState(self, state: Any, gpu: Any, mig: Any, link: Any, out: Any) -> int:
+        code = _link(self.nv, gpu, link)
+        if code == SUCCESS:
+            put(out, 1 if state.get("nvswitch") else 0)
+        return code
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(
+        self, state: Any, gpu: Any, mig: Any, link: Any, out: Any
+    ) -> int:
+        code = _link(self.nv, gpu, link)
+        if code == SUCCESS:
+            put(
+                out,
+                self.nv.NVML_NVLINK_DEVICE_TYPE_SWITCH
+                if state.get("nvswitch")
+                else self.nv.NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+            )
+        return code
+
+    def nvmlDeviceGetNvLinkRemotePciInfo_v2(
+        self, state: Any, gpu: Any, mig: Any, link: Any, ref: Any
+    ) -> int:
+        code = _link(self.nv, gpu, link)
+        if code != SUCCESS:
+            return code
+        if not state.get("nvswitch"):
+            return NOT_SUPPORTED
+        # Six NVSwitches on the baseboard; each GPU's links fan out across them.
+        switch = val(link) % 6
+        bus = f"00000000:{0xC4 + switch:02X}:00.0"
+        info = obj(ref)
+        info.busId = bus.encode()
+        info.busIdLegacy = bus[4:].encode()
+        info.domain, info.bus, info.device = 0, 0xC4 + switch, 0
+        info.pciDeviceId = 0x1AF110DE
+        return SUCCESS
+
+
+def _link(nv: Any, gpu: dict[str, Any], link: Any) -> int:
+    i = val(link)
+    if not 0 <= i < nv.NVML_NVLINK_MAX_LINKS:
+        return INVALID_ARGUMENT
+    if lacks(gpu, cards.NVLINK) or i >= gpu["nvlinks"]:
+        return NOT_SUPPORTED
+    return SUCCESS

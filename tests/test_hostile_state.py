@@ -425,7 +425,7 @@ def test_a_drain_the_watch_cannot_write_is_said_loudly_and_retried(
     assert drains.list_drains() == {}
     assert any("GPU 6 NOT DRAINED" in line and "No space left" in line for line in said)
     # Still judged fatal, so placement keeps off it, and the next poll drains it.
-    assert health.level(health.judge_all(read_snapshot(processes=False).gpus)[uuid]) == "fatal"
+    assert health.level(xidlog.judged(read_snapshot(processes=False).gpus)[uuid]) == "fatal"
     watch.check(read_snapshot(processes=False))  # before: never tried again
     assert uuid in drains.list_drains()
     assert any("GPU 6 drained now" in line for line in said)

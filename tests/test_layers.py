@@ -153,7 +153,6 @@ GUARDED_IMPORTS: dict[str, tuple[str, ...]] = {
 
 # Known breaks of the layering, (importer, imported) -> why it is still here.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("health", "xidlog"): "health.py still reads the XID log; the log reader moves out of health",
     ("metrics", "queuemetrics"): "queuemetrics also fetches from the service; the fetch moves up",
     (
         "cli.run",

@@ -281,18 +281,23 @@ def test_health_warnings_rank_after_healthy() -> None:
 
 def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
     # The XID exists only in the log the health watch keeps: the snapshot alone looks fine.
+    # Every command passes choose() the health judged with that log (xidlog.judged).
     from gpuwarden import xidlog
+
+    def judged(request: Request):  # type: ignore[no-untyped-def]
+        return choose(snap, request, health=xidlog.judged(snap.gpus))
 
     snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
     xidlog.record_xid(snap.gpus[0].uuid, 79, index=1)
-    choice = choose(snap, Request(count=1))
+    assert idx(choose(snap, Request(count=1))) == [1]  # the pure call: no log read
+    choice = judged(Request(count=1))
     assert idx(choice) == [2]
     assert choice.passed_over[snap.gpus[0].uuid].startswith("unhealthy: XID 79")
-    assert choose(snap, Request(count=2)).never_fits
+    assert judged(Request(count=2)).never_fits
     xidlog.clear_xids([snap.gpus[0].uuid])
-    assert idx(choose(snap, Request(count=1))) == [1]
+    assert idx(judged(Request(count=1))) == [1]
     xidlog.record_xid(snap.gpus[0].uuid, 13, index=1)  # a warning: ranked after healthy
-    assert idx(choose(snap, Request(count=1))) == [2]
+    assert idx(judged(Request(count=1))) == [2]
 
 
 def test_the_configured_fatal_list_is_the_one_status_uses(monkeypatch) -> None:
@@ -301,7 +306,7 @@ def test_the_configured_fatal_list_is_the_one_status_uses(monkeypatch) -> None:
     snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
     xidlog.record_xid(snap.gpus[1].uuid, 13, index=2)
     monkeypatch.setenv("GPUWARDEN_HEALTH_FATAL_XIDS", "+13")
-    choice = choose(snap, Request(count=2))
+    choice = choose(snap, Request(count=2), health=xidlog.judged(snap.gpus))
     assert choice.never_fits and "GPU 2 unhealthy: XID 13" in (choice.error or "")
 
 

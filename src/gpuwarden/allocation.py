@@ -76,6 +76,7 @@ def attempt(
     """
     from gpuwarden import drain
     from gpuwarden.selection import choose
+    from gpuwarden.xidlog import judged
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
@@ -88,6 +89,7 @@ def attempt(
         if temporaries:
             sweep(ld, temporaries)
         drains = drain.list_drains()
+        health = judged(snapshot.gpus)  # with the XIDs the health watch heard
         mine = ticket.key if ticket is not None else None
         virtual = list(leases)
         ahead = 0
@@ -100,7 +102,7 @@ def attempt(
         for w in line:
             ahead += 1
             try:
-                c = choose(snapshot, w.request, virtual, drains, w.allowed)
+                c = choose(snapshot, w.request, virtual, drains, w.allowed, health)
             except UserError:
                 continue  # its own problem; it will fail on its next attempt
             if c.never_fits:
@@ -111,7 +113,7 @@ def attempt(
         held = Held(ld, job or new_job_id(), (), request.mem)
         unknown: list[LeaseInfo] = []
         while True:
-            choice = choose(snapshot, request, virtual + unknown, drains, allowed)
+            choice = choose(snapshot, request, virtual + unknown, drains, allowed, health)
             if not choice.ok:
                 held.close()
                 return Outcome(None, choice, ahead)

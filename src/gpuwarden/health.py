@@ -296,12 +296,10 @@ def judge_all(
     xids: Optional[Mapping[str, tuple[int, ...]]] = None,
     rules: Optional[Rules] = None,
 ) -> dict[str, tuple[Finding, ...]]:
-    """Findings per UUID for a whole snapshot, with the XIDs of the trusted XID logs
-    (`gpuwarden.xidlog.xids_seen`) by default."""
+    """Findings per UUID for a whole snapshot, with the XIDs seen per UUID (none when
+    not given: reading the XID log is `gpuwarden.xidlog.judged`'s, one layer up)."""
     if xids is None:
-        from gpuwarden.xidlog import xids_seen
-
-        xids = xids_seen()
+        xids = {}
     if rules is None:
         from gpuwarden.errors import UserError
 

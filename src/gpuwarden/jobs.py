@@ -138,8 +138,10 @@ def choose_now(snapshot: Any, request: Any, allowed: Optional[Collection[str]]) 
     from gpuwarden import leases
     from gpuwarden.drain import list_drains
     from gpuwarden.selection import choose
+    from gpuwarden.xidlog import judged
 
-    return choose(snapshot, request, leases.list_leases(), list_drains(), allowed)
+    drains = list_drains()
+    return choose(snapshot, request, leases.list_leases(), drains, allowed, judged(snapshot.gpus))
 
 
 def waiting_count() -> int:
@@ -169,6 +171,7 @@ def within_enclosing(
     from gpuwarden.drain import list_drains
     from gpuwarden.paths import user_name
     from gpuwarden.selection import choose
+    from gpuwarden.xidlog import judged
 
     held = leases.list_leases()
     me = user_name(os.geteuid())
@@ -178,7 +181,7 @@ def within_enclosing(
             continue  # ended or expired: lease normally
         scope = ours if allowed is None else ours & set(allowed)
         others = [i for i in held if i.job != rid]
-        choice = choose(snapshot, request, others, list_drains(), scope)
+        choice = choose(snapshot, request, others, list_drains(), scope, judged(snapshot.gpus))
         if not choice.ok:
             raise UserError(f"within {rid}: {choice.error}")
         return choice.gpus

@@ -173,9 +173,9 @@ def choose(
     """Pick `request.count` GPUs. `leases` are `LeaseInfo`s held now, `drains` the
     `Drain`s by UUID (or a list), `allowed` the UUIDs a parent CUDA_VISIBLE_DEVICES
     leaves visible (None = all), `health` the `health.Finding`s by UUID as
-    `health.judge_all` gives them (None = judged now by that same function, with the
-    recorded XIDs and the configured fatal list). Bad IDs in the request raise
-    UserError; "does not fit" is reported in the Choice, not raised."""
+    `xidlog.judged` gives them, with the recorded XIDs (None: judged from the
+    snapshot alone, a pure call; every command passes the XID-aware one). Bad IDs in
+    the request raise UserError; "does not fit" is reported in the Choice, not raised."""
     from gpuwarden.health import FATAL, WARNING, judge, judge_all
 
     named = resolve_ids(snapshot, request.gpus, "devices") if request.gpus else None

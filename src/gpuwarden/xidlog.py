@@ -363,3 +363,12 @@ def _boot_time() -> float:
     except (OSError, ValueError, IndexError):
         pass
     return 0.0
+
+
+def judged(gpus: Iterable[Any], rules: Any = None) -> dict[str, tuple[Any, ...]]:
+    """`health.judge_all` with the XIDs of the trusted XID logs (`xids_seen`): how every
+    command that hands out or shows GPUs judges them, so a GPU the health watch heard
+    a fatal XID from is never given to a job."""
+    from gpuwarden.health import judge_all
+
+    return judge_all(gpus, xids_seen(), rules)

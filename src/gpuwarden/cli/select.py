@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size
+    from gpuwarden.xidlog import judged
 
     cfg = config.load(filters.settings(args))
     mem = filters.mem_of(args)
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         list_leases(lease_location(cfg)),
         list_drains(state_location(cfg)),
         scope,
+        judged(snapshot.gpus),
     )
     if args.explain:
         from gpuwarden.mig import devices

@@ -182,7 +182,9 @@ def _health(snap: Snapshot) -> dict[str, tuple[Any, ...]]:
     from gpuwarden import health
 
     try:
-        return health.judge_all(snap.gpus)
+        from gpuwarden.xidlog import judged
+
+        return judged(snap.gpus)
     except Exception:  # status must still show the GPUs, judged without the XID log
         return {g.uuid: health.judge(g) for g in snap.gpus}
 

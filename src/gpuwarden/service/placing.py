@@ -71,7 +71,9 @@ def inputs(
     from gpuwarden import drain, health, leases
 
     drains = drain.list_drains()
-    findings = health.judge_all(snapshot.gpus)
+    from gpuwarden.xidlog import judged
+
+    findings = judged(snapshot.gpus)
     gpus = [
         scheduling.Gpu(
             g.uuid,

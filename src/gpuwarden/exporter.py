@@ -155,7 +155,7 @@ class ViewCache:
         xids = self._state("xids", xids_seen, {}, previous)
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
         idle = self._idle.update(snap, (lease.uuid for lease in leases))
-        from gpuwarden.queuemetrics import read_stats
+        from gpuwarden.service.client import read_stats
 
         return View(
             snapshot=snap,

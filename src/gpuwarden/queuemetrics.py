@@ -2,31 +2,17 @@
 waited, each user's fair share, the enforcement watcher's actions and the GPU use
 outside any lease — from the service's `stats` answer.
 
-The exporter asks the service once per reading (with the GPUs), so a scrape
-costs the service one small query whatever the number of scrapers. Without a
-service only `gpuwarden_queue_service_up 0` is exported, so a dashboard can tell
-"no queue here" from "queue empty".
+The exporter asks the service once per reading (with the GPUs:
+`service.client.read_stats`), so a scrape costs the service one small query
+whatever the number of scrapers; the families here are pure functions of that
+answer. Without a service only `gpuwarden_queue_service_up 0` is exported, so a
+dashboard can tell "no queue here" from "queue empty".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Optional
-
-
-def read_stats(path: Optional[str] = None, timeout: float = 2.0) -> Optional[dict[str, Any]]:
-    """The service's `stats`, or None when no service answers (never raises)."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.service.client import connect
-
-    try:
-        client = connect(path, timeout=timeout)
-        if client is None:
-            return None
-        with client:
-            return client.call("stats")
-    except (UserError, OSError, ValueError):
-        return None
 
 
 def families(stats: Optional[Mapping[str, Any]], host: str) -> list:

@@ -282,3 +282,15 @@ def job_fields(
     if output is not None:
         fields["output"] = os.path.abspath(output)
     return fields
+
+
+def read_stats(path: Optional[str] = None, timeout: float = 2.0) -> Optional[dict[str, Any]]:
+    """The service's `stats`, or None when no service answers (never raises)."""
+    try:
+        client = connect(path, timeout=timeout)
+        if client is None:
+            return None
+        with client:
+            return client.call("stats")
+    except (UserError, OSError, ValueError):
+        return None

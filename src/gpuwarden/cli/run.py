@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.cli.oneshot import one_shot
 
     if args.slurm:
-        from gpuwarden.cli.submit import run_attached
+        from gpuwarden.cli.slurmjobs import run_attached
 
         return run_attached(args)
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one

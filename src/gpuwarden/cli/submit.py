@@ -1,29 +1,23 @@
 """`gpuwarden submit [-g N] [filters] [--time T] [--after ID] -- CMD`: a batch job for
 this machine's queue service (docs/service.md), which runs it as you when its GPUs are
 free, with its output in `gpuwarden-ID.out`; with `--slurm`, the same request as a
-Slurm batch job (docs/slurm.md). `run --slurm` (attached, through `srun`) is
-`run_attached` here.
+Slurm batch job (docs/slurm.md), its request translated by `cli.slurmjobs`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
+from gpuwarden.cli.slurmjobs import NO_SLURM_EQUIVALENT, command_of, spec_of
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
 
     from gpuwarden.cli import Commands
 
     Parser = argparse.ArgumentParser
-
-# Filters that choose among one machine's GPUs by what NVML shows; under Slurm the
-# scheduler picks the GPUs, so they have no meaning there.
-NO_SLURM_EQUIVALENT = ("gpus", "min_free", "max_util", "min_capability", "exclude")
 
 
 def add_slurm_options(parser: Parser) -> None:
@@ -68,46 +62,6 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
-def _command(args: argparse.Namespace) -> list[str]:
-    cmd = list(args.cmd or [])
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UserError("no command given after --, e.g. `-- python train.py`")
-    return cmd
-
-
-def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
-    from gpuwarden.slurm import batch
-
-    for name in NO_SLURM_EQUIVALENT:
-        if getattr(args, name, None) is not None:
-            flag = "--" + name.replace("_", "-")
-            raise UserError(
-                f"{flag} chooses among this machine's GPUs; under --slurm Slurm picks them "
-                "(use --model or --constraint for node features)"
-            )
-    types = ()
-    if args.model is not None:  # the config only says which --model names are gres types
-        from gpuwarden import config as cfg
-
-        types = cfg.load({}).get("slurm.gpu_types") or ()
-    return batch.spec_of(
-        _command(args),
-        gpus=args.count,
-        nodes=args.nodes,
-        time=args.time,
-        mem=mem,
-        model=args.model,
-        constraint=args.constraint,
-        gpu_types=types,
-        ddp=args.ddp,
-        output=getattr(args, "output", None),
-        name=getattr(args, "name", None),
-        partition=args.partition,
-    )
-
-
 def submit_local(args: argparse.Namespace) -> int:
     """The job to this machine's queue service; prints its id."""
     from gpuwarden import config as cfg
@@ -122,7 +76,7 @@ def submit_local(args: argparse.Namespace) -> int:
             raise UserError(f"--{name} is a Slurm option: add --slurm")
     conf = cfg.load(filters.settings(args))
     request = Request.from_config(conf, mem=filters.mem_of(args))
-    cmd = _command(args)
+    cmd = command_of(args)
     if args.ddp:
         from gpuwarden.launch import ddp_argv
 
@@ -178,38 +132,3 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def run_attached(args: argparse.Namespace) -> int:
-    """`gpuwarden run --slurm`: the same request through `srun`, attached to this terminal;
-    srun's exit status is the job's."""
-    from gpuwarden.slurm import batch, tools
-
-    if args.mem is not None:
-        raise UserError(
-            "run --mem declares a share of a GPU on this machine; Slurm has no such share "
-            "(for host memory use `gpuwarden submit --slurm --mem`)"
-        )
-    for name in ("wait", "timeout", "nproc"):
-        if getattr(args, name, None) not in (None, False):
-            raise UserError(f"--{name} applies to this machine's GPUs, not with --slurm")
-    if getattr(args, "cpu", False):
-        args.count = "0"
-    args.name = None
-    spec = spec_of(args)
-    argv = batch.srun_argv(spec)
-    if args.dry_run:
-        import shlex
-
-        print(shlex.join(argv))
-        return 0
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(argv[0], argv, tools.clean_env())
-    except FileNotFoundError:
-        raise UserError(
-            "srun not found on PATH: install Slurm's client commands (Debian: slurm-client) "
-            "or run where they are"
-        ) from None
-    return 127  # not reached

@@ -82,8 +82,10 @@ def client():
 def find(c, tag):
     # Small listings: the job is active, or among the latest to end (a reply larger
     # than the socket's buffer is not what this test is about).
+    # Two calls: a job that ends between them is in both listings, under one id. Two
+    # different ids for one tag would be the job submitted twice.
     rows = c.call("queue")["jobs"] + c.call("jobs", limit=300)["jobs"]
-    found = [r["id"] for r in rows if r["command"] and r["command"][-1] == tag]
+    found = sorted({r["id"] for r in rows if r["command"] and r["command"][-1] == tag})
     if len(found) > 1:
         raise SystemExit(f"tag {tag} was recorded as {len(found)} jobs: {found}")
     return found[0] if found else None

@@ -9,7 +9,10 @@ fifty open pages cost fifty socket writes a second, not fifty NVML reads (nor
 fifty questions to the queue service).
 
 The server is `http.server.ThreadingHTTPServer` with bounds: at most
-`max_clients` connections at once (one more is answered 503 and closed), a
+`max_clients` connections at once (one more is answered 503 and closed, after
+waiting up to `SLOT_WAIT` for a slot: a connection its client has just closed
+holds its slot until its thread has run, which on a busy machine may come after
+the client's next connection), a
 socket timeout for slow or silent clients, GET and HEAD only (anything else
 405), and, while bound to loopback, only loopback `Host` names (a page on
 another site cannot read it through DNS rebinding). Malformed requests get a
@@ -374,6 +377,9 @@ def _handler(feed: Feed, pages: Pages, loopback_only: bool, timeout: float) -> t
     return Handler
 
 
+SLOT_WAIT = 0.1  # seconds a connection over the limit waits for a slot before its 503
+
+
 class _Server(ThreadingHTTPServer):
     """ThreadingHTTPServer with a ceiling on connections (each is a thread)."""
 
@@ -385,7 +391,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self.slots.acquire(timeout=SLOT_WAIT):
             with contextlib.suppress(OSError):
                 request.sendall(
                     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"

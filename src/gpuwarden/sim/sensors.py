@@ -101,18 +101,10 @@ class Sensors:
         return _fan(gpu, out)
 
     def nvmlDeviceGetClockInfo(self, state: Any, gpu: Any, mig: Any, kind: Any, out: Any) -> int:
-        value = _clock(gpu, val(kind), False)
-        if value is None:
-            return INVALID_ARGUMENT
-        put(out, value)
-        return SUCCESS
+        return _put_clock(gpu, kind, out, maximum=False)
 
     def nvmlDeviceGetMaxClockInfo(self, state: Any, gpu: Any, mig: Any, kind: Any, out: Any) -> int:
-        value = _clock(gpu, val(kind), True)
-        if value is None:
-            return INVALID_ARGUMENT
-        put(out, value)
-        return SUCCESS
+        return _put_clock(gpu, kind, out, maximum=True)
 
     def nvmlDeviceGetPerformanceState(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
         # Data-centre cards in persistence mode stay in P0; others drop to P8 when idle.
@@ -150,6 +142,15 @@ def _fan(gpu: dict[str, Any], out: Any) -> int:
     if lacks(gpu, cards.FAN) or gpu.get("fan") is None:
         return NOT_SUPPORTED
     put(out, gpu["fan"])
+    return SUCCESS
+
+
+def _put_clock(gpu: Any, kind: Any, out: Any, maximum: bool) -> int:
+    """The current or maximum clock of `kind` into `out`; an unknown kind is refused."""
+    value = _clock(gpu, val(kind), maximum)
+    if value is None:
+        return INVALID_ARGUMENT
+    put(out, value)
     return SUCCESS
 
 

@@ -69,6 +69,72 @@ def test_a_committed_change_survives_a_kill(tmp_path: Path) -> None:
     assert s.Store(str(path)).get(1).state == s.STARTING  # type: ignore[union-attr]
 
 
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files `os.fsync` is called on, by name, from now on."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced
+
+
+def test_a_deferred_commit_is_synced_once_and_only_when_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `durable=False` commit leaves the journal unsynced until `sync` (one fsync of
+    the write-ahead log) or a durable commit (which syncs the log with it)."""
+    store = s.Store(str(tmp_path / "state.db"))
+    a = store.add(job())
+    assert not store.unsynced
+    synced = _fsyncs(monkeypatch)
+    store.sync()
+    assert synced == []  # nothing deferred: no fsync
+    store.update(a.id, durable=False, state=s.COMPLETED)
+    assert store.unsynced
+    store.sync()
+    assert synced == [str(tmp_path / "state.db-wal")] and not store.unsynced
+    store.update(a.id, durable=False, reason="x")
+    store.update(a.id, error="y")  # a durable commit carries the deferred one
+    store.sync()
+    assert len(synced) == 1 and not store.unsynced
+    with pytest.raises(RuntimeError), store.transaction(durable=False):
+        store.update(a.id, reason="z")
+        raise RuntimeError  # rolled back: nothing to sync
+    assert not store.unsynced
+    store.update(a.id, durable=False, reason="w")
+    store.close()  # closing syncs what is deferred
+    assert len(synced) == 2
+    assert s.Store(str(tmp_path / "state.db")).get(a.id).reason == "w"  # type: ignore[union-attr]
+
+
+def test_exit_records_are_removed_only_after_the_end_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service defers the fsync of a job's end; the exit record that says how the
+    job ended must outlive any window in which a power cut could lose that end."""
+    from types import SimpleNamespace
+
+    from gpuwarden.service.lifecycle import Lifecycle
+
+    store = s.Store(str(tmp_path / "state.db"))
+    a = store.add(job())
+    record = tmp_path / f"{a.id}.exit"
+    record.write_text("{}")
+    store.update(a.id, durable=False, state=s.COMPLETED)
+    order: list[str] = []
+    real_sync = store.sync
+    monkeypatch.setattr(store, "sync", lambda: (order.append("sync"), real_sync()))
+    real_unlink = os.unlink
+    monkeypatch.setattr(os, "unlink", lambda p: (order.append("unlink"), real_unlink(p)))
+    service = SimpleNamespace(store=store, litter=[str(record)])
+    Lifecycle.remove_litter(service)  # type: ignore[arg-type]
+    assert order == ["sync", "unlink"] and not store.unsynced and not record.exists()
+
+
 def test_usage_is_charged_and_decays(tmp_path: Path) -> None:
     store = s.Store(str(tmp_path / "u.db"))
     store.charge("alice", 7200.0, now=0.0, half_life=7 * DAY)

@@ -318,7 +318,10 @@ class Lifecycle:
             self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
         cpu = used.get("cpu_ns")
-        with self.store.transaction():  # the end and the usage it adds: one commit
+        # The end and the usage it adds: one commit, made durable by the next job's
+        # start or by `remove_litter`, whichever comes first (see Store.sync); until
+        # then the exit record on disk says how the job ended.
+        with self.store.transaction(durable=False):
             self.store.update(
                 job.id,
                 cpu_seconds=None if cpu is None else cpu / 1e9,
@@ -364,7 +367,11 @@ class Lifecycle:
         self.dirty = True
 
     def remove_litter(self) -> None:
-        """Remove the exit records and markers of jobs whose end is committed."""
+        """Remove the exit records and markers of jobs whose end is committed, once
+        that commit is on disk: until then a power cut would leave the journal
+        without the end and the disk without the record of it."""
+        if self.litter:
+            self.store.sync()
         for path in self.litter:
             with contextlib.suppress(OSError):
                 os.unlink(path)

@@ -127,7 +127,10 @@ class Requests:
             if self.store.get(dep) is None:
                 raise UserError(f"--after {dep}: no such job")
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
-        with self.store.transaction():  # the job and its output path: one commit
+        # The job and its output path: one commit. A batch job's id is a promise, on
+        # disk before it is told; an attached job matters only while its client waits,
+        # and its start's durable commit carries it to disk before it runs.
+        with self.store.transaction(durable=not sub.attached):
             job = self.store.add(
                 store.new_job(
                     uid=who.uid,

@@ -36,7 +36,18 @@ if TYPE_CHECKING:
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
-    argparse = import_argparse()  # without gettext: see gpuwarden.lazyimport
+    # argparse brings re, enum, functools and collections: objects that live until
+    # exit, which the cyclic collector would walk about six times while they are
+    # made, freeing nothing (docs/performance.md). Paused for the import; what it
+    # built is frozen out of the collector's sight, as `main` does for the rest.
+    _collecting = gc.isenabled()
+    gc.disable()
+    try:
+        argparse = import_argparse()  # without gettext: see gpuwarden.lazyimport
+    finally:
+        gc.freeze()
+        if _collecting:
+            gc.enable()
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.

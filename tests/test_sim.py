@@ -163,6 +163,40 @@ def test_dead_processes_disappear():
     assert child.pid not in [p["pid"] for p in live_processes(machine.state())]
 
 
+def test_a_writer_gives_up_in_one_line_when_the_lock_stays_held(monkeypatch):
+    """A stopped or stuck process holding the state's lock must not hang every
+    simulator client: a writer waits `LOCK_PATIENCE`, then says where to look."""
+    from gpuwarden.sim import state
+
+    machine = Machine.open("server-8xa100")
+    machine.set_gpu(0, temperature=40)  # the state file and its lock exist
+    lock = machine.file.path + ".lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(60)\n",
+            lock,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(state, "LOCK_PATIENCE", 0.3)
+        with pytest.raises(UserError, match=r"lock .* has been held by another process for 0.3 s"):
+            machine.set_gpu(0, temperature=50)
+    finally:
+        holder.kill()
+        holder.wait()
+    machine.set_gpu(0, temperature=50)  # the holder gone, the lock is taken again
+    assert machine.state()["gpus"][0]["temperature"] == 50
+
+
 def test_allocation_beyond_free_memory_is_refused():
     machine = Machine.open("server-8xa100")
     with pytest.raises(UserError, match="free"):

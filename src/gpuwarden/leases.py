@@ -44,6 +44,7 @@ from gpuwarden.safefiles import (
     MAX_RECORD,
     TMP_SUFFIX,
     UnsafeFile,
+    flock_within,
     open_regular,
     owner_name,
     printable,
@@ -417,24 +418,13 @@ def lock_within(fd: int, patience: float, path: str) -> None:
     """Take an exclusive flock on `fd`, polling, for at most `patience` seconds: a lock
     held by a stopped or hostile process must not stop every client (a blocking flock
     cannot be given a timeout)."""
-    deadline = time.monotonic() + patience
-    delay = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        now = time.monotonic()
-        if now >= deadline:
-            raise AllocationBusy(
-                f"{path} is held by {lock_holder(fd)}; gpuwarden clients take it for "
-                "milliseconds, so that process is stopped, stuck or hostile (a directory "
-                "every user can write cannot be protected from a user who holds its locks)",
-                exit_code=EXIT_BUSY,
-            )
-        time.sleep(min(delay, deadline - now))
-        delay = min(delay * 2, 0.05)
+    if not flock_within(fd, patience):
+        raise AllocationBusy(
+            f"{path} is held by {lock_holder(fd)}; gpuwarden clients take it for "
+            "milliseconds, so that process is stopped, stuck or hostile (a directory "
+            "every user can write cannot be protected from a user who holds its locks)",
+            exit_code=EXIT_BUSY,
+        )
 
 
 def lock_holder(fd: int) -> str:

@@ -182,6 +182,27 @@ def write_atomic(
         sync_directory(os.path.dirname(target) or ".")
 
 
+def flock_within(fd: int, patience: float) -> bool:
+    """Take an exclusive flock on `fd`, polling, for at most `patience` seconds; False
+    when it stayed held. A blocking flock cannot be given a timeout, and a lock held
+    by a stopped, stuck or hostile process must not stop every other client."""
+    import fcntl
+
+    deadline = time.monotonic() + patience
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        time.sleep(min(delay, deadline - now))
+        delay = min(delay * 2, 0.05)
+
+
 def sync_directory(folder: str) -> None:
     """fsync a directory, so a rename or unlink in it is on disk; best effort."""
     try:

@@ -11,7 +11,6 @@ costs one `stat` per NVML call.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -86,6 +85,8 @@ def check_value(key: str, value: Any, gpu: Optional[dict[str, Any]] = None) -> N
 
 # A state file bigger than this is not one the simulator wrote (8 GPUs: ~10 KiB).
 MAX_STATE = 16 * 1024 * 1024
+#: Seconds a writer waits for the state's lock before it gives up with one line.
+LOCK_PATIENCE = 10.0
 
 
 def _fits(value: Any, like: Any) -> bool:
@@ -200,15 +201,21 @@ class StateFile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        from gpuwarden.safefiles import open_regular
+        from gpuwarden.safefiles import flock_within, open_regular
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # Not a plain open(): a FIFO there would block, a symlink would be followed.
-        fd, _ = open_regular(
-            self.path + ".lock", os.O_RDWR | os.O_CREAT, what="simulated machine lock"
-        )
+        lock = self.path + ".lock"
+        fd, _ = open_regular(lock, os.O_RDWR | os.O_CREAT, what="simulated machine lock")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Writers hold it for a read, a change and a write: a process that keeps it
+            # longer is stopped or stuck, and must not hang every simulator client.
+            if not flock_within(fd, LOCK_PATIENCE):
+                raise UserError(
+                    f"simulated machine lock {lock} has been held by another process for "
+                    f"{LOCK_PATIENCE:g} s (a stopped or stuck simulator client? "
+                    f"`fuser {lock}` names it)"
+                )
             yield
         finally:
             os.close(fd)  # releases the lock

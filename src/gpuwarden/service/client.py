@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
+#: Seconds of silence from the service after which a waiting command says so.
+NOTICE_AFTER = 3.0
 
 
 def socket_path() -> str:
@@ -66,7 +68,7 @@ class Client:
     def receive(self) -> dict[str, Any]:
         while not self.pending:
             try:
-                data = self.sock.recv(65536)
+                data = self._recv()
             except socket.timeout:
                 if self.waiting:
                     raise  # run_attached's own deadline: it decides what a quiet minute means
@@ -84,6 +86,30 @@ class Client:
                 raise UserError(f"the service at {self.path} closed the connection")
             self.pending.extend(self.decoder.feed(data))
         return self.pending.pop(0)
+
+    def _recv(self) -> bytes:
+        """The next bytes from the service. A service answers in milliseconds; when it
+        has said nothing for NOTICE_AFTER seconds (wedged, stopped, or an impostor
+        that accepts and never answers), the user is told once on stderr while the
+        rest of the timeout runs, rather than left looking at a silent terminal."""
+        limit = self.sock.gettimeout()
+        if self.waiting or limit is None or limit <= NOTICE_AFTER:
+            return self.sock.recv(65536)
+        try:
+            self.sock.settimeout(NOTICE_AFTER)
+            try:
+                return self.sock.recv(65536)
+            except socket.timeout:
+                print(
+                    f"gpuwarden: the service at {self.path} has not answered for "
+                    f"{NOTICE_AFTER:g}s; waiting up to {limit:g}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self.sock.settimeout(limit - NOTICE_AFTER)
+            return self.sock.recv(65536)
+        finally:
+            self.sock.settimeout(limit)  # also what a timeout's message reports
 
 
 def connect(path: Optional[str] = None, timeout: float = 30.0) -> Optional[Client]:

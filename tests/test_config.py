@@ -206,6 +206,35 @@ def test_durations_and_capabilities() -> None:
             units.parse_duration(bad)
 
 
+def test_time_limits_are_read_as_slurm_reads_them() -> None:
+    """`--time 90` is ninety minutes with the queue service as with --slurm; every form
+    the Slurm path accepts means the same number of seconds on both."""
+    from gpuwarden.slurm.batch import slurm_time
+
+    cases = {
+        "90": 5400,
+        "5:30": 330,
+        "1:30:00": 5400,
+        "2-00": 172800,
+        "2-3:4": 183840,
+        "2-3:4:5": 183845,
+        "90s": 90,
+        "30m": 1800,
+        "1.5h": 5400,
+        "2d": 172800,
+    }
+    for text, seconds in cases.items():
+        assert units.parse_time_limit(text) == seconds, text
+        assert units.parse_time_limit(slurm_time(text)) == seconds, text
+    for unlimited in ("0", "UNLIMITED", "infinite", "0:00"):
+        assert units.parse_time_limit(unlimited) is None
+    for bad in ("junk", "1:2:3:4", "-5", "", "1:", "x-1", "4 hours", "99999999", "0s"):
+        with pytest.raises(UserError, match=r"^invalid --time "):
+            units.parse_time_limit(bad)
+        with pytest.raises(UserError, match=r"^invalid --time "):
+            slurm_time(bad)
+
+
 def test_locations_fall_back_to_system_then_per_user(
     monkeypatch: pytest.MonkeyPatch, isolated: Path
 ) -> None:

@@ -93,6 +93,58 @@ def parse_duration(text: str | float) -> float:
     return seconds
 
 
+#: Slurm's words for no time limit.
+UNLIMITED = ("UNLIMITED", "INFINITE")
+
+
+def is_slurm_time(text: str) -> bool:
+    """Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    days, dash, rest = text.partition("-")
+    if dash and not days.isdigit():
+        return False
+    parts = (rest if dash else text).split(":")
+    return len(parts) <= 3 and all(p.isdigit() for p in parts)
+
+
+def parse_time_limit(text: str) -> float | None:
+    """A job's `--time` in seconds, read as Slurm reads it so that `--time 90` means
+    the same with the queue service as with `--slurm`: a bare number is minutes, then
+    MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS; gpuwarden's durations (90s, 30m,
+    4h, 2d) too. None for no limit (0, UNLIMITED, INFINITE, as in Slurm; `0s` is
+    refused as a slip). Raises
+    UserError naming the value and the forms accepted."""
+    value = str(text).strip()
+    if value.upper() in UNLIMITED:
+        return None
+    if value and is_slurm_time(value):
+        days, dash, rest = value.partition("-")
+        fields = [int(f) for f in (rest if dash else value).split(":")]
+        if dash:  # D-HH, D-HH:MM, D-HH:MM:SS
+            hours, minutes, secs = [*fields, 0, 0][:3]
+            seconds = float(int(days) * 86400 + hours * 3600 + minutes * 60 + secs)
+        elif len(fields) == 1:  # minutes
+            seconds = fields[0] * 60.0
+        elif len(fields) == 2:  # MM:SS
+            seconds = fields[0] * 60.0 + fields[1]
+        else:  # HH:MM:SS
+            seconds = fields[0] * 3600.0 + fields[1] * 60 + fields[2]
+    else:
+        try:
+            seconds = parse_duration(value) if value[-1:].isalpha() else 0.0
+        except UserError:
+            seconds = 0.0
+        if seconds <= 0:  # a duration of nothing is a slip; Slurm's "0" is read above
+            raise UserError(
+                f"invalid --time {shown(text)}: expected minutes, MM:SS, [D-]HH:MM:SS or "
+                "a duration such as 90s, 30m, 4h, 2d"
+            )
+    if seconds > MAX_DURATION:
+        raise UserError(
+            f"invalid --time {shown(text)}: time limits above ten years are not accepted"
+        )
+    return seconds or None
+
+
 LOOPBACK = "127.0.0.1"
 
 

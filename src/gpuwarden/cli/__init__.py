@@ -74,7 +74,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "unhold": ("hold", "let held jobs start again (queue service)"),
     "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
     "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
-    "submit": ("submit", "hand a job to Slurm (--slurm): the same request as `run`"),
+    "submit": (
+        "submit",
+        "queue a batch job for this machine's queue service (or Slurm's, with --slurm)",
+    ),
     "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
     "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
     "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),

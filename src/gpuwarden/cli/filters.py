@@ -17,17 +17,34 @@ if TYPE_CHECKING:
     Declared = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
 
-def add_filters(parser: Declared) -> None:
+def add_filters(parser: Declared, *, slurm: bool = False) -> None:
+    """The selection filters. With `slurm` (`submit`, which also hands jobs to Slurm),
+    each says what it means there: Slurm has no equivalent for most of them."""
+    local = " (not with --slurm)" if slurm else ""
     parser.add_argument(
-        "--gpus", metavar="IDS", help="candidates: nvidia-smi indices or UUID prefixes"
+        "--gpus", metavar="IDS", help="candidates: nvidia-smi indices or UUID prefixes" + local
     )
-    parser.add_argument("--min-free", metavar="SIZE", help="at least this much free memory (20GiB)")
-    parser.add_argument("--max-util", metavar="PCT", help="at most this utilization (percent)")
-    parser.add_argument("--min-capability", metavar="X.Y", help="at least this compute capability")
-    parser.add_argument("--model", metavar="PATTERN", help="GPU name glob or substring, any case")
-    parser.add_argument("--exclude", metavar="IDS", help="never these GPUs")
     parser.add_argument(
-        "--mem", metavar="SIZE", help="a shared lease declaring this much memory (not a whole GPU)"
+        "--min-free", metavar="SIZE", help="at least this much free memory (20GiB)" + local
+    )
+    parser.add_argument(
+        "--max-util", metavar="PCT", help="at most this utilization (percent)" + local
+    )
+    parser.add_argument(
+        "--min-capability", metavar="X.Y", help="at least this compute capability" + local
+    )
+    parser.add_argument(
+        "--model",
+        metavar="PATTERN",
+        help="GPU name glob or substring, any case"
+        + ("; with --slurm a gres type" if slurm else ""),
+    )
+    parser.add_argument("--exclude", metavar="IDS", help="never these GPUs" + local)
+    parser.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="a shared lease declaring this much memory (not a whole GPU)"
+        + ("; with --slurm host memory" if slurm else ""),
     )
 
 
@@ -69,6 +86,27 @@ def add_lease_options(parser: argparse.ArgumentParser) -> None:
     pick.add_argument(
         "--uuid", action="store_true", help="CUDA_VISIBLE_DEVICES as UUIDs, not indices"
     )
+
+
+def add_time_option(parser: Declared) -> None:
+    """`--time` of `run` and `submit`, read as Slurm reads it (`units.parse_time_limit`)."""
+    parser.add_argument(
+        "--time",
+        metavar="T",
+        help="time limit, with the queue service or --slurm: SIGTERM at T, SIGKILL after a "
+        "grace; a bare number is minutes, as in Slurm (90, 1:30:00, 2-00, 30m, 4h)",
+    )
+
+
+def add_slurm_options(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:
+    """The options only Slurm reads, shared by `run --slurm` and `submit --slurm`; the
+    group, for a command's own Slurm options."""
+    slurm = parser.add_argument_group("Slurm (docs/slurm.md)")
+    slurm.add_argument("--slurm", action="store_true", help=what)
+    slurm.add_argument("--nodes", metavar="K", help="with --slurm: this many nodes")
+    slurm.add_argument("--constraint", metavar="FEATURES", help="with --slurm: node features")
+    slurm.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
+    return slurm
 
 
 def request_of(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -46,14 +46,8 @@ def register(commands: Commands, name: str) -> None:
         type=int,
         help="--ddp ranks on the CPU (gloo); implies --cpu without -g/--gpus",
     )
-    slurm = parser.add_argument_group("Slurm (docs/slurm.md)")
-    slurm.add_argument("--slurm", action="store_true", help="run it as a Slurm job, via srun")
-    slurm.add_argument("--nodes", metavar="K", help="with --slurm: this many nodes")
-    slurm.add_argument(
-        "--time", metavar="T", help="time limit, with the queue service or --slurm (90s, 4h)"
-    )
-    slurm.add_argument("--constraint", metavar="FEATURES", help="with --slurm: node features")
-    slurm.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
+    filters.add_time_option(parser)
+    filters.add_slurm_options(parser, "run it as a Slurm job, via srun")
     parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
@@ -141,10 +135,10 @@ def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: lis
     files can block it, and it takes its turn by priority and fair share."""
     from gpuwarden import launch
     from gpuwarden.service.client import job_fields, run_attached
-    from gpuwarden.units import parse_duration
+    from gpuwarden.units import parse_time_limit
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if args.ddp else cmd
-    limit = None if args.time is None else parse_duration(args.time)
+    limit = None if args.time is None else parse_time_limit(args.time)
     fields = job_fields(request, argv, time_limit=limit)
     fields["wait"] = bool(conf.get("run.wait"))
     return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuwarden.cli.slurmjobs import NO_SLURM_EQUIVALENT, command_of, spec_of
+from gpuwarden.cli.slurmjobs import command_of, spec_of
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
@@ -17,48 +17,42 @@ if TYPE_CHECKING:
 
     from gpuwarden.cli import Commands
 
-    Parser = argparse.ArgumentParser
-
-
-def add_slurm_options(parser: Parser) -> None:
-    """What `submit --slurm` and `run --slurm` share beyond -g/--model/--ddp."""
-    parser.add_argument("--slurm", action="store_true", help="hand the job to Slurm")
-    parser.add_argument("--nodes", metavar="K", help="with --slurm: this many nodes")
-    parser.add_argument(
-        "--time", metavar="T", help="with --slurm: time limit (90, 1:30:00, 2-00, 30m, 4h)"
-    )
-    parser.add_argument("--constraint", metavar="FEATURES", help="with --slurm: node features")
-    parser.add_argument("--partition", metavar="NAME", help="with --slurm: the partition")
-
 
 def register(commands: Commands, name: str) -> None:
-    from gpuwarden.cli import subcommand
+    from gpuwarden.cli import filters, subcommand
 
     parser = subcommand(commands, name)
     parser.usage = (
-        "gpuwarden submit [--slurm] [-g N] [filters] [--time T] [--after ID] [--ddp] "
-        "[--dry-run] -- CMD ARGS..."
+        "gpuwarden submit [-g N] [filters] [--time T] [--after ID] [--output FILE] "
+        "[--slurm] -- CMD ARGS..."
     )
-    parser.add_argument("-g", "--count", metavar="N", help="GPUs per node (default 1; 0: none)")
-    parser.add_argument("--model", metavar="NAME", help="a GPU model; with --slurm a gres type")
-    parser.add_argument(
-        "--mem",
-        metavar="SIZE",
-        help="a shared GPU lease declaring this much GPU memory; with --slurm host memory",
+    pick = parser.add_argument_group("which GPUs")
+    pick.add_argument(
+        "-g", "--count", metavar="N", help="how many GPUs (per node with --slurm; 0: none)"
     )
-    for name in NO_SLURM_EQUIVALENT:
-        parser.add_argument("--" + name.replace("_", "-"), metavar="X", help="(not with --slurm)")
-    add_slurm_options(parser)
-    local = parser.add_argument_group("this machine's queue (docs/service.md)")
-    local.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
-    local.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
-    local.add_argument("--nice", metavar="N", help="lower your own priority (0..19)")
-    parser.add_argument(
-        "--ddp", action="store_true", help="one task per GPU through srun (init_distributed)"
+    filters.add_filters(pick, slurm=True)
+    job = parser.add_argument_group("the job")
+    filters.add_time_option(job)
+    job.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
+    job.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
+    job.add_argument("--nice", metavar="N", help="lower your own priority (0..19)")
+    job.add_argument(
+        "--output",
+        metavar="FILE",
+        help="its output (default gpuwarden-ID.out in this directory; slurm-%%j.out with --slurm)",
     )
-    parser.add_argument("--output", metavar="FILE", help="the job's output file (slurm-%%j.out)")
-    parser.add_argument("--name", metavar="NAME", help="the job's name")
-    parser.add_argument("--dry-run", action="store_true", help="print the batch script only")
+    job.add_argument(
+        "--ddp",
+        action="store_true",
+        help="start CMD (a script) with torchrun, one rank per GPU (through srun with --slurm)",
+    )
+    job.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the request (the batch script with --slurm) and submit nothing",
+    )
+    slurm = filters.add_slurm_options(parser, "hand it to Slurm as a batch job (sbatch)")
+    slurm.add_argument("--name", metavar="NAME", help="with --slurm: the job's name")
     parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 
 
@@ -69,7 +63,7 @@ def submit_local(args: argparse.Namespace) -> int:
     from gpuwarden.cli.jobtables import job_ids
     from gpuwarden.selection import Request
     from gpuwarden.service.client import job_fields, require
-    from gpuwarden.units import parse_duration
+    from gpuwarden.units import parse_time_limit
 
     for name in ("nodes", "constraint", "partition", "name"):
         if getattr(args, name, None) is not None:
@@ -89,7 +83,7 @@ def submit_local(args: argparse.Namespace) -> int:
     fields = job_fields(
         request,
         cmd,
-        time_limit=None if args.time is None else parse_duration(args.time),
+        time_limit=None if args.time is None else parse_time_limit(args.time),
         after=tuple(job_ids([args.after])) if args.after else (),
         hold=args.hold,
         nice=nice,

@@ -21,22 +21,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Optional
 
-_UNLIMITED = ("UNLIMITED", "INFINITE")
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 # What may stand in a gres type or a feature expression without quoting trouble.
 WORD = _ALNUM | frozenset("_.+-")
 FEATURES = WORD | frozenset("&|*[]:()")
 # What a shell word may hold unquoted (shlex.quote's set).
 _SAFE = _ALNUM | frozenset("@%+=:,./-_")
-
-
-def _is_slurm_time(text: str) -> bool:
-    """Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    days, dash, rest = text.partition("-")
-    if dash and not days.isdigit():
-        return False
-    parts = (rest if dash else text).split(":")
-    return len(parts) <= 3 and all(p.isdigit() for p in parts)
 
 
 def quote(word: str) -> str:
@@ -112,22 +102,17 @@ class JobSpec(Value):
 def slurm_time(value: str) -> str:
     """A --time value in Slurm's form: Slurm's own forms pass through; gpuwarden's
     durations (90s, 30m, 4h, 2d) are converted; anything else is refused here, with
-    the forms accepted, before Slurm says only "Invalid --time specification"."""
-    text = value.strip()
-    if text.upper() in _UNLIMITED or _is_slurm_time(text):
-        return text
-    from gpuwarden.units import parse_duration
+    the forms accepted, before Slurm says only "Invalid --time specification". The
+    forms are read as the queue service reads them (`units.parse_time_limit`)."""
+    from gpuwarden.units import UNLIMITED, is_slurm_time, parse_time_limit
 
-    try:
-        seconds = round(parse_duration(text))
-    except (UserError, ValueError):
-        seconds = -1
-    if seconds <= 0:
-        raise UserError(
-            f"invalid --time {value!r}: expected minutes, [D-]HH:MM:SS, MM:SS or a duration "
-            "such as 90s, 30m, 4h, 2d"
-        )
-    days, rest = divmod(seconds, 86400)
+    text = value.strip()
+    seconds = parse_time_limit(text)  # refuses what neither path would read
+    if text.upper() in UNLIMITED or is_slurm_time(text):
+        return text
+    if seconds is None:  # only Slurm's own forms mean no limit, and they pass above
+        return text
+    days, rest = divmod(round(seconds), 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"

@@ -528,8 +528,25 @@ def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Serve
 
     [mine] = [lease for lease in leases.list_leases(str(lease_dir)) if lease.job == str(job)]
     assert mine.user == "gw-alice"
-    server.call(None, "cancel", jobs=[job])
+    assert mine.expires is None  # no --time: the lease lasts as long as the job
+    limited = submit(server, alice, ["sleep", "60"], request={"count": 1}, time_limit=600)
+    server.wait_state(limited, ("RUNNING",))
+    [timed] = [x for x in leases.list_leases(str(lease_dir)) if x.job == str(limited)]
+    assert timed.expires is not None and 590 < timed.expires - timed.started <= 601
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "status"],
+        env=dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=SPEC),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    leased = [x.split() for x in shown.stdout.splitlines() if x.startswith("GPU ")]
+    [row] = [x for x in leased if x[3:4] == [str(limited)]]  # GPU n user job pid age ...
+    assert row[2] == "gw-alice", shown.stdout
+    assert row[6] == "in" and row[7] in ("9m59s", "10m00s"), shown.stdout  # expires
+    server.call(None, "cancel", jobs=[job, limited])
     server.wait_state(job, ("CANCELLED",))
+    server.wait_state(limited, ("CANCELLED",))
     assert not list(lease_dir.glob(f"*.{job}.lease"))
 
 

@@ -177,7 +177,10 @@ def start_job(
         )
 
         held.on_behalf = job.user  # status and the exporter name the owner, not root
-        held.prepare(command_text(job.argv))  # a full disk fails here, before the job
+        # A job with --time says when its lease ends (SIGTERM then): `status` shows it,
+        # and another service or tool reading the leases can plan around it.
+        expires = None if job.time_limit is None else time.time() + job.time_limit
+        held.prepare(command_text(job.argv), expires=expires)  # a full disk fails here
 
         def record(supervisor: int, since: int) -> None:
             # One durable commit before the supervisor may run the job: a service killed

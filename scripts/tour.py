@@ -2,7 +2,8 @@
 
 Every step is a real `gpuwarden` command, printed before it runs. The tour
 keeps its simulated machine, leases and drains in a temporary directory, so
-it never touches the real ones and can be run again and again.
+it never touches the real ones and can be run again and again. Run as root, it
+ends with the queue service (`gpuwarden serve`) on its own socket there.
 
     python scripts/tour.py            # the simulated server-8xa100
     python scripts/tour.py --real     # read-only look at this machine's real GPUs
@@ -29,10 +30,10 @@ def show(args: list[str]) -> None:
     print("$ " + " ".join(shlex.quote(a) for a in args), flush=True)
 
 
-def gw(*args: str, env: dict[str, str], check: bool = False) -> int:
+def gw(*args: str, env: dict[str, str], check: bool = False, cwd: str | None = None) -> int:
     """Run `gpuwarden ARGS` in the foreground, printing the command first."""
     show(["gpuwarden", *args])
-    rc = subprocess.call([sys.executable, "-m", "gpuwarden", *args], env=env)
+    rc = subprocess.call([sys.executable, "-m", "gpuwarden", *args], env=env, cwd=cwd)
     if check and rc != 0:
         raise SystemExit(f"tour: `gpuwarden {' '.join(args)}` exited {rc}")
     return rc
@@ -123,7 +124,9 @@ def simulated(base: Path) -> None:
     gw("doctor", env=env)
 
     say("The same view, live in a browser, for everyone in the lab")
-    print("  GPUWARDEN_SIM=server-8xa100 .venv/bin/gpuwarden web   # then open http://127.0.0.1:9500/")
+    print(
+        "  GPUWARDEN_SIM=server-8xa100 .venv/bin/gpuwarden web   # then open http://127.0.0.1:9500/"
+    )
 
 
 def real() -> None:
@@ -135,12 +138,114 @@ def real() -> None:
     gw("doctor", env=env)
 
 
+def shared_queue(base: Path) -> None:
+    """The queue service on a simulated 3-GPU workstation: one queue for every user,
+    backfill, history. Only root may start the service (it runs each job as the user
+    who submitted it), so the tour shows it when run as root."""
+    say("One queue for the whole lab: the queue service (`gpuwarden serve`)")
+    if os.geteuid() != 0:
+        print("  (the service runs each job as its submitter, so starting it takes root:")
+        print("   run the tour as root to see this part; docs/service.md describes it)")
+        return
+    work = base / "queue"
+    (work / "leases").mkdir(parents=True, mode=0o755)  # the service's own, as `install` makes
+    socket = str(work / "gpuwarden.sock")
+    env = dict(os.environ)
+    env.update(
+        GPUWARDEN_SIM="workstation-3x3090",
+        GPUWARDEN_SIM_STATE=str(base / "sim-queue"),
+        GPUWARDEN_LEASE_DIR=str(work / "leases"),
+        GPUWARDEN_STATE_DIR=str(work / "state"),
+        GPUWARDEN_SOCKET=socket,
+        PATH=BIN + os.pathsep + env.get("PATH", ""),
+    )
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    print("  a workstation with three RTX 3090s; dave trains on GPU 1 outside any queue")
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "serve",
+            "--socket",
+            socket,
+            "--state-dir",
+            str(work / "service"),
+            "--log-level",
+            "error",
+        ],
+        env=env,
+    )
+    show(["gpuwarden", "serve", "--socket", socket, "&"])
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(socket):
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("tour: the queue service did not start")
+            time.sleep(0.05)
+        cwd = str(work)  # the jobs' output files (gpuwarden-ID.out) go here
+        long_job = ["sh", "-c", "echo training; sleep 5; echo saved"]
+        gw("submit", "-g", "1", "--time", "1m", "--", *long_job, env=env, check=True, cwd=cwd)
+        gw(
+            "submit",
+            "-g",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo two GPUs: $CUDA_VISIBLE_DEVICES",
+            env=env,
+            check=True,
+            cwd=cwd,
+        )
+        gw(
+            "submit",
+            "-g",
+            "1",
+            "--time",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            "echo quick; sleep 1",
+            env=env,
+            check=True,
+            cwd=cwd,
+        )
+        time.sleep(0.5)
+        print("  job 2 needs two GPUs: it waits for job 1's, due within its minute; job 3")
+        print("  declared 3 s, ends before that, and starts now on the idle GPU (backfill)")
+        gw("queue", env=env, check=True, cwd=cwd)
+        gw("status", env=env, check=True, cwd=cwd)
+        deadline = time.monotonic() + 30  # job 2 ends a moment after job 1
+        while time.monotonic() < deadline:
+            listed = subprocess.run(
+                [sys.executable, "-m", "gpuwarden", "queue", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                cwd=cwd,
+            ).stdout
+            if listed.strip() == "[]":  # nothing queued or running any more
+                break
+            time.sleep(0.2)
+        gw("jobs", env=env, check=True, cwd=cwd)
+        gw("logs", "2", env=env, check=True, cwd=cwd)
+        print("  fair share: each user's GPU-seconds, decayed over a week, order the queue;")
+        print("  dave's use of GPU 1 outside the queue counts as his usage too")
+        gw("share", env=env, check=True, cwd=cwd)
+    finally:
+        service.terminate()
+        service.wait()
+
+
 def main() -> int:
     if "--real" in sys.argv[1:]:
         real()
         return 0
     with tempfile.TemporaryDirectory(prefix="gpuwarden-tour-") as base:
         simulated(Path(base))
+        shared_queue(Path(base))
     print("\n" + hint())
     return 0
 

@@ -141,6 +141,31 @@ def test_a_command_like_nothing_lists_the_commands(capsys: pytest.CaptureFixture
     assert "(choose from status, visible, run," in capsys.readouterr().err
 
 
+def test_the_tours_queue_section_shows_backfill_logs_and_share(isolated, capfd) -> None:
+    """scripts/demo's last part starts the queue service (as root) and shows a job
+    backfilled ahead of a larger one, its log, the history and fair share."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from conftest import require
+
+    require(os.geteuid() == 0, "the queue service needs root")
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("tour", root / "scripts" / "tour.py")
+    tour = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(tour)  # type: ignore[union-attr]
+    tour.shared_queue(isolated)
+    out = capfd.readouterr().out
+    assert "Resources (start in" in out  # job 2 waits for job 1's GPU
+    queue = out[out.index("$ gpuwarden queue") : out.index("$ gpuwarden status")]
+    running = [ln.split()[0] for ln in queue.splitlines() if " RUNNING " in ln]
+    assert running == ["1", "3"], queue  # job 3 backfilled on the idle GPU
+    assert "two GPUs: 0,2" in out  # job 2 ran once GPU 0 was free again (logs 2)
+    assert out.count(" COMPLETED  exit 0 ") == 3
+    assert "dave" in out[out.index("$ gpuwarden share") :]
+
+
 def test_the_tours_last_hint_works_in_a_fresh_shell(isolated) -> None:
     """scripts/demo ends with what to type next; typed into a new shell (no virtual
     environment on PATH), it must work, and it must say what installs torch."""

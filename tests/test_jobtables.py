@@ -104,6 +104,6 @@ def test_history_and_share() -> None:
             {"user": "alice", "usage": 360000.0, "share": 2, "factor": 0.28},
         ]
     )
-    assert share.splitlines()[1].split() == ["alice", "100.0", "2", "0.280"]
+    assert share.splitlines()[1].split() == ["alice", "100.00", "2", "0.280"]
     assert t.queue_table([]) == "no jobs queued or running"
     assert t.span(None) == "-" and t.span(90000) == "1d01h"

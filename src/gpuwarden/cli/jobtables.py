@@ -178,7 +178,7 @@ def share_table(users: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             printable(str(u.get("user"))),
-            f"{(u.get('usage') or 0.0) / 3600.0:.1f}",
+            f"{(u.get('usage') or 0.0) / 3600.0:.2f}",  # as `jobs` gives GPU-hours
             f"{u.get('share', 1.0):g}",
             f"{u.get('factor', 1.0):.3f}",
         ]

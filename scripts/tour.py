@@ -72,17 +72,25 @@ LEASES = "len(__import__('gpuwarden.leases').leases.list_leases())"
 DRAINS = "len(__import__('gpuwarden.drain').drain.list_drains())"
 
 
-def simulated(base: Path) -> None:
+def machine_env(spec: str, sim_state: Path, work: Path, **more: str) -> dict[str, str]:
+    """This environment pointed at simulated machine `spec`, with its leases and state
+    under `work`: nothing real is read or changed."""
     env = dict(os.environ)
     env.update(
-        GPUWARDEN_SIM="server-8xa100",
-        GPUWARDEN_SIM_STATE=str(base / "sim"),
-        GPUWARDEN_LEASE_DIR=str(base / "leases"),
-        GPUWARDEN_STATE_DIR=str(base / "state"),
+        GPUWARDEN_SIM=spec,
+        GPUWARDEN_SIM_STATE=str(sim_state),
+        GPUWARDEN_LEASE_DIR=str(work / "leases"),
+        GPUWARDEN_STATE_DIR=str(work / "state"),
         PATH=BIN + os.pathsep + env.get("PATH", ""),
+        **more,
     )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("CUDA_DEVICE_ORDER", None)
+    return env
+
+
+def simulated(base: Path) -> None:
+    env = machine_env("server-8xa100", base / "sim", base)
 
     say("A shared 8xA100 server (simulated): alice, bob and carol are already training")
     gw("status", env=env, check=True)
@@ -150,16 +158,7 @@ def shared_queue(base: Path) -> None:
     work = base / "queue"
     (work / "leases").mkdir(parents=True, mode=0o755)  # the service's own, as `install` makes
     socket = str(work / "gpuwarden.sock")
-    env = dict(os.environ)
-    env.update(
-        GPUWARDEN_SIM="workstation-3x3090",
-        GPUWARDEN_SIM_STATE=str(base / "sim-queue"),
-        GPUWARDEN_LEASE_DIR=str(work / "leases"),
-        GPUWARDEN_STATE_DIR=str(work / "state"),
-        GPUWARDEN_SOCKET=socket,
-        PATH=BIN + os.pathsep + env.get("PATH", ""),
-    )
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env = machine_env("workstation-3x3090", base / "sim-queue", work, GPUWARDEN_SOCKET=socket)
     print("  a workstation with three RTX 3090s; dave trains on GPU 1 outside any queue")
     service = subprocess.Popen(
         [

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
+    from gpuwarden.cli.serving import add_watch_and_once
 
     parser = subcommand(commands, name)
     parser.add_argument(
@@ -24,30 +25,16 @@ def register(commands: Commands, name: str) -> None:
         default=None,
         help="also emit dcgm-exporter's DCGM_FI_* names and labels (exporter.dcgm_compat)",
     )
-    parser.add_argument(
-        "--no-watch",
-        action="store_true",
-        help="do not run the health watch (no XID listener, no automatic drains)",
-    )
-    parser.add_argument(
-        "--once", action="store_true", help="print the metrics once to stdout and exit"
-    )
-
-
-def _warn(message: str) -> None:
-    # Through logging: the CLI sets its format and level once (--log-level).
-    import logging
-
-    logging.getLogger("gpuwarden.exporter").warning(message)
+    add_watch_and_once(parser, "the metrics")
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
     from gpuwarden import config as config_module
     from gpuwarden import exporter
+    from gpuwarden.cli.serving import until_signalled, warner
     from gpuwarden.healthwatch import rules_or_builtin, watch_beside
+
+    _warn = warner("gpuwarden.exporter")
 
     exporter.require_client()  # before reading anything, `--once` included
     config = config_module.load(
@@ -75,10 +62,4 @@ def run(args: argparse.Namespace) -> int:
         + (" with DCGM names" if dcgm else "")
         + ("" if watch else " (health watch off)")
     )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
-    server.close()
-    return 0
+    return until_signalled(server.close)

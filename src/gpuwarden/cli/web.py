@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
+    from gpuwarden.cli.serving import add_watch_and_once
 
     parser = subcommand(commands, name)
     parser.add_argument(
@@ -33,34 +34,20 @@ def register(commands: Commands, name: str) -> None:
         help="the queue service's socket to show (service.socket); the page asks it as "
         "the user running `gpuwarden web`: run it as an unprivileged user",
     )
-    parser.add_argument(
-        "--no-watch",
-        action="store_true",
-        help="do not run the health watch (no XID listener, no automatic drains)",
-    )
-    parser.add_argument(
-        "--once", action="store_true", help="print the API document once to stdout and exit"
-    )
-
-
-def _warn(message: str) -> None:
-    # Through logging: the CLI sets its format and level once (--log-level).
-    import logging
-
-    logging.getLogger("gpuwarden.web").warning(message)
+    add_watch_and_once(parser, "the API document")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import signal
-    import threading
 
     from gpuwarden import config as config_module
+    from gpuwarden.cli.serving import until_signalled, warner
     from gpuwarden.errors import UserError
     from gpuwarden.healthwatch import rules_or_builtin, watch_beside
     from gpuwarden.units import parse_listen
     from gpuwarden.web.server import Feed, serve
 
+    _warn = warner("gpuwarden.web")
     if args.listen is not None:
         parse_listen(args.listen, any_port=True)  # checked here: port 0 (any free port) too
     config = config_module.load(
@@ -96,10 +83,4 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("gpuwarden.web").info(
         "serving %s%s", server.url, "" if watch else " (health watch off)"
     )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
-    server.close()
-    return 0
+    return until_signalled(server.close)

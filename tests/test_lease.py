@@ -14,27 +14,15 @@ import pytest
 import gpuwarden.leases as lease
 from gpuwarden import allocation, leasedir, waitline
 from gpuwarden.errors import UserError
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.inventory import Snapshot
 from gpuwarden.selection import Request
+from machines import idle_a100s
 
 GiB = 2**30
 
 
 def machine(n: int = 2, total: int = 80 * GiB) -> Snapshot:
-    gpus = tuple(
-        Gpu(
-            index=i,
-            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
-            name="NVIDIA A100-SXM4-80GB",
-            memory_total=total,
-            memory_used=0,
-            memory_free=total,
-            utilization_gpu=0,
-            compute_capability=(8, 0),
-        )
-        for i in range(n)
-    )
-    return Snapshot(taken_at=time.time(), hostname="test", gpus=gpus)
+    return idle_a100s(n, total)
 
 
 def take(snap: Snapshot, wait: bool = False, **req: object) -> lease.Held:

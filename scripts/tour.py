@@ -177,11 +177,11 @@ def shared_queue(base: Path) -> None:
     )
     show(["gpuwarden", "serve", "--socket", socket, "&"])
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.exists(socket):
-            if service.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("tour: the queue service did not start")
-            time.sleep(0.05)
+        from gpuwarden.service.probe import wait_until_running
+
+        if not wait_until_running(socket, 20, alive=lambda: service.poll() is None)["running"]:
+            raise SystemExit("tour: the queue service did not start")
+        gw("service", "status", "--socket", socket, env=env, check=True)
         cwd = str(work)  # the jobs' output files (gpuwarden-ID.out) go here
         long_job = ["sh", "-c", "echo training; sleep 5; echo saved"]
         gw("submit", "-g", "1", "--time", "1m", "--", *long_job, env=env, check=True, cwd=cwd)

@@ -25,6 +25,7 @@ import pytest
 
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
+from gpuwarden.service.probe import wait_until_running
 from users import make_user
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -77,13 +78,11 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if os.path.exists(self.socket):
-                return
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.02)
-        raise AssertionError("the service did not start:\n" + self.log.read_text())
+        proc = self.proc
+        found = wait_until_running(self.socket, 30, alive=lambda: proc.poll() is None)
+        assert found["running"], f"the service did not start: {found['error']}\n" + (
+            self.log.read_text()
+        )
 
     def kill_jobs(self) -> None:
         """End what the test left running: jobs outlive the service by design."""

@@ -169,18 +169,12 @@ class Service:
 
     def ready(self) -> None:
         """Wait until the service answers (it re-adopted its jobs by then)."""
-        from gpuwarden.errors import UserError
-        from gpuwarden.service.client import require
+        from gpuwarden.service.probe import wait_until_running
 
-        assert self.proc is not None
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(UserError), require(self.socket) as client:
-                client.call("hello")
-                return
-            assert self.proc.poll() is None, "the service died\n" + self.tail()
-            assert time.monotonic() < deadline, "the service did not start\n" + self.tail()
-            time.sleep(0.01)
+        proc = self.proc
+        assert proc is not None
+        found = wait_until_running(self.socket, 60, alive=lambda: proc.poll() is None, poll=0.01)
+        assert found["running"], f"the service did not start: {found['error']}\n" + self.tail()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None

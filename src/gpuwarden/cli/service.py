@@ -63,7 +63,16 @@ def _install(args: argparse.Namespace) -> int:
         )
         return 0
     _systemctl(install.start_commands())
-    print("started: systemctl status gpuwarden")
+    from gpuwarden.service.probe import socket_location, wait_until_running
+
+    found = wait_until_running(socket_location(), 15.0)  # the configured socket, as it reads
+    if not found["running"]:
+        print(
+            f"started, but nothing answers on {found['socket']} after 15 s: "
+            f"{found['error']}; see `journalctl -u gpuwarden`"
+        )
+        return 1
+    print(f"started: it answers on {found['socket']} (`gpuwarden service status`)")
     return 0
 
 

@@ -13,6 +13,8 @@ import json
 import os
 import socket
 import stat
+import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 from gpuwarden.service import protocol
@@ -110,6 +112,26 @@ def probe(path: Optional[str] = None, timeout: float = TIMEOUT) -> dict[str, Any
         return found
     finally:
         sock.close()
+
+
+def wait_until_running(
+    path: str,
+    timeout: float,
+    alive: Optional[Callable[[], bool]] = None,
+    poll: float = 0.02,
+) -> dict[str, Any]:
+    """`probe(path)` again and again until the service answers, `alive()` turns False
+    (the process that was to serve there has exited) or `timeout` seconds pass; the
+    last answer, whose `running` says which. For whoever has just started a service
+    and must know it serves: `service install`, the tour, the tests and benches."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe(path)
+        if found["running"] or (alive is not None and not alive()):
+            return found
+        if time.monotonic() >= deadline:
+            return found
+        time.sleep(poll)
 
 
 def _call(sock: socket.socket, op: str) -> dict[str, Any]:

@@ -139,6 +139,19 @@ CLI_CASES = (
         case("--bogus", "status", expect="unrecognized option"),
         case("--sim", "no-such-spec", "status", expect="unknown spec"),
         case("visible", "--bogus", expect="error:"),
+        # Digits that str.isdigit() accepts and int() refuses ("²", "①"): one line each
+        case("select", "--gpus", "\u00b2", expect="unknown GPU"),
+        case("run", "--gpus", "1,\u2460", "--dry-run", "--", "true", expect="unknown GPU"),
+        case("drain", "\u00b2", "--reason", "x", expect="unknown GPU"),
+        case("cancel", "\u00b2", expect="invalid job id"),
+        case("logs", "\u2460", expect="invalid job id"),
+        case("submit", "--nice", "\u00b2", "--dry-run", "--", "true", expect="invalid --nice"),
+        case("submit", "--time", "\u00b2", "--dry-run", "--", "true", expect="invalid --time"),
+        case("submit", "--slurm", "-g", "\u00b2", "--dry-run", "--", "true", expect="count"),
+        case("submit", "--slurm", "--nodes", "\u00b2", "--dry-run", "--", "true", expect="nodes"),
+        case("submit", "--slurm", "--mem", "\u00b2G", "--dry-run", "--", "true", expect="mem"),
+        case("submit", "--slurm", "--time", "1-\u00b2", "--dry-run", "--", "t", expect="--time"),
+        case("sim", "set", "--gpu", "\u00b2", "util=5", expect="no GPU"),
     ]
 )
 

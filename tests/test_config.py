@@ -228,7 +228,8 @@ def test_time_limits_are_read_as_slurm_reads_them() -> None:
         assert units.parse_time_limit(slurm_time(text)) == seconds, text
     for unlimited in ("0", "UNLIMITED", "infinite", "0:00"):
         assert units.parse_time_limit(unlimited) is None
-    for bad in ("junk", "1:2:3:4", "-5", "", "1:", "x-1", "4 hours", "99999999", "0s"):
+    bad_ones = ("junk", "1:2:3:4", "-5", "", "1:", "x-1", "4 hours", "99999999", "0s")
+    for bad in (*bad_ones, "\u00b2", "1-\u00b2", "\u0663\u0660"):  # ², 1-², Arabic-Indic 30
         with pytest.raises(UserError, match=r"^invalid --time "):
             units.parse_time_limit(bad)
         with pytest.raises(UserError, match=r"^invalid --time "):

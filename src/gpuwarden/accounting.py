@@ -13,6 +13,7 @@ import errno
 import os
 
 from gpuwarden.cgroups import GROUP, _read, own_paths, v1_mounts, v2_mount
+from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def pids_in(path: str) -> list[int]:
         text = _read(os.path.join(path, "cgroup.procs"), 1 << 22)
     except OSError:
         return []
-    return [int(x) for x in text.split() if x.isdigit()]
+    return [int(x) for x in text.split() if is_digits(x)]
 
 
 def _number(path: str) -> Optional[int]:
@@ -33,7 +34,7 @@ def _number(path: str) -> Optional[int]:
         text = _read(path).strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if is_digits(text) else None
 
 
 def usage_of(dirs: dict[str, str]) -> dict[str, Optional[int]]:

@@ -24,6 +24,7 @@ import signal
 from gpuwarden import enforcement as policy
 from gpuwarden.ancestry import lineage
 from gpuwarden.records import record
+from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def _user_uid(user: Optional[str]) -> Optional[int]:
     try:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
-        return int(user) if user.isdigit() else None
+        return int(user) if is_digits(user) else None
 
 
 def _size(n: Optional[int]) -> str:

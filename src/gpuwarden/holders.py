@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 
+from gpuwarden.units import is_digits
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional
@@ -38,7 +40,7 @@ def lock_table(locks: str = PROC + "/locks") -> Optional[dict[str, list[int]]]:
                 # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters have "->".
                 if len(fields) < 6 or fields[1] == "->":
                     continue
-                if fields[4].isdigit() and int(fields[4]) > 0:
+                if is_digits(fields[4]) and int(fields[4]) > 0:
                     table.setdefault(fields[5], []).append(int(fields[4]))
     except OSError:
         return None

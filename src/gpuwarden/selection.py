@@ -38,7 +38,7 @@ from gpuwarden.refusals import (
     some,
     visible_list,
 )
-from gpuwarden.units import format_size
+from gpuwarden.units import format_size, is_digits
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def resolve_ids(
         text = str(raw).strip()
         if not text:
             continue
-        if text.isdigit():
+        if is_digits(text):
             matches = [g for g in snapshot.gpus if g.index == int(text)]
         else:
             low = text.lower()

@@ -45,6 +45,12 @@ MAX_SIZE = 2**60  # 1 EiB: more memory than any machine has, far below float tro
 MAX_DURATION = 10 * 365 * 86400.0  # ten years: longer is a typo, not a plan
 
 
+def is_digits(text: str) -> bool:
+    """Whether `text` is a whole number `int()` reads: ASCII digits, at least one.
+    `str.isdigit` also says yes to "²" or "①", on which `int` raises."""
+    return text.isascii() and text.isdigit()
+
+
 def shown(value: object, limit: int = 40) -> str:
     """`repr(value)`, cut short: an error line stays one readable line whatever was typed."""
     text = repr(value)
@@ -98,12 +104,13 @@ UNLIMITED = ("UNLIMITED", "INFINITE")
 
 
 def is_slurm_time(text: str) -> bool:
-    """Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    """Slurm's own --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+    (ASCII digits only: see `is_digits`)."""
     days, dash, rest = text.partition("-")
-    if dash and not days.isdigit():
+    if dash and not is_digits(days):
         return False
     parts = (rest if dash else text).split(":")
-    return len(parts) <= 3 and all(p.isdigit() for p in parts)
+    return len(parts) <= 3 and all(is_digits(p) for p in parts)
 
 
 def parse_time_limit(text: str) -> float | None:
@@ -111,8 +118,7 @@ def parse_time_limit(text: str) -> float | None:
     the same with the queue service as with `--slurm`: a bare number is minutes, then
     MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS; gpuwarden's durations (90s, 30m,
     4h, 2d) too. None for no limit (0, UNLIMITED, INFINITE, as in Slurm; `0s` is
-    refused as a slip). Raises
-    UserError naming the value and the forms accepted."""
+    refused as a slip). Raises UserError naming the value and the forms accepted."""
     value = str(text).strip()
     if value.upper() in UNLIMITED:
         return None

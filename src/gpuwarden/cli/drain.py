@@ -46,6 +46,7 @@ def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.selection import resolve_ids
+    from gpuwarden.units import is_digits
 
     snapshot = read_snapshot(processes=False)
     out: list[tuple[str, str]] = []
@@ -57,7 +58,7 @@ def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
             low = text.lower()
             known = {g.uuid for g in snapshot.gpus}
             gone = [u for u in drains if u not in known and u.lower().startswith(low)]
-            if len(gone) != 1 or text.isdigit():
+            if len(gone) != 1 or is_digits(text):
                 raise
             target = (gone[0], gone[0])
         if target not in out:

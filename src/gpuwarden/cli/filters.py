@@ -8,6 +8,7 @@ same keys (the dests are the config keys' last parts).
 from __future__ import annotations
 
 from gpuwarden.errors import UserError
+from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def add_filters(parser: Declared, *, slurm: bool = False) -> None:
 def settings(args: argparse.Namespace) -> dict[str, object]:
     """Command-line values as `gpuwarden.config.load(cli=...)` takes them (None: not given)."""
     count = args.count
-    if count is not None and not str(count).strip().isdigit():
+    if count is not None and not is_digits(str(count).strip()):
         raise UserError(f"invalid GPU count {count!r}: expected a whole number, 0 or more")
     return {
         "run.count": count,

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from gpuwarden.safefiles import printable
 from gpuwarden.table import render
-from gpuwarden.units import format_size
+from gpuwarden.units import format_size, is_digits
 
 
 def span(seconds: Optional[float]) -> str:
@@ -197,7 +197,7 @@ def job_ids(words: list[str]) -> list[int]:
     for word in words:
         for part in word.split(","):
             part = part.strip()
-            if not part.isdigit() or int(part) <= 0:
+            if not is_digits(part) or int(part) <= 0:
                 raise UserError(f"invalid job id {part!r}: expected a number such as 12")
             ids.append(int(part))
     return ids

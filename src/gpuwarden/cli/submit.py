@@ -63,7 +63,7 @@ def submit_local(args: argparse.Namespace) -> int:
     from gpuwarden.cli.jobtables import job_ids
     from gpuwarden.selection import Request
     from gpuwarden.service.client import job_fields, require
-    from gpuwarden.units import parse_time_limit
+    from gpuwarden.units import is_digits, parse_time_limit
 
     for name in ("nodes", "constraint", "partition", "name"):
         if getattr(args, name, None) is not None:
@@ -77,7 +77,7 @@ def submit_local(args: argparse.Namespace) -> int:
         cmd = ddp_argv(cmd, request.gpu_count)
     nice = 0
     if args.nice is not None:
-        if not args.nice.lstrip("-").isdigit() or not -20 <= int(args.nice) <= 19:
+        if not is_digits(args.nice.lstrip("-")) or not -20 <= int(args.nice) <= 19:
             raise UserError(f"invalid --nice {args.nice!r}: a whole number from -20 to 19")
         nice = int(args.nice)
     fields = job_fields(

@@ -24,6 +24,7 @@ from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import spawn, store
 from gpuwarden.service.notify import JobNotifier
+from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
     from gpuwarden.service.settings import Settings
@@ -109,7 +110,7 @@ class Lifecycle:
         for name in names:
             job, dot, suffix = name.partition(".")
             ours = dot and "." + suffix in (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX)
-            if ours and job.isdigit() and job not in active:
+            if ours and is_digits(job) and job not in active:
                 self.litter.append(os.path.join(self.exits, name))
         self.remove_litter()
 

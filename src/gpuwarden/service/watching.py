@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.service import store
+from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
     from typing import Callable, Protocol
@@ -120,7 +121,7 @@ class ServiceWatch:
     def _job_of(self, job_id: Optional[str], pid: Optional[int]) -> Optional[store.Job]:
         """The service job a lease names, only when the journal agrees on its pid (a lease
         record in the service's own directory, checked against the service's journal)."""
-        if not job_id or not job_id.isdigit() or pid is None:
+        if not job_id or not is_digits(job_id) or pid is None:
             return None
         job = self.service.store.get(int(job_id))
         if job is None or job.pid != pid or job.state != store.RUNNING:

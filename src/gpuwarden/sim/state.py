@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from gpuwarden.errors import UserError
 from gpuwarden.safefiles import write_atomic
 from gpuwarden.sim import specdata, specs
+from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ def find_gpu(state: dict[str, Any], ref: GpuRef) -> dict[str, Any]:
     """A GPU by NVML index or UUID (a unique UUID prefix is enough)."""
     gpus = state["gpus"]
     text = str(ref).strip()
-    if text.isdigit():
+    if is_digits(text):
         i = int(text)
         if i < len(gpus):
             return gpus[i]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from gpuwarden.errors import UserError
+from gpuwarden.units import is_digits
 
 # `re`, `shlex` and `typing` are not imported: `submit --slurm` sits in front of every
 # sbatch and should add little to it (bench/slurm_submit.py); these checks are simple.
@@ -123,7 +124,7 @@ def slurm_mem(value: str) -> str:
     gpuwarden sizes such as 16GiB are accepted and rounded up to MiB."""
     text = value.strip()
     digits = text[:-1] if text[-1:].upper() in ("K", "M", "G", "T") else text
-    if digits.isdigit():
+    if is_digits(digits):
         return text.upper()
     from gpuwarden.units import parse_size
 
@@ -237,12 +238,12 @@ def spec_of(
     UserError line here rather than a Slurm error later."""
     count = 1
     if gpus is not None:
-        if not str(gpus).strip().isdigit():
+        if not is_digits(str(gpus).strip()):
             raise UserError(f"invalid GPU count {gpus!r}: expected a whole number, 0 or more")
         count = int(gpus)
     n_nodes = None
     if nodes is not None:
-        if not str(nodes).strip().isdigit() or int(nodes) < 1:
+        if not is_digits(str(nodes).strip()) or int(nodes) < 1:
             raise UserError(f"invalid --nodes {nodes!r}: expected a whole number, 1 or more")
         n_nodes = int(nodes)
     gpu_type = None

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from gpuwarden.records import record
+from gpuwarden.units import is_digits
 
 
 @record
@@ -210,8 +211,8 @@ def _sysfs_cpus(bus_id: str) -> list[int]:
     cpus: list[int] = []
     for part in text.split(","):
         a, _, b = part.partition("-")
-        if a.isdigit():
-            cpus += range(int(a), int(b or a) + 1) if (b or a).isdigit() else []
+        if is_digits(a):
+            cpus += range(int(a), int(b or a) + 1) if is_digits(b or a) else []
     return cpus
 
 

@@ -7,13 +7,14 @@ from gpuwarden import joboutput
 from gpuwarden.errors import UserError
 from gpuwarden.slurm import tools
 from gpuwarden.slurm.states import ENDED, state_word
+from gpuwarden.units import is_digits
 
 
 def _uid(user_field: str) -> int:
     """scontrol's `UserId=alice(1001)` -> 1001; -1 when it cannot be read."""
     _head, _, rest = user_field.partition("(")
     digits = rest.rstrip(")")
-    return int(digits) if digits.isdigit() else -1
+    return int(digits) if is_digits(digits) else -1
 
 
 def show(job: str, follow: bool = False) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
+from gpuwarden.units import is_digits
 
 JOB_PREFIX = "slurm-"
 
@@ -36,7 +37,7 @@ def job_gpus(environ: Mapping[str, str]) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
         a, _, b = part.strip().partition("-")
-        if not a.isdigit() or (b and not b.isdigit()):
+        if not is_digits(a) or (b and not is_digits(b)):
             raise UserError(f"SLURM_JOB_GPUS={text!r}: cannot read {part!r}")
         out += range(int(a), int(b or a) + 1)
     return out
@@ -44,7 +45,7 @@ def job_gpus(environ: Mapping[str, str]) -> list[int]:
 
 def job_id(environ: Mapping[str, str]) -> str:
     job = environ.get("SLURM_JOB_ID", "").strip()
-    if not job.isdigit():
+    if not is_digits(job):
         raise UserError(f"SLURM_JOB_ID={job!r}: not a Slurm job id (run by slurmd as Prolog=)")
     return job
 

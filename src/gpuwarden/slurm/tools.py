@@ -16,6 +16,7 @@ import time
 from gpuwarden.errors import UserError
 from gpuwarden.slurm.batch import REQUIRED, Value
 from gpuwarden.slurm.states import ENDED, reason_word, state_word
+from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False  # typing and re are not imported on `submit --slurm`'s path
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def parse_queue(stdout: str) -> list[SlurmJob]:
                 reason=reason_word(reason) if state.startswith("PENDING") else "",
                 elapsed=elapsed,
                 limit=limit,
-                nodes=int(nodes) if nodes.isdigit() else 0,
+                nodes=int(nodes) if is_digits(nodes) else 0,
                 gres=_gres_word(gres),
                 nodelist=nodelist,
                 name=name,
@@ -259,7 +260,7 @@ def queue(user: Optional[str] = None, jobs: Sequence[str] = ()) -> list[SlurmJob
 def is_job_id(text: str) -> bool:
     """`1234`, or `1234_5` (an array task)."""
     job, sep, task = text.partition("_")
-    return job.isdigit() and job.isascii() and (not sep or (task.isdigit() and task.isascii()))
+    return is_digits(job) and (not sep or is_digits(task))
 
 
 def check_id(job: str) -> str:

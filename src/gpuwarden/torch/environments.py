@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from gpuwarden.errors import UserError
 from gpuwarden.records import record
+from gpuwarden.units import is_digits
 
 DEFAULT_PORT = 29500
 
@@ -145,7 +146,7 @@ class Slurm(Environment):
         job = environ.get("SLURM_JOB_ID", "")
         # Every task must agree on a port without talking; derive it from the job id
         # so two jobs sharing a node do not collide.
-        port = 15000 + int(job) % 20000 if job.isdigit() else DEFAULT_PORT
+        port = 15000 + int(job) % 20000 if is_digits(job) else DEFAULT_PORT
         return _checked(
             Launch(
                 environment=cls.name,
@@ -248,7 +249,7 @@ def _range_items(body: str, nodelist: str) -> list[str]:
     items: list[str] = []
     for part in body.split(","):
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not is_digits(lo) or (sep and not is_digits(hi)):
             raise UserError(f"Slurm nodelist {nodelist!r}: cannot read range [{body}]")
         if not sep:
             items.append(lo)

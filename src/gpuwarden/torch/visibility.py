@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable
 
 from gpuwarden.errors import UserError
+from gpuwarden.units import is_digits
 
 _CUDA_NOT_INITIALIZED = 3  # CUresult CUDA_ERROR_NOT_INITIALIZED
 # torch.cuda functions that have cached a device count in some torch release
@@ -30,7 +31,7 @@ def use_gpus(ids: Iterable[int | str]) -> str:
     """Expose only these GPUs (nvidia-smi indices or UUIDs) to CUDA in this process."""
     items = [str(i).strip() for i in ids]
     for item in items:
-        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+        if not (is_digits(item) or item.startswith(("GPU-", "MIG-"))):
             raise UserError(f"use_gpus: {item!r} is neither a GPU index nor a GPU/MIG UUID")
     if len(set(items)) != len(items):
         raise UserError(f"use_gpus: {','.join(items)} names a GPU twice")

@@ -74,16 +74,19 @@ DRAINS = "len(__import__('gpuwarden.drain').drain.list_drains())"
 
 def machine_env(spec: str, sim_state: Path, work: Path, **more: str) -> dict[str, str]:
     """This environment pointed at simulated machine `spec`, with its leases and state
-    under `work`: nothing real is read or changed."""
+    under `work`: nothing real is read or changed. The queue service's socket is one
+    under `work` too (none unless `more` names one a tour step starts), so a service
+    running on this machine never receives the tour's jobs."""
     env = dict(os.environ)
     env.update(
         GPUWARDEN_SIM=spec,
         GPUWARDEN_SIM_STATE=str(sim_state),
         GPUWARDEN_LEASE_DIR=str(work / "leases"),
         GPUWARDEN_STATE_DIR=str(work / "state"),
+        GPUWARDEN_SOCKET=str(work / "no-service.sock"),
         PATH=BIN + os.pathsep + env.get("PATH", ""),
-        **more,
     )
+    env.update(more)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("CUDA_DEVICE_ORDER", None)
     return env

@@ -50,6 +50,8 @@ def environment(tmp: str) -> dict[str, str]:
         GPUWARDEN_SIM_STATE=os.path.join(tmp, "sim"),
         GPUWARDEN_LEASE_DIR=os.path.join(tmp, "leases"),
         GPUWARDEN_STATE_DIR=os.path.join(tmp, "state"),
+        # The direct path: a queue service on this machine would otherwise take the jobs.
+        GPUWARDEN_SOCKET=os.path.join(tmp, "no-service.sock"),
         GPUWARDEN_SYSTEM_CONFIG=os.path.join(tmp, "etc", "config.toml"),
         XDG_CONFIG_HOME=os.path.join(tmp, "xdg"),
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",

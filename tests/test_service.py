@@ -171,18 +171,32 @@ def open_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+def _serving(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch, *args: str
+) -> Iterator[Server]:
     make_user("alice", groups=("lab",))
     leases = open_dir / "leases"  # as `gpuwarden service install` makes it: root's, 0755
     leases.mkdir(mode=0o755)
     monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
-    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s"))
+    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args))
     srv.start()
     yield srv
     if srv.proc and srv.proc.poll() is None:
         srv.kill(signal.SIGTERM)
     srv.kill_jobs()
+
+
+@pytest.fixture
+def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    yield from _serving(tmp_path, open_dir, monkeypatch)
+
+
+@pytest.fixture
+def limited(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """A service whose users may keep two jobs and must declare --time of 90 s at most."""
+    yield from _serving(
+        tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "2", "--max-time", "90s"
+    )
 
 
 def submit(srv: Server, who: Person, argv: list[str], **kw: Any) -> int:
@@ -438,6 +452,30 @@ def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> Non
     assert share.returncode == 0 and "gw-alice" in share.stdout, share.stderr
     bad = cli_as(server, alice, "hold", "nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid job id" in bad.stderr
+
+
+def test_per_user_limits_refuse_in_one_line_and_spare_admins(limited: Server) -> None:
+    """max_time: --time required and bounded (read as Slurm reads it: `--time 2` is two
+    minutes); max_jobs_per_user: queued and running jobs counted; admins exempt."""
+    alice, carol = make_user("alice", ("lab",)), make_user("carol")
+    untimed = cli_as(limited, alice, "submit", "--", "sleep", "30")
+    assert untimed.returncode == 2, untimed.stderr
+    assert untimed.stderr == (
+        "gpuwarden submit: this machine needs --time on every job, at most 1m30s (max_time)\n"
+    )
+    long = cli_as(limited, alice, "submit", "--time", "2", "--", "sleep", "30")
+    assert long.returncode == 2 and long.stderr == (
+        "gpuwarden submit: --time 2m00s is over this machine's limit of 1m30s (max_time)\n"
+    ), long.stderr
+    kept = [cli_as(limited, alice, "submit", "--time", "1", "--", "sleep", "30") for _ in "ab"]
+    assert [k.returncode for k in kept] == [0, 0], [k.stderr for k in kept]
+    third = cli_as(limited, alice, "submit", "--time", "90s", "--", "true")
+    assert third.returncode == 2 and "you have 2 jobs queued or running" in third.stderr
+    admin = [cli_as(limited, carol, "submit", "--", "sleep", "30") for _ in "abc"]
+    assert [a.returncode for a in admin] == [0, 0, 0], [a.stderr for a in admin]  # exempt
+    kept += admin
+    for k in kept:
+        limited.call(None, "cancel", jobs=[int(k.stdout)])
 
 
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:

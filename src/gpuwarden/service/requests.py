@@ -117,12 +117,17 @@ class Requests:
             raise UserError(
                 f"you have {limit} jobs queued or running, the most allowed (max_jobs_per_user)"
             )
-        too_long = sub.time_limit is None or (
-            s.max_time is not None and sub.time_limit > s.max_time
-        )
-        if s.max_time is not None and not self._exempt(who) and too_long:
+        if s.max_time is not None and not self._exempt(who):
             most = scheduling_span(s.max_time)
-            raise UserError(f"--time is required and must be at most {most} (max_time)")
+            if sub.time_limit is None:
+                raise UserError(
+                    f"this machine needs --time on every job, at most {most} (max_time)"
+                )
+            if sub.time_limit > s.max_time:
+                raise UserError(
+                    f"--time {scheduling_span(sub.time_limit)} is over this machine's limit "
+                    f"of {most} (max_time)"
+                )
         for dep in sub.after:
             if self.store.get(dep) is None:
                 raise UserError(f"--after {dep}: no such job")

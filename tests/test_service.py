@@ -193,9 +193,13 @@ def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> I
 
 @pytest.fixture
 def limited(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    """A service whose users may keep two jobs and must declare --time of 90 s at most."""
+    """A service whose users may keep two jobs, use two GPUs at once and must declare
+    --time of 90 s at most."""
     yield from _serving(
-        tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "2", "--max-time", "90s"
+        tmp_path,
+        open_dir,
+        monkeypatch,
+        *("--max-jobs-per-user", "2", "--max-time", "90s", "--max-gpus-per-user", "2"),
     )
 
 
@@ -456,7 +460,8 @@ def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> Non
 
 def test_per_user_limits_refuse_in_one_line_and_spare_admins(limited: Server) -> None:
     """max_time: --time required and bounded (read as Slurm reads it: `--time 2` is two
-    minutes); max_jobs_per_user: queued and running jobs counted; admins exempt."""
+    minutes); max_jobs_per_user: queued and running jobs counted; a request wider than
+    max_gpus_per_user, which could only wait for ever, refused; admins exempt."""
     alice, carol = make_user("alice", ("lab",)), make_user("carol")
     untimed = cli_as(limited, alice, "submit", "--", "sleep", "30")
     assert untimed.returncode == 2, untimed.stderr
@@ -467,11 +472,16 @@ def test_per_user_limits_refuse_in_one_line_and_spare_admins(limited: Server) ->
     assert long.returncode == 2 and long.stderr == (
         "gpuwarden submit: --time 2m00s is over this machine's limit of 1m30s (max_time)\n"
     ), long.stderr
+    wide = cli_as(limited, alice, "submit", "-g", "3", "--time", "1", "--", "true")
+    assert wide.returncode == 2 and wide.stderr == (
+        "gpuwarden submit: 3 GPUs is more than the 2 a user may use at once on this machine "
+        "(max_gpus_per_user)\n"
+    ), wide.stderr
     kept = [cli_as(limited, alice, "submit", "--time", "1", "--", "sleep", "30") for _ in "ab"]
     assert [k.returncode for k in kept] == [0, 0], [k.stderr for k in kept]
     third = cli_as(limited, alice, "submit", "--time", "90s", "--", "true")
     assert third.returncode == 2 and "you have 2 jobs queued or running" in third.stderr
-    admin = [cli_as(limited, carol, "submit", "--", "sleep", "30") for _ in "abc"]
+    admin = [cli_as(limited, carol, "submit", "-g", "3", "--", "sleep", "30") for _ in "abc"]
     assert [a.returncode for a in admin] == [0, 0, 0], [a.stderr for a in admin]  # exempt
     kept += admin
     for k in kept:

@@ -117,6 +117,13 @@ class Requests:
             raise UserError(
                 f"you have {limit} jobs queued or running, the most allowed (max_jobs_per_user)"
             )
+        most_gpus = s.policy.max_gpus_per_user
+        if most_gpus is not None and not self._exempt(who) and sub.gpus.count > most_gpus:
+            # It could only wait for ever, the limit's reason beside it: say so now.
+            raise UserError(
+                f"{sub.gpus.count} GPUs is more than the {most_gpus} a user may use at once "
+                "on this machine (max_gpus_per_user)"
+            )
         if s.max_time is not None and not self._exempt(who):
             most = scheduling_span(s.max_time)
             if sub.time_limit is None:

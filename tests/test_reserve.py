@@ -100,3 +100,22 @@ def test_run_inside_a_reservation_uses_it(sim, cli, tmp_path) -> None:
     r = cli("run", "-g", "2", "--", "true", env=env)
     assert r.returncode == 2 and "leaves only 1 GPU visible" in r.stderr
     assert cli("release", env=env).returncode == 0
+
+
+def test_with_a_queue_service_reserve_points_to_an_interactive_job(sim, cli, tmp_path) -> None:
+    """The service owns the lease directory; a reservation of our own would fail on its
+    lock files, so `reserve` says what to do instead, and holds nothing."""
+    import socket
+
+    sim("server-8xa100")
+    path = str(tmp_path / "service.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        r = cli("reserve", "-g", "2", env={"GPUWARDEN_SOCKET": path})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (
+        f"gpuwarden reserve: a queue service hands out this machine's GPUs ({path}): for an "
+        "interactive session run `gpuwarden run -g 2 -- $SHELL` (a shell on the GPUs until "
+        "you exit it), or `gpuwarden submit` for a batch job\n"
+    )
+    assert lease.list_leases() == []

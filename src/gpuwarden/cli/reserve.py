@@ -78,6 +78,17 @@ def reserve(args: argparse.Namespace) -> int:
     conf, request = request_of(args)
     if request.count == 0:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
+    service = conf.get("service.socket")
+    if os.path.exists(service):
+        # The service owns the lease directory: a holder of our own could not write it,
+        # and processes outside a job would count as unreserved use. An interactive
+        # session is a job, as with Slurm's salloc.
+        n = request.gpu_count
+        raise UserError(
+            f"a queue service hands out this machine's GPUs ({service}): for an interactive "
+            f"session run `gpuwarden run -g {n} -- $SHELL` (a shell on the GPUs until you "
+            "exit it), or `gpuwarden submit` for a batch job"
+        )
     until = seconds = None
     if args.duration is not None:
         from gpuwarden.units import parse_duration

@@ -98,6 +98,10 @@ def test_history_and_share() -> None:
     assert "CPU" in lines[0].split() and "PEAKMEM" in lines[0].split()
     assert "1h02m" in lines[1] and "3072MiB" in lines[1]  # from its cgroup
     assert lines[2].split()[-6:-4] == ["-", "-"]  # not accounted: a dash, not a zero
+    long = "job 6 could not start: cannot open output /home/alice/" + "x" * 80 + ": denied"
+    cut = t.history_table([job(id=6, state="FAILED", error=long, ended=NOW, elapsed=0.0)])
+    row, note = cut.splitlines()[1:]
+    assert row.split()[3] == "error" and note == long  # the whole reason, below the table
     share = t.share_table(
         [
             {"user": "bob", "usage": 36000.0, "share": 1, "factor": 0.88},

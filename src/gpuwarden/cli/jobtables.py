@@ -137,8 +137,11 @@ def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = No
 
 
 def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
-    """Ended jobs, newest first: how each ended and what it used."""
+    """Ended jobs, newest first: how each ended and what it used. A job that ended
+    without an exit status (it could not start, its supervisor died) says `error` in
+    the table and the whole reason on a line below it, which a column would cut."""
     rows = []
+    notes = []
     for job in jobs:
         elapsed = job.get("elapsed") or 0.0
         gpu_hours = len(job.get("gpus") or []) * elapsed / 3600.0
@@ -146,8 +149,11 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
             how = f"signal {job['signal']}"
         elif job.get("exit_code") is not None:
             how = f"exit {job['exit_code']}"
+        elif job.get("error"):
+            how = "error"
+            notes.append(printable(str(job["error"])))
         else:
-            how = printable(str(job.get("error") or "-"))[:40]
+            how = "-"
         ended = job.get("ended")
         rows.append(
             [
@@ -170,7 +176,7 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
         *("JOB", "USER", "STATE", "ENDED AS", "GPUS", "ELAPSED", "GPU-H", "CPU", "PEAKMEM"),
         *("ENDED", "COMMAND"),
     ]
-    return render(headers, rows, right=(0, 5, 6, 7, 8))
+    return "\n".join([render(headers, rows, right=(0, 5, 6, 7, 8)), *notes])
 
 
 def share_table(users: Sequence[Mapping[str, Any]]) -> str:

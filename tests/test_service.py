@@ -540,6 +540,9 @@ def test_run_submit_queue_logs_cancel_through_the_service(server: Server) -> Non
     queue = cli_as(server, bob, "queue")
     assert queue.returncode == 0 and f"{job}" in queue.stdout and "gw-alice" in queue.stdout
     assert "(hidden)" in queue.stdout  # bob does not see alice's command
+    hers = cli_as(server, bob, "queue", "--user", "gw-alice", "--json")
+    assert [j["id"] for j in json.loads(hers.stdout)] == [job], hers.stderr
+    assert json.loads(cli_as(server, bob, "queue", "--user", "gw-bob", "--json").stdout) == []
     deadline = time.monotonic() + 30
     logs = cli_as(server, alice, "logs", str(job))
     while "hello" not in logs.stdout and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ def register(commands: Commands, name: str) -> None:
     parser = subcommand(commands, name)
     parser.add_argument("--slurm", action="store_true", help="Slurm's queue")
     parser.add_argument("--me", action="store_true", help="only my jobs")
+    parser.add_argument("--user", metavar="NAME", help="only this user's jobs (squeue -u)")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
 
 
@@ -30,9 +31,9 @@ def local(args: argparse.Namespace) -> int:
     with require() as client:
         reply = client.call("queue")
     jobs = reply["jobs"]
-    if args.me:
-        me = user_name()
-        jobs = [j for j in jobs if j.get("user") == me]
+    who = user_name() if args.me else args.user
+    if who is not None:
+        jobs = [j for j in jobs if j.get("user") == who]
     if args.json:
         import json
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return local(args)
     from gpuwarden.slurm import tools
 
-    user = None
+    user = args.user
     if args.me:
         import os
 

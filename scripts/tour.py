@@ -11,6 +11,7 @@ ends with the queue service (`gpuwarden serve`) on its own socket there.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 BIN = str(Path(sys.executable).parent)
 
@@ -149,6 +151,25 @@ def real() -> None:
     gw("doctor", env=env)
 
 
+def wait_for_queue(
+    done: Callable[[list[dict[str, Any]]], bool], what: str, env: dict[str, str], cwd: str
+) -> None:
+    """Block until `done(jobs)` holds for `gpuwarden queue --json`, so steps happen in order."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "queue", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+        ).stdout
+        if listed.strip() and done(json.loads(listed)):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"tour: expected {what} within 30s")
+
+
 def shared_queue(base: Path) -> None:
     """The queue service on a simulated 3-GPU workstation: one queue for every user,
     backfill, history. Only root may start the service (it runs each job as the user
@@ -205,32 +226,27 @@ def shared_queue(base: Path) -> None:
             "-g",
             "1",
             "--time",
-            "3s",
+            "5s",
             "--",
             "sh",
             "-c",
-            "echo quick; sleep 1",
+            "echo quick; sleep 2",
             env=env,
             check=True,
             cwd=cwd,
         )
-        time.sleep(0.5)
+        running = {"1", "3"}
+        wait_for_queue(
+            lambda jobs: {str(j["id"]) for j in jobs if j["state"] == "RUNNING"} == running,
+            "jobs 1 and 3 to run",
+            env,
+            cwd,
+        )
         print("  job 2 needs two GPUs: it waits for job 1's, due within its minute; job 3")
-        print("  declared 3 s, ends before that, and starts now on the idle GPU (backfill)")
+        print("  declared 5 s, ends before that, and starts now on the idle GPU (backfill)")
         gw("queue", env=env, check=True, cwd=cwd)
         gw("status", env=env, check=True, cwd=cwd)
-        deadline = time.monotonic() + 30  # job 2 ends a moment after job 1
-        while time.monotonic() < deadline:
-            listed = subprocess.run(
-                [sys.executable, "-m", "gpuwarden", "queue", "--json"],
-                env=env,
-                capture_output=True,
-                text=True,
-                cwd=cwd,
-            ).stdout
-            if listed.strip() == "[]":  # nothing queued or running any more
-                break
-            time.sleep(0.2)
+        wait_for_queue(lambda jobs: not jobs, "every job to end", env, cwd)  # 2 after 1
         gw("jobs", env=env, check=True, cwd=cwd)
         gw("logs", "2", env=env, check=True, cwd=cwd)
         print("  fair share: each user's GPU-seconds, decayed over a week, order the queue;")

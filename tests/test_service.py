@@ -593,7 +593,8 @@ def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Serve
     leased = [x.split() for x in shown.stdout.splitlines() if x.startswith("GPU ")]
     [row] = [x for x in leased if x[3:4] == [str(limited)]]  # GPU n user job pid age ...
     assert row[2] == "gw-alice", shown.stdout
-    assert row[6] == "in" and row[7] in ("9m59s", "10m00s"), shown.stdout  # expires
+    expires_in = row[7]  # 10m00s, or a little less if the status came a moment later
+    assert row[6] == "in" and (expires_in == "10m00s" or expires_in.startswith("9m")), shown.stdout
     server.call(None, "cancel", jobs=[job, limited])
     server.wait_state(job, ("CANCELLED",))
     server.wait_state(limited, ("CANCELLED",))

@@ -69,6 +69,7 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
                 "gpuwarden.sim.handles",
                 "gpuwarden.sim.procinfo",
                 "gpuwarden.sim.specparse",
+                "math",
             ),
         ),
     ],
@@ -82,7 +83,7 @@ def test_status_and_run_leave_unneeded_modules_alone(
     assert "gpuwarden.inventory" in modules  # the probe saw the command's imports
     unneeded = {*UNNEEDED, *also_unneeded}
     if sys.version_info < (3, 12):  # dataclasses loads them for every class from 3.12
-        unneeded |= {"inspect", "copy", "ast", "dis"}
+        unneeded |= {"inspect", "copy", "ast", "dis", "contextlib"}
     assert not modules & unneeded, sorted(modules & unneeded)
 
 

@@ -35,7 +35,6 @@ see docs/enforcement.md.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from gpuwarden.errors import UserError
@@ -309,11 +308,15 @@ class Isolation:
         """Leave the job's cgroups and remove them; False when one stays (a process the job
         started outlived it: it keeps the lease and stays confined; `sweep` removes it
         once empty)."""
-        with contextlib.suppress(CgroupError):
+        try:
             self.wait()
+        except CgroupError:
+            pass
         for controller in self.dirs:
-            with contextlib.suppress(OSError):
+            try:
                 move_in(self.home[controller], controller)
+            except OSError:
+                pass
         return remove_dirs(self.dirs)
 
 
@@ -368,21 +371,27 @@ def prepare(mode: Optional[str] = None) -> Isolation:
     try:
         for path in dirs.values():
             parent = os.path.dirname(path)
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(parent, 0o755)
+            except FileExistsError:
+                pass
             sweep(parent)  # in every hierarchy: a killed wrapper leaves one in each
             try:
                 os.mkdir(path, 0o755)
             except FileNotFoundError:  # an ending job's cgroup took the empty parent along
-                with contextlib.suppress(FileExistsError):
+                try:
                     os.mkdir(parent, 0o755)
+                except FileExistsError:
+                    pass
                 os.mkdir(path, 0o755)
             made.append(path)
     except OSError as err:
         if not any(dirs.get(c) in made for c in DEVICES):
             for path in made:
-                with contextlib.suppress(OSError):
+                try:
                     os.rmdir(path)
+                except OSError:
+                    pass
             raise CgroupError(f"cannot create a device cgroup: {err.strerror}") from None
         dirs = {c: p for c, p in dirs.items() if p in made}  # accounting is optional
     if not any(c in dirs for c in DEVICES):
@@ -402,17 +411,21 @@ def sweep(parent: str) -> list[str]:
         pid = owner_pid(name)
         if pid is None or _alive(pid):
             continue
-        with contextlib.suppress(OSError):
+        try:
             _remove(os.path.join(parent, name))
-            removed.append(name)
+        except OSError:  # a process in it after all, or another run removed it first
+            continue
+        removed.append(name)
     return removed
 
 
 def _remove(path: str) -> None:
     """rmdir a job cgroup, and first the group a `gpuwarden run` inside the job made in it
     (that run removed its own cgroup, not the shared parent it may not be the last of)."""
-    with contextlib.suppress(OSError):
+    try:
         os.rmdir(os.path.join(path, GROUP))
+    except OSError:
+        pass
     os.rmdir(path)
 
 

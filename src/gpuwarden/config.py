@@ -223,10 +223,15 @@ class reused:
     """A block in which `load()` (no arguments: the configuration in force) reads the
     files and variables once. The queue service plans and starts a job through code
     that asks for the configuration in several places (state and lease directories,
-    health rules); within one such step they all see the same reading, taken once."""
+    health rules); within one such step they all see the same reading, taken once.
+    `reading` is that reading when the caller has it already: `gpuwarden run` has
+    loaded it with its options, and reading the files again would only cost its start."""
+
+    def __init__(self, reading: Config | None = None) -> None:
+        self.reading = reading
 
     def __enter__(self) -> None:
-        _REUSED.append(None)
+        _REUSED.append(self.reading)
 
     def __exit__(self, *exc: object) -> None:
         _REUSED.pop()

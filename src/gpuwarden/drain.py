@@ -24,7 +24,6 @@ never put back into service by a corrupt or hostile file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -37,6 +36,7 @@ from gpuwarden.safefiles import owner_name as _owner
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from typing import Optional, Union
 
     PathLike = Union[str, "os.PathLike[str]"]
@@ -130,8 +130,10 @@ def _read(path: str) -> Optional[Drain]:
         return None
     except (UnsafeFile, OSError, ValueError, OverflowError, RecursionError) as err:
         if st is None:
-            with contextlib.suppress(OSError):
+            try:
                 st = os.lstat(path)
+            except OSError:
+                pass
         uid = None if st is None else st.st_uid
         why = getattr(err, "strerror", None) or str(err)
         why = why.replace(f" {path}", "")  # the path is said once, below
@@ -183,11 +185,19 @@ def lock_holder(path: str, st: os.stat_result) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def _locked(directory: str, timeout: float = LOCK_TIMEOUT, force: bool = False) -> Iterator[bool]:
-    """Hold `drains.lock` in `directory`; yields whether the lock is held. After
+def _locked(
+    directory: str, timeout: float = LOCK_TIMEOUT, force: bool = False
+) -> AbstractContextManager[bool]:
+    """Hold `drains.lock` in `directory`; gives whether the lock is held. After
     `timeout` seconds of someone else holding it, raise DrainLockBusy naming the
-    holder, or with `force` go on without it (see `drain`)."""
+    holder, or with `force` go on without it (see `drain`). contextlib is imported
+    here, by those who change drains: `gpuwarden run` only reads them."""
+    from contextlib import contextmanager
+
+    return contextmanager(_holding)(directory, timeout, force)
+
+
+def _holding(directory: str, timeout: float, force: bool) -> Iterator[bool]:
     import fcntl
 
     from gpuwarden.paths import ensure_dir
@@ -280,8 +290,10 @@ def drain(
             if old is not None and old.reason.startswith("unreadable drain record"):
                 # Not a record of ours (a FIFO, a directory): rename cannot replace
                 # every kind of file, so remove it first; we own it, or are root.
-                with contextlib.suppress(OSError):
+                try:
                     os.unlink(path)
+                except OSError:
+                    pass
         body = {
             "uuid": uuid,
             "reason": text,

@@ -14,7 +14,6 @@ snapshot whose `error` says why.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
@@ -245,8 +244,10 @@ def read_snapshot(
     try:
         return _read(nvml, hostname, now, source, processes, topology, detail)
     finally:
-        with contextlib.suppress(nvml.NVMLError):
+        try:
             nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
 
 
 class _SimOwners:

@@ -14,7 +14,6 @@ errors; choosing is `selection`, waiting in line `allocation`, the locks
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -115,8 +114,10 @@ def launch_leased(
     try:
         held.publish(job.pid)
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         job.wait()
         held.release()
         raise
@@ -259,10 +260,14 @@ def hold_in_background(
         held.publish(pid)
     except BaseException:
         if pid:  # our own child
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
+            except ProcessLookupError:
+                pass
+            try:
                 os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
         held.release()
         raise
     finally:

@@ -18,7 +18,6 @@ right after the spawn; a job that touches it in that instant is continued.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -200,8 +199,10 @@ class Job:
         self._saved: dict[int, Any] = {}
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
 
     def _owns_terminal(self) -> bool:
         try:

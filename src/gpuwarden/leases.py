@@ -29,7 +29,6 @@ for with a deadline. See docs/leases.md, "A hostile local user".
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -353,8 +352,10 @@ class Held:
         """Drop this process's descriptors; the lease lives on in any child holding them."""
         self.drop_allocation_lock()
         for fd in self.fds:
-            with contextlib.suppress(OSError):
+            try:
                 os.close(fd)
+            except OSError:
+                pass
         self.fds = []
 
     def release(self) -> None:
@@ -363,8 +364,10 @@ class Held:
         (the reservation holder): the metadata its parent published is removed too."""
         self.close()
         for _, tmp, final, _ in self._tmp:
-            with contextlib.suppress(OSError):
+            try:
                 os.unlink(tmp)
+            except OSError:
+                pass
             remove_if_free(final)  # unique to this job; absent unless published meanwhile
         self._tmp = []
         self._records = None

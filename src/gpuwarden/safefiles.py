@@ -12,7 +12,6 @@ what a killed writer left behind.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -175,8 +174,10 @@ def write_atomic(
             os.close(fd)
         os.rename(tmp, target)
     except OSError as err:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
         raise UserError(f"cannot write {what} {target}: {err.strerror}") from None
     if durable:
         sync_directory(os.path.dirname(target) or ".")

@@ -29,7 +29,6 @@ opened without following symlinks or blocking on a FIFO, and only its last
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -252,7 +251,7 @@ def _number(value: object) -> Optional[float]:
         number = float(value)
     except OverflowError:
         return None
-    return number if math.isfinite(number) else None
+    return number if number - number == 0 else None  # inf - inf and nan - nan are nan
 
 
 def parse_line(line: str) -> Event:

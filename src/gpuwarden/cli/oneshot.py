@@ -16,22 +16,26 @@ it has to wait in line: a wait may last hours and its loop makes garbage.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
-@contextmanager
-def one_shot() -> Iterator[Callable[[], None]]:
-    """Yields `resume`, which ends the pause early (calling it again is harmless)."""
-    was_enabled = gc.isenabled()
+class one_shot:
+    """`with one_shot() as resume:` gives `resume`, which ends the pause early (calling
+    it again is harmless). A class, not `contextlib.contextmanager`: contextlib would be
+    one more module to import before every job starts."""
 
-    def resume() -> None:
+    def __enter__(self) -> Callable[[], None]:
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+        return self.resume
+
+    def resume(self) -> None:
         gc.freeze()
-        if was_enabled:
+        if self._was_enabled:
             gc.enable()
 
-    gc.disable()
-    try:
-        yield resume
-    finally:
-        resume()
+    def __exit__(self, *exc: object) -> None:
+        self.resume()

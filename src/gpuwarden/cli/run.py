@@ -163,6 +163,20 @@ def _start(
             "no command given: put it after --, e.g. `gpuwarden run -g 1 -- python train.py`"
         )
     conf, request = filters.request_of(args)
+    from gpuwarden.config import reused
+
+    with reused(conf):  # the health rules, lease and state directories: this same reading
+        return _start_with(args, conf, request, cmd, resume, isolation)
+
+
+def _start_with(
+    args: argparse.Namespace,
+    conf: Any,
+    request: Any,
+    cmd: list[str],
+    resume: Callable[[], None],
+    isolation: list[Any],
+) -> tuple[Any, Any]:
     use_uuid = conf.get("run.id_format") == "uuid"
     if request.count == 0:
         if request.mem is not None:

@@ -10,7 +10,6 @@ costs one `stat` per NVML call.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -23,6 +22,7 @@ from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from pathlib import Path
     from typing import Any, Callable, Optional, Union
 
@@ -200,8 +200,14 @@ class StateFile:
             ) from None
         return state
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> AbstractContextManager[None]:
+        """The state lock held, for a writer. contextlib is imported here: readers, every
+        simulated NVML client among them, take no lock."""
+        from contextlib import contextmanager
+
+        return contextmanager(self._holding)()
+
+    def _holding(self) -> Iterator[None]:
         from gpuwarden.safefiles import flock_within, open_regular
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -244,8 +250,11 @@ class StateFile:
         return result
 
     def reset(self) -> None:
-        with self._locked(), contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        with self._locked():
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
 
 def find_gpu(state: dict[str, Any], ref: GpuRef) -> dict[str, Any]:

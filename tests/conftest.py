@@ -49,6 +49,30 @@ _CLEARED = (
 )
 
 
+def _job_cgroups() -> set[str]:
+    """The job cgroups gpuwarden made under every hierarchy's `gpuwarden` directory
+    (`run-*` of `gpuwarden run`, `svc-*` of a queue service)."""
+    found: set[str] = set()
+    base = Path("/sys/fs/cgroup")
+    for parent in (*base.glob("*/gpuwarden"), base / "gpuwarden"):
+        try:
+            found.update(str(p) for p in parent.iterdir() if p.name.startswith(("run-", "svc-")))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_cgroup_trail() -> Iterator[None]:
+    """The suite leaves no cgroup behind: a job's is removed when it ends, a service's
+    directory when it stops; a test that kills either cleans up as a restart would.
+    Each one left would be swept by every later root `gpuwarden run` on the machine."""
+    before = _job_cgroups()
+    yield
+    left = _job_cgroups() - before
+    assert not left, f"the tests left job cgroups behind: {sorted(left)}"
+
+
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Point every gpuwarden location at `tmp_path` and clear GPU-related variables."""

@@ -376,6 +376,8 @@ def test_two_services_never_share_or_sweep_each_others_job_cgroups(tmp_path: Pat
         assert jobcgroup.service_jobs(first)["1"] == made[0]
     finally:
         assert all(jobcgroup.remove_job(d) for d in made)
+        for scope in (first, second):  # as a stopped service does: no trail left
+            jobcgroup.remove_scope(scope)
     assert jobcgroup.service_jobs(first) == {} and jobcgroup.service_jobs(second) == {}
 
 
@@ -414,6 +416,7 @@ def test_a_job_joins_its_cgroup_through_tasks_and_its_children_follow(tmp_path: 
             assert path.endswith(lines[controller]), (controller, lines)
     finally:
         assert jobcgroup.remove_job(dirs)
+        jobcgroup.remove_scope(scope)
 
 
 def test_a_stopped_service_leaves_no_cgroup_directory(server: Server) -> None:

@@ -7,7 +7,6 @@ and the loader (`gpuwarden.config`) checks every value against it.
 from __future__ import annotations
 
 from gpuwarden.configvalues import KINDS, BadValue
-from gpuwarden.records import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,18 +18,32 @@ SYSTEM_LEASE_DIR = "/var/lib/gpuwarden/leases"
 SYSTEM_STATE_DIR = "/var/lib/gpuwarden/state"
 
 
-@record
 class Key:
-    """One setting: the single place its type, default, variable and meaning are written."""
+    """One setting: the single place its type, default, variable and meaning are written.
 
-    name: str  # dotted: "run.min_free"
-    kind: str  # a key of _KINDS
-    default: Any
-    doc: str
-    env: tuple[str, ...] = ()  # variables, strongest first; derived when empty
-    choices: tuple[str, ...] = ()
-    low: Optional[float] = None  # numbers (each one, for lists) must be >= low ...
-    above: bool = False  # ... or > low when set: an interval of 0 s would spin
+    A plain class, not a record: the schema's sixty-odd rows are made by every
+    command, `gpuwarden run` included, and a record's shared `__init__` and its
+    dataclass bookkeeping cost that start 0.3 ms for nothing a schema row needs
+    (docs/performance.md, "Start-up, eighth round")."""
+
+    __slots__ = ("above", "choices", "default", "doc", "env", "kind", "low", "name")
+
+    def __init__(
+        self,
+        name: str,  # dotted: "run.min_free"
+        kind: str,  # a key of configvalues.KINDS
+        default: Any,
+        doc: str,
+        env: tuple[str, ...] = (),  # variables, strongest first; derived when empty
+        choices: tuple[str, ...] = (),
+        low: Optional[float] = None,  # numbers (each one, for lists) must be >= low ...
+        above: bool = False,  # ... or > low when set: an interval of 0 s would spin
+    ) -> None:
+        self.name, self.kind, self.default, self.doc = name, kind, default, doc
+        self.env, self.choices, self.low, self.above = env, choices, low, above
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r}, {self.kind!r}, default={self.default!r})"
 
     @property
     def env_names(self) -> tuple[str, ...]:

@@ -317,6 +317,24 @@ def test_local_queue_commands_say_the_service_is_missing(cli: object, argv: tupl
     assert "gpuwarden serve" in line
 
 
+@pytest.mark.parametrize("argv", [("queue",), ("run", "-g", "1", "--", "true")])
+def test_a_socket_nobody_listens_on_is_called_a_stopped_service(
+    cli: object, isolated: Path, argv: tuple[str, ...]
+) -> None:
+    """A service killed before it removed its socket: the socket says one was set up, so
+    the line says it stopped (and how to find out why), not that there is none."""
+    import socket
+
+    path = isolated / "no-service.sock"  # GPUWARDEN_SOCKET in every test
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))  # bound, never listening: as a killed service leaves it
+    done = cli(*argv)  # type: ignore[operator]
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert f"the gpuwarden service does not answer at {path} (stopped or crashed" in line
+    assert "gpuwarden service status" in line
+
+
 def test_submit_dry_run_prints_the_script(cli: object) -> None:
     done = cli("submit", "--slurm", "-g", "2", "--time", "1h", "--dry-run", "--", "echo", "hi")  # type: ignore[operator]
     assert done.returncode == 0, done.stderr

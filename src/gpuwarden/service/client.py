@@ -129,10 +129,18 @@ def connect(path: Optional[str] = None, timeout: float = 30.0) -> Optional[Clien
 
 def require(path: Optional[str] = None) -> Client:
     """A client, or one line saying that this command needs the service."""
+    path = path or socket_path()
     client = connect(path)
+    if client is None and os.path.lexists(path):
+        # The socket is there and nobody listens: the service was killed, or crashed,
+        # before it could remove it. Its jobs run on; new ones wait for its restart.
+        raise UserError(
+            f"the gpuwarden service does not answer at {path} (stopped or crashed, its "
+            "socket left behind); an admin restarts it (`gpuwarden service status` says more)"
+        )
     if client is None:
         raise UserError(
-            f"no gpuwarden service runs on this machine ({path or socket_path()}); "
+            f"no gpuwarden service runs on this machine ({path}); "
             "an admin starts one with `gpuwarden serve` (docs/service.md)"
         )
     return client

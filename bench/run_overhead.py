@@ -19,7 +19,9 @@ PYTHONPATH. `--importtime` also prints the slowest imports on the `run` path
 tree (another checkout or worktree, e.g. main) to the same rounds, with its own
 simulator state (the parsed-spec cache is keyed by the parsing code's file). The
 machine's load average is printed before and after: on a shared machine, compare
-CPU time between runs and wall time only within one.
+CPU time between runs and wall time only within one. `--instructions` counts, with
+valgrind, the instructions each python and gpuwarden case executes: a figure that
+a busy or slowed machine does not move, for comparing trees across runs.
 """
 
 from __future__ import annotations
@@ -128,11 +130,46 @@ def import_costs(env: dict[str, str], top: int = 12) -> None:
         print(f"  {cumulative / 1000:7.1f}  (self {self_us / 1000:5.1f})  {name}")
 
 
+def instructions(argv: list[str], env: dict[str, str]) -> int:
+    """User-space instructions of one run of `argv`'s own process (not its children),
+    counted by valgrind's callgrind: the same on a quiet and on a busy machine."""
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in out.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split()[-1])
+    raise SystemExit(f"{argv}: valgrind gave no count: {out.stderr[-500:]}")
+
+
+def count_instructions(table: list[tuple[str, list[str], dict[str, str]]]) -> None:
+    """The python and gpuwarden cases (the shell pattern is a tree of processes), each
+    counted twice: the two counts differ only by hash seeds and timing."""
+    counts = {
+        name: min(instructions(argv, env) for _ in range(2))
+        for name, argv, env in table
+        if name == "python -c pass" or name.startswith("gpuwarden")
+    }
+    py = counts["python -c pass"]
+    print("\ninstructions (callgrind, the process itself, millions; over `python -c pass`):")
+    for name, n in counts.items():
+        print(f"  {name:<50} {n / 1e6:8.1f}  {(n - py) / 1e6:+8.1f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", action="store_true")
     parser.add_argument("--compare", action="append", default=[], metavar="DIR")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each case's instructions with valgrind (steady where timing is not)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = environment(tmp)
@@ -180,6 +217,8 @@ def main() -> int:
             )
         if args.importtime:
             import_costs(env)
+        if args.instructions:
+            count_instructions(table)
     return 0
 
 

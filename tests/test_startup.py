@@ -33,12 +33,14 @@ raise SystemExit(main())
 """
 
 # Not needed to show the machine or to start a job on it. ctypes.util (subprocess,
-# tempfile) is what nvidia-ml-py imports for Windows only (gpuwarden.nvmlload keeps it
-# out); shutil only measured the terminal; shtab only writes completion scripts. The
-# command modules other than the chosen one stay unimported too.
+# tempfile) is what nvidia-ml-py imports for Windows only, threading for one lock
+# (gpuwarden.nvmlload keeps both out); shutil only measured the terminal; shtab only
+# writes completion scripts. The command modules other than the chosen one stay
+# unimported too.
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
     *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging", "gettext"),
+    "threading",
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
 )
 
@@ -173,10 +175,19 @@ def test_simulator_paths_are_still_paths() -> None:
 
 NVML_LOAD = """
 import sys
-from gpuwarden.nvmlload import without_ctypes_util
+from gpuwarden.nvmlload import without_unused_modules
 
-module = without_ctypes_util(lambda: __import__("pynvml"))
+module = without_unused_modules(lambda: __import__("pynvml"))
 assert "ctypes.util" not in sys.modules and "subprocess" not in sys.modules
+assert "threading" not in sys.modules
+lock = module.libLoadLock
+with lock:  # a real lock, held and released
+    assert lock.locked()
+assert not lock.locked()
+assert module.threading.current_thread().name == "MainThread"  # the real module, now
+import threading
+assert sys.modules["threading"].__file__.endswith("threading.py")  # not the stand-in
+assert type(lock) is type(threading.Lock())
 import ctypes
 assert not hasattr(ctypes, "util")
 assert module.find_library("c") is not None  # the real one, loaded now
@@ -226,7 +237,7 @@ def test_dataclasses_loads_without_inspect_and_leaves_no_stand_in() -> None:
     assert out.stdout.strip() == "ok"
 
 
-def test_nvidia_ml_py_loads_without_ctypes_util_and_leaves_no_stand_in() -> None:
+def test_nvidia_ml_py_loads_without_ctypes_util_or_threading_and_leaves_no_stand_in() -> None:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     out = subprocess.run(
         [sys.executable, "-c", NVML_LOAD], env=env, capture_output=True, text=True, timeout=60
@@ -264,14 +275,17 @@ def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
     )
 
 
-def test_a_loaded_ctypes_util_is_left_as_it_is() -> None:
+def test_loaded_modules_are_left_as_they_are() -> None:
     import ctypes.util
+    import threading
 
-    from gpuwarden.nvmlload import without_ctypes_util
+    from gpuwarden.nvmlload import without_unused_modules
 
     real = sys.modules["ctypes.util"]
-    assert without_ctypes_util(lambda: sys.modules["ctypes.util"]) is real
+    assert without_unused_modules(lambda: sys.modules["ctypes.util"]) is real
     assert sys.modules["ctypes.util"] is real is ctypes.util
+    assert without_unused_modules(lambda: sys.modules["threading"]) is threading
+    assert sys.modules["threading"] is threading
 
 
 def test_run_through_the_service_loads_nothing_of_choosing_or_leasing(

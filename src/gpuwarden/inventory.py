@@ -150,9 +150,9 @@ def load_nvml() -> Any:
         from gpuwarden.sim.fake import module
 
         return module()
-    from gpuwarden.nvmlload import without_ctypes_util
+    from gpuwarden.nvmlload import without_unused_modules
 
-    return without_ctypes_util(lambda: __import__("pynvml"))
+    return without_unused_modules(lambda: __import__("pynvml"))
 
 
 def _text(value: Any) -> str:

@@ -1,12 +1,19 @@
-"""Load nvidia-ml-py's module without loading `ctypes.util` for it.
+"""Load nvidia-ml-py's module without the two standard modules it imports and barely uses.
 
 nvidia-ml-py's first lines include `from ctypes.util import find_library`, a
 function it calls only on Windows; `ctypes.util` brings `subprocess`, `tempfile`,
-`random` and `hashlib` with it, which every `gpuwarden run` and `status` would pay
-for nothing (docs/performance.md has the measurement). While nvidia-ml-py's module
-executes, and only then, `ctypes.util` is a stand-in whose `find_library` loads the
-real module when called; afterwards the stand-in is taken out of `sys.modules`, so
-any later `import ctypes.util` (by anyone) gets the real module.
+`random` and `hashlib` with it. They also `import threading`, for one
+`threading.Lock()` made while the module executes: the lock `_thread.allocate_lock`
+makes, which is what `threading.Lock()` returns; `threading` itself makes its
+classes, its main-thread object and its at-fork hooks. Every `gpuwarden run` and
+`status` would pay for both and use neither (docs/performance.md has the figures).
+
+While nvidia-ml-py's module executes, and only then, each is a stand-in: the
+`ctypes.util` one has a `find_library` that loads the real module when called,
+the `threading` one has `Lock` (`_thread.allocate_lock`) and hands any other name
+to the real module, loaded when first asked.
+Afterwards the stand-ins leave `sys.modules`, so any later import (by anyone)
+gets the real modules; one already loaded is used as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from types import ModuleType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Optional, TypeVar
+    from typing import Any, Callable, Optional, TypeVar
 
     T = TypeVar("T")
 
@@ -28,18 +35,39 @@ def find_library(name: str) -> Optional[str]:
     return real(name)
 
 
-def without_ctypes_util(load: Callable[[], T]) -> T:
-    """`load()` (which executes nvidia-ml-py's module) with the stand-in in place."""
-    if "ctypes.util" in sys.modules:  # loaded already: nothing to save
-        return load()
-    stand_in = ModuleType("ctypes.util", "stand-in while nvidia-ml-py loads (gpuwarden)")
-    stand_in.find_library = find_library  # type: ignore[attr-defined]
-    sys.modules["ctypes.util"] = stand_in
+def _real_threading(name: str) -> Any:
+    """Any `threading` name but `Lock`, from the real module (loaded now; the stand-in
+    leaves `sys.modules` first if nvidia-ml-py's module asks while it executes)."""
+    if getattr(sys.modules.get("threading"), "gpuwarden_stand_in", False):
+        del sys.modules["threading"]
+    import threading
+
+    return getattr(threading, name)
+
+
+def _stand_ins() -> dict[str, ModuleType]:
+    import _thread
+
+    util = ModuleType("ctypes.util", "stand-in while nvidia-ml-py loads (gpuwarden)")
+    util.find_library = find_library  # type: ignore[attr-defined]
+    threading = ModuleType("threading", "stand-in while nvidia-ml-py loads (gpuwarden)")
+    threading.Lock = _thread.allocate_lock  # type: ignore[attr-defined]
+    threading.__getattr__ = _real_threading  # type: ignore[method-assign]
+    threading.gpuwarden_stand_in = True  # type: ignore[attr-defined]
+    return {"ctypes.util": util, "threading": threading}
+
+
+def without_unused_modules(load: Callable[[], T]) -> T:
+    """`load()` (which executes nvidia-ml-py's module) with the stand-ins in place of the
+    modules not loaded yet."""
+    placed = {name: module for name, module in _stand_ins().items() if name not in sys.modules}
+    sys.modules.update(placed)
     try:
         return load()
     finally:
-        if sys.modules.get("ctypes.util") is stand_in:
-            del sys.modules["ctypes.util"]
+        for name, stand_in in placed.items():
+            if sys.modules.get(name) is stand_in:
+                del sys.modules[name]
         ctypes = sys.modules.get("ctypes")
-        if ctypes is not None and getattr(ctypes, "util", None) is stand_in:
+        if ctypes is not None and getattr(ctypes, "util", None) is placed.get("ctypes.util"):
             del ctypes.util

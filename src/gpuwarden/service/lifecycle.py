@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import spawn, store
+from gpuwarden.service import attachment, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuwarden.serve")
 
+SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-empty
 
 
@@ -51,6 +52,8 @@ class Lifecycle:
     read_snapshot: Callable[[], Any]
     _priorities: dict[int, float]
     _estimates: dict[int, Optional[float]]
+    orphans: dict[int, tuple[float, attachment.ClientProcess]]  # attached jobs left by a restart
+    attached: dict[int, Any]
 
     if TYPE_CHECKING:  # provided by Service and Requests
 
@@ -68,14 +71,6 @@ class Lifecycle:
         A recorded supervisor still alive is watched; when it ends, its exit record
         says how the job ended, and its absence with no marker means it never started.
         """
-        for job in self.store.jobs([store.PENDING]):
-            if job.attached:  # its client's terminal went with the old service
-                self.store.update(
-                    job.id,
-                    state=store.CANCELLED,
-                    ended=time.time(),
-                    error="the service restarted before it started; submit it again",
-                )
         for job in self.store.jobs([store.STARTING, store.RUNNING]):
             marker = spawn.read_marker(self.exits, str(job.id))
             ended = spawn.read_exit_record(self.exits, str(job.id))
@@ -95,9 +90,42 @@ class Lifecycle:
                 self._finish(
                     job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
                 )
+        for job in self.store.jobs(store.ACTIVE):
+            if not job.attached:
+                continue
+            # Its client reconnects (`attach`) unless it died meanwhile, or never learnt
+            # the job's number (a submit recorded, its answer not sent: not started).
+            client = attachment.read_client(self.exits, str(job.id))
+            if client is None and job.state == store.PENDING:
+                self.store.update(
+                    job.id,
+                    state=store.CANCELLED,
+                    ended=time.time(),
+                    error="the service restarted before it answered the submit",
+                )
+                continue
+            client = client or attachment.ClientProcess(0, -1)
+            self.orphans[job.id] = (time.monotonic() + attachment.REATTACH_WITHIN, client)
         self.sweep_cgroups()
         self._litter_of_ended_jobs()
         self.dirty = True
+
+    def _end_orphans(self) -> None:
+        """Attached jobs whose client has not come back after a restart: ended once the
+        client is known dead, or after `REATTACH_WITHIN` (its client gave up before)."""
+        now = time.monotonic()
+        for job_id, (deadline, client) in list(self.orphans.items()):
+            alive = client.alive()
+            if job_id in self.attached or (alive is not False and now < deadline):
+                continue
+            del self.orphans[job_id]
+            job = self.store.get(job_id)
+            if job is not None and job.state in store.ACTIVE:
+                why = "died" if alive is False else "did not come back"
+                log.info(
+                    "job %s: its attached client %s after a restart; cancelling it", job_id, why
+                )
+                self._cancel(job)
 
     def _litter_of_ended_jobs(self) -> None:
         """Exit records and markers of jobs the journal has ended (a service killed
@@ -109,7 +137,8 @@ class Lifecycle:
             return
         for name in names:
             job, dot, suffix = name.partition(".")
-            ours = dot and "." + suffix in (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX)
+            suffixes = (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX, attachment.CLIENT_SUFFIX)
+            ours = dot and "." + suffix in suffixes
             if ours and is_digits(job) and job not in active:
                 self.litter.append(os.path.join(self.exits, name))
         self.remove_litter()
@@ -183,10 +212,13 @@ class Lifecycle:
             job.id, state=store.PENDING, gpus=(), started=None, supervisor=None, pid=None
         )
 
-    def _cancel(self, job: store.Job) -> None:
+    def _cancel(self, job: store.Job, sig: int = SIGTERM) -> None:
+        """End `job`: a waiting one at once (its attached client exits 128+`sig`, as a
+        shell's command would for the Ctrl-C that cancelled it), a running one by SIGTERM,
+        then SIGKILL after the grace period."""
         if job.state == store.PENDING:
             self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
-            self._ended_attached(job.id, None)
+            self._ended_attached(job.id, None, sig=sig)
         elif job.pid:
             self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
@@ -200,24 +232,35 @@ class Lifecycle:
         self._ended_attached(job.id, None, quiet=True)
 
     def _ended_attached(
-        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False
+        self,
+        job_id: int,
+        ended: Optional[spawn.Ended],
+        quiet: bool = False,
+        sig: int = SIGTERM,
     ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
         if not quiet:
-            status = 128 + signal.SIGTERM if ended is None else ended.shell_status
+            status = 128 + sig if ended is None else ended.shell_status
             error = "cancelled before it started" if ended is None else ended.error
             self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
         client = self.attached.pop(job_id, None)
         if client is not None:
             client.job = None
         self.release_stdio(job_id)
+        self.orphans.pop(job_id, None)
+        if ended is None:  # ended before it started: no exit record to remove later
+            attachment.forget_client(self.exits, str(job_id))
 
     def schedule(self) -> None:
         """Plan, and start whatever the plan says starts."""
         from gpuwarden.service.placing import inputs, start_job
 
         self.dirty = False
-        pending = self.store.jobs([store.PENDING])
+        # An attached job whose client has not come back after a restart has no
+        # terminal to start on: it waits for its client.
+        pending = [
+            j for j in self.store.jobs([store.PENDING]) if not j.attached or j.id in self.stdio
+        ]
         if not pending:
             return
         snapshot = self.read_snapshot()
@@ -344,9 +387,8 @@ class Lifecycle:
         self.termed.pop(job.id, None)
         # Removed once the next jobs have started (`remove_litter`): not on the way from
         # a freed GPU to the next start. A restart removes what a killed service left.
-        self.litter.extend(
-            name(self.exits, str(job.id)) for name in (spawn.exit_record_path, spawn.marker_path)
-        )
+        paths = (spawn.exit_record_path, spawn.marker_path, attachment.client_path)
+        self.litter.extend(name(self.exits, str(job.id)) for name in paths)
         self._ended_attached(job.id, ended)
         self.notifier.notify(
             {
@@ -379,6 +421,8 @@ class Lifecycle:
         self.litter.clear()
 
     def _enforce_time_limits(self) -> None:
+        if self.orphans:
+            self._end_orphans()
         now = time.time()
         if now - getattr(self, "_swept", 0.0) >= SWEEP_EVERY:  # on the loop's tick
             self._swept = now

@@ -46,6 +46,7 @@ OPS = (
     "share",
     "signal",
     "stats",
+    "attach",
 )
 
 

@@ -55,10 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
             )
         return _watch(args)
-    from gpuwarden.cli.oneshot import one_shot
-
-    with one_shot():
-        print(render(gather(args.user), as_json=args.json))
+    print(render(gather(args.user), as_json=args.json))
     return 0
 
 

@@ -145,6 +145,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 CLI_SHARED = {
     *("cli", "cli.filters", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
     "cli.serving",
+    "cli.statustable",
 }
 
 # Outside packages only some modules may import (principle 1 and the torch rule in

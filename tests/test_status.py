@@ -206,7 +206,7 @@ def test_a_card_without_a_fan_shows_n_a(sim, cli):
 
 
 def test_power_column_formats():
-    from gpuwarden.cli.status import _power
+    from gpuwarden.cli.statustable import _power
 
     assert _power(61.6, 400.0) == "62/400W"
     assert _power(None, 400.0) == "n/a/400W"
@@ -284,7 +284,8 @@ def test_user_with_nothing_or_nobody(sim, cli):
 
 
 def test_lease_rows_for_shared_expired_and_job_bound_leases():
-    from gpuwarden.cli.status import _lease_rows, for_user
+    from gpuwarden.cli.status import for_user
+    from gpuwarden.cli.statustable import _lease_rows
     from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
     from gpuwarden.leases import LeaseInfo
 

@@ -143,10 +143,15 @@ def collect() -> dict[str, Any]:
 
     snap = read_snapshot()
     view = _visible(snap)
+    leases = _leases()
+    if leases:
+        from gpuwarden.attribution import attribute
+
+        snap = attribute(snap, leases)  # a container's processes shown as their owner's
     return {
         "snapshot": snap,
         "visible": view,
-        "leases": _leases(),
+        "leases": leases,
         "drains": _drains(),
         "health": _health(snap),
     }
@@ -445,10 +450,11 @@ def to_text(data: dict[str, Any]) -> str:
 
 
 def unleased_pids(gpu: Gpu, held: list[Any], lineage_of: Any) -> set[int]:
-    """The pids of `gpu`'s processes that belong to none of the leases `held` on it: no
-    lease's job is the process or one of its ancestors (the kernel's /proc)."""
-    holders = {x.pid for x in held if getattr(x, "pid", None)}
-    return {p.pid for p in gpu.processes if not holders & set(lineage_of(p.pid))}
+    """The pids of `gpu`'s processes that belong to none of the leases `held` on it
+    (gpuwarden.attribution)."""
+    from gpuwarden.attribution import unleased_pids
+
+    return unleased_pids(gpu, held, lineage_of)
 
 
 def _lease_rows(snap: Snapshot, held: list[Any]) -> list[list[str]]:

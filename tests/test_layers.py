@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
         (
             "inventory",
+            "counters",
             "topology",
             "nvmlload",
             "sim.*",
@@ -73,6 +74,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "visible",
             "scheduling",
             "metrics",
+            "dcgm",
             "queuemetrics",
             "mig",
             "enforcement",

@@ -289,8 +289,10 @@ def _slice_json(
     free = (
         None if m.memory_total is None or m.memory_used is None else m.memory_total - m.memory_used
     )
+    found = asdict(m)
+    del found["counters"]  # the exporter's (gpuwarden.counters); status never reads them
     return {
-        **asdict(m),
+        **found,
         "memory_free": None if free is None else max(0, free),
         "cuda_index": cuda[m.uuid][0] if m.uuid in cuda else None,
         "leases": [_lease_json(x, taken_at) for x in leases if x.uuid == m.uuid],
@@ -302,6 +304,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
     from dataclasses import asdict
 
     out = asdict(g)
+    del out["counters"]  # the exporter's (gpuwarden.counters); status never reads them
     out["compute_capability"] = dotted(g.compute_capability)
     out["throttle_reasons"] = list(g.throttle_reasons) if g.throttle_reasons is not None else None
     return out

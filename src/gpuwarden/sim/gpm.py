@@ -112,6 +112,28 @@ def _info(metric: int) -> tuple[bytes, bytes, bytes]:
     return b"engine_util", b"Video engine activity", b"%"
 
 
+def _take(
+    samples: dict[int, Optional[dict[str, Any]]],
+    state: dict[str, Any],
+    gpu: dict[str, Any],
+    mig: Optional[dict[str, Any]],
+    sample: Any,
+) -> int:
+    """Fill an allocated sample with this instant's metrics of the GPU or MIG instance."""
+    where = address(sample) or 0
+    if where not in samples:
+        return INVALID_ARGUMENT
+    if architecture(gpu) < HOPPER:
+        return NOT_SUPPORTED
+    samples[where] = {
+        "gpu": gpu["uuid"],
+        "instance": None if mig is None else mig["gpu_instance_id"],
+        "time": time.monotonic(),
+        "values": snapshot(state, gpu, mig),
+    }
+    return SUCCESS
+
+
 class Gpm:
     """NVML's GPM functions, as methods of `FakeLibrary`."""
 
@@ -134,22 +156,8 @@ class Gpm:
             return INVALID_ARGUMENT
         return SUCCESS
 
-    def _take(self, state: Any, gpu: Any, mig: Any, sample: Any) -> int:
-        where = address(sample) or 0
-        if where not in self.gpm_samples:
-            return INVALID_ARGUMENT
-        if architecture(gpu) < HOPPER:
-            return NOT_SUPPORTED
-        self.gpm_samples[where] = {
-            "gpu": gpu["uuid"],
-            "instance": None if mig is None else mig["gpu_instance_id"],
-            "time": time.monotonic(),
-            "values": snapshot(state, gpu, mig),
-        }
-        return SUCCESS
-
     def nvmlGpmSampleGet(self, state: Any, gpu: Any, mig: Any, sample: Any) -> int:
-        return self._take(state, gpu, None, sample)
+        return _take(self.gpm_samples, state, gpu, None, sample)
 
     def nvmlGpmMigSampleGet(
         self, state: Any, gpu: Any, mig: Any, instance_id: Any, sample: Any
@@ -161,7 +169,7 @@ class Gpm:
         wanted = val(instance_id)
         for instance in gpu["mig_instances"]:
             if instance["gpu_instance_id"] == wanted:
-                return self._take(state, gpu, instance, sample)
+                return _take(self.gpm_samples, state, gpu, instance, sample)
         return NOT_FOUND
 
     def nvmlGpmMetricsGet(self, ref: Any) -> int:
@@ -173,7 +181,7 @@ class Gpm:
         if first is None or second is None or request.numMetrics > METRIC_MAX:
             return INVALID_ARGUMENT
         same = (first["gpu"], first["instance"]) == (second["gpu"], second["instance"])
-        if not same or second["time"] <= first["time"]:
+        if not same or second["time"] < first["time"]:
             return INVALID_ARGUMENT  # two samples of one device, the second taken later
         for i in range(request.numMetrics):
             metric = request.metrics[i]

@@ -23,6 +23,7 @@ import signal
 
 from gpuwarden import enforcement as policy
 from gpuwarden.ancestry import lineage
+from gpuwarden.mig import devices, label
 from gpuwarden.records import record
 from gpuwarden.units import is_digits
 
@@ -88,7 +89,9 @@ class Enforcer:
     def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
         """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
         actions: list[Action] = []
-        gpus = {g.uuid: g for g in snapshot.gpus if not g.lost}
+        # What a lease holds: a GPU, or a MIG slice in place of its parent (gpuwarden.mig),
+        # with the slice's own processes and memory.
+        gpus = {g.uuid: g for g in devices(snapshot) if not g.lost}
         held = [
             policy.Lease(x.uuid, x.pid, x.user, x.job, x.mem is not None, x.mem) for x in leases
         ]
@@ -128,8 +131,8 @@ class Enforcer:
             if act is not None:
                 limit = policy.memory_limit(lease.mem, self.rules.memory_tolerance)
                 text = (
-                    f"job {lease.job or lease.pid} of {lease.owner} uses {_size(used)} on GPU "
-                    f"{gpus[lease.gpu].index}, over its --mem {_size(lease.mem)} "
+                    f"job {lease.job or lease.pid} of {lease.owner} uses {_size(used)} on "
+                    f"{label(gpus[lease.gpu])}, over its --mem {_size(lease.mem)} "
                     f"(+{self.rules.memory_tolerance:g}% = {_size(limit)})"
                 )
                 if act == "warn":
@@ -161,7 +164,7 @@ class Enforcer:
             _keep(self.unleased, key, state)
             if act is None:
                 continue
-            where = f"GPU {gpus[found.gpu].index}"
+            where = label(gpus[found.gpu])
             text = f"pid {found.pid} of {found.user or '?'} uses {where} without a lease"
             if found.leased_to:
                 text += f"; the GPU is leased to {found.leased_to}"
@@ -187,7 +190,7 @@ class Enforcer:
             self.idle[key] = state
             if act is not None:
                 text = (
-                    f"lease of {lease.owner} (job {lease.job or lease.pid}) on GPU {gpu.index} "
+                    f"lease of {lease.owner} (job {lease.job or lease.pid}) on {label(gpu)} "
                     f"idle for {self.rules.idle_after:g}s: 0% and no memory change"
                 )
                 out.append(Action(act, "idle", lease.gpu, gpu.index, lease.pid, lease.owner, text))

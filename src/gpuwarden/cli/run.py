@@ -16,7 +16,7 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Callable
+    from typing import Any
 
     from gpuwarden.cli import Commands
 
@@ -104,19 +104,14 @@ def _start_on_cpu(args: argparse.Namespace, cmd: list[str]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Set up and start the job with the cyclic garbage collector paused (what the set-up
-    builds lives until exit: walking it dozens of times, and again at exit, freed
-    nothing; see gpuwarden.cli.oneshot), then wait for the job with it back on."""
-    from gpuwarden.cli.oneshot import one_shot
-
+    """Set up and start the job, wait for it, free what it held."""
     if args.slurm:
         from gpuwarden.cli.slurmjobs import run_attached
 
         return run_attached(args)
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
-        with one_shot() as resume:
-            started, held = _start(args, resume, isolation)
+        started, held = _start(args, isolation)
         if isinstance(started, int):
             return started
         try:
@@ -144,9 +139,7 @@ def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: lis
     return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))
 
 
-def _start(
-    args: argparse.Namespace, resume: Callable[[], None], isolation: list[Any]
-) -> tuple[Any, Any]:
+def _start(args: argparse.Namespace, isolation: list[Any]) -> tuple[Any, Any]:
     """(the started job, or the exit code when none was started; the lease held for it,
     or None)."""
     from gpuwarden.cli import filters
@@ -166,7 +159,7 @@ def _start(
     from gpuwarden.config import reused
 
     with reused(conf):  # the health rules, lease and state directories: this same reading
-        return _start_with(args, conf, request, cmd, resume, isolation)
+        return _start_with(args, conf, request, cmd, isolation)
 
 
 def _start_with(
@@ -174,7 +167,6 @@ def _start_with(
     conf: Any,
     request: Any,
     cmd: list[str],
-    resume: Callable[[], None],
     isolation: list[Any],
 ) -> tuple[Any, Any]:
     use_uuid = conf.get("run.id_format") == "uuid"
@@ -221,7 +213,7 @@ def _start_with(
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
         return launch.start(argv, env), None
-    held = take(args.command, conf, request, machine, allowed, on_first_wait=resume)
+    held = take(args.command, conf, request, machine, allowed)
     try:
         argv = cmd
         if args.ddp:

@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
         (
             "inventory",
+            "counters",
             "topology",
             "nvmlload",
             "sim.*",
@@ -73,6 +74,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "visible",
             "scheduling",
             "metrics",
+            "dcgm",
             "queuemetrics",
             "mig",
             "enforcement",
@@ -81,7 +83,16 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "state",
         "what outlives a command, keyed by GPU UUID: leases, the line of waiters, drains, XIDs",
-        ("leases", "leasedir", "leaserecord", "holders", "waitline", "drain", "xidlog"),
+        (
+            "leases",
+            "leasedir",
+            "leaserecord",
+            "holders",
+            "waitline",
+            "drain",
+            "xidlog",
+            "attribution",
+        ),
     ),
     (
         "orchestration",
@@ -93,6 +104,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "allocation",
             "jobs",
             "launch",
+            "containers",
             "joboutput",
             "healthwatch",
             "alerts",

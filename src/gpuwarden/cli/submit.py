@@ -88,6 +88,7 @@ def submit_local(args: argparse.Namespace) -> int:
         hold=args.hold,
         nice=nice,
         output=args.output,
+        warning=filters.warning_of(args),
     )
     if args.dry_run:
         import json
@@ -108,7 +109,7 @@ def submit_local(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
         return submit_local(args)
-    for name in ("after", "hold", "nice"):
+    for name in ("after", "hold", "nice", "signal"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     from gpuwarden.slurm import batch, tools

@@ -311,6 +311,7 @@ def job_fields(
     hold: bool = False,
     nice: int = 0,
     output: Optional[str] = None,
+    warning: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """A submit request for `argv` with a `selection.Request`'s GPU wishes, in this
     process's working directory, environment and umask (what the job runs with)."""
@@ -342,6 +343,8 @@ def job_fields(
         fields["after"] = list(after)
     if output is not None:
         fields["output"] = os.path.abspath(output)
+    if warning is not None:
+        fields["signal"] = warning
     return fields
 
 

@@ -83,6 +83,8 @@ class Lifecycle:
             ):
                 self.store.update(job.id, pid=(marker or {}).get("pid") or job.pid)
                 self._watch(job.id, job.supervisor)
+                if job.reason in ("time limit", "cancelling"):  # SIGTERM was sent: not again
+                    self.termed[job.id] = time.monotonic()
                 log.info("re-adopted job %s", job.id)
             elif marker is None:
                 self._requeue(job)
@@ -159,13 +161,16 @@ class Lifecycle:
         return job_dirs(scope_of(self.exits), str(job_id), mode)
 
     def signal(self, job: store.Job, sig: int) -> None:
-        """`sig` to every process of the job: its cgroup's (however they detached), and its
-        process group's (all there is where the machine has no cgroups)."""
+        """`sig` once to every process of the job: its cgroup's (however they detached),
+        else its process group's (all there is where the machine has no cgroups). Both
+        would give each process two: a job that takes a second SIGTERM for "abort now"
+        would lose its checkpoint."""
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
-            signal_dirs(dirs, sig)
+            if signal_dirs(dirs, sig):
+                return
         if job.pid:
             spawn.signal_job(job.pid, sig)
 
@@ -409,6 +414,23 @@ class Lifecycle:
         log.info("job %s ended: %s", job.id, state)
         self.dirty = True
 
+    def _warn(self, job: store.Job, now: float) -> None:
+        """Slurm's --signal: its signal, once, `before` seconds ahead of the time limit
+        (the journal's reason says it was sent, also to a restarted service)."""
+        warning = job.request.get("signal")
+        if not warning or job.time_limit is None or not job.pid or job.reason is not None:
+            return
+        number, before, batch = warning
+        if now < (job.started or now) + job.time_limit - before:
+            return
+        if batch:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(job.pid, number)
+        else:
+            self.signal(job, number)
+        self.store.update(job.id, durable=False, reason="signalled")
+        log.info("job %s: signal %s, %gs before its time limit", job.id, number, before)
+
     def remove_litter(self) -> None:
         """Remove the exit records and markers of jobs whose end is committed, once
         that commit is on disk: until then a power cut would leave the journal
@@ -439,6 +461,8 @@ class Lifecycle:
             sent = self.termed.get(job.id)
             if sent is not None and job.pid and time.monotonic() - sent >= self.settings.grace:
                 self.signal(job, signal.SIGKILL)  # a cancel or limit ignored SIGTERM
+        for job in running:
+            self._warn(job, now)
         views = [
             scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
             for j in running

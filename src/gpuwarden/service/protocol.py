@@ -207,6 +207,9 @@ class Submit:
     output: Optional[str] = None
     attached: bool = False
     wait: bool = True  # False: start now or not at all (`run` without --wait)
+    # Slurm's --signal=[B:]SIG@SECONDS: (signal, seconds before the time limit, only the
+    # job's first process rather than all of them)
+    warning: Optional[tuple[int, float, bool]] = None
 
 
 def gpu_request(value: object) -> GpuRequest:
@@ -284,6 +287,20 @@ def submit(message: Mapping[str, Any]) -> Submit:
         output=_optional(message.get("output"), _path, "output"),
         attached=_bool(message.get("attached", False), "attached"),
         wait=_bool(message.get("wait", True), "wait"),
+        warning=_optional(message.get("signal"), warning),
+    )
+
+
+def warning(value: object) -> tuple[int, float, bool]:
+    """`{"number": SIG, "before": SECONDS, "batch": false}`: a signal sent SECONDS
+    before the time limit (Slurm's --signal), to every process of the job or, with
+    `batch`, to its first process only."""
+    if not isinstance(value, dict) or set(value) - {"number", "before", "batch"}:
+        raise ProtocolError("signal must be an object with number, before and batch")
+    return (
+        _int(value.get("number"), "signal.number", 1, 64),
+        _number(value.get("before", 60), "signal.before", 0.0, MAX_TIME),
+        _bool(value.get("batch", False), "signal.batch"),
     )
 
 

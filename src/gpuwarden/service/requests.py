@@ -143,10 +143,14 @@ class Requests:
                     f"--time {scheduling_span(sub.time_limit)} is over this machine's limit "
                     f"of {most} (max_time)"
                 )
+        if sub.warning is not None and sub.time_limit is None:
+            raise UserError("--signal needs --time: its signal comes that long before the limit")
         for dep in sub.after:
             if self.store.get(dep) is None:
                 raise UserError(f"--after {dep}: no such job")
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
+        if sub.warning is not None:
+            request["signal"] = list(sub.warning)  # beside its GPU wishes: what it asked for
         # The job and its output path: one commit. A batch job's id is a promise, on
         # disk before it is told; an attached job matters only while its client waits,
         # and its start's durable commit carries it to disk before it runs.

@@ -57,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
             )
         return _watch(args)
-    from gpuwarden.cli.oneshot import one_shot
-
-    with one_shot():
-        print(render(gather(args.user), as_json=args.json))
+    print(render(gather(args.user), as_json=args.json))
     return 0
 
 
@@ -147,10 +144,15 @@ def collect() -> dict[str, Any]:
 
     snap = read_snapshot()
     view = _visible(snap)
+    leases = _leases()
+    if leases:
+        from gpuwarden.attribution import attribute
+
+        snap = attribute(snap, leases)  # a container's processes shown as their owner's
     return {
         "snapshot": snap,
         "visible": view,
-        "leases": _leases(),
+        "leases": leases,
         "drains": _drains(),
         "health": _health(snap),
     }
@@ -287,8 +289,10 @@ def _slice_json(
     free = (
         None if m.memory_total is None or m.memory_used is None else m.memory_total - m.memory_used
     )
+    found = asdict(m)
+    del found["counters"]  # the exporter's (gpuwarden.counters); status never reads them
     return {
-        **asdict(m),
+        **found,
         "memory_free": None if free is None else max(0, free),
         "cuda_index": cuda[m.uuid][0] if m.uuid in cuda else None,
         "leases": [_lease_json(x, taken_at) for x in leases if x.uuid == m.uuid],
@@ -300,6 +304,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
     from dataclasses import asdict
 
     out = asdict(g)
+    del out["counters"]  # the exporter's (gpuwarden.counters); status never reads them
     out["compute_capability"] = dotted(g.compute_capability)
     out["throttle_reasons"] = list(g.throttle_reasons) if g.throttle_reasons is not None else None
     return out

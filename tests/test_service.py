@@ -179,9 +179,7 @@ def _serving(
     leases = open_dir / "leases"  # as `gpuwarden service install` makes it: root's, 0755
     leases.mkdir(mode=0o755)
     monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
-    srv = Server(
-        tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args), spec
-    )
+    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args), spec)
     srv.start()
     yield srv
     if srv.proc and srv.proc.poll() is None:

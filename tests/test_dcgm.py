@@ -73,7 +73,8 @@ def test_mig_instances_get_their_own_series_labelled_as_dcgm_exporter_does(sim):
     a100 = next(g for g in snap.gpus if g.mig_mode)
     slice_uuid = a100.mig_instances[1].uuid  # the 2g.20gb
     lease = LeaseInfo(slice_uuid, "ivan", 4242, "python train.py", 1.0, job="exp-9")
-    found = samples(render(View(snap, leases=(lease,)), dcgm_compat=True))
+    whole = LeaseInfo(a100.uuid, "judy", 4343, "nvidia-smi mig -lgi", 1.0, job="admin")
+    found = samples(render(View(snap, leases=(lease, whole)), dcgm_compat=True))
     gpu = str(a100.index)
 
     def series(name: str) -> dict[tuple[str, str], float]:
@@ -93,7 +94,8 @@ def test_mig_instances_get_their_own_series_labelled_as_dcgm_exporter_does(sim):
     assert series("DCGM_FI_DEV_GPU_UTIL") == {}
     assert series("gpuwarden_gpu_utilization_ratio") == {}
     # the lease on one slice, and the processes, on their instance
-    leased = {k: v for k, v in series("gpuwarden_gpu_leased").items()}
+    leased = series("gpuwarden_gpu_leased")
+    assert leased.pop(("", "")) == 1  # judy's lease on the whole GPU, not lost either
     assert leased == {
         ("1", "3g.40gb"): 0,
         ("2", "2g.20gb"): 1,

@@ -83,7 +83,16 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "state",
         "what outlives a command, keyed by GPU UUID: leases, the line of waiters, drains, XIDs",
-        ("leases", "leasedir", "leaserecord", "holders", "waitline", "drain", "xidlog"),
+        (
+            "leases",
+            "leasedir",
+            "leaserecord",
+            "holders",
+            "waitline",
+            "drain",
+            "xidlog",
+            "attribution",
+        ),
     ),
     (
         "orchestration",
@@ -95,6 +104,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "allocation",
             "jobs",
             "launch",
+            "containers",
             "joboutput",
             "healthwatch",
             "alerts",

@@ -22,7 +22,8 @@ import os
 import signal
 
 from gpuwarden import enforcement as policy
-from gpuwarden.ancestry import lineage
+from gpuwarden.ancestry import container_job, lineage
+from gpuwarden.attribution import policy_leases, use_of
 from gpuwarden.mig import devices, label
 from gpuwarden.records import record
 from gpuwarden.units import is_digits
@@ -76,10 +77,14 @@ class Enforcer:
     """The policies' state between readings, and the kills waiting for their SIGKILL."""
 
     def __init__(
-        self, rules: policy.Policy, lineage_of: Callable[[int], tuple[int, ...]] = lineage
+        self,
+        rules: policy.Policy,
+        lineage_of: Callable[[int], tuple[int, ...]] = lineage,
+        container_of: Callable[[int], Optional[str]] = container_job,
     ):
         self.rules = rules
         self.lineage_of = lineage_of
+        self.container_of = container_of
         self.memory: dict[tuple[str, int], policy.Since] = {}
         self.unleased: dict[tuple[str, int], policy.Since] = {}
         self.idle: dict[tuple[str, int], policy.Idle] = {}
@@ -92,11 +97,9 @@ class Enforcer:
         # What a lease holds: a GPU, or a MIG slice in place of its parent (gpuwarden.mig),
         # with the slice's own processes and memory.
         gpus = {g.uuid: g for g in devices(snapshot) if not g.lost}
-        held = [
-            policy.Lease(x.uuid, x.pid, x.user, x.job, x.mem is not None, x.mem) for x in leases
-        ]
+        held = policy_leases(leases)
         uses = [
-            policy.Use(p.pid, g.uuid, p.user, p.used_memory, self.lineage_of(p.pid))
+            use_of(g, p, self.lineage_of, self.container_of)
             for g in gpus.values()
             for p in g.processes
         ]
@@ -166,6 +169,10 @@ class Enforcer:
                 continue
             where = label(gpus[found.gpu])
             text = f"pid {found.pid} of {found.user or '?'} uses {where} without a lease"
+            if found.container == "":
+                text += " (in a GPU container started without gpuwarden)"
+            elif found.container:
+                text += f" (in a container of job {found.container}, whose lease is not on it)"
             if found.leased_to:
                 text += f"; the GPU is leased to {found.leased_to}"
             out.append(

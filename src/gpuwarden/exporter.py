@@ -159,6 +159,10 @@ class ViewCache:
 
         previous = self._view
         leases = self._state("leases", lambda: tuple(_leases()), (), previous)
+        if leases:
+            from gpuwarden.attribution import attribute
+
+            snap = attribute(snap, leases)  # a container's processes count for their owner
         drains = self._state("drains", list_drains, {}, previous)
         xids = self._state("xids", xids_seen, {}, previous)
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}

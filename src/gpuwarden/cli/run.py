@@ -226,6 +226,7 @@ def _start_with(
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        container = _container(argv, held, env)
     except BaseException:
         held.release()
         raise
@@ -238,5 +239,35 @@ def _start_with(
         for cgroup in isolation:
             confine(cgroup, held.gpus, machine.first.gpus, devices)
 
-    job = jobs.launch_leased(held, argv, env, launch.command_text(cmd), confine)
+    starter = None
+    if container is not None:
+        from gpuwarden.containers import start as start_container
+
+        argv = container.argv
+
+        def starter(_argv: Any, env: Any, fds: Any) -> Any:
+            return start_container(container, env, fds)
+
+    job = jobs.launch_leased(held, argv, env, launch.command_text(cmd), confine, starter)
     return job, held
+
+
+def _container(argv: list[str], held: Any, env: dict[str, str]) -> Any:
+    """The container command rewritten for the lease (docs/containers.md), or None when
+    `argv` starts no container."""
+    from gpuwarden import containers
+    from gpuwarden.launch import OURS
+
+    if containers.runtime_of(argv) is None:
+        return None
+    ours = {k: env[k] for k in OURS if k in env}
+    return containers.plan(
+        argv,
+        held.gpus,
+        held.job,
+        os.getuid(),
+        nfds=len(held.fds),
+        cdi=containers.cdi_spec() is not None,
+        dev=os.environ.get("GPUWARDEN_DEV_DIR", "/dev"),
+        extra_env=ours,
+    )

@@ -144,10 +144,15 @@ def collect() -> dict[str, Any]:
 
     snap = read_snapshot()
     view = _visible(snap)
+    leases = _leases()
+    if leases:
+        from gpuwarden.attribution import attribute
+
+        snap = attribute(snap, leases)  # a container's processes shown as their owner's
     return {
         "snapshot": snap,
         "visible": view,
-        "leases": _leases(),
+        "leases": leases,
         "drains": _drains(),
         "health": _health(snap),
     }

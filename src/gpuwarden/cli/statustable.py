@@ -46,9 +46,11 @@ def slices(gpu: Gpu) -> list[MigInstance]:
 
 def unleased_pids(gpu: Gpu, held: list[Any], lineage_of: Any) -> set[int]:
     """The pids of `gpu`'s processes that belong to none of the leases `held` on it: no
-    lease's job is the process or one of its ancestors (the kernel's /proc)."""
-    holders = {x.pid for x in held if getattr(x, "pid", None)}
-    return {p.pid for p in gpu.processes if not holders & set(lineage_of(p.pid))}
+    lease's job is the process or one of its ancestors (the kernel's /proc), nor labels
+    its container (gpuwarden.attribution)."""
+    from gpuwarden.attribution import unleased_pids as unleased
+
+    return unleased(gpu, held, lineage_of)
 
 
 def _pct(value: Optional[int]) -> str:

@@ -10,6 +10,7 @@ SLURM_CONF), so none touches /etc/slurm, and each test asks for what it checks.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -350,6 +351,21 @@ class Node:
         return (self.top / f"{action}.log").read_text()
 
 
+def _wrappers(top: Path, local: dict[str, str]) -> dict[str, str]:
+    """slurmd runs Prolog=/Epilog= with an environment of its own: each wrapper says
+    where gpuwarden, the (simulated) machine, the leases and drains are. slurm-ci's
+    settings for them."""
+    for action in ("prolog", "epilog"):
+        script = top / f"{action}.sh"
+        exports = " ".join(f"{k}={v}" for k, v in local.items())
+        script.write_text(
+            f"#!/bin/sh\nexport {exports} PYTHONPATH={SRC} PATH=$PATH:/usr/bin:/bin\n"
+            f"exec {sys.executable} -m gpuwarden slurm {action} >>{top}/{action}.log 2>&1\n"
+        )
+        script.chmod(0o755)
+    return {"SLURM_CI_PROLOG": str(top / "prolog.sh"), "SLURM_CI_EPILOG": str(top / "epilog.sh")}
+
+
 @pytest.fixture(scope="module")
 def prolog_node(clusters: Callable[..., Cluster]) -> Iterator[Node]:
     """One cluster for every prolog test (a start-up is seconds): 8 fake GPUs, 16 CPUs."""
@@ -365,22 +381,12 @@ def prolog_node(clusters: Callable[..., Cluster]) -> Iterator[Node]:
             "GPUWARDEN_STATE_DIR": str(top / "state"),
             "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
         }
-        # slurmd runs Prolog=/Epilog= with an environment of its own: the wrapper says
-        # where gpuwarden, the (simulated) machine, the leases and drains are.
-        for action in ("prolog", "epilog"):
-            script = top / f"{action}.sh"
-            exports = " ".join(f"{k}={v}" for k, v in local.items())
-            script.write_text(
-                f"#!/bin/sh\nexport {exports} PYTHONPATH={SRC} PATH=$PATH:/usr/bin:/bin\n"
-                f"exec {sys.executable} -m gpuwarden slurm {action} >>{top}/{action}.log 2>&1\n"
-            )
-            script.chmod(0o755)
+        _wrappers(top, local)
         cluster = clusters(
             "prolog",
             SLURM_CI_GPUS="8",
             SLURM_CI_CPUS="16",
-            SLURM_CI_PROLOG=str(top / "prolog.sh"),
-            SLURM_CI_EPILOG=str(top / "epilog.sh"),
+            **_wrappers(top, local),
         )
         yield Node(top, cluster, {**local, "SLURM_CONF": cluster.conf})
     finally:
@@ -531,5 +537,110 @@ def test_slurm_conf_of_the_simulated_server_is_accepted_by_slurmd(
         drained = slurm_node.drain_for_fault(conf, "3", "XID 79 (fallen off the bus)")
         state = cluster.tool("sinfo", "-h", "-N", "-n", drained, "-o", "%T|%E").strip()
         assert state == "drained|gpuwarden: GPU 3: XID 79 (fallen off the bus)"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_failed_submitit_jobs_traceback_is_in_logs_and_jobs_lists_it(
+    cli: Any, slurm: Cluster, tmp_path: Path
+) -> None:
+    """submitit writes a job's stdout and stderr to two files; its traceback goes to the
+    second, which `logs --slurm` shows too. The ended job stays in `queue --slurm` and is
+    in `jobs --slurm` (the controller's memory: this cluster runs no slurmdbd)."""
+    submitit = pytest.importorskip("submitit", reason="submitit missing (the test group has it)")
+    executor = submitit.SlurmExecutor(folder=tmp_path / "sub", python=sys.executable)
+    executor.update_parameters(time=5, gres="gpu:1")
+    job = executor.submit(int, "not a number")  # ValueError in the job
+    assert slurm.wait_for(job.job_id, ("FAILED", "COMPLETED")) == "FAILED"
+    done = cli("logs", "--slurm", job.job_id)
+    assert done.returncode == 0, done.stderr
+    assert "ValueError: invalid literal for int() with base 10: 'not a number'" in done.stderr
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "Starting with JobEnvironment" in done.stdout + done.stderr  # submitit's own log
+    line = _queue_line(cli, job.job_id)
+    assert line.split()[2] == "failed", line
+    jobs = cli("jobs", "--slurm", "--json")
+    assert jobs.returncode == 0, jobs.stderr
+    (mine,) = [j for j in json.loads(jobs.stdout) if j["id"] == job.job_id]
+    assert (mine["state"], mine["exit_code"], mine["count"]) == ("failed", 1, 1)
+    table = cli("jobs", "--slurm")
+    row = next(x for x in table.stdout.splitlines() if x.split()[0] == job.job_id)
+    assert "failed" in row and "exit 1" in row
+
+
+def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
+    cli: Any, clusters: Callable[..., Cluster], sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`slurm conf` on the simulated `mixed` machine (an A100 split into 3g.40gb, 2g.20gb
+    and two 1g.10gb): slurmd accepts the MIG lines (stand-in device files, as for whole
+    GPUs) and the node offers each slice by its type; a job asking for a 1g.10gb slice
+    gets one, and the prolog leases exactly that MIG device."""
+    sim("mixed")
+    top = Path(tempfile.mkdtemp(prefix="gw-mig-"))
+    top.chmod(0o755)
+    try:
+        dev = top / "dev"
+        (dev / "nvidia-caps").mkdir(parents=True)
+        for i in range(4):
+            os.mknod(dev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
+        gres = cli("slurm", "conf", "--section", "gres", "--dev-dir", str(dev))
+        node = cli("slurm", "conf", "--section", "node")
+        assert gres.returncode == 0 and node.returncode == 0, gres.stderr + node.stderr
+        lines = [x for x in gres.stdout.splitlines() if x.startswith("Name=gpu")]
+        assert [("MultipleFiles=" in x) for x in lines] == [False] * 3 + [True] * 4
+        for word in " ".join(lines).replace(",", " ").split():  # the slices' caps devices
+            name = word.rpartition("/")[2]
+            if name.startswith("nvidia-cap"):
+                minor = int(name[len("nvidia-cap") :])
+                os.mknod(dev / "nvidia-caps" / name, 0o666 | 0o020000, os.makedev(235, minor))
+        (top / "gres.conf").write_text(gres.stdout)
+        (top / "leases").mkdir(mode=0o700)
+        local = {
+            "GPUWARDEN_SIM": os.environ["GPUWARDEN_SIM"],
+            "GPUWARDEN_SIM_STATE": str(top / "sim"),
+            "GPUWARDEN_LEASE_DIR": str(top / "leases"),
+            "GPUWARDEN_STATE_DIR": str(top / "state"),
+            "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
+        }
+        words = [w for w in node.stdout.split() if not w.startswith("CPUs=")]
+        cluster = clusters(
+            "mig",
+            SLURM_CI_GRES_CONF=str(top / "gres.conf"),
+            SLURM_CI_NODE_LINE=" ".join([*words, "CPUs=8", "State=UNKNOWN"]),
+            **_wrappers(top, local),
+        )
+        state, offered = cluster.tool("sinfo", "-h", "-N", "-o", "%T %G").split()
+        assert state == "idle"
+        assert sorted(offered.split(",")) == sorted(
+            [
+                "gpu:t4:1",
+                "gpu:v100:1",
+                "gpu:rtx_a6000:1",
+                "gpu:a100_3g.40gb:1",
+                "gpu:a100_2g.20gb:1",
+                "gpu:a100_1g.10gb:2",
+            ]
+        )
+        for k, v in {**local, "SLURM_CONF": cluster.conf}.items():
+            monkeypatch.setenv(k, v)
+        out = cluster.out / "mig.out"
+        argv = ["sbatch", "--parsable", "--gres=gpu:a100_1g.10gb:1", f"--output={out}"]
+        job = cluster.tool(*argv, "--wrap", "echo $SLURM_JOB_GPUS; sleep 2").strip()
+        cluster.wait_for(job, ("RUNNING", "COMPLETED"))
+        from gpuwarden.leases import list_leases
+
+        (lease,) = _poll(lambda: list_leases(str(top / "leases")), "the slice's lease")
+        assert lease.job == f"slurm-{job}" and lease.uuid.startswith("MIG-") and lease.index == 3
+        from gpuwarden.inventory import read_snapshot
+
+        slice_ = next(
+            m
+            for g in read_snapshot(processes=False).gpus
+            for m in g.mig_instances
+            if m.uuid == lease.uuid
+        )
+        assert slice_.name == "1g.10gb"
+        assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+        assert out.read_text().split() in (["5"], ["6"])  # gres.conf positions of the 1g slices
     finally:
         shutil.rmtree(top, ignore_errors=True)

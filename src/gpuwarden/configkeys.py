@@ -83,6 +83,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("run.min_capability", "capability", None, "skip GPUs below this compute capability"),
     Key("run.model", "str", None, "only GPUs whose name matches (glob or substring, any case)"),
     Key("run.exclude", "ids", (), "never pick these GPUs (indices or UUID prefixes)"),
+    Key("run.mig", "profile", None, "only MIG slices of this profile, e.g. 1g.10gb (docs/mig.md)"),
     Key("run.keep_first_last", "bool", True, "pick GPU 0 last (it often drives a display)"),
     Key(
         "run.id_format",

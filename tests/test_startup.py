@@ -39,10 +39,14 @@ raise SystemExit(main())
 # unimported too.
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
-    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging"),
+    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging", "gettext"),
     "threading",
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
 )
+
+# The simulator's modules that only other NVML clients (nvitop, pynvml_utils, an
+# exporter's GPM) ask for.
+LATER_SIM = tuple(f"gpuwarden.sim.{m}" for m in ("board", "pcie", "clocks", "ecc", "gpm"))
 
 
 def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
@@ -57,7 +61,9 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
 @pytest.mark.parametrize(
     "args, also_unneeded",
     [
-        (("status",), ("gpuwarden.xids",)),
+        # The board, link, clock-table, ECC-location and GPM answers are for other
+        # NVML tools: status shows none of them.
+        (("status",), ("gpuwarden.xids", *LATER_SIM)),
         # CUDA_VISIBLE_DEVICES is unset: nothing of visible's reading side is needed,
         # nor the Xid catalogue (no XID seen).
         (
@@ -70,6 +76,7 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
                 "gpuwarden.sim.events",
                 "gpuwarden.sim.handles",
                 "gpuwarden.sim.procinfo",
+                *LATER_SIM,
                 "gpuwarden.sim.specparse",
                 "math",
             ),
@@ -285,6 +292,51 @@ assert stand_in.deepcopy([[1]]) == [[1]]  # the real function, not endless recur
 assert sys.modules["copy"] is not stand_in and sys.modules["copy"].__file__.endswith("copy.py")
 print("ok")
 """
+
+
+ARGPARSE_LOAD = """
+import sys
+from gpuwarden import cli
+assert "gettext" not in sys.modules and "locale" not in sys.modules, "loaded"
+parser = cli.argparse.ArgumentParser(prog="p")
+parser.add_argument("--n", type=int, required=True)
+assert "options:" in parser.format_help() or "optional arguments:" in parser.format_help()
+assert cli.argparse.ngettext("a", "b", 1) == "a" and cli.argparse.ngettext("a", "b", 2) == "b"
+import gettext
+assert hasattr(gettext, "translation") and "gettext" in sys.modules  # the real one
+try:
+    parser.parse_args([])
+except SystemExit:
+    pass
+"""
+
+
+def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
+    out = run_script(ARGPARSE_LOAD)
+    assert out.returncode == 0, out.stderr
+    assert (
+        out.stderr.strip()
+        == "usage: p [-h] --n N\np: error: the following arguments are required: --n"
+    )
+
+
+GETTEXT_ASKED_WHILE_LOADING = """
+import sys
+from gpuwarden import lazyimport
+
+stand_in = sys.modules["gettext"] = lazyimport.gettext_stand_in()  # as inside the window
+import gettext  # as a newer argparse might: more of gettext than its two functions
+assert gettext is stand_in and gettext.gettext("x") == "x"
+null = gettext.NullTranslations  # handed over by the real module, loaded now
+assert null.__module__ == "gettext" and sys.modules["gettext"].__file__.endswith("gettext.py")
+print("ok")
+"""
+
+
+def test_more_of_gettext_while_loading_gets_the_real_module() -> None:
+    out = run_script(GETTEXT_ASKED_WHILE_LOADING)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 def test_a_stand_in_touched_inside_its_window_loads_the_real_module() -> None:

@@ -24,7 +24,7 @@ class Key:
     A plain class, not a record: the schema's sixty-odd rows are made by every
     command, `gpuwarden run` included, and a record's shared `__init__` and its
     dataclass bookkeeping would cost that start time for nothing a schema row needs
-    (docs/performance.md, "Start-up, eighth round")."""
+    (`bench/run_overhead.py --instructions` measures it)."""
 
     __slots__ = ("above", "choices", "default", "doc", "env", "kind", "low", "name")
 

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
-    import argparse
+    from gpuwarden.lazyimport import import_argparse
+
+    argparse = import_argparse()  # without gettext: see gpuwarden.lazyimport
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.

@@ -372,3 +372,19 @@ def test_a_container_label_counts_for_its_owner_or_for_root_only() -> None:
     assert lease_of(forged, [alice]) is None and owner(forged, None) == "mallory"
     assert lease_of(Use(7, "GPU-b", "root", container="100-1"), [alice]) is None
     assert lease_of(Use(7, "GPU-a", "root", container=""), [alice]) is None
+
+
+def test_views_show_a_rootful_containers_process_as_its_lease_owners() -> None:
+    from gpuwarden.attribution import attribute
+    from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+
+    procs = (
+        GpuProcess(pid=99, used_memory=1, user="root"),
+        GpuProcess(pid=98, used_memory=1, user="root"),
+    )
+    snap = Snapshot(taken_at=0.0, hostname="h", gpus=(Gpu(index=0, uuid="GPU-a", processes=procs),))
+    lease = SimpleNamespace(uuid="GPU-a", pid=5, user="alice", job="5-1", mem=None)
+    labels = {99: "5-1", 98: ""}  # 98: a GPU container started without gpuwarden
+    shown = attribute(snap, [lease], lambda p: (p,), labels.get)
+    assert [p.user for p in shown.gpus[0].processes] == ["alice", "root"]
+    assert attribute(snap, [], lambda p: (p,), labels.get) is snap

@@ -99,6 +99,7 @@ CLI_CASES = (
         case("select", "-n", "1.5", expect="invalid GPU count"),
         case("select", "--gpus", ",,", expect="invalid gpus"),
         case("select", "--exclude", "1,,2", expect="invalid exclude"),
+        case("select", "--mig", "1g", expect="a MIG profile such as 1g.10gb"),
         case("select", "--bogus", expect="error:"),
         case("run", "-g", "x", "--", "true", expect="invalid GPU count"),
         case("run", "-g", "-2", "--", "true", expect="count"),
@@ -226,6 +227,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "choice": ["bogus"],
     "names": [",", "a,,b"],
     "shares": ["alice", "alice=0", "alice=-1,bob=2"],
+    "profile": ["10gb", "1g", "1g.10gb;rm"],
 }
 
 
@@ -281,6 +283,7 @@ def _bad_files() -> Iterator[Case]:
         "choice": ['"bogus"', "1"],
         "names": ["5", '[""]', "[1]"],
         "shares": ["5", "{alice = 0}", '{alice = "x"}', "[1]"],
+        "profile": ['"1g"', "5", '"3g.40gb,1g.10gb"'],
     }
     for key in configkeys.SCHEMA:
         section, name = key.name.split(".")

@@ -139,7 +139,8 @@ def test_dcgm_compat_names_units_and_labels():
         "UUID": "GPU-aaaa",
         "device": "nvidia0",
         "modelName": "NVIDIA A100-SXM4-40GB",
-        "Hostname": "box",
+        "hostname": "box",  # dcgm-exporter 3.3 and later; `Hostname` before
+        "pci_bus_id": "",  # not in this hand-built snapshot
     }
     assert value(found, "DCGM_FI_DEV_GPU_UTIL", **labels) == 50
     assert value(found, "DCGM_FI_DEV_FB_USED", **labels) == 10 * 1024  # MiB

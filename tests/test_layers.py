@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
         (
             "inventory",
+            "counters",
             "topology",
             "nvmlload",
             "sim.*",
@@ -73,6 +74,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "visible",
             "scheduling",
             "metrics",
+            "dcgm",
             "queuemetrics",
             "mig",
             "enforcement",
@@ -81,7 +83,16 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "state",
         "what outlives a command, keyed by GPU UUID: leases, the line of waiters, drains, XIDs",
-        ("leases", "leasedir", "leaserecord", "holders", "waitline", "drain", "xidlog"),
+        (
+            "leases",
+            "leasedir",
+            "leaserecord",
+            "holders",
+            "waitline",
+            "drain",
+            "xidlog",
+            "attribution",
+        ),
     ),
     (
         "orchestration",
@@ -93,6 +104,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "allocation",
             "jobs",
             "launch",
+            "containers",
             "joboutput",
             "healthwatch",
             "alerts",
@@ -147,8 +159,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 # Shared pieces of the command line; every other cli module is a command and no
 # command imports another command (what two commands share moves down a layer).
 CLI_SHARED = {
-    *("cli", "cli.oneshot", "cli.filters", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
+    *("cli", "cli.filters", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
     "cli.serving",
+    "cli.statustable",
 }
 
 # Outside packages only some modules may import (principle 1 and the torch rule in

@@ -24,7 +24,7 @@ class Key:
     A plain class, not a record: the schema's sixty-odd rows are made by every
     command, `gpuwarden run` included, and a record's shared `__init__` and its
     dataclass bookkeeping would cost that start time for nothing a schema row needs
-    (docs/performance.md, "Start-up, eighth round")."""
+    (`bench/run_overhead.py --instructions` measures it)."""
 
     __slots__ = ("above", "choices", "default", "doc", "env", "kind", "low", "name")
 
@@ -83,6 +83,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("run.min_capability", "capability", None, "skip GPUs below this compute capability"),
     Key("run.model", "str", None, "only GPUs whose name matches (glob or substring, any case)"),
     Key("run.exclude", "ids", (), "never pick these GPUs (indices or UUID prefixes)"),
+    Key("run.mig", "profile", None, "only MIG slices of this profile, e.g. 1g.10gb (docs/mig.md)"),
     Key("run.keep_first_last", "bool", True, "pick GPU 0 last (it often drives a display)"),
     Key(
         "run.id_format",

@@ -66,6 +66,7 @@ class Request:
     exclude: tuple[str, ...] = ()
     mem: Optional[int] = None  # bytes; None = exclusive
     keep_first_last: bool = True
+    mig: Optional[str] = None  # a MIG profile ("1g.10gb"): only MIG slices of it
 
     @property
     def gpu_count(self) -> int:
@@ -89,6 +90,7 @@ class Request:
             "model": config.get("run.model"),
             "exclude": tuple(config.get("run.exclude") or ()),
             "keep_first_last": bool(config.get("run.keep_first_last")),
+            "mig": config.get("run.mig"),
         }
         fields.update(overrides)
         return cls(**fields)
@@ -187,6 +189,17 @@ def choose(
     # A GPU in MIG mode is chosen by MIG device; health, drains and whole-GPU leases
     # are the parent GPU's.
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
+    profile = {m.uuid: (m.name or "").lower() for g in snapshot.gpus for m in g.mig_instances}
+    if request.mig is not None and request.mig not in profile.values():
+        have = sorted({p for p in profile.values() if p})
+        return Choice(
+            (),
+            {},
+            f"no MIG slice of profile {request.mig} here: "
+            + (f"this machine has {', '.join(have)}" if have else "no GPU here is in MIG mode")
+            + " (docs/mig.md)",
+            True,
+        )
     physical = snapshot
     if parent:
         from dataclasses import replace
@@ -223,6 +236,9 @@ def choose(
             warned[gpu.uuid] = "; ".join(warnings)
         drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
         reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
+        if not reason and request.mig is not None and profile.get(gpu.uuid) != request.mig:
+            got = f"a MIG {profile[gpu.uuid]} slice" if gpu.uuid in profile else "not a MIG slice"
+            reason = FILTER, f"{got}, not {request.mig}"
         if not reason and gpu.mig_mode:
             reason = FILTER, "MIG mode is on but it has no MIG device: CUDA cannot use it"
         if not reason and count > 1 and is_mig(gpu):

@@ -42,6 +42,9 @@ def add_filters(parser: Declared, *, slurm: bool = False) -> None:
     )
     parser.add_argument("--exclude", metavar="IDS", help="never these GPUs" + local)
     parser.add_argument(
+        "--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 1g.10gb" + local
+    )
+    parser.add_argument(
         "--mem",
         metavar="SIZE",
         help="a shared lease declaring this much memory (not a whole GPU)"
@@ -65,6 +68,7 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "run.min_capability": args.min_capability,
         "run.model": args.model,
         "run.exclude": args.exclude,
+        "run.mig": args.mig,
     }
 
 

@@ -320,7 +320,7 @@ def job_fields(
         wishes["gpus"] = list(request.gpus)
     if request.exclude:
         wishes["exclude"] = list(request.exclude)
-    for name in ("model", "min_free", "max_util", "mem"):
+    for name in ("model", "min_free", "max_util", "mem", "mig"):
         value = getattr(request, name)
         if value is not None:
             wishes[name] = value

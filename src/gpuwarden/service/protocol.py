@@ -230,6 +230,7 @@ class GpuRequest:
     min_free: Optional[int] = None
     max_util: Optional[float] = None
     mem: Optional[int] = None
+    mig: Optional[str] = None  # a MIG profile, as configvalues reads it
 
 
 @record
@@ -280,7 +281,17 @@ def gpu_request(value: object) -> GpuRequest:
         min_free=_optional(value.get("min_free"), _int, "request.min_free", 1, MAX_BYTES),
         max_util=_optional(value.get("max_util"), _number, "request.max_util", 0.0, 100.0),
         mem=_optional(value.get("mem"), _int, "request.mem", 1, MAX_BYTES),
+        mig=_optional(value.get("mig"), _profile, "request.mig"),
     )
+
+
+def _profile(value: object, what: str) -> str:
+    from gpuwarden.configvalues import KINDS, BadValue
+
+    try:
+        return str(KINDS["profile"][0](value))
+    except BadValue:
+        raise ProtocolError(f"{what} must be a MIG profile such as 1g.10gb") from None
 
 
 def submit(message: Mapping[str, Any]) -> Submit:

@@ -25,6 +25,7 @@ from gpuwarden.sim import cards
 from gpuwarden.sim.abi import (
     ALIASES,
     ARGUMENT_VERSION_MISMATCH,
+    DEVICE_FIRST,
     ELSEWHERE,
     GPU_IS_LOST,
     IDENTITY,
@@ -67,6 +68,7 @@ class FakeLibrary:
         self.file = StateFile(spec, state_dir)
         self.refs = 0
         self.event_sets: dict[int, dict[str, Any]] = {}
+        self.gpm_samples: dict[int, Optional[dict[str, Any]]] = {}
         for name in dir(type(self)):
             if name.startswith("nvml"):
                 setattr(self, name, Fn(self._guarded(name, getattr(self, name)), name))
@@ -99,7 +101,7 @@ class FakeLibrary:
     def _guarded(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if name.startswith("nvmlInit") or name == "nvmlErrorString":
             return method
-        device = name.startswith("nvmlDevice") and name not in NO_HANDLE
+        device = (name.startswith("nvmlDevice") and name not in NO_HANDLE) or name in DEVICE_FIRST
         identity = name in IDENTITY
         mig_ok = name in MIG_OK
         two_devices = name == "nvmlDeviceGetTopologyCommonAncestor"

@@ -14,7 +14,6 @@ range (instant ones where the panel asks for that), annotations at their step.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -68,10 +67,6 @@ numa_node = 1
 temperature = 33
 power = 120.0
 """
-
-# Whether the simulator answers NVML's GPM calls (gpuwarden/sim/gpm.py): until it
-# does, the profiling counters must be absent rather than made up.
-GPM = importlib.util.find_spec("gpuwarden.sim.gpm") is not None
 
 RANGE = 300.0  # the dashboard's time range: the last 5 minutes
 STEP = 15.0  # Grafana's step for it: the data source's default minimum interval
@@ -174,7 +169,7 @@ def test_every_dashboard_query_returns_data(sim, cli, tmp_path):
                     "gpuwarden_gpu_xid_errors_total": 2,
                     "gpuwarden_gpu_drained == 1": 3,  # the V100 and A6000 by the watch, GPU 4
                     "gpuwarden_gpu_health_finding": 1,
-                    **({"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1} if GPM else {}),
+                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1,  # GPM's second sample taken
                     'ALERTS{alertname="GpuFatalXid"}': 1,
                 },
             )
@@ -218,9 +213,7 @@ def test_every_dashboard_query_returns_data(sim, cli, tmp_path):
                 found = (
                     instant_query(base, promql, now) if instant else range_query(base, promql, now)
                 )
-                if not GPM and "PROF_" in promql:
-                    assert not found, "a profiling counter without GPM is made up"
-                elif not found:
+                if not found:
                     empty.append(f"NVIDIA: {title}: {promql}")
             assert not empty, "queries that return no data:\n" + "\n".join(empty)
 

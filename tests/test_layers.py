@@ -105,6 +105,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "jobs",
             "launch",
             "containers",
+            "kernelspec",
+            "provisioner",
             "joboutput",
             "healthwatch",
             "alerts",

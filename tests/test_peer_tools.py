@@ -265,6 +265,31 @@ def test_clocks_and_link_by_card(tmp_path):
     assert nv.nvmlDeviceGetCurrPcieLinkWidth(a100) == 16
 
 
+def test_field_values(tmp_path):
+    nv = _nv("server-8xh200", tmp_path)
+    busy, idle = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(7)
+    fields = [
+        nv.NVML_FI_DEV_MEMORY_TEMP,
+        nv.NVML_FI_DEV_NVLINK_LINK_COUNT,
+        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 17),
+        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 18),  # H200 has 18 links: 0-17
+        nv.NVML_FI_DEV_ECC_CURRENT,  # not simulated: NotSupported in its own entry
+    ]
+    first = nv.nvmlDeviceGetFieldValues(busy, fields)
+    unsupported = nv.NVML_ERROR_NOT_SUPPORTED
+    assert [v.nvmlReturn for v in first] == [0, 0, 0, unsupported, unsupported]
+    assert first[0].value.uiVal == nv.nvmlDeviceGetTemperature(busy, 0) + 3  # HBM runs warmer
+    assert first[1].value.uiVal == 18
+    second = nv.nvmlDeviceGetFieldValues(busy, fields)
+    assert second[2].value.ullVal > first[2].value.ullVal  # data moves on a busy GPU
+    still = [nv.nvmlDeviceGetFieldValues(idle, fields[2:3])[0].value.ullVal for _ in (0, 1)]
+    assert still[0] == still[1]
+    nv = _nv("workstation-3x3090", tmp_path)  # GDDR6X: no memory sensor, no NVLink
+    geforce = nv.nvmlDeviceGetFieldValues(nv.nvmlDeviceGetHandleByIndex(0), fields[:2])
+    assert [v.nvmlReturn for v in geforce] == [nv.NVML_ERROR_NOT_SUPPORTED, 0]
+    assert geforce[1].value.uiVal == 0
+
+
 # -- GPM --------------------------------------------------------------------------
 
 

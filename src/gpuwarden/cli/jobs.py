@@ -1,4 +1,5 @@
-"""`gpuwarden jobs`: finished jobs with how they ended and the GPU-hours they used."""
+"""`gpuwarden jobs`: finished jobs with how they ended and the GPU-hours they used;
+`--slurm`: Slurm's (sacct where slurmdbd runs, the controller's memory otherwise)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
 
     parser = subcommand(commands, name)
+    parser.add_argument("--slurm", action="store_true", help="Slurm's ended jobs")
     parser.add_argument("-n", "--last", type=int, default=50, metavar="N", help="how many (50)")
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs")
@@ -31,6 +33,12 @@ def run(args: argparse.Namespace) -> int:
     if args.last < 1:
         raise UserError("--last must be 1 or more")
     user = user_name() if args.me else args.user
+    if args.slurm:
+        from gpuwarden.slurm.history import ended_jobs
+
+        jobs, _source = ended_jobs(user, args.last)
+        print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
+        return 0
     filters = {} if user is None else {"user": user}  # chosen by the service: one page
     with require() as client:
         jobs, _ = client.listing("jobs", None if args.all else args.last, **filters)

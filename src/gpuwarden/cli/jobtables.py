@@ -144,7 +144,8 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     notes = []
     for job in jobs:
         elapsed = job.get("elapsed") or 0.0
-        gpu_hours = len(job.get("gpus") or []) * elapsed / 3600.0
+        gpus = len(job.get("gpus") or []) or job.get("count") or 0  # Slurm's: a count
+        gpu_hours = gpus * elapsed / 3600.0
         if job.get("signal"):
             how = f"signal {job['signal']}"
         elif job.get("exit_code") is not None:

@@ -71,11 +71,18 @@ def run(args: argparse.Namespace) -> int:
 
         user = user_name(os.geteuid())
     jobs = tools.queue(user=user)
+    from gpuwarden.slurm.annotate import details
+
+    notes = details(jobs)
     if args.json:
         import json
 
         fields = ("id", "user", "state", "reason", "elapsed", "limit", "nodes", "gres", "name")
-        json.dump([{f: getattr(j, f) for f in fields} for j in jobs], sys.stdout, indent=2)
+        json.dump(
+            [{**{f: getattr(j, f) for f in fields}, "detail": notes.get(j.id, "")} for j in jobs],
+            sys.stdout,
+            indent=2,
+        )
         print()
         return 0
     if not jobs:
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         [
             j.id,
             j.user,
-            j.state + (f" ({j.reason})" if j.reason else ""),
+            j.state + (f" ({notes.get(j.id) or j.reason})" if notes.get(j.id) or j.reason else ""),
             j.elapsed,
             j.limit,
             j.gres or "-",

@@ -221,6 +221,7 @@ class Lifecycle:
 
     def schedule(self) -> None:
         """Plan, and start whatever the plan says starts."""
+        from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, start_job
 
         self.dirty = False
@@ -228,15 +229,16 @@ class Lifecycle:
         if not pending:
             return
         snapshot = self.read_snapshot()
-        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
-        self.indices = {g.uuid: g.index for g in snapshot.gpus}
+        units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
+        self.memory = {g.uuid: g.memory_total or 0 for g in units}
+        self.indices = {g.uuid: g.index for g in units}
         running = self.store.jobs([store.STARTING, store.RUNNING])
         # Only the dependencies waiting jobs name: reading every ended job made each
         # pass grow with the history.
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
-        gpus, busy, waiting = inputs(snapshot, running, pending, self.settings)
+        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.settings.policy
         if policy.max_gpus_per_user is not None:
@@ -250,6 +252,7 @@ class Lifecycle:
             now,
             policy,
             finished={str(k): v for k, v in ended.items()},
+            pick=pick,
         )
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}

@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol
-from gpuwarden.service.placing import eligible
 from gpuwarden.service.settings import Settings
 from gpuwarden.units import format_size
 
@@ -40,32 +39,25 @@ def check_sizes(sub: protocol.Submit, settings: Settings) -> None:
 
 
 def never_runs(snapshot: Any, wish: protocol.GpuRequest) -> Optional[str]:
-    """Why a job asking `wish` could never start on the machine of `snapshot` (None:
-    it could, once its GPUs are free). Drains and current use do not count: they end."""
-    count = wish.count
-    gpus = list(snapshot.gpus)
-    if count == 0:
+    """Why a job asking `wish` could never start on the machine of `snapshot`, in the
+    words `run` uses (`selection.choose`'s `never_fits`); None: it could, once its GPUs
+    are free. Drains, health and current use do not count: they pass."""
+    from gpuwarden.selection import Request, choose
+
+    if wish.count == 0:
         return None
-    if count > len(gpus):
-        return f"asks for {count} GPUs but this machine has {len(gpus)}"
-    request = {k: v for k, v in wish.__dict__.items() if v not in (None, ())}
+    request = Request(
+        count=wish.count,
+        gpus=wish.gpus,
+        exclude=wish.exclude,
+        model=wish.model,
+        min_capability=wish.min_capability,
+        min_free=wish.min_free,
+        mem=wish.mem,
+        mig=wish.mig,
+    )
     try:
-        allowed = eligible(snapshot, request)
+        choice = choose(snapshot, request)
     except UserError as err:  # a named GPU this machine does not have
         return str(err)
-    if allowed is None or len(allowed) >= count:
-        return None
-    need = max(wish.min_free or 0, wish.mem or 0)
-    largest = max((g.memory_total or 0 for g in gpus), default=0)
-    if need and need > largest:
-        return (
-            f"asks for {format_size(need)} of GPU memory but the largest GPU here has "
-            f"{format_size(largest)}"
-        )
-    if wish.model is not None and not any(g.uuid in allowed for g in gpus):
-        models = sorted({g.name or "n/a" for g in gpus})
-        return f"asks for model {wish.model!r} but the GPUs here are {', '.join(models)}"
-    return (
-        f"asks for {count} GPUs but only {len(allowed)} here "
-        f"{'matches' if len(allowed) == 1 else 'match'} its filters"
-    )
+    return choice.error if choice.never_fits else None

@@ -116,7 +116,7 @@ class Requests:
         admission.check_sizes(sub, s)
         never = admission.never_runs(self.machine, sub.gpus) if self.machine else None
         if never is not None:
-            raise UserError(f"this job could never start: it {never}")
+            raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
         limit = s.max_jobs_per_user

@@ -58,6 +58,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "nvmlload",
             "sim.*",
             "cgroups",
+            "migcaps",
             "devbpf",
             "accounting",
             "ancestry",

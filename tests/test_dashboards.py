@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from test_dcgm import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED
 from test_prometheus import DEPLOY, get_json, prometheus_scraping, query
 from test_reserve import exports
 
@@ -216,6 +217,15 @@ def test_every_dashboard_query_returns_data(sim, cli, tmp_path):
                 if not found:
                     empty.append(f"NVIDIA: {title}: {promql}")
             assert not empty, "queries that return no data:\n" + "\n".join(empty)
+
+            # every default counter of dcgm-exporter that NVML gives, with its labels,
+            # stored by Prometheus; the A100's memory per MIG instance
+            stored = instant_query(base, '{__name__=~"DCGM_FI_.+"}', now)
+            assert {r["metric"]["__name__"] for r in stored} >= set(DEFAULT_COUNTERS) - NOT_EXPORTED
+            assert all(set(r["metric"]) >= LABELS for r in stored)
+            a100 = instant_query(base, 'DCGM_FI_DEV_FB_USED{modelName=~".*A100.*"}', now)
+            profiles = sorted(r["metric"].get("GPU_I_PROFILE", "") for r in a100)
+            assert profiles == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
 
             # the two panels that were empty say what they should: health per GPU
             # (T4 warning from XID 13; V100 and A6000 fatal; A100 ok), and the

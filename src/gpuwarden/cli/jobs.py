@@ -19,6 +19,7 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--all", action="store_true", help="every finished job (not only --last)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,9 +39,8 @@ def run(args: argparse.Namespace) -> int:
         jobs, _source = ended_jobs(user, args.last)
         print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
         return 0
+    filters = {} if user is None else {"user": user}  # chosen by the service: one page
     with require() as client:
-        jobs = client.call("jobs", limit=args.last if user is None else 100000)["jobs"]
-    if user is not None:
-        jobs = [j for j in jobs if j.get("user") == user][: args.last]
+        jobs, _ = client.listing("jobs", None if args.all else args.last, **filters)
     print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
     return 0

@@ -208,3 +208,14 @@ def job_ids(words: list[str]) -> list[int]:
                 raise UserError(f"invalid job id {part!r}: expected a number such as 12")
             ids.append(int(part))
     return ids
+
+
+def report_refused(command: str, reply: Mapping[str, Any]) -> int:
+    """The ids a cancel, hold or release refused, one line each on stderr; the exit
+    status: 1 when some were refused (the others were done), else 0."""
+    import sys
+
+    refused = reply.get("refused") or ()
+    for item in refused:
+        print(f"gpuwarden {command}: {printable(str(item.get('error')))}", file=sys.stderr)
+    return 1 if refused else 0

@@ -21,6 +21,11 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs (squeue -u)")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    parser.add_argument("--all", action="store_true", help=f"every job, not only the first {PAGE}")
+
+
+#: Jobs `queue` shows without --all (the ones that start first).
+PAGE = 500
 
 
 def local(args: argparse.Namespace) -> int:
@@ -28,12 +33,17 @@ def local(args: argparse.Namespace) -> int:
     from gpuwarden.paths import user_name
     from gpuwarden.service.client import require
 
-    with require() as client:
-        reply = client.call("queue")
-    jobs = reply["jobs"]
     who = user_name() if args.me else args.user
-    if who is not None:
-        jobs = [j for j in jobs if j.get("user") == who]
+    filters = {} if who is None else {"user": who}
+    with require() as client:
+        jobs, reply = client.listing("queue", None if args.all else PAGE, **filters)
+    total = reply.get("total")
+    left = total - len(jobs) if isinstance(total, int) else 0
+    if left > 0:
+        print(
+            f"gpuwarden queue: {len(jobs)} of {total} jobs shown; --all shows every one",
+            file=sys.stderr,
+        )
     if args.json:
         import json
 

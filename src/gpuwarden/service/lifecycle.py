@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import spawn, store
+from gpuwarden.service import jobprocess, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -41,6 +41,7 @@ class Lifecycle:
     exits: str
     selector: selectors.BaseSelector
     watched: dict[int, int]
+    processes: dict[int, int]  # job id -> pidfd of the job's first process
     termed: dict[int, float]
     litter: list[str]  # files of ended jobs, removed after the next start
     stdio: dict[int, list[int]]  # job id -> an attached client's stdin/out/err
@@ -86,8 +87,9 @@ class Lifecycle:
                 and spawn.start_time(job.supervisor) >= 0
                 and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
             ):
-                self.store.update(job.id, pid=(marker or {}).get("pid") or job.pid)
-                self._watch(job.id, job.supervisor)
+                pid = (marker or {}).get("pid") or job.pid
+                self.store.update(job.id, pid=pid)
+                self._watch(job.id, job.supervisor, pid)
                 log.info("re-adopted job %s", job.id)
             elif marker is None:
                 self._requeue(job)
@@ -129,16 +131,21 @@ class Lifecycle:
 
         return job_dirs(scope_of(self.exits), str(job_id), mode)
 
-    def signal(self, job: store.Job, sig: int) -> None:
+    def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` to every process of the job: its cgroup's (however they detached), and its
-        process group's (all there is where the machine has no cgroups)."""
+        process group's while its first process lives (all there is where the machine has
+        no cgroups). Never to a stored pid number (service.jobprocess). False: nothing of
+        the job was there to signal."""
+        sent = False
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
-            signal_dirs(dirs, sig)
-        if job.pid:
-            spawn.signal_job(job.pid, sig)
+            sent = bool(signal_dirs(dirs, sig))
+        pidfd = self.processes.get(job.id)
+        if pidfd is not None and job.pid:
+            sent = jobprocess.signal_group(pidfd, job.pid, sig) or sent
+        return sent
 
     def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
@@ -270,14 +277,20 @@ class Lifecycle:
                 )
                 continue
             if started is not None:
-                self._watch(job.id, started.supervisor)
+                self._watch(job.id, started.supervisor, started.pid)
 
-    def _watch(self, job_id: int, pid: int) -> None:
+    def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
+        """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
+        own first process `job_pid` to signal it by (service.jobprocess)."""
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             self._ended(job_id)
             return
+        if job_pid:
+            held = jobprocess.claim(job_pid, pid)
+            if held is not None:
+                self.processes[job_id] = held
         self.watched[job_id] = fd
         self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
 
@@ -286,6 +299,9 @@ class Lifecycle:
         if fd is not None:
             self.selector.unregister(fd)
             os.close(fd)
+        held = self.processes.pop(job_id, None)
+        if held is not None:
+            os.close(held)
         job = self.store.get(job_id)
         if job is None or job.state not in (store.STARTING, store.RUNNING):
             return

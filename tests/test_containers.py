@@ -44,6 +44,7 @@ def test_podman_gets_the_leased_nodes_labels_and_the_lease_descriptors(tmp_path:
         "podman --log-level info run -it --rm img nvidia-smi -L", nfds=4, dev=str(tmp_path)
     )
     assert plan is not None and plan.name == "gpuwarden-123-45" and plan.preserve
+    assert not plan.keeper
     added = plan.argv[4:-3]
     assert plan.argv[:4] == ["podman", "--log-level", "info", "run"]
     assert plan.argv[-5:] == ["-it", "--rm", "img", "nvidia-smi", "-L"]
@@ -61,7 +62,7 @@ def test_podman_gets_the_leased_nodes_labels_and_the_lease_descriptors(tmp_path:
 
 def test_docker_uses_its_gpus_option_or_cdi_and_never_preserves_descriptors() -> None:
     plan = _plan("docker run --name mine -e X=1 img", nfds=4)
-    assert plan is not None and plan.name == "mine" and not plan.preserve
+    assert plan is not None and plan.name == "mine" and not plan.preserve and plan.keeper
     assert plan.argv[2:4] == ["--gpus", '"device=GPU-aaaa,GPU-bbbb"']
     assert not any(a.startswith("--name=") for a in plan.argv)  # the user's name is kept
     cdi = _plan("docker container run img", cdi=True)
@@ -163,6 +164,11 @@ def _until(what: str, ok, seconds: float = 60):  # type: ignore[no-untyped-def]
         time.sleep(0.05)
 
 
+def _started(proc: subprocess.Popen[str], flags: Path) -> bool:
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
+    return (flags / "started").exists()
+
+
 PROBE = (
     "for n in 0 1 2 3 4 5 6 7; do [ -e /dev/nvidia$n ] && echo nvidia$n "
     '$(cat /dev/nvidia$n 2>&1 | grep -o "No such device or address"); done; '
@@ -193,9 +199,31 @@ def test_the_container_opens_exactly_its_leased_node(podman: Path) -> None:
     assert _leases() == []
 
 
+# `docker`'s command line run by podman, without Docker's NVIDIA runtime option: the
+# keeper that holds a Docker container's lease runs `docker wait` through it.
+DOCKER = """#!/bin/sh
+skip=0
+for a in "$@"; do
+  shift
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  case "$a" in --gpus) skip=1; continue;; esac
+  set -- "$@" "$a"
+done
+exec podman "$@"
+"""
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
 def test_the_lease_outlives_a_killed_client_until_the_container_ends(
-    podman: Path, tmp_path: Path
+    podman: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str
 ) -> None:
+    """Podman: the container's own processes hold the lease descriptors. Docker (played
+    by podman behind a `docker` script): a keeper holds them until `docker wait` returns."""
+    if runtime == "docker":
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "docker").write_text(DOCKER)
+        (tmp_path / "bin" / "docker").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     flags = tmp_path / "flags"
     flags.mkdir()
     script = "touch /f/started; while [ ! -e /f/go ]; do sleep 0.05; done"
@@ -203,7 +231,7 @@ def test_the_lease_outlives_a_killed_client_until_the_container_ends(
         "--gpus",
         "2",
         "--",
-        "podman",
+        runtime,
         "run",
         "--rm",
         "-v",
@@ -215,7 +243,7 @@ def test_the_lease_outlives_a_killed_client_until_the_container_ends(
         start_new_session=True,
     )
     try:
-        _until("the container started", (flags / "started").exists)
+        _until("the container started", lambda: _started(proc, flags))
         lease = _until("the lease is published", _leases)[0]
         client = int(lease["pid"])  # type: ignore[arg-type]
         os.kill(proc.pid, signal.SIGKILL)
@@ -245,7 +273,7 @@ def test_sigterm_stops_the_container_and_run_exits_with_its_status(
     proc = _run(
         "--gpus", "1", "--", "podman", "run", "--rm", "-v", f"{flags}:/f", IMAGE, "sh", "-c", script
     )
-    _until("the container started", (flags / "started").exists)
+    _until("the container started", lambda: _started(proc, flags))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 9, proc.stderr.read() if proc.stderr else ""
     _until("the lease is freed", lambda: _leases() == [])
@@ -267,7 +295,7 @@ def test_a_containers_process_is_its_lease_s_and_one_started_alone_is_reported(
     alone = f"gw-alone-{os.getpid()}"
     plain = ["podman", "run", "--rm", "-d", "--name", alone, *volume]
     try:
-        _until("the container started", (flags / "started").exists)
+        _until("the container started", lambda: _started(proc, flags))
         job = _until("the lease is published", _leases)[0]["job"]
         subprocess.run(plain, check=True, capture_output=True)
 
@@ -344,3 +372,46 @@ def test_a_container_label_counts_for_its_owner_or_for_root_only() -> None:
     assert lease_of(forged, [alice]) is None and owner(forged, None) == "mallory"
     assert lease_of(Use(7, "GPU-b", "root", container="100-1"), [alice]) is None
     assert lease_of(Use(7, "GPU-a", "root", container=""), [alice]) is None
+
+
+def test_views_show_a_rootful_containers_process_as_its_lease_owners() -> None:
+    from gpuwarden.attribution import attribute
+    from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+
+    procs = (
+        GpuProcess(pid=99, used_memory=1, user="root"),
+        GpuProcess(pid=98, used_memory=1, user="root"),
+    )
+    snap = Snapshot(taken_at=0.0, hostname="h", gpus=(Gpu(index=0, uuid="GPU-a", processes=procs),))
+    lease = SimpleNamespace(uuid="GPU-a", pid=5, user="alice", job="5-1", mem=None)
+    labels = {99: "5-1", 98: ""}  # 98: a GPU container started without gpuwarden
+    shown = attribute(snap, [lease], lambda p: (p,), labels.get)
+    assert [p.user for p in shown.gpus[0].processes] == ["alice", "root"]
+    assert attribute(snap, [], lambda p: (p,), labels.get) is snap
+
+
+def test_a_container_in_a_reserved_shell_gets_the_reserved_gpu(podman: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    gw = [sys.executable, "-m", "gpuwarden"]
+    out = subprocess.run(
+        [*gw, "reserve", "--gpus", "6"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    shell = dict(env)
+    for line in out.splitlines():  # export NAME=VALUE lines for eval
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            shell[name] = value.strip("'\"")
+    assert shell.get("GPUWARDEN_RESERVATION")
+    try:
+        run = subprocess.run(
+            [*gw, "run", "--", "podman", "run", "--rm", IMAGE, "sh", "-c", PROBE],
+            env=shell,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 7, run.stderr
+        assert [w for w in run.stdout.split() if w.startswith("nvidia")] == ["nvidia6"]
+        assert len(_leases()) == 1  # only the reservation's: the container ran under it
+    finally:
+        subprocess.run([*gw, "release"], env=shell, capture_output=True, check=True)

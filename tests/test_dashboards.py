@@ -14,7 +14,6 @@ range (instant ones where the panel asks for that), annotations at their step.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from test_dcgm import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED
 from test_prometheus import DEPLOY, get_json, prometheus_scraping, query
 from test_reserve import exports
 
@@ -68,10 +68,6 @@ numa_node = 1
 temperature = 33
 power = 120.0
 """
-
-# Whether the simulator answers NVML's GPM calls (gpuwarden/sim/gpm.py): until it
-# does, the profiling counters must be absent rather than made up.
-GPM = importlib.util.find_spec("gpuwarden.sim.gpm") is not None
 
 RANGE = 300.0  # the dashboard's time range: the last 5 minutes
 STEP = 15.0  # Grafana's step for it: the data source's default minimum interval
@@ -174,7 +170,7 @@ def test_every_dashboard_query_returns_data(sim, cli, tmp_path):
                     "gpuwarden_gpu_xid_errors_total": 2,
                     "gpuwarden_gpu_drained == 1": 3,  # the V100 and A6000 by the watch, GPU 4
                     "gpuwarden_gpu_health_finding": 1,
-                    **({"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1} if GPM else {}),
+                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1,  # GPM's second sample taken
                     'ALERTS{alertname="GpuFatalXid"}': 1,
                 },
             )
@@ -218,11 +214,18 @@ def test_every_dashboard_query_returns_data(sim, cli, tmp_path):
                 found = (
                     instant_query(base, promql, now) if instant else range_query(base, promql, now)
                 )
-                if not GPM and "PROF_" in promql:
-                    assert not found, "a profiling counter without GPM is made up"
-                elif not found:
+                if not found:
                     empty.append(f"NVIDIA: {title}: {promql}")
             assert not empty, "queries that return no data:\n" + "\n".join(empty)
+
+            # every default counter of dcgm-exporter that NVML gives, with its labels,
+            # stored by Prometheus; the A100's memory per MIG instance
+            stored = instant_query(base, '{__name__=~"DCGM_FI_.+"}', now)
+            assert {r["metric"]["__name__"] for r in stored} >= set(DEFAULT_COUNTERS) - NOT_EXPORTED
+            assert all(set(r["metric"]) >= LABELS for r in stored)
+            a100 = instant_query(base, 'DCGM_FI_DEV_FB_USED{modelName=~".*A100.*"}', now)
+            profiles = sorted(r["metric"].get("GPU_I_PROFILE", "") for r in a100)
+            assert profiles == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
 
             # the two panels that were empty say what they should: health per GPU
             # (T4 warning from XID 13; V100 and A6000 fatal; A100 ok), and the

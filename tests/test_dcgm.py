@@ -7,11 +7,15 @@ through NVML GPM).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuwarden.counters import Counters
 from gpuwarden.exporter import View, render
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot, read_snapshot
 from gpuwarden.leases import LeaseInfo
 from test_exporter import samples, value
+
+SPECS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "sim" / "specs"
 
 # dcgm-exporter's etc/default-counters.csv (NVIDIA/dcgm-exporter): the counters it
 # exports by default, as data.
@@ -73,7 +77,8 @@ def test_mig_instances_get_their_own_series_labelled_as_dcgm_exporter_does(sim):
     a100 = next(g for g in snap.gpus if g.mig_mode)
     slice_uuid = a100.mig_instances[1].uuid  # the 2g.20gb
     lease = LeaseInfo(slice_uuid, "ivan", 4242, "python train.py", 1.0, job="exp-9")
-    found = samples(render(View(snap, leases=(lease,)), dcgm_compat=True))
+    whole = LeaseInfo(a100.uuid, "judy", 4343, "nvidia-smi mig -lgi", 1.0, job="admin")
+    found = samples(render(View(snap, leases=(lease, whole)), dcgm_compat=True))
     gpu = str(a100.index)
 
     def series(name: str) -> dict[tuple[str, str], float]:
@@ -93,7 +98,8 @@ def test_mig_instances_get_their_own_series_labelled_as_dcgm_exporter_does(sim):
     assert series("DCGM_FI_DEV_GPU_UTIL") == {}
     assert series("gpuwarden_gpu_utilization_ratio") == {}
     # the lease on one slice, and the processes, on their instance
-    leased = {k: v for k, v in series("gpuwarden_gpu_leased").items()}
+    leased = series("gpuwarden_gpu_leased")
+    assert leased.pop(("", "")) == 1  # judy's lease on the whole GPU, not lost either
     assert leased == {
         ("1", "3g.40gb"): 0,
         ("2", "2g.20gb"): 1,
@@ -133,3 +139,58 @@ def test_a_mig_instance_with_no_instance_id_is_still_listed():
     )
     found = samples(render(View(Snapshot(0.0, "box", (gpu,))), dcgm_compat=True))
     assert value(found, "DCGM_FI_DEV_FB_USED", GPU_I_PROFILE="1g.10gb", GPU_I_ID="") == 1.0
+
+
+def test_profiling_counters_come_from_gpm_between_two_reads(sim):
+    """Hopper's GPM gives the tensor, engine and DRAM ratios as averages between two
+    samples: none on the first read, on each later one the average since the last."""
+    sim("server-8xh200")
+    counters = Counters()
+    first = read_snapshot(counters=counters)
+    assert not any("tensor_active" in dict(g.counters) for g in first.gpus)
+    second = read_snapshot(counters=counters)
+    for gpu in second.gpus:
+        found = dict(gpu.counters)
+        assert 0.0 <= found["tensor_active"] <= 1.0
+        assert 0.0 <= found["graphics_engine_active"] <= 1.0
+        busy = bool(gpu.utilization_gpu)
+        assert (found["tensor_active"] > 0) == busy, (gpu.index, found)
+        assert (found["pcie_rx_bytes_per_second"] > 0) == busy
+    text = render(View(second), dcgm_compat=True)
+    busy_gpu = next(g for g in second.gpus if g.utilization_gpu)
+    tensor = value(samples(text), "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", gpu=str(busy_gpu.index))
+    assert tensor == dict(busy_gpu.counters)["tensor_active"]
+
+
+def test_no_gpm_before_hopper_so_no_profiling_counters(sim):
+    sim("mixed")
+    counters = Counters()
+    read_snapshot(counters=counters)
+    snap = read_snapshot(counters=counters)
+    found = samples(render(View(snap), dcgm_compat=True))
+    assert not [
+        name for name, _ in found if name.startswith("DCGM_FI_PROF_") and "PCIE" not in name
+    ]
+
+
+def test_gpm_per_mig_instance_on_hopper(sim, tmp_path):
+    spec = tmp_path / "h200-mig.toml"
+    spec.write_text(
+        (SPECS / "h200.toml").read_text()
+        + "utilization = 90\nmemory_utilization = 40\n"
+        + '[[gpu.mig]]\nprofile = "3g.71gb"\n[[gpu.mig]]\nprofile = "1g.18gb"\n'
+        + '[[gpu.process]]\nuser = "kim"\ncommand = "python train.py"\nmemory = "20GiB"\nmig = 0\n'
+    )
+    sim(str(spec))
+    counters = Counters()
+    read_snapshot(counters=counters)
+    snap = read_snapshot(counters=counters)
+    found = samples(render(View(snap), dcgm_compat=True))
+    tensor = {
+        dict(lab)["GPU_I_PROFILE"]: v
+        for (n, lab), v in found.items()
+        if n == "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+    }
+    # kim's job runs in the 3g.71gb instance; the 1g.18gb one is idle
+    assert set(tensor) == {"3g.71gb", "1g.18gb"}
+    assert tensor["3g.71gb"] > 0 and tensor["1g.18gb"] == 0

@@ -9,6 +9,7 @@ answers that differ by generation against what real drivers return.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -135,13 +136,16 @@ SPECS = specs.bundled()
 def _command(tool: str) -> list[str]:
     argv = TOOLS[tool]
     if argv[0] == sys.executable:
-        return argv
-    path = BIN / argv[0]
-    if not path.exists():
+        missing = tool == "pynvml_utils" and importlib.util.find_spec("pynvml_utils") is None
+        path = None
+    else:
+        path = BIN / argv[0]
+        missing = not path.exists()
+    if missing:
         if os.environ.get("GPUWARDEN_REQUIRE_COMPONENTS"):
-            pytest.fail(f"{argv[0]} is not installed in {BIN}")
-        pytest.skip(f"{argv[0]} is not installed")
-    return [str(path), *argv[1:]]
+            pytest.fail(f"{tool} is not installed in {BIN.parent}")
+        pytest.skip(f"{tool} is not installed (scripts/test installs it)")
+    return argv if path is None else [str(path), *argv[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +267,31 @@ def test_clocks_and_link_by_card(tmp_path):
         nv.nvmlDeviceGetSupportedGraphicsClocks(a100, 1000)
     assert nv.nvmlDeviceGetDefaultApplicationsClock(a100, nv.NVML_CLOCK_MEM) == 1593
     assert nv.nvmlDeviceGetCurrPcieLinkWidth(a100) == 16
+
+
+def test_field_values(tmp_path):
+    nv = _nv("server-8xh200", tmp_path)
+    busy, idle = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(7)
+    fields = [
+        nv.NVML_FI_DEV_MEMORY_TEMP,
+        nv.NVML_FI_DEV_NVLINK_LINK_COUNT,
+        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 17),
+        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 18),  # H200 has 18 links: 0-17
+        nv.NVML_FI_DEV_ECC_CURRENT,  # not simulated: NotSupported in its own entry
+    ]
+    first = nv.nvmlDeviceGetFieldValues(busy, fields)
+    unsupported = nv.NVML_ERROR_NOT_SUPPORTED
+    assert [v.nvmlReturn for v in first] == [0, 0, 0, unsupported, unsupported]
+    assert first[0].value.uiVal == nv.nvmlDeviceGetTemperature(busy, 0) + 3  # HBM runs warmer
+    assert first[1].value.uiVal == 18
+    second = nv.nvmlDeviceGetFieldValues(busy, fields)
+    assert second[2].value.ullVal > first[2].value.ullVal  # data moves on a busy GPU
+    still = [nv.nvmlDeviceGetFieldValues(idle, fields[2:3])[0].value.ullVal for _ in (0, 1)]
+    assert still[0] == still[1]
+    nv = _nv("workstation-3x3090", tmp_path)  # GDDR6X: no memory sensor, no NVLink
+    geforce = nv.nvmlDeviceGetFieldValues(nv.nvmlDeviceGetHandleByIndex(0), fields[:2])
+    assert [v.nvmlReturn for v in geforce] == [nv.NVML_ERROR_NOT_SUPPORTED, 0]
+    assert geforce[1].value.uiVal == 0
 
 
 # -- GPM --------------------------------------------------------------------------

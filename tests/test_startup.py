@@ -46,7 +46,7 @@ UNNEEDED = (
 
 # The simulator's modules that only other NVML clients (nvitop, pynvml_utils, an
 # exporter's GPM) ask for.
-LATER_SIM = tuple(f"gpuwarden.sim.{m}" for m in ("board", "pcie", "clocks", "ecc", "gpm"))
+LATER_SIM = tuple(f"gpuwarden.sim.{m}" for m in ("board", "pcie", "clocks", "ecc", "gpm", "fields"))
 
 
 def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:

@@ -63,9 +63,14 @@ def unleased_pids(
     }
 
 
-def attribute(snapshot: Any, leases: Sequence[Any]) -> Any:
+def attribute(
+    snapshot: Any,
+    leases: Sequence[Any],
+    lineage_of: Callable[[int], tuple[int, ...]] = lineage,
+    container_of: Callable[[int], Optional[str]] = container_job,
+) -> Any:
     """`snapshot` with each process of a container started under a lease shown as its
-    lease owner's, not as root's (or a rootless runtime's sub-uid)."""
+    lease owner's, not as root's: what status, the exporter and the web page show."""
     held = policy_leases(leases)
     if not held:
         return snapshot
@@ -74,7 +79,7 @@ def attribute(snapshot: Any, leases: Sequence[Any]) -> Any:
     for gpu in snapshot.gpus:
         procs = []
         for p in gpu.processes:
-            use = use_of(gpu, p)
+            use = use_of(gpu, p, lineage_of, container_of)
             owner = policy.owner(use, policy.lease_of(use, held))
             if use.container and owner != p.user:
                 p = replace(p, user=owner)

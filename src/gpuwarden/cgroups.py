@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Any, Optional
 
+    CapsDenied = Optional[tuple[int, tuple[int, ...]]]  # nvidia-caps major, minors to deny
+
 NVIDIA_MAJOR = 195
 MODESET_MINOR = 254
 CTL_MINOR = 255
@@ -79,6 +81,13 @@ def deny_rules(leased: Iterable[int], present: Iterable[int]) -> list[str]:
         for m in sorted(set(present))
         if m in GPU_MINORS and m not in keep
     ]
+
+
+def device_rules(leased: Iterable[int], present: Iterable[int], caps: CapsDenied) -> list[str]:
+    """Every v1 deny line for a job: other GPUs' nodes, and the caps nodes `caps` names."""
+    from gpuwarden.migcaps import deny_rules as caps_rules
+
+    return deny_rules(leased, present) + ([] if caps is None else caps_rules(*caps))
 
 
 def cgroup_name(pid: int, token: str) -> str:
@@ -284,8 +293,11 @@ class Isolation:
         if self.error is not None:
             raise CgroupError(f"cannot join the job's cgroup: {self.error.strerror}")
 
-    def confine(self, minors: Sequence[Optional[int]], present: Iterable[int]) -> None:
-        """Let this process and its children open only the GPU nodes of `minors`."""
+    def confine(
+        self, minors: Sequence[Optional[int]], present: Iterable[int], caps: CapsDenied = None
+    ) -> None:
+        """Let this process and its children open only the GPU nodes of `minors`, and none
+        of the nvidia-caps nodes `caps` names (other MIG slices': `migcaps.denied_for`)."""
         self.wait()
         if any(m is None for m in minors):
             raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
@@ -293,12 +305,12 @@ class Isolation:
         if "devices" not in self.dirs:
             from gpuwarden import devbpf
 
-            devbpf.confine(self.dirs[""], leased)  # every GPU minor but these: no `present`
+            devbpf.confine(self.dirs[""], leased, caps)  # every GPU minor but these
             self.confined = True
             return
         fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
         try:
-            for rule in deny_rules(leased, present):
+            for rule in device_rules(leased, present, caps):
                 os.write(fd, rule.encode())  # the kernel takes one rule per write
         finally:
             os.close(fd)
@@ -458,10 +470,13 @@ def isolate(setting: str) -> list[Isolation]:
         return []
 
 
-def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Iterable[Any], setting: str) -> None:
-    """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`)."""
+def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Sequence[Any], setting: str) -> None:
+    """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`):
+    their GPU nodes, and on a machine with MIG slices, its slices' capability nodes only."""
     try:
-        cgroup.confine([g.minor for g in leased], present_minors(gpus))
+        from gpuwarden.migcaps import denied_for
+
+        cgroup.confine([g.minor for g in leased], present_minors(gpus), denied_for(leased, gpus))
     except (CgroupError, OSError) as err:
         text = str(err) if isinstance(err, CgroupError) else f"cannot write device rules: {err}"
         if setting == "require":

@@ -202,8 +202,25 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.admins", "names", (), "users and @groups who may act on every job and GPU"),
     Key("service.max_gpus_per_user", "int", None, "GPUs one user may use at once", low=1),
     Key(
-        "service.max_jobs_per_user", "int", None, "jobs one user may have queued or running", low=1
+        "service.max_jobs_per_user", "int", 1000, "jobs one user may have queued or running", low=1
     ),
+    Key(
+        "service.max_connections_per_user",
+        "int",
+        64,
+        "connections one user may hold open to the service (all users: 512)",
+        low=1,
+    ),
+    Key(
+        "service.idle_timeout",
+        "seconds",
+        30.0,
+        "a connection that sends no whole request for this long is closed",
+        low=0,
+        above=True,
+    ),
+    Key("service.max_command_bytes", "size", 64 << 10, "longest command line of a job", low=1),
+    Key("service.max_env_bytes", "size", 256 << 10, "largest environment of a job", low=1),
     Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
     Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
     Key(
@@ -304,6 +321,17 @@ SCHEMA: tuple[Key, ...] = (
         "size",
         100 * 2**20,
         "start a new CSV file beyond this size",
+        low=0,
+        above=True,
+    ),
+    # Several hosts over ssh (docs/hosts.md)
+    Key("hosts.command", "str", "gpuwarden", "`--hosts`: the command running gpuwarden on a host"),
+    Key("hosts.ssh_options", "str", None, "`--hosts`: more ssh options, e.g. `-p 2222`"),
+    Key(
+        "hosts.timeout",
+        "seconds",
+        15.0,
+        "`--hosts`: seconds a host has to answer",
         low=0,
         above=True,
     ),

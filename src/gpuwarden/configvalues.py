@@ -84,7 +84,8 @@ def _as_seconds(value: Any) -> float:
 
 def _as_percent(value: Any) -> float:
     if isinstance(value, str):
-        value = value.strip().rstrip("%")
+        value = value.strip()
+        value = value[:-1] if value.endswith("%") else value  # one sign: "50%%" is no number
     number = _as_float(value)
     if not 0 <= number <= 100:
         raise BadValue

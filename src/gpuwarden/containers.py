@@ -15,7 +15,9 @@ every GPU or none. So the runtime's own command line is rewritten here, purely:
   and `gpuwarden.gpus`, which `status` and `enforce` read back (gpuwarden.ancestry);
 * with Podman, the lease's lock descriptors are passed into the container
   (`--preserve-fds`): the kernel then holds the lease exactly as long as the container's
-  processes, whatever happens to the client.
+  processes, whatever happens to the client. Docker's daemon cannot be handed
+  descriptors: a small keeper process holds them until the client has ended and then
+  `docker wait NAME` says the container has too (`keep`).
 
 Options that would widen what the container sees (`--gpus`, `--privileged`, a GPU
 `--device`, `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` given with `-e`) are refused
@@ -40,7 +42,6 @@ RUNTIMES = DAEMONS + CHILDREN
 
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-FIRST_FD = 3  # where --preserve-fds starts counting
 
 # Options of `docker run`/`podman run` that take no value; every other option takes one
 # (as `--opt VALUE` or `--opt=VALUE`). Short flags that take none may be bundled: -it.
@@ -222,8 +223,9 @@ def container_name(job: str) -> str:
 
 class Plan:
     """What to start instead of the user's command: `argv`, the extra environment of
-    the runtime process (`env`), the container's name (None for Apptainer), and how many
-    lease descriptors go in at fd 3, 4, ... (`preserve`: Podman's --preserve-fds)."""
+    the runtime process (`env`), the container's name (None for Apptainer), whether the
+    lease descriptors go in at fd 3, 4, ... (`preserve`: Podman's --preserve-fds), and
+    whether a keeper holds the lease until the container ends (`keeper`: Docker)."""
 
     def __init__(
         self,
@@ -232,12 +234,14 @@ class Plan:
         name: Optional[str],
         env: dict[str, str],
         preserve: bool,
+        keeper: bool = False,
     ) -> None:
         self.runtime = runtime
         self.argv = argv
         self.name = name
         self.env = env
         self.preserve = preserve
+        self.keeper = keeper
 
 
 def plan(
@@ -292,7 +296,8 @@ def plan(
     preserve = runtime == "podman" and nfds > 0
     if preserve:
         added.append(f"--preserve-fds={nfds}")
-    return Plan(runtime, [*argv[: at + 1], *added, *rest], name, {}, preserve)
+    keeper = runtime == "docker" and nfds > 0
+    return Plan(runtime, [*argv[: at + 1], *added, *rest], name, {}, preserve, keeper)
 
 
 # --- the runtime part ---------------------------------------------------------------------------
@@ -334,4 +339,57 @@ def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
     job = launch.start(plan.argv, full, fds, numbered=fds if plan.preserve else ())
     if plan.name is not None:
         job.on_signal = Stopper(plan.runtime, plan.name, full)
+    if plan.keeper and plan.name is not None:
+        keep(plan.runtime, plan.name, job.pid, fds, full)
     return job
+
+
+def keep(runtime: str, name: str, client: int, fds: Sequence[int], env: Mapping[str, str]) -> int:
+    """Fork a keeper that holds the lease descriptors `fds` until the container `name`
+    has ended: first the client (pid `client`) must end, then `RUNTIME wait NAME` returns
+    (at once when the container is gone). It runs in its own session with no terminal and
+    keeps no other descriptor (not the allocation lock), so it outlives `gpuwarden run`
+    and the client and holds nothing else. Its pid."""
+    import contextlib
+
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        keep_fds = {0, 1, 2, *fds}
+        for entry in os.listdir("/proc/self/fd"):
+            if int(entry) not in keep_fds:
+                with contextlib.suppress(OSError):  # the listing's own descriptor
+                    os.close(int(entry))
+        _wait_for(client)
+        waiter = os.posix_spawnp(runtime, [runtime, "wait", name], dict(env))
+        os.waitpid(waiter, 0)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _wait_for(pid: int) -> None:
+    """Return when process `pid` (not our child) has ended: its pidfd becomes readable;
+    without pidfds (Linux before 5.3), its /proc entry is looked at twice a second."""
+    import select
+    import time
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        from gpuwarden.holders import is_gone
+
+        while not is_gone(pid):
+            time.sleep(0.5)
+        return
+    select.select([pidfd], [], [])
+    os.close(pidfd)

@@ -247,8 +247,17 @@ def families(view: Any) -> list:
     for gpu in snap.gpus:
         seen = view.xids.get(gpu.uuid, ())
         last = seen[-1] if seen else 0
-        # dcgm-exporter labels the code `err_code` too
-        found = {**labels(gpu, snap.hostname, snap.driver_version), "err_code": str(last)}
+        found = {**labels(gpu, snap.hostname, snap.driver_version), **_xid_labels(last)}
         xid.add_sample("DCGM_FI_DEV_XID_ERRORS", found, float(last))
     out.append(xid)
     return out
+
+
+def _xid_labels(xid: int) -> dict[str, str]:
+    """`err_code` and `err_msg`, as dcgm-exporter labels its last XID: the text is the
+    description in NVIDIA's Xid catalogue (gpuwarden.xids)."""
+    from gpuwarden.xids import XID_CATALOGUE
+
+    known = XID_CATALOGUE.get(xid)
+    text = "No Error" if xid == 0 else known.description if known else "Unknown Error"
+    return {"err_code": str(xid), "err_msg": text}

@@ -223,8 +223,7 @@ def read_snapshot(
     hardware conditions (see the module docstring). Without `detail`, only what
     choosing a GPU decides on is read (no temperature, power, energy, fan, clocks,
     persistence or compute mode: a third of the calls per GPU, and on some cards the
-    slowest ones); those fields are then None. `counters` (a `gpuwarden.counters.Counters`)
-    adds what only the exporter shows, read in the same NVML session."""
+    slowest ones); those fields are then None. `counters`: see `gpuwarden.counters`."""
     hostname = os.uname().nodename  # what gethostname() returns, without importing socket
     now = time.time()
     if nvml is None:
@@ -310,10 +309,9 @@ def _read(
             )
             continue
         gpu = _read_gpu(nv, r, index, handle, processes, known, detail)
-        if counters is not None and not gpu.lost:
-            gpu = counters.read(nv, r.get, handle, gpu)
         if not gpu.lost:
             handles[index] = handle
+            gpu = counters.read(nv, r.get, handle, gpu) if counters is not None else gpu
         gpus.append(gpu)
     topo: dict[tuple[int, int], int] = {}
     links: dict[tuple[int, int], int] = {}

@@ -268,7 +268,10 @@ def families(view: View, dcgm_compat: bool = False) -> list:
     for lease in view.leases:
         by_uuid.setdefault(lease.uuid, []).append(lease)
     for gpu in snap.gpus:
-        for uuid, slot in _units(gpu):
+        units = _units(gpu)
+        if units[0][0] != gpu.uuid and gpu.uuid in by_uuid:
+            units.append((gpu.uuid, ["", ""]))  # a lease on the whole of a MIG-mode GPU
+        for uuid, slot in units:
             leases = by_uuid.get(uuid, [])
             if not leases:
                 leased.add_metric([*gpu_labels(gpu), *slot, "", "", ""], 0)

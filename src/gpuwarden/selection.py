@@ -106,6 +106,7 @@ class Choice:
     passed_over: dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None
     never_fits: bool = False
+    unfit: frozenset[str] = frozenset()  # the GPUs that can never serve this request here
 
     @property
     def ok(self) -> bool:
@@ -190,6 +191,11 @@ def choose(
     # are the parent GPU's.
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
     profile = {m.uuid: (m.name or "").lower() for g in snapshot.gpus for m in g.mig_instances}
+    physical = snapshot
+    if parent:
+        from dataclasses import replace
+
+        snapshot = replace(snapshot, gpus=devices(snapshot))
     if request.mig is not None and request.mig not in profile.values():
         have = sorted({p for p in profile.values() if p})
         return Choice(
@@ -199,12 +205,8 @@ def choose(
             + (f"this machine has {', '.join(have)}" if have else "no GPU here is in MIG mode")
             + " (docs/mig.md)",
             True,
+            frozenset(g.uuid for g in snapshot.gpus),
         )
-    physical = snapshot
-    if parent:
-        from dataclasses import replace
-
-        snapshot = replace(snapshot, gpus=devices(snapshot))
     drain_by_uuid = _drain_map(drains)
     leases_on: dict[str, list[Any]] = {}
     for lease in leases:
@@ -259,6 +261,7 @@ def choose(
             room[gpu.uuid] = free
 
     candidates = [g for g in snapshot.gpus if g.uuid in room]
+    unfit = frozenset(never)
     passed = {u: r for u, (_, r) in never.items()}
     passed.update(busy)
 
@@ -276,20 +279,20 @@ def choose(
     if count == 0:
         for g in candidates:
             passed[g.uuid] = "not needed: no GPU asked for"
-        return Choice((), passed)
+        return Choice((), passed, unfit=unfit)
     if len(candidates) < count:
         for g in candidates:
             passed[g.uuid] = f"fits, but fewer than {count} GPUs do"
         usable = len(snapshot.gpus) - len(never)
         if usable < count:
             return Choice(
-                (), passed, never_message(snapshot, count, named, allowed_set, never), True
+                (), passed, never_message(snapshot, count, named, allowed_set, never), True, unfit
             )
         reasons = some(snapshot, busy)
         error = f"asked for {plural(count)} but {only(len(candidates))} free now ({reasons})"
         if any(r.startswith(BUSY) for r in busy.values()):
             error += f"; {_BUSY_HINT}"
-        return Choice((), passed, error, False)
+        return Choice((), passed, error, False, unfit)
 
     chosen = _best_set(snapshot, candidates, count, warned, request.keep_first_last)
     chosen_uuids = {g.uuid for g in chosen}
@@ -306,7 +309,19 @@ def choose(
                 f"not needed: others ranked higher (this one: {format_size(int(room[g.uuid]))} "
                 f"free, util {util})"
             )
-    return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed)
+    return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed, unfit=unfit)
+
+
+def fitting(
+    snapshot: Snapshot,
+    request: Request,
+    health: Optional[Mapping[str, Sequence[Any]]] = None,
+) -> frozenset[str]:
+    """The UUIDs of the GPUs (MIG devices in place of a MIG-mode GPU) that can ever serve
+    `request` on this machine, whatever runs on them now: what a queue may wait for.
+    Bad IDs in the request raise UserError, as in `choose`."""
+    choice = choose(snapshot, request, health=health)
+    return frozenset(g.uuid for g in devices(snapshot)) - choice.unfit
 
 
 def _pair_cost(snapshot: Snapshot, a: Gpu, b: Gpu) -> int:

@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "select": ("select", "print the IDs of GPUs that fit, without reserving them"),
     "reserve": ("reserve", "hold GPUs for an interactive session"),
     "release": ("reserve", "end a reservation made with `gpuwarden reserve`"),
+    "kernel": ("kernel", "install a Jupyter kernel whose kernels lease their GPUs"),
     "drain": ("drain", "take GPUs out of service, with a reason"),
     "undrain": ("drain", "put drained GPUs back into service"),
     "config": ("config", "show each effective setting and where it came from"),

@@ -57,6 +57,9 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
     count = args.count
     if count is not None and not is_digits(str(count).strip()):
         raise UserError(f"invalid GPU count {count!r}: expected a whole number, 0 or more")
+    for flag, value in (("--gpus", args.gpus), ("--model", args.model)):
+        if value is not None and not value.strip():  # not "no constraint": a slip
+            raise UserError(f"{flag} is empty; leave it out to allow any GPU")
     return {
         "run.count": count,
         "run.gpus": args.gpus,

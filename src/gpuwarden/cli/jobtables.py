@@ -61,7 +61,8 @@ def command_cell(job: Mapping[str, Any]) -> str:
 
 
 def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> str:
-    """Running jobs first, then waiting ones in priority order, as squeue lists them."""
+    """Running jobs first, then waiting ones in priority order, as squeue lists them;
+    a HOST column first when the jobs come from several hosts (`queue --hosts`)."""
     now = time.time() if now is None else now
     running = [j for j in jobs if j.get("state") in ("RUNNING", "STARTING")]
     waiting = sorted(
@@ -69,6 +70,7 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         key=lambda j: (-(j.get("priority") or 0.0), j.get("submitted") or 0.0),
     )
     rows = []
+    hosts = any("host" in job for job in jobs)
     for job in [*running, *waiting]:
         pending = job.get("state") == "PENDING"
         started = job.get("started")
@@ -94,6 +96,8 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
                 command_cell(job),
             ]
         )
+        if hosts:
+            rows[-1].insert(0, printable(str(job.get("host"))))
     if not rows:
         return "no jobs queued or running"
     headers = [
@@ -110,7 +114,11 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         "PEAKMEM",
         "COMMAND",
     ]
-    return render(headers, rows, right=(0, 5, 6, 7, 8, 9, 10))
+    right: tuple[int, ...] = (0, 5, 6, 7, 8, 9, 10)
+    if hosts:
+        headers.insert(0, "HOST")
+        right = tuple(i + 1 for i in right)
+    return render(headers, rows, right=right)
 
 
 def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> list[str]:
@@ -144,7 +152,8 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     notes = []
     for job in jobs:
         elapsed = job.get("elapsed") or 0.0
-        gpu_hours = len(job.get("gpus") or []) * elapsed / 3600.0
+        gpus = len(job.get("gpus") or []) or job.get("count") or 0  # Slurm's: a count
+        gpu_hours = gpus * elapsed / 3600.0
         if job.get("signal"):
             how = f"signal {job['signal']}"
         elif job.get("exit_code") is not None:
@@ -207,3 +216,14 @@ def job_ids(words: list[str]) -> list[int]:
                 raise UserError(f"invalid job id {part!r}: expected a number such as 12")
             ids.append(int(part))
     return ids
+
+
+def report_refused(command: str, reply: Mapping[str, Any]) -> int:
+    """The ids a cancel, hold or release refused, one line each on stderr; the exit
+    status: 1 when some were refused (the others were done), else 0."""
+    import sys
+
+    refused = reply.get("refused") or ()
+    for item in refused:
+        print(f"gpuwarden {command}: {printable(str(item.get('error')))}", file=sys.stderr)
+    return 1 if refused else 0

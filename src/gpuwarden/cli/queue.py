@@ -21,6 +21,16 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs (squeue -u)")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    parser.add_argument("--all", action="store_true", help=f"every job, not only the first {PAGE}")
+    parser.add_argument(
+        "--hosts",
+        metavar="FILE|H1,H2",
+        help="the queues of every listed host in one table, over your ssh (docs/hosts.md)",
+    )
+
+
+#: Jobs `queue` shows without --all (the ones that start first).
+PAGE = 500
 
 
 def local(args: argparse.Namespace) -> int:
@@ -28,12 +38,17 @@ def local(args: argparse.Namespace) -> int:
     from gpuwarden.paths import user_name
     from gpuwarden.service.client import require
 
-    with require() as client:
-        reply = client.call("queue")
-    jobs = reply["jobs"]
     who = user_name() if args.me else args.user
-    if who is not None:
-        jobs = [j for j in jobs if j.get("user") == who]
+    filters = {} if who is None else {"user": who}
+    with require() as client:
+        jobs, reply = client.listing("queue", None if args.all else PAGE, **filters)
+    total = reply.get("total")
+    left = total - len(jobs) if isinstance(total, int) else 0
+    if left > 0:
+        print(
+            f"gpuwarden queue: {len(jobs)} of {total} jobs shown; --all shows every one",
+            file=sys.stderr,
+        )
     if args.json:
         import json
 
@@ -48,7 +63,37 @@ def local(args: argparse.Namespace) -> int:
     return 0
 
 
+def on_hosts(args: argparse.Namespace) -> int:
+    """Each host's own `queue --json`, in one table with a HOST column; exit 1 when a
+    host's queue could not be read (its line says why)."""
+    from gpuwarden.hosts import merge, remote
+
+    if args.slurm:
+        from gpuwarden.errors import UserError
+
+        raise UserError("--hosts reads each host's queue service; Slurm's queue is one already")
+    hosts = remote.parse_hosts(args.hosts)
+    argv = ["queue", "--json", *(["--me"] if args.me else []), *(["--all"] if args.all else [])]
+    if args.user is not None:
+        argv.append(f"--user={args.user}")
+    merged = merge.merge_jobs(remote.ask_json(hosts, argv))
+    if args.json:
+        import json
+
+        json.dump(merged, sys.stdout, indent=2)
+        print()
+    else:
+        from gpuwarden.cli.jobtables import queue_table
+
+        print(queue_table(merged["jobs"]))
+        for line in merge.notes(merged):
+            print(line)
+    return 0 if all(h["ok"] for h in merged["hosts"]) else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.hosts is not None:
+        return on_hosts(args)
     if not args.slurm:
         return local(args)
     from gpuwarden.slurm import tools
@@ -61,11 +106,18 @@ def run(args: argparse.Namespace) -> int:
 
         user = user_name(os.geteuid())
     jobs = tools.queue(user=user)
+    from gpuwarden.slurm.annotate import details
+
+    notes = details(jobs)
     if args.json:
         import json
 
         fields = ("id", "user", "state", "reason", "elapsed", "limit", "nodes", "gres", "name")
-        json.dump([{f: getattr(j, f) for f in fields} for j in jobs], sys.stdout, indent=2)
+        json.dump(
+            [{**{f: getattr(j, f) for f in fields}, "detail": notes.get(j.id, "")} for j in jobs],
+            sys.stdout,
+            indent=2,
+        )
         print()
         return 0
     if not jobs:
@@ -77,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         [
             j.id,
             j.user,
-            j.state + (f" ({j.reason})" if j.reason else ""),
+            j.state + (f" ({notes.get(j.id) or j.reason})" if notes.get(j.id) or j.reason else ""),
             j.elapsed,
             j.limit,
             j.gres or "-",

@@ -65,6 +65,31 @@ class Client:
             raise UserError(str(reply.get("error") or "the service refused the request"))
         return reply
 
+    def listing(
+        self, op: str, rows: Optional[int] = None, **filters: Any
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Up to `rows` rows of `queue` or `jobs` (None: all of them), asked a page at a
+        time (no answer exceeds the protocol's page), and the last answer (its `total`
+        says how many match). A job that moves between pages is listed once."""
+        out: list[dict[str, Any]] = []
+        seen: set[Any] = set()
+        offset = 0
+        while True:
+            want = protocol.MAX_PAGE_ROWS if rows is None else rows - len(out)
+            reply = self.call(op, offset=offset, limit=min(want, protocol.MAX_PAGE_ROWS), **filters)
+            for row in reply.get("jobs") or ():
+                if row.get("id") not in seen:
+                    seen.add(row.get("id"))
+                    out.append(row)
+            more = reply.get("next")
+            if (
+                not isinstance(more, int)
+                or more <= offset
+                or (rows is not None and len(out) >= rows)
+            ):
+                return out[:rows] if rows is not None else out, reply
+            offset = more
+
     def receive(self) -> dict[str, Any]:
         while not self.pending:
             try:
@@ -246,7 +271,7 @@ def _reason(job: int, path: Optional[str]) -> str:
         client = connect(path, timeout=5.0)
         if client is not None:
             with client:
-                for row in client.call("queue")["jobs"]:
+                for row in client.call("queue", ids=[job])["jobs"]:
                     if row["id"] == job:
                         return str(row.get("reason") or "queued")
     return "queued"

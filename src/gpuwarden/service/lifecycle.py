@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import attachment, spawn, store
+from gpuwarden.service import attachment, jobprocess, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -42,6 +42,7 @@ class Lifecycle:
     exits: str
     selector: selectors.BaseSelector
     watched: dict[int, int]
+    processes: dict[int, int]  # job id -> pidfd of the job's first process
     termed: dict[int, float]
     litter: list[str]  # files of ended jobs, removed after the next start
     stdio: dict[int, list[int]]  # job id -> an attached client's stdin/out/err
@@ -81,8 +82,9 @@ class Lifecycle:
                 and spawn.start_time(job.supervisor) >= 0
                 and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
             ):
-                self.store.update(job.id, pid=(marker or {}).get("pid") or job.pid)
-                self._watch(job.id, job.supervisor)
+                pid = (marker or {}).get("pid") or job.pid
+                self.store.update(job.id, pid=pid)
+                self._watch(job.id, job.supervisor, pid)
                 if job.reason in ("time limit", "cancelling"):  # SIGTERM was sent: not again
                     self.termed[job.id] = time.monotonic()
                 log.info("re-adopted job %s", job.id)
@@ -160,19 +162,22 @@ class Lifecycle:
 
         return job_dirs(scope_of(self.exits), str(job_id), mode)
 
-    def signal(self, job: store.Job, sig: int) -> None:
+    def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),
-        else its process group's (all there is where the machine has no cgroups). Both
-        would give each process two: a job that takes a second SIGTERM for "abort now"
-        would lose its checkpoint."""
+        else its process group's while its first process lives (all there is where the
+        machine has no cgroups). Both would give each process two: a job that takes a
+        second SIGTERM for "abort now" would lose its checkpoint. Never to a stored pid
+        number (service.jobprocess). False: nothing of the job was there to signal."""
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
             if signal_dirs(dirs, sig):
-                return
-        if job.pid:
-            spawn.signal_job(job.pid, sig)
+                return True
+        pidfd = self.processes.get(job.id)
+        if pidfd is not None and job.pid:
+            return jobprocess.signal_group(pidfd, job.pid, sig)
+        return False
 
     def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
@@ -258,6 +263,7 @@ class Lifecycle:
 
     def schedule(self) -> None:
         """Plan, and start whatever the plan says starts."""
+        from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, start_job
 
         self.dirty = False
@@ -269,15 +275,16 @@ class Lifecycle:
         if not pending:
             return
         snapshot = self.read_snapshot()
-        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
-        self.indices = {g.uuid: g.index for g in snapshot.gpus}
+        units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
+        self.memory = {g.uuid: g.memory_total or 0 for g in units}
+        self.indices = {g.uuid: g.index for g in units}
         running = self.store.jobs([store.STARTING, store.RUNNING])
         # Only the dependencies waiting jobs name: reading every ended job made each
         # pass grow with the history.
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
-        gpus, busy, waiting = inputs(snapshot, running, pending, self.settings)
+        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.settings.policy
         if policy.max_gpus_per_user is not None:
@@ -291,6 +298,7 @@ class Lifecycle:
             now,
             policy,
             finished={str(k): v for k, v in ended.items()},
+            pick=pick,
         )
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}
@@ -315,14 +323,20 @@ class Lifecycle:
                 )
                 continue
             if started is not None:
-                self._watch(job.id, started.supervisor)
+                self._watch(job.id, started.supervisor, started.pid)
 
-    def _watch(self, job_id: int, pid: int) -> None:
+    def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
+        """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
+        own first process `job_pid` to signal it by (service.jobprocess)."""
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             self._ended(job_id)
             return
+        if job_pid:
+            held = jobprocess.claim(job_pid, pid)
+            if held is not None:
+                self.processes[job_id] = held
         self.watched[job_id] = fd
         self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
 
@@ -331,6 +345,9 @@ class Lifecycle:
         if fd is not None:
             self.selector.unregister(fd)
             os.close(fd)
+        held = self.processes.pop(job_id, None)
+        if held is not None:
+            os.close(held)
         job = self.store.get(job_id)
         if job is None or job.state not in (store.STARTING, store.RUNNING):
             return
@@ -423,10 +440,11 @@ class Lifecycle:
         number, before, batch = warning
         if now < (job.started or now) + job.time_limit - before:
             return
-        if batch:
+        pidfd = self.processes.get(job.id)
+        if batch and pidfd is not None and not jobprocess.exited(pidfd):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(job.pid, number)
-        else:
+                signal.pidfd_send_signal(pidfd, number)
+        elif not batch:
             self.signal(job, number)
         self.store.update(job.id, durable=False, reason="signalled")
         log.info("job %s: signal %s, %gs before its time limit", job.id, number, before)

@@ -6,7 +6,8 @@ need), return codes, the opaque device handles it hands out, and reading and
 writing the ctypes arguments nvidia-ml-py passes (`byref(c_uint())`, string
 buffers, struct pointers). Shared by `library` and the modules it loads on first
 need (`sensors`, `links`, `events`, `handles`, `procinfo`, `board`, `pcie`, `clocks`,
-`gpm`, `ecc`), which must not import `library` itself: each of them is imported from inside it.
+`gpm`, `ecc`, `fields`), which must not import `library` itself: each of them is
+imported from inside it.
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ MIXINS = {
     "clocks": "Clocks",
     "gpm": "Gpm",
     "ecc": "Ecc",
+    "fields": "Fields",
 }
 # Symbol -> the module whose class answers it. Literal, so that finding where a
 # function lives imports nothing; tests/test_sim.py checks it against the classes.
@@ -268,4 +270,5 @@ ELSEWHERE = {
     "nvmlGpmMetricsGet": "gpm",
     "nvmlDeviceGetMemoryErrorCounter": "ecc",
     "nvmlDeviceGetRetiredPages": "ecc",
+    "nvmlDeviceGetFieldValues": "fields",
 }

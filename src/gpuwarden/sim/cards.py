@@ -7,10 +7,11 @@ Features a card lacks are listed in `unsupported`: the fake NVML answers those c
 with NVML_ERROR_NOT_SUPPORTED, as the real driver does.
 
 The board's other figures: brand, PCIe link (generation, lanes), BAR1 aperture in
-MiB, the memory clocks `nvmlDeviceGetSupportedMemoryClocks` lists (fastest first),
-default applications clocks (graphics, memory; None where NVML says NotSupported),
-VBIOS version, and InfoROM image and ECC-object versions (None: no ECC object).
-Version strings have the shape of that card's; a given board's differ by firmware.
+MiB, whether memory is HBM (with its own temperature sensor), the memory clocks
+`nvmlDeviceGetSupportedMemoryClocks` lists (fastest first), default applications
+clocks (graphics, memory; None where NVML says NotSupported), VBIOS version, and
+InfoROM image and ECC-object versions (None: no ECC object). Version strings have
+the shape of that card's; a given board's differ by firmware.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_GEFORCE,
         "pcie": (4, 16),
         "bar1": 256,  # MiB; without Resizable BAR, as shipped
+        "hbm": False,
         "memory_clocks": (9751, 9501, 5001, 810, 405),
         "app_clocks": None,  # GeForce: applications clocks are NotSupported
         "vbios": "94.02.42.00.A9",
@@ -76,6 +78,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_NVIDIA,
         "pcie": (4, 16),
         "bar1": 131072,
+        "hbm": True,
         "memory_clocks": (1593,),
         "app_clocks": (1275, 1593),
         "vbios": "92.00.45.00.06",
@@ -98,6 +101,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_NVIDIA,
         "pcie": (4, 16),
         "bar1": 65536,
+        "hbm": True,
         "memory_clocks": (1215,),
         "app_clocks": (1095, 1215),
         "vbios": "92.00.19.00.13",
@@ -119,6 +123,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_NVIDIA,
         "pcie": (3, 16),
         "bar1": 256,
+        "hbm": False,
         "memory_clocks": (5001, 405),
         "app_clocks": (585, 5001),
         "vbios": "90.04.96.00.02",
@@ -140,6 +145,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_TESLA,
         "pcie": (3, 16),
         "bar1": 32768,
+        "hbm": True,
         "memory_clocks": (877,),
         "app_clocks": (1312, 877),
         "vbios": "88.00.80.00.01",
@@ -161,6 +167,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_NVIDIA_RTX,
         "pcie": (4, 16),
         "bar1": 256,
+        "hbm": False,
         "memory_clocks": (8001, 7601, 5001, 810, 405),
         "app_clocks": (1800, 8001),
         "vbios": "94.02.5C.00.02",
@@ -183,6 +190,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_NVIDIA,
         "pcie": (5, 16),
         "bar1": 131072,
+        "hbm": True,
         "memory_clocks": (2619,),
         "app_clocks": (1755, 2619),
         "vbios": "96.00.74.00.0D",
@@ -205,6 +213,7 @@ CARDS: dict[str, dict[str, object]] = {
         "brand": BRAND_NVIDIA,
         "pcie": (5, 16),
         "bar1": 262144,
+        "hbm": True,
         "memory_clocks": (3201,),
         "app_clocks": (1755, 3201),
         "vbios": "96.00.A5.00.01",

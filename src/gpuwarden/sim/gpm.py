@@ -10,7 +10,7 @@ As in the driver, a card before Hopper says `isSupportedDevice = 0` and refuses 
 sample with NVML_ERROR_NOT_SUPPORTED. A metric is the mean over the two samples of
 what the simulated load gives at each (a training job's mix: tensor cores busy
 about half the time the GPU is, DRAM as busy as the memory-utilization figure);
-PCIe follows `pcie.traffic`, NVLink carries traffic only through NVSwitches.
+PCIe follows `pcie.traffic`, NVLink `links.link_traffic`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gpuwarden.sim.abi import (
     val,
 )
 from gpuwarden.sim.board import HOPPER, architecture
+from gpuwarden.sim.links import link_traffic
 from gpuwarden.sim.pcie import traffic
 from gpuwarden.sim.state import live_processes, utilization
 
@@ -40,8 +41,6 @@ SAMPLE_BASE = 0x47504D000000  # "GPM": sample handles are opaque pointers never 
 METRIC_MAX = 477  # NVML_GPM_METRIC_MAX: the length of the metrics array
 VERSION = 1  # NVML_GPM_METRICS_GET_VERSION and NVML_GPM_SUPPORT_VERSION
 MiB = 2**20
-NVLINK_LINK_BYTES = 25_000_000_000  # one NVLink 3/4 link, one direction, bytes per second
-NVLINK_SHARE = 0.3  # of the links' capacity a busy multi-GPU job keeps moving
 
 # Metric id -> (share of the GPU's load, short name, long name, unit): the load-driven ones.
 LOAD_METRICS = {
@@ -83,8 +82,8 @@ def snapshot(
     if mig is None:
         tx, rx = traffic(state, gpu)
         values[PCIE_TX], values[PCIE_RX] = tx / MiB, rx / MiB
-        links = gpu["nvlinks"] if state.get("nvswitch") else 0
-        per_link = NVLINK_LINK_BYTES * NVLINK_SHARE * load / 100 / MiB
+        links, per_link_bytes = link_traffic(state, gpu)
+        per_link = per_link_bytes / MiB
         values[NVLINK_RX] = values[NVLINK_TX] = per_link * links
         for n in range(links):
             values[62 + 2 * n] = values[63 + 2 * n] = per_link

@@ -10,8 +10,9 @@ raises NVMLError_FunctionNotFound from the real lookup code, as it does with an
 older driver, and clients fall back as they would there.
 
 Here are the functions reading a snapshot calls, so on the way of every simulated
-`gpuwarden run`; the rest (sensors, links, events, handles, procinfo) are loaded
-when first looked up (`FakeLibrary.__getattr__`, table `abi.ELSEWHERE`).
+`gpuwarden run`; the rest (sensors, links, events, handles, procinfo, and what
+only other NVML tools ask: board, pcie, clocks, ecc, fields, gpm) are loaded when
+first looked up (`FakeLibrary.__getattr__`, table `abi.ELSEWHERE`).
 
 Per call: not initialised -> NVML_ERROR_UNINITIALIZED; a feature the card lacks
 -> NVML_ERROR_NOT_SUPPORTED; a lost GPU -> NVML_ERROR_GPU_IS_LOST on everything

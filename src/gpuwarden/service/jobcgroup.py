@@ -73,10 +73,16 @@ def job_dirs(
 
 
 def make_job(
-    scope: str, job: str, minors: Sequence[Optional[int]], present: Iterable[int]
+    scope: str,
+    job: str,
+    minors: Sequence[Optional[int]],
+    present: Iterable[int],
+    more: Sequence[str] = (),
 ) -> dict[str, str]:
     """Make service job `job`'s cgroups, allowing only the GPU nodes of `minors` (as root);
-    its dirs. Raises CgroupError (and leaves nothing behind) when that is impossible."""
+    its dirs. `more`: further v1 deny lines (other MIG slices' caps nodes,
+    `cgroups.mig_rules`). Raises CgroupError (and leaves nothing behind) when that is
+    impossible."""
     mode, why = detect()
     if mode == "none":
         raise CgroupError(f"no device isolation: {why}")
@@ -97,7 +103,7 @@ def make_job(
         if "devices" in made:
             fd = os.open(os.path.join(made["devices"], "devices.deny"), os.O_WRONLY)
             try:
-                for rule in deny_rules(leased, present):
+                for rule in [*deny_rules(leased, present), *more]:
                     os.write(fd, rule.encode())
             finally:
                 os.close(fd)

@@ -191,7 +191,7 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner holding the lease descriptors, record it RUNNING."""
     from gpuwarden import allocation, leasedir
-    from gpuwarden.cgroups import present_minors
+    from gpuwarden.cgroups import mig_rules, present_minors
     from gpuwarden.launch import command_text, job_env
     from gpuwarden.selection import Request
 
@@ -222,6 +222,7 @@ def start_job(
             minors=tuple(g.minor for g in gpus),
             present=tuple(sorted(present_minors(snapshot.gpus))),
             devices=service.settings.devices,
+            more=() if service.settings.devices == "off" else tuple(mig_rules(gpus, snapshot.gpus)),
         )
 
         held.on_behalf = job.user  # status and the exporter name the owner, not root

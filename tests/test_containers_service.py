@@ -30,7 +30,8 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]
         (shared / name).mkdir()
         (shared / name).chmod(mode)
     try:
-        yield from _serving(tmp_path, shared, monkeypatch)
+        # A grace long enough for `podman stop` on a busy machine (the default is 30 s).
+        yield from _serving(tmp_path, shared, monkeypatch, "--grace", "20s")
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 

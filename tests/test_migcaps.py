@@ -61,8 +61,13 @@ def test_the_driver_files_are_read_as_the_driver_writes_them(tmp_path: Path) -> 
     caps = migcaps.read(str(tmp_path))
     assert caps is not None and caps.major == 237
     assert caps.minors == {(1, 2, None): 21, (1, 2, 0): 22, (1, 9, None): 84}
-    assert migcaps.deny_rules(caps, [(1, 2, 0)]) == ["c 237:84 rwm"]
-    assert migcaps.deny_rules(caps, []) == ["c 237:21 rwm", "c 237:22 rwm", "c 237:84 rwm"]
+    assert migcaps.denied(caps, [(1, 2, 0)]) == (84,)
+    assert migcaps.denied(caps, []) == (21, 22, 84)
+    assert cgroups.device_rules([0], [0, 1], (237, (21, 84))) == [
+        "c 195:1 rwm",
+        "c 237:21 rwm",
+        "c 237:84 rwm",
+    ]
     assert migcaps.read(str(tmp_path / "nothing")) is None  # no driver files: nothing to fence
 
 

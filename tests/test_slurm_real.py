@@ -651,5 +651,6 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
         assert slice_.name == "1g.10gb"
         assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
         assert out.read_text().split() in (["5"], ["6"])  # gres.conf positions of the 1g slices
+        _poll(lambda: not list_leases(str(top / "leases")), "the epilog's release of the slice")
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -22,8 +22,8 @@ from gpuwarden.cgroups import (
     CgroupError,
     _job_dirs,
     _remove,
-    deny_rules,
     detect,
+    device_rules,
     move_in,
     remove_dirs,
 )
@@ -77,11 +77,11 @@ def make_job(
     job: str,
     minors: Sequence[Optional[int]],
     present: Iterable[int],
-    more: Sequence[str] = (),
+    caps: Optional[tuple[int, tuple[int, ...]]] = None,
 ) -> dict[str, str]:
     """Make service job `job`'s cgroups, allowing only the GPU nodes of `minors` (as root);
-    its dirs. `more`: further v1 deny lines (other MIG slices' caps nodes,
-    `cgroups.mig_rules`). Raises CgroupError (and leaves nothing behind) when that is
+    its dirs. `caps`: the nvidia-caps nodes to deny too (other MIG slices',
+    `migcaps.denied_for`). Raises CgroupError (and leaves nothing behind) when that is
     impossible."""
     mode, why = detect()
     if mode == "none":
@@ -103,14 +103,14 @@ def make_job(
         if "devices" in made:
             fd = os.open(os.path.join(made["devices"], "devices.deny"), os.O_WRONLY)
             try:
-                for rule in [*deny_rules(leased, present), *more]:
+                for rule in device_rules(leased, present, caps):
                     os.write(fd, rule.encode())
             finally:
                 os.close(fd)
         else:
             from gpuwarden import devbpf
 
-            devbpf.confine(made[""], leased)
+            devbpf.confine(made[""], leased, caps)
     except OSError as err:
         remove_job(made)
         raise CgroupError(f"cannot make the job's device cgroup: {err.strerror}") from None

@@ -191,8 +191,9 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner holding the lease descriptors, record it RUNNING."""
     from gpuwarden import allocation, leasedir
-    from gpuwarden.cgroups import mig_rules, present_minors
+    from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import command_text, job_env
+    from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)
@@ -225,7 +226,7 @@ def start_job(
             minors=tuple(g.minor for g in gpus),
             present=tuple(sorted(present_minors(snapshot.gpus))),
             devices=service.settings.devices,
-            more=() if service.settings.devices == "off" else tuple(mig_rules(gpus, snapshot.gpus)),
+            caps=None if service.settings.devices == "off" else denied_for(gpus, snapshot.gpus),
         )
 
         held.on_behalf = job.user  # status and the exporter name the owner, not root

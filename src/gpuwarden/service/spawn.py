@@ -66,7 +66,7 @@ class Launch:
     minors: Optional[tuple[Optional[int], ...]] = None
     present: tuple[int, ...] = ()
     devices: str = "auto"
-    more: tuple[str, ...] = ()  # further `devices.deny` lines: other MIG slices' caps nodes
+    caps: Optional[tuple[int, tuple[int, ...]]] = None  # other MIG slices' caps nodes to deny
 
 
 @dataclass(frozen=True)
@@ -338,7 +338,7 @@ def _job_cgroup(launch: Launch) -> tuple[dict[str, str], Optional[str]]:
 
     try:
         scope = jobcgroup.scope_of(launch.status_dir)
-        made = jobcgroup.make_job(scope, launch.job, launch.minors, launch.present, launch.more)
+        made = jobcgroup.make_job(scope, launch.job, launch.minors, launch.present, launch.caps)
         return made, None
     except CgroupError as err:
         if launch.devices == "require":

@@ -106,6 +106,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "jobs",
             "launch",
             "containers",
+            "containerjob",
             "kernelspec",
             "provisioner",
             "joboutput",

@@ -6,6 +6,7 @@ Slurm batch job (docs/slurm.md), its request translated by `cli.slurmjobs`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gpuwarden.cli.slurmjobs import command_of, spec_of
@@ -75,6 +76,10 @@ def submit_local(args: argparse.Namespace) -> int:
         from gpuwarden.launch import ddp_argv
 
         cmd = ddp_argv(cmd, request.gpu_count)
+    else:  # a container's command line is made when the service has chosen its GPUs
+        from gpuwarden.containers import through_service
+
+        cmd = through_service(cmd, os.environ.get("GPUWARDEN_DEV_DIR"))
     nice = 0
     if args.nice is not None:
         if not is_digits(args.nice.lstrip("-")) or not -20 <= int(args.nice) <= 19:

@@ -497,7 +497,9 @@ def test_a_drained_gpu_gets_no_slurm_job_while_the_other_seven_run(
         assert {i.index for i in _leases(node)} == {0, 1, 2, 4, 5, 6, 7}
         # a drain of a GPU a running job holds: the job is reported, not stopped
         on5 = next(j for j, g in gpus.items() if g == "5")
-        assert cli("drain", "5", "--reason", "fan").returncode == 0
+        done = cli("drain", "5", "--reason", "fan")
+        assert done.returncode == 0, done.stderr
+        assert f"GPU 5: Slurm job {on5} keeps running on it until it ends" in done.stdout
         line = _poll(lambda: "on drained GPU 5" in (x := _queue_line(cli, on5)) and x, "report")
         assert line.split()[2] == "running"
         # the held job cancelled: its prolog sees it gone and leaves; the ninth, pending

@@ -216,6 +216,27 @@ def job_ids(value: object, name: str = "jobs") -> tuple[int, ...]:
     return tuple(_int(v, "job id", 1, 2**62) for v in value)
 
 
+def job_names(value: object, name: str = "jobs") -> tuple[int | tuple[int, int], ...]:
+    """A non-empty list of job ids, each a positive integer (a job, or a whole array by
+    its id) or an array's task as `"12_7"` (its array's id and the task id)."""
+    from gpuwarden.arrayspec import task_name
+
+    if not isinstance(value, list) or not value:
+        raise ProtocolError(f"{name} must be a non-empty list of job ids")
+    if len(value) > MAX_IDS:
+        raise ProtocolError(f"{name} has more than {MAX_IDS} entries")
+    names: list[int | tuple[int, int]] = []
+    for v in value:
+        if isinstance(v, str):
+            task = task_name(v)
+            if task is None:
+                raise ProtocolError(f"job id {v[:40]!r} is neither a number nor ARRAY_TASK")
+            names.append(task)
+        else:
+            names.append(_int(v, "job id", 1, 2**62))
+    return tuple(names)
+
+
 # --- submit --------------------------------------------------------------------
 
 
@@ -253,6 +274,8 @@ class Submit:
     # Slurm's --signal=[B:]SIG@SECONDS: (signal, seconds before the time limit, only the
     # job's first process rather than all of them)
     warning: Optional[tuple[int, float, bool]] = None
+    array: Optional[str] = None  # sbatch's --array (service.arrays reads it)
+    params: tuple[str, ...] = ()  # --param NAME=V1,V2: one task per combination
 
 
 def gpu_request(value: object) -> GpuRequest:
@@ -333,6 +356,8 @@ def submit(message: Mapping[str, Any]) -> Submit:
         attached=_bool(message.get("attached", False), "attached"),
         wait=_bool(message.get("wait", True), "wait"),
         warning=_optional(message.get("signal"), warning),
+        array=_optional(message.get("array"), _string, "array", 1024),
+        params=_strings(message.get("params", []), "params", 64),
     )
 
 
@@ -363,6 +388,7 @@ class Listing:
     offset: int = 0
     user: Optional[str] = None
     ids: tuple[int, ...] = ()
+    arrays: bool = False  # an array's waiting tasks in one row, as squeue shows them
 
 
 def listing(message: Mapping[str, Any]) -> Listing:
@@ -372,6 +398,7 @@ def listing(message: Mapping[str, Any]) -> Listing:
         offset=_int(message.get("offset", 0), "offset", 0, 2**62),
         user=_optional(message.get("user"), _string, "user", 256),
         ids=job_ids(ids, "ids") if ids is not None else (),
+        arrays=_bool(message.get("arrays", False), "arrays"),
     )
 
 

@@ -12,7 +12,6 @@ below for type checkers).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import selectors
@@ -63,6 +62,8 @@ class Lifecycle:
         def release_stdio(self, job_id: int) -> None: ...
 
         def _is_admin_uid(self, uid: int) -> bool: ...
+
+        def plan_policy(self, jobs: Any) -> scheduling.Policy: ...
 
     def recover(self) -> None:
         """Find every job of the journal again after a start, a crash or a `kill -9`.
@@ -287,10 +288,7 @@ class Lifecycle:
         now = time.time()
         gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
-        policy = self.settings.policy
-        if policy.max_gpus_per_user is not None:
-            admins = {j.user for j in (*pending, *running) if self._is_admin_uid(j.uid)}
-            policy = dataclasses.replace(policy, exempt=policy.exempt | admins)
+        policy = self.plan_policy((*pending, *running))
         decisions = scheduling.plan(
             gpus,
             busy,

@@ -53,6 +53,8 @@ OPS = (
     "signal",
     "stats",
     "attach",
+    "reload",
+    "limits",
 )
 
 

@@ -116,7 +116,8 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
         ).stdout.split()
         if not [n for n in names if n.startswith(f"gpuwarden-{job}-")]:
             break
-        assert time.monotonic() < deadline, names
+        out = service.work / f"gpuwarden-{job}.out"
+        assert time.monotonic() < deadline, (names, out.exists() and out.read_text())
         time.sleep(0.1)
 
 

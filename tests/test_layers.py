@@ -79,6 +79,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "queuemetrics",
             "mig",
             "enforcement",
+            "arrayspec",
         ),
     ),
     (
@@ -140,6 +141,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the queue service itself
             "service",
             "service.admission",
+            "service.arrays",
+            "service.attachment",
             "service.connection",
             "service.install",
             "service.journalguard",

@@ -103,6 +103,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "gpuwarden",
             "api",
+            "machineview",
             "allocation",
             "jobs",
             "launch",

@@ -79,6 +79,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "queuemetrics",
             "mig",
             "enforcement",
+            "arrayspec",
         ),
     ),
     (
@@ -139,6 +140,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the queue service itself
             "service",
             "service.admission",
+            "service.arrays",
             "service.connection",
             "service.install",
             "service.journalguard",

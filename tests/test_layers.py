@@ -103,6 +103,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "gpuwarden",
             "api",
+            "machineview",
             "allocation",
             "jobs",
             "launch",
@@ -141,6 +142,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service",
             "service.admission",
             "service.arrays",
+            "service.attachment",
             "service.connection",
             "service.install",
             "service.journalguard",

@@ -117,36 +117,23 @@ class Feed:
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
         from gpuwarden.allocation import describe_request
-        from gpuwarden.health import Rules, judge
-        from gpuwarden.xidlog import xid_events
+        from gpuwarden.health import Rules
+        from gpuwarden.machineview import read_view
 
-        snap = self._read_snapshot()
-        leases = _soft(_leases, [])
-        if leases:
-            from gpuwarden.attribution import attribute
-
-            snap = attribute(snap, leases)  # a container's processes shown as their owner's
-        self.snap = snap
+        rules = self.rules or Rules()
+        view = read_view(self._read_snapshot(), rules=rules)
+        snap = self.snap = view.snapshot
         self.samples += 1
         self.history.add(snap)
-        events = _soft(xid_events, [])
-        xids: dict[str, list[int]] = {}
-        for event in events:
-            try:
-                xids.setdefault(str(event["uuid"]), []).append(int(event["xid"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-        rules = self.rules or Rules()
-        findings = {g.uuid: judge(g, tuple(xids.get(g.uuid, ())), rules=rules) for g in snap.gpus}
         watch = None
         if self.watch is not None:
             watch = {"running": True, "listening": bool(getattr(self.watch, "listening", False))}
         return build(
             snap,
-            leases=leases,
-            drains=_soft(_drains, {}),
-            findings=findings,
-            xid_events=events,
+            leases=view.leases,
+            drains=view.drains,
+            findings=view.findings,
+            xid_events=view.xid_events,
             waiters=_soft(_waiters, []),
             history=self.history.series(),
             watch=watch,
@@ -225,18 +212,6 @@ def _soft(read: Callable[[], Any], default: Any) -> Any:
         return read()
     except Exception:
         return default
-
-
-def _leases() -> list:
-    from gpuwarden.leases import list_leases
-
-    return list_leases()
-
-
-def _drains() -> dict:
-    from gpuwarden.drain import list_drains
-
-    return list_drains()
 
 
 def _waiters() -> list:

@@ -103,6 +103,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "gpuwarden",
             "api",
+            "machineview",
             "allocation",
             "jobs",
             "launch",
@@ -119,6 +120,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "doctor.*",
             "torch.*",
             "slurm.*",
+            "submitit",
             "hosts.*",
             # the queue service's client side and wire format
             "service.client",
@@ -153,6 +155,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.placing",
             "service.reloading",
             "service.requests",
+            "service.requeue",
             "service.server",
             "service.settings",
             "service.store",

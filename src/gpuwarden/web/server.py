@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
@@ -75,8 +76,15 @@ class Feed:
         log: Callable[[str], None] = _warn,
         service: Optional[str] = None,
         service_timeout: Optional[float] = None,
+        peers: Sequence[str] = (),
     ) -> None:
         self.interval = interval
+        # Other hosts' pages (`--peers`), each asked by a thread of its own.
+        self.peers: Any = None
+        if peers:
+            from gpuwarden.web.peers import PeerWatch
+
+            self.peers = PeerWatch(peers, interval, timeout=min(5.0, max(1.0, interval * 2)))
         # The queue service's socket (None: none asked), asked by a thread of its own.
         self.service: Any = None
         if service is not None:
@@ -117,36 +125,23 @@ class Feed:
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
         from gpuwarden.allocation import describe_request
-        from gpuwarden.health import Rules, judge
-        from gpuwarden.xidlog import xid_events
+        from gpuwarden.health import Rules
+        from gpuwarden.machineview import read_view
 
-        snap = self._read_snapshot()
-        leases = _soft(_leases, [])
-        if leases:
-            from gpuwarden.attribution import attribute
-
-            snap = attribute(snap, leases)  # a container's processes shown as their owner's
-        self.snap = snap
+        rules = self.rules or Rules()
+        view = read_view(self._read_snapshot(), rules=rules)
+        snap = self.snap = view.snapshot
         self.samples += 1
         self.history.add(snap)
-        events = _soft(xid_events, [])
-        xids: dict[str, list[int]] = {}
-        for event in events:
-            try:
-                xids.setdefault(str(event["uuid"]), []).append(int(event["xid"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-        rules = self.rules or Rules()
-        findings = {g.uuid: judge(g, tuple(xids.get(g.uuid, ())), rules=rules) for g in snap.gpus}
         watch = None
         if self.watch is not None:
             watch = {"running": True, "listening": bool(getattr(self.watch, "listening", False))}
         return build(
             snap,
-            leases=leases,
-            drains=_soft(_drains, {}),
-            findings=findings,
-            xid_events=events,
+            leases=view.leases,
+            drains=view.drains,
+            findings=view.findings,
+            xid_events=view.xid_events,
             waiters=_soft(_waiters, []),
             history=self.history.series(),
             watch=watch,
@@ -156,6 +151,7 @@ class Feed:
             describe=describe_request,
             fatal_xids=rules.fatal_xids,
             service=self._ask_service(),
+            peers=self.peers.latest() if self.peers is not None else (),
         )
 
     def _ask_service(self) -> Optional[dict[str, Any]]:
@@ -178,6 +174,8 @@ class Feed:
     def start(self) -> Feed:
         if self.service is not None:
             self.service.start()
+        if self.peers is not None:
+            self.peers.start()
         if self.seq == 0:
             self.sample()  # the first request must not find an empty document
         self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-feed", daemon=True)
@@ -203,6 +201,8 @@ class Feed:
             self._thread.join(5)
         if self.service is not None:
             self.service.stop()
+        if self.peers is not None:
+            self.peers.stop()
 
     @property
     def stopped(self) -> bool:
@@ -225,18 +225,6 @@ def _soft(read: Callable[[], Any], default: Any) -> Any:
         return read()
     except Exception:
         return default
-
-
-def _leases() -> list:
-    from gpuwarden.leases import list_leases
-
-    return list_leases()
-
-
-def _drains() -> dict:
-    from gpuwarden.drain import list_drains
-
-    return list_drains()
 
 
 def _waiters() -> list:

@@ -118,18 +118,10 @@ class Lifecycle:
     def _end_orphans(self) -> None:
         """Attached jobs whose client has not come back after a restart: ended once the
         client is known dead, or after `REATTACH_WITHIN` (its client gave up before)."""
-        now = time.monotonic()
-        for job_id, (deadline, client) in list(self.orphans.items()):
-            alive = client.alive()
-            if job_id in self.attached or (alive is not False and now < deadline):
-                continue
-            del self.orphans[job_id]
+        for job_id, why in attachment.gone(self.orphans, self.attached, time.monotonic()):
             job = self.store.get(job_id)
             if job is not None and job.state in store.ACTIVE:
-                why = "died" if alive is False else "did not come back"
-                log.info(
-                    "job %s: its attached client %s after a restart; cancelling it", job_id, why
-                )
+                log.info("job %s: its attached client %s after a restart; cancelling", job_id, why)
                 self._cancel(job)
 
     def _litter_of_ended_jobs(self) -> None:

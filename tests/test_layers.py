@@ -136,7 +136,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "long-running servers: Prometheus exporter, queue service, web page",
         (
             "exporter",
-            "exporter_http",
+            "httpserver",
             "web.*",
             # the queue service itself
             "service",

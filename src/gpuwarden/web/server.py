@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
@@ -72,8 +73,15 @@ class Feed:
         log: Callable[[str], None] = _warn,
         service: Optional[str] = None,
         service_timeout: Optional[float] = None,
+        peers: Sequence[str] = (),
     ) -> None:
         self.interval = interval
+        # Other hosts' pages (`--peers`), each asked by a thread of its own.
+        self.peers: Any = None
+        if peers:
+            from gpuwarden.web.peers import PeerWatch
+
+            self.peers = PeerWatch(peers, interval, timeout=min(5.0, max(1.0, interval * 2)))
         # The queue service's socket (None: none asked), asked by a thread of its own.
         self.service: Any = None
         if service is not None:
@@ -143,6 +151,7 @@ class Feed:
             describe=describe_request,
             fatal_xids=rules.fatal_xids,
             service=self._ask_service(),
+            peers=self.peers.latest() if self.peers is not None else (),
         )
 
     def _ask_service(self) -> Optional[dict[str, Any]]:
@@ -165,6 +174,8 @@ class Feed:
     def start(self) -> Feed:
         if self.service is not None:
             self.service.start()
+        if self.peers is not None:
+            self.peers.start()
         if self.seq == 0:
             self.sample()  # the first request must not find an empty document
         self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-feed", daemon=True)
@@ -190,6 +201,8 @@ class Feed:
             self._thread.join(5)
         if self.service is not None:
             self.service.stop()
+        if self.peers is not None:
+            self.peers.stop()
 
     def latest(self) -> tuple[int, bytes]:
         with self._cond:

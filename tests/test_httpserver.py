@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpuwarden.exporter import ViewCache, serve
-from gpuwarden.httpserver import HttpServer, Reply, Request, parse_head
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Reply, Request, parse_head
 from test_exporter import machine
 
 
@@ -219,6 +220,8 @@ def test_parse_head():
     assert parse_head(b"GET  /metrics HTTP/1.1") is None
     assert parse_head(b"G3T / HTTP/1.1") is None
     assert parse_head(b"GET / HTTP/1.1\r\n Folded: x") is None
+    assert parse_head(b"GET / HTTP/9.9")[2] == "HTTP/9.9"  # well-formed: answered 505
+    assert parse_head(b"GET / HTTP/x.1") is None
 
 
 def test_backlog_holds_a_burst_of_scrapers_while_the_loop_is_busy():

@@ -138,6 +138,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "exporter",
             "httpserver",
+            "httpwire",
             "web.*",
             # the queue service itself
             "service",

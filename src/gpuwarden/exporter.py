@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
-from gpuwarden.httpserver import Handler, HttpServer, Reply, Request
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Handler, Reply, Request
 from gpuwarden.inventory import Snapshot
 from gpuwarden.machineview import MachineView, read_view
 from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render

@@ -28,10 +28,11 @@ answered and the connection closed. After an answer that closes the connection,
 what the client still sends is read and dropped for a moment (a lingering close),
 so a reset cannot overtake the answer.
 
-A handler answers a `Request` with a `Reply`; a reply with a `stream` (the web
-page's server-sent events) keeps its connection, without a length, and the loop
-sends what the stream has new whenever `notify()` is called, and its `ping`
-when it has been quiet for `keepalive` seconds.
+A handler answers a `Request` with a `Reply` (both in `httpwire`, with the
+parsing); a reply with a `stream` (the web page's server-sent events) keeps its
+connection, without a length, and the loop sends what the stream has new
+whenever `notify()` is called, and its `ping` when it has been quiet for
+`keepalive` seconds.
 """
 
 from __future__ import annotations
@@ -45,53 +46,21 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional
 
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    414: "URI Too Long",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-    505: "HTTP Version Not Supported",
-}
+from gpuwarden.httpwire import (
+    Handler,
+    Reply,
+    Request,
+    Stream,
+    encode,
+    has_body,
+    parse_head,
+    wants_close,
+)
+
 MAX_HEAD = 16 * 1024  # a scrape's or a page's request head is a few hundred bytes
 LINGER = 2.0  # seconds a closing connection's unread input is still read and dropped
-TEXT = "text/plain; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class Request:
-    method: str  # GET or HEAD
-    path: str  # without the query
-    headers: Mapping[str, str]  # names lower-cased
-
-
-class Stream(Protocol):
-    """An answer that goes on: what is new since the last `poll()` (b"" for nothing)."""
-
-    keepalive: float  # seconds of quiet after which `ping` is sent
-
-    ping: bytes
-
-    def poll(self) -> bytes: ...
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    body: bytes = b""
-    content_type: str = TEXT
-    headers: Mapping[str, str] = field(default_factory=dict)
-    close: bool = False  # close the connection after this answer
-    stream: Optional[Stream] = None  # no length: the connection carries the stream
-
-
-Handler = Callable[[Request], Reply]
 
 
 class _Conn:
@@ -333,7 +302,7 @@ class HttpServer:
         if not version.startswith("HTTP/1."):
             self._send(conn, self._error(505, b"HTTP/1.0 and 1.1 only\n"), close=True)
             return
-        close = _wants_close(version, headers) or _has_body(headers)
+        close = wants_close(version, headers) or has_body(headers)
         if method not in ("GET", "HEAD"):
             allow = {"Allow": "GET, HEAD"}
             answer = self._error(405, b"read-only: GET and HEAD only\n", allow)
@@ -345,7 +314,7 @@ class HttpServer:
         self._jobs.put((conn, Request(method, path, headers), close))
 
     def _error(self, status: int, body: bytes, extra: Optional[Mapping[str, str]] = None) -> bytes:
-        return _answer(Reply(status, body, headers={**self.headers, **(extra or {})}), True)
+        return encode(Reply(status, body, headers={**self.headers, **(extra or {})}), True)
 
     def _work(self) -> None:
         """A worker: build answers and hand them to the loop."""
@@ -369,7 +338,7 @@ class HttpServer:
                 )
             head_only = request.method == "HEAD"
             close = close or reply.close or (reply.stream is not None and head_only)
-            answer = _answer(reply, close, head_only=head_only)
+            answer = encode(reply, close, head_only=head_only)
             stream = None if head_only else reply.stream
             if stream is not None:
                 answer += stream.poll()
@@ -463,62 +432,6 @@ class HttpServer:
             pass  # already pending: one byte is enough
         except OSError:
             pass  # closed: the server is going away
-
-
-# --- pure parts ---------------------------------------------------------------
-
-
-def parse_head(head: bytes) -> Optional[tuple[str, str, str, dict[str, str]]]:
-    """(method, path without query, version, lower-cased headers), None when malformed."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        return None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        return None
-    method, target, version = parts
-    if not method.isalpha() or not _is_version(version) or not target:
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            return None
-        headers[name.lower()] = value.strip()
-    return method, target.split("?", 1)[0], version, headers
-
-
-def _is_version(text: str) -> bool:
-    major, dot, minor = text.removeprefix("HTTP/").partition(".")
-    return text.startswith("HTTP/") and bool(dot) and major.isdigit() and minor.isdigit()
-
-
-def _wants_close(version: str, headers: dict[str, str]) -> bool:
-    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    if version == "HTTP/1.0":
-        return "keep-alive" not in tokens
-    return "close" in tokens
-
-
-def _has_body(headers: dict[str, str]) -> bool:
-    """A body we will not read: answer, then close, so it is never taken for a request."""
-    return "transfer-encoding" in headers or headers.get("content-length", "0") not in ("", "0")
-
-
-def _answer(reply: Reply, close: bool, head_only: bool = False) -> bytes:
-    lines = [
-        f"HTTP/1.1 {reply.status} {REASONS.get(reply.status, 'Unknown')}",
-        f"Content-Type: {reply.content_type}",
-    ]
-    if reply.stream is None:
-        lines.append(f"Content-Length: {len(reply.body)}")
-    lines += [f"{k}: {v}" for k, v in reply.headers.items()]
-    if close or reply.stream is not None:
-        lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only or reply.stream is not None else head + reply.body
 
 
 def _refuse(sock: socket.socket) -> None:

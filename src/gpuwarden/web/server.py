@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
-from gpuwarden.httpserver import Handler, HttpServer, Reply, Request
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Handler, Reply, Request
 from gpuwarden.inventory import Snapshot
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.web.history import History

@@ -9,6 +9,7 @@ a job can open only its own GPU's device file (cgroup.conf's ConstrainDevices).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,7 +86,17 @@ def cluster() -> Iterator[Cluster]:
                 if subprocess.run(["pgrep", "-F", str(pid)], capture_output=True).returncode:
                     break
                 time.sleep(0.1)
+        _remove_slurm_cgroups()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _remove_slurm_cgroups() -> None:
+    """The cgroups the nodes' slurmd made (`slurm_NODE` under each controller), deepest
+    first once their processes are gone: the kernel refuses one still in use."""
+    for top in Path("/sys/fs/cgroup").glob("*/slurm_node[12]"):
+        for inner, _, _ in os.walk(top, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(inner)
 
 
 def _configure(c: Cluster) -> None:

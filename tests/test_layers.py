@@ -120,6 +120,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "doctor.*",
             "torch.*",
             "slurm.*",
+            "submitit",
             "hosts.*",
             # the queue service's client side and wire format
             "service.client",
@@ -151,6 +152,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.notify",
             "service.placing",
             "service.requests",
+            "service.requeue",
             "service.server",
             "service.settings",
             "service.store",

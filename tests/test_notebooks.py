@@ -151,3 +151,20 @@ def test_with_a_queue_service_a_kernel_is_an_interactive_job(
         _until("the lease is freed", lambda: list_leases() == [])
         state = service.wait_state(int(job), ("COMPLETED", "FAILED", "CANCELLED"))["state"]
         assert state in (("COMPLETED",) if stop == "shutdown" else ("FAILED", "CANCELLED")), state
+
+
+def test_the_kernelspec_says_what_was_asked_and_names_it() -> None:
+    from gpuwarden.kernelspec import default_name, display_name, spec
+
+    kernel = spec({"n": 2, "model": "A100", "mem": None}, "/py", wait=True, timeout=60, uuid=True)
+    config = kernel["metadata"]["kernel_provisioner"]["config"]
+    assert config == {
+        "request": {"n": 2, "model": "A100"},
+        "uuid": True,
+        "wait_for_gpus": True,
+        "wait_timeout": 60,
+    }
+    assert kernel["argv"][:3] == ["/py", "-m", "ipykernel_launcher"]
+    assert (default_name({"n": 2}), display_name({"n": 2})) == ("gpuwarden-2gpu", "Python (2 GPUs)")
+    assert default_name({"mem": "10GiB"}) == "gpuwarden-10gib"
+    assert display_name({"mem": "10GiB"}) == "Python (10GiB of a GPU)"

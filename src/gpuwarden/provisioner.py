@@ -137,6 +137,8 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
             value = self.request.get(key)
             if value is not None:
                 flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]
+        if self.uuid:
+            flags.append("--uuid")
         if self.wait_for_gpus:
             flags.append("--wait")
             if self.wait_timeout is not None:

@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         idle_timeout=cfg.get("service.idle_timeout"),
         max_command_bytes=cfg.get("service.max_command_bytes"),
         max_env_bytes=cfg.get("service.max_env_bytes"),
+        book_max_gpus=cfg.get("service.book_max_gpus"),
+        book_max_time=cfg.get("service.book_max_time"),
     )
     # Scheduling and enforcement decide on memory, processes and health alone.
     Service(settings, lambda: read_snapshot(detail=False)).serve_forever()

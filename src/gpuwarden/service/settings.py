@@ -38,3 +38,5 @@ class Settings:
     idle_timeout: float = 30.0  # a client that sends no whole request for this long is dropped
     max_command_bytes: int = 64 << 10  # service.max_command_bytes: a job's command line
     max_env_bytes: int = 256 << 10  # service.max_env_bytes: a job's environment
+    book_max_gpus: Optional[int] = None  # GPUs a user may book (None: only admins book)
+    book_max_time: Optional[float] = None  # how long a user's booking may be

@@ -3,6 +3,7 @@ and the queue service keeping booked GPUs free, as real users."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from test_service import Server, _serving, cli_as
 from users import make_user
 
 open_dir = test_service.open_dir
+jsonschema = pytest.importorskip("jsonschema")
+SCHEMAS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "schemas"
 
 NOW = time.mktime((2026, 12, 2, 14, 30, 0, 0, 0, -1))  # a local 14:30
 
@@ -143,5 +146,8 @@ def test_a_booking_keeps_two_gpus_for_its_window_while_backfill_uses_them_before
     wait_for(server, [hers], [("COMPLETED", "")])
     listed = cli_as(server, alice, "book", "--list")
     assert "deadline" in listed.stdout and "course" not in listed.stdout, listed.stdout
+    rows = json.loads(cli_as(server, alice, "book", "--list", "--json").stdout)
+    jsonschema.validate(rows, json.loads((SCHEMAS / "book.json").read_text()))
+    assert [(r["count"], r["user"], r["reason"]) for r in rows] == [(2, "gw-alice", "deadline")]
     for job in long:
         server.call(None, "cancel", jobs=[job])

@@ -57,6 +57,8 @@ OPS = (
     "bookings",
     "unbook",
     "attach",
+    "reload",
+    "limits",
 )
 
 

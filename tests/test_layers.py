@@ -137,7 +137,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "long-running servers: Prometheus exporter, queue service, web page",
         (
             "exporter",
-            "exporter_http",
+            "httpserver",
+            "httpwire",
             "web.*",
             # the queue service itself
             "service",

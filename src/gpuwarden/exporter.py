@@ -4,7 +4,8 @@ A scrape costs at most one snapshot read: `ViewCache` keeps the last `View`
 (the machine view of `machineview`, plus idle times and scrape errors) for
 `exporter.cache_seconds`, so several Prometheus servers scraping the same box
 cost one NVML pass, and `Exposition` keeps the rendered body per view. The
-metric families are in `metrics`, the HTTP server in `exporter_http`.
+metric families are in `metrics`, the HTTP server (shared with the web page) in
+`httpserver`.
 
 prometheus-client is the `exporter` extra and imported only when serving.
 """
@@ -17,6 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Handler, Reply, Request
 from gpuwarden.inventory import Snapshot
 from gpuwarden.machineview import MachineView, read_view
 from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
@@ -256,16 +259,16 @@ class Exposition:
         return body, content_type
 
 
-def _handler(exposition: Exposition):  # -> exporter_http.Handler
+def _handler(exposition: Exposition) -> Handler:
     index = b'<html><body><a href="/metrics">metrics</a></body></html>'
 
-    def handle(path: str, accept: Optional[str]) -> tuple[int, str, bytes]:
-        if path == "/metrics":
-            body, content_type = exposition.body(accept)
-            return 200, content_type, body
-        if path == "/":
-            return 200, "text/html", index
-        return 404, "text/plain", b"not found\n"
+    def handle(request: Request) -> Reply:
+        if request.path == "/metrics":
+            body, content_type = exposition.body(request.headers.get("accept"))
+            return Reply(200, body, content_type)
+        if request.path == "/":
+            return Reply(200, index, "text/html")
+        return Reply(404, b"not found\n", "text/plain")
 
     return handle
 
@@ -279,7 +282,6 @@ def serve(
 ) -> Server:
     """Start serving /metrics in a thread; raise UserError when the port is taken."""
     from gpuwarden.errors import UserError
-    from gpuwarden.exporter_http import HttpServer
 
     require_client()
     from prometheus_client import CollectorRegistry

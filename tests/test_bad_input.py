@@ -196,6 +196,13 @@ CLI_CASES = (
         case("submit", "--slurm", "--array", "1-", "--dry-run", "--", "t", expect="--array"),
         case("submit", "--slurm", "--param", "a=1", "--", "t", expect="--param is for this"),
         case("cancel", "12_", expect="invalid job id"),
+        case("submit", "--begin", "soon", "--dry-run", "--", "true", expect="invalid time"),
+        case("submit", "--begin", "25:00", "--dry-run", "--", "true", expect="invalid time"),
+        case("book", "-g", "2", "--start", "16:00", "--for", "4h", expect="needs --reason"),
+        case("book", "-g", "0", "--start", "now", "--for", "1h", "--reason", "x", expect="-g"),
+        case("book", "-g", "1", "--start", "x", "--for", "1h", "--reason", "x", expect="time"),
+        case("book", "-g", "1", "--start", "now", "--for", "0", "--reason", "x", expect="--for"),
+        case("book", "-g", "1", "--start", "now", "--reason", "x", expect="needs --for"),
     ]
 )
 
@@ -270,6 +277,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "choice": ["bogus"],
     "names": [",", "a,,b"],
     "shares": ["alice", "alice=0", "alice=-1,bob=2"],
+    "limits": ["alice", "{}"],
     "profile": ["10gb", "1g", "1g.10gb;rm"],
 }
 
@@ -326,6 +334,13 @@ def _bad_files() -> Iterator[Case]:
         "choice": ['"bogus"', "1"],
         "names": ["5", '[""]', "[1]"],
         "shares": ["5", "{alice = 0}", '{alice = "x"}', "[1]"],
+        "limits": [
+            "5",
+            "{alice = 2}",
+            "{alice = {max_gpus = 0}}",
+            "{alice = {max_gpu = 2}}",
+            '{"@lab" = {max_time = "forever"}}',
+        ],
         "profile": ['"1g"', "5", '"3g.40gb,1g.10gb"'],
     }
     for key in configkeys.SCHEMA:

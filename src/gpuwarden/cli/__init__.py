@@ -63,6 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "unhold": ("hold", "let held jobs start again (queue service)"),
     "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
     "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
+    "limits": ("limits", "the limits the queue service holds you to, and what you use"),
     "submit": (
         "submit",
         "queue a batch job for this machine's queue service (or Slurm's, with --slurm)",
@@ -70,6 +71,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
     "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
     "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
+    "book": ("book", "book GPUs ahead for a user or group; list or cancel bookings"),
     "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
     "service": ("service", "install, remove or check the queue service (admins)"),
     "completion": ("completion", "print a bash or zsh completion script for gpuwarden"),

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import admission, arrays, jobprocess, listing, protocol, requeue, store
+from gpuwarden.service import (
+    admission,
+    arrays,
+    bookings,
+    jobprocess,
+    listing,
+    protocol,
+    requeue,
+    store,
+)
 from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
 from gpuwarden.service.identity import Person, peer_credentials, person
 
@@ -56,6 +65,14 @@ class Requests:
 
         def watcher(self) -> ServiceWatch: ...
 
+        def reload(self) -> list[str]: ...
+
+        def limits_answer(self, who: Person) -> dict[str, Any]: ...
+
+        def within_limits(
+            self, who: Person, sub: protocol.Submit, tasks: int, array: bool
+        ) -> None: ...
+
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
@@ -89,12 +106,21 @@ class Requests:
                 "uid": job.uid,
                 "attached": job.attached,
             }
+        if op in ("book", "bookings", "unbook"):  # GPUs booked ahead (service.bookings)
+            usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
+            return bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
         if op == "requeue":  # run it again once it ends (service.requeue)
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             requeue.ask(self.store, self._owned(who, job_id, "requeue"))
             return {"ok": True}
         if op == "stats":
             return self._stats()
+        if op == "reload":
+            if not self.settings.admins.include(who):
+                raise UserError("only an admin may reload the service's policy")
+            return {"ok": True, "changes": self.reload()}
+        if op == "limits":
+            return self.limits_answer(who)
         if op == "attach":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             return self._attach(who, job_id, client)
@@ -133,38 +159,7 @@ class Requests:
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
-        limit = s.max_jobs_per_user
-        if (
-            limit is not None
-            and not self._exempt(who)
-            and (have := self.store.count_active(who.uid)) + tasks > limit
-        ):
-            if array is not None:  # each task is a job
-                raise UserError(
-                    f"this array has {tasks} tasks; with the {have} jobs you have queued or "
-                    f"running that is over the {limit} allowed (max_jobs_per_user)"
-                )
-            raise UserError(
-                f"you have {limit} jobs queued or running, the most allowed (max_jobs_per_user)"
-            )
-        most_gpus = s.policy.max_gpus_per_user
-        if most_gpus is not None and not self._exempt(who) and sub.gpus.count > most_gpus:
-            # It could only wait for ever, the limit's reason beside it: say so now.
-            raise UserError(
-                f"{sub.gpus.count} GPUs is more than the {most_gpus} a user may use at once "
-                "on this machine (max_gpus_per_user)"
-            )
-        if s.max_time is not None and not self._exempt(who):
-            most = scheduling_span(s.max_time)
-            if sub.time_limit is None:
-                raise UserError(
-                    f"this machine needs --time on every job, at most {most} (max_time)"
-                )
-            if sub.time_limit > s.max_time:
-                raise UserError(
-                    f"--time {scheduling_span(sub.time_limit)} is over this machine's limit "
-                    f"of {most} (max_time)"
-                )
+        self.within_limits(who, sub, tasks, array is not None)
         if sub.warning is not None and sub.time_limit is None:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
         for dep in sub.after:
@@ -195,6 +190,7 @@ class Requests:
                 output=sub.output,
                 attached=sub.attached and client is not None,
                 wait=sub.wait,
+                begin=sub.begin,
             )
             if array is not None:
                 ids = arrays.add(self.store, new, array)
@@ -372,6 +368,8 @@ class Requests:
                 ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
             )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
+        now = time.time()
+        reply["bookings"] = [bookings.shown(r) for r in bookings.of(self).current(now)]
         return reply
 
     def _row(self, who: Person, job: store.Job) -> dict[str, Any]:

@@ -28,8 +28,10 @@ from gpuwarden.service.attachment import ClientProcess
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.lifecycle import Lifecycle
+from gpuwarden.service.limiting import Limiting
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.protocol import ProtocolError
+from gpuwarden.service.reloading import Reloading
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 
@@ -50,7 +52,7 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, Lifecycle):
+class Service(Requests, Lifecycle, Reloading, Limiting):
     def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
         self.settings = settings
         self.read_snapshot = snapshot
@@ -89,6 +91,22 @@ class Service(Requests, Lifecycle):
         self.orphans: dict[int, tuple[float, ClientProcess]] = {}
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
         self.machine: Any = None  # the Snapshot read at start (service.admission)
+
+    @classmethod
+    def configured(
+        cls,
+        options: dict[str, Any],
+        fixed: dict[str, Any],
+        admins: tuple[str, ...],
+        snapshot: Callable[[], Any],
+    ) -> Service:
+        """The service `gpuwarden serve` starts: its settings from the configuration
+        with the command line's values over it, kept for every reload."""
+        probe = Reloading()
+        probe.options, probe.fixed, probe.extra_admins = options, fixed, admins
+        service = cls(probe.read_settings(), snapshot)
+        service.options, service.fixed, service.extra_admins = options, fixed, admins
+        return service
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -145,6 +163,7 @@ class Service(Requests, Lifecycle):
     def serve_forever(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "reload_asked", True))
         self.open()
         last, quiet_until, again = "", 0.0, False  # a full disk fails turn after turn alike
         try:
@@ -165,6 +184,7 @@ class Service(Requests, Lifecycle):
 
     def step(self, timeout: Optional[float] = None) -> None:
         """One turn of the loop: wait for events (at most a tick), handle them, plan."""
+        self.reload_if_asked()
         if self.dirty:
             with config.reused():  # one reading of the configuration for the whole pass
                 self.schedule()

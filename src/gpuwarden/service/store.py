@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_job INTEGER,
     array_task INTEGER,
     array_throttle INTEGER,
-    params TEXT NOT NULL DEFAULT '{}'
+    params TEXT NOT NULL DEFAULT '{}',
+    begin REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
@@ -78,6 +79,7 @@ _ADDED = {
     "array_task": "INTEGER",
     "array_throttle": "INTEGER",
     "params": "TEXT NOT NULL DEFAULT '{}'",
+    "begin": "REAL",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -121,6 +123,7 @@ class Job:
     array_task: Optional[int] = None  # its task id in that array
     array_throttle: Optional[int] = None  # tasks of its array that may run at once
     params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
+    begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
 
     @property
     def count(self) -> int:
@@ -374,6 +377,21 @@ class Store:
             "SELECT COUNT(*) FROM jobs WHERE uid = ? AND state IN (?, ?, ?)", (uid, *ACTIVE)
         ).fetchone()
         return int(row[0])
+
+    def gpu_seconds_since(self, user: str, since: float, now: Optional[float] = None) -> float:
+        """GPU-seconds `user`'s jobs held after `since` (GPUs held x time, running jobs
+        until `now`): what a weekly GPU-hour budget (service.limits) counts."""
+        now = time.time() if now is None else now
+        rows = self.db.execute(
+            "SELECT gpus, started, ended FROM jobs WHERE user = ? AND started IS NOT NULL "
+            "AND (ended IS NULL OR ended > ?)",
+            (user, since),
+        )
+        total = 0.0
+        for gpus, started, ended in rows:
+            span = (now if ended is None else ended) - max(started, since)
+            total += len(json.loads(gpus)) * max(0.0, span)
+        return total
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""

@@ -27,6 +27,7 @@ from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
@@ -47,7 +48,8 @@ class Lifecycle:
     notifier: JobNotifier
     memory: dict[str, int]
     indices: dict[str, int]
-    dirty: bool
+    pacer: Pacer
+    free: Optional[scheduling.Capacity]
     read_snapshot: Callable[[], Any]
     _priorities: dict[int, float]
     _estimates: dict[int, Optional[float]]
@@ -97,7 +99,7 @@ class Lifecycle:
                 )
         self.sweep_cgroups()
         self._litter_of_ended_jobs()
-        self.dirty = True
+        self.pacer.wake()
 
     def _litter_of_ended_jobs(self) -> None:
         """Exit records and markers of jobs the journal has ended (a service killed
@@ -130,15 +132,28 @@ class Lifecycle:
         return job_dirs(scope_of(self.exits), str(job_id), mode)
 
     def signal(self, job: store.Job, sig: int) -> None:
-        """`sig` to every process of the job: its cgroup's (however they detached), and its
-        process group's (all there is where the machine has no cgroups)."""
+        """`sig` to every process of the job: its cgroup's (however they detached), or,
+        where it has no cgroup, every process below its supervisor (service.tree: what
+        detached was re-parented there), and its process group's."""
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
             signal_dirs(dirs, sig)
+        elif job.supervisor and self._supervising(job.id):
+            from gpuwarden.service.tree import signal_tree
+
+            signal_tree(job.supervisor, sig)
         if job.pid:
             spawn.signal_job(job.pid, sig)
+
+    def _supervising(self, job_id: int) -> bool:
+        """Whether the job's supervisor still runs: its pidfd (taken at start or adoption)
+        is not readable yet, so the pid still names it, not a process that reused it."""
+        import select
+
+        fd = self.watched.get(job_id)
+        return fd is not None and not select.select([fd], [], [], 0)[0]
 
     def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
@@ -213,12 +228,13 @@ class Lifecycle:
         self.release_stdio(job_id)
 
     def schedule(self) -> None:
-        """Plan, and start whatever the plan says starts."""
+        """Plan, and start whatever the plan says starts; keep what stays free (`free`)
+        for the next submit to judge whether it needs a pass at once (service.pacing)."""
         from gpuwarden.service.placing import inputs, start_job
 
-        self.dirty = False
         pending = self.store.jobs([store.PENDING])
         if not pending:
+            self.free = None  # not known: the next submit plans at once
             return
         snapshot = self.read_snapshot()
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
@@ -247,6 +263,12 @@ class Lifecycle:
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}
         by_id = {j.id: j for j in pending}
+        self.free = free = scheduling.Capacity(gpus)
+        for run in busy:
+            free.take(run.gpus, run.mem)
+        for decision in decisions:
+            if decision.starts:
+                free.take(decision.gpus, by_id[int(decision.id)].mem)
         with self.store.transaction(durable=False):  # one commit for every reason
             for decision in decisions:
                 job = by_id[int(decision.id)]
@@ -365,7 +387,7 @@ class Lifecycle:
             }
         )
         log.info("job %s ended: %s", job.id, state)
-        self.dirty = True
+        self.pacer.wake()
 
     def remove_litter(self) -> None:
         """Remove the exit records and markers of jobs whose end is committed, once

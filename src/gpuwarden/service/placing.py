@@ -23,6 +23,7 @@ from gpuwarden.service.identity import person
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
 
     class Service(Protocol):
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
         settings: Settings
         store: store.Store
         exits: str
-        dirty: bool
+        pacer: Pacer
         stdio: dict[int, list[int]]
 
         def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
@@ -141,7 +142,8 @@ def start_job(
     service: Service, job: store.Job, uuids: Sequence[str], snapshot: Any
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
-    its owner holding the lease descriptors, record it RUNNING."""
+    its owner under a supervisor that holds the lease descriptors (the job never
+    has them), record it RUNNING."""
     from gpuwarden import allocation, leasedir
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import command_text, job_env
@@ -153,7 +155,7 @@ def start_job(
     if outcome.held is None:
         # The machine moved since the plan (a process appeared): try on the next pass.
         service.store.update(job.id, durable=False, reason=scheduling.RESOURCES)
-        service.dirty = True
+        service.pacer.wake()
         return None
     held = outcome.held
     try:
@@ -204,7 +206,7 @@ def start_job(
         except BaseException:
             spawn.signal_job(started.pid, 9)  # never a job under a lease others cannot see
             raise
-        held.close()  # the job holds the leases now; the service keeps no copy
+        held.close()  # its supervisor holds the leases now; the service keeps no copy
         service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
         service.release_stdio(job.id)  # the job has them now
     except BaseException:

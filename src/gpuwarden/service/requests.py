@@ -21,6 +21,7 @@ from gpuwarden.service.identity import Person, person
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
@@ -35,7 +36,8 @@ class Requests:
     store: store.Store
     attached: dict[int, Connection]
     stdio: dict[int, list[int]]
-    dirty: bool
+    pacer: Pacer
+    free: Optional[scheduling.Capacity]
     _priorities: dict[int, float]
     indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
@@ -135,9 +137,13 @@ class Requests:
                     f"--time {scheduling_span(sub.time_limit)} is over this machine's limit "
                     f"of {most} (max_time)"
                 )
+        waiting_on = False
         for dep in sub.after:
-            if self.store.get(dep) is None:
+            found = self.store.get(dep)
+            if found is None:
                 raise UserError(f"--after {dep}: no such job")
+            waiting_on = waiting_on or found.state in store.ACTIVE
+        reason = self._reason_before_a_pass(sub, waiting_on)
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
         # The job and its output path: one commit. A batch job's id is a promise, on
         # disk before it is told; an attached job matters only while its client waits,
@@ -156,6 +162,7 @@ class Requests:
                     time_limit=sub.time_limit,
                     nice=sub.nice,
                     held=sub.hold,
+                    reason=reason,
                     after=sub.after,
                     mem=sub.gpus.mem,
                     output=sub.output,
@@ -170,8 +177,28 @@ class Requests:
             self.attached[job.id] = client
             self.stdio[job.id] = stdio
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
-        self.dirty = True
+        if reason is None:
+            self.pacer.wake()  # it may start now (or must be refused now)
+        else:
+            self.pacer.touch()
         return {"ok": True, "job": job.id}
+
+    def _reason_before_a_pass(self, sub: protocol.Submit, waiting_on: bool) -> Optional[str]:
+        """None when a new job may start now (or, without --wait, must be refused now):
+        plan at once. Otherwise why it waits, as the next pass would most likely say
+        (which corrects it): it cannot start before something ends or is released,
+        which wakes a pass anyway, so a deep queue's submit does not pay for a pass
+        over every waiting job (service.pacing)."""
+        if not sub.wait:
+            return None
+        if sub.hold:
+            return scheduling.HELD
+        if waiting_on:
+            return scheduling.DEPENDENCY
+        free = self.free
+        if free is None or free.could_fit(sub.gpus.count, sub.gpus.mem):
+            return None
+        return scheduling.RESOURCES
 
     def _is_admin_uid(self, uid: int) -> bool:
         try:
@@ -207,7 +234,7 @@ class Requests:
                 self.store.update(job_id, held=(op == "hold"))
             done.append(job_id)
             log.info("%s: job %s by %s", op, job_id, who.name)
-        self.dirty = True
+        self.pacer.wake()
         return {"ok": True, "jobs": done}
 
     def _list(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
@@ -269,6 +296,7 @@ class Requests:
         counts, total, number = self.store.wait_histogram(WAIT_BUCKETS)
         return {
             "ok": True,
+            "plan": self.pacer.stats(),
             "jobs": self.store.counts(),
             "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, counts)],
             "wait_sum": total,

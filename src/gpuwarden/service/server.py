@@ -3,7 +3,8 @@
 One thread, one `selectors` loop: client sockets, one pidfd per running job's
 supervisor (readable when it ends, also for supervisors adopted after a restart),
 and a tick for time limits and GPUs freed by processes outside the queue. After
-every event `schedule()` asks `scheduling.plan` what starts, takes the leases for
+an event that may start a job (and, coalesced, after others: service.pacing)
+`schedule()` asks `scheduling.plan` what starts, takes the leases for
 it in the service's own lease directory, records the job as STARTING, forks its
 supervisor (service.spawn), and records it RUNNING. docs/service.md has the design.
 """
@@ -20,13 +21,14 @@ import stat
 import time
 from typing import Any, Callable, Optional
 
-from gpuwarden import config
+from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol, store
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import peer
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.notify import JobNotifier
+from gpuwarden.service.pacing import Pacer
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 
@@ -51,7 +53,9 @@ class Service(Requests, Lifecycle):
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
         self.listener: Optional[socket.socket] = None
         self.stopping = False
-        self.dirty = True  # something changed: plan again
+        self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
+        self.pacer = Pacer()  # when to plan next: at once, or coalesced (service.pacing)
+        self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
         self._priorities: dict[int, float] = {}
         self._estimates: dict[int, Optional[float]] = {}
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
@@ -115,12 +119,20 @@ class Service(Requests, Lifecycle):
             self.close()
 
     def step(self, timeout: Optional[float] = None) -> None:
-        """One turn of the loop: wait for events (at most a tick), handle them, plan."""
-        if self.dirty:
+        """One turn of the loop: plan if a pass is due (service.pacing), wait for events
+        (at most until the next pass or tick), handle them, and do the tick's work once
+        a tick has passed: none of it grows with requests."""
+        now = time.monotonic()
+        if self.pacer.due(now):
+            self.pacer.begin()
             with config.reused():  # one reading of the configuration for the whole pass
                 self.schedule()
+            self.pacer.planned(now, time.monotonic())
             self.remove_litter()
-        for key, mask in self.selector.select(self.settings.tick if timeout is None else timeout):
+        now = time.monotonic()
+        longest = max(0.0, min(self.settings.tick, self.next_tick - now))
+        wait = self.pacer.wait(now, longest if timeout is None else timeout)
+        for key, mask in self.selector.select(wait):
             kind, data = key.data
             if kind == "listen":
                 self._accept()
@@ -132,7 +144,9 @@ class Service(Requests, Lifecycle):
             elif kind == "job":
                 with config.reused():
                     self._ended(data)
-        self._tick()
+        if time.monotonic() >= self.next_tick:
+            self.next_tick = time.monotonic() + self.settings.tick
+            self._tick()
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -262,8 +276,8 @@ class Service(Requests, Lifecycle):
             elif client.out and now - client.out_since > self.settings.idle_timeout:
                 self._drop(client)  # it stopped reading its answers
         self._enforce_time_limits()
-        if any(True for _ in self.store.jobs([store.PENDING])):
-            self.dirty = True  # GPUs freed outside the queue show up on the next plan
+        if self.store.jobs([store.PENDING]):
+            self.pacer.touch()  # GPUs freed outside the queue show up on the next pass
 
     # -- requests ----------------------------------------------------------------------
 

@@ -99,6 +99,7 @@ CLI_CASES = (
         case("select", "-n", "1.5", expect="invalid GPU count"),
         case("select", "--gpus", ",,", expect="invalid gpus"),
         case("select", "--exclude", "1,,2", expect="invalid exclude"),
+        case("select", "--mig", "1g", expect="a MIG profile such as 1g.10gb"),
         case("select", "--bogus", expect="error:"),
         case("run", "-g", "x", "--", "true", expect="invalid GPU count"),
         case("run", "-g", "-2", "--", "true", expect="count"),
@@ -106,6 +107,13 @@ CLI_CASES = (
         case("run", "--mem", "-1G", "--", "true", expect="expected one argument"),
         case("run", "--mem", "1EB", "--", "true", expect="invalid size"),
         case("reserve", "-g", "x", expect="invalid GPU count"),
+        case("kernel", "install", "--name", "My Kernel", expect="invalid kernel name"),
+        case("kernel", "install", "-g", "0", expect="asks for no GPU"),
+        case("kernel", "install", "--mem", "10XB", expect="invalid"),
+        case("kernel", "install", "--min-free", "lots", expect="invalid"),
+        case("kernel", "uninstall", "nosuch", expect="no kernelspec 'nosuch'"),
+        case("run", "--", "podman", "run", "--gpus", "all", "img", expect="outside its lease"),
+        case("run", "--", "docker", "run", "--privileged", "img", expect="outside its lease"),
         case("reserve", "--min-free", "10XB", expect="invalid"),
         case("status", "--watch", "0", expect="positive"),
         case("status", "--watch", "-1", expect="positive"),
@@ -226,6 +234,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "choice": ["bogus"],
     "names": [",", "a,,b"],
     "shares": ["alice", "alice=0", "alice=-1,bob=2"],
+    "profile": ["10gb", "1g", "1g.10gb;rm"],
 }
 
 
@@ -281,6 +290,7 @@ def _bad_files() -> Iterator[Case]:
         "choice": ['"bogus"', "1"],
         "names": ["5", '[""]', "[1]"],
         "shares": ["5", "{alice = 0}", '{alice = "x"}', "[1]"],
+        "profile": ['"1g"', "5", '"3g.40gb,1g.10gb"'],
     }
     for key in configkeys.SCHEMA:
         section, name = key.name.split(".")

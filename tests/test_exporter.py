@@ -139,7 +139,8 @@ def test_dcgm_compat_names_units_and_labels():
         "UUID": "GPU-aaaa",
         "device": "nvidia0",
         "modelName": "NVIDIA A100-SXM4-40GB",
-        "Hostname": "box",
+        "hostname": "box",  # dcgm-exporter 3.3 and later; `Hostname` before
+        "pci_bus_id": "",  # not in this hand-built snapshot
     }
     assert value(found, "DCGM_FI_DEV_GPU_UTIL", **labels) == 50
     assert value(found, "DCGM_FI_DEV_FB_USED", **labels) == 10 * 1024  # MiB
@@ -150,6 +151,9 @@ def test_dcgm_compat_names_units_and_labels():
     assert value(found, "DCGM_FI_DEV_MEM_COPY_UTIL", **labels) == 20
     assert value(found, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", **labels) == 12345000.0  # mJ
     assert value(found, "DCGM_FI_DEV_XID_ERRORS", **labels) == 48
+    text = "double-bit (uncorrectable) ECC error"  # NVIDIA's Xid catalogue, as err_msg
+    assert value(found, "DCGM_FI_DEV_XID_ERRORS", err_code="48", err_msg=text) == 48
+    assert value(found, "DCGM_FI_DEV_XID_ERRORS", gpu="1", err_code="0", err_msg="No Error") == 0
     assert not any(n.startswith("DCGM_") for n, _ in samples(render(view)))
 
 

@@ -53,10 +53,12 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
         (
             "inventory",
+            "counters",
             "topology",
             "nvmlload",
             "sim.*",
             "cgroups",
+            "migcaps",
             "devbpf",
             "accounting",
             "ancestry",
@@ -73,6 +75,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "visible",
             "scheduling",
             "metrics",
+            "dcgm",
             "queuemetrics",
             "mig",
             "enforcement",
@@ -81,7 +84,16 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "state",
         "what outlives a command, keyed by GPU UUID: leases, the line of waiters, drains, XIDs",
-        ("leases", "leasedir", "leaserecord", "holders", "waitline", "drain", "xidlog"),
+        (
+            "leases",
+            "leasedir",
+            "leaserecord",
+            "holders",
+            "waitline",
+            "drain",
+            "xidlog",
+            "attribution",
+        ),
     ),
     (
         "orchestration",
@@ -93,6 +105,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "allocation",
             "jobs",
             "launch",
+            "containers",
+            "kernelspec",
+            "provisioner",
             "joboutput",
             "healthwatch",
             "alerts",
@@ -110,6 +125,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.spawn",
             "service.tree",
             "service.jobcgroup",
+            "service.jobprocess",
             "service.identity",
         ),
     ),
@@ -122,9 +138,12 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "web.*",
             # the queue service itself
             "service",
+            "service.admission",
             "service.connection",
             "service.install",
+            "service.journalguard",
             "service.lifecycle",
+            "service.listing",
             "service.notify",
             "service.pacing",
             "service.placing",
@@ -146,8 +165,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 # Shared pieces of the command line; every other cli module is a command and no
 # command imports another command (what two commands share moves down a layer).
 CLI_SHARED = {
-    *("cli", "cli.oneshot", "cli.filters", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
+    *("cli", "cli.filters", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
     "cli.serving",
+    "cli.statustable",
 }
 
 # Outside packages only some modules may import (principle 1 and the torch rule in

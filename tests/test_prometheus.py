@@ -7,6 +7,7 @@ GPUWARDEN_REQUIRE_COMPONENTS=1 (CI), where a missing component is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,42 +125,69 @@ def test_dashboard_queries_only_exported_metrics():
     assert used and used <= exported, used - exported
 
 
-@pytest.mark.slow
-def test_prometheus_stores_the_simulated_values(sim, tmp_path):
+@contextlib.contextmanager
+def prometheus_scraping(
+    tmp_path: Path, exporters: dict[str, dict[str, str]], job: str = "gpuwarden"
+) -> Iterator[str]:
+    """Debian's Prometheus scraping one `gpuwarden exporter --dcgm-compat` per entry of
+    `exporters` (name -> extra environment: which simulated machine, its state) every
+    second, with the shipped alert rules; yields its base URL."""
     prometheus = component("prometheus")
-    sim("server-8xa100")
-    from gpuwarden.inventory import read_snapshot
-
-    truth = read_snapshot()
-    exporter_port, prom_port = free_port(), free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    ports = {name: free_port() for name in exporters}
+    prom_port = free_port()
+    targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports.values())
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"rule_files:\n  - {DEPLOY / 'gpuwarden-alerts.yml'}\n"
-        "scrape_configs:\n  - job_name: gpuwarden\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{exporter_port}']\n"
+        f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
+        f"      - targets: [{targets}]\n"
     )
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "exporter", "--dcgm-compat", "--no-watch",
-         "--listen", f"127.0.0.1:{exporter_port}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    prom = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{prom_port}"
+    procs = []
     try:
+        for name, extra in exporters.items():
+            env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **extra)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gpuwarden", "exporter", "--dcgm-compat",
+                 "--listen", f"127.0.0.1:{ports[name]}"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            ))  # fmt: skip
+        procs.append(subprocess.Popen(
+            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+        base = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + 25
+        while len(query(base, "up == 1")) < len(exporters):
+            for proc in procs:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "Prometheus scraped no exporter in 25 s"
+            time.sleep(0.3)
+        yield base
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.mark.slow
+def test_prometheus_stores_the_simulated_values(sim, tmp_path):
+    sim("server-8xa100")
+    from gpuwarden.inventory import read_snapshot
+
+    truth = read_snapshot()
+    with prometheus_scraping(tmp_path, {"box": {"GPUWARDEN_SIM": "server-8xa100"}}) as base:
         deadline = time.monotonic() + 25
         stored: list[dict] = []
         while time.monotonic() < deadline:
             stored = query(base, "gpuwarden_gpu_memory_used_bytes")
             if len(stored) == len(truth.gpus):
                 break
-            assert prom.poll() is None, prom.stderr.read() if prom.stderr else ""
-            assert exporter.poll() is None, exporter.stderr.read() if exporter.stderr else ""
             time.sleep(0.3)
         assert len(stored) == len(truth.gpus), "Prometheus stored no complete scrape in 25 s"
         by_gpu = {int(r["metric"]["gpu"]): r for r in stored}
@@ -197,11 +226,3 @@ def test_prometheus_stores_the_simulated_values(sim, tmp_path):
         groups = get_json(f"{base}/api/v1/rules")["data"]["groups"]
         assert [g["name"] for g in groups] == ["gpuwarden"]
         assert all(r["health"] != "err" for g in groups for r in g["rules"])
-    finally:
-        for proc in (prom, exporter):
-            proc.terminate()
-        for proc in (prom, exporter):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()

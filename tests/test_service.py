@@ -46,7 +46,8 @@ except UserError as err:
 
 
 class Server:
-    def __init__(self, root: Path, work: Path, args: tuple[str, ...]) -> None:
+    def __init__(self, root: Path, work: Path, args: tuple[str, ...], spec: str = SPEC) -> None:
+        self.spec = spec  # the simulated machine it serves
         self.root = root
         self.work = work
         self.socket = str(work.parent / "sock" / "gpuwarden.sock")
@@ -56,7 +57,7 @@ class Server:
         self.log = root / "serve.log"
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=SPEC)
+        env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=self.spec)
         with contextlib.suppress(OSError):
             os.unlink(self.socket)
         self.proc = subprocess.Popen(
@@ -172,13 +173,13 @@ def open_dir() -> Iterator[Path]:
 
 
 def _serving(
-    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch, *args: str
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch, *args: str, spec: str = SPEC
 ) -> Iterator[Server]:
     make_user("alice", groups=("lab",))
     leases = open_dir / "leases"  # as `gpuwarden service install` makes it: root's, 0755
     leases.mkdir(mode=0o755)
     monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
-    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args))
+    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args), spec)
     srv.start()
     yield srv
     if srv.proc and srv.proc.poll() is None:

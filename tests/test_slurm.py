@@ -125,6 +125,8 @@ def test_queue_lines_map_states_and_reasons_to_the_queue_words() -> None:
         "4|carol|PENDING|JobHeldUser|0:00|5:00|1|N/A||held\n"
         "5|dave|PENDING|ReqNodeNotAvail, UnavailableNodes:vm|0:00|5:00|1|(null)||x\n"
         "6|erin|COMPLETING|None|0:09|5:00|1|gres/gpu:1|vm|y\n"
+        "7|finn|RUNNING|Prolog|0:03|5:00|1|gres/gpu:1|vm|z\n"
+        "8|gus|COMPLETED|None|0:03|5:00|1|gres/gpu:1|vm|w\n"
         "squeue: warning: something\n"
     )
     jobs = tools.parse_queue(out)
@@ -134,6 +136,8 @@ def test_queue_lines_map_states_and_reasons_to_the_queue_words() -> None:
         ("4", "pending", "Held", ""),
         ("5", "pending", "Nodes", ""),
         ("6", "finishing", "", "gpu:1"),
+        ("7", "starting", "Prolog", "gpu:1"),  # allocated, its prolog still running
+        ("8", "done", "", "gpu:1"),  # ended: shown while Slurm keeps it (-t all)
     ]
     assert jobs[1].name == "a|b|c"  # the name is last: it may hold the separator
 
@@ -390,3 +394,194 @@ def test_gres_takes_minor_and_affinity_from_the_snapshot_when_it_has_them() -> N
         "Name=gpu File=/dev/nvidia3 Cores=0-3",
         "Name=gpu File=/dev/nvidia2 Cores=4-7",
     ]
+
+
+# --- one queue on a Slurm node: what holds a Slurm job in its prolog -------------------------
+
+
+def _gpu(index: int, uuid: str = "") -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(index=index, uuid=uuid or f"GPU-{index}")
+
+
+def _waiter(since: float, need: int = 1, allowed: object = None, user: str = "ann") -> object:
+    from types import SimpleNamespace
+
+    from gpuwarden.selection import Request
+
+    return SimpleNamespace(since=since, request=Request(count=need), allowed=allowed, user=user)
+
+
+def test_a_drained_gpu_or_its_parent_holds_the_job_back() -> None:
+    from types import SimpleNamespace
+
+    drained = {"GPU-3": SimpleNamespace(reason="XID 79")}
+    assert prolog.blockers([_gpu(2), _gpu(3)], drained, [], 10.0, 7, {}) == [
+        "GPU 3 is drained (XID 79)"
+    ]
+    assert prolog.blockers([_gpu(2)], drained, [], 10.0, 7, {}) == []
+    # a MIG slice of a drained GPU is held back too
+    parents = {"MIG-a": "GPU-3"}
+    assert prolog.blockers([_gpu(3, "MIG-a")], drained, [], 10.0, 7, parents) == [
+        "GPU 3 is drained (XID 79)"
+    ]
+
+
+def test_a_local_waiter_first_in_line_goes_first() -> None:
+    gpus = [_gpu(1)]
+    said = prolog.blockers(gpus, {}, [_waiter(5.0)], 10.0, 8, {})
+    assert said == ["ann's `gpuwarden run --wait` is first in line"]
+    # one that joined after the job was allocated waits behind it
+    assert prolog.blockers(gpus, {}, [_waiter(11.0)], 10.0, 8, {}) == []
+    # one that could never be served (more GPUs than are in service) holds nothing
+    assert prolog.blockers(gpus, {}, [_waiter(5.0, need=9)], 10.0, 8, {}) == []
+    # one whose CUDA_VISIBLE_DEVICES leaves it other GPUs only is no reason to wait
+    assert prolog.blockers(gpus, {}, [_waiter(5.0, allowed=("GPU-0",))], 10.0, 8, {}) == []
+
+
+def test_prolog_waits_then_leases_and_clears_its_note(tmp_path: Path) -> None:
+    """_hold: reasons are noted once each, the lease is taken when none is left, and
+    the note is cleared; a job that ended meanwhile is left alone."""
+    from gpuwarden import leasedir
+
+    ld = leasedir.open_dir(str(tmp_path))
+    answers = [["GPU 3 is drained (x)"], ["GPU 3 is drained (x)"], []]
+    notes: list[str] = []
+    held = prolog._hold(
+        ld, "slurm-9", [_gpu(3)], 30.0, waiting=lambda: answers.pop(0), note=notes.append
+    )
+    try:
+        assert held is not None and notes == ["GPU 3 is drained (x)", ""]
+    finally:
+        held.release()
+    gone = prolog._hold(
+        ld, "slurm-10", [_gpu(3)], 30.0, waiting=lambda: ["x"], note=notes.append, gone=lambda: True
+    )
+    assert gone is None
+
+
+def test_running_jobs_on_drained_gpus_are_found_from_root_leases_only() -> None:
+    from types import SimpleNamespace
+
+    from gpuwarden.slurm import annotate
+
+    def lease(job: str, uuid: str, user: str = "root", index: int = 3) -> object:
+        return SimpleNamespace(job=job, uuid=uuid, user=user, index=index)
+
+    found = annotate.on_drained(
+        [
+            lease("slurm-7", "GPU-3"),
+            lease("slurm-8", "GPU-3", user="mallory"),  # anyone may name a lease so
+            lease("slurm-9", "GPU-4", index=4),  # not drained
+            lease("run-5", "GPU-3"),
+        ],
+        {"GPU-3": object()},
+        "root",
+    )
+    assert found == {"7": [3]}
+
+
+# --- jobs --slurm ----------------------------------------------------------------------------
+
+
+def test_sacct_and_scontrol_history_map_to_the_local_columns() -> None:
+    from gpuwarden.slurm import history
+
+    sacct = (
+        "12|alice|FAILED|1:0|65|2026-12-02T13:55:25|billing=1,cpu=1,gres/gpu=2,node=1|a|b\n"
+        "13|bob|CANCELLED by 0|0:15|3|2026-12-02T13:56:00|cpu=1|x\n"
+    )
+    jobs = history.parse_sacct(sacct)
+    assert [(j["id"], j["state"], j["exit_code"], j["signal"], j["count"]) for j in jobs] == [
+        ("12", "failed", 1, None, 2),
+        ("13", "cancelled", None, 15, 0),
+    ]
+    assert jobs[0]["command"] == ["a|b"] and jobs[0]["elapsed"] == 65.0
+    line = (
+        "JobId=5 JobName=wrap UserId=carol(1003) JobState=COMPLETED Reason=None ExitCode=0:0 "
+        "RunTime=1-00:00:05 EndTime=2026-12-02T13:55:25 NumNodes=2 TRES=cpu=2,node=2 "
+        "Command=/home/carol/x.sh StdOut=/tmp/o TresPerNode=gres:gpu:2\n"
+        "JobId=6 JobName=run UserId=dan(1004) JobState=RUNNING ExitCode=0:0 RunTime=00:01 "
+        "EndTime=Unknown NumNodes=1 Command=(null)\n"
+    )
+    jobs = history.parse_scontrol(line)
+    assert jobs[0]["user"] == "carol" and jobs[0]["count"] == 4 and jobs[0]["exit_code"] == 0
+    assert jobs[0]["elapsed"] == 86405.0 and jobs[0]["command"] == ["/home/carol/x.sh"]
+    assert jobs[1]["state"] == "running" and jobs[1]["ended"] is None
+    assert jobs[1]["command"] == ["run"]  # no script: the name
+
+
+def test_history_reads_the_controller_where_no_slurmdbd_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuwarden.slurm import history
+
+    asked: list[str] = []
+
+    def call(argv: list[str], **_: object) -> tools.Done:
+        asked.append(argv[0])
+        if argv[0] == "sacct":
+            raise UserError("sacct failed: Slurm accounting storage is disabled")
+        return tools.Done(
+            0,
+            "JobId=5 UserId=c(1) JobState=COMPLETED ExitCode=0:0 RunTime=00:00:01 "
+            "EndTime=2026-12-02T13:55:25\nJobId=6 UserId=c(1) JobState=RUNNING\n",
+            "",
+        )
+
+    monkeypatch.setattr(tools, "call", call)
+    jobs, source = history.ended_jobs(None, 10)
+    assert source == "scontrol" and asked == ["sacct", "scontrol"]
+    assert [j["id"] for j in jobs] == ["5"]  # the running one is not history
+
+
+# --- logs: both files ------------------------------------------------------------------------
+
+
+def test_a_separate_stderr_file_is_a_second_stream() -> None:
+    same = {"StdOut": "/o/slurm-1.out", "StdErr": "/o/slurm-1.out"}
+    assert [p for p, _ in slurm_logs.streams(same)] == ["/o/slurm-1.out"]
+    both = {"StdOut": "/o/1_0_log.out", "StdErr": "/o/1_0_log.err"}
+    assert [(p, to) for p, to in slurm_logs.streams(both)] == [
+        ("/o/1_0_log.out", sys.stdout.buffer),
+        ("/o/1_0_log.err", sys.stderr.buffer),
+    ]
+    assert slurm_logs.streams({"StdOut": "/dev/null", "StdErr": "/dev/null"}) == []
+
+
+# --- MIG gres lines --------------------------------------------------------------------------
+
+
+def test_mig_devices_get_typed_multiplefiles_lines(sim: object, tmp_path: Path) -> None:
+    from gpuwarden.slurm import miggres
+
+    sim("mixed")  # type: ignore[operator]
+    from gpuwarden.inventory import read_snapshot
+
+    snap = read_snapshot(processes=False, topology=True)
+    devices = gres.read_devices(snap)
+    table = tmp_path / "mig-minors"
+    table.write_text("config 1\nmonitor 2\ngpu3/gi1/access 390\ngpu3/gi1/ci0/access 391\n")
+    lines = gres.gres_lines(snap, devices, dev_dir="/d", mig_minors=miggres.read_minors(str(table)))
+    assert lines[:3] == [
+        "Name=gpu Type=t4 File=/d/nvidia0",
+        "Name=gpu Type=v100 File=/d/nvidia1",
+        "Name=gpu Type=rtx_a6000 File=/d/nvidia2",
+    ]
+    caps = "/d/nvidia-caps/nvidia-cap"
+    assert lines[3] == (
+        f"Name=gpu Type=a100_3g.40gb MultipleFiles=/d/nvidia3,{caps}390,{caps}391"
+    )  # from the driver's table
+    # where the table does not say: the driver's rule (gpu 3, gi 2 -> 3 + 405 + 18)
+    assert lines[4] == (f"Name=gpu Type=a100_2g.20gb MultipleFiles=/d/nvidia3,{caps}426,{caps}427")
+    assert [x.split()[1] for x in lines[5:]] == ["Type=a100_1g.10gb"] * 2
+    assert miggres.counts(lines) == (
+        "gpu:t4:1,gpu:v100:1,gpu:rtx_a6000:1,gpu:a100_3g.40gb:1,gpu:a100_2g.20gb:1,"
+        "gpu:a100_1g.10gb:2"
+    )
+    assert miggres.counts(["Name=gpu File=/d/nvidia0"] * 2) == "gpu:2"
+    assert miggres.read_minors(str(tmp_path / "absent")) is None
+    # and the prolog's positions are the same list's (SLURM_JOB_GPUS=5 -> a 1g.10gb slice)
+    units = prolog.slurm_devices(snap)
+    assert len(units) == len(lines) and units[5].uuid.startswith("MIG-")

@@ -10,6 +10,7 @@ SLURM_CONF), so none touches /etc/slurm, and each test asks for what it checks.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -323,95 +324,187 @@ def test_ddp_job_initialised_from_slurms_variables_matches_run_ddp(
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
 
 
-FOUR = """
-description = "4 idle A100 for the Slurm prolog test"
+EIGHT = """
+description = "8 idle A100 for the Slurm prolog tests"
 driver_version = "550.54.15"
 cuda_version = "12.4"
 """ + "".join(
     f'[[gpu]]\nmodel = "A100-SXM4-80GB"\npci_bus_id = "00000000:{bus}:00.0"\n'
-    for bus in ("07", "0B", "48", "4C")
+    for bus in ("07", "0B", "48", "4C", "88", "8B", "C8", "CB")
 )
 
 
-def test_prolog_leases_keep_local_runs_off_the_gpus_of_a_slurm_job(
-    cli: Any, clusters: Callable[..., Cluster], monkeypatch: pytest.MonkeyPatch
-) -> None:
+ECHO_CVD = ("sh", "-c", "echo $CUDA_VISIBLE_DEVICES")
+
+
+class Node:
+    """The cluster with gpuwarden's prolog and epilog on a simulated 8-GPU machine: its
+    leases, drains and the wrappers' log live under `top`; `local` is the environment
+    that makes a process see the same machine."""
+
+    def __init__(self, top: Path, cluster: Cluster, local: dict[str, str]) -> None:
+        self.top = top
+        self.cluster = cluster
+        self.local = local
+
+    def log(self, action: str) -> str:
+        return (self.top / f"{action}.log").read_text()
+
+
+def _wrappers(top: Path, local: dict[str, str]) -> dict[str, str]:
+    """slurmd runs Prolog=/Epilog= with an environment of its own: each wrapper says
+    where gpuwarden, the (simulated) machine, the leases and drains are. slurm-ci's
+    settings for them."""
+    for action in ("prolog", "epilog"):
+        script = top / f"{action}.sh"
+        exports = " ".join(f"{k}={v}" for k, v in local.items())
+        script.write_text(
+            f"#!/bin/sh\nexport {exports} PYTHONPATH={SRC} PATH=$PATH:/usr/bin:/bin\n"
+            f"exec {sys.executable} -m gpuwarden slurm {action} >>{top}/{action}.log 2>&1\n"
+        )
+        script.chmod(0o755)
+    return {"SLURM_CI_PROLOG": str(top / "prolog.sh"), "SLURM_CI_EPILOG": str(top / "epilog.sh")}
+
+
+@pytest.fixture(scope="module")
+def prolog_node(clusters: Callable[..., Cluster]) -> Iterator[Node]:
+    """One cluster for every prolog test (a start-up is seconds): 8 fake GPUs, 16 CPUs."""
     top = Path(tempfile.mkdtemp(prefix="gw-prolog-"))
+    top.chmod(0o755)
     try:
-        (top / "four.toml").write_text(FOUR)
+        (top / "eight.toml").write_text(EIGHT)
         (top / "leases").mkdir(mode=0o700)
         local = {
-            "GPUWARDEN_SIM": str(top / "four.toml"),
+            "GPUWARDEN_SIM": str(top / "eight.toml"),
             "GPUWARDEN_SIM_STATE": str(top / "sim"),
             "GPUWARDEN_LEASE_DIR": str(top / "leases"),
+            "GPUWARDEN_STATE_DIR": str(top / "state"),
             "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
         }
-        # slurmd runs Prolog=/Epilog= with an environment of its own: the wrapper says
-        # where gpuwarden, the (simulated) machine and the leases are.
-        for action in ("prolog", "epilog"):
-            script = top / f"{action}.sh"
-            exports = " ".join(f"{k}={v}" for k, v in local.items())
-            script.write_text(
-                f"#!/bin/sh\nexport {exports} PYTHONPATH={SRC}\n"
-                f"exec {sys.executable} -m gpuwarden slurm {action} >>{top}/{action}.log 2>&1\n"
-            )
-            script.chmod(0o755)
+        _wrappers(top, local)
         cluster = clusters(
-            "prolog", SLURM_CI_PROLOG=str(top / "prolog.sh"), SLURM_CI_EPILOG=str(top / "epilog.sh")
+            "prolog",
+            SLURM_CI_GPUS="8",
+            SLURM_CI_CPUS="16",
+            **_wrappers(top, local),
         )
-        for k, v in {**local, "SLURM_CONF": cluster.conf}.items():
-            monkeypatch.setenv(k, v)
-        flag = top / "go"
-        job = _submit(
-            cli, "-g", "2", "--", "sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.1; done"
-        )
-        cluster.wait_for(job, ("RUNNING",))
-        from gpuwarden.leases import list_leases
-
-        # (the prolog publishes one GPU's metadata after the other: poll for both)
-        def both() -> list[Any]:
-            got = list_leases(str(top / "leases"))
-            return got if len(got) == 2 else []
-
-        held = _poll(both, "the prolog's two leases")
-        assert {i.job for i in held} == {f"slurm-{job}"}
-        waiting = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuwarden",
-                "run",
-                "-g",
-                "4",
-                "--wait",
-                "--",
-                "sh",
-                "-c",
-                "echo $CUDA_VISIBLE_DEVICES",
-            ],
-            env=dict(os.environ, PYTHONPATH=str(SRC)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            # it waits in line (its ticket appears) while the job holds 2 of the 4
-            _poll(lambda: any(n.endswith(".wait") for n in os.listdir(top / "leases")), "a waiter")
-            assert waiting.poll() is None
-            flag.touch()
-            out, err = waiting.communicate(timeout=90)
-        finally:
-            if waiting.poll() is None:
-                waiting.kill()
-        assert waiting.returncode == 0, err
-        assert out.strip() == "0,1,2,3"
-        assert "waiting for 4 GPUs" in err and f"slurm job {job}" not in out
-        # the GPUs came free during the epilog, while the job may still be completing
-        assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
-        assert "leased GPU" in (top / "prolog.log").read_text()
-        assert "released GPU" in (top / "epilog.log").read_text()
+        yield Node(top, cluster, {**local, "SLURM_CONF": cluster.conf})
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def node(prolog_node: Node, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+    for k, v in prolog_node.local.items():
+        monkeypatch.setenv(k, v)
+    yield prolog_node
+    # the next test starts from an idle node
+    jobs = prolog_node.cluster.tool("squeue", "-h", "-o", "%i").split()
+    if jobs:
+        subprocess.run(["scancel", *jobs], env=dict(os.environ), capture_output=True)
+    _poll(lambda: not prolog_node.cluster.tool("squeue", "-h", "-o", "%i").split(), "an idle node")
+
+
+def _queue_line(cli: Any, job: str) -> str:
+    done = cli("queue", "--slurm")
+    assert done.returncode == 0, done.stderr
+    return next((x for x in done.stdout.splitlines() if x.split()[0] == job), "")
+
+
+def _leases(node: Node) -> list[Any]:
+    from gpuwarden.leases import list_leases
+
+    return list_leases(str(node.top / "leases"))
+
+
+def test_one_queue_slurm_and_local_runs_never_share_and_the_first_in_line_goes_first(
+    cli: Any, node: Node, tmp_path: Path
+) -> None:
+    """A Slurm job holds 2 GPUs; a local `run -g 8 --wait` joins the line; a Slurm job
+    allocated after it waits in its prolog (and `queue --slurm` says so) until the local
+    run has had all 8: the later Slurm job does not overtake it."""
+    flag = tmp_path / "go"
+    job = _submit(cli, "-g", "2", "--", "sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.1; done")
+    node.cluster.wait_for(job, ("RUNNING",))
+
+    # (the prolog publishes one GPU's metadata after the other: poll for both)
+    def both() -> list[Any]:
+        got = [i for i in _leases(node) if i.job == f"slurm-{job}"]
+        return got if len(got) == 2 else []
+
+    held = _poll(both, "the prolog's two leases")
+    assert {i.job for i in held} == {f"slurm-{job}"}
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "run", "-g", "8", "--wait", "--", *ECHO_CVD],
+        env=dict(os.environ, PYTHONPATH=str(SRC)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # it waits in line (its ticket appears) while the job holds 2 of the 8
+        leases = node.top / "leases"
+        _poll(lambda: any(n.endswith(".wait") for n in os.listdir(leases)), "a waiter")
+        later = _submit(cli, "-g", "1", "--output", "later.out", "--", "sh", "-c", "echo ran")
+        line = _poll(
+            lambda: "starting (Prolog:" in (x := _queue_line(cli, later)) and x, "later's prolog"
+        )
+        assert "`gpuwarden run --wait` is first in line" in line, line
+        assert not Path("later.out").exists()  # nothing of it ran
+        assert waiting.poll() is None
+        flag.touch()
+        out, err = waiting.communicate(timeout=90)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 0, err
+    assert out.strip() == "0,1,2,3,4,5,6,7"  # all 8: the later Slurm job did not overtake
+    assert "waiting for 8 GPUs" in err
+    # the GPUs came free during the epilog, while the job may still be completing
+    assert node.cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+    assert node.cluster.wait_for(later, ("COMPLETED", "FAILED")) == "COMPLETED"
+    assert Path("later.out").read_text().split() == ["ran"]
+    assert "leased GPU" in node.log("prolog") and "released GPU" in node.log("epilog")
+    assert _queue_line(cli, later).split()[2] == "done"  # ended jobs stay listed (-t all)
+
+
+def test_a_drained_gpu_gets_no_slurm_job_while_the_other_seven_run(
+    cli: Any, node: Node, tmp_path: Path
+) -> None:
+    flag = tmp_path / "go"
+    done = cli("drain", "3", "--reason", "XID 79 in a test")
+    assert done.returncode == 0, done.stderr
+    hold = f"echo $SLURM_JOB_GPUS; while [ ! -e {flag} ]; do sleep 0.1; done"
+    jobs = [
+        _submit(cli, "-g", "1", "--output", "d-%j.out", "--", "sh", "-c", hold) for _ in range(8)
+    ]
+    try:
+        outs = {j: Path(f"d-{j}.out") for j in jobs}
+
+        def ran() -> dict[str, str]:
+            got = {j: p.read_text().strip() for j, p in outs.items() if p.exists()}
+            return got if len(got) == 7 and all(got.values()) else {}
+
+        gpus = _poll(ran, "seven jobs running")
+        assert sorted(gpus.values()) == ["0", "1", "2", "4", "5", "6", "7"]
+        (held,) = set(jobs) - set(gpus)
+        line = _poll(lambda: "starting" in (x := _queue_line(cli, held)) and x, "the eighth job")
+        assert "Prolog: GPU 3 is drained (XID 79 in a test)" in line, line
+        assert not outs[held].exists()  # nothing of it ran
+        assert node.cluster.tool("sinfo", "-h", "-N", "-o", "%T").split() == ["mixed"]
+        assert {i.index for i in _leases(node)} == {0, 1, 2, 4, 5, 6, 7}
+        # a drain of a GPU a running job holds: the job is reported, not stopped
+        on5 = next(j for j, g in gpus.items() if g == "5")
+        assert cli("drain", "5", "--reason", "fan").returncode == 0
+        line = _poll(lambda: "on drained GPU 5" in (x := _queue_line(cli, on5)) and x, "report")
+        assert line.split()[2] == "running"
+        # undrain gives GPU 3 back: the held job runs there
+        assert cli("undrain", "3").returncode == 0
+        _poll(lambda: outs[held].exists() and outs[held].read_text().strip() == "3", "GPU 3 back")
+        assert "waits: GPU 3 is drained" in node.log("prolog")
+    finally:
+        flag.touch()
+        cli("undrain", "3", "5")
 
 
 def test_slurm_conf_of_the_simulated_server_is_accepted_by_slurmd(
@@ -444,5 +537,110 @@ def test_slurm_conf_of_the_simulated_server_is_accepted_by_slurmd(
         drained = slurm_node.drain_for_fault(conf, "3", "XID 79 (fallen off the bus)")
         state = cluster.tool("sinfo", "-h", "-N", "-n", drained, "-o", "%T|%E").strip()
         assert state == "drained|gpuwarden: GPU 3: XID 79 (fallen off the bus)"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_failed_submitit_jobs_traceback_is_in_logs_and_jobs_lists_it(
+    cli: Any, slurm: Cluster, tmp_path: Path
+) -> None:
+    """submitit writes a job's stdout and stderr to two files; its traceback goes to the
+    second, which `logs --slurm` shows too. The ended job stays in `queue --slurm` and is
+    in `jobs --slurm` (the controller's memory: this cluster runs no slurmdbd)."""
+    submitit = pytest.importorskip("submitit", reason="submitit missing (the test group has it)")
+    executor = submitit.SlurmExecutor(folder=tmp_path / "sub", python=sys.executable)
+    executor.update_parameters(time=5, gres="gpu:1")
+    job = executor.submit(int, "not a number")  # ValueError in the job
+    assert slurm.wait_for(job.job_id, ("FAILED", "COMPLETED")) == "FAILED"
+    done = cli("logs", "--slurm", job.job_id)
+    assert done.returncode == 0, done.stderr
+    assert "ValueError: invalid literal for int() with base 10: 'not a number'" in done.stderr
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "Starting with JobEnvironment" in done.stdout + done.stderr  # submitit's own log
+    line = _queue_line(cli, job.job_id)
+    assert line.split()[2] == "failed", line
+    jobs = cli("jobs", "--slurm", "--json")
+    assert jobs.returncode == 0, jobs.stderr
+    (mine,) = [j for j in json.loads(jobs.stdout) if j["id"] == job.job_id]
+    assert (mine["state"], mine["exit_code"], mine["count"]) == ("failed", 1, 1)
+    table = cli("jobs", "--slurm")
+    row = next(x for x in table.stdout.splitlines() if x.split()[0] == job.job_id)
+    assert "failed" in row and "exit 1" in row
+
+
+def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
+    cli: Any, clusters: Callable[..., Cluster], sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`slurm conf` on the simulated `mixed` machine (an A100 split into 3g.40gb, 2g.20gb
+    and two 1g.10gb): slurmd accepts the MIG lines (stand-in device files, as for whole
+    GPUs) and the node offers each slice by its type; a job asking for a 1g.10gb slice
+    gets one, and the prolog leases exactly that MIG device."""
+    sim("mixed")
+    top = Path(tempfile.mkdtemp(prefix="gw-mig-"))
+    top.chmod(0o755)
+    try:
+        dev = top / "dev"
+        (dev / "nvidia-caps").mkdir(parents=True)
+        for i in range(4):
+            os.mknod(dev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
+        gres = cli("slurm", "conf", "--section", "gres", "--dev-dir", str(dev))
+        node = cli("slurm", "conf", "--section", "node")
+        assert gres.returncode == 0 and node.returncode == 0, gres.stderr + node.stderr
+        lines = [x for x in gres.stdout.splitlines() if x.startswith("Name=gpu")]
+        assert [("MultipleFiles=" in x) for x in lines] == [False] * 3 + [True] * 4
+        for word in " ".join(lines).replace(",", " ").split():  # the slices' caps devices
+            name = word.rpartition("/")[2]
+            if name.startswith("nvidia-cap"):
+                minor = int(name[len("nvidia-cap") :])
+                os.mknod(dev / "nvidia-caps" / name, 0o666 | 0o020000, os.makedev(235, minor))
+        (top / "gres.conf").write_text(gres.stdout)
+        (top / "leases").mkdir(mode=0o700)
+        local = {
+            "GPUWARDEN_SIM": os.environ["GPUWARDEN_SIM"],
+            "GPUWARDEN_SIM_STATE": str(top / "sim"),
+            "GPUWARDEN_LEASE_DIR": str(top / "leases"),
+            "GPUWARDEN_STATE_DIR": str(top / "state"),
+            "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
+        }
+        words = [w for w in node.stdout.split() if not w.startswith("CPUs=")]
+        cluster = clusters(
+            "mig",
+            SLURM_CI_GRES_CONF=str(top / "gres.conf"),
+            SLURM_CI_NODE_LINE=" ".join([*words, "CPUs=8", "State=UNKNOWN"]),
+            **_wrappers(top, local),
+        )
+        state, offered = cluster.tool("sinfo", "-h", "-N", "-o", "%T %G").split()
+        assert state == "idle"
+        assert sorted(offered.split(",")) == sorted(
+            [
+                "gpu:t4:1",
+                "gpu:v100:1",
+                "gpu:rtx_a6000:1",
+                "gpu:a100_3g.40gb:1",
+                "gpu:a100_2g.20gb:1",
+                "gpu:a100_1g.10gb:2",
+            ]
+        )
+        for k, v in {**local, "SLURM_CONF": cluster.conf}.items():
+            monkeypatch.setenv(k, v)
+        out = cluster.out / "mig.out"
+        argv = ["sbatch", "--parsable", "--gres=gpu:a100_1g.10gb:1", f"--output={out}"]
+        job = cluster.tool(*argv, "--wrap", "echo $SLURM_JOB_GPUS; sleep 2").strip()
+        cluster.wait_for(job, ("RUNNING", "COMPLETED"))
+        from gpuwarden.leases import list_leases
+
+        (lease,) = _poll(lambda: list_leases(str(top / "leases")), "the slice's lease")
+        assert lease.job == f"slurm-{job}" and lease.uuid.startswith("MIG-") and lease.index == 3
+        from gpuwarden.inventory import read_snapshot
+
+        slice_ = next(
+            m
+            for g in read_snapshot(processes=False).gpus
+            for m in g.mig_instances
+            if m.uuid == lease.uuid
+        )
+        assert slice_.name == "1g.10gb"
+        assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+        assert out.read_text().split() in (["5"], ["6"])  # gres.conf positions of the 1g slices
     finally:
         shutil.rmtree(top, ignore_errors=True)

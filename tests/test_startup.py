@@ -44,6 +44,10 @@ UNNEEDED = (
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
 )
 
+# The simulator's modules that only other NVML clients (nvitop, pynvml_utils, an
+# exporter's GPM) ask for.
+LATER_SIM = tuple(f"gpuwarden.sim.{m}" for m in ("board", "pcie", "clocks", "ecc", "gpm", "fields"))
+
 
 def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
     env = dict(os.environ, PYTHONPATH=str(SRC), **(env or {}))
@@ -57,7 +61,9 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
 @pytest.mark.parametrize(
     "args, also_unneeded",
     [
-        (("status",), ("gpuwarden.xids",)),
+        # The board, link, clock-table, ECC-location and GPM answers are for other
+        # NVML tools: status shows none of them.
+        (("status",), ("gpuwarden.xids", *LATER_SIM)),
         # CUDA_VISIBLE_DEVICES is unset: nothing of visible's reading side is needed,
         # nor the Xid catalogue (no XID seen).
         (
@@ -70,6 +76,7 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
                 "gpuwarden.sim.events",
                 "gpuwarden.sim.handles",
                 "gpuwarden.sim.procinfo",
+                *LATER_SIM,
                 "gpuwarden.sim.specparse",
                 "math",
             ),
@@ -181,6 +188,38 @@ def run_script(script: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+NO_INTERPRETER_STATE = """
+import gc, sys, weakref
+
+class Node:
+    pass
+
+def cycle():
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+before = [cycle() for _ in range(20000)]  # garbage the caller made before the import
+threshold = gc.get_threshold()
+import gpuwarden.cli
+assert gpuwarden.cli.main(["config"]) == 0
+assert gc.isenabled() and gc.get_freeze_count() == 0 and gc.get_threshold() == threshold
+gc.collect()
+assert all(ref() is None for ref in before), "the caller's garbage was never freed"
+made = [n for n, m in sys.modules.items() if n != "__main__" and getattr(m, "__spec__", 0) is None]
+assert not made, made  # every module left is one the import system made
+print("ok")
+"""
+
+
+def test_the_command_line_changes_no_interpreter_wide_state() -> None:
+    """Importing and calling `gpuwarden.cli` from a program (a test runner, a notebook)
+    leaves its collector, its frozen objects and its modules as they were."""
+    out = run_script(NO_INTERPRETER_STATE)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
 NVML_LOAD = """
 import sys
 from gpuwarden.nvmlload import without_unused_modules
@@ -244,6 +283,17 @@ def test_nvidia_ml_py_loads_without_ctypes_util_or_threading_and_leaves_no_stand
     assert out.stdout.strip() == "ok"
 
 
+STAND_IN_TOUCHED_DURING_LOAD = """
+import sys
+from gpuwarden import lazyimport
+
+stand_in = sys.modules["copy"] = lazyimport._OnFirstUse("copy")  # as inside the window
+assert stand_in.deepcopy([[1]]) == [[1]]  # the real function, not endless recursion
+assert sys.modules["copy"] is not stand_in and sys.modules["copy"].__file__.endswith("copy.py")
+print("ok")
+"""
+
+
 ARGPARSE_LOAD = """
 import sys
 from gpuwarden import cli
@@ -268,6 +318,31 @@ def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
         out.stderr.strip()
         == "usage: p [-h] --n N\np: error: the following arguments are required: --n"
     )
+
+
+GETTEXT_ASKED_WHILE_LOADING = """
+import sys
+from gpuwarden import lazyimport
+
+stand_in = sys.modules["gettext"] = lazyimport.gettext_stand_in()  # as inside the window
+import gettext  # as a newer argparse might: more of gettext than its two functions
+assert gettext is stand_in and gettext.gettext("x") == "x"
+null = gettext.NullTranslations  # handed over by the real module, loaded now
+assert null.__module__ == "gettext" and sys.modules["gettext"].__file__.endswith("gettext.py")
+print("ok")
+"""
+
+
+def test_more_of_gettext_while_loading_gets_the_real_module() -> None:
+    out = run_script(GETTEXT_ASKED_WHILE_LOADING)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_a_stand_in_touched_inside_its_window_loads_the_real_module() -> None:
+    out = run_script(STAND_IN_TOUCHED_DURING_LOAD)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 THREADING_DURING_LOAD = """

@@ -186,27 +186,6 @@ def test_watch_rejects_nonpositive(sim, cli):
     assert out.returncode == 2 and "positive" in out.stderr
 
 
-def test_one_shot_commands_pause_the_collector_and_give_it_back():
-    import gc
-
-    from gpuwarden.cli.oneshot import one_shot
-
-    assert gc.isenabled()
-    frozen = gc.get_freeze_count()
-    try:
-        with one_shot():
-            assert not gc.isenabled()
-            kept = [[i] for i in range(1000)]
-        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(kept)
-        gc.disable()
-        with one_shot():
-            pass
-        assert not gc.isenabled()  # a caller's choice is kept
-    finally:
-        gc.enable()
-        gc.unfreeze()
-
-
 def test_power_and_fan_columns_and_json(sim, cli):
     sim("workstation-3x3090")
     assert cli("sim", "set", "--gpu", "1", "power=342.4", "fan=78").returncode == 0
@@ -227,7 +206,7 @@ def test_a_card_without_a_fan_shows_n_a(sim, cli):
 
 
 def test_power_column_formats():
-    from gpuwarden.cli.status import _power
+    from gpuwarden.cli.statustable import _power
 
     assert _power(61.6, 400.0) == "62/400W"
     assert _power(None, 400.0) == "n/a/400W"
@@ -305,7 +284,8 @@ def test_user_with_nothing_or_nobody(sim, cli):
 
 
 def test_lease_rows_for_shared_expired_and_job_bound_leases():
-    from gpuwarden.cli.status import _lease_rows, for_user
+    from gpuwarden.cli.status import for_user
+    from gpuwarden.cli.statustable import _lease_rows
     from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
     from gpuwarden.leases import LeaseInfo
 

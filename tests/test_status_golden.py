@@ -31,7 +31,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 REGEN = os.environ.get("GPUWARDEN_REGEN_GOLDEN") == "1"
 
 # name -> (spec, status arguments, environment, set-up): the set-up runs first
-# (a drain), and "job" runs status inside `gpuwarden run -g 1`, holding a lease.
+# (a drain), "job" runs status inside `gpuwarden run -g 1`, holding a lease, and
+# "mig-job" inside `gpuwarden run -g 1 --mig 2g.20gb`, holding a MIG slice.
 CASES: dict[str, tuple[str, tuple[str, ...], dict[str, str], str]] = {
     "server-8xa100": ("server-8xa100", (), {}, ""),
     "server-8xa100-json": ("server-8xa100", ("--json",), {}, ""),
@@ -40,6 +41,8 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict[str, str], str]] = {
     "mixed-visible-drained": ("mixed", (), {"CUDA_VISIBLE_DEVICES": "1,0"}, "drain"),
     "mixed-visible-drained-json": ("mixed", ("--json",), {"CUDA_VISIBLE_DEVICES": "1,0"}, "drain"),
     "mixed-pci-order": ("mixed", (), {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, ""),
+    "mixed-mig-job": ("mixed", (), {}, "mig-job"),
+    "mixed-mig-job-json": ("mixed", ("--json",), {}, "mig-job"),
     "workstation-job": ("workstation-3x3090", (), {}, "job"),
     "workstation-job-json": ("workstation-3x3090", ("--json",), {}, "job"),
     "h200-sim-flag": ("", ("--sim", "h200"), {}, ""),
@@ -110,10 +113,11 @@ def normalize_json(text: str) -> str:
     return json.dumps(_scrub(json.loads(text)), indent=2) + "\n"
 
 
-def _status(cli: Callable[..., Any], args: tuple[str, ...], env: dict[str, str], job: bool) -> Any:
+def _status(cli: Callable[..., Any], args: tuple[str, ...], env: dict[str, str], job: str) -> Any:
     if job:
         inner = [sys.executable, "-m", "gpuwarden", "status", *args]
-        return cli("run", "-g", "1", "--", *inner, env=env)
+        mig = ("--mig", "2g.20gb") if job == "mig-job" else ()
+        return cli("run", "-g", "1", *mig, "--", *inner, env=env)
     if args[:1] == ("--sim",):
         return cli(*args, "status", env=env)
     return cli("status", *args, env=env)
@@ -127,7 +131,7 @@ def test_status_output_is_the_golden_one(cli: Callable[..., Any], sim: Any, case
     env = {"COLUMNS": "200", **env}
     if setup == "drain":
         assert cli("drain", "1", "--reason", "fan noise").returncode == 0
-    result = _status(cli, args, env, job=setup == "job")
+    result = _status(cli, args, env, job=setup if setup.endswith("job") else "")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     got = normalize_json(result.stdout) if "--json" in args else normalize_text(result.stdout)

@@ -212,6 +212,54 @@ def test_the_page_live_in_a_browser(browser, page, cli, tmp_path):
         job.wait(30)
 
 
+@pytest.fixture
+def mig_page(sim: Callable[[str], str]) -> Iterator[WebServer]:
+    """The page of `mixed`, whose A100 is split into four MIG slices (docs/mig.md)."""
+    sim("mixed")
+    server = serve("127.0.0.1:0", feed=Feed(interval=1.0))
+    yield server
+    server.close()
+
+
+READ_SLICES = """
+return Array.from(document.querySelectorAll("article.gpu .slice")).map((s) => ({
+  uuid: s.dataset.uuid,
+  text: s.innerText,
+  jobs: Array.from(s.querySelectorAll("li.lease")).map((l) => l.dataset.job),
+}));
+"""
+
+
+def test_a_job_on_a_mig_slice_shows_on_its_slice(browser, mig_page, tmp_path):
+    browser.get(mig_page.url)
+    wait_for(lambda: len(browser.execute_script(READ_SLICES)) == 4, 10, "4 MIG slices")
+    first = {s["uuid"]: s["text"] for s in browser.execute_script(READ_SLICES)}
+    assert "MIG 3:2 · 1g.10gb" in first["MIG-d6d4d643-7305-56b5-867f-b49eb70c8469"]
+    assert "heidi" in first["MIG-d6d4d643-7305-56b5-867f-b49eb70c8469"]  # her notebook
+    job = subprocess.Popen(
+        gpuwarden("run", "--mig", "2g.20gb", "--", "sleep", "120"),
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        from gpuwarden.leases import list_leases
+
+        wait_for(lambda: list_leases(), 30, "the job's lease")
+        [lease] = list_leases()
+
+        def on_its_slice() -> bool:
+            slices = browser.execute_script(READ_SLICES)
+            return [s["uuid"] for s in slices if lease.job in s["jobs"]] == [lease.uuid]
+
+        assert wait_for(on_its_slice, LIVE, "the job on its MIG slice") <= LIVE
+        assert lease.uuid == "MIG-44d5e7c7-29e5-5224-b9a1-2b9b2e5ed9e6"  # the 2g.20gb
+        browser.save_screenshot(str(artifacts(tmp_path) / "web-mig.png"))
+    finally:
+        job.terminate()
+        job.wait(30)
+
+
 def test_readable_on_a_phone(browser, page, tmp_path):
     browser.set_window_size(390, 844)
     try:

@@ -167,6 +167,8 @@ def describe_request(request: Any) -> str:
         what = f"{n} GPU" + ("" if n == 1 else "s")
         if request.gpus:
             what += f" among {','.join(request.gpus)}"
+    if request.mig is not None:
+        what = what.replace("GPU", f"MIG {request.mig} slice", 1)
     if request.mem is not None:
         what += f" with {format_size(request.mem)} shared"
     elif request.min_free is not None:

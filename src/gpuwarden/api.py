@@ -84,6 +84,7 @@ def _request(
     model: Optional[str],
     exclude: Ids,
     mem: Union[str, int, None],
+    mig: Optional[str] = None,
 ) -> Any:
     from gpuwarden import config
     from gpuwarden.selection import Request
@@ -100,6 +101,7 @@ def _request(
             "run.min_capability": min_capability,
             "run.model": model,
             "run.exclude": _ids(exclude),
+            "run.mig": mig,
         }
     )
     declared = None
@@ -132,6 +134,7 @@ def hold(
     model: Optional[str] = None,
     exclude: Ids = None,
     mem: Union[str, int, None] = None,
+    mig: Optional[str] = None,
     wait: bool = False,
     timeout: Optional[float] = None,
     uuid: bool = False,
@@ -141,7 +144,8 @@ def hold(
     """Hold `n` GPUs (default 1, or all of `gpus`) that fit the filters for the block.
 
     Sizes may be bytes or text (`"20GiB"`); `mem` asks for a shared lease declaring
-    that much. Without `wait`, raises UserError (`exit_code` 75) when nothing fits
+    that much; `mig` a MIG slice of that profile (`"1g.10gb"`, docs/mig.md). Without
+    `wait`, raises UserError (`exit_code` 75) when nothing fits
     now; with it, waits in line (first come, first served) up to `timeout` seconds.
     A request that can never fit raises at once. `environ` (default os.environ) is
     the base of `Leased.env`, and its CUDA_VISIBLE_DEVICES limits the choice.
@@ -149,7 +153,7 @@ def hold(
     from gpuwarden.launch import job_env
 
     base = dict(os.environ if environ is None else environ)
-    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
+    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
     read = _reader(snapshot, topology=request.gpu_count > 1)
@@ -222,6 +226,7 @@ def pick(
     model: Optional[str] = None,
     exclude: Ids = None,
     mem: Union[str, int, None] = None,
+    mig: Optional[str] = None,
     environ: Optional[Mapping[str, str]] = None,
     snapshot: SnapshotSource = None,
 ) -> tuple[Gpu, ...]:
@@ -230,7 +235,7 @@ def pick(
     from gpuwarden.leases import EXIT_BUSY
 
     base = os.environ if environ is None else environ
-    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem)
+    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     snap = _reader(snapshot, topology=request.gpu_count > 1)()
     choice = jobs.choose_now(snap, request, jobs.allowed(snap, base))
     if not choice.ok:

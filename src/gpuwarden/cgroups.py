@@ -284,8 +284,12 @@ class Isolation:
         if self.error is not None:
             raise CgroupError(f"cannot join the job's cgroup: {self.error.strerror}")
 
-    def confine(self, minors: Sequence[Optional[int]], present: Iterable[int]) -> None:
-        """Let this process and its children open only the GPU nodes of `minors`."""
+    def confine(
+        self, minors: Sequence[Optional[int]], present: Iterable[int], more: Sequence[str] = ()
+    ) -> None:
+        """Let this process and its children open only the GPU nodes of `minors`; `more`
+        are further `devices.deny` lines (other MIG slices' nodes: `gpuwarden.migcaps`),
+        written where the v1 controller is (cgroup v2's program fences GPUs only)."""
         self.wait()
         if any(m is None for m in minors):
             raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
@@ -298,7 +302,7 @@ class Isolation:
             return
         fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
         try:
-            for rule in deny_rules(leased, present):
+            for rule in [*deny_rules(leased, present), *more]:
                 os.write(fd, rule.encode())  # the kernel takes one rule per write
         finally:
             os.close(fd)
@@ -442,6 +446,18 @@ def _alive(pid: int) -> bool:
 # --- what `gpuwarden run` calls ----------------------------------------------------------------
 
 
+def mig_rules(leased: Sequence[Any], gpus: Sequence[Any], root: Optional[str] = None) -> list[str]:
+    """`devices.deny` lines for the capability nodes of MIG slices not among `leased`
+    (none on a machine without MIG). `root`: where the driver's files are (default:
+    `migcaps.driver_root()`)."""
+    if not any(getattr(g, "mig_mode", False) for g in gpus):
+        return []
+    from gpuwarden import migcaps
+
+    caps = migcaps.read(migcaps.driver_root() if root is None else root)
+    return [] if caps is None else migcaps.deny_rules(caps, migcaps.slices_of(leased, gpus))
+
+
 def isolate(setting: str) -> list[Isolation]:
     """The job's cgroup being joined, or none. `setting` is `enforce.devices`: "auto" runs
     the job as before where isolation is impossible (a line on stderr when it should have
@@ -458,10 +474,11 @@ def isolate(setting: str) -> list[Isolation]:
         return []
 
 
-def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Iterable[Any], setting: str) -> None:
-    """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`)."""
+def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Sequence[Any], setting: str) -> None:
+    """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`):
+    their GPU nodes, and on a machine with MIG slices, its slices' capability nodes only."""
     try:
-        cgroup.confine([g.minor for g in leased], present_minors(gpus))
+        cgroup.confine([g.minor for g in leased], present_minors(gpus), mig_rules(leased, gpus))
     except (CgroupError, OSError) as err:
         text = str(err) if isinstance(err, CgroupError) else f"cannot write device rules: {err}"
         if setting == "require":

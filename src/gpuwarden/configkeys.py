@@ -24,7 +24,7 @@ class Key:
     A plain class, not a record: the schema's sixty-odd rows are made by every
     command, `gpuwarden run` included, and a record's shared `__init__` and its
     dataclass bookkeeping would cost that start time for nothing a schema row needs
-    (docs/performance.md, "Start-up, eighth round")."""
+    (`bench/run_overhead.py --instructions` measures it)."""
 
     __slots__ = ("above", "choices", "default", "doc", "env", "kind", "low", "name")
 
@@ -83,6 +83,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("run.min_capability", "capability", None, "skip GPUs below this compute capability"),
     Key("run.model", "str", None, "only GPUs whose name matches (glob or substring, any case)"),
     Key("run.exclude", "ids", (), "never pick these GPUs (indices or UUID prefixes)"),
+    Key("run.mig", "profile", None, "only MIG slices of this profile, e.g. 1g.10gb (docs/mig.md)"),
     Key("run.keep_first_last", "bool", True, "pick GPU 0 last (it often drives a display)"),
     Key(
         "run.id_format",
@@ -201,8 +202,25 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.admins", "names", (), "users and @groups who may act on every job and GPU"),
     Key("service.max_gpus_per_user", "int", None, "GPUs one user may use at once", low=1),
     Key(
-        "service.max_jobs_per_user", "int", None, "jobs one user may have queued or running", low=1
+        "service.max_jobs_per_user", "int", 1000, "jobs one user may have queued or running", low=1
     ),
+    Key(
+        "service.max_connections_per_user",
+        "int",
+        64,
+        "connections one user may hold open to the service (all users: 512)",
+        low=1,
+    ),
+    Key(
+        "service.idle_timeout",
+        "seconds",
+        30.0,
+        "a connection that sends no whole request for this long is closed",
+        low=0,
+        above=True,
+    ),
+    Key("service.max_command_bytes", "size", 64 << 10, "longest command line of a job", low=1),
+    Key("service.max_env_bytes", "size", 256 << 10, "largest environment of a job", low=1),
     Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
     Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
     Key(

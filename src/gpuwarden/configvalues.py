@@ -84,7 +84,8 @@ def _as_seconds(value: Any) -> float:
 
 def _as_percent(value: Any) -> float:
     if isinstance(value, str):
-        value = value.strip().rstrip("%")
+        value = value.strip()
+        value = value[:-1] if value.endswith("%") else value  # one sign: "50%%" is no number
     number = _as_float(value)
     if not 0 <= number <= 100:
         raise BadValue
@@ -192,6 +193,18 @@ def _as_capability(value: Any) -> tuple[int, int]:
         raise BadValue from None
 
 
+# NVIDIA's MIG profile names: GPU instances "1g.10gb", "3g.40gb", "1g.10gb+me", and
+# compute instances inside one, "1c.3g.40gb".
+_PROFILE = re.compile(r"(\d+c\.)?\d+g\.\d+gb(\+me)?")
+
+
+def _as_profile(value: Any) -> str:
+    text = _as_str(value).strip().lower()
+    if not _PROFILE.fullmatch(text):
+        raise BadValue
+    return text
+
+
 def _as_path(value: Any) -> str:
     return os.path.expanduser(_as_str(value))
 
@@ -220,6 +233,7 @@ KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "ids": (_as_ids, 'GPU IDs such as "0,2" or ["GPU-3f2a"]'),
     "ints": (_as_ints, "a list of integers"),
     "capability": (_as_capability, "a compute capability such as 8.0"),
+    "profile": (_as_profile, "a MIG profile such as 1g.10gb or 3g.40gb"),
     "path": (_as_path, "a path (string)"),
     "listen": (_as_listen, "HOST:PORT, :PORT or PORT"),
     "choice": (_as_str, "one of"),

@@ -136,6 +136,9 @@ class Use:
     user: Optional[str]
     memory: Optional[int] = None
     lineage: tuple[int, ...] = field(default=())
+    # The `gpuwarden.lease` label of the container it runs in (ancestry.container_job):
+    # "" in a container gpuwarden did not start, None in none.
+    container: Optional[str] = None
 
 
 @record
@@ -146,15 +149,30 @@ class Unleased:
     gpu: str
     user: Optional[str]
     leased_to: Optional[str]  # the owner of a lease on that GPU held by someone else
+    container: Optional[str] = None  # as `Use.container`
 
 
 def lease_of(use: Use, leases: Iterable[Lease]) -> Optional[Lease]:
-    """The lease on the process's GPU whose holder is the process or one of its ancestors."""
+    """The lease on the process's GPU whose holder is the process or one of its ancestors,
+    or whose job its container is labelled with (a container is the child of its runtime,
+    not of the job that started it). The label is anyone's to write, so it counts for a
+    lease of the process's own user, or for a process run as root: a rootful runtime,
+    which only root and its equivalents drive."""
     lineage = set(use.lineage) | {use.pid}
     for lease in leases:
-        if lease.gpu == use.gpu and lease.pid is not None and lease.pid in lineage:
+        if lease.gpu != use.gpu:
+            continue
+        if lease.pid is not None and lease.pid in lineage:
+            return lease
+        if use.container and use.container == lease.job and use.user in ("root", lease.owner):
             return lease
     return None
+
+
+def owner(use: Use, lease: Optional[Lease]) -> Optional[str]:
+    """Whom a process's use counts for: the lease's owner for a process of a container
+    started under it (its own user there is often root), else its own user."""
+    return lease.owner if lease is not None and use.container else use.user
 
 
 def unleased(uses: Iterable[Use], leases: Sequence[Lease]) -> list[Unleased]:
@@ -171,7 +189,8 @@ def unleased(uses: Iterable[Use], leases: Sequence[Lease]) -> list[Unleased]:
                 if other.gpu == use.gpu and other.owner != use.user
             }
         )
-        found.append(Unleased(use.pid, use.gpu, use.user, ", ".join(others) or None))
+        leased_to = ", ".join(others) or None
+        found.append(Unleased(use.pid, use.gpu, use.user, leased_to, use.container))
     return found
 
 

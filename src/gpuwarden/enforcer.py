@@ -22,7 +22,9 @@ import os
 import signal
 
 from gpuwarden import enforcement as policy
-from gpuwarden.ancestry import lineage
+from gpuwarden.ancestry import container_job, lineage
+from gpuwarden.attribution import policy_leases, use_of
+from gpuwarden.mig import devices, label
 from gpuwarden.records import record
 from gpuwarden.units import is_digits
 
@@ -75,10 +77,14 @@ class Enforcer:
     """The policies' state between readings, and the kills waiting for their SIGKILL."""
 
     def __init__(
-        self, rules: policy.Policy, lineage_of: Callable[[int], tuple[int, ...]] = lineage
+        self,
+        rules: policy.Policy,
+        lineage_of: Callable[[int], tuple[int, ...]] = lineage,
+        container_of: Callable[[int], Optional[str]] = container_job,
     ):
         self.rules = rules
         self.lineage_of = lineage_of
+        self.container_of = container_of
         self.memory: dict[tuple[str, int], policy.Since] = {}
         self.unleased: dict[tuple[str, int], policy.Since] = {}
         self.idle: dict[tuple[str, int], policy.Idle] = {}
@@ -88,12 +94,12 @@ class Enforcer:
     def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
         """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
         actions: list[Action] = []
-        gpus = {g.uuid: g for g in snapshot.gpus if not g.lost}
-        held = [
-            policy.Lease(x.uuid, x.pid, x.user, x.job, x.mem is not None, x.mem) for x in leases
-        ]
+        # What a lease holds: a GPU, or a MIG slice in place of its parent (gpuwarden.mig),
+        # with the slice's own processes and memory.
+        gpus = {g.uuid: g for g in devices(snapshot) if not g.lost}
+        held = policy_leases(leases)
         uses = [
-            policy.Use(p.pid, g.uuid, p.user, p.used_memory, self.lineage_of(p.pid))
+            use_of(g, p, self.lineage_of, self.container_of)
             for g in gpus.values()
             for p in g.processes
         ]
@@ -128,8 +134,8 @@ class Enforcer:
             if act is not None:
                 limit = policy.memory_limit(lease.mem, self.rules.memory_tolerance)
                 text = (
-                    f"job {lease.job or lease.pid} of {lease.owner} uses {_size(used)} on GPU "
-                    f"{gpus[lease.gpu].index}, over its --mem {_size(lease.mem)} "
+                    f"job {lease.job or lease.pid} of {lease.owner} uses {_size(used)} on "
+                    f"{label(gpus[lease.gpu])}, over its --mem {_size(lease.mem)} "
                     f"(+{self.rules.memory_tolerance:g}% = {_size(limit)})"
                 )
                 if act == "warn":
@@ -161,8 +167,12 @@ class Enforcer:
             _keep(self.unleased, key, state)
             if act is None:
                 continue
-            where = f"GPU {gpus[found.gpu].index}"
+            where = label(gpus[found.gpu])
             text = f"pid {found.pid} of {found.user or '?'} uses {where} without a lease"
+            if found.container == "":
+                text += " (in a GPU container started without gpuwarden)"
+            elif found.container:
+                text += f" (in a container of job {found.container}, whose lease is not on it)"
             if found.leased_to:
                 text += f"; the GPU is leased to {found.leased_to}"
             out.append(
@@ -187,7 +197,7 @@ class Enforcer:
             self.idle[key] = state
             if act is not None:
                 text = (
-                    f"lease of {lease.owner} (job {lease.job or lease.pid}) on GPU {gpu.index} "
+                    f"lease of {lease.owner} (job {lease.job or lease.pid}) on {label(gpu)} "
                     f"idle for {self.rules.idle_after:g}s: 0% and no memory change"
                 )
                 out.append(Action(act, "idle", lease.gpu, gpu.index, lease.pid, lease.owner, text))

@@ -52,8 +52,16 @@ class ViewCache:
         rules: Any = None,
         clock: Callable[[], float] = time.monotonic,
         read_timeout: float = 5.0,
+        counters: bool = False,
     ) -> None:
         self._read = read
+        # dcgm-exporter's further counters (gpuwarden.counters), read with each snapshot
+        # only when asked for: GPM keeps one sample per GPU between reads
+        self._counters: Any = None
+        if counters:
+            from gpuwarden.counters import Counters
+
+            self._counters = Counters()
         self.cache_seconds = cache_seconds
         self.idle_after = idle_after
         self.rules = rules
@@ -151,6 +159,10 @@ class ViewCache:
 
         previous = self._view
         leases = self._state("leases", lambda: tuple(_leases()), (), previous)
+        if leases:
+            from gpuwarden.attribution import attribute
+
+            snap = attribute(snap, leases)  # a container's processes count for their owner
         drains = self._state("drains", list_drains, {}, previous)
         xids = self._state("xids", xids_seen, {}, previous)
         findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
@@ -187,7 +199,7 @@ class ViewCache:
             return self._read()
         from gpuwarden.inventory import read_snapshot
 
-        return read_snapshot()
+        return read_snapshot(counters=self._counters)
 
 
 def _leases() -> list:

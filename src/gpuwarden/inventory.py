@@ -60,6 +60,7 @@ class MigInstance:
     name: Optional[str] = None  # profile, e.g. "1g.10gb"
     memory_total: Optional[int] = None
     memory_used: Optional[int] = None
+    counters: tuple[tuple[str, float], ...] = ()  # read only when asked (`gpuwarden.counters`)
 
 
 @record
@@ -101,6 +102,7 @@ class Gpu:
     pcie_replay_count: Optional[int] = None
     throttle_reasons: Optional[tuple[str, ...]] = None  # e.g. ("hw_thermal", "sw_power_cap")
     processes: tuple[GpuProcess, ...] = ()
+    counters: tuple[tuple[str, float], ...] = ()  # read only when asked (`gpuwarden.counters`)
     lost: bool = False  # NVML said GpuIsLost (fallen off the bus)
     error: Optional[str] = None  # why the GPU could not be read, when lost or broken
 
@@ -210,13 +212,18 @@ class _Reader:
 
 
 def read_snapshot(
-    nvml: Any = None, *, processes: bool = True, topology: bool = False, detail: bool = True
+    nvml: Any = None,
+    *,
+    processes: bool = True,
+    topology: bool = False,
+    detail: bool = True,
+    counters: Any = None,
 ) -> Snapshot:
     """Read the machine once. `nvml` defaults to `load_nvml()`; never raises for
     hardware conditions (see the module docstring). Without `detail`, only what
     choosing a GPU decides on is read (no temperature, power, energy, fan, clocks,
     persistence or compute mode: a third of the calls per GPU, and on some cards the
-    slowest ones); those fields are then None."""
+    slowest ones); those fields are then None. `counters`: see `gpuwarden.counters`."""
     hostname = os.uname().nodename  # what gethostname() returns, without importing socket
     now = time.time()
     if nvml is None:
@@ -242,7 +249,7 @@ def read_snapshot(
             error=f"NVML initialisation failed: {err}",
         )
     try:
-        return _read(nvml, hostname, now, source, processes, topology, detail)
+        return _read(nvml, hostname, now, source, processes, topology, detail, counters)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -277,6 +284,7 @@ def _read(
     processes: bool,
     topology: bool,
     detail: bool = True,
+    counters: Any = None,
 ) -> Snapshot:
     r = _Reader(nv)
     driver = r.get("nvmlSystemGetDriverVersion")
@@ -303,6 +311,7 @@ def _read(
         gpu = _read_gpu(nv, r, index, handle, processes, known, detail)
         if not gpu.lost:
             handles[index] = handle
+            gpu = counters.read(nv, r.get, handle, gpu) if counters is not None else gpu
         gpus.append(gpu)
     topo: dict[tuple[int, int], int] = {}
     links: dict[tuple[int, int], int] = {}

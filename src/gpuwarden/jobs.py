@@ -94,11 +94,13 @@ def launch_leased(
     env: Mapping[str, str],
     command: str,
     before_start: Optional[Callable[[], None]] = None,
+    start: Optional[Callable[[Sequence[str], Mapping[str, str], Sequence[int]], Job]] = None,
 ) -> Job:
     """Start `argv` holding `held`'s descriptors and publish it as the lease's job.
 
     The record is prepared first (a full disk fails here, nothing started);
-    `before_start` (a device cgroup, say) runs next. On any failure the lease is
+    `before_start` (a device cgroup, say) runs next; `start` replaces `launch.start` (a
+    container's client, gpuwarden.containers). On any failure the lease is
     released, and a job that started but could not be published is killed: a job
     must never run under a lease others cannot see."""
     from gpuwarden import launch
@@ -107,7 +109,7 @@ def launch_leased(
         held.prepare(command)
         if before_start is not None:
             before_start()
-        job = launch.start(argv, env, held.fds)
+        job = (start or launch.start)(argv, env, held.fds)
     except BaseException:
         held.release()
         raise

@@ -19,6 +19,7 @@ right after the spawn; a job that touches it in that instant is continued.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ _TERMINAL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 _INHERITED_IGNORED = {s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN}
 
 # Variables a job inherits from an enclosing lease that must not leak into this one.
-_OURS = (
+OURS = (
     "GPUWARDEN_JOB",
     "GPUWARDEN_GPUS",
     "GPUWARDEN_GPU_INDICES",
@@ -84,7 +85,7 @@ def job_env(
     mem: Optional[int] = None,
 ) -> dict[str, str]:
     """The job's environment: `base` plus the GPUs (an empty list hides every GPU)."""
-    env = {k: v for k, v in base.items() if k not in _OURS}
+    env = {k: v for k, v in base.items() if k not in OURS}
     env.update(export_env(gpus, use_uuid))
     env["GPUWARDEN_GPUS"] = ",".join(g.uuid for g in gpus)
     env["GPUWARDEN_GPU_INDICES"] = ",".join(str(g.index) for g in gpus)
@@ -197,12 +198,17 @@ class Job:
         self.pid = pid
         self.tty = tty
         self._saved: dict[int, Any] = {}
+        # Called with each forwarded signal too: a container's runtime stops the
+        # container, which is not in the job's process group (gpuwarden.containers).
+        self.on_signal: Optional[Any] = None
 
     def _forward(self, signum: int, _frame: Any) -> None:
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
             pass
+        if self.on_signal is not None and signum != signal.SIGCONT:
+            self.on_signal(signum)
 
     def _owns_terminal(self) -> bool:
         try:
@@ -242,9 +248,15 @@ class Job:
         return 128 - code if code < 0 else code
 
 
-def start(argv: Sequence[str], env: Mapping[str, str], pass_fds: Iterable[int] = ()) -> Job:
+def start(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    pass_fds: Iterable[int] = (),
+    numbered: Sequence[int] = (),
+) -> Job:
     """Start `argv` in a new process group with `env`, the descriptors `pass_fds` inherited
-    (the lease locks), and the wrapper's signals forwarded to the group."""
+    (the lease locks), and the wrapper's signals forwarded to the group. `numbered` are
+    also given to the job as descriptors 3, 4, ... (what Podman's --preserve-fds passes)."""
     if not argv:
         raise UserError("no command given: put it after --, e.g. `-- python train.py`")
     if not argv[0]:
@@ -262,11 +274,15 @@ def start(argv: Sequence[str], env: Mapping[str, str], pass_fds: Iterable[int] =
         sys.stderr.flush()
         for fd in fds:
             os.set_inheritable(fd, True)
+        # Copies above the targets first, so that no dup2 overwrites a later source.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3 + len(numbered)) for fd in numbered]
+        moves = [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(high)]
         try:
             pid = os.posix_spawnp(
                 argv[0],
                 list(argv),
                 dict(env),
+                file_actions=moves,
                 setpgroup=0,
                 setsigdef=defaults,
                 setsigmask=old_mask,
@@ -280,6 +296,8 @@ def start(argv: Sequence[str], env: Mapping[str, str], pass_fds: Iterable[int] =
         finally:
             for fd in fds:
                 os.set_inheritable(fd, False)
+            for fd in high:
+                os.close(fd)
         _set_foreground(tty, pid)
         job = Job(pid, tty)
         for signum in forwarded:

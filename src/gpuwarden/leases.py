@@ -243,6 +243,7 @@ class Held:
         self.fds: list[int] = []  # lock and metadata descriptors: what the job inherits
         self._tmp: list[tuple[int, str, str, Any]] = []  # (fd, tmp path, final path, gpu)
         self._final: list[str] = []
+        self._published: list[tuple[int, dict[str, Any]]] = []  # (record fd, its contents)
         self._records: Optional[list[dict[str, Any]]] = None  # prepared, not yet published
         self._alloc_fd: Optional[int] = None
         self.on_behalf: Optional[str] = None  # root leasing for this user (the queue service)
@@ -308,10 +309,25 @@ class Held:
                         f"cannot publish the lease record {final}: {err.strerror}"
                     ) from None
                 self._final.append(final)
+                self._published.append((fd, {**meta, "pid": pid}))
             self._tmp = []
             self._records = None
         finally:
             self.drop_allocation_lock()
+
+    def repoint(self, pid: int) -> None:
+        """Name another pid as the published lease's job, in place (the lease is not let
+        go in between): a restarted notebook kernel keeps its GPUs under its new pid."""
+        for fd, meta in self._published:
+            meta["pid"] = pid
+            raw = json.dumps(meta).encode()
+            size = os.fstat(fd).st_size
+            if len(raw) > size:
+                raise UserError("the lease record has no room for the new pid")
+            try:
+                os.pwrite(fd, raw.ljust(size), 0)
+            except OSError as err:
+                raise UserError(f"cannot update the lease record: {err.strerror}") from None
 
     def take(self, gpu: Any, shared: bool) -> bool:
         """Lock one GPU for this job; False when someone holds it in a conflicting mode.
@@ -374,6 +390,7 @@ class Held:
         for final in self._final:
             remove_if_free(final)
         self._final = []
+        self._published = []
 
     def __enter__(self) -> Held:
         return self

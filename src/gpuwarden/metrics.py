@@ -8,9 +8,8 @@ serves them.
 Names follow Prometheus conventions: base units (bytes, seconds, watts,
 joules, hertz, ratios 0-1) in the name, counters end in `_total`. Labels on
 every GPU series: `gpu` (the nvidia-smi index), `uuid`, `model`, `hostname`.
-With `dcgm_compat`, the dcgm-exporter names, units and labels are emitted too
-(`DCGM_FI_DEV_*` with `gpu`, `UUID`, `device`, `modelName`, `Hostname`), so
-dashboards built for dcgm-exporter (Grafana 12239) work unchanged.
+With `dcgm_compat`, dcgm-exporter's names, units and labels are emitted too
+(`gpuwarden.dcgm`), for dashboards built for dcgm-exporter (Grafana 12239).
 
 A series that alerts take the increase() of must exist at 0 before its first
 event (Prometheus sees no increase in a series born at 1): hence the per-GPU
@@ -21,14 +20,13 @@ prometheus-client is the `exporter` extra, imported inside the functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Finding, level
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.inventory import Gpu, MigInstance, Snapshot
 from gpuwarden.records import field, record
 
-MIB = 2**20
 LEVELS = ("ok", "warning", "fatal")
 
 
@@ -258,25 +256,47 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             )
     out.append(drained)
 
+    # A GPU in MIG mode is leased, and holds processes, per MIG instance: those series
+    # carry dcgm-exporter's GPU_I_ID and GPU_I_PROFILE (empty for a whole GPU).
+    slots = ["GPU_I_ID", "GPU_I_PROFILE"]
     leased = GaugeMetricFamily(
         "gpuwarden_gpu_leased",
-        "1 per lease held on the GPU (0 with empty user when none)",
-        labels=[*base, "user", "job", "pid"],
+        "1 per lease held on the GPU or MIG instance (0 with empty user when none)",
+        labels=[*base, *slots, "user", "job", "pid"],
     )
     by_uuid: dict[str, list] = {}
     for lease in view.leases:
         by_uuid.setdefault(lease.uuid, []).append(lease)
     for gpu in snap.gpus:
-        leases = by_uuid.get(gpu.uuid, [])
-        if not leases:
-            leased.add_metric([*gpu_labels(gpu), "", "", ""], 0)
-        for lease in leases:
-            # lease files are written by other users: every label is made a string
-            # here, so one record of the wrong type cannot fail the whole scrape
-            job = _short(lease.job, 60) or _short(lease.command, 60)
-            user = _short(lease.user, 60)
-            leased.add_metric([*gpu_labels(gpu), user, job, _short(lease.pid, 20)], 1)
+        units = _units(gpu)
+        if units[0][0] != gpu.uuid and gpu.uuid in by_uuid:
+            units.append((gpu.uuid, ["", ""]))  # a lease on the whole of a MIG-mode GPU
+        for uuid, slot in units:
+            leases = by_uuid.get(uuid, [])
+            if not leases:
+                leased.add_metric([*gpu_labels(gpu), *slot, "", "", ""], 0)
+            for lease in leases:
+                # lease files are written by other users: every label is made a string
+                # here, so one record of the wrong type cannot fail the whole scrape
+                job = _short(lease.job, 60) or _short(lease.command, 60)
+                user = _short(lease.user, 60)
+                pid = _short(lease.pid, 20)
+                leased.add_metric([*gpu_labels(gpu), *slot, user, job, pid], 1)
     out.append(leased)
+    mig_labels = [*base, *slots, "mig_uuid"]
+    mig_used = GaugeMetricFamily(
+        "gpuwarden_mig_memory_used_bytes", "Memory in use on a MIG instance", labels=mig_labels
+    )
+    mig_total = GaugeMetricFamily(
+        "gpuwarden_mig_memory_total_bytes", "Memory of a MIG instance", labels=mig_labels
+    )
+    for gpu in snap.gpus:
+        for mig in gpu.mig_instances if gpu.mig_mode else ():
+            names = [*gpu_labels(gpu), *_slot(mig), mig.uuid]
+            for fam, value in ((mig_used, mig.memory_used), (mig_total, mig.memory_total)):
+                if value is not None:
+                    fam.add_metric(names, value)
+    out += [mig_used, mig_total]
 
     idle_held = GaugeMetricFamily(
         "gpuwarden_gpu_idle_held",
@@ -297,17 +317,18 @@ def families(view: View, dcgm_compat: bool = False) -> list:
     procs = GaugeMetricFamily(
         "gpuwarden_process_memory_used_bytes",
         "GPU memory held by one process",
-        labels=[*base, "pid", "user", "command"],
+        labels=[*base, *slots, "pid", "user", "command"],
     )
     per_user: dict[str, float] = {}
     for gpu in snap.gpus:
+        slot_of = {m.uuid: _slot(m) for m in gpu.mig_instances}
         for p in gpu.processes:
             user = _short(p.user, 60) or "unknown"
             if p.used_memory is None:
                 continue
-            procs.add_metric(
-                [*gpu_labels(gpu), str(p.pid), user, _short(p.command, 60)], p.used_memory
-            )
+            slot = slot_of.get(p.mig_uuid or "", ["", ""])
+            names = [*gpu_labels(gpu), *slot, str(p.pid), user, _short(p.command, 60)]
+            procs.add_metric(names, p.used_memory)
             per_user[user] = per_user.get(user, 0.0) + p.used_memory
     out.append(procs)
     users = GaugeMetricFamily(
@@ -342,121 +363,22 @@ def families(view: View, dcgm_compat: bool = False) -> list:
 
     out += queue_families(view.queue, host)
     if dcgm_compat:
+        from gpuwarden.dcgm import families as dcgm_families
+
         out += dcgm_families(view)
     return out
 
 
-# (name, help, type, value of Gpu) as dcgm-exporter's default counters define them
-_DCGM: Sequence[tuple[str, str, str, Callable[[Gpu], Optional[float]]]] = (
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "gauge", lambda g: g.clock_sm),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge", lambda g: g.temperature),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge", lambda g: g.power_draw),
-    (
-        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
-        "Power management limit (in W).",
-        "gauge",
-        lambda g: g.power_limit,
-    ),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "Total energy consumption since boot (in mJ).",
-        "counter",
-        lambda g: None if g.energy_consumed is None else g.energy_consumed * 1000.0,
-    ),
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", lambda g: g.utilization_gpu),
-    (
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "Memory utilization (in %).",
-        "gauge",
-        lambda g: g.utilization_memory,
-    ),
-    (
-        "DCGM_FI_DEV_FB_FREE",
-        "Framebuffer memory free (in MiB).",
-        "gauge",
-        lambda g: None if g.memory_free is None else g.memory_free / MIB,
-    ),
-    (
-        "DCGM_FI_DEV_FB_USED",
-        "Framebuffer memory used (in MiB).",
-        "gauge",
-        lambda g: None if g.memory_used is None else g.memory_used / MIB,
-    ),
-    (
-        "DCGM_FI_DEV_FB_TOTAL",
-        "Framebuffer memory total (in MiB).",
-        "gauge",
-        lambda g: None if g.memory_total is None else g.memory_total / MIB,
-    ),
-    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", "gauge", lambda g: g.fan_speed),
-    (
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "Total number of PCIe retries.",
-        "counter",
-        lambda g: g.pcie_replay_count,
-    ),
-    (
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "Total number of single-bit volatile ECC errors.",
-        "counter",
-        lambda g: g.ecc_corrected_volatile,
-    ),
-    (
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "Total number of double-bit volatile ECC errors.",
-        "counter",
-        lambda g: g.ecc_uncorrected_volatile,
-    ),
-    (
-        "DCGM_FI_DEV_RETIRED_PENDING",
-        "Number of pages pending retirement.",
-        "gauge",
-        lambda g: None if g.retired_pages_pending is None else int(g.retired_pages_pending),
-    ),
-    (
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-        "Whether remapping of rows has failed.",
-        "gauge",
-        lambda g: None if g.remapped_rows_failure is None else int(g.remapped_rows_failure),
-    ),
-)
+def _slot(mig: MigInstance) -> list[str]:
+    """GPU_I_ID and GPU_I_PROFILE of a MIG instance, as dcgm-exporter writes them."""
+    return ["" if mig.gpu_instance_id is None else str(mig.gpu_instance_id), mig.name or ""]
 
 
-def dcgm_families(view: View) -> list:
-    """dcgm-exporter's names, units and labels, so its dashboards work unchanged."""
-    from prometheus_client import Metric
-
-    snap = view.snapshot
-    labels_of = {
-        gpu.uuid: {
-            "gpu": str(gpu.index),
-            "UUID": gpu.uuid,
-            "device": f"nvidia{gpu.index}",
-            "modelName": gpu.name or "",
-            "Hostname": snap.hostname,
-            "DCGM_FI_DRIVER_VERSION": snap.driver_version or "",
-        }
-        for gpu in snap.gpus
-    }
-    out = []
-    for name, doc, kind, attr in _DCGM:
-        # dcgm-exporter keeps counter names without `_total`; prometheus-client would
-        # add it to a counter, so those are exposed untyped under the exact name.
-        fam = Metric(name, doc, "gauge" if kind == "gauge" else "unknown")
-        for gpu in snap.gpus:
-            if gpu.lost:
-                continue
-            value = attr(gpu)
-            if value is not None:
-                fam.add_sample(name, labels_of[gpu.uuid], float(value))
-        out.append(fam)
-    xid = Metric("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gauge")
-    for gpu in snap.gpus:
-        seen = view.xids.get(gpu.uuid, ())
-        last = float(seen[-1] if seen else 0)
-        xid.add_sample("DCGM_FI_DEV_XID_ERRORS", labels_of[gpu.uuid], last)
-    out.append(xid)
-    return out
+def _units(gpu: Gpu) -> list[tuple[str, list[str]]]:
+    """What a lease can hold on `gpu`, by UUID: the GPU, or in MIG mode each instance."""
+    if gpu.mig_mode and gpu.mig_instances:
+        return [(m.uuid, _slot(m)) for m in gpu.mig_instances]
+    return [(gpu.uuid, ["", ""])]
 
 
 def _bool(value: object) -> str:

@@ -13,7 +13,13 @@ While nvidia-ml-py's module executes, and only then, each is a stand-in: the
 the `threading` one has `Lock` (`_thread.allocate_lock`) and hands any other name
 to the real module, loaded when first asked.
 Afterwards the stand-ins leave `sys.modules`, so any later import (by anyone)
-gets the real modules; one already loaded is used as it is.
+gets the real modules; one already loaded is used as it is. A stand-in asked for
+anything else while nvidia-ml-py executes steps aside before loading the real
+module, so it never finds itself.
+
+Expiry: written for nvidia-ml-py 12 and 13 (pyproject.toml bounds it below 14);
+the next major version is read again before the bound moves, and this module goes
+as soon as nvidia-ml-py stops importing either module at its top.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ For each class, `dataclasses.dataclass(frozen=True)` writes `__init__`, `__repr_
 `__eq__`, `__hash__` and two frozen guards as source text and compiles them
 while the module is imported, for every record `gpuwarden run` needs before it
 can start a job: a large part of what `run` adds to every job's start
-(docs/performance.md, "Records"). A record is still a real frozen dataclass
+(docs/performance.md). A record is still a real frozen dataclass
 (`dataclasses.fields`, `replace`, `asdict` and `is_dataclass` work, assigning to a
 field raises `FrozenInstanceError`, `inspect.signature` shows the fields), and
 behaves as `@dataclass(frozen=True)` does — tests/test_records.py holds the two

@@ -27,6 +27,11 @@ start cannot be estimated (the running jobs declared no `--time`), holding GPUs
 idle for it could last forever, so for its first `policy.starve_after` seconds
 (an hour by default) later jobs that fit still start; after that the GPUs it
 needs are kept for it as they free up.
+
+`plan()` decides *who* starts and how many GPUs each gets; *which* of the free GPUs
+is the machine's one placement policy (`gpuwarden.selection`: health, topology, MIG
+slices, sharing), which the service hands in as `pick` so a queued job gets the GPUs
+`run` would choose. Without `pick`, free GPUs are taken in order.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 # Why a job waits, as squeue's REASON column words it (docs/service.md lists them).
 RESOURCES = "Resources"  # not enough free GPUs now (or it holds the reservation)
@@ -113,6 +118,11 @@ class Waiting(NamedTuple):
     held: bool = False
     after: tuple[str, ...] = ()
     eligible: Optional[frozenset[str]] = None
+
+
+# Which `count` of the GPUs that are free for a job it gets (None: none of them do);
+# the GPUs come in the order the plan would take them.
+Pick = Callable[["Waiting", Sequence[str]], Optional[Sequence[str]]]
 
 
 class Decision(NamedTuple):
@@ -232,10 +242,13 @@ class Capacity:
                 self.shared[uuid] += sign
             self.idle += (self.whole[uuid] == 0 and self.shared[uuid] == 0) - was_idle
 
-    def place(self, job: Waiting, avoid: frozenset[str] = frozenset()) -> Optional[tuple[str, ...]]:
+    def place(
+        self, job: Waiting, avoid: frozenset[str] = frozenset(), pick: Optional[Pick] = None
+    ) -> Optional[tuple[str, ...]]:
         """GPUs for `job` now, or None. Whole jobs take free GPUs in the given order;
         shared jobs go where most is already declared (best fit), keeping whole GPUs
-        free for whole jobs. GPUs in `avoid` (what a reserved job will need) come last."""
+        free for whole jobs. GPUs in `avoid` (what a reserved job will need) come last.
+        With `pick`, it chooses among the free GPUs, those outside `avoid` first."""
         if job.mem is None and self.idle < job.count:
             return None  # the common case deep in a long queue: nothing is free
         allowed = self.order
@@ -253,6 +266,14 @@ class Capacity:
             fits.sort(key=lambda u: (u in avoid, -self.declared[u], self.rank[u]))
         if len(fits) < job.count:
             return None
+        if pick is not None:
+            spare = [u for u in fits if u not in avoid]
+            got = pick(job, spare) if len(spare) >= job.count else None
+            if got is None and len(spare) < len(fits):
+                got = pick(job, fits)
+            if got is None or len(got) != job.count or not set(got) <= set(fits):
+                return None
+            fits = list(got)
         return tuple(sorted(fits[: job.count], key=self.rank.__getitem__))
 
     def could_fit(self, count: int, mem: Optional[int]) -> bool:
@@ -292,12 +313,14 @@ def plan(
     now: float,
     policy: Optional[Policy] = None,
     finished: Optional[Mapping[str, bool]] = None,
+    pick: Optional[Pick] = None,
 ) -> list[Decision]:
     """One decision per waiting job, highest priority first.
 
     `finished` maps the ids of ended jobs to whether they succeeded, for `--after`:
     a dependency on a job that is neither running, waiting nor finished (unknown) is
     treated as satisfied, as Slurm does once a job is purged from its records.
+    `pick` chooses which free GPUs a starting job gets (see `Pick`).
     """
     policy = Policy() if policy is None else policy
     finished = {} if finished is None else finished
@@ -323,7 +346,7 @@ def plan(
         if reason is not None:
             decisions.append(Decision(job.id, prio, reason=reason))
             continue
-        chosen = free.place(job, keep)
+        chosen = free.place(job, keep, pick)
         if chosen is not None and (
             reserved is None
             or _leaves_room(job, chosen, now, shadow, reserved, free, running, policy)

@@ -66,6 +66,7 @@ class Request:
     exclude: tuple[str, ...] = ()
     mem: Optional[int] = None  # bytes; None = exclusive
     keep_first_last: bool = True
+    mig: Optional[str] = None  # a MIG profile ("1g.10gb"): only MIG slices of it
 
     @property
     def gpu_count(self) -> int:
@@ -89,6 +90,7 @@ class Request:
             "model": config.get("run.model"),
             "exclude": tuple(config.get("run.exclude") or ()),
             "keep_first_last": bool(config.get("run.keep_first_last")),
+            "mig": config.get("run.mig"),
         }
         fields.update(overrides)
         return cls(**fields)
@@ -104,6 +106,7 @@ class Choice:
     passed_over: dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None
     never_fits: bool = False
+    unfit: frozenset[str] = frozenset()  # the GPUs that can never serve this request here
 
     @property
     def ok(self) -> bool:
@@ -187,11 +190,23 @@ def choose(
     # A GPU in MIG mode is chosen by MIG device; health, drains and whole-GPU leases
     # are the parent GPU's.
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
+    profile = {m.uuid: (m.name or "").lower() for g in snapshot.gpus for m in g.mig_instances}
     physical = snapshot
     if parent:
         from dataclasses import replace
 
         snapshot = replace(snapshot, gpus=devices(snapshot))
+    if request.mig is not None and request.mig not in profile.values():
+        have = sorted({p for p in profile.values() if p})
+        return Choice(
+            (),
+            {},
+            f"no MIG slice of profile {request.mig} here: "
+            + (f"this machine has {', '.join(have)}" if have else "no GPU here is in MIG mode")
+            + " (docs/mig.md)",
+            True,
+            frozenset(g.uuid for g in snapshot.gpus),
+        )
     drain_by_uuid = _drain_map(drains)
     leases_on: dict[str, list[Any]] = {}
     for lease in leases:
@@ -223,6 +238,9 @@ def choose(
             warned[gpu.uuid] = "; ".join(warnings)
         drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
         reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
+        if not reason and request.mig is not None and profile.get(gpu.uuid) != request.mig:
+            got = f"a MIG {profile[gpu.uuid]} slice" if gpu.uuid in profile else "not a MIG slice"
+            reason = FILTER, f"{got}, not {request.mig}"
         if not reason and gpu.mig_mode:
             reason = FILTER, "MIG mode is on but it has no MIG device: CUDA cannot use it"
         if not reason and count > 1 and is_mig(gpu):
@@ -243,6 +261,7 @@ def choose(
             room[gpu.uuid] = free
 
     candidates = [g for g in snapshot.gpus if g.uuid in room]
+    unfit = frozenset(never)
     passed = {u: r for u, (_, r) in never.items()}
     passed.update(busy)
 
@@ -260,20 +279,20 @@ def choose(
     if count == 0:
         for g in candidates:
             passed[g.uuid] = "not needed: no GPU asked for"
-        return Choice((), passed)
+        return Choice((), passed, unfit=unfit)
     if len(candidates) < count:
         for g in candidates:
             passed[g.uuid] = f"fits, but fewer than {count} GPUs do"
         usable = len(snapshot.gpus) - len(never)
         if usable < count:
             return Choice(
-                (), passed, never_message(snapshot, count, named, allowed_set, never), True
+                (), passed, never_message(snapshot, count, named, allowed_set, never), True, unfit
             )
         reasons = some(snapshot, busy)
         error = f"asked for {plural(count)} but {only(len(candidates))} free now ({reasons})"
         if any(r.startswith(BUSY) for r in busy.values()):
             error += f"; {_BUSY_HINT}"
-        return Choice((), passed, error, False)
+        return Choice((), passed, error, False, unfit)
 
     chosen = _best_set(snapshot, candidates, count, warned, request.keep_first_last)
     chosen_uuids = {g.uuid for g in chosen}
@@ -290,7 +309,19 @@ def choose(
                 f"not needed: others ranked higher (this one: {format_size(int(room[g.uuid]))} "
                 f"free, util {util})"
             )
-    return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed)
+    return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed, unfit=unfit)
+
+
+def fitting(
+    snapshot: Snapshot,
+    request: Request,
+    health: Optional[Mapping[str, Sequence[Any]]] = None,
+) -> frozenset[str]:
+    """The UUIDs of the GPUs (MIG devices in place of a MIG-mode GPU) that can ever serve
+    `request` on this machine, whatever runs on them now: what a queue may wait for.
+    Bad IDs in the request raise UserError, as in `choose`."""
+    choice = choose(snapshot, request, health=health)
+    return frozenset(g.uuid for g in devices(snapshot)) - choice.unfit
 
 
 def _pair_cost(snapshot: Snapshot, a: Gpu, b: Gpu) -> int:

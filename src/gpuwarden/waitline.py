@@ -81,6 +81,7 @@ _REQUEST_FIELDS = {
     "exclude": _strs,
     "mem": lambda v: v is None or _int(v, 1, 2**60),
     "keep_first_last": lambda v: isinstance(v, bool),
+    "mig": lambda v: v is None or (isinstance(v, str) and len(v) <= 40),
 }
 
 

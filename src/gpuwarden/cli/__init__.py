@@ -20,11 +20,8 @@ an unexpected exception is still a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
-
-from gpuwarden.lazyimport import import_argparse
 
 TYPE_CHECKING = False  # the typing module is not needed at run time here
 if TYPE_CHECKING:
@@ -36,18 +33,9 @@ if TYPE_CHECKING:
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
-    # argparse brings re, enum, functools and collections: objects that live until
-    # exit, which the cyclic collector would walk about six times while they are
-    # made, freeing nothing (docs/performance.md). Paused for the import; what it
-    # built is frozen out of the collector's sight, as `main` does for the rest.
-    _collecting = gc.isenabled()
-    gc.disable()
-    try:
-        argparse = import_argparse()  # without gettext: see gpuwarden.lazyimport
-    finally:
-        gc.freeze()
-        if _collecting:
-            gc.enable()
+    from gpuwarden.lazyimport import import_argparse
+
+    argparse = import_argparse()  # without gettext: see gpuwarden.lazyimport
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.
@@ -58,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "select": ("select", "print the IDs of GPUs that fit, without reserving them"),
     "reserve": ("reserve", "hold GPUs for an interactive session"),
     "release": ("reserve", "end a reservation made with `gpuwarden reserve`"),
+    "kernel": ("kernel", "install a Jupyter kernel whose kernels lease their GPUs"),
     "drain": ("drain", "take GPUs out of service, with a reason"),
     "undrain": ("drain", "put drained GPUs back into service"),
     "config": ("config", "show each effective setting and where it came from"),
@@ -204,16 +193,7 @@ def command_word(argv: Sequence[str]) -> tuple[str | None, str | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Imports and argument parsing build objects that live until exit; the cyclic
-    # collector would walk them again and again (and once more at exit) for
-    # nothing. Pause it until they exist (the command's modules are imported and
-    # its options read below for that reason), then freeze them out of its sight.
-    gc.disable()
-    try:
-        module, args = parse(list(sys.argv[1:] if argv is None else argv))
-    finally:
-        gc.freeze()
-        gc.enable()
+    module, args = parse(list(sys.argv[1:] if argv is None else argv))
     if module is None:
         return 0
     from gpuwarden.errors import UserError

@@ -22,14 +22,14 @@ def register(commands: Commands, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        from gpuwarden.cli.jobtables import job_ids
+        from gpuwarden.cli.jobtables import job_ids, report_refused
         from gpuwarden.service.client import require
 
         ids = job_ids(args.ids)
         with require() as client:
-            done = client.call("cancel", jobs=ids)["jobs"]
-        print(f"cancelled: {', '.join(str(i) for i in done)}")
-        return 0
+            reply = client.call("cancel", jobs=ids)
+        print(f"cancelled: {', '.join(str(i) for i in reply['jobs'])}")
+        return report_refused("cancel", reply)
     from gpuwarden.slurm import tools
 
     for job in args.ids:

@@ -44,10 +44,7 @@ def run(args: argparse.Namespace) -> int:
     # anything else of the doctor, so that all of that (and reading the machine)
     # happens while the child runs.
     probe = None if args.no_torch_import else start_if_wanted(os.environ)
-    from gpuwarden.cli.oneshot import one_shot
-
-    with one_shot():
-        return _diagnose(args, probe)
+    return _diagnose(args, probe)
 
 
 def _diagnose(args: argparse.Namespace, probe: Any) -> int:

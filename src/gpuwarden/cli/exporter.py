@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         idle_util=float(config.get("exporter.idle_util")),
         idle_after=float(config.get("exporter.idle_seconds")),
         rules=rules,
+        counters=dcgm,
     )
     if args.once:
         sys.stdout.write(exporter.render(cache.get(), dcgm))

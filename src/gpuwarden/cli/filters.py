@@ -42,6 +42,9 @@ def add_filters(parser: Declared, *, slurm: bool = False) -> None:
     )
     parser.add_argument("--exclude", metavar="IDS", help="never these GPUs" + local)
     parser.add_argument(
+        "--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 1g.10gb" + local
+    )
+    parser.add_argument(
         "--mem",
         metavar="SIZE",
         help="a shared lease declaring this much memory (not a whole GPU)"
@@ -54,6 +57,9 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
     count = args.count
     if count is not None and not is_digits(str(count).strip()):
         raise UserError(f"invalid GPU count {count!r}: expected a whole number, 0 or more")
+    for flag, value in (("--gpus", args.gpus), ("--model", args.model)):
+        if value is not None and not value.strip():  # not "no constraint": a slip
+            raise UserError(f"{flag} is empty; leave it out to allow any GPU")
     return {
         "run.count": count,
         "run.gpus": args.gpus,
@@ -62,6 +68,7 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "run.min_capability": args.min_capability,
         "run.model": args.model,
         "run.exclude": args.exclude,
+        "run.mig": args.mig,
     }
 
 

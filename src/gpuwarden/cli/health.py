@@ -61,12 +61,7 @@ def _resolve(snapshot: Any, ids: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.watch and args.clear is None:
-        return _run(args)
-    from gpuwarden.cli.oneshot import one_shot
-
-    with one_shot():
-        return _run(args)
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`gpuwarden jobs`: finished jobs with how they ended and the GPU-hours they used."""
+"""`gpuwarden jobs`: finished jobs with how they ended and the GPU-hours they used;
+`--slurm`: Slurm's (sacct where slurmdbd runs, the controller's memory otherwise)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
 
     parser = subcommand(commands, name)
+    parser.add_argument("--slurm", action="store_true", help="Slurm's ended jobs")
     parser.add_argument("-n", "--last", type=int, default=50, metavar="N", help="how many (50)")
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--all", action="store_true", help="every finished job (not only --last)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,9 +33,14 @@ def run(args: argparse.Namespace) -> int:
     if args.last < 1:
         raise UserError("--last must be 1 or more")
     user = user_name() if args.me else args.user
+    if args.slurm:
+        from gpuwarden.slurm.history import ended_jobs
+
+        jobs, _source = ended_jobs(user, args.last)
+        print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
+        return 0
+    filters = {} if user is None else {"user": user}  # chosen by the service: one page
     with require() as client:
-        jobs = client.call("jobs", limit=args.last if user is None else 100000)["jobs"]
-    if user is not None:
-        jobs = [j for j in jobs if j.get("user") == user][: args.last]
+        jobs, _ = client.listing("jobs", None if args.all else args.last, **filters)
     print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
     return 0

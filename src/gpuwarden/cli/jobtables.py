@@ -144,7 +144,8 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     notes = []
     for job in jobs:
         elapsed = job.get("elapsed") or 0.0
-        gpu_hours = len(job.get("gpus") or []) * elapsed / 3600.0
+        gpus = len(job.get("gpus") or []) or job.get("count") or 0  # Slurm's: a count
+        gpu_hours = gpus * elapsed / 3600.0
         if job.get("signal"):
             how = f"signal {job['signal']}"
         elif job.get("exit_code") is not None:
@@ -207,3 +208,14 @@ def job_ids(words: list[str]) -> list[int]:
                 raise UserError(f"invalid job id {part!r}: expected a number such as 12")
             ids.append(int(part))
     return ids
+
+
+def report_refused(command: str, reply: Mapping[str, Any]) -> int:
+    """The ids a cancel, hold or release refused, one line each on stderr; the exit
+    status: 1 when some were refused (the others were done), else 0."""
+    import sys
+
+    refused = reply.get("refused") or ()
+    for item in refused:
+        print(f"gpuwarden {command}: {printable(str(item.get('error')))}", file=sys.stderr)
+    return 1 if refused else 0

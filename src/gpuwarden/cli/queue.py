@@ -21,6 +21,11 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs (squeue -u)")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    parser.add_argument("--all", action="store_true", help=f"every job, not only the first {PAGE}")
+
+
+#: Jobs `queue` shows without --all (the ones that start first).
+PAGE = 500
 
 
 def local(args: argparse.Namespace) -> int:
@@ -28,12 +33,17 @@ def local(args: argparse.Namespace) -> int:
     from gpuwarden.paths import user_name
     from gpuwarden.service.client import require
 
-    with require() as client:
-        reply = client.call("queue")
-    jobs = reply["jobs"]
     who = user_name() if args.me else args.user
-    if who is not None:
-        jobs = [j for j in jobs if j.get("user") == who]
+    filters = {} if who is None else {"user": who}
+    with require() as client:
+        jobs, reply = client.listing("queue", None if args.all else PAGE, **filters)
+    total = reply.get("total")
+    left = total - len(jobs) if isinstance(total, int) else 0
+    if left > 0:
+        print(
+            f"gpuwarden queue: {len(jobs)} of {total} jobs shown; --all shows every one",
+            file=sys.stderr,
+        )
     if args.json:
         import json
 
@@ -61,11 +71,18 @@ def run(args: argparse.Namespace) -> int:
 
         user = user_name(os.geteuid())
     jobs = tools.queue(user=user)
+    from gpuwarden.slurm.annotate import details
+
+    notes = details(jobs)
     if args.json:
         import json
 
         fields = ("id", "user", "state", "reason", "elapsed", "limit", "nodes", "gres", "name")
-        json.dump([{f: getattr(j, f) for f in fields} for j in jobs], sys.stdout, indent=2)
+        json.dump(
+            [{**{f: getattr(j, f) for f in fields}, "detail": notes.get(j.id, "")} for j in jobs],
+            sys.stdout,
+            indent=2,
+        )
         print()
         return 0
     if not jobs:
@@ -77,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         [
             j.id,
             j.user,
-            j.state + (f" ({j.reason})" if j.reason else ""),
+            j.state + (f" ({notes.get(j.id) or j.reason})" if notes.get(j.id) or j.reason else ""),
             j.elapsed,
             j.limit,
             j.gres or "-",

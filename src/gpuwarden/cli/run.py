@@ -16,7 +16,7 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Callable
+    from typing import Any
 
     from gpuwarden.cli import Commands
 
@@ -104,19 +104,14 @@ def _start_on_cpu(args: argparse.Namespace, cmd: list[str]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Set up and start the job with the cyclic garbage collector paused (what the set-up
-    builds lives until exit: walking it dozens of times, and again at exit, freed
-    nothing; see gpuwarden.cli.oneshot), then wait for the job with it back on."""
-    from gpuwarden.cli.oneshot import one_shot
-
+    """Set up and start the job, wait for it, free what it held."""
     if args.slurm:
         from gpuwarden.cli.slurmjobs import run_attached
 
         return run_attached(args)
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
-        with one_shot() as resume:
-            started, held = _start(args, resume, isolation)
+        started, held = _start(args, isolation)
         if isinstance(started, int):
             return started
         try:
@@ -144,9 +139,7 @@ def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: lis
     return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))
 
 
-def _start(
-    args: argparse.Namespace, resume: Callable[[], None], isolation: list[Any]
-) -> tuple[Any, Any]:
+def _start(args: argparse.Namespace, isolation: list[Any]) -> tuple[Any, Any]:
     """(the started job, or the exit code when none was started; the lease held for it,
     or None)."""
     from gpuwarden.cli import filters
@@ -166,7 +159,7 @@ def _start(
     from gpuwarden.config import reused
 
     with reused(conf):  # the health rules, lease and state directories: this same reading
-        return _start_with(args, conf, request, cmd, resume, isolation)
+        return _start_with(args, conf, request, cmd, isolation)
 
 
 def _start_with(
@@ -174,7 +167,6 @@ def _start_with(
     conf: Any,
     request: Any,
     cmd: list[str],
-    resume: Callable[[], None],
     isolation: list[Any],
 ) -> tuple[Any, Any]:
     use_uuid = conf.get("run.id_format") == "uuid"
@@ -221,7 +213,7 @@ def _start_with(
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
         return launch.start(argv, env), None
-    held = take(args.command, conf, request, machine, allowed, on_first_wait=resume)
+    held = take(args.command, conf, request, machine, allowed)
     try:
         argv = cmd
         if args.ddp:
@@ -234,6 +226,7 @@ def _start_with(
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        container = _container(argv, held, env)
     except BaseException:
         held.release()
         raise
@@ -246,5 +239,35 @@ def _start_with(
         for cgroup in isolation:
             confine(cgroup, held.gpus, machine.first.gpus, devices)
 
-    job = jobs.launch_leased(held, argv, env, launch.command_text(cmd), confine)
+    starter = None
+    if container is not None:
+        from gpuwarden.containers import start as start_container
+
+        argv = container.argv
+
+        def starter(_argv: Any, env: Any, fds: Any) -> Any:
+            return start_container(container, env, fds)
+
+    job = jobs.launch_leased(held, argv, env, launch.command_text(cmd), confine, starter)
     return job, held
+
+
+def _container(argv: list[str], held: Any, env: dict[str, str]) -> Any:
+    """The container command rewritten for the lease (docs/containers.md), or None when
+    `argv` starts no container."""
+    from gpuwarden import containers
+    from gpuwarden.launch import OURS
+
+    if containers.runtime_of(argv) is None:
+        return None
+    ours = {k: env[k] for k in OURS if k in env}
+    return containers.plan(
+        argv,
+        held.gpus,
+        held.job,
+        os.getuid(),
+        nfds=len(held.fds),
+        cdi=containers.cdi_spec() is not None,
+        dev=os.environ.get("GPUWARDEN_DEV_DIR", "/dev"),
+        extra_env=ours,
+    )

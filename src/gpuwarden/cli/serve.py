@@ -106,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
         devices=cfg.get("enforce.devices"),
         enforce=EnforcePolicy.from_config(cfg),
         enforce_every=cfg.get("enforce.poll_seconds"),
+        max_clients_per_user=cfg.get("service.max_connections_per_user"),
+        idle_timeout=cfg.get("service.idle_timeout"),
+        max_command_bytes=cfg.get("service.max_command_bytes"),
+        max_env_bytes=cfg.get("service.max_env_bytes"),
     )
     # Scheduling and enforcement decide on memory, processes and health alone.
     Service(settings, lambda: read_snapshot(detail=False)).serve_forever()

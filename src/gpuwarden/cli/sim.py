@@ -156,6 +156,8 @@ def _env(args: argparse.Namespace) -> int:
 def _inject(args: argparse.Namespace) -> int:
     machine = _machine(args)
     if args.fault == "xid":
+        if args.xid < 1:
+            raise UserError(f"XID {args.xid}: an XID is a positive number, as the driver logs it")
         machine.inject_xid(args.gpu, args.xid)
     elif args.fault == "lose":
         machine.lose(args.gpu)

@@ -61,20 +61,36 @@ def conf(args: argparse.Namespace) -> int:
     snapshot = read_snapshot(processes=False, topology=True)
     if not snapshot.gpus:
         raise UserError(f"no GPUs to describe: {snapshot.error or 'NVML found none'}")
+    from gpuwarden.slurm import miggres
+
     devices = gres.read_devices(snapshot)
-    lines = gres.gres_lines(snapshot, devices, dev_dir=args.dev_dir, gpu_type=args.type)
+    has_mig = any(g.mig_mode and g.mig_instances for g in snapshot.gpus)
+    minors = miggres.read_minors() if has_mig else None
+    lines = gres.gres_lines(
+        snapshot, devices, dev_dir=args.dev_dir, gpu_type=args.type, mig_minors=minors
+    )
     node = gres.node_line(
         snapshot.hostname,
         len(lines),
         cpus=os.cpu_count() or 1,
         memory_mib=gres.memory_mib(),
-        gpu_type=args.type,
+        gres=miggres.counts(lines),
     )
     where = "" if snapshot.source == "nvml" else f" ({snapshot.source})"
     if args.section in ("all", "gres"):
         print(f"# gres.conf for {snapshot.hostname}{where}, in NVML index order")
         for note in gres.notes(devices):
             print(f"# {note}")
+        if has_mig:
+            print(
+                "# MIG devices: one MultipleFiles= line each (parent GPU and its two "
+                "nvidia-caps devices), typed MODEL_PROFILE; capability minors "
+                + (
+                    f"from {miggres.MIG_MINORS}"
+                    if minors is not None
+                    else f"by the driver's numbering rule ({miggres.MIG_MINORS} unreadable here)"
+                )
+            )
         print("\n".join(lines))
     if args.section == "all":
         print("# slurm.conf: this node's line (`slurmd -C` prints sockets, cores, threads)")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # Filters that choose among one machine's GPUs by what NVML shows; under Slurm the
 # scheduler picks the GPUs, so they have no meaning there.
-NO_SLURM_EQUIVALENT = ("gpus", "min_free", "max_util", "min_capability", "exclude")
+NO_SLURM_EQUIVALENT = ("gpus", "min_free", "max_util", "min_capability", "exclude", "mig")
 
 
 def command_of(args: argparse.Namespace) -> list[str]:

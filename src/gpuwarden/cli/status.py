@@ -1,4 +1,5 @@
-"""`gpuwarden status`: one line per GPU with load, memory, health, leases and processes.
+"""`gpuwarden status`: one line per GPU (and per MIG slice) with load, memory, health,
+leases and processes; the table itself is `cli.statustable`.
 
 The JSON form (`--json`) is a documented, versioned interface (docs/status-json.md):
 fields are only ever added within a schema version.
@@ -10,6 +11,7 @@ import json
 import sys
 import time
 
+from gpuwarden.cli.statustable import cuda_indices, level, slices, to_text, unleased_pids
 from gpuwarden.inventory import Gpu, Snapshot, dotted
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from gpuwarden.cli import Commands
 
 SCHEMA = 1
-_SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
+__all__ = ["gather", "render", "to_json", "to_text", "unleased_pids"]
 
 
 def register(commands: Commands, name: str) -> None:
@@ -55,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
             )
         return _watch(args)
-    from gpuwarden.cli.oneshot import one_shot
-
-    with one_shot():
-        print(render(gather(args.user), as_json=args.json))
+    print(render(gather(args.user), as_json=args.json))
     return 0
 
 
@@ -104,8 +103,10 @@ def for_user(data: dict[str, Any], user: str) -> dict[str, Any]:
     gpus = []
     for g in snap.gpus:
         theirs = tuple(p for p in g.processes if p.user == user)
-        if theirs or g.uuid in leased:
-            gpus.append(replace(g, processes=theirs))
+        used = {p.mig_uuid for p in theirs}
+        own = tuple(m for m in slices(g) if m.uuid in leased or m.uuid in used)
+        if theirs or g.uuid in leased or own:
+            gpus.append(replace(g, processes=theirs, mig_instances=own))
     return {**data, "snapshot": replace(snap, gpus=tuple(gpus)), "leases": leases, "user": user}
 
 
@@ -143,10 +144,15 @@ def collect() -> dict[str, Any]:
 
     snap = read_snapshot()
     view = _visible(snap)
+    leases = _leases()
+    if leases:
+        from gpuwarden.attribution import attribute
+
+        snap = attribute(snap, leases)  # a container's processes shown as their owner's
     return {
         "snapshot": snap,
         "visible": view,
-        "leases": _leases(),
+        "leases": leases,
         "drains": _drains(),
         "health": _health(snap),
     }
@@ -189,13 +195,6 @@ def _health(snap: Snapshot) -> dict[str, tuple[Any, ...]]:
         return {g.uuid: health.judge(g) for g in snap.gpus}
 
 
-def _cuda_indices(view: Any) -> dict[str, list[int]]:
-    found: dict[str, list[int]] = {}
-    for dev in getattr(view, "devices", ()):
-        found.setdefault(dev.uuid, []).append(dev.cuda_index)
-    return found
-
-
 def render(data: dict[str, Any], as_json: bool = False) -> str:
     return json.dumps(to_json(data), indent=2) if as_json else to_text(data)
 
@@ -206,7 +205,7 @@ def render(data: dict[str, Any], as_json: bool = False) -> str:
 def to_json(data: dict[str, Any]) -> dict[str, Any]:
     snap: Snapshot = data["snapshot"]
     view = data["visible"]
-    cuda = _cuda_indices(view)
+    cuda = cuda_indices(view)
     leases = [x for x in data["leases"] if not isinstance(x, Exception)]
     if leases:
         from gpuwarden.ancestry import lineage
@@ -220,7 +219,7 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
                 "cuda_index": cuda[g.uuid][0] if g.uuid in cuda else None,
                 "cuda_indices": cuda.get(g.uuid, []),
                 "health": {
-                    "level": _level(findings),
+                    "level": level(findings),
                     "findings": [
                         {
                             "level": f.level,
@@ -234,20 +233,7 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
                 "drain": None
                 if drain is None
                 else {"reason": drain.reason, "by": drain.by, "at": drain.at, "auto": drain.auto},
-                "leases": [
-                    {
-                        "user": x.user,
-                        "pid": x.pid,
-                        "command": x.command,
-                        "started": x.started,
-                        "age": max(0.0, snap.taken_at - x.started),
-                        "expires": x.expires,
-                        "mem": x.mem,
-                        "job": x.job,
-                    }
-                    for x in leases
-                    if x.uuid == g.uuid
-                ],
+                "leases": [_lease_json(x, snap.taken_at) for x in leases if x.uuid == g.uuid],
                 # Processes under no lease (unreserved use), where leases are in use.
                 "unleased_pids": sorted(
                     unleased_pids(g, [x for x in leases if x.uuid == g.uuid], lineage)
@@ -256,6 +242,10 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
                 else [],
             }
         )
+        gpus[-1]["mig_instances"] = [
+            _slice_json(g, m, snap.taken_at, leases, cuda, lineage if leases else None)
+            for m in slices(g)
+        ]
     return {
         "schema": SCHEMA,
         "hostname": snap.hostname,
@@ -273,201 +263,48 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _lease_json(x: Any, taken_at: float) -> dict[str, Any]:
+    return {
+        "user": x.user,
+        "pid": x.pid,
+        "command": x.command,
+        "started": x.started,
+        "age": max(0.0, taken_at - x.started),
+        "expires": x.expires,
+        "mem": x.mem,
+        "job": x.job,
+    }
+
+
+def _slice_json(
+    g: Gpu, m: Any, taken_at: float, leases: list[Any], cuda: dict[str, list[int]], lineage: Any
+) -> dict[str, Any]:
+    """A MIG slice under its parent: what NVML says of it, plus what status adds of a
+    GPU (its leases, its processes under none, CUDA's index for it). Its processes are
+    the parent's `processes` whose `mig_uuid` is its `uuid`."""
+    from dataclasses import asdict
+
+    mine = [x for x in leases if x.uuid in (g.uuid, m.uuid)]
+    pids = {p.pid for p in g.processes if p.mig_uuid == m.uuid}
+    free = (
+        None if m.memory_total is None or m.memory_used is None else m.memory_total - m.memory_used
+    )
+    found = asdict(m)
+    del found["counters"]  # the exporter's (gpuwarden.counters); status never reads them
+    return {
+        **found,
+        "memory_free": None if free is None else max(0, free),
+        "cuda_index": cuda[m.uuid][0] if m.uuid in cuda else None,
+        "leases": [_lease_json(x, taken_at) for x in leases if x.uuid == m.uuid],
+        "unleased_pids": sorted(pids & unleased_pids(g, mine, lineage)) if lineage else [],
+    }
+
+
 def _gpu_json(g: Gpu) -> dict[str, Any]:
     from dataclasses import asdict
 
     out = asdict(g)
+    del out["counters"]  # the exporter's (gpuwarden.counters); status never reads them
     out["compute_capability"] = dotted(g.compute_capability)
     out["throttle_reasons"] = list(g.throttle_reasons) if g.throttle_reasons is not None else None
     return out
-
-
-def _level(findings: tuple[Any, ...]) -> str:
-    from gpuwarden.health import level
-
-    return level(tuple(findings))
-
-
-# --- text ------------------------------------------------------------------------------
-
-
-def _pct(value: Optional[int]) -> str:
-    return "n/a" if value is None else f"{value}%"
-
-
-def _power(draw: Optional[float], limit: Optional[float]) -> str:
-    """`62/400W`: drawn and the enforced limit, in one narrow column as nvidia-smi's
-    Pwr:Usage/Cap; n/a for what NVML does not report."""
-    if draw is None:
-        return "n/a" if limit is None else f"n/a/{limit:.0f}W"
-    return f"{draw:.0f}W" if limit is None else f"{draw:.0f}/{limit:.0f}W"
-
-
-def _short(name: Optional[str]) -> str:
-    if not name:
-        return "n/a"
-    for prefix in _SHORT_NAMES:
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
-
-
-def to_text(data: dict[str, Any]) -> str:
-    from gpuwarden.table import render as table
-    from gpuwarden.units import format_size
-
-    snap: Snapshot = data["snapshot"]
-    if not snap.gpus and data.get("user") is not None and not snap.error:
-        return f"{data['user']} holds no GPU, process or lease here"
-    if not snap.gpus:
-        return snap.error or "no GPUs found"
-    view = data["visible"]
-    cuda = _cuda_indices(view)
-    value = getattr(view, "value", None)
-    show_cuda = value is not None or any(
-        cuda.get(g.uuid, [g.index])[0] != g.index for g in snap.gpus
-    )
-    leases: dict[str, list[Any]] = {}
-    lease_error = None
-    for x in data["leases"]:
-        if isinstance(x, Exception):
-            lease_error = str(x)
-        else:
-            leases.setdefault(x.uuid, []).append(x)
-    cuda_version = dotted(snap.cuda_driver_version) or "n/a"
-    head = f"{snap.hostname}  driver {snap.driver_version or 'n/a'}  CUDA {cuda_version}"
-    if snap.source != "nvml":
-        head += f"  [{snap.source}]"
-    headers = (
-        ["GPU"]
-        + (["CUDA"] if show_cuda else [])
-        + [
-            "NAME",
-            "TEMP",
-            "FAN",
-            "POWER",
-            "UTIL",
-            "MEMORY",
-            "HEALTH",
-            "LEASE",
-            "PROCESSES",
-        ]
-    )
-    rows = []
-    notes = []
-    # Where leases are in use (a shared machine), a GPU process under none is marked: it
-    # is unreserved use, counted against its user's fair share by the queue service.
-    any_lease = bool(leases)
-    unreserved = 0
-    if any_lease:
-        from gpuwarden.ancestry import lineage
-    for g in snap.gpus:
-        findings = data["health"].get(g.uuid, ())
-        lvl = _level(findings)
-        if g.lost:
-            health_mark = "LOST"
-        elif lvl == "ok":
-            health_mark = "ok"
-        else:
-            first = getattr(findings[0], "code", "") or findings[0].reason
-            more = f"+{len(findings) - 1}" if len(findings) > 1 else ""
-            health_mark = f"{'FATAL' if lvl == 'fatal' else 'warn'}:{first}{more}"
-        for f in findings:
-            notes.append(f"GPU {g.index}: {f.reason}" + (f" -> {f.action}" if f.action else ""))
-        drain = data["drains"].get(g.uuid)
-        held = leases.get(g.uuid, [])
-        if drain is not None:
-            lease_mark = "drained"
-            notes.append(f"GPU {g.index}: drained by {drain.by}: {drain.reason}")
-        elif held:
-            lease_mark = ",".join(
-                sorted({x.user + ("(shared)" if x.mem is not None else "") for x in held})
-            )
-        else:
-            lease_mark = "-"
-        if g.lost:
-            memory = "n/a"
-        else:
-            memory = f"{format_size(g.memory_used)} / {format_size(g.memory_total)}"
-        stray = unleased_pids(g, held, lineage) if any_lease else set()
-        procs = (
-            " ".join(
-                f"{p.user or '?'}({format_size(p.used_memory)}){'*' if p.pid in stray else ''}"
-                for p in g.processes
-            )
-            or "-"
-        )
-        unreserved += len(stray)
-        mark = ""
-        if show_cuda:
-            ids = cuda.get(g.uuid)
-            mark = ",".join(map(str, ids)) if ids else "-"
-        temp = "n/a" if g.temperature is None else f"{g.temperature}C"
-        name = _short(g.name) + (" [MIG]" if g.mig_mode else "")
-        row = (
-            [str(g.index)]
-            + ([mark] if show_cuda else [])
-            + [
-                name,
-                temp,
-                _pct(g.fan_speed),
-                _power(g.power_draw, g.power_limit),
-                _pct(g.utilization_gpu),
-                memory,
-                health_mark,
-                lease_mark,
-                procs,
-            ]
-        )
-        rows.append(row)
-    right = {0, 3, 4, 5, 6} if not show_cuda else {0, 1, 4, 5, 6, 7}  # numbers line up
-    lines = [head, table(headers, rows, right=sorted(right))]
-    if value is not None:
-        lines.append(f"CUDA_VISIBLE_DEVICES={value!r} (CUDA column: the index a CUDA program sees)")
-    if unreserved:
-        lines.append("* a process under no lease: unreserved use (see `gpuwarden enforce`)")
-    for text in list(getattr(view, "problems", ())) + list(getattr(view, "warnings", ())):
-        lines.append(f"warning: {text}")
-    held_rows = _lease_rows(snap, [x for g in snap.gpus for x in leases.get(g.uuid, [])])
-    if held_rows:
-        lines.append("")
-        lines.append(
-            table(
-                ["LEASE", "USER", "JOB", "PID", "AGE", "EXPIRES", "COMMAND"],
-                held_rows,
-                right=[3, 4],
-            )
-        )
-    if lease_error:
-        lines.append(f"warning: cannot read leases: {lease_error}")
-    lines.extend(notes)
-    return "\n".join(lines)
-
-
-def unleased_pids(gpu: Gpu, held: list[Any], lineage_of: Any) -> set[int]:
-    """The pids of `gpu`'s processes that belong to none of the leases `held` on it: no
-    lease's job is the process or one of its ancestors (the kernel's /proc)."""
-    holders = {x.pid for x in held if getattr(x, "pid", None)}
-    return {p.pid for p in gpu.processes if not holders & set(lineage_of(p.pid))}
-
-
-def _lease_rows(snap: Snapshot, held: list[Any]) -> list[list[str]]:
-    """One row per lease: `GPU n` (with `shared` for a declared-memory lease), its job
-    id, user, age and when it expires (`with job`: it ends when its process tree does)."""
-    from gpuwarden.units import format_size, format_span
-
-    index = {g.uuid: g.index for g in snap.gpus}
-    rows = []
-    for x in held:
-        gpu = f"GPU {index.get(x.uuid, '?')}"
-        if x.mem is not None:
-            gpu += f" shared {format_size(x.mem)}"
-        if x.expires is None:
-            expires = "with job"
-        elif x.expires <= snap.taken_at:
-            expires = "now"
-        else:
-            expires = "in " + format_span(x.expires - snap.taken_at)
-        age = format_span(max(0.0, snap.taken_at - x.started))
-        rows.append([gpu, x.user, x.job or "-", str(x.pid), age, expires, x.command or "-"])
-    return rows

@@ -106,6 +106,8 @@ def submit_local(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output is not None and not args.output.strip():
+        raise UserError("--output is empty: name a file, or leave it out for the default")
     if not args.slurm:
         return submit_local(args)
     for name in ("after", "hold", "nice"):

@@ -13,7 +13,7 @@ from gpuwarden.units import format_span
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Optional
 
     from gpuwarden.jobs import Machine
     from gpuwarden.leases import Held
@@ -69,21 +69,10 @@ def take(
     machine: Machine,
     allowed: Any,
     job: Optional[str] = None,
-    on_first_wait: Optional[Callable[[], None]] = None,
 ) -> Held:
     """Lease for `request` as `gpuwarden <command>` does: in line with the live status
-    when `run.wait` is set, and a last line saying what was granted after a wait.
-    `on_first_wait` is called once, when it turns out that the lease must wait."""
+    when `run.wait` is set, and a last line saying what was granted after a wait."""
     status = WaitStatus(command, request)
-    on_wait: Callable[..., None] = status
-    if on_first_wait is not None:
-        pending = [on_first_wait]
-
-        def on_wait(*progress: Any) -> None:
-            while pending:
-                pending.pop()()
-            status(*progress)
-
     started = time.monotonic()
     held = jobs.lease(
         request,
@@ -92,7 +81,7 @@ def take(
         timeout=conf.get("run.timeout"),
         allowed=allowed,
         job=job,
-        on_wait=on_wait,
+        on_wait=status,
     )
     try:
         status.done(held.gpus, time.monotonic() - started)

@@ -89,6 +89,8 @@ class Facts:
     # What `gpuwarden.service.probe.probe()` found at the service's socket (running,
     # problem, versions, who we are to it); None when it was not asked.
     service: Optional[Mapping[str, Any]] = None
+    # Container runtimes and what lets them go around leases (read_containers).
+    containers: Optional[Mapping[str, Any]] = None
 
 
 # -- torch, without importing it --------------------------------------------------------
@@ -376,7 +378,44 @@ def gather(
         lease_dir_shared=lease_dir_shared,
         enforcement=read_enforcement(),
         service=service,
+        containers=read_containers(),
     )
+
+
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+_ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+
+
+def read_containers(toolkit: str = TOOLKIT_CONFIG) -> dict[str, Any]:
+    """Container runtimes on PATH, the docker group's listed members, whether the NVIDIA
+    toolkit accepts NVIDIA_VISIBLE_DEVICES from unprivileged containers (its default
+    when the key is absent; None without the toolkit), and the CDI spec."""
+    import grp
+    import shutil
+
+    from gpuwarden.containers import RUNTIMES, cdi_spec
+
+    try:
+        members = sorted(grp.getgrnam("docker").gr_mem)
+    except KeyError:
+        members = []
+    envvar: Optional[bool] = None
+    try:
+        with open(toolkit, encoding="utf-8", errors="replace") as fh:
+            envvar = True
+            for line in fh:
+                key, eq, value = line.partition("=")
+                if eq and key.strip() == _ENVVAR_KEY:  # a commented-out line starts with #
+                    envvar = value.split("#")[0].strip().lower() == "true"
+    except OSError:
+        pass
+    return {
+        "runtimes": [r for r in RUNTIMES if shutil.which(r)],
+        "docker_group": members,
+        "toolkit": toolkit,
+        "toolkit_envvar": envvar,
+        "cdi": cdi_spec(),
+    }
 
 
 def read_enforcement() -> Optional[tuple[str, str]]:

@@ -21,14 +21,8 @@ NO_TORCH_ENV = "GPUWARDEN_DOCTOR_NO_TORCH"
 PROBE_TIMEOUT = 120.0
 
 # Run in a child interpreter: prints torch's build facts as JSON without
-# initialising CUDA (no is_available(), no device queries). The child lives for
-# one answer, so the cyclic garbage collector is off: it would walk torch's
-# objects during the import and all of them again at exit, to free nothing
-# (about a quarter of `python -c "import torch"`'s CPU time here; see
-# docs/performance.md).
+# initialising CUDA (no is_available(), no device queries).
 PROBE = r"""
-import gc
-gc.disable()
 import json, sys
 out = {}
 try:
@@ -59,7 +53,6 @@ if torch.version.cuda:
     safe("cudnn", lambda: torch.backends.cudnn.version())
 safe("mps", lambda: torch.backends.mps.is_built())
 print(json.dumps(out))
-gc.freeze()
 """
 
 

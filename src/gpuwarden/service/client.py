@@ -65,6 +65,31 @@ class Client:
             raise UserError(str(reply.get("error") or "the service refused the request"))
         return reply
 
+    def listing(
+        self, op: str, rows: Optional[int] = None, **filters: Any
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Up to `rows` rows of `queue` or `jobs` (None: all of them), asked a page at a
+        time (no answer exceeds the protocol's page), and the last answer (its `total`
+        says how many match). A job that moves between pages is listed once."""
+        out: list[dict[str, Any]] = []
+        seen: set[Any] = set()
+        offset = 0
+        while True:
+            want = protocol.MAX_PAGE_ROWS if rows is None else rows - len(out)
+            reply = self.call(op, offset=offset, limit=min(want, protocol.MAX_PAGE_ROWS), **filters)
+            for row in reply.get("jobs") or ():
+                if row.get("id") not in seen:
+                    seen.add(row.get("id"))
+                    out.append(row)
+            more = reply.get("next")
+            if (
+                not isinstance(more, int)
+                or more <= offset
+                or (rows is not None and len(out) >= rows)
+            ):
+                return out[:rows] if rows is not None else out, reply
+            offset = more
+
     def receive(self) -> dict[str, Any]:
         while not self.pending:
             try:
@@ -234,7 +259,7 @@ def _reason(job: int, path: Optional[str]) -> str:
         client = connect(path, timeout=5.0)
         if client is not None:
             with client:
-                for row in client.call("queue")["jobs"]:
+                for row in client.call("queue", ids=[job])["jobs"]:
                     if row["id"] == job:
                         return str(row.get("reason") or "queued")
     return "queued"
@@ -253,7 +278,8 @@ def _wait_after_reconnect(job: int, path: Optional[str], state: dict[str, Any]) 
         state["client"] = client
         try:
             while True:
-                rows = client.call("queue")["jobs"] + client.call("jobs", limit=1000)["jobs"]
+                rows = client.call("queue", ids=[job])["jobs"]
+                rows += client.call("jobs", ids=[job])["jobs"]
                 row = next((r for r in rows if r["id"] == job), None)
                 if row is None or row["state"] not in ("PENDING", "STARTING", "RUNNING"):
                     return _status_of(row)
@@ -294,7 +320,7 @@ def job_fields(
         wishes["gpus"] = list(request.gpus)
     if request.exclude:
         wishes["exclude"] = list(request.exclude)
-    for name in ("model", "min_free", "max_util", "mem"):
+    for name in ("model", "min_free", "max_util", "mem", "mig"):
         value = getattr(request, name)
         if value is not None:
             wishes[name] = value

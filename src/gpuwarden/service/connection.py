@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from gpuwarden.service import protocol
 from gpuwarden.service.identity import Person
@@ -26,6 +26,7 @@ class Connection:
     job: Optional[int] = None  # the attached job this connection waits for
     out: bytearray = field(default_factory=bytearray)  # answers the client has yet to read
     out_since: float = 0.0  # when `out` last stopped being empty
+    backlog: list[dict[str, Any]] = field(default_factory=list)  # requests not yet answered
 
     def take_fds(self) -> list[int]:
         fds, self.fds = self.fds, []

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import spawn, store
+from gpuwarden.service import jobprocess, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -42,6 +42,7 @@ class Lifecycle:
     exits: str
     selector: selectors.BaseSelector
     watched: dict[int, int]
+    processes: dict[int, int]  # job id -> pidfd of the job's first process
     termed: dict[int, float]
     litter: list[str]  # files of ended jobs, removed after the next start
     stdio: dict[int, list[int]]  # job id -> an attached client's stdin/out/err
@@ -88,8 +89,9 @@ class Lifecycle:
                 and spawn.start_time(job.supervisor) >= 0
                 and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
             ):
-                self.store.update(job.id, pid=(marker or {}).get("pid") or job.pid)
-                self._watch(job.id, job.supervisor)
+                pid = (marker or {}).get("pid") or job.pid
+                self.store.update(job.id, pid=pid)
+                self._watch(job.id, job.supervisor, pid)
                 log.info("re-adopted job %s", job.id)
             elif marker is None:
                 self._requeue(job)
@@ -131,21 +133,26 @@ class Lifecycle:
 
         return job_dirs(scope_of(self.exits), str(job_id), mode)
 
-    def signal(self, job: store.Job, sig: int) -> None:
+    def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` to every process of the job: its cgroup's (however they detached), or,
         where it has no cgroup, every process below its supervisor (service.tree: what
-        detached was re-parented there), and its process group's."""
+        detached was re-parented there); and its process group's while its first process
+        lives. Never to a stored pid number (service.jobprocess, service.tree). False:
+        nothing of the job was there to signal."""
+        sent = False
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
-            signal_dirs(dirs, sig)
+            sent = bool(signal_dirs(dirs, sig))
         elif job.supervisor and self._supervising(job.id):
             from gpuwarden.service.tree import signal_tree
 
-            signal_tree(job.supervisor, sig)
-        if job.pid:
-            spawn.signal_job(job.pid, sig)
+            sent = signal_tree(job.supervisor, sig) > 0
+        pidfd = self.processes.get(job.id)
+        if pidfd is not None and job.pid:
+            sent = jobprocess.signal_group(pidfd, job.pid, sig) or sent
+        return sent
 
     def _supervising(self, job_id: int) -> bool:
         """Whether the job's supervisor still runs: its pidfd (taken at start or adoption)
@@ -230,6 +237,7 @@ class Lifecycle:
     def schedule(self) -> None:
         """Plan, and start whatever the plan says starts; keep what stays free (`free`)
         for the next submit to judge whether it needs a pass at once (service.pacing)."""
+        from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, start_job
 
         pending = self.store.jobs([store.PENDING])
@@ -237,15 +245,16 @@ class Lifecycle:
             self.free = None  # not known: the next submit plans at once
             return
         snapshot = self.read_snapshot()
-        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
-        self.indices = {g.uuid: g.index for g in snapshot.gpus}
+        units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
+        self.memory = {g.uuid: g.memory_total or 0 for g in units}
+        self.indices = {g.uuid: g.index for g in units}
         running = self.store.jobs([store.STARTING, store.RUNNING])
         # Only the dependencies waiting jobs name: reading every ended job made each
         # pass grow with the history.
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
-        gpus, busy, waiting = inputs(snapshot, running, pending, self.settings)
+        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.settings.policy
         if policy.max_gpus_per_user is not None:
@@ -259,6 +268,7 @@ class Lifecycle:
             now,
             policy,
             finished={str(k): v for k, v in ended.items()},
+            pick=pick,
         )
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}
@@ -289,14 +299,20 @@ class Lifecycle:
                 )
                 continue
             if started is not None:
-                self._watch(job.id, started.supervisor)
+                self._watch(job.id, started.supervisor, started.pid)
 
-    def _watch(self, job_id: int, pid: int) -> None:
+    def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
+        """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
+        own first process `job_pid` to signal it by (service.jobprocess)."""
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             self._ended(job_id)
             return
+        if job_pid:
+            held = jobprocess.claim(job_pid, pid)
+            if held is not None:
+                self.processes[job_id] = held
         self.watched[job_id] = fd
         self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
 
@@ -305,6 +321,9 @@ class Lifecycle:
         if fd is not None:
             self.selector.unregister(fd)
             os.close(fd)
+        held = self.processes.pop(job_id, None)
+        if held is not None:
+            os.close(held)
         job = self.store.get(job_id)
         if job is None or job.state not in (store.STARTING, store.RUNNING):
             return

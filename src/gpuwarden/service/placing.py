@@ -1,16 +1,20 @@
 """From the machine and the journal to `scheduling.plan`'s inputs, and from a decision to
 a running job holding its leases.
 
-The plan sees every GPU (unusable when drained, fatal or lost), every job of the
-queue that holds GPUs, every other holder of a lease in the service's directory
-(a Slurm job's prolog, say), and every process on a GPU that nobody leased,
-as an occupant with the memory it uses — so a colleague's plain `python
-train.py` is respected as it is without the service.
+The plan sees every GPU (a MIG-mode GPU as its MIG slices, as `gpuwarden.mig` gives
+them; unusable when drained, fatal or lost), every job of the queue that holds GPUs,
+every other holder of a lease in the service's directory (a Slurm job's prolog, say),
+and every process on a GPU that nobody leased, as an occupant with the memory it
+uses — so a colleague's plain `python train.py` is respected as it is without the
+service. The plan decides who starts and how many GPUs; which GPUs a job may ever
+get (`fitting`) and which of the free ones it gets (`pick`) is `gpuwarden.selection`'s
+choice, the one `run` makes: health, topology, MIG slices, sharing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
@@ -40,51 +44,90 @@ if TYPE_CHECKING:
         def release_stdio(self, job_id: int) -> None: ...
 
 
-def eligible(snapshot: Any, request: dict[str, Any]) -> Optional[frozenset[str]]:
-    """The GPUs a job's filters allow (None: any), whatever is running on them now."""
-    from gpuwarden.refusals import model_matches
-    from gpuwarden.selection import resolve_ids
+def request_of(job: store.Job) -> Any:
+    """The `selection.Request` a queued job made (its `protocol.GpuRequest` fields)."""
+    from gpuwarden.selection import Request
 
-    names = request.get("gpus")
-    exclude = request.get("exclude") or ()
-    model = request.get("model")
-    capability = request.get("min_capability")
-    need = max(request.get("min_free") or 0, request.get("mem") or 0)
-    if not (names or exclude or model or capability or need):
-        return None
-    allowed = {g.uuid for g in (resolve_ids(snapshot, names) if names else snapshot.gpus)}
-    allowed -= {g.uuid for g in resolve_ids(snapshot, exclude)}
-    for gpu in snapshot.gpus:
-        if model and not model_matches(gpu.name, model):
-            allowed.discard(gpu.uuid)
-        if capability and (
-            gpu.compute_capability is None or tuple(gpu.compute_capability) < tuple(capability)
-        ):
-            allowed.discard(gpu.uuid)
-        if need and gpu.memory_total is not None and gpu.memory_total < need:
-            allowed.discard(gpu.uuid)
-    return frozenset(allowed)
+    wish = dict(job.request)
+    capability = wish.get("min_capability")
+    return Request(
+        count=job.count,
+        gpus=tuple(wish["gpus"]) if wish.get("gpus") else None,
+        min_free=wish.get("min_free"),
+        max_util=wish.get("max_util"),
+        min_capability=None if capability is None else (capability[0], capability[1]),
+        model=wish.get("model"),
+        exclude=tuple(wish.get("exclude") or ()),
+        mem=job.mem,
+        mig=wish.get("mig"),
+    )
+
+
+def picker(
+    snapshot: Any, pending: Sequence[store.Job], seen: Sequence[Any], findings: Any
+) -> scheduling.Pick:
+    """`scheduling.Pick` for this pass: which of the GPUs free for a job it gets, chosen
+    by `selection.choose` as `run` chooses (`seen`: the leases held now). Its named and
+    excluded GPUs are already outside the free ones (`fitting`)."""
+    from dataclasses import replace
+
+    from gpuwarden.selection import choose
+
+    wanted = {str(j.id): replace(request_of(j), gpus=None, exclude=()) for j in pending}
+    linked: list[Any] = []
+
+    def pick(job: scheduling.Waiting, free: Sequence[str]) -> Optional[tuple[str, ...]]:
+        request = wanted[job.id]
+        machine = snapshot
+        if request.gpu_count > 1:  # where topology matters: read once a pass, when it does
+            if not linked:
+                linked.append(_with_topology(snapshot))
+            machine = linked[0]
+        choice = choose(machine, request, seen, allowed=free, health=findings)
+        return tuple(g.uuid for g in choice.gpus) if choice.ok else None
+
+    return pick
+
+
+def _with_topology(snapshot: Any) -> Any:
+    """`snapshot` with the NVLink and PCIe links between its GPUs (the service reads the
+    machine without them: they cost n^2 NVML calls and matter to multi-GPU jobs only)."""
+    from dataclasses import replace
+
+    if len(snapshot.gpus) < 2 or snapshot.topology:
+        return snapshot
+    from gpuwarden.inventory import read_snapshot
+
+    links = read_snapshot(processes=False, topology=True, detail=False)
+    return replace(snapshot, topology=links.topology, nvlinks=links.nvlinks)
 
 
 def inputs(
     snapshot: Any, running: Sequence[store.Job], pending: Sequence[store.Job], settings: Settings
-) -> tuple[list[scheduling.Gpu], list[scheduling.Running], list[scheduling.Waiting]]:
+) -> tuple[
+    list[scheduling.Gpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
+]:
+    """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`."""
     from gpuwarden import drain, health, leases
-
-    drains = drain.list_drains()
+    from gpuwarden.mig import devices
+    from gpuwarden.selection import fitting
     from gpuwarden.xidlog import judged
 
+    drains = drain.list_drains()
     findings = judged(snapshot.gpus)
-    gpus = [
-        scheduling.Gpu(
-            g.uuid,
-            g.memory_total or 0,
-            usable=not g.lost
+    parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
+    units = devices(snapshot)  # what a job is given: GPUs, and MIG slices for MIG-mode ones
+
+    def usable(g: Any) -> bool:
+        own = parent.get(g.uuid, g.uuid)
+        return (
+            not g.lost
+            and own not in drains
             and g.uuid not in drains
-            and not any(f.level == health.FATAL for f in findings.get(g.uuid, ())),
+            and not any(f.level == health.FATAL for f in findings.get(own, ()))
         )
-        for g in snapshot.gpus
-    ]
+
+    gpus = [scheduling.Gpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
     now = time.time()
     busy = [
         scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
@@ -92,7 +135,8 @@ def inputs(
     ]
     ours = {str(j.id) for j in running}
     held: set[str] = set()
-    for lease in leases.list_leases(settings.lease_dir):
+    seen = list(leases.list_leases(settings.lease_dir))
+    for lease in seen:
         held.add(lease.uuid)
         if lease.job in ours:
             continue
@@ -108,18 +152,22 @@ def inputs(
             )
         )
     held.update(u for j in running for u in j.gpus)
-    for gpu in snapshot.gpus:
+    for gpu in units:
         if gpu.uuid in held or not gpu.processes:
             continue
         used = sum(p.used_memory or 0 for p in gpu.processes) or 1
         owner = next((p.user for p in gpu.processes if getattr(p, "user", None)), "?")
         busy.append(scheduling.Running(f"proc:{gpu.uuid}", owner or "?", (gpu.uuid,), now, used))
     waiting = []
+    shapes: dict[str, frozenset[str]] = {}  # a long queue is mostly jobs of a few shapes
     for job in pending:
-        try:
-            allowed = eligible(snapshot, dict(job.request))
-        except UserError:
-            allowed = frozenset()  # its named GPUs are gone: it waits, reason Drained
+        shape = json.dumps([job.request, job.mem], sort_keys=True)
+        if shape not in shapes:
+            try:
+                shapes[shape] = fitting(snapshot, request_of(job), findings)
+            except UserError:
+                shapes[shape] = frozenset()  # its named GPUs are gone: it waits, reason Drained
+        allowed = shapes[shape]
         waiting.append(
             scheduling.Waiting(
                 str(job.id),
@@ -135,7 +183,7 @@ def inputs(
                 eligible=allowed,
             )
         )
-    return gpus, busy, waiting
+    return gpus, busy, waiting, picker(snapshot, pending, seen, findings)
 
 
 def start_job(

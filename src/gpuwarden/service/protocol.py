@@ -1,6 +1,7 @@
 """The service's wire format, and the validation of every request before it is used.
 
-One JSON object per line over a Unix stream socket, at most `MAX_MESSAGE` bytes.
+One JSON object per line over a Unix stream socket, at most `MAX_MESSAGE` bytes and
+`MAX_DEPTH` levels of nesting (a deeper one is refused before the parser recurses).
 Every request names the protocol version (`"v": 1`) and an operation (`"op"`);
 every answer has `"ok"` and either the result or a one-line `"error"`. A client of
 another version gets an error naming both versions, never a guess. Nothing here
@@ -33,6 +34,11 @@ MAX_PATH = 4096
 MAX_IDS = 1024
 MAX_TIME = 10 * 365 * 86400.0
 MAX_BYTES = 1 << 60
+MAX_DEPTH = 16  # objects and lists inside each other: a request needs 3
+#: What one answer of a listing (`queue`, `jobs`) may take on the wire; more rows are paged.
+PAGE_BYTES = 256 << 10
+PAGE_ROWS = 500  # rows of a page when the client names no limit
+MAX_PAGE_ROWS = 5000
 
 OPS = (
     "hello",
@@ -86,9 +92,12 @@ class Decoder:
 
 def parse(line: bytes) -> dict[str, Any]:
     """A message from one line: a JSON object of this protocol's version with a known op."""
+    depth = nesting(line)
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"message nested {depth} deep; the most is {MAX_DEPTH} (MAX_DEPTH)")
     try:
         value = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as err:
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise ProtocolError(f"not a JSON message: {err}") from None
     if not isinstance(value, dict):
         raise ProtocolError("a message is a JSON object")
@@ -98,6 +107,40 @@ def parse(line: bytes) -> dict[str, Any]:
             f"protocol version {version!r} is not supported (this service: {VERSION})"
         )
     return value
+
+
+def nesting(line: bytes) -> int:
+    """How deep brackets nest in a JSON text, strings skipped: counted before parsing, so
+    that `[` x 50,000 is refused in one line instead of recursing in the parser. Scans
+    only the structural bytes (`bytes.translate` keeps brackets, quotes and
+    backslashes), so a 1 MiB message costs about a millisecond."""
+    kept = line.translate(None, _NOT_STRUCTURAL)
+    if b"[" not in kept and b"{" not in kept:
+        return 0
+    depth = deepest = 0
+    inside = escaped = False
+    for byte in kept:
+        if inside:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                inside = False
+        elif byte == 0x22:
+            inside = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_DEPTH:
+                    return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+_NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b'[]{}"\\')
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -187,6 +230,7 @@ class GpuRequest:
     min_free: Optional[int] = None
     max_util: Optional[float] = None
     mem: Optional[int] = None
+    mig: Optional[str] = None  # a MIG profile, as configvalues reads it
 
 
 @record
@@ -216,6 +260,8 @@ def gpu_request(value: object) -> GpuRequest:
     if unknown:
         raise ProtocolError(f"request has unknown fields: {', '.join(sorted(unknown))}")
     gpus = _optional(value.get("gpus"), _strings, "request.gpus", 1024)
+    if gpus is not None and (not gpus or not all(gpus)):
+        raise ProtocolError("request.gpus names no GPU (an empty name); leave it out for any GPU")
     count = value.get("count")
     count = len(gpus or ()) or 1 if count is None else _int(count, "request.count", 0, 1024)
     capability = value.get("min_capability")
@@ -235,7 +281,17 @@ def gpu_request(value: object) -> GpuRequest:
         min_free=_optional(value.get("min_free"), _int, "request.min_free", 1, MAX_BYTES),
         max_util=_optional(value.get("max_util"), _number, "request.max_util", 0.0, 100.0),
         mem=_optional(value.get("mem"), _int, "request.mem", 1, MAX_BYTES),
+        mig=_optional(value.get("mig"), _profile, "request.mig"),
     )
+
+
+def _profile(value: object, what: str) -> str:
+    from gpuwarden.configvalues import KINDS, BadValue
+
+    try:
+        return str(KINDS["profile"][0](value))
+    except BadValue:
+        raise ProtocolError(f"{what} must be a MIG profile such as 1g.10gb") from None
 
 
 def submit(message: Mapping[str, Any]) -> Submit:
@@ -272,6 +328,32 @@ def submit(message: Mapping[str, Any]) -> Submit:
         output=_optional(message.get("output"), _path, "output"),
         attached=_bool(message.get("attached", False), "attached"),
         wait=_bool(message.get("wait", True), "wait"),
+    )
+
+
+# --- listings --------------------------------------------------------------------
+
+
+@record
+class Listing:
+    """Which rows of `queue` or `jobs` a client asks for: a page of at most `limit`
+    rows from `offset` on, only `user`'s or only the jobs `ids` where given. The
+    service answers at most PAGE_BYTES a page whatever the limit, and says where
+    the next page starts (`next`) while there are more."""
+
+    limit: int = PAGE_ROWS
+    offset: int = 0
+    user: Optional[str] = None
+    ids: tuple[int, ...] = ()
+
+
+def listing(message: Mapping[str, Any]) -> Listing:
+    ids = message.get("ids")
+    return Listing(
+        limit=_int(message.get("limit", PAGE_ROWS), "limit", 1, MAX_PAGE_ROWS),
+        offset=_int(message.get("offset", 0), "offset", 0, 2**62),
+        user=_optional(message.get("user"), _string, "user", 256),
+        ids=job_ids(ids, "ids") if ids is not None else (),
     )
 
 

@@ -7,6 +7,7 @@ attributes it uses (declared below for type checkers).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol, spawn, store
+from gpuwarden.service import admission, jobprocess, listing, protocol, store
 from gpuwarden.service.identity import Person, person
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class Requests:
     stdio: dict[int, list[int]]
     pacer: Pacer
     free: Optional[scheduling.Capacity]
+    processes: dict[int, int]
+    machine: Any  # the machine's Snapshot at start: what a job could ever be given
     _priorities: dict[int, float]
     indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
@@ -67,15 +70,7 @@ class Requests:
         if op == "signal":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             number = protocol.signal_number(message.get("signal"))
-            job = self._owned(who, job_id, "signal")
-            if job.state == store.PENDING and number in (
-                signal.SIGINT,
-                signal.SIGTERM,
-                signal.SIGHUP,
-            ):
-                self._cancel(job)
-            elif job.pid:
-                spawn.signal_job(job.pid, number)
+            self._signal(self._owned(who, job_id, "signal"), number)
             return {"ok": True}
         if op in ("queue", "jobs"):
             return self._list(who, op, message)
@@ -100,7 +95,6 @@ class Requests:
     def _submit(
         self, who: Person, sub: protocol.Submit, client: Optional[Connection] = None
     ) -> dict[str, Any]:
-        s = self.settings
         stdio: list[int] = []
         if sub.attached:
             stdio = client.take_fds() if client is not None else []
@@ -108,6 +102,23 @@ class Requests:
                 for fd in stdio:
                     os.close(fd)
                 raise UserError("an attached job needs its client's stdin, stdout and stderr")
+        try:
+            return self._journal(who, sub, client, stdio)
+        except BaseException:  # refused: the client's descriptors are not kept
+            for fd in stdio:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
+
+    def _journal(
+        self, who: Person, sub: protocol.Submit, client: Optional[Connection], stdio: list[int]
+    ) -> dict[str, Any]:
+        """Judge a submit against every bound, then journal it."""
+        s = self.settings
+        admission.check_sizes(sub, s)
+        never = admission.never_runs(self.machine, sub.gpus) if self.machine else None
+        if never is not None:
+            raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
         limit = s.max_jobs_per_user
@@ -200,6 +211,30 @@ class Requests:
             return None
         return scheduling.RESOURCES
 
+    def _signal(self, job: store.Job, number: int) -> None:
+        """A signal for a job, judged by its state: a waiting job is cancelled by INT, TERM
+        or HUP (as a job started from a shell would end) and gets no other; an ended or
+        starting job gets none; a running one gets it through the pidfd of its first
+        process, never by its stored pid number, which another process may have now."""
+        if job.state in store.ENDED:
+            raise UserError(f"job {job.id} has ended ({job.state}): there is nothing to signal")
+        if job.state == store.PENDING:
+            if number not in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                raise UserError(
+                    f"job {job.id} has not started: only INT, TERM or HUP (which cancel it) "
+                    "may be sent to it"
+                )
+            self._cancel(job)
+            return
+        pidfd = self.processes.get(job.id)
+        if (
+            job.state != store.RUNNING
+            or pidfd is None
+            or not job.pid
+            or not jobprocess.signal_group(pidfd, job.pid, number)
+        ):
+            raise UserError(f"job {job.id} has no process to signal now ({job.state.lower()})")
+
     def _is_admin_uid(self, uid: int) -> bool:
         try:
             return self.settings.admins.include(person(uid))
@@ -220,65 +255,80 @@ class Requests:
         return job
 
     def _act(self, who: Person, op: str, ids: tuple[int, ...]) -> dict[str, Any]:
+        """Cancel, hold or release each job it may, and say which were refused and why:
+        one refused id does not stop the others. Nothing done at all is an error."""
         verb = {"cancel": "cancel", "hold": "hold", "release": "release"}[op]
-        done = []
-        for job_id in ids:
-            job = self._owned(who, job_id, verb)
-            if job.state not in store.ACTIVE:
-                raise UserError(f"job {job_id} has ended ({job.state})")
-            if op == "cancel":
-                self._cancel(job)
-            elif job.state != store.PENDING:
-                raise UserError(f"job {job_id} is already running; only waiting jobs can be held")
-            else:
-                self.store.update(job_id, held=(op == "hold"))
+        done: list[int] = []
+        refused: list[dict[str, Any]] = []
+        for job_id in dict.fromkeys(ids):
+            try:
+                job = self._owned(who, job_id, verb)
+                if job.state not in store.ACTIVE:
+                    raise UserError(f"job {job_id} has ended ({job.state})")
+                if op == "cancel":
+                    self._cancel(job)
+                elif job.state != store.PENDING:
+                    raise UserError(
+                        f"job {job_id} is already running; only waiting jobs can be held"
+                    )
+                else:
+                    self.store.update(job_id, held=(op == "hold"))
+            except UserError as err:
+                refused.append({"id": job_id, "error": str(err)})
+                continue
             done.append(job_id)
             log.info("%s: job %s by %s", op, job_id, who.name)
         self.pacer.wake()
-        return {"ok": True, "jobs": done}
+        if not done:
+            said = "; ".join(r["error"] for r in refused[:5])
+            raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))
+        return {"ok": True, "jobs": done, "refused": refused}
 
     def _list(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
-        if op == "jobs":
-            limit = protocol._int(message.get("limit", 100), "limit", 1, 100000)
-            jobs = self.store.jobs(store.ENDED, limit=limit)
-        else:
-            jobs = self.store.jobs(store.ACTIVE)
-        show = self.settings.show_commands or self.settings.admins.include(who)
-        now = time.time()
-        rows = []
-        for job in jobs:
-            row = {
-                "id": job.id,
-                "user": job.user,
-                "state": job.state,
-                "count": job.count,
-                "gpus": list(job.gpus),
-                "indices": [self.indices.get(u) for u in job.gpus],
-                "mem": job.mem,
-                "reason": job.reason,
-                "submitted": job.submitted,
-                "started": job.started,
-                "ended": job.ended,
-                "time_limit": job.time_limit,
-                "held": job.held,
-                "after": list(job.after),
-                "exit_code": job.exit_code,
-                "signal": job.exit_signal,
-                "error": job.error,
-                "priority": self._priorities.get(job.id),
-                "estimated_start": self._estimates.get(job.id),
-                "command": list(job.argv) if show or job.uid == who.uid else None,
-            }
-            if job.started is not None:
-                row["elapsed"] = (job.ended or now) - job.started
-            row["cpu_seconds"], row["mem_peak"] = job.cpu_seconds, job.mem_peak
-            if job.state == store.RUNNING:
-                row["cpu_seconds"], row["mem_peak"] = self._usage_now(job.id)
-            rows.append(row)
-        reply: dict[str, Any] = {"ok": True, "jobs": rows}
-        if op == "queue":  # GPU use outside the queue, for its header
-            reply["unleased"] = self.watcher().unleased
+        """A page of the queue or of the history (service.listing): never more than
+        fits in one answer, however many jobs there are."""
+        ask = protocol.listing(message)
+        if op == "jobs":  # the store skips to the offset and stops at the limit
+            jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
+            return listing.page(jobs, ask, total, lambda j: self._row(who, j))
+        ordered = listing.queue_order(
+            listing.matching(self.store.jobs(store.ACTIVE), ask), self._priorities
+        )
+        reply = listing.page(ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j))
+        reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
         return reply
+
+    def _row(self, who: Person, job: store.Job) -> dict[str, Any]:
+        """One job as `queue` and `jobs` answer it."""
+        show = self.settings.show_commands or self.settings.admins.include(who)
+        row = {
+            "id": job.id,
+            "user": job.user,
+            "state": job.state,
+            "count": job.count,
+            "gpus": list(job.gpus),
+            "indices": [self.indices.get(u) for u in job.gpus],
+            "mem": job.mem,
+            "reason": job.reason,
+            "submitted": job.submitted,
+            "started": job.started,
+            "ended": job.ended,
+            "time_limit": job.time_limit,
+            "held": job.held,
+            "after": list(job.after),
+            "exit_code": job.exit_code,
+            "signal": job.exit_signal,
+            "error": job.error,
+            "priority": self._priorities.get(job.id),
+            "estimated_start": self._estimates.get(job.id),
+            "command": listing.command(job.argv) if show or job.uid == who.uid else None,
+        }
+        if job.started is not None:
+            row["elapsed"] = (job.ended or time.time()) - job.started
+        row["cpu_seconds"], row["mem_peak"] = job.cpu_seconds, job.mem_peak
+        if job.state == store.RUNNING:
+            row["cpu_seconds"], row["mem_peak"] = self._usage_now(job.id)
+        return row
 
     def _usage_now(self, job_id: int) -> tuple[Optional[float], Optional[int]]:
         """A running job's CPU seconds and peak memory so far, from its cgroup."""

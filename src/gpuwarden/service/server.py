@@ -17,25 +17,38 @@ import os
 import selectors
 import signal
 import socket
+import sqlite3
 import stat
 import time
 from typing import Any, Callable, Optional
 
 from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol, store
+from gpuwarden.service import journalguard, protocol, store
 from gpuwarden.service.connection import Connection
-from gpuwarden.service.identity import peer
+from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import Pacer
+from gpuwarden.service.protocol import ProtocolError
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 
 log = logging.getLogger("gpuwarden.serve")
 
 
-MAX_PENDING = 64 << 20  # answers queued for one client before it is dropped
+#: Answers queued for one client before it is dropped (it does not read them).
+MAX_PENDING = 2 * protocol.MAX_MESSAGE
+#: A client's next request is answered only once fewer bytes than this wait for it.
+BACKLOG_OUT = protocol.PAGE_BYTES
+
+
+def journal_failure(path: str, err: Exception) -> str:
+    """A request the journal could not record, in one line: the full disk named."""
+    text = str(err)
+    if "full" in text:
+        return f"refused: the disk of the service's journal is full ({path}); nothing was changed"
+    return f"refused: the service's journal could not be written ({path}: {text})"
 
 
 class Service(Requests, Lifecycle):
@@ -45,10 +58,20 @@ class Service(Requests, Lifecycle):
         os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
         self.exits = os.path.join(settings.state_dir, "jobs")
         os.makedirs(self.exits, mode=0o700, exist_ok=True)
-        self.store = store.Store(os.path.join(settings.state_dir, "jobs.db"))
+        journal = os.path.join(settings.state_dir, "jobs.db")
+        # Held for the service's life: a second service refuses (service.journalguard).
+        self.locks = [journalguard.lock(journal + ".lock", f"the journal {journal}")]
+        try:
+            journalguard.refuse_damaged(journal)
+            self.store = store.Store(journal)
+        except BaseException:
+            os.close(self.locks.pop())
+            raise
         self.selector = selectors.DefaultSelector()
         self.clients: dict[int, Connection] = {}
+        self.per_uid: dict[int, int] = {}  # connections open per user
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.litter: list[str] = []
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
         self.listener: Optional[socket.socket] = None
@@ -63,6 +86,7 @@ class Service(Requests, Lifecycle):
         self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
+        self.machine: Any = None  # the Snapshot read at start (service.admission)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -71,6 +95,7 @@ class Service(Requests, Lifecycle):
         path = self.settings.socket
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, mode=0o755, exist_ok=True)
+        self.locks.append(journalguard.lock(path + ".lock", f"the socket {path}"))
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(path)
             if not stat.S_ISSOCK(st.st_mode):
@@ -84,7 +109,7 @@ class Service(Requests, Lifecycle):
         listener.setblocking(False)
         self.listener = listener
         self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
-        snapshot = self.read_snapshot()
+        snapshot = self.machine = self.read_snapshot()
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
         self.indices = {g.uuid: g.index for g in snapshot.gpus}
         self.recover()
@@ -98,11 +123,15 @@ class Service(Requests, Lifecycle):
             self.listener.close()
             with contextlib.suppress(OSError):
                 os.unlink(self.settings.socket)
-        for fd in self.watched.values():
+        for fd in [*self.watched.values(), *self.processes.values()]:
             os.close(fd)
         self.watched.clear()
+        self.processes.clear()
         self.notifier.close()
         self.store.close()
+        for fd in self.locks:  # the lock files stay: removing a held one would race
+            os.close(fd)
+        self.locks.clear()
         if self.settings.devices != "off" and getattr(self, "_cgroup_mode", "") != "none":
             from gpuwarden.service.jobcgroup import remove_scope, scope_of
 
@@ -114,7 +143,11 @@ class Service(Requests, Lifecycle):
         self.open()
         try:
             while not self.stopping:
-                self.step()
+                try:
+                    self.step()
+                except Exception:  # one turn's failure (a full disk, a bug) is logged, not fatal
+                    log.exception("a turn of the service loop failed; serving on")
+                    time.sleep(min(1.0, self.settings.tick))  # not a busy loop of one error
         finally:
             self.close()
 
@@ -139,7 +172,9 @@ class Service(Requests, Lifecycle):
             elif kind == "client":
                 if mask & selectors.EVENT_WRITE:
                     self._flush(data)
-                if mask & selectors.EVENT_READ and data.sock.fileno() in self.clients:
+                    if data.backlog:
+                        self._serve(data)
+                if mask & selectors.EVENT_READ and self._open(data):
                     self._read(data)
             elif kind == "job":
                 with config.reused():
@@ -159,14 +194,13 @@ class Service(Requests, Lifecycle):
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            if len(self.clients) >= self.settings.max_clients:
-                sock.close()  # bounded: a flood of connections cannot exhaust the service
-                continue
             try:
                 who = peer(sock)
+                self._admit(who)
             except UserError as err:
                 with contextlib.suppress(OSError):
-                    sock.sendall(
+                    sock.setblocking(False)  # one short line: the socket's buffer takes it
+                    sock.send(
                         protocol.encode({"v": protocol.VERSION, "ok": False, "error": str(err)})
                     )
                 sock.close()
@@ -174,7 +208,24 @@ class Service(Requests, Lifecycle):
             sock.setblocking(False)
             client = Connection(sock, who)
             self.clients[sock.fileno()] = client
+            self.per_uid[who.uid] = self.per_uid.get(who.uid, 0) + 1
             self.selector.register(sock, selectors.EVENT_READ, ("client", client))
+
+    def _admit(self, who: Person) -> None:
+        """Refuse a connection over the bounds, in one line naming the bound: one user's
+        connections (so that no user fills the service's), and everyone's."""
+        s = self.settings
+        mine = self.per_uid.get(who.uid, 0)
+        if mine >= s.max_clients_per_user:
+            raise UserError(
+                f"you have {mine} connections open to the service, the most one user may "
+                "(service.max_connections_per_user)"
+            )
+        if len(self.clients) >= s.max_clients:
+            raise UserError(
+                f"the service has {len(self.clients)} connections open, the most it serves; "
+                "try again shortly"
+            )
 
     def _read(self, client: Connection) -> None:
         try:
@@ -188,22 +239,37 @@ class Service(Requests, Lifecycle):
         if not data:
             self._drop(client)
             return
-        client.seen = time.monotonic()
         try:
-            messages = client.decoder.feed(data)
+            client.backlog.extend(client.decoder.feed(data))
         except protocol.ProtocolError as err:
             self._send(client, {"ok": False, "error": str(err)})
             self._drop(client)
             return
-        for message in messages:
+        self._serve(client)
+
+    def _serve(self, client: Connection) -> None:
+        """Answer the client's waiting requests while what it has yet to read is small:
+        a client that sends many and reads none is not read from (nor answered) until it
+        reads, so what waits for it stays bounded."""
+        while client.backlog and len(client.out) < BACKLOG_OUT and self._open(client):
+            message = client.backlog.pop(0)
+            client.seen = time.monotonic()  # a whole request: a byte a while is not one
             try:
                 reply = self.handle(client.who, message, client)
             except UserError as err:
                 reply = {"ok": False, "error": str(err)}
+            except sqlite3.Error as err:
+                reply = {"ok": False, "error": journal_failure(self.store.path, err)}
+                log.error("request %r refused: %s", message.get("op"), err)
             except Exception as err:  # a bug must not take the queue down with it
                 log.exception("request %r failed", message.get("op"))
                 reply = {"ok": False, "error": f"internal error: {type(err).__name__}"}
             self._send(client, reply)
+        if self._open(client):
+            self._flush(client)
+
+    def _open(self, client: Connection) -> bool:
+        return self.clients.get(client.sock.fileno()) is client
 
     def _send(self, client: Connection, reply: dict[str, Any]) -> None:
         """Queue an answer and send what the socket takes now; the rest goes out as the
@@ -211,10 +277,16 @@ class Service(Requests, Lifecycle):
         more than MAX_PENDING pile up, or reads nothing for idle_timeout, is dropped:
         nobody waits for a slow reader."""
         reply.setdefault("v", protocol.VERSION)
+        try:
+            data = protocol.encode(reply)
+        except ProtocolError as err:  # a bug: answers are paged to fit (service.listing)
+            log.error("an answer to %s was too large: %s", client.who.name, err)
+            data = protocol.encode({"v": protocol.VERSION, "ok": False, "error": str(err)})
         if not client.out:
             client.out_since = time.monotonic()
-        client.out += protocol.encode(reply)
+        client.out += data
         if len(client.out) > MAX_PENDING:
+            log.info("%s does not read its answers: dropped", client.who.name)
             self._drop(client)
             return
         self._flush(client)
@@ -230,16 +302,27 @@ class Service(Requests, Lifecycle):
         except OSError:
             self._drop(client)
             return
-        if client.sock.fileno() not in self.clients:
+        if not self._open(client):
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        reading = not client.backlog and len(client.out) < BACKLOG_OUT
+        events = (selectors.EVENT_READ if reading else 0) | (
+            selectors.EVENT_WRITE if client.out else 0
+        )
         with contextlib.suppress(KeyError, ValueError):
-            self.selector.modify(client.sock, events, ("client", client))
+            if events:
+                self.selector.modify(client.sock, events, ("client", client))
+            else:  # a backlog and nothing to send: served on the next turn
+                self.selector.modify(client.sock, selectors.EVENT_WRITE, ("client", client))
 
     def _drop(self, client: Connection) -> None:
         fd = client.sock.fileno()
-        if fd in self.clients:
+        if self.clients.get(fd) is client:
             del self.clients[fd]
+            left = self.per_uid.get(client.who.uid, 1) - 1
+            if left > 0:
+                self.per_uid[client.who.uid] = left
+            else:
+                self.per_uid.pop(client.who.uid, None)
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(client.sock)
         client.sock.close()

@@ -33,5 +33,8 @@ class Settings:
     enforce: Policy = field(default_factory=Policy)  # the [enforce] policies it applies
     enforce_every: float = 5.0  # enforce.poll_seconds
     tick: float = 1.0
-    max_clients: int = 512
-    idle_timeout: float = 30.0  # a client that sends nothing for this long is dropped
+    max_clients: int = 512  # connections of everyone at once
+    max_clients_per_user: int = 64  # service.max_connections_per_user: below max_clients
+    idle_timeout: float = 30.0  # a client that sends no whole request for this long is dropped
+    max_command_bytes: int = 64 << 10  # service.max_command_bytes: a job's command line
+    max_env_bytes: int = 256 << 10  # service.max_env_bytes: a job's environment

@@ -127,7 +127,7 @@ def _normalised(job: Job) -> Job:
     return replace(job, **changes) if changes else job
 
 
-def _row_to_job(row: sqlite3.Row) -> Job:
+def row_to_job(row: sqlite3.Row) -> Job:
     values: dict[str, Any] = {}
     for name in _COLUMNS:
         value = row[name]
@@ -142,7 +142,8 @@ def _row_to_job(row: sqlite3.Row) -> Job:
 
 
 class Store:
-    """The journal on disk. One writer: the service's single thread."""
+    """The journal on disk. One writer: the service's single thread (which checks it
+    first and locks it: service.journalguard)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -216,7 +217,7 @@ class Store:
         if self._active is None:
             marks = ", ".join("?" for _ in ACTIVE)
             query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id ASC"
-            self._active = {int(r["id"]): _row_to_job(r) for r in self.db.execute(query, ACTIVE)}
+            self._active = {int(r["id"]): row_to_job(r) for r in self.db.execute(query, ACTIVE)}
         return self._active
 
     # -- jobs --------------------------------------------------------------------
@@ -275,7 +276,7 @@ class Store:
         if known is not None:
             return known
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else _row_to_job(row)
+        return None if row is None else row_to_job(row)
 
     def jobs(self, states: Iterable[str] = ACTIVE, limit: Optional[int] = None) -> list[Job]:
         """Jobs in the given states, oldest first (ended ones newest first, for history)."""
@@ -287,7 +288,26 @@ class Store:
         query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id {order}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return [_row_to_job(r) for r in self.db.execute(query, states)]
+        return [row_to_job(r) for r in self.db.execute(query, states)]
+
+    def history(
+        self, limit: int, offset: int = 0, user: Optional[str] = None, ids: Iterable[int] = ()
+    ) -> tuple[list[Job], int]:
+        """Ended jobs newest first: `limit` of them from `offset` on, only `user`'s and
+        only `ids` where given; and how many match in all (for paging)."""
+        where = f"state IN ({', '.join('?' for _ in ENDED)})"
+        args: list[Any] = list(ENDED)
+        if user is not None:
+            where += " AND user = ?"
+            args.append(user)
+        wanted = sorted(set(ids))
+        if wanted:  # at most protocol.MAX_IDS: under SQLite's limit on parameters
+            where += f" AND id IN ({', '.join('?' for _ in wanted)})"
+            args.extend(wanted)
+        total = int(self.db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0])
+        query = f"SELECT * FROM jobs WHERE {where} ORDER BY id DESC LIMIT ? OFFSET ?"
+        rows = self.db.execute(query, [*args, int(limit), int(offset)])
+        return [row_to_job(r) for r in rows], total
 
     def states(self, ids: Iterable[int]) -> dict[int, str]:
         """Job id -> state, for the ids that exist (a waiting job's dependencies)."""

@@ -5,8 +5,9 @@ for lost GPUs and MIG handles, and which module answers each one loaded on first
 need), return codes, the opaque device handles it hands out, and reading and
 writing the ctypes arguments nvidia-ml-py passes (`byref(c_uint())`, string
 buffers, struct pointers). Shared by `library` and the modules it loads on first
-need (`sensors`, `links`, `events`, `handles`, `procinfo`), which must not import
-`library` itself: each of them is imported from inside it.
+need (`sensors`, `links`, `events`, `handles`, `procinfo`, `board`, `pcie`, `clocks`,
+`gpm`, `ecc`, `fields`), which must not import `library` itself: each of them is
+imported from inside it.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ NO_HANDLE = {
     "nvmlDeviceGetHandleByPciBusId",
     "nvmlDeviceGetHandleByPciBusId_v2",
 }
+# Functions outside nvmlDevice* whose first argument is a device handle.
+DEVICE_FIRST = {"nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlGpmQueryDeviceSupport"}
 # What a lost GPU still answers: the driver keeps it from when the GPU was attached.
 IDENTITY = {
     "nvmlDeviceGetUUID",
@@ -154,6 +157,7 @@ MIG_OK = IDENTITY | {
     "nvmlDeviceGetCudaComputeCapability",
     "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetAttributes_v2",
+    "nvmlDeviceGetBAR1MemoryInfo",  # its share of the aperture (nvidia-smi's MIG table)
 }
 # Symbol -> the method that answers it (older or newer names of the same C function).
 ALIASES = {
@@ -174,6 +178,8 @@ ALIASES = {
     "nvmlDeviceGetGraphicsRunningProcesses_v2": "nvmlDeviceGetGraphicsRunningProcesses_v3",
     "nvmlDeviceGetNvLinkRemotePciInfo": "nvmlDeviceGetNvLinkRemotePciInfo_v2",
     "nvmlEventSetWait": "nvmlEventSetWait_v2",
+    "nvmlDeviceGetPowerState": "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetDriverModel_v2": "nvmlDeviceGetDriverModel",
 }
 
 # The class answering the functions of each module loaded on first need.
@@ -183,6 +189,12 @@ MIXINS = {
     "events": "Events",
     "handles": "Handles",
     "procinfo": "ProcessInfo",
+    "board": "Board",
+    "pcie": "Pcie",
+    "clocks": "Clocks",
+    "gpm": "Gpm",
+    "ecc": "Ecc",
+    "fields": "Fields",
 }
 # Symbol -> the module whose class answers it. Literal, so that finding where a
 # function lives imports nothing; tests/test_sim.py checks it against the classes.
@@ -223,4 +235,40 @@ ELSEWHERE = {
     "nvmlDeviceIsMigDeviceHandle": "handles",
     "nvmlSystemGetProcessName": "procinfo",
     "nvmlDeviceGetProcessUtilization": "procinfo",
+    "nvmlDeviceGetPowerManagementMode": "sensors",
+    "nvmlDeviceGetBrand": "board",
+    "nvmlDeviceGetArchitecture": "board",
+    "nvmlDeviceGetVirtualizationMode": "board",
+    "nvmlDeviceGetBoardId": "board",
+    "nvmlDeviceGetMultiGpuBoard": "board",
+    "nvmlDeviceGetVbiosVersion": "board",
+    "nvmlDeviceGetInforomImageVersion": "board",
+    "nvmlDeviceGetInforomVersion": "board",
+    "nvmlDeviceGetBridgeChipInfo": "board",
+    "nvmlDeviceGetGpuOperationMode": "board",
+    "nvmlDeviceGetAccountingMode": "board",
+    "nvmlDeviceGetAccountingBufferSize": "board",
+    "nvmlDeviceGetAccountingPids": "board",
+    "nvmlDeviceGetAccountingStats": "board",
+    "nvmlDeviceGetCurrPcieLinkGeneration": "pcie",
+    "nvmlDeviceGetCurrPcieLinkWidth": "pcie",
+    "nvmlDeviceGetMaxPcieLinkGeneration": "pcie",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration": "pcie",
+    "nvmlDeviceGetMaxPcieLinkWidth": "pcie",
+    "nvmlDeviceGetPcieThroughput": "pcie",
+    "nvmlDeviceGetSupportedMemoryClocks": "clocks",
+    "nvmlDeviceGetSupportedGraphicsClocks": "clocks",
+    "nvmlDeviceGetApplicationsClock": "clocks",
+    "nvmlDeviceGetDefaultApplicationsClock": "clocks",
+    "nvmlDeviceGetAutoBoostedClocksEnabled": "clocks",
+    "nvmlDeviceGetMaxCustomerBoostClock": "clocks",
+    "nvmlGpmQueryDeviceSupport": "gpm",
+    "nvmlGpmSampleAlloc": "gpm",
+    "nvmlGpmSampleFree": "gpm",
+    "nvmlGpmSampleGet": "gpm",
+    "nvmlGpmMigSampleGet": "gpm",
+    "nvmlGpmMetricsGet": "gpm",
+    "nvmlDeviceGetMemoryErrorCounter": "ecc",
+    "nvmlDeviceGetRetiredPages": "ecc",
+    "nvmlDeviceGetFieldValues": "fields",
 }

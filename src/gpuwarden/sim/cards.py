@@ -5,11 +5,25 @@ Memory totals are what NVML's `nvmlDeviceGetMemoryInfo` reports (nvidia-smi's Mi
 column), which is less than the marketing size where ECC or the driver keeps a slice.
 Features a card lacks are listed in `unsupported`: the fake NVML answers those calls
 with NVML_ERROR_NOT_SUPPORTED, as the real driver does.
+
+The board's other figures: brand, PCIe link (generation, lanes), BAR1 aperture in
+MiB, whether memory is HBM (with its own temperature sensor), the memory clocks
+`nvmlDeviceGetSupportedMemoryClocks` lists (fastest first), default applications
+clocks (graphics, memory; None where NVML says NotSupported), VBIOS version, and
+InfoROM image and ECC-object versions (None: no ECC object). Version strings have
+the shape of that card's; a given board's differ by firmware.
 """
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
+if TYPE_CHECKING:
+    from typing import Any
+
 MiB = 2**20
+
+# nvmlBrandType_t values (nvidia-smi's "Product Brand").
+BRAND_TESLA, BRAND_GEFORCE, BRAND_NVIDIA_RTX, BRAND_NVIDIA = 2, 5, 13, 14
 
 # Feature names used in `unsupported` (and by the fake library's per-call checks).
 ECC, MIG, REMAP, RETIRE, FAN, NVLINK, ENERGY, DISPLAY = (
@@ -37,6 +51,14 @@ CARDS: dict[str, dict[str, object]] = {
         "nvlinks": 0,
         "ecc_default": False,
         # GeForce: no ECC, MIG, row remapping or page retirement.
+        "brand": BRAND_GEFORCE,
+        "pcie": (4, 16),
+        "bar1": 256,  # MiB; without Resizable BAR, as shipped
+        "hbm": False,
+        "memory_clocks": (9751, 9501, 5001, 810, 405),
+        "app_clocks": None,  # GeForce: applications clocks are NotSupported
+        "vbios": "94.02.42.00.A9",
+        "inforom": ("G001.0000.03.03", None),
         "unsupported": (ECC, MIG, REMAP, RETIRE, NVLINK),
     },
     "A100-SXM4-80GB": {
@@ -53,6 +75,14 @@ CARDS: dict[str, dict[str, object]] = {
         "max_mig": 7,
         "ecc_default": True,
         # Passively cooled SXM module; Ampere replaced page retirement with row remapping.
+        "brand": BRAND_NVIDIA,
+        "pcie": (4, 16),
+        "bar1": 131072,
+        "hbm": True,
+        "memory_clocks": (1593,),
+        "app_clocks": (1275, 1593),
+        "vbios": "92.00.45.00.06",
+        "inforom": ("G506.0212.00.02", "6.16"),
         "unsupported": (FAN, RETIRE, DISPLAY),
     },
     "A100-SXM4-40GB": {
@@ -68,6 +98,14 @@ CARDS: dict[str, dict[str, object]] = {
         "nvlinks": 12,
         "max_mig": 7,
         "ecc_default": True,
+        "brand": BRAND_NVIDIA,
+        "pcie": (4, 16),
+        "bar1": 65536,
+        "hbm": True,
+        "memory_clocks": (1215,),
+        "app_clocks": (1095, 1215),
+        "vbios": "92.00.19.00.13",
+        "inforom": ("G506.0202.00.02", "6.16"),
         "unsupported": (FAN, RETIRE, DISPLAY),
     },
     "T4": {
@@ -82,6 +120,14 @@ CARDS: dict[str, dict[str, object]] = {
         "pci_subsystem_id": 0x12A210DE,
         "nvlinks": 0,
         "ecc_default": True,
+        "brand": BRAND_NVIDIA,
+        "pcie": (3, 16),
+        "bar1": 256,
+        "hbm": False,
+        "memory_clocks": (5001, 405),
+        "app_clocks": (585, 5001),
+        "vbios": "90.04.96.00.02",
+        "inforom": ("G183.0200.00.02", "5.0"),
         "unsupported": (FAN, MIG, REMAP, NVLINK, DISPLAY),
     },
     "V100-SXM2-32GB": {
@@ -96,6 +142,14 @@ CARDS: dict[str, dict[str, object]] = {
         "pci_subsystem_id": 0x124910DE,
         "nvlinks": 6,
         "ecc_default": True,
+        "brand": BRAND_TESLA,
+        "pcie": (3, 16),
+        "bar1": 32768,
+        "hbm": True,
+        "memory_clocks": (877,),
+        "app_clocks": (1312, 877),
+        "vbios": "88.00.80.00.01",
+        "inforom": ("G503.0203.00.05", "5.0"),
         "unsupported": (FAN, MIG, REMAP, DISPLAY),
     },
     "RTX-A6000": {
@@ -110,6 +164,14 @@ CARDS: dict[str, dict[str, object]] = {
         "pci_subsystem_id": 0x145910DE,
         "nvlinks": 0,
         "ecc_default": False,  # supported, off by default on workstation cards
+        "brand": BRAND_NVIDIA_RTX,
+        "pcie": (4, 16),
+        "bar1": 256,
+        "hbm": False,
+        "memory_clocks": (8001, 7601, 5001, 810, 405),
+        "app_clocks": (1800, 8001),
+        "vbios": "94.02.5C.00.02",
+        "inforom": ("G133.0500.00.05", "6.16"),
         "unsupported": (MIG, RETIRE, NVLINK),
     },
     "H100-SXM5-80GB": {
@@ -125,6 +187,14 @@ CARDS: dict[str, dict[str, object]] = {
         "nvlinks": 18,
         "max_mig": 7,
         "ecc_default": True,
+        "brand": BRAND_NVIDIA,
+        "pcie": (5, 16),
+        "bar1": 131072,
+        "hbm": True,
+        "memory_clocks": (2619,),
+        "app_clocks": (1755, 2619),
+        "vbios": "96.00.74.00.0D",
+        "inforom": ("G520.0200.00.05", "7.0"),
         "unsupported": (FAN, RETIRE, DISPLAY),
     },
     "H200-SXM-141GB": {
@@ -140,6 +210,14 @@ CARDS: dict[str, dict[str, object]] = {
         "nvlinks": 18,
         "max_mig": 7,
         "ecc_default": True,
+        "brand": BRAND_NVIDIA,
+        "pcie": (5, 16),
+        "bar1": 262144,
+        "hbm": True,
+        "memory_clocks": (3201,),
+        "app_clocks": (1755, 3201),
+        "vbios": "96.00.A5.00.01",
+        "inforom": ("G525.0200.00.05", "7.0"),
         "unsupported": (FAN, RETIRE, DISPLAY),
     },
 }
@@ -173,3 +251,8 @@ MIG_PROFILES: dict[str, dict[str, tuple[int, int]]] = {
         "7g.141gb": (139264, 7),
     },
 }
+
+
+def figures(gpu: dict[str, Any]) -> Any:
+    """The figures of a simulated GPU's card (`CARDS` entry of the model its state names)."""
+    return CARDS[gpu["model"]]

@@ -10,8 +10,9 @@ raises NVMLError_FunctionNotFound from the real lookup code, as it does with an
 older driver, and clients fall back as they would there.
 
 Here are the functions reading a snapshot calls, so on the way of every simulated
-`gpuwarden run`; the rest (sensors, links, events, handles, procinfo) are loaded
-when first looked up (`FakeLibrary.__getattr__`, table `abi.ELSEWHERE`).
+`gpuwarden run`; the rest (sensors, links, events, handles, procinfo, and what
+only other NVML tools ask: board, pcie, clocks, ecc, fields, gpm) are loaded when
+first looked up (`FakeLibrary.__getattr__`, table `abi.ELSEWHERE`).
 
 Per call: not initialised -> NVML_ERROR_UNINITIALIZED; a feature the card lacks
 -> NVML_ERROR_NOT_SUPPORTED; a lost GPU -> NVML_ERROR_GPU_IS_LOST on everything
@@ -25,6 +26,7 @@ from gpuwarden.sim import cards
 from gpuwarden.sim.abi import (
     ALIASES,
     ARGUMENT_VERSION_MISMATCH,
+    DEVICE_FIRST,
     ELSEWHERE,
     GPU_IS_LOST,
     IDENTITY,
@@ -67,6 +69,7 @@ class FakeLibrary:
         self.file = StateFile(spec, state_dir)
         self.refs = 0
         self.event_sets: dict[int, dict[str, Any]] = {}
+        self.gpm_samples: dict[int, Optional[dict[str, Any]]] = {}
         for name in dir(type(self)):
             if name.startswith("nvml"):
                 setattr(self, name, Fn(self._guarded(name, getattr(self, name)), name))
@@ -99,7 +102,7 @@ class FakeLibrary:
     def _guarded(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if name.startswith("nvmlInit") or name == "nvmlErrorString":
             return method
-        device = name.startswith("nvmlDevice") and name not in NO_HANDLE
+        device = (name.startswith("nvmlDevice") and name not in NO_HANDLE) or name in DEVICE_FIRST
         identity = name in IDENTITY
         mig_ok = name in MIG_OK
         two_devices = name == "nvmlDeviceGetTopologyCommonAncestor"

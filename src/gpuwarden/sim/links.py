@@ -9,10 +9,22 @@ from __future__ import annotations
 
 from gpuwarden.sim import cards
 from gpuwarden.sim.abi import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, lacks, obj, put, val
+from gpuwarden.sim.state import utilization
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any
+
+
+LINK_BYTES = 25_000_000_000  # one NVLink 3 or 4 link, one direction, bytes per second
+LINK_SHARE = 0.3  # of the links' capacity a busy multi-GPU job keeps moving
+
+
+def link_traffic(state: dict[str, Any], gpu: dict[str, Any]) -> tuple[int, float]:
+    """(active links, bytes per second each way on each): only NVSwitch machines carry
+    traffic here, following the GPU's load."""
+    links = gpu["nvlinks"] if state.get("nvswitch") and not lacks(gpu, cards.NVLINK) else 0
+    return links, LINK_BYTES * LINK_SHARE * utilization(state, gpu) / 100
 
 
 class Links:

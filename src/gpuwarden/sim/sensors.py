@@ -35,9 +35,13 @@ class Sensors:
 
     def nvmlDeviceGetBAR1MemoryInfo(self, state: Any, gpu: Any, mig: Any, ref: Any) -> None:
         out = obj(ref)
-        datacenter = not lacks(gpu, cards.MIG)
-        total = 2 * gpu["memory_total"] if datacenter else 256 * cards.MiB
+        total = cards.figures(gpu)["bar1"] * cards.MiB
         used = 5 * cards.MiB
+        if mig is not None:
+            # A MIG device maps its eighths of the memory: nvidia-smi shows 65535MiB
+            # for a 3g.40gb on an A100 80GB (128 GiB aperture, 4 memory slices of 8).
+            eighths = max(1, round(8 * mig["memory_total"] / gpu["memory_total"]))
+            total, used = total * eighths // 8 - cards.MiB, cards.MiB
         out.bar1Total, out.bar1Used, out.bar1Free = total, used, total - used
 
     def nvmlDeviceGetEncoderUtilization(
@@ -107,10 +111,10 @@ class Sensors:
         return _put_clock(gpu, kind, out, maximum=True)
 
     def nvmlDeviceGetPerformanceState(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
-        # Data-centre cards in persistence mode stay in P0; others drop to P8 when idle.
-        busy = utilization(state, gpu) > 0
-        datacenter = not lacks(gpu, cards.MIG)
-        put(out, 0 if busy or (gpu["persistence"] and datacenter) else 8)
+        put(out, performance_state(state, gpu))
+
+    def nvmlDeviceGetPowerManagementMode(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
+        put(out, 1)  # every card here can report and cap its power
 
     def nvmlDeviceGetSupportedClocksEventReasons(
         self, state: Any, gpu: Any, mig: Any, out: Any
@@ -136,6 +140,13 @@ class Sensors:
         self, state: Any, gpu: Any, mig: Any, current: Any, pending: Any
     ) -> int:
         return NOT_SUPPORTED  # WDDM/TCC exist only on Windows
+
+
+def performance_state(state: dict[str, Any], gpu: dict[str, Any]) -> int:
+    """P0 or P8: data-centre cards in persistence mode stay in P0; others drop to P8 idle."""
+    busy = utilization(state, gpu) > 0
+    datacenter = not lacks(gpu, cards.MIG)
+    return 0 if busy or (gpu["persistence"] and datacenter) else 8
 
 
 def _fan(gpu: dict[str, Any], out: Any) -> int:

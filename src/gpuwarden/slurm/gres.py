@@ -64,20 +64,36 @@ def gres_lines(
     *,
     dev_dir: str = "/dev",
     gpu_type: Optional[str] = None,
+    mig_minors: Optional[dict[str, int]] = None,
 ) -> list[str]:
-    """One `Name=gpu ... File=...` line per GPU, in NVML index order."""
+    """One `Name=gpu ... File=...` line per GPU, in NVML index order; a GPU in MIG mode
+    gives one `MultipleFiles=` line per MIG device instead (gpuwarden.slurm.miggres),
+    and then every GPU is typed (`--type`, else its model), as Slurm's own NVML
+    detection types them, and `Links=` is left out (Slurm pairs links with whole GPUs)."""
+    from gpuwarden.slurm import miggres
+
     ordered = sorted(devices, key=lambda d: d.index)
     order = [d.index for d in ordered]
+    by_index = {g.index: g for g in getattr(snapshot, "gpus", ())}
+    migs = {i for i, g in by_index.items() if getattr(g, "mig_mode", None) and g.mig_instances}
+    root = dev_dir.rstrip("/") or ""
     lines = []
     for dev in ordered:
         number = dev.index if dev.minor is None else dev.minor
+        cores = [f"Cores={dev.cores}"] if dev.cores else []
+        if dev.index in migs:
+            gpu = by_index[dev.index]
+            for inst in sorted(gpu.mig_instances, key=lambda m: m.index):
+                line = miggres.mig_line(gpu, inst, number, root, mig_minors)
+                lines.append(" ".join([line, *cores]))
+            continue
         parts = ["Name=gpu"]
-        if gpu_type:
-            parts.append(f"Type={gpu_type}")
-        parts.append(f"File={dev_dir.rstrip('/') or ''}/nvidia{number}")
-        if dev.cores:
-            parts.append(f"Cores={dev.cores}")
-        if snapshot.nvlinks:
+        kind = gpu_type or (miggres.short_model(by_index[dev.index].name) if migs else None)
+        if kind:
+            parts.append(f"Type={kind}")
+        parts.append(f"File={root}/nvidia{number}")
+        parts += cores
+        if snapshot.nvlinks and not migs:
             parts.append(f"Links={links_of(dev.index, order, snapshot.nvlinks)}")
         lines.append(" ".join(parts))
     return lines
@@ -90,13 +106,17 @@ def node_line(
     cpus: int,
     memory_mib: Optional[int],
     gpu_type: Optional[str] = None,
+    gres: Optional[str] = None,
 ) -> str:
     """slurm.conf's line for this node. `slurmd -C` prints the full hardware line
-    (sockets, cores, threads); this one adds what it lacks, the GPUs."""
+    (sockets, cores, threads); this one adds what it lacks, the GPUs (`gres`, from
+    `miggres.counts` of the gres.conf lines, else `gpu:[TYPE:]N`)."""
     parts = [f"NodeName={hostname.split('.', 1)[0]}", f"CPUs={cpus}"]
     if memory_mib:
         parts.append(f"RealMemory={memory_mib}")
-    if gpus:
+    if gres:
+        parts.append(f"Gres={gres}")
+    elif gpus:
         parts.append(f"Gres=gpu:{gpu_type + ':' if gpu_type else ''}{gpus}")
     return " ".join(parts)
 

@@ -8,10 +8,19 @@ its last holder exits), so a small holder process per job, in its own session
 with no terminal, keeps the lock descriptors until the epilog stops it. If the
 holder dies any other way, the kernel frees the GPUs as usual.
 
-A GPU a local `gpuwarden run` holds when Slurm assigns it is waited for, up to
-`slurm.prolog_timeout`; then the prolog fails, and Slurm, as it does for any
-failed prolog, drains the node and requeues the job: a conflict is reported,
-never silently shared.
+One queue on the node. The prolog holds the job (Slurm shows it RUNNING with reason
+Prolog; nothing of it runs yet) while any of its GPUs is drained in gpuwarden, by hand
+or by the health watch, and while a local `gpuwarden run --wait` that joined the line
+before the job was allocated still waits for GPUs these could serve: its GPUs stay
+allocated to it in Slurm, so Slurm places no other job there, and the rest keep
+serving Slurm. Why it waits goes to the job's AdminComment (`gpuwarden queue --slurm`
+shows it). Neither failing nor requeueing is used: a failed prolog drains the whole
+node in Slurm, and a job requeued from its prolog may still be launched (docs/slurm.md).
+
+A GPU a local job holds though nobody was waiting in line (it was leased outside the
+line while Slurm assigned it) is waited for up to `slurm.prolog_timeout`; then the
+prolog fails, and Slurm, as it does for any failed prolog, drains the node and requeues
+the job: a conflict is reported, never silently shared.
 """
 
 from __future__ import annotations
@@ -20,12 +29,14 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.units import is_digits
 
 JOB_PREFIX = "slurm-"
+NOTE_PREFIX = "gpuwarden: "
+POLL = 0.5
 
 
 def job_gpus(environ: Mapping[str, str]) -> list[int]:
@@ -50,54 +61,203 @@ def job_id(environ: Mapping[str, str]) -> str:
     return job
 
 
-def _hold(ld: Any, job: str, gpus: Sequence[Any], timeout: float) -> Any:
-    """Take exclusive leases on exactly `gpus` (Slurm chose them: no selection), waiting
-    up to `timeout` seconds for any a local job still holds."""
+def blockers(
+    gpus: Sequence[Any],
+    drained: Mapping[str, Any],
+    line: Sequence[Any],
+    before: float,
+    usable: int,
+    parents: Mapping[str, str],
+) -> list[str]:
+    """Why the job may not take `gpus` yet (pure): each drained GPU, and each local
+    waiter that joined the line before `before` (the job's allocation), could use one of
+    them (no `allowed` list, or one naming them) and needs no more than the `usable`
+    GPUs there are; `parents` maps a MIG device to its GPU, whose drain holds back
+    every slice. Empty: the GPUs may be leased."""
+    why = []
+    for gpu in gpus:
+        for uuid in (gpu.uuid, parents.get(gpu.uuid)):
+            if uuid and uuid in drained:
+                reason = getattr(drained[uuid], "reason", "") or "no reason given"
+                why.append(f"GPU {gpu.index} is drained ({reason})")
+                break
+    ours = {g.uuid for g in gpus}
+    for waiter in line:
+        if waiter.since >= before or waiter.request is None:
+            continue
+        from gpuwarden.leases import needs
+
+        if needs(waiter.request) > usable:
+            continue  # can never be served: it must not hold Slurm for ever
+        if waiter.allowed is None or ours & set(waiter.allowed):
+            why.append(f"{waiter.user}'s `gpuwarden run --wait` is first in line")
+            break
+    return why
+
+
+def _leased_by(ld: Any, gpus: Sequence[Any]) -> str:
     from gpuwarden import leases
 
-    deadline = time.monotonic() + timeout
+    holders = {i.uuid: i for i in leases.list_leases(ld.path)}
+    busy = [g for g in gpus if g.uuid in holders] or list(gpus)
+    return ", ".join(
+        f"GPU {g.index} ({holders[g.uuid].user} pid {holders[g.uuid].pid})"
+        if g.uuid in holders
+        else f"GPU {g.index}"
+        for g in busy
+    )
+
+
+def _hold(
+    ld: Any,
+    job: str,
+    gpus: Sequence[Any],
+    timeout: float,
+    *,
+    waiting: Callable[[], list[str]],
+    note: Callable[[str], None],
+    gone: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Take exclusive leases on exactly `gpus` (Slurm chose them: no selection) once
+    `waiting()` has nothing to say, reporting each new reason through `note`. A local
+    lease in the way is waited for without limit when the job yielded to the line
+    first (the waiter it let go ahead now holds the GPU), else up to `timeout`. None
+    when `gone()` says the job ended meanwhile (cancelled, out of time)."""
+    from gpuwarden import leases
+
+    yielded = False
+    conflict_since: Optional[float] = None
+    said = ""
     while True:
-        left = max(0.0, deadline - time.monotonic())
-        held = leases.lease_exactly(ld, gpus, job, patience=max(left, leases.ALLOC_PATIENCE))
-        if held is not None:
-            return held  # the allocation lock is kept until publish, as always
-        if time.monotonic() >= deadline:
-            holders = {i.uuid: i for i in leases.list_leases(ld.path)}
-            busy = [g for g in gpus if g.uuid in holders] or list(gpus)
-            who = ", ".join(
-                f"GPU {g.index} ({holders[g.uuid].user} pid {holders[g.uuid].pid})"
-                if g.uuid in holders
-                else f"GPU {g.index}"
-                for g in busy
-            )
-            raise UserError(f"Slurm job {job}: still leased locally after {timeout:.0f} s: {who}")
-        time.sleep(0.2)
+        why = waiting()
+        if not why:
+            held = leases.lease_exactly(ld, gpus, job, patience=leases.ALLOC_PATIENCE)
+            if held is not None:
+                if said:
+                    note("")
+                return held  # the allocation lock is kept until publish, as always
+            who = _leased_by(ld, gpus)
+            if not yielded:
+                conflict_since = conflict_since or time.monotonic()
+                if time.monotonic() - conflict_since >= timeout:
+                    raise UserError(
+                        f"Slurm job {job[len(JOB_PREFIX) :]}: still leased locally after "
+                        f"{timeout:.0f} s: {who}"
+                    )
+            why = [f"waiting for the local lease on {who}"]
+        else:
+            yielded, conflict_since = True, None
+        text = "; ".join(why)
+        if text != said:
+            note(text)
+            said = text
+        if gone():
+            return None
+        time.sleep(POLL)
 
 
-def prolog(environ: Mapping[str, str], timeout: float, lease_dir: Optional[str] = None) -> str:
+def set_note(job: str, text: str) -> None:
+    """Say in the job's AdminComment why its prolog waits (`""`: clear it). Only Slurm
+    admins (the prolog runs as root) may set AdminComment, so a user's own Comment
+    cannot pass for gpuwarden's word. A controller that does not answer costs the
+    note, never the job."""
+    from gpuwarden.slurm import tools
+
+    value = NOTE_PREFIX + text if text else ""
+    try:
+        tools.call(["scontrol", "update", f"JobId={job}", f"AdminComment={value}"], timeout=10)
+    except UserError as err:
+        print(f"Slurm job {job}: could not note why it waits: {err}", flush=True)
+
+
+def prolog(
+    environ: Mapping[str, str],
+    timeout: float,
+    lease_dir: Optional[str] = None,
+    note: Optional[Callable[[str, str], None]] = None,
+) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
-    from gpuwarden import leasedir
+    from gpuwarden import leasedir, waitline
+    from gpuwarden.drain import list_drains
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.locations import state_location
 
+    before = time.time()
     job = job_id(environ)
     indices = job_gpus(environ)
     if not indices:
         return f"Slurm job {job}: no GPUs, nothing to lease"
     snapshot = read_snapshot(processes=False)
-    by_index = {g.index: g for g in snapshot.gpus}
-    missing = [i for i in indices if i not in by_index]
+    units = slurm_devices(snapshot)
+    parents = {u.uuid: g.uuid for g in snapshot.gpus for u in units if u.index == g.index}
+    missing = [i for i in indices if i >= len(units)]
     if missing:
         raise UserError(
             f"Slurm job {job}: GPU {','.join(map(str, missing))} of SLURM_JOB_GPUS is not on "
-            f"this machine ({len(snapshot.gpus)} GPUs); is gres.conf `gpuwarden slurm conf`'s?"
+            f"this machine ({len(units)} GPUs); is gres.conf `gpuwarden slurm conf`'s?"
         )
-    gpus = [by_index[i] for i in indices]
+    gpus = [units[i] for i in indices]
     ld = leasedir.open_dir(lease_dir)
-    held = _hold(ld, JOB_PREFIX + job, gpus, timeout)
+    where = state_location()
+
+    def waiting() -> list[str]:
+        drained = list_drains(where)
+        usable = sum(1 for u in units if u.uuid not in drained and parents[u.uuid] not in drained)
+        return blockers(gpus, drained, waitline.read_line(ld), before, usable, parents)
+
+    say = note or set_note
+    notes: list[str] = []
+
+    def noted(text: str) -> None:
+        notes.append(text)
+        if text:
+            print(f"Slurm job {job}: waits: {text}", flush=True)
+        say(job, text)
+
+    held = _hold(ld, JOB_PREFIX + job, gpus, timeout, waiting=waiting, note=noted, gone=ended(job))
+    if held is None:
+        return f"Slurm job {job}: ended while its prolog waited; nothing leased"
     from gpuwarden.jobs import hold_in_background
 
     pid = hold_in_background(held, f"slurm job {job}", expires=None, seconds=None)
-    return f"Slurm job {job}: leased GPU {','.join(map(str, indices))} (holder pid {pid})"
+    names = ",".join(_name(g) for g in gpus)
+    return f"Slurm job {job}: leased GPU {names} (holder pid {pid})"
+
+
+def ended(job: str, every: float = 5.0) -> Callable[[], bool]:
+    """Whether Slurm has ended the job (cancelled, out of time, requeued) while its
+    prolog waits, asked at most every `every` seconds; a controller that does not
+    answer counts as the job still there."""
+    asked = [time.monotonic()]
+
+    def check() -> bool:
+        if time.monotonic() - asked[0] < every:
+            return False
+        asked[0] = time.monotonic()
+        from gpuwarden.slurm import tools
+
+        try:
+            found = tools.queue(jobs=[job])
+        except UserError:
+            return False
+        return not any(j.state in ("starting", "running") for j in found)
+
+    return check
+
+
+def slurm_devices(snapshot: Any) -> list[Any]:
+    """What gres.conf lists, in its order (`gpuwarden slurm conf`): each GPU in NVML
+    index order, a GPU in MIG mode replaced by its MIG devices, so SLURM_JOB_GPUS's
+    numbers are positions in this list."""
+    from gpuwarden import mig
+
+    return list(mig.devices(snapshot))
+
+
+def _name(gpu: Any) -> str:
+    from gpuwarden import mig
+
+    return f"{gpu.index} ({gpu.uuid})" if mig.is_mig(gpu) else str(gpu.index)
 
 
 def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:

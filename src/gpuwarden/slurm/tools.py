@@ -221,12 +221,15 @@ def parse_queue(stdout: str) -> list[SlurmJob]:
         if len(fields) != 10:
             continue  # not ours (a warning line)
         jid, user, state, reason, elapsed, limit, nodes, gres, nodelist, name = fields
+        word = state_word(state)
+        if word == "running" and reason.strip() == "Prolog":
+            word = "starting"  # allocated, its prolog still running: nothing of it runs yet
         jobs.append(
             SlurmJob(
                 id=jid,
                 user=user,
-                state=state_word(state),
-                reason=reason_word(reason) if state.startswith("PENDING") else "",
+                state=word,
+                reason=reason_word(reason) if word in ("pending", "starting") else "",
                 elapsed=elapsed,
                 limit=limit,
                 nodes=int(nodes) if is_digits(nodes) else 0,
@@ -249,7 +252,9 @@ def _gres_word(gres: str) -> str:
 
 
 def queue(user: Optional[str] = None, jobs: Sequence[str] = ()) -> list[SlurmJob]:
-    argv = ["squeue", "-h", "-o", SQUEUE_FORMAT]
+    """Every job the controller still knows, ended ones included (`-t all`: Slurm keeps
+    them for `MinJobAge`, 300 s by default), as `squeue -t all` lists them."""
+    argv = ["squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT]
     if user:
         argv += ["-u", user]
     if jobs:

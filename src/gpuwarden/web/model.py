@@ -92,7 +92,7 @@ def build(
     gpus = [
         _gpu(
             g,
-            by_gpu.get(g.uuid, []),
+            by_gpu,
             drains.get(g.uuid),
             findings.get(g.uuid, ()),
             history.get(g.uuid),
@@ -124,7 +124,7 @@ def build(
 
 def _gpu(
     g: Gpu,
-    leases: list[Any],
+    by_gpu: Mapping[str, list[Any]],
     drain: Any,
     findings: Sequence[Any],
     history: Optional[Mapping[str, list]],
@@ -134,6 +134,11 @@ def _gpu(
 ) -> dict[str, Any]:
     from gpuwarden.health import level
 
+    leases = by_gpu.get(g.uuid, [])
+    # A MIG slice is what a job is given (gpuwarden.mig): its leases are its own, and a
+    # process in it is reserved by a lease on it (or on the whole GPU).
+    slices = sorted(g.mig_instances, key=lambda m: m.index) if g.mig_mode else []
+    slice_of = {m.uuid: m.index for m in slices}
     processes = [
         {
             "pid": p.pid,
@@ -141,7 +146,8 @@ def _gpu(
             "name": text(_program(p.command)) if p.command else None,
             "command": text(p.command) if show_commands and p.command else None,
             "memory": p.used_memory,
-            "reserved": reserved(p, leases, owners),
+            "reserved": reserved(p, leases + by_gpu.get(p.mig_uuid or "", []), owners),
+            "slice": slice_of.get(p.mig_uuid or ""),
         }
         for p in g.processes
     ]
@@ -184,6 +190,17 @@ def _gpu(
             "auto": bool(drain.auto),
         },
         "leases": [_lease(x, now, show_commands, owners) for x in leases],
+        "slices": [
+            {
+                "index": m.index,
+                "uuid": m.uuid,
+                "profile": text(m.name) if m.name else None,
+                "memory_total": m.memory_total,
+                "memory_used": m.memory_used,
+                "leases": [_lease(x, now, show_commands, owners) for x in by_gpu.get(m.uuid, [])],
+            }
+            for m in slices
+        ],
         "history": {
             "t": list(history.get("t", [])) if history else [],
             "utilization": list(history.get("utilization", [])) if history else [],
@@ -221,7 +238,7 @@ def _users(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return users.setdefault(name, user_row(name))
 
     for g in gpus:
-        for lease in g["leases"]:
+        for lease in [*g["leases"], *(x for s in g["slices"] for x in s["leases"])]:
             got = entry(lease["user"])
             if g["index"] not in got["leased_gpus"]:
                 got["leased_gpus"].append(g["index"])

@@ -121,6 +121,11 @@ class Feed:
         from gpuwarden.xidlog import xid_events
 
         snap = self._read_snapshot()
+        leases = _soft(_leases, [])
+        if leases:
+            from gpuwarden.attribution import attribute
+
+            snap = attribute(snap, leases)  # a container's processes shown as their owner's
         self.snap = snap
         self.samples += 1
         self.history.add(snap)
@@ -138,7 +143,7 @@ class Feed:
             watch = {"running": True, "listening": bool(getattr(self.watch, "listening", False))}
         return build(
             snap,
-            leases=_soft(_leases, []),
+            leases=leases,
             drains=_soft(_drains, {}),
             findings=findings,
             xid_events=events,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gpuwarden.doctor.checks.containers import check_containers
 from gpuwarden.doctor.checks.distributed import check_distributed
 from gpuwarden.doctor.checks.driver import check_driver, check_driver_toolkit
 from gpuwarden.doctor.checks.enforcement import check_enforcement
@@ -25,6 +26,7 @@ CHECKS: tuple[Callable[[Facts], list[Finding]], ...] = (
     check_distributed,
     check_machine,
     check_enforcement,
+    check_containers,
     check_service,
     check_in_process,
 )

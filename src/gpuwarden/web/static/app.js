@@ -159,22 +159,34 @@ function gpuCard(gpu) {
     card.append(el("p", { class: "note finding " + f.level.toLowerCase(), title: f.action }, f.reason));
   }
   if (gpu.error) card.append(el("p", { class: "note finding fatal" }, gpu.error));
-  const items = [];
-  for (const l of gpu.leases) {
-    const expiry = l.expires_in === null ? "until the job ends" : `ends in ${span(l.expires_in)}`;
-    items.push(el("li", { class: "lease", "data-job": l.job },
-      `lease ${l.job || "?"} · ${l.user} · ${span(l.age)} · ${expiry}`,
-      l.mem !== null ? ` · shares ${size(l.mem)}` : "",
-      l.command ? el("div", { class: "muted" }, l.command) : null));
-  }
-  for (const p of gpu.processes) {
-    items.push(el("li", { class: "process", "data-reserved": p.reserved },
-      `${p.user || "?"} · pid ${p.pid}${p.name ? " · " + p.name : ""} · ${size(p.memory)}`,
-      p.reserved ? null : el("span", { class: "unreserved", title: "on this GPU without a lease" }, " · no lease"),
-      p.command ? el("div", { class: "muted" }, p.command) : null));
-  }
+  const items = [...gpu.leases.map(leaseItem), ...gpu.processes.filter((p) => p.slice === null).map(processItem)];
   if (items.length) card.append(el("ul", { class: "list" }, ...items));
+  // A MIG slice is a GPU of its own to a job: its row says whose it is and what runs in it.
+  for (const s of gpu.slices) {
+    const inside = [...s.leases.map(leaseItem), ...gpu.processes.filter((p) => p.slice === s.index).map(processItem)];
+    card.append(el("div", { class: "slice", "data-uuid": s.uuid, title: s.uuid },
+      el("div", { class: "top" },
+        el("span", { class: "name" }, `MIG ${gpu.index}:${s.index} · ${s.profile || "n/a"}`),
+        el("span", { class: "mem" }, `${size(s.memory_used)} / ${size(s.memory_total)}`),
+        el("span", { class: "lease-mark" }, s.leases.length ? s.leases.map((l) => l.user).join(", ") : "free")),
+      inside.length ? el("ul", { class: "list" }, ...inside) : null));
+  }
   return card;
+}
+
+function leaseItem(l) {
+  const expiry = l.expires_in === null ? "until the job ends" : `ends in ${span(l.expires_in)}`;
+  return el("li", { class: "lease", "data-job": l.job },
+    `lease ${l.job || "?"} · ${l.user} · ${span(l.age)} · ${expiry}`,
+    l.mem !== null ? ` · shares ${size(l.mem)}` : "",
+    l.command ? el("div", { class: "muted" }, l.command) : null);
+}
+
+function processItem(p) {
+  return el("li", { class: "process", "data-reserved": p.reserved },
+    `${p.user || "?"} · pid ${p.pid}${p.name ? " · " + p.name : ""} · ${size(p.memory)}`,
+    p.reserved ? null : el("span", { class: "unreserved", title: "on this GPU without a lease" }, " · no lease"),
+    p.command ? el("div", { class: "muted" }, p.command) : null);
 }
 
 function swatch(user) {

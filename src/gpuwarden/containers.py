@@ -1,0 +1,395 @@
+"""Containers under a lease: the command line `gpuwarden run` hands a container runtime.
+
+A container started by `docker run` or `podman run` is not the child of the command
+`gpuwarden run` starts: it is the daemon's (Docker) or conmon's (Podman), it inherits
+neither the lease lock nor `CUDA_VISIBLE_DEVICES`, and without device options it sees
+every GPU or none. So the runtime's own command line is rewritten here, purely:
+
+* exactly the leased GPUs go in, by UUID through CDI (`--device nvidia.com/gpu=UUID`)
+  where a CDI spec exists, else as device nodes (`--device /dev/nvidiaN` and the
+  control nodes) for Podman, or `--gpus device=UUID,...` for Docker's NVIDIA runtime;
+* the container's `CUDA_VISIBLE_DEVICES` names them by UUID (right whatever the
+  container numbers them) and `NVIDIA_VISIBLE_DEVICES` too, so an image that says
+  `all` does not widen the set under the NVIDIA toolkit's hook;
+* the container is named after its job and labelled `gpuwarden.lease`, `gpuwarden.user`
+  and `gpuwarden.gpus`, which `status` and `enforce` read back (gpuwarden.ancestry);
+* with Podman, the lease's lock descriptors are passed into the container
+  (`--preserve-fds`): the kernel then holds the lease exactly as long as the container's
+  processes, whatever happens to the client. Docker's daemon cannot be handed
+  descriptors: a small keeper process holds them until the client has ended and then
+  `docker wait NAME` says the container has too (`keep`).
+
+Options that would widen what the container sees (`--gpus`, `--privileged`, a GPU
+`--device`, `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` given with `-e`) are refused
+with one line. Apptainer and Singularity run the container as a child with the host's
+environment: only their `*ENV_` variables are added, for `--cleanenv`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any, Optional
+
+DAEMONS = ("docker", "podman")  # runtimes whose containers are not our children
+CHILDREN = ("apptainer", "singularity")  # the container is a child: fds and env pass in
+RUNTIMES = DAEMONS + CHILDREN
+
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+# Options of `docker run`/`podman run` that take no value; every other option takes one
+# (as `--opt VALUE` or `--opt=VALUE`). Short flags that take none may be bundled: -it.
+_FLAGS = frozenset(
+    [
+        "--rm",
+        "--detach",
+        "--interactive",
+        "--tty",
+        "--init",
+        "--privileged",
+        "--read-only",
+        "--publish-all",
+        "--no-healthcheck",
+        "--oom-kill-disable",
+        "--sig-proxy",
+        "--disable-content-trust",
+        "--quiet",
+        "--replace",
+        "--rmi",
+        "--no-hosts",
+        "--env-host",
+        "--read-only-tmpfs",
+        "--help",
+        "--http-proxy",
+        "--tls-verify",
+        "--passwd",
+        "--use-api-version",
+    ]
+)
+_SHORT_FLAGS = frozenset("ditPq")
+# Global options of the runtime (before `run`) that take a value.
+_GLOBAL_VALUES = frozenset(
+    [
+        "--root",
+        "--runroot",
+        "--log-level",
+        "--url",
+        "--connection",
+        "-c",
+        "--context",
+        "-H",
+        "--host",
+        "--config",
+        "--cgroup-manager",
+        "--storage-driver",
+        "--runtime",
+        "--tmpdir",
+        "--events-backend",
+    ]
+)
+_WIDENING_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def runtime_of(argv: Sequence[str]) -> Optional[str]:
+    """`docker`, `podman`, `apptainer` or `singularity` when `argv` runs that program."""
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    return name if name in RUNTIMES else None
+
+
+def run_position(argv: Sequence[str]) -> Optional[int]:
+    """The index of `run` in `docker|podman [global options] [container] run ...`; None for
+    any other subcommand (`ps`, `build`: nothing to put under a lease)."""
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "container":
+            i += 1
+            continue
+        if word.startswith("-"):
+            i += 2 if word in _GLOBAL_VALUES else 1
+            continue
+        return i if word == "run" else None
+    return None
+
+
+def options(args: Sequence[str]) -> list[tuple[str, Optional[str]]]:
+    """The (option, value) pairs of `run`'s options in `args` (which start after `run`),
+    up to the image; a flag's value is None, a bundle `-it` gives `-i` and `-t`."""
+    found: list[tuple[str, Optional[str]]] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            break
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            if eq or name in _FLAGS:
+                found.append((name, value if eq else None))
+                i += 1
+            else:
+                found.append((name, args[i + 1] if i + 1 < len(args) else None))
+                i += 2
+            continue
+        letters = word[1:]
+        if all(c in _SHORT_FLAGS for c in letters):
+            found.extend((f"-{c}", None) for c in letters)
+            i += 1
+        elif len(letters) > 1:  # -eVAR=1: the value is attached
+            found.append((f"-{letters[0]}", letters[1:]))
+            i += 1
+        else:
+            found.append((word, args[i + 1] if i + 1 < len(args) else None))
+            i += 2
+    return found
+
+
+def refuse_widening(opts: Iterable[tuple[str, Optional[str]]]) -> Optional[str]:
+    """Why the user's options would let the container see GPUs beyond the lease; None
+    when they do not. gpuwarden passes the leased GPUs itself."""
+    for name, value in opts:
+        text = value or ""
+        if name == "--gpus":
+            return f"--gpus {text}"
+        if name == "--privileged" and text not in ("false", "False"):
+            return "--privileged (it sees every device)"
+        if name == "--device" and (
+            text.startswith("/dev/nvidia") or text.startswith("nvidia.com/")
+        ):
+            return f"--device {text}"
+        if name in ("-e", "--env") and text.partition("=")[0] in _WIDENING_ENV:
+            return f"{name} {text}"
+    return None
+
+
+def cdi_spec(dirs: Sequence[str] = CDI_DIRS) -> Optional[str]:
+    """The path of a CDI spec for NVIDIA GPUs (`nvidia-ctk cdi generate` writes
+    /etc/cdi/nvidia.yaml), or None."""
+    for folder in dirs:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("nvidia") and name.endswith((".yaml", ".yml", ".json")):
+                return os.path.join(folder, name)
+    return None
+
+
+def device_mode(runtime: str, cdi: bool) -> str:
+    """How the GPUs go in: `cdi` where a spec exists; else `gpus` (Docker's NVIDIA
+    runtime) for Docker and `nodes` (plain device nodes) for Podman."""
+    if cdi:
+        return "cdi"
+    return "gpus" if runtime == "docker" else "nodes"
+
+
+def device_options(gpus: Sequence[Any], mode: str, dev: str = "/dev") -> list[str]:
+    """The options that pass exactly `gpus` into the container, by `mode`. Device nodes
+    need each GPU's minor (NVML's) and the control nodes present under `dev`."""
+    uuids = [g.uuid for g in gpus]
+    if not gpus:
+        return []
+    if mode == "cdi":
+        return [f"--device=nvidia.com/gpu={u}" for u in uuids]
+    if mode == "gpus":
+        return ["--gpus", f'"device={",".join(uuids)}"']
+    out = []
+    for g in gpus:
+        if g.uuid.startswith("MIG-"):
+            raise UserError(
+                f"{g.uuid} is a MIG device: passing it into a container needs a CDI spec "
+                "(`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`)"
+            )
+        if getattr(g, "minor", None) is None:
+            raise UserError(f"NVML gives no minor number for GPU {g.index}: no device node to pass")
+        out.append(f"--device={dev}/nvidia{g.minor}:/dev/nvidia{g.minor}")
+    for name in CONTROL_NODES:
+        if os.path.exists(f"{dev}/{name}"):
+            out.append(f"--device={dev}/{name}:/dev/{name}")
+    return out
+
+
+def container_name(job: str) -> str:
+    return f"gpuwarden-{job}"
+
+
+class Plan:
+    """What to start instead of the user's command: `argv`, the extra environment of
+    the runtime process (`env`), the container's name (None for Apptainer), whether the
+    lease descriptors go in at fd 3, 4, ... (`preserve`: Podman's --preserve-fds), and
+    whether a keeper holds the lease until the container ends (`keeper`: Docker)."""
+
+    def __init__(
+        self,
+        runtime: str,
+        argv: list[str],
+        name: Optional[str],
+        env: dict[str, str],
+        preserve: bool,
+        keeper: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.argv = argv
+        self.name = name
+        self.env = env
+        self.preserve = preserve
+        self.keeper = keeper
+
+
+def plan(
+    argv: Sequence[str],
+    gpus: Sequence[Any],
+    job: Optional[str],
+    uid: int,
+    *,
+    nfds: int = 0,
+    cdi: bool = False,
+    dev: str = "/dev",
+    extra_env: Optional[Mapping[str, str]] = None,
+) -> Optional[Plan]:
+    """The container command rewritten for a lease on `gpus` held by job `job` of user
+    `uid`, or None when `argv` starts no container. `extra_env` is what the job would
+    have been given (GPUWARDEN_*, the mem limit), passed into the container too."""
+    runtime = runtime_of(argv)
+    if runtime is None:
+        return None
+    uuids = ",".join(g.uuid for g in gpus)
+    inside = {
+        "CUDA_VISIBLE_DEVICES": uuids,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        **(extra_env or {}),
+    }
+    if runtime in CHILDREN:
+        # A child process with the host's environment; its *ENV_ variables reach the
+        # container even under --cleanenv. --nv binds every node: the variables choose.
+        prefix = runtime.upper() + "ENV_"
+        return Plan(runtime, list(argv), None, {prefix + k: v for k, v in inside.items()}, False)
+    at = run_position(argv)
+    if at is None:
+        return None
+    rest = list(argv[at + 1 :])
+    opts = options(rest)
+    bad = refuse_widening(opts)
+    if bad is not None:
+        raise UserError(
+            f"{runtime} run {bad} would let the container see GPUs outside its lease: "
+            "leave it out, gpuwarden passes the leased GPUs in itself"
+        )
+    given = [value for name, value in opts if name == "--name" and value]
+    name = given[-1] if given else container_name(job or str(os.getpid()))
+    added: list[str] = [] if given else [f"--name={name}"]
+    mode = device_mode(runtime, cdi)
+    added += device_options(gpus, mode, dev)
+    if job is not None:
+        added.append(f"--label=gpuwarden.lease={job}")
+    added += [f"--label=gpuwarden.user={uid}", f"--label=gpuwarden.gpus={uuids}"]
+    inside["NVIDIA_VISIBLE_DEVICES"] = uuids or "void"
+    added += [f"--env={k}={v}" for k, v in inside.items()]
+    preserve = runtime == "podman" and nfds > 0
+    if preserve:
+        added.append(f"--preserve-fds={nfds}")
+    keeper = runtime == "docker" and nfds > 0
+    return Plan(runtime, [*argv[: at + 1], *added, *rest], name, {}, preserve, keeper)
+
+
+# --- the runtime part ---------------------------------------------------------------------------
+
+
+class Stopper:
+    """On Ctrl-C, SIGTERM or SIGHUP to `gpuwarden run`: `RUNTIME stop NAME`, once. The
+    runtime sends the container's stop signal and kills it after its grace
+    (`--stop-timeout`, 10 s by default); the client then exits with the container's
+    status. The signal still reaches the client too (its sig-proxy passes it on), which
+    covers a container not created yet."""
+
+    STOPPING = frozenset((2, 15, 1))  # SIGINT, SIGTERM, SIGHUP
+
+    def __init__(self, runtime: str, name: str, env: Mapping[str, str]) -> None:
+        self.argv = [runtime, "stop", name]
+        self.env = dict(env)
+        self.pid: Optional[int] = None
+
+    def __call__(self, signum: int) -> None:
+        if signum not in self.STOPPING or self.pid is not None:
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            moves = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
+            self.pid = os.posix_spawnp(self.argv[0], self.argv, self.env, file_actions=moves)
+        except OSError:
+            self.pid = 0
+        finally:
+            os.close(null)
+
+
+def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
+    """Start the runtime's client as the job: the lease descriptors inherited, and with
+    Podman also numbered from 3 for --preserve-fds; signals also stop the container."""
+    from gpuwarden import launch
+
+    full = {**env, **plan.env}
+    job = launch.start(plan.argv, full, fds, numbered=fds if plan.preserve else ())
+    if plan.name is not None:
+        job.on_signal = Stopper(plan.runtime, plan.name, full)
+    if plan.keeper and plan.name is not None:
+        keep(plan.runtime, plan.name, job.pid, fds, full)
+    return job
+
+
+def keep(runtime: str, name: str, client: int, fds: Sequence[int], env: Mapping[str, str]) -> int:
+    """Fork a keeper that holds the lease descriptors `fds` until the container `name`
+    has ended: first the client (pid `client`) must end, then `RUNTIME wait NAME` returns
+    (at once when the container is gone). It runs in its own session with no terminal and
+    keeps no other descriptor (not the allocation lock), so it outlives `gpuwarden run`
+    and the client and holds nothing else. Its pid."""
+    import contextlib
+
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        keep_fds = {0, 1, 2, *fds}
+        for entry in os.listdir("/proc/self/fd"):
+            if int(entry) not in keep_fds:
+                with contextlib.suppress(OSError):  # the listing's own descriptor
+                    os.close(int(entry))
+        _wait_for(client)
+        waiter = os.posix_spawnp(runtime, [runtime, "wait", name], dict(env))
+        os.waitpid(waiter, 0)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _wait_for(pid: int) -> None:
+    """Return when process `pid` (not our child) has ended: its pidfd becomes readable;
+    without pidfds (Linux before 5.3), its /proc entry is looked at twice a second."""
+    import select
+    import time
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        from gpuwarden.holders import is_gone
+
+        while not is_gone(pid):
+            time.sleep(0.5)
+        return
+    select.select([pidfd], [], [])
+    os.close(pidfd)

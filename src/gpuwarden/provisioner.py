@@ -1,0 +1,173 @@
+"""A Jupyter kernel provisioner that gives each kernel its own GPU lease.
+
+A kernelspec written by `gpuwarden kernel install` names this provisioner
+(`"kernel_provisioner": {"provisioner_name": "gpuwarden", "config": {...}}`), so every
+kernel started from it, by JupyterLab, `jupyter console` or `KernelManager`:
+
+* leases its GPUs before it starts (the same request and rules as `gpuwarden run`), and
+  sees exactly them: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and GPUWARDEN_* are set in
+  its environment before its Python starts, so before anything imports torch;
+* holds the lease in its own process (the lock descriptors are inherited, as a job of
+  `gpuwarden run` holds them): if the Jupyter server dies, the kernel keeps its GPUs
+  for as long as it runs;
+* keeps the same GPUs across a restart: the provisioner holds its own copy of the lease
+  while the old kernel stops and the new one starts, and the lease record then names
+  the new kernel;
+* frees them when it is shut down, and when it dies any other way (killed, the
+  enforcer's idle policy, a crash): a thread waits for the kernel process and lets the
+  lease go unless a restart was asked for.
+
+The lease is taken directly on this machine (the lease directory), as `gpuwarden run`
+takes it without a queue service. Errors (nothing free, a request that never fits) are
+`UserError`s with the same one-line messages as the command line; Jupyter shows them
+as the kernel's failure to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any, Optional
+
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Dict
+
+# The request's fields in the kernelspec's provisioner config: the names of
+# gpuwarden.lease()'s arguments (api.hold), as `gpuwarden kernel install` writes them.
+REQUEST_KEYS = ("n", "gpus", "min_free", "max_util", "min_capability", "model", "exclude", "mem")
+
+
+class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """LocalProvisioner plus a GPU lease for the kernel's life (see the module's text)."""
+
+    request = Dict(config=True, help="the GPUs to lease: gpuwarden.lease()'s arguments")
+    # Not `wait`/`timeout`: those names are the provisioner's own methods and settings.
+    wait_for_gpus = Bool(False, config=True, help="wait in line for the GPUs, not fail")
+    wait_timeout = AnyTrait(None, config=True, help="seconds to wait at most, or None")
+    uuid = Bool(False, config=True, help="CUDA_VISIBLE_DEVICES as UUIDs")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._held: Any = None
+        self._vars: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stopping = False  # the manager is stopping the kernel (for a restart or not)
+        self._current: Optional[int] = None  # the kernel process that holds the lease now
+
+    # -- the lease --------------------------------------------------------------------
+
+    def _lease(self, base: dict[str, str]) -> None:
+        from gpuwarden import jobs
+        from gpuwarden.api import _reader, _request
+        from gpuwarden.errors import UserError
+        from gpuwarden.launch import job_env
+
+        fields = {k: self.request.get(k) for k in REQUEST_KEYS}
+        unknown = sorted(set(self.request) - set(REQUEST_KEYS))
+        if unknown:
+            raise UserError(f"gpuwarden kernel: unknown request field(s): {', '.join(unknown)}")
+        request = _request(*(fields[k] for k in REQUEST_KEYS))
+        if request.count == 0:
+            raise UserError("gpuwarden kernel: n=0 asks for no GPU")
+        read = _reader(None, topology=request.gpu_count > 1)
+        first = read()
+        pending = [first]
+
+        def machine() -> Any:
+            return pending.pop() if pending else read()
+
+        timeout = None if self.wait_timeout is None else float(self.wait_timeout)
+        held = jobs.lease(
+            request,
+            machine,
+            wait=self.wait_for_gpus,
+            timeout=timeout,
+            allowed=jobs.allowed(first, base),
+        )
+        try:
+            env = job_env({}, held.gpus, use_uuid=self.uuid, job=held.job, mem=held.mem)
+            held.prepare(f"jupyter kernel {self.kernel_spec.display_name}")
+        except BaseException:
+            held.release()
+            raise
+        self._held, self._vars = held, env
+
+    def _release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, None
+            self._current = None
+        if held is not None:
+            held.release()
+
+    def _watch(self, pid: int) -> None:
+        """Wait (without reaping: Popen does that) for the kernel to end; let the lease go
+        when it ended of itself (killed, crashed, the enforcer's idle policy). When the
+        manager stopped it, `cleanup` decides: kept for a restart, else let go."""
+        with contextlib.suppress(ChildProcessError):  # already reaped: it ended
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        with self._lock:
+            asked = self._stopping or self._current != pid
+        if not asked:
+            self._release()
+
+    # -- the provisioner's steps ------------------------------------------------------
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        kwargs = await super().pre_launch(**kwargs)
+        from gpuwarden.launch import OURS
+
+        env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in OURS}
+        with self._lock:
+            fresh = self._held is None
+        if fresh:
+            self._lease(env)
+        env.update(self._vars)
+        kwargs["env"] = env
+        kwargs["pass_fds"] = tuple(self._held.fds)
+        return kwargs
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        try:
+            info = await super().launch_kernel(cmd, **kwargs)
+        except BaseException:
+            self._release()
+            raise
+        held = self._held
+        if self._current is not None:  # a restart: the lease is published already
+            held.repoint(self.pid)
+        else:
+            held.publish(self.pid)
+        with self._lock:
+            self._stopping = False
+            self._current = self.pid
+        threading.Thread(
+            target=self._watch, args=(self.pid,), name="gpuwarden-kernel", daemon=True
+        ).start()
+        return info
+
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        with self._lock:
+            self._stopping = True  # cleanup() says whether for a restart
+        await super().shutdown_requested(restart=restart)
+
+    async def kill(self, restart: bool = False) -> None:
+        with self._lock:
+            self._stopping = True  # cleanup() says whether for a restart
+        await super().kill(restart=restart)
+
+    async def terminate(self, restart: bool = False) -> None:
+        with self._lock:
+            self._stopping = True  # cleanup() says whether for a restart
+        await super().terminate(restart=restart)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if not restart:
+            self._release()
+
+    def gpus(self) -> Optional[tuple[str, ...]]:
+        """The UUIDs of the GPUs this kernel holds now (None: none)."""
+        held = self._held
+        return None if held is None else held.uuids

@@ -1,0 +1,63 @@
+"""What a submit may ask of the service, judged before the job is journaled.
+
+Two kinds of refusal, each one line naming its bound: a job larger than the
+service keeps for one job (its command line, its environment: every job is held in
+memory while it waits and in the journal for ever), and a job that could never
+start on this machine whatever ran on it (more GPUs than there are, more memory
+than any GPU has, a model no GPU is), which Slurm likewise refuses at submit
+("Requested node configuration is not available") rather than let it wait for ever.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuwarden.errors import UserError
+from gpuwarden.service import protocol
+from gpuwarden.service.settings import Settings
+from gpuwarden.units import format_size
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_sizes(sub: protocol.Submit, settings: Settings) -> None:
+    """Refuse a command line or an environment over the service's bounds."""
+    command = sum(_bytes(word) + 1 for word in sub.argv)
+    if command > settings.max_command_bytes:
+        raise UserError(
+            f"the command line is {format_size(command)}, over the "
+            f"{format_size(settings.max_command_bytes)} a job may have (service.max_command_bytes)"
+        )
+    env = sum(_bytes(k) + _bytes(v) + 2 for k, v in sub.env.items())
+    if env > settings.max_env_bytes:
+        raise UserError(
+            f"the environment is {format_size(env)}, over the "
+            f"{format_size(settings.max_env_bytes)} a job may have (service.max_env_bytes)"
+        )
+
+
+def never_runs(snapshot: Any, wish: protocol.GpuRequest) -> Optional[str]:
+    """Why a job asking `wish` could never start on the machine of `snapshot`, in the
+    words `run` uses (`selection.choose`'s `never_fits`); None: it could, once its GPUs
+    are free. Drains, health and current use do not count: they pass."""
+    from gpuwarden.selection import Request, choose
+
+    if wish.count == 0:
+        return None
+    request = Request(
+        count=wish.count,
+        gpus=wish.gpus,
+        exclude=wish.exclude,
+        model=wish.model,
+        min_capability=wish.min_capability,
+        min_free=wish.min_free,
+        mem=wish.mem,
+        mig=wish.mig,
+    )
+    try:
+        choice = choose(snapshot, request)
+    except UserError as err:  # a named GPU this machine does not have
+        return str(err)
+    return choice.error if choice.never_fits else None

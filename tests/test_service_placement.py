@@ -1,0 +1,80 @@
+"""The queue service places jobs with `run`'s choice: the GPUs `run --dry-run` names.
+
+The real service (test_service.py) on two simulated machines: four idle A100s in two
+PCIe-switch pairs (tests/data/pairs-4xa100.toml), where a 2-GPU job belongs on one pair
+and a 1-GPU job not on GPU 0; and `mixed`, whose A100 is split into MIG slices. The
+scheduler decides who starts and how many GPUs; which GPUs is gpuwarden.selection's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import test_service
+from test_service import SPEC, SRC, Server, _serving, cli_as
+from users import make_user
+
+open_dir = test_service.open_dir
+PAIRS = str(Path(SPEC).with_name("pairs-4xa100.toml"))
+
+
+@pytest.fixture
+def pairs(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    yield from _serving(tmp_path, open_dir, monkeypatch, spec=PAIRS)
+
+
+@pytest.fixture
+def mixed(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    yield from _serving(tmp_path, open_dir, monkeypatch, spec="mixed")
+
+
+def dry_run(spec: str, *args: str) -> str:
+    """What `run --dry-run` would set CUDA_VISIBLE_DEVICES to on `spec`, without a service."""
+    env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=spec, GPUWARDEN_SOCKET="/nonexistent")
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "run", "--dry-run", "--uuid", *args, "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    found = re.search(r"CUDA_VISIBLE_DEVICES=(\S+)", out.stdout)
+    assert found, out.stdout
+    return found.group(1)
+
+
+def placed(srv: Server, *args: str) -> str:
+    """Submit `sleep` as a real user with `args`; the GPUs it got once running, in order."""
+    alice = make_user("alice", ("lab",))
+    sub = cli_as(srv, alice, "submit", *args, "--", "sleep", "60")
+    assert sub.returncode == 0, sub.stderr
+    job = int(sub.stdout.strip())
+    row = srv.wait_state(job, ("RUNNING", "FAILED"))
+    assert row["state"] == "RUNNING", row
+    got = ",".join(row["gpus"])
+    assert cli_as(srv, alice, "cancel", str(job)).returncode == 0
+    assert srv.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+    return got
+
+
+def test_service_jobs_get_the_gpus_run_would_choose_by_topology(pairs: Server) -> None:
+    two = dry_run(PAIRS, "-g", "2")
+    one = dry_run(PAIRS, "-g", "1")
+    assert placed(pairs, "-g", "2") == two  # one PCIe pair, not GPUs 0 and 1 in order
+    assert placed(pairs, "-g", "1") == one  # GPU 0 is kept for last, as `run` keeps it
+
+
+def test_service_jobs_on_mig_slices_get_what_run_would_choose(mixed: Server) -> None:
+    slice_1g = dry_run("mixed", "--mig", "1g.10gb")
+    assert slice_1g.startswith("MIG-")
+    assert placed(mixed, "--mig", "1g.10gb") == slice_1g  # the free one: heidi is on the other
+    assert placed(mixed, "-g", "1") == dry_run("mixed", "-g", "1")  # the free 2g.20gb

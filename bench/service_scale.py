@@ -11,7 +11,8 @@ with that many held jobs (the service: one `submit` request each; Slurm: `sbatch
   submission's wall time (the service: one request on an open connection, its
   durable commit included; Slurm: the `sbatch --hold` command, its start-up
   included, as Slurm is used);
-- listing: one `queue` request (the service) and one `squeue` (Slurm), every row;
+- listing: every row of the queue (the service: `queue` page after page, as
+  `gpuwarden queue --all`; Slurm: one `squeue`);
 - planning: the service's own figure for its last scheduling pass (`stats` ->
   `plan`), Slurm's `sdiag` "Main schedule statistics: Last cycle".
 
@@ -65,7 +66,13 @@ class ServiceScale:
             self.submit()
 
     def listing(self) -> int:
-        return len(self.q.client.call("queue")["jobs"])
+        """Every row, page after page (as `gpuwarden queue --all`)."""
+        rows, offset = 0, 0
+        while offset is not None:
+            reply = self.q.client.call("queue", offset=offset)
+            rows += len(reply["jobs"])
+            offset = reply["next"]
+        return rows
 
     def planning_ms(self) -> float:
         """The last pass's time once a pass has seen the whole queue."""

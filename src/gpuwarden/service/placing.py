@@ -14,7 +14,6 @@ choice, the one `run` makes: health, topology, MIG slices, sharing.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
@@ -73,11 +72,15 @@ def picker(
 
     from gpuwarden.selection import choose
 
-    wanted = {str(j.id): replace(request_of(j), gpus=None, exclude=()) for j in pending}
+    by_id = {str(j.id): j for j in pending}
+    wanted: dict[str, Any] = {}  # made for the jobs the plan asks about, not every one
     linked: list[Any] = []
 
     def pick(job: scheduling.Waiting, free: Sequence[str]) -> Optional[tuple[str, ...]]:
-        request = wanted[job.id]
+        request = wanted.get(job.id)
+        if request is None:
+            request = replace(request_of(by_id[job.id]), gpus=None, exclude=())
+            wanted[job.id] = request
         machine = snapshot
         if request.gpu_count > 1:  # where topology matters: read once a pass, when it does
             if not linked:
@@ -159,9 +162,10 @@ def inputs(
         owner = next((p.user for p in gpu.processes if getattr(p, "user", None)), "?")
         busy.append(scheduling.Running(f"proc:{gpu.uuid}", owner or "?", (gpu.uuid,), now, used))
     waiting = []
-    shapes: dict[str, frozenset[str]] = {}  # a long queue is mostly jobs of a few shapes
+    # A long queue is mostly jobs of a few shapes: each shape's GPUs are worked out once.
+    shapes: dict[tuple[Optional[int], str], frozenset[str]] = {}
     for job in pending:
-        shape = json.dumps([job.request, job.mem], sort_keys=True)
+        shape = (job.mem, repr(job.request))  # cheap: a differently ordered twin only misses
         if shape not in shapes:
             try:
                 shapes[shape] = fitting(snapshot, request_of(job), findings)

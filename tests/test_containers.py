@@ -388,3 +388,30 @@ def test_views_show_a_rootful_containers_process_as_its_lease_owners() -> None:
     shown = attribute(snap, [lease], lambda p: (p,), labels.get)
     assert [p.user for p in shown.gpus[0].processes] == ["alice", "root"]
     assert attribute(snap, [], lambda p: (p,), labels.get) is snap
+
+
+def test_a_container_in_a_reserved_shell_gets_the_reserved_gpu(podman: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    gw = [sys.executable, "-m", "gpuwarden"]
+    out = subprocess.run(
+        [*gw, "reserve", "--gpus", "6"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    shell = dict(env)
+    for line in out.splitlines():  # export NAME=VALUE lines for eval
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            shell[name] = value.strip("'\"")
+    assert shell.get("GPUWARDEN_RESERVATION")
+    try:
+        run = subprocess.run(
+            [*gw, "run", "--", "podman", "run", "--rm", IMAGE, "sh", "-c", PROBE],
+            env=shell,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 7, run.stderr
+        assert [w for w in run.stdout.split() if w.startswith("nvidia")] == ["nvidia6"]
+        assert len(_leases()) == 1  # only the reservation's: the container ran under it
+    finally:
+        subprocess.run([*gw, "release"], env=shell, capture_output=True, check=True)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import SRC, require
 from gpuwarden import cgroups, devbpf
+from gpuwarden.sim.driverfiles import free_major
 
 # --- cgroup v2: the BPF device program ---------------------------------------------------------
 
@@ -43,6 +44,8 @@ def _interpret(code: bytes, kind: int, major: int, minor: int, access: int = 6) 
             regs[dst] &= imm
         elif op == 0xB7:
             regs[dst] = imm
+        elif op == 0x05:  # goto
+            pc += off
         elif op in (0x15, 0x55, 0x25):
             taken = {0x15: regs[dst] == imm, 0x55: regs[dst] != imm, 0x25: regs[dst] > imm}[op]
             pc += off if taken else 0
@@ -62,6 +65,27 @@ def test_the_program_denies_exactly_other_gpu_nodes(leased: set[int], minor: int
     assert _interpret(code, 1, 195, minor) == 1  # a block device 195:N is not a GPU
     assert _interpret(code, 2, 196, minor) == 1  # nor another major
     assert _interpret(code, 2, 195, 255) == 1  # nvidiactl
+
+
+@given(
+    leased=st.sets(st.integers(0, 253), max_size=4),
+    denied=st.sets(st.integers(0, 2**20), min_size=1, max_size=6),
+    minor=st.integers(0, 2**20),
+)
+def test_with_mig_slices_the_program_also_denies_the_other_slices_caps(
+    leased: set[int], denied: set[int], minor: int
+) -> None:
+    code = devbpf.program(leased, (237, denied))
+    assert _interpret(code, 2, 237, minor) == (0 if minor in denied else 1)
+    assert _interpret(code, 1, 237, minor) == 1  # a block device is never fenced
+    assert _interpret(code, 2, 195, minor) == (0 if minor <= 253 and minor not in leased else 1)
+    assert _interpret(code, 2, 238, minor) == 1
+    # Every jump goes forward: the verifier of any kernel loads it.
+    import struct
+
+    offsets = [struct.unpack_from("<BBhi", code, i)[2] for i in range(0, len(code), 8)]
+    assert min(offsets) >= 0
+    assert devbpf.program(leased, (237, ())) == devbpf.program(leased)
 
 
 def test_the_program_bytes() -> None:
@@ -93,12 +117,16 @@ def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
     where.mkdir()
     for minor in (0, 1, 2, 3, 254, 255):
         os.mknod(where / f"n{minor}", 0o666 | 0o020000, os.makedev(195, minor))
+    # Two MIG slices' caps nodes, of a major no driver here has: the other slice's denied.
+    caps = free_major(Path("/proc/devices").read_text())
+    for minor in (21, 22):
+        os.mknod(where / f"cap{minor}", 0o666 | 0o020000, os.makedev(caps, minor))
     script = textwrap.dedent("""\
         import json, os, subprocess, sys
         sys.path.insert(0, sys.argv[1])
         from gpuwarden import cgroups
         iso = cgroups.prepare("cgroup-v2-bpf")
-        iso.confine([2], [])
+        iso.confine([2], [], (int(sys.argv[3]), (21,)))
         probe = ("import json, os, sys\\n"
                  "def o(p):\\n"
                  "    try: os.close(os.open(p, os.O_RDWR)); return 'open'\\n"
@@ -113,7 +141,7 @@ def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
         print(json.dumps([inside, closed, probed()]))
     """)
     out = subprocess.run(
-        [sys.executable, "-c", script, str(SRC), str(where)],
+        [sys.executable, "-c", script, str(SRC), str(where), str(caps)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -121,6 +149,8 @@ def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     inside, closed, after = json.loads(out.stdout)
     assert inside == {
+        "cap21": "EPERM",
+        "cap22": "ENXIO",
         "n0": "EPERM",
         "n1": "EPERM",
         "n2": "ENXIO",

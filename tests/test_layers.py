@@ -117,6 +117,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "doctor.*",
             "torch.*",
             "slurm.*",
+            "hosts.*",
             # the queue service's client side and wire format
             "service.client",
             "service.holding",

@@ -101,6 +101,9 @@ def test_the_python_api_takes_a_profile(sim: Any) -> None:
 
     sim("mixed")
     assert [g.uuid for g in gpuwarden.select(mig="1g.10gb")] == [FREE_1G]
+    with gpuwarden.lease(mig="1g.10gb") as got:
+        assert [g.uuid for g in got.gpus] == [FREE_1G]
+        assert got.env["CUDA_VISIBLE_DEVICES"] == FREE_1G
 
 
 def test_a_lease_on_a_slice_shows_in_status_json_under_its_parent_and_for_its_user(

@@ -144,7 +144,7 @@ def _command(tool: str) -> list[str]:
     if missing:
         if os.environ.get("GPUWARDEN_REQUIRE_COMPONENTS"):
             pytest.fail(f"{tool} is not installed in {BIN.parent}")
-        pytest.skip(f"{tool} is not installed (pyproject.toml's test group has it)")
+        pytest.skip(f"{tool} is not installed (scripts/test installs it)")
     return argv if path is None else [str(path), *argv[1:]]
 
 

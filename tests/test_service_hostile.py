@@ -495,3 +495,32 @@ def test_small_bad_inputs_are_refused_in_one_line(
     done = cli(*args, env={"GPUWARDEN_SOCKET": "/nonexistent/sock"})
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_pidfd_is_taken_only_of_the_supervisors_child_and_signals_nothing_once_it_exited() -> (
+    None
+):
+    """service.jobprocess: the claim checks the parent; an exited process is never signalled,
+    even when its number names a live group again."""
+    from gpuwarden.service import jobprocess
+
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert jobprocess.claim(child.pid, 1) is None  # not the child of that "supervisor"
+        fd = jobprocess.claim(child.pid, os.getpid())
+        assert fd is not None and not jobprocess.exited(fd)
+        assert jobprocess.signal_group(fd, child.pid, signal.SIGTERM) is True
+        assert child.wait(10) == -signal.SIGTERM
+        assert jobprocess.exited(fd)
+        decoy, since = _take_pid(child.pid)  # the number, and its group, another's now
+        try:
+            assert jobprocess.signal_group(fd, child.pid, signal.SIGKILL) is False
+            assert spawn.start_time(child.pid) == since
+        finally:
+            if decoy is not None:
+                decoy.kill()
+                decoy.wait()
+        os.close(fd)
+    finally:
+        child.kill()
+        child.wait()

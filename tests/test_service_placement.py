@@ -1,9 +1,10 @@
 """The queue service places jobs with `run`'s choice: the GPUs `run --dry-run` names.
 
 The real service (test_service.py) on two simulated machines: four idle A100s in two
-PCIe-switch pairs (tests/data/pairs-4xa100.toml), where a 2-GPU job belongs on one pair
-and a 1-GPU job not on GPU 0; and `mixed`, whose A100 is split into MIG slices. The
-scheduler decides who starts and how many GPUs; which GPUs is gpuwarden.selection's.
+NVLink pairs, 0+2 and 1+3, across PCIe switches 0+1 and 2+3 (tests/data/pairs-4xa100.toml),
+where a 2-GPU job belongs on an NVLink pair and a 1-GPU job not on GPU 0; and `mixed`,
+whose A100 is split into MIG slices. The scheduler decides who starts and how many GPUs;
+which GPUs is gpuwarden.selection's.
 """
 
 from __future__ import annotations
@@ -66,10 +67,32 @@ def placed(srv: Server, *args: str) -> str:
     return got
 
 
+def test_the_simulated_pairs_are_joined_by_nvlink(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gpuwarden.errors import UserError
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.sim import specs
+
+    monkeypatch.setenv("GPUWARDEN_SIM", PAIRS)
+    assert read_snapshot(topology=True).nvlinks == {(0, 2): 12, (1, 3): 12}
+    one_sided = tmp_path / "one-sided.toml"
+    one_sided.write_text('[[gpu]]\nmodel = "T4"\nnvlink_peer = 1\n[[gpu]]\nmodel = "T4"\n')
+    with pytest.raises(UserError, match="nvlink_peer"):
+        specs.load(str(one_sided))
+    bridged = tmp_path / "bridged.toml"
+    bridged.write_text(
+        '[[gpu]]\nmodel = "A100-SXM4-80GB"\nnvlink_peer = 1\n[[gpu]]\nmodel = "A100-SXM4-80GB"\n'
+    )
+    with pytest.raises(UserError, match="must name GPU 0 as its nvlink_peer"):
+        specs.load(str(bridged))
+
+
 def test_service_jobs_get_the_gpus_run_would_choose_by_topology(pairs: Server) -> None:
     two = dry_run(PAIRS, "-g", "2")
     one = dry_run(PAIRS, "-g", "1")
-    assert placed(pairs, "-g", "2") == two  # one PCIe pair, not GPUs 0 and 1 in order
+    assert len(two.split(",")) == 2
+    assert placed(pairs, "-g", "2") == two  # an NVLink pair, not GPUs 0 and 1 in order
     assert placed(pairs, "-g", "1") == one  # GPU 0 is kept for last, as `run` keeps it
 
 

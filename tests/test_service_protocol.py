@@ -110,6 +110,10 @@ SUBMITS = [
     (bad(request={"min_capability": [8]}), "min_capability"),
     (bad(request={"min_capability": ["8", "0"]}), "min_capability"),
     (bad(request={"gpus": "0,1"}), "request.gpus"),
+    (bad(request={"gpus": []}), "names no GPU"),
+    (bad(request={"gpus": [""]}), "names no GPU"),
+    (bad(request={"model": ""}), "request.model"),
+    (bad(output=""), "output"),
     (bad(request={"colour": "red"}), "unknown fields"),
     (bad(time_limit=0), "time_limit"),
     (bad(time_limit=-60), "time_limit"),
@@ -144,3 +148,60 @@ def test_job_ids() -> None:
     for value in ([], [0], [-1], ["1"], [True], list(range(1, 2000)), "1"):
         with pytest.raises(p.ProtocolError):
             p.job_ids(value)
+
+
+def test_nesting_is_counted_outside_strings_and_refused_before_parsing() -> None:
+    assert p.nesting(b'{"a":"[[[[{{{{","b":[1,[2]]}') == 3
+    assert p.nesting(b'{"a":"x\\"[[[["}') == 1  # an escaped quote does not end the string
+    assert p.nesting(b"[" * p.MAX_DEPTH + b"]" * p.MAX_DEPTH) == p.MAX_DEPTH
+    p.parse(b'{"v":1,"x":' + b"[" * (p.MAX_DEPTH - 1) + b"]" * (p.MAX_DEPTH - 1) + b"}")
+    for line in (b"[" * 50000, b'{"v":1,"x":' + b'{"a":' * 100 + b"1" + b"}" * 101):
+        with pytest.raises(p.ProtocolError, match=r"the most is 16 \(MAX_DEPTH\)"):
+            p.parse(line)
+
+
+def test_listings_are_checked() -> None:
+    assert p.listing({}) == p.Listing(limit=p.PAGE_ROWS, offset=0)
+    assert p.listing({"limit": 3, "offset": 6, "user": "ann", "ids": [4]}).ids == (4,)
+    for bad_one in (
+        {"limit": 0},
+        {"limit": p.MAX_PAGE_ROWS + 1},
+        {"offset": -1},
+        {"user": 5},
+        {"ids": []},
+        {"limit": "9"},
+    ):
+        with pytest.raises(p.ProtocolError):
+            p.listing(bad_one)
+
+
+def test_a_page_stops_at_its_bytes_and_says_where_the_next_begins() -> None:
+    from gpuwarden.service import listing
+    from gpuwarden.service import store as st
+
+    jobs = [
+        st.Job(
+            id=i,
+            uid=1,
+            gid=1,
+            user="ann",
+            argv=("sh", "-c", "x" * 100_000),
+            cwd="/",
+            env={},
+            umask=18,
+            request={},
+            state=st.PENDING,
+            submitted=float(i),
+        )
+        for i in range(1, 1001)
+    ]
+    ask = p.listing({"limit": 5000})
+    page = listing.page(
+        jobs, ask, len(jobs), lambda j: {"id": j.id, "command": listing.command(j.argv)}
+    )
+    assert 50 < len(page["jobs"]) < 1000 and page["next"] == len(page["jobs"])
+    assert len(p.encode(page)) <= p.PAGE_BYTES + 100
+    assert page["jobs"][0]["command"][-1].endswith("…")
+    assert len(" ".join(page["jobs"][0]["command"])) <= listing.COMMAND_CHARS + 1
+    last = listing.page(jobs[990:], p.listing({"offset": 990}), len(jobs), lambda j: {"id": j.id})
+    assert last["next"] is None and [r["id"] for r in last["jobs"]] == list(range(991, 1001))

@@ -410,7 +410,10 @@ def _waiter(since: float, need: int = 1, allowed: object = None, user: str = "an
 
     from gpuwarden.selection import Request
 
-    return SimpleNamespace(since=since, request=Request(count=need), allowed=allowed, user=user)
+    key = f"{int(since * 1e9):020d}-{4242:08d}"  # the ticket's name: when it joined
+    return SimpleNamespace(
+        key=key, since=0.0, request=Request(count=need), allowed=allowed, user=user
+    )
 
 
 def test_a_drained_gpu_or_its_parent_holds_the_job_back() -> None:

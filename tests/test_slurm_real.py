@@ -478,8 +478,9 @@ def test_a_drained_gpu_gets_no_slurm_job_while_the_other_seven_run(
     jobs = [
         _submit(cli, "-g", "1", "--output", "d-%j.out", "--", "sh", "-c", hold) for _ in range(8)
     ]
+    ninth = _submit(cli, "-g", "1", "--output", "d-%j.out", "--", "sh", "-c", hold)
     try:
-        outs = {j: Path(f"d-{j}.out") for j in jobs}
+        outs = {j: Path(f"d-{j}.out") for j in [*jobs, ninth]}
 
         def ran() -> dict[str, str]:
             got = {j: p.read_text().strip() for j, p in outs.items() if p.exists()}
@@ -487,20 +488,30 @@ def test_a_drained_gpu_gets_no_slurm_job_while_the_other_seven_run(
 
         gpus = _poll(ran, "seven jobs running")
         assert sorted(gpus.values()) == ["0", "1", "2", "4", "5", "6", "7"]
-        (held,) = set(jobs) - set(gpus)
-        line = _poll(lambda: "starting" in (x := _queue_line(cli, held)) and x, "the eighth job")
-        assert "Prolog: GPU 3 is drained (XID 79 in a test)" in line, line
+        (held,) = set(jobs) - set(gpus)  # (the ninth waits for Resources)
+        # (Slurm says "starting (Prolog)" first, the prolog's note follows)
+        note = "starting (Prolog: GPU 3 is drained (XID 79 in a test))"
+        _poll(lambda: note in _queue_line(cli, held), "the eighth job held")
         assert not outs[held].exists()  # nothing of it ran
         assert node.cluster.tool("sinfo", "-h", "-N", "-o", "%T").split() == ["mixed"]
         assert {i.index for i in _leases(node)} == {0, 1, 2, 4, 5, 6, 7}
         # a drain of a GPU a running job holds: the job is reported, not stopped
         on5 = next(j for j, g in gpus.items() if g == "5")
-        assert cli("drain", "5", "--reason", "fan").returncode == 0
+        done = cli("drain", "5", "--reason", "fan")
+        assert done.returncode == 0, done.stderr
+        assert f"GPU 5: Slurm job {on5} keeps running on it until it ends" in done.stdout
         line = _poll(lambda: "on drained GPU 5" in (x := _queue_line(cli, on5)) and x, "report")
         assert line.split()[2] == "running"
+        # the held job cancelled: its prolog sees it gone and leaves; the ninth, pending
+        # until now, is given GPU 3 and held in turn
+        assert "pending (Resources)" in _queue_line(cli, ninth)
+        node.cluster.tool("scancel", held)
+        _poll(lambda: note in _queue_line(cli, ninth), "the ninth job held")
+        assert not outs[held].exists()
+        assert "ended while its prolog waited" in node.log("prolog")
         # undrain gives GPU 3 back: the held job runs there
         assert cli("undrain", "3").returncode == 0
-        _poll(lambda: outs[held].exists() and outs[held].read_text().strip() == "3", "GPU 3 back")
+        _poll(lambda: outs[ninth].exists() and outs[ninth].read_text().strip() == "3", "GPU 3")
         assert "waits: GPU 3 is drained" in node.log("prolog")
     finally:
         flag.touch()
@@ -642,5 +653,6 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
         assert slice_.name == "1g.10gb"
         assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
         assert out.read_text().split() in (["5"], ["6"])  # gres.conf positions of the 1g slices
+        _poll(lambda: not list_leases(str(top / "leases")), "the epilog's release of the slice")
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Any, Optional
 
+    CapsDenied = Optional[tuple[int, tuple[int, ...]]]  # nvidia-caps major, minors to deny
+
 NVIDIA_MAJOR = 195
 MODESET_MINOR = 254
 CTL_MINOR = 255
@@ -79,6 +81,13 @@ def deny_rules(leased: Iterable[int], present: Iterable[int]) -> list[str]:
         for m in sorted(set(present))
         if m in GPU_MINORS and m not in keep
     ]
+
+
+def device_rules(leased: Iterable[int], present: Iterable[int], caps: CapsDenied) -> list[str]:
+    """Every v1 deny line for a job: other GPUs' nodes, and the caps nodes `caps` names."""
+    from gpuwarden.migcaps import deny_rules as caps_rules
+
+    return deny_rules(leased, present) + ([] if caps is None else caps_rules(*caps))
 
 
 def cgroup_name(pid: int, token: str) -> str:
@@ -285,11 +294,10 @@ class Isolation:
             raise CgroupError(f"cannot join the job's cgroup: {self.error.strerror}")
 
     def confine(
-        self, minors: Sequence[Optional[int]], present: Iterable[int], more: Sequence[str] = ()
+        self, minors: Sequence[Optional[int]], present: Iterable[int], caps: CapsDenied = None
     ) -> None:
-        """Let this process and its children open only the GPU nodes of `minors`; `more`
-        are further `devices.deny` lines (other MIG slices' nodes: `gpuwarden.migcaps`),
-        written where the v1 controller is (cgroup v2's program fences GPUs only)."""
+        """Let this process and its children open only the GPU nodes of `minors`, and none
+        of the nvidia-caps nodes `caps` names (other MIG slices': `migcaps.denied_for`)."""
         self.wait()
         if any(m is None for m in minors):
             raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
@@ -297,12 +305,12 @@ class Isolation:
         if "devices" not in self.dirs:
             from gpuwarden import devbpf
 
-            devbpf.confine(self.dirs[""], leased)  # every GPU minor but these: no `present`
+            devbpf.confine(self.dirs[""], leased, caps)  # every GPU minor but these
             self.confined = True
             return
         fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
         try:
-            for rule in [*deny_rules(leased, present), *more]:
+            for rule in device_rules(leased, present, caps):
                 os.write(fd, rule.encode())  # the kernel takes one rule per write
         finally:
             os.close(fd)
@@ -446,18 +454,6 @@ def _alive(pid: int) -> bool:
 # --- what `gpuwarden run` calls ----------------------------------------------------------------
 
 
-def mig_rules(leased: Sequence[Any], gpus: Sequence[Any], root: Optional[str] = None) -> list[str]:
-    """`devices.deny` lines for the capability nodes of MIG slices not among `leased`
-    (none on a machine without MIG). `root`: where the driver's files are (default:
-    `migcaps.driver_root()`)."""
-    if not any(getattr(g, "mig_mode", False) for g in gpus):
-        return []
-    from gpuwarden import migcaps
-
-    caps = migcaps.read(migcaps.driver_root() if root is None else root)
-    return [] if caps is None else migcaps.deny_rules(caps, migcaps.slices_of(leased, gpus))
-
-
 def isolate(setting: str) -> list[Isolation]:
     """The job's cgroup being joined, or none. `setting` is `enforce.devices`: "auto" runs
     the job as before where isolation is impossible (a line on stderr when it should have
@@ -478,7 +474,9 @@ def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Sequence[Any], setti
     """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`):
     their GPU nodes, and on a machine with MIG slices, its slices' capability nodes only."""
     try:
-        cgroup.confine([g.minor for g in leased], present_minors(gpus), mig_rules(leased, gpus))
+        from gpuwarden.migcaps import denied_for
+
+        cgroup.confine([g.minor for g in leased], present_minors(gpus), denied_for(leased, gpus))
     except (CgroupError, OSError) as err:
         text = str(err) if isinstance(err, CgroupError) else f"cannot write device rules: {err}"
         if setting == "require":

@@ -316,6 +316,17 @@ SCHEMA: tuple[Key, ...] = (
         low=0,
         above=True,
     ),
+    # Several hosts over ssh (docs/hosts.md)
+    Key("hosts.command", "str", "gpuwarden", "`--hosts`: the command running gpuwarden on a host"),
+    Key("hosts.ssh_options", "str", None, "`--hosts`: more ssh options, e.g. `-p 2222`"),
+    Key(
+        "hosts.timeout",
+        "seconds",
+        15.0,
+        "`--hosts`: seconds a host has to answer",
+        low=0,
+        above=True,
+    ),
     # Slurm (docs/slurm.md)
     Key("slurm.drain_node", "bool", False, "drain this Slurm node on a fatal GPU fault"),
     Key("slurm.node", "str", None, "this machine's Slurm node name (default: short hostname)"),

@@ -15,6 +15,15 @@ the leased ones and allows everything else:
     r0 = 0; exit
     allow: r0 = 1; exit
 
+On a machine with MIG slices, the capability nodes of the slices a job was not given
+(`gpuwarden.migcaps`: major M, minors denied[j]) are denied too: the minor is loaded
+before the majors are compared, `if r3 == M goto caps` comes first, the GPU part
+ends with `goto deny`, and then
+
+    caps: if r4 == denied[j] goto deny; goto allow
+
+so every jump goes forward, as the verifier of every kernel accepts.
+
 `program()` is pure (bytes, tested as such); `load()` and `attach()` are the two
 bpf(2) calls. The attachment holds the program: its descriptor can be closed,
 and removing the cgroup detaches it.
@@ -29,6 +38,7 @@ import struct
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import Optional
 
 NVIDIA_MAJOR = 195
 LAST_GPU_MINOR = 253
@@ -46,6 +56,7 @@ _MOV64_K = 0xB7  # BPF_ALU64 | BPF_MOV | BPF_K
 _JEQ_K = 0x15
 _JNE_K = 0x55
 _JGT_K = 0x25
+_JA = 0x05
 _EXIT = 0x95
 
 
@@ -54,12 +65,15 @@ def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> b
     return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
 
 
-def program(leased: Iterable[int]) -> bytes:
-    """The program allowing GPU nodes of minors `leased` only (see the module's text)."""
+def program(leased: Iterable[int], caps: Optional[tuple[int, Iterable[int]]] = None) -> bytes:
+    """The program allowing GPU nodes of minors `leased` only, and with `caps` (the
+    nvidia-caps major and the minors to deny) none of those (see the module's text)."""
     keep = sorted(set(leased))
     for minor in keep:
         if not 0 <= minor <= LAST_GPU_MINOR:
             raise ValueError(f"minor {minor} is not a GPU node's (0-{LAST_GPU_MINOR})")
+    if caps is not None and sorted(set(caps[1])):
+        return _with_caps(keep, caps[0], sorted(set(caps[1])))
     n = len(keep)
     # Index of `allow`: 7 fixed instructions before the compares, then n compares, then deny (2).
     allow = 7 + n + 2
@@ -76,6 +90,37 @@ def program(leased: Iterable[int]) -> bytes:
         insn(_LDX_W, 4, 1, 8),
         insn(_JGT_K, 4, off=to(allow, 6), imm=LAST_GPU_MINOR),
         *(insn(_JEQ_K, 4, off=to(allow, 7 + i), imm=m) for i, m in enumerate(keep)),
+        insn(_MOV64_K, 0, imm=0),
+        insn(_EXIT),
+        insn(_MOV64_K, 0, imm=1),
+        insn(_EXIT),
+    ]
+    return b"".join(code)
+
+
+def _with_caps(keep: list[int], major: int, denied: list[int]) -> bytes:
+    """`program` for a machine with MIG slices: the GPU part, then the caps part."""
+    n, d = len(keep), len(denied)
+    caps = 8 + n + 1  # 8 fixed instructions, n compares, the jump to deny
+    deny = caps + d + 1
+    allow = deny + 2
+
+    def to(target: int, at: int) -> int:
+        return target - at - 1
+
+    code = [
+        insn(_LDX_W, 2, 1, 0),
+        insn(_AND64_K, 2, imm=0xFFFF),
+        insn(_JNE_K, 2, off=to(allow, 2), imm=2),
+        insn(_LDX_W, 3, 1, 4),
+        insn(_LDX_W, 4, 1, 8),
+        insn(_JEQ_K, 3, off=to(caps, 5), imm=major),
+        insn(_JNE_K, 3, off=to(allow, 6), imm=NVIDIA_MAJOR),
+        insn(_JGT_K, 4, off=to(allow, 7), imm=LAST_GPU_MINOR),
+        *(insn(_JEQ_K, 4, off=to(allow, 8 + i), imm=m) for i, m in enumerate(keep)),
+        insn(_JA, off=to(deny, 8 + n)),
+        *(insn(_JEQ_K, 4, off=to(deny, caps + j), imm=m) for j, m in enumerate(denied)),
+        insn(_JA, off=to(allow, caps + d)),
         insn(_MOV64_K, 0, imm=0),
         insn(_EXIT),
         insn(_MOV64_K, 0, imm=1),
@@ -138,9 +183,12 @@ def attach(cgroup_dir: str, prog_fd: int) -> None:
         os.close(fd)
 
 
-def confine(cgroup_dir: str, leased: Iterable[int]) -> None:
-    """Let the processes in `cgroup_dir` open only the GPU nodes of minors `leased`."""
-    prog = load(program(leased))
+def confine(
+    cgroup_dir: str, leased: Iterable[int], caps: Optional[tuple[int, Iterable[int]]] = None
+) -> None:
+    """Let the processes in `cgroup_dir` open only the GPU nodes of minors `leased`, and
+    none of the caps nodes `caps` names (major, minors)."""
+    prog = load(program(leased, caps))
     try:
         attach(cgroup_dir, prog)
     finally:

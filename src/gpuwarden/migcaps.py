@@ -50,18 +50,19 @@ class Caps:
     minors: dict[Node, int]
 
 
-def deny_rules(caps: Caps, keep: Iterable[Slice]) -> list[str]:
-    """The v1 `devices.deny` lines for a job on the slices `keep`: the capability nodes of
-    every other GPU and compute instance. The `config` and `monitor` capabilities (who
-    may change the split, who may watch it) are nobody's slice and stay as they are."""
+def denied(caps: Caps, keep: Iterable[Slice]) -> tuple[int, ...]:
+    """The minors of the capability nodes a job on the slices `keep` may not open: every
+    other GPU and compute instance's. The `config` and `monitor` capabilities (who may
+    change the split, who may watch it) are nobody's slice and stay as they are."""
     allowed: set[Node] = set()
     for gpu, gi, ci in keep:
         allowed.update({(gpu, gi, None), (gpu, gi, ci)})
-    return [
-        f"c {caps.major}:{minor} rwm"
-        for node, minor in sorted(caps.minors.items(), key=lambda item: item[1])
-        if node not in allowed
-    ]
+    return tuple(sorted({m for node, m in caps.minors.items() if node not in allowed}))
+
+
+def deny_rules(major: int, minors: Iterable[int]) -> list[str]:
+    """The v1 `devices.deny` lines for the nodes `major`:`minors`."""
+    return [f"c {major}:{minor} rwm" for minor in minors]
 
 
 def slices_of(leased: Sequence[Any], gpus: Sequence[Any]) -> list[Slice]:
@@ -79,6 +80,20 @@ def slices_of(leased: Sequence[Any], gpus: Sequence[Any]) -> list[Slice]:
         if node is not None and None not in node:
             found.append((int(node[0]), int(node[1]), int(node[2])))
     return found
+
+
+def denied_for(
+    leased: Sequence[Any], gpus: Sequence[Any], root: Optional[str] = None
+) -> Optional[tuple[int, tuple[int, ...]]]:
+    """(nvidia-caps major, minors) of the capability nodes of the MIG slices not among
+    `leased` (a job's GPUs, out of the machine's `gpus`); None on a machine without MIG
+    or where the driver's files do not say. `root`: where those files are (default:
+    `driver_root()`)."""
+    if not any(getattr(g, "mig_mode", False) for g in gpus):
+        return None
+    caps = read(driver_root() if root is None else root)
+    minors = () if caps is None else denied(caps, slices_of(leased, gpus))
+    return (caps.major, minors) if caps is not None and minors else None
 
 
 def read(root: str = "/") -> Optional[Caps]:

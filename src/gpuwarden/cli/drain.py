@@ -66,6 +66,30 @@ def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
     return out
 
 
+def _still_running(uuids: set[str]) -> list[str]:
+    """What keeps running on the GPUs just drained (a drain stops nothing): one line per
+    lease, naming a Slurm job by its id when the prolog's user (root) holds it."""
+    from gpuwarden import leases
+    from gpuwarden.errors import UserError
+    from gpuwarden.paths import user_name
+    from gpuwarden.safefiles import printable
+
+    try:
+        found = [i for i in leases.list_leases() if i.uuid in uuids]
+    except (OSError, UserError):
+        return []
+    lines = []
+    for info in found:
+        job = info.job or ""
+        if info.user == user_name(0) and job.startswith("slurm-"):
+            who = f"Slurm job {job[len('slurm-') :]}"
+        else:
+            who = f"{info.user}'s job {job or info.pid}"
+        gpu = "?" if info.index is None else info.index
+        lines.append(f"GPU {gpu}: {printable(who)} keeps running on it until it ends")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import time
@@ -97,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         for uuid, label in targets:
             drain(uuid, args.reason, directory=where)
             print(f"drained {label}: {printable(args.reason.strip())}")
+        for line in _still_running({uuid for uuid, _ in targets}):
+            print(line)
     else:
         for uuid, label in targets:
             undrain(uuid, directory=where)

@@ -61,7 +61,8 @@ def command_cell(job: Mapping[str, Any]) -> str:
 
 
 def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> str:
-    """Running jobs first, then waiting ones in priority order, as squeue lists them."""
+    """Running jobs first, then waiting ones in priority order, as squeue lists them;
+    a HOST column first when the jobs come from several hosts (`queue --hosts`)."""
     now = time.time() if now is None else now
     running = [j for j in jobs if j.get("state") in ("RUNNING", "STARTING")]
     waiting = sorted(
@@ -69,6 +70,7 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         key=lambda j: (-(j.get("priority") or 0.0), j.get("submitted") or 0.0),
     )
     rows = []
+    hosts = any("host" in job for job in jobs)
     for job in [*running, *waiting]:
         pending = job.get("state") == "PENDING"
         started = job.get("started")
@@ -94,6 +96,8 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
                 command_cell(job),
             ]
         )
+        if hosts:
+            rows[-1].insert(0, printable(str(job.get("host"))))
     if not rows:
         return "no jobs queued or running"
     headers = [
@@ -110,7 +114,11 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         "PEAKMEM",
         "COMMAND",
     ]
-    return render(headers, rows, right=(0, 5, 6, 7, 8, 9, 10))
+    right: tuple[int, ...] = (0, 5, 6, 7, 8, 9, 10)
+    if hosts:
+        headers.insert(0, "HOST")
+        right = tuple(i + 1 for i in right)
+    return render(headers, rows, right=right)
 
 
 def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> list[str]:

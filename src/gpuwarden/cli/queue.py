@@ -22,6 +22,11 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs (squeue -u)")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
     parser.add_argument("--all", action="store_true", help=f"every job, not only the first {PAGE}")
+    parser.add_argument(
+        "--hosts",
+        metavar="FILE|H1,H2",
+        help="the queues of every listed host in one table, over your ssh (docs/hosts.md)",
+    )
 
 
 #: Jobs `queue` shows without --all (the ones that start first).
@@ -58,7 +63,37 @@ def local(args: argparse.Namespace) -> int:
     return 0
 
 
+def on_hosts(args: argparse.Namespace) -> int:
+    """Each host's own `queue --json`, in one table with a HOST column; exit 1 when a
+    host's queue could not be read (its line says why)."""
+    from gpuwarden.hosts import merge, remote
+
+    if args.slurm:
+        from gpuwarden.errors import UserError
+
+        raise UserError("--hosts reads each host's queue service; Slurm's queue is one already")
+    hosts = remote.parse_hosts(args.hosts)
+    argv = ["queue", "--json", *(["--me"] if args.me else []), *(["--all"] if args.all else [])]
+    if args.user is not None:
+        argv.append(f"--user={args.user}")
+    merged = merge.merge_jobs(remote.ask_json(hosts, argv))
+    if args.json:
+        import json
+
+        json.dump(merged, sys.stdout, indent=2)
+        print()
+    else:
+        from gpuwarden.cli.jobtables import queue_table
+
+        print(queue_table(merged["jobs"]))
+        for line in merge.notes(merged):
+            print(line)
+    return 0 if all(h["ok"] for h in merged["hosts"]) else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.hosts is not None:
+        return on_hosts(args)
     if not args.slurm:
         return local(args)
     from gpuwarden.slurm import tools

@@ -212,6 +212,11 @@ def _start_with(
                 env[name] = os.environ[name]
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
+        inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
+        if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
+            from gpuwarden.containers import start as start_container
+
+            return start_container(inner, env, ()), None
         return launch.start(argv, env), None
     held = take(args.command, conf, request, machine, allowed)
     try:
@@ -226,7 +231,7 @@ def _start_with(
         env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
         if args.ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
-        container = _container(argv, held, env)
+        container = _container(argv, held.gpus, held.job, held.fds, env)
     except BaseException:
         held.release()
         raise
@@ -252,9 +257,9 @@ def _start_with(
     return job, held
 
 
-def _container(argv: list[str], held: Any, env: dict[str, str]) -> Any:
-    """The container command rewritten for the lease (docs/containers.md), or None when
-    `argv` starts no container."""
+def _container(argv: list[str], gpus: Any, job: Any, fds: Any, env: dict[str, str]) -> Any:
+    """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
+    (docs/containers.md), or None when `argv` starts no container."""
     from gpuwarden import containers
     from gpuwarden.launch import OURS
 
@@ -263,10 +268,10 @@ def _container(argv: list[str], held: Any, env: dict[str, str]) -> Any:
     ours = {k: env[k] for k in OURS if k in env}
     return containers.plan(
         argv,
-        held.gpus,
-        held.job,
+        gpus,
+        job,
         os.getuid(),
-        nfds=len(held.fds),
+        nfds=len(fds),
         cdi=containers.cdi_spec() is not None,
         dev=os.environ.get("GPUWARDEN_DEV_DIR", "/dev"),
         extra_env=ours,

@@ -31,9 +31,54 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="no reminder that nothing is reserved"
     )
+    parser.add_argument(
+        "--hosts",
+        metavar="FILE|H1,H2",
+        help="on which listed hosts the GPUs are free (`HOST IDS` each), over your ssh",
+    )
+
+
+# The options a host's own `select` is given again, as `--flag=value` (a value may start
+# with a dash).
+FORWARDED: tuple[str, ...] = ("count", "gpus", "min_free", "max_util", "min_capability")
+FORWARDED += ("model", "exclude", "mig", "mem")
+
+
+def on_hosts(args: argparse.Namespace) -> int:
+    """Each host's own `select` with the same options (checked here first, so a slip is
+    one line, not one per host): `HOST IDS` for every host where they fit now."""
+    from gpuwarden import config
+    from gpuwarden.errors import UserError
+    from gpuwarden.hosts import merge, remote
+    from gpuwarden.leases import EXIT_BUSY
+
+    config.load(filters.settings(args))
+    filters.mem_of(args)
+    hosts = remote.parse_hosts(args.hosts)
+    argv = ["select", "--quiet", *(["--uuid"] if args.uuid else [])]
+    for dest in FORWARDED:
+        value = getattr(args, dest)
+        if value is not None:
+            argv.append(f"--{dest.replace('_', '-')}={value}")
+    replies = remote.run_everywhere(hosts, argv)
+    fits, notes = merge.where_free([(r.host, r.stdout if r.ok else "", r.error) for r in replies])
+    for line in notes:
+        print(line, file=sys.stderr)
+    if not fits:
+        raise UserError(f"no host has GPUs that fit now ({len(hosts)} asked)", exit_code=EXIT_BUSY)
+    for host, ids in fits:
+        print(f"{host} {ids}")
+    if not args.quiet:
+        print(
+            "gpuwarden select: not reserved; another job may take these GPUs",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hosts is not None:
+        return on_hosts(args)
     from gpuwarden import config
     from gpuwarden.drain import list_drains
     from gpuwarden.errors import UserError

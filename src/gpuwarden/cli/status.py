@@ -44,11 +44,18 @@ def register(commands: Commands, name: str) -> None:
         metavar="NAME",
         help="only the GPUs, processes and leases of this user",
     )
+    parser.add_argument(
+        "--hosts",
+        metavar="FILE|H1,H2",
+        help="every listed host's status in one table, over your ssh (docs/hosts.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.user is not None:
         _check_user(args.user)
+    if args.hosts is not None:
+        return _on_hosts(args)
     if args.watch is not None:
         if not 0 < args.watch <= 86400:  # also NaN; time.sleep(inf) raises OverflowError
             from gpuwarden.errors import UserError
@@ -59,6 +66,21 @@ def run(args: argparse.Namespace) -> int:
         return _watch(args)
     print(render(gather(args.user), as_json=args.json))
     return 0
+
+
+def _on_hosts(args: argparse.Namespace) -> int:
+    """Each host's own `status --json`, merged; exit 1 when a host did not answer."""
+    from gpuwarden.hosts import merge, remote
+
+    if args.watch is not None:
+        from gpuwarden.errors import UserError
+
+        raise UserError("--hosts shows one moment; --watch is for this machine's status")
+    hosts = remote.parse_hosts(args.hosts)
+    argv = ["status", "--json", *(["--user", args.user] if args.user else [])]
+    merged = merge.merge_status(remote.ask_json(hosts, argv))
+    print(json.dumps(merged, indent=2) if args.json else merge.status_text(merged))
+    return 0 if all(h["ok"] for h in merged["hosts"]) else 1
 
 
 def _check_user(name: str) -> None:

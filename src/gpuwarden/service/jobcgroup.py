@@ -22,8 +22,8 @@ from gpuwarden.cgroups import (
     CgroupError,
     _job_dirs,
     _remove,
-    deny_rules,
     detect,
+    device_rules,
     move_in,
     remove_dirs,
 )
@@ -73,10 +73,16 @@ def job_dirs(
 
 
 def make_job(
-    scope: str, job: str, minors: Sequence[Optional[int]], present: Iterable[int]
+    scope: str,
+    job: str,
+    minors: Sequence[Optional[int]],
+    present: Iterable[int],
+    caps: Optional[tuple[int, tuple[int, ...]]] = None,
 ) -> dict[str, str]:
     """Make service job `job`'s cgroups, allowing only the GPU nodes of `minors` (as root);
-    its dirs. Raises CgroupError (and leaves nothing behind) when that is impossible."""
+    its dirs. `caps`: the nvidia-caps nodes to deny too (other MIG slices',
+    `migcaps.denied_for`). Raises CgroupError (and leaves nothing behind) when that is
+    impossible."""
     mode, why = detect()
     if mode == "none":
         raise CgroupError(f"no device isolation: {why}")
@@ -97,14 +103,14 @@ def make_job(
         if "devices" in made:
             fd = os.open(os.path.join(made["devices"], "devices.deny"), os.O_WRONLY)
             try:
-                for rule in deny_rules(leased, present):
+                for rule in device_rules(leased, present, caps):
                     os.write(fd, rule.encode())
             finally:
                 os.close(fd)
         else:
             from gpuwarden import devbpf
 
-            devbpf.confine(made[""], leased)
+            devbpf.confine(made[""], leased, caps)
     except OSError as err:
         remove_job(made)
         raise CgroupError(f"cannot make the job's device cgroup: {err.strerror}") from None

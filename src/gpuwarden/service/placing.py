@@ -199,6 +199,7 @@ def start_job(
     from gpuwarden import allocation, leasedir
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import command_text, job_env
+    from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)
@@ -228,6 +229,7 @@ def start_job(
             minors=tuple(g.minor for g in gpus),
             present=tuple(sorted(present_minors(snapshot.gpus))),
             devices=service.settings.devices,
+            caps=None if service.settings.devices == "off" else denied_for(gpus, snapshot.gpus),
         )
 
         held.on_behalf = job.user  # status and the exporter name the owner, not root

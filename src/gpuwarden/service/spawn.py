@@ -71,6 +71,7 @@ class Launch:
     minors: Optional[tuple[Optional[int], ...]] = None
     present: tuple[int, ...] = ()
     devices: str = "auto"
+    caps: Optional[tuple[int, tuple[int, ...]]] = None  # other MIG slices' caps nodes to deny
 
 
 @dataclass(frozen=True)
@@ -344,7 +345,8 @@ def _job_cgroup(launch: Launch) -> tuple[dict[str, str], Optional[str]]:
 
     try:
         scope = jobcgroup.scope_of(launch.status_dir)
-        return jobcgroup.make_job(scope, launch.job, launch.minors, launch.present), None
+        made = jobcgroup.make_job(scope, launch.job, launch.minors, launch.present, launch.caps)
+        return made, None
     except CgroupError as err:
         if launch.devices == "require":
             return {}, f"{err} (enforce.devices = require)"

@@ -48,7 +48,7 @@ class Links:
     def nvmlDeviceGetNvLinkState(self, state: Any, gpu: Any, mig: Any, link: Any, out: Any) -> int:
         code = _link(self.nv, gpu, link)
         if code == SUCCESS:
-            put(out, 1 if state.get("nvswitch") else 0)
+            put(out, 1 if state.get("nvswitch") or gpu.get("nvlink_peer") is not None else 0)
         return code
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(
@@ -56,12 +56,13 @@ class Links:
     ) -> int:
         code = _link(self.nv, gpu, link)
         if code == SUCCESS:
-            put(
-                out,
-                self.nv.NVML_NVLINK_DEVICE_TYPE_SWITCH
-                if state.get("nvswitch")
-                else self.nv.NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
-            )
+            if state.get("nvswitch"):
+                kind = self.nv.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            elif gpu.get("nvlink_peer") is not None:
+                kind = self.nv.NVML_NVLINK_DEVICE_TYPE_GPU
+            else:
+                kind = self.nv.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+            put(out, kind)
         return code
 
     def nvmlDeviceGetNvLinkRemotePciInfo_v2(
@@ -70,12 +71,20 @@ class Links:
         code = _link(self.nv, gpu, link)
         if code != SUCCESS:
             return code
+        info = obj(ref)
+        peer = gpu.get("nvlink_peer")
         if not state.get("nvswitch"):
-            return NOT_SUPPORTED
+            if peer is None:
+                return NOT_SUPPORTED
+            other = state["gpus"][peer]  # a bridge: every link goes to the one peer GPU
+            bus = other["pci_bus_id"]
+            info.busId, info.busIdLegacy = bus.encode(), bus[4:].encode()
+            info.domain, info.bus = int(bus[:8], 16), int(bus[9:11], 16)
+            info.device, info.pciDeviceId = int(bus[12:14], 16), other["pci_device_id"]
+            return SUCCESS
         # Six NVSwitches on the baseboard; each GPU's links fan out across them.
         switch = val(link) % 6
         bus = f"00000000:{0xC4 + switch:02X}:00.0"
-        info = obj(ref)
         info.busId = bus.encode()
         info.busIdLegacy = bus[4:].encode()
         info.domain, info.bus, info.device = 0, 0xC4 + switch, 0

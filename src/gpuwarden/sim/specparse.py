@@ -42,6 +42,7 @@ _GPU_KEYS = {
     "pci_bus_id",
     "numa_node",
     "pcie_switch",
+    "nvlink_peer",
     "temperature",
     "utilization",
     "memory_utilization",
@@ -305,6 +306,15 @@ def parse(text: str, path: Path) -> Spec:
                     f"profiles need {slices} slices; the card has 7",
                     where.line(i, "profile", "mig"),
                 )
+        peer = g.get("nvlink_peer")
+        if peer is not None:  # an NVLink bridge to one other GPU (PCIe cards in pairs)
+            if cards.NVLINK in unsupported or not isinstance(peer, int) or peer == i:
+                raise where.fail(
+                    f"gpu[{i}].nvlink_peer",
+                    "expected the index of another GPU with NVLink",
+                    where.line(i, "nvlink_peer"),
+                )
+            gpu["nvlink_peer"] = peer  # only where given: states of other specs keep their shape
         used = extra
         for p, entry in enumerate(g.get("process", [])):
             for key in entry:
@@ -356,6 +366,14 @@ def parse(text: str, path: Path) -> Spec:
                 where.line(i, "memory", "process", 0),
             )
         gpus.append(gpu)
+    for i, gpu in enumerate(gpus):
+        peer = gpu.get("nvlink_peer")
+        if peer is not None and not (0 <= peer < len(gpus) and gpus[peer].get("nvlink_peer") == i):
+            raise where.fail(
+                f"gpu[{i}].nvlink_peer",
+                f"GPU {peer} must name GPU {i} as its nvlink_peer too (a bridge joins both)",
+                where.line(i, "nvlink_peer"),
+            )
     if driver and not gpus:
         raise where.fail(
             "gpu",

@@ -27,7 +27,7 @@ def prolog_notes(jobs: Sequence[Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for job in [j for j in jobs if j.state == "starting"][:MOST_ASKED]:
         try:
-            comment = tools.show_job(job.id).get("AdminComment", "")
+            comment = tools.show_job(job.id).get("AdminComment", "").strip()
         except UserError:
             continue
         if comment.startswith(NOTE_PREFIX):

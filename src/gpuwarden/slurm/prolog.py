@@ -83,7 +83,10 @@ def blockers(
                 break
     ours = {g.uuid for g in gpus}
     for waiter in line:
-        if waiter.since >= before or waiter.request is None:
+        # when it joined: its ticket's name, which the kernel vouches for (the file's
+        # change time), not the `since` its owner wrote inside
+        joined = int(waiter.key[:20]) / 1e9 if waiter.key[:20].isdigit() else before
+        if joined >= before or waiter.request is None:
             continue
         from gpuwarden.leases import needs
 
@@ -174,7 +177,6 @@ def prolog(
     environ: Mapping[str, str],
     timeout: float,
     lease_dir: Optional[str] = None,
-    note: Optional[Callable[[str, str], None]] = None,
 ) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
     from gpuwarden import leasedir, waitline
@@ -205,14 +207,10 @@ def prolog(
         usable = sum(1 for u in units if u.uuid not in drained and parents[u.uuid] not in drained)
         return blockers(gpus, drained, waitline.read_line(ld), before, usable, parents)
 
-    say = note or set_note
-    notes: list[str] = []
-
     def noted(text: str) -> None:
-        notes.append(text)
         if text:
             print(f"Slurm job {job}: waits: {text}", flush=True)
-        say(job, text)
+        set_note(job, text)
 
     held = _hold(ld, JOB_PREFIX + job, gpus, timeout, waiting=waiting, note=noted, gone=ended(job))
     if held is None:

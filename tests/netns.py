@@ -25,7 +25,7 @@ def missing() -> str:
     """Why namespaced hosts cannot be made here ('' when they can)."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
+    for tool in ("ip", "nsenter", "unshare", "ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (iproute2, util-linux, openssh-client)"
     if not os.path.exists(SSHD):
@@ -62,7 +62,10 @@ class Host:
     def start(self, argv: list[str], log: Path, env: Optional[dict[str, str]] = None) -> None:
         """A daemon in this host's namespace, under its own hostname (a UTS namespace)."""
         script = 'hostname "$0" && exec "$@"'
-        full = ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c", script]
+        # nsenter, not `ip netns exec`: that one also remounts /sys for the namespace,
+        # which hides the cgroup file systems mounted under it (slurmd needs them).
+        net = f"--net=/run/netns/{self.ns}"
+        full = ["nsenter", net, "unshare", "--uts", "sh", "-c", script]
         with open(log, "ab") as out:
             self.procs.append(
                 subprocess.Popen(
@@ -116,6 +119,9 @@ class Lab:
                 _ip("addr", "add", f"{theirs}/30", "dev", there, ns=ns)
                 _ip("link", "set", there, "up", ns=ns)
                 _ip("link", "set", "lo", "up", ns=ns)
+                # The rest of the lab's addresses through this namespace (a controller
+                # here reached on another host's link address); nothing beyond them.
+                _ip("route", "add", f"10.231.{third}.0/24", "via", mine, ns=ns)
         except BaseException:
             self.close()
             raise
@@ -142,3 +148,122 @@ def wait_port(host: Host, port: int, deadline: float = 20) -> None:
                 if time.monotonic() > end:
                     raise RuntimeError(f"nothing listens on {host.address}:{port}") from None
         time.sleep(0.05)
+
+
+class SshLab:
+    """Hosts with an sshd each, and a real user who reaches them with a key made for the
+    test (~/.ssh/config names each host; known_hosts holds their key). `env[name]` is
+    what that host's sshd gives every session (SetEnv): its simulated machine and where
+    its leases and state live, as a site's sshd or shell profile would."""
+
+    def __init__(
+        self,
+        top: Path,
+        user: str,
+        python: list[str],
+        path: str,
+        env: dict[str, dict[str, str]],
+    ) -> None:
+        import pwd
+
+        self.top, self.user, self.python, self.path = top, user, python, path
+        account = pwd.getpwnam(user)
+        self.home = Path(account.pw_dir)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(top / "host_key")],
+            check=True,
+        )
+        self.lab = Lab(list(env))
+        self.hosts = {h.name: h for h in self.lab.hosts}
+        try:
+            self._user_ssh(account.pw_uid, account.pw_gid)
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-sep dir
+            for host in self.lab.hosts:
+                conf = self._sshd_config(host, {**env[host.name], "PYTHONPATH": path})
+                host.start([SSHD, "-D", "-e", "-f", str(conf)], top / f"{host.name}.log")
+            for host in self.lab.hosts:
+                wait_port(host, 22)
+        except BaseException:
+            self.close()
+            raise
+
+    def _sshd_config(self, host: Host, env: dict[str, str]) -> Path:
+        conf = self.top / f"sshd-{host.name}.conf"
+        conf.write_text(
+            f"ListenAddress {host.address}\nHostKey {self.top / 'host_key'}\nPidFile none\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+            "PermitRootLogin no\n"
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()) + "\n"
+        )
+        return conf
+
+    def _user_ssh(self, uid: int, gid: int) -> None:
+        """The user's key (authorized on every host: one home here), known hosts, config."""
+        ssh = self.home / ".ssh"
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        key = ssh / "gw_test_key"
+        for old in (key, key.with_suffix(".pub")):
+            old.unlink(missing_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        (ssh / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+        hostkey = " ".join((self.top / "host_key.pub").read_text().split()[:2])
+        addresses = ",".join(h.address for h in self.lab.hosts)
+        (ssh / "known_hosts_gw").write_text(f"{addresses} {hostkey}\n")
+        (ssh / "config").write_text(
+            "".join(
+                f"Host {h.name}\n  HostName {h.address}\n  IdentityFile {key}\n"
+                f"  UserKnownHostsFile {ssh / 'known_hosts_gw'}\n  StrictHostKeyChecking yes\n"
+                for h in self.lab.hosts
+            )
+        )
+        for path in (ssh, *ssh.iterdir()):
+            os.chown(path, uid, gid)
+            path.chmod(0o700 if path.is_dir() else 0o600)
+
+    def cli(self, *argv: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+        """`gpuwarden ARGV` as the test user, from this namespace; the hosts run the same
+        gpuwarden (`hosts.command`)."""
+        full = {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": self.path,
+            "GPUWARDEN_SYSTEM_CONFIG": str(self.top / "none.toml"),
+            "GPUWARDEN_HOSTS_COMMAND": f"{' '.join(self.python)} -m gpuwarden",
+            **env,
+        }
+        words = [f"{k}={v}" for k, v in full.items()]
+        command = ["runuser", "-u", self.user, "--", "env", "-i", *words, *self.python]
+        return subprocess.run(
+            [*command, "-m", "gpuwarden", *argv], capture_output=True, text=True, timeout=timeout
+        )
+
+    def close(self) -> None:
+        self.lab.close()
+        shutil.rmtree(self.home / ".ssh", ignore_errors=True)
+
+
+def ssh_lab(top: Path, specs: dict[str, str]) -> SshLab:
+    """An SshLab whose hosts simulate `specs[name]`, each with its own state under top,
+    reached by the test user gw-hosts (useradd'ed once)."""
+    import subprocess as sp
+
+    from test_hostile_corpus import python_for
+    from users import make_user
+
+    person = make_user("hosts")
+    # useradd locks a new account ("!" for a password), and sshd refuses a locked account
+    # even a key: "*" is no password at all, not a lock.
+    sp.run(["usermod", "-p", "*", person.name], check=True)
+    python, path = python_for(person.name)
+    env = {}
+    for name, spec in specs.items():
+        state = top / name
+        state.mkdir(mode=0o755)
+        env[name] = {
+            "GPUWARDEN_SIM": spec,
+            "GPUWARDEN_SIM_STATE": str(state / "sim"),
+            "GPUWARDEN_LEASE_DIR": str(state / "leases"),
+            "GPUWARDEN_STATE_DIR": str(state / "state"),
+            "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
+            "GPUWARDEN_SOCKET": str(state / "no-service.sock"),
+        }
+    return SshLab(top, person.name, python, path, env)

@@ -160,6 +160,17 @@ CLI_CASES = (
         case("submit", "--slurm", "--mem", "\u00b2G", "--dry-run", "--", "true", expect="mem"),
         case("submit", "--slurm", "--time", "1-\u00b2", "--dry-run", "--", "t", expect="--time"),
         case("sim", "set", "--gpu", "\u00b2", "util=5", expect="no GPU"),
+        # sbatch's --array syntax and --param sweeps (docs/sweeps.md)
+        case("submit", "--array", "0-", "--dry-run", "--", "true", expect="not a task id"),
+        case("submit", "--array", "5-1", "--dry-run", "--", "true", expect="ends before"),
+        case("submit", "--array", "0-9%0", "--dry-run", "--", "true", expect="1 or more"),
+        case("submit", "--array", "0-99999", "--dry-run", "--", "t", expect="the most an array"),
+        case("submit", "--array", "0-\u00b2", "--dry-run", "--", "true", expect="not a task id"),
+        case("submit", "--param", "x", "--dry-run", "--", "true", expect="expected NAME=V1"),
+        case("submit", "--param", "a=1", "--array", "0-3", "--", "t", expect="only a throttle"),
+        case("submit", "--slurm", "--array", "1-", "--dry-run", "--", "t", expect="--array"),
+        case("submit", "--slurm", "--param", "a=1", "--", "t", expect="--param is for this"),
+        case("cancel", "12_", expect="invalid job id"),
     ]
 )
 

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,110 +25,23 @@ from test_json_schemas import validate
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
 
 SPECS = {"node1": "workstation-3x3090", "node2": "server-8xa100", "node3": "workstation-3x3090"}
-KEY = "gw_hosts_test"
-
-
-class Lab:
-    def __init__(self, lab: netns.Lab, user: str, top: Path, python: list[str], path: str) -> None:
-        self.lab, self.user, self.top = lab, user, top
-        self.hosts = {h.name: h for h in lab.hosts}
-        self.python, self.path = python, path
-
-    def cli(self, *argv: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-        """`gpuwarden ARGV` as the test user, from this namespace."""
-        full = {
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": self.path,
-            "GPUWARDEN_SYSTEM_CONFIG": str(self.top / "none.toml"),
-            "GPUWARDEN_HOSTS_COMMAND": f"{' '.join(self.python)} -m gpuwarden",
-            **env,
-        }
-        words = [f"{k}={v}" for k, v in full.items()]
-        command = ["runuser", "-u", self.user, "--", "env", "-i", *words, *self.python]
-        return subprocess.run(
-            [*command, "-m", "gpuwarden", *argv], capture_output=True, text=True, timeout=timeout
-        )
-
-
-def _sshd_config(top: Path, host: netns.Host, path: str) -> Path:
-    state = top / host.name
-    state.mkdir(mode=0o755)
-    env = {
-        "GPUWARDEN_SIM": SPECS[host.name],
-        "GPUWARDEN_SIM_STATE": state / "sim",
-        "GPUWARDEN_LEASE_DIR": state / "leases",
-        "GPUWARDEN_STATE_DIR": state / "state",
-        "GPUWARDEN_SYSTEM_CONFIG": top / "none.toml",
-        "GPUWARDEN_SOCKET": state / "no-service.sock",
-        "PYTHONPATH": path,
-    }
-    conf = top / f"sshd-{host.name}.conf"
-    conf.write_text(
-        f"ListenAddress {host.address}\nHostKey {top / 'host_key'}\nPidFile none\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "PermitRootLogin no\n"
-        # The host's own machine: what a site's sshd or shell profile would set.
-        "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()) + "\n"
-    )
-    return conf
-
-
-def _user_ssh(home: Path, uid: int, gid: int, top: Path, lab: netns.Lab) -> None:
-    """The user's key (authorized on every host: one home here), known hosts and config."""
-    ssh = home / ".ssh"
-    ssh.mkdir(mode=0o700, exist_ok=True)
-    key = ssh / KEY
-    for old in (key, key.with_suffix(".pub")):
-        old.unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    (ssh / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
-    hostkey = " ".join((top / "host_key.pub").read_text().split()[:2])
-    addresses = ",".join(h.address for h in lab.hosts)
-    (ssh / "known_hosts_gw").write_text(f"{addresses} {hostkey}\n")
-    (ssh / "config").write_text(
-        "".join(
-            f"Host {h.name}\n  HostName {h.address}\n  IdentityFile {key}\n"
-            f"  UserKnownHostsFile {ssh / 'known_hosts_gw'}\n  StrictHostKeyChecking yes\n"
-            for h in lab.hosts
-        )
-    )
-    for path in (ssh, *ssh.iterdir()):
-        os.chown(path, uid, gid)
-        path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    from test_hostile_corpus import python_for
-    from users import make_user
-
-    person = make_user("hosts")
-    # useradd locks a new account ("!" for a password), and sshd refuses a locked account
-    # even a key: "*" is no password at all, not a lock.
-    subprocess.run(["usermod", "-p", "*", person.name], check=True)
-    python, path = python_for(person.name)
+def lab() -> Iterator[netns.SshLab]:
     top = Path(tempfile.mkdtemp(prefix="gw-hosts-"))
     top.chmod(0o755)
-    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(top / "host_key")], check=True
-    )
-    made = netns.Lab(list(SPECS))
+    made = netns.ssh_lab(top, SPECS)
     try:
-        _user_ssh(Path(person.home), person.uid, person.gid, top, made)
-        for host in made.hosts:
-            conf = _sshd_config(top, host, path)
-            host.start([netns.SSHD, "-D", "-e", "-f", str(conf)], top / f"{host.name}.log")
-        for host in made.hosts:
-            netns.wait_port(host, 22)
-        yield Lab(made, person.name, top, python, path)
+        yield made
     finally:
         made.close()
-        shutil.rmtree(Path(person.home) / ".ssh", ignore_errors=True)
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_status_shows_every_host_in_one_table_and_a_frozen_host_is_one_line(lab: Lab) -> None:
+def test_status_shows_every_host_in_one_table_and_a_frozen_host_is_one_line(
+    lab: netns.SshLab,
+) -> None:
     done = lab.cli("status", "--hosts", "node1,node2,node3")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -171,7 +83,7 @@ def test_status_shows_every_host_in_one_table_and_a_frozen_host_is_one_line(lab:
     assert sum(line.startswith("node2 ") for line in out) == 8
 
 
-def test_select_says_which_host_has_the_gpus(lab: Lab) -> None:
+def test_select_says_which_host_has_the_gpus(lab: netns.SshLab) -> None:
     done = lab.cli("select", "--hosts", "node1,node2", "-g", "2", "--min-free=60GiB")
     assert done.returncode == 0, done.stderr
     host, ids = done.stdout.split()
@@ -186,7 +98,7 @@ def test_select_says_which_host_has_the_gpus(lab: Lab) -> None:
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
 
 
-def test_queue_reports_each_host_without_a_queue_service_in_one_line(lab: Lab) -> None:
+def test_queue_reports_each_host_without_a_queue_service_in_one_line(lab: netns.SshLab) -> None:
     done = lab.cli("queue", "--hosts", "node1,node2", "--json")
     assert done.returncode == 1
     merged = validate("queue-hosts", done.stdout)
@@ -195,7 +107,7 @@ def test_queue_reports_each_host_without_a_queue_service_in_one_line(lab: Lab) -
     assert all("service" in h["error"] for h in merged["hosts"]), merged
 
 
-def test_a_host_name_that_would_be_an_ssh_option_is_refused(lab: Lab) -> None:
+def test_a_host_name_that_would_be_an_ssh_option_is_refused(lab: netns.SshLab) -> None:
     done = lab.cli("status", "--hosts=node1,-oProxyCommand=touch /tmp/gw-pwned")
     assert done.returncode == 2
     assert done.stderr.strip() == (

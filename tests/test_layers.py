@@ -79,6 +79,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "queuemetrics",
             "mig",
             "enforcement",
+            "arrayspec",
         ),
     ),
     (
@@ -106,6 +107,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "jobs",
             "launch",
             "containers",
+            "containerjob",
             "kernelspec",
             "provisioner",
             "joboutput",
@@ -140,6 +142,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the queue service itself
             "service",
             "service.admission",
+            "service.arrays",
             "service.connection",
             "service.install",
             "service.journalguard",

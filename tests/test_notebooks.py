@@ -116,3 +116,25 @@ def test_a_kernel_that_finds_no_gpu_does_not_start(kernels: Path, cli) -> None:
         for km in kms[:2]:
             km.shutdown_kernel(now=True)
     assert list_leases() == []
+
+
+def test_with_a_queue_service_a_kernel_says_to_start_jupyter_as_a_job(
+    kernels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from jupyter_client import KernelManager
+
+    from gpuwarden.errors import UserError
+
+    path = tmp_path / "service.sock"  # something answers there: a service runs
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    monkeypatch.setenv("GPUWARDEN_SOCKET", str(path))
+    km = KernelManager(kernel_name="gpuwarden-1gpu")
+    try:
+        with pytest.raises(UserError, match="gpuwarden run -g N -- jupyter lab"):
+            km.start_kernel()
+    finally:
+        listener.close()
+    assert list_leases() == []

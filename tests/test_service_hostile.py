@@ -289,21 +289,43 @@ print(json.dumps({"rows": len(big["jobs"]), "next": big["next"], "total": big["t
 
         rss_before = _rss(srv)
         deaf = """
-import socket, sys, time
+import json, socket, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sys.argv[1])
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.settimeout(5)
 try:
     for _ in range(200):
         s.sendall(b'{"v":1,"op":"queue","limit":5000}\\n')
 except OSError:
     pass
-time.sleep(1)
-print('{}')
+sys.stdout.write("asked\\n")
+sys.stdout.flush()
+time.sleep(4)  # reads nothing for twice the idle timeout
+answers, closed = 0, False
+try:
+    while True:
+        data = s.recv(1 << 20)
+        if not data:
+            closed = True
+            break
+        answers += data.count(b"\\n")
+except OSError:
+    closed = True
+print(json.dumps({"answers": answers, "closed": closed}))
 """
-        as_user(alice, deaf, srv.socket)
-        assert srv.call(bob, "hello")["user"] == "gw-bob"
+        proc = subprocess.Popen(
+            [USER_PY, "-c", deaf, srv.socket],
+            env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=_become(alice),
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "asked\n"
+        assert srv.call(bob, "hello")["user"] == "gw-bob"  # while it does not read
         assert _rss(srv) - rss_before < 16 << 20, "a client that does not read grew the service"
+        deaf_end = json.loads(proc.communicate(timeout=60)[0])
+        assert deaf_end["closed"] and deaf_end["answers"] < 10, deaf_end
 
         burst = [
             subprocess.Popen(

@@ -343,6 +343,8 @@ def test_submit_dry_run_prints_the_script(cli: object) -> None:
     done = cli("submit", "--slurm", "-g", "2", "--time", "1h", "--dry-run", "--", "echo", "hi")  # type: ignore[operator]
     assert done.returncode == 0, done.stderr
     assert "#SBATCH --gres=gpu:2\n#SBATCH --time=0-01:00:00\nexec echo hi\n" in done.stdout
+    array = cli("submit", "--slurm", "--array", "0-15:4%2", "--dry-run", "--", "true")  # type: ignore[operator]
+    assert "#SBATCH --array=0-15:4%2\n" in array.stdout, array.stderr
 
 
 @pytest.mark.parametrize(

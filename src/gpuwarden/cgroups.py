@@ -474,9 +474,12 @@ def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Sequence[Any], setti
     """Confine the job to the GPUs `leased` out of the machine's `gpus` (see `isolate`):
     their GPU nodes, and on a machine with MIG slices, its slices' capability nodes only."""
     try:
-        from gpuwarden.migcaps import denied_for
+        caps = None
+        if any(getattr(g, "mig_mode", False) for g in gpus):  # else run never loads migcaps
+            from gpuwarden.migcaps import denied_for
 
-        cgroup.confine([g.minor for g in leased], present_minors(gpus), denied_for(leased, gpus))
+            caps = denied_for(leased, gpus)
+        cgroup.confine([g.minor for g in leased], present_minors(gpus), caps)
     except (CgroupError, OSError) as err:
         text = str(err) if isinstance(err, CgroupError) else f"cannot write device rules: {err}"
         if setting == "require":

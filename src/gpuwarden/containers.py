@@ -17,7 +17,8 @@ every GPU or none. So the runtime's own command line is rewritten here, purely:
   (`--preserve-fds`): the kernel then holds the lease exactly as long as the container's
   processes, whatever happens to the client. Docker's daemon cannot be handed
   descriptors: a small keeper process holds them until the client has ended and then
-  `docker wait NAME` says the container has too (`keep`).
+  `docker wait NAME` says the container has too. (That runtime part, and the job a queue
+  service runs for a container command, are gpuwarden.containerjob.)
 
 Options that would widen what the container sees (`--gpus`, `--privileged`, a GPU
 `--device`, `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` given with `-e`) are refused
@@ -254,10 +255,12 @@ def plan(
     cdi: bool = False,
     dev: str = "/dev",
     extra_env: Optional[Mapping[str, str]] = None,
+    name: Optional[str] = None,
 ) -> Optional[Plan]:
     """The container command rewritten for a lease on `gpus` held by job `job` of user
     `uid`, or None when `argv` starts no container. `extra_env` is what the job would
-    have been given (GPUWARDEN_*, the mem limit), passed into the container too."""
+    have been given (GPUWARDEN_*, the mem limit), passed into the container too; `name`
+    is the container's unless the command names it."""
     runtime = runtime_of(argv)
     if runtime is None:
         return None
@@ -284,7 +287,7 @@ def plan(
             "leave it out, gpuwarden passes the leased GPUs in itself"
         )
     given = [value for name, value in opts if name == "--name" and value]
-    name = given[-1] if given else container_name(job or str(os.getpid()))
+    name = given[-1] if given else (name or container_name(job or str(os.getpid())))
     added: list[str] = [] if given else [f"--name={name}"]
     mode = device_mode(runtime, cdi)
     added += device_options(gpus, mode, dev)
@@ -300,96 +303,23 @@ def plan(
     return Plan(runtime, [*argv[: at + 1], *added, *rest], name, {}, preserve, keeper)
 
 
-# --- the runtime part ---------------------------------------------------------------------------
+# --- inside a queue service's job ---------------------------------------------------------------
 
 
-class Stopper:
-    """On Ctrl-C, SIGTERM or SIGHUP to `gpuwarden run`: `RUNTIME stop NAME`, once. The
-    runtime sends the container's stop signal and kills it after its grace
-    (`--stop-timeout`, 10 s by default); the client then exits with the container's
-    status. The signal still reaches the client too (its sig-proxy passes it on), which
-    covers a container not created yet."""
+def through_service(argv: Sequence[str], dev: Optional[str] = None) -> list[str]:
+    """The argv to hand the queue service for a container command: this module's `main`
+    in front, which rewrites the command once the service has chosen the GPUs (the
+    client cannot: it does not know them yet). Any other command is returned as it is."""
+    runtime = runtime_of(argv)
+    if runtime is None or (runtime in DAEMONS and run_position(argv) is None):
+        return list(argv)
+    import sys
 
-    STOPPING = frozenset((2, 15, 1))  # SIGINT, SIGTERM, SIGHUP
-
-    def __init__(self, runtime: str, name: str, env: Mapping[str, str]) -> None:
-        self.argv = [runtime, "stop", name]
-        self.env = dict(env)
-        self.pid: Optional[int] = None
-
-    def __call__(self, signum: int) -> None:
-        if signum not in self.STOPPING or self.pid is not None:
-            return
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            moves = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
-            self.pid = os.posix_spawnp(self.argv[0], self.argv, self.env, file_actions=moves)
-        except OSError:
-            self.pid = 0
-        finally:
-            os.close(null)
-
-
-def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
-    """Start the runtime's client as the job: the lease descriptors inherited, and with
-    Podman also numbered from 3 for --preserve-fds; signals also stop the container."""
-    from gpuwarden import launch
-
-    full = {**env, **plan.env}
-    job = launch.start(plan.argv, full, fds, numbered=fds if plan.preserve else ())
-    if plan.name is not None:
-        job.on_signal = Stopper(plan.runtime, plan.name, full)
-    if plan.keeper and plan.name is not None:
-        keep(plan.runtime, plan.name, job.pid, fds, full)
-    return job
-
-
-def keep(runtime: str, name: str, client: int, fds: Sequence[int], env: Mapping[str, str]) -> int:
-    """Fork a keeper that holds the lease descriptors `fds` until the container `name`
-    has ended: first the client (pid `client`) must end, then `RUNTIME wait NAME` returns
-    (at once when the container is gone). It runs in its own session with no terminal and
-    keeps no other descriptor (not the allocation lock), so it outlives `gpuwarden run`
-    and the client and holds nothing else. Its pid."""
-    import contextlib
-
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 0
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        keep_fds = {0, 1, 2, *fds}
-        for entry in os.listdir("/proc/self/fd"):
-            if int(entry) not in keep_fds:
-                with contextlib.suppress(OSError):  # the listing's own descriptor
-                    os.close(int(entry))
-        _wait_for(client)
-        waiter = os.posix_spawnp(runtime, [runtime, "wait", name], dict(env))
-        os.waitpid(waiter, 0)
-    except BaseException:
-        code = 1
-    finally:
-        os._exit(code)
-
-
-def _wait_for(pid: int) -> None:
-    """Return when process `pid` (not our child) has ended: its pidfd becomes readable;
-    without pidfds (Linux before 5.3), its /proc entry is looked at twice a second."""
-    import select
-    import time
-
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    except (AttributeError, OSError):
-        from gpuwarden.holders import is_gone
-
-        while not is_gone(pid):
-            time.sleep(0.5)
-        return
-    select.select([pidfd], [], [])
-    os.close(pidfd)
+    return [
+        sys.executable,
+        "-m",
+        "gpuwarden.containerjob",
+        *(["--dev", dev] if dev else []),
+        "--",
+        *argv,
+    ]

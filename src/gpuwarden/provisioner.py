@@ -61,9 +61,19 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _lease(self, base: dict[str, str]) -> None:
         from gpuwarden import jobs
         from gpuwarden.api import _reader, _request
+        from gpuwarden.config import load
         from gpuwarden.errors import UserError
         from gpuwarden.launch import job_env
 
+        service = load().get("service.socket")
+        if os.path.exists(service):
+            # The service owns the lease directory (as for `reserve`); a kernel as a job of
+            # the service is not offered yet.
+            raise UserError(
+                f"a queue service hands out this machine's GPUs ({service}): a kernel cannot "
+                "lease them itself; start Jupyter as a job instead, `gpuwarden run -g N -- "
+                "jupyter lab`, and use a plain Python kernel there"
+            )
         fields = {k: self.request.get(k) for k in REQUEST_KEYS}
         unknown = sorted(set(self.request) - set(REQUEST_KEYS))
         if unknown:

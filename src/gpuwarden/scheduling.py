@@ -335,7 +335,7 @@ def plan(
     factors = fairshare_factors(usage, policy, {w.user for w in waiting})
     ranked = sorted(
         ((priority(w, now, factors[w.user], policy), w) for w in waiting),
-        key=lambda pw: (-pw[0], pw[1].submitted, pw[1].id),
+        key=lambda pw: (-pw[0], pw[1].submitted, len(pw[1].id), pw[1].id),  # 9 before 10
     )
     decisions: list[Decision] = []
     shadow: Optional[float] = None  # when the reserved job can start

@@ -17,18 +17,20 @@ def register(commands: Commands, name: str) -> None:
 
     parser = subcommand(commands, name)
     parser.add_argument("--slurm", action="store_true", help="Slurm job ids")
-    parser.add_argument("ids", nargs="+", metavar="ID", help="job ids")
+    parser.add_argument(
+        "ids", nargs="+", metavar="ID", help="job ids (an array's id: all its tasks; 12_7: one)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.slurm:
-        from gpuwarden.cli.jobtables import job_ids, report_refused
+        from gpuwarden.cli.jobtables import job_names, report_refused
         from gpuwarden.service.client import require
 
-        ids = job_ids(args.ids)
+        ids = job_names(args.ids)
         with require() as client:
             reply = client.call("cancel", jobs=ids)
-        print(f"cancelled: {', '.join(str(i) for i in reply['jobs'])}")
+        print(f"cancelled: {', '.join(str(i) for i in reply.get('names') or reply['jobs'])}")
         return report_refused("cancel", reply)
     from gpuwarden.slurm import tools
 

@@ -22,13 +22,13 @@ def register(commands: Commands, command_name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.cli.jobtables import job_ids, report_refused
+    from gpuwarden.cli.jobtables import job_names, report_refused
     from gpuwarden.service.client import require
 
     op = "hold" if args.command == "hold" else "release"
-    ids = job_ids(args.ids)
+    ids = job_names(args.ids)
     with require() as client:
         reply = client.call(op, jobs=ids)
     verb = "held" if op == "hold" else "released"
-    print(f"{verb}: {', '.join(str(i) for i in reply['jobs'])}")
+    print(f"{verb}: {', '.join(str(i) for i in reply.get('names') or reply['jobs'])}")
     return report_refused(args.command, reply)

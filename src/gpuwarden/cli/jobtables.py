@@ -82,7 +82,7 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         prio = job.get("priority")
         rows.append(
             [
-                str(job.get("id")),
+                job_label(job),
                 printable(str(job.get("user"))),
                 str(job.get("state")),
                 gpus_cell(job),
@@ -166,7 +166,7 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
         ended = job.get("ended")
         rows.append(
             [
-                str(job.get("id")),
+                job_label(job),
                 printable(str(job.get("user"))),
                 str(job.get("state")),
                 how,
@@ -216,6 +216,28 @@ def job_ids(words: list[str]) -> list[int]:
                 raise UserError(f"invalid job id {part!r}: expected a number such as 12")
             ids.append(int(part))
     return ids
+
+
+def job_names(words: list[str]) -> list[int | str]:
+    """Job ids as `cancel`, `hold` and `unhold` read them: `12` (a job, or a whole
+    array), `12_7` (task 7 of array 12), several as `12 13` or `12,13_4`."""
+    from gpuwarden.arrayspec import task_name
+
+    names: list[int | str] = []
+    for word in words:
+        for part in word.split(","):
+            part = part.strip()
+            if task_name(part) is not None:
+                names.append(part)
+            else:
+                names.extend(job_ids([part]))
+    return names
+
+
+def job_label(job: Mapping[str, Any]) -> str:
+    """A job as squeue names it: `12`, a task `12_7`, an array's waiting tasks
+    `12_[40-99%8]` (the service's `label`)."""
+    return str(job.get("label") or job.get("id"))
 
 
 def report_refused(command: str, reply: Mapping[str, Any]) -> int:

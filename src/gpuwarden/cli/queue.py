@@ -41,7 +41,9 @@ def local(args: argparse.Namespace) -> int:
     who = user_name() if args.me else args.user
     filters = {} if who is None else {"user": who}
     with require() as client:
-        jobs, reply = client.listing("queue", None if args.all else PAGE, **filters)
+        jobs, reply = client.listing(
+            "queue", None if args.all else PAGE, arrays=not args.json, **filters
+        )
     total = reply.get("total")
     left = total - len(jobs) if isinstance(total, int) else 0
     if left > 0:

@@ -133,6 +133,10 @@ def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: lis
     from gpuwarden.units import parse_time_limit
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if args.ddp else cmd
+    if not args.ddp:
+        from gpuwarden.containers import through_service
+
+        argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
     limit = None if args.time is None else parse_time_limit(args.time)
     fields = job_fields(request, argv, time_limit=limit)
     fields["wait"] = bool(conf.get("run.wait"))
@@ -214,7 +218,7 @@ def _start_with(
             env["GPUWARDEN_DDP_BACKEND"] = "nccl"
         inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
-            from gpuwarden.containers import start as start_container
+            from gpuwarden.containerjob import start as start_container
 
             return start_container(inner, env, ()), None
         return launch.start(argv, env), None
@@ -246,7 +250,7 @@ def _start_with(
 
     starter = None
     if container is not None:
-        from gpuwarden.containers import start as start_container
+        from gpuwarden.containerjob import start as start_container
 
         argv = container.argv
 

@@ -1,6 +1,9 @@
 """`gpuwarden slurm conf|prolog|epilog`: an admin's help to run Slurm on this machine.
 
-gpuwarden slurm conf              gres.conf lines and the NodeName= line, from NVML
+gpuwarden slurm conf [--json]     gres.conf lines and the NodeName= line, from NVML
+gpuwarden slurm cluster HOST... --out DIR
+                                  a whole small-lab configuration from each host's
+                                  `slurm conf --json` over ssh (writes files only)
 gpuwarden slurm prolog            (slurmd's Prolog=) lease the job's GPUs
 gpuwarden slurm epilog            (slurmd's Epilog=) free them
 """
@@ -23,7 +26,13 @@ def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
 
     parser = subcommand(commands, name)
-    parser.add_argument("action", choices=("conf", "prolog", "epilog"), help="what to do")
+    parser.add_argument(
+        "action", choices=("conf", "cluster", "prolog", "epilog"), help="what to do"
+    )
+    parser.add_argument(
+        "hosts", nargs="*", metavar="HOST", help="cluster: the nodes, as ssh names them"
+    )
+    parser.add_argument("--json", action="store_true", help="conf: one JSON document")
     parser.add_argument(
         "--section",
         choices=("all", "gres", "node"),
@@ -34,11 +43,51 @@ def register(commands: Commands, name: str) -> None:
         "--dev-dir", metavar="DIR", default="/dev", help="conf: where nvidiaN are (/dev)"
     )
     parser.add_argument("--type", metavar="NAME", help="conf: a gres type for these GPUs")
+    cluster = parser.add_argument_group("cluster (docs/hosts.md)")
+    cluster.add_argument("--out", metavar="DIR", help="the new directory the files go into")
+    cluster.add_argument("--name", default="lab", help="ClusterName (lab)")
+    cluster.add_argument(
+        "--controller",
+        metavar="NAME[=ADDRESS]",
+        help="slurmctld's host (default: this one, by its short hostname)",
+    )
+    cluster.add_argument(
+        "--state-dir", metavar="DIR", help="state, spool, logs and pid files under DIR"
+    )
+    cluster.add_argument("--conf-dir", metavar="DIR", default="/etc/slurm", help="/etc/slurm")
+    cluster.add_argument("--slurm-user", metavar="USER", default="slurm", help="slurm")
+    cluster.add_argument("--port", type=int, default=6817, help="slurmctld's port (6817)")
+    cluster.add_argument(
+        "--hook-env",
+        metavar="FILE",
+        default="/etc/default/gpuwarden",
+        help="the hooks read GPUWARDEN_* settings from FILE if present (%%n: the node)",
+    )
+    cluster.add_argument(
+        "--slurmdbd",
+        metavar="HOST",
+        help="where slurmdbd keeps usage for fair share and limits (default: the controller)",
+    )
+    cluster.add_argument(
+        "--no-slurmdbd",
+        action="store_true",
+        help="no accounting daemon: first come, first served (no fair share)",
+    )
+    cluster.add_argument(
+        "--cgroup",
+        choices=("autodetect", "v1", "v2"),
+        default="autodetect",
+        help="the nodes' cgroup version, where slurmd cannot tell (autodetect)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hosts and args.action != "cluster":
+        raise UserError(f"slurm {args.action} takes no host names (`slurm cluster` does)")
     if args.action == "conf":
         return conf(args)
+    if args.action == "cluster":
+        return cluster(args)
     from gpuwarden import config as cfg
     from gpuwarden.slurm import prolog
 
@@ -51,49 +100,45 @@ def run(args: argparse.Namespace) -> int:
 
 
 def conf(args: argparse.Namespace) -> int:
-    from gpuwarden.inventory import read_snapshot
-    from gpuwarden.slurm import gres
+    from gpuwarden.slurm import facts
 
     if args.type is not None:
         from gpuwarden.slurm.batch import check_word
 
         check_word("--type", args.type)
-    snapshot = read_snapshot(processes=False, topology=True)
-    if not snapshot.gpus:
-        raise UserError(f"no GPUs to describe: {snapshot.error or 'NVML found none'}")
-    from gpuwarden.slurm import miggres
+    found = facts.read(args.dev_dir, args.type)
+    if args.json:
+        import json
 
-    devices = gres.read_devices(snapshot)
-    has_mig = any(g.mig_mode and g.mig_instances for g in snapshot.gpus)
-    minors = miggres.read_minors() if has_mig else None
-    lines = gres.gres_lines(
-        snapshot, devices, dev_dir=args.dev_dir, gpu_type=args.type, mig_minors=minors
-    )
-    node = gres.node_line(
-        snapshot.hostname,
-        len(lines),
-        cpus=os.cpu_count() or 1,
-        memory_mib=gres.memory_mib(),
-        gres=miggres.counts(lines),
-    )
-    where = "" if snapshot.source == "nvml" else f" ({snapshot.source})"
-    if args.section in ("all", "gres"):
-        print(f"# gres.conf for {snapshot.hostname}{where}, in NVML index order")
-        for note in gres.notes(devices):
-            print(f"# {note}")
-        if has_mig:
-            print(
-                "# MIG devices: one MultipleFiles= line each (parent GPU and its two "
-                "nvidia-caps devices), typed MODEL_PROFILE; capability minors "
-                + (
-                    f"from {miggres.MIG_MINORS}"
-                    if minors is not None
-                    else f"by the driver's numbering rule ({miggres.MIG_MINORS} unreadable here)"
-                )
-            )
-        print("\n".join(lines))
-    if args.section == "all":
-        print("# slurm.conf: this node's line (`slurmd -C` prints sockets, cores, threads)")
-    if args.section in ("all", "node"):
-        print(node)
+        print(json.dumps(found, indent=2))
+    else:
+        print(facts.text(found, args.section))
+    return 0
+
+
+def cluster(args: argparse.Namespace) -> int:
+    """Each host's `slurm conf --json` over ssh, made into files under --out."""
+    from gpuwarden.hosts import remote
+    from gpuwarden.slurm import cluster as made
+
+    if not args.hosts:
+        raise UserError(
+            "slurm cluster needs the nodes' host names: slurm cluster HOST... --out DIR"
+        )
+    if not args.out:
+        raise UserError("slurm cluster needs --out DIR (a new directory for the files)")
+    for name in args.hosts:
+        remote.check_host(name)
+    settings = made.Settings.parse(args)
+    argv = ["slurm", "conf", "--json", f"--dev-dir={args.dev_dir}"]
+    if args.type:
+        argv.append(f"--type={args.type}")
+    nodes, problems = made.nodes_of(remote.ask_json(list(dict.fromkeys(args.hosts)), argv))
+    if problems:
+        raise UserError("cannot describe every node: " + "; ".join(problems))
+    files = made.files(nodes, settings)
+    made.write(args.out, files)
+    for name in files:
+        print(f"{args.out.rstrip('/')}/{name}")
+    print(f"next: {args.out.rstrip('/')}/README (munge key, where each file goes, start order)")
     return 0

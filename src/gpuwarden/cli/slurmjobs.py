@@ -61,6 +61,7 @@ def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
         output=getattr(args, "output", None),
         name=getattr(args, "name", None),
         partition=args.partition,
+        array=getattr(args, "array", None),
     )
 
 

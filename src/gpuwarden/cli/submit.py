@@ -6,6 +6,7 @@ Slurm batch job (docs/slurm.md), its request translated by `cli.slurmjobs`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gpuwarden.cli.slurmjobs import command_of, spec_of
@@ -35,6 +36,17 @@ def register(commands: Commands, name: str) -> None:
     filters.add_time_option(job)
     job.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
     job.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
+    job.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="a job array as sbatch's: 0-99, 1,3,7, 0-15:4; %%N runs at most N at once",
+    )
+    job.add_argument(
+        "--param",
+        metavar="NAME=V1,V2",
+        action="append",
+        help="one task per combination of the values (repeat it), each in GPUWARDEN_PARAM_NAME",
+    )
     job.add_argument("--nice", metavar="N", help="lower your own priority (0..19)")
     job.add_argument(
         "--output",
@@ -75,6 +87,10 @@ def submit_local(args: argparse.Namespace) -> int:
         from gpuwarden.launch import ddp_argv
 
         cmd = ddp_argv(cmd, request.gpu_count)
+    else:  # a container's command line is made when the service has chosen its GPUs
+        from gpuwarden.containers import through_service
+
+        cmd = through_service(cmd, os.environ.get("GPUWARDEN_DEV_DIR"))
     nice = 0
     if args.nice is not None:
         if not is_digits(args.nice.lstrip("-")) or not -20 <= int(args.nice) <= 19:
@@ -89,6 +105,9 @@ def submit_local(args: argparse.Namespace) -> int:
         nice=nice,
         output=args.output,
     )
+    tasks = 0
+    if args.array is not None or args.param:
+        tasks = _array_fields(args, fields)
     if args.dry_run:
         import json
 
@@ -98,6 +117,13 @@ def submit_local(args: argparse.Namespace) -> int:
     with require(conf.get("service.socket")) as client:
         job = client.call("submit", **fields)["job"]
     print(job)
+    if tasks:
+        print(
+            f"gpuwarden submit: array {job} of {tasks} tasks queued (`gpuwarden queue`, "
+            f"`gpuwarden cancel {job}` for all of them, {job}_N for one)",
+            file=sys.stderr,
+        )
+        return 0
     print(
         f"gpuwarden submit: job {job} queued (`gpuwarden queue`, `gpuwarden logs {job}`)",
         file=sys.stderr,
@@ -105,14 +131,41 @@ def submit_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _array_fields(args: argparse.Namespace, fields: dict[str, object]) -> int:
+    """The request's `array` and `params`, checked here first so that a malformed spec
+    is one line before anything is sent; how many tasks it makes."""
+    from gpuwarden import arrayspec
+
+    params = arrayspec.sweep(args.param or ())
+    if params:
+        if args.array is not None:
+            arrayspec.throttle_only(args.array)
+        count = arrayspec.size(params)
+        if count > arrayspec.MAX_TASKS:
+            raise UserError(
+                f"--param makes {count} combinations; the most an array may have is "
+                f"{arrayspec.MAX_TASKS}"
+            )
+        fields["params"] = list(args.param)
+    else:
+        count = len(arrayspec.parse(args.array).tasks)
+    if args.array is not None:
+        fields["array"] = args.array
+    return count
+
+
 def run(args: argparse.Namespace) -> int:
     if args.output is not None and not args.output.strip():
         raise UserError("--output is empty: name a file, or leave it out for the default")
     if not args.slurm:
         return submit_local(args)
-    for name in ("after", "hold", "nice"):
+    for name in ("after", "hold", "nice", "param"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
+    if args.array is not None:
+        from gpuwarden import arrayspec
+
+        arrayspec.parse(args.array)  # Slurm's syntax: refused here in one line, as sbatch would
     from gpuwarden.slurm import batch, tools
 
     spec = spec_of(args, args.mem)

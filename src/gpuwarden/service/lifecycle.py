@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import jobprocess, spawn, store
+from gpuwarden.service import arrays, jobprocess, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -249,6 +249,7 @@ class Lifecycle:
         self.memory = {g.uuid: g.memory_total or 0 for g in units}
         self.indices = {g.uuid: g.index for g in units}
         running = self.store.jobs([store.STARTING, store.RUNNING])
+        pending, throttled = arrays.throttled(pending, running)
         # Only the dependencies waiting jobs name: reading every ended job made each
         # pass grow with the history.
         named = self.store.states(a for j in pending for a in j.after)
@@ -280,6 +281,9 @@ class Lifecycle:
             if decision.starts:
                 free.take(decision.gpus, by_id[int(decision.id)].mem)
         with self.store.transaction(durable=False):  # one commit for every reason
+            for job in throttled:
+                if job.reason != arrays.THROTTLED:
+                    self.store.update(job.id, durable=False, reason=arrays.THROTTLED)
             for decision in decisions:
                 job = by_id[int(decision.id)]
                 if not decision.starts and job.wait and job.reason != decision.reason:

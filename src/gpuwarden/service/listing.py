@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwarden.service import protocol, store
+
+T = TypeVar("T")  # a job, or a row of jobs (service.arrays.grouped)
 
 #: Characters of a job's command a listing shows; the rest is replaced by "…".
 COMMAND_CHARS = 2048
@@ -53,10 +55,10 @@ def command(argv: Sequence[str]) -> list[str]:
 
 
 def page(
-    jobs: Sequence[store.Job],
+    jobs: Sequence[T],
     ask: protocol.Listing,
     total: int,
-    row: Callable[[store.Job], dict[str, Any]],
+    row: Callable[[T], dict[str, Any]],
 ) -> dict[str, Any]:
     """The answer for `jobs`, the matching rows from `ask.offset` on in order: as many
     as `ask.limit` and PAGE_BYTES allow, with `next` when more are left."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import spawn, store
+from gpuwarden.service import arrays, spawn, store
 from gpuwarden.service.identity import person
 
 if TYPE_CHECKING:
@@ -225,7 +225,10 @@ def start_job(
             output=job.output,
             stdio=_stdio(service, job.id),
             keep=tuple(held.fds),
-            extra_env=job_env({}, gpus, job=str(job.id), mem=job.mem),
+            extra_env={
+                **job_env({}, gpus, job=str(job.id), mem=job.mem),
+                **arrays.task_env(service.store, job),
+            },
             minors=tuple(g.minor for g in gpus),
             present=tuple(sorted(present_minors(snapshot.gpus))),
             devices=service.settings.devices,

@@ -215,6 +215,27 @@ def job_ids(value: object, name: str = "jobs") -> tuple[int, ...]:
     return tuple(_int(v, "job id", 1, 2**62) for v in value)
 
 
+def job_names(value: object, name: str = "jobs") -> tuple[int | tuple[int, int], ...]:
+    """A non-empty list of job ids, each a positive integer (a job, or a whole array by
+    its id) or an array's task as `"12_7"` (its array's id and the task id)."""
+    from gpuwarden.arrayspec import task_name
+
+    if not isinstance(value, list) or not value:
+        raise ProtocolError(f"{name} must be a non-empty list of job ids")
+    if len(value) > MAX_IDS:
+        raise ProtocolError(f"{name} has more than {MAX_IDS} entries")
+    names: list[int | tuple[int, int]] = []
+    for v in value:
+        if isinstance(v, str):
+            task = task_name(v)
+            if task is None:
+                raise ProtocolError(f"job id {v[:40]!r} is neither a number nor ARRAY_TASK")
+            names.append(task)
+        else:
+            names.append(_int(v, "job id", 1, 2**62))
+    return tuple(names)
+
+
 # --- submit --------------------------------------------------------------------
 
 
@@ -249,6 +270,8 @@ class Submit:
     output: Optional[str] = None
     attached: bool = False
     wait: bool = True  # False: start now or not at all (`run` without --wait)
+    array: Optional[str] = None  # sbatch's --array (service.arrays reads it)
+    params: tuple[str, ...] = ()  # --param NAME=V1,V2: one task per combination
 
 
 def gpu_request(value: object) -> GpuRequest:
@@ -328,6 +351,8 @@ def submit(message: Mapping[str, Any]) -> Submit:
         output=_optional(message.get("output"), _path, "output"),
         attached=_bool(message.get("attached", False), "attached"),
         wait=_bool(message.get("wait", True), "wait"),
+        array=_optional(message.get("array"), _string, "array", 1024),
+        params=_strings(message.get("params", []), "params", 64),
     )
 
 
@@ -345,6 +370,7 @@ class Listing:
     offset: int = 0
     user: Optional[str] = None
     ids: tuple[int, ...] = ()
+    arrays: bool = False  # an array's waiting tasks in one row, as squeue shows them
 
 
 def listing(message: Mapping[str, Any]) -> Listing:
@@ -354,6 +380,7 @@ def listing(message: Mapping[str, Any]) -> Listing:
         offset=_int(message.get("offset", 0), "offset", 0, 2**62),
         user=_optional(message.get("user"), _string, "user", 256),
         ids=job_ids(ids, "ids") if ids is not None else (),
+        arrays=_bool(message.get("arrays", False), "arrays"),
     )
 
 

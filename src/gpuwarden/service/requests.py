@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import admission, jobprocess, listing, protocol, store
+from gpuwarden.service import admission, arrays, jobprocess, listing, protocol, store
 from gpuwarden.service.identity import Person, person
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class Requests:
         if op in ("queue", "jobs"):
             return self._list(who, op, message)
         if op in ("cancel", "hold", "release"):
-            return self._act(who, op, protocol.job_ids(message.get("jobs")))
+            return self._act(who, op, protocol.job_names(message.get("jobs")))
         if op == "logs":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             job = self._owned(who, job_id, "read the logs of")
@@ -116,6 +116,8 @@ class Requests:
         """Judge a submit against every bound, then journal it."""
         s = self.settings
         admission.check_sizes(sub, s)
+        array = arrays.expand(sub)
+        tasks = 1 if array is None else len(array.tasks)
         never = admission.never_runs(self.machine, sub.gpus) if self.machine else None
         if never is not None:
             raise UserError(f"this job could never start here: {never}")
@@ -125,8 +127,13 @@ class Requests:
         if (
             limit is not None
             and not self._exempt(who)
-            and self.store.count_active(who.uid) >= limit
+            and (have := self.store.count_active(who.uid)) + tasks > limit
         ):
+            if array is not None:  # each task is a job
+                raise UserError(
+                    f"this array has {tasks} tasks; with the {have} jobs you have queued or "
+                    f"running that is over the {limit} allowed (max_jobs_per_user)"
+                )
             raise UserError(
                 f"you have {limit} jobs queued or running, the most allowed (max_jobs_per_user)"
             )
@@ -155,32 +162,37 @@ class Requests:
                 raise UserError(f"--after {dep}: no such job")
             waiting_on = waiting_on or found.state in store.ACTIVE
         reason = self._reason_before_a_pass(sub, waiting_on)
+        after = arrays.dependencies(self.store, sub.after)
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
         # The job and its output path: one commit. A batch job's id is a promise, on
         # disk before it is told; an attached job matters only while its client waits,
         # and its start's durable commit carries it to disk before it runs.
         with self.store.transaction(durable=not sub.attached):
-            job = self.store.add(
-                store.new_job(
-                    uid=who.uid,
-                    gid=who.gid,
-                    user=who.name,
-                    argv=sub.argv,
-                    cwd=sub.cwd,
-                    env=dict(sub.env),
-                    umask=sub.umask,
-                    request=request,
-                    time_limit=sub.time_limit,
-                    nice=sub.nice,
-                    held=sub.hold,
-                    reason=reason,
-                    after=sub.after,
-                    mem=sub.gpus.mem,
-                    output=sub.output,
-                    attached=sub.attached and client is not None,
-                    wait=sub.wait,
-                )
+            new = store.new_job(
+                uid=who.uid,
+                gid=who.gid,
+                user=who.name,
+                argv=sub.argv,
+                cwd=sub.cwd,
+                env=dict(sub.env),
+                umask=sub.umask,
+                request=request,
+                time_limit=sub.time_limit,
+                nice=sub.nice,
+                held=sub.hold,
+                reason=reason,
+                after=after,
+                mem=sub.gpus.mem,
+                output=sub.output,
+                attached=sub.attached and client is not None,
+                wait=sub.wait,
             )
+            if array is not None:
+                job = arrays.add(self.store, new, array)
+                log.info("array %s of %d tasks submitted by %s", job.id, tasks, who.name)
+                self.pacer.wake()
+                return {"ok": True, "job": job.id, "tasks": tasks}
+            job = self.store.add(new)
             if not job.attached and job.output is None:
                 self.store.update(job.id, output=os.path.join(sub.cwd, f"gpuwarden-{job.id}.out"))
         if job.attached and client is not None:
@@ -254,35 +266,56 @@ class Requests:
             )
         return job
 
-    def _act(self, who: Person, op: str, ids: tuple[int, ...]) -> dict[str, Any]:
+    def _act(self, who: Person, op: str, names: tuple[arrays.Name, ...]) -> dict[str, Any]:
         """Cancel, hold or release each job it may, and say which were refused and why:
-        one refused id does not stop the others. Nothing done at all is an error."""
+        one refused id does not stop the others. Nothing done at all is an error. An
+        array's id names its tasks not yet ended (holding it holds those that wait),
+        `12_7` one task (service.arrays)."""
         verb = {"cancel": "cancel", "hold": "hold", "release": "release"}[op]
         done: list[int] = []
+        labels: list[str] = []
         refused: list[dict[str, Any]] = []
-        for job_id in dict.fromkeys(ids):
+        for name in dict.fromkeys(names):
+            shown = name if isinstance(name, int) else "_".join(map(str, name))
             try:
-                job = self._owned(who, job_id, verb)
-                if job.state not in store.ACTIVE:
-                    raise UserError(f"job {job_id} has ended ({job.state})")
-                if op == "cancel":
-                    self._cancel(job)
-                elif job.state != store.PENDING:
+                label, jobs = arrays.named(self.store, name)
+                owner = jobs[0]
+                if owner.uid != who.uid and not self.settings.admins.include(who):
                     raise UserError(
-                        f"job {job_id} is already running; only waiting jobs can be held"
+                        f"job {label} belongs to {owner.user}: only its owner or an admin "
+                        f"may {verb} it"
                     )
-                else:
-                    self.store.update(job_id, held=(op == "hold"))
+                whole = len(jobs) > 1 or (isinstance(name, int) and owner.array_job == name)
+                acted = []
+                with self.store.transaction():  # an array's tasks: one commit
+                    for job in jobs:
+                        if whole and op != "cancel" and job.state != store.PENDING:
+                            continue  # holding an array holds what still waits
+                        self._act_on(op, job, label if not whole else arrays.label_of(job))
+                        acted.append(job.id)
+                if not acted:
+                    raise UserError(f"array {label} has no waiting task to {verb}")
             except UserError as err:
-                refused.append({"id": job_id, "error": str(err)})
+                refused.append({"id": shown, "error": str(err)})
                 continue
-            done.append(job_id)
-            log.info("%s: job %s by %s", op, job_id, who.name)
+            done.extend(acted)
+            labels.append(label)
+            log.info("%s: job %s by %s", op, label, who.name)
         self.pacer.wake()
         if not done:
             said = "; ".join(r["error"] for r in refused[:5])
             raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))
-        return {"ok": True, "jobs": done, "refused": refused}
+        return {"ok": True, "jobs": done, "names": labels, "refused": refused}
+
+    def _act_on(self, op: str, job: store.Job, label: str) -> None:
+        if job.state not in store.ACTIVE:
+            raise UserError(f"job {label} has ended ({job.state})")
+        if op == "cancel":
+            self._cancel(job)
+        elif job.state != store.PENDING:
+            raise UserError(f"job {label} is already running; only waiting jobs can be held")
+        else:
+            self.store.update(job.id, held=(op == "hold"))
 
     def _list(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
         """A page of the queue or of the history (service.listing): never more than
@@ -294,7 +327,18 @@ class Requests:
         ordered = listing.queue_order(
             listing.matching(self.store.jobs(store.ACTIVE), ask), self._priorities
         )
-        reply = listing.page(ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j))
+        if ask.arrays:  # an array's waiting tasks in one row (service.arrays)
+            rows = arrays.grouped(ordered)
+            reply = listing.page(
+                rows[ask.offset :],
+                ask,
+                len(rows),
+                lambda r: self._row(who, r[0]) | arrays.row_fields(*r),
+            )
+        else:
+            reply = listing.page(
+                ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
+            )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
         return reply
 
@@ -323,6 +367,8 @@ class Requests:
             "estimated_start": self._estimates.get(job.id),
             "command": listing.command(job.argv) if show or job.uid == who.uid else None,
         }
+        if job.array_job is not None:
+            row.update(arrays.row_fields(job, ()))
         if job.started is not None:
             row["elapsed"] = (job.ended or time.time()) - job.started
         row["cpu_seconds"], row["mem_peak"] = job.cpu_seconds, job.mem_peak

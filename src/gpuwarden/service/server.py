@@ -63,7 +63,10 @@ class Service(Requests, Lifecycle):
         self.locks = [journalguard.lock(journal + ".lock", f"the journal {journal}")]
         try:
             journalguard.refuse_damaged(journal)
-            self.store = store.Store(journal)
+            try:
+                self.store = store.Store(journal)
+            except sqlite3.Error as err:  # a full or read-only disk: said, not a traceback
+                raise UserError(f"cannot open the journal {journal}: {err}") from None
         except BaseException:
             os.close(self.locks.pop())
             raise

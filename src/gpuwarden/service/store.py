@@ -17,7 +17,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
@@ -60,11 +60,26 @@ CREATE TABLE IF NOT EXISTS jobs (
     exit_signal INTEGER,
     error TEXT,
     cpu_seconds REAL,
-    mem_peak INTEGER
+    mem_peak INTEGER,
+    array_job INTEGER,
+    array_task INTEGER,
+    array_throttle INTEGER,
+    params TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
 """
+
+#: Columns added to `jobs` since schema 1 was first written, with their declarations:
+#: a journal of an earlier gpuwarden gets them when it is opened (`_add_columns`), so
+#: its jobs keep running and queueing across the upgrade.
+_ADDED = {
+    "array_job": "INTEGER",
+    "array_task": "INTEGER",
+    "array_throttle": "INTEGER",
+    "params": "TEXT NOT NULL DEFAULT '{}'",
+}
+_INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
 
 @dataclass(frozen=True)
@@ -102,13 +117,17 @@ class Job:
     error: Optional[str] = None
     cpu_seconds: Optional[float] = None  # from its cgroup, at its end (None: not accounted)
     mem_peak: Optional[int] = None  # bytes, likewise
+    array_job: Optional[int] = None  # the id of the array it is a task of (service.arrays)
+    array_task: Optional[int] = None  # its task id in that array
+    array_throttle: Optional[int] = None  # tasks of its array that may run at once
+    params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
 
     @property
     def count(self) -> int:
         return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
 
 
-_JSON = {"argv", "env", "request", "after", "gpus"}
+_JSON = {"argv", "env", "request", "after", "gpus", "params"}
 _BOOL = {"held", "attached", "wait"}
 _COLUMNS = [f.name for f in fields(Job)]  # one per table column
 
@@ -129,7 +148,10 @@ def _normalised(job: Job) -> Job:
 
 def row_to_job(row: sqlite3.Row) -> Job:
     values: dict[str, Any] = {}
+    keys = row.keys()
     for name in _COLUMNS:
+        if name in _ADDED and name not in keys:
+            continue  # a journal not yet given the column (journalguard reads it so)
         value = row[name]
         if name in _JSON:
             value = json.loads(value)
@@ -162,6 +184,7 @@ class Store:
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)",
                 (str(SCHEMA_VERSION),),
             )
+            self._add_columns()
         if path != ":memory:":
             os.chmod(path, 0o600)
         # The active jobs, kept in memory as they are written: the service plans over
@@ -170,6 +193,15 @@ class Store:
         self._active: Optional[dict[int, Job]] = None
         # Whether a commit made with `durable=False` may still be only in the page cache.
         self.unsynced = False
+
+    def _add_columns(self) -> None:
+        """The columns of `_ADDED` a journal written before them lacks, and their indexes."""
+        have = {str(r["name"]) for r in self.db.execute("PRAGMA table_info(jobs)")}
+        for name, declared in _ADDED.items():
+            if name not in have:
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {declared}")
+        for statement in _INDEXES:
+            self.db.execute(statement)
 
     def close(self) -> None:
         self.sync()
@@ -319,6 +351,23 @@ class Store:
             query = f"SELECT id, state FROM jobs WHERE id IN ({marks})"
             found.update((int(i), str(state)) for i, state in self.db.execute(query, chunk))
         return found
+
+    def tasks(self, array: int, task: Optional[int] = None) -> list[Job]:
+        """The tasks of array `array` by task id (only task `task` where given)."""
+        query = "SELECT * FROM jobs WHERE array_job = ?"
+        args: list[int] = [array]
+        if task is not None:
+            query += " AND array_task = ?"
+            args.append(task)
+        rows = self.db.execute(query + " ORDER BY array_task ASC", args).fetchall()
+        actives = self._actives()
+        return [actives.get(int(r["id"])) or row_to_job(r) for r in rows]
+
+    def array_span(self, array: int) -> tuple[int, int, int]:
+        """How many tasks array `array` has, and its lowest and highest task ids."""
+        query = "SELECT COUNT(*), MIN(array_task), MAX(array_task) FROM jobs WHERE array_job = ?"
+        count, low, high = self.db.execute(query, (array,)).fetchone()
+        return int(count), int(low or 0), int(high or 0)
 
     def count_active(self, uid: int) -> int:
         row = self.db.execute(

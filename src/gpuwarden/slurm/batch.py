@@ -83,6 +83,7 @@ class JobSpec(Value):
         ("partition", None),
         ("workdir", None),
         ("python", sys.executable),
+        ("array", None),
     )
     if TYPE_CHECKING:
         command: tuple[str, ...]
@@ -98,6 +99,7 @@ class JobSpec(Value):
         partition: Optional[str]
         workdir: Optional[str]
         python: str
+        array: Optional[str]  # sbatch's --array, as given (arrayspec checked it)
 
 
 def slurm_time(value: str) -> str:
@@ -169,6 +171,8 @@ def options(spec: JobSpec) -> list[str]:
         out.append(f"--output={spec.output}")
     if spec.workdir:
         out.append(f"--chdir={spec.workdir}")
+    if spec.array:
+        out.append(f"--array={spec.array}")
     return out
 
 
@@ -233,6 +237,7 @@ def spec_of(
     partition: Optional[str] = None,
     workdir: Optional[str] = None,
     python: str = sys.executable,
+    array: Optional[str] = None,
 ) -> JobSpec:
     """The JobSpec for command-line values (strings as typed); every bad value is one
     UserError line here rather than a Slurm error later."""
@@ -270,4 +275,5 @@ def spec_of(
         partition=None if partition is None else check_word("--partition", partition),
         workdir=workdir,
         python=python,
+        array=None if array is None else array.strip(),
     )

@@ -1,0 +1,207 @@
+"""Containers under a lease, the runtime part: starting the runtime's client with the
+lease descriptors (numbered from 3 for Podman's --preserve-fds), stopping the container
+on Ctrl-C and SIGTERM, Docker's keeper, and the job the queue service runs for a
+container command (`python -m gpuwarden.containerjob`). The command line itself is
+gpuwarden.containers'; docs/containers.md says why each piece is there.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuwarden import containers
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, Optional
+
+    from gpuwarden.containers import Plan
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+class Stopper:
+    """On Ctrl-C, SIGTERM or SIGHUP to `gpuwarden run`: `RUNTIME stop NAME`, once. The
+    runtime sends the container's stop signal and kills it after its grace
+    (`--stop-timeout`, 10 s by default); the client then exits with the container's
+    status. The signal still reaches the client too (its sig-proxy passes it on), which
+    covers a container not created yet."""
+
+    STOPPING = frozenset((2, 15, 1))  # SIGINT, SIGTERM, SIGHUP
+
+    def __init__(self, runtime: str, name: str, env: Mapping[str, str]) -> None:
+        self.argv = [runtime, "stop", name]
+        self.env = dict(env)
+        self.pid: Optional[int] = None
+
+    def __call__(self, signum: int) -> None:
+        if signum not in self.STOPPING or self.pid is not None:
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            moves = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
+            self.pid = os.posix_spawnp(self.argv[0], self.argv, self.env, file_actions=moves)
+        except OSError:
+            self.pid = 0
+        finally:
+            os.close(null)
+
+
+def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
+    """Start the runtime's client as the job: the lease descriptors inherited, and with
+    Podman also numbered from 3 for --preserve-fds; signals also stop the container."""
+    from gpuwarden import launch
+
+    full = {**env, **plan.env}
+    job = launch.start(plan.argv, full, fds, numbered=fds if plan.preserve else ())
+    if plan.name is not None:
+        job.on_signal = Stopper(plan.runtime, plan.name, full)
+    if plan.keeper and plan.name is not None:
+        keep(plan.runtime, plan.name, job.pid, fds, full)
+    return job
+
+
+def keep(runtime: str, name: str, client: int, fds: Sequence[int], env: Mapping[str, str]) -> int:
+    """Fork a keeper that holds the lease descriptors `fds` until the container `name`
+    has ended: first the client (pid `client`) must end, then `RUNTIME wait NAME` returns
+    (at once when the container is gone). It runs in its own session with no terminal and
+    keeps no other descriptor (not the allocation lock), so it outlives `gpuwarden run`
+    and the client and holds nothing else. Its pid."""
+    import contextlib
+
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        keep_fds = {0, 1, 2, *fds}
+        for entry in os.listdir("/proc/self/fd"):
+            if int(entry) not in keep_fds:
+                with contextlib.suppress(OSError):  # the listing's own descriptor
+                    os.close(int(entry))
+        _wait_for(client)
+        waiter = os.posix_spawnp(runtime, [runtime, "wait", name], dict(env))
+        os.waitpid(waiter, 0)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _wait_for(pid: int) -> None:
+    """Return when process `pid` (not our child) has ended: its pidfd becomes readable;
+    without pidfds (Linux before 5.3), its /proc entry is looked at twice a second."""
+    import select
+    import time
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        from gpuwarden.holders import is_gone
+
+        while not is_gone(pid):
+            time.sleep(0.5)
+        return
+    select.select([pidfd], [], [])
+    os.close(pidfd)
+
+
+# --- inside a queue service's job ------------------------------------------------------------
+
+
+def driver_minors(root: str = "/proc/driver/nvidia/gpus") -> dict[str, int]:
+    """GPU UUID -> device minor, from the NVIDIA driver's /proc files (no NVML)."""
+    found: dict[str, int] = {}
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return found
+    for name in names:
+        fields: dict[str, str] = {}
+        try:
+            with open(os.path.join(root, name, "information"), encoding="ascii") as fh:
+                for line in fh:
+                    key, _, value = line.partition(":")
+                    fields[key.strip()] = value.strip()
+            found[fields["GPU UUID"]] = int(fields["Device Minor"])
+        except (OSError, KeyError, ValueError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def lease_fds(uuids: Sequence[str], job: str, fd_dir: str = "/proc/self/fd") -> list[int]:
+    """The descriptors this process inherited for the lease of `job` on `uuids`: its
+    `<uuid>.lock` and `<uuid>.<job>.lease` files, in descriptor order."""
+    wanted = {f"{u}.lock" for u in uuids} | {f"{u}.{job}.lease" for u in uuids}
+    found = []
+    for entry in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, entry))
+        except OSError:
+            continue
+        if os.path.basename(target) in wanted:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def main(args: Sequence[str]) -> int:
+    """`python -m gpuwarden.containers [--dev DIR] -- CMD...`, run by the queue service as
+    the job: the GPUs, job id and lease descriptors are the service's (GPUWARDEN_GPUS,
+    GPUWARDEN_GPU_INDICES, GPUWARDEN_JOB, inherited), the rest as `gpuwarden run` does."""
+    import sys
+    from types import SimpleNamespace
+
+    from gpuwarden.launch import OURS
+
+    args = list(args)
+    dev = "/dev"
+    if args[:1] == ["--dev"] and len(args) > 1:
+        dev, args = args[1], args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    env = dict(os.environ)
+    uuids = [u for u in env.get("GPUWARDEN_GPUS", "").split(",") if u]
+    indices = [i for i in env.get("GPUWARDEN_GPU_INDICES", "").split(",") if i]
+    job = env.get("GPUWARDEN_JOB", "")
+    try:
+        if not uuids or len(indices) != len(uuids) or not job:
+            raise UserError("not started by the queue service: no GPUWARDEN_GPUS/GPUWARDEN_JOB")
+        minors = driver_minors()
+        gpus = [
+            SimpleNamespace(uuid=u, index=int(i), minor=minors.get(u, int(i)))
+            for u, i in zip(uuids, indices)
+        ]
+        fds = lease_fds(uuids, job)
+        ours = {k: env[k] for k in OURS if k in env}
+        found = containers.plan(
+            args,
+            gpus,
+            job,
+            os.getuid(),
+            nfds=len(fds),
+            cdi=containers.cdi_spec() is not None,
+            dev=dev,
+            extra_env=ours,
+            name=f"gpuwarden-{job}-{os.getpid()}",  # a service's job ids start at 1 again
+        )
+        if found is None:
+            raise UserError(f"not a container command: {' '.join(args[:2])}")
+        return int(start(found, env, fds).wait())
+    except UserError as err:
+        print(f"gpuwarden: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""Containers through the queue service: `gpuwarden run` and `submit` hand the service a
+container command, and the job it starts (gpuwarden.containerjob) passes exactly the GPUs
+the service leased into the container, with the lease's descriptors (real podman as root,
+stand-in /dev/nvidiaN nodes, the service on a simulated machine)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import require
+from gpuwarden.containerjob import lease_fds
+from test_containers import IMAGE, PROBE, _podman_ready
+from test_service import SRC, USER_PY, Server, _serving
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """test_service's queue service on the simulated 4-GPU machine, in folders of its own."""
+    shared = Path(tempfile.mkdtemp(prefix="gw-service-"))
+    shared.chmod(0o755)
+    for name, mode in (("work", 0o1777), ("sock", 0o755)):
+        (shared / name).mkdir()
+        (shared / name).chmod(mode)
+    try:
+        # A grace long enough for `podman stop` on a busy machine (the default is 30 s).
+        yield from _serving(tmp_path, shared, monkeypatch, "--grace", "20s")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Path:
+    require(_podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
+    where = tmp_path / "dev"
+    where.mkdir()
+    for minor in range(4):
+        os.mknod(where / f"nvidia{minor}", 0o666 | 0o020000, os.makedev(195, minor))
+    return where
+
+
+def _gpuwarden(srv: Server, dev: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PYTHONPATH": SRC,
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUWARDEN_SOCKET": srv.socket,
+        "GPUWARDEN_DEV_DIR": str(dev),
+    }
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(srv.work),
+    )
+
+
+def test_run_through_the_service_passes_the_services_gpu_in(service: Server, dev: Path) -> None:
+    script = "ls -l /proc/self/fd; " + PROBE
+    argv = ["podman", "run", "--rm", "--network=none", IMAGE, "sh", "-c", script]
+    ran = _gpuwarden(service, dev, "run", "--gpus", "2", "--", *argv)
+    assert ran.returncode == 7, ran.stderr  # the container's exit status
+    assert [w for w in ran.stdout.split() if w.startswith("nvidia")] == ["nvidia2"]
+    assert "nvidia2 No such device or address" in ran.stdout  # it may open it
+    assert ".lock" in ran.stdout and ".lease" in ran.stdout  # the service's lease, inside
+
+
+def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Path) -> None:
+    flags = dev.parent / "flags"
+    flags.mkdir()
+    script = 'trap "exit 9" TERM; touch /f/started; while :; do sleep 0.05; done'
+    sub = _gpuwarden(
+        service,
+        dev,
+        "submit",
+        "-g",
+        "1",
+        "--",
+        "podman",
+        "run",
+        "--rm",
+        "-v",
+        f"{flags}:/f",
+        IMAGE,
+        "sh",
+        "-c",
+        script,
+    )
+    assert sub.returncode == 0, sub.stderr
+    job = int(sub.stdout.strip())
+    service.wait_state(job, ("RUNNING",))
+    deadline = time.monotonic() + 60
+    while not (flags / "started").exists():
+        assert time.monotonic() < deadline, service.job(job)
+        time.sleep(0.05)
+    assert _gpuwarden(service, dev, "cancel", str(job)).returncode == 0
+    row = service.wait_state(job, ("CANCELLED", "FAILED", "DONE"), timeout=60)
+    assert row["state"] == "CANCELLED", row
+    deadline = time.monotonic() + 30
+    while True:  # and the container is gone: stopped, and removed (--rm)
+        names = subprocess.run(
+            ["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True
+        ).stdout.split()
+        if not [n for n in names if n.startswith(f"gpuwarden-{job}-")]:
+            break
+        assert time.monotonic() < deadline, names
+        time.sleep(0.1)
+
+
+def test_the_lease_descriptors_a_job_inherited_are_found_by_name(tmp_path: Path) -> None:
+    names = ["GPU-a.lock", "GPU-a.7-1.lease", "GPU-b.lock", "GPU-a.8-1.lease", "other"]
+    fds = {}
+    for name in names:
+        fds[name] = os.open(tmp_path / name, os.O_RDONLY | os.O_CREAT)
+    try:
+        found = lease_fds(["GPU-a"], "7-1")
+        assert found == sorted([fds["GPU-a.lock"], fds["GPU-a.7-1.lease"]])
+    finally:
+        for fd in fds.values():
+            os.close(fd)

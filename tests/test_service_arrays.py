@@ -1,0 +1,144 @@
+"""Job arrays and --param sweeps through the real queue service, as real users.
+
+An array is one `gpuwarden submit --array` and many tasks, each an ordinary job of the
+journal (docs/sweeps.md): these tests submit from the command line as a real user,
+and read what each task did from the files it wrote.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import test_service
+from test_service import Server, _serving, cli_as
+from users import make_user
+
+server = test_service.server
+open_dir = test_service.open_dir
+
+TASK = (
+    'echo "$GPUWARDEN_ARRAY_TASK_ID $SLURM_ARRAY_JOB_ID start $(date +%s.%N)" >> ran.log; '
+    "sleep 0.4; "
+    'echo "$GPUWARDEN_ARRAY_TASK_ID $SLURM_ARRAY_JOB_ID end $(date +%s.%N)" >> ran.log; '
+    'echo "task $GPUWARDEN_ARRAY_TASK_ID"'
+)
+
+
+def tasks_of(srv: Server, array: int) -> list[dict[str, Any]]:
+    """Every task of `array`, active or ended, as the service lists them."""
+    rows = srv.call(None, "queue")["jobs"] + srv.call(None, "jobs", limit=5000)["jobs"]
+    return [r for r in rows if r.get("array_job") == array]
+
+
+def wait_tasks(srv: Server, array: int, count: int, states: tuple[str, ...]) -> list[Any]:
+    deadline = time.monotonic() + 60
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows = tasks_of(srv, array)
+        if len(rows) == count and all(r["state"] in states for r in rows):
+            return rows
+        time.sleep(0.05)
+    raise AssertionError(f"array {array}: {[(r['label'], r['state']) for r in rows]}")
+
+
+def most_at_once(lines: list[str]) -> int:
+    events = []
+    for line in lines:
+        _, _, what, at = line.split()
+        events.append((float(at), 1 if what == "start" else -1))
+    most = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_an_array_runs_each_task_once_within_its_throttle_across_a_restart(
+    server: Server,
+) -> None:
+    alice = make_user("alice", ("lab",))
+    work = Path(server.work)
+    sub = cli_as(
+        server, alice, "submit", "--array", "0-9%3", "--output", "%A_%a.out", "--",
+        "sh", "-c", TASK,
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    array = int(sub.stdout)
+    assert f"array {array} of 10 tasks" in sub.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # half of it has run, some of it is running
+        if sum(r["state"] == "COMPLETED" for r in tasks_of(server, array)) >= 4:
+            break
+        time.sleep(0.05)
+    server.kill(signal.SIGKILL)  # a restart with the array half done
+    server.start()
+    rows = wait_tasks(server, array, 10, ("COMPLETED",))
+    assert sorted(r["array_task"] for r in rows) == list(range(10))
+    lines = (work / "ran.log").read_text().splitlines()
+    starts = sorted(int(line.split()[0]) for line in lines if " start " in line)
+    assert starts == list(range(10)), lines  # each task once, with its own id
+    assert {line.split()[1] for line in lines} == {str(array)}
+    assert most_at_once(lines) <= 3, lines  # never more than its throttle
+    for row in rows:
+        out = work / f"{array}_{row['array_task']}.out"
+        assert out.read_text() == f"task {row['array_task']}\n"
+        assert out.stat().st_uid == alice.uid
+
+
+def test_one_cancel_ends_a_whole_array_and_queue_shows_it_compactly(server: Server) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    sub = cli_as(server, alice, "submit", "--array", "0-19", "--", "sleep", "60")
+    assert sub.returncode == 0, sub.stderr
+    array = int(sub.stdout)
+    deadline = time.monotonic() + 30
+    while sum(r["state"] == "RUNNING" for r in tasks_of(server, array)) < 4:
+        assert time.monotonic() < deadline, tasks_of(server, array)
+        time.sleep(0.05)
+    shown = cli_as(server, bob, "queue").stdout
+    assert f"{array}_[4-19]" in shown and f"{array}_0 " in shown, shown
+    held = cli_as(server, alice, "hold", f"{array}_7")
+    assert held.returncode == 0 and f"held: {array}_7" in held.stdout, held.stderr
+    assert f"{array}_[4-6,8-19]" in cli_as(server, bob, "queue").stdout
+    refused = cli_as(server, bob, "cancel", str(array))
+    assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
+    one = cli_as(server, alice, "cancel", f"{array}_19")
+    assert one.returncode == 0 and f"cancelled: {array}_19" in one.stdout, one.stderr
+    done = cli_as(server, alice, "cancel", str(array))
+    assert done.returncode == 0 and f"cancelled: {array}" in done.stdout, done.stderr
+    rows = wait_tasks(server, array, 20, ("CANCELLED",))
+    assert len(rows) == 20
+    again = cli_as(server, alice, "cancel", str(array))
+    assert again.returncode == 2 and "every task of array" in again.stderr
+
+
+@pytest.fixture
+def limited(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    yield from _serving(tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "3")
+
+
+def test_a_sweep_puts_each_combination_in_its_tasks_environment(limited: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    work = Path(limited.work)
+    over = cli_as(
+        limited, alice, "submit", "--param", "lr=0.1,0.01", "--param", "seed=1,2", "--", "true"
+    )
+    assert over.returncode == 2 and over.stderr == (
+        "gpuwarden submit: this array has 4 tasks; with the 0 jobs you have queued or "
+        "running that is over the 3 allowed (max_jobs_per_user)\n"
+    ), over.stderr
+    sub = cli_as(
+        limited, alice, "submit", "--param", "lr=0.1,0.01", "--array", "%1", "--",
+        "sh", "-c", 'echo "$GPUWARDEN_PARAM_LR $SLURM_ARRAY_TASK_COUNT" > "lr-$GPUWARDEN_PARAM_LR"',
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    wait_tasks(limited, int(sub.stdout), 2, ("COMPLETED",))
+    assert (work / "lr-0.1").read_text() == "0.1 2\n"
+    assert (work / "lr-0.01").read_text() == "0.01 2\n"
+    for spec, said in (("0-", "not a task id"), ("5-1", "ends before"), ("%0", "1 or more")):
+        bad = cli_as(limited, alice, "submit", "--array", spec, "--", "true")
+        assert bad.returncode == 2 and said in bad.stderr and bad.stderr.count("\n") == 1

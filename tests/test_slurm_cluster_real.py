@@ -1,0 +1,210 @@
+"""`gpuwarden slurm cluster` makes a Slurm cluster that really runs: two nodes, each a
+network namespace with its own address, hostname, sshd and simulated 2-GPU machine
+(tests/netns.py), whose facts a real user collects over ssh; slurmctld here and a
+slurmd in each namespace (`slurmd -N`) are then started from the written files alone
+(only their paths chosen by the command's options). A 2-GPU job runs on each node
+under gpuwarden's prolog lease; a job wider than any node is refused by sbatch itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import netns
+from conftest import ROOT, require
+
+require(not netns.missing(), netns.missing() or "no namespaces", module=True)
+from test_slurm_real import _free_port_pair, _missing  # noqa: E402 (skips without Slurm)
+
+require(not _missing(), _missing() or "Slurm missing", module=True)
+
+TWO = """
+description = "2 idle A100 for a Slurm node"
+driver_version = "550.54.15"
+cuda_version = "12.4"
+""" + "".join(
+    f'[[gpu]]\nmodel = "A100-SXM4-80GB"\npci_bus_id = "00000000:{bus}:00.0"\n'
+    for bus in ("07", "0B")
+)
+
+
+class Cluster:
+    def __init__(self, top: Path, lab: netns.SshLab) -> None:
+        self.top, self.lab = top, lab
+        self.conf = top / "conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf / "slurm.conf"))
+
+    def tool(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+
+    def wait(self, what: str, check: Any, deadline: float = 60) -> Any:
+        end = time.monotonic() + deadline
+        while not (got := check()):
+            if time.monotonic() > end:
+                logs = "".join(p.read_text()[-1500:] for p in (self.top / "state").glob("*.log"))
+                raise AssertionError(f"timed out waiting for {what}\n{logs}")
+            time.sleep(0.1)
+        return got
+
+    def state(self, job: str) -> str:
+        out = self.tool("scontrol", "show", "job", "-o", job).stdout
+        return out.split("JobState=", 1)[1].split()[0] if "JobState=" in out else ""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    top = Path(tempfile.mkdtemp(prefix="gw-slurmcluster-"))
+    top.chmod(0o755)
+    (top / "two.toml").write_text(TWO)
+    lab = netns.ssh_lab(top, {"node1": str(top / "two.toml"), "node2": str(top / "two.toml")})
+    made = Cluster(top, lab)
+    try:
+        _configure(made)
+        _start(made)
+        yield made
+    finally:
+        pid = top / "state" / "slurmctld.pid"
+        if pid.exists():
+            made.tool("scancel", "--full", "-u", "root")
+        lab.close()  # every slurmd, sshd and job in the namespaces
+        if pid.exists():
+            subprocess.run(["kill", pid.read_text().strip()], capture_output=True)
+            for _ in range(150):
+                if subprocess.run(["pgrep", "-F", str(pid)], capture_output=True).returncode:
+                    break
+                time.sleep(0.1)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _configure(c: Cluster) -> None:
+    """Fake GPU device files, each node's site settings for the hooks, then the command."""
+    dev = c.top / "dev"
+    dev.mkdir()
+    for i in range(2):
+        os.mknod(dev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
+    (c.top / "env").mkdir()
+    for name in ("node1", "node2"):
+        state = c.top / name
+        settings = {
+            "GPUWARDEN_SIM": str(c.top / "two.toml"),
+            "GPUWARDEN_SIM_STATE": str(state / "sim"),
+            "GPUWARDEN_LEASE_DIR": str(state / "leases"),
+            "GPUWARDEN_STATE_DIR": str(state / "state"),
+            "GPUWARDEN_SYSTEM_CONFIG": str(c.top / "none.toml"),
+            "PYTHONPATH": c.lab.path,
+        }
+        (c.top / "env" / name).write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    c.conf.mkdir()
+    os.chown(c.conf, *_ids(c.lab.user))
+    port = _free_port_pair()
+    controller = f"{socket.gethostname().split('.')[0]}={c.lab.hosts['node1'].peer}"
+    done = c.lab.cli(
+        *("slurm", "cluster", "node1", "node2", "--out", str(c.conf), "--name", "gwtest"),
+        *("--controller", controller, "--state-dir", str(c.top / "state")),
+        *("--conf-dir", str(c.conf), "--slurm-user", "root", "--port", str(port)),
+        *("--dev-dir", str(dev), "--hook-env", f"{c.top}/env/%n", "--no-slurmdbd"),
+        *("--cgroup", _cgroup_version()),
+    )
+    assert done.returncode == 0, done.stderr
+    written = [Path(x).name for x in done.stdout.splitlines() if not x.startswith("next:")]
+    assert sorted(written) == sorted(
+        ["slurm.conf", "gres.conf", "cgroup.conf", "prolog.sh", "epilog.sh", "README"]
+    )
+
+
+def _cgroup_version() -> str:
+    """What this machine runs: v2 where /sys/fs/cgroup is cgroup2, else v1 (a hybrid
+    layout, which Slurm's autodetection does not recognise)."""
+    done = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True)
+    return "v2" if done.stdout.strip() == "cgroup2fs" else "v1"
+
+
+def _ids(user: str) -> tuple[int, int]:
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    return entry.pw_uid, entry.pw_gid
+
+
+def _start(c: Cluster) -> None:
+    """As the README says: the controller's and the nodes' directories, munge, slurmctld,
+    then slurmd on each node (in its namespace, as its NodeName)."""
+    for name in ("slurmctld", "slurmd-node1", "slurmd-node2"):
+        (c.top / "state" / name).mkdir(parents=True)
+    subprocess.run([str(ROOT / "scripts" / "slurm-ci"), "munge"], check=True, capture_output=True)
+    conf = str(c.conf / "slurm.conf")
+    started = c.tool("slurmctld", "-c", "-f", conf)
+    assert started.returncode == 0, started.stderr
+    for name, host in c.lab.hosts.items():
+        host.start(["slurmd", "-D", "-N", name, "-f", conf], c.top / f"slurmd-{name}.out")
+
+    def idle() -> bool:
+        out = c.tool("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()
+        return out == ["node1", "idle", "node2", "idle"]
+
+    c.wait("both nodes idle", idle, deadline=30)
+
+
+def test_the_written_cluster_runs_a_two_gpu_job_on_each_node_and_refuses_a_wider_one(
+    cluster: Cluster,
+) -> None:
+    lines = (cluster.conf / "slurm.conf").read_text().splitlines()
+    # Every setting is under a comment (or a setting that is): each says why it is there.
+    for i, line in enumerate(lines):
+        if line and not line.startswith("#"):
+            above = next(x for x in reversed(lines[:i]) if not x or x.startswith("#") or x)
+            assert above.startswith("#") or "=" in above, line
+    assert "SelectType=select/cons_tres" in lines
+    assert "ConstrainDevices=yes" in (cluster.conf / "cgroup.conf").read_text().splitlines()
+
+    jobs = {}
+    script = (
+        f'. {cluster.top}/env/"$SLURMD_NODENAME"; export GPUWARDEN_SIM GPUWARDEN_SIM_STATE '
+        "GPUWARDEN_LEASE_DIR GPUWARDEN_STATE_DIR GPUWARDEN_SYSTEM_CONFIG PYTHONPATH; "
+        f'echo "$SLURMD_NODENAME $SLURM_JOB_GPUS"; {" ".join(cluster.lab.python)} '
+        "-m gpuwarden status --json"
+    )
+    out = cluster.top / "out"
+    out.mkdir()
+    for node in ("node1", "node2"):
+        done = cluster.tool(
+            *("sbatch", "--parsable", "-w", node, "--gres=gpu:2", "-o", f"{out}/{node}.out"),
+            *("--wrap", script),
+        )
+        assert done.returncode == 0, done.stderr
+        jobs[node] = done.stdout.strip()
+    for node, job in jobs.items():
+        state = cluster.wait(
+            f"job {job} on {node}", lambda j=job: cluster.state(j) in ("COMPLETED", "FAILED")
+        )
+        assert state and cluster.state(job) == "COMPLETED", (out / f"{node}.out").read_text()
+        first, _, rest = (out / f"{node}.out").read_text().partition("\n")
+        assert first.split() == [node, "0,1"]
+        status = json.loads(rest)
+        assert status["hostname"] == node  # ran in that node's namespace
+        leased = [x["job"] for g in status["gpus"] for x in g["leases"]]
+        assert leased == [f"slurm-{job}"] * 2, status["gpus"]  # the generated prolog's lease
+
+    wide = cluster.tool("sbatch", "--gres=gpu:3", "--wrap", "true")
+    assert wide.returncode != 0
+    assert "Requested node configuration is not available" in wide.stderr
+
+
+def test_a_node_that_cannot_answer_is_named_and_nothing_is_written(cluster: Cluster) -> None:
+    target = cluster.top / "again"
+    nobody = cluster.lab.hosts["node2"].peer  # this namespace's end: no sshd listens there
+    done = cluster.lab.cli("slurm", "cluster", "node1", nobody, "--out", str(target))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"gpuwarden slurm: cannot describe every node: {nobody}: ssh: ")
+    assert not target.exists()

@@ -143,6 +143,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service",
             "service.admission",
             "service.arrays",
+            "service.attachment",
             "service.connection",
             "service.install",
             "service.journalguard",

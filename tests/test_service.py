@@ -291,6 +291,81 @@ def test_a_job_past_its_time_gets_term_then_kill(server: Server) -> None:
     assert server.wait_state(stubborn, ("TIMEOUT",), timeout=30)["signal"] == signal.SIGKILL
 
 
+#: A job of three processes (sh, and two children) that notes each SIGTERM or USR1 each
+#: of them gets, by pid, and keeps running: only SIGKILL ends it.
+COUNTING = (
+    "import os, signal, sys, time\n"
+    "log = sys.argv[1]\n"
+    "def note(n, _f):\n"
+    "    with open(log, 'a') as f: f.write(f'{os.getpid()} {n}\\n')\n"
+    "signal.signal(signal.SIGTERM, note)\n"
+    "signal.signal(signal.SIGUSR1, note)\n"
+    "role = 'up'\n"
+    "for _ in range(2):\n"
+    "    if os.fork() == 0: break\n"
+    "else: role = 'up-first'\n"
+    "with open(log, 'a') as f: f.write(f'{os.getpid()} {role}\\n')\n"
+    "while True: time.sleep(0.01)\n"
+)
+
+
+def _noted(path: Path, count: int, timeout: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or len(path.read_text().splitlines()) < count:
+        assert time.monotonic() < deadline, path.read_text() if path.exists() else "no log"
+        time.sleep(0.02)
+    return path.read_text().splitlines()
+
+
+def test_at_its_time_limit_each_process_gets_one_sigterm_then_sigkill(server: Server) -> None:
+    """Issue 23: SIGTERM went through the cgroup and the process group, so twice to
+    each process; a job that takes a second one for "abort now" lost its checkpoint."""
+    alice = make_user("alice", ("lab",))
+    log = server.work / "terms.log"
+    # Long enough for its handlers to be in place on a loaded machine.
+    job = submit(server, alice, [USER_PY, "-c", COUNTING, str(log)], time_limit=4.0)
+    row = server.wait_state(job, ("TIMEOUT",))
+    assert row["signal"] == signal.SIGKILL  # it ignored SIGTERM: killed after the grace
+    lines = _noted(log, 6)
+    pids = {ln.split()[0] for ln in lines if " up" in ln}
+    terms = sorted(ln.split()[0] for ln in lines if ln.endswith(f" {int(signal.SIGTERM)}"))
+    assert len(pids) == 3 and terms == sorted(pids), lines
+
+
+def test_signal_before_the_time_limit_as_slurm(server: Server) -> None:
+    """`--signal=USR1@SECONDS` (Slurm's): USR1, once to every process, that long before
+    the limit; with `B:`, to the job's first process only."""
+    alice = make_user("alice", ("lab",))
+    every, first = server.work / "every.log", server.work / "first.log"
+    jobs = [
+        submit(
+            server,
+            alice,
+            [USER_PY, "-c", COUNTING, str(path)],
+            time_limit=30.0,
+            signal={"number": int(signal.SIGUSR1), "before": 29.0, "batch": batch},
+        )
+        for path, batch in ((every, False), (first, True))
+    ]
+    usr1, term = f" {int(signal.SIGUSR1)}", f" {int(signal.SIGTERM)}"
+    _noted(every, 6)
+    _noted(first, 4)
+    assert server.job(jobs[0])["reason"] == "signalled"
+    server.call(None, "cancel", jobs=jobs)  # one SIGTERM each: after any other signal
+    for path, receivers in ((every, 3), (first, 1)):
+        lines = _noted(path, 3 + receivers + 3)
+        assert len([ln for ln in lines if ln.endswith(term)]) == 3, lines
+        got = [ln.split()[0] for ln in lines if ln.endswith(usr1)]
+        firsts = [ln.split()[0] for ln in lines if ln.endswith("up-first")]
+        assert len(got) == receivers and (receivers == 3 or got == firsts), lines
+    assert (
+        "--signal needs --time"
+        in server.call(alice, "submit", argv=["true"], cwd="/", signal={"number": 10, "before": 5})[
+            "error"
+        ]
+    )
+
+
 def test_running_jobs_survive_a_service_kill_and_are_readopted(server: Server) -> None:
     alice = make_user("alice", ("lab",))
     job = submit(server, alice, ["sh", "-c", "sleep 1.5; exit 7"])
@@ -328,18 +403,20 @@ fields = json.loads(sys.argv[2])
 fields["cwd"] = os.getcwd()
 fields["env"] = dict(os.environ)
 try:
-    sys.exit(run_attached(fields, sys.argv[1]))
+    sys.exit(run_attached(fields, sys.argv[1], reconnect=float(sys.argv[3])))
 except UserError as err:
     print("gpuwarden run: " + str(err), file=sys.stderr)
     sys.exit(2)
 """
 
 
-def attached(srv: Server, who: Person, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
+def attached(
+    srv: Server, who: Person, argv: list[str], reconnect: float = 60, **popen: Any
+) -> subprocess.Popen[str]:
     env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
     fields = json.dumps({"argv": argv, "request": {"count": 1}})
     return subprocess.Popen(
-        [USER_PY, "-c", ATTACHED, srv.socket, fields],
+        [USER_PY, "-c", ATTACHED, srv.socket, fields, str(reconnect)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -382,6 +459,87 @@ def test_an_attached_job_ends_when_its_client_is_killed(server: Server) -> None:
     proc.kill()
     proc.wait(10)
     assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+
+
+def _attached_again(srv: Server, times: int, timeout: float = 30) -> None:
+    """Wait until the service's log says an attached client came back `times` times."""
+    deadline = time.monotonic() + timeout
+    while srv.log.read_text().count("its client attached again") < times:
+        assert time.monotonic() < deadline, srv.log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def test_an_attached_run_outlives_sigterm_and_sigkill_restarts(server: Server) -> None:
+    """Issue 23: a restart of the service ends no attached job. The job keeps its
+    terminal, the client attaches again after each restart, Ctrl-C reaches the job
+    after both, and the client exits with the job's own status."""
+    alice = make_user("alice", ("lab",))
+    flag = server.work / "go"
+    script = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+        "print('still here', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    (job,) = [r["id"] for r in server.call(None, "queue")["jobs"]]
+    server.kill(signal.SIGTERM)
+    server.start()
+    _attached_again(server, 1)
+    server.kill(signal.SIGKILL)
+    server.start()
+    _attached_again(server, 2)
+    assert server.job(job)["state"] == "RUNNING"
+    flag.touch()
+    assert proc.stdout.readline() == "still here\n"  # its terminal is still the client's
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 42, proc.stderr.read() if proc.stderr else ""
+    assert server.wait_state(job, ("FAILED",))["exit_code"] == 42
+
+
+def test_a_waiting_attached_run_starts_after_a_restart_and_ctrl_c_gives_130(
+    server: Server,
+) -> None:
+    """A job still waiting when the service restarts starts once its client is back (it
+    passes its terminal again); Ctrl-C while one waits ends it with 130, as in a shell."""
+    alice = make_user("alice", ("lab",))
+    blocker = submit(server, alice, ["sleep", "60"], request={"count": 4})
+    server.wait_state(blocker, ("RUNNING",))
+    proc = attached(server, alice, ["sh", "-c", "echo started; exit 3"])
+    waiting = attached(server, alice, ["true"])
+    deadline = time.monotonic() + 30
+    while len(server.call(None, "queue")["jobs"]) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    server.kill(signal.SIGKILL)
+    server.start()
+    _attached_again(server, 2)
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(30) == 130
+    server.call(None, "cancel", jobs=[blocker])
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (3, "started\n"), err
+
+
+def test_a_client_whose_service_never_returns_says_so_and_its_job_ends_later(
+    server: Server,
+) -> None:
+    alice = make_user("alice", ("lab",))
+    proc = attached(server, alice, ["sh", "-c", "echo ready; exec sleep 60"], reconnect=0.5)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    (job,) = [r["id"] for r in server.call(None, "queue")["jobs"]]
+    server.kill(signal.SIGKILL)
+    assert proc.wait(30) == 2
+    server.start()  # finds the client gone: the job ends as if its shell had died
+    assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
+    _, err = proc.communicate(timeout=30)  # the job held the pipes until now
+    assert err.strip().splitlines() == [
+        f"gpuwarden run: lost the service at {server.socket} and it did not come back "
+        f"within 0.5s (service.reconnect); job {job} is ended when it does"
+    ]
 
 
 def test_owners_are_told_when_their_job_ends(

@@ -7,7 +7,10 @@ started again at random moments, at least 20 times. Afterwards:
   log, under the id the service gave it) and no other job ran;
 - no two jobs ever shared a GPU, except jobs that both declared `mem` and fit
   together (intervals recorded by the jobs themselves with `date +%s%N`);
-- no running job was killed by a restart: every job ended COMPLETED with exit 0.
+- no running job was killed by a restart: every job ended COMPLETED with exit 0;
+- attached jobs (`gpuwarden run` through the service) among them outlive the kills
+  too: each client exits with its job's status, and a submit whose answer a kill
+  lost (the client submits again) left a copy that never ran.
 
 The moments of the kills and the mix of jobs come from one seed, printed at the
 start and in every failure: `GPUWARDEN_STRESS_SEED=N pytest -k stress` replays it.
@@ -128,6 +131,33 @@ for n, (tag, count, mem) in enumerate(plan["jobs"]):
                 ids[tag] = job
 print(json.dumps({"ids": ids, "retries": retries}))
 """
+
+
+#: One attached client per user, as that user, its stdout appended to its own log:
+#: `gpuwarden run`'s way (run_attached) of running ATTACHED jobs one after another
+#: through the kills. Each must exit with its job's status (0); a client never hangs
+#: (the test's deadline) and never gives up (its reconnect bound is the test's).
+ATTACHED_CLIENT = r"""
+import json, sys, time
+from gpuwarden.errors import UserError
+from gpuwarden.service.client import run_attached
+sock, plan = sys.argv[1], json.loads(sys.argv[2])
+for tag in plan["tags"]:
+    fields = dict(argv=["sh", "-c", plan["script"], "job", tag], cwd=plan["work"],
+                  env={"PATH": "/usr/bin:/bin"}, request={"count": 1})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            status = run_attached(fields, sock, reconnect=120, quiet=True)
+            break
+        except UserError as err:  # killed before the submit: nothing was recorded
+            if "does not answer" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+    if status != 0:
+        raise SystemExit(f"attached job {tag} exited {status}")
+"""
+ATTACHED = 10  # per user
 
 
 class Service:
@@ -287,6 +317,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
     service = Service(open_dir, work, str(open_dir / "sock" / "gpuwarden.sock"))
     plans = {u: job_plan(rng, u, JOBS // len(USERS)) for u in USERS}
     clients: dict[str, subprocess.Popen[str]] = {}
+    runners: dict[str, subprocess.Popen[str]] = {}
     service.start()
     service.ready()
     try:
@@ -306,6 +337,22 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
                 preexec_fn=_become(person),
                 cwd=str(work),
             )
+            attached_plan = {
+                "script": JOB,
+                "work": str(work),
+                "tags": [f"{user}-a{i}" for i in range(ATTACHED)],
+            }
+            with open(work / f"{user}-attached.log", "ab") as log:
+                runners[user] = subprocess.Popen(
+                    [USER_PY, "-c", ATTACHED_CLIENT, service.socket, json.dumps(attached_plan)],
+                    env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    preexec_fn=_become(person),
+                    cwd=str(work),
+                )
         # KILLS kills at random moments while the clients submit and jobs run: each
         # restart first serves (answers), then lives a random 0.05-2 s, so the service
         # spends most of the run serving rather than starting up.
@@ -319,6 +366,9 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
         outputs = {u: c.communicate(timeout=600) for u, c in clients.items()}
         for user, (_out, err) in outputs.items():
             assert clients[user].returncode == 0, f"seed {seed}: client {user}: {err[-2000:]}"
+        for user, runner in runners.items():
+            _, err = runner.communicate(timeout=300)
+            assert runner.returncode == 0, f"seed {seed}: attached {user}: {err[-2000:]}"
         ids: dict[str, int] = {}
         for out, _err in outputs.values():
             ids.update(json.loads(out)["ids"])
@@ -329,7 +379,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
             assert time.monotonic() < deadline, f"seed {seed}: jobs never ended\n{service.tail()}"
             time.sleep(0.2)
     finally:
-        for c in clients.values():
+        for c in (*clients.values(), *runners.values()):
             if c.poll() is None:
                 c.kill()
         if service.proc and service.proc.poll() is None:
@@ -340,8 +390,27 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
         j.id: {"state": j.state, "exit_code": j.exit_code, "error": j.error, "gpus": j.gpus}
         for j in journal.jobs(st.ACTIVE + st.ENDED)
     }
+    # Attached jobs whose submit answer a kill lost: submitted again by their client;
+    # the copy never started and was cancelled.
+    unanswered = {
+        j.id
+        for j in journal.jobs(st.ENDED)
+        if j.attached and j.state == st.CANCELLED and j.started is None
+    }
     journal.close()
+    for i in unanswered:
+        del rows[i]
     tags = {tag: (count, mem) for plan in plans.values() for tag, count, mem in plan}
+    attached_lines = []
+    for user in USERS:
+        text = (work / f"{user}-attached.log").read_text()
+        stray = [ln for ln in text.splitlines() if not ln.startswith("J ")]
+        assert not stray, f"seed {seed}: {user}'s attached jobs wrote {stray[:5]}"
+        attached_lines += text.splitlines()
+        for i in range(ATTACHED):
+            tags[f"{user}-a{i}"] = (1, None)
+    for line in attached_lines:
+        ids.setdefault(line.split()[2], int(line.split()[1]))
     assert sorted(ids) == sorted(tags), f"seed {seed}: a submission was lost"
     assert len(set(ids.values())) == len(ids), f"seed {seed}: two tags share a job id"
     assert sorted(rows) == sorted(ids.values()), f"seed {seed}: the journal has other jobs"
@@ -354,6 +423,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
         stray = [ln for ln in text.splitlines() if not ln.startswith("J ")]
         assert not stray, f"seed {seed}: {user}'s jobs wrote {stray[:5]}"
         lines += text.splitlines()
+    lines += attached_lines
     wrong = [ln for ln in lines if ids.get(ln.split()[2]) != int(ln.split()[1])]
     assert not wrong, f"seed {seed}: jobs ran under another id: {wrong[:5]}"
     mem_of = {ids[tag]: tags[tag][1] for tag in ids}

@@ -255,6 +255,14 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
     Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
     Key(
+        "service.reconnect",
+        "seconds",
+        300.0,
+        "how long an attached `run` waits for a restarted service",
+        low=0,
+        above=True,
+    ),
+    Key(
         "enforce.devices",
         "choice",
         "auto",

@@ -104,6 +104,42 @@ def add_time_option(parser: Declared) -> None:
         help="time limit, with the queue service or --slurm: SIGTERM at T, SIGKILL after a "
         "grace; a bare number is minutes, as in Slurm (90, 1:30:00, 2-00, 30m, 4h)",
     )
+    parser.add_argument(
+        "--signal",
+        metavar="[B:]SIG[@SECONDS]",
+        help="with --time: send SIG that many seconds (60) before the limit, as Slurm's "
+        "--signal; B: only to the job's first process (USR1@120, B:TERM@300)",
+    )
+
+
+def warning_of(args: argparse.Namespace) -> Optional[dict[str, Any]]:
+    """`--signal=[B:]SIG[@SECONDS]` as the queue service takes it, read as Slurm reads it:
+    SIG a name (USR1, SIGUSR1) or a number, SECONDS 60 when left out."""
+    import signal
+
+    text = getattr(args, "signal", None)
+    if text is None:
+        return None
+    spec, batch = text, False
+    if spec[:2].upper() == "B:":
+        spec, batch = spec[2:], True
+    name, _, seconds = spec.partition("@")
+    bad = UserError(
+        f"invalid --signal {text!r}: expected [B:]SIG[@SECONDS], e.g. USR1@120 or B:TERM@300"
+    )
+    if name.isdigit():
+        number = int(name)
+    else:
+        upper = name.upper()
+        member = getattr(signal.Signals, upper if upper.startswith("SIG") else "SIG" + upper, None)
+        if member is None:
+            raise bad
+        number = int(member)
+    if not 1 <= number <= 64 or (seconds and not seconds.isdigit()):
+        raise bad
+    if args.time is None:
+        raise UserError("--signal needs --time: its signal comes that long before the limit")
+    return {"number": number, "before": float(seconds or 60), "batch": batch}
 
 
 def add_slurm_options(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:

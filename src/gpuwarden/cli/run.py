@@ -138,7 +138,9 @@ def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: lis
 
         argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
     limit = None if args.time is None else parse_time_limit(args.time)
-    fields = job_fields(request, argv, time_limit=limit)
+    from gpuwarden.cli.filters import warning_of
+
+    fields = job_fields(request, argv, time_limit=limit, warning=warning_of(args))
     fields["wait"] = bool(conf.get("run.wait"))
     return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))
 

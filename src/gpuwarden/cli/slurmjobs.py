@@ -75,7 +75,7 @@ def run_attached(args: argparse.Namespace) -> int:
             "run --mem declares a share of a GPU on this machine; Slurm has no such share "
             "(for host memory use `gpuwarden submit --slurm --mem`)"
         )
-    for name in ("wait", "timeout", "nproc"):
+    for name in ("wait", "timeout", "nproc", "signal"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} applies to this machine's GPUs, not with --slurm")
     if getattr(args, "cpu", False):

@@ -104,6 +104,7 @@ def submit_local(args: argparse.Namespace) -> int:
         hold=args.hold,
         nice=nice,
         output=args.output,
+        warning=filters.warning_of(args),
     )
     tasks = 0
     if args.array is not None or args.param:
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--output is empty: name a file, or leave it out for the default")
     if not args.slurm:
         return submit_local(args)
-    for name in ("after", "hold", "nice", "param"):
+    for name in ("after", "hold", "nice", "param", "signal"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     if args.array is not None:

@@ -176,33 +176,45 @@ def run_attached(
     path: Optional[str] = None,
     timeout: Optional[float] = None,
     quiet: bool = False,
+    reconnect: Optional[float] = None,
 ) -> int:
     """Submit a job that runs on this terminal, as `gpuwarden run` does without the
     service: its output is ours (our stdin, stdout and stderr are passed to the
     service with the request), Ctrl-C and other signals we get are passed on to the
     job, and the job's exit status is returned. While it waits for GPUs, one line
-    says why; after `timeout` seconds of waiting it is cancelled (exit 75). If the
-    connection is lost (the service restarted), the job runs on; we reconnect and
-    wait for its end."""
+    says why; after `timeout` seconds of waiting it is cancelled (exit 75).
+
+    A restart of the service ends no job: when the connection is lost we reconnect
+    for up to `reconnect` seconds (`service.reconnect`) and attach to the job again,
+    passing our terminal once more (a job still waiting needs it); signals that came
+    in the gap are passed on then. A service that does not come back is said in one
+    line; the job is then ended by the service when it returns and finds us gone."""
     import signal
     import time
 
+    if reconnect is None:
+        from gpuwarden import config
+
+        reconnect = float(config.load().get("service.reconnect"))
     client = require(path)
-    message = {"v": protocol.VERSION, "op": "submit", "attached": True, **fields}
-    socket.send_fds(client.sock, [protocol.encode(message)], [0, 1, 2])
-    reply = client.receive()
+    request = {"op": "submit", "attached": True, **fields}
+    client, reply = _ask_with_terminal(client, request, reconnect)
     if not reply.get("ok"):
         client.close()
         raise UserError(str(reply.get("error") or "the service refused the job"))
     job = int(reply["job"])
-    state: dict[str, Any] = {"client": client}
+    state: dict[str, Any] = {"client": client, "missed": []}
 
-    def send(op: str, **more: Any) -> None:
-        with contextlib.suppress(OSError, UserError):
+    def send(op: str, **more: Any) -> bool:
+        try:
             state["client"].sock.sendall(protocol.encode({"v": protocol.VERSION, "op": op, **more}))
+        except OSError:
+            return False
+        return True
 
     def forward(signum: int, _frame: object) -> None:
-        send("signal", job=job, signal=signum)
+        if not send("signal", job=job, signal=signum):
+            state["missed"].append(signum)  # passed on once we are attached again
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     previous = {s: signal.signal(s, forward) for s in forwarded}
@@ -230,9 +242,9 @@ def run_attached(
                 continue
             except UserError:
                 state["client"].close()
-                status = _wait_after_reconnect(job, path, state)
-                if status is not None:
-                    return status
+                state["client"] = _reattach(job, state["client"], reconnect)
+                while state["missed"]:
+                    send("signal", job=job, signal=state["missed"].pop(0))
                 continue
             if event.get("event") == "started":
                 started = True
@@ -265,40 +277,54 @@ def _reason(job: int, path: Optional[str]) -> str:
     return "queued"
 
 
-def _wait_after_reconnect(job: int, path: Optional[str], state: dict[str, Any]) -> Optional[int]:
-    """After a lost connection: reconnect (the service may be restarting) and poll the
-    job until it has ended; its status from the journal."""
+def _ask_with_terminal(
+    client: Client, request: dict[str, Any], within: float
+) -> tuple[Client, dict[str, Any]]:
+    """Send `request` with our stdin, stdout and stderr and read its answer; a
+    connection lost on the way (the service restarting) is made again and the request
+    sent again, for up to `within` seconds. A submit whose answer was lost may have
+    been recorded: that copy never starts (no terminal came with it) and is cancelled
+    once we are gone (service.attachment)."""
     import time
 
+    deadline = time.monotonic() + within
+    pause = 0.05
     while True:
-        client = connect(path)
-        if client is None:
-            time.sleep(0.2)
-            continue
-        state["client"] = client
         try:
-            while True:
-                rows = client.call("queue", ids=[job])["jobs"]
-                rows += client.call("jobs", ids=[job])["jobs"]
-                row = next((r for r in rows if r["id"] == job), None)
-                if row is None or row["state"] not in ("PENDING", "STARTING", "RUNNING"):
-                    return _status_of(row)
-                time.sleep(0.2)
-        except UserError:
+            message = protocol.encode({"v": protocol.VERSION, **request})
+            socket.send_fds(client.sock, [message], [0, 1, 2])
+            return client, client.receive()
+        except (UserError, OSError):
             client.close()
-            time.sleep(0.2)
+        while True:
+            if time.monotonic() >= deadline:
+                raise UserError(
+                    f"lost the service at {client.path} and it did not come back within "
+                    f"{within:g}s (service.reconnect)"
+                    + (f"; job {request['job']} is ended when it does" if "job" in request else "")
+                )
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+            again = None
+            wait = max(1.0, min(30.0, deadline - time.monotonic()))
+            with contextlib.suppress(UserError, OSError):
+                again = connect(client.path, timeout=wait)
+            if again is not None:
+                client = again
+                break
 
 
-def _status_of(row: Optional[dict[str, Any]]) -> int:
-    if row is None:
-        return 1
-    if row.get("signal"):
-        return 128 + int(row["signal"])
-    if row.get("exit_code") is not None:
-        return int(row["exit_code"])
-    if row.get("error"):
-        print(f"gpuwarden run: job {row['id']}: {row['error']}", file=sys.stderr)
-    return 1 if row.get("state") != "CANCELLED" else 143
+def _reattach(job: int, client: Client, within: float) -> Client:
+    """A connection attached to `job` again (the service restarted; it takes seconds);
+    the answer's event, if any (the job started or ended meanwhile), is left for the
+    caller's next `receive`."""
+    client, reply = _ask_with_terminal(client, {"op": "attach", "job": job}, within)
+    if not reply.get("ok"):
+        client.close()
+        raise UserError(f"job {job}: {reply.get('error') or 'the service refused it'}")
+    if reply.get("event"):
+        client.pending.append(reply)
+    return client
 
 
 def job_fields(
@@ -310,6 +336,7 @@ def job_fields(
     hold: bool = False,
     nice: int = 0,
     output: Optional[str] = None,
+    warning: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """A submit request for `argv` with a `selection.Request`'s GPU wishes, in this
     process's working directory, environment and umask (what the job runs with)."""
@@ -341,6 +368,8 @@ def job_fields(
         fields["after"] = list(after)
     if output is not None:
         fields["output"] = os.path.abspath(output)
+    if warning is not None:
+        fields["signal"] = warning
     return fields
 
 

@@ -55,14 +55,18 @@ def claim(pid: int, parent: int) -> Optional[int]:
 
 
 def signal_group(pidfd: int, pgid: int, sig: int) -> bool:
-    """`sig` to the job's first process (through its pidfd) and, while it has not
-    exited, to its process group; False when it has exited (nothing was sent)."""
+    """`sig` once to each process of the job's process group while its first process
+    has not exited (its number is the group's then); to that process alone, through its
+    pidfd, when the group is gone (it left it). Both would give the first process two:
+    a job that takes a second SIGINT or SIGTERM for "abort now" would lose its
+    checkpoint. False when it has exited (nothing was sent)."""
     if exited(pidfd):
         return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)  # the leader is alive: the group with its number is the job's
+        return True
     try:
         signal.pidfd_send_signal(pidfd, sig)
     except ProcessLookupError:
         return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)  # the leader is alive: the group with its number is the job's
     return True

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import arrays, jobprocess, spawn, store
+from gpuwarden.service import arrays, attachment, jobprocess, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuwarden.serve")
 
+SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-empty
 
 
@@ -54,6 +55,8 @@ class Lifecycle:
     read_snapshot: Callable[[], Any]
     _priorities: dict[int, float]
     _estimates: dict[int, Optional[float]]
+    orphans: dict[int, tuple[float, attachment.ClientProcess]]  # attached jobs left by a restart
+    attached: dict[int, Any]
 
     if TYPE_CHECKING:  # provided by Service and Requests
 
@@ -71,14 +74,6 @@ class Lifecycle:
         A recorded supervisor still alive is watched; when it ends, its exit record
         says how the job ended, and its absence with no marker means it never started.
         """
-        for job in self.store.jobs([store.PENDING]):
-            if job.attached:  # its client's terminal went with the old service
-                self.store.update(
-                    job.id,
-                    state=store.CANCELLED,
-                    ended=time.time(),
-                    error="the service restarted before it started; submit it again",
-                )
         for job in self.store.jobs([store.STARTING, store.RUNNING]):
             marker = spawn.read_marker(self.exits, str(job.id))
             ended = spawn.read_exit_record(self.exits, str(job.id))
@@ -92,6 +87,8 @@ class Lifecycle:
                 pid = (marker or {}).get("pid") or job.pid
                 self.store.update(job.id, pid=pid)
                 self._watch(job.id, job.supervisor, pid)
+                if job.reason in ("time limit", "cancelling"):  # SIGTERM was sent: not again
+                    self.termed[job.id] = time.monotonic()
                 log.info("re-adopted job %s", job.id)
             elif marker is None:
                 self._requeue(job)
@@ -99,9 +96,42 @@ class Lifecycle:
                 self._finish(
                     job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
                 )
+        for job in self.store.jobs(store.ACTIVE):
+            if not job.attached:
+                continue
+            # Its client reconnects (`attach`) unless it died meanwhile, or never learnt
+            # the job's number (a submit recorded, its answer not sent: not started).
+            client = attachment.read_client(self.exits, str(job.id))
+            if client is None and job.state == store.PENDING:
+                self.store.update(
+                    job.id,
+                    state=store.CANCELLED,
+                    ended=time.time(),
+                    error="the service restarted before it answered the submit",
+                )
+                continue
+            client = client or attachment.ClientProcess(0, -1)
+            self.orphans[job.id] = (time.monotonic() + attachment.REATTACH_WITHIN, client)
         self.sweep_cgroups()
         self._litter_of_ended_jobs()
         self.pacer.wake()
+
+    def _end_orphans(self) -> None:
+        """Attached jobs whose client has not come back after a restart: ended once the
+        client is known dead, or after `REATTACH_WITHIN` (its client gave up before)."""
+        now = time.monotonic()
+        for job_id, (deadline, client) in list(self.orphans.items()):
+            alive = client.alive()
+            if job_id in self.attached or (alive is not False and now < deadline):
+                continue
+            del self.orphans[job_id]
+            job = self.store.get(job_id)
+            if job is not None and job.state in store.ACTIVE:
+                why = "died" if alive is False else "did not come back"
+                log.info(
+                    "job %s: its attached client %s after a restart; cancelling it", job_id, why
+                )
+                self._cancel(job)
 
     def _litter_of_ended_jobs(self) -> None:
         """Exit records and markers of jobs the journal has ended (a service killed
@@ -113,7 +143,8 @@ class Lifecycle:
             return
         for name in names:
             job, dot, suffix = name.partition(".")
-            ours = dot and "." + suffix in (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX)
+            suffixes = (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX, attachment.CLIENT_SUFFIX)
+            ours = dot and "." + suffix in suffixes
             if ours and is_digits(job) and job not in active:
                 self.litter.append(os.path.join(self.exits, name))
         self.remove_litter()
@@ -134,25 +165,27 @@ class Lifecycle:
         return job_dirs(scope_of(self.exits), str(job_id), mode)
 
     def signal(self, job: store.Job, sig: int) -> bool:
-        """`sig` to every process of the job: its cgroup's (however they detached), or,
-        where it has no cgroup, every process below its supervisor (service.tree: what
-        detached was re-parented there); and its process group's while its first process
-        lives. Never to a stored pid number (service.jobprocess, service.tree). False:
-        nothing of the job was there to signal."""
-        sent = False
+        """`sig` once to every process of the job: its cgroup's (however they detached),
+        else, while its supervisor runs, every process below it (service.tree: what
+        detached was re-parented there), else its process group's while its first
+        process lives. Once: a job that takes a second SIGTERM for "abort now" would
+        lose its checkpoint. Never to a stored pid number (service.jobprocess,
+        service.tree). False: nothing of the job was there to signal."""
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
-            sent = bool(signal_dirs(dirs, sig))
+            if signal_dirs(dirs, sig):
+                return True
         elif job.supervisor and self._supervising(job.id):
             from gpuwarden.service.tree import signal_tree
 
-            sent = signal_tree(job.supervisor, sig) > 0
+            if signal_tree(job.supervisor, sig):
+                return True
         pidfd = self.processes.get(job.id)
         if pidfd is not None and job.pid:
-            sent = jobprocess.signal_group(pidfd, job.pid, sig) or sent
-        return sent
+            return jobprocess.signal_group(pidfd, job.pid, sig)
+        return False
 
     def _supervising(self, job_id: int) -> bool:
         """Whether the job's supervisor still runs: its pidfd (taken at start or adoption)
@@ -205,10 +238,13 @@ class Lifecycle:
             job.id, state=store.PENDING, gpus=(), started=None, supervisor=None, pid=None
         )
 
-    def _cancel(self, job: store.Job) -> None:
+    def _cancel(self, job: store.Job, sig: int = SIGTERM) -> None:
+        """End `job`: a waiting one at once (its attached client exits 128+`sig`, as a
+        shell's command would for the Ctrl-C that cancelled it), a running one by SIGTERM,
+        then SIGKILL after the grace period."""
         if job.state == store.PENDING:
             self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
-            self._ended_attached(job.id, None)
+            self._ended_attached(job.id, None, sig=sig)
         elif job.pid:
             self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
@@ -222,17 +258,24 @@ class Lifecycle:
         self._ended_attached(job.id, None, quiet=True)
 
     def _ended_attached(
-        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False
+        self,
+        job_id: int,
+        ended: Optional[spawn.Ended],
+        quiet: bool = False,
+        sig: int = SIGTERM,
     ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
         if not quiet:
-            status = 128 + signal.SIGTERM if ended is None else ended.shell_status
+            status = 128 + sig if ended is None else ended.shell_status
             error = "cancelled before it started" if ended is None else ended.error
             self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
         client = self.attached.pop(job_id, None)
         if client is not None:
             client.job = None
         self.release_stdio(job_id)
+        self.orphans.pop(job_id, None)
+        if ended is None:  # ended before it started: no exit record to remove later
+            attachment.forget_client(self.exits, str(job_id))
 
     def schedule(self) -> None:
         """Plan, and start whatever the plan says starts; keep what stays free (`free`)
@@ -240,7 +283,11 @@ class Lifecycle:
         from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, start_job
 
-        pending = self.store.jobs([store.PENDING])
+        # An attached job whose client has not come back after a restart has no
+        # terminal to start on: it waits for its client.
+        pending = [
+            j for j in self.store.jobs([store.PENDING]) if not j.attached or j.id in self.stdio
+        ]
         if not pending:
             self.free = None  # not known: the next submit plans at once
             return
@@ -389,9 +436,8 @@ class Lifecycle:
         self.termed.pop(job.id, None)
         # Removed once the next jobs have started (`remove_litter`): not on the way from
         # a freed GPU to the next start. A restart removes what a killed service left.
-        self.litter.extend(
-            name(self.exits, str(job.id)) for name in (spawn.exit_record_path, spawn.marker_path)
-        )
+        paths = (spawn.exit_record_path, spawn.marker_path, attachment.client_path)
+        self.litter.extend(name(self.exits, str(job.id)) for name in paths)
         self._ended_attached(job.id, ended)
         self.notifier.notify(
             {
@@ -412,6 +458,24 @@ class Lifecycle:
         log.info("job %s ended: %s", job.id, state)
         self.pacer.wake()
 
+    def _warn(self, job: store.Job, now: float) -> None:
+        """Slurm's --signal: its signal, once, `before` seconds ahead of the time limit
+        (the journal's reason says it was sent, also to a restarted service)."""
+        warning = job.request.get("signal")
+        if not warning or job.time_limit is None or not job.pid or job.reason is not None:
+            return
+        number, before, batch = warning
+        if now < (job.started or now) + job.time_limit - before:
+            return
+        pidfd = self.processes.get(job.id)
+        if batch and pidfd is not None and not jobprocess.exited(pidfd):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, number)
+        elif not batch:
+            self.signal(job, number)
+        self.store.update(job.id, durable=False, reason="signalled")
+        log.info("job %s: signal %s, %gs before its time limit", job.id, number, before)
+
     def remove_litter(self) -> None:
         """Remove the exit records and markers of jobs whose end is committed, once
         that commit is on disk: until then a power cut would leave the journal
@@ -424,6 +488,8 @@ class Lifecycle:
         self.litter.clear()
 
     def _enforce_time_limits(self) -> None:
+        if self.orphans:
+            self._end_orphans()
         now = time.time()
         if now - getattr(self, "_swept", 0.0) >= SWEEP_EVERY:  # on the loop's tick
             self._swept = now
@@ -440,6 +506,8 @@ class Lifecycle:
             sent = self.termed.get(job.id)
             if sent is not None and job.pid and time.monotonic() - sent >= self.settings.grace:
                 self.signal(job, signal.SIGKILL)  # a cancel or limit ignored SIGTERM
+        for job in running:
+            self._warn(job, now)
         views = [
             scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
             for j in running

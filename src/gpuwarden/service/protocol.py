@@ -52,6 +52,7 @@ OPS = (
     "share",
     "signal",
     "stats",
+    "attach",
 )
 
 
@@ -270,6 +271,9 @@ class Submit:
     output: Optional[str] = None
     attached: bool = False
     wait: bool = True  # False: start now or not at all (`run` without --wait)
+    # Slurm's --signal=[B:]SIG@SECONDS: (signal, seconds before the time limit, only the
+    # job's first process rather than all of them)
+    warning: Optional[tuple[int, float, bool]] = None
     array: Optional[str] = None  # sbatch's --array (service.arrays reads it)
     params: tuple[str, ...] = ()  # --param NAME=V1,V2: one task per combination
 
@@ -351,8 +355,22 @@ def submit(message: Mapping[str, Any]) -> Submit:
         output=_optional(message.get("output"), _path, "output"),
         attached=_bool(message.get("attached", False), "attached"),
         wait=_bool(message.get("wait", True), "wait"),
+        warning=_optional(message.get("signal"), warning),
         array=_optional(message.get("array"), _string, "array", 1024),
         params=_strings(message.get("params", []), "params", 64),
+    )
+
+
+def warning(value: object) -> tuple[int, float, bool]:
+    """`{"number": SIG, "before": SECONDS, "batch": false}`: a signal sent SECONDS
+    before the time limit (Slurm's --signal), to every process of the job or, with
+    `batch`, to its first process only."""
+    if not isinstance(value, dict) or set(value) - {"number", "before", "batch"}:
+        raise ProtocolError("signal must be an object with number, before and batch")
+    return (
+        _int(value.get("number"), "signal.number", 1, 64),
+        _number(value.get("before", 60), "signal.before", 0.0, MAX_TIME),
+        _bool(value.get("batch", False), "signal.batch"),
     )
 
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import admission, arrays, jobprocess, listing, protocol, store
-from gpuwarden.service.identity import Person, person
+from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
+from gpuwarden.service.identity import Person, peer_credentials, person
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
@@ -44,10 +45,14 @@ class Requests:
     _priorities: dict[int, float]
     indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
+    exits: str
+    orphans: dict[int, tuple[float, ClientProcess]]
 
-    if TYPE_CHECKING:  # provided by Lifecycle
+    if TYPE_CHECKING:  # provided by Lifecycle and Service
 
-        def _cancel(self, job: store.Job) -> None: ...
+        def release_stdio(self, job_id: int) -> None: ...
+
+        def _cancel(self, job: store.Job, sig: int = signal.SIGTERM) -> None: ...
 
         def job_cgroup(self, job_id: int) -> dict[str, str]: ...
 
@@ -88,6 +93,9 @@ class Requests:
             }
         if op == "stats":
             return self._stats()
+        if op == "attach":
+            (job_id,) = protocol.job_ids([message.get("job")], "job")
+            return self._attach(who, job_id, client)
         if op == "share":
             return self._share()
         raise protocol.ProtocolError(f"operation {op!r} is not served yet")
@@ -155,6 +163,8 @@ class Requests:
                     f"--time {scheduling_span(sub.time_limit)} is over this machine's limit "
                     f"of {most} (max_time)"
                 )
+        if sub.warning is not None and sub.time_limit is None:
+            raise UserError("--signal needs --time: its signal comes that long before the limit")
         waiting_on = False
         for dep in sub.after:
             found = self.store.get(dep)
@@ -164,6 +174,8 @@ class Requests:
         reason = self._reason_before_a_pass(sub, waiting_on)
         after = arrays.dependencies(self.store, sub.after)
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
+        if sub.warning is not None:
+            request["signal"] = list(sub.warning)  # beside its GPU wishes: what it asked for
         # The job and its output path: one commit. A batch job's id is a promise, on
         # disk before it is told; an attached job matters only while its client waits,
         # and its start's durable commit carries it to disk before it runs.
@@ -199,6 +211,7 @@ class Requests:
             client.job = job.id
             self.attached[job.id] = client
             self.stdio[job.id] = stdio
+            record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
         if reason is None:
             self.pacer.wake()  # it may start now (or must be refused now)
@@ -223,6 +236,48 @@ class Requests:
             return None
         return scheduling.RESOURCES
 
+    def _attach(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
+        """An attached job's client, back after a restart of the service: it waits on
+        this connection again, and its going away ends the job again. A job still
+        waiting takes the terminal passed with this request; one that ended while the
+        client was away is answered with its end."""
+        fds = client.take_fds() if client is not None else []
+        try:
+            job = self.store.get(job_id)
+            if job is None or job.uid != who.uid or not job.attached:
+                raise UserError(f"job {job_id} is not an attached job of yours")
+            if client is None or client.job is not None or job.id in self.attached:
+                raise UserError(f"job {job_id} has a client attached already")
+            if job.state in store.ENDED:
+                status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
+                return {
+                    "ok": True,
+                    "job": job.id,
+                    "event": "ended",
+                    "status": status,
+                    "error": job.error,
+                }
+            if job.state == store.PENDING and len(fds) != 3:
+                raise UserError("an attached job needs its client's stdin, stdout and stderr")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if job.state == store.PENDING:
+            self.release_stdio(job.id)
+            self.stdio[job.id] = fds
+            self.pacer.wake()
+        else:
+            for fd in fds:
+                os.close(fd)  # the job has had the terminal since it started
+        client.job = job.id
+        self.attached[job.id] = client
+        self.orphans.pop(job.id, None)
+        record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
+        log.info("job %s: its client attached again", job.id)
+        started = {} if job.state == store.PENDING else {"event": "started"}
+        return {"ok": True, "job": job.id, **started}
+
     def _signal(self, job: store.Job, number: int) -> None:
         """A signal for a job, judged by its state: a waiting job is cancelled by INT, TERM
         or HUP (as a job started from a shell would end) and gets no other; an ended or
@@ -236,7 +291,7 @@ class Requests:
                     f"job {job.id} has not started: only INT, TERM or HUP (which cancel it) "
                     "may be sent to it"
                 )
-            self._cancel(job)
+            self._cancel(job, number)
             return
         pidfd = self.processes.get(job.id)
         if (

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import journalguard, protocol, store
+from gpuwarden.service.attachment import ClientProcess
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.lifecycle import Lifecycle
@@ -88,6 +89,8 @@ class Service(Requests, Lifecycle):
         self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
         self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
+        # Attached jobs whose client a restart cut off: (until when it may come back, it).
+        self.orphans: dict[int, tuple[float, ClientProcess]] = {}
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
         self.machine: Any = None  # the Snapshot read at start (service.admission)
 
@@ -119,6 +122,9 @@ class Service(Requests, Lifecycle):
         log.info("serving on %s", path)
 
     def close(self) -> None:
+        """Stop serving. Jobs run on, attached ones too: their clients reconnect to the
+        next service (service.attachment)."""
+        self.stopping = True
         for client in list(self.clients.values()):
             self._drop(client)
         if self.listener is not None:
@@ -330,7 +336,7 @@ class Service(Requests, Lifecycle):
                 self.selector.unregister(client.sock)
         client.sock.close()
         client.close_fds()
-        if client.job is not None:
+        if client.job is not None and not self.stopping:
             self._detach(client.job)
 
     def _detach(self, job_id: int) -> None:

@@ -415,3 +415,29 @@ def test_a_container_in_a_reserved_shell_gets_the_reserved_gpu(podman: Path) -> 
         assert len(_leases()) == 1  # only the reservation's: the container ran under it
     finally:
         subprocess.run([*gw, "release"], env=shell, capture_output=True, check=True)
+
+
+def test_apptainer_under_run_is_a_child_with_the_variables(
+    tmp_path: Path, sim, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apptainer is not packaged here: a stand-in `apptainer` (what `exec --nv --cleanenv`
+    would see: the APPTAINERENV_ variables, the lease descriptors it inherits as a child)
+    shows what gpuwarden hands it."""
+    sim("server-8xa100")
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "apptainer"
+    script.write_text(
+        "#!/bin/sh\n"
+        'echo "inside=$APPTAINERENV_CUDA_VISIBLE_DEVICES order=$APPTAINERENV_CUDA_DEVICE_ORDER"\n'
+        'ls -l /proc/$$/fd | grep -c "\\.lock$"\n'
+        "exit 3\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    ran = cli(
+        "run", "--gpus", "7", "--", "apptainer", "exec", "--nv", "--cleanenv", "x.sif", "nvidia-smi"
+    )
+    assert ran.returncode == 3, ran.stderr
+    inside, locks = ran.stdout.split("\n")[:2]
+    assert inside.startswith("inside=GPU-") and inside.endswith("order=PCI_BUS_ID")
+    assert locks == "1"  # the lease's lock, inherited by the container's process

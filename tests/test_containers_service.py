@@ -21,9 +21,9 @@ from test_containers import IMAGE, PROBE, _podman_ready
 from test_service import SRC, USER_PY, Server, _serving
 
 
-@pytest.fixture
-def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    """test_service's queue service on the simulated 4-GPU machine, in folders of its own."""
+def fresh_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """test_service's queue service on the simulated 4-GPU machine, in folders of its own
+    (also for tests/test_notebooks.py)."""
     shared = Path(tempfile.mkdtemp(prefix="gw-service-"))
     shared.chmod(0o755)
     for name, mode in (("work", 0o1777), ("sock", 0o755)):
@@ -34,6 +34,11 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]
         yield from _serving(tmp_path, shared, monkeypatch, "--grace", "20s")
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    yield from fresh_service(tmp_path, monkeypatch)
 
 
 @pytest.fixture
@@ -111,7 +116,8 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
         ).stdout.split()
         if not [n for n in names if n.startswith(f"gpuwarden-{job}-")]:
             break
-        assert time.monotonic() < deadline, names
+        out = service.work / f"gpuwarden-{job}.out"
+        assert time.monotonic() < deadline, (names, out.exists() and out.read_text())
         time.sleep(0.1)
 
 

@@ -284,7 +284,8 @@ def test_view_cache_labels_xids_with_its_rules(monkeypatch):
     import gpuwarden.xidlog as xidlog
     from gpuwarden.health import Rules
 
-    monkeypatch.setattr(xidlog, "xids_seen", lambda since=None: {"GPU-aaaa": (13,)})
+    event = {"uuid": "GPU-aaaa", "xid": 13, "at": 1.0}
+    monkeypatch.setattr(xidlog, "xid_events", lambda since=None: [event])
     cache = ViewCache(machine, rules=Rules(fatal_xids=frozenset({13})))
     found = samples(render(cache.get()))
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
@@ -332,7 +333,7 @@ def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monke
         raise TypeError("an XID line of the wrong type")
 
     monkeypatch.setattr(drain, "list_drains", drains)
-    monkeypatch.setattr(xidlog, "xids_seen", broken_xids)
+    monkeypatch.setattr(xidlog, "xid_events", broken_xids)
     clock = [0.0]
     cache = ViewCache(machine, cache_seconds=1, clock=lambda: clock[0])
     first = cache.get()

@@ -4,6 +4,7 @@ come from other machines (read as untrusted). The real ssh runs are test_hosts_r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,3 +79,12 @@ def test_where_free_keeps_hosts_whose_select_answered_with_ids() -> None:
     )
     assert fits == [("a", "0,2")]
     assert notes == ["b: only 1 free", "c: no usable answer"]
+
+
+def test_a_badly_quoted_ssh_setting_is_one_line(cli: Any) -> None:
+    done = cli("status", "--hosts", "gpu1", env={"GPUWARDEN_HOSTS_SSH_OPTIONS": "-o 'Port 22"})
+    assert done.returncode == 2
+    assert done.stderr == (
+        "gpuwarden status: hosts.ssh_options (env: GPUWARDEN_HOSTS_SSH_OPTIONS): "
+        "No closing quotation\n"
+    )

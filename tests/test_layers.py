@@ -103,6 +103,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "gpuwarden",
             "api",
+            "machineview",
             "allocation",
             "jobs",
             "launch",
@@ -119,6 +120,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "doctor.*",
             "torch.*",
             "slurm.*",
+            "submitit",
             "hosts.*",
             # the queue service's client side and wire format
             "service.client",
@@ -137,7 +139,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "long-running servers: Prometheus exporter, queue service, web page",
         (
             "exporter",
-            "exporter_http",
+            "httpserver",
+            "httpwire",
             "web.*",
             # the queue service itself
             "service",
@@ -153,6 +156,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.pacing",
             "service.placing",
             "service.requests",
+            "service.requeue",
             "service.server",
             "service.settings",
             "service.store",

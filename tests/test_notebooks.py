@@ -118,23 +118,53 @@ def test_a_kernel_that_finds_no_gpu_does_not_start(kernels: Path, cli) -> None:
     assert list_leases() == []
 
 
-def test_with_a_queue_service_a_kernel_says_to_start_jupyter_as_a_job(
-    kernels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import socket
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from test_containers_service import fresh_service
 
+    yield from fresh_service(tmp_path, monkeypatch)
+
+
+def test_with_a_queue_service_a_kernel_is_an_interactive_job(
+    kernels: Path, service, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service owns the leases there: the kernel runs as its job, on the GPU it chose,
+    and the job (with its lease) ends when the kernel is shut down or killed."""
     from jupyter_client import KernelManager
 
-    from gpuwarden.errors import UserError
+    done = cli("kernel", "install", "-g", "1", "--name", "one")  # any of the service's 4
+    assert done.returncode == 0, done.stderr
+    monkeypatch.setenv("GPUWARDEN_SOCKET", service.socket)
+    for stop in ("shutdown", "kill"):
+        km = KernelManager(kernel_name="one")
+        km.start_kernel()
+        try:
+            visible, job = _visible(km).split()
+            [lease] = _until("the service's lease", list_leases)
+            assert lease.job == job and str(lease.index) == visible
+            assert service.job(int(job))["state"] == "RUNNING"
+            if stop == "kill":
+                os.kill(km.provisioner.pid, signal.SIGKILL)  # the attached client
+                _until("the job ends", lambda: list_leases() == [])
+        finally:
+            km.shutdown_kernel(now=stop == "kill")
+        _until("the lease is freed", lambda: list_leases() == [])
+        state = service.wait_state(int(job), ("COMPLETED", "FAILED", "CANCELLED"))["state"]
+        assert state in (("COMPLETED",) if stop == "shutdown" else ("FAILED", "CANCELLED")), state
 
-    path = tmp_path / "service.sock"  # something answers there: a service runs
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(path))
-    monkeypatch.setenv("GPUWARDEN_SOCKET", str(path))
-    km = KernelManager(kernel_name="gpuwarden-1gpu")
-    try:
-        with pytest.raises(UserError, match="gpuwarden run -g N -- jupyter lab"):
-            km.start_kernel()
-    finally:
-        listener.close()
-    assert list_leases() == []
+
+def test_the_kernelspec_says_what_was_asked_and_names_it() -> None:
+    from gpuwarden.kernelspec import default_name, display_name, spec
+
+    kernel = spec({"n": 2, "model": "A100", "mem": None}, "/py", wait=True, timeout=60, uuid=True)
+    config = kernel["metadata"]["kernel_provisioner"]["config"]
+    assert config == {
+        "request": {"n": 2, "model": "A100"},
+        "uuid": True,
+        "wait_for_gpus": True,
+        "wait_timeout": 60,
+    }
+    assert kernel["argv"][:3] == ["/py", "-m", "ipykernel_launcher"]
+    assert (default_name({"n": 2}), display_name({"n": 2})) == ("gpuwarden-2gpu", "Python (2 GPUs)")
+    assert default_name({"mem": "10GiB"}) == "gpuwarden-10gib"
+    assert display_name({"mem": "10GiB"}) == "Python (10GiB of a GPU)"

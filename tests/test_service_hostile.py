@@ -376,6 +376,7 @@ def test_a_full_disk_refuses_the_request_and_the_service_serves_on(
     try:
         gen = _serving(tmp_path, open_dir, monkeypatch)
         srv = next(gen)
+        held = submit(srv, alice, ["true"], hold=True)
         filler = state / "filler"
         with open(filler, "wb") as fh, contextlib.suppress(OSError):
             while True:
@@ -383,8 +384,13 @@ def test_a_full_disk_refuses_the_request_and_the_service_serves_on(
                 fh.flush()
         refused = srv.call(alice, "submit", argv=["true"], cwd=str(srv.work), env={})
         assert refused["error"].startswith("refused: the disk of the service's journal is full")
+        unheld = srv.call(alice, "release", jobs=[held])
+        assert unheld["error"].startswith("refused: the disk of the service's journal is full")
         assert srv.call(bob, "hello")["user"] == "gw-bob"
+        assert [r["id"] for r in srv.call(bob, "queue")["jobs"]] == [held]  # reads still work
         filler.unlink()
+        assert srv.call(alice, "release", jobs=[held])["jobs"] == [held]
+        assert srv.wait_state(held, ("COMPLETED",))["state"] == "COMPLETED"
         job = submit(srv, alice, ["true"])
         assert srv.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
     finally:

@@ -3,11 +3,13 @@ network namespace with its own address, hostname, sshd and simulated 2-GPU machi
 (tests/netns.py), whose facts a real user collects over ssh; slurmctld here and a
 slurmd in each namespace (`slurmd -N`) are then started from the written files alone
 (only their paths chosen by the command's options). A 2-GPU job runs on each node
-under gpuwarden's prolog lease; a job wider than any node is refused by sbatch itself.
+under gpuwarden's prolog lease; a job wider than any node is refused by sbatch itself;
+a job can open only its own GPU's device file (cgroup.conf's ConstrainDevices).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,7 +86,17 @@ def cluster() -> Iterator[Cluster]:
                 if subprocess.run(["pgrep", "-F", str(pid)], capture_output=True).returncode:
                     break
                 time.sleep(0.1)
+        _remove_slurm_cgroups()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _remove_slurm_cgroups() -> None:
+    """The cgroups the nodes' slurmd made (`slurm_NODE` under each controller), deepest
+    first once their processes are gone: the kernel refuses one still in use."""
+    for top in Path("/sys/fs/cgroup").glob("*/slurm_node[12]"):
+        for inner, _, _ in os.walk(top, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(inner)
 
 
 def _configure(c: Cluster) -> None:
@@ -94,6 +106,7 @@ def _configure(c: Cluster) -> None:
     for i in range(2):
         os.mknod(dev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
     (c.top / "env").mkdir()
+    (c.top / "out").mkdir()  # the jobs' output
     for name in ("node1", "node2"):
         state = c.top / name
         settings = {
@@ -176,7 +189,6 @@ def test_the_written_cluster_runs_a_two_gpu_job_on_each_node_and_refuses_a_wider
         "-m gpuwarden status --json"
     )
     out = cluster.top / "out"
-    out.mkdir()
     for node in ("node1", "node2"):
         done = cluster.tool(
             *("sbatch", "--parsable", "-w", node, "--gres=gpu:2", "-o", f"{out}/{node}.out"),
@@ -208,3 +220,26 @@ def test_a_node_that_cannot_answer_is_named_and_nothing_is_written(cluster: Clus
     assert done.returncode == 2
     assert done.stderr.startswith(f"gpuwarden slurm: cannot describe every node: {nobody}: ssh: ")
     assert not target.exists()
+
+
+def test_a_job_can_open_only_the_gpus_it_was_given(cluster: Cluster) -> None:
+    """cgroup.conf's ConstrainDevices at work: opening a GPU's device file that is not
+    the job's is refused by the kernel (EPERM), while its own gets as far as the driver,
+    which these fake devices lack (ENXIO)."""
+    dev = cluster.top / "dev"
+    script = (
+        f'echo "gpus=$SLURM_JOB_GPUS"; for i in 0 1; do (exec 3<{dev}/nvidia$i) 2>&1 || true; done'
+    )
+    out = cluster.top / "out" / "devices.out"
+    done = cluster.tool(
+        *("sbatch", "--parsable", "-w", "node2", "--gres=gpu:1", "-o", str(out)),
+        *("--wrap", script),
+    )
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    cluster.wait(f"job {job}", lambda: cluster.state(job) in ("COMPLETED", "FAILED"))
+    lines = out.read_text().splitlines()
+    mine = int(lines[0].removeprefix("gpus="))
+    said = {i: next(x for x in lines[1:] if f"nvidia{i}" in x) for i in (0, 1)}
+    assert "No such device or address" in said[mine], lines
+    assert "Operation not permitted" in said[1 - mine], lines

@@ -284,10 +284,11 @@ def test_user_with_nothing_or_nobody(sim, cli):
 
 
 def test_lease_rows_for_shared_expired_and_job_bound_leases():
-    from gpuwarden.cli.status import for_user
+    from gpuwarden.cli.status import Status, for_user
     from gpuwarden.cli.statustable import _lease_rows
     from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
     from gpuwarden.leases import LeaseInfo
+    from gpuwarden.machineview import MachineView
 
     gpus = (
         Gpu(index=0, uuid="GPU-a", processes=(GpuProcess(pid=1, used_memory=None, user="ann"),)),
@@ -301,9 +302,10 @@ def test_lease_rows_for_shared_expired_and_job_bound_leases():
     rows = _lease_rows(snap, leases)
     assert rows[0] == ["GPU 1 shared 20.0GiB", "ann", "17", "7", "10m00s", "with job", "train"]
     assert rows[1] == ["GPU 0", "ann", "-", "8", "10s", "now", "-"]
-    data = {"snapshot": snap, "leases": leases, "visible": None, "drains": {}, "health": {}}
-    ann = for_user(data, "ann")
-    assert [g.index for g in ann["snapshot"].gpus] == [0, 1]  # a process on 0, a lease on 1
-    assert ann["snapshot"].gpus[1].processes == ()  # ben's process is not ann's
+    data = Status(MachineView(snap, leases=tuple(leases)))
+    ann = for_user(data, "ann").machine
+    assert [g.index for g in ann.snapshot.gpus] == [0, 1]  # a process on 0, a lease on 1
+    assert ann.snapshot.gpus[1].processes == ()  # ben's process is not ann's
     ben = for_user(data, "ben")
-    assert [g.index for g in ben["snapshot"].gpus] == [1] and ben["leases"] == []
+    assert [g.index for g in ben.machine.snapshot.gpus] == [1] and ben.machine.leases == ()
+    assert ben.user == "ben"

@@ -22,6 +22,7 @@ import pytest
 from conftest import SRC, require
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
+from test_web_peers import peer  # noqa: F401 (a fixture: another host's page)
 
 SCHEMA = json.loads(
     (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
@@ -404,3 +405,37 @@ def test_the_queue_service_on_the_page(browser, queue_page, tmp_path):
         "the placeholder once the service stopped",
     )
     assert browser.execute_script("return window.notReloaded") is True
+
+
+READ_PEERS = """
+const panel = document.getElementById("peers-panel");
+return {hidden: panel.hidden, rows: Array.from(panel.querySelectorAll("tbody tr")).map((r) => ({
+  gpu: r.dataset.gpu === undefined ? null : Number(r.dataset.gpu), text: r.innerText }))};
+"""
+
+
+def test_other_hosts_show_on_the_page(browser, sim, peer, tmp_path):  # noqa: F811
+    """`web --peers`: another host's GPUs (its own page's API) and a silent host's row."""
+    from gpuwarden.web.peers import check_url
+    from test_web_peers import _closed_port
+
+    sim("server-8xa100")
+    peers = [check_url(peer), check_url(f"http://127.0.0.1:{_closed_port()}/")]
+    server = serve("127.0.0.1:0", feed=Feed(interval=1.0, peers=peers))
+    try:
+        browser.get(server.url)
+        wait_for(lambda: len(cards(browser)) == 8, 10, "8 GPUs on the page")
+
+        def shown() -> Any:
+            got = browser.execute_script(READ_PEERS)
+            ready = [r for r in got["rows"] if r["gpu"] is not None]
+            return got if len(ready) == 3 and "not answering" in got["rows"][-1]["text"] else None
+
+        wait_for(shown, 10, "the other hosts' rows")
+        got = shown()
+        assert got["hidden"] is False
+        assert "dave" in got["rows"][1]["text"] and "99%" in got["rows"][1]["text"]
+        assert got["rows"][-1]["text"].startswith(peers[1])
+        browser.save_screenshot(str(artifacts(tmp_path) / "web-peers.png"))
+    finally:
+        server.close()

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,38 +162,63 @@ def test_connections_beyond_the_limit_are_refused_not_queued(web):
         for _ in range(4):  # max_clients=4: fill every slot with a live stream
             conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
             conn.request("GET", "/api/v1/events")
-            assert conn.getresponse().status == 200
-            streams.append(conn)
+            response = conn.getresponse()  # the stream's socket: kept open while referenced
+            assert response.status == 200
+            streams.append(response)
         # the refusal comes at once, before any request is read (so send none)
         with socket.create_connection(("127.0.0.1", web.port), timeout=10) as extra:
             answer = extra.makefile("rb").read()
         assert answer.startswith(b"HTTP/1.1 503")
     finally:
-        for conn in streams:
-            conn.close()
+        for response in streams:
+            response.close()
     deadline = time.monotonic() + 10
     while get(web, "/api/v1/state")[0] != 200:  # slots come back once the pages close
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
 
-def test_a_slot_freed_a_moment_later_serves_the_next_connection(web):
-    # A client that closes its connection and opens the next one at once may be faster
-    # than the server thread that still holds the old slot (a busy machine, or one
-    # process's threads taking turns): the newcomer waits for that slot, briefly.
-    slots = web.httpd.slots
-    taken = 0
-    while slots.acquire(blocking=False):  # every slot held, as by lagging threads
-        taken += 1
-    assert taken == 4
-    later = threading.Timer(0.01, slots.release)
-    later.start()
+def test_a_page_closed_frees_its_place_for_the_next_connection(web):
+    # Every place held by an open page: the next connection is refused; once one
+    # page closes, its place serves the next connection (waited for with a bound).
+    streams = []
     try:
-        assert get(web, "/api/v1/state")[0] == 200
+        for _ in range(4):
+            conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+            conn.request("GET", "/api/v1/events")
+            response = conn.getresponse()  # the stream's socket: kept open while referenced
+            assert response.status == 200
+            streams.append(response)
+        assert get(web, "/api/v1/state")[0] == 503
+        streams.pop().close()
+        deadline = time.monotonic() + 10
+        while get(web, "/api/v1/state")[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert web.httpd.connections <= 4
     finally:
-        later.join()
-        for _ in range(taken - 1):
-            slots.release()
+        for response in streams:
+            response.close()
+
+
+def test_an_events_stream_answers_head_and_is_kept_alive_when_quiet(sim, monkeypatch):
+    import gpuwarden.web.server as web_server
+
+    sim("server-8xa100")
+    monkeypatch.setattr(web_server.Events, "keepalive", 0.2)
+    server = serve("127.0.0.1:0", feed=Feed(interval=3600), max_clients=4, timeout=5)
+    try:
+        status, headers, body = get(server, "/api/v1/events", method="HEAD")
+        assert status == 200 and body == b"" and headers["Content-Type"] == "text/event-stream"
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            reader = s.makefile("rb")
+            seen = [reader.readline() for _ in range(20)]  # a socket timeout fails it
+        assert seen[0].startswith(b"HTTP/1.1 200")
+        assert sum(line.startswith(b"data: {") for line in seen) == 1  # one document
+        assert b": keep-alive\n" in seen  # then, quiet, the pings
+    finally:
+        server.close()
 
 
 def test_listen_addresses():

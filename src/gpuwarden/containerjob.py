@@ -40,13 +40,21 @@ class Stopper:
     def __call__(self, signum: int) -> None:
         if signum not in self.STOPPING or self.pid is not None:
             return
+        import signal
+
         null = os.open(os.devnull, os.O_RDWR)
+        # Started with the stopping signals ignored (an ignored signal stays ignored across
+        # exec): a queue service's cancel signals every process of the job, again while new
+        # ones appear, and a `stop` killed half-way leaves the container running.
+        saved = {s: signal.signal(s, signal.SIG_IGN) for s in self.STOPPING}
         try:
             moves = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
             self.pid = os.posix_spawnp(self.argv[0], self.argv, self.env, file_actions=moves)
         except OSError:
             self.pid = 0
         finally:
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
             os.close(null)
 
 

@@ -1,10 +1,11 @@
 """The Prometheus exporter: views read at most once per cache period, served over HTTP.
 
 A scrape costs at most one snapshot read: `ViewCache` keeps the last `View`
-(snapshot plus leases, drains, findings and idle times) for
+(the machine view of `machineview`, plus idle times and scrape errors) for
 `exporter.cache_seconds`, so several Prometheus servers scraping the same box
 cost one NVML pass, and `Exposition` keeps the rendered body per view. The
-metric families are in `metrics`, the HTTP server in `exporter_http`.
+metric families are in `metrics`, the HTTP server (shared with the web page) in
+`httpserver`.
 
 prometheus-client is the `exporter` extra and imported only when serving.
 """
@@ -16,8 +17,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
-from gpuwarden.health import DEFAULT_FATAL_XIDS
+from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Handler, Reply, Request
 from gpuwarden.inventory import Snapshot
+from gpuwarden.machineview import MachineView, read_view
 from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
 from gpuwarden.units import parse_listen
 
@@ -75,6 +79,7 @@ class ViewCache:
         self._generation = 0  # completed reads
         self._reading = False
         self._stale: Optional[View] = None  # the last view, served while a read hangs
+        self._machine: Optional[MachineView] = None  # the last read, for a reader that fails
         self.scrape_errors = 0
         self.reads = 0
 
@@ -135,9 +140,6 @@ class ViewCache:
         return self._stale
 
     def _fresh(self) -> View:
-        from gpuwarden.health import judge
-        from gpuwarden.xidlog import xids_seen
-
         started = time.perf_counter()
         self.reads += 1
         nvml_up = True
@@ -155,26 +157,19 @@ class ViewCache:
         else:
             self.scrape_errors += sum(1 for g in snap.gpus if g.error is not None)
             nvml_up = snap.error is None
-        from gpuwarden.drain import list_drains
-
-        previous = self._view
-        leases = self._state("leases", lambda: tuple(_leases()), (), previous)
-        if leases:
-            from gpuwarden.attribution import attribute
-
-            snap = attribute(snap, leases)  # a container's processes count for their owner
-        drains = self._state("drains", list_drains, {}, previous)
-        xids = self._state("xids", xids_seen, {}, previous)
-        findings = {g.uuid: judge(g, xids.get(g.uuid, ()), rules=self.rules) for g in snap.gpus}
-        idle = self._idle.update(snap, (lease.uuid for lease in leases))
+        machine = read_view(snap, rules=self.rules or Rules(), previous=self._machine)
+        self._machine = machine
+        self.scrape_errors += len(machine.failed)
+        leased = (lease.uuid for lease in machine.leases)
+        idle = self._idle.update(machine.snapshot, leased)
         from gpuwarden.service.client import read_stats
 
         return View(
-            snapshot=snap,
-            leases=leases,
-            drains=drains,
-            findings=findings,
-            xids=xids,
+            snapshot=machine.snapshot,
+            leases=machine.leases,
+            drains=machine.drains,
+            findings=machine.findings,
+            xids=machine.xids,
             fatal_xids=getattr(self.rules, "fatal_xids", DEFAULT_FATAL_XIDS),
             idle_seconds=idle,
             idle_after=self.idle_after,
@@ -184,31 +179,12 @@ class ViewCache:
             queue=read_stats(),
         )
 
-    def _state(self, name: str, read: Callable[[], Any], empty: Any, previous: Any) -> Any:
-        """Leases, drains or XIDs from the shared directories. A reader that fails
-        there (a file no reader expected) costs a scrape error and serves the last
-        good value, never the GPUs' series."""
-        try:
-            return read()
-        except Exception:
-            self.scrape_errors += 1
-            return getattr(previous, name) if previous is not None else empty
-
     def _read_snapshot(self) -> Snapshot:
         if self._read is not None:
             return self._read()
         from gpuwarden.inventory import read_snapshot
 
         return read_snapshot(counters=self._counters)
-
-
-def _leases() -> list:
-    from gpuwarden.leases import list_leases
-
-    try:
-        return list_leases()
-    except OSError:  # a lease directory we may not list: serve the GPUs without leases
-        return []
 
 
 class Collector:
@@ -283,16 +259,16 @@ class Exposition:
         return body, content_type
 
 
-def _handler(exposition: Exposition):  # -> exporter_http.Handler
+def _handler(exposition: Exposition) -> Handler:
     index = b'<html><body><a href="/metrics">metrics</a></body></html>'
 
-    def handle(path: str, accept: Optional[str]) -> tuple[int, str, bytes]:
-        if path == "/metrics":
-            body, content_type = exposition.body(accept)
-            return 200, content_type, body
-        if path == "/":
-            return 200, "text/html", index
-        return 404, "text/plain", b"not found\n"
+    def handle(request: Request) -> Reply:
+        if request.path == "/metrics":
+            body, content_type = exposition.body(request.headers.get("accept"))
+            return Reply(200, body, content_type)
+        if request.path == "/":
+            return Reply(200, index, "text/html")
+        return Reply(404, b"not found\n", "text/plain")
 
     return handle
 
@@ -306,7 +282,6 @@ def serve(
 ) -> Server:
     """Start serving /metrics in a thread; raise UserError when the port is taken."""
     from gpuwarden.errors import UserError
-    from gpuwarden.exporter_http import HttpServer
 
     require_client()
     from prometheus_client import CollectorRegistry

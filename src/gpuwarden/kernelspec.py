@@ -48,10 +48,13 @@ def spec(
     display: Optional[str] = None,
     wait: bool = False,
     timeout: Optional[float] = None,
+    uuid: bool = False,
 ) -> dict[str, Any]:
     """kernel.json for `python`'s ipykernel with the gpuwarden provisioner and `request`
     (gpuwarden.lease()'s arguments, only those given)."""
     config: dict[str, Any] = {"request": {k: v for k, v in request.items() if v is not None}}
+    if uuid:
+        config["uuid"] = True
     if wait:
         config["wait_for_gpus"] = True
         if timeout is not None:

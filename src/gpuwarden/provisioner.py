@@ -18,7 +18,10 @@ kernel started from it, by JupyterLab, `jupyter console` or `KernelManager`:
   lease go unless a restart was asked for.
 
 The lease is taken directly on this machine (the lease directory), as `gpuwarden run`
-takes it without a queue service. Errors (nothing free, a request that never fits) are
+takes it without a queue service. Where a queue service runs, it owns the leases: the
+kernel is then started as `gpuwarden run REQUEST -- KERNEL`, an interactive job of the
+service, which leases the GPUs for the job's life (a restart is a new job, with the same
+request). Errors (nothing free, a request that never fits) are
 `UserError`s with the same one-line messages as the command line; Jupyter shows them
 as the kernel's failure to start.
 """
@@ -55,25 +58,16 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._stopping = False  # the manager is stopping the kernel (for a restart or not)
         self._current: Optional[int] = None  # the kernel process that holds the lease now
+        self._through_service = False  # a queue service runs the kernel as a job
 
     # -- the lease --------------------------------------------------------------------
 
     def _lease(self, base: dict[str, str]) -> None:
         from gpuwarden import jobs
         from gpuwarden.api import _reader, _request
-        from gpuwarden.config import load
         from gpuwarden.errors import UserError
         from gpuwarden.launch import job_env
 
-        service = load().get("service.socket")
-        if os.path.exists(service):
-            # The service owns the lease directory (as for `reserve`); a kernel as a job of
-            # the service is not offered yet.
-            raise UserError(
-                f"a queue service hands out this machine's GPUs ({service}): a kernel cannot "
-                "lease them itself; start Jupyter as a job instead, `gpuwarden run -g N -- "
-                "jupyter lab`, and use a plain Python kernel there"
-            )
         fields = {k: self.request.get(k) for k in REQUEST_KEYS}
         unknown = sorted(set(self.request) - set(REQUEST_KEYS))
         if unknown:
@@ -124,8 +118,40 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the provisioner's steps ------------------------------------------------------
 
+    def _service(self) -> Optional[str]:
+        """The queue service's socket when one runs here (it owns the lease directory)."""
+        from gpuwarden.config import load
+
+        socket = load().get("service.socket")
+        return socket if os.path.exists(socket) else None
+
+    def _as_job(self, cmd: list[str]) -> list[str]:
+        """`gpuwarden run REQUEST -- CMD`: the kernel as an interactive job of the queue
+        service, attached to this provisioner as its process (a signal to it reaches the
+        kernel; killing it ends the job and frees the GPUs)."""
+        import sys
+
+        flags: list[str] = []
+        names = {"n": "-g", "gpus": "--gpus", "exclude": "--exclude", "mem": "--mem"}
+        for key in REQUEST_KEYS:
+            value = self.request.get(key)
+            if value is not None:
+                flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]
+        if self.uuid:
+            flags.append("--uuid")
+        if self.wait_for_gpus:
+            flags.append("--wait")
+            if self.wait_timeout is not None:
+                flags += ["--timeout", str(self.wait_timeout)]
+        return [sys.executable, "-m", "gpuwarden", "run", *flags, "--", *cmd]
+
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
+        if self._service() is not None:
+            self._through_service = True
+            kwargs["cmd"] = self._as_job(list(kwargs["cmd"]))
+            return kwargs
+        self._through_service = False
         from gpuwarden.launch import OURS
 
         env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in OURS}
@@ -139,6 +165,8 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        if self._through_service:  # the service holds the lease for the job's life
+            return await super().launch_kernel(cmd, **kwargs)
         try:
             info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:

@@ -52,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
     timeout = None if args.timeout is None else parse_duration(args.timeout)
     kernel = kernelspec.spec(
-        request, args.python or sys.executable, args.display_name, bool(args.wait), timeout
+        request,
+        args.python or sys.executable,
+        args.display_name,
+        bool(args.wait),
+        timeout,
+        uuid=bool(args.uuid),
     )
     name = args.name or kernelspec.default_name(request)
     path = kernelspec.install(name, kernel, prefix)

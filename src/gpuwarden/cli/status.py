@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from gpuwarden.cli.statustable import cuda_indices, level, slices, to_text, unleased_pids
+from gpuwarden.cli.statustable import Status, cuda_indices, level, slices, to_text, unleased_pids
 from gpuwarden.inventory import Gpu, Snapshot, dotted
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gpuwarden.cli import Commands
 
 SCHEMA = 1
-__all__ = ["gather", "render", "to_json", "to_text", "unleased_pids"]
+__all__ = ["Status", "gather", "render", "to_json", "to_text", "unleased_pids"]
 
 
 def register(commands: Commands, name: str) -> None:
@@ -90,14 +90,14 @@ def _check_user(name: str) -> None:
         raise UserError(f"--user needs a user name, got {name!r}")
 
 
-def gather(user: Optional[str] = None) -> dict[str, Any]:
+def gather(user: Optional[str] = None) -> Status:
     """`collect()`, narrowed to one user when `user` is given. A name that is neither an
     account here nor seen on any GPU or lease is one line, not an empty table."""
     data = collect()
     if user is None:
         return data
     mine = for_user(data, user)
-    if not mine["snapshot"].gpus and not _is_account(user):
+    if not mine.machine.snapshot.gpus and not _is_account(user):
         from gpuwarden.errors import UserError
 
         raise UserError(f"no user {user!r} on this machine, and nothing runs under that name")
@@ -114,14 +114,14 @@ def _is_account(name: str) -> bool:
     return True
 
 
-def for_user(data: dict[str, Any], user: str) -> dict[str, Any]:
+def for_user(data: Status, user: str) -> Status:
     """Only `user`'s part of `data`: the GPUs they lease or run a process on, with only
     their processes and leases (what others hold there stays counted in the memory)."""
     from dataclasses import replace
 
-    snap: Snapshot = data["snapshot"]
-    leases = [x for x in data["leases"] if isinstance(x, Exception) or x.user == user]
-    leased = {x.uuid for x in leases if not isinstance(x, Exception)}
+    snap = data.machine.snapshot
+    leases = tuple(x for x in data.machine.leases if x.user == user)
+    leased = {x.uuid for x in leases}
     gpus = []
     for g in snap.gpus:
         theirs = tuple(p for p in g.processes if p.user == user)
@@ -129,7 +129,8 @@ def for_user(data: dict[str, Any], user: str) -> dict[str, Any]:
         own = tuple(m for m in slices(g) if m.uuid in leased or m.uuid in used)
         if theirs or g.uuid in leased or own:
             gpus.append(replace(g, processes=theirs, mig_instances=own))
-    return {**data, "snapshot": replace(snap, gpus=tuple(gpus)), "leases": leases, "user": user}
+    machine = replace(data.machine, snapshot=replace(snap, gpus=tuple(gpus)), leases=leases)
+    return replace(data, machine=machine, user=user)
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -160,81 +161,38 @@ def _watch(args: argparse.Namespace) -> int:
         return 0
 
 
-def collect() -> dict[str, Any]:
-    """Everything status shows, gathered once: snapshot, CUDA view, leases, drains, health."""
+def collect() -> Status:
+    """Everything status shows, gathered once: the machine view and CUDA's view of it."""
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machineview import read_view
 
     snap = read_snapshot()
-    view = _visible(snap)
-    leases = _leases()
-    if leases:
-        from gpuwarden.attribution import attribute
+    visible = None
+    if snap.gpus:
+        from gpuwarden.visible import resolve
 
-        snap = attribute(snap, leases)  # a container's processes shown as their owner's
-    return {
-        "snapshot": snap,
-        "visible": view,
-        "leases": leases,
-        "drains": _drains(),
-        "health": _health(snap),
-    }
+        visible = resolve(snap)
+    return Status(read_view(snap), visible)
 
 
-def _visible(snap: Snapshot) -> Optional[Any]:
-    if not snap.gpus:
-        return None
-    from gpuwarden.visible import resolve
-
-    return resolve(snap)
-
-
-def _leases() -> list[Any]:
-    from gpuwarden.leases import list_leases
-
-    try:
-        return list(list_leases())
-    except Exception as err:  # status must still show GPUs when the lease dir is unreadable
-        return [err]
-
-
-def _drains() -> dict[str, Any]:
-    from gpuwarden.drain import list_drains
-
-    try:
-        return dict(list_drains())
-    except Exception:
-        return {}
-
-
-def _health(snap: Snapshot) -> dict[str, tuple[Any, ...]]:
-    from gpuwarden import health
-
-    try:
-        from gpuwarden.xidlog import judged
-
-        return judged(snap.gpus)
-    except Exception:  # status must still show the GPUs, judged without the XID log
-        return {g.uuid: health.judge(g) for g in snap.gpus}
-
-
-def render(data: dict[str, Any], as_json: bool = False) -> str:
+def render(data: Status, as_json: bool = False) -> str:
     return json.dumps(to_json(data), indent=2) if as_json else to_text(data)
 
 
 # --- JSON ------------------------------------------------------------------------------
 
 
-def to_json(data: dict[str, Any]) -> dict[str, Any]:
-    snap: Snapshot = data["snapshot"]
-    view = data["visible"]
+def to_json(data: Status) -> dict[str, Any]:
+    snap: Snapshot = data.machine.snapshot
+    view = data.visible
     cuda = cuda_indices(view)
-    leases = [x for x in data["leases"] if not isinstance(x, Exception)]
+    leases = list(data.machine.leases)
     if leases:
         from gpuwarden.ancestry import lineage
     gpus = []
     for g in snap.gpus:
-        findings = data["health"].get(g.uuid, ())
-        drain = data["drains"].get(g.uuid)
+        findings = data.machine.findings.get(g.uuid, ())
+        drain = data.machine.drains.get(g.uuid)
         gpus.append(
             {
                 **_gpu_json(g),
@@ -277,7 +235,7 @@ def to_json(data: dict[str, Any]) -> dict[str, Any]:
         "cuda_driver_version": dotted(snap.cuda_driver_version),
         "nvml_version": snap.nvml_version,
         "error": snap.error,
-        "user": data.get("user"),
+        "user": data.user,
         "cuda_visible_devices": getattr(view, "value", None),
         "cuda_device_order": getattr(view, "device_order", None),
         "warnings": list(getattr(view, "warnings", ())) + list(getattr(view, "problems", ())),

@@ -9,12 +9,25 @@ given (gpuwarden.mig), so its lease and processes are on its row, not the parent
 from __future__ import annotations
 
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot, dotted
+from gpuwarden.records import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
+    from gpuwarden.machineview import MachineView
+
 _SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
+
+
+@record
+class Status:
+    """One frame of `status`: the machine view, with CUDA's view of it from here
+    (`visible.resolve`; None without GPUs) and the user it is narrowed to."""
+
+    machine: MachineView
+    visible: Any = None
+    user: Optional[str] = None
 
 
 def level(findings: tuple[Any, ...]) -> str:
@@ -109,27 +122,23 @@ def _health_mark(g: Gpu, findings: tuple[Any, ...]) -> str:
     return f"{'FATAL' if lvl == 'fatal' else 'warn'}:{first}{more}"
 
 
-def to_text(data: dict[str, Any]) -> str:
+def to_text(data: Status) -> str:
     from gpuwarden.table import render as table
 
-    snap: Snapshot = data["snapshot"]
-    if not snap.gpus and data.get("user") is not None and not snap.error:
-        return f"{data['user']} holds no GPU, process or lease here"
+    snap: Snapshot = data.machine.snapshot
+    if not snap.gpus and data.user is not None and not snap.error:
+        return f"{data.user} holds no GPU, process or lease here"
     if not snap.gpus:
         return snap.error or "no GPUs found"
-    view = data["visible"]
+    view = data.visible
     cuda = cuda_indices(view)
     value = getattr(view, "value", None)
     show_cuda = value is not None or any(
         cuda.get(g.uuid, [g.index])[0] != g.index for g in snap.gpus
     )
     leases: dict[str, list[Any]] = {}
-    lease_error = None
-    for x in data["leases"]:
-        if isinstance(x, Exception):
-            lease_error = str(x)
-        else:
-            leases.setdefault(x.uuid, []).append(x)
+    for x in data.machine.leases:
+        leases.setdefault(x.uuid, []).append(x)
     cuda_version = dotted(snap.cuda_driver_version) or "n/a"
     head = f"{snap.hostname}  driver {snap.driver_version or 'n/a'}  CUDA {cuda_version}"
     if snap.source != "nvml":
@@ -152,10 +161,10 @@ def to_text(data: dict[str, Any]) -> str:
         return [",".join(map(str, ids)) if ids else "-"] if show_cuda else []
 
     for g in snap.gpus:
-        findings = data["health"].get(g.uuid, ())
+        findings = data.machine.findings.get(g.uuid, ())
         for f in findings:
             notes.append(f"GPU {g.index}: {f.reason}" + (f" -> {f.action}" if f.action else ""))
-        drain = data["drains"].get(g.uuid)
+        drain = data.machine.drains.get(g.uuid)
         held = leases.get(g.uuid, [])
         if drain is not None:
             notes.append(f"GPU {g.index}: drained by {drain.by}: {drain.reason}")
@@ -220,8 +229,8 @@ def to_text(data: dict[str, Any]) -> str:
                 right=[3, 4],
             )
         )
-    if lease_error:
-        lines.append(f"warning: cannot read leases: {lease_error}")
+    if data.machine.lease_error:
+        lines.append(f"warning: cannot read leases: {data.machine.lease_error}")
     lines.extend(notes)
     return "\n".join(lines)
 

@@ -34,6 +34,12 @@ def register(commands: Commands, name: str) -> None:
         help="the queue service's socket to show (service.socket); the page asks it as "
         "the user running `gpuwarden web`: run it as an unprivileged user",
     )
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        metavar="URL",
+        help="other hosts' pages (http://gpu2:9500/) shown on this one, from their JSON API",
+    )
     add_watch_and_once(parser, "the API document")
 
 
@@ -48,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.web.server import Feed, serve
 
     _warn = warner("gpuwarden.web")
+    from gpuwarden.web.peers import check_url
+
+    peers = [check_url(url) for url in args.peers or ()]
     if args.listen is not None:
         parse_listen(args.listen, any_port=True)  # checked here: port 0 (any free port) too
     config = config_module.load(
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         show_commands=bool(config.get("web.show_commands")),
         rules=rules,
         service=str(args.socket or config.get("service.socket")),
+        peers=peers,
     )
     if args.once:
         print(json.dumps(feed.document(), indent=2))

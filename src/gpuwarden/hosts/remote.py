@@ -96,8 +96,13 @@ def settings() -> tuple[list[str], float, list[str]]:
     from gpuwarden import config
 
     cfg = config.load({})
-    command = shlex.split(cfg.get("hosts.command") or "gpuwarden")
-    options = shlex.split(cfg.get("hosts.ssh_options") or "")
+    words = []
+    for key in ("hosts.command", "hosts.ssh_options"):
+        try:
+            words.append(shlex.split(cfg.get(key) or ""))
+        except ValueError as err:  # an unclosed quote
+            raise UserError(f"{key} ({cfg.source(key)}): {err}") from None
+    command, options = words
     return command or ["gpuwarden"], float(cfg.get("hosts.timeout")), options
 
 

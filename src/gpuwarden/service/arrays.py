@@ -55,30 +55,36 @@ def expand(sub: protocol.Submit) -> Optional[Expansion]:
     return Expansion(tuple(range(count)), throttle, params)
 
 
-def add(journal: store.Store, job: store.Job, array: Expansion) -> store.Job:
-    """Journal `job` once per task of `array` (inside the caller's transaction) and
-    return the first task, whose id is the array's. Output paths get sbatch's patterns
-    filled in; without `--output` a task writes `gpuwarden-%A_%a.out`, as sbatch's
-    default for an array is `slurm-%A_%a.out`."""
+def add(journal: store.Store, job: store.Job, array: Expansion) -> list[int]:
+    """Journal `job` once per task of `array` (inside the caller's transaction); the
+    tasks' job ids in task order, the first of them the array's id. Output paths get
+    sbatch's patterns filled in; without `--output` a task writes
+    `gpuwarden-%A_%a.out`, as sbatch's default for an array is `slurm-%A_%a.out`."""
     pattern = job.output or os.path.join(job.cwd, "gpuwarden-%A_%a.out")
-    first: Optional[store.Job] = None
+    ids: list[int] = []
     for task in array.tasks:
         values = arrayspec.combination(array.params, task) if array.params else {}
         added = journal.add(
             replace(
                 job,
-                array_job=None if first is None else first.id,
+                array_job=ids[0] if ids else None,
                 array_task=task,
                 array_throttle=array.throttle,
                 params=values,
             )
         )
-        if first is None:
-            first = added
-        fills = {"A": first.id, "a": task, "j": added.id, "u": job.user}
-        journal.update(added.id, array_job=first.id, output=arrayspec.output_path(pattern, fills))
-    assert first is not None  # a parsed array has at least one task
-    return journal.get(first.id) or first
+        ids.append(added.id)
+        fills = {"A": ids[0], "a": task, "j": added.id, "u": job.user}
+        journal.update(added.id, array_job=ids[0], output=arrayspec.output_path(pattern, fills))
+    return ids
+
+
+def output_of(job: store.Job) -> str:
+    """A batch job's output path: `--output` with sbatch's patterns filled in (`%j` and
+    `%A` its id, `%u` its user), or `gpuwarden-ID.out` in its working directory."""
+    if job.output is None:
+        return os.path.join(job.cwd, f"gpuwarden-{job.id}.out")
+    return arrayspec.output_path(job.output, {"A": job.id, "j": job.id, "u": job.user})
 
 
 def dependencies(journal: store.Store, after: Sequence[int]) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import arrays, attachment, jobprocess, spawn, store
+from gpuwarden.service import arrays, attachment, jobprocess, requeue, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -391,6 +391,9 @@ class Lifecycle:
             )
 
     def _finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
+        if state is None and requeue.asked(job):
+            requeue.again(self, job, ended)  # waits again under its id
+            return
         if state is None:
             if job.id in self.termed and job.reason == "time limit":
                 state = store.TIMEOUT

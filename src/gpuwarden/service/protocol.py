@@ -52,6 +52,7 @@ OPS = (
     "share",
     "signal",
     "stats",
+    "requeue",
     "attach",
 )
 

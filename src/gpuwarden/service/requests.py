@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import admission, arrays, jobprocess, listing, protocol, store
+from gpuwarden.service import admission, arrays, jobprocess, listing, protocol, requeue, store
 from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
 from gpuwarden.service.identity import Person, peer_credentials, person
 
@@ -91,6 +91,10 @@ class Requests:
                 "uid": job.uid,
                 "attached": job.attached,
             }
+        if op == "requeue":  # run it again once it ends (service.requeue)
+            (job_id,) = protocol.job_ids([message.get("job")], "job")
+            requeue.ask(self.store, self._owned(who, job_id, "requeue"))
+            return {"ok": True}
         if op == "stats":
             return self._stats()
         if op == "attach":
@@ -200,13 +204,13 @@ class Requests:
                 wait=sub.wait,
             )
             if array is not None:
-                job = arrays.add(self.store, new, array)
-                log.info("array %s of %d tasks submitted by %s", job.id, tasks, who.name)
+                ids = arrays.add(self.store, new, array)
+                log.info("array %s of %d tasks submitted by %s", ids[0], tasks, who.name)
                 self.pacer.wake()
-                return {"ok": True, "job": job.id, "tasks": tasks}
+                return {"ok": True, "job": ids[0], "tasks": tasks, "ids": ids}
             job = self.store.add(new)
-            if not job.attached and job.output is None:
-                self.store.update(job.id, output=os.path.join(sub.cwd, f"gpuwarden-{job.id}.out"))
+            if not job.attached:  # sbatch's patterns (%j) filled in, as for an array's tasks
+                self.store.update(job.id, output=arrays.output_of(job))
         if job.attached and client is not None:
             client.job = job.id
             self.attached[job.id] = client

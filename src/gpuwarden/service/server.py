@@ -150,13 +150,20 @@ class Service(Requests, Lifecycle):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: setattr(self, "stopping", True))
         self.open()
+        last, quiet_until, again = "", 0.0, False  # a full disk fails turn after turn alike
         try:
             while not self.stopping:
                 try:
                     self.step()
-                except Exception:  # one turn's failure (a full disk, a bug) is logged, not fatal
-                    log.exception("a turn of the service loop failed; serving on")
-                    time.sleep(min(1.0, self.settings.tick))  # not a busy loop of one error
+                    again = False
+                except Exception as err:  # one turn's failure (a full disk, a bug) is not fatal
+                    said, now = f"{type(err).__name__}: {err}", time.monotonic()
+                    if said != last or now >= quiet_until:  # its traceback once a minute
+                        log.exception("a turn of the service loop failed; serving on")
+                        last, quiet_until = said, now + 60.0
+                    if again:  # failing turn after turn: not a busy loop of one error
+                        time.sleep(min(1.0, self.settings.tick))
+                    again = True
         finally:
             self.close()
 

@@ -70,6 +70,7 @@ def build(
     describe: Any = None,
     fatal_xids: Optional[Iterable[int]] = None,
     service: Optional[Mapping[str, Any]] = None,
+    peers: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The `/api/v1/state` document for one moment.
 
@@ -78,7 +79,8 @@ def build(
     `waitline.Waiter`s in arrival order, `history` per-UUID series from
     `web.history.History.series()`; `describe` turns a waiter's request into words;
     `fatal_xids` (default: the built-in list) marks the fault lines that are fatal;
-    `service` is what `web.queue.ask()` got from the queue service (None: not asked).
+    `service` is what `web.queue.ask()` got from the queue service (None: not asked);
+    `peers` the other hosts' pages as `web.peers.summary` made them (none: no --peers).
     """
     drains = drains or {}
     findings = findings or {}
@@ -119,6 +121,7 @@ def build(
         "waitline": [_waiter(w, now, describe) for w in waiters],
         "queue": queue,
         "faults": _faults(xid_events, index, fatal_xids),
+        "peers": [dict(p) for p in peers],
     }
 
 

@@ -8,30 +8,29 @@ polling `/api/v1/state` — gets those same bytes. So
 fifty open pages cost fifty socket writes a second, not fifty NVML reads (nor
 fifty questions to the queue service).
 
-The server is `http.server.ThreadingHTTPServer` with bounds: at most
-`max_clients` connections at once (one more is answered 503 and closed, after
-waiting up to `SLOT_WAIT` for a slot: a connection its client has just closed
-holds its slot until its thread has run, which on a busy machine may come after
-the client's next connection), a
-socket timeout for slow or silent clients, GET and HEAD only (anything else
-405), and, while bound to loopback, only loopback `Host` names (a page on
-another site cannot read it through DNS rebinding). Malformed requests get a
-4xx from `BaseHTTPRequestHandler` or from here, never a traceback.
+The server is the exporter's (`gpuwarden.httpserver`: one selector thread, a
+few workers) with the page's bounds: at most `max_clients` connections at once
+(past it the oldest idle one makes room; with every one an open page, the
+newcomer is answered 503 at once), `timeout` seconds for a slow or silent
+client, GET and HEAD only (anything else 405), and, while bound to loopback,
+only loopback `Host` names (a page on another site cannot read it through DNS
+rebinding). Malformed requests get a 4xx, never a traceback. An events stream
+is sent the new document when the feed has one (`Feed.listeners`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Handler, Reply, Request
 from gpuwarden.inventory import Snapshot
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.web.history import History
@@ -75,8 +74,15 @@ class Feed:
         log: Callable[[str], None] = _warn,
         service: Optional[str] = None,
         service_timeout: Optional[float] = None,
+        peers: Sequence[str] = (),
     ) -> None:
         self.interval = interval
+        # Other hosts' pages (`--peers`), each asked by a thread of its own.
+        self.peers: Any = None
+        if peers:
+            from gpuwarden.web.peers import PeerWatch
+
+            self.peers = PeerWatch(peers, interval, timeout=min(5.0, max(1.0, interval * 2)))
         # The queue service's socket (None: none asked), asked by a thread of its own.
         self.service: Any = None
         if service is not None:
@@ -92,6 +98,7 @@ class Feed:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.listeners: list[Callable[[], None]] = []  # told of each new document
         self.seq = 0
         self.body = b""
         self.snap: Optional[Snapshot] = None
@@ -113,40 +120,29 @@ class Feed:
             self.body = body
             self.seq += 1
             self._cond.notify_all()
+        for listener in self.listeners:
+            listener()
 
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
         from gpuwarden.allocation import describe_request
-        from gpuwarden.health import Rules, judge
-        from gpuwarden.xidlog import xid_events
+        from gpuwarden.health import Rules
+        from gpuwarden.machineview import read_view
 
-        snap = self._read_snapshot()
-        leases = _soft(_leases, [])
-        if leases:
-            from gpuwarden.attribution import attribute
-
-            snap = attribute(snap, leases)  # a container's processes shown as their owner's
-        self.snap = snap
+        rules = self.rules or Rules()
+        view = read_view(self._read_snapshot(), rules=rules)
+        snap = self.snap = view.snapshot
         self.samples += 1
         self.history.add(snap)
-        events = _soft(xid_events, [])
-        xids: dict[str, list[int]] = {}
-        for event in events:
-            try:
-                xids.setdefault(str(event["uuid"]), []).append(int(event["xid"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-        rules = self.rules or Rules()
-        findings = {g.uuid: judge(g, tuple(xids.get(g.uuid, ())), rules=rules) for g in snap.gpus}
         watch = None
         if self.watch is not None:
             watch = {"running": True, "listening": bool(getattr(self.watch, "listening", False))}
         return build(
             snap,
-            leases=leases,
-            drains=_soft(_drains, {}),
-            findings=findings,
-            xid_events=events,
+            leases=view.leases,
+            drains=view.drains,
+            findings=view.findings,
+            xid_events=view.xid_events,
             waiters=_soft(_waiters, []),
             history=self.history.series(),
             watch=watch,
@@ -156,6 +152,7 @@ class Feed:
             describe=describe_request,
             fatal_xids=rules.fatal_xids,
             service=self._ask_service(),
+            peers=self.peers.latest() if self.peers is not None else (),
         )
 
     def _ask_service(self) -> Optional[dict[str, Any]]:
@@ -178,6 +175,8 @@ class Feed:
     def start(self) -> Feed:
         if self.service is not None:
             self.service.start()
+        if self.peers is not None:
+            self.peers.start()
         if self.seq == 0:
             self.sample()  # the first request must not find an empty document
         self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-feed", daemon=True)
@@ -203,19 +202,11 @@ class Feed:
             self._thread.join(5)
         if self.service is not None:
             self.service.stop()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
+        if self.peers is not None:
+            self.peers.stop()
 
     def latest(self) -> tuple[int, bytes]:
         with self._cond:
-            return self.seq, self.body
-
-    def wait_newer(self, seq: int, timeout: float) -> tuple[int, bytes]:
-        """The document after `seq`, or the same one after `timeout` or on stop."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.seq != seq or self._stop.is_set(), timeout)
             return self.seq, self.body
 
 
@@ -225,18 +216,6 @@ def _soft(read: Callable[[], Any], default: Any) -> Any:
         return read()
     except Exception:
         return default
-
-
-def _leases() -> list:
-    from gpuwarden.leases import list_leases
-
-    return list_leases()
-
-
-def _drains() -> dict:
-    from gpuwarden.drain import list_drains
-
-    return list_drains()
 
 
 def _waiters() -> list:
@@ -282,151 +261,54 @@ class Pages:
                 self.files[route] = (fh.read(), kind)
 
 
-def _handler(feed: Feed, pages: Pages, loopback_only: bool, timeout: float) -> type:
-    class Handler(BaseHTTPRequestHandler):
-        def version_string(self) -> str:  # no Python version for the curious
-            return "gpuwarden-web"
+def _routes(feed: Feed, pages: Pages, loopback_only: bool) -> Handler:
+    def handle(request: Request) -> Reply:
+        host = request.headers.get("host")  # browsers always send it; scripts may not
+        if loopback_only and host is not None and not is_loopback(_host_name(host)):
+            return Reply(400, b"this page answers to localhost only\n", close=True)
+        if request.path == "/api/v1/state":
+            return Reply(200, feed.latest()[1], "application/json", NO_STORE)
+        if request.path == "/api/v1/events":
+            return Reply(
+                200, content_type="text/event-stream", headers=NO_STORE, stream=Events(feed)
+            )
+        if request.path in pages.files:
+            body, kind = pages.files[request.path]
+            return Reply(200, body, kind, {"Cache-Control": "no-cache"})
+        return Reply(404, b"not found\n", close=True)
 
-        protocol_version = "HTTP/1.1"
-        # Errors found before the request line's version is read (a garbled line, a
-        # TLS handshake) would otherwise get HTTP/0.9's answer: a body with no status.
-        default_request_version = "HTTP/1.0"
-        # Headers and body leave in two writes; with Nagle's algorithm the second
-        # waits for the client's delayed ACK (~40 ms) on a kept-alive connection.
-        disable_nagle_algorithm = True
-
-        def setup(self) -> None:
-            self.timeout = timeout
-            super().setup()
-
-        def parse_request(self) -> bool:
-            if not super().parse_request():
-                return False
-            if self.command not in ("GET", "HEAD"):
-                self._plain(405, "read-only: GET and HEAD only\n", {"Allow": "GET, HEAD"})
-                return False
-            host = self.headers.get("Host")  # browsers always send it; scripts may not
-            if loopback_only and host is not None and not is_loopback(_host_name(host)):
-                self._plain(400, "this page answers to localhost only\n")
-                return False
-            return True
-
-        def do_HEAD(self) -> None:
-            self.do_GET()
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/api/v1/state":
-                self._send(200, feed.latest()[1], "application/json", cache=False)
-            elif path == "/api/v1/events":
-                self._events()
-            elif path in pages.files:
-                body, kind = pages.files[path]
-                self._send(200, body, kind, cache=True)
-            else:
-                self._plain(404, "not found\n")
-
-        def _plain(self, status: int, message: str, extra: Optional[dict] = None) -> None:
-            self.close_connection = True
-            self._send(status, message.encode(), "text/plain; charset=utf-8", False, extra)
-
-        def _send(
-            self,
-            status: int,
-            body: bytes,
-            kind: str,
-            cache: bool,
-            extra: Optional[dict] = None,
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-cache" if cache else "no-store")
-            for name, value in {**HEADERS, **(extra or {})}.items():
-                self.send_header(name, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _events(self) -> None:
-            """Server-sent events: each new document as one `data:` line, until the
-            page goes away or the server stops."""
-            self.close_connection = True
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-store")
-            for name, value in HEADERS.items():
-                self.send_header(name, value)
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            retry = int(feed.interval * 1000)
-            seq, body = feed.latest()
-            try:
-                self.wfile.write(b"retry: %d\ndata: %s\n\n" % (retry, body))
-                while not feed.stopped:
-                    new, body = feed.wait_newer(seq, KEEPALIVE)
-                    if feed.stopped:
-                        break
-                    if new == seq:
-                        self.wfile.write(b": keep-alive\n\n")
-                    else:
-                        seq = new
-                        self.wfile.write(b"data: %s\n\n" % body)
-            except OSError:  # the page closed, or stopped reading (socket timeout)
-                return
-
-        def log_message(self, *args: Any) -> None:  # page loads are not news
-            pass
-
-    return Handler
+    return handle
 
 
-SLOT_WAIT = 0.1  # seconds a connection over the limit waits for a slot before its 503
+NO_STORE = {"Cache-Control": "no-store"}
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a ceiling on connections (each is a thread)."""
+class Events:
+    """Server-sent events: each new document as one `data:` line, a comment when
+    quiet for `KEEPALIVE` seconds (proxies drop idle streams)."""
 
-    daemon_threads = True
-    request_queue_size = 64
+    keepalive = KEEPALIVE
+    ping = b": keep-alive\n\n"
 
-    def __init__(self, address: tuple[str, int], handler: type, max_clients: int) -> None:
-        self.slots = threading.BoundedSemaphore(max_clients)
-        super().__init__(address, handler)
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self.seq: Optional[int] = None
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(timeout=SLOT_WAIT):
-            with contextlib.suppress(OSError):
-                request.sendall(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                    b"Retry-After: 5\r\nConnection: close\r\n\r\n"
-                )
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that vanished mid-answer is normal; anything else is a bug worth a line.
-        err = sys.exc_info()[1]
-        if not isinstance(err, OSError):
-            _warn(f"error answering {client_address[0]}: {type(err).__name__}: {err}")
+    def poll(self) -> bytes:
+        seq, body = self.feed.latest()
+        if self.seq is None:
+            self.seq = seq
+            return b"retry: %d\ndata: %s\n\n" % (int(self.feed.interval * 1000), body)
+        if seq == self.seq:
+            return b""
+        self.seq = seq
+        return b"data: %s\n\n" % body
 
 
 class WebServer:
     """A running page: address, feed, optional health watch; `close()` stops all."""
 
-    def __init__(self, httpd: _Server, feed: Feed, watch: Any = None) -> None:
+    def __init__(self, httpd: HttpServer, feed: Feed, watch: Any = None) -> None:
         self.httpd = httpd
         self.feed = feed
         self.watch = watch
@@ -462,14 +344,20 @@ def serve(
     if max_clients < 1:
         raise UserError(f"web.max_clients must be at least 1, got {max_clients}")
     feed = feed or Feed()
-    handler = _handler(feed, Pages(), is_loopback(host), timeout)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    server_class = type("Server", (_Server,), {"address_family": family})
+    routes = _routes(feed, Pages(), is_loopback(host))
     try:
-        httpd = server_class((host, port), handler, max_clients)
+        httpd = HttpServer(
+            (host, port),
+            routes,
+            max_connections=max_clients,
+            request_timeout=timeout,
+            write_timeout=timeout,
+            headers=HEADERS,
+        )
     except OSError as err:
         why = err.strerror or str(err)
         raise UserError(f"cannot listen on {host}:{port}: {why}") from None
+    feed.listeners.append(httpd.notify)
     feed.start()
     if watch is not None:
         watch.start()

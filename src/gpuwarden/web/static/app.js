@@ -233,7 +233,30 @@ function draw(doc) {
   rows(document.getElementById("faults"), doc.faults, (f) => el("tr", { class: f.fatal ? "finding fatal" : "", "data-xid": f.xid },
     el("td", {}, clock(f.at)), el("td", {}, f.index === null ? f.uuid : f.index),
     el("td", {}, f.xid + (f.fatal ? " (fatal)" : "")), el("td", {}, f.description)), "no XID errors this boot");
+  drawPeers(doc.peers || []);
   tick();
+}
+
+// Other hosts' pages (`web --peers`), as this server read them: a row per GPU, or one
+// row saying why a host shows none.
+function drawPeers(peers) {
+  document.getElementById("peers-panel").hidden = !peers.length;
+  const list = [];
+  for (const p of peers) {
+    const host = p.hostname || p.url;
+    if (p.error || !p.gpus.length) list.push({ host, url: p.url, error: p.error || "no GPUs" });
+    for (const g of p.gpus) list.push({ host, url: p.url, gpu: g });
+  }
+  rows(document.getElementById("peers"), list, (r) => r.gpu === undefined
+    ? el("tr", { class: "finding", "data-peer": r.url }, el("td", {}, r.host), el("td", { colspan: 7 }, r.error))
+    : el("tr", { "data-peer": r.url, "data-gpu": r.gpu.index },
+      el("td", {}, r.host), el("td", {}, r.gpu.index === null ? "?" : r.gpu.index),
+      el("td", {}, shortName(r.gpu.name || "n/a")),
+      el("td", {}, r.gpu.utilization === null ? "n/a" : r.gpu.utilization + "%"),
+      el("td", {}, `${size(r.gpu.memory_used)} / ${size(r.gpu.memory_total)}`),
+      el("td", {}, r.gpu.temperature === null ? "n/a" : r.gpu.temperature + "°C"),
+      el("td", {}, (r.gpu.health || "n/a") + (r.gpu.drained ? ", drained" : "")),
+      el("td", {}, r.gpu.users.join(", ") || "-")), "no other hosts");
 }
 
 function gpusOf(job) {

@@ -1,4 +1,5 @@
-"""The exporter's HTTP server: one selector thread, a small fixed worker pool.
+"""The HTTP server of the exporter and the web page: one selector thread, a small
+fixed worker pool.
 
 `http.server.ThreadingHTTPServer` starts a thread per connection and keeps it as
 long as the client keeps the socket open, with a listen backlog of 5: 5,000 idle
@@ -14,45 +15,68 @@ responses, so:
   file descriptor for a few seconds, never a thread;
 * past `max_connections` the oldest connection still waiting for its request is
   dropped to make room, so a flood of idle sockets cannot lock Prometheus out;
+  when every connection is busy (open event streams), the newcomer is answered
+  503 at once instead of waiting in a queue;
 * the backlog is 128, so bursts of scrapers wait in the kernel's queue instead
   of being refused and retried a second later.
 
-Only what a metrics endpoint needs is spoken: GET and HEAD (HEAD is GET without
-the body), HTTP/1.0 and 1.1 with keep-alive; other methods get 405, other paths
-404, a malformed or oversized request head 400/431. Request bodies are never
-read: a request that announces one is answered and the connection closed.
+Only what a read-only endpoint needs is spoken: GET and HEAD (HEAD is GET without
+the body), HTTP/1.0 and 1.1 with keep-alive; other methods get 405, a malformed
+request head 400, an overlong one 414 (request line) or 431 (headers), another
+HTTP version 505. Request bodies are never read: a request that announces one is
+answered and the connection closed. After an answer that closes the connection,
+what the client still sends is read and dropped for a moment (a lingering close),
+so a reset cannot overtake the answer.
+
+A handler answers a `Request` with a `Reply` (both in `httpwire`, with the
+parsing); a reply with a `stream` (the web page's server-sent events) keeps its
+connection, without a length, and the loop sends what the stream has new
+whenever `notify()` is called, and its `ping` when it has been quiet for
+`keepalive` seconds.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import queue
 import selectors
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Callable, Optional
 
-# (status, content type, body) for a path and the request's Accept header
-Handler = Callable[[str, Optional[str]], "tuple[int, str, bytes]"]
+from gpuwarden.httpwire import (
+    Handler,
+    Reply,
+    Request,
+    Stream,
+    encode,
+    has_body,
+    parse_head,
+    wants_close,
+)
 
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-MAX_HEAD = 16 * 1024  # a scrape's request head is a few hundred bytes
+MAX_HEAD = 16 * 1024  # a scrape's or a page's request head is a few hundred bytes
+LINGER = 2.0  # seconds a closing connection's unread input is still read and dropped
 
 
 class _Conn:
     """One client: what it sent, what it is owed, and until when it may take."""
 
-    __slots__ = ("busy", "close_after", "deadline", "events", "inbox", "outbox", "sock")
+    __slots__ = (
+        "busy",
+        "close_after",
+        "deadline",
+        "events",
+        "inbox",
+        "lingering",
+        "outbox",
+        "sock",
+        "stream",
+    )
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
@@ -62,6 +86,8 @@ class _Conn:
         self.busy = False  # a worker is building its answer
         self.close_after = False
         self.events = 0  # what the selector watches for (0: not registered)
+        self.stream: Optional[Stream] = None  # an answer that goes on
+        self.lingering = False  # answered and shut for writing: input is dropped
 
 
 class HttpServer:
@@ -77,6 +103,7 @@ class HttpServer:
         max_connections: int = 512,
         request_timeout: float = 5.0,
         write_timeout: float = 10.0,
+        headers: Optional[Mapping[str, str]] = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         host, port = address
@@ -96,6 +123,7 @@ class HttpServer:
         self.max_connections = max(1, _fd_room(max_connections))
         self.request_timeout = request_timeout
         self.write_timeout = write_timeout
+        self.headers = dict(headers or {})  # sent with every answer, errors too
         self._clock = clock
         # daemon workers, so a render stuck on a hostile file never holds up exit
         self._jobs: queue.Queue = queue.Queue()
@@ -115,6 +143,7 @@ class HttpServer:
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()
+        self._notified = False
         self.turns = 0  # loop iterations: the tests check that an idle loop sleeps
 
     # --- the loop -------------------------------------------------------------
@@ -152,6 +181,11 @@ class HttpServer:
         self._wake()
         self._stopped.wait()
 
+    def notify(self) -> None:
+        """Something new for the streams: any thread may call it."""
+        self._notified = True
+        self._wake()
+
     def server_close(self) -> None:
         for _ in self._workers:
             self._jobs.put(None)
@@ -183,9 +217,11 @@ class HttpServer:
                     continue
                 return  # ECONNABORTED and the like: that client is gone
             if len(self._conns) >= self.max_connections and not self._evict():
-                sock.close()
+                _refuse(sock)
                 continue
             sock.setblocking(False)
+            with contextlib.suppress(OSError):  # streams write small pieces: no Nagle delay
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, self._clock() + self.request_timeout)
             self._conns[sock] = conn
             self._watch(conn, read=True)
@@ -193,7 +229,7 @@ class HttpServer:
     def _evict(self) -> bool:
         """Drop the oldest connection still waiting for its request head."""
         for conn in self._conns.values():
-            if not conn.busy and not conn.outbox:
+            if not conn.busy and not conn.outbox and conn.stream is None:
                 self._close(conn)
                 return True
         return False
@@ -201,7 +237,10 @@ class HttpServer:
     def _expire(self) -> None:
         now = self._clock()
         for conn in [c for c in self._conns.values() if c.deadline <= now]:
-            self._close(conn)
+            if conn.stream is not None and not conn.outbox and not conn.lingering:
+                self._send(conn, conn.stream.ping, close=False)  # quiet: a keep-alive
+            else:
+                self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
         if self._conns.pop(conn.sock, None) is None:
@@ -219,8 +258,14 @@ class HttpServer:
         except OSError:
             self._close(conn)
             return
+        if conn.lingering or conn.stream is not None:
+            if not data:
+                self._close(conn)
+            return  # a request on a stream, or after the last answer: not read
         if not data:
-            if not conn.busy:
+            if conn.inbox and not conn.busy and not conn.outbox:  # half a request, then EOF
+                self._send(conn, self._error(400, b"bad request\n"), close=True)
+            elif not conn.busy:
                 self._close(conn)
             else:  # answer it anyway, then close (a half-closed client may still read)
                 conn.close_after = True
@@ -242,25 +287,34 @@ class HttpServer:
         end = conn.inbox.find(b"\r\n\r\n")
         if end < 0:
             if len(conn.inbox) > MAX_HEAD:
-                body = b"request head too large\n"
-                self._send(conn, _answer(431, "text/plain", body, True), close=True)
+                if b"\r\n" in conn.inbox:
+                    answer = self._error(431, b"request head too large\n")
+                else:
+                    answer = self._error(414, b"request line too long\n")
+                self._send(conn, answer, close=True)
             return
         head, conn.inbox = conn.inbox[:end], conn.inbox[end + 4 :]
         request = parse_head(head)
         if request is None:
-            self._send(conn, _answer(400, "text/plain", b"bad request\n", True), close=True)
+            self._send(conn, self._error(400, b"bad request\n"), close=True)
             return
         method, path, version, headers = request
-        close = _wants_close(version, headers) or _has_body(headers)
+        if not version.startswith("HTTP/1."):
+            self._send(conn, self._error(505, b"HTTP/1.0 and 1.1 only\n"), close=True)
+            return
+        close = wants_close(version, headers) or has_body(headers)
         if method not in ("GET", "HEAD"):
             allow = {"Allow": "GET, HEAD"}
-            answer = _answer(405, "text/plain", b"only GET and HEAD\n", True, allow)
+            answer = self._error(405, b"read-only: GET and HEAD only\n", allow)
             self._send(conn, answer, close=True)
             return
         conn.busy = True
         conn.deadline = float("inf")  # the answer's own deadline starts when it is ready
         self._watch(conn, read=True)  # to notice a hang-up
-        self._jobs.put((conn, path, headers.get("accept"), method == "HEAD", close))
+        self._jobs.put((conn, Request(method, path, headers), close))
+
+    def _error(self, status: int, body: bytes, extra: Optional[Mapping[str, str]] = None) -> bytes:
+        return encode(Reply(status, body, headers={**self.headers, **(extra or {})}), True)
 
     def _work(self) -> None:
         """A worker: build answers and hand them to the loop."""
@@ -268,13 +322,27 @@ class HttpServer:
             job = self._jobs.get()
             if job is None:
                 return
-            conn, path, accept, head_only, close = job
+            conn, request, close = job
             try:
-                status, content_type, body = self.handler(path, accept)
-            except Exception:  # a bug in rendering costs this scrape, not the server
-                status, content_type, body = 500, "text/plain", b"internal error\n"
-            answer = _answer(status, content_type, body, close, head_only=head_only)
-            self._done.append((conn, answer, close))
+                reply = self.handler(request)
+            except Exception:  # a bug in rendering costs this answer, not the server
+                reply = Reply(500, b"internal error\n")
+            if self.headers:
+                reply = Reply(
+                    reply.status,
+                    reply.body,
+                    reply.content_type,
+                    {**self.headers, **reply.headers},
+                    reply.close,
+                    reply.stream,
+                )
+            head_only = request.method == "HEAD"
+            close = close or reply.close or (reply.stream is not None and head_only)
+            answer = encode(reply, close, head_only=head_only)
+            stream = None if head_only else reply.stream
+            if stream is not None:
+                answer += stream.poll()
+            self._done.append((conn, answer, close, stream))
             self._wake()
 
     def _drain_wakeups(self) -> None:
@@ -284,11 +352,21 @@ class HttpServer:
         except (BlockingIOError, InterruptedError):
             pass
         while self._done:
-            conn, answer, close = self._done.popleft()
+            conn, answer, close, stream = self._done.popleft()
             if conn.sock not in self._conns:
                 continue  # the client left meanwhile
             conn.busy = False
+            conn.stream = stream
+            conn.inbox = b"" if stream is not None else conn.inbox
             self._send(conn, answer, close)
+        if self._notified:
+            self._notified = False
+            for conn in list(self._conns.values()):
+                stream = conn.stream
+                if stream is not None and not conn.lingering:
+                    news = stream.poll()
+                    if news:
+                        self._send(conn, news, close=False)
 
     def _send(self, conn: _Conn, answer: bytes, close: bool) -> None:
         conn.close_after = conn.close_after or close
@@ -309,12 +387,30 @@ class HttpServer:
             self._watch(conn, read=False, write=True)
             return
         if conn.close_after:
-            self._close(conn)
+            self._linger(conn)
+            return
+        if conn.stream is not None:
+            conn.deadline = self._clock() + conn.stream.keepalive
+            self._watch(conn, read=True)
             return
         conn.deadline = self._clock() + self.request_timeout
         self._watch(conn, read=True)
         if conn.inbox:
             self._next_request(conn)
+
+    def _linger(self, conn: _Conn) -> None:
+        """Shut the answered connection for writing and drop what the client still
+        sends until it closes (or `LINGER` passes): closing with unread input would
+        send a reset, which may reach the client before the answer does."""
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.lingering = True
+        conn.inbox = b""
+        conn.deadline = self._clock() + LINGER
+        self._watch(conn, read=True)
 
     def _watch(self, conn: _Conn, read: bool, write: bool = False) -> None:
         """Watch `conn` for exactly these events (none: a hung-up client owed an answer)."""
@@ -338,61 +434,15 @@ class HttpServer:
             pass  # closed: the server is going away
 
 
-# --- pure parts ---------------------------------------------------------------
-
-
-def parse_head(head: bytes) -> Optional[tuple[str, str, str, dict[str, str]]]:
-    """(method, path without query, version, lower-cased headers), None when malformed."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        return None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        return None
-    method, target, version = parts
-    if not method.isalpha() or not version.startswith("HTTP/1.") or not target:
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            return None
-        headers[name.lower()] = value.strip()
-    return method, target.split("?", 1)[0], version, headers
-
-
-def _wants_close(version: str, headers: dict[str, str]) -> bool:
-    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    if version == "HTTP/1.0":
-        return "keep-alive" not in tokens
-    return "close" in tokens
-
-
-def _has_body(headers: dict[str, str]) -> bool:
-    """A body we will not read: answer, then close, so it is never taken for a request."""
-    return "transfer-encoding" in headers or headers.get("content-length", "0") not in ("", "0")
-
-
-def _answer(
-    status: int,
-    content_type: str,
-    body: bytes,
-    close: bool,
-    extra: Optional[dict[str, str]] = None,
-    head_only: bool = False,
-) -> bytes:
-    lines = [
-        f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {len(body)}",
-    ]
-    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
-    if close:
-        lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + body
+def _refuse(sock: socket.socket) -> None:
+    """Every connection busy: say so at once rather than queue the newcomer."""
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        sock.send(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+            b"Retry-After: 5\r\nConnection: close\r\n\r\n"
+        )
+    sock.close()
 
 
 def _fd_room(wanted: int) -> int:

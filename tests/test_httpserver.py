@@ -1,5 +1,6 @@
-"""The exporter's HTTP server: bounded threads, idle and slow clients dropped,
-HEAD, 404/405, keep-alive, and scrapes answered while hundreds of sockets idle."""
+"""The HTTP server of the exporter and the web page: bounded threads, idle and slow
+clients dropped, HEAD, 404/405, keep-alive, and scrapes answered while hundreds of
+sockets idle. (The web page's routes and streams: test_web_server.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpuwarden.exporter import ViewCache, serve
-from gpuwarden.exporter_http import HttpServer, parse_head
+from gpuwarden.httpserver import HttpServer
+from gpuwarden.httpwire import Reply, Request, parse_head
 from test_exporter import machine
 
 
@@ -26,10 +28,10 @@ def wait_for(condition, timeout: float = 10.0) -> bool:
     return condition()
 
 
-def handler(path: str, accept):
-    if path == "/metrics":
-        return 200, "text/plain", b"up 1\n"
-    return 404, "text/plain", b"not found\n"
+def handler(request: Request) -> Reply:
+    if request.path == "/metrics":
+        return Reply(200, b"up 1\n", "text/plain")
+    return Reply(404, b"not found\n", "text/plain")
 
 
 @pytest.fixture
@@ -193,7 +195,7 @@ def test_malformed_requests_get_an_error_and_a_close(server, request_bytes, stat
 
 
 def test_a_failing_handler_costs_one_answer_not_the_server():
-    def broken(path, accept):
+    def broken(request):
         raise RuntimeError("render bug")
 
     httpd = HttpServer(("127.0.0.1", 0), broken)
@@ -218,6 +220,8 @@ def test_parse_head():
     assert parse_head(b"GET  /metrics HTTP/1.1") is None
     assert parse_head(b"G3T / HTTP/1.1") is None
     assert parse_head(b"GET / HTTP/1.1\r\n Folded: x") is None
+    assert parse_head(b"GET / HTTP/9.9")[2] == "HTTP/9.9"  # well-formed: answered 505
+    assert parse_head(b"GET / HTTP/x.1") is None
 
 
 def test_backlog_holds_a_burst_of_scrapers_while_the_loop_is_busy():
@@ -239,8 +243,8 @@ def test_backlog_holds_a_burst_of_scrapers_while_the_loop_is_busy():
 def test_a_client_that_never_reads_its_answer_is_dropped():
     big = b"x" * (32 * 2**20)  # more than both socket buffers hold
 
-    def answer(path, accept):
-        return (200, "text/plain", big) if path == "/big" else handler(path, accept)
+    def answer(request):
+        return Reply(200, big) if request.path == "/big" else handler(request)
 
     httpd = HttpServer(("127.0.0.1", 0), answer, write_timeout=0.3)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -264,9 +268,9 @@ def test_the_loop_sleeps_while_a_slow_answer_is_built():
     # the loop must not spin on it (select with timeout 0) meanwhile.
     release = threading.Event()
 
-    def slow(path, accept):
+    def slow(request):
         release.wait(30)
-        return 200, "text/plain", b"late\n"
+        return Reply(200, b"late\n")
 
     httpd = HttpServer(("127.0.0.1", 0), slow, request_timeout=0.05)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

@@ -1,0 +1,132 @@
+"""submitit's own AutoExecutor on the queue service (gpuwarden.submitit), as a real user.
+
+submitit comes from PyPI (the test dependency group) and finds the executor through
+its plugin API (the `submitit` entry points in pyproject.toml); the script below is
+what a user writes for Slurm, with `cluster="gpuwarden"`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import test_service
+from test_service import SRC, USER_PY, Server, _become, _serving
+from users import make_user
+
+open_dir = test_service.open_dir
+
+SCRIPT = r"""
+import json, sys, time
+import submitit
+
+def square(x):
+    return x * x
+
+def boom():
+    raise ValueError("boom from the job")
+
+def nap():
+    time.sleep(60)
+
+def state(job, wanted):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = job.watcher.get_state(job.job_id, mode="force")
+        if now in wanted:
+            return now
+        time.sleep(0.1)
+    return now
+
+executor = submitit.AutoExecutor(sys.argv[1], cluster="gpuwarden")
+executor.update_parameters(
+    timeout_min=5, gpus_per_node=1, slurm_array_parallelism=2, gpuwarden_array_parallelism=2
+)
+jobs = executor.map_array(square, range(8))
+out = {"ids": [j.job_id for j in jobs], "results": [j.result() for j in jobs]}
+bad = executor.submit(boom)
+try:
+    bad.result()
+except submitit.core.utils.FailedJobError as err:
+    out["error"] = str(err)
+out["bad"] = state(bad, ("FAILED",))
+class Twice(submitit.helpers.Checkpointable):
+    # Its first run outlives the time before its checkpoint; the run it is requeued as ends.
+    def __init__(self):
+        self.runs = 0
+
+    def __call__(self):
+        self.runs += 1
+        if self.runs == 1:
+            time.sleep(60)
+        return self.runs
+
+executor.update_parameters(timeout_min=1, gpuwarden_signal_delay_s=58)
+again = executor.submit(Twice())
+out["requeued"] = [again.job_id, again.result()]
+executor.update_parameters(timeout_min=5)
+sleepy = executor.submit(nap)
+out["running"] = state(sleepy, ("RUNNING",))
+sleepy.cancel()
+out["cancelled"] = state(sleepy, ("CANCELLED",))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    pytest.importorskip("submitit")
+    yield from _serving(tmp_path, open_dir, monkeypatch)
+
+
+def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(
+    server: Server,
+) -> None:
+    alice = make_user("alice", ("lab",))
+    import submitit
+
+    # The user's own Python (root's interpreter is not theirs to run) with submitit and
+    # gpuwarden's entry points from the test environment's packages.
+    found = subprocess.run(
+        [USER_PY, "-c", "import sys; print(sys.version_info[:2])"],
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    if found != str(sys.version_info[:2]):
+        pytest.skip(f"{USER_PY} is Python {found}, not the test environment's")
+    packages = str(Path(submitit.__file__).resolve().parent.parent)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": server.socket,
+        "HOME": alice.home,
+        "PYTHONPATH": f"{SRC}:{packages}",
+    }
+    done = subprocess.run(
+        [USER_PY, "-c", SCRIPT, str(Path(server.work) / "runs")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_become(alice),
+        cwd=str(server.work),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["results"] == [x * x for x in range(8)]
+    array = out["ids"][0].split("_")[0]
+    assert out["ids"] == [f"{array}_{i}" for i in range(8)]
+    tasks = [r for r in server.call(None, "jobs", limit=100)["jobs"] if r.get("array_job")]
+    assert len(tasks) == 8 and {r["array_throttle"] for r in tasks} == {2}
+    assert {r["user"] for r in tasks} == {"gw-alice"}
+    assert "ValueError: boom from the job" in out["error"] and out["bad"] == "FAILED"
+    assert out["running"] == "RUNNING" and out["cancelled"] == "CANCELLED"
+    job, runs = out["requeued"]
+    assert runs == 2  # checkpointed, requeued under its id, resumed from the checkpoint
+    assert server.job(int(job))["state"] == "COMPLETED"
+    assert f"job {job} requeued" in server.log.read_text()

@@ -264,6 +264,6 @@ def ssh_lab(top: Path, specs: dict[str, str]) -> SshLab:
             "GPUWARDEN_LEASE_DIR": str(state / "leases"),
             "GPUWARDEN_STATE_DIR": str(state / "state"),
             "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
-            "GPUWARDEN_SOCKET": str(state / "no-service.sock"),
+            "GPUWARDEN_SOCKET": str(state / "gpuwarden.sock"),  # a test may start one
         }
     return SshLab(top, person.name, python, path, env)

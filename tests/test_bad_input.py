@@ -270,6 +270,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "choice": ["bogus"],
     "names": [",", "a,,b"],
     "shares": ["alice", "alice=0", "alice=-1,bob=2"],
+    "limits": ["alice", "{}"],
     "profile": ["10gb", "1g", "1g.10gb;rm"],
 }
 
@@ -326,6 +327,13 @@ def _bad_files() -> Iterator[Case]:
         "choice": ['"bogus"', "1"],
         "names": ["5", '[""]', "[1]"],
         "shares": ["5", "{alice = 0}", '{alice = "x"}', "[1]"],
+        "limits": [
+            "5",
+            "{alice = 2}",
+            "{alice = {max_gpus = 0}}",
+            "{alice = {max_gpu = 2}}",
+            '{"@lab" = {max_time = "forever"}}',
+        ],
         "profile": ['"1g"', "5", '"3g.40gb,1g.10gb"'],
     }
     for key in configkeys.SCHEMA:

@@ -441,3 +441,44 @@ def test_apptainer_under_run_is_a_child_with_the_variables(
     inside, locks = ran.stdout.split("\n")[:2]
     assert inside.startswith("inside=GPU-") and inside.endswith("order=PCI_BUS_ID")
     assert locks == "1"  # the lease's lock, inherited by the container's process
+
+
+def test_the_idle_policy_releases_a_container_s_lease_by_stopping_it(
+    podman: Path, tmp_path: Path
+) -> None:
+    """A container's PID 1 that ignores SIGTERM outlives the signal to its client's group,
+    and holds the lease on: the enforcer stops the container itself."""
+    from gpuwarden.enforcement import Policy
+    from gpuwarden.enforcer import Enforcer
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.leases import list_leases
+    from gpuwarden.sim import Machine
+
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    argv = ["podman", "run", "--rm", "--network=none", "--stop-timeout=1", "-v", f"{flags}:/f"]
+    argv += [IMAGE, "sh", "-c", "touch /f/started; while :; do sleep 0.05; done"]
+    proc = _run("--gpus", "6", "--", *argv)
+    try:
+        _until("the container started", lambda: _started(proc, flags))
+        [lease] = _until("the lease is published", list_leases)
+        out = subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.Pid}}", f"gpuwarden-{lease.job}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        Machine.open().add_process(6, int(out.stdout), "1GiB")  # idle: 0% all along
+        enforcer = Enforcer(Policy(idle_after=60, idle_action="release"))
+        first = enforcer.step(read_snapshot(), list_leases(), 0.0)
+        assert [a for a in first if a.policy != "unleased"] == []  # the colleagues' use
+        acts = enforcer.step(read_snapshot(), list_leases(), 61.0)
+        acts = [a for a in acts if a.policy != "unleased"]
+        assert [(a.policy, a.kind, a.index) for a in acts] == [("idle", "release", 6)]
+        enforcer.carry_out(acts, 61.0)
+        _until("the container is stopped and the lease freed", lambda: list_leases() == [])
+        assert proc.wait(timeout=30) == 137  # stopped after its grace: SIGKILL
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["podman", "rm", "-f", "-t", "0", f"gpuwarden-{lease.job}"])
+            proc.wait(timeout=30)

@@ -98,13 +98,41 @@ def test_select_says_which_host_has_the_gpus(lab: netns.SshLab) -> None:
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
 
 
-def test_queue_reports_each_host_without_a_queue_service_in_one_line(lab: netns.SshLab) -> None:
-    done = lab.cli("queue", "--hosts", "node1,node2", "--json")
-    assert done.returncode == 1
-    merged = validate("queue-hosts", done.stdout)
-    assert merged["jobs"] == []
-    assert [(h["host"], h["ok"]) for h in merged["hosts"]] == [("node1", False), ("node2", False)]
-    assert all("service" in h["error"] for h in merged["hosts"]), merged
+def test_queue_shows_each_hosts_service_jobs_and_a_host_without_one_in_one_line(
+    lab: netns.SshLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node1 runs the queue service (as an admin starts it there, on that machine's
+    leases and state); node2 has none."""
+    from test_service import Server, submit
+    from users import make_user
+
+    node1 = lab.top / "node1"
+    for key, where in (("LEASE_DIR", "leases"), ("STATE_DIR", "state"), ("SIM_STATE", "sim")):
+        monkeypatch.setenv(f"GPUWARDEN_{key}", str(node1 / where))  # node1's, as its sshd says
+    work = lab.top / "work"
+    work.mkdir(mode=0o1777, exist_ok=True)
+    work.chmod(0o1777)
+    server = Server(node1, work, ("--grace", "1s"), SPECS["node1"])
+    server.socket = str(node1 / "gpuwarden.sock")
+    server.start()
+    try:
+        job = submit(server, make_user("hosts"), ["sleep", "120"], count=1)
+        done = lab.cli("queue", "--hosts", "node1,node2")
+        assert done.returncode == 1, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].split()[:3] == ["HOST", "JOB", "USER"]
+        assert lines[1].split()[:3] == ["node1", str(job), lab.user]
+        assert len(lines) == 3 and lines[2].startswith("node2: gpuwarden queue: ")
+        done = lab.cli("queue", "--hosts", "node1,node2", "--json")
+        merged = validate("queue-hosts", done.stdout)
+        assert [(j["host"], j["id"]) for j in merged["jobs"]] == [("node1", job)]
+        assert [(h["host"], h["ok"]) for h in merged["hosts"]] == [
+            ("node1", True),
+            ("node2", False),
+        ]
+    finally:
+        server.kill(signal.SIGTERM)
+        server.kill_jobs()
 
 
 def test_a_host_name_that_would_be_an_ssh_option_is_refused(lab: netns.SshLab) -> None:

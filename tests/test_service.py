@@ -647,6 +647,79 @@ def test_per_user_limits_refuse_in_one_line_and_spare_admins(limited: Server) ->
         limited.call(None, "cancel", jobs=[int(k.stdout)])
 
 
+def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: raising max_gpus_per_user and reloading accepts a job refused before;
+    a broken file is refused in one line naming the key and the old policy stays;
+    SIGHUP reloads too, and [service.limits] gives a group its own limit, which a
+    refusal names."""
+    conf = open_dir / "config.toml"
+    conf.write_text("[service]\nmax_gpus_per_user = 1\n")
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
+    srv = next(_serving(tmp_path, open_dir, monkeypatch))
+    try:
+        alice = make_user("alice", ("lab",))
+        wide = ("submit", "-g", "2", "--", "sleep", "60")
+        refused = cli_as(srv, alice, *wide)
+        assert refused.returncode == 2 and refused.stderr.endswith("(max_gpus_per_user)\n")
+        conf.write_text("[service]\nmax_gpus_per_user = 2\n")
+        reload = cli_as(srv, alice, "service", "reload")
+        assert (reload.returncode, reload.stderr) == (
+            2,
+            "gpuwarden service: only an admin may reload the service's policy\n",
+        )
+        env = {"GPUWARDEN_SOCKET": srv.socket, "GPUWARDEN_SYSTEM_CONFIG": str(conf)}
+        reload = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "service", "reload"],
+            env={**os.environ, "PYTHONPATH": SRC, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert reload.returncode == 0, reload.stderr
+        assert reload.stdout == "max_gpus_per_user: 1 -> 2\nreloaded: 1 change(s)\n"
+        accepted = cli_as(srv, alice, *wide)
+        assert accepted.returncode == 0, accepted.stderr
+        srv.wait_state(int(accepted.stdout), ("RUNNING",))
+        assert "reload: max_gpus_per_user: 1 -> 2" in srv.log.read_text()
+
+        conf.write_text('[service]\nmax_gpus_per_user = "lots"\n')
+        broken = srv.call(None, "reload")
+        assert "service.max_gpus_per_user must be" in broken["error"]
+        assert broken["error"].endswith("; the policy in force stays")
+        assert "\n" not in broken["error"]
+        still = cli_as(srv, alice, "submit", "-g", "3", "--", "true")
+        assert still.returncode == 2 and "more than the 2 a user" in still.stderr
+
+        conf.write_text(
+            '[service]\nmax_gpus_per_user = 2\n[service.limits]\n"@gw-lab" = { max_gpus = 3 }\n'
+        )
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "reload: limits" not in srv.log.read_text():
+            assert time.monotonic() < deadline, srv.log.read_text()[-2000:]
+            time.sleep(0.05)
+        four = cli_as(srv, alice, "submit", "-g", "4", "--", "true")
+        assert four.returncode == 2, four.stderr
+        assert four.stderr.endswith("(service.limits @gw-lab max_gpus)\n"), four.stderr
+        shown = cli_as(srv, alice, "limits")
+        assert shown.returncode == 0, shown.stderr
+        assert "service.limits @gw-lab max_gpus" in shown.stdout
+        as_json = json.loads(cli_as(srv, alice, "limits", "--json").stdout)
+        jsonschema = pytest.importorskip("jsonschema")
+        schema = Path(SRC, "gpuwarden", "schemas", "limits.json").read_text()
+        jsonschema.validate(as_json, json.loads(schema))
+        rows = {r["limit"]: (r["value"], r["used"], r["rule"]) for r in as_json["limits"]}
+        assert rows["max_gpus"] == (3, 2, "service.limits @gw-lab max_gpus"), rows
+        srv.call(None, "cancel", jobs=[int(accepted.stdout)])
+    finally:
+        if srv.proc and srv.proc.poll() is None:
+            srv.kill(signal.SIGTERM)
+        srv.kill_jobs()
+
+
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     alice = make_user("alice", ("lab",))
     running = submit(server, alice, ["sleep", "60"], request={"count": 4})

@@ -503,6 +503,11 @@ def test_jobs_that_could_never_run_and_partial_cancels_say_so(server: Server) ->
     assert none.returncode == 2 and none.stderr == (
         f"gpuwarden cancel: job {ended} has ended (COMPLETED)\n"
     )
+    held = cli_as(server, bob, "hold", str(other), str(ended))
+    assert held.returncode == 1 and held.stdout == f"held: {other}\n"
+    assert held.stderr == (
+        f"gpuwarden hold: job {ended} belongs to gw-alice: only its owner or an admin may hold it\n"
+    )
     server.call(None, "cancel", jobs=[other])
 
 

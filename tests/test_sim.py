@@ -384,7 +384,7 @@ def test_parsed_spec_cache_equals_a_fresh_parse_and_follows_edits(tmp_path, monk
     real_parse = specparse.parse
     for name in specs.bundled():
         path = specs.spec_path(name)
-        fresh = specparse.parse(path.read_text(encoding="utf-8"), path)
+        fresh = specparse.parse(Path(path).read_text(encoding="utf-8"), path)
         monkeypatch.setattr(specs, "_CACHE", {})
         assert specs.load(name, state) == fresh  # parsed, then written
         monkeypatch.setattr(specs, "_CACHE", {})

@@ -232,6 +232,7 @@ SCHEMA: tuple[Key, ...] = (
         above=True,
     ),
     Key("service.shares", "shares", {}, "fair-share weight per user (others get 1)"),
+    Key("service.limits", "limits", {}, "limits per user and @group (max_gpus, max_jobs, ...)"),
     Key("service.weight_fairshare", "float", 10000.0, "priority weight of fair share", low=0),
     Key("service.weight_age", "float", 1000.0, "priority weight of time waited", low=0),
     Key("service.weight_qos", "float", 10000.0, "priority weight of the admin-set QOS", low=0),

@@ -172,6 +172,32 @@ def _as_shares(value: Any) -> dict[str, float]:
     return shares
 
 
+def _as_limits(value: Any) -> dict[str, dict[str, float]]:
+    """`[service.limits]`: user or @group -> {max_gpus, max_jobs, max_time,
+    gpu_hours_per_week} (service.limits)."""
+    if not isinstance(value, dict):
+        raise BadValue
+    table: dict[str, dict[str, float]] = {}
+    for name, limits in value.items():
+        if not isinstance(name, str) or not name.strip("@") or not isinstance(limits, dict):
+            raise BadValue
+        entry: dict[str, float] = {}
+        for kind, raw in limits.items():
+            if kind in ("max_gpus", "max_jobs"):
+                number: float = _as_int(raw)
+            elif kind == "max_time":
+                number = _as_duration(raw)
+            elif kind == "gpu_hours_per_week":
+                number = _as_float(raw)
+            else:
+                raise BadValue
+            if not number > 0:
+                raise BadValue
+            entry[kind] = number
+        table[name] = entry
+    return table
+
+
 def parse_capability(text: Any) -> tuple[int, int]:
     """`8.0`, `"8.6"`, `[8, 6]` -> (8, 6); raises UserError naming the value."""
     if isinstance(text, (list, tuple)) and len(text) == 2:
@@ -239,4 +265,9 @@ KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "choice": (_as_str, "one of"),
     "names": (_as_names, 'names such as ["alice", "@gpuadmins"]'),
     "shares": (_as_shares, "a table of positive numbers such as {alice = 2, bob = 1}"),
+    "limits": (
+        _as_limits,
+        "a table of users and @groups, each with positive max_gpus, max_jobs, max_time or "
+        'gpu_hours_per_week, such as {"@students" = {max_gpus = 2, max_time = "1d"}}',
+    ),
 }

@@ -11,7 +11,9 @@ Killing: SIGTERM first, to every process of the job (its cgroup, see
 `gpuwarden.launch`) or to the single unleased process; a process still alive
 `KILL_AFTER` seconds later gets SIGKILL at the next reading. Only processes whose
 owner (from /proc, the kernel) is the lease's owner are signalled for a lease: the
-pid written in a lease file is never trusted alone.
+pid written in a lease file is never trusted alone. A container whose processes run
+under the lease (gpuwarden.attribution) is not in the job's process group: its runtime
+stops it (`podman stop ID`: its stop signal, then SIGKILL after its grace).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 
 from gpuwarden import enforcement as policy
-from gpuwarden.ancestry import container_job, lineage
+from gpuwarden.ancestry import container_job, container_of, lineage
 from gpuwarden.attribution import policy_leases, use_of
 from gpuwarden.mig import devices, label
 from gpuwarden.records import record
@@ -90,6 +93,9 @@ class Enforcer:
         self.idle: dict[tuple[str, int], policy.Idle] = {}
         self.terminated: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM sent, group)
         self.last_unleased: list[policy.Unleased] = []  # the last reading's unreserved use
+        # Containers under each lease (holder pid -> (runtime, id)), and `stop`s under way.
+        self.lease_containers: dict[int, set[tuple[str, str]]] = {}
+        self.stopping: list[subprocess.Popen[bytes]] = []
 
     def step(self, snapshot: Any, leases: Sequence[Any], now: float) -> list[Action]:
         """What the policies decide for this reading (`leases`: gpuwarden.leases.LeaseInfo)."""
@@ -103,10 +109,23 @@ class Enforcer:
             for g in gpus.values()
             for p in g.processes
         ]
+        self._see_containers(held, uses)
         actions += self._memory(gpus, held, uses, now)
         actions += self._unleased(gpus, held, uses, now)
         actions += self._idle(gpus, held, now)
         return actions
+
+    def _see_containers(self, held: list[policy.Lease], uses: list[policy.Use]) -> None:
+        """Which containers run under which lease (by its holder's pid): a container is
+        not in its job's process group, so ending the job must also stop them."""
+        self.lease_containers = {}
+        for use in uses:
+            lease = policy.lease_of(use, held) if use.container else None
+            if lease is None or lease.pid is None:
+                continue
+            found = container_of(use.pid)
+            if found is not None:
+                self.lease_containers.setdefault(lease.pid, set()).add(found)
 
     def _memory(
         self, gpus: dict[str, Any], held: list[policy.Lease], uses: list[policy.Use], now: float
@@ -222,6 +241,19 @@ class Enforcer:
     def _terminate(self, act: Action, now: float) -> None:
         pid = act.pid
         assert pid is not None
+        if act.policy != "unleased":  # a lease: its containers too, by their runtime
+            for engine, cid in sorted(self.lease_containers.get(pid, ())):
+                try:
+                    self.stopping.append(
+                        subprocess.Popen(
+                            [engine, "stop", cid],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                    )
+                    log.info("%s %s: %s stop %s", act.policy, act.kind, engine, cid[:12])
+                except OSError as err:
+                    log.error("%s %s: cannot run %s stop: %s", act.policy, act.kind, engine, err)
         if act.policy != "unleased" and _uid_of(pid) != _user_uid(act.user):
             log.error(
                 "%s %s: pid %s is not %s's process: not signalled",
@@ -242,6 +274,7 @@ class Enforcer:
         self.terminated[pid] = (now, act.group)
 
     def _follow_up(self, now: float) -> None:
+        self.stopping = [p for p in self.stopping if p.poll() is None]
         for pid, (since, group) in list(self.terminated.items()):
             if now - since < KILL_AFTER:
                 continue

@@ -66,6 +66,7 @@ class Policy:
     shares: Mapping[str, float] = field(default_factory=dict)  # user -> share; others 1
     default_share: float = 1.0
     max_gpus_per_user: Optional[int] = None  # GPUs in use at once
+    gpu_caps: Mapping[str, int] = field(default_factory=dict)  # per user, over the above
     exempt: frozenset[str] = frozenset()  # users the limits do not bind (admins)
     starve_after: float = 3600.0  # see the module docstring: when GPUs are kept idle
 
@@ -382,7 +383,7 @@ def _blocked(
             return DEPENDENCY_FAILED
         if dep in pending or dep in running:
             return DEPENDENCY
-    limit = policy.max_gpus_per_user
+    limit = policy.gpu_caps.get(job.user, policy.max_gpus_per_user)
     if (
         limit is not None
         and job.user not in policy.exempt

@@ -63,6 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "unhold": ("hold", "let held jobs start again (queue service)"),
     "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
     "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
+    "limits": ("limits", "the limits the queue service holds you to, and what you use"),
     "submit": (
         "submit",
         "queue a batch job for this machine's queue service (or Slurm's, with --slurm)",

@@ -1,4 +1,5 @@
-"""`gpuwarden service install|uninstall|status`: the queue service for admins (docs/service.md)."""
+"""`gpuwarden service install|uninstall|status|reload`: the queue service for admins
+(docs/service.md)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def register(commands: Commands, name: str) -> None:
     status = actions.add_parser("status", help="is it running, where, which version, its queue")
     status.add_argument("--socket", metavar="PATH", help="the service's socket (service.socket)")
     status.add_argument("--json", action="store_true", help="print a JSON object")
+    reload = actions.add_parser(
+        "reload", help="read [service] and [enforce] again, without a restart (admins)"
+    )
+    reload.add_argument("--socket", metavar="PATH", help="the service's socket (service.socket)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         return _install(args)
     if args.action == "uninstall":
         return _uninstall(args)
+    if args.action == "reload":
+        return _reload(args)
     return _status(args)
 
 
@@ -84,6 +91,18 @@ def _uninstall(args: argparse.Namespace) -> int:
         _systemctl(install.stop_commands(), check=False)
     for line in install.uninstall(root, purge=args.purge):
         print(line)
+    return 0
+
+
+def _reload(args: argparse.Namespace) -> int:
+    """Ask the service to read its policy again; print what changed (as its log does)."""
+    from gpuwarden.service.client import require
+
+    with require(args.socket) as client:
+        changed = client.call("reload")["changes"]
+    for line in changed:
+        print(line)
+    print("reloaded: " + (f"{len(changed)} change(s)" if changed else "no change"))
     return 0
 
 

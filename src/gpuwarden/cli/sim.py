@@ -139,8 +139,8 @@ def _env(args: argparse.Namespace) -> int:
     from gpuwarden.sim.fake import SHIM_DIR
 
     spec = specs.load(args.spec)  # validates the name before the shell trusts it
-    value = args.spec if Path(spec.path).parent == specs.SPEC_DIR else spec.path
-    paths = [str(SHIM_DIR)]
+    value = args.spec if Path(spec.path).parent == Path(specs.SPEC_DIR) else spec.path
+    paths = [SHIM_DIR]
     package_parent = Path(gpuwarden.__file__).resolve().parent.parent
     if package_parent.name not in ("site-packages", "dist-packages"):
         paths.append(str(package_parent))  # a source checkout: the shim must import gpuwarden

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Optional
 
@@ -93,3 +94,20 @@ def shell_status(
     if state == "CANCELLED":
         return 143
     return 127 if error else 1
+
+
+def gone(
+    orphans: dict[int, tuple[float, ClientProcess]], attached: Container[int], now: float
+) -> list[tuple[int, str]]:
+    """The jobs of `orphans` (job -> until when its client may come back, the client)
+    whose client will not come back, each with why; they leave `orphans`. A job in
+    `attached` has its client back."""
+    out = []
+    for job_id, (deadline, client) in list(orphans.items()):
+        alive = client.alive()
+        if job_id in attached:
+            del orphans[job_id]
+        elif alive is False or now >= deadline:
+            del orphans[job_id]
+            out.append((job_id, "died" if alive is False else "did not come back"))
+    return out

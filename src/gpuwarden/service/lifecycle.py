@@ -12,7 +12,6 @@ below for type checkers).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import selectors
@@ -65,6 +64,8 @@ class Lifecycle:
         def release_stdio(self, job_id: int) -> None: ...
 
         def _is_admin_uid(self, uid: int) -> bool: ...
+
+        def plan_policy(self, jobs: Any) -> scheduling.Policy: ...
 
     def recover(self) -> None:
         """Find every job of the journal again after a start, a crash or a `kill -9`.
@@ -119,18 +120,10 @@ class Lifecycle:
     def _end_orphans(self) -> None:
         """Attached jobs whose client has not come back after a restart: ended once the
         client is known dead, or after `REATTACH_WITHIN` (its client gave up before)."""
-        now = time.monotonic()
-        for job_id, (deadline, client) in list(self.orphans.items()):
-            alive = client.alive()
-            if job_id in self.attached or (alive is not False and now < deadline):
-                continue
-            del self.orphans[job_id]
+        for job_id, why in attachment.gone(self.orphans, self.attached, time.monotonic()):
             job = self.store.get(job_id)
             if job is not None and job.state in store.ACTIVE:
-                why = "died" if alive is False else "did not come back"
-                log.info(
-                    "job %s: its attached client %s after a restart; cancelling it", job_id, why
-                )
+                log.info("job %s: its attached client %s after a restart; cancelling", job_id, why)
                 self._cancel(job)
 
     def _litter_of_ended_jobs(self) -> None:
@@ -304,10 +297,7 @@ class Lifecycle:
         now = time.time()
         gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings)
         usage = self.store.usage(now, self.settings.policy.half_life)
-        policy = self.settings.policy
-        if policy.max_gpus_per_user is not None:
-            admins = {j.user for j in (*pending, *running) if self._is_admin_uid(j.uid)}
-            policy = dataclasses.replace(policy, exempt=policy.exempt | admins)
+        policy = self.plan_policy((*pending, *running))
         decisions = scheduling.plan(
             gpus,
             busy,

@@ -54,6 +54,8 @@ OPS = (
     "stats",
     "requeue",
     "attach",
+    "reload",
+    "limits",
 )
 
 

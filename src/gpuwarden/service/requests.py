@@ -58,6 +58,14 @@ class Requests:
 
         def watcher(self) -> ServiceWatch: ...
 
+        def reload(self) -> list[str]: ...
+
+        def limits_answer(self, who: Person) -> dict[str, Any]: ...
+
+        def within_limits(
+            self, who: Person, sub: protocol.Submit, tasks: int, array: bool
+        ) -> None: ...
+
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
@@ -97,6 +105,12 @@ class Requests:
             return {"ok": True}
         if op == "stats":
             return self._stats()
+        if op == "reload":
+            if not self.settings.admins.include(who):
+                raise UserError("only an admin may reload the service's policy")
+            return {"ok": True, "changes": self.reload()}
+        if op == "limits":
+            return self.limits_answer(who)
         if op == "attach":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             return self._attach(who, job_id, client)
@@ -135,38 +149,7 @@ class Requests:
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
-        limit = s.max_jobs_per_user
-        if (
-            limit is not None
-            and not self._exempt(who)
-            and (have := self.store.count_active(who.uid)) + tasks > limit
-        ):
-            if array is not None:  # each task is a job
-                raise UserError(
-                    f"this array has {tasks} tasks; with the {have} jobs you have queued or "
-                    f"running that is over the {limit} allowed (max_jobs_per_user)"
-                )
-            raise UserError(
-                f"you have {limit} jobs queued or running, the most allowed (max_jobs_per_user)"
-            )
-        most_gpus = s.policy.max_gpus_per_user
-        if most_gpus is not None and not self._exempt(who) and sub.gpus.count > most_gpus:
-            # It could only wait for ever, the limit's reason beside it: say so now.
-            raise UserError(
-                f"{sub.gpus.count} GPUs is more than the {most_gpus} a user may use at once "
-                "on this machine (max_gpus_per_user)"
-            )
-        if s.max_time is not None and not self._exempt(who):
-            most = scheduling_span(s.max_time)
-            if sub.time_limit is None:
-                raise UserError(
-                    f"this machine needs --time on every job, at most {most} (max_time)"
-                )
-            if sub.time_limit > s.max_time:
-                raise UserError(
-                    f"--time {scheduling_span(sub.time_limit)} is over this machine's limit "
-                    f"of {most} (max_time)"
-                )
+        self.within_limits(who, sub, tasks, array is not None)
         if sub.warning is not None and sub.time_limit is None:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
         waiting_on = False

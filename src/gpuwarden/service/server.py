@@ -29,9 +29,11 @@ from gpuwarden.service.attachment import ClientProcess
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.lifecycle import Lifecycle
+from gpuwarden.service.limiting import Limiting
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import Pacer
 from gpuwarden.service.protocol import ProtocolError
+from gpuwarden.service.reloading import Reloading
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 
@@ -52,7 +54,7 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, Lifecycle):
+class Service(Requests, Lifecycle, Reloading, Limiting):
     def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
         self.settings = settings
         self.read_snapshot = snapshot
@@ -93,6 +95,22 @@ class Service(Requests, Lifecycle):
         self.orphans: dict[int, tuple[float, ClientProcess]] = {}
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
         self.machine: Any = None  # the Snapshot read at start (service.admission)
+
+    @classmethod
+    def configured(
+        cls,
+        options: dict[str, Any],
+        fixed: dict[str, Any],
+        admins: tuple[str, ...],
+        snapshot: Callable[[], Any],
+    ) -> Service:
+        """The service `gpuwarden serve` starts: its settings from the configuration
+        with the command line's values over it, kept for every reload."""
+        probe = Reloading()
+        probe.options, probe.fixed, probe.extra_admins = options, fixed, admins
+        service = cls(probe.read_settings(), snapshot)
+        service.options, service.fixed, service.extra_admins = options, fixed, admins
+        return service
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -149,6 +167,7 @@ class Service(Requests, Lifecycle):
     def serve_forever(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "reload_asked", True))
         self.open()
         last, quiet_until, again = "", 0.0, False  # a full disk fails turn after turn alike
         try:
@@ -171,6 +190,7 @@ class Service(Requests, Lifecycle):
         """One turn of the loop: plan if a pass is due (service.pacing), wait for events
         (at most until the next pass or tick), handle them, and do the tick's work once
         a tick has passed: none of it grows with requests."""
+        self.reload_if_asked()
         now = time.monotonic()
         if self.pacer.due(now):
             self.pacer.begin()

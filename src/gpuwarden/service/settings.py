@@ -1,17 +1,21 @@
 """What `gpuwarden serve` is told: the [service] table, the scheduling policy, the admins.
 
-A plain record, read once at start (`cli/serve.py`), that every part of the service
-reads and none changes.
+A plain record that every part of the service reads and none changes. It is read at
+start and again on `gpuwarden service reload` or SIGHUP (`from_config`): the service
+then swaps the whole record, or keeps the old one when the new reading is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.enforcement import Policy
 from gpuwarden.service.identity import Admins
+from gpuwarden.service.limits import Limits
 
 
 @dataclass(frozen=True)
@@ -38,3 +42,82 @@ class Settings:
     idle_timeout: float = 30.0  # a client that sends no whole request for this long is dropped
     max_command_bytes: int = 64 << 10  # service.max_command_bytes: a job's command line
     max_env_bytes: int = 256 << 10  # service.max_env_bytes: a job's environment
+    limits: Limits = field(default_factory=Limits)  # [service.limits]: per user and @group
+
+
+#: What a reload cannot change in a running service: its socket and journal, and the
+#: helper process forked at start that sends webhooks and mail.
+RESTART_ONLY = ("socket", "state_dir", "lease_dir", "webhook", "sendmail")
+
+#: `gpuwarden serve` options -> the configuration keys they set (over the files).
+OPTION_KEYS = {
+    "max_gpus_per_user": "service.max_gpus_per_user",
+    "max_jobs_per_user": "service.max_jobs_per_user",
+    "max_time": "service.max_time",
+    "grace": "service.grace",
+    "show_commands": "service.show_commands",
+}
+
+
+def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()) -> Settings:
+    """The settings of a configuration reading (`config.load(cli=...)`, which carries the
+    command line's values over the files); `fixed` the socket and state directory the
+    command line chose, `admins` the admins it added. Raises UserError naming the key
+    of a bad value (an unknown group)."""
+    policy = scheduling.Policy(
+        weight_fairshare=cfg.get("service.weight_fairshare"),
+        weight_age=cfg.get("service.weight_age"),
+        weight_qos=cfg.get("service.weight_qos"),
+        weight_nice=cfg.get("service.weight_nice"),
+        age_max=cfg.get("service.age_max"),
+        half_life=cfg.get("service.half_life"),
+        shares=dict(cfg.get("service.shares") or {}),
+        max_gpus_per_user=cfg.get("service.max_gpus_per_user"),
+        starve_after=cfg.get("service.starve_after"),
+    )
+    return Settings(
+        socket=fixed.get("socket") or cfg.get("service.socket"),
+        state_dir=fixed.get("state_dir") or cfg.get("service.dir"),
+        policy=policy,
+        admins=Admins.parse([*cfg.get("service.admins"), *admins]),
+        max_jobs_per_user=cfg.get("service.max_jobs_per_user"),
+        max_time=cfg.get("service.max_time"),
+        show_commands=cfg.get("service.show_commands"),
+        grace=cfg.get("service.grace"),
+        webhook=cfg.get("service.webhook"),
+        sendmail=cfg.get("service.sendmail"),
+        devices=cfg.get("enforce.devices"),
+        enforce=Policy.from_config(cfg),
+        enforce_every=cfg.get("enforce.poll_seconds"),
+        max_clients_per_user=cfg.get("service.max_connections_per_user"),
+        idle_timeout=cfg.get("service.idle_timeout"),
+        max_command_bytes=cfg.get("service.max_command_bytes"),
+        max_env_bytes=cfg.get("service.max_env_bytes"),
+        limits=Limits.parse(cfg.get("service.limits") or {}),
+    )
+
+
+def changes(old: Settings, new: Settings) -> list[str]:
+    """What differs, one `name: old -> new` each (the policy's fields by their own
+    names), for the log of a reload."""
+    out = []
+    for name in (f.name for f in dataclasses.fields(Settings)):
+        a, b = getattr(old, name), getattr(new, name)
+        if a == b:
+            continue
+        if isinstance(a, scheduling.Policy) and isinstance(b, scheduling.Policy):
+            for inner in (f.name for f in dataclasses.fields(a)):
+                x, y = getattr(a, inner), getattr(b, inner)
+                if x != y:
+                    out.append(f"{inner}: {_shown(x)} -> {_shown(y)}")
+        else:
+            out.append(f"{name}: {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, Limits):
+        return value.describe()
+    if isinstance(value, Admins):
+        return ", ".join([*sorted(value.users), *(f"gid {g}" for g in sorted(value.groups))]) or "-"
+    return "-" if value is None else str(value)

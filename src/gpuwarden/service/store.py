@@ -375,6 +375,21 @@ class Store:
         ).fetchone()
         return int(row[0])
 
+    def gpu_seconds_since(self, user: str, since: float, now: Optional[float] = None) -> float:
+        """GPU-seconds `user`'s jobs held after `since` (GPUs held x time, running jobs
+        until `now`): what a weekly GPU-hour budget (service.limits) counts."""
+        now = time.time() if now is None else now
+        rows = self.db.execute(
+            "SELECT gpus, started, ended FROM jobs WHERE user = ? AND started IS NOT NULL "
+            "AND (ended IS NULL OR ended > ?)",
+            (user, since),
+        )
+        total = 0.0
+        for gpus, started, ended in rows:
+            span = (now if ended is None else ended) - max(started, since)
+            total += len(json.loads(gpus)) * max(0.0, span)
+        return total
+
     def counts(self) -> dict[str, dict[str, int]]:
         """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
         out: dict[str, dict[str, int]] = {}

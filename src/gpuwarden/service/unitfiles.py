@@ -24,6 +24,8 @@ Wants=network-online.target
 [Service]
 Type=simple
 ExecStart={exec_start} serve
+# `systemctl reload gpuwarden`: the service reads its policy again (SIGHUP), no restart.
+ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
 RestartSec=2
 Environment=PYTHONUNBUFFERED=1

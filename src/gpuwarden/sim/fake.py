@@ -24,38 +24,23 @@ from gpuwarden.nvmlload import without_unused_modules
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Any, Optional
+    from typing import Optional
 
     from gpuwarden.sim.specs import Spec
 
-# A string here: pathlib stays off the way of every simulated NVML client.
-_SHIM_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
+# A string: pathlib stays off the way of every simulated NVML client.
+SHIM_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
 _MODULES: dict[tuple[str, str], ModuleType] = {}
 # _thread's lock (what threading.Lock() returns): threading stays off the way of every
 # simulated NVML client, as gpuwarden.nvmlload keeps it off nvidia-ml-py's.
 _MODULES_LOCK = _thread.allocate_lock()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SHIM_DIR":  # a Path, as it always was, made when first asked for
-        from pathlib import Path
-
-        return Path(_SHIM_DIR)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def real_pynvml_path() -> Path:
+def real_pynvml_path() -> str:
     """nvidia-ml-py's pynvml.py on sys.path, skipping our own shim."""
-    from pathlib import Path
-
-    return Path(_real_pynvml_file())
-
-
-def _real_pynvml_file() -> str:
     for entry in sys.path:
         base = os.path.realpath(entry or os.getcwd())
-        if base == _SHIM_DIR:
+        if base == SHIM_DIR:
             continue
         candidate = os.path.join(base, "pynvml.py")
         if os.path.isfile(candidate):
@@ -68,7 +53,7 @@ def load_copy(name: str) -> ModuleType:
     (its error-class set-up looks itself up there)."""
     # importlib.machinery, not importlib.util: on Python 3.9 the latter imports
     # typing, and every simulated NVML client comes this way.
-    path = _real_pynvml_file()
+    path = real_pynvml_path()
     loader = SourceFileLoader(name, path)
     module = ModuleType(name)
     module.__file__ = path
@@ -94,7 +79,7 @@ def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> 
     spec = specs.load(name, state_dir)
     # Keyed by the state file, so a process that changes GPUWARDEN_SIM_STATE (a test
     # suite) gets a fresh library rather than one reading another machine's file.
-    key = (spec.path, specs._state_file(spec, state_dir))
+    key = (spec.path, specs.state_file(spec, state_dir))
     with _MODULES_LOCK:  # two threads must not build two copies (and lose error classes)
         if key not in _MODULES:
             _MODULES[key] = _build(spec, state_dir)

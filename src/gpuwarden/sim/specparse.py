@@ -18,7 +18,6 @@ from gpuwarden.sim.specdata import COMPUTE_MODES, THROTTLE_BITS, Spec
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Any, Optional
 
 # Synthetic pids for other users' processes sit above any real pid (pid_max is at
@@ -71,7 +70,7 @@ _MIG_KEYS = {"profile"}
 class _Where:
     """Finds the line of a field in the spec text, for error messages."""
 
-    def __init__(self, text: str, path: Path) -> None:
+    def __init__(self, text: str, path: str) -> None:
         self.lines = text.splitlines()
         self.path = path
 
@@ -98,7 +97,7 @@ class _Where:
         return start + 1 if gpu is not None else None
 
     def fail(self, where: str, message: str, line: Optional[int]) -> UserError:
-        at = f"{self.path}:{line}" if line else str(self.path)
+        at = f"{self.path}:{line}" if line else self.path
         return UserError(f"spec {at}: {where}: {message}")
 
 
@@ -108,7 +107,7 @@ def _make_uuid(name: str, index: int, kind: str = "GPU") -> str:
     return f"{kind}-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'gpuwarden-sim/{name}/{index}')}"
 
 
-def parse(text: str, path: Path) -> Spec:
+def parse(text: str, path: str) -> Spec:
     """Parse and validate spec text; every problem is one UserError line."""
     if sys.version_info >= (3, 11):
         import tomllib
@@ -120,7 +119,9 @@ def parse(text: str, path: Path) -> Spec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"spec {path}: malformed TOML: {err}") from None
-    name = path.stem
+    from pathlib import PurePath
+
+    name = PurePath(path).stem
     for key in data:
         if key not in _TOP_KEYS:
             raise where.fail(
@@ -382,7 +383,7 @@ def parse(text: str, path: Path) -> Spec:
         )
     return Spec(
         name=name,
-        path=str(path),
+        path=path,
         driver=driver,
         driver_version=str(data.get("driver_version", "550.54.15")),
         cuda_version=cuda,

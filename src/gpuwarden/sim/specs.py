@@ -6,10 +6,10 @@ module finds a spec by name or path and loads it, from a cache of its parsed for
 when it can; `specparse` reads and validates the TOML on a miss, and `specdata`
 holds the parsed form (`Spec`) both share.
 
-Every NVML client of a simulated machine loads its spec at start, so the path
-work on that way is done with `os.path` strings: `pathlib` (with the
-`urllib.parse` it imports) is imported only where the public API hands
-out a `Path` (`SPEC_DIR`, `spec_path`, `state_file`) or a spec is parsed.
+Every NVML client of a simulated machine loads its spec at start, so paths here
+are `os.path` strings: `pathlib` (with the `urllib.parse` it imports) is
+imported only to spell a user's path as the spec's identity or when a spec is
+parsed.
 """
 
 from __future__ import annotations
@@ -23,34 +23,19 @@ from gpuwarden.sim.specdata import Spec
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Any, Optional
+    from typing import Optional
 
-_SPEC_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "specs")
+SPEC_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "specs")
 # The parsing code, named without importing it: its identity is part of the cache key.
 _SPECPARSE = os.path.join(os.path.dirname(__file__), "specparse.py")
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SPEC_DIR":  # a Path, as it always was, made when first asked for
-        from pathlib import Path
-
-        return Path(_SPEC_DIR)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def bundled() -> list[str]:
-    return sorted(n[: -len(".toml")] for n in os.listdir(_SPEC_DIR) if n.endswith(".toml"))
+    return sorted(n[: -len(".toml")] for n in os.listdir(SPEC_DIR) if n.endswith(".toml"))
 
 
-def spec_path(spec: str) -> Path:
+def spec_path(spec: str) -> str:
     """The TOML file for a bundled name or a path; unknown names list the bundled ones."""
-    from pathlib import Path
-
-    return Path(_spec_file(spec))
-
-
-def _spec_file(spec: str) -> str:
     if spec.endswith(".toml") or os.sep in spec:
         from pathlib import Path  # its spelling of the path is the spec's identity
 
@@ -61,7 +46,7 @@ def _spec_file(spec: str) -> str:
                 f"spec file {spec} {'is not a regular file' if exists else 'not found'}"
             )
         return path
-    path = os.path.join(_SPEC_DIR, f"{spec}.toml")
+    path = os.path.join(SPEC_DIR, f"{spec}.toml")
     if not os.path.isfile(path):
         raise UserError(
             f"unknown spec {spec!r}; bundled specs: {', '.join(bundled())} "
@@ -70,14 +55,8 @@ def _spec_file(spec: str) -> str:
     return path
 
 
-def state_file(spec: Spec, state_dir: Optional[str] = None) -> Path:
+def state_file(spec: Spec, state_dir: Optional[str] = None) -> str:
     """Where the machine's mutable state lives: one JSON file per spec in the state dir."""
-    from pathlib import Path
-
-    return Path(_state_file(spec, state_dir))
-
-
-def _state_file(spec: Spec, state_dir: Optional[str] = None) -> str:
     return os.path.join(_state_base(state_dir), f"{_stem(spec.name, spec.path)}.json")
 
 
@@ -93,11 +72,11 @@ def _state_base(state_dir: Optional[str]) -> str:
 def _stem(name: str, path: str) -> str:
     """A bundled spec is known by its name; any other file also by a digest of its path,
     so two `my.toml` in different directories are two machines."""
-    if os.path.dirname(path) == _SPEC_DIR:
+    if os.path.dirname(path) == SPEC_DIR:
         return name
     from pathlib import Path
 
-    if Path(path).parent == Path(_SPEC_DIR):  # the same directory, spelt differently
+    if Path(path).parent == Path(SPEC_DIR):  # the same directory, spelt differently
         return name
     import hashlib
 
@@ -128,7 +107,7 @@ def load(spec: str, state_dir: Optional[str] = None) -> Spec:
     So the parsed form is also kept as JSON beside the machine's state file,
     keyed by the identity (path, mtime, size) of the spec and of the code that
     parses it; any change to one of them means a fresh parse."""
-    path = _spec_file(spec)
+    path = spec_path(spec)
     if path not in _CACHE:
         _CACHE[path] = _load_parsed(path, state_dir)
     return _CACHE[path]
@@ -140,8 +119,6 @@ def _identity(path: str) -> list[int]:
 
 
 def _parse_file(path: str) -> Spec:
-    from pathlib import Path
-
     try:
         with open(path, "rb") as handle:
             data = handle.read(_MAX_SPEC_BYTES + 1)
@@ -158,7 +135,7 @@ def _parse_file(path: str) -> Spec:
         ) from None
     from gpuwarden.sim.specparse import parse
 
-    return parse(text, Path(path))
+    return parse(text, path)
 
 
 def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:

@@ -23,7 +23,6 @@ from gpuwarden.units import is_digits
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
-    from pathlib import Path
     from typing import Any, Callable, Optional, Union
 
     GpuRef = Union[int, str]
@@ -153,7 +152,7 @@ class StateFile:
 
     def __init__(self, spec: specs.Spec, state_dir: Optional[str] = None) -> None:
         self.spec = spec
-        self.path = specs._state_file(spec, state_dir)
+        self.path = specs.state_file(spec, state_dir)
         self._key: Optional[tuple[int, int, int]] = None
         self._state: Optional[dict[str, Any]] = None
 
@@ -466,9 +465,3 @@ class Machine:
     def reset(self) -> None:
         """Back to the spec's initial state."""
         self.file.reset()
-
-    @property
-    def state_path(self) -> Path:
-        from pathlib import Path
-
-        return Path(self.file.path)

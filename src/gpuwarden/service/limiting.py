@@ -1,0 +1,100 @@
+"""The service's side of `[service.limits]` (service.limits has the rules): the
+limits in force for whoever asks, a submit over one refused naming the rule, the
+plan's per-user GPU caps, and `gpuwarden limits`. Admins are bound by none. Mixed
+into `server.Service`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from gpuwarden import scheduling
+from gpuwarden.errors import UserError
+from gpuwarden.service import protocol
+from gpuwarden.service.identity import Person, person
+from gpuwarden.service.limits import Limit, refusal
+from gpuwarden.service.store import Job, Store
+
+if TYPE_CHECKING:
+    from gpuwarden.service.settings import Settings
+
+WEEK = 7 * 86400.0
+
+
+class Limiting:
+    settings: Settings
+    store: Store
+
+    def limits_of(self, who: Person) -> dict[str, Limit]:
+        """The limits in force for `who` ({} for an admin: none binds them)."""
+        s = self.settings
+        if s.admins.include(who):
+            return {}
+        machine = {
+            "max_gpus_per_user": s.policy.max_gpus_per_user,
+            "max_jobs_per_user": s.max_jobs_per_user,
+            "max_time": s.max_time,
+        }
+        return s.limits.of(who.name, who.groups, machine)
+
+    def within_limits(self, who: Person, sub: protocol.Submit, tasks: int, array: bool) -> None:
+        """Refuse, in one line naming the rule, a job over one of `who`'s limits."""
+        limits = self.limits_of(who)
+        if not limits:
+            return
+        hours = None
+        if "gpu_hours_per_week" in limits:
+            hours = self.store.gpu_seconds_since(who.name, time.time() - WEEK) / 3600
+        why = refusal(
+            limits,
+            gpus=sub.gpus.count,
+            time_limit=sub.time_limit,
+            tasks=tasks,
+            array=array,
+            active=self.store.count_active(who.uid) if "max_jobs" in limits else 0,
+            gpu_hours=hours,
+        )
+        if why is not None:
+            raise UserError(why)
+
+    def plan_policy(self, jobs: Iterable[Job]) -> scheduling.Policy:
+        """The policy a pass of the plan uses for `jobs`' owners: admins exempt from the
+        GPU limit, and each owner's own cap where `[service.limits]` gives one."""
+        policy = self.settings.policy
+        entries = bool(self.settings.limits.entries)
+        if policy.max_gpus_per_user is None and not entries:
+            return policy
+        owners = {j.uid: j.user for j in jobs}
+        exempt, caps = set(policy.exempt), {}
+        for uid, name in owners.items():
+            try:
+                who = person(uid)
+            except UserError:
+                continue
+            if self.settings.admins.include(who):
+                exempt.add(name)
+            elif entries and "max_gpus" in (mine := self.limits_of(who)):
+                caps[name] = int(mine["max_gpus"].value)
+        return dataclasses.replace(policy, exempt=frozenset(exempt), gpu_caps=caps)
+
+    def limits_answer(self, who: Person) -> dict[str, Any]:
+        """`gpuwarden limits`: the asker's limits, each with its rule and what they use."""
+        limits = self.limits_of(who)
+        jobs = [j for j in self.store.jobs() if j.uid == who.uid]
+        used = {
+            "max_gpus": float(sum(len(j.gpus) for j in jobs if j.gpus)),
+            "max_jobs": float(len(jobs)),
+            "gpu_hours_per_week": self.store.gpu_seconds_since(who.name, time.time() - WEEK) / 3600,
+        }
+        return {
+            "ok": True,
+            "user": who.name,
+            "admin": self.settings.admins.include(who),
+            "limits": [
+                {"limit": kind, "value": limit.value, "rule": limit.rule, "used": used.get(kind)}
+                for kind, limit in limits.items()
+            ],
+        }

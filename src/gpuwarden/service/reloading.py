@@ -1,0 +1,84 @@
+"""Live policy: `gpuwarden service reload` (admins) and SIGHUP read the configuration
+again, as `scontrol reconfigure` does, without a restart (which would cut every
+attached client off for a moment).
+
+The `[service]` and `[enforce]` tables are read afresh, with the command line's
+values of `gpuwarden serve` still over them. A reading that is refused (a file that
+does not parse, a bad value, an unknown group) changes nothing: the error names the
+key and the policy in force stays. What a running service cannot change (its socket,
+journal, lease directory, and the helper that sends webhooks and mail, forked at
+start) is kept, and the log says it changes at the next restart. The log says every
+change (`reload: max_gpus_per_user: 2 -> 4`); the next pass of the plan uses them.
+Mixed into `server.Service`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpuwarden.errors import UserError
+
+if TYPE_CHECKING:
+    from gpuwarden.service.pacing import Pacer
+    from gpuwarden.service.settings import Settings
+    from gpuwarden.service.watching import ServiceWatch
+
+log = logging.getLogger("gpuwarden.serve")
+
+
+class Reloading:
+    settings: Settings
+    pacer: Pacer
+    # What `gpuwarden serve` was started with: its options over the files (config keys),
+    # its socket and state directory, and the admins it named.
+    options: Mapping[str, Any] = {}
+    fixed: Mapping[str, Any] = {}
+    extra_admins: tuple[str, ...] = ()
+    reload_asked = False  # SIGHUP came: reload at the next turn of the loop
+
+    if TYPE_CHECKING:
+
+        def watcher(self) -> ServiceWatch: ...
+
+    def read_settings(self) -> Settings:
+        """The settings the configuration gives now (UserError naming a bad key)."""
+        from gpuwarden import config
+        from gpuwarden.service.settings import from_config
+
+        return from_config(config.load(cli=dict(self.options)), self.fixed, self.extra_admins)
+
+    def reload(self) -> list[str]:
+        """Read the configuration again and put it in force; what changed, one line each.
+        Raises UserError ("refused: ...; the policy in force stays") and changes nothing
+        when the reading is refused."""
+        from gpuwarden.service.settings import RESTART_ONLY, changes
+
+        try:
+            new = self.read_settings()
+        except UserError as err:
+            log.error("reload refused: %s; the policy in force stays", err)
+            raise UserError(f"reload refused: {err}; the policy in force stays") from None
+        later = [n for n in RESTART_ONLY if getattr(new, n) != getattr(self.settings, n)]
+        new = dataclasses.replace(new, **{n: getattr(self.settings, n) for n in later})
+        changed = changes(self.settings, new)
+        self.settings = new
+        self.watcher().enforcer.rules = new.enforce  # its state between readings stays
+        self.pacer.wake()  # new limits and weights may start a job
+        for line in changed:
+            log.info("reload: %s", line)
+        for name in later:
+            log.warning("reload: %s changes only at the next restart", name)
+        if not changed and not later:
+            log.info("reload: no change")
+        return changed + [f"{name}: changes at the next restart" for name in later]
+
+    def reload_if_asked(self) -> None:
+        """The reload SIGHUP asked for; a refused one is logged (it changes nothing)."""
+        if self.reload_asked:
+            self.reload_asked = False
+            with contextlib.suppress(UserError):  # logged by reload(); the old policy stays
+                self.reload()

@@ -196,6 +196,13 @@ CLI_CASES = (
         case("submit", "--slurm", "--array", "1-", "--dry-run", "--", "t", expect="--array"),
         case("submit", "--slurm", "--param", "a=1", "--", "t", expect="--param is for this"),
         case("cancel", "12_", expect="invalid job id"),
+        case("submit", "--begin", "soon", "--dry-run", "--", "true", expect="invalid time"),
+        case("submit", "--begin", "25:00", "--dry-run", "--", "true", expect="invalid time"),
+        case("book", "-g", "2", "--start", "16:00", "--for", "4h", expect="needs --reason"),
+        case("book", "-g", "0", "--start", "now", "--for", "1h", "--reason", "x", expect="-g"),
+        case("book", "-g", "1", "--start", "x", "--for", "1h", "--reason", "x", expect="time"),
+        case("book", "-g", "1", "--start", "now", "--for", "0", "--reason", "x", expect="--for"),
+        case("book", "-g", "1", "--start", "now", "--reason", "x", expect="needs --for"),
     ]
 )
 

@@ -80,6 +80,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "mig",
             "enforcement",
             "arrayspec",
+            "begintime",
+            "booking",
         ),
     ),
     (
@@ -146,6 +148,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service",
             "service.admission",
             "service.arrays",
+            "service.bookings",
             "service.attachment",
             "service.connection",
             "service.install",

@@ -222,6 +222,14 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.max_command_bytes", "size", 64 << 10, "longest command line of a job", low=1),
     Key("service.max_env_bytes", "size", 256 << 10, "largest environment of a job", low=1),
     Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
+    Key(
+        "service.book_max_gpus",
+        "int",
+        None,
+        "GPUs a user may book ahead (unset: only admins)",
+        low=1,
+    ),
+    Key("service.book_max_time", "duration", None, "longest booking a user may make"),
     Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
     Key(
         "service.half_life",

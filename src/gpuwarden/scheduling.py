@@ -41,6 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
+from gpuwarden import booking
+
 # Why a job waits, as squeue's REASON column words it (docs/service.md lists them).
 RESOURCES = "Resources"  # not enough free GPUs now (or it holds the reservation)
 PRIORITY = "Priority"  # it would fit, but starting it could delay a job ahead of it
@@ -49,6 +51,8 @@ DEPENDENCY = "Dependency"  # waits for `--after` jobs to end
 DEPENDENCY_FAILED = "DependencyNeverSatisfied"  # an `--after` job failed or was cancelled
 USER_GPU_LIMIT = "UserGpuLimit"  # the owner already uses as many GPUs as allowed
 DRAINED = "Drained"  # every GPU it could use is drained or unhealthy
+BEGIN_TIME = "BeginTime"  # its --begin time has not come
+BOOKED = "Booked"  # the GPUs it could get now are booked for others (gpuwarden.booking)
 
 NICE_RANGE = (-20, 19)
 
@@ -119,6 +123,7 @@ class Waiting(NamedTuple):
     held: bool = False
     after: tuple[str, ...] = ()
     eligible: Optional[frozenset[str]] = None
+    begin: Optional[float] = None  # --begin: not before this moment
 
 
 # Which `count` of the GPUs that are free for a job it gets (None: none of them do);
@@ -315,13 +320,15 @@ def plan(
     policy: Optional[Policy] = None,
     finished: Optional[Mapping[str, bool]] = None,
     pick: Optional[Pick] = None,
+    bookings: Sequence[booking.Booking] = (),
 ) -> list[Decision]:
     """One decision per waiting job, highest priority first.
 
     `finished` maps the ids of ended jobs to whether they succeeded, for `--after`:
     a dependency on a job that is neither running, waiting nor finished (unknown) is
     treated as satisfied, as Slurm does once a job is purged from its records.
-    `pick` chooses which free GPUs a starting job gets (see `Pick`).
+    `pick` chooses which free GPUs a starting job gets (see `Pick`). `bookings` are
+    GPUs booked ahead, which jobs of others leave free (gpuwarden.booking).
     """
     policy = Policy() if policy is None else policy
     finished = {} if finished is None else finished
@@ -342,18 +349,29 @@ def plan(
     shadow: Optional[float] = None  # when the reserved job can start
     reserved: Optional[Waiting] = None
     keep: frozenset[str] = frozenset()  # the GPUs it will get then
+    holders = [booking.Holder(r.user, r.gpus, r.ends) for r in running] if bookings else []
     for prio, job in ranked:
         reason = _blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
+        if reason is None and job.begin is not None and job.begin > now:
+            reason = BEGIN_TIME
         if reason is not None:
             decisions.append(Decision(job.id, prio, reason=reason))
             continue
         chosen = free.place(job, keep, pick)
+        ends = booking.ends_of(now, job.time_limit)
+        if chosen is not None and bookings:
+            usable = len(free.order)
+            if booking.blocking(job.user, ends, chosen, now, bookings, usable, holders):
+                decisions.append(Decision(job.id, prio, reason=BOOKED))
+                continue
         if chosen is not None and (
             reserved is None
             or _leaves_room(job, chosen, now, shadow, reserved, free, running, policy)
         ):
             free.take(chosen, job.mem)
             in_use[job.user] = in_use.get(job.user, 0) + len(chosen)
+            if bookings:
+                holders.append(booking.Holder(job.user, chosen, ends))
             decisions.append(Decision(job.id, prio, gpus=chosen))
             continue
         if reserved is None:

@@ -71,6 +71,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
     "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
     "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
+    "book": ("book", "book GPUs ahead for a user or group; list or cancel bookings"),
     "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
     "service": ("service", "install, remove or check the queue service (admins)"),
     "completion": ("completion", "print a bash or zsh completion script for gpuwarden"),

@@ -144,6 +144,53 @@ def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = No
     return lines
 
 
+def booking_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """Bookings as `book --list` lists them."""
+
+    def when(stamp: Any) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(stamp)))
+
+    return [
+        [
+            str(r.get("id")),
+            str(r.get("count")),
+            printable(str(r.get("user") or f"@{r.get('group')}")),
+            when(r.get("start")),
+            when(r.get("end")),
+            printable(str(r.get("by"))),
+            printable(str(r.get("reason"))),
+        ]
+        for r in rows
+    ]
+
+
+def booking_lines(
+    rows: Sequence[Mapping[str, Any]], now: Optional[float] = None, hours: int = 24
+) -> list[str]:
+    """`queue`'s timeline of bookings: one line each over the next `hours` (a column per
+    half hour, `#` while booked, `|` at the hour), then who, how many GPUs and when."""
+    now = time.time() if now is None else now
+    lines = []
+    slots = hours * 2
+    for r in rows:
+        start, end = float(r.get("start") or 0), float(r.get("end") or 0)
+        bar = "".join(
+            "#" if start < now + (i + 1) * 1800 and now + i * 1800 < end else "."
+            for i in range(slots)
+        )
+        whom = printable(str(r.get("user") or f"@{r.get('group')}"))
+        when = time.strftime("%m-%d %H:%M", time.localtime(start))
+        until = time.strftime("%m-%d %H:%M", time.localtime(end))
+        state = "now" if start <= now else f"in {span(start - now)}"
+        lines.append(
+            f"booked [{bar}] {r.get('count')} GPUs for {whom}, {when} to {until} ({state}; "
+            f"booking {r.get('id')}: {printable(str(r.get('reason')))})"
+        )
+    if lines:
+        lines.insert(0, f"bookings, the next {hours} hours from now (one column per 30 minutes):")
+    return lines
+
+
 def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """Ended jobs, newest first: how each ended and what it used. A job that ended
     without an exit status (it could not start, its supervisor died) says `error` in

@@ -61,6 +61,10 @@ def local(args: argparse.Namespace) -> int:
 
         for line in unleased_lines(reply.get("unleased") or ()):
             print(line)
+        from gpuwarden.cli.jobtables import booking_lines
+
+        for line in booking_lines(reply.get("bookings") or ()):
+            print(line)
         print(queue_table(jobs))
     return 0
 

@@ -62,6 +62,7 @@ def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
         name=getattr(args, "name", None),
         partition=args.partition,
         array=getattr(args, "array", None),
+        begin=getattr(args, "begin", None),
     )
 
 

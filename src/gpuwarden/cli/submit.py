@@ -37,6 +37,11 @@ def register(commands: Commands, name: str) -> None:
     job.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
     job.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
     job.add_argument(
+        "--begin",
+        metavar="TIME",
+        help="not before TIME, as sbatch's: now+1hour, 16:00, 2026-12-24T09:00",
+    )
+    job.add_argument(
         "--array",
         metavar="SPEC",
         help="a job array as sbatch's: 0-99, 1,3,7, 0-15:4; %%N runs at most N at once",
@@ -106,6 +111,12 @@ def submit_local(args: argparse.Namespace) -> int:
         output=args.output,
         warning=filters.warning_of(args),
     )
+    if args.begin is not None:
+        import time
+
+        from gpuwarden.begintime import parse
+
+        fields["begin"] = parse(args.begin, time.time())  # a past time: now, as sbatch
     tasks = 0
     if args.array is not None or args.param:
         tasks = _array_fields(args, fields)
@@ -167,6 +178,12 @@ def run(args: argparse.Namespace) -> int:
         from gpuwarden import arrayspec
 
         arrayspec.parse(args.array)  # Slurm's syntax: refused here in one line, as sbatch would
+    if args.begin is not None:
+        import time
+
+        from gpuwarden.begintime import parse
+
+        parse(args.begin, time.time())  # likewise
     from gpuwarden.slurm import batch, tools
 
     spec = spec_of(args, args.mem)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import arrays, attachment, jobprocess, requeue, spawn, store
+from gpuwarden.service import arrays, attachment, bookings, jobprocess, requeue, spawn, store
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -307,6 +307,9 @@ class Lifecycle:
             policy,
             finished={str(k): v for k, v in ended.items()},
             pick=pick,
+            bookings=bookings.for_plan(
+                bookings.of(self).current(now), {j.user for j in (*pending, *running)}
+            ),
         )
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}

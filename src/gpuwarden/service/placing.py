@@ -185,6 +185,7 @@ def inputs(
                 held=job.held,
                 after=tuple(str(a) for a in job.after),
                 eligible=allowed,
+                begin=job.begin,
             )
         )
     return gpus, busy, waiting, picker(snapshot, pending, seen, findings)

@@ -53,6 +53,9 @@ OPS = (
     "signal",
     "stats",
     "requeue",
+    "book",
+    "bookings",
+    "unbook",
     "attach",
     "reload",
     "limits",
@@ -279,6 +282,7 @@ class Submit:
     warning: Optional[tuple[int, float, bool]] = None
     array: Optional[str] = None  # sbatch's --array (service.arrays reads it)
     params: tuple[str, ...] = ()  # --param NAME=V1,V2: one task per combination
+    begin: Optional[float] = None  # --begin, seconds since the epoch
 
 
 def gpu_request(value: object) -> GpuRequest:
@@ -361,6 +365,7 @@ def submit(message: Mapping[str, Any]) -> Submit:
         warning=_optional(message.get("signal"), warning),
         array=_optional(message.get("array"), _string, "array", 1024),
         params=_strings(message.get("params", []), "params", 64),
+        begin=_optional(message.get("begin"), _number, "begin", 0.0, 1e11),
     )
 
 
@@ -431,3 +436,7 @@ def signal_number(value: object) -> int:
     if number not in allowed:
         raise ProtocolError(f"signal {number} may not be sent to a job")
     return number
+
+
+# The field checks, for the requests other modules serve (service.bookings).
+checked_int, checked_number, checked_string = _int, _number, _string

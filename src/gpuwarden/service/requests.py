@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import admission, arrays, jobprocess, listing, protocol, requeue, store
+from gpuwarden.service import (
+    admission,
+    arrays,
+    bookings,
+    jobprocess,
+    listing,
+    protocol,
+    requeue,
+    store,
+)
 from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
 from gpuwarden.service.identity import Person, peer_credentials, person
 
@@ -99,6 +108,9 @@ class Requests:
                 "uid": job.uid,
                 "attached": job.attached,
             }
+        if op in ("book", "bookings", "unbook"):  # GPUs booked ahead (service.bookings)
+            usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
+            return bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
         if op == "requeue":  # run it again once it ends (service.requeue)
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             requeue.ask(self.store, self._owned(who, job_id, "requeue"))
@@ -185,6 +197,7 @@ class Requests:
                 output=sub.output,
                 attached=sub.attached and client is not None,
                 wait=sub.wait,
+                begin=sub.begin,
             )
             if array is not None:
                 ids = arrays.add(self.store, new, array)
@@ -382,6 +395,8 @@ class Requests:
                 ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
             )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
+        now = time.time()
+        reply["bookings"] = [bookings.shown(r) for r in bookings.of(self).current(now)]
         return reply
 
     def _row(self, who: Person, job: store.Job) -> dict[str, Any]:

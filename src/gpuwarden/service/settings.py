@@ -43,6 +43,8 @@ class Settings:
     max_command_bytes: int = 64 << 10  # service.max_command_bytes: a job's command line
     max_env_bytes: int = 256 << 10  # service.max_env_bytes: a job's environment
     limits: Limits = field(default_factory=Limits)  # [service.limits]: per user and @group
+    book_max_gpus: Optional[int] = None  # GPUs a user may book (None: only admins book)
+    book_max_time: Optional[float] = None  # how long a user's booking may be
 
 
 #: What a reload cannot change in a running service: its socket and journal, and the
@@ -94,6 +96,8 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         max_command_bytes=cfg.get("service.max_command_bytes"),
         max_env_bytes=cfg.get("service.max_env_bytes"),
         limits=Limits.parse(cfg.get("service.limits") or {}),
+        book_max_gpus=cfg.get("service.book_max_gpus"),
+        book_max_time=cfg.get("service.book_max_time"),
     )
 
 

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_job INTEGER,
     array_task INTEGER,
     array_throttle INTEGER,
-    params TEXT NOT NULL DEFAULT '{}'
+    params TEXT NOT NULL DEFAULT '{}',
+    begin REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
@@ -78,6 +79,7 @@ _ADDED = {
     "array_task": "INTEGER",
     "array_throttle": "INTEGER",
     "params": "TEXT NOT NULL DEFAULT '{}'",
+    "begin": "REAL",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -121,6 +123,7 @@ class Job:
     array_task: Optional[int] = None  # its task id in that array
     array_throttle: Optional[int] = None  # tasks of its array that may run at once
     params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
+    begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
 
     @property
     def count(self) -> int:

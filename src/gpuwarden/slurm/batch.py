@@ -84,6 +84,7 @@ class JobSpec(Value):
         ("workdir", None),
         ("python", sys.executable),
         ("array", None),
+        ("begin", None),
     )
     if TYPE_CHECKING:
         command: tuple[str, ...]
@@ -100,6 +101,7 @@ class JobSpec(Value):
         workdir: Optional[str]
         python: str
         array: Optional[str]  # sbatch's --array, as given (arrayspec checked it)
+        begin: Optional[str]  # sbatch's --begin, as given (begintime checked it)
 
 
 def slurm_time(value: str) -> str:
@@ -173,6 +175,8 @@ def options(spec: JobSpec) -> list[str]:
         out.append(f"--chdir={spec.workdir}")
     if spec.array:
         out.append(f"--array={spec.array}")
+    if spec.begin:
+        out.append(f"--begin={spec.begin}")
     return out
 
 
@@ -238,6 +242,7 @@ def spec_of(
     workdir: Optional[str] = None,
     python: str = sys.executable,
     array: Optional[str] = None,
+    begin: Optional[str] = None,
 ) -> JobSpec:
     """The JobSpec for command-line values (strings as typed); every bad value is one
     UserError line here rather than a Slurm error later."""
@@ -276,4 +281,5 @@ def spec_of(
         workdir=workdir,
         python=python,
         array=None if array is None else array.strip(),
+        begin=None if begin is None else begin.strip(),
     )

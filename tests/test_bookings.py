@@ -1,0 +1,153 @@
+"""--begin and GPUs booked ahead: the pure rules (gpuwarden.begintime, gpuwarden.booking)
+and the queue service keeping booked GPUs free, as real users."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import test_service
+from gpuwarden import begintime, booking
+from gpuwarden.errors import UserError
+from test_service import Server, _serving, cli_as
+from users import make_user
+
+open_dir = test_service.open_dir
+jsonschema = pytest.importorskip("jsonschema")
+SCHEMAS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "schemas"
+
+NOW = time.mktime((2026, 12, 2, 14, 30, 0, 0, 0, -1))  # a local 14:30
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("now", NOW),
+        ("now+1hour", NOW + 3600),
+        ("now+90minutes", NOW + 5400),
+        ("now+60", NOW + 60),
+        ("now+2days", NOW + 2 * 86400),
+        ("16:00", time.mktime((2026, 12, 2, 16, 0, 0, 0, 0, -1))),
+        ("09:00", time.mktime((2026, 12, 3, 9, 0, 0, 0, 0, -1))),  # passed today: tomorrow
+        ("2026-12-24T09:00", time.mktime((2026, 12, 24, 9, 0, 0, 0, 0, -1))),
+        ("2020-01-01", time.mktime((2020, 1, 1, 0, 0, 0, 0, 0, -1))),  # past: the caller starts now
+        ("12/24", time.mktime((2026, 12, 24, 0, 0, 0, 0, 0, -1))),
+        ("teatime", time.mktime((2026, 12, 2, 16, 0, 0, 0, 0, -1))),
+        ("tomorrow", time.mktime((2026, 12, 3, 0, 0, 0, 0, 0, -1))),
+    ],
+)
+def test_begin_times_read_as_sbatch_reads_them(text: str, expect: float) -> None:
+    assert begintime.parse(text, NOW) == expect
+
+
+@pytest.mark.parametrize(
+    "text", ["now+1fortnight", "25:00", "2026-13-01", "2026-02-30", "soon", ""]
+)
+def test_malformed_begin_times_are_one_line(text: str) -> None:
+    with pytest.raises(UserError) as err:
+        begintime.parse(text, NOW)
+    assert "\n" not in str(err.value) and "invalid time" in str(err.value)
+
+
+def test_a_booking_keeps_its_gpus_from_jobs_that_would_reach_its_window() -> None:
+    soon = booking.Booking(1, 2, 1000.0, 5000.0, frozenset({"alice"}))
+    held = [booking.Holder("carol", ("g0",), math.inf)]
+    # 4 GPUs, 1 held for ever: bob's endless job on g1 leaves 2 for the booking; a second not.
+    assert booking.blocking("bob", math.inf, ("g1",), 0.0, [soon], 4, held) is None
+    held.append(booking.Holder("bob", ("g1",), math.inf))
+    assert booking.blocking("bob", math.inf, ("g2",), 0.0, [soon], 4, held) == soon
+    assert booking.blocking("bob", 900.0, ("g2",), 0.0, [soon], 4, held) is None  # ends before
+    assert booking.blocking("alice", math.inf, ("g2",), 0.0, [soon], 4, held) is None  # hers
+    assert booking.blocking("bob", math.inf, ("g2",), 6000.0, [soon], 4, held) is None  # over
+    other = booking.Booking(2, 3, 2000.0, 3000.0, frozenset({"bob"}))
+    assert booking.crowded(other, [soon], 4) == [soon]
+    assert booking.crowded(other._replace(start=5000.0, end=6000.0), [soon], 4) == []
+
+
+@pytest.fixture
+def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    make_user("carol")  # the fixture's admin
+    yield from _serving(tmp_path, open_dir, monkeypatch)
+
+
+def states(srv: Server, ids: list[int]) -> list[tuple[str, str]]:
+    rows = {r["id"]: r for r in srv.call(None, "queue")["jobs"]}
+    rows.update({r["id"]: r for r in srv.call(None, "jobs", limit=100)["jobs"]})
+    return [(rows[i]["state"], rows[i]["reason"] or "") for i in ids]
+
+
+def wait_for(srv: Server, ids: list[int], want: list[tuple[str, str]]) -> None:
+    deadline = time.monotonic() + 30
+    while (now := states(srv, ids)) != want:
+        assert time.monotonic() < deadline, now
+        time.sleep(0.05)
+
+
+def test_begin_waits_with_its_reason_and_a_past_begin_starts_now(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    later = cli_as(server, alice, "submit", "--begin", "now+1hour", "--", "true")
+    past = cli_as(server, alice, "submit", "--begin", "2020-01-01T00:00", "--", "true")
+    soon = cli_as(server, alice, "submit", "--begin", "now+1", "--", "true")
+    ids = [int(later.stdout), int(past.stdout), int(soon.stdout)]
+    wait_for(server, ids, [("PENDING", "BeginTime"), ("COMPLETED", ""), ("COMPLETED", "")])
+    row = server.job(ids[2])
+    assert row["started"] - row["submitted"] >= 0.5
+    bad = cli_as(server, alice, "submit", "--begin", "teatime+1", "--", "true")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid time" in bad.stderr
+
+
+def test_a_booking_keeps_two_gpus_for_its_window_while_backfill_uses_them_before(
+    server: Server,
+) -> None:
+    alice, bob, carol = make_user("alice", ("lab",)), make_user("bob"), make_user("carol")
+    made = cli_as(
+        server, carol, "book", "-g", "2", "--start", "now+1hour", "--for", "2h",
+        "--user", "gw-alice", "--reason", "course",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    first = int(made.stdout)
+    clash = cli_as(
+        server, carol, "book", "-g", "3", "--start", "now+90minutes", "--for", "1h",
+        "--reason", "x",
+    )  # fmt: skip
+    assert clash.returncode == 2 and f"booking {first} (2 GPUs for gw-alice" in clash.stderr
+    assert clash.stderr.count("\n") == 1
+    own = cli_as(server, bob, "book", "-g", "1", "--start", "now", "--for", "1h", "--reason", "x")
+    assert own.returncode == 2 and "only an admin may book" in own.stderr
+    long = [
+        int(cli_as(server, bob, "submit", "--time", "2h", "--", "sleep", "60").stdout)
+        for _ in range(4)
+    ]
+    wait_for(server, long, [("RUNNING", "")] * 2 + [("PENDING", "Booked")] * 2)
+    short = [
+        int(cli_as(server, bob, "submit", "--time", "30m", "--", "sleep", "60").stdout)
+        for _ in range(2)
+    ]
+    wait_for(server, short, [("RUNNING", "")] * 2)  # backfill: they end before the window
+    shown = cli_as(server, bob, "queue").stdout
+    assert "booked [" in shown and "2 GPUs for gw-alice" in shown and "course" in shown, shown
+    for job in short:
+        server.call(None, "cancel", jobs=[job])
+    # The window now: alice gets the two kept GPUs, bob's waiting jobs do not.
+    now = cli_as(
+        server, carol, "book", "-g", "2", "--start", "now", "--for", "1h", "--user", "gw-alice",
+        "--reason", "deadline",
+    )  # fmt: skip
+    assert now.returncode == 0, now.stderr  # beside the first: 4 GPUs in all
+    gone = cli_as(server, carol, "book", "--cancel", str(first))
+    assert gone.returncode == 0, gone.stderr
+    wait_for(server, long, [("RUNNING", "")] * 2 + [("PENDING", "Booked")] * 2)
+    hers = int(cli_as(server, alice, "submit", "-g", "2", "--", "true").stdout)
+    wait_for(server, [hers], [("COMPLETED", "")])
+    listed = cli_as(server, alice, "book", "--list")
+    assert "deadline" in listed.stdout and "course" not in listed.stdout, listed.stdout
+    rows = json.loads(cli_as(server, alice, "book", "--list", "--json").stdout)
+    jsonschema.validate(rows, json.loads((SCHEMAS / "book.json").read_text()))
+    assert [(r["count"], r["user"], r["reason"]) for r in rows] == [(2, "gw-alice", "deadline")]
+    for job in long:
+        server.call(None, "cancel", jobs=[job])

@@ -765,6 +765,44 @@ def test_nobody_sees_others_command_lines_or_start_errors(server: Server) -> Non
     server.call(None, "cancel", jobs=[running])
 
 
+def test_cancel_by_owner_state_and_range_as_scancel(server: Server) -> None:
+    """Issue 23: after a flood nobody pastes 40 ids: `cancel --me`, `-u USER`,
+    `--state PENDING|RUNNING` and ranges (12-20), each within what the asker may do."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    running = submit(server, alice, ["sleep", "60"])
+    server.wait_state(running, ("RUNNING",))
+    waiting = [submit(server, alice, ["true"], hold=True) for _ in range(3)]
+    theirs = submit(server, bob, ["true"], hold=True)
+    done = cli_as(server, alice, "cancel", "--me", "--state", "pending")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"cancelled: {', '.join(map(str, waiting))}\n"
+    assert server.job(running)["state"] == "RUNNING" and server.job(theirs)["state"] == "PENDING"
+    nothing = cli_as(server, alice, "cancel", "--me", "--state", "PENDING")
+    assert (nothing.returncode, nothing.stderr) == (
+        0,
+        "gpuwarden cancel: no job queued or running matches\n",
+    )
+    others = cli_as(server, alice, "cancel", f"{running}-{theirs}")
+    assert others.returncode == 1 and others.stdout == f"cancelled: {running}\n"
+    assert f"job {theirs} belongs to gw-bob" in others.stderr
+    assert server.wait_state(running, ("CANCELLED",))["state"] == "CANCELLED"
+    assert cli_as(server, alice, "cancel").stderr == (
+        "gpuwarden cancel: name the jobs to cancel: IDs (12 13, 12-20), --me, -u USER or --state\n"
+    )
+    assert cli_as(server, alice, "cancel", "20-12").stderr.startswith(
+        "gpuwarden cancel: invalid job range '20-12'"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC, "GPUWARDEN_SOCKET": server.socket}
+    admin = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "cancel", "-u", "gw-bob"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (admin.returncode, admin.stdout) == (0, f"cancelled: {theirs}\n"), admin.stderr
+
+
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     alice = make_user("alice", ("lab",))
     running = submit(server, alice, ["sleep", "60"], request={"count": 4})

@@ -72,4 +72,4 @@ def again(service: Any, job: store.Job, ended: spawn.Ended) -> None:
         service.store.charge(job.user, used, now, service.settings.policy.half_life)
     service.termed.pop(job.id, None)
     log.info("job %s requeued", job.id)
-    service.dirty = True
+    service.pacer.wake()

@@ -206,7 +206,8 @@ def main() -> None:
         (sname, svc), (lname, slurm) = results.items()
         top = max(levels)
         print(
-            f"   at {top} pending, {lname} / {sname}: submit p50 "
+            f"   at {top} pending, {lname} / {sname}: daemon CPU per submit "
+            f"x{slurm[top]['cpu'] / svc[top]['cpu']:.2f}, submit p50 "
             f"x{slurm[top]['p50'] / svc[top]['p50']:.1f}, p99 "
             f"x{slurm[top]['p99'] / svc[top]['p99']:.1f}, listing "
             f"x{slurm[top]['listing'] / svc[top]['listing']:.1f}"

@@ -132,6 +132,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.jobcgroup",
             "service.jobprocess",
             "service.identity",
+            "service.jobnotify",
         ),
     ),
     (

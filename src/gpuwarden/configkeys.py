@@ -262,6 +262,7 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key("service.show_commands", "bool", False, "show everyone's command lines in `queue`"),
     Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
+    Key("submit.webhook", "str", None, "your URL that gets a JSON POST for each --notify event"),
     Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
     Key(
         "service.reconnect",

@@ -169,6 +169,10 @@ class Requests:
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
         if sub.warning is not None:
             request["signal"] = list(sub.warning)  # beside its GPU wishes: what it asked for
+        if sub.notify:  # likewise its own notifications (service.jobnotify)
+            if sub.notify_url is None:
+                raise UserError("--notify needs a webhook to post to (submit.webhook)")
+            request["notify"] = {"events": list(sub.notify), "url": sub.notify_url}
         # The job and its output path: one commit. A batch job's id is a promise, on
         # disk before it is told; an attached job matters only while its client waits,
         # and its start's durable commit carries it to disk before it runs.

@@ -203,7 +203,15 @@ def main(args: Sequence[str]) -> int:
         )
         if found is None:
             raise UserError(f"not a container command: {' '.join(args[:2])}")
-        return int(start(found, env, fds).wait())
+        job = start(found, env, fds)
+        code = int(job.wait())
+        stopper = job.on_signal
+        if isinstance(stopper, Stopper) and stopper.pid:
+            # Cancelled: the client may end first (the service signals all of the job, and
+            # its signal proxy with it), and the job's end is when the service kills what is
+            # left of it, a `stop` half-way included; the job ends when the stop has.
+            os.waitpid(stopper.pid, 0)
+        return code
     except UserError as err:
         print(f"gpuwarden: {err}", file=sys.stderr)
         return err.exit_code

@@ -259,11 +259,11 @@ Nothing was installed or restarted. What to do, in this order:
    slurmd; everywhere munge and slurm-client (Debian: apt install slurmd slurm-client munge).
 
 2. The munge key: one secret shared by every machine, which signs all of Slurm's messages.
-   Make it once, on the controller:
-       mungekey --create --force    # or: dd if=/dev/urandom bs=1 count=1024 >/etc/munge/munge.key
-       chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-   copy it to every node over a channel you trust (scp as root), same owner and mode, then
-   restart munge everywhere and check from the controller: munge -n | ssh NODE unmunge
+   The munge package makes a different key on each machine at install; the cluster needs
+   one. Keep the controller's /etc/munge/munge.key (or make a new one there with
+   `mungekey --create --force`; owner munge, mode 400) and copy it to every node over a
+   channel you trust (scp as root), same owner and mode; restart munge everywhere, then
+   check from the controller: munge -n | ssh NODE unmunge
 
 3. These files: slurm.conf, gres.conf and cgroup.conf into {s.conf_dir}/ on every machine
    (the same files everywhere); prolog.sh and epilog.sh into {s.conf_dir}/ on every node,

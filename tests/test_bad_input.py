@@ -205,6 +205,24 @@ CLI_CASES = (
         case("book", "-g", "1", "--start", "x", "--for", "1h", "--reason", "x", expect="time"),
         case("book", "-g", "1", "--start", "now", "--for", "0", "--reason", "x", expect="--for"),
         case("book", "-g", "1", "--start", "now", "--reason", "x", expect="needs --for"),
+        # several hosts (docs/hosts.md): refused before any ssh runs
+        case("status", "--hosts=-oProxyCommand=x", expect="not a host name"),
+        case("status", "--hosts", "a;b", expect="not a host name"),
+        case("status", "--hosts", " , ", expect="no host names"),
+        case("status", "--hosts", "a", "--watch", "2", expect="--watch is for"),
+        case("status", "--hosts", "a", env={"GPUWARDEN_HOSTS_TIMEOUT": "0"}, expect="timeout"),
+        case("queue", "--hosts", "a", "--slurm", expect="Slurm's queue is one already"),
+        case("select", "--hosts", "a", "-g", "x", expect="invalid GPU count"),
+        case("slurm", "cluster", expect="needs the nodes' host names"),
+        case("slurm", "cluster", "a", expect="needs --out"),
+        case("slurm", "cluster", "--out", "d", "--", "-ox", expect="not a host name"),
+        case("slurm", "cluster", "--out", "d", "a", "--port", "0", expect="--port"),
+        case("slurm", "cluster", "a", "--out", "d", "--controller", "x y", expect="--controller"),
+        case("slurm", "cluster", "a", "--out", "d", "--port", "0", expect="--port"),
+        case("slurm", "cluster", "a", "--out", "d", "--hook-env", "rel", expect="--hook-env"),
+        case("slurm", "conf", "a", expect="takes no host names"),
+        case("web", "--peers", "ftp://x", "--once", expect="--peers needs"),
+        case("web", "--peers", "http://x:99999/", "--once", expect="not a port"),
     ]
 )
 

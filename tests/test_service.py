@@ -720,6 +720,89 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
         srv.kill_jobs()
 
 
+def test_nobody_sees_others_command_lines_or_start_errors(server: Server) -> None:
+    """Issue 23: `status` (text and JSON), `jobs` and the lease records others can read
+    carry no one else's command line or start error; the owner and admins see them."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    running = submit(server, alice, ["sh", "-c", "sleep 60", "secret-token-1"])
+    server.wait_state(running, ("RUNNING",))
+    failed = submit(server, alice, ["/nonexistent/secret-token-2"])
+    assert "secret-token-2" in server.wait_state(failed, ("FAILED",))["error"]
+    leases = os.environ["GPUWARDEN_LEASE_DIR"]
+    for name in os.listdir(leases):
+        assert "secret-token" not in Path(leases, name).read_text(errors="replace"), name
+    from gpuwarden.sim.fake import real_pynvml_path
+
+    lib = server.work / "lib"  # the simulator stands behind nvidia-ml-py's module: theirs
+    lib.mkdir()
+    shutil.copy(real_pynvml_path(), lib / "pynvml.py")
+    env = {"GPUWARDEN_SIM": SPEC, "GPUWARDEN_LEASE_DIR": leases}
+
+    def as_user(who: Person, *args: str) -> str:
+        done = subprocess.run(
+            [USER_PY, "-m", "gpuwarden", *args],
+            env={
+                "PYTHONPATH": f"{SRC}:{lib}",
+                "PATH": "/usr/bin:/bin",
+                "GPUWARDEN_SOCKET": server.socket,
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_become(who),
+            cwd=str(server.work),
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    for args in (("status",), ("status", "--json"), ("jobs",), ("jobs", "--json"), ("queue",)):
+        shown = as_user(bob, *args)
+        assert "secret-token" not in shown, (args, shown)
+        assert "gw-alice" in shown, (args, shown)
+    assert "secret-token-2" in as_user(alice, "jobs")
+    assert "secret-token-1" in as_user(alice, "queue")
+    server.call(None, "cancel", jobs=[running])
+
+
+def test_cancel_by_owner_state_and_range_as_scancel(server: Server) -> None:
+    """Issue 23: after a flood nobody pastes 40 ids: `cancel --me`, `-u USER`,
+    `--state PENDING|RUNNING` and ranges (12-20), each within what the asker may do."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    running = submit(server, alice, ["sleep", "60"])
+    server.wait_state(running, ("RUNNING",))
+    waiting = [submit(server, alice, ["true"], hold=True) for _ in range(3)]
+    theirs = submit(server, bob, ["true"], hold=True)
+    done = cli_as(server, alice, "cancel", "--me", "--state", "pending")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"cancelled: {', '.join(map(str, waiting))}\n"
+    assert server.job(running)["state"] == "RUNNING" and server.job(theirs)["state"] == "PENDING"
+    nothing = cli_as(server, alice, "cancel", "--me", "--state", "PENDING")
+    assert (nothing.returncode, nothing.stderr) == (
+        0,
+        "gpuwarden cancel: no job queued or running matches\n",
+    )
+    others = cli_as(server, alice, "cancel", f"{running}-{theirs}")
+    assert others.returncode == 1 and others.stdout == f"cancelled: {running}\n"
+    assert f"job {theirs} belongs to gw-bob" in others.stderr
+    assert server.wait_state(running, ("CANCELLED",))["state"] == "CANCELLED"
+    assert cli_as(server, alice, "cancel").stderr == (
+        "gpuwarden cancel: name the jobs to cancel: IDs (12 13, 12-20), --me, -u USER or --state\n"
+    )
+    assert cli_as(server, alice, "cancel", "20-12").stderr.startswith(
+        "gpuwarden cancel: invalid job range '20-12'"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC, "GPUWARDEN_SOCKET": server.socket}
+    admin = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "cancel", "-u", "gw-bob"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (admin.returncode, admin.stdout) == (0, f"cancelled: {theirs}\n"), admin.stderr
+
+
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     alice = make_user("alice", ("lab",))
     running = submit(server, alice, ["sleep", "60"], request={"count": 4})

@@ -260,7 +260,12 @@ SCHEMA: tuple[Key, ...] = (
         "then GPUs are kept for a job that cannot start",
         low=0,
     ),
-    Key("service.show_commands", "bool", False, "show everyone's command lines in `queue`"),
+    Key(
+        "service.show_commands",
+        "bool",
+        False,
+        "show everyone's command lines and start errors (`queue`, `jobs`, `status`)",
+    ),
     Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
     Key("submit.webhook", "str", None, "your URL that gets a JSON POST for each --notify event"),
     Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),

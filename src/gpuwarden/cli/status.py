@@ -93,7 +93,7 @@ def _check_user(name: str) -> None:
 def gather(user: Optional[str] = None) -> Status:
     """`collect()`, narrowed to one user when `user` is given. A name that is neither an
     account here nor seen on any GPU or lease is one line, not an empty table."""
-    data = collect()
+    data = private(collect())
     if user is None:
         return data
     mine = for_user(data, user)
@@ -102,6 +102,27 @@ def gather(user: Optional[str] = None) -> Status:
 
         raise UserError(f"no user {user!r} on this machine, and nothing runs under that name")
     return mine
+
+
+def private(data: Status) -> Status:
+    """Others' command lines hidden (their leases show user, job, pid and times), as
+    `queue` and `jobs` hide them: a command line can carry a path, a token, a
+    colleague's unpublished idea. Root sees them, and everyone where the admin set
+    `service.show_commands`."""
+    import os
+    import pwd
+    from dataclasses import replace
+
+    from gpuwarden import config
+
+    if os.geteuid() == 0 or config.load().get("service.show_commands"):
+        return data
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name  # the kernel's uid, never $USER
+    except KeyError:
+        me = str(os.geteuid())
+    leases = tuple(x if x.user == me else replace(x, command="") for x in data.machine.leases)
+    return replace(data, machine=replace(data.machine, leases=leases))
 
 
 def _is_account(name: str) -> bool:

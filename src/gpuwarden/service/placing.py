@@ -193,7 +193,7 @@ def start_job(
     its owner holding the lease descriptors, record it RUNNING."""
     from gpuwarden import allocation, leasedir
     from gpuwarden.cgroups import present_minors
-    from gpuwarden.launch import command_text, job_env
+    from gpuwarden.launch import job_env
     from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
@@ -234,7 +234,9 @@ def start_job(
         # A job with --time says when its lease ends (SIGTERM then): `status` shows it,
         # and another service or tool reading the leases can plan around it.
         expires = None if job.time_limit is None else time.time() + job.time_limit
-        held.prepare(command_text(job.argv), expires=expires)  # a full disk fails here
+        # Lease records are readable by every user (status): they carry the owner and the
+        # job, never its command line (`queue` shows that to its owner and the admins).
+        held.prepare("", expires=expires)  # a full disk fails here
 
         def record(supervisor: int, since: int) -> None:
             # One durable commit before the supervisor may run the job: a service killed

@@ -396,7 +396,8 @@ class Requests:
             "after": list(job.after),
             "exit_code": job.exit_code,
             "signal": job.exit_signal,
-            "error": job.error,
+            # A start error can quote the command or a private path: as the command.
+            "error": job.error if show or job.uid == who.uid else None,
             "priority": self._priorities.get(job.id),
             "estimated_start": self._estimates.get(job.id),
             "command": listing.command(job.argv) if show or job.uid == who.uid else None,

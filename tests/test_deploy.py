@@ -69,12 +69,15 @@ def test_tmpfiles_snippet_gives_1777_to_the_shared_directories():
     for line in TMPFILES.read_text().splitlines():
         fields = line.split()
         if fields and not fields[0].startswith("#"):
-            assert fields[0] == "d", line
-            modes[fields[1]] = (int(fields[2], 8), fields[3], fields[4])
+            assert fields[0] in ("d", "f"), line
+            modes[fields[1]] = (fields[0], int(fields[2], 8), fields[3], fields[4])
     assert modes == {
-        "/var/lib/gpuwarden": (0o755, "root", "root"),
-        SHARED[0]: (0o1777, "root", "root"),
-        SHARED[1]: (0o1777, "root", "root"),
+        "/var/lib/gpuwarden": ("d", 0o755, "root", "root"),
+        SHARED[0]: ("d", 0o1777, "root", "root"),
+        SHARED[1]: ("d", 0o1777, "root", "root"),
+        # root's lock files: no user can delete (recycle) them in the sticky directories
+        f"{SHARED[0]}/alloc.lock": ("f", 0o644, "root", "root"),
+        f"{SHARED[1]}/drains.lock": ("f", 0o644, "root", "root"),
     }
 
 
@@ -98,6 +101,9 @@ def test_systemd_tmpfiles_creates_and_repairs_the_modes(tmp_path):
     for path in SHARED:
         mode = (root / path.lstrip("/")).stat().st_mode
         assert stat.S_IMODE(mode) == 0o1777, (path, oct(mode))
+    for lock in ("leases/alloc.lock", "state/drains.lock"):
+        st = (root / "var/lib/gpuwarden" / lock).stat()
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o644, 0), lock
     assert stat.S_IMODE((root / "var/lib/gpuwarden").stat().st_mode) == 0o755
 
 

@@ -133,42 +133,60 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _as_nobody(exe: str, where: Path, call: str) -> subprocess.CompletedProcess[str]:
+def _as_nobody(
+    exe: str, where: Path, call: str, system: str = "/nonexistent"
+) -> subprocess.CompletedProcess[str]:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import drain; "
         "from gpuwarden.errors import UserError\n"
         f"try:\n    {call}\nexcept UserError as e:\n    print(e); sys.exit(2)"
     )
+    env = {"PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"}
     return subprocess.run(
         [exe, "-c", code, str(SRC)],
         user=NOBODY,
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"},
+        env={**env, "GPUWARDEN_SYSTEM_CONFIG": system},
     )
 
 
-def test_only_the_drainer_or_root_may_undrain_in_a_shared_dir(shared_dir: Path) -> None:
+def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
+    shared_dir: Path,
+) -> None:
     exe = _python_for(NOBODY)
     if exe is None:
         pytest.skip("no Python the unprivileged user can run")
     mine = drains.drain("GPU-root", "bad fan", directory=shared_dir)
     assert mine.uid == 0
-    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-root')")
+    # An ordinary user of the shared directory may not take a GPU from everyone.
+    for call in ("drain.undrain('GPU-root')", "drain.drain('GPU-theirs', 'testing')"):
+        out = _as_nobody(exe, shared_dir, call)
+        assert out.returncode == 2, out.stderr
+        assert out.stdout.strip() == (
+            "only root or an admin (service.admins) may drain or undrain GPUs in the shared "
+            f"directory {shared_dir}"
+        )
+    # An admin may, and lifts only their own drains (and root, anyone's).
+    system = shared_dir.parent / f"{shared_dir.name}-config" / "system.toml"
+    system.parent.mkdir(mode=0o755)  # root's, readable by the user (tmp_path is not)
+    system.write_text('[service]\nadmins = ["nobody"]\n')
+    system.chmod(0o644)
+    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-root')", str(system))
     assert out.returncode == 2, out.stderr
     assert "only root or root may undrain it" in out.stdout
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-root', 'mine now')")
+    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-root', 'mine now')", str(system))
     assert out.returncode == 2 and "already drained by root" in out.stdout
-    # The other user's own drain: theirs to lift, and root's.
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'testing')")
+    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'testing')", str(system))
     assert out.returncode == 0, out.stdout + out.stderr
     theirs = drains.list_drains(shared_dir)["GPU-theirs"]
     assert theirs.uid == NOBODY
-    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-theirs')")
+    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-theirs')", str(system))
     assert out.returncode == 0, out.stdout + out.stderr
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'again')")
+    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'again')", str(system))
     drains.undrain("GPU-theirs", directory=shared_dir)  # root may
     assert set(drains.list_drains(shared_dir)) == {"GPU-root"}
+    shutil.rmtree(system.parent)
 
 
 # --- commands on the simulated machine ---------------------------------------------------------

@@ -14,9 +14,11 @@ import fcntl
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -691,3 +693,52 @@ def test_warnings_about_junk_are_bounded(shared, monkeypatch, capsys) -> None:
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == lease.MAX_WARNINGS + 1
     assert "not reporting them" in lines[-1]
+
+
+def test_lock_files_precreated_by_root_cannot_be_recycled(users, procs, monkeypatch) -> None:
+    """The README's set-up makes every lock file root's (`install -m 0644 /dev/null`):
+    a user can no longer delete one held by another's job so that the next job locks a
+    fresh file beside it (two jobs on one GPU), and every user still takes leases."""
+    mallory, alice = users
+    top = Path(tempfile.mkdtemp(prefix="gw-precreated-"))
+    try:
+        top.chmod(0o755)
+        shared = top / "leases"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        names = [f"{UUID0}.lock", lease.ALLOC]
+        for name in names:  # as the README's recipe does
+            subprocess.run(["install", "-m", "0644", "/dev/null", str(shared / name)], check=True)
+        inodes = {n: (shared / n).stat().st_ino for n in names}
+        gone = subprocess.run(
+            ["runuser", "-u", pwd.getpwuid(mallory).pw_name, "--", "rm", "-f"]
+            + [str(shared / n) for n in names],
+            capture_output=True,
+            text=True,
+        )
+        assert gone.returncode != 0 and "Operation not permitted" in gone.stderr
+        assert {n: (shared / n).stat().st_ino for n in names} == inodes
+        monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(shared))
+        (top / "state").mkdir()
+        (top / "state").chmod(0o1777)
+        monkeypatch.setenv("GPUWARDEN_STATE_DIR", str(top / "state"))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, as alice
+            try:
+                os.setgroups([])
+                os.setgid(alice)
+                os.setuid(alice)
+                held = take(machine(1))
+                os.write(w, b"ok" if held.gpus[0].uuid == UUID0 else b"no")
+            except BaseException as err:
+                os.write(w, repr(err).encode()[:500])
+            finally:
+                os._exit(0)
+        os.close(w)
+        procs.append(pid)
+        assert os.read(r, 500) == b"ok"
+        os.close(r)
+        assert (shared / f"{UUID0}.lock").stat().st_uid == 0  # alice used root's file
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

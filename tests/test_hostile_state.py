@@ -205,7 +205,9 @@ def test_old_temporaries_of_killed_writers_are_swept(mallory: int, shared: Path)
     assert not old.exists()
 
 
-def test_a_held_drain_lock_times_out_naming_its_holder(mallory: int, shared: Path) -> None:
+def test_a_held_drain_lock_names_its_holder_and_does_not_stop_root(
+    mallory: int, shared: Path
+) -> None:
     lock = shared / drains.LOCK_NAME
     drains.drain("GPU-first", "creates the lock")
     holder = subprocess.Popen(
@@ -217,12 +219,17 @@ def test_a_held_drain_lock_times_out_naming_its_holder(mallory: int, shared: Pat
             assert time.monotonic() < deadline, "the holder never took the lock"
             time.sleep(0.05)
         started = time.monotonic()
-        with pytest.raises(drains.DrainLockBusy, match=f"held by pid [0-9]+ .*user {HOSTILE}"):
-            drains.drain(UUID, "x", lock_timeout=0.5)  # before: waited for ever
+        # Whoever else waits for it is told who holds it (before: waited for ever).
+        busy = pytest.raises(drains.DrainLockBusy, match=f"held by pid [0-9]+ .*user {HOSTILE}")
+        with busy, drains._locked(str(shared), 0.5):
+            pass
         assert time.monotonic() - started < 10
-        with pytest.raises(drains.DrainLockBusy):
-            drains.undrain("GPU-first", lock_timeout=0.2)
-        # The health watch goes on without the lock (the write is atomic anyway).
+        # Root is not stopped by it: it goes on without the lock (the write is atomic).
+        started = time.monotonic()
+        drains.drain(UUID, "x", lock_timeout=30)
+        drains.undrain("GPU-first", lock_timeout=30)
+        assert time.monotonic() - started < 2 * drains.ROOT_LOCK_WAIT + 5
+        # The health watch goes on without the lock too.
         drains.drain(UUID, "XID 79", auto=True, lock_timeout=0.2, force=True)
         assert drains.list_drains()[UUID].reason == "XID 79"
     finally:
@@ -238,8 +245,16 @@ def test_a_fifo_as_the_drain_lock_is_refused_not_waited_on(mallory: int, shared:
         "drain.drain('GPU-y', 'y', force=True)"
     )
     src = str(Path(__file__).resolve().parent.parent / "src")
+    admins = Path(tempfile.mkdtemp(prefix="gw-admins-"))  # mallory drains as an admin may
+    admins.chmod(0o755)
+    (admins / "system.toml").write_text(f'[service]\nadmins = ["{HOSTILE}"]\n')
+    (admins / "system.toml").chmod(0o644)
     env = ("env", f"GPUWARDEN_STATE_DIR={shared}", "HOME=/tmp")
-    out = as_mallory(*env, "python3", "-c", code, src).stdout  # before: blocked for ever
+    env += (f"GPUWARDEN_SYSTEM_CONFIG={admins / 'system.toml'}",)
+    try:
+        out = as_mallory(*env, "python3", "-c", code, src).stdout  # before: blocked for ever
+    finally:
+        shutil.rmtree(admins)
     assert out.strip() == f"refusing drain lock {shared}/drains.lock: it is a FIFO"
     assert set(drains.list_drains()) == {"GPU-y"}  # the watch drains all the same
     drains.drain(UUID, "x")  # root takes the name back

@@ -3,6 +3,7 @@ output opened as the owner, and an exit status that survives the service."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -167,17 +168,45 @@ def test_the_job_outlives_a_dead_supervisor_parent(status_dir: Path, home: Path)
     assert wait_exit(status_dir, "j1").code == 4
 
 
-def test_lease_descriptors_reach_the_job(status_dir: Path, home: Path, tmp_path: Path) -> None:
+def test_the_supervisor_holds_the_lease_descriptors_and_the_job_never_has_them(
+    status_dir: Path, home: Path, tmp_path: Path
+) -> None:
+    """The lease lock stays taken while the job runs (its supervisor holds it), yet the
+    job has no descriptor of it to pass out, and it is free once the job has ended."""
     bob = make_user("bob")
     lock = tmp_path / "lease"
     lock.write_text("")
     fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    out = home / "fds.out"
-    script = f"import os; print(os.readlink('/proc/self/fd/{fd}'))"
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    out, go = home / "fds.out", home / "go"
+    script = (
+        "import os, time\n"
+        "print(sorted(os.readlink(f'/proc/self/fd/{n}') for n in os.listdir('/proc/self/fd')"
+        " if os.path.exists(f'/proc/self/fd/{n}')), flush=True)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+    )
     spawn.start(launch(bob, status_dir, home, [PY, "-c", script], keep=(fd,), output=str(out)))
-    assert wait_exit(status_dir, "j1").ok, out.read_text()
-    assert out.read_text().strip() == str(lock)
-    os.close(fd)
+    os.close(fd)  # ours: only the supervisor's copy holds the lock now
+    deadline = time.monotonic() + 30
+    while not out.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert str(lock) not in out.read_text()
+    probe = os.open(lock, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        go.touch()
+        assert wait_exit(status_dir, "j1").ok, out.read_text()
+        deadline = time.monotonic() + 30  # the supervisor exits just after the record
+        while True:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the lease outlived its job"
+                time.sleep(0.01)
+    finally:
+        os.close(probe)
 
 
 def test_environment_filter() -> None:

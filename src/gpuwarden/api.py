@@ -8,7 +8,10 @@
 `lease` holds the GPUs for the `with` block in this process and changes
 nothing global: the caller decides where the environment goes (a subprocess,
 `os.environ` before importing torch). Pass `gpus.fds` to a subprocess that
-should keep the lease should this process die. `select` answers "which
+should keep the lease should this process die. Where a queue service owns the
+machine's GPUs, the service holds them for the block instead, as `salloc`
+does (service.holding): the block shows in `queue` as the caller's job, and
+its end or this process's death frees them (`fds` is then empty). `select` answers "which
 GPUs would I get" without reserving anything, like nvisel.
 
 Arguments not given fall back to the configured `run.*` defaults, exactly as
@@ -154,6 +157,10 @@ def hold(
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
     read = _reader(snapshot, topology=request.gpu_count > 1)
+    service = _service_socket(base)
+    if service is not None:
+        yield from _through_service(request, service, base, wait, timeout, uuid, read)
+        return
     first = read()
     pending = [first]
 
@@ -170,6 +177,43 @@ def hold(
         yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
     finally:
         held.release()
+
+
+def _service_socket(base: Mapping[str, str]) -> Optional[str]:
+    """The queue service's socket where one owns this machine's GPUs (as `run` decides:
+    not inside one of its jobs, which runs on its own GPUs already)."""
+    from gpuwarden import config
+
+    path = config.load().get("service.socket")
+    if not path or "GPUWARDEN_JOB" in base or not os.path.exists(path):
+        return None
+    return str(path)
+
+
+def _through_service(
+    request: Any,
+    path: str,
+    base: dict[str, str],
+    wait: bool,
+    timeout: Optional[float],
+    uuid: bool,
+    read: Callable[[], Snapshot],
+) -> Iterator[Leased]:
+    """The block's GPUs held by the service, as `salloc` holds them (service.holding):
+    they show in `queue` as the caller's job, count against their limits and fair
+    share, and are freed when the block ends or this process dies. No descriptor
+    carries them (`fds` is empty): they end with the block."""
+    from gpuwarden.launch import job_env
+    from gpuwarden.service import holding
+    from gpuwarden.service.client import job_fields
+
+    fields = job_fields(request, holding.PLACEHOLDER)
+    with holding.hold(fields, path, wait, timeout) as (job, uuids):
+        by_uuid = {g.uuid: g for g in read().gpus}
+        held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
+        env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)
+        ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+        yield Leased(held, str(job), ours, env, (), request.mem)
 
 
 def pick(

@@ -16,7 +16,10 @@ Writes are atomic (`safefiles.write_atomic`: a temporary file of a name nobody
 else can guess, fsync, rename, fsync of the directory) and serialised by an
 flock on `drains.lock`, so a reader never sees half a record and two people
 draining at once do not lose either reason. The lock is waited for with a
-timeout, and a lock held too long is an error naming its holder. Readers take
+timeout, and a lock held too long is an error naming its holder; root waits
+`ROOT_LOCK_WAIT` at most, then goes on without it (the write is atomic), so a
+user holding the lock cannot stop root. In a shared directory only root and the
+admins (`service.admins`) may drain at all (`_refused_here`). Readers take
 no lock, open nothing that is not a regular file and read a bounded size.
 A record that cannot be read or is not valid still counts as a drain: a GPU is
 never put back into service by a corrupt or hostile file.
@@ -246,6 +249,50 @@ def _holding(directory: str, timeout: float, force: bool) -> Iterator[bool]:
         os.close(fd)
 
 
+#: How long root waits for `drains.lock` before going on without it: only root and
+#: admins may drain in a shared directory, so anyone else holding the lock is in the way.
+ROOT_LOCK_WAIT = 2.0
+
+
+def _refused_here(where: str) -> Optional[str]:
+    """Why this user may not change drains in `where`, or None. In a shared directory
+    (sticky and world-writable, as an admin sets /var/lib/gpuwarden/state up) only
+    root and the admins of `service.admins` (names, `@group`s) may: a drain takes a
+    GPU from everyone. A private directory is its owner's."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        mode = os.stat(where).st_mode
+    except OSError:
+        return None  # made private below, by ensure_dir
+    if not (mode & 0o002 and mode & 0o1000):
+        return None
+    from gpuwarden import config
+    from gpuwarden.paths import user_name
+
+    me = user_name(os.geteuid())
+    admins = [str(a) for a in config.load().get("service.admins") or ()]
+    if me in admins or _in_a_group(a[1:] for a in admins if a.startswith("@")):
+        return None
+    return (
+        f"only root or an admin (service.admins) may drain or undrain GPUs in the shared "
+        f"directory {where}"
+    )
+
+
+def _in_a_group(names: Iterator[str]) -> bool:
+    import grp
+
+    mine = set(os.getgroups()) | {os.getegid()}
+    for name in names:
+        try:
+            if grp.getgrnam(name).gr_gid in mine:
+                return True
+        except KeyError:
+            continue
+    return False
+
+
 def _may_change(found: Drain) -> bool:
     return os.getuid() == 0 or found.uid is None or found.uid == os.getuid()
 
@@ -277,6 +324,11 @@ def drain(
     text = reason.strip()
     if len(text) > MAX_REASON:
         raise UserError(f"a drain reason is at most {MAX_REASON} characters")
+    refused = _refused_here(where)
+    if refused is not None:
+        raise UserError(refused)
+    if os.geteuid() == 0:  # nobody else may hold the lock for long (ROOT_LOCK_WAIT)
+        force, lock_timeout = True, min(lock_timeout, ROOT_LOCK_WAIT)
     me = os.getuid()
     made = Drain(uuid, printable(text), _owner(me), time.time(), auto, me)
     with _locked(where, lock_timeout, force):
@@ -320,7 +372,11 @@ def undrain(
 
     where = _directory(directory)
     path = _record_path(where, uuid)
-    with _locked(where, lock_timeout):
+    refused = _refused_here(where)
+    if refused is not None:
+        raise UserError(refused)
+    force = os.geteuid() == 0  # as for `drain`: root waits ROOT_LOCK_WAIT at most
+    with _locked(where, min(lock_timeout, ROOT_LOCK_WAIT) if force else lock_timeout, force):
         old = _read(path) if os.path.lexists(path) else None
         if old is None:
             raise UserError(f"{printable(uuid)} is not drained")

@@ -209,8 +209,10 @@ def priority(job: Waiting, now: float, fairshare: float, policy: Policy) -> floa
 # --- capacity ------------------------------------------------------------------
 
 
-class _Capacity:
-    """Per GPU: taken whole, or how much memory shared jobs declared on it."""
+class Capacity:
+    """Per GPU: taken whole, or how much memory shared jobs declared on it. The
+    service keeps the one its last pass left, to tell whether a new job could
+    start before planning again (service.pacing)."""
 
     def __init__(self, gpus: Iterable[Gpu]) -> None:
         self.order = [g.uuid for g in gpus if g.usable]
@@ -222,8 +224,8 @@ class _Capacity:
         self.shared: dict[str, int] = dict.fromkeys(self.order, 0)
         self.idle = len(self.order)  # GPUs nobody holds: a long queue mostly finds none
 
-    def copy(self) -> _Capacity:
-        other = _Capacity(())
+    def copy(self) -> Capacity:
+        other = Capacity(())
         other.order = self.order
         other.rank = self.rank
         other.most = self.most
@@ -280,6 +282,16 @@ class _Capacity:
             fits = list(got)
         return tuple(sorted(fits[: job.count], key=self.rank.__getitem__))
 
+    def could_fit(self, count: int, mem: Optional[int]) -> bool:
+        """Whether `count` GPUs (whole, or with `mem` bytes each) are free now on some
+        GPUs, whatever a job's filters: False means such a job cannot start yet."""
+        if mem is None:
+            return self.idle >= count
+        room = sum(
+            1 for u in self.order if self.whole[u] == 0 and self.memory[u] - self.declared[u] >= mem
+        )
+        return room >= count
+
     def can_ever_place(self, job: Waiting) -> bool:
         """Whether the machine could hold `job` if every job ended (cached per shape:
         a long queue is mostly jobs of a few shapes)."""
@@ -320,7 +332,7 @@ def plan(
     """
     policy = Policy() if policy is None else policy
     finished = {} if finished is None else finished
-    free = _Capacity(gpus)
+    free = Capacity(gpus)
     in_use: dict[str, int] = {}
     for run in running:
         free.take(run.gpus, run.mem)
@@ -377,7 +389,7 @@ def _blocked(
     pending: set[str],
     running: set[str],
     finished: Mapping[str, bool],
-    free: _Capacity,
+    free: Capacity,
     in_use: Mapping[str, int],
     policy: Policy,
 ) -> Optional[str]:
@@ -402,7 +414,7 @@ def _blocked(
 
 
 def _earliest_start(
-    job: Waiting, free: _Capacity, running: Sequence[Running], now: float
+    job: Waiting, free: Capacity, running: Sequence[Running], now: float
 ) -> Optional[float]:
     """When enough running jobs will have ended (by their time limits) for `job` to fit;
     inf when that depends on a job without a time limit."""
@@ -417,7 +429,7 @@ def _earliest_start(
 
 
 def _kept_for(
-    job: Waiting, free: _Capacity, running: Sequence[Running], shadow: Optional[float]
+    job: Waiting, free: Capacity, running: Sequence[Running], shadow: Optional[float]
 ) -> frozenset[str]:
     """The GPUs `job` would get at `shadow`; backfilled jobs go elsewhere first."""
     if shadow is None or math.isinf(shadow):
@@ -435,7 +447,7 @@ def _leaves_room(
     now: float,
     shadow: Optional[float],
     reserved: Waiting,
-    free: _Capacity,
+    free: Capacity,
     running: Sequence[Running],
     policy: Policy,
 ) -> bool:

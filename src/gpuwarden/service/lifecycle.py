@@ -35,6 +35,7 @@ from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
@@ -57,7 +58,8 @@ class Lifecycle:
     notifier: JobNotifier
     memory: dict[str, int]
     indices: dict[str, int]
-    dirty: bool
+    pacer: Pacer
+    free: Optional[scheduling.Capacity]
     read_snapshot: Callable[[], Any]
     _priorities: dict[int, float]
     _estimates: dict[int, Optional[float]]
@@ -122,7 +124,7 @@ class Lifecycle:
             self.orphans[job.id] = (time.monotonic() + attachment.REATTACH_WITHIN, client)
         self.sweep_cgroups()
         self._litter_of_ended_jobs()
-        self.dirty = True
+        self.pacer.wake()
 
     def _end_orphans(self) -> None:
         """Attached jobs whose client has not come back after a restart: ended once the
@@ -166,20 +168,34 @@ class Lifecycle:
 
     def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),
-        else its process group's while its first process lives (all there is where the
-        machine has no cgroups). Both would give each process two: a job that takes a
-        second SIGTERM for "abort now" would lose its checkpoint. Never to a stored pid
-        number (service.jobprocess). False: nothing of the job was there to signal."""
+        else, while its supervisor runs, every process below it (service.tree: what
+        detached was re-parented there), else its process group's while its first
+        process lives. Once: a job that takes a second SIGTERM for "abort now" would
+        lose its checkpoint. Never to a stored pid number (service.jobprocess,
+        service.tree). False: nothing of the job was there to signal."""
         dirs = self.job_cgroup(job.id)
         if dirs:
             from gpuwarden.accounting import signal_dirs
 
             if signal_dirs(dirs, sig):
                 return True
+        elif job.supervisor and self._supervising(job.id):
+            from gpuwarden.service.tree import signal_tree
+
+            if signal_tree(job.supervisor, sig):
+                return True
         pidfd = self.processes.get(job.id)
         if pidfd is not None and job.pid:
             return jobprocess.signal_group(pidfd, job.pid, sig)
         return False
+
+    def _supervising(self, job_id: int) -> bool:
+        """Whether the job's supervisor still runs: its pidfd (taken at start or adoption)
+        is not readable yet, so the pid still names it, not a process that reused it."""
+        import select
+
+        fd = self.watched.get(job_id)
+        return fd is not None and not select.select([fd], [], [], 0)[0]
 
     def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
@@ -264,17 +280,18 @@ class Lifecycle:
             attachment.forget_client(self.exits, str(job_id))
 
     def schedule(self) -> None:
-        """Plan, and start whatever the plan says starts."""
+        """Plan, and start whatever the plan says starts; keep what stays free (`free`)
+        for the next submit to judge whether it needs a pass at once (service.pacing)."""
         from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, start_job
 
-        self.dirty = False
         # An attached job whose client has not come back after a restart has no
         # terminal to start on: it waits for its client.
         pending = [
             j for j in self.store.jobs([store.PENDING]) if not j.attached or j.id in self.stdio
         ]
         if not pending:
+            self.free = None  # not known: the next submit plans at once
             return
         snapshot = self.read_snapshot()
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
@@ -306,6 +323,12 @@ class Lifecycle:
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}
         by_id = {j.id: j for j in pending}
+        self.free = free = scheduling.Capacity(gpus)
+        for run in busy:
+            free.take(run.gpus, run.mem)
+        for decision in decisions:
+            if decision.starts:
+                free.take(decision.gpus, by_id[int(decision.id)].mem)
         with self.store.transaction(durable=False):  # one commit for every reason
             for job in throttled:
                 if job.reason != arrays.THROTTLED:
@@ -449,7 +472,7 @@ class Lifecycle:
             }
         )
         log.info("job %s ended: %s", job.id, state)
-        self.dirty = True
+        self.pacer.wake()
 
     def _warn(self, job: store.Job, now: float) -> None:
         """Slurm's --signal: its signal, once, `before` seconds ahead of the time limit

@@ -14,7 +14,6 @@ choice, the one `run` makes: health, topology, MIG slices, sharing.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
@@ -27,6 +26,7 @@ from gpuwarden.service.identity import person
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
 
     class Service(Protocol):
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         settings: Settings
         store: store.Store
         exits: str
-        dirty: bool
+        pacer: Pacer
         stdio: dict[int, list[int]]
 
         def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
@@ -72,11 +72,15 @@ def picker(
 
     from gpuwarden.selection import choose
 
-    wanted = {str(j.id): replace(request_of(j), gpus=None, exclude=()) for j in pending}
+    by_id = {str(j.id): j for j in pending}
+    wanted: dict[str, Any] = {}  # made for the jobs the plan asks about, not every one
     linked: list[Any] = []
 
     def pick(job: scheduling.Waiting, free: Sequence[str]) -> Optional[tuple[str, ...]]:
-        request = wanted[job.id]
+        request = wanted.get(job.id)
+        if request is None:
+            request = replace(request_of(by_id[job.id]), gpus=None, exclude=())
+            wanted[job.id] = request
         machine = snapshot
         if request.gpu_count > 1:  # where topology matters: read once a pass, when it does
             if not linked:
@@ -158,9 +162,10 @@ def inputs(
         owner = next((p.user for p in gpu.processes if getattr(p, "user", None)), "?")
         busy.append(scheduling.Running(f"proc:{gpu.uuid}", owner or "?", (gpu.uuid,), now, used))
     waiting = []
-    shapes: dict[str, frozenset[str]] = {}  # a long queue is mostly jobs of a few shapes
+    # A long queue is mostly jobs of a few shapes: each shape's GPUs are worked out once.
+    shapes: dict[tuple[Optional[int], str], frozenset[str]] = {}
     for job in pending:
-        shape = json.dumps([job.request, job.mem], sort_keys=True)
+        shape = (job.mem, repr(job.request))  # cheap: a differently ordered twin only misses
         if shape not in shapes:
             try:
                 shapes[shape] = fitting(snapshot, request_of(job), findings)
@@ -190,7 +195,8 @@ def start_job(
     service: Service, job: store.Job, uuids: Sequence[str], snapshot: Any
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
-    its owner holding the lease descriptors, record it RUNNING."""
+    its owner under a supervisor that holds the lease descriptors (the job never
+    has them), record it RUNNING."""
     from gpuwarden import allocation, leasedir
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import job_env
@@ -203,7 +209,7 @@ def start_job(
     if outcome.held is None:
         # The machine moved since the plan (a process appeared): try on the next pass.
         service.store.update(job.id, durable=False, reason=scheduling.RESOURCES)
-        service.dirty = True
+        service.pacer.wake()
         return None
     held = outcome.held
     try:
@@ -260,7 +266,7 @@ def start_job(
         except BaseException:
             spawn.signal_job(started.pid, 9)  # never a job under a lease others cannot see
             raise
-        held.close()  # the job holds the leases now; the service keeps no copy
+        held.close()  # its supervisor holds the leases now; the service keeps no copy
         service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
         service.release_stdio(job.id)  # the job has them now
     except BaseException:

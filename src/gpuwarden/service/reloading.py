@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.errors import UserError
 
 if TYPE_CHECKING:
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
@@ -31,7 +32,7 @@ log = logging.getLogger("gpuwarden.serve")
 
 class Reloading:
     settings: Settings
-    dirty: bool
+    pacer: Pacer
     # What `gpuwarden serve` was started with: its options over the files (config keys),
     # its socket and state directory, and the admins it named.
     options: Mapping[str, Any] = {}
@@ -66,7 +67,7 @@ class Reloading:
         changed = changes(self.settings, new)
         self.settings = new
         self.watcher().enforcer.rules = new.enforce  # its state between readings stays
-        self.dirty = True
+        self.pacer.wake()  # new limits and weights may start a job
         for line in changed:
             log.info("reload: %s", line)
         for name in later:

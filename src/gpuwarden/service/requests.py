@@ -32,6 +32,7 @@ from gpuwarden.service.identity import Person, peer_credentials, person
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
@@ -46,9 +47,10 @@ class Requests:
     store: store.Store
     attached: dict[int, Connection]
     stdio: dict[int, list[int]]
+    pacer: Pacer
+    free: Optional[scheduling.Capacity]
     processes: dict[int, int]
     machine: Any  # the machine's Snapshot at start: what a job could ever be given
-    dirty: bool
     _priorities: dict[int, float]
     indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
@@ -162,9 +164,13 @@ class Requests:
         self.within_limits(who, sub, tasks, array is not None)
         if sub.warning is not None and sub.time_limit is None:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
+        waiting_on = False
         for dep in sub.after:
-            if self.store.get(dep) is None:
+            found = self.store.get(dep)
+            if found is None:
                 raise UserError(f"--after {dep}: no such job")
+            waiting_on = waiting_on or found.state in store.ACTIVE
+        reason = self._reason_before_a_pass(sub, waiting_on)
         after = arrays.dependencies(self.store, sub.after)
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
         if sub.warning is not None:
@@ -189,6 +195,7 @@ class Requests:
                 time_limit=sub.time_limit,
                 nice=sub.nice,
                 held=sub.hold,
+                reason=reason,
                 after=after,
                 mem=sub.gpus.mem,
                 output=sub.output,
@@ -199,7 +206,7 @@ class Requests:
             if array is not None:
                 ids = arrays.add(self.store, new, array)
                 log.info("array %s of %d tasks submitted by %s", ids[0], tasks, who.name)
-                self.dirty = True
+                self.pacer.wake()
                 return {"ok": True, "job": ids[0], "tasks": tasks, "ids": ids}
             job = self.store.add(new)
             if not job.attached:  # sbatch's patterns (%j) filled in, as for an array's tasks
@@ -210,8 +217,28 @@ class Requests:
             self.stdio[job.id] = stdio
             record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
-        self.dirty = True
+        if reason is None:
+            self.pacer.wake()  # it may start now (or must be refused now)
+        else:
+            self.pacer.touch()
         return {"ok": True, "job": job.id}
+
+    def _reason_before_a_pass(self, sub: protocol.Submit, waiting_on: bool) -> Optional[str]:
+        """None when a new job may start now (or, without --wait, must be refused now):
+        plan at once. Otherwise why it waits, as the next pass would most likely say
+        (which corrects it): it cannot start before something ends or is released,
+        which wakes a pass anyway, so a deep queue's submit does not pay for a pass
+        over every waiting job (service.pacing)."""
+        if not sub.wait:
+            return None
+        if sub.hold:
+            return scheduling.HELD
+        if waiting_on:
+            return scheduling.DEPENDENCY
+        free = self.free
+        if free is None or free.could_fit(sub.gpus.count, sub.gpus.mem):
+            return None
+        return scheduling.RESOURCES
 
     def _attach(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
         """An attached job's client, back after a restart of the service: it waits on
@@ -243,7 +270,7 @@ class Requests:
         if job.state == store.PENDING:
             self.release_stdio(job.id)
             self.stdio[job.id] = fds
-            self.dirty = True
+            self.pacer.wake()
         else:
             for fd in fds:
                 os.close(fd)  # the job has had the terminal since it started
@@ -333,7 +360,7 @@ class Requests:
             done.extend(acted)
             labels.append(label)
             log.info("%s: job %s by %s", op, label, who.name)
-        self.dirty = True
+        self.pacer.wake()
         if not done:
             said = "; ".join(r["error"] for r in refused[:5])
             raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))
@@ -427,6 +454,7 @@ class Requests:
         counts, total, number = self.store.wait_histogram(WAIT_BUCKETS)
         return {
             "ok": True,
+            "plan": self.pacer.stats(),
             "jobs": self.store.counts(),
             "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, counts)],
             "wait_sum": total,

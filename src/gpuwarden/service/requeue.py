@@ -75,4 +75,4 @@ def again(service: Any, job: store.Job, ended: spawn.Ended) -> None:
 
     jobnotify.send(service.notifier, job, ["REQUEUE"], state=store.PENDING)
     log.info("job %s requeued", job.id)
-    service.dirty = True
+    service.pacer.wake()

@@ -3,7 +3,8 @@
 One thread, one `selectors` loop: client sockets, one pidfd per running job's
 supervisor (readable when it ends, also for supervisors adopted after a restart),
 and a tick for time limits and GPUs freed by processes outside the queue. After
-every event `schedule()` asks `scheduling.plan` what starts, takes the leases for
+an event that may start a job (and, coalesced, after others: service.pacing)
+`schedule()` asks `scheduling.plan` what starts, takes the leases for
 it in the service's own lease directory, records the job as STARTING, forks its
 supervisor (service.spawn), and records it RUNNING. docs/service.md has the design.
 """
@@ -21,7 +22,7 @@ import stat
 import time
 from typing import Any, Callable, Optional
 
-from gpuwarden import config
+from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import journalguard, protocol, store
 from gpuwarden.service.attachment import ClientProcess
@@ -30,6 +31,7 @@ from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.limiting import Limiting
 from gpuwarden.service.notify import JobNotifier
+from gpuwarden.service.pacing import Pacer
 from gpuwarden.service.protocol import ProtocolError
 from gpuwarden.service.reloading import Reloading
 from gpuwarden.service.requests import Requests
@@ -80,7 +82,9 @@ class Service(Requests, Lifecycle, Reloading, Limiting):
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
         self.listener: Optional[socket.socket] = None
         self.stopping = False
-        self.dirty = True  # something changed: plan again
+        self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
+        self.pacer = Pacer()  # when to plan next: at once, or coalesced (service.pacing)
+        self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
         self._priorities: dict[int, float] = {}
         self._estimates: dict[int, Optional[float]] = {}
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
@@ -183,13 +187,21 @@ class Service(Requests, Lifecycle, Reloading, Limiting):
             self.close()
 
     def step(self, timeout: Optional[float] = None) -> None:
-        """One turn of the loop: wait for events (at most a tick), handle them, plan."""
+        """One turn of the loop: plan if a pass is due (service.pacing), wait for events
+        (at most until the next pass or tick), handle them, and do the tick's work once
+        a tick has passed: none of it grows with requests."""
         self.reload_if_asked()
-        if self.dirty:
+        now = time.monotonic()
+        if self.pacer.due(now):
+            self.pacer.begin()
             with config.reused():  # one reading of the configuration for the whole pass
                 self.schedule()
+            self.pacer.planned(now, time.monotonic())
             self.remove_litter()
-        for key, mask in self.selector.select(self.settings.tick if timeout is None else timeout):
+        now = time.monotonic()
+        longest = max(0.0, min(self.settings.tick, self.next_tick - now))
+        wait = self.pacer.wait(now, longest if timeout is None else timeout)
+        for key, mask in self.selector.select(wait):
             kind, data = key.data
             if kind == "listen":
                 self._accept()
@@ -203,7 +215,9 @@ class Service(Requests, Lifecycle, Reloading, Limiting):
             elif kind == "job":
                 with config.reused():
                     self._ended(data)
-        self._tick()
+        if time.monotonic() >= self.next_tick:
+            self.next_tick = time.monotonic() + self.settings.tick
+            self._tick()
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -381,8 +395,8 @@ class Service(Requests, Lifecycle, Reloading, Limiting):
             elif client.out and now - client.out_since > self.settings.idle_timeout:
                 self._drop(client)  # it stopped reading its answers
         self._enforce_time_limits()
-        if any(True for _ in self.store.jobs([store.PENDING])):
-            self.dirty = True  # GPUs freed outside the queue show up on the next plan
+        if self.store.jobs([store.PENDING]):
+            self.pacer.touch()  # GPUs freed outside the queue show up on the next pass
 
     # -- requests ----------------------------------------------------------------------
 

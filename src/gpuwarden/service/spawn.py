@@ -15,11 +15,15 @@ which drops to its owner before anything it does can be steered by the owner:
    make the service write where the owner could not;
 4. `exec` with the owner's environment less the variables the service controls.
 
-The job inherits the lease lock descriptors (`Launch.keep`): the leases live exactly
-as long as the job's process tree. A failure before `exec` reaches the supervisor
-through a close-on-exec pipe (empty at a successful exec). The supervisor then
-records the job's pid, waits for it and writes its exit status atomically into the
-service's status directory, where a restarted service finds it.
+The supervisor, not the job, holds the lease lock descriptors (`Launch.keep`): a job
+has no descriptor to pass to a process outside it (SCM_RIGHTS) that would keep its
+GPUs. The supervisor is the job tree's subreaper (`service.tree`); when the job's
+own process ends it kills what is left below it, then lets go of the leases by
+exiting: the leases live exactly as long as the job's process tree. A failure
+before `exec` reaches the supervisor through a close-on-exec pipe (empty at a
+successful exec). The supervisor then records the job's pid, waits for it and
+writes its exit status atomically into the service's status directory, where a
+restarted service finds it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.safefiles import read_small, write_atomic
+from gpuwarden.service import tree
 from gpuwarden.service.identity import Person
 
 #: Variables a job never takes from its submitter: the service sets the GPU ones.
@@ -59,7 +64,7 @@ class Launch:
     umask: int = 0o022
     output: Optional[str] = None  # stdout+stderr appended here (opened as the owner)
     stdio: Optional[tuple[int, int, int]] = None  # an attached client's descriptors
-    keep: tuple[int, ...] = ()  # lease descriptors the job inherits
+    keep: tuple[int, ...] = ()  # lease descriptors the supervisor holds for the job
     extra_env: Mapping[str, str] = field(default_factory=dict)  # set by the service
     # Device isolation: the leased GPUs' minors (None: not asked for), the machine's GPU
     # minors, and `enforce.devices` (auto: where possible; require: else not run; off).
@@ -281,6 +286,7 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
+    tree.become_subreaper()  # what the job detaches stays below us (service.tree)
     cgroup, problem = _job_cgroup(launch)
     if problem is not None:
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
@@ -318,6 +324,7 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
             break
         except InterruptedError:
             continue
+    tree.end_tree()  # before the exit record: the leases go when we exit, after it
     if failure:
         record = {"code": None, "signal": None, "error": failure, "at": time.time()}
     elif os.WIFSIGNALED(status):
@@ -394,13 +401,10 @@ def _become_job(launch: Launch, error_w: int, cgroup: Optional[dict[str, str]] =
     else:
         stdin = os.open(os.devnull, os.O_RDONLY)
         stdout = stderr = _open_output(launch.output)
-    keep = set(launch.keep)
     for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
         if fd != target:
             os.dup2(fd, target)
-    _close_all_but({0, 1, 2, error_w} | keep)  # error_w is close-on-exec
-    for fd in keep:
-        os.set_inheritable(fd, True)
+    _close_all_but({0, 1, 2, error_w})  # error_w is close-on-exec; no lease descriptor
     env = job_environment(launch.env, launch.extra_env)
     try:
         os.execvpe(launch.argv[0], list(launch.argv), env)

@@ -1,0 +1,90 @@
+"""GPUs held through the queue service for a block of Python, as `salloc` holds them.
+
+Where a service owns the GPUs, `gpuwarden.lease()` cannot take leases itself (the
+service's lease directory is root's): it asks the service for an allocation
+instead. That is an attached job whose process only waits for its standard input
+to close (`PLACEHOLDER`): it runs as the caller, shows in `queue` as their running
+job, counts against their limits and is charged to their fair share like any
+other, and the service holds its GPUs (its supervisor holds the leases). The
+block's end closes that input, so the job completes; a holder killed (`kill -9`)
+closes its connection with the service, which cancels the job, as it cancels any
+attached job whose client went away. Either way the GPUs are free again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
+
+from gpuwarden.errors import UserError
+from gpuwarden.service import protocol
+from gpuwarden.service.client import require
+
+#: The allocation's process: it waits for the block's end (its stdin closing).
+PLACEHOLDER = ["sh", "-c", "read _ || :", "gpuwarden.lease"]
+EXIT_BUSY = 75
+
+
+@contextmanager
+def hold(
+    fields: dict[str, Any], path: Optional[str], wait: bool, timeout: Optional[float]
+) -> Iterator[tuple[int, list[str]]]:
+    """(job id, GPU uuids) of an allocation held for the block. Without `wait`, raises
+    UserError (exit 75) when nothing fits now; with it, waits up to `timeout` seconds."""
+    client = require(path)
+    end_r, end_w = os.pipe2(os.O_CLOEXEC)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    message = {**fields, "v": protocol.VERSION, "op": "submit", "attached": True, "wait": wait}
+    message["argv"] = PLACEHOLDER
+    try:
+        socket.send_fds(client.sock, [protocol.encode(message)], [end_r, null, null])
+        reply = client.receive()
+        if not reply.get("ok"):
+            raise UserError(str(reply.get("error") or "the service refused the allocation"))
+        job = int(reply["job"])
+        gpus = _started(client, job, timeout if wait else None)
+    except BaseException:
+        os.close(end_w)
+        client.close()
+        raise
+    finally:
+        os.close(end_r)
+        os.close(null)
+    try:
+        yield job, gpus
+    finally:
+        os.close(end_w)  # the placeholder reads end of file and exits 0
+        with contextlib.suppress(UserError, OSError, socket.timeout):
+            client.sock.settimeout(30.0)
+            while client.receive().get("event") != "ended":
+                pass
+        client.close()
+
+
+def _started(client: Any, job: int, timeout: Optional[float]) -> list[str]:
+    """Wait for the allocation's start; its GPUs."""
+    client.waiting = True
+    client.sock.settimeout(timeout)
+    while True:
+        try:
+            event = client.receive()
+        except (socket.timeout, TimeoutError):
+            with contextlib.suppress(OSError):
+                client.sock.sendall(
+                    protocol.encode({"v": protocol.VERSION, "op": "cancel", "jobs": [job]})
+                )
+            raise UserError(
+                f"gave up on allocation {job} after waiting {timeout:g}s for GPUs",
+                exit_code=EXIT_BUSY,
+            ) from None
+        if event.get("event") == "started":
+            return [str(u) for u in event.get("gpus") or ()]
+        if event.get("event") == "ended":
+            raise UserError(
+                f"allocation {job}: {event.get('error') or 'ended before it started'}",
+                exit_code=EXIT_BUSY if event.get("status") == EXIT_BUSY else 1,
+            )

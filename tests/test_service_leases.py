@@ -1,0 +1,254 @@
+"""A service job's GPUs are held for exactly the job's life, whatever the job does.
+
+The real service of test_service.py, as root, with real users' jobs: a job that
+passes every descriptor it has to one of its owner's processes outside the job
+(SCM_RIGHTS) keeps no GPU once it ends; and where the service has no cgroup to
+hold a job (`enforce.devices = "off"`), a detached (setsid) child that ignores
+SIGTERM ends with its job on cancel, at the time limit, and when the job's own
+process exits, so no GPU stays held.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import shutil
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import test_service
+from gpuwarden import leases
+from test_service import USER_PY, Server, _become, submit
+from users import make_user
+
+open_dir = test_service.open_dir
+server = test_service.server
+
+LISTENER = textwrap.dedent("""\
+    import os, socket, sys, time
+    path, out = sys.argv[1], sys.argv[2]
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+    conn, _ = srv.accept()
+    _, fds, _, _ = socket.recv_fds(conn, 16, 64)
+    with open(out + ".tmp", "w") as fh:
+        fh.write(str(len(fds)))
+    os.rename(out + ".tmp", out)
+    time.sleep(300)  # keeps every descriptor it was given
+""")
+
+PASSER = textwrap.dedent("""\
+    import json, os, socket, sys, time
+    path, ready, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    targets = {}
+    for fd in fds:
+        try:
+            targets[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    with open(ready, "w") as fh:
+        json.dump(targets, fh)
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(path)
+    socket.send_fds(sock, [b"x"], list(targets))
+""")
+
+
+def wait_for(check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
+def gpu_free(lease_dir: Path, uuid: str) -> bool:
+    """Nobody holds the GPU's lock (root may open the 0600 lock file)."""
+    fd = os.open(lease_dir / f"{uuid}.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_descriptors_a_job_passes_out_keep_no_gpu(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    work = server.work
+    (work.parent / "listener.py").write_text(LISTENER)
+    (work.parent / "passer.py").write_text(PASSER)
+    sock, got = work / "keeper.sock", work / "kept"
+    ready, go = work / "ready.json", work / "go"
+    keeper = subprocess.Popen(
+        [USER_PY, str(work.parent / "listener.py"), str(sock), str(got)],
+        preexec_fn=_become(alice),
+    )
+    try:
+        assert wait_for(sock.exists), "alice's keeper did not start"
+        job = submit(
+            server, alice, [USER_PY, str(work.parent / "passer.py"), str(sock), str(ready), str(go)]
+        )
+        uuid = server.wait_state(job, ("RUNNING",))["gpus"][0]
+        lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+        assert wait_for(ready.exists)
+        # Held while the job runs, by the service's side of it, not by the job.
+        assert [x.job for x in leases.list_leases(str(lease_dir)) if x.uuid == uuid] == [str(job)]
+        assert not gpu_free(lease_dir, uuid)
+        targets = test_service.json.loads(ready.read_text()).values()
+        assert not [t for t in targets if t.startswith(str(lease_dir))], targets
+        go.touch()
+        assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
+        assert wait_for(got.exists)  # alice's process outside the job has all it was sent
+        assert keeper.poll() is None
+        assert gpu_free(lease_dir, uuid)
+        assert not [x for x in leases.list_leases(str(lease_dir)) if x.uuid == uuid]
+    finally:
+        keeper.kill()
+        keeper.wait(10)
+
+
+@pytest.fixture
+def uncontained(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Server]:
+    """The service without device cgroups: jobs are held by their process tree only."""
+    conf = tmp_path / "system.toml"
+    conf.write_text('[enforce]\ndevices = "off"\n')
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
+    yield from test_service._serving(tmp_path, open_dir, monkeypatch)
+
+
+DETACHER = (
+    "setsid sh -c 'trap \"\" TERM; echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; exec sleep 300' & "
+    "{then}"
+)
+
+
+def test_a_detached_child_ignoring_sigterm_ends_with_its_job_without_cgroups(
+    uncontained: Server,
+) -> None:
+    srv = uncontained
+    alice = make_user("alice", ("lab",))
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+    cases = {  # how the job ends -> what its main process does after detaching a child
+        "cancel": "exec sleep 300",
+        "time limit": "exec sleep 300",
+        "exit": "sleep 0.5",
+    }
+    jobs = {}
+    for case, then in cases.items():
+        pid = srv.work / f"{case.replace(' ', '-')}.pid"
+        argv = ["sh", "-c", DETACHER.format(pid=pid, then=then)]
+        extra = {"time_limit": 2} if case == "time limit" else {}
+        jobs[case] = (submit(srv, alice, argv, **extra), pid)
+    children = {}
+    for case, (job, pid) in jobs.items():
+        srv.wait_state(job, ("RUNNING", "COMPLETED"))
+        assert wait_for(pid.exists), case
+        child = int(pid.read_text())
+        children[case] = os.pidfd_open(child)  # names the process, whatever reuses its pid
+        assert os.getsid(child) == child, "the child left the job's session"
+    srv.call(alice, "cancel", jobs=[jobs["cancel"][0]])
+    ended = {"cancel": "CANCELLED", "time limit": "TIMEOUT", "exit": "COMPLETED"}
+    try:
+        for case, (job, _) in jobs.items():
+            row = srv.wait_state(job, (ended[case],), timeout=60)
+            assert row["state"] == ended[case]
+            gone, _, _ = select.select([children[case]], [], [], 10)
+            assert gone, f"{case}: the detached child outlived its job"
+            assert gpu_free(lease_dir, row["gpus"][0]), case
+    finally:
+        for fd in children.values():
+            os.close(fd)
+
+
+HOLDER = textwrap.dedent("""\
+    import json, sys
+    import gpuwarden
+    with gpuwarden.lease(n=1) as gpus:
+        print(json.dumps({"job": gpus.job, "uuids": list(gpus.uuids), "cvd": gpus.visible}))
+        sys.stdout.flush()
+        sys.stdin.readline()  # the test says when the block ends
+    print("done", flush=True)
+""")
+
+
+def readline(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """A line of `proc`'s output, or "" if none comes within `timeout` (no hang)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else ""
+
+
+def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> None:
+    """`with gpuwarden.lease(n=1)` as a real user under a root service: held by the
+    service, in `queue` as the user's running job, and free again after the block and
+    after the holder is killed."""
+    alice = make_user("alice", ("lab",))
+    script = server.work.parent / "holder.py"
+    script.write_text(HOLDER)
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+    nvml = server.work.parent / "nvml"  # nvidia-ml-py, as a user of GPUs has it
+    nvml.mkdir()
+    import pynvml
+
+    shutil.copy(pynvml.__file__, nvml / "pynvml.py")
+    env = {
+        "PYTHONPATH": f"{test_service.SRC}:{nvml}",
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": server.socket,
+        "GPUWARDEN_SIM": test_service.SPEC,
+        "GPUWARDEN_SIM_STATE": str(server.work / "sim"),
+        "HOME": str(server.work),
+    }
+    ends = {}
+    for how in ("block", "kill -9"):
+        holder = subprocess.Popen(
+            [USER_PY, str(script)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_become(alice),
+            cwd=str(server.work),
+        )
+        assert holder.stdout is not None and holder.stdin is not None
+        line = readline(holder)
+        assert line, holder.communicate(timeout=30)[1]
+        got = test_service.json.loads(line)
+        if not got["uuids"]:
+            holder.kill()
+            raise AssertionError((got, holder.communicate(timeout=30)[1]))
+        job, uuid = int(got["job"]), got["uuids"][0]
+        assert got["cvd"] in ("0", "1", "2", "3")
+        shown = test_service.cli_as(server, alice, "queue")
+        mine = [r.split() for r in shown.stdout.splitlines() if r.split()[:1] == [str(job)]]
+        assert mine and "gw-alice" in mine[0] and "RUNNING" in mine[0], shown.stdout
+        assert not gpu_free(lease_dir, uuid)
+        if how == "block":
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert readline(holder) == "done\n"
+            assert holder.wait(30) == 0
+        else:
+            holder.kill()
+            holder.wait(30)
+        ends[how] = server.wait_state(job, ("COMPLETED", "CANCELLED"))["state"]
+        assert wait_for(lambda u=uuid: gpu_free(lease_dir, u)), how
+    assert ends == {"block": "COMPLETED", "kill -9": "CANCELLED"}
+    share = {u["user"]: u["usage"] for u in server.call(None, "share")["users"]}
+    assert share.get("gw-alice", 0) > 0  # charged like any job

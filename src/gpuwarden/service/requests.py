@@ -110,7 +110,10 @@ class Requests:
             }
         if op in ("book", "bookings", "unbook"):  # GPUs booked ahead (service.bookings)
             usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
-            return bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
+            answer = bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
+            if op != "bookings":
+                self.pacer.wake()  # kept GPUs are freed or taken: plan again
+            return answer
         if op == "requeue":  # run it again once it ends (service.requeue)
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             requeue.ask(self.store, self._owned(who, job_id, "requeue"))

@@ -197,6 +197,8 @@ CLI_CASES = (
         case("submit", "--slurm", "--param", "a=1", "--", "t", expect="--param is for this"),
         case("cancel", "12_", expect="invalid job id"),
         case("submit", "--begin", "soon", "--dry-run", "--", "true", expect="invalid time"),
+        case("submit", "--notify", "often", "--dry-run", "--", "t", expect="invalid --notify"),
+        case("submit", "--slurm", "--notify", "end", "--", "t", expect="--notify is for this"),
         case("submit", "--begin", "25:00", "--dry-run", "--", "true", expect="invalid time"),
         case("book", "-g", "2", "--start", "16:00", "--for", "4h", expect="needs --reason"),
         case("book", "-g", "0", "--start", "now", "--for", "1h", "--reason", "x", expect="-g"),

@@ -134,6 +134,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.jobcgroup",
             "service.jobprocess",
             "service.identity",
+            "service.jobnotify",
         ),
     ),
     (

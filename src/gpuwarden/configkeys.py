@@ -267,6 +267,7 @@ SCHEMA: tuple[Key, ...] = (
         "show everyone's command lines and start errors (`queue`, `jobs`, `status`)",
     ),
     Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
+    Key("submit.webhook", "str", None, "your URL that gets a JSON POST for each --notify event"),
     Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
     Key(
         "service.reconnect",

@@ -37,6 +37,11 @@ def register(commands: Commands, name: str) -> None:
     job.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
     job.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
     job.add_argument(
+        "--notify",
+        metavar="EVENTS",
+        help="post begin,end,fail,requeue,timeout (or all) to your submit.webhook",
+    )
+    job.add_argument(
         "--begin",
         metavar="TIME",
         help="not before TIME, as sbatch's: now+1hour, 16:00, 2026-12-24T09:00",
@@ -117,6 +122,18 @@ def submit_local(args: argparse.Namespace) -> int:
         from gpuwarden.begintime import parse
 
         fields["begin"] = parse(args.begin, time.time())  # a past time: now, as sbatch
+    if args.notify is not None:
+        from gpuwarden.service.jobnotify import checked_url, events_of
+
+        fields["notify"] = list(events_of(args.notify))
+        url = conf.get("submit.webhook")
+        if fields["notify"] and not url:
+            raise UserError(
+                "--notify posts to your own webhook: set `webhook` in the [submit] table of "
+                "your gpuwarden config (or GPUWARDEN_SUBMIT_WEBHOOK)"
+            )
+        if url:
+            fields["notify_url"] = checked_url(str(url))
     tasks = 0
     if args.array is not None or args.param:
         tasks = _array_fields(args, fields)
@@ -196,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--output is empty: name a file, or leave it out for the default")
     if not args.slurm:
         return submit_local(args)
-    for name in ("after", "hold", "nice", "param", "signal"):
+    for name in ("after", "hold", "nice", "param", "signal", "notify"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     if args.array is not None:

@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import arrays, attachment, bookings, jobprocess, requeue, spawn, store
+from gpuwarden.service import (
+    arrays,
+    attachment,
+    bookings,
+    jobnotify,
+    jobprocess,
+    requeue,
+    spawn,
+    store,
+)
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.units import is_digits
 
@@ -343,6 +352,8 @@ class Lifecycle:
                 continue
             if started is not None:
                 self._watch(job.id, started.supervisor, started.pid)
+                if jobnotify.wanted(job.request):
+                    jobnotify.send(self.notifier, self.store.get(job.id) or job, ["BEGIN"])
 
     def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
         """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
@@ -434,6 +445,15 @@ class Lifecycle:
         paths = (spawn.exit_record_path, spawn.marker_path, attachment.client_path)
         self.litter.extend(name(self.exits, str(job.id)) for name in paths)
         self._ended_attached(job.id, ended)
+        jobnotify.send(
+            self.notifier,
+            job,
+            jobnotify.matched(jobnotify.EVENTS, state),
+            state=state,
+            exit_code=ended.code,
+            signal=ended.signal,
+            elapsed=(ended.at or now) - started,
+        )
         self.notifier.notify(
             {
                 "event": "job_ended",

@@ -55,9 +55,8 @@ class JobNotifier:
         return bool(self.webhook or self.sendmail)
 
     def start(self) -> None:
-        """Fork the sender (call before any thread starts)."""
-        if not self.enabled:
-            return
+        """Fork the sender (call before any thread starts): always, since any job may
+        name its owner's webhook (service.jobnotify)."""
         read, write = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
@@ -84,6 +83,10 @@ class JobNotifier:
             log.warning("notification sender is gone (%s); no more notifications", err)
             self.close()
 
+    def to_owner(self, event: dict[str, Any], url: str, uid: int, gid: int) -> None:
+        """A job's own notification, posted to `url` as its owner (service.jobnotify)."""
+        self.notify({**event, "_owner": {"url": url, "uid": uid, "gid": gid}})
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
@@ -103,11 +106,52 @@ class JobNotifier:
                     event = json.loads(line)
                 except ValueError:
                     continue
+                owner = event.pop("_owner", None)
+                if isinstance(owner, dict):
+                    self._as_owner(event, owner)
+                    continue
                 if self.webhook:
                     poster.notify(event)
                 if self.sendmail and event.get("user"):
                     self._mail(event)
         poster.close()
+
+    def _as_owner(self, event: dict[str, Any], owner: dict[str, Any]) -> None:
+        """Post a job's own event as its owner: a fresh process with the owner's uid, gid
+        and groups (set by subprocess between its fork and exec, no Python run there)."""
+        import sys
+
+        from gpuwarden.errors import UserError
+        from gpuwarden.service.identity import person
+        from gpuwarden.service.jobnotify import POST
+
+        # The service's own Python where the owner may run it, else the system's.
+        pythons = dict.fromkeys([sys.executable, "/usr/bin/python3"])
+        why: object = "no Python to run"
+        for python in pythons:
+            try:
+                who = person(int(owner["uid"]), int(owner["gid"]))
+                subprocess.run(
+                    [python, "-c", POST, str(owner["url"])],
+                    input=json.dumps(event),
+                    text=True,
+                    capture_output=True,
+                    timeout=30,
+                    check=True,
+                    user=who.uid,
+                    group=who.gid,
+                    extra_groups=list(who.groups),
+                    cwd="/",
+                    env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+                )
+                return
+            except PermissionError as err:  # not theirs to run: the next one
+                why = err
+            except (OSError, subprocess.SubprocessError, UserError, KeyError, ValueError) as err:
+                lines = str(getattr(err, "stderr", None) or err).strip().splitlines()
+                why = lines[-1] if lines else err
+                break
+        log.warning("job %s: its webhook failed: %s", event.get("job"), why)
 
     def _mail(self, event: dict[str, Any]) -> None:
         try:

@@ -283,6 +283,8 @@ class Submit:
     array: Optional[str] = None  # sbatch's --array (service.arrays reads it)
     params: tuple[str, ...] = ()  # --param NAME=V1,V2: one task per combination
     begin: Optional[float] = None  # --begin, seconds since the epoch
+    notify: tuple[str, ...] = ()  # --notify: events posted to notify_url (service.jobnotify)
+    notify_url: Optional[str] = None
 
 
 def gpu_request(value: object) -> GpuRequest:
@@ -366,7 +368,28 @@ def submit(message: Mapping[str, Any]) -> Submit:
         array=_optional(message.get("array"), _string, "array", 1024),
         params=_strings(message.get("params", []), "params", 64),
         begin=_optional(message.get("begin"), _number, "begin", 0.0, 1e11),
+        notify=_events(message.get("notify", [])),
+        notify_url=_optional(message.get("notify_url"), _url),
     )
+
+
+def _events(value: object) -> tuple[str, ...]:
+    from gpuwarden.service.jobnotify import EVENTS
+
+    events = _strings(value, "notify", len(EVENTS))
+    for name in events:
+        if name not in EVENTS:
+            raise ProtocolError(f"notify: {name[:20]!r} is not one of {', '.join(EVENTS)}")
+    return events
+
+
+def _url(value: object) -> str:
+    from gpuwarden.service.jobnotify import MAX_URL, checked_url
+
+    try:
+        return checked_url(_string(value, "notify_url", MAX_URL))
+    except UserError as err:
+        raise ProtocolError(str(err)) from None
 
 
 def warning(value: object) -> tuple[int, float, bool]:

@@ -111,7 +111,10 @@ class Requests:
             }
         if op in ("book", "bookings", "unbook"):  # GPUs booked ahead (service.bookings)
             usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
-            return bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
+            answer = bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
+            if op != "bookings":
+                self.pacer.wake()  # kept GPUs are freed or taken: plan again
+            return answer
         if op == "requeue":  # run it again once it ends (service.requeue)
             (job_id,) = protocol.job_ids([message.get("job")], "job")
             requeue.ask(self.store, self._owned(who, job_id, "requeue"))
@@ -176,6 +179,10 @@ class Requests:
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
         if sub.warning is not None:
             request["signal"] = list(sub.warning)  # beside its GPU wishes: what it asked for
+        if sub.notify:  # likewise its own notifications (service.jobnotify)
+            if sub.notify_url is None:
+                raise UserError("--notify needs a webhook to post to (submit.webhook)")
+            request["notify"] = {"events": list(sub.notify), "url": sub.notify_url}
         # The job and its output path: one commit. A batch job's id is a promise, on
         # disk before it is told; an attached job matters only while its client waits,
         # and its start's durable commit carries it to disk before it runs.

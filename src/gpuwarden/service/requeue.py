@@ -71,5 +71,8 @@ def again(service: Any, job: store.Job, ended: spawn.Ended) -> None:
         )
         service.store.charge(job.user, used, now, service.settings.policy.half_life)
     service.termed.pop(job.id, None)
+    from gpuwarden.service import jobnotify
+
+    jobnotify.send(service.notifier, job, ["REQUEUE"], state=store.PENDING)
     log.info("job %s requeued", job.id)
     service.pacer.wake()

@@ -1,0 +1,110 @@
+"""Per-job notifications (`submit --notify`) posted to the user's own webhook, as the user."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import test_service
+from gpuwarden.errors import UserError
+from gpuwarden.service import jobnotify
+from test_service import SRC, USER_PY, Server, _become, _serving
+from users import make_user
+
+open_dir = test_service.open_dir
+
+
+def test_notify_names_read_as_slurms_mail_types() -> None:
+    assert jobnotify.events_of("begin,END,Timeout") == ("BEGIN", "END", "TIME_LIMIT")
+    assert jobnotify.events_of("all") == jobnotify.EVENTS and jobnotify.events_of("none") == ()
+    with pytest.raises(UserError, match="invalid --notify 'often'"):
+        jobnotify.events_of("begin,often")
+    assert jobnotify.matched(["END", "FAIL"], "FAILED") == ["END", "FAIL"]
+    assert jobnotify.matched(["FAIL", "TIME_LIMIT"], "TIMEOUT") == ["TIME_LIMIT"]
+
+
+def _uid_of_peer(port: int) -> int:
+    """The uid owning the loopback TCP socket bound to `port` (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port:
+            return int(fields[7])
+    return -1
+
+
+class Hook(BaseHTTPRequestHandler):
+    got: list[dict[str, Any]] = []  # noqa: RUF012 (one test's record)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body["_uid"] = _uid_of_peer(self.client_address[1])
+        Hook.got.append(body)
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    yield from _serving(tmp_path, open_dir, monkeypatch)
+
+
+def test_a_jobs_events_go_to_its_owners_webhook_as_its_owner(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    hook = HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{hook.server_address[1]}/gw"
+    Hook.got.clear()
+    try:
+        env = {
+            "PYTHONPATH": SRC,
+            "PATH": "/usr/bin:/bin",
+            "GPUWARDEN_SOCKET": server.socket,
+            "GPUWARDEN_SUBMIT_WEBHOOK": url,
+        }
+        argv = ["submit", "--notify", "begin,end,fail", "--", "sh", "-c", "exit 3"]
+        done = subprocess.run(
+            [USER_PY, "-m", "gpuwarden", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_become(alice),
+            cwd=str(server.work),
+        )
+        assert done.returncode == 0, done.stderr
+        job = int(done.stdout)
+        deadline = time.monotonic() + 30
+        while len(Hook.got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [g["events"] for g in Hook.got] == [["BEGIN"], ["END", "FAIL"]], Hook.got
+        assert {g["job"] for g in Hook.got} == {job}
+        assert Hook.got[1]["state"] == "FAILED" and Hook.got[1]["exit_code"] == 3
+        assert {g["_uid"] for g in Hook.got} == {alice.uid}  # posted as alice, not root
+        unset = dict(env)
+        del unset["GPUWARDEN_SUBMIT_WEBHOOK"]
+        refused = subprocess.run(
+            [USER_PY, "-m", "gpuwarden", *argv],
+            env=unset,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_become(alice),
+            cwd=str(server.work),
+        )
+        assert refused.returncode == 2 and "[submit] table" in refused.stderr
+        assert refused.stderr.count("\n") == 1
+    finally:
+        hook.shutdown()
+        os.environ.pop("GPUWARDEN_SUBMIT_WEBHOOK", None)

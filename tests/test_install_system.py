@@ -103,7 +103,7 @@ def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path
             assert time.monotonic() < deadline, "the installed service did not start"
             time.sleep(0.05)
         submitted = _as(
-            alice.name, ["gpuwarden", "submit", "--", "sh", "-c", "echo done-$USER"], env, work
+            alice.name, ["gpuwarden", "submit", "--", "sh", "-c", "echo done-$(id -un)"], env, work
         )
         assert submitted.returncode == 0, submitted.stderr
         job = int(submitted.stdout)

@@ -10,7 +10,9 @@ with that many held jobs (the service: one `submit` request each; Slurm: `sbatch
 - submit: `--samples` more held one-GPU jobs, one at a time; p50 and p99 of each
   submission's wall time (the service: one request on an open connection, its
   durable commit included; Slurm: the `sbatch --hold` command, its start-up
-  included, as Slurm is used);
+  included, as Slurm is used), and the daemon's CPU time per submission (the
+  service's, slurmctld's; from /proc schedstat): the work a submit costs, which
+  a busy disk does not move as it moves a commit's fsync;
 - listing: every row of the queue (the service: `queue` page after page, as
   `gpuwarden queue --all`; Slurm: one `squeue`);
 - planning: the service's own figure for its last scheduling pass (`stats` ->
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import re
 import statistics
 import subprocess
@@ -48,6 +51,7 @@ class ServiceScale:
     def __init__(self, work: Path) -> None:
         self.q = GpuwardenQueue(work)
         self.name = self.q.name
+        self.pid = self.q.pid
         self.work = work
 
     def submit(self) -> None:
@@ -90,6 +94,7 @@ class SlurmScale:
     def __init__(self, work: Path) -> None:
         self.s = Slurm(work, tuned=False)
         self.name = self.s.name
+        self.pid = self.s.pid  # slurmctld
         self.work = work
 
     def submit(self) -> None:
@@ -119,6 +124,15 @@ class SlurmScale:
         self.s.close()
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid` so far, in nanoseconds (/proc schedstat)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+            total += int(fh.read().split()[0])
+    return total
+
+
 def measure(system: Any, levels: list[int], samples: int) -> dict[int, dict[str, float]]:
     print(f"-- {system.name}", flush=True)
     out: dict[int, dict[str, float]] = {}
@@ -127,15 +141,18 @@ def measure(system: Any, levels: list[int], samples: int) -> dict[int, dict[str,
         system.fill(level - have)
         have = level
         times = []
+        cpu = cpu_ns(system.pid)
         for _ in range(samples):
             t0 = time.perf_counter()
             system.submit()
             times.append((time.perf_counter() - t0) * 1000)
+        cpu = (cpu_ns(system.pid) - cpu) / 1e6 / samples
         have += samples
         t0 = time.perf_counter()
         rows = system.listing()
         listing = (time.perf_counter() - t0) * 1000
         row = {
+            "cpu": cpu,
             "p50": statistics.median(times),
             "p99": pct(times, 0.99),
             "listing": listing,
@@ -144,7 +161,8 @@ def measure(system: Any, levels: list[int], samples: int) -> dict[int, dict[str,
         }
         out[level] = row
         print(
-            "   {:>6} pending: submit p50 {p50:.2f} ms, p99 {p99:.2f} ms; "
+            "   {:>6} pending: submit p50 {p50:.2f} ms, p99 {p99:.2f} ms, daemon CPU "
+            "{cpu:.3f} ms; "
             "listing {listing:.1f} ms ({rows} rows); planning {planning:.2f} ms".format(
                 level, **row
             ),
@@ -158,7 +176,7 @@ def report(name: str, result: dict[int, dict[str, float]]) -> None:
     for level, row in result.items():
         ratios = ", ".join(
             f"{key} x{row[key] / base[key]:.2f}" if base[key] > 0 else f"{key} -"
-            for key in ("p50", "p99", "listing", "planning")
+            for key in ("cpu", "p50", "p99", "listing", "planning")
         )
         print(f"   {name}, {level} pending vs {min(result)}: {ratios}")
 
@@ -188,7 +206,8 @@ def main() -> None:
         (sname, svc), (lname, slurm) = results.items()
         top = max(levels)
         print(
-            f"   at {top} pending, {lname} / {sname}: submit p50 "
+            f"   at {top} pending, {lname} / {sname}: daemon CPU per submit "
+            f"x{slurm[top]['cpu'] / svc[top]['cpu']:.2f}, submit p50 "
             f"x{slurm[top]['p50'] / svc[top]['p50']:.1f}, p99 "
             f"x{slurm[top]['p99'] / svc[top]['p99']:.1f}, listing "
             f"x{slurm[top]['listing'] / svc[top]['listing']:.1f}"

@@ -161,3 +161,23 @@ def test_a_submit_into_2000_waiting_jobs_costs_what_one_into_an_empty_queue_does
         time.sleep(0.1)
     assert {r["reason"] for r in rows} == {"Held"}
     assert len(rows) == PENDING + 3 * SAMPLES
+
+
+def test_passes_come_at_once_when_a_job_may_start_and_coalesced_otherwise() -> None:
+    from gpuwarden.service.pacing import REFRESH, SPREAD, Pacer
+
+    pacer = Pacer()
+    assert pacer.due(0.0)  # the first pass, at start
+    pacer.begin()
+    pacer.planned(10.0, 10.5)  # a pass of half a second
+    assert not pacer.due(1e9) and pacer.wait(11.0, 1.0) == 1.0  # nothing wanted
+    pacer.touch()
+    assert not pacer.due(10.5 + REFRESH * 0.5 - 0.01) and pacer.due(10.5 + REFRESH * 0.5)
+    pacer.wake()  # may start a job: sooner, yet spaced by the last pass's length
+    assert not pacer.due(10.5 + SPREAD * 0.5 - 0.01) and pacer.due(10.5 + SPREAD * 0.5)
+    assert pacer.wait(11.0, 60.0) == SPREAD * 0.5 - 0.5
+    pacer.begin()
+    pacer.wake()  # a change during the pass is not lost with the pass's own flags
+    pacer.planned(20.0, 20.1)
+    assert pacer.due(20.1 + SPREAD * 0.1 + 1e-9)
+    assert pacer.stats()["count"] == 2 and abs(pacer.stats()["mean_seconds"] - 0.3) < 1e-9

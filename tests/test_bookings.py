@@ -69,6 +69,24 @@ def test_a_booking_keeps_its_gpus_from_jobs_that_would_reach_its_window() -> Non
     assert booking.crowded(other._replace(start=5000.0, end=6000.0), [soon], 4) == []
 
 
+def test_the_plan_backfills_booked_gpus_only_with_jobs_that_end_before_the_window() -> None:
+    from gpuwarden import scheduling as sch
+
+    gpus = [sch.Gpu(f"g{i}", 80 << 30) for i in range(4)]
+    soon = booking.Booking(1, 2, 1000.0, 5000.0, frozenset({"alice"}))
+    waiting = [sch.Waiting(f"{i}", "bob", 1, float(i)) for i in range(1, 4)]  # no --time
+    waiting.append(sch.Waiting("4", "bob", 1, 4.0, time_limit=900.0))  # ends before 1000
+    waiting.append(sch.Waiting("5", "bob", 1, 5.0, begin=2000.0))
+    got = {d.id: d for d in sch.plan(gpus, [], waiting, {}, 0.0, bookings=[soon])}
+    assert [got[i].starts for i in "1234"] == [True, True, False, True]
+    assert got["3"].reason == sch.BOOKED and got["5"].reason == sch.BEGIN_TIME
+    # In the window, alice's job takes a kept GPU; bob's does not.
+    busy = [sch.Running(f"r{i}", "bob", (f"g{i}",), 0.0) for i in range(2)]
+    hers = [sch.Waiting("6", "alice", 1, 6.0), sch.Waiting("7", "bob", 1, 7.0)]
+    got = {d.id: d for d in sch.plan(gpus, busy, hers, {}, 1500.0, bookings=[soon])}
+    assert got["6"].starts and got["7"].reason == sch.BOOKED
+
+
 @pytest.fixture
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     make_user("carol")  # the fixture's admin

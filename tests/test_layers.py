@@ -167,6 +167,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.server",
             "service.settings",
             "service.store",
+            "service.timelimits",
             "service.unitfiles",
             "service.watching",
         ),

@@ -720,6 +720,47 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
         srv.kill_jobs()
 
 
+def cli_with_gpus(
+    srv: Server, who: Person, *args: str, socket: Optional[str] = None
+) -> subprocess.CompletedProcess[str]:
+    """`gpuwarden ARGS` as `who` on the simulated machine, with the service's lease
+    directory (the simulator stands behind nvidia-ml-py's module: a copy they can read)."""
+    from gpuwarden.sim.fake import real_pynvml_path
+
+    lib = srv.work.parent / "lib"
+    if not lib.exists():
+        lib.mkdir(mode=0o755)
+        shutil.copy(real_pynvml_path(), lib / "pynvml.py")
+    env = {
+        "PYTHONPATH": f"{SRC}:{lib}",
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": socket or srv.socket,
+        "GPUWARDEN_SIM": SPEC,
+        "GPUWARDEN_LEASE_DIR": os.environ["GPUWARDEN_LEASE_DIR"],
+    }
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_become(who),
+        cwd=str(srv.work),
+    )
+
+
+def test_commands_under_a_stopped_service_say_to_ask_an_admin(server: Server) -> None:
+    """Issue 23: with the service stopped its lease directory is root's; `run` and
+    `reserve` said `Permission denied` on alloc.lock. Now one line: ask an admin."""
+    alice = make_user("alice", ("lab",))
+    gone = str(server.work.parent / "stopped.sock")
+    for args in (("run", "--", "true"), ("reserve", "-g", "1")):
+        done = cli_with_gpus(server, alice, *args, socket=gone)
+        assert done.returncode != 0
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and "which is not running: ask an admin to start it" in lines[0]
+
+
 def test_nobody_sees_others_command_lines_or_start_errors(server: Server) -> None:
     """Issue 23: `status` (text and JSON), `jobs` and the lease records others can read
     carry no one else's command line or start error; the owner and admins see them."""
@@ -731,28 +772,9 @@ def test_nobody_sees_others_command_lines_or_start_errors(server: Server) -> Non
     leases = os.environ["GPUWARDEN_LEASE_DIR"]
     for name in os.listdir(leases):
         assert "secret-token" not in Path(leases, name).read_text(errors="replace"), name
-    from gpuwarden.sim.fake import real_pynvml_path
-
-    lib = server.work / "lib"  # the simulator stands behind nvidia-ml-py's module: theirs
-    lib.mkdir()
-    shutil.copy(real_pynvml_path(), lib / "pynvml.py")
-    env = {"GPUWARDEN_SIM": SPEC, "GPUWARDEN_LEASE_DIR": leases}
 
     def as_user(who: Person, *args: str) -> str:
-        done = subprocess.run(
-            [USER_PY, "-m", "gpuwarden", *args],
-            env={
-                "PYTHONPATH": f"{SRC}:{lib}",
-                "PATH": "/usr/bin:/bin",
-                "GPUWARDEN_SOCKET": server.socket,
-                **env,
-            },
-            capture_output=True,
-            text=True,
-            timeout=60,
-            preexec_fn=_become(who),
-            cwd=str(server.work),
-        )
+        done = cli_with_gpus(server, who, *args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -801,6 +823,28 @@ def test_cancel_by_owner_state_and_range_as_scancel(server: Server) -> None:
         timeout=60,
     )
     assert (admin.returncode, admin.stdout) == (0, f"cancelled: {theirs}\n"), admin.stderr
+
+
+def test_an_unwritable_output_is_refused_at_submit_and_logs_say_why_a_job_never_ran(
+    server: Server,
+) -> None:
+    """Issue 23: `submit` checks, as the submitter, that the job's output can be written;
+    `logs` of a job that never started says why and exits 1, not an empty 0."""
+    alice = make_user("alice", ("lab",))
+    closed = server.work.parent / "closed"  # root's, 0755: alice may not write there
+    closed.mkdir(mode=0o755)
+    refused = cli_as(server, alice, "submit", "--output", str(closed / "out.log"), "--", "true")
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        f"gpuwarden submit: you cannot write {closed}: the job's output would be lost; "
+        "choose --output in a directory of yours\n",
+    )
+    assert not server.call(None, "queue")["jobs"]  # nothing was queued
+    failed = submit(server, alice, ["/nonexistent/command"], output=str(server.work / "f.log"))
+    error = server.wait_state(failed, ("FAILED",))["error"]
+    logs = cli_as(server, alice, "logs", str(failed))
+    assert logs.returncode == 1
+    assert logs.stderr == f"gpuwarden logs: job {failed} did not start: {error}\n"
 
 
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:

@@ -104,6 +104,12 @@ def test_one_cancel_ends_a_whole_array_and_queue_shows_it_compactly(server: Serv
     held = cli_as(server, alice, "hold", f"{array}_7")
     assert held.returncode == 0 and f"held: {array}_7" in held.stdout, held.stderr
     assert f"{array}_[4-6,8-19]" in cli_as(server, bob, "queue").stdout
+    whole = cli_as(server, alice, "hold", str(array))  # every waiting task; running ones run
+    assert whole.returncode == 0 and f"held: {array}" in whole.stdout, whole.stderr
+    waiting = [r for r in tasks_of(server, array) if r["state"] == "PENDING"]
+    assert len(waiting) == 16 and all(r["held"] for r in waiting)
+    assert cli_as(server, alice, "unhold", str(array)).returncode == 0
+    assert not any(r["held"] for r in tasks_of(server, array) if r["state"] == "PENDING")
     refused = cli_as(server, bob, "cancel", str(array))
     assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
     one = cli_as(server, alice, "cancel", f"{array}_19")

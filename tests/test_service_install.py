@@ -317,3 +317,29 @@ def test_bad_command_lines_are_one_error(cli: Any, argv: tuple[str, ...], words:
     out = cli("service", *argv)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert words in out.stderr.splitlines()[-1], out.stderr
+
+
+def test_install_refuses_a_program_other_users_cannot_run() -> None:
+    """Issue 23: a venv whose Python lives in root's 0700 home went into ExecStart and
+    gave every student `bad interpreter: Permission denied`."""
+    import tempfile
+
+    from gpuwarden.service.install import not_for_everyone
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="gw-exec-"))  # /tmp: everyone may enter
+    home = tmp_path / "home"
+    (home / "py").mkdir(parents=True)
+    python = home / "py" / "python3"
+    python.write_text("")
+    python.chmod(0o755)
+    script = tmp_path / "gpuwarden"
+    script.write_text(f"#!{python}\nprint('hi')\n")
+    script.chmod(0o755)
+    tmp_path.chmod(0o755)
+    home.chmod(0o700)
+    assert not_for_everyone(str(script)) == f"other users may not enter {home}"
+    home.chmod(0o755)
+    assert not_for_everyone(str(script)) is None
+    script.chmod(0o750)
+    assert not_for_everyone(str(script)) == f"other users may not run {script}"
+    shutil.rmtree(tmp_path)

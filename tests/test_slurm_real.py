@@ -241,6 +241,18 @@ def test_logs_follow_a_job_to_its_end(cli: Any, slurm: Cluster) -> None:
     assert slurm.state(job) == "COMPLETED"
 
 
+def test_an_array_becomes_sbatchs_own(cli: Any, slurm: Cluster, tmp_path: Path) -> None:
+    """`submit --slurm --array` is sbatch's --array: Slurm runs each task with its id."""
+    task = "echo task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID"
+    array = _submit(
+        cli, "-g", "0", "--array", "0-2%1", "--output", str(tmp_path / "a-%A_%a.out"), "--",
+        "sh", "-c", task,
+    )  # fmt: skip
+    outs = [tmp_path / f"a-{array}_{i}.out" for i in range(3)]
+    _poll(lambda: all(p.exists() and "task=" in p.read_text() for p in outs), "three tasks")
+    assert [p.read_text().split() for p in outs] == [[f"task={i}", "of", array] for i in range(3)]
+
+
 def test_run_slurm_is_attached_through_srun(cli: Any, slurm: Cluster) -> None:
     done = cli("run", "--slurm", "-g", "1", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 3")
     assert done.returncode == 3, done.stderr

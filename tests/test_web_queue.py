@@ -112,6 +112,24 @@ def test_running_and_waiting_jobs_with_reason_priority_and_times():
     assert bob["estimated_start"] == NOW + 30
 
 
+def test_bookings_are_listed_by_start_and_malformed_ones_left_out():
+    answer = answered(JOBS, SHARES)
+    answer["queue"]["bookings"] = [
+        {"id": 3, "count": 2, "start": NOW + 7200, "end": NOW + 9000, "user": None,
+         "group": "course", "reason": "lab", "by": "root"},
+        {"id": 2, "count": 1, "start": NOW - 60, "end": NOW + 600, "user": "gw-alice",
+         "group": None, "reason": "deadline", "by": "root"},
+        {"id": 4, "count": "many", "start": NOW, "end": NOW + 1},
+        {"id": 5, "count": 1, "start": NOW - 900, "end": NOW - 1, "user": "gw-bob"},
+    ]  # fmt: skip
+    booked = valid(build(FOUR, now=NOW, service=answer))["queue"]["bookings"]
+    assert [(b["id"], b["whom"], b["reason"]) for b in booked] == [
+        (2, "gw-alice", "deadline"),
+        (3, "@course", "lab"),
+    ]
+    assert "bookings" not in valid(build(FOUR, now=NOW, service=answered(JOBS)))["queue"]
+
+
 def test_fair_share_beside_gpus_in_use_and_users_known_only_to_the_service():
     doc = valid(build(FOUR, now=NOW, service=answered(JOBS, SHARES)))
     users = {u["user"]: u for u in doc["users"]}

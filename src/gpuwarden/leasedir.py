@@ -55,6 +55,16 @@ class LeaseDir:
                 f"{err}; whoever made it (see `ls -l {path}`) could block or redirect the "
                 "lock: an admin should remove it"
             ) from None
+        except PermissionError as err:
+            if self.owner_uid == 0 and os.geteuid() != 0 and not os.access(self.path, os.W_OK):
+                # Root's 0755 directory: the queue service's, and it is not answering
+                # (else the command would have gone through it).
+                raise UserError(
+                    f"the GPUs' leases belong to the queue service ({self.path}, root's), "
+                    "which is not running: ask an admin to start it "
+                    "(`sudo systemctl start gpuwarden`; `gpuwarden service status` says more)"
+                ) from None
+            raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
         except OSError as err:
             raise UserError(f"cannot open lease file {path}: {err.strerror}") from None
         try:

@@ -1,5 +1,7 @@
 """`gpuwarden logs ID [-f]`: a queued job's output (only its owner or an admin may read
-it); `-f` follows it until the job ends. `--slurm`: a Slurm job's."""
+it); `-f` follows it until the job ends. A job that could not start (a missing
+command, an output it may not write) says why on stderr, exit 1. `--slurm`: a Slurm
+job's."""
 
 from __future__ import annotations
 
@@ -36,7 +38,19 @@ def local(args: argparse.Namespace) -> int:
             state = client.call("logs", job=job)["state"]
             return state not in ("PENDING", "STARTING", "RUNNING")
 
-        return joboutput.show(reply["output"], reply["uid"], ended, args.follow, f"job {job}")
+        try:
+            code = joboutput.show(reply["output"], reply["uid"], ended, args.follow, f"job {job}")
+        except UserError:  # no output file: a job that never started says why below
+            if not client.call("logs", job=job).get("error"):
+                raise
+            code = 1
+        error = client.call("logs", job=job).get("error")
+    if error:  # it never started: its output is empty, the reason is here
+        import sys
+
+        print(f"gpuwarden logs: job {job} did not start: {error}", file=sys.stderr)
+        return 1
+    return code
 
 
 def run(args: argparse.Namespace) -> int:

@@ -143,6 +143,7 @@ def submit_local(args: argparse.Namespace) -> int:
         shown = {k: v for k, v in fields.items() if k != "env"}
         print(json.dumps(shown, indent=2))
         return 0
+    writable_output(args.output)
     with require(conf.get("service.socket")) as client:
         job = client.call("submit", **fields)["job"]
     print(job)
@@ -181,6 +182,30 @@ def _array_fields(args: argparse.Namespace, fields: dict[str, object]) -> int:
     if args.array is not None:
         fields["array"] = args.array
     return count
+
+
+def writable_output(output: str | None) -> None:
+    """Refuse now, in one line, an output the job could not write: the service opens
+    it as the submitter when the job starts, and a job that cannot fails with an empty
+    log. We are the submitter, so the kernel's answer to us is the job's."""
+    import os
+
+    where = os.path.abspath(output) if output is not None else os.getcwd()
+    if output is not None and os.path.isdir(where):
+        raise UserError(f"--output {output} is a directory: name a file in it")
+    if output is not None and os.path.exists(where):
+        ok, what = os.access(where, os.W_OK), where
+    else:
+        what = os.path.dirname(where) if output is not None else where
+        ok = os.access(what, os.W_OK | os.X_OK)
+    if not ok:
+        default = (
+            "" if output is not None else " (the default output, gpuwarden-ID.out, goes there)"
+        )
+        raise UserError(
+            f"you cannot write {what}{default}: the job's output would be lost; "
+            "choose --output in a directory of yours"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -208,13 +208,20 @@ def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
         raise UserError("installing the service needs root (sudo gpuwarden service install)")
     manifest = _read_manifest(root)
     _preflight(root)
+    exec_start = exec_start or default_exec_start()
+    if root in ("", "/"):
+        why = not_for_everyone(exec_start.split()[0])
+        if why is not None:
+            raise UserError(
+                f"refusing to install: the unit would start {exec_start.split()[0]}, but {why}; "
+                "install gpuwarden for every user first (sudo scripts/install-system)"
+            )
     lines: list[str] = []
     for path, mode in DIRECTORIES:
         lines.append(_make_dir(root, path, mode, manifest, as_root))
     for path in (CONFIG_DIR, EXPORTER_DROPIN_DIR):
         if not os.path.lexists(_at(root, path)):
             lines.append(_make_dir(root, path, 0o755, manifest, as_root))
-    exec_start = exec_start or default_exec_start()
     for path, text in (
         (UNIT_PATH, unit_text(exec_start)),
         (TMPFILES_PATH, TMPFILES),
@@ -226,6 +233,49 @@ def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
     _write_manifest(root, manifest)
     lines.append(f"recorded what was installed in {_at(root, MANIFEST)}")
     return lines
+
+
+def not_for_everyone(program: str) -> Optional[str]:
+    """Why not every user may run `program` (the unit's ExecStart, which `run` and the
+    students' shells run too), or None: each directory on the way to it and to its
+    interpreter (a script's `#!`) must be searchable by all, and the files readable and
+    executable by all. A venv linked to a Python in root's 0700 home gave every student
+    `bad interpreter: Permission denied`."""
+    seen = [program]
+    try:
+        with open(os.path.realpath(program), "rb") as fh:
+            first = fh.readline(4096)
+        if first.startswith(b"#!"):
+            words = first[2:].decode("utf-8", "replace").split()
+            if words:
+                seen.append(words[0])
+    except OSError as err:
+        return f"{program} cannot be read ({err.strerror})"
+    for path in seen:
+        for step in _path_steps(path):
+            try:
+                mode = os.stat(step).st_mode
+            except OSError as err:
+                return f"{step} cannot be reached ({err.strerror})"
+            wanted = stat.S_IXOTH | (0 if stat.S_ISDIR(mode) else stat.S_IROTH)
+            if mode & wanted != wanted:
+                return f"other users may not {'enter' if stat.S_ISDIR(mode) else 'run'} {step}"
+    return None
+
+
+def _path_steps(path: str) -> list[str]:
+    """Every directory and link on the way to `path`, then what it finally names."""
+    steps: list[str] = []
+    current = os.path.abspath(path)
+    for _ in range(40):  # links within links, bounded
+        parts = current.split(os.sep)
+        for i in range(2, len(parts)):
+            steps.append(os.sep.join(parts[:i]) or os.sep)
+        if not os.path.islink(current):
+            break
+        current = os.path.join(os.path.dirname(current), os.readlink(current))
+    steps.append(os.path.realpath(path))
+    return steps
 
 
 def _preflight(root: str) -> None:

@@ -107,6 +107,7 @@ class Requests:
                 "state": job.state,
                 "uid": job.uid,
                 "attached": job.attached,
+                "error": job.error,  # why it never started (the owner's or an admin's)
             }
         if op in ("book", "bookings", "unbook"):  # GPUs booked ahead (service.bookings)
             usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())

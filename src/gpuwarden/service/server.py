@@ -36,6 +36,7 @@ from gpuwarden.service.protocol import ProtocolError
 from gpuwarden.service.reloading import Reloading
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
+from gpuwarden.service.timelimits import TimeLimits
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -54,7 +55,7 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, Lifecycle, Reloading, Limiting):
+class Service(Requests, Lifecycle, TimeLimits, Reloading, Limiting):
     def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
         self.settings = settings
         self.read_snapshot = snapshot

@@ -233,10 +233,41 @@ def section(
         "waiting": waiting[:JOBS_SHOWN],
         "hidden": max(0, len(running) - JOBS_SHOWN) + max(0, len(waiting) - JOBS_SHOWN),
     }
+    booked = _bookings(queue.get("bookings") if isinstance(queue, Mapping) else None, now)
+    if booked:
+        doc["bookings"] = booked
     if _refused(share, "share") is not None:
         doc["error"] = _refused(share, "share")
         return doc, {}
     return doc, _shares(share.get("users") if isinstance(share, Mapping) else None)
+
+
+def _bookings(rows: Any, now: float) -> list[dict[str, Any]]:
+    """GPUs booked ahead (service.bookings) not yet over, by start; malformed rows left out."""
+    out = []
+    for row in rows if isinstance(rows, list) else ():
+        if not isinstance(row, Mapping):
+            continue
+        booking_id, count = _int(row.get("id")), _int(row.get("count"))
+        start, end = finite(row.get("start")), finite(row.get("end"))
+        whom = row.get("user") or (f"@{row['group']}" if row.get("group") else None)
+        if booking_id is None or count is None or start is None or end is None:
+            continue
+        if not isinstance(whom, str) or end <= now:
+            continue
+        reason = row.get("reason")
+        out.append(
+            {
+                "id": booking_id,
+                "count": count,
+                "whom": text(whom),
+                "start": start,
+                "end": end,
+                "reason": text(reason) if isinstance(reason, str) else "",
+            }
+        )
+    out.sort(key=lambda b: (b["start"], b["id"]))
+    return out[:JOBS_SHOWN]
 
 
 def _refused(reply: Any, op: str) -> Optional[str]:

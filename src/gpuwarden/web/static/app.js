@@ -290,6 +290,20 @@ function drawQueue(queue, now) {
     el("td", {}, span(j.waited)),
     el("td", {}, j.estimated_start === null ? "-" : j.estimated_start <= now ? "now" : `in ${span(j.estimated_start - now)}`)),
     "no job waiting");
+  rows(document.getElementById("queue-bookings"), queue.bookings || [], (b) => el("tr", { "data-booking": b.id },
+    el("td", {}, b.id), el("td", {}, b.whom), el("td", {}, b.count),
+    el("td", {}, b.start <= now ? "now" : `in ${span(b.start - now)}`), el("td", {}, `in ${span(b.end - now)}`),
+    el("td", { class: "timeline" }, timeline(b, now)), el("td", {}, b.reason)),
+    "no GPUs booked");
+}
+
+// A booking over the next 24 hours, a character per half hour: `#` while booked.
+function timeline(b, now) {
+  let out = "";
+  for (let i = 0; i < 48; i++) {
+    out += b.start < now + (i + 1) * 1800 && now + i * 1800 < b.end ? "#" : ".";
+  }
+  return out;
 }
 
 function tick() {

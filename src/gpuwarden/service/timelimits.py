@@ -1,0 +1,101 @@
+"""Time limits of the service's jobs, on the loop's tick: Slurm's `--signal` warning
+before the limit, SIGTERM once at it, SIGKILL after the grace period (a cancel that
+was ignored too), with the periodic chores that share the tick (the enforcement
+watcher, the sweep of ended jobs' cgroups, orphaned attached jobs). Mixed into
+`server.Service`, whose attributes it uses (declared below for type checkers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from gpuwarden import scheduling
+from gpuwarden.service import jobprocess
+from gpuwarden.service.attachment import ClientProcess
+from gpuwarden.service.store import RUNNING, Job, Store
+
+if TYPE_CHECKING:
+    from gpuwarden.service.settings import Settings
+    from gpuwarden.service.watching import ServiceWatch
+
+log = logging.getLogger("gpuwarden.serve")
+
+SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-empty
+
+
+class TimeLimits:
+    settings: Settings
+    store: Store
+    termed: dict[int, float]
+    processes: dict[int, int]
+    orphans: dict[int, tuple[float, ClientProcess]]
+
+    if TYPE_CHECKING:  # provided by Lifecycle
+
+        def signal(self, job: Job, sig: int) -> bool: ...
+
+        def watcher(self) -> ServiceWatch: ...
+
+        def sweep_cgroups(self) -> None: ...
+
+        def _end_orphans(self) -> None: ...
+
+    def _enforce_time_limits(self) -> None:
+        if self.orphans:
+            self._end_orphans()
+        now = time.time()
+        if now - getattr(self, "_swept", 0.0) >= SWEEP_EVERY:  # on the loop's tick
+            self._swept = now
+            self.sweep_cgroups()
+        watch = self.watcher()
+        if watch.due(now):
+            try:
+                watch.step(now)
+            except Exception:  # a reading that fails must not take the queue down
+                log.exception("the enforcement watcher failed")
+                watch.last = now
+        running = self.store.jobs([RUNNING])
+        for job in running:
+            sent = self.termed.get(job.id)
+            if sent is not None and job.pid and time.monotonic() - sent >= self.settings.grace:
+                self.signal(job, signal.SIGKILL)  # a cancel or limit ignored SIGTERM
+        for job in running:
+            self._warn(job, now)
+        views = [
+            scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
+            for j in running
+        ]
+        by_id = {j.id: j for j in running}
+        for job_id, action in scheduling.overdue(views, now, self.settings.grace):
+            job = by_id[int(job_id)]
+            if not job.pid:
+                continue
+            if action == scheduling.TERM and int(job_id) not in self.termed:
+                self.signal(job, signal.SIGTERM)
+                self.termed[int(job_id)] = time.monotonic()
+                self.store.update(job.id, reason="time limit")
+                log.info("job %s past its time limit: SIGTERM", job_id)
+            elif action == scheduling.KILL:
+                self.signal(job, signal.SIGKILL)
+
+    def _warn(self, job: Job, now: float) -> None:
+        """Slurm's --signal: its signal, once, `before` seconds ahead of the time limit
+        (the journal's reason says it was sent, also to a restarted service)."""
+        warning = job.request.get("signal")
+        if not warning or job.time_limit is None or not job.pid or job.reason is not None:
+            return
+        number, before, batch = warning
+        if now < (job.started or now) + job.time_limit - before:
+            return
+        pidfd = self.processes.get(job.id)
+        if batch and pidfd is not None and not jobprocess.exited(pidfd):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, number)
+        elif not batch:
+            self.signal(job, number)
+        self.store.update(job.id, durable=False, reason="signalled")
+        log.info("job %s: signal %s, %gs before its time limit", job.id, number, before)

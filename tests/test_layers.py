@@ -76,6 +76,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "visible",
             "scheduling",
             "metrics",
+            "foresight",
             "dcgm",
             "queuemetrics",
             "mig",

@@ -306,8 +306,7 @@ def read_service(lease_dir: Optional[str] = None) -> Optional[Mapping[str, Any]]
     `service install` leaves it); never raises: a doctor with a broken service to
     report must still report everything else."""
     try:
-        from gpuwarden.service.install import UNIT_PATH
-        from gpuwarden.service.probe import probe
+        from gpuwarden.service.probe import UNIT_PATH, probe
 
         found = dict(probe())
         installed = os.path.exists(UNIT_PATH)

@@ -232,6 +232,8 @@ def test_a_job_runs_as_its_submitter_whatever_it_claims(server: Server) -> None:
     assert set(out["groups"]) == set(alice.groups) and len(out["groups"]) >= 2
     assert len(out["cvd"].split(",")) == 2 and len(row["gpus"]) == 2
     assert out["sim"] == SPEC  # the service's simulated machine is its jobs' too
+    where = ",".join(str(i) for i in row["indices"])
+    assert f"job {job} started on GPUs {where} for gw-alice" in server.log.read_text()
 
 
 def test_only_the_owner_or_an_admin_may_act_on_a_job(server: Server) -> None:

@@ -874,6 +874,19 @@ def test_queue_start_gives_every_waiting_job_a_start_as_squeue(server: Server) -
     server.call(None, "cancel", jobs=[blocker, *waiting])
 
 
+def test_reserve_and_select_point_to_what_the_service_accepts(limited: Server) -> None:
+    """Issue 23: `reserve`'s hint left out the --time this machine requires, and `select`
+    recommended `reserve`, which the service refuses."""
+    alice = make_user("alice", ("lab",))
+    refused = cli_as(limited, alice, "reserve", "-g", "1")
+    assert refused.returncode == 2, refused.stderr
+    assert "`gpuwarden run -g 1 --time 1m30s -- $SHELL`" in refused.stderr
+    chosen = cli_with_gpus(limited, alice, "select", "-g", "1")
+    assert chosen.returncode == 0, chosen.stderr
+    assert "`gpuwarden reserve`" not in chosen.stderr
+    assert "through the queue service" in chosen.stderr
+
+
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     alice = make_user("alice", ("lab",))
     running = submit(server, alice, ["sleep", "60"], request={"count": 4})

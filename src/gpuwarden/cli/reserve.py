@@ -86,8 +86,8 @@ def reserve(args: argparse.Namespace) -> int:
         n = request.gpu_count
         raise UserError(
             f"a queue service hands out this machine's GPUs ({service}): for an interactive "
-            f"session run `gpuwarden run -g {n} -- $SHELL` (a shell on the GPUs until you "
-            "exit it), or `gpuwarden submit` for a batch job"
+            f"session run `gpuwarden run -g {n}{_time_hint(service)} -- $SHELL` (a shell on "
+            "the GPUs until you exit it), or `gpuwarden submit` for a batch job"
         )
     until = seconds = None
     if args.duration is not None:
@@ -138,6 +138,25 @@ def _mine(leases: list[Any]) -> dict[str, list[Any]]:
         if info.job and info.job.startswith(RESERVATION_PREFIX) and info.user == me:
             out.setdefault(info.job, []).append(info)
     return out
+
+
+def _time_hint(service: str) -> str:
+    """` --time T` where the service holds this user to a longest --time (which it
+    then requires), else "": the hint must be a command the service accepts."""
+    from gpuwarden.service.client import connect
+
+    try:
+        client = connect(service, timeout=2.0)
+        if client is None:
+            return ""
+        with client:
+            limits = client.call("limits")["limits"]
+    except (UserError, OSError, KeyError, ValueError):
+        return ""
+    from gpuwarden.units import format_span
+
+    longest = [row["value"] for row in limits if row.get("limit") == "max_time"]
+    return f" --time {format_span(longest[0])}" if longest else ""
 
 
 def release(args: argparse.Namespace) -> int:

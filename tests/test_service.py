@@ -725,7 +725,7 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
 
 
 def cli_with_gpus(
-    srv: Server, who: Person, *args: str, socket: Optional[str] = None
+    srv: Server, who: Person, *args: str, socket: Optional[str] = None, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """`gpuwarden ARGS` as `who` on the simulated machine, with the service's lease
     directory (the simulator stands behind nvidia-ml-py's module: a copy they can read)."""
@@ -741,6 +741,7 @@ def cli_with_gpus(
         "GPUWARDEN_SOCKET": socket or srv.socket,
         "GPUWARDEN_SIM": SPEC,
         "GPUWARDEN_LEASE_DIR": os.environ["GPUWARDEN_LEASE_DIR"],
+        **extra,
     }
     return subprocess.run(
         [USER_PY, "-m", "gpuwarden", *args],
@@ -763,6 +764,15 @@ def test_commands_under_a_stopped_service_say_to_ask_an_admin(server: Server) ->
         assert done.returncode != 0
         lines = done.stderr.splitlines()
         assert len(lines) == 1 and "which is not running: ask an admin to start it" in lines[0]
+    state = server.work.parent / "state"  # as service install leaves it: root's, 0755
+    state.mkdir(mode=0o755)
+    drain = cli_with_gpus(
+        server, alice, "drain", "0", "--reason", "x", GPUWARDEN_STATE_DIR=str(state)
+    )
+    assert drain.returncode == 2 and drain.stderr == (
+        "gpuwarden drain: only an admin may drain or undrain GPUs on this machine (its state "
+        f"directory {state} is root's): ask one, e.g. `sudo gpuwarden drain ...`\n"
+    )
 
 
 def test_nobody_sees_others_command_lines_or_start_errors(server: Server) -> None:

@@ -176,6 +176,16 @@ def release(args: argparse.Namespace) -> int:
     from gpuwarden.safefiles import printable
 
     found = [i for i in leases if i.job == wanted and i.pid > 0]
+    if not found and os.environ.get("GPUWARDEN_RESERVATION") == wanted:
+        # Released before without `eval`: this shell still names it. The unset line
+        # lets `eval "$(gpuwarden release)"` clear what is left.
+        print("unset " + " ".join(_EXPORTED))
+        print(
+            f"gpuwarden release: reservation {printable(wanted)} has ended already; "
+            "its variables are cleared by eval",
+            file=sys.stderr,
+        )
+        return 0
     if not found:
         raise UserError(
             f"no reservation {printable(repr(wanted))} is held (it may have ended or expired)"

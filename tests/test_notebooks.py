@@ -130,7 +130,8 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
 ) -> None:
     """The service owns the leases there: the kernel's GPUs are an allocation of the
     service (a job in its queue), kept across a restart while another user's job waits
-    for them, and the allocation ends when the kernel is shut down or killed."""
+    for them and across a restart of the service, and the allocation ends when the
+    kernel is shut down or killed, and the kernel when the job is cancelled."""
     from jupyter_client import KernelManager
 
     from test_service import submit
@@ -166,6 +167,12 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
                 os.kill(km.provisioner.pid, signal.SIGKILL)  # the kernel dies of itself
                 _until("the allocation ends", lambda: list_leases() == [])
             else:  # the job cancelled (as the idle policy releases it): the kernel ends
+                # A restart of the service is no end of the allocation: the kernel lives on.
+                service.kill(signal.SIGKILL)
+                service.start()
+                _until("attached again", lambda: "client attached again" in service.log.read_text())
+                assert _visible(km).split() == [visible, job]
+                assert service.job(int(job))["state"] == "RUNNING"
                 assert "error" not in service.call(None, "cancel", jobs=[int(job)])
                 _until("the kernel ends", lambda k=km: not k.is_alive())
         finally:

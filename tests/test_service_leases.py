@@ -14,6 +14,7 @@ import fcntl
 import os
 import select
 import shutil
+import signal
 import subprocess
 import textwrap
 import time
@@ -24,6 +25,7 @@ import pytest
 
 import test_service
 from gpuwarden import leases
+from gpuwarden.service.identity import Person
 from test_service import USER_PY, Server, _become, submit
 from users import make_user
 
@@ -193,19 +195,16 @@ def readline(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
     return proc.stdout.readline() if ready else ""
 
 
-def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> None:
-    """`with gpuwarden.lease(n=1)` as a real user under a root service: held by the
-    service, in `queue` as the user's running job, and free again after the block and
-    after the holder is killed."""
-    alice = make_user("alice", ("lab",))
+def _holder(server: Server, alice: Person) -> tuple[subprocess.Popen[str], int, str]:
+    """HOLDER run as `alice`, inside its block: the process, the job, its GPU."""
     script = server.work.parent / "holder.py"
     script.write_text(HOLDER)
-    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
     nvml = server.work.parent / "nvml"  # nvidia-ml-py, as a user of GPUs has it
-    nvml.mkdir()
-    import pynvml
+    if not nvml.exists():
+        nvml.mkdir()
+        import pynvml
 
-    shutil.copy(pynvml.__file__, nvml / "pynvml.py")
+        shutil.copy(pynvml.__file__, nvml / "pynvml.py")
     env = {
         "PYTHONPATH": f"{test_service.SRC}:{nvml}",
         "PATH": "/usr/bin:/bin",
@@ -214,36 +213,49 @@ def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> 
         "GPUWARDEN_SIM_STATE": str(server.work / "sim"),
         "HOME": str(server.work),
     }
+    holder = subprocess.Popen(
+        [USER_PY, str(script)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_become(alice),
+        cwd=str(server.work),
+    )
+    line = readline(holder)
+    assert line, holder.communicate(timeout=30)[1]
+    got = test_service.json.loads(line)
+    if not got["uuids"]:
+        holder.kill()
+        raise AssertionError((got, holder.communicate(timeout=30)[1]))
+    assert got["cvd"] in ("0", "1", "2", "3")
+    return holder, int(got["job"]), got["uuids"][0]
+
+
+def _end_block(holder: subprocess.Popen[str]) -> None:
+    assert holder.stdin is not None
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert readline(holder) == "done\n"
+    assert holder.wait(30) == 0
+
+
+def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> None:
+    """`with gpuwarden.lease(n=1)` as a real user under a root service: held by the
+    service, in `queue` as the user's running job, and free again after the block and
+    after the holder is killed."""
+    alice = make_user("alice", ("lab",))
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
     ends = {}
     for how in ("block", "kill -9"):
-        holder = subprocess.Popen(
-            [USER_PY, str(script)],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=_become(alice),
-            cwd=str(server.work),
-        )
-        assert holder.stdout is not None and holder.stdin is not None
-        line = readline(holder)
-        assert line, holder.communicate(timeout=30)[1]
-        got = test_service.json.loads(line)
-        if not got["uuids"]:
-            holder.kill()
-            raise AssertionError((got, holder.communicate(timeout=30)[1]))
-        job, uuid = int(got["job"]), got["uuids"][0]
-        assert got["cvd"] in ("0", "1", "2", "3")
+        holder, job, uuid = _holder(server, alice)
         shown = test_service.cli_as(server, alice, "queue")
         mine = [r.split() for r in shown.stdout.splitlines() if r.split()[:1] == [str(job)]]
         assert mine and "gw-alice" in mine[0] and "RUNNING" in mine[0], shown.stdout
         assert not gpu_free(lease_dir, uuid)
         if how == "block":
-            holder.stdin.write("\n")
-            holder.stdin.flush()
-            assert readline(holder) == "done\n"
-            assert holder.wait(30) == 0
+            _end_block(holder)
         else:
             holder.kill()
             holder.wait(30)
@@ -252,3 +264,22 @@ def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> 
     assert ends == {"block": "COMPLETED", "kill -9": "CANCELLED"}
     share = {u["user"]: u["usage"] for u in server.call(None, "share")["users"]}
     assert share.get("gw-alice", 0) > 0  # charged like any job
+
+
+def test_a_users_lease_in_python_outlives_sigterm_and_sigkill_restarts(server: Server) -> None:
+    """A restart of the service ends no allocation: the holder reconnects and attaches
+    again after a SIGTERM and a SIGKILL restart, the job keeps running with its GPU,
+    and the block's end still completes it."""
+    alice = make_user("alice", ("lab",))
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+    holder, job, uuid = _holder(server, alice)
+    for times, sig in enumerate((signal.SIGTERM, signal.SIGKILL), start=1):
+        server.kill(sig)
+        server.start()
+        test_service._attached_again(server, times)
+        assert server.job(job)["state"] == "RUNNING"
+        assert holder.poll() is None
+    assert not gpu_free(lease_dir, uuid)
+    _end_block(holder)
+    assert server.wait_state(job, ("COMPLETED", "CANCELLED"))["state"] == "COMPLETED"
+    assert wait_for(lambda: gpu_free(lease_dir, uuid))

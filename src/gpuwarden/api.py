@@ -22,6 +22,7 @@ for `gpuwarden run`, so scripts and the command line agree.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, Union
@@ -45,6 +46,9 @@ class Leased:
     env: dict[str, str] = field(repr=False)  # the whole environment for a subprocess
     fds: tuple[int, ...] = ()  # lease descriptors, for `pass_fds=`
     mem: Optional[int] = None  # declared bytes of a shared lease
+    #: Under a queue service: set when the allocation ends before the block does
+    #: (cancelled, past its time limit, the service gone for good); None otherwise.
+    ended: Optional[threading.Event] = field(default=None, repr=False, compare=False)
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -209,12 +213,12 @@ def _through_service(
     from gpuwarden.service.client import job_fields
 
     fields = job_fields(request, holding.PLACEHOLDER)
-    with holding.hold(fields, path, wait, timeout) as (job, uuids, fds):
+    with holding.hold(fields, path, wait, timeout) as (job, uuids, fds, ended):
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
         env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)
         ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
-        yield Leased(held, str(job), ours, env, fds, request.mem)
+        yield Leased(held, str(job), ours, env, fds, request.mem, ended)
 
 
 def pick(

@@ -150,7 +150,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
                 environ=base,
             )
         )
-        allocation = _Allocation(stack, leased.uuids, leased.fds)
+        allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)
         self._held, self._vars = allocation, dict(leased.vars)
         threading.Thread(
             target=self._guard, args=(allocation,), name="gpuwarden-allocation", daemon=True
@@ -159,12 +159,12 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _guard(self, allocation: _Allocation) -> None:
         """End the kernel when its allocation ends before the provisioner lets it go (the
         job cancelled, past its time, released by the enforcer's idle policy, or the
-        service gone): the kernel never keeps GPUs the service no longer holds for it.
-        After the start, the service says nothing more on the connection but "ended"."""
-        import select
+        service gone and not back within `service.reconnect`): the kernel never keeps
+        GPUs the service no longer holds for it. A restart of the service is not an end:
+        the allocation's connection attaches again (service.holding)."""
         import signal
 
-        select.select([allocation.connection], [], [])
+        allocation.ended.wait()
         with self._lock:
             if self._held is not allocation:
                 return  # let go here: the kernel has ended
@@ -239,9 +239,11 @@ class _Allocation:
     """GPUs held through the queue service, shaped as a direct lease (`uuids`, `fds`,
     `release`) for the provisioner."""
 
-    def __init__(self, stack: contextlib.ExitStack, uuids: tuple[str, ...], fds: Any) -> None:
+    def __init__(
+        self, stack: contextlib.ExitStack, uuids: tuple[str, ...], fds: Any, ended: Any
+    ) -> None:
         self._stack, self.uuids, self.fds = stack, uuids, tuple(fds)
-        self.connection = self.fds[1]  # holding.hold's (input, connection)
+        self.ended: threading.Event = ended  # set when the job ended before `release`
 
     def release(self) -> None:
         self._stack.close()  # the allocation's input closes: the job completes

@@ -19,6 +19,7 @@ from gpuwarden.service import protocol
 
 TYPE_CHECKING = False  # typing stays off the start-up path of `run` through the service
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, Optional
 
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
@@ -278,9 +279,9 @@ def _reason(job: int, path: Optional[str]) -> str:
 
 
 def _ask_with_terminal(
-    client: Client, request: dict[str, Any], within: float
+    client: Client, request: dict[str, Any], within: float, fds: Sequence[int] = (0, 1, 2)
 ) -> tuple[Client, dict[str, Any]]:
-    """Send `request` with our stdin, stdout and stderr and read its answer; a
+    """Send `request` with our stdin, stdout and stderr (`fds`) and read its answer; a
     connection lost on the way (the service restarting) is made again and the request
     sent again, for up to `within` seconds. A submit whose answer was lost may have
     been recorded: that copy never starts (no terminal came with it) and is cancelled
@@ -292,7 +293,7 @@ def _ask_with_terminal(
     while True:
         try:
             message = protocol.encode({"v": protocol.VERSION, **request})
-            socket.send_fds(client.sock, [message], [0, 1, 2])
+            socket.send_fds(client.sock, [message], list(fds))
             return client, client.receive()
         except (UserError, OSError):
             client.close()
@@ -314,11 +315,11 @@ def _ask_with_terminal(
                 break
 
 
-def _reattach(job: int, client: Client, within: float) -> Client:
+def _reattach(job: int, client: Client, within: float, fds: Sequence[int] = (0, 1, 2)) -> Client:
     """A connection attached to `job` again (the service restarted; it takes seconds);
     the answer's event, if any (the job started or ended meanwhile), is left for the
-    caller's next `receive`."""
-    client, reply = _ask_with_terminal(client, {"op": "attach", "job": job}, within)
+    caller's next `receive`. A job that runs needs no terminal (`fds=()`)."""
+    client, reply = _ask_with_terminal(client, {"op": "attach", "job": job}, within, fds)
     if not reply.get("ok"):
         client.close()
         raise UserError(f"job {job}: {reply.get('error') or 'the service refused it'}")

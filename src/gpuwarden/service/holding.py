@@ -9,6 +9,15 @@ other, and the service holds its GPUs (its supervisor holds the leases). The
 block's end closes that input, so the job completes; a holder killed (`kill -9`)
 closes its connection with the service, which cancels the job, as it cancels any
 attached job whose client went away. Either way the GPUs are free again.
+
+A restart of the service ends no allocation, as it ends no attached `run`: a thread
+reads the connection for the block's whole life, and when it drops it reconnects
+and attaches to the job again (client._reattach, for up to `service.reconnect`;
+a running job needs no terminal). The connection in `fds` is a descriptor of its
+own that is pointed at each new connection, so a child started after a restart
+(a notebook kernel's restart) gets the live one. `ended` is set when the job ends
+before the block does (cancelled, past its time limit) or the service does not
+come back.
 """
 
 from __future__ import annotations
@@ -16,13 +25,15 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
+from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.service import protocol
-from gpuwarden.service.client import require
+from gpuwarden.service.client import Client, _reattach, require
 
 #: The allocation's process: it waits for the block's end (its stdin closing).
 PLACEHOLDER = ["/bin/sh", "-c", "read _ || :", "gpuwarden.lease"]
@@ -32,11 +43,13 @@ EXIT_BUSY = 75
 @contextmanager
 def hold(
     fields: dict[str, Any], path: Optional[str], wait: bool, timeout: Optional[float]
-) -> Iterator[tuple[int, list[str], tuple[int, int]]]:
-    """(job id, GPU uuids, descriptors) of an allocation held for the block. Without
-    `wait`, raises UserError (exit 75) when nothing fits now; with it, waits up to
-    `timeout` seconds. A child given the descriptors (the placeholder's input, then the
-    connection) keeps the allocation until it ends too, as lease descriptors do."""
+) -> Iterator[tuple[int, list[str], tuple[int, int], threading.Event]]:
+    """(job id, GPU uuids, descriptors, set when it ended early) of an allocation held
+    for the block. Without `wait`, raises UserError (exit 75) when nothing fits now;
+    with it, waits up to `timeout` seconds. A child given the descriptors (the
+    placeholder's input, then the connection) keeps the allocation until it ends too,
+    as lease descriptors do."""
+    reconnect = float(config.load().get("service.reconnect"))
     client = require(path)
     end_r, end_w = os.pipe2(os.O_CLOEXEC)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -56,15 +69,59 @@ def hold(
     finally:
         os.close(end_r)
         os.close(null)
+    follower = _Follower(job, client, reconnect)
     try:
-        yield job, gpus, (end_w, client.sock.fileno())
+        yield job, gpus, (end_w, follower.connection), follower.ended
     finally:
         os.close(end_w)  # the placeholder reads end of file and exits 0
-        with contextlib.suppress(UserError, OSError, socket.timeout):
-            client.sock.settimeout(30.0)
-            while client.receive().get("event") != "ended":
-                pass
-        client.close()
+        follower.ended.wait(30.0)
+        follower.stop()
+
+
+class _Follower:
+    """The allocation's connection for the block's life: reads it (the service says
+    nothing more but "ended"), and attaches again when a restart of the service drops
+    it. `connection` is a descriptor of ours that always names the live connection."""
+
+    def __init__(self, job: int, client: Client, within: float) -> None:
+        self.job, self.client, self.within = job, client, within
+        self.connection = os.dup(client.sock.fileno())
+        self.ended = threading.Event()
+        self._lock = threading.Lock()
+        self._stopped = False
+        threading.Thread(target=self._follow, name="gpuwarden-allocation", daemon=True).start()
+
+    def _follow(self) -> None:
+        try:
+            while True:
+                self.client.sock.settimeout(None)
+                self.client.waiting = True
+                try:
+                    if self.client.receive().get("event") == "ended":
+                        return
+                    continue
+                except UserError:
+                    pass  # the connection dropped: the service restarts, or it is stopping
+                with self._lock:
+                    if self._stopped:
+                        return
+                again = _reattach(self.job, self.client, self.within, fds=())
+                with self._lock:
+                    if self._stopped:
+                        again.close()
+                        return
+                    self.client = again
+                    os.dup2(again.sock.fileno(), self.connection, inheritable=False)
+        except (UserError, OSError):
+            return  # the service did not come back: it ends the job when it does
+        finally:
+            self.ended.set()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            os.close(self.connection)
+            self.client.close()
 
 
 def _started(client: Any, job: int, timeout: Optional[float]) -> list[str]:

@@ -25,6 +25,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import specs
 from gpuwarden.sim.state import Machine
+from waiting import wait_for
 
 # --- pure --------------------------------------------------------------------------------------
 
@@ -187,11 +188,11 @@ def _run_job(tmp_path: Path, gpu: int, flag: str, name: str) -> tuple[subprocess
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists():
+    def there() -> bool:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
+        return path.exists()
+
+    wait_for(there, 60, str(path))
 
 
 def _expect(allowed: int) -> dict[str, str]:

@@ -33,6 +33,7 @@ from gpuwarden.inventory import Snapshot
 from gpuwarden.safefiles import owner_name
 from gpuwarden.selection import Request
 from machines import idle_a100s
+from waiting import wait_for
 
 GiB = 2**30
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -316,13 +317,6 @@ def _ticket_names(d: Path) -> list[str]:
     return [n for n in os.listdir(d) if n.endswith(".wait")]
 
 
-def _until(condition: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-
-
 def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
     sim("server-8xa100")
     assert cli("reserve", "-g", "1").returncode == 0
@@ -333,19 +327,17 @@ def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not _ticket_names(shared):
-            assert time.monotonic() < deadline and big.poll() is None
-            time.sleep(0.05)
+        wait_for(lambda: _ticket_names(shared) or big.poll() is not None, 30, "the waiter's ticket")
+        assert big.poll() is None
         os.kill(big.pid, signal.SIGSTOP)  # Ctrl-Z
-        _until(lambda: holders.is_stopped(big.pid))
+        wait_for(lambda: holders.is_stopped(big.pid), 30, "the waiter stopped")
         r = cli("run", "-g", "1", "--", "true", timeout=30)
         assert r.returncode == 0, r.stderr
         assert "stopped waiter" in r.stderr
         r = cli("run", "-g", "1", "--wait", "--timeout", "20s", "--", "true", timeout=60)
         assert r.returncode == 0, r.stderr
         os.kill(big.pid, signal.SIGCONT)  # resumed: back in its place, first in line
-        _until(lambda: not holders.is_stopped(big.pid))
+        wait_for(lambda: not holders.is_stopped(big.pid), 30, "the waiter resumed")
         r = cli("run", "-g", "1", "--", "true", timeout=30)
         assert r.returncode == lease.EXIT_BUSY and "first in line" in r.stderr
         assert "waiting in line" in r.stderr

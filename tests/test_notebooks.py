@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import require
 from gpuwarden.leases import list_leases
+from waiting import wait_for
 
 
 def _jupyter() -> bool:
@@ -54,14 +54,6 @@ def _visible(km) -> str:  # type: ignore[no-untyped-def]
         kc.stop_channels()
 
 
-def _until(what: str, ok, seconds: float = 30):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while not (got := ok()):
-        assert time.monotonic() < deadline, f"{what}: not within {seconds:g}s"
-        time.sleep(0.05)
-    return got
-
-
 def test_a_kernel_leases_its_gpu_keeps_it_across_a_restart_and_frees_it(kernels: Path) -> None:
     from jupyter_client import KernelManager
 
@@ -94,7 +86,7 @@ def test_a_killed_kernel_frees_its_gpu(kernels: Path) -> None:
     try:
         [lease] = list_leases()
         os.kill(km.provisioner.pid, signal.SIGKILL)
-        _until("the lease is freed", lambda: list_leases() == [])
+        wait_for(lambda: list_leases() == [], 30, "the lease is freed")
         assert lease.pid == km.provisioner.pid
     finally:
         km.shutdown_kernel(now=True)
@@ -140,15 +132,15 @@ def test_with_a_queue_service_a_kernel_is_an_interactive_job(
         km.start_kernel()
         try:
             visible, job = _visible(km).split()
-            [lease] = _until("the service's lease", list_leases)
+            [lease] = wait_for(list_leases, 30, "the service's lease")
             assert lease.job == job and str(lease.index) == visible
             assert service.job(int(job))["state"] == "RUNNING"
             if stop == "kill":
                 os.kill(km.provisioner.pid, signal.SIGKILL)  # the attached client
-                _until("the job ends", lambda: list_leases() == [])
+                wait_for(lambda: list_leases() == [], 30, "the job ends")
         finally:
             km.shutdown_kernel(now=stop == "kill")
-        _until("the lease is freed", lambda: list_leases() == [])
+        wait_for(lambda: list_leases() == [], 30, "the lease is freed")
         state = service.wait_state(int(job), ("COMPLETED", "FAILED", "CANCELLED"))["state"]
         assert state in (("COMPLETED",) if stop == "shutdown" else ("FAILED", "CANCELLED")), state
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import jsonschema
 import pytest
 
+import waiting
 from conftest import SRC, require
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
@@ -97,12 +98,8 @@ def artifacts(tmp_path: Path) -> Path:
 def wait_for(check: Callable[[], Any], within: float, what: str) -> float:
     """Seconds until `check()` is true; fails after `within` seconds."""
     started = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() - started > within:
-            pytest.fail(f"{what}: not within {within:g} s")
-        time.sleep(0.05)
+    waiting.wait_for(check, within, what)
+    return time.monotonic() - started
 
 
 # The page redraws on every update, replacing its elements: read what it shows in one

@@ -214,7 +214,8 @@ def submit(srv: Server, who: Person, argv: list[str], **kw: Any) -> int:
 
 PROBE = (
     "import os, json; print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), "
-    "'groups': sorted(os.getgroups()), 'cvd': os.environ.get('CUDA_VISIBLE_DEVICES')}))"
+    "'groups': sorted(os.getgroups()), 'cvd': os.environ.get('CUDA_VISIBLE_DEVICES'), "
+    "'sim': os.environ.get('GPUWARDEN_SIM')}))"
 )
 
 
@@ -230,6 +231,7 @@ def test_a_job_runs_as_its_submitter_whatever_it_claims(server: Server) -> None:
     assert out["uid"] == alice.uid and out["gid"] == alice.gid
     assert set(out["groups"]) == set(alice.groups) and len(out["groups"]) >= 2
     assert len(out["cvd"].split(",")) == 2 and len(row["gpus"]) == 2
+    assert out["sim"] == SPEC  # the service's simulated machine is its jobs' too
 
 
 def test_only_the_owner_or_an_admin_may_act_on_a_job(server: Server) -> None:

@@ -161,6 +161,7 @@ def test_uninstall_removes_what_install_made_and_keeps_the_journal(tmp_path: Pat
     install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
     journal = tmp_path / "var/lib/gpuwarden/service/jobs.db"
     journal.write_bytes(b"the service's journal")
+    (tmp_path / "run/gpuwarden/gpuwarden.sock.lock").write_bytes(b"")  # a stopped service's
     lines = install.uninstall(str(tmp_path))
     assert journal.read_bytes() == b"the service's journal"
     assert any("kept the job journal" in line for line in lines)
@@ -268,6 +269,43 @@ def test_bad_states_are_one_line(tmp_path: Path, cli: Any, setup: str, words: st
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
     assert not (root / "etc/systemd/system/gpuwarden.service").is_file()  # nothing half-done
+
+
+def test_uninstall_refuses_while_the_service_answers_and_keeps_its_manifest(
+    tmp_path: Path, cli: Any
+) -> None:
+    """Issue 23: uninstall went ahead under a running service (and dropped its manifest,
+    so a second run said "nothing to remove")."""
+    import socket
+    import threading
+
+    from gpuwarden.service import protocol
+
+    install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
+    where = str(tmp_path / "svc.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(where)
+    listener.listen(4)
+
+    def answer() -> None:  # a service that answers hello
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(protocol.encode({"v": protocol.VERSION, "ok": True, "version": 1}))
+
+    threading.Thread(target=answer, daemon=True).start()
+    out = cli("service", "uninstall", "--root", str(tmp_path), env={"GPUWARDEN_SOCKET": where})
+    listener.close()
+    assert out.returncode == 2 and out.stderr == (
+        f"gpuwarden service: the service still answers at {where}: stop it first "
+        "(`systemctl stop gpuwarden`, or end `gpuwarden serve`); nothing was removed\n"
+    )
+    assert (tmp_path / "var/lib/gpuwarden/service/install.json").exists()
+    assert (tmp_path / "etc/systemd/system/gpuwarden.service").exists()
+    os.unlink(where)
+    gone = cli("service", "uninstall", "--root", str(tmp_path), env={"GPUWARDEN_SOCKET": where})
+    assert gone.returncode == 0, gone.stderr
+    assert not (tmp_path / "etc/systemd/system/gpuwarden.service").exists()
 
 
 def test_uninstall_without_an_install_is_one_line(tmp_path: Path, cli: Any) -> None:

@@ -84,11 +84,21 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _uninstall(args: argparse.Namespace) -> int:
+    from gpuwarden.errors import UserError
     from gpuwarden.service import install
+    from gpuwarden.service.probe import probe
 
     root = _root(args.root)
     if root == "/" and install.systemd_running():
         _systemctl(install.stop_commands(), check=False)
+    found = probe(None)  # the configured socket, as every command reads it
+    if found["running"]:
+        # Removing the unit and directories of a running service would strand its jobs'
+        # clients and leave a service nobody can stop by its unit.
+        raise UserError(
+            f"the service still answers at {found['socket']}: stop it first "
+            "(`systemctl stop gpuwarden`, or end `gpuwarden serve`); nothing was removed"
+        )
     for line in install.uninstall(root, purge=args.purge):
         print(line)
     return 0

@@ -25,7 +25,7 @@ from gpuwarden.service import protocol
 from gpuwarden.service.client import require
 
 #: The allocation's process: it waits for the block's end (its stdin closing).
-PLACEHOLDER = ["sh", "-c", "read _ || :", "gpuwarden.lease"]
+PLACEHOLDER = ["/bin/sh", "-c", "read _ || :", "gpuwarden.lease"]
 EXIT_BUSY = 75
 
 

@@ -424,6 +424,10 @@ def uninstall(root: str = "/", purge: bool = False) -> list[str]:
         lines.append(_unappend(_at(root, path), text))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(_at(root, MANIFEST))
+    for name in ("gpuwarden.sock", "gpuwarden.sock.lock"):  # a stopped service's own
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_at(root, os.path.join(RUN_DIR, name)))
+            lines.append(f"removed {_at(root, os.path.join(RUN_DIR, name))}")
     if purge:
         import shutil
 

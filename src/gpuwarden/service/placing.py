@@ -227,6 +227,7 @@ def start_job(
             stdio=_stdio(service, job.id),
             keep=tuple(held.fds),
             extra_env={
+                **simulated_machine(),
                 **job_env({}, gpus, job=str(job.id), mem=job.mem),
                 **arrays.task_env(service.store, job),
             },
@@ -274,6 +275,15 @@ def start_job(
         raise
     service.store.update(job.id, durable=False, state=store.RUNNING, pid=started.pid)
     return started
+
+
+def simulated_machine() -> dict[str, str]:
+    """The service's own GPUWARDEN_SIM* settings: a service run on a simulated machine
+    (docs/service.md, "Operations") gives its jobs the same machine, whatever the
+    submitter's environment said (the service controls every GPUWARDEN_ variable)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith("GPUWARDEN_SIM")}
 
 
 def _stdio(service: Service, job_id: int) -> Optional[tuple[int, int, int]]:

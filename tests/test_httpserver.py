@@ -16,7 +16,7 @@ import pytest
 from gpuwarden.exporter import ViewCache, serve
 from gpuwarden.httpserver import HttpServer
 from gpuwarden.httpwire import Reply, Request, parse_head
-from test_exporter import machine
+from machines import busy_box
 from waiting import wait_for
 
 
@@ -67,7 +67,7 @@ def raise_nofile(need: int) -> None:
 def test_scrape_answered_within_a_second_beside_300_idle_connections():
     raise_nofile(4096)
     before = threading.active_count()
-    server = serve("127.0.0.1:0", cache=ViewCache(machine, cache_seconds=60))
+    server = serve("127.0.0.1:0", cache=ViewCache(busy_box, cache_seconds=60))
     idle: list[socket.socket] = []
     try:
         for _ in range(300):
@@ -86,7 +86,7 @@ def test_scrape_answered_within_a_second_beside_300_idle_connections():
 
 
 def test_head_is_get_without_body_and_other_methods_and_paths_are_refused():
-    server = serve("127.0.0.1:0", cache=ViewCache(machine, cache_seconds=60))
+    server = serve("127.0.0.1:0", cache=ViewCache(busy_box, cache_seconds=60))
     try:
         status, headers, body = get(server.port, "HEAD")
         assert status == 200 and body == b""

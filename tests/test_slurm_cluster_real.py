@@ -25,11 +25,10 @@ import pytest
 
 import netns
 from conftest import ROOT, require
+from slurmtools import free_port_pair, missing
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
-from test_slurm_real import _free_port_pair, _missing  # noqa: E402 (skips without Slurm)
-
-require(not _missing(), _missing() or "Slurm missing", module=True)
+require(not missing(), missing() or "Slurm missing", module=True)
 
 TWO = """
 description = "2 idle A100 for a Slurm node"
@@ -120,7 +119,7 @@ def _configure(c: Cluster) -> None:
         (c.top / "env" / name).write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     c.conf.mkdir()
     os.chown(c.conf, *_ids(c.lab.user))
-    port = _free_port_pair()
+    port = free_port_pair()
     controller = f"{socket.gethostname().split('.')[0]}={c.lab.hosts['node1'].peer}"
     done = c.lab.cli(
         *("slurm", "cluster", "node1", "node2", "--out", str(c.conf), "--name", "gwtest"),

@@ -9,12 +9,10 @@ SLURM_CONF), so none touches /etc/slurm, and each test asks for what it checks.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +23,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import ROOT, SRC, TORCH_MISSING, require, torch_found
+from slurmtools import free_port_pair, missing
 from waiting import wait_for
 
 SLURM_CI = ROOT / "scripts" / "slurm-ci"
@@ -32,31 +31,7 @@ EXAMPLE = ROOT / "examples" / "train.py"
 USER = "gwslurmtest"
 
 
-def _missing() -> str:
-    for tool in ("slurmctld", "slurmd", "sbatch", "squeue", "munged"):
-        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
-            return f"Slurm is not installed ({tool} missing; scripts/slurm-ci install)"
-    if os.geteuid() != 0:
-        return "a test Slurm needs root (slurmd runs jobs as their users)"
-    if not os.path.exists("/etc/munge/munge.key"):
-        return "munge has no key (/etc/munge/munge.key)"
-    return ""
-
-
-require(not _missing(), _missing() or "Slurm missing", module=True)
-
-
-def _free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port > 60000:
-            continue
-        with contextlib.suppress(OSError), socket.socket() as t:
-            t.bind(("127.0.0.1", port + 1))
-            return port
-    raise RuntimeError("no two free ports in a row")
+require(not missing(), missing() or "Slurm missing", module=True)
 
 
 class Cluster:
@@ -67,7 +42,7 @@ class Cluster:
         self.ours = not started
         if started:
             return
-        env = dict(os.environ, SLURM_CI_PORT=str(_free_port_pair()))
+        env = dict(os.environ, SLURM_CI_PORT=str(free_port_pair()))
         env.update(settings)
         done = subprocess.run(
             [str(SLURM_CI), "start", str(path)], env=env, capture_output=True, text=True
@@ -277,7 +252,7 @@ def test_slurm_errors_are_one_line_with_slurms_text(
     down = tmp_path / "down.conf"
     text = Path(slurm.conf).read_text()
     port = text.split("SlurmctldPort=")[1].split()[0]
-    dead = str(_free_port_pair())
+    dead = str(free_port_pair())
     down.write_text(
         text.replace(f"SlurmctldPort={port}", f"SlurmctldPort={dead}") + "MessageTimeout=2\n"
     )

@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
         (
             "inventory",
+            "gpuprocesses",
             "counters",
             "topology",
             "nvmlload",
@@ -75,6 +76,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "visible",
             "scheduling",
             "metrics",
+            "foresight",
             "dcgm",
             "queuemetrics",
             "mig",

@@ -849,6 +849,29 @@ def test_an_unwritable_output_is_refused_at_submit_and_logs_say_why_a_job_never_
     assert logs.stderr == f"gpuwarden logs: job {failed} did not start: {error}\n"
 
 
+def test_queue_start_gives_every_waiting_job_a_start_as_squeue(server: Server) -> None:
+    """Issue 23: an estimated start for every waiting job, not only the first."""
+    alice = make_user("alice", ("lab",))
+    blocker = submit(server, alice, ["sleep", "60"], request={"count": 4}, time_limit=120.0)
+    server.wait_state(blocker, ("RUNNING",))
+    waiting = [
+        submit(server, alice, ["true"], request={"count": n}, time_limit=60.0) for n in (4, 2, 2)
+    ]
+    deadline = time.monotonic() + 30
+    while True:
+        rows = json.loads(cli_as(server, alice, "queue", "--start", "--json").stdout)
+        if all(r.get("estimated_start") for r in rows) and len(rows) == 3:
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.1)
+    at = {r["id"]: r["estimated_start"] for r in rows}
+    assert at[waiting[0]] < at[waiting[1]] == at[waiting[2]], at  # after the whole-box job
+    table = cli_as(server, alice, "queue", "--start").stdout.splitlines()
+    assert table[0].split() == ["JOBID", "USER", "START_TIME", "REASON"]
+    assert len(table) == 4 and "N/A" not in "".join(table), table
+    server.call(None, "cancel", jobs=[blocker, *waiting])
+
+
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     alice = make_user("alice", ("lab",))
     running = submit(server, alice, ["sleep", "60"], request={"count": 4})

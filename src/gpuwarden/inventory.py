@@ -17,6 +17,9 @@ from __future__ import annotations
 import os
 import time
 
+# GpuProcess is part of a Snapshot, so it is named here too (inventory.GpuProcess).
+from gpuwarden.gpuprocesses import GpuProcess as GpuProcess
+from gpuwarden.gpuprocesses import SimOwners, read_processes
 from gpuwarden.records import field, record
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -35,18 +38,6 @@ TOPOLOGY_SYSTEM = 50  # across NUMA nodes (SMP interconnect)
 def dotted(version: Optional[tuple[int, ...]]) -> Optional[str]:
     """(12, 4) -> "12.4", None -> None: how versions and compute capabilities are printed."""
     return ".".join(map(str, version)) if version else None
-
-
-@record
-class GpuProcess:
-    """A process holding a context on a GPU (NVML's compute or graphics list)."""
-
-    pid: int
-    used_memory: Optional[int]  # bytes; None when NVML does not say (e.g. under MIG)
-    user: Optional[str] = None
-    command: Optional[str] = None
-    kind: str = "compute"  # "compute" or "graphics"
-    mig_uuid: Optional[str] = None  # the MIG instance it runs in, if any
 
 
 @record
@@ -257,25 +248,6 @@ def read_snapshot(
             pass
 
 
-class _SimOwners:
-    """Users and commands of simulated processes (they have no /proc entry).
-
-    Read when first asked and once more on a miss: a process registered while this
-    snapshot is being taken would otherwise reach psutil and show as its real owner.
-    On a real machine there is no table and every lookup misses at once."""
-
-    def __init__(self, table: Any) -> None:
-        self._table = table
-        self._known: Optional[dict[int, Any]] = None
-
-    def get(self, pid: int) -> Any:
-        if self._table is None:
-            return None
-        if self._known is None or pid not in self._known:
-            self._known = self._table()
-        return self._known.get(pid)
-
-
 def _read(
     nv: Any,
     hostname: str,
@@ -291,7 +263,7 @@ def _read(
     cuda = r.get("nvmlSystemGetCudaDriverVersion_v2") or r.get("nvmlSystemGetCudaDriverVersion")
     nvml_version = r.get("nvmlSystemGetNVMLVersion")
     count = nv.nvmlDeviceGetCount()
-    known = _SimOwners(getattr(nv, "gpuwarden_sim_processes", None))
+    known = SimOwners(getattr(nv, "gpuwarden_sim_processes", None))
     gpus = []
     handles: dict[int, Any] = {}
     for index in range(count):
@@ -339,7 +311,7 @@ def _read_gpu(
     index: int,
     handle: Any,
     processes: bool,
-    known: _SimOwners,
+    known: SimOwners,
     detail: bool = True,
 ) -> Gpu:
     uuid = f"unknown-{index}"
@@ -355,9 +327,9 @@ def _read_gpu(
         if detail:
             fields.update(_read_detail(nv, r, handle))
         if processes:
-            fields["processes"] = _read_processes(
-                nv, r, handle, fields.get("mig_instances", ()), known
-            )
+            migs = fields.get("mig_instances", ())
+            by_instance = {(m.gpu_instance_id, m.compute_instance_id): m.uuid for m in migs}
+            fields["processes"] = read_processes(r.get, handle, by_instance, known)
     except nv.NVMLError_GpuIsLost as err:
         return Gpu(
             index=index,
@@ -465,43 +437,3 @@ def _read_mig(nv: Any, r: _Reader, handle: Any) -> tuple[MigInstance, ...]:
             )
         )
     return tuple(found)
-
-
-def _read_processes(
-    nv: Any, r: _Reader, handle: Any, migs: tuple[MigInstance, ...], known: _SimOwners
-) -> tuple[GpuProcess, ...]:
-    by_instance = {(m.gpu_instance_id, m.compute_instance_id): m.uuid for m in migs}
-    seen = []
-    for kind, func in (
-        ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-        ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-    ):
-        for p in r.get(func, handle) or ():
-            mem = p.usedGpuMemory
-            mig_uuid = by_instance.get(
-                (getattr(p, "gpuInstanceId", None), getattr(p, "computeInstanceId", None))
-            )
-            seen.append((int(p.pid), int(mem) if mem is not None else None, kind, mig_uuid))
-    result = []
-    for pid, mem, kind, mig_uuid in seen:
-        user, command = known.get(pid) or _owner(pid)
-        result.append(
-            GpuProcess(
-                pid=pid, used_memory=mem, user=user, command=command, kind=kind, mig_uuid=mig_uuid
-            )
-        )
-    return tuple(result)
-
-
-def _owner(pid: int) -> tuple[Optional[str], Optional[str]]:
-    """User and command line of a local process (psutil imported only when needed)."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            user = proc.username()
-            cmdline = proc.cmdline()
-        return user, " ".join(cmdline) if cmdline else proc.name()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError, OSError):
-        return None, None

@@ -21,6 +21,11 @@ def register(commands: Commands, name: str) -> None:
     parser.add_argument("--me", action="store_true", help="only my jobs")
     parser.add_argument("--user", metavar="NAME", help="only this user's jobs (squeue -u)")
     parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    parser.add_argument(
+        "--start",
+        action="store_true",
+        help="waiting jobs with their expected start, as squeue --start (N/A: nobody can say)",
+    )
     parser.add_argument("--all", action="store_true", help=f"every job, not only the first {PAGE}")
     parser.add_argument(
         "--hosts",
@@ -51,9 +56,13 @@ def local(args: argparse.Namespace) -> int:
             f"gpuwarden queue: {len(jobs)} of {total} jobs shown; --all shows every one",
             file=sys.stderr,
         )
-    if args.json:
+    if args.start and not args.json:
+        print(start_table(jobs))
+    elif args.json:
         import json
 
+        if args.start:
+            jobs = [j for j in jobs if j.get("state") == "PENDING"]
         json.dump(jobs, sys.stdout, indent=2)
         print()
     else:
@@ -67,6 +76,37 @@ def local(args: argparse.Namespace) -> int:
             print(line)
         print(queue_table(jobs))
     return 0
+
+
+def start_table(jobs: list[dict[str, object]]) -> str:
+    """The waiting jobs in priority order, each with when it should start (local time)
+    and why it waits, as `squeue --start`; N/A where that depends on a job without
+    `--time`, a hold, a dependency or a limit."""
+    import time as clock
+
+    from gpuwarden.cli.jobtables import job_label
+    from gpuwarden.safefiles import printable
+    from gpuwarden.table import render
+
+    waiting = sorted(
+        (j for j in jobs if j.get("state") == "PENDING"),
+        key=lambda j: (-float(j.get("priority") or 0.0), float(j.get("submitted") or 0.0)),  # type: ignore[arg-type]
+    )
+    rows = []
+    for job in waiting:
+        at = job.get("estimated_start")
+        when = "N/A"
+        if isinstance(at, (int, float)):
+            when = clock.strftime("%Y-%m-%dT%H:%M:%S", clock.localtime(at))
+        rows.append(
+            [
+                job_label(job),
+                printable(str(job.get("user"))),
+                when,
+                printable(str(job.get("reason") or "-")),
+            ]
+        )
+    return render(["JOBID", "USER", "START_TIME", "REASON"], rows)
 
 
 def on_hosts(args: argparse.Namespace) -> int:

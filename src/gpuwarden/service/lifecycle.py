@@ -62,6 +62,8 @@ class Lifecycle:
     read_snapshot: Callable[[], Any]
     _priorities: dict[int, float]
     _estimates: dict[int, Optional[float]]
+    _foresight: Optional[tuple[Any, ...]]
+    _foreseen: Optional[dict[int, Optional[float]]]
     orphans: dict[int, tuple[float, attachment.ClientProcess]]  # attached jobs left by a restart
     attached: dict[int, Any]
 
@@ -321,6 +323,10 @@ class Lifecycle:
         )
         self._priorities = {int(d.id): d.priority for d in decisions}
         self._estimates = {int(d.id): d.estimated_start for d in decisions}
+        # Every waiting job's expected start (`queue --start`), worked out when a
+        # listing first asks for it after this pass: the plan itself needs none.
+        self._foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
+        self._foreseen = None
         by_id = {j.id: j for j in pending}
         self.free = free = scheduling.Capacity(gpus)
         for run in busy:

@@ -55,6 +55,8 @@ class Requests:
     indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
     exits: str
+    _foresight: Optional[tuple[Any, ...]] = None  # the last pass's plan inputs and decisions
+    _foreseen: Optional[dict[int, Optional[float]]] = None
     orphans: dict[int, tuple[float, ClientProcess]]
 
     if TYPE_CHECKING:  # provided by Lifecycle and Service
@@ -310,6 +312,19 @@ class Requests:
         ):
             raise UserError(f"job {job.id} has no process to signal now ({job.state.lower()})")
 
+    def estimated_start(self, job_id: int) -> Optional[float]:
+        """When a waiting job should start (`squeue --start`): the plan's reservation,
+        else `foresight` over the last pass, worked out once per pass."""
+        planned = self._estimates.get(job_id)
+        if planned is not None or self._foresight is None:
+            return planned
+        if self._foreseen is None:
+            from gpuwarden.foresight import estimated_starts
+
+            starts = estimated_starts(*self._foresight)
+            self._foreseen = {int(k): v for k, v in starts.items()}
+        return self._foreseen.get(job_id)
+
     def _is_admin_uid(self, uid: int) -> bool:
         try:
             return self.settings.admins.include(person(uid))
@@ -430,7 +445,7 @@ class Requests:
             # A start error can quote the command or a private path: as the command.
             "error": job.error if show or job.uid == who.uid else None,
             "priority": self._priorities.get(job.id),
-            "estimated_start": self._estimates.get(job.id),
+            "estimated_start": self.estimated_start(job.id) if job.state == store.PENDING else None,
             "command": listing.command(job.argv) if show or job.uid == who.uid else None,
         }
         if job.array_job is not None:

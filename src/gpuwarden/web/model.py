@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot, dotted
+from gpuwarden.gpuprocesses import GpuProcess
+from gpuwarden.inventory import Gpu, Snapshot, dotted
 from gpuwarden.web.queue import merge_users, section
 from gpuwarden.web.values import finite, text, user_row
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +20,9 @@ from conftest import SRC, require
 from gpuwarden import containers
 from gpuwarden.errors import UserError
 from gpuwarden.holders import is_gone
+from podmantools import IMAGE, PROBE, podman_ready
 from waiting import wait_for
 
-IMAGE = "localhost/gw-busybox:1"
 A = SimpleNamespace(uuid="GPU-aaaa", index=3, minor=3)
 B = SimpleNamespace(uuid="GPU-bbbb", index=5, minor=7)
 
@@ -117,17 +116,10 @@ def test_a_cdi_spec_is_found_where_nvidia_ctk_writes_it(tmp_path: Path) -> None:
 # --- with a real podman -------------------------------------------------------------------------
 
 
-def _podman_ready() -> bool:
-    if shutil.which("podman") is None or os.geteuid() != 0:
-        return False
-    found = subprocess.run(["podman", "image", "exists", IMAGE], capture_output=True)
-    return found.returncode == 0
-
-
 @pytest.fixture
 def podman(tmp_path: Path, sim, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Stand-in nodes /dev/nvidia0..7 (major 195) in a folder passed as GPUWARDEN_DEV_DIR."""
-    require(_podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
+    require(podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
     sim("server-8xa100")
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -157,13 +149,6 @@ def _leases() -> list[dict[str, object]]:
 def _started(proc: subprocess.Popen[str], flags: Path) -> bool:
     assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
     return (flags / "started").exists()
-
-
-PROBE = (
-    "for n in 0 1 2 3 4 5 6 7; do [ -e /dev/nvidia$n ] && echo nvidia$n "
-    '$(cat /dev/nvidia$n 2>&1 | grep -o "No such device or address"); done; '
-    "echo CVD=$CUDA_VISIBLE_DEVICES; exit 7"
-)
 
 
 def test_the_container_opens_exactly_its_leased_node(podman: Path) -> None:

@@ -24,9 +24,16 @@ from typing import Any
 import pytest
 
 import waiting
-from test_dcgm import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED
-from test_prometheus import DEPLOY, get_json, prometheus_scraping, query
-from test_reserve import exports
+from scraping import (
+    DEFAULT_COUNTERS,
+    DEPLOY,
+    LABELS,
+    NOT_EXPORTED,
+    get_json,
+    prometheus_scraping,
+    query,
+)
+from shells import exports
 
 SPECS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "sim" / "specs"
 

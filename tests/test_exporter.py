@@ -6,7 +6,6 @@ import socket
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.errors import UserError
 from gpuwarden.exporter import IdleTracker, View, ViewCache, render, serve
@@ -15,23 +14,9 @@ from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.units import parse_listen
 from machines import busy_box
+from scraping import samples, value
 
 GiB = 2**30
-
-
-def samples(text: str) -> dict:
-    """{(name, frozenset(labels)): value}"""
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(found: dict, name: str, **labels) -> float:
-    hits = [v for (n, lab), v in found.items() if n == name and set(labels.items()) <= lab]
-    assert len(hits) == 1, (name, labels, hits)
-    return hits[0]
 
 
 def test_gpu_metrics_have_units_and_labels():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from gpuwarden.exporter import ViewCache, render
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import Machine
+from ports import free_port
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,12 +130,6 @@ def _append_hook(out: Path) -> str:
     return f"{sys.executable} -c {shlex.quote(code)}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src")
@@ -155,7 +149,7 @@ def test_exporter_end_to_end_xid79(machine, isolated, tmp_path, cli):
         'webhook = "http://127.0.0.1:9/never"\nwebhook_timeout = 0.5\n'
         "[exporter]\ncache_seconds = 0\n"
     )
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "exporter", "--listen", f"127.0.0.1:{port}"],
         env=_env(),

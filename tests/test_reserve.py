@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import os
-import shlex
 import time
 
 import gpuwarden.leases as lease
-
-
-def exports(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        assert line.startswith("export ")
-        name, _, value = line[len("export ") :].partition("=")
-        out[name] = shlex.split(value)[0] if value else ""
-    return out
+from shells import exports
 
 
 def test_reserve_holds_until_release(sim, cli) -> None:

@@ -337,7 +337,7 @@ def test_appending_as_the_owner_never_follows_their_symlink_as_root(tmp_path: Pa
 def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_path: Path) -> None:
     mode, why = cgroups.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
-    from test_visible_acceptance import FAKE_SMI, run_script
+    from acceptance import FAKE_SMI, run_script
 
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -25,7 +25,8 @@ import pytest
 
 import netns
 from conftest import ROOT, require
-from slurmtools import free_port_pair, missing
+from ports import free_port_pair
+from slurmtools import missing
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
 require(not missing(), missing() or "Slurm missing", module=True)

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import pytest
 
 from conftest import ROOT, SRC, TORCH_MISSING, require, torch_found
-from slurmtools import free_port_pair, missing
+from ports import free_port_pair
+from slurmtools import missing
 from waiting import wait_for
 
 SLURM_CI = ROOT / "scripts" / "slurm-ci"

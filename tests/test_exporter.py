@@ -15,6 +15,7 @@ from gpuwarden.leases import LeaseInfo
 from gpuwarden.units import parse_listen
 from machines import busy_box
 from scraping import samples, value
+from waiting import wait_for
 
 GiB = 2**30
 
@@ -313,9 +314,7 @@ def test_a_hung_read_serves_the_last_view_instead_of_hanging_the_scrape():
     assert cache.get() is stale and time.monotonic() - started < 1.5  # no second wait
     assert len(calls) == 2  # one read at a time, however many scrapes
     release.set()
-    deadline = time.monotonic() + 10
-    while cache.get() is stale and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: cache.get() is not stale, 10, "a fresh view", 0.01)
     assert cache.get() is not stale and len(calls) >= 3
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
 from scraping import DEPLOY, component, get_json, prometheus_scraping, query
+from waiting import wait_for
 
 
 def test_promtool_accepts_alert_rules():
@@ -93,14 +93,12 @@ def test_prometheus_stores_the_simulated_values(sim, tmp_path):
 
     truth = read_snapshot()
     with prometheus_scraping(tmp_path, {"box": {"GPUWARDEN_SIM": "server-8xa100"}}) as base:
-        deadline = time.monotonic() + 25
-        stored: list[dict] = []
-        while time.monotonic() < deadline:
+
+        def complete() -> list[dict]:
             stored = query(base, "gpuwarden_gpu_memory_used_bytes")
-            if len(stored) == len(truth.gpus):
-                break
-            time.sleep(0.3)
-        assert len(stored) == len(truth.gpus), "Prometheus stored no complete scrape in 25 s"
+            return stored if len(stored) == len(truth.gpus) else []
+
+        stored = wait_for(complete, 25, "a complete scrape stored in Prometheus", 0.3)
         by_gpu = {int(r["metric"]["gpu"]): r for r in stored}
         for gpu in truth.gpus:
             sample = by_gpu[gpu.index]

@@ -7,6 +7,7 @@ import time
 
 import gpuwarden.leases as lease
 from shells import exports
+from waiting import wait_for
 
 
 def test_reserve_holds_until_release(sim, cli) -> None:
@@ -34,10 +35,7 @@ def test_reservation_expires(sim, cli) -> None:
     r = cli("reserve", "-g", "1", "--for", "3s")
     assert r.returncode == 0, r.stderr
     assert len(lease.list_leases()) == 1
-    deadline = time.monotonic() + 8
-    while lease.list_leases():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: not lease.list_leases(), 8, "the lease's end")
 
 
 def test_killed_holder_frees_the_gpu(sim, cli) -> None:
@@ -46,10 +44,7 @@ def test_killed_holder_frees_the_gpu(sim, cli) -> None:
     assert r.returncode == 0, r.stderr
     [info] = lease.list_leases()
     os.kill(info.pid, 9)
-    deadline = time.monotonic() + 1
-    while lease.list_leases():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: not lease.list_leases(), 1, "the lease freed", 0.01)
 
 
 def test_release_bad_input(sim, cli) -> None:

@@ -27,6 +27,7 @@ import netns
 from conftest import ROOT, require
 from ports import free_port_pair
 from slurmtools import missing
+from waiting import wait_for
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
 require(not missing(), missing() or "Slurm missing", module=True)
@@ -51,13 +52,11 @@ class Cluster:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
 
     def wait(self, what: str, check: Any, deadline: float = 60) -> Any:
-        end = time.monotonic() + deadline
-        while not (got := check()):
-            if time.monotonic() > end:
-                logs = "".join(p.read_text()[-1500:] for p in (self.top / "state").glob("*.log"))
-                raise AssertionError(f"timed out waiting for {what}\n{logs}")
-            time.sleep(0.1)
-        return got
+        def said() -> str:
+            logs = "".join(p.read_text()[-1500:] for p in (self.top / "state").glob("*.log"))
+            return f"{what}\n{logs}"
+
+        return wait_for(check, deadline, said, 0.1)
 
     def state(self, job: str) -> str:
         out = self.tool("scontrol", "show", "job", "-o", job).stdout

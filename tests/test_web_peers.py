@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import time
 
 import jsonschema
 import pytest
@@ -17,6 +16,7 @@ from gpuwarden.web.peers import check_url, summary
 from gpuwarden.web.server import Feed, WebServer, serve
 from ports import free_port
 from schemas import WEB_STATE
+from waiting import wait_for
 
 
 def _state(server: WebServer) -> dict:
@@ -33,13 +33,13 @@ def test_a_peer_page_shows_on_this_one_and_a_silent_peer_is_one_row(sim, peer) -
     peers = [check_url(peer), check_url(f"http://127.0.0.1:{free_port()}/")]  # as the CLI
     server = serve("127.0.0.1:0", feed=Feed(interval=0.2, peers=peers), max_clients=4)
     try:
-        end = time.monotonic() + 20
-        while True:
+
+        def both_asked() -> dict:
             doc = _state(server)
-            if doc["peers"][0]["gpus"] and doc["peers"][1]["error"] != "not asked yet":
-                break
-            assert time.monotonic() < end, doc["peers"]
-            time.sleep(0.1)
+            asked = doc["peers"][0]["gpus"] and doc["peers"][1]["error"] != "not asked yet"
+            return doc if asked else {}
+
+        doc = wait_for(both_asked, 20, lambda: f"both peers asked: {_state(server)['peers']}", 0.1)
     finally:
         server.close()
     jsonschema.validate(doc, WEB_STATE)

@@ -24,6 +24,7 @@ from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.waitline import join
 from gpuwarden.web.server import Feed, WebServer, serve
 from schemas import WEB_STATE
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -169,10 +170,8 @@ def test_connections_beyond_the_limit_are_refused_not_queued(web):
     finally:
         for response in streams:
             response.close()
-    deadline = time.monotonic() + 10
-    while get(web, "/api/v1/state")[0] != 200:  # slots come back once the pages close
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # slots come back once the pages close
+    wait_for(lambda: get(web, "/api/v1/state")[0] == 200, 10, "a 200 again")
 
 
 def test_a_page_closed_frees_its_place_for_the_next_connection(web):
@@ -188,10 +187,7 @@ def test_a_page_closed_frees_its_place_for_the_next_connection(web):
             streams.append(response)
         assert get(web, "/api/v1/state")[0] == 503
         streams.pop().close()
-        deadline = time.monotonic() + 10
-        while get(web, "/api/v1/state")[0] != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: get(web, "/api/v1/state")[0] == 200, 10, "a 200 again")
         assert web.httpd.connections <= 4
     finally:
         for response in streams:

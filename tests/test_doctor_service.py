@@ -198,3 +198,25 @@ def test_service_status_reports_socket_version_and_queue(service: Server, cli: A
     data = json.loads(cli("service", "status", "--json", "--socket", service.socket).stdout)
     assert data["running"] and data["version"] == 1 and data["jobs"] == {"HELD": 2}
     assert "jobs: 2 held" in cli("service", "status", "--socket", service.socket).stdout
+
+
+def test_the_doctor_knows_a_stopped_service_and_never_suggests_what_is_done() -> None:
+    """Issue 23: with the service running the doctor said PASS and also "leases are
+    private ... run sudo gpuwarden service install"; installed but stopped it said
+    "commands work alone", while `run` then failed on alloc.lock."""
+    from gpuwarden.doctor.checks.machine import check_machine
+
+    stopped = {"running": False, "problem": "absent", "socket": "/run/x.sock", "installed": True}
+    (finding,) = judged(stopped)
+    assert (finding.check, finding.level) == ("service.stopped", "WARN")
+    assert "systemctl start gpuwarden" in finding.fix and "install" not in finding.fix
+    for service in (stopped, {"running": True, "socket": "/run/x.sock", "version": 1}):
+        facts = Facts(
+            snapshot=Snapshot(taken_at=0.0, hostname="h"),
+            lease_dir="/var/lib/gpuwarden/leases",
+            lease_dir_shared=False,
+            service=service,
+        )
+        assert not [f for f in check_machine(facts) if f.check == "machine.sharing"]
+    absent = {"running": False, "problem": "absent", "socket": "/run/x.sock", "installed": False}
+    assert judged(absent)[0].check == "service"  # not installed: works alone, as before

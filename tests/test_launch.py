@@ -127,3 +127,23 @@ def test_a_mig_device_is_exported_and_allowed_by_its_mig_uuid() -> None:
     )
     snap = Snapshot(0.0, "h", gpus=(parent,))
     assert allowed_uuids(snap, {"CUDA_VISIBLE_DEVICES": "MIG-22"}) == ("MIG-22",)
+
+
+def test_ddp_without_torch_is_one_line_not_a_traceback_per_rank(tmp_path, monkeypatch) -> None:
+    """Issue 23: `run --ddp` where the Python has no torch printed Python's raw
+    "Error while finding module specification for 'torch.distributed.run'"."""
+    import importlib.machinery
+
+    from gpuwarden.launch import LaunchError
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    real = importlib.machinery.PathFinder.find_spec
+
+    def without_torch(name, *rest):  # type: ignore[no-untyped-def]
+        return None if name == "torch" else real(name, *rest)
+
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", without_torch)
+    with pytest.raises(LaunchError, match=r"--ddp starts the job with torchrun.*has no torch"):
+        ddp_argv([str(script)], 2)
+    assert ddp_argv([str(script)], 2, python="/other/python")[0] == "/other/python"

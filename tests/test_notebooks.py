@@ -117,32 +117,58 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no
     yield from fresh_service(tmp_path, monkeypatch)
 
 
-def test_with_a_queue_service_a_kernel_is_an_interactive_job(
-    kernels: Path, service, cli, monkeypatch: pytest.MonkeyPatch
+def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
+    kernels: Path, service, cli, sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The service owns the leases there: the kernel runs as its job, on the GPU it chose,
-    and the job (with its lease) ends when the kernel is shut down or killed."""
+    """The service owns the leases there: the kernel's GPUs are an allocation of the
+    service (a job in its queue), kept across a restart while another user's job waits
+    for them, and the allocation ends when the kernel is shut down or killed."""
     from jupyter_client import KernelManager
 
-    done = cli("kernel", "install", "-g", "1", "--name", "one")  # any of the service's 4
+    from test_service import submit
+    from users import make_user
+
+    sim(service.spec)  # this process sees the service's machine
+    done = cli("kernel", "install", "-g", "2", "--name", "two")  # 2 of the service's 4
     assert done.returncode == 0, done.stderr
     monkeypatch.setenv("GPUWARDEN_SOCKET", service.socket)
-    for stop in ("shutdown", "kill"):
-        km = KernelManager(kernel_name="one")
+    for stop in ("shutdown", "kill", "cancel"):
+        km = KernelManager(kernel_name="two")
         km.start_kernel()
+        waiting = None
         try:
             visible, job = _visible(km).split()
-            [lease] = wait_for(list_leases, 30, "the service's lease")
-            assert lease.job == job and str(lease.index) == visible
+            leases = wait_for(
+                lambda: len(list_leases()) == 2 and list_leases(), 30, "the service's leases"
+            )
+            assert {lease.job for lease in leases} == {job}
+            assert sorted(str(lease.index) for lease in leases) == sorted(visible.split(","))
             assert service.job(int(job))["state"] == "RUNNING"
-            if stop == "kill":
-                os.kill(km.provisioner.pid, signal.SIGKILL)  # the attached client
-                wait_for(lambda: list_leases() == [], 30, "the job ends")
+            if stop == "shutdown":
+                # Another user's job that needs 3 GPUs waits: 2 are the kernel's.
+                waiting = submit(
+                    service, make_user("bob"), ["/bin/sleep", "600"], request={"count": 3}
+                )
+                assert service.wait_state(waiting, ("PENDING",))["state"] == "PENDING"
+                km.restart_kernel(now=True)
+                assert _visible(km).split() == [visible, job]  # the same GPUs, the same job
+                assert {lease.job for lease in list_leases()} == {job}
+                assert service.job(waiting)["state"] == "PENDING"
+            elif stop == "kill":
+                os.kill(km.provisioner.pid, signal.SIGKILL)  # the kernel dies of itself
+                wait_for(lambda: list_leases() == [], 30, "the allocation ends")
+            else:  # the job cancelled (as the idle policy releases it): the kernel ends
+                assert "error" not in service.call(None, "cancel", jobs=[int(job)])
+                wait_for(lambda k=km: not k.is_alive(), 30, "the kernel ends")
         finally:
-            km.shutdown_kernel(now=stop == "kill")
-        wait_for(lambda: list_leases() == [], 30, "the lease is freed")
+            km.shutdown_kernel(now=stop != "shutdown")
         state = service.wait_state(int(job), ("COMPLETED", "FAILED", "CANCELLED"))["state"]
-        assert state in (("COMPLETED",) if stop == "shutdown" else ("FAILED", "CANCELLED")), state
+        assert state == ("CANCELLED" if stop == "cancel" else "COMPLETED"), state
+        if waiting is not None:  # the GPUs are free again: the waiting job gets them
+            assert service.wait_state(waiting, ("RUNNING",))["state"] == "RUNNING"
+            service.call(None, "cancel", jobs=[waiting])
+            service.wait_state(waiting, ("CANCELLED",))
+        wait_for(lambda: list_leases() == [], 30, "the leases are freed")
 
 
 def test_the_kernelspec_says_what_was_asked_and_names_it() -> None:

@@ -27,6 +27,10 @@ def test_reserve_holds_until_release(sim, cli) -> None:
     assert r3.returncode == 0, r3.stderr
     assert r3.stdout.startswith("unset CUDA_VISIBLE_DEVICES")
     assert lease.list_leases() == []
+    # Released without eval: the shell still names it; a second release clears it.
+    again = cli("release", env={"GPUWARDEN_RESERVATION": rid})
+    assert again.returncode == 0 and again.stdout == r3.stdout, again.stderr
+    assert "has ended already" in again.stderr
     assert cli("run", "--gpus", env["CUDA_VISIBLE_DEVICES"], "--", "true").returncode == 0
 
 

@@ -232,6 +232,8 @@ def test_a_job_runs_as_its_submitter_whatever_it_claims(server: Server) -> None:
     assert set(out["groups"]) == set(alice.groups) and len(out["groups"]) >= 2
     assert len(out["cvd"].split(",")) == 2 and len(row["gpus"]) == 2
     assert out["sim"] == SPEC  # the service's simulated machine is its jobs' too
+    where = ",".join(str(i) for i in row["indices"])
+    assert f"job {job} started on GPUs {where} for gw-alice" in server.log.read_text()
 
 
 def test_only_the_owner_or_an_admin_may_act_on_a_job(server: Server) -> None:
@@ -723,7 +725,7 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
 
 
 def cli_with_gpus(
-    srv: Server, who: Person, *args: str, socket: Optional[str] = None
+    srv: Server, who: Person, *args: str, socket: Optional[str] = None, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """`gpuwarden ARGS` as `who` on the simulated machine, with the service's lease
     directory (the simulator stands behind nvidia-ml-py's module: a copy they can read)."""
@@ -739,6 +741,7 @@ def cli_with_gpus(
         "GPUWARDEN_SOCKET": socket or srv.socket,
         "GPUWARDEN_SIM": SPEC,
         "GPUWARDEN_LEASE_DIR": os.environ["GPUWARDEN_LEASE_DIR"],
+        **extra,
     }
     return subprocess.run(
         [USER_PY, "-m", "gpuwarden", *args],
@@ -761,6 +764,15 @@ def test_commands_under_a_stopped_service_say_to_ask_an_admin(server: Server) ->
         assert done.returncode != 0
         lines = done.stderr.splitlines()
         assert len(lines) == 1 and "which is not running: ask an admin to start it" in lines[0]
+    state = server.work.parent / "state"  # as service install leaves it: root's, 0755
+    state.mkdir(mode=0o755)
+    drain = cli_with_gpus(
+        server, alice, "drain", "0", "--reason", "x", GPUWARDEN_STATE_DIR=str(state)
+    )
+    assert drain.returncode == 2 and drain.stderr == (
+        "gpuwarden drain: only an admin may drain or undrain GPUs on this machine (its state "
+        f"directory {state} is root's): ask one, e.g. `sudo gpuwarden drain ...`\n"
+    )
 
 
 def test_nobody_sees_others_command_lines_or_start_errors(server: Server) -> None:
@@ -870,6 +882,19 @@ def test_queue_start_gives_every_waiting_job_a_start_as_squeue(server: Server) -
     assert table[0].split() == ["JOBID", "USER", "START_TIME", "REASON"]
     assert len(table) == 4 and "N/A" not in "".join(table), table
     server.call(None, "cancel", jobs=[blocker, *waiting])
+
+
+def test_reserve_and_select_point_to_what_the_service_accepts(limited: Server) -> None:
+    """Issue 23: `reserve`'s hint left out the --time this machine requires, and `select`
+    recommended `reserve`, which the service refuses."""
+    alice = make_user("alice", ("lab",))
+    refused = cli_as(limited, alice, "reserve", "-g", "1")
+    assert refused.returncode == 2, refused.stderr
+    assert "`gpuwarden run -g 1 --time 1m30s -- $SHELL`" in refused.stderr
+    chosen = cli_with_gpus(limited, alice, "select", "-g", "1")
+    assert chosen.returncode == 0, chosen.stderr
+    assert "`gpuwarden reserve`" not in chosen.stderr
+    assert "through the queue service" in chosen.stderr
 
 
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:

@@ -164,7 +164,7 @@ def test_a_submit_into_2000_waiting_jobs_costs_what_one_into_an_empty_queue_does
 
 
 def test_passes_come_at_once_when_a_job_may_start_and_coalesced_otherwise() -> None:
-    from gpuwarden.service.pacing import REFRESH, SPREAD, Pacer
+    from gpuwarden.service.pacing import REFRESH, SPREAD, STALE_AT_MOST, Pacer
 
     pacer = Pacer()
     assert pacer.due(0.0)  # the first pass, at start
@@ -172,7 +172,13 @@ def test_passes_come_at_once_when_a_job_may_start_and_coalesced_otherwise() -> N
     pacer.planned(10.0, 10.5)  # a pass of half a second
     assert not pacer.due(1e9) and pacer.wait(11.0, 1.0) == 1.0  # nothing wanted
     pacer.touch()
-    assert not pacer.due(10.5 + REFRESH * 0.5 - 0.01) and pacer.due(10.5 + REFRESH * 0.5)
+    # A long pass (one that started jobs, or a deep queue): refreshed within the bound.
+    assert not pacer.due(10.5 + STALE_AT_MOST - 0.01) and pacer.due(10.5 + STALE_AT_MOST)
+    short = Pacer()
+    short.begin()
+    short.planned(10.0, 10.001)  # a short pass: refreshed after REFRESH of its lengths
+    short.touch()
+    assert not short.due(10.001 + REFRESH * 0.001 - 0.01) and short.due(10.001 + REFRESH * 0.001)
     pacer.wake()  # may start a job: sooner, yet spaced by the last pass's length
     assert not pacer.due(10.5 + SPREAD * 0.5 - 0.01) and pacer.due(10.5 + SPREAD * 0.5)
     assert pacer.wait(11.0, 60.0) == SPREAD * 0.5 - 0.5

@@ -361,13 +361,25 @@ def test_the_queue_service_on_the_page(browser, queue_page, tmp_path):
     assert any(u.startswith("■ gw-alice") or "gw-alice" in u for u in shown["users"])
     assert "sleep" not in run_row["text"]  # commands hidden unless configured
 
-    # The JSON API says the same, in its schema.
+    # The JSON API says the same, in its schema. A job that cannot start before another
+    # ends gets its reason at submit and its priority with the next, coalesced, pass
+    # (service.pacing): the page shows it once that pass has run.
     import http.client
 
-    conn = http.client.HTTPConnection("127.0.0.1", page.port, timeout=10)
-    conn.request("GET", "/api/v1/state")
-    doc = json.loads(conn.getresponse().read())
-    conn.close()
+    def state() -> dict[str, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", page.port, timeout=10)
+        conn.request("GET", "/api/v1/state")
+        doc = json.loads(conn.getresponse().read())
+        conn.close()
+        return doc
+
+    def priced() -> Any:
+        doc = state()
+        waits = [j for j in doc["queue"]["waiting"] if j["id"] == waiting]
+        return doc if waits and waits[0]["priority"] is not None else None
+
+    wait_for(priced, 2 * LIVE, "the waiting job's priority in the API")
+    doc = state()
     jsonschema.validate(doc, WEB_STATE)
     queue = doc["queue"]
     assert queue["service"] is True and queue["state"] == "running"

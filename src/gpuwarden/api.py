@@ -11,7 +11,8 @@ nothing global: the caller decides where the environment goes (a subprocess,
 should keep the lease should this process die. Where a queue service owns the
 machine's GPUs, the service holds them for the block instead, as `salloc`
 does (service.holding): the block shows in `queue` as the caller's job, and
-its end or this process's death frees them (`fds` is then empty). `select` answers "which
+its end or this process's death frees them, unless a child given `gpus.fds` still
+runs (the allocation's input and connection then live on in it). `select` answers "which
 GPUs would I get" without reserving anything, like nvisel.
 
 Arguments not given fall back to the configured `run.*` defaults, exactly as
@@ -201,19 +202,19 @@ def _through_service(
 ) -> Iterator[Leased]:
     """The block's GPUs held by the service, as `salloc` holds them (service.holding):
     they show in `queue` as the caller's job, count against their limits and fair
-    share, and are freed when the block ends or this process dies. No descriptor
-    carries them (`fds` is empty): they end with the block."""
+    share, and are freed when the block ends or this process dies, unless a child
+    given `fds` (the allocation's input and connection) still runs."""
     from gpuwarden.launch import job_env
     from gpuwarden.service import holding
     from gpuwarden.service.client import job_fields
 
     fields = job_fields(request, holding.PLACEHOLDER)
-    with holding.hold(fields, path, wait, timeout) as (job, uuids):
+    with holding.hold(fields, path, wait, timeout) as (job, uuids, fds):
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
         env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)
         ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
-        yield Leased(held, str(job), ours, env, (), request.mem)
+        yield Leased(held, str(job), ours, env, fds, request.mem)
 
 
 def pick(

@@ -85,9 +85,12 @@ def deny_rules(leased: Iterable[int], present: Iterable[int]) -> list[str]:
 
 def device_rules(leased: Iterable[int], present: Iterable[int], caps: CapsDenied) -> list[str]:
     """Every v1 deny line for a job: other GPUs' nodes, and the caps nodes `caps` names."""
+    rules = deny_rules(leased, present)
+    if caps is None:  # no MIG slices: `run` never loads migcaps
+        return rules
     from gpuwarden.migcaps import deny_rules as caps_rules
 
-    return deny_rules(leased, present) + ([] if caps is None else caps_rules(*caps))
+    return rules + caps_rules(*caps)
 
 
 def cgroup_name(pid: int, token: str) -> str:

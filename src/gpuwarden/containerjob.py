@@ -168,8 +168,6 @@ def main(args: Sequence[str]) -> int:
     import sys
     from types import SimpleNamespace
 
-    from gpuwarden.launch import OURS
-
     args = list(args)
     dev = "/dev"
     if args[:1] == ["--dev"] and len(args) > 1:
@@ -189,18 +187,9 @@ def main(args: Sequence[str]) -> int:
             for u, i in zip(uuids, indices)
         ]
         fds = lease_fds(uuids, job)
-        ours = {k: env[k] for k in OURS if k in env}
-        found = containers.plan(
-            args,
-            gpus,
-            job,
-            os.getuid(),
-            nfds=len(fds),
-            cdi=containers.cdi_spec() is not None,
-            dev=dev,
-            extra_env=ours,
-            name=f"gpuwarden-{job}-{os.getpid()}",  # a service's job ids start at 1 again
-        )
+        # A service's job ids start at 1 again: the pid keeps the container's name new.
+        name = f"gpuwarden-{job}-{os.getpid()}"
+        found = containers.plan_here(args, gpus, job, len(fds), env, dev, name)
         if found is None:
             raise UserError(f"not a container command: {' '.join(args[:2])}")
         job = start(found, env, fds)

@@ -306,6 +306,35 @@ def plan(
 # --- inside a queue service's job ---------------------------------------------------------------
 
 
+def plan_here(
+    argv: Sequence[str],
+    gpus: Sequence[Any],
+    job: Optional[str],
+    nfds: int,
+    env: Mapping[str, str],
+    dev: str,
+    name: Optional[str] = None,
+) -> Optional[Plan]:
+    """`plan` for a job of this process's user, as `gpuwarden run` and the queue
+    service's container job both start one: CDI devices when this machine has a spec,
+    and the job's own GPUWARDEN_* variables of `env` passed into the container."""
+    if runtime_of(argv) is None:
+        return None
+    from gpuwarden.launch import OURS
+
+    return plan(
+        argv,
+        gpus,
+        job,
+        os.getuid(),
+        nfds=nfds,
+        cdi=cdi_spec() is not None,
+        dev=dev,
+        extra_env={k: env[k] for k in OURS if k in env},
+        name=name,
+    )
+
+
 def through_service(argv: Sequence[str], dev: Optional[str] = None) -> list[str]:
     """The argv to hand the queue service for a container command: this module's `main`
     in front, which rewrites the command once the service has chosen the GPUs (the

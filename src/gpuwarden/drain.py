@@ -224,6 +224,15 @@ def _holding(directory: str, timeout: float, force: bool) -> Iterator[bool]:
             raise
         yield False
         return
+    except PermissionError as err:
+        if os.geteuid() != 0 and _roots(directory):
+            # Root's 0755 state directory: a machine run by the queue service, where
+            # only admins (root) drain, as in Slurm's `scontrol update state=drain`.
+            raise UserError(
+                f"only an admin may drain or undrain GPUs on this machine (its state "
+                f"directory {directory} is root's): ask one, e.g. `sudo gpuwarden drain ...`"
+            ) from None
+        raise UserError(f"cannot open the drain lock {path}: {err.strerror}") from None
     except OSError as err:
         raise UserError(f"cannot open the drain lock {path}: {err.strerror}") from None
     try:
@@ -394,3 +403,11 @@ def undrain(
             raise UserError(f"cannot remove drain record {path}: {err.strerror}") from None
         sync_directory(where)
         sweep_temporaries(where, STALE_TEMPORARY)
+
+
+def _roots(directory: str) -> bool:
+    """Whether `directory` is root's and closed to us (the queue service's layout)."""
+    try:
+        return os.stat(directory).st_uid == 0 and not os.access(directory, os.W_OK)
+    except OSError:
+        return False

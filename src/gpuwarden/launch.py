@@ -128,6 +128,18 @@ def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> l
     if not args or not args[0] or (args[0] == "-m" and len(args) < 2):
         raise UserError("--ddp: no script given after --, e.g. `-- train.py --epochs 3`")
     _check_ddp_target(args, script or args[0].endswith(".py"))
+    if python in (None, sys.executable):
+        import importlib.machinery
+
+        if importlib.machinery.PathFinder.find_spec("torch") is None:
+            # Else every rank would print Python's "Error while finding module
+            # specification for 'torch.distributed.run'".
+            raise LaunchError(
+                f"--ddp starts the job with torchrun, which comes with PyTorch, and "
+                f"{sys.executable} has no torch (pip install torch, or run your own "
+                "launcher without --ddp)",
+                exit_code=127,
+            )
     head = [python or sys.executable, "-m", "torch.distributed.run", "--standalone"]
     head.append(f"--nproc-per-node={nproc}")
     if args[0] == "-m":

@@ -19,11 +19,13 @@ kernel started from it, by JupyterLab, `jupyter console` or `KernelManager`:
 
 The lease is taken directly on this machine (the lease directory), as `gpuwarden run`
 takes it without a queue service. Where a queue service runs, it owns the leases: the
-kernel is then started as `gpuwarden run REQUEST -- KERNEL`, an interactive job of the
-service, which leases the GPUs for the job's life (a restart is a new job, with the same
-request). Errors (nothing free, a request that never fits) are
-`UserError`s with the same one-line messages as the command line; Jupyter shows them
-as the kernel's failure to start.
+provisioner then holds the GPUs through it as `gpuwarden.lease()` does (an allocation,
+service.holding) for the kernel's whole life, and starts the kernel with the
+allocation's descriptors, which keep it as the lease's descriptors do. A restart keeps
+the allocation, so the new kernel gets the same GPUs even while another job waits for
+them; a new job per kernel start could lose them to it. Errors (nothing free, a request
+that never fits) are `UserError`s with the same one-line messages as the command line;
+Jupyter shows them as the kernel's failure to start.
 """
 
 from __future__ import annotations
@@ -62,19 +64,28 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the lease --------------------------------------------------------------------
 
-    def _lease(self, base: dict[str, str]) -> None:
-        from gpuwarden import jobs
-        from gpuwarden.api import _reader, _request
+    def _fields(self) -> dict[str, Any]:
+        """gpuwarden.lease()'s arguments from the kernelspec, checked."""
+        from gpuwarden.api import _request
         from gpuwarden.errors import UserError
-        from gpuwarden.launch import job_env
 
-        fields = {k: self.request.get(k) for k in REQUEST_KEYS}
         unknown = sorted(set(self.request) - set(REQUEST_KEYS))
         if unknown:
             raise UserError(f"gpuwarden kernel: unknown request field(s): {', '.join(unknown)}")
-        request = _request(*(fields[k] for k in REQUEST_KEYS))
-        if request.count == 0:
+        fields = {k: self.request.get(k) for k in REQUEST_KEYS}
+        if _request(*fields.values()).count == 0:
             raise UserError("gpuwarden kernel: n=0 asks for no GPU")
+        return fields
+
+    def _timeout(self) -> Optional[float]:
+        return None if self.wait_timeout is None else float(self.wait_timeout)
+
+    def _lease(self, base: dict[str, str]) -> None:
+        from gpuwarden import jobs
+        from gpuwarden.api import _reader, _request
+        from gpuwarden.launch import job_env
+
+        request = _request(*self._fields().values())
         read = _reader(None, topology=request.gpu_count > 1)
         first = read()
         pending = [first]
@@ -82,12 +93,11 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         def machine() -> Any:
             return pending.pop() if pending else read()
 
-        timeout = None if self.wait_timeout is None else float(self.wait_timeout)
         held = jobs.lease(
             request,
             machine,
             wait=self.wait_for_gpus,
-            timeout=timeout,
+            timeout=self._timeout(),
             allowed=jobs.allowed(first, base),
         )
         try:
@@ -125,58 +135,72 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         socket = load().get("service.socket")
         return socket if os.path.exists(socket) else None
 
-    def _as_job(self, cmd: list[str]) -> list[str]:
-        """`gpuwarden run REQUEST -- CMD`: the kernel as an interactive job of the queue
-        service, attached to this provisioner as its process (a signal to it reaches the
-        kernel; killing it ends the job and frees the GPUs)."""
-        import sys
+    def _allocate(self, base: dict[str, str]) -> None:
+        """The GPUs held through the queue service for the kernel's life (until
+        `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
+        from gpuwarden.api import hold
 
-        flags: list[str] = []
-        names = {"n": "-g", "gpus": "--gpus", "exclude": "--exclude", "mem": "--mem"}
-        for key in REQUEST_KEYS:
-            value = self.request.get(key)
-            if value is not None:
-                flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]
-        if self.uuid:
-            flags.append("--uuid")
-        if self.wait_for_gpus:
-            flags.append("--wait")
-            if self.wait_timeout is not None:
-                flags += ["--timeout", str(self.wait_timeout)]
-        return [sys.executable, "-m", "gpuwarden", "run", *flags, "--", *cmd]
+        stack = contextlib.ExitStack()
+        leased = stack.enter_context(
+            hold(
+                **self._fields(),
+                wait=self.wait_for_gpus,
+                timeout=self._timeout(),
+                uuid=self.uuid,
+                environ=base,
+            )
+        )
+        allocation = _Allocation(stack, leased.uuids, leased.fds)
+        self._held, self._vars = allocation, dict(leased.vars)
+        threading.Thread(
+            target=self._guard, args=(allocation,), name="gpuwarden-allocation", daemon=True
+        ).start()
+
+    def _guard(self, allocation: _Allocation) -> None:
+        """End the kernel when its allocation ends before the provisioner lets it go (the
+        job cancelled, past its time, released by the enforcer's idle policy, or the
+        service gone): the kernel never keeps GPUs the service no longer holds for it.
+        After the start, the service says nothing more on the connection but "ended"."""
+        import select
+        import signal
+
+        select.select([allocation.connection], [], [])
+        with self._lock:
+            if self._held is not allocation:
+                return  # let go here: the kernel has ended
+            pid = self._current
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._release()
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
-        if self._service() is not None:
-            self._through_service = True
-            kwargs["cmd"] = self._as_job(list(kwargs["cmd"]))
-            return kwargs
-        self._through_service = False
         from gpuwarden.launch import OURS
 
         env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in OURS}
         with self._lock:
             fresh = self._held is None
         if fresh:
-            self._lease(env)
+            self._through_service = self._service() is not None
+            (self._allocate if self._through_service else self._lease)(env)
         env.update(self._vars)
         kwargs["env"] = env
         kwargs["pass_fds"] = tuple(self._held.fds)
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        if self._through_service:  # the service holds the lease for the job's life
-            return await super().launch_kernel(cmd, **kwargs)
         try:
             info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             self._release()
             raise
         held = self._held
-        if self._current is not None:  # a restart: the lease is published already
-            held.repoint(self.pid)
-        else:
-            held.publish(self.pid)
+        if not self._through_service:  # a service's allocation is a job of its own
+            if self._current is not None:  # a restart: the lease is published already
+                held.repoint(self.pid)
+            else:
+                held.publish(self.pid)
         with self._lock:
             self._stopping = False
             self._current = self.pid
@@ -209,3 +233,15 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         """The UUIDs of the GPUs this kernel holds now (None: none)."""
         held = self._held
         return None if held is None else held.uuids
+
+
+class _Allocation:
+    """GPUs held through the queue service, shaped as a direct lease (`uuids`, `fds`,
+    `release`) for the provisioner."""
+
+    def __init__(self, stack: contextlib.ExitStack, uuids: tuple[str, ...], fds: Any) -> None:
+        self._stack, self.uuids, self.fds = stack, uuids, tuple(fds)
+        self.connection = self.fds[1]  # holding.hold's (input, connection)
+
+    def release(self) -> None:
+        self._stack.close()  # the allocation's input closes: the job completes

@@ -114,12 +114,28 @@ def formatter() -> type[argparse.HelpFormatter]:
 class CommandParser(argparse.ArgumentParser):
     """Every command's parser, and the parsers nested in one (`sim inject xid`,
     `service install`: argparse makes those of their parent's class): no option
-    may be abbreviated, and help is wrapped to the terminal."""
+    may be abbreviated, and help is wrapped to the terminal.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    `intermixed=True` (through `subcommand`) lets positionals and options mix, as in
+    `slurm cluster --out DIR gpu1 gpu2`: plain argparse fills all positionals in one
+    run and would leave the hosts after an option unrecognised."""
+
+    def __init__(self, *args: Any, intermixed: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", formatter())
         super().__init__(*args, **kwargs)
+        self._intermixed = intermixed
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # The subparsers action calls this; on some Python versions
+        # parse_known_intermixed_args calls it back, hence the flag off meanwhile.
+        if not self._intermixed:
+            return super().parse_known_args(args, namespace)
+        self._intermixed = False
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = True
 
 
 class RawFormatter(argparse.RawDescriptionHelpFormatter):
@@ -132,15 +148,19 @@ class RawFormatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, **kwargs)  # type: ignore[arg-type]
 
 
-def subcommand(commands: Commands, name: str, **kwargs: str) -> argparse.ArgumentParser:
+def subcommand(
+    commands: Commands, name: str, *, intermixed: bool = False, **kwargs: str
+) -> argparse.ArgumentParser:
     """The parser of command `name`: its summary from `COMMANDS`, no abbreviations,
-    help wrapped to the terminal. Keywords go to `add_parser` (usage, epilog...)."""
+    help wrapped to the terminal; `intermixed`: see `CommandParser`. Keywords go to
+    `add_parser` (usage, epilog...)."""
     summary = COMMANDS[name][1]
     return commands.add_parser(
         name,
         prog=f"gpuwarden {name}",
         help=summary,
         description=kwargs.pop("description", summary),
+        intermixed=intermixed,
         **kwargs,  # type: ignore[arg-type]
     )
 

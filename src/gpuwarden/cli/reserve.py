@@ -86,8 +86,8 @@ def reserve(args: argparse.Namespace) -> int:
         n = request.gpu_count
         raise UserError(
             f"a queue service hands out this machine's GPUs ({service}): for an interactive "
-            f"session run `gpuwarden run -g {n} -- $SHELL` (a shell on the GPUs until you "
-            "exit it), or `gpuwarden submit` for a batch job"
+            f"session run `gpuwarden run -g {n}{_time_hint(service)} -- $SHELL` (a shell on "
+            "the GPUs until you exit it), or `gpuwarden submit` for a batch job"
         )
     until = seconds = None
     if args.duration is not None:
@@ -140,6 +140,25 @@ def _mine(leases: list[Any]) -> dict[str, list[Any]]:
     return out
 
 
+def _time_hint(service: str) -> str:
+    """` --time T` where the service holds this user to a longest --time (which it
+    then requires), else "": the hint must be a command the service accepts."""
+    from gpuwarden.service.client import connect
+
+    try:
+        client = connect(service, timeout=2.0)
+        if client is None:
+            return ""
+        with client:
+            limits = client.call("limits")["limits"]
+    except (UserError, OSError, KeyError, ValueError):
+        return ""
+    from gpuwarden.units import format_span
+
+    longest = [row["value"] for row in limits if row.get("limit") == "max_time"]
+    return f" --time {format_span(longest[0])}" if longest else ""
+
+
 def release(args: argparse.Namespace) -> int:
     import gpuwarden.leases as lease
 
@@ -157,6 +176,16 @@ def release(args: argparse.Namespace) -> int:
     from gpuwarden.safefiles import printable
 
     found = [i for i in leases if i.job == wanted and i.pid > 0]
+    if not found and os.environ.get("GPUWARDEN_RESERVATION") == wanted:
+        # Released before without `eval`: this shell still names it. The unset line
+        # lets `eval "$(gpuwarden release)"` clear what is left.
+        print("unset " + " ".join(_EXPORTED))
+        print(
+            f"gpuwarden release: reservation {printable(wanted)} has ended already; "
+            "its variables are cleared by eval",
+            file=sys.stderr,
+        )
+        return 0
     if not found:
         raise UserError(
             f"no reservation {printable(repr(wanted))} is held (it may have ended or expired)"

@@ -266,19 +266,7 @@ def _start_with(
 def _container(argv: list[str], gpus: Any, job: Any, fds: Any, env: dict[str, str]) -> Any:
     """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
     (docs/containers.md), or None when `argv` starts no container."""
-    from gpuwarden import containers
-    from gpuwarden.launch import OURS
+    from gpuwarden.containers import plan_here
 
-    if containers.runtime_of(argv) is None:
-        return None
-    ours = {k: env[k] for k in OURS if k in env}
-    return containers.plan(
-        argv,
-        gpus,
-        job,
-        os.getuid(),
-        nfds=len(fds),
-        cdi=containers.cdi_spec() is not None,
-        dev=os.environ.get("GPUWARDEN_DEV_DIR", "/dev"),
-        extra_env=ours,
-    )
+    dev = os.environ.get("GPUWARDEN_DEV_DIR", "/dev")
+    return plan_here(argv, gpus, job, len(fds), env, dev)

@@ -117,9 +117,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(choice.error, exit_code=None if choice.never_fits else EXIT_BUSY)
     print(export_value(choice.gpus, bool(args.uuid or cfg.get("run.id_format") == "uuid")))
     if not args.quiet:
+        import os
+
+        # With a queue service, `reserve` is refused: jobs take their turn through it.
+        holders = (
+            "`gpuwarden run` or `gpuwarden submit` take GPUs through the queue service"
+            if os.path.exists(cfg.get("service.socket"))
+            else "`gpuwarden run` or `gpuwarden reserve` hold them"
+        )
         print(
-            "gpuwarden select: not reserved; another job may take these GPUs "
-            "(`gpuwarden run` or `gpuwarden reserve` hold them)",
+            f"gpuwarden select: not reserved; another job may take these GPUs ({holders})",
             file=sys.stderr,
         )
     return 0

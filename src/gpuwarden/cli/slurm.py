@@ -18,7 +18,6 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
 
     from gpuwarden.cli import Commands
 
@@ -26,8 +25,8 @@ if TYPE_CHECKING:
 def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
 
-    parser = subcommand(commands, name)
-    parser.__class__ = _intermixed(type(parser))
+    # `slurm cluster --out DIR gpu1 gpu2` as well as `slurm cluster gpu1 gpu2 --out DIR`
+    parser = subcommand(commands, name, intermixed=True)
     parser.add_argument(
         "action", choices=("conf", "cluster", "prolog", "epilog"), help="what to do"
     )
@@ -81,26 +80,6 @@ def register(commands: Commands, name: str) -> None:
         default="autodetect",
         help="the nodes' cgroup version, where slurmd cannot tell (autodetect)",
     )
-
-
-def _intermixed(base: type) -> type:
-    """`slurm cluster --out DIR gpu1 gpu2` as well as `slurm cluster gpu1 gpu2 --out DIR`:
-    argparse matches positionals in one run (the hosts would be empty after `cluster`,
-    and those after an option unrecognised) unless it parses them intermixed."""
-
-    class Intermixed(base):  # type: ignore[misc, valid-type]
-        inner = False
-
-        def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-            if self.inner:  # parse_known_intermixed_args calls this itself
-                return super().parse_known_args(args, namespace)
-            self.inner = True
-            try:
-                return self.parse_known_intermixed_args(args, namespace)
-            finally:
-                self.inner = False
-
-    return Intermixed
 
 
 def run(args: argparse.Namespace) -> int:

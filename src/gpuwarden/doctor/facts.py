@@ -19,6 +19,7 @@ already imported is asked directly; nothing imports it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -299,13 +300,22 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     return path, bool(mode & stat.S_ISVTX and mode & stat.S_IWOTH)
 
 
-def read_service() -> Optional[Mapping[str, Any]]:
-    """Whether a queue service answers here, and to this user (never raises: a doctor
-    with a broken service to report must still report everything else)."""
+def read_service(lease_dir: Optional[str] = None) -> Optional[Mapping[str, Any]]:
+    """Whether a queue service answers here, and to this user, and whether one is
+    installed (its unit, or a lease directory that is root's and closed to us, as
+    `service install` leaves it); never raises: a doctor with a broken service to
+    report must still report everything else."""
     try:
-        from gpuwarden.service.probe import probe
+        from gpuwarden.service.probe import UNIT_PATH, probe
 
-        return probe()
+        found = dict(probe())
+        installed = os.path.exists(UNIT_PATH)
+        if not installed and lease_dir and os.geteuid() != 0:
+            with contextlib.suppress(OSError):
+                st = os.stat(lease_dir)
+                installed = st.st_uid == 0 and not os.access(lease_dir, os.W_OK)
+        found["installed"] = installed
+        return found
     except Exception:
         return None
 
@@ -358,7 +368,7 @@ def gather(
     snap = snapshot if snapshot is not None else read_machine()
     drains = read_drains()
     lease_dir, lease_dir_shared = read_lease_dir()
-    service = read_service()
+    service = read_service(lease_dir)
     if proc is not None:
         build = finish_probe(build, proc)
     build = table_archs(build)

@@ -32,9 +32,11 @@ EXIT_BUSY = 75
 @contextmanager
 def hold(
     fields: dict[str, Any], path: Optional[str], wait: bool, timeout: Optional[float]
-) -> Iterator[tuple[int, list[str]]]:
-    """(job id, GPU uuids) of an allocation held for the block. Without `wait`, raises
-    UserError (exit 75) when nothing fits now; with it, waits up to `timeout` seconds."""
+) -> Iterator[tuple[int, list[str], tuple[int, int]]]:
+    """(job id, GPU uuids, descriptors) of an allocation held for the block. Without
+    `wait`, raises UserError (exit 75) when nothing fits now; with it, waits up to
+    `timeout` seconds. A child given the descriptors (the placeholder's input, then the
+    connection) keeps the allocation until it ends too, as lease descriptors do."""
     client = require(path)
     end_r, end_w = os.pipe2(os.O_CLOEXEC)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -55,7 +57,7 @@ def hold(
         os.close(end_r)
         os.close(null)
     try:
-        yield job, gpus
+        yield job, gpus, (end_w, client.sock.fileno())
     finally:
         os.close(end_w)  # the placeholder reads end of file and exits 0
         with contextlib.suppress(UserError, OSError, socket.timeout):

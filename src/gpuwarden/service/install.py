@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
+from gpuwarden.service.probe import UNIT_PATH
 from gpuwarden.service.unitfiles import (
     CONFIG_SECTION,
     EXPORTER_DROPIN_TEXT,
@@ -42,7 +43,6 @@ from gpuwarden.service.unitfiles import (
     unit_text,
 )
 
-UNIT_PATH = "/etc/systemd/system/gpuwarden.service"
 # Not gpuwarden.conf, the name docs/monitoring.md gives the shared-directory snippet
 # (deploy/gpuwarden.tmpfiles.conf, 1777): for a path named in both, systemd-tmpfiles
 # applies the file whose name sorts first, and "gpuwarden-" sorts before "gpuwarden.".

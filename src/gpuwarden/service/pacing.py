@@ -10,9 +10,11 @@ at the end against 3 ms into an empty one). Two kinds of change:
   take at most 1/(SPREAD+1) of the loop however fast such events come.
 - `touch()`: only what `queue` shows may change (a held job, a job that cannot
   fit anywhere now, the clock moving on). The pass comes `REFRESH` times the
-  last pass's length after the last one: at once for a short queue, a few
-  seconds apart for 10,000 waiting jobs, as Slurm's own main and backfill passes
-  run on an interval rather than per submit.
+  last pass's length after the last one, and `STALE_AT_MOST` seconds after it
+  at the latest: a pass that started jobs is long for what it planned, and a new
+  job's priority must not wait on it for long. For 10,000 waiting jobs that is a
+  pass every two seconds while submissions keep coming, as Slurm's own main and
+  backfill passes run on an interval rather than per submit.
 
 Pure bookkeeping over times the caller passes in; the loop asks `due` and
 `wait`. The last and mean pass length are served by `stats` (`plan`), as
@@ -26,6 +28,7 @@ from typing import Any
 
 SPREAD = 4.0  # an urgent pass waits this many pass lengths after the previous one
 REFRESH = 200.0  # a non-urgent pass waits this many: planning stays under 0.5% of the time
+STALE_AT_MOST = 2.0  # seconds: what `queue` shows of a new job is never older than this
 
 
 class Pacer:
@@ -50,7 +53,7 @@ class Pacer:
         if self.urgent:
             return self.ended + SPREAD * self.last
         if self.stale:
-            return self.ended + REFRESH * self.last
+            return self.ended + min(REFRESH * self.last, STALE_AT_MOST)
         return math.inf
 
     def due(self, now: float) -> bool:

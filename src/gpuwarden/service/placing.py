@@ -274,6 +274,14 @@ def start_job(
         held.close()
         raise
     service.store.update(job.id, durable=False, state=store.RUNNING, pid=started.pid)
+    import logging
+
+    logging.getLogger("gpuwarden.serve").info(
+        "job %s started on GPUs %s for %s",
+        job.id,
+        ",".join(str(g.index) for g in gpus),
+        job.user,
+    )
     return started
 
 

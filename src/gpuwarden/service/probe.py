@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 from gpuwarden.service import protocol
 
+#: Where `gpuwarden service install` puts the unit: there, the service is installed.
+UNIT_PATH = "/etc/systemd/system/gpuwarden.service"
 TIMEOUT = 3.0  # a service that takes longer to say hello is reported as not answering
 
 # Why no service answered (the `problem` field):

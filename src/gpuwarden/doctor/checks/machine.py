@@ -94,6 +94,9 @@ def _sharing(facts: Facts) -> list[Finding]:
         ]
     if facts.lease_dir_shared is not False:
         return []
+    service = facts.service or {}
+    if service.get("running") or service.get("installed"):
+        return []  # the service owns the leases: the service check says how it stands
     others = sorted(
         {
             p.user

@@ -81,6 +81,18 @@ def _answers(found: Any, sock: str) -> Finding:
 
 
 def _absent(facts: Facts, sock: str) -> Finding:
+    if (facts.service or {}).get("installed"):
+        # Installed, so never "install it"; stopped, so nothing queues and the leases
+        # (root's) are closed to the commands working alone.
+        return Finding(
+            "service.stopped",
+            WARN,
+            "the gpuwarden service is installed here but not running: jobs cannot be "
+            "queued, and run and reserve refuse (the leases are the service's)",
+            f"no service answers at {sock}",
+            "ask an admin to start it: sudo systemctl start gpuwarden "
+            "(journalctl -u gpuwarden says why it stopped)",
+        )
     if facts.lease_dir_shared:
         return Finding(
             "service.recommended",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -69,13 +70,45 @@ def _gpuwarden(srv: Server, dev: Path, *args: str) -> subprocess.CompletedProces
 
 
 def test_run_through_the_service_passes_the_services_gpu_in(service: Server, dev: Path) -> None:
-    script = "ls -l /proc/self/fd; " + PROBE
-    argv = ["podman", "run", "--rm", "--network=none", IMAGE, "sh", "-c", script]
+    argv = ["podman", "run", "--rm", "--network=none", IMAGE, "sh", "-c", PROBE]
     ran = _gpuwarden(service, dev, "run", "--gpus", "2", "--", *argv)
     assert ran.returncode == 7, ran.stderr  # the container's exit status
     assert [w for w in ran.stdout.split() if w.startswith("nvidia")] == ["nvidia2"]
     assert "nvidia2 No such device or address" in ran.stdout  # it may open it
-    assert ".lock" in ran.stdout and ".lease" in ran.stdout  # the service's lease, inside
+
+
+def test_a_service_job_lasts_as_long_as_its_container(service: Server, dev: Path) -> None:
+    """The service holds a job's GPUs until the job ends (its supervisor holds the
+    leases): a container whose client is killed runs on, and so does its job."""
+    flags = dev.parent / "flags"
+    flags.mkdir()
+    script = "touch /f/started; while [ ! -e /f/stop ]; do sleep 0.05; done"
+    argv = ["podman", "run", "--rm", "-v", f"{flags}:/f", IMAGE, "sh", "-c", script]
+    sub = _gpuwarden(service, dev, "submit", "-g", "1", "--", *argv)
+    assert sub.returncode == 0, sub.stderr
+    job = int(sub.stdout.strip())
+    service.wait_state(job, ("RUNNING",))
+    deadline = time.monotonic() + 60
+    while not (flags / "started").exists():
+        assert time.monotonic() < deadline, service.job(job)
+        time.sleep(0.05)
+    try:
+        _kill_the_client_and_see_the_job_run_on(service, job)
+    finally:
+        (flags / "stop").touch()
+    row = service.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=60)
+    assert row["state"] != "RUNNING"
+
+
+def _kill_the_client_and_see_the_job_run_on(service: Server, job: int) -> None:
+    client = subprocess.run(
+        ["pgrep", "-f", f"podman run .*--name=gpuwarden-{job}-"], capture_output=True, text=True
+    ).stdout.split()
+    assert client, "the container's client"
+    for pid in client:
+        os.kill(int(pid), signal.SIGKILL)
+    time.sleep(1.0)  # long enough for a job that ended with its client to be seen so
+    assert service.job(job)["state"] == "RUNNING", service.job(job)
 
 
 def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Path) -> None:

@@ -152,6 +152,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.admission",
             "service.arrays",
             "service.bookings",
+            "service.attaching",
             "service.attachment",
             "service.connection",
             "service.install",

@@ -897,6 +897,44 @@ def test_reserve_and_select_point_to_what_the_service_accepts(limited: Server) -
     assert "through the queue service" in chosen.stderr
 
 
+def test_a_reused_uid_does_not_inherit_the_old_users_jobs(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a journal's jobs are their owner's by uid and name: a uid given to a new
+    account does not make the old user's jobs, commands and logs the new one's."""
+    alice = make_user("alice", ("lab",))
+    journal = st.Store(str(tmp_path / "service" / "jobs.db"))
+    old = journal.add(
+        st.new_job(
+            uid=alice.uid,
+            gid=alice.gid,
+            user="gw-gone",
+            argv=("secret-of-the-old-user",),
+            cwd="/",
+            env={},
+            umask=0o022,
+            request={"count": 1},
+            state=st.COMPLETED,
+            ended=time.time(),
+            exit_code=0,
+            output="/dev/null",
+        )
+    )
+    journal.close()
+    srv = next(_serving(tmp_path, open_dir, monkeypatch))
+    try:
+        refused = srv.call(alice, "logs", job=old.id)
+        assert refused["error"] == (
+            f"job {old.id} belongs to gw-gone: only its owner or an admin may read the logs of it"
+        )
+        (row,) = [r for r in srv.call(alice, "jobs")["jobs"] if r["id"] == old.id]
+        assert row["command"] is None
+    finally:
+        if srv.proc and srv.proc.poll() is None:
+            srv.kill(signal.SIGTERM)
+        srv.kill_jobs()
+
+
 def test_the_exporter_reports_the_queue(server: Server, cli: Any) -> None:
     alice = make_user("alice", ("lab",))
     running = submit(server, alice, ["sleep", "60"], request={"count": 4})

@@ -123,6 +123,19 @@ def _wait_for(pid: int) -> None:
     os.close(pidfd)
 
 
+def _wait_container(runtime: str, name: str, env: Mapping[str, str]) -> None:
+    """Return when the container `name` has ended (at once when it is gone already)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        moves = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
+        waiter = os.posix_spawnp(runtime, [runtime, "wait", name], dict(env), file_actions=moves)
+        os.waitpid(waiter, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
+
+
 # --- inside a queue service's job ------------------------------------------------------------
 
 
@@ -200,6 +213,11 @@ def main(args: Sequence[str]) -> int:
             # its signal proxy with it), and the job's end is when the service kills what is
             # left of it, a `stop` half-way included; the job ends when the stop has.
             os.waitpid(stopper.pid, 0)
+        if found.name is not None:
+            # The client can end before its container (killed on its own; the container
+            # runs on under the runtime's monitor). The service holds the GPUs until this
+            # job ends, so the job ends when the container has.
+            _wait_container(found.runtime, found.name, env)
         return code
     except UserError as err:
         print(f"gpuwarden: {err}", file=sys.stderr)

@@ -83,7 +83,7 @@ class Limiting:
     def limits_answer(self, who: Person) -> dict[str, Any]:
         """`gpuwarden limits`: the asker's limits, each with its rule and what they use."""
         limits = self.limits_of(who)
-        jobs = [j for j in self.store.jobs() if j.uid == who.uid]
+        jobs = [j for j in self.store.jobs() if j.uid == who.uid and j.user == who.name]
         used = {
             "max_gpus": float(sum(len(j.gpus) for j in jobs if j.gpus)),
             "max_jobs": float(len(jobs)),

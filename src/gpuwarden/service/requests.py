@@ -27,7 +27,7 @@ from gpuwarden.service import (
     requeue,
     store,
 )
-from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
+from gpuwarden.service.attachment import ClientProcess, record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
 
 if TYPE_CHECKING:
@@ -70,6 +70,10 @@ class Requests:
         def watcher(self) -> ServiceWatch: ...
 
         def reload(self) -> list[str]: ...
+
+        def attach(
+            self, who: Person, job_id: int, client: Optional[Connection]
+        ) -> dict[str, Any]: ...
 
         def limits_answer(self, who: Person) -> dict[str, Any]: ...
 
@@ -131,7 +135,7 @@ class Requests:
             return self.limits_answer(who)
         if op == "attach":
             (job_id,) = protocol.job_ids([message.get("job")], "job")
-            return self._attach(who, job_id, client)
+            return self.attach(who, job_id, client)
         if op == "share":
             return self._share()
         raise protocol.ProtocolError(f"operation {op!r} is not served yet")
@@ -246,48 +250,6 @@ class Requests:
             return None
         return scheduling.RESOURCES
 
-    def _attach(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
-        """An attached job's client, back after a restart of the service: it waits on
-        this connection again, and its going away ends the job again. A job still
-        waiting takes the terminal passed with this request; one that ended while the
-        client was away is answered with its end."""
-        fds = client.take_fds() if client is not None else []
-        try:
-            job = self.store.get(job_id)
-            if job is None or job.uid != who.uid or not job.attached:
-                raise UserError(f"job {job_id} is not an attached job of yours")
-            if client is None or client.job is not None or job.id in self.attached:
-                raise UserError(f"job {job_id} has a client attached already")
-            if job.state in store.ENDED:
-                status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
-                return {
-                    "ok": True,
-                    "job": job.id,
-                    "event": "ended",
-                    "status": status,
-                    "error": job.error,
-                }
-            if job.state == store.PENDING and len(fds) != 3:
-                raise UserError("an attached job needs its client's stdin, stdout and stderr")
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if job.state == store.PENDING:
-            self.release_stdio(job.id)
-            self.stdio[job.id] = fds
-            self.pacer.wake()
-        else:
-            for fd in fds:
-                os.close(fd)  # the job has had the terminal since it started
-        client.job = job.id
-        self.attached[job.id] = client
-        self.orphans.pop(job.id, None)
-        record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
-        log.info("job %s: its client attached again", job.id)
-        started = {} if job.state == store.PENDING else {"event": "started"}
-        return {"ok": True, "job": job.id, **started}
-
     def _signal(self, job: store.Job, number: int) -> None:
         """A signal for a job, judged by its state: a waiting job is cancelled by INT, TERM
         or HUP (as a job started from a shell would end) and gets no other; an ended or
@@ -338,7 +300,7 @@ class Requests:
         job = self.store.get(job_id)
         if job is None:
             raise UserError(f"no job {job_id}")
-        if job.uid != who.uid and not self.settings.admins.include(who):
+        if not mine(job, who) and not self.settings.admins.include(who):
             raise UserError(
                 f"job {job_id} belongs to {job.user}: only its owner or an admin may {action} it"
             )
@@ -443,10 +405,10 @@ class Requests:
             "exit_code": job.exit_code,
             "signal": job.exit_signal,
             # A start error can quote the command or a private path: as the command.
-            "error": job.error if show or job.uid == who.uid else None,
+            "error": job.error if show or mine(job, who) else None,
             "priority": self._priorities.get(job.id),
             "estimated_start": self.estimated_start(job.id) if job.state == store.PENDING else None,
-            "command": listing.command(job.argv) if show or job.uid == who.uid else None,
+            "command": listing.command(job.argv) if show or mine(job, who) else None,
         }
         if job.array_job is not None:
             row.update(arrays.row_fields(job, ()))
@@ -503,6 +465,13 @@ class Requests:
                 for u in sorted(factors)
             ],
         }
+
+
+def mine(job: store.Job, who: Person) -> bool:
+    """Whether `who` owns `job`: the same uid and the same name. A uid given to a new
+    account after its old user left must not inherit the old user's jobs, commands
+    and logs from the journal (an admin still sees them)."""
+    return job.uid == who.uid and job.user == who.name
 
 
 def scheduling_span(seconds: float) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import journalguard, protocol, store
+from gpuwarden.service.attaching import Attaching
 from gpuwarden.service.attachment import ClientProcess
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
@@ -55,7 +56,7 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, Lifecycle, TimeLimits, Reloading, Limiting):
+class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
     def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
         self.settings = settings
         self.read_snapshot = snapshot

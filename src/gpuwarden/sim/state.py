@@ -364,16 +364,6 @@ class Machine:
 
         self._gpu_change(gpu, change)
 
-    def set_process_memory(self, pid: int, memory: Union[int, str]) -> None:
-        size = specdata.size(memory)
-
-        def change(state: dict[str, Any]) -> None:
-            for p in state["processes"]:
-                if p["pid"] == pid:
-                    p["memory"] = size
-
-        self.file.update(change)
-
     def remove_process(self, pid: int) -> None:
         def change(state: dict[str, Any]) -> None:
             state["processes"] = [p for p in state["processes"] if p["pid"] != pid]

@@ -323,11 +323,3 @@ def drain_node(node: str, reason: str) -> None:
         raise UserError(f"invalid Slurm node name {node!r}")
     reason = " ".join(reason.split())[:200] or "gpuwarden: GPU fault"
     call(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
-
-
-def node_state(node: str) -> tuple[str, str]:
-    """(state, reason) of a node as `sinfo -N` shows them: `idle`, `drained`, ..."""
-    done = call(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"])
-    first = done.stdout.strip().splitlines()[0] if done.stdout.strip() else "|"
-    state, _, reason = first.partition("|")
-    return state, reason

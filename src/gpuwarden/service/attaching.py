@@ -1,0 +1,77 @@
+"""`attach`: an attached job's client back after a restart of the service (its side
+is `client.run_attached`; the records that let a restarted service know the client
+are service.attachment). Mixed into `server.Service`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+from gpuwarden.errors import UserError
+from gpuwarden.service import store
+from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
+from gpuwarden.service.identity import Person, peer_credentials
+
+if TYPE_CHECKING:
+    from gpuwarden.service.connection import Connection
+    from gpuwarden.service.pacing import Pacer
+
+log = logging.getLogger("gpuwarden.serve")
+
+
+class Attaching:
+    store: store.Store
+    exits: str
+    attached: dict[int, Connection]
+    stdio: dict[int, list[int]]
+    orphans: dict[int, tuple[float, ClientProcess]]
+
+    pacer: Pacer
+
+    if TYPE_CHECKING:  # provided by Service
+
+        def release_stdio(self, job_id: int) -> None: ...
+
+    def attach(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
+        """An attached job's client, back after a restart of the service: it waits on
+        this connection again, and its going away ends the job again. A job still
+        waiting takes the terminal passed with this request; one that ended while the
+        client was away is answered with its end."""
+        fds = client.take_fds() if client is not None else []
+        try:
+            job = self.store.get(job_id)
+            if job is None or job.uid != who.uid or not job.attached:
+                raise UserError(f"job {job_id} is not an attached job of yours")
+            if client is None or client.job is not None or job.id in self.attached:
+                raise UserError(f"job {job_id} has a client attached already")
+            if job.state in store.ENDED:
+                status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
+                return {
+                    "ok": True,
+                    "job": job.id,
+                    "event": "ended",
+                    "status": status,
+                    "error": job.error,
+                }
+            if job.state == store.PENDING and len(fds) != 3:
+                raise UserError("an attached job needs its client's stdin, stdout and stderr")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if job.state == store.PENDING:
+            self.release_stdio(job.id)
+            self.stdio[job.id] = fds
+            self.pacer.wake()
+        else:
+            for fd in fds:
+                os.close(fd)  # the job has had the terminal since it started
+        client.job = job.id
+        self.attached[job.id] = client
+        self.orphans.pop(job.id, None)
+        record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
+        log.info("job %s: its client attached again", job.id)
+        started = {} if job.state == store.PENDING else {"event": "started"}
+        return {"ok": True, "job": job.id, **started}

@@ -536,3 +536,23 @@ def test_a_reused_block_reads_the_configuration_once(
         assert config.load() is first and first.get("run.count") == 2
         assert config.load({"run.count": "4"}).get("run.count") == 4  # arguments: read
     assert config.load() is not first and config.load().get("run.count") == 3
+
+
+def test_a_reused_block_is_its_own_threads_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `load()` on another thread while a block runs reads the configuration in force
+    itself: the block's reading is not ambient state of the process."""
+    import threading
+
+    monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "2")
+    seen: list[object] = []
+    with config.reused():
+        first = config.load()
+        monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "5")
+        other = threading.Thread(target=lambda: seen.append(config.load().get("run.count")))
+        other.start()
+        other.join()
+        assert config.load() is first
+        with config.reused():  # nested: its own reading, the outer one back after it
+            assert config.load() is not first and config.load().get("run.count") == 5
+        assert config.load() is first
+    assert seen == [5]

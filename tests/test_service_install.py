@@ -324,7 +324,7 @@ def test_without_systemd_install_says_how_to_start_by_hand(
     from gpuwarden.cli import service as command
 
     calls: list[str] = []
-    monkeypatch.setattr(install, "install", lambda root: calls.append(root) or [])
+    monkeypatch.setattr(install, "install", lambda root, **kw: calls.append(root) or [])
     monkeypatch.setattr(install, "systemd_running", lambda: False)
     monkeypatch.setattr(command, "_systemctl", lambda *a, **k: pytest.fail("systemctl ran"))
     args = type("Args", (), {"action": "install", "root": None, "no_start": False})()
@@ -381,3 +381,31 @@ def test_install_refuses_a_program_other_users_cannot_run() -> None:
     script.chmod(0o750)
     assert not_for_everyone(str(script)) == f"other users may not run {script}"
     shutil.rmtree(tmp_path)
+
+
+def test_install_sets_up_the_exporter_and_web_units_too_and_uninstall_removes_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 23: the web page's and the exporter's units were left to copy by hand."""
+    from gpuwarden.service import unitfiles
+
+    lines = install.install(
+        str(tmp_path), exec_start="/opt/gpuwarden/bin/gpuwarden", companions=("exporter", "web")
+    )
+    units = tmp_path / "etc/systemd/system"
+    for name, command in (("gpuwarden-exporter", "exporter"), ("gpuwarden-web", "web --no-watch")):
+        text = (units / f"{name}.service").read_text()
+        assert f"ExecStart=/opt/gpuwarden/bin/gpuwarden {command}\n" in text
+        assert any(str(units / f"{name}.service") in line for line in lines)
+        shipped = (ROOT / "deploy" / f"{name}.service").read_text()  # the same file
+        assert text == shipped.replace("/usr/local/bin/gpuwarden", "/opt/gpuwarden/bin/gpuwarden")
+        assert unitfiles.companion_unit(f"{name}.service", "/usr/local/bin/gpuwarden") == shipped
+    stop = install.stop_commands(str(tmp_path))
+    assert ["systemctl", "disable", "--now", "gpuwarden-web"] in stop
+    assert install.start_commands(("exporter", "web"))[-1][-2:] == [
+        "gpuwarden-exporter",
+        "gpuwarden-web",
+    ]
+    install.uninstall(str(tmp_path))
+    assert not (units / "gpuwarden-web.service").exists()
+    assert not (units / "gpuwarden-exporter.service").exists()

@@ -29,6 +29,12 @@ def register(commands: Commands, name: str) -> None:
     install.add_argument(
         "--no-start", action="store_true", help="write everything but do not start the service"
     )
+    install.add_argument(
+        "--exporter", action="store_true", help="also the Prometheus exporter's unit (9400)"
+    )
+    install.add_argument(
+        "--web", action="store_true", help="also the web page's unit (127.0.0.1:9500)"
+    )
     uninstall = actions.add_parser("uninstall", help="stop it and remove what install made")
     uninstall.add_argument("--root", metavar="DIR", help="the prefix given to install")
     uninstall.add_argument(
@@ -57,7 +63,8 @@ def _install(args: argparse.Namespace) -> int:
     from gpuwarden.service import install
 
     root = _root(args.root)
-    for line in install.install(root):
+    companions = tuple(c for c in ("exporter", "web") if getattr(args, c, False))
+    for line in install.install(root, companions=companions):
         print(line)
     if root != "/" or args.no_start:
         print("not started (--root or --no-start)")
@@ -69,7 +76,7 @@ def _install(args: argparse.Namespace) -> int:
             "  gpuwarden serve &        (or under your process supervisor; logs go to stderr)"
         )
         return 0
-    _systemctl(install.start_commands())
+    _systemctl(install.start_commands(companions))
     from gpuwarden.service.probe import socket_location, wait_until_running
 
     found = wait_until_running(socket_location(), 15.0)  # the configured socket, as it reads
@@ -90,7 +97,7 @@ def _uninstall(args: argparse.Namespace) -> int:
 
     root = _root(args.root)
     if root == "/" and install.systemd_running():
-        _systemctl(install.stop_commands(), check=False)
+        _systemctl(install.stop_commands(root), check=False)
     found = probe(None)  # the configured socket, as every command reads it
     if found["running"]:
         # Removing the unit and directories of a running service would strand its jobs'

@@ -36,9 +36,11 @@ from typing import Any, Optional
 from gpuwarden.errors import UserError
 from gpuwarden.service.probe import UNIT_PATH
 from gpuwarden.service.unitfiles import (
+    COMPANIONS,
     CONFIG_SECTION,
     EXPORTER_DROPIN_TEXT,
     TMPFILES,
+    companion_unit,
     default_exec_start,
     unit_text,
 )
@@ -79,16 +81,29 @@ def systemd_running() -> bool:
     return os.path.isdir("/run/systemd/system")
 
 
-def start_commands() -> list[list[str]]:
+def start_commands(companions: tuple[str, ...] = ()) -> list[list[str]]:
+    names = [COMPANIONS[c].removesuffix(".service") for c in companions]
     return [
         ["systemd-tmpfiles", "--create", TMPFILES_PATH],
         ["systemctl", "daemon-reload"],
-        ["systemctl", "enable", "--now", "gpuwarden"],
+        ["systemctl", "enable", "--now", "gpuwarden", *names],
     ]
 
 
-def stop_commands() -> list[list[str]]:
-    return [["systemctl", "disable", "--now", "gpuwarden"], ["systemctl", "daemon-reload"]]
+def stop_commands(root: str = "/") -> list[list[str]]:
+    """Stop and disable the service, and the exporter and web units install wrote (one
+    command each: a unit an admin installed by hand is not ours to stop)."""
+    ours = _read_manifest(root).files
+    names = [n for c, n in COMPANIONS.items() if _companion_path(c) in ours]
+    return [
+        ["systemctl", "disable", "--now", "gpuwarden"],
+        *(["systemctl", "disable", "--now", n.removesuffix(".service")] for n in names),
+        ["systemctl", "daemon-reload"],
+    ]
+
+
+def _companion_path(name: str) -> str:
+    return os.path.join(os.path.dirname(UNIT_PATH), COMPANIONS[name])
 
 
 # -- the manifest ------------------------------------------------------------------------
@@ -135,6 +150,7 @@ class Manifest:
             raise bad("wrong types")
         known = {p for p, _ in DIRECTORIES} | {CONFIG_DIR, EXPORTER_DROPIN_DIR}
         known |= {UNIT_PATH, TMPFILES_PATH, EXPORTER_DROPIN, CONFIG_PATH}
+        known |= {_companion_path(c) for c in COMPANIONS}
         if not set(files) | set(dirs) | set(appended) <= known:
             raise bad("a path install never writes")
         return cls(files, dirs, appended)
@@ -200,7 +216,9 @@ def _read_existing(path: str) -> Optional[bytes]:
         raise UserError(f"{err}; move it away and install again") from None
 
 
-def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
+def install(
+    root: str = "/", exec_start: Optional[str] = None, companions: tuple[str, ...] = ()
+) -> list[str]:
     """Make every directory, write the unit, the tmpfiles entry and the config section,
     record them in the manifest; return what was done, one line each."""
     as_root = os.geteuid() == 0
@@ -222,10 +240,14 @@ def install(root: str = "/", exec_start: Optional[str] = None) -> list[str]:
     for path in (CONFIG_DIR, EXPORTER_DROPIN_DIR):
         if not os.path.lexists(_at(root, path)):
             lines.append(_make_dir(root, path, 0o755, manifest, as_root))
+    units = [  # `--exporter`, `--web`
+        (_companion_path(c), companion_unit(COMPANIONS[c], exec_start)) for c in companions
+    ]
     for path, text in (
         (UNIT_PATH, unit_text(exec_start)),
         (TMPFILES_PATH, TMPFILES),
         (EXPORTER_DROPIN, EXPORTER_DROPIN_TEXT),
+        *units,
     ):
         lines.append(_write_file(root, path, text, manifest))
     lines.append(_add_config(root, manifest))

@@ -133,3 +133,17 @@ def default_exec_start() -> str:
     if os.access(beside, os.X_OK):
         return beside
     return f"{sys.executable} -m gpuwarden"
+
+
+#: The exporter's and the web page's units (deploy/ ships the same files), which
+#: `service install --exporter/--web` installs beside the service's.
+COMPANIONS = {"exporter": "gpuwarden-exporter.service", "web": "gpuwarden-web.service"}
+
+
+def companion_unit(name: str, exec_start: str) -> str:
+    """The unit `name` (a value of COMPANIONS), starting `exec_start` (the installing
+    gpuwarden, as the service's unit does) instead of /usr/local/bin/gpuwarden."""
+    from importlib.resources import files
+
+    text = (files("gpuwarden.service") / "units" / name).read_text(encoding="utf-8")
+    return text.replace("ExecStart=/usr/local/bin/gpuwarden ", f"ExecStart={exec_start} ")

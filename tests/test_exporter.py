@@ -256,10 +256,21 @@ def test_without_prometheus_client_the_exporter_says_so_in_one_line(cli, tmp_pat
 def test_a_lease_of_the_wrong_types_costs_its_labels_not_the_scrape():
     hostile = LeaseInfo("GPU-aaaa", 123, "abc", 5, 1.0, job=["x"])  # type: ignore[arg-type]
     newline = LeaseInfo("GPU-bbbb", "eve", 7, "a\nb", 1.0, job=None)
-    found = samples(render(View(busy_box(), leases=(hostile, newline))))
+    shown = View(busy_box(), leases=(hostile, newline), show_commands=True)
+    found = samples(render(shown))
     assert value(found, "gpuwarden_gpu_leased", gpu="0", user="123", job="['x']", pid="abc") == 1
     assert value(found, "gpuwarden_gpu_leased", gpu="1", user="eve", job="a b") == 1
     assert value(found, "gpuwarden_gpu_memory_used_bytes", gpu="0") == 10 * GiB
+
+
+def test_command_lines_stay_out_of_the_labels_unless_the_admin_shows_them():
+    """Anyone who reaches the port reads the metrics: a lease without a job id and a
+    process show no command line unless `exporter.show_commands` is set."""
+    lease = LeaseInfo("GPU-bbbb", "eve", 7, "python secret.py --token x", 1.0, job=None)
+    hidden = render(View(busy_box(), leases=(lease,)))
+    assert "secret" not in hidden
+    assert value(samples(hidden), "gpuwarden_gpu_leased", gpu="1", user="eve", job="") == 1
+    assert "secret" in render(View(busy_box(), leases=(lease,), show_commands=True))
 
 
 def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):

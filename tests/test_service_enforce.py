@@ -295,6 +295,42 @@ def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server
     watched.wait_state(job, ("CANCELLED",))
 
 
+def test_unleased_use_by_a_job_is_told_in_its_output(watched: Server) -> None:
+    """Issue 23: a service job using a GPU outside its lease was reported by pid only;
+    it is tied to the job and written to its output, as --mem over-use is."""
+    from gpuwarden.service import store as st
+    from gpuwarden.sim.state import Machine
+
+    alice = make_user("alice", ("lab",))
+    out = watched.work / "stray.out"
+    child = watched.work / "stray-child"  # the job's python, started by its shell
+    job = submit(
+        watched,
+        alice,
+        [
+            "sh",
+            "-c",
+            f"echo started; sleep 300 & echo $! > {child}.tmp; mv {child}.tmp {child}; wait",
+        ],
+        request={"count": 1},
+        output=str(out),
+    )
+    row = watched.wait_state(job, ("RUNNING",))
+    wait_for(child.exists, 30, "the child's pid file")
+    pid = int(child.read_text())
+    journal = st.Store(os.path.join(watched.state, "jobs.db"))
+    assert journal.get(job).pid != pid  # not the lease's holder: found by its ancestry
+    journal.close()
+    other = next(i for i in range(4) if i not in row["indices"])  # not its GPU
+    Machine.open().add_process(other, pid, "2GiB", user="gw-alice")
+    wait_for(
+        lambda: "unleased" in out.read_text(), 30, lambda: f"the notice in {out.read_text()!r}"
+    )
+    assert os.stat(out).st_uid == alice.uid
+    watched.call(None, "cancel", jobs=[job])
+    watched.wait_state(job, ("CANCELLED",))
+
+
 def test_appending_as_the_owner_never_follows_their_symlink_as_root(tmp_path: Path) -> None:
     from gpuwarden.service import store as st
     from gpuwarden.service.watching import append_as

@@ -132,6 +132,12 @@ SCHEMA: tuple[Key, ...] = (
         above=True,
     ),
     Key("exporter.dcgm_compat", "bool", False, "also export DCGM_FI_* metric names"),
+    Key(
+        "exporter.show_commands",
+        "bool",
+        False,
+        "put processes' command lines in the `command` label (anyone reaching the port reads them)",
+    ),
     Key("web.listen", "listen", "127.0.0.1:9500", "address the web page serves (loopback default)"),
     Key("web.interval", "float", 1.0, "seconds between the web page's updates"),
     Key("web.show_commands", "bool", False, "show processes' command lines on the web page"),

@@ -57,8 +57,10 @@ class ViewCache:
         clock: Callable[[], float] = time.monotonic,
         read_timeout: float = 5.0,
         counters: bool = False,
+        show_commands: bool = False,
     ) -> None:
         self._read = read
+        self.show_commands = show_commands
         # dcgm-exporter's further counters (gpuwarden.counters), read with each snapshot
         # only when asked for: GPM keeps one sample per GPU between reads
         self._counters: Any = None
@@ -177,6 +179,7 @@ class ViewCache:
             read_seconds=time.perf_counter() - started,
             nvml_up=nvml_up,
             queue=read_stats(),
+            show_commands=self.show_commands,
         )
 
     def _read_snapshot(self) -> Snapshot:

@@ -46,6 +46,9 @@ class View:
     read_seconds: float = 0.0
     nvml_up: bool = True
     queue: Optional[Mapping[str, Any]] = None  # the queue service's `stats`; None: no service
+    # Processes' command lines in the `command` label: off unless the admin says so, as
+    # anyone who can reach the port reads them (`exporter.show_commands`).
+    show_commands: bool = False
 
 
 def held(gpu: Gpu, leased: bool) -> bool:
@@ -278,7 +281,9 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             for lease in leases:
                 # lease files are written by other users: every label is made a string
                 # here, so one record of the wrong type cannot fail the whole scrape
-                job = _short(lease.job, 60) or _short(lease.command, 60)
+                job = _short(lease.job, 60) or (
+                    _short(lease.command, 60) if view.show_commands else ""
+                )
                 user = _short(lease.user, 60)
                 pid = _short(lease.pid, 20)
                 leased.add_metric([*gpu_labels(gpu), *slot, user, job, pid], 1)
@@ -327,7 +332,8 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             if p.used_memory is None:
                 continue
             slot = slot_of.get(p.mig_uuid or "", ["", ""])
-            names = [*gpu_labels(gpu), *slot, str(p.pid), user, _short(p.command, 60)]
+            command = _short(p.command, 60) if view.show_commands else ""
+            names = [*gpu_labels(gpu), *slot, str(p.pid), user, command]
             procs.add_metric(names, p.used_memory)
             per_user[user] = per_user.get(user, 0.0) + p.used_memory
     out.append(procs)

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         idle_after=float(config.get("exporter.idle_seconds")),
         rules=rules,
         counters=dcgm,
+        show_commands=bool(config.get("exporter.show_commands")),
     )
     if args.once:
         sys.stdout.write(exporter.render(cache.get(), dcgm))

@@ -102,10 +102,17 @@ class ServiceWatch:
         actions = self.enforcer.step(snapshot, leases, now)
         self.enforcer.carry_out(actions, now, may_signal=os.geteuid() == 0)
         jobs = {x.pid: x.job for x in leases if x.job}
+        running: Optional[dict[int, store.Job]] = None
         for act in actions:
             key = (act.policy, act.kind)
             self.counts[key] = self.counts.get(key, 0) + 1
             job = self._job_of(jobs.get(act.pid) if act.pid else None, act.pid)
+            if job is None and act.pid:
+                # A process on a GPU no lease of its own names (unleased use): the job
+                # it belongs to, by ancestry, is told as over-use of --mem is.
+                if running is None:
+                    running = {j.pid: j for j in svc.store.jobs([store.RUNNING]) if j.pid}
+                job = self._job_by_ancestry(act.pid, running)
             if job is not None:
                 self._tell(job, act)
         found = self.enforcer.last_unleased
@@ -127,6 +134,11 @@ class ServiceWatch:
         if job is None or job.pid != pid or job.state != store.RUNNING:
             return None
         return job
+
+    def _job_by_ancestry(self, pid: int, running: dict[int, store.Job]) -> Optional[store.Job]:
+        from gpuwarden.ancestry import lineage
+
+        return next((running[p] for p in lineage(pid) if p in running), None)
 
     def _tell(self, job: store.Job, act: Action) -> None:
         line = f"gpuwarden: {act.policy} {act.kind}: {act.message}\n"

@@ -173,3 +173,30 @@ def torch_found() -> bool:
 def torch_installed() -> None:
     """For tests of what gpuwarden does with a real torch install (found, probed, run)."""
     require(torch_found(), TORCH_MISSING)
+
+
+@pytest.fixture
+def peer(tmp_path) -> Iterator[str]:
+    """`gpuwarden web` of another machine (a workstation with dave on GPU 1): its URL."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(SRC),
+        GPUWARDEN_SIM="workstation-3x3090",
+        GPUWARDEN_SIM_STATE=str(tmp_path / "peer-sim"),
+        GPUWARDEN_LEASE_DIR=str(tmp_path / "peer-leases"),
+        GPUWARDEN_STATE_DIR=str(tmp_path / "peer-state"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "web", "--listen", "127.0.0.1:0", "--no-watch"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # blocks until the server says where it is
+        assert "serving http://127.0.0.1:" in line, line
+        yield line.split("serving ", 1)[1].split()[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

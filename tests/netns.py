@@ -246,7 +246,7 @@ def ssh_lab(top: Path, specs: dict[str, str]) -> SshLab:
     reached by the test user gw-hosts (useradd'ed once)."""
     import subprocess as sp
 
-    from test_hostile_corpus import python_for
+    from pythons import python_for
     from users import make_user
 
     person = make_user("hosts")

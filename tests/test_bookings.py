@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import test_service
+import waiting
 from gpuwarden import begintime, booking
 from gpuwarden.errors import UserError
 from test_service import Server, _serving, cli_as
@@ -100,10 +101,13 @@ def states(srv: Server, ids: list[int]) -> list[tuple[str, str]]:
 
 
 def wait_for(srv: Server, ids: list[int], want: list[tuple[str, str]]) -> None:
-    deadline = time.monotonic() + 30
-    while (now := states(srv, ids)) != want:
-        assert time.monotonic() < deadline, now
-        time.sleep(0.05)
+    now: list[tuple[str, str]] = []
+
+    def reached() -> bool:
+        now[:] = states(srv, ids)
+        return now == want
+
+    waiting.wait_for(reached, 30, lambda: f"jobs {ids} in {want}, not {now}")
 
 
 def test_begin_waits_with_its_reason_and_a_past_begin_starts_now(server: Server) -> None:

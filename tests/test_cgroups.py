@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import specs
 from gpuwarden.sim.state import Machine
+from waiting import wait_for
 
 # --- pure --------------------------------------------------------------------------------------
 
@@ -187,11 +187,11 @@ def _run_job(tmp_path: Path, gpu: int, flag: str, name: str) -> tuple[subprocess
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists():
+    def there() -> bool:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
+        return path.exists()
+
+    wait_for(there, 60, str(path))
 
 
 def _expect(allowed: int) -> dict[str, str]:
@@ -410,10 +410,7 @@ def test_a_killed_wrappers_cgroups_go_with_the_next_run(nodes: Path, tmp_path: P
     assert len(mine) >= 1  # devices, and cpuacct/memory where mounted
     wrapper.kill()  # SIGKILL: no chance to tidy; the job lives on, confined, then ends
     wrapper.communicate("")
-    deadline = time.monotonic() + 60
-    while any(accounting.pids_in(p) for p in _dirs_of(mine)):
-        assert time.monotonic() < deadline, "the job never ended"
-        time.sleep(0.01)
+    wait_for(lambda: not any(accounting.pids_in(p) for p in _dirs_of(mine)), 60, "the job's end")
     assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid] == mine
     out = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "run", "--gpus", "6", "--", "true"],

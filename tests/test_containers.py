@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,8 +20,9 @@ from conftest import SRC, require
 from gpuwarden import containers
 from gpuwarden.errors import UserError
 from gpuwarden.holders import is_gone
+from podmantools import IMAGE, PROBE, podman_ready
+from waiting import wait_for
 
-IMAGE = "localhost/gw-busybox:1"
 A = SimpleNamespace(uuid="GPU-aaaa", index=3, minor=3)
 B = SimpleNamespace(uuid="GPU-bbbb", index=5, minor=7)
 
@@ -117,17 +116,10 @@ def test_a_cdi_spec_is_found_where_nvidia_ctk_writes_it(tmp_path: Path) -> None:
 # --- with a real podman -------------------------------------------------------------------------
 
 
-def _podman_ready() -> bool:
-    if shutil.which("podman") is None or os.geteuid() != 0:
-        return False
-    found = subprocess.run(["podman", "image", "exists", IMAGE], capture_output=True)
-    return found.returncode == 0
-
-
 @pytest.fixture
 def podman(tmp_path: Path, sim, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Stand-in nodes /dev/nvidia0..7 (major 195) in a folder passed as GPUWARDEN_DEV_DIR."""
-    require(_podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
+    require(podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
     sim("server-8xa100")
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -154,26 +146,9 @@ def _leases() -> list[dict[str, object]]:
     return [x for g in json.loads(out.stdout)["gpus"] for x in g["leases"]]
 
 
-def _until(what: str, ok, seconds: float = 60):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while True:
-        got = ok()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {seconds:g}s"
-        time.sleep(0.05)
-
-
 def _started(proc: subprocess.Popen[str], flags: Path) -> bool:
     assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
     return (flags / "started").exists()
-
-
-PROBE = (
-    "for n in 0 1 2 3 4 5 6 7; do [ -e /dev/nvidia$n ] && echo nvidia$n "
-    '$(cat /dev/nvidia$n 2>&1 | grep -o "No such device or address"); done; '
-    "echo CVD=$CUDA_VISIBLE_DEVICES; exit 7"
-)
 
 
 def test_the_container_opens_exactly_its_leased_node(podman: Path) -> None:
@@ -243,13 +218,13 @@ def test_the_lease_outlives_a_killed_client_until_the_container_ends(
         start_new_session=True,
     )
     try:
-        _until("the container started", lambda: _started(proc, flags))
-        lease = _until("the lease is published", _leases)[0]
+        wait_for(lambda: _started(proc, flags), 60, "the container started")
+        lease = wait_for(_leases, 60, "the lease is published")[0]
         client = int(lease["pid"])  # type: ignore[arg-type]
         os.kill(proc.pid, signal.SIGKILL)
         os.killpg(client, signal.SIGKILL)  # the podman client too: only the container is left
         proc.wait(timeout=30)
-        _until("the client is gone", lambda: is_gone(client))
+        wait_for(lambda: is_gone(client), 60, "the client is gone")
         held = _leases()
         assert [x["job"] for x in held] == [lease["job"]]  # still held, by the container
         refused = subprocess.run(
@@ -261,7 +236,7 @@ def test_the_lease_outlives_a_killed_client_until_the_container_ends(
         assert refused.returncode == 75, refused.stderr
     finally:
         (flags / "go").touch()
-    _until("the lease is freed when the container ends", lambda: _leases() == [])
+    wait_for(lambda: _leases() == [], 60, "the lease is freed when the container ends")
 
 
 def test_sigterm_stops_the_container_and_run_exits_with_its_status(
@@ -273,10 +248,10 @@ def test_sigterm_stops_the_container_and_run_exits_with_its_status(
     proc = _run(
         "--gpus", "1", "--", "podman", "run", "--rm", "-v", f"{flags}:/f", IMAGE, "sh", "-c", script
     )
-    _until("the container started", lambda: _started(proc, flags))
+    wait_for(lambda: _started(proc, flags), 60, "the container started")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 9, proc.stderr.read() if proc.stderr else ""
-    _until("the lease is freed", lambda: _leases() == [])
+    wait_for(lambda: _leases() == [], 60, "the lease is freed")
 
 
 def test_a_containers_process_is_its_lease_s_and_one_started_alone_is_reported(
@@ -295,8 +270,8 @@ def test_a_containers_process_is_its_lease_s_and_one_started_alone_is_reported(
     alone = f"gw-alone-{os.getpid()}"
     plain = ["podman", "run", "--rm", "-d", "--name", alone, *volume]
     try:
-        _until("the container started", lambda: _started(proc, flags))
-        job = _until("the lease is published", _leases)[0]["job"]
+        wait_for(lambda: _started(proc, flags), 60, "the container started")
+        job = wait_for(_leases, 60, "the lease is published")[0]["job"]
         subprocess.run(plain, check=True, capture_output=True)
 
         def host_pid(name: str) -> int:
@@ -460,8 +435,8 @@ def test_the_idle_policy_releases_a_container_s_lease_by_stopping_it(
     argv += [IMAGE, "sh", "-c", "touch /f/started; while :; do sleep 0.05; done"]
     proc = _run("--gpus", "6", "--", *argv)
     try:
-        _until("the container started", lambda: _started(proc, flags))
-        [lease] = _until("the lease is published", list_leases)
+        wait_for(lambda: _started(proc, flags), 60, "the container started")
+        [lease] = wait_for(list_leases, 60, "the lease is published")
         out = subprocess.run(
             ["podman", "inspect", "--format", "{{.State.Pid}}", f"gpuwarden-{lease.job}"],
             capture_output=True,
@@ -476,7 +451,7 @@ def test_the_idle_policy_releases_a_container_s_lease_by_stopping_it(
         acts = [a for a in acts if a.policy != "unleased"]
         assert [(a.policy, a.kind, a.index) for a in acts] == [("idle", "release", 6)]
         enforcer.carry_out(acts, 61.0)
-        _until("the container is stopped and the lease freed", lambda: list_leases() == [])
+        wait_for(lambda: list_leases() == [], 60, "the container is stopped and the lease freed")
         assert proc.wait(timeout=30) == 137  # stopped after its grace: SIGKILL
     finally:
         if proc.poll() is None:

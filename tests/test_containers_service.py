@@ -18,7 +18,7 @@ import pytest
 
 from conftest import require
 from gpuwarden.containerjob import lease_fds
-from test_containers import IMAGE, PROBE, _podman_ready
+from podmantools import IMAGE, PROBE, podman_ready
 from test_service import SRC, USER_PY, Server, _serving
 
 
@@ -44,7 +44,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]
 
 @pytest.fixture
 def dev(tmp_path: Path) -> Path:
-    require(_podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
+    require(podman_ready(), f"podman (as root) with the image {IMAGE}: run scripts/containers-ci")
     where = tmp_path / "dev"
     where.mkdir()
     for minor in range(4):

@@ -23,9 +23,17 @@ from typing import Any
 
 import pytest
 
-from test_dcgm import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED
-from test_prometheus import DEPLOY, get_json, prometheus_scraping, query
-from test_reserve import exports
+import waiting
+from scraping import (
+    DEFAULT_COUNTERS,
+    DEPLOY,
+    LABELS,
+    NOT_EXPORTED,
+    get_json,
+    prometheus_scraping,
+    query,
+)
+from shells import exports
 
 SPECS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "sim" / "specs"
 
@@ -137,13 +145,14 @@ def grafana_targets(dashboard: dict) -> list[tuple[str, str, bool, bool]]:
 def wait_for(base: str, what: dict[str, int], timeout: float = 40) -> None:
     """Until each query returns at least so many series (the watch has seen the XIDs
     and drained, the GPM counters have their second sample, ...)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        short = {e: n for e, n in what.items() if len(query(base, e)) < n}
-        if not short:
-            return
-        assert time.monotonic() < deadline, f"not in {timeout:g} s: {short}"
-        time.sleep(0.3)
+    short: dict[str, int] = {}
+
+    def enough() -> bool:
+        short.clear()
+        short.update({e: n for e, n in what.items() if len(query(base, e)) < n})
+        return not short
+
+    waiting.wait_for(enough, timeout, lambda: f"too few series in {short}", 0.3)
 
 
 @pytest.mark.slow

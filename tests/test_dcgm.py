@@ -13,28 +13,9 @@ from gpuwarden.counters import Counters
 from gpuwarden.exporter import View, render
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot, read_snapshot
 from gpuwarden.leases import LeaseInfo
-from test_exporter import samples, value
+from scraping import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED, samples, value
 
 SPECS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "sim" / "specs"
-
-# dcgm-exporter's etc/default-counters.csv (NVIDIA/dcgm-exporter): the counters it
-# exports by default, as data.
-DEFAULT_COUNTERS = (
-    *("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP"),
-    *("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
-    *("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"),
-    *("DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_XID_ERRORS"),
-    *("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"),
-    *("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"),
-    *("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
-    *("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
-    *("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"),
-    *("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"),
-)
-# Not exported, and why (docs/monitoring.md): NVML has no figure in DCGM's unit for
-# the first, and the second is a vGPU guest's licence, which a bare-metal host has not.
-NOT_EXPORTED = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"}
-LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname"}
 
 
 def test_every_default_counter_nvml_gives_is_exported_with_current_labels():

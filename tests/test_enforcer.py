@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import SRC
@@ -14,6 +13,7 @@ from gpuwarden.enforcement import Policy
 from gpuwarden.enforcer import Enforcer, lineage
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
+from waiting import wait_for
 
 GiB = 2**30
 
@@ -110,14 +110,14 @@ def _wait_until_seen(proc: subprocess.Popen[str]) -> None:
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.leases import list_leases
 
-    deadline = time.monotonic() + 60
-    while True:
+    def seen() -> bool:
         gpu7 = read_snapshot().gpus[7]
         if gpu7.processes and any(x.mem is not None for x in list_leases()):
-            return
+            return True
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline, "the job never showed on GPU 7"
-        time.sleep(0.05)
+        return False
+
+    wait_for(seen, 60, "the job on GPU 7")
 
 
 def test_a_job_over_its_mem_is_warned_and_killed_within_the_grace(sim, cli) -> None:

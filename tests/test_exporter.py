@@ -6,77 +6,22 @@ import socket
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.errors import UserError
 from gpuwarden.exporter import IdleTracker, View, ViewCache, render, serve
 from gpuwarden.health import judge
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.units import parse_listen
+from machines import busy_box
+from scraping import samples, value
+from waiting import wait_for
 
 GiB = 2**30
 
 
-def machine(t: float = 1000.0, util0: int = 50) -> Snapshot:
-    return Snapshot(
-        taken_at=t,
-        hostname="box",
-        driver_version="550.54.15",
-        gpus=(
-            Gpu(
-                index=0,
-                uuid="GPU-aaaa",
-                name="NVIDIA A100-SXM4-40GB",
-                memory_total=40 * GiB,
-                memory_used=10 * GiB,
-                memory_free=30 * GiB,
-                utilization_gpu=util0,
-                utilization_memory=20,
-                temperature=61,
-                power_draw=250.5,
-                energy_consumed=12345.0,
-                clock_sm=1410,
-                ecc_corrected_volatile=3,
-                ecc_uncorrected_volatile=0,
-                pcie_replay_count=0,
-                processes=(
-                    GpuProcess(101, 6 * GiB, "alice", "python train.py"),
-                    GpuProcess(102, 4 * GiB, "bob", "python eval.py"),
-                ),
-            ),
-            Gpu(
-                index=1,
-                uuid="GPU-bbbb",
-                name="NVIDIA A100-SXM4-40GB",
-                memory_total=40 * GiB,
-                memory_used=2 * GiB,
-                memory_free=38 * GiB,
-                utilization_gpu=0,
-                processes=(GpuProcess(103, 2 * GiB, "alice", "jupyter"),),
-            ),
-            Gpu(index=2, uuid="GPU-cccc", name="NVIDIA A100-SXM4-40GB", lost=True, error="lost"),
-        ),
-    )
-
-
-def samples(text: str) -> dict:
-    """{(name, frozenset(labels)): value}"""
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(found: dict, name: str, **labels) -> float:
-    hits = [v for (n, lab), v in found.items() if n == name and set(labels.items()) <= lab]
-    assert len(hits) == 1, (name, labels, hits)
-    return hits[0]
-
-
 def test_gpu_metrics_have_units_and_labels():
-    text = render(View(machine()))
+    text = render(View(busy_box()))
     found = samples(text)
     gpu0 = {"gpu": "0", "uuid": "GPU-aaaa", "model": "NVIDIA A100-SXM4-40GB", "hostname": "box"}
     assert value(found, "gpuwarden_gpu_memory_used_bytes", **gpu0) == 10 * GiB
@@ -91,7 +36,7 @@ def test_gpu_metrics_have_units_and_labels():
 
 
 def test_lost_gpu_still_listed_while_others_are_served():
-    found = samples(render(View(machine())))
+    found = samples(render(View(busy_box())))
     assert value(found, "gpuwarden_gpu_lost", gpu="2") == 1
     assert value(found, "gpuwarden_gpu_lost", gpu="0") == 0
     assert not [
@@ -100,7 +45,7 @@ def test_lost_gpu_still_listed_while_others_are_served():
 
 
 def test_process_and_user_memory():
-    found = samples(render(View(machine())))
+    found = samples(render(View(busy_box())))
     assert value(found, "gpuwarden_process_memory_used_bytes", pid="101", user="alice") == 6 * GiB
     assert value(found, "gpuwarden_user_memory_used_bytes", user="alice") == 8 * GiB
     assert value(found, "gpuwarden_user_memory_used_bytes", user="bob") == 4 * GiB
@@ -109,7 +54,7 @@ def test_process_and_user_memory():
 def test_leases_drains_health_and_xids():
     from gpuwarden.drain import Drain
 
-    snap = machine()
+    snap = busy_box()
     lease = LeaseInfo("GPU-aaaa", "alice", 101, "python train.py", 1.0, job="exp-7")
     view = View(
         snap,
@@ -132,7 +77,7 @@ def test_leases_drains_health_and_xids():
 
 
 def test_dcgm_compat_names_units_and_labels():
-    view = View(machine(), xids={"GPU-aaaa": (48,)})
+    view = View(busy_box(), xids={"GPU-aaaa": (48,)})
     found = samples(render(view, dcgm_compat=True))
     labels = {
         "gpu": "0",
@@ -159,11 +104,11 @@ def test_dcgm_compat_names_units_and_labels():
 
 def test_idle_held_needs_a_holder_and_time():
     tracker = IdleTracker(idle_util=5)
-    first = tracker.update(machine(t=1000, util0=0), leased=[])
+    first = tracker.update(busy_box(t=1000, util0=0), leased=[])
     assert first["GPU-aaaa"] == 0 and first["GPU-bbbb"] == 0
-    later = tracker.update(machine(t=1700, util0=0), leased=[])
+    later = tracker.update(busy_box(t=1700, util0=0), leased=[])
     assert later["GPU-aaaa"] == 700 and later["GPU-bbbb"] == 700
-    busy = tracker.update(machine(t=1800, util0=90), leased=[])
+    busy = tracker.update(busy_box(t=1800, util0=90), leased=[])
     assert busy["GPU-aaaa"] == 0 and busy["GPU-bbbb"] == 800
     assert busy["GPU-cccc"] == 0  # lost: not "idle"
     empty = Snapshot(2000, "box", (Gpu(0, "GPU-dddd", utilization_gpu=0),))
@@ -171,7 +116,7 @@ def test_idle_held_needs_a_holder_and_time():
     tracker2 = IdleTracker()
     tracker2.update(empty, leased=["GPU-dddd"])
     assert tracker2.update(Snapshot(2900, "box", empty.gpus), ["GPU-dddd"])["GPU-dddd"] == 900
-    found = samples(render(View(machine(), idle_seconds={"GPU-bbbb": 900}, idle_after=600)))
+    found = samples(render(View(busy_box(), idle_seconds={"GPU-bbbb": 900}, idle_after=600)))
     assert value(found, "gpuwarden_gpu_idle_held", gpu="1") == 1
     assert value(found, "gpuwarden_gpu_idle_held", gpu="0") == 0
     assert value(found, "gpuwarden_gpu_idle_held_seconds", gpu="1") == 900
@@ -185,7 +130,7 @@ def test_cache_reads_once_per_period_and_counts_errors():
         reads.append(1)
         if len(reads) == 2:
             raise RuntimeError("NVML went away")
-        return machine()
+        return busy_box()
 
     cache = ViewCache(read, cache_seconds=5, clock=lambda: clock[0])
     first = cache.get()
@@ -226,7 +171,7 @@ def test_the_config_reads_a_listen_address_as_the_exporter_does(tmp_path, monkey
 
 
 def test_serve_and_port_in_use():
-    cache = ViewCache(machine, cache_seconds=0)
+    cache = ViewCache(busy_box, cache_seconds=0)
     server = serve("127.0.0.1:0", cache=cache)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
@@ -257,11 +202,11 @@ def test_port_in_use_by_another_program_is_one_line(cli):
 def test_xid_events_exist_at_zero_before_the_first_so_increase_sees_it():
     # Per code, a series is born at 1 with its first XID (Prometheus sees no
     # increase); the per-GPU counters are there at 0 from the first scrape.
-    before = samples(render(View(machine())))
+    before = samples(render(View(busy_box())))
     for gpu in ("0", "1", "2"):
         assert value(before, "gpuwarden_gpu_xid_events_total", gpu=gpu, fatal="true") == 0
         assert value(before, "gpuwarden_gpu_xid_events_total", gpu=gpu, fatal="false") == 0
-    after = samples(render(View(machine(), xids={"GPU-bbbb": (13, 79, 13, 48)})))
+    after = samples(render(View(busy_box(), xids={"GPU-bbbb": (13, 79, 13, 48)})))
     assert value(after, "gpuwarden_gpu_xid_events_total", gpu="1", fatal="true") == 2
     assert value(after, "gpuwarden_gpu_xid_events_total", gpu="1", fatal="false") == 2
     assert value(after, "gpuwarden_gpu_xid_events_total", gpu="0", fatal="true") == 0
@@ -274,7 +219,7 @@ def test_fatal_label_follows_the_configured_fatal_list():
 
     fatal = (DEFAULT_FATAL_XIDS - {79}) | {13}  # health.fatal_xids = "+13 -79"
     xids = {"GPU-aaaa": (13, 79)}
-    found = samples(render(View(machine(), xids=xids, fatal_xids=fatal)))
+    found = samples(render(View(busy_box(), xids=xids, fatal_xids=fatal)))
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="79", fatal="false") == 1
     assert value(found, "gpuwarden_gpu_xid_events_total", gpu="0", fatal="true") == 1
@@ -286,7 +231,7 @@ def test_view_cache_labels_xids_with_its_rules(monkeypatch):
 
     event = {"uuid": "GPU-aaaa", "xid": 13, "at": 1.0}
     monkeypatch.setattr(xidlog, "xid_events", lambda since=None: [event])
-    cache = ViewCache(machine, rules=Rules(fatal_xids=frozenset({13})))
+    cache = ViewCache(busy_box, rules=Rules(fatal_xids=frozenset({13})))
     found = samples(render(cache.get()))
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
 
@@ -311,7 +256,7 @@ def test_without_prometheus_client_the_exporter_says_so_in_one_line(cli, tmp_pat
 def test_a_lease_of_the_wrong_types_costs_its_labels_not_the_scrape():
     hostile = LeaseInfo("GPU-aaaa", 123, "abc", 5, 1.0, job=["x"])  # type: ignore[arg-type]
     newline = LeaseInfo("GPU-bbbb", "eve", 7, "a\nb", 1.0, job=None)
-    shown = View(machine(), leases=(hostile, newline), show_commands=True)
+    shown = View(busy_box(), leases=(hostile, newline), show_commands=True)
     found = samples(render(shown))
     assert value(found, "gpuwarden_gpu_leased", gpu="0", user="123", job="['x']", pid="abc") == 1
     assert value(found, "gpuwarden_gpu_leased", gpu="1", user="eve", job="a b") == 1
@@ -322,10 +267,10 @@ def test_command_lines_stay_out_of_the_labels_unless_the_admin_shows_them():
     """Anyone who reaches the port reads the metrics: a lease without a job id and a
     process show no command line unless `exporter.show_commands` is set."""
     lease = LeaseInfo("GPU-bbbb", "eve", 7, "python secret.py --token x", 1.0, job=None)
-    hidden = render(View(machine(), leases=(lease,)))
+    hidden = render(View(busy_box(), leases=(lease,)))
     assert "secret" not in hidden
     assert value(samples(hidden), "gpuwarden_gpu_leased", gpu="1", user="eve", job="") == 1
-    assert "secret" in render(View(machine(), leases=(lease,), show_commands=True))
+    assert "secret" in render(View(busy_box(), leases=(lease,), show_commands=True))
 
 
 def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):
@@ -346,7 +291,7 @@ def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monke
     monkeypatch.setattr(drain, "list_drains", drains)
     monkeypatch.setattr(xidlog, "xid_events", broken_xids)
     clock = [0.0]
-    cache = ViewCache(machine, cache_seconds=1, clock=lambda: clock[0])
+    cache = ViewCache(busy_box, cache_seconds=1, clock=lambda: clock[0])
     first = cache.get()
     assert first.scrape_errors == 2  # the lost GPU and the XID reader
     clock[0] = 5
@@ -368,7 +313,7 @@ def test_a_hung_read_serves_the_last_view_instead_of_hanging_the_scrape():
         calls.append(1)
         if len(calls) == 2:  # NVML stuck on a failing GPU, or a reader on a FIFO
             release.wait(30)
-        return machine()
+        return busy_box()
 
     cache = ViewCache(read, cache_seconds=0, read_timeout=2.0)
     first = cache.get()
@@ -380,9 +325,7 @@ def test_a_hung_read_serves_the_last_view_instead_of_hanging_the_scrape():
     assert cache.get() is stale and time.monotonic() - started < 1.5  # no second wait
     assert len(calls) == 2  # one read at a time, however many scrapes
     release.set()
-    deadline = time.monotonic() + 10
-    while cache.get() is stale and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: cache.get() is not stale, 10, "a fresh view", 0.01)
     assert cache.get() is not stale and len(calls) >= 3
 
 
@@ -390,7 +333,7 @@ def test_a_first_read_that_hangs_gives_an_nvml_down_view():
     import threading
 
     release = threading.Event()
-    cache = ViewCache(lambda: release.wait(30) and machine(), read_timeout=0.1)
+    cache = ViewCache(lambda: release.wait(30) and busy_box(), read_timeout=0.1)
     try:
         view = cache.get()
         assert (

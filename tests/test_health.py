@@ -22,7 +22,8 @@ from gpuwarden.healthwatch import (
     parse_webhook,
     settings_from_config,
 )
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.inventory import Gpu
+from machines import snapshot
 
 
 def gpu(**kw) -> Gpu:
@@ -198,10 +199,6 @@ def test_webhook_timeout_never_blocks_and_says_so(webhook_server):
     notifier.close(0.1)
 
 
-def _snapshot(*gpus: Gpu) -> Snapshot:
-    return Snapshot(taken_at=time.time(), hostname="box", gpus=gpus)
-
-
 def test_watch_drains_on_fatal_and_calls_hook_once(tmp_path):
     out = tmp_path / "hook.jsonl"
     hook = (
@@ -211,16 +208,16 @@ def test_watch_drains_on_fatal_and_calls_hook_once(tmp_path):
     )
     watch = HealthWatch(WatchSettings(policy="drain", hook=hook), log=lambda m: None)
     healthy = gpu(index=1, uuid="GPU-bbbb-1111")
-    assert watch.check(_snapshot(gpu(), healthy)) == []
+    assert watch.check(snapshot(gpu(), healthy)) == []
     xidlog.record_xid("GPU-aaaa-0000", 79, index=0)
-    new = watch.check(_snapshot(gpu(), healthy))
+    new = watch.check(snapshot(gpu(), healthy))
     assert [(g.index, f.code) for g, f in new] == [(0, "xid-79")]
     from gpuwarden.drain import list_drains
 
     drains = list_drains()
     assert set(drains) == {"GPU-aaaa-0000"}
     assert "XID 79" in drains["GPU-aaaa-0000"].reason and drains["GPU-aaaa-0000"].auto
-    assert watch.check(_snapshot(gpu(), healthy)) == []  # not news twice
+    assert watch.check(snapshot(gpu(), healthy)) == []  # not news twice
     watch.notifier.close(10)
     events = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(events) == 1
@@ -232,7 +229,7 @@ def test_alert_policy_does_not_drain():
     watch = HealthWatch(
         WatchSettings(policy="alert"), log=lambda m: None, on_finding=lambda g, f, e: seen.append(e)
     )
-    watch.check(_snapshot(gpu(ecc_uncorrected_volatile=1)))
+    watch.check(snapshot(gpu(ecc_uncorrected_volatile=1)))
     from gpuwarden.drain import list_drains
 
     assert list_drains() == {}
@@ -245,11 +242,11 @@ def test_repeat_xid_is_news_again_and_cleared_finding_can_refire():
         WatchSettings(policy="alert"), log=lambda m: None, on_finding=lambda g, f, e: seen.append(f)
     )
     watch.on_xid("GPU-aaaa-0000", 13, 0)
-    watch.check(_snapshot(gpu()))
+    watch.check(snapshot(gpu()))
     watch.on_xid("GPU-aaaa-0000", 13, 0)
-    watch.check(_snapshot(gpu()))
+    watch.check(snapshot(gpu()))
     assert [f.code for f in seen] == ["xid-13", "xid-13"]
-    watch.check(_snapshot(gpu(throttle_reasons=("hw_thermal",))))
-    watch.check(_snapshot(gpu()))
-    watch.check(_snapshot(gpu(throttle_reasons=("hw_thermal",))))
+    watch.check(snapshot(gpu(throttle_reasons=("hw_thermal",))))
+    watch.check(snapshot(gpu()))
+    watch.check(snapshot(gpu(throttle_reasons=("hw_thermal",))))
     assert [f.code for f in seen].count("throttle-hw_thermal") == 2

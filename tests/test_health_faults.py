@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,10 @@ from gpuwarden.exporter import ViewCache, render
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import Machine
+from ports import free_port
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(check, timeout: float = 10.0, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(every)
 
 
 @pytest.fixture
@@ -50,7 +42,7 @@ def watch(machine, tmp_path):
     w = HealthWatch(settings, log=lambda line: None)
     w.hook_file = out  # type: ignore[attr-defined]
     w.start()
-    assert wait_for(lambda: w.listening), "XID listener did not start"
+    wait_for(lambda: w.listening, 10, "the XID listener")
     yield w
     w.stop()
 
@@ -87,10 +79,10 @@ def metric_line(text: str, name: str, gpu: int, extra: str = "") -> str:
 def test_fatal_fault_drains_shows_in_metrics_and_calls_hook(machine, watch, fault, code):
     uuid = uuid_of(machine, 7)
     fault(machine)
-    assert wait_for(lambda: uuid in list_drains()), f"GPU 7 not drained after {code}"
+    wait_for(lambda: uuid in list_drains(), 10, f"GPU 7 drained after {code}")
     drain = list_drains()[uuid]
     assert drain.auto and drain.uid == os.getuid() and drain.who.endswith("(health watch)")
-    assert wait_for(lambda: any(e["code"] == code for e in hook_events(watch)))
+    wait_for(lambda: any(e["code"] == code for e in hook_events(watch)), 10, f"the hook's {code}")
     event = next(e for e in hook_events(watch) if e["code"] == code)
     assert event["gpu_index"] == 7 and event["level"] == "fatal" and event["drained"]
     text = render(ViewCache(cache_seconds=0).get())
@@ -106,8 +98,10 @@ def test_fatal_fault_drains_shows_in_metrics_and_calls_hook(machine, watch, faul
 def test_xid_is_recorded_and_counted(machine, watch):
     uuid = uuid_of(machine, 3)
     machine.inject_xid(3, 13)  # an application fault: a warning, no drain
-    assert wait_for(lambda: xidlog.xids_seen().get(uuid) == (13,))
-    assert wait_for(lambda: any(e["code"] == "xid-13" for e in hook_events(watch)))
+    wait_for(lambda: xidlog.xids_seen().get(uuid) == (13,), 10, "XID 13 recorded")
+    wait_for(
+        lambda: any(e["code"] == "xid-13" for e in hook_events(watch)), 10, "the hook's xid-13"
+    )
     assert uuid not in list_drains()
     text = render(ViewCache(cache_seconds=0).get())
     assert metric_line(text, "gpuwarden_gpu_xid_errors_total", 3, 'xid="13"').endswith(" 1.0")
@@ -123,9 +117,9 @@ def test_alert_policy_only_notifies(machine):
     )
     w.start()
     try:
-        assert wait_for(lambda: w.listening)
+        wait_for(lambda: w.listening, 10, "the XID listener")
         machine.inject_xid(2, 79)
-        assert wait_for(lambda: any(e["code"] == "xid-79" for e in seen))
+        wait_for(lambda: any(e["code"] == "xid-79" for e in seen), 10, "the xid-79 notice")
         assert list_drains() == {}
     finally:
         w.stop()
@@ -134,12 +128,6 @@ def test_alert_policy_only_notifies(machine):
 def _append_hook(out: Path) -> str:
     code = f"import sys; open({str(out)!r}, 'a').write(sys.stdin.read())"
     return f"{sys.executable} -c {shlex.quote(code)}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -161,7 +149,7 @@ def test_exporter_end_to_end_xid79(machine, isolated, tmp_path, cli):
         'webhook = "http://127.0.0.1:9/never"\nwebhook_timeout = 0.5\n'
         "[exporter]\ncache_seconds = 0\n"
     )
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "exporter", "--listen", f"127.0.0.1:{port}"],
         env=_env(),
@@ -179,16 +167,20 @@ def test_exporter_end_to_end_xid79(machine, isolated, tmp_path, cli):
             return ""
 
     try:
-        assert wait_for(scrape, 15), "exporter did not serve"
+        wait_for(scrape, 15, "the exporter serving")
         time.sleep(1.0)  # the XID listener registers right after start
         machine.inject_xid(5, 79)
-        assert wait_for(
-            lambda: metric_line(scrape(), "gpuwarden_gpu_drained", 5).endswith(" 1.0"), 15
-        ), "GPU 5 not drained"
+        wait_for(
+            lambda: metric_line(scrape(), "gpuwarden_gpu_drained", 5).endswith(" 1.0"),
+            15,
+            "GPU 5 drained in the metrics",
+        )
         text = scrape()
         assert metric_line(text, "gpuwarden_gpu_health", 5, 'state="fatal"').endswith(" 1.0")
         assert metric_line(text, "gpuwarden_gpu_xid_errors_total", 5, 'xid="79"').endswith(" 1.0")
-        assert wait_for(lambda: hook_out.exists() and "xid-79" in hook_out.read_text(), 10)
+        wait_for(
+            lambda: hook_out.exists() and "xid-79" in hook_out.read_text(), 10, "the hook's xid-79"
+        )
         # the unreachable webhook did not stop scraping
         started = time.monotonic()
         assert scrape() and time.monotonic() - started < 1.5

@@ -32,14 +32,11 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
 from gpuwarden.safefiles import owner_name
 from gpuwarden.selection import Request
-from machines import idle_a100s
+from machines import card, idle_a100s
+from waiting import wait_for
 
 GiB = 2**30
-UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
-
-
-def machine(n: int = 1, total: int = 80 * GiB) -> Snapshot:
-    return idle_a100s(n, total)
+UUID0 = card(0).uuid
 
 
 def take(snap: Snapshot, **req: object) -> lease.Held:
@@ -177,7 +174,7 @@ def test_a_fifo_as_a_lock_file_is_refused_not_waited_on(sim, cli, shared, name) 
 
 def test_devices_and_huge_files_named_like_records(users, shared, procs, capsys) -> None:
     mallory, _ = users
-    snap = machine(2)
+    snap = idle_a100s(2)
     os.mknod(shared / f"{snap.gpus[0].uuid}.zero.lease", 0o644 | 0o020000, os.makedev(1, 5))
     os.symlink("/dev/zero", shared / f"{snap.gpus[0].uuid}.link.lease")
     os.symlink("/dev/zero", shared / f"{time.time_ns():020d}-{os.getpid():08d}.1.wait")
@@ -223,7 +220,7 @@ def test_a_bad_field_skips_the_record_but_keeps_its_gpu_taken(
     users, shared, procs, capsys, fields
 ) -> None:
     mallory, _ = users
-    snap = machine(1)
+    snap = idle_a100s(1)
     ours = take(snap, count=1, mem=60 * GiB)  # a colleague's 60 GiB shared lease
     path = record(shared / f"{UUID0}.evil.lease", mallory, mem=60 * GiB, pid=4242)
     # mallory's record with one bad field, under her shared lock on the GPU
@@ -316,13 +313,6 @@ def _ticket_names(d: Path) -> list[str]:
     return [n for n in os.listdir(d) if n.endswith(".wait")]
 
 
-def _until(condition: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-
-
 def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
     sim("server-8xa100")
     assert cli("reserve", "-g", "1").returncode == 0
@@ -333,19 +323,17 @@ def test_a_stopped_waiter_does_not_hold_the_line(sim, cli, shared) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not _ticket_names(shared):
-            assert time.monotonic() < deadline and big.poll() is None
-            time.sleep(0.05)
+        wait_for(lambda: _ticket_names(shared) or big.poll() is not None, 30, "the waiter's ticket")
+        assert big.poll() is None
         os.kill(big.pid, signal.SIGSTOP)  # Ctrl-Z
-        _until(lambda: holders.is_stopped(big.pid))
+        wait_for(lambda: holders.is_stopped(big.pid), 30, "the waiter stopped")
         r = cli("run", "-g", "1", "--", "true", timeout=30)
         assert r.returncode == 0, r.stderr
         assert "stopped waiter" in r.stderr
         r = cli("run", "-g", "1", "--wait", "--timeout", "20s", "--", "true", timeout=60)
         assert r.returncode == 0, r.stderr
         os.kill(big.pid, signal.SIGCONT)  # resumed: back in its place, first in line
-        _until(lambda: not holders.is_stopped(big.pid))
+        wait_for(lambda: not holders.is_stopped(big.pid), 30, "the waiter resumed")
         r = cli("run", "-g", "1", "--", "true", timeout=30)
         assert r.returncode == lease.EXIT_BUSY and "first in line" in r.stderr
         assert "waiting in line" in r.stderr
@@ -447,7 +435,7 @@ def test_junk_is_ruled_out_by_name_and_the_work_is_bounded(users, shared, monkey
         return real(path, *a, **kw)
 
     monkeypatch.setattr(lease, "open_regular", counting)
-    snap = machine(2)
+    snap = idle_a100s(2)
     started = time.monotonic()
     assert lease.list_leases() == []
     held = take(snap, count=1)
@@ -536,7 +524,7 @@ def test_disk_full_while_joining_the_line(sim, cli, full_disk) -> None:
 
 
 def test_temporary_files_of_killed_writers_are_swept(shared, procs) -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     old = shared / f".{UUID0}.x.lease.99-0000.tmp"
     fresh = shared / f".{UUID0}.y.lease.99-0001.tmp"
     busy = shared / f".{UUID0}.z.lease.99-0002.tmp"
@@ -566,10 +554,8 @@ def test_a_reservation_does_not_follow_the_wall_clock(sim, tmp_path) -> None:
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert len(lease.list_leases()) == 1
-    deadline = time.monotonic() + 15  # would be 32 s following the wall clock
-    while lease.list_leases():
-        assert time.monotonic() < deadline, "the reservation outlived --for 2s"
-        time.sleep(0.1)
+    # 15 s: it would be 32 s following the wall clock
+    wait_for(lambda: not lease.list_leases(), 15, "the reservation's end after --for 2s")
 
 
 def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
@@ -598,7 +584,7 @@ def test_doctor_says_a_shared_directory_cannot_be_made_fully_safe(shared: bool) 
 
     found = run_checks(
         Facts(
-            snapshot=machine(1),
+            snapshot=idle_a100s(1),
             environ={},
             torch=TorchBuild(installed=False, skipped="no torch"),
             user="bob",
@@ -656,7 +642,7 @@ def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
     instead of naming a lease that does not exist."""
     from gpuwarden import waitline
 
-    snap = machine(1)
+    snap = idle_a100s(1)
     ticket = waitline.join(leasedir.open_dir(), Request(count=1))
     try:
         with pytest.raises(UserError) as err:
@@ -729,7 +715,7 @@ def test_lock_files_precreated_by_root_cannot_be_recycled(users, procs, monkeypa
                 os.setgroups([])
                 os.setgid(alice)
                 os.setuid(alice)
-                held = take(machine(1))
+                held = take(idle_a100s(1))
                 os.write(w, b"ok" if held.gpus[0].uuid == UUID0 else b"no")
             except BaseException as err:
                 os.write(w, repr(err).encode()[:500])

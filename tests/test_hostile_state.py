@@ -23,6 +23,7 @@ from gpuwarden import health, xidlog
 from gpuwarden.errors import UserError
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.inventory import read_snapshot
+from waiting import wait_for
 
 HOSTILE = "gw-mallory"
 
@@ -214,10 +215,11 @@ def test_a_held_drain_lock_names_its_holder_and_does_not_stop_root(
         ["runuser", "-u", HOSTILE, "--", "flock", str(lock), "sleep", "60"],
     )
     try:
-        deadline = time.monotonic() + 20
-        while str(os.stat(lock).st_ino) not in Path("/proc/locks").read_text():
-            assert time.monotonic() < deadline, "the holder never took the lock"
-            time.sleep(0.05)
+        wait_for(
+            lambda: str(os.stat(lock).st_ino) in Path("/proc/locks").read_text(),
+            20,
+            "the holder's lock",
+        )
         started = time.monotonic()
         # Whoever else waits for it is told who holds it (before: waited for ever).
         busy = pytest.raises(drains.DrainLockBusy, match=f"held by pid [0-9]+ .*user {HOSTILE}")

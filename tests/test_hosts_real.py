@@ -20,7 +20,7 @@ import pytest
 
 import netns
 from conftest import require
-from test_json_schemas import validate
+from schemas import validate
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
 

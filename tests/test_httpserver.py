@@ -16,16 +16,8 @@ import pytest
 from gpuwarden.exporter import ViewCache, serve
 from gpuwarden.httpserver import HttpServer
 from gpuwarden.httpwire import Reply, Request, parse_head
-from test_exporter import machine
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
+from machines import busy_box
+from waiting import wait_for
 
 
 def handler(request: Request) -> Reply:
@@ -75,7 +67,7 @@ def raise_nofile(need: int) -> None:
 def test_scrape_answered_within_a_second_beside_300_idle_connections():
     raise_nofile(4096)
     before = threading.active_count()
-    server = serve("127.0.0.1:0", cache=ViewCache(machine, cache_seconds=60))
+    server = serve("127.0.0.1:0", cache=ViewCache(busy_box, cache_seconds=60))
     idle: list[socket.socket] = []
     try:
         for _ in range(300):
@@ -94,7 +86,7 @@ def test_scrape_answered_within_a_second_beside_300_idle_connections():
 
 
 def test_head_is_get_without_body_and_other_methods_and_paths_are_refused():
-    server = serve("127.0.0.1:0", cache=ViewCache(machine, cache_seconds=60))
+    server = serve("127.0.0.1:0", cache=ViewCache(busy_box, cache_seconds=60))
     try:
         status, headers, body = get(server.port, "HEAD")
         assert status == 200 and body == b""
@@ -126,10 +118,10 @@ def test_idle_and_trickling_clients_are_dropped(server):
                 return True
             return closed_by_peer(slow)
 
-        assert wait_for(lambda: closed_by_peer(idle))
-        assert wait_for(trickled_out)
+        wait_for(lambda: closed_by_peer(idle), 10, "the idle client dropped")
+        wait_for(trickled_out, 10, "the slow client dropped")
         assert time.monotonic() - started >= 0.25
-        assert wait_for(lambda: server.connections == 0)
+        wait_for(lambda: server.connections == 0, 10, "no connections left")
     finally:
         idle.close()
         slow.close()
@@ -142,7 +134,7 @@ def test_past_the_connection_limit_the_oldest_idle_is_dropped(server):
     try:
         assert get(port)[0] == 200
         assert server.connections <= 10
-        assert wait_for(lambda: closed_by_peer(idle[0]))
+        wait_for(lambda: closed_by_peer(idle[0]), 10, "the oldest idle client dropped")
     finally:
         for sock in idle:
             sock.close()
@@ -169,7 +161,7 @@ def test_keep_alive_pipelining_and_connection_close(server):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")  # 1.0 closes unless asked
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-        assert wait_for(lambda: closed_by_peer(sock))
+        wait_for(lambda: closed_by_peer(sock), 10, "the client dropped")
 
 
 @pytest.mark.parametrize(
@@ -254,8 +246,8 @@ def test_a_client_that_never_reads_its_answer_is_dropped():
     try:
         sock.connect(httpd.server_address)
         sock.sendall(b"GET /big HTTP/1.1\r\n\r\n")
-        assert wait_for(lambda: httpd.connections == 1)
-        assert wait_for(lambda: httpd.connections == 0)  # never read: dropped
+        wait_for(lambda: httpd.connections == 1, 10, "one connection")
+        wait_for(lambda: httpd.connections == 0, 10, "no connection")  # never read: dropped
         assert get(httpd.server_address[1], timeout=5)[0] == 200  # the server still serves
     finally:
         sock.close()

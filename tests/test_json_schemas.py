@@ -19,24 +19,14 @@ import pytest
 
 jsonschema = pytest.importorskip("jsonschema")
 
+from schemas import SCHEMAS, schema, validate  # noqa: E402 (after the skip)
+
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = ROOT / "src" / "gpuwarden" / "schemas"
 CLI_DIR = ROOT / "src" / "gpuwarden" / "cli"
 
 # `--json` commands whose output needs the queue service running (or Slurm); their
 # shapes are the service protocol's, checked in tests/test_service*.py.
 SERVICE_ONLY = {"jobs", "share", "queue"}
-
-
-def schema(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((SCHEMAS / f"{name}.json").read_text(encoding="utf-8"))
-    return loaded
-
-
-def validate(name: str, stdout: str) -> Any:
-    document = json.loads(stdout)
-    jsonschema.validate(document, schema(name), cls=jsonschema.Draft202012Validator)
-    return document
 
 
 def test_every_json_command_has_a_valid_schema() -> None:

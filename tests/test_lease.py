@@ -21,10 +21,6 @@ from machines import idle_a100s
 GiB = 2**30
 
 
-def machine(n: int = 2, total: int = 80 * GiB) -> Snapshot:
-    return idle_a100s(n, total)
-
-
 def take(snap: Snapshot, wait: bool = False, **req: object) -> lease.Held:
     held = allocation.acquire(Request(**req), snapshot=lambda: snap, wait=wait, timeout=None)
     held.publish(os.getpid(), "test job")
@@ -32,7 +28,7 @@ def take(snap: Snapshot, wait: bool = False, **req: object) -> lease.Held:
 
 
 def test_exclusive_leases_never_share_a_gpu() -> None:
-    snap = machine(2)
+    snap = idle_a100s(2)
     a = take(snap, count=1)
     b = take(snap, count=1)
     assert {a.uuids[0], b.uuids[0]} == {g.uuid for g in snap.gpus}
@@ -49,7 +45,7 @@ def test_exclusive_leases_never_share_a_gpu() -> None:
 
 
 def test_metadata_is_listed_with_owner_from_the_kernel() -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     held = take(snap, count=1)
     [info] = lease.list_leases()
     assert info.uuid == snap.gpus[0].uuid
@@ -66,7 +62,7 @@ def test_metadata_is_listed_with_owner_from_the_kernel() -> None:
 
 
 def test_shared_leases_stack_while_declared_memory_fits() -> None:
-    snap = machine(1, total=40 * GiB)
+    snap = idle_a100s(1, total=40 * GiB)
     a = take(snap, count=1, mem=15 * GiB)
     b = take(snap, count=1, mem=15 * GiB)
     assert a.uuids == b.uuids
@@ -85,7 +81,7 @@ def test_shared_leases_stack_while_declared_memory_fits() -> None:
 
 def test_kernel_enforces_the_lock_even_without_metadata() -> None:
     """A GPU locked by something that left no metadata is not handed out twice."""
-    snap = machine(2)
+    snap = idle_a100s(2)
     ld = leasedir.open_dir()
     import fcntl
 
@@ -102,7 +98,7 @@ def test_kernel_enforces_the_lock_even_without_metadata() -> None:
 
 
 def test_stale_metadata_is_ignored_and_tidied() -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     held = take(snap, count=1)
     final = held._final[0]
     held.close()  # as if the holder died: lock gone, file left behind
@@ -121,7 +117,7 @@ time.sleep(60)
 
 
 def test_lease_lives_in_the_child_and_dies_with_it() -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     held = take(snap, count=1)
     child = subprocess.Popen(
         [sys.executable, "-c", HOLD], pass_fds=held.fds, stdout=subprocess.PIPE, text=True
@@ -140,7 +136,7 @@ def test_lease_lives_in_the_child_and_dies_with_it() -> None:
 
 
 def test_never_fits_fails_at_once_even_when_waiting() -> None:
-    snap = machine(2)
+    snap = idle_a100s(2)
     t0 = time.monotonic()
     with pytest.raises(UserError, match="only 2 GPUs") as err:
         take(snap, wait=True, count=3)
@@ -149,7 +145,7 @@ def test_never_fits_fails_at_once_even_when_waiting() -> None:
 
 
 def test_wait_times_out_with_busy_exit_code() -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     held = take(snap, count=1)
     seen = []
     t0 = time.monotonic()
@@ -170,7 +166,7 @@ def test_wait_times_out_with_busy_exit_code() -> None:
 
 def test_earlier_waiter_is_served_first() -> None:
     """Strict first come, first served: a waiter for 2 GPUs blocks a later one for 1."""
-    snap = machine(2)
+    snap = idle_a100s(2)
     held = take(snap, count=1)
     ld = leasedir.open_dir()
     ticket = waitline.join(ld, Request(count=2))
@@ -231,7 +227,7 @@ def test_world_writable_dir_without_sticky_bit_is_refused(tmp_path: Path) -> Non
 
 
 def test_symlinked_lock_file_is_refused() -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     ld = leasedir.open_dir()
     os.symlink("/etc/passwd", ld.join(snap.gpus[0].uuid + ".lock"))
     with pytest.raises(UserError, match="symbolic link"):
@@ -259,7 +255,7 @@ def test_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
 
 @needs_root
 def test_foreign_lock_file_in_private_dir_is_refused() -> None:
-    snap = machine(1)
+    snap = idle_a100s(1)
     ld = leasedir.open_dir()
     path = ld.join(snap.gpus[0].uuid + ".lock")
     Path(path).touch()

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import require
 from gpuwarden.leases import list_leases
+from waiting import wait_for
 
 
 def _jupyter() -> bool:
@@ -54,14 +54,6 @@ def _visible(km) -> str:  # type: ignore[no-untyped-def]
         kc.stop_channels()
 
 
-def _until(what: str, ok, seconds: float = 30):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while not (got := ok()):
-        assert time.monotonic() < deadline, f"{what}: not within {seconds:g}s"
-        time.sleep(0.05)
-    return got
-
-
 def test_a_kernel_leases_its_gpu_keeps_it_across_a_restart_and_frees_it(kernels: Path) -> None:
     from jupyter_client import KernelManager
 
@@ -94,7 +86,7 @@ def test_a_killed_kernel_frees_its_gpu(kernels: Path) -> None:
     try:
         [lease] = list_leases()
         os.kill(km.provisioner.pid, signal.SIGKILL)
-        _until("the lease is freed", lambda: list_leases() == [])
+        wait_for(lambda: list_leases() == [], 30, "the lease is freed")
         assert lease.pid == km.provisioner.pid
     finally:
         km.shutdown_kernel(now=True)
@@ -147,8 +139,8 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
         waiting = None
         try:
             visible, job = _visible(km).split()
-            leases = _until(
-                "the service's leases", lambda: len(list_leases()) == 2 and list_leases()
+            leases = wait_for(
+                lambda: len(list_leases()) == 2 and list_leases(), 30, "the service's leases"
             )
             assert {lease.job for lease in leases} == {job}
             assert sorted(str(lease.index) for lease in leases) == sorted(visible.split(","))
@@ -165,7 +157,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
                 assert service.job(waiting)["state"] == "PENDING"
             elif stop == "kill":
                 os.kill(km.provisioner.pid, signal.SIGKILL)  # the kernel dies of itself
-                _until("the allocation ends", lambda: list_leases() == [])
+                wait_for(lambda: list_leases() == [], 30, "the allocation ends")
             else:  # the job cancelled (as the idle policy releases it): the kernel ends
                 # A restart of the service is no end of the allocation: the kernel lives on.
                 service.kill(signal.SIGKILL)
@@ -174,7 +166,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
                 assert _visible(km).split() == [visible, job]
                 assert service.job(int(job))["state"] == "RUNNING"
                 assert "error" not in service.call(None, "cancel", jobs=[int(job)])
-                _until("the kernel ends", lambda k=km: not k.is_alive())
+                wait_for(lambda k=km: not k.is_alive(), 30, "the kernel ends")
         finally:
             km.shutdown_kernel(now=stop != "shutdown")
         state = service.wait_state(int(job), ("COMPLETED", "FAILED", "CANCELLED"))["state"]
@@ -183,7 +175,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
             assert service.wait_state(waiting, ("RUNNING",))["state"] == "RUNNING"
             service.call(None, "cancel", jobs=[waiting])
             service.wait_state(waiting, ("CANCELLED",))
-        _until("the leases are freed", lambda: list_leases() == [])
+        wait_for(lambda: list_leases() == [], 30, "the leases are freed")
 
 
 def test_the_kernelspec_says_what_was_asked_and_names_it() -> None:

@@ -7,52 +7,13 @@ GPUWARDEN_REQUIRE_COMPONENTS=1 (CI), where a missing component is a failure.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from conftest import require
-
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
-
-
-def component(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-    require(path is not None, f"{name} is not installed (Debian package `prometheus`)")
-    assert path is not None
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=3) as reply:
-        return json.loads(reply.read())
-
-
-def query(base: str, promql: str) -> list[dict]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    try:
-        answer = get_json(url)
-    except OSError:
-        return []
-    return answer.get("data", {}).get("result", []) if answer.get("status") == "success" else []
+from scraping import DEPLOY, component, get_json, prometheus_scraping, query
+from waiting import wait_for
 
 
 def test_promtool_accepts_alert_rules():
@@ -125,56 +86,6 @@ def test_dashboard_queries_only_exported_metrics():
     assert used and used <= exported, used - exported
 
 
-@contextlib.contextmanager
-def prometheus_scraping(
-    tmp_path: Path, exporters: dict[str, dict[str, str]], job: str = "gpuwarden"
-) -> Iterator[str]:
-    """Debian's Prometheus scraping one `gpuwarden exporter --dcgm-compat` per entry of
-    `exporters` (name -> extra environment: which simulated machine, its state) every
-    second, with the shipped alert rules; yields its base URL."""
-    prometheus = component("prometheus")
-    ports = {name: free_port() for name in exporters}
-    prom_port = free_port()
-    targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports.values())
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files:\n  - {DEPLOY / 'gpuwarden-alerts.yml'}\n"
-        f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
-        f"      - targets: [{targets}]\n"
-    )
-    procs = []
-    try:
-        for name, extra in exporters.items():
-            env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **extra)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "gpuwarden", "exporter", "--dcgm-compat",
-                 "--listen", f"127.0.0.1:{ports[name]}"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            ))  # fmt: skip
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
-        base = f"http://127.0.0.1:{prom_port}"
-        deadline = time.monotonic() + 25
-        while len(query(base, "up == 1")) < len(exporters):
-            for proc in procs:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "Prometheus scraped no exporter in 25 s"
-            time.sleep(0.3)
-        yield base
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 @pytest.mark.slow
 def test_prometheus_stores_the_simulated_values(sim, tmp_path):
     sim("server-8xa100")
@@ -182,14 +93,12 @@ def test_prometheus_stores_the_simulated_values(sim, tmp_path):
 
     truth = read_snapshot()
     with prometheus_scraping(tmp_path, {"box": {"GPUWARDEN_SIM": "server-8xa100"}}) as base:
-        deadline = time.monotonic() + 25
-        stored: list[dict] = []
-        while time.monotonic() < deadline:
+
+        def complete() -> list[dict]:
             stored = query(base, "gpuwarden_gpu_memory_used_bytes")
-            if len(stored) == len(truth.gpus):
-                break
-            time.sleep(0.3)
-        assert len(stored) == len(truth.gpus), "Prometheus stored no complete scrape in 25 s"
+            return stored if len(stored) == len(truth.gpus) else []
+
+        stored = wait_for(complete, 25, "a complete scrape stored in Prometheus", 0.3)
         by_gpu = {int(r["metric"]["gpu"]): r for r in stored}
         for gpu in truth.gpus:
             sample = by_gpu[gpu.index]

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import os
-import shlex
 import time
 
 import gpuwarden.leases as lease
-
-
-def exports(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        assert line.startswith("export ")
-        name, _, value = line[len("export ") :].partition("=")
-        out[name] = shlex.split(value)[0] if value else ""
-    return out
+from shells import exports
+from waiting import wait_for
 
 
 def test_reserve_holds_until_release(sim, cli) -> None:
@@ -47,10 +39,7 @@ def test_reservation_expires(sim, cli) -> None:
     r = cli("reserve", "-g", "1", "--for", "3s")
     assert r.returncode == 0, r.stderr
     assert len(lease.list_leases()) == 1
-    deadline = time.monotonic() + 8
-    while lease.list_leases():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: not lease.list_leases(), 8, "the lease's end")
 
 
 def test_killed_holder_frees_the_gpu(sim, cli) -> None:
@@ -59,10 +48,7 @@ def test_killed_holder_frees_the_gpu(sim, cli) -> None:
     assert r.returncode == 0, r.stderr
     [info] = lease.list_leases()
     os.kill(info.pid, 9)
-    deadline = time.monotonic() + 1
-    while lease.list_leases():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: not lease.list_leases(), 1, "the lease freed", 0.01)
 
 
 def test_release_bad_input(sim, cli) -> None:

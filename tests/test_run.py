@@ -17,6 +17,7 @@ import pytest
 import gpuwarden.leases as lease
 from conftest import SRC
 from gpuwarden import allocation
+from waiting import wait_for
 
 
 def free_all() -> None:
@@ -48,13 +49,6 @@ def popen(*args: str, **kw: Any) -> subprocess.Popen[str]:
     )
 
 
-def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 # A job that reports its pid, then waits until a file appears (or a signal comes).
 HOLD = """
 import os, signal, sys, time
@@ -74,7 +68,7 @@ while not os.path.exists(mark + ".go") and time.time() < end:
 def hold(tmp: Path, name: str, *run_args: str) -> tuple[subprocess.Popen[str], Path]:
     mark = tmp / name
     proc = popen("run", *run_args, "--", sys.executable, "-c", HOLD, str(mark))
-    wait_for(lambda: Path(str(mark) + ".pid").exists())
+    wait_for(lambda: Path(str(mark) + ".pid").exists(), 10, "the job's pid file")
     return proc, mark
 
 
@@ -151,7 +145,7 @@ def test_sigint_reaches_the_whole_process_group(sim, tmp_path: Path) -> None:
         ".write(str(p.pid)); p.wait(); sys.exit(3)"
     )
     proc = popen("run", "-g", "1", "--", sys.executable, "-c", script)
-    wait_for(lambda: (tmp_path / "kid").exists() and (tmp_path / "kid").read_text())
+    wait_for(lambda: (tmp_path / "kid").exists() and (tmp_path / "kid").read_text(), 10, "the kid")
     proc.send_signal(signal.SIGINT)
     # the grandchild (sleep) died of the forwarded SIGINT; python then exits 3
     assert proc.wait(10) in (3, 130)
@@ -180,7 +174,7 @@ def test_killed_wrapper_leaves_the_lease_with_the_job(sim, cli, tmp_path: Path) 
     r = cli("run", "--gpus", "7", "--", "true")
     assert r.returncode == lease.EXIT_BUSY
     Path(str(mark) + ".go").touch()  # let the job end (it is not our child: poll)
-    wait_for(lambda: not _alive(job_pid), 10)
+    wait_for(lambda: not _alive(job_pid), 10, "the job's end")
     t0 = time.monotonic()
     # leasable again within 1 s of the last holder dying
     held = allocation.acquire(_req(gpus=("7",)), snapshot=_snap, wait=True, timeout=1.0)
@@ -267,7 +261,9 @@ def test_waiting_job_is_admitted_when_the_gpu_frees(sim, tmp_path: Path) -> None
     first, mark = hold(tmp_path, "a", "--gpus", "7")
     second = popen("run", "--gpus", "7", "--wait", "--", "true")
     wait_for(
-        lambda: any(n.endswith(".wait") for n in os.listdir(os.environ["GPUWARDEN_LEASE_DIR"]))
+        lambda: any(n.endswith(".wait") for n in os.listdir(os.environ["GPUWARDEN_LEASE_DIR"])),
+        10,
+        "a waiter's ticket",
     )
     time.sleep(0.2)
     assert second.poll() is None  # still waiting
@@ -399,7 +395,11 @@ def test_waiters_are_served_in_arrival_order(sim, tmp_path: Path) -> None:
                 popen("run", "--gpus", "7", "--wait", "--", "sh", "-c", f"echo {name} >> {log}")
             )
             n = len(waiters)
-            wait_for(lambda n=n: sum(x.endswith(".wait") for x in os.listdir(lease_dir)) == n)
+            wait_for(
+                lambda n=n: sum(x.endswith(".wait") for x in os.listdir(lease_dir)) == n,
+                10,
+                f"{n} waiters' tickets",
+            )
         Path(str(mark) + ".go").touch()
         for w in waiters:
             assert w.wait(20) == 0

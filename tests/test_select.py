@@ -9,31 +9,13 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.selection import Request, choose, resolve_ids
+from machines import card, snapshot
 
 GiB = 2**30
 
 
-def card(i: int, **kw: object) -> Gpu:
-    fields: dict[str, object] = {
-        "index": i,
-        "uuid": f"GPU-{i:x}{i:x}000000-aaaa-bbbb-cccc-{i:012x}",
-        "name": "NVIDIA A100-SXM4-80GB",
-        "memory_total": 80 * GiB,
-        "memory_used": 0,
-        "memory_free": 80 * GiB,
-        "utilization_gpu": 0,
-        "compute_capability": (8, 0),
-    }
-    fields.update(kw)
-    return Gpu(**fields)  # type: ignore[arg-type]
-
-
-def machine(*gpus: Gpu, topology: dict | None = None, nvlinks: dict | None = None) -> Snapshot:
-    return Snapshot(0.0, "box", tuple(gpus), topology=topology or {}, nvlinks=nvlinks or {})
-
-
 def eight(**kw: object) -> Snapshot:
-    return machine(*(card(i, **kw) for i in range(8)))
+    return snapshot(*(card(i, **kw) for i in range(8)))
 
 
 def idx(choice) -> list[int]:
@@ -49,7 +31,7 @@ def drained(gpu: Gpu, reason: str = "XID 79 fell off the bus") -> Drain:
 
 
 def test_gpu0_is_kept_for_last_and_most_free_memory_wins() -> None:
-    snap = machine(card(0), card(1, memory_free=40 * GiB, memory_used=40 * GiB), card(2))
+    snap = snapshot(card(0), card(1, memory_free=40 * GiB, memory_used=40 * GiB), card(2))
     choice = choose(snap, Request(count=1))
     assert idx(choice) == [2]
     assert choice.passed_over[snap.gpus[0].uuid].startswith("kept for last")
@@ -58,7 +40,7 @@ def test_gpu0_is_kept_for_last_and_most_free_memory_wins() -> None:
 
 
 def test_lower_utilization_breaks_ties() -> None:
-    snap = machine(card(0), card(1, utilization_gpu=30), card(2, utilization_gpu=10))
+    snap = snapshot(card(0), card(1, utilization_gpu=30), card(2, utilization_gpu=10))
     assert idx(choose(snap, Request(count=1, max_util=50))) == [2]
 
 
@@ -79,7 +61,7 @@ def test_every_gpu_not_chosen_has_a_reason() -> None:
 
 
 def test_filter_reasons() -> None:
-    snap = machine(
+    snap = snapshot(
         card(0),
         card(1, memory_free=3 * GiB, memory_used=77 * GiB),
         card(2, utilization_gpu=95),
@@ -107,7 +89,7 @@ def test_filter_reasons() -> None:
 
 def test_exclusive_request_respects_unleased_processes_unless_asked() -> None:
     colleague = GpuProcess(pid=99, used_memory=30 * GiB, user="carol", command="python train.py")
-    snap = machine(card(1, processes=(colleague,), memory_used=30 * GiB, memory_free=50 * GiB))
+    snap = snapshot(card(1, processes=(colleague,), memory_used=30 * GiB, memory_free=50 * GiB))
     choice = choose(snap, Request(count=1))
     assert choice.error and not choice.never_fits
     assert "busy: pid 99 (carol) uses 30.0GiB" in choice.error
@@ -120,7 +102,7 @@ def test_exclusive_request_respects_unleased_processes_unless_asked() -> None:
     assert idx(choose(snap, Request(count=1, mem=GiB))) == [1]
     # Graphics contexts (a desktop) do not make a GPU busy.
     xorg = GpuProcess(pid=7, used_memory=GiB, kind="graphics")
-    assert idx(choose(machine(card(1, processes=(xorg,))), Request(count=1))) == [1]
+    assert idx(choose(snapshot(card(1, processes=(xorg,))), Request(count=1))) == [1]
 
 
 def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
@@ -129,7 +111,7 @@ def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
     from gpuwarden import health
 
     bob = GpuProcess(pid=77, used_memory=12 * GiB, user="bob", command="python train.py")
-    snap = machine(
+    snap = snapshot(
         card(0, memory_free=0, memory_used=80 * GiB),
         card(4, processes=(bob,), memory_used=12 * GiB, memory_free=68 * GiB),
         card(6),
@@ -149,7 +131,7 @@ def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
 
 def test_shared_requests_fit_by_declared_memory_plus_others_use() -> None:
     base = card(1, memory_used=30 * GiB, memory_free=50 * GiB)
-    snap = machine(base)
+    snap = snapshot(base)
     # 30 GiB used: 20 declared by a shared lease plus 10 from a process gpuwarden did not start.
     shares = [lease(base, mem=20 * GiB)]
     assert idx(choose(snap, Request(count=1, mem=50 * GiB), leases=shares)) == [1]
@@ -190,7 +172,7 @@ def test_impossible_counts_never_fit_with_a_clear_reason() -> None:
     choice = choose(snap, Request(count=8), leases=[lease(g[5])])
     assert not choice.never_fits
     assert choice.error == "asked for 8 GPUs but only 7 are free now (GPU 5 leased by bob pid 4242)"
-    assert choose(machine(), Request(count=1)).never_fits
+    assert choose(snapshot(), Request(count=1)).never_fits
 
 
 def test_count_zero_chooses_nothing() -> None:
@@ -220,7 +202,7 @@ def test_explicit_gpus_by_index_and_uuid_prefix() -> None:
 
 
 def test_unknown_and_ambiguous_ids() -> None:
-    snap = machine(card(0, uuid="GPU-abc1"), card(1, uuid="GPU-abc2"), card(2, uuid="GPU-def"))
+    snap = snapshot(card(0, uuid="GPU-abc1"), card(1, uuid="GPU-abc2"), card(2, uuid="GPU-def"))
     with pytest.raises(UserError, match=r"unknown GPU '9': this machine has GPUs 0-2"):
         choose(snap, Request(gpus=("9",)))
     with pytest.raises(
@@ -252,16 +234,16 @@ def test_multi_gpu_prefers_nvlink_then_same_switch_over_more_free_memory() -> No
     gpus = [card(i, memory_free=(80 - i) * GiB, memory_used=i * GiB) for i in range(8)]
     topo = {(a, b): TOPOLOGY_SYSTEM for a in range(8) for b in range(a + 1, 8)}
     topo[(5, 6)] = TOPOLOGY_SINGLE
-    snap = machine(*gpus, topology=topo)
+    snap = snapshot(*gpus, topology=topo)
     assert idx(choose(snap, Request(count=2))) == [5, 6]
-    snap = machine(*gpus, topology=topo, nvlinks={(3, 7): 12})
+    snap = snapshot(*gpus, topology=topo, nvlinks={(3, 7): 12})
     assert idx(choose(snap, Request(count=2))) == [3, 7]
     # Without topology, the best-ranked GPUs win (GPU 0 last).
-    assert idx(choose(machine(*gpus), Request(count=2))) == [1, 2]
+    assert idx(choose(snapshot(*gpus), Request(count=2))) == [1, 2]
 
 
 def test_multi_gpu_prefers_one_model() -> None:
-    snap = machine(
+    snap = snapshot(
         card(0),
         card(1, name="NVIDIA RTX A6000"),
         card(2, memory_free=70 * GiB, memory_used=10 * GiB),
@@ -274,7 +256,7 @@ def test_multi_gpu_prefers_one_model() -> None:
 def test_health_warnings_rank_after_healthy() -> None:
     from gpuwarden import health
 
-    snap = machine(card(0), card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    snap = snapshot(card(0), card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
     hot = {snap.gpus[1].uuid: (health.Finding(health.WARNING, "hot"),)}
     assert idx(choose(snap, Request(count=1), health=hot)) == [2]
 
@@ -287,7 +269,7 @@ def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
     def judged(request: Request):  # type: ignore[no-untyped-def]
         return choose(snap, request, health=xidlog.judged(snap.gpus))
 
-    snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    snap = snapshot(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
     xidlog.record_xid(snap.gpus[0].uuid, 79, index=1)
     assert idx(choose(snap, Request(count=1))) == [1]  # the pure call: no log read
     choice = judged(Request(count=1))
@@ -303,7 +285,7 @@ def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
 def test_the_configured_fatal_list_is_the_one_status_uses(monkeypatch) -> None:
     from gpuwarden import xidlog
 
-    snap = machine(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
+    snap = snapshot(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
     xidlog.record_xid(snap.gpus[1].uuid, 13, index=2)
     monkeypatch.setenv("GPUWARDEN_HEALTH_FATAL_XIDS", "+13")
     choice = choose(snap, Request(count=2), health=xidlog.judged(snap.gpus))
@@ -330,7 +312,7 @@ def test_a_mig_gpu_is_chosen_by_mig_device() -> None:
     grace = GpuProcess(pid=5, used_memory=20 * GiB, user="grace", mig_uuid="MIG-aa")
     a100 = card(3, mig_mode=True, mig_instances=slices, processes=(grace,), utilization_gpu=None)
     alice = GpuProcess(pid=4, used_memory=80 * GiB, user="alice")
-    snap = machine(card(1, memory_free=0, memory_used=80 * GiB, processes=(alice,)), a100)
+    snap = snapshot(card(1, memory_free=0, memory_used=80 * GiB, processes=(alice,)), a100)
     units = devices(snap)
     assert [g.uuid for g in units] == [snap.gpus[0].uuid, "MIG-aa", "MIG-bb"]
     assert units[1].processes == (grace,) and units[2].processes == ()

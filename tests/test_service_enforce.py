@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from conftest import require
 from gpuwarden import cgroups
 from test_service import USER_PY, Server, cli_as, submit
 from users import make_user
+from waiting import wait_for
 
 # The real service of test_service.py, as its tests get it.
 open_dir = test_service.open_dir
@@ -54,15 +54,6 @@ PROBE = textwrap.dedent("""\
         json.dump({"job": probe(), "child": json.loads(child.stdout)}, fh)
     os.rename(out + ".tmp", out)
 """)
-
-
-def _poll(what, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = what()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -148,16 +139,17 @@ def test_cancel_and_time_limits_reach_a_child_that_left_the_group(
     polite = f"trap 'echo TERM > {termed}; exit 0' TERM; while :; do sleep 0.05; done"
     extra = {"time_limit": 1.0} if how == "time limit" else {}
     job = submit(server, alice, [USER_PY, "-c", ESCAPE, str(pidfile), child, polite], **extra)
-    assert _poll(pidfile.exists), server.log.read_text()[-2000:]
+    wait_for(pidfile.exists, 30, lambda: f"the pid file; the log: {server.log.read_text()[-2000:]}")
     escaped = int(pidfile.read_text())
     assert os.getsid(escaped) == escaped  # it did leave the job's session and group
     if how == "cancel":
         assert server.call(alice, "cancel", jobs=[job]).get("ok"), "cancel refused"
     row = server.wait_state(job, ("CANCELLED", "TIMEOUT"), timeout=60)
     assert row["state"] == ("CANCELLED" if how == "cancel" else "TIMEOUT")
-    assert _poll(lambda: _gone(escaped), 30), f"{escaped} escaped the {how}"
+    wait_for(lambda: _gone(escaped), 30, f"{escaped} gone after the {how}")
     if child == "polite":  # SIGTERM first, to every process: a chance to save its work
-        assert _poll(termed.exists, 10) and termed.read_text() == "TERM\n"
+        wait_for(termed.exists, 10, "the SIGTERM's mark")
+        assert termed.read_text() == "TERM\n"
 
 
 def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
@@ -176,7 +168,7 @@ def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
         "time.sleep(300)\n"
     )
     job = submit(server, alice, [USER_PY, "-c", burn, str(flag)])
-    assert _poll(flag.exists), server.log.read_text()[-2000:]
+    wait_for(flag.exists, 30, lambda: f"the job's flag; the log: {server.log.read_text()[-2000:]}")
     running = server.job(job)
     assert running["cpu_seconds"] >= 0.4 and running["mem_peak"] >= 64 << 20, running
     queue = cli_as(server, alice, "queue")
@@ -198,13 +190,13 @@ def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Se
     flag, ready = server.work / "end", server.work / "ready"
     wait = f"touch {ready}; while [ ! -e {flag} ]; do sleep 0.05; done"
     job = submit(server, alice, ["sh", "-c", wait])
-    assert _poll(ready.exists), server.log.read_text()[-2000:]
+    wait_for(ready.exists, 30, lambda: f"the job ready; the log: {server.log.read_text()[-2000:]}")
     scope = scope_of(os.path.join(server.state, "jobs"))
     assert job_dirs(scope, str(job), mode) != {}  # made for it, while it runs
     server.kill(signal.SIGKILL)
     flag.touch()
     exits = Path(server.state) / "jobs" / f"{job}.exit"
-    assert _poll(exits.exists), "the job did not end"
+    wait_for(exits.exists, 30, "the job's end")
     server.start()
     assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
     assert job_dirs(scope, str(job), mode) == {}
@@ -242,7 +234,7 @@ def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
     stray = subprocess.Popen(["sleep", "300"])  # bob's `python train.py`, without a lease
     try:
         Machine.open().add_process(1, stray.pid, "2GiB", user="gw-bob")
-        found = _poll(lambda: watched.call(None, "queue").get("unleased"))
+        found = wait_for(lambda: watched.call(None, "queue").get("unleased"), 30, "unleased use")
         assert [(r["user"], r["index"], r["pid"]) for r in found] == [("gw-bob", 1, stray.pid)]
         header = cli_as(watched, bob, "queue").stdout.splitlines()[0]
         assert header.startswith("unreserved: GPU 1 used by gw-bob"), header
@@ -251,7 +243,7 @@ def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
             users = watched.call(None, "share")["users"]
             return next((u["usage"] for u in users if u["user"] == "gw-bob"), 0.0)
 
-        assert _poll(lambda: usage() >= 1.0, 30), "unreserved use was not charged"
+        wait_for(lambda: usage() >= 1.0, 30, "unreserved use charged")
         stats = watched.call(None, "stats")
         counted = {(r["policy"], r["action"]): r["count"] for r in stats["enforcement"]}
         assert counted.get(("unleased", "notify")) == 1  # once, not at every look
@@ -283,18 +275,20 @@ def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server
         output=str(out),
     )
     row = watched.wait_state(job, ("RUNNING",))
-    assert _poll(ready.exists)
+    wait_for(ready.exists, 30, "the job ready")
     # The job uses 4 GiB of the 1 GiB it declared.
     journal = st.Store(os.path.join(watched.state, "jobs.db"))
     pid = journal.get(job).pid
     journal.close()
     Machine.open().add_process(row["indices"][0], pid, "4GiB", user="gw-alice")
-    assert _poll(lambda: "memory warn" in out.read_text()), out.read_text()
+    wait_for(
+        lambda: "memory warn" in out.read_text(), 30, lambda: f"the warning in {out.read_text()!r}"
+    )
     text = out.read_text()
     assert text.startswith("started\n") and "over its --mem 1.0GiB" in text
     assert os.stat(out).st_uid == alice.uid  # still the owner's file
     mailbox = watched.root / "mail"  # and the owner is told through the notifier
-    assert _poll(lambda: mailbox.exists() and "memory warn" in mailbox.read_text())
+    wait_for(lambda: mailbox.exists() and "memory warn" in mailbox.read_text(), 30, "the mail")
     mail = mailbox.read_text()
     assert "To: gw-alice" in mail and f"Subject: gpuwarden job {job} memory warn" in mail
     watched.call(None, "cancel", jobs=[job])
@@ -322,14 +316,16 @@ def test_unleased_use_by_a_job_is_told_in_its_output(watched: Server) -> None:
         output=str(out),
     )
     row = watched.wait_state(job, ("RUNNING",))
-    assert _poll(child.exists)
+    wait_for(child.exists, 30, "the child's pid file")
     pid = int(child.read_text())
     journal = st.Store(os.path.join(watched.state, "jobs.db"))
     assert journal.get(job).pid != pid  # not the lease's holder: found by its ancestry
     journal.close()
     other = next(i for i in range(4) if i not in row["indices"])  # not its GPU
     Machine.open().add_process(other, pid, "2GiB", user="gw-alice")
-    assert _poll(lambda: "unleased" in out.read_text()), out.read_text()
+    wait_for(
+        lambda: "unleased" in out.read_text(), 30, lambda: f"the notice in {out.read_text()!r}"
+    )
     assert os.stat(out).st_uid == alice.uid
     watched.call(None, "cancel", jobs=[job])
     watched.wait_state(job, ("CANCELLED",))
@@ -371,7 +367,7 @@ def test_appending_as_the_owner_never_follows_their_symlink_as_root(tmp_path: Pa
 def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_path: Path) -> None:
     mode, why = cgroups.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
-    from test_visible_acceptance import FAKE_SMI, run_script
+    from acceptance import FAKE_SMI, run_script
 
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -14,7 +14,7 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.slurm import cluster
-from test_json_schemas import validate
+from schemas import validate
 
 
 def facts(cli: Any, spec: str, node: str, address: str) -> dict[str, Any]:

@@ -25,11 +25,12 @@ import pytest
 
 import netns
 from conftest import ROOT, require
+from ports import free_port_pair
+from slurmtools import missing
+from waiting import wait_for
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
-from test_slurm_real import _free_port_pair, _missing  # noqa: E402 (skips without Slurm)
-
-require(not _missing(), _missing() or "Slurm missing", module=True)
+require(not missing(), missing() or "Slurm missing", module=True)
 
 TWO = """
 description = "2 idle A100 for a Slurm node"
@@ -51,13 +52,11 @@ class Cluster:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
 
     def wait(self, what: str, check: Any, deadline: float = 60) -> Any:
-        end = time.monotonic() + deadline
-        while not (got := check()):
-            if time.monotonic() > end:
-                logs = "".join(p.read_text()[-1500:] for p in (self.top / "state").glob("*.log"))
-                raise AssertionError(f"timed out waiting for {what}\n{logs}")
-            time.sleep(0.1)
-        return got
+        def said() -> str:
+            logs = "".join(p.read_text()[-1500:] for p in (self.top / "state").glob("*.log"))
+            return f"{what}\n{logs}"
+
+        return wait_for(check, deadline, said, 0.1)
 
     def state(self, job: str) -> str:
         out = self.tool("scontrol", "show", "job", "-o", job).stdout
@@ -120,7 +119,7 @@ def _configure(c: Cluster) -> None:
         (c.top / "env" / name).write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     c.conf.mkdir()
     os.chown(c.conf, *_ids(c.lab.user))
-    port = _free_port_pair()
+    port = free_port_pair()
     controller = f"{socket.gethostname().split('.')[0]}={c.lab.hosts['node1'].peer}"
     done = c.lab.cli(
         *("slurm", "cluster", "node1", "node2", "--out", str(c.conf), "--name", "gwtest"),

@@ -9,16 +9,13 @@ SLURM_CONF), so none touches /etc/slurm, and each test asks for what it checks.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -26,37 +23,16 @@ from typing import Any, Callable
 import pytest
 
 from conftest import ROOT, SRC, TORCH_MISSING, require, torch_found
+from ports import free_port_pair
+from slurmtools import missing
+from waiting import wait_for
 
 SLURM_CI = ROOT / "scripts" / "slurm-ci"
 EXAMPLE = ROOT / "examples" / "train.py"
 USER = "gwslurmtest"
 
 
-def _missing() -> str:
-    for tool in ("slurmctld", "slurmd", "sbatch", "squeue", "munged"):
-        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
-            return f"Slurm is not installed ({tool} missing; scripts/slurm-ci install)"
-    if os.geteuid() != 0:
-        return "a test Slurm needs root (slurmd runs jobs as their users)"
-    if not os.path.exists("/etc/munge/munge.key"):
-        return "munge has no key (/etc/munge/munge.key)"
-    return ""
-
-
-require(not _missing(), _missing() or "Slurm missing", module=True)
-
-
-def _free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port > 60000:
-            continue
-        with contextlib.suppress(OSError), socket.socket() as t:
-            t.bind(("127.0.0.1", port + 1))
-            return port
-    raise RuntimeError("no two free ports in a row")
+require(not missing(), missing() or "Slurm missing", module=True)
 
 
 class Cluster:
@@ -67,7 +43,7 @@ class Cluster:
         self.ours = not started
         if started:
             return
-        env = dict(os.environ, SLURM_CI_PORT=str(_free_port_pair()))
+        env = dict(os.environ, SLURM_CI_PORT=str(free_port_pair()))
         env.update(settings)
         done = subprocess.run(
             [str(SLURM_CI), "start", str(path)], env=env, capture_output=True, text=True
@@ -96,13 +72,14 @@ class Cluster:
         return out.split("JobState=", 1)[1].split()[0]
 
     def wait_for(self, job: str, states: tuple[str, ...], deadline: float = 90) -> str:
-        end = time.monotonic() + deadline
-        while True:
+        state = ""
+
+        def reached() -> str:
+            nonlocal state
             state = self.state(job)
-            if state in states:
-                return state
-            assert time.monotonic() < end, f"job {job} still {state}, not {states}"
-            time.sleep(0.1)
+            return state if state in states else ""
+
+        return wait_for(reached, deadline, lambda: f"job {job} still {state}, not {states}", 0.1)
 
 
 @pytest.fixture(scope="module")
@@ -143,16 +120,6 @@ def _submit(cli: Any, *argv: str, cwd: Any = None) -> str:
     return job
 
 
-def _poll(check: Callable[[], Any], what: str, deadline: float = 60) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_two_jobs_get_disjoint_gpus_a_third_waits_for_resources_and_cancel_ends_it(
     cli: Any, slurm: Cluster, tmp_path: Path
 ) -> None:
@@ -162,7 +129,7 @@ def test_two_jobs_get_disjoint_gpus_a_third_waits_for_resources_and_cancel_ends_
     c = _submit(cli, "-g", "2", "--name", "third", "--", "sh", "-c", hold)
     try:
         outs = [Path("a.out"), Path("b.out")]
-        _poll(lambda: all(p.exists() and "CVD=" in p.read_text() for p in outs), "both jobs")
+        wait_for(lambda: all(p.exists() and "CVD=" in p.read_text() for p in outs), 60, "both jobs")
         seen = [set(p.read_text().split("CVD=")[1].split()[0].split(",")) for p in outs]
         assert len(seen[0]) == len(seen[1]) == 2
         assert not seen[0] & seen[1], seen
@@ -173,7 +140,7 @@ def test_two_jobs_get_disjoint_gpus_a_third_waits_for_resources_and_cancel_ends_
             line = next(x for x in done.stdout.splitlines() if x.split()[0] == c)
             return line if "pending (Resources)" in line else ""
 
-        line = _poll(third_line, "the third job pending for Resources")
+        line = wait_for(third_line, 60, "the third job pending for Resources")
         assert line.split()[-1] == "third" and "gpu:2" in line
         done = cli("cancel", "--slurm", c)
         assert done.returncode == 0, done.stderr
@@ -249,7 +216,7 @@ def test_an_array_becomes_sbatchs_own(cli: Any, slurm: Cluster, tmp_path: Path) 
         "sh", "-c", task,
     )  # fmt: skip
     outs = [tmp_path / f"a-{array}_{i}.out" for i in range(3)]
-    _poll(lambda: all(p.exists() and "task=" in p.read_text() for p in outs), "three tasks")
+    wait_for(lambda: all(p.exists() and "task=" in p.read_text() for p in outs), 60, "three tasks")
     assert [p.read_text().split() for p in outs] == [[f"task={i}", "of", array] for i in range(3)]
 
 
@@ -286,7 +253,7 @@ def test_slurm_errors_are_one_line_with_slurms_text(
     down = tmp_path / "down.conf"
     text = Path(slurm.conf).read_text()
     port = text.split("SlurmctldPort=")[1].split()[0]
-    dead = str(_free_port_pair())
+    dead = str(free_port_pair())
     down.write_text(
         text.replace(f"SlurmctldPort={port}", f"SlurmctldPort={dead}") + "MessageTimeout=2\n"
     )
@@ -414,7 +381,9 @@ def node(prolog_node: Node, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     jobs = prolog_node.cluster.tool("squeue", "-h", "-o", "%i").split()
     if jobs:
         subprocess.run(["scancel", *jobs], env=dict(os.environ), capture_output=True)
-    _poll(lambda: not prolog_node.cluster.tool("squeue", "-h", "-o", "%i").split(), "an idle node")
+    wait_for(
+        lambda: not prolog_node.cluster.tool("squeue", "-h", "-o", "%i").split(), 60, "an idle node"
+    )
 
 
 def _queue_line(cli: Any, job: str) -> str:
@@ -444,7 +413,7 @@ def test_one_queue_slurm_and_local_runs_never_share_and_the_first_in_line_goes_f
         got = [i for i in _leases(node) if i.job == f"slurm-{job}"]
         return got if len(got) == 2 else []
 
-    held = _poll(both, "the prolog's two leases")
+    held = wait_for(both, 60, "the prolog's two leases")
     assert {i.job for i in held} == {f"slurm-{job}"}
     waiting = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "run", "-g", "8", "--wait", "--", *ECHO_CVD],
@@ -456,10 +425,12 @@ def test_one_queue_slurm_and_local_runs_never_share_and_the_first_in_line_goes_f
     try:
         # it waits in line (its ticket appears) while the job holds 2 of the 8
         leases = node.top / "leases"
-        _poll(lambda: any(n.endswith(".wait") for n in os.listdir(leases)), "a waiter")
+        wait_for(lambda: any(n.endswith(".wait") for n in os.listdir(leases)), 60, "a waiter")
         later = _submit(cli, "-g", "1", "--output", "later.out", "--", "sh", "-c", "echo ran")
-        line = _poll(
-            lambda: "starting (Prolog:" in (x := _queue_line(cli, later)) and x, "later's prolog"
+        line = wait_for(
+            lambda: "starting (Prolog:" in (x := _queue_line(cli, later)) and x,
+            60,
+            "later's prolog",
         )
         assert "`gpuwarden run --wait` is first in line" in line, line
         assert not Path("later.out").exists()  # nothing of it ran
@@ -498,12 +469,12 @@ def test_a_drained_gpu_gets_no_slurm_job_while_the_other_seven_run(
             got = {j: p.read_text().strip() for j, p in outs.items() if p.exists()}
             return got if len(got) == 7 and all(got.values()) else {}
 
-        gpus = _poll(ran, "seven jobs running")
+        gpus = wait_for(ran, 60, "seven jobs running")
         assert sorted(gpus.values()) == ["0", "1", "2", "4", "5", "6", "7"]
         (held,) = set(jobs) - set(gpus)  # (the ninth waits for Resources)
         # (Slurm says "starting (Prolog)" first, the prolog's note follows)
         note = "starting (Prolog: GPU 3 is drained (XID 79 in a test))"
-        _poll(lambda: note in _queue_line(cli, held), "the eighth job held")
+        wait_for(lambda: note in _queue_line(cli, held), 60, "the eighth job held")
         assert not outs[held].exists()  # nothing of it ran
         assert node.cluster.tool("sinfo", "-h", "-N", "-o", "%T").split() == ["mixed"]
         assert {i.index for i in _leases(node)} == {0, 1, 2, 4, 5, 6, 7}
@@ -512,18 +483,22 @@ def test_a_drained_gpu_gets_no_slurm_job_while_the_other_seven_run(
         done = cli("drain", "5", "--reason", "fan")
         assert done.returncode == 0, done.stderr
         assert f"GPU 5: Slurm job {on5} keeps running on it until it ends" in done.stdout
-        line = _poll(lambda: "on drained GPU 5" in (x := _queue_line(cli, on5)) and x, "report")
+        line = wait_for(
+            lambda: "on drained GPU 5" in (x := _queue_line(cli, on5)) and x, 60, "report"
+        )
         assert line.split()[2] == "running"
         # the held job cancelled: its prolog sees it gone and leaves; the ninth, pending
         # until now, is given GPU 3 and held in turn
         assert "pending (Resources)" in _queue_line(cli, ninth)
         node.cluster.tool("scancel", held)
-        _poll(lambda: note in _queue_line(cli, ninth), "the ninth job held")
+        wait_for(lambda: note in _queue_line(cli, ninth), 60, "the ninth job held")
         assert not outs[held].exists()
         assert "ended while its prolog waited" in node.log("prolog")
         # undrain gives GPU 3 back: the held job runs there
         assert cli("undrain", "3").returncode == 0
-        _poll(lambda: outs[ninth].exists() and outs[ninth].read_text().strip() == "3", "GPU 3")
+        wait_for(
+            lambda: outs[ninth].exists() and outs[ninth].read_text().strip() == "3", 60, "GPU 3"
+        )
         assert "waits: GPU 3 is drained" in node.log("prolog")
     finally:
         flag.touch()
@@ -652,7 +627,7 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
         cluster.wait_for(job, ("RUNNING", "COMPLETED"))
         from gpuwarden.leases import list_leases
 
-        (lease,) = _poll(lambda: list_leases(str(top / "leases")), "the slice's lease")
+        (lease,) = wait_for(lambda: list_leases(str(top / "leases")), 60, "the slice's lease")
         assert lease.job == f"slurm-{job}" and lease.uuid.startswith("MIG-") and lease.index == 3
         from gpuwarden.inventory import read_snapshot
 
@@ -665,6 +640,8 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
         assert slice_.name == "1g.10gb"
         assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
         assert out.read_text().split() in (["5"], ["6"])  # gres.conf positions of the 1g slices
-        _poll(lambda: not list_leases(str(top / "leases")), "the epilog's release of the slice")
+        wait_for(
+            lambda: not list_leases(str(top / "leases")), 60, "the epilog's release of the slice"
+        )
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -9,12 +9,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "gpu-acceptance"
+from acceptance import FAKE_SMI, SCRIPT, run_script
 
 
 def load_script():
@@ -28,18 +26,6 @@ def load_script():
 
 
 ga = load_script()
-
-
-def run_script(*args: str, path: str, env: dict[str, str] | None = None, out: Path):
-    full = dict(os.environ, PATH=path, OUT=str(out), PYTHONPATH=str(ROOT / "src"))
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_script_is_executable_with_a_shebang():
@@ -159,35 +145,6 @@ def test_pick_walks_nested_keys():
     assert ga.pick({"memory": {"used": 5}}, "memory_used", "memory.used") == 5
     assert ga.pick({"memory_used": 0}, "memory_used", "memory.used") == 0
     assert ga.pick({}, "a", "b.c") is None
-
-
-FAKE_SMI = '''#!{python}
-"""nvidia-smi's answers to the acceptance script's queries, from gpuwarden's simulator."""
-import sys
-from gpuwarden.inventory import read_snapshot
-
-snap = read_snapshot()
-MIB = 2**20
-def mib(v): return "[N/A]" if v is None else str(int(v // MIB))
-def na(v): return "[N/A]" if v is None else str(v)
-args = sys.argv[1:]
-if not args:
-    print(f"| NVIDIA-SMI {{snap.driver_version}}  CUDA Version: 12.4 |")
-    sys.exit(0)
-query = next(a.split("=", 1)[1] for a in args if a.startswith("--query"))
-for g in snap.gpus:
-    if any(a.startswith("--query-gpu") for a in args):
-        vals = {{"index": g.index, "uuid": g.uuid, "name": g.name,
-                "memory.total": mib(g.memory_total), "memory.used": mib(g.memory_used),
-                "driver_version": snap.driver_version, "pci.bus_id": g.pci_bus_id,
-                "utilization.gpu": na(g.utilization_gpu), "temperature.gpu": na(g.temperature),
-                "power.draw": na(g.power_draw)}}
-        print(", ".join(str(vals[f]) for f in query.split(",")))
-    else:
-        for p in g.processes:
-            vals = {{"pid": p.pid, "gpu_uuid": g.uuid, "used_memory": mib(p.used_memory)}}
-            print(", ".join(str(vals[f]) for f in query.split(",")))
-'''
 
 
 @pytest.mark.slow

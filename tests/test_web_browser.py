@@ -19,14 +19,12 @@ from typing import Any, Callable
 import jsonschema
 import pytest
 
+import waiting
 from conftest import SRC, require
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
-from test_web_peers import peer  # noqa: F401 (a fixture: another host's page)
+from schemas import WEB_STATE
 
-SCHEMA = json.loads(
-    (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
-)
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 LIVE = 2.0  # seconds within which a change must be on the page
@@ -97,12 +95,8 @@ def artifacts(tmp_path: Path) -> Path:
 def wait_for(check: Callable[[], Any], within: float, what: str) -> float:
     """Seconds until `check()` is true; fails after `within` seconds."""
     started = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() - started > within:
-            pytest.fail(f"{what}: not within {within:g} s")
-        time.sleep(0.05)
+    waiting.wait_for(check, within, what)
+    return time.monotonic() - started
 
 
 # The page redraws on every update, replacing its elements: read what it shows in one
@@ -386,7 +380,7 @@ def test_the_queue_service_on_the_page(browser, queue_page, tmp_path):
 
     wait_for(priced, 2 * LIVE, "the waiting job's priority in the API")
     doc = state()
-    jsonschema.validate(doc, SCHEMA)
+    jsonschema.validate(doc, WEB_STATE)
     queue = doc["queue"]
     assert queue["service"] is True and queue["state"] == "running"
     [api_run] = [j for j in queue["running"] if j["id"] == running]
@@ -426,13 +420,13 @@ return {hidden: panel.hidden, rows: Array.from(panel.querySelectorAll("tbody tr"
 """
 
 
-def test_other_hosts_show_on_the_page(browser, sim, peer, tmp_path):  # noqa: F811
+def test_other_hosts_show_on_the_page(browser, sim, peer, tmp_path):
     """`web --peers`: another host's GPUs (its own page's API) and a silent host's row."""
     from gpuwarden.web.peers import check_url
-    from test_web_peers import _closed_port
+    from ports import free_port
 
     sim("server-8xa100")
-    peers = [check_url(peer), check_url(f"http://127.0.0.1:{_closed_port()}/")]
+    peers = [check_url(peer), check_url(f"http://127.0.0.1:{free_port()}/")]
     server = serve("127.0.0.1:0", feed=Feed(interval=1.0, peers=peers))
     try:
         browser.get(server.url)

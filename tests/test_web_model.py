@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -19,19 +18,17 @@ from gpuwarden.web.history import History
 from gpuwarden.web.model import build, reserved
 from gpuwarden.web.queue import NO_QUEUE
 from gpuwarden.web.values import TEXT_LIMIT
+from schemas import WEB_STATE
 
-SCHEMA = json.loads(
-    (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
-)
 GIB = 2**30
 NOW = 1_700_000_000.0
 
 
 def valid(doc: dict) -> dict:
     """The document, after checking it against the published schema (and JSON round trip)."""
-    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    jsonschema.Draft202012Validator.check_schema(WEB_STATE)
     again = json.loads(json.dumps(doc, allow_nan=False))
-    jsonschema.validate(again, SCHEMA)
+    jsonschema.validate(again, WEB_STATE)
     return again
 
 

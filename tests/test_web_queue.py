@@ -24,17 +24,15 @@ from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.web.model import build
 from gpuwarden.web.queue import JOBS_SHOWN, NO_QUEUE, NOT_ANSWERING, ask, section
 from gpuwarden.web.server import Feed, serve
+from schemas import WEB_STATE
 
-SCHEMA = json.loads(
-    (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
-)
 NOW = 1_700_000_000.0
 FOUR = Snapshot(NOW, "lab1", gpus=tuple(Gpu(index=i, uuid=f"GPU-{i:04d}") for i in range(4)))
 
 
 def valid(doc: dict) -> dict:
     again = json.loads(json.dumps(doc, allow_nan=False))
-    jsonschema.validate(again, SCHEMA)
+    jsonschema.validate(again, WEB_STATE)
     return again
 
 

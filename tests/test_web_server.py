@@ -23,10 +23,8 @@ from gpuwarden.selection import Request
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.waitline import join
 from gpuwarden.web.server import Feed, WebServer, serve
-
-SCHEMA = json.loads(
-    (Path(__file__).parent.parent / "src/gpuwarden/web/schema/state-v1.json").read_text()
-)
+from schemas import WEB_STATE
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -73,7 +71,7 @@ def test_state_is_valid_json_with_every_gpu(web, cli):
     assert status == 200 and headers["Content-Type"] == "application/json"
     assert headers["Cache-Control"] == "no-store"
     doc = json.loads(body)
-    jsonschema.validate(doc, SCHEMA)
+    jsonschema.validate(doc, WEB_STATE)
     assert len(doc["gpus"]) == 8
     reference = json.loads(cli("status", "--json").stdout)
     assert [g["memory_used"] for g in doc["gpus"]] == [g["memory_used"] for g in reference["gpus"]]
@@ -87,7 +85,7 @@ def test_page_assets_and_schema_are_served_with_a_strict_policy(web):
     for path in ("/app.js", "/style.css"):
         assert get(web, path)[0] == 200
     status, _, body = get(web, "/api/v1/schema")
-    assert status == 200 and json.loads(body) == SCHEMA
+    assert status == 200 and json.loads(body) == WEB_STATE
     status, headers, body = get(web, "/", method="HEAD")
     assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
 
@@ -172,10 +170,8 @@ def test_connections_beyond_the_limit_are_refused_not_queued(web):
     finally:
         for response in streams:
             response.close()
-    deadline = time.monotonic() + 10
-    while get(web, "/api/v1/state")[0] != 200:  # slots come back once the pages close
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # slots come back once the pages close
+    wait_for(lambda: get(web, "/api/v1/state")[0] == 200, 10, "a 200 again")
 
 
 def test_a_page_closed_frees_its_place_for_the_next_connection(web):
@@ -191,10 +187,7 @@ def test_a_page_closed_frees_its_place_for_the_next_connection(web):
             streams.append(response)
         assert get(web, "/api/v1/state")[0] == 503
         streams.pop().close()
-        deadline = time.monotonic() + 10
-        while get(web, "/api/v1/state")[0] != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: get(web, "/api/v1/state")[0] == 200, 10, "a 200 again")
         assert web.httpd.connections <= 4
     finally:
         for response in streams:
@@ -243,7 +236,7 @@ def test_a_failed_read_keeps_the_page_up():
 
     doc = Feed(read=broken).document()
     assert doc["gpus"] == [] and "NVML exploded" in doc["error"]
-    jsonschema.validate(doc, SCHEMA)
+    jsonschema.validate(doc, WEB_STATE)
 
 
 def test_cli_once_prints_the_document(cli, sim):
@@ -251,7 +244,7 @@ def test_cli_once_prints_the_document(cli, sim):
     result = cli("web", "--once")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    jsonschema.validate(doc, SCHEMA)
+    jsonschema.validate(doc, WEB_STATE)
     assert len(doc["gpus"]) == 8 and doc["show_commands"] is False
     shown = json.loads(cli("web", "--once", "--show-commands").stdout)
     assert shown["show_commands"] is True

@@ -1,6 +1,6 @@
 """`gpuwarden service install|uninstall`: set a machine up for the service, and take it down.
 
-What is installed (docs/service.md, "Operations", lists the same):
+What is installed (docs/operations.md, lists the same):
 
 - the systemd unit `/etc/systemd/system/gpuwarden.service` (also shipped as
   deploy/gpuwarden.service), running `gpuwarden serve`;

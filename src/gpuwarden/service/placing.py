@@ -287,7 +287,7 @@ def start_job(
 
 def simulated_machine() -> dict[str, str]:
     """The service's own GPUWARDEN_SIM* settings: a service run on a simulated machine
-    (docs/service.md, "Operations") gives its jobs the same machine, whatever the
+    (docs/operations.md) gives its jobs the same machine, whatever the
     submitter's environment said (the service controls every GPUWARDEN_ variable)."""
     import os
 

@@ -73,7 +73,7 @@ WantedBy=multi-user.target
 """
 
 TMPFILES = """\
-# tmpfiles.d entry for the gpuwarden queue service (docs/service.md, "Operations").
+# tmpfiles.d entry for the gpuwarden queue service (docs/operations.md).
 # Installed as /etc/tmpfiles.d/gpuwarden-service.conf by `gpuwarden service install`.
 # Where the shared-directory snippet gpuwarden.conf (1777) is installed too, this
 # file's lines win for the same paths: its name sorts first.
@@ -89,7 +89,7 @@ d /var/lib/gpuwarden/state 0755 root root -
 """
 
 EXPORTER_DROPIN_TEXT = """\
-# Installed by `gpuwarden service install` (docs/service.md, "Operations").
+# Installed by `gpuwarden service install` (docs/operations.md).
 # With the queue service the lease and state directories belong to root, mode 0755,
 # so that no user can create or hold lock files or drains there. The exporter's unit
 # makes them sticky and world-writable (StateDirectoryMode=1777) for machines without

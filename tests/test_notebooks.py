@@ -126,7 +126,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
     kernel is shut down or killed, and the kernel when the job is cancelled."""
     from jupyter_client import KernelManager
 
-    from test_service import submit
+    from test_service import _attached_again, submit
     from users import make_user
 
     sim(service.spec)  # this process sees the service's machine
@@ -162,7 +162,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
                 # A restart of the service is no end of the allocation: the kernel lives on.
                 service.kill(signal.SIGKILL)
                 service.start()
-                _until("attached again", lambda: "client attached again" in service.log.read_text())
+                _attached_again(service, 1)
                 assert _visible(km).split() == [visible, job]
                 assert service.job(int(job))["state"] == "RUNNING"
                 assert "error" not in service.call(None, "cancel", jobs=[int(job)])

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from conftest import require
 from users import make_user
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
@@ -97,21 +97,19 @@ def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(sock):
+
+        def listening() -> bool:
             assert service.poll() is None, service.stderr.read() if service.stderr else ""
-            assert time.monotonic() < deadline, "the installed service did not start"
-            time.sleep(0.05)
+            return os.path.exists(sock)
+
+        wait_for(listening, 30, "the installed service's socket")
         submitted = _as(
             alice.name, ["gpuwarden", "submit", "--", "sh", "-c", "echo done-$(id -un)"], env, work
         )
         assert submitted.returncode == 0, submitted.stderr
         job = int(submitted.stdout)
         out = work / f"gpuwarden-{job}.out"
-        deadline = time.monotonic() + 60
-        while not out.exists() or not out.read_text():
-            assert time.monotonic() < deadline, "the job did not run"
-            time.sleep(0.05)
+        wait_for(lambda: out.exists() and out.read_text(), 60, "the job's output")
         assert out.read_text() == f"done-{alice.name}\n"
         assert out.stat().st_uid == alice.uid
     finally:

@@ -20,19 +20,16 @@ from gpuwarden.errors import UserError
 from gpuwarden.service import spawn
 from gpuwarden.service.identity import Admins, person
 from users import make_user
+from waiting import wait_for
 
 # The test users cannot enter /root, where the venv's interpreter may live.
 PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
 def wait_exit(status_dir: Path, job: str, timeout: float = 30.0) -> spawn.Ended:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ended = spawn.read_exit_record(str(status_dir), job)
-        if ended is not None:
-            return ended
-        time.sleep(0.01)
-    raise AssertionError(f"job {job} did not end")
+    return wait_for(
+        lambda: spawn.read_exit_record(str(status_dir), job), timeout, f"job {job}'s end", 0.01
+    )
 
 
 @pytest.fixture
@@ -197,14 +194,16 @@ def test_the_supervisor_holds_the_lease_descriptors_and_the_job_never_has_them(
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         go.touch()
         assert wait_exit(status_dir, "j1").ok, out.read_text()
-        deadline = time.monotonic() + 30  # the supervisor exits just after the record
-        while True:
+
+        def unlocked() -> bool:
             try:
                 fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
-                assert time.monotonic() < deadline, "the lease outlived its job"
-                time.sleep(0.01)
+                return False
+            return True
+
+        # the supervisor exits just after the record
+        wait_for(unlocked, 30, "the lease's end after its job", 0.01)
     finally:
         os.close(probe)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TORCH_MISSING, require, torch_found
+from waiting import wait_for
 
 require(torch_found(), TORCH_MISSING, module=True)
 
@@ -197,10 +198,12 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path: Path)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "b" / "step-00000010.pt").exists():
-        assert victim.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
+
+    def checkpointed() -> bool:
+        assert victim.poll() is None, "the job ended before its checkpoint"
+        return (tmp_path / "b" / "step-00000010.pt").exists()
+
+    wait_for(checkpointed, 30, "the step-10 checkpoint")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not (tmp_path / "b.pt").exists()

@@ -167,6 +167,6 @@ def test_enforcement_judges_each_slice_by_its_own_lease() -> None:
 
 @pytest.mark.parametrize("profile", ["1g.10gb", "1g.10gb+me", "1c.3g.40gb", "7g.80gb"])
 def test_profile_names_nvidia_uses_are_accepted(profile: str) -> None:
-    from gpuwarden.configvalues import KINDS
+    from gpuwarden.config.values import KINDS
 
     assert KINDS["profile"][0](profile.upper()) == profile

@@ -108,7 +108,7 @@ def _with_topology(snapshot: Any) -> Any:
 def inputs(
     snapshot: Any, running: Sequence[store.Job], pending: Sequence[store.Job], settings: Settings
 ) -> tuple[
-    list[scheduling.Gpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
+    list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`."""
     from gpuwarden import drain, health, leases
@@ -130,7 +130,7 @@ def inputs(
             and not any(f.level == health.FATAL for f in findings.get(own, ()))
         )
 
-    gpus = [scheduling.Gpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
+    gpus = [scheduling.QueueGpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
     now = time.time()
     busy = [
         scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
@@ -197,9 +197,10 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
     has them), record it RUNNING."""
-    from gpuwarden import allocation, leasedir
+    from gpuwarden import allocation
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import job_env
+    from gpuwarden.leases import dir as leasedir
     from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
@@ -215,7 +216,7 @@ def start_job(
     try:
         gpus = sorted(held.gpus, key=lambda g: g.index)
         owner = person(job.uid, job.gid)
-        launch = spawn.Launch(
+        launch = spawn.JobStart(
             job=str(job.id),
             argv=job.argv,
             owner=owner,
@@ -308,7 +309,8 @@ def release_leases(service: Service, job: store.Job) -> None:
     import fcntl
     import os
 
-    from gpuwarden import leasedir, leases
+    from gpuwarden import leases
+    from gpuwarden.leases import dir as leasedir
 
     try:
         ld = leasedir.open_dir(service.settings.lease_dir)

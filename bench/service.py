@@ -141,7 +141,7 @@ class GpuwardenQueue:
             stdout=open(work / "serve.log", "ab"),  # noqa: SIM115 - the child owns it
             stderr=subprocess.STDOUT,
         )
-        from gpuwarden.service.client import connect
+        from gpuwarden.queueclient.client import connect
 
         self.client = wait_for(lambda: self._connect(connect), 60, "the service to start", 0.01)
         # Answered only from the loop: start-up (imports, the first snapshot, recovery)

@@ -130,7 +130,7 @@ def follow(port: int, pages: int, seconds: float, proc: psutil.Process) -> tuple
 def with_service(tmp: Path, jobs: int, requests: int) -> subprocess.Popen:
     """The latency again, with a queue service of `jobs` jobs that the page asks once a
     second; returns the page's process (the caller stops it)."""
-    from gpuwarden.service.client import connect
+    from gpuwarden.queueclient.client import connect
 
     sock, state = str(tmp / "service.sock"), str(tmp / "service")
     # A machine of its own, without the 64 processes above: GPUs the queue can hand out.

@@ -201,7 +201,7 @@ def shared_queue(base: Path) -> None:
     )
     show(["gpuwarden", "serve", "--socket", socket, "&"])
     try:
-        from gpuwarden.service.probe import wait_until_running
+        from gpuwarden.queueclient.probe import wait_until_running
 
         if not wait_until_running(socket, 20, alive=lambda: service.poll() is None)["running"]:
             raise SystemExit("tour: the queue service did not start")

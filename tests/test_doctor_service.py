@@ -22,7 +22,7 @@ import pytest
 from gpuwarden.doctor.checks.service import check_service
 from gpuwarden.doctor.facts import NO_TORCH_ENV, Facts
 from gpuwarden.inventory import Snapshot
-from gpuwarden.service.probe import probe
+from gpuwarden.queueclient.probe import probe
 from test_service import SRC, USER_PY, Server, _become
 from users import make_user
 
@@ -74,7 +74,7 @@ def test_a_running_service_passes_and_says_who_you_are(service: Server, cli: Any
 
 def test_another_user_reaches_it_or_is_told_they_cannot(service: Server) -> None:
     alice = make_user("alice")
-    code = "import json, sys; from gpuwarden.service.probe import probe; "
+    code = "import json, sys; from gpuwarden.queueclient.probe import probe; "
     code += "print(json.dumps(probe(sys.argv[1])))"
 
     def as_alice() -> dict[str, Any]:

@@ -570,7 +570,7 @@ def _ask_a_silent_socket(path: str, timeout: float) -> tuple[str, float]:
     import time
 
     from gpuwarden.errors import UserError
-    from gpuwarden.service import client
+    from gpuwarden.queueclient import client
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
@@ -588,7 +588,7 @@ def test_a_silent_service_is_named_on_stderr_before_the_timeout_ends(
 ) -> None:
     """A command waiting on a wedged service says so after NOTICE_AFTER seconds, once,
     instead of sitting silent for the whole timeout; the timeout itself is unchanged."""
-    from gpuwarden.service import client
+    from gpuwarden.queueclient import client
 
     monkeypatch.setattr(client, "NOTICE_AFTER", 0.2)
     path = str(tmp_path / "silent.sock")

@@ -126,11 +126,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "slurm.*",
             "submitit",
             "hosts.*",
-            # the queue service's client side and wire format
-            "service.client",
-            "service.holding",
-            "service.protocol",
-            "service.probe",
+            # the queue service's client side and the wire format both sides speak
+            "queueclient.*",
+            # the pieces of a service job's start and end the daemon calls
             "service.spawn",
             "service.tree",
             "service.jobcgroup",

@@ -23,9 +23,9 @@ from typing import Any, Optional
 
 import pytest
 
+from gpuwarden.queueclient.probe import wait_until_running
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
-from gpuwarden.service.probe import wait_until_running
 from users import make_user
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -35,7 +35,7 @@ USER_PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 CLIENT = """
 import json, sys
 from gpuwarden.errors import UserError
-from gpuwarden.service.client import require
+from gpuwarden.queueclient.client import require
 try:
     with require(sys.argv[1]) as c:
         print(json.dumps(c.call(sys.argv[2], **json.loads(sys.argv[3]))))
@@ -402,7 +402,7 @@ def test_malformed_requests_leave_the_service_serving(server: Server) -> None:
 ATTACHED = """
 import json, os, sys
 from gpuwarden.errors import UserError
-from gpuwarden.service.client import run_attached
+from gpuwarden.queueclient.client import run_attached
 fields = json.loads(sys.argv[2])
 fields["cwd"] = os.getcwd()
 fields["env"] = dict(os.environ)

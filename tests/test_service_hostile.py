@@ -21,7 +21,8 @@ from typing import Any, Optional
 import pytest
 
 import test_service
-from gpuwarden.service import protocol, spawn
+from gpuwarden.queueclient import protocol
+from gpuwarden.service import spawn
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
 from test_service import SRC, USER_PY, Server, _become, _serving, cli_as, submit

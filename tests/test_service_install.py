@@ -279,7 +279,7 @@ def test_uninstall_refuses_while_the_service_answers_and_keeps_its_manifest(
     import socket
     import threading
 
-    from gpuwarden.service import protocol
+    from gpuwarden.queueclient import protocol
 
     install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
     where = str(tmp_path / "svc.sock")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuwarden.service import protocol as p
+from gpuwarden.queueclient import protocol as p
 
 GOOD = {
     "v": 1,

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.service import protocol
-from gpuwarden.service.probe import wait_until_running
+from gpuwarden.queueclient import protocol
+from gpuwarden.queueclient.probe import wait_until_running
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")

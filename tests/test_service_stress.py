@@ -65,7 +65,7 @@ JOB = (
 CLIENT = r"""
 import json, os, sys, time
 from gpuwarden.errors import UserError
-from gpuwarden.service.client import connect
+from gpuwarden.queueclient.client import connect
 
 sock, user, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 script, log, work = plan["script"], plan["log"], plan["work"]
@@ -140,7 +140,7 @@ print(json.dumps({"ids": ids, "retries": retries}))
 ATTACHED_CLIENT = r"""
 import json, sys, time
 from gpuwarden.errors import UserError
-from gpuwarden.service.client import run_attached
+from gpuwarden.queueclient.client import run_attached
 sock, plan = sys.argv[1], json.loads(sys.argv[2])
 for tag in plan["tags"]:
     fields = dict(argv=["sh", "-c", plan["script"], "job", tag], cwd=plan["work"],
@@ -199,7 +199,7 @@ class Service:
 
     def ready(self) -> None:
         """Wait until the service answers (it re-adopted its jobs by then)."""
-        from gpuwarden.service.probe import wait_until_running
+        from gpuwarden.queueclient.probe import wait_until_running
 
         proc = self.proc
         assert proc is not None
@@ -224,7 +224,7 @@ class Service:
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         from gpuwarden.errors import UserError
-        from gpuwarden.service.client import require
+        from gpuwarden.queueclient.client import require
 
         try:
             with require(self.socket) as client:
@@ -547,14 +547,14 @@ def test_a_long_answer_reaches_a_client_that_reads_it_slowly(open_dir: Path) -> 
     a little later (a busy machine) must still get all of it."""
     import socket as sockets
 
-    from gpuwarden.service import protocol
+    from gpuwarden.queueclient import protocol
 
     require_root()
     service = Service(open_dir, open_dir / "work", str(open_dir / "sock" / "gpuwarden.sock"))
     service.start()
     try:
         service.ready()
-        from gpuwarden.service.client import require
+        from gpuwarden.queueclient.client import require
 
         with require(service.socket) as client:
             for _ in range(300):

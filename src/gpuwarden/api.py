@@ -10,7 +10,7 @@ nothing global: the caller decides where the environment goes (a subprocess,
 `os.environ` before importing torch). Pass `gpus.fds` to a subprocess that
 should keep the lease should this process die. Where a queue service owns the
 machine's GPUs, the service holds them for the block instead, as `salloc`
-does (service.holding): the block shows in `queue` as the caller's job, and
+does (queueclient.holding): the block shows in `queue` as the caller's job, and
 its end or this process's death frees them, unless a child given `gpus.fds` still
 runs (the allocation's input and connection then live on in it). `select` answers "which
 GPUs would I get" without reserving anything, like nvisel.
@@ -204,13 +204,13 @@ def _through_service(
     uuid: bool,
     read: Callable[[], Snapshot],
 ) -> Iterator[Leased]:
-    """The block's GPUs held by the service, as `salloc` holds them (service.holding):
+    """The block's GPUs held by the service, as `salloc` holds them (queueclient.holding):
     they show in `queue` as the caller's job, count against their limits and fair
     share, and are freed when the block ends or this process dies, unless a child
     given `fds` (the allocation's input and connection) still runs."""
     from gpuwarden.launch import job_env
-    from gpuwarden.service import holding
-    from gpuwarden.service.client import job_fields
+    from gpuwarden.queueclient import holding
+    from gpuwarden.queueclient.client import job_fields
 
     fields = job_fields(request, holding.PLACEHOLDER)
     with holding.hold(fields, path, wait, timeout) as (job, uuids, fds, ended):

@@ -164,7 +164,7 @@ class ViewCache:
         self.scrape_errors += len(machine.failed)
         leased = (lease.uuid for lease in machine.leases)
         idle = self._idle.update(machine.snapshot, leased)
-        from gpuwarden.service.client import read_stats
+        from gpuwarden.queueclient.client import read_stats
 
         return View(
             snapshot=machine.snapshot,

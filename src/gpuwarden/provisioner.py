@@ -20,7 +20,7 @@ kernel started from it, by JupyterLab, `jupyter console` or `KernelManager`:
 The lease is taken directly on this machine (the lease directory), as `gpuwarden run`
 takes it without a queue service. Where a queue service runs, it owns the leases: the
 provisioner then holds the GPUs through it as `gpuwarden.lease()` does (an allocation,
-service.holding) for the kernel's whole life, and starts the kernel with the
+queueclient.holding) for the kernel's whole life, and starts the kernel with the
 allocation's descriptors, which keep it as the lease's descriptors do. A restart keeps
 the allocation, so the new kernel gets the same GPUs even while another job waits for
 them; a new job per kernel start could lose them to it. Errors (nothing free, a request
@@ -161,7 +161,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         job cancelled, past its time, released by the enforcer's idle policy, or the
         service gone and not back within `service.reconnect`): the kernel never keeps
         GPUs the service no longer holds for it. A restart of the service is not an end:
-        the allocation's connection attaches again (service.holding)."""
+        the allocation's connection attaches again (queueclient.holding)."""
         import signal
 
         allocation.ended.wait()

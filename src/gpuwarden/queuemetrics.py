@@ -3,7 +3,7 @@ waited, each user's fair share, the enforcement watcher's actions and the GPU us
 outside any lease — from the service's `stats` answer.
 
 The exporter asks the service once per reading (with the GPUs:
-`service.client.read_stats`), so a scrape costs the service one small query
+`queueclient.client.read_stats`), so a scrape costs the service one small query
 whatever the number of scrapers; the families here are pure functions of that
 answer. Without a service only `gpuwarden_queue_service_up 0` is exported, so a
 dashboard can tell "no queue here" from "queue empty".

@@ -50,7 +50,7 @@ def _socket() -> tp.Optional[str]:
 
 
 def _call(op: str, **fields: tp.Any) -> dict[str, tp.Any]:
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     with require(_socket()) as client:
         return dict(client.call(op, **fields))
@@ -211,8 +211,8 @@ class GpuwardenExecutor(core.PicklingExecutor):
 
     def _request(self, array: tp.Optional[str] = None) -> dict[str, tp.Any]:
         """The submit request for the pickled call(s) in `self.folder`."""
+        from gpuwarden.queueclient.client import job_fields
         from gpuwarden.selection import Request
-        from gpuwarden.service.client import job_fields
 
         params = self.parameters
         share = params.get("gpu_mem_gb")

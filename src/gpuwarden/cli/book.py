@@ -36,7 +36,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     if (args.list or args.cancel is not None) and (args.count or args.start or args.length):
         raise UserError("--list and --cancel take no -g, --start or --for")

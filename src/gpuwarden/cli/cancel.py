@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         return _slurm(args)
     from gpuwarden.cli.jobtables import report_refused
     from gpuwarden.errors import UserError
-    from gpuwarden.service.client import require
-    from gpuwarden.service.protocol import MAX_IDS
+    from gpuwarden.queueclient.client import require
+    from gpuwarden.queueclient.protocol import MAX_IDS
 
     selected = args.me or args.user is not None or args.state is not None
     names, ranges = split_ranges(args.ids)

@@ -23,7 +23,7 @@ def register(commands: Commands, command_name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuwarden.cli.jobtables import job_names, report_refused
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     op = "hold" if args.command == "hold" else "release"
     ids = job_names(args.ids)

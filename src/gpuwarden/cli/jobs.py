@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.cli.jobtables import history_table
     from gpuwarden.errors import UserError
     from gpuwarden.paths import user_name
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     if args.last < 1:
         raise UserError("--last must be 1 or more")

@@ -21,7 +21,7 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     with require() as client:
         answer = client.call("limits")

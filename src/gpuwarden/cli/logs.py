@@ -26,7 +26,7 @@ def register(commands: Commands, name: str) -> None:
 def local(args: argparse.Namespace) -> int:
     from gpuwarden import joboutput
     from gpuwarden.cli.jobtables import job_ids
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     (job,) = job_ids([args.id])
     with require() as client:

@@ -41,7 +41,7 @@ PAGE = 500
 def local(args: argparse.Namespace) -> int:
     from gpuwarden.cli.jobtables import queue_table
     from gpuwarden.paths import user_name
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     who = user_name() if args.me else args.user
     filters = {} if who is None else {"user": who}

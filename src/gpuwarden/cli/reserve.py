@@ -143,7 +143,7 @@ def _mine(leases: list[Any]) -> dict[str, list[Any]]:
 def _time_hint(service: str) -> str:
     """` --time T` where the service holds this user to a longest --time (which it
     then requires), else "": the hint must be a command the service accepts."""
-    from gpuwarden.service.client import connect
+    from gpuwarden.queueclient.client import connect
 
     try:
         client = connect(service, timeout=2.0)

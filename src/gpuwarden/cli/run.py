@@ -129,7 +129,7 @@ def _through_service(args: argparse.Namespace, conf: Any, request: Any, cmd: lis
     job, as us and on our terminal (docs/service.md): no user who holds the shared lock
     files can block it, and it takes its turn by priority and fair share."""
     from gpuwarden import launch
-    from gpuwarden.service.client import job_fields, run_attached
+    from gpuwarden.queueclient.client import job_fields, run_attached
     from gpuwarden.units import parse_time_limit
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if args.ddp else cmd

@@ -77,7 +77,7 @@ def _install(args: argparse.Namespace) -> int:
         )
         return 0
     _systemctl(install.start_commands(companions))
-    from gpuwarden.service.probe import socket_location, wait_until_running
+    from gpuwarden.queueclient.probe import socket_location, wait_until_running
 
     found = wait_until_running(socket_location(), 15.0)  # the configured socket, as it reads
     if not found["running"]:
@@ -92,8 +92,8 @@ def _install(args: argparse.Namespace) -> int:
 
 def _uninstall(args: argparse.Namespace) -> int:
     from gpuwarden.errors import UserError
+    from gpuwarden.queueclient.probe import probe
     from gpuwarden.service import install
-    from gpuwarden.service.probe import probe
 
     root = _root(args.root)
     if root == "/" and install.systemd_running():
@@ -113,7 +113,7 @@ def _uninstall(args: argparse.Namespace) -> int:
 
 def _reload(args: argparse.Namespace) -> int:
     """Ask the service to read its policy again; print what changed (as its log does)."""
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     with require(args.socket) as client:
         changed = client.call("reload")["changes"]
@@ -157,7 +157,7 @@ def _systemctl(commands: list[list[str]], check: bool = True) -> None:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from gpuwarden.service.probe import probe
+    from gpuwarden.queueclient.probe import probe
 
     found = probe(args.socket)
     if args.json:

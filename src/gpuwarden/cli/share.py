@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from gpuwarden.cli.jobtables import share_table
-    from gpuwarden.service.client import require
+    from gpuwarden.queueclient.client import require
 
     with require() as client:
         users = client.call("share")["users"]

@@ -83,8 +83,8 @@ def submit_local(args: argparse.Namespace) -> int:
     from gpuwarden import config as cfg
     from gpuwarden.cli import filters
     from gpuwarden.cli.jobtables import job_ids
+    from gpuwarden.queueclient.client import job_fields, require
     from gpuwarden.selection import Request
-    from gpuwarden.service.client import job_fields, require
     from gpuwarden.units import is_digits, parse_time_limit
 
     for name in ("nodes", "constraint", "partition", "name"):

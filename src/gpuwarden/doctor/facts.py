@@ -87,7 +87,7 @@ class Facts:
     lease_dir_shared: Optional[bool] = None
     # (mode, why): the device isolation `gpuwarden run` gets here (gpuwarden.cgroups.judge).
     enforcement: Optional[tuple[str, str]] = None
-    # What `gpuwarden.service.probe.probe()` found at the service's socket (running,
+    # What `gpuwarden.queueclient.probe.probe()` found at the service's socket (running,
     # problem, versions, who we are to it); None when it was not asked.
     service: Optional[Mapping[str, Any]] = None
     # Container runtimes and what lets them go around leases (read_containers).
@@ -306,7 +306,7 @@ def read_service(lease_dir: Optional[str] = None) -> Optional[Mapping[str, Any]]
     `service install` leaves it); never raises: a doctor with a broken service to
     report must still report everything else."""
     try:
-        from gpuwarden.service.probe import UNIT_PATH, probe
+        from gpuwarden.queueclient.probe import UNIT_PATH, probe
 
         found = dict(probe())
         installed = os.path.exists(UNIT_PATH)

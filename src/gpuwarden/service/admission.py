@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol
+from gpuwarden.queueclient import protocol
 from gpuwarden.service.settings import Settings
 from gpuwarden.units import format_size
 

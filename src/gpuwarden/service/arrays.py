@@ -21,7 +21,8 @@ from typing import Any, NamedTuple, Optional, Union
 
 from gpuwarden import arrayspec
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol, store
+from gpuwarden.queueclient import protocol
+from gpuwarden.service import store
 
 #: Why a task waits while its array runs as many tasks as its throttle allows (Slurm's word).
 THROTTLED = "JobArrayTaskLimit"

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import booking
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol, store
+from gpuwarden.queueclient import protocol
+from gpuwarden.service import store
 from gpuwarden.service.identity import Person
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuwarden.service import protocol
+from gpuwarden.queueclient import protocol
 from gpuwarden.service.identity import Person
 
 

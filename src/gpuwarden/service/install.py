@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
-from gpuwarden.service.probe import UNIT_PATH
+from gpuwarden.queueclient.probe import UNIT_PATH
 from gpuwarden.service.unitfiles import (
     COMPANIONS,
     CONFIG_SECTION,

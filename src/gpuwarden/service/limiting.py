@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol
+from gpuwarden.queueclient import protocol
 from gpuwarden.service.identity import Person, person
 from gpuwarden.service.limits import Limit, refusal
 from gpuwarden.service.store import Job, Store

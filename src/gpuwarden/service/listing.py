@@ -15,7 +15,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from gpuwarden.service import protocol, store
+from gpuwarden.queueclient import protocol
+from gpuwarden.service import store
 
 T = TypeVar("T")  # a job, or a row of jobs (service.arrays.grouped)
 

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
+from gpuwarden.queueclient import protocol
 from gpuwarden.service import (
     admission,
     arrays,
     bookings,
     jobprocess,
     listing,
-    protocol,
     requeue,
     store,
 )

@@ -24,7 +24,9 @@ from typing import Any, Callable, Optional
 
 from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import journalguard, protocol, store
+from gpuwarden.queueclient import protocol
+from gpuwarden.queueclient.protocol import ProtocolError
+from gpuwarden.service import journalguard, store
 from gpuwarden.service.attaching import Attaching
 from gpuwarden.service.attachment import ClientProcess
 from gpuwarden.service.connection import Connection
@@ -33,7 +35,6 @@ from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.limiting import Limiting
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import Pacer
-from gpuwarden.service.protocol import ProtocolError
 from gpuwarden.service.reloading import Reloading
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings

@@ -80,7 +80,7 @@ class Asker:
     def _connect(self) -> bool:
         import errno
 
-        from gpuwarden.service import protocol
+        from gpuwarden.queueclient import protocol
 
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
@@ -96,7 +96,7 @@ class Asker:
         return True
 
     def _call(self, op: str, deadline: float) -> Any:
-        from gpuwarden.service import protocol
+        from gpuwarden.queueclient import protocol
 
         assert self.sock is not None
         return _call(

@@ -32,8 +32,8 @@ from typing import Any, Optional
 
 from gpuwarden import config
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol
-from gpuwarden.service.client import Client, _reattach, require
+from gpuwarden.queueclient import protocol
+from gpuwarden.queueclient.client import Client, _reattach, require
 
 #: The allocation's process: it waits for the block's end (its stdin closing).
 PLACEHOLDER = ["/bin/sh", "-c", "read _ || :", "gpuwarden.lease"]

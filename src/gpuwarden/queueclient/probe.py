@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from gpuwarden.service import protocol
+from gpuwarden.queueclient import protocol
 
 #: Where `gpuwarden service install` puts the unit: there, the service is installed.
 UNIT_PATH = "/etc/systemd/system/gpuwarden.service"
@@ -43,7 +43,7 @@ def socket_location(path: Optional[str] = None) -> str:
     try:
         return str(config.load().get("service.socket"))
     except UserError:  # a broken config file is `gpuwarden config`'s to report
-        from gpuwarden.service.client import socket_path
+        from gpuwarden.queueclient.client import socket_path
 
         return socket_path()
 

@@ -15,7 +15,7 @@ import socket
 import sys
 
 from gpuwarden.errors import UserError
-from gpuwarden.service import protocol
+from gpuwarden.queueclient import protocol
 
 TYPE_CHECKING = False  # typing stays off the start-up path of `run` through the service
 if TYPE_CHECKING:

@@ -14,13 +14,13 @@ import os
 import sys
 
 from gpuwarden.errors import UserError
-from gpuwarden.jobs import Machine, allowed, launch_leased, lease, within_enclosing
 
 TYPE_CHECKING = False  # annotations only: the run path does not import typing
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, Optional
 
+    from gpuwarden.jobs import Machine
     from gpuwarden.leases import Held
 
 
@@ -35,7 +35,7 @@ def service_socket(conf: Any, environ: Optional[Mapping[str, str]] = None) -> Op
     return str(path)
 
 
-class Plan:
+class DryRun:
     """What a dry run would do: choose on `snapshot` within `allowed` (`snapshot` None:
     the job would run with every GPU hidden)."""
 
@@ -44,7 +44,7 @@ class Plan:
         self.allowed = allowed
 
 
-class Started:
+class Running:
     """A job `start` started, with what it holds for it (a lease, device cgroups), or the
     exit status of one already over (the queue service ran it on our terminal)."""
 
@@ -86,9 +86,9 @@ def start(
     warning: Optional[Callable[[], Optional[dict[str, Any]]]] = None,
     take: Optional[Callable[[Machine, Any], Held]] = None,
     say: Optional[Callable[[str], None]] = None,
-) -> Started | Plan:
+) -> Running | DryRun:
     """Start `cmd` for `request` the way `gpuwarden run` does, deciding everything on
-    the way: a `Started` job, or a `Plan` for a dry run.
+    the way: a `Running` job, or a `DryRun` for a dry run.
 
     `conf` gives the waiting (run.wait, run.timeout), the id format, the service's
     socket and the device cgroup setting; `warning` reads `--signal` for the service
@@ -102,17 +102,17 @@ def start(
         def say(line: str) -> None:
             print(line, file=sys.stderr)
 
-    def on_cpu() -> Started | Plan:
+    def on_cpu() -> Running | DryRun:
         """Every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
         from gpuwarden import launch
 
         if dry_run:
-            return Plan()
+            return DryRun()
         argv = launch.ddp_argv(cmd, nproc or 1) if ddp else list(cmd)
         env = launch.job_env(os.environ, ())
         if ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
-        return Started(launch.start(argv, env), isolation=isolation)
+        return Running(launch.start(argv, env), isolation=isolation)
 
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
@@ -125,13 +125,16 @@ def start(
                 return on_cpu()
             service = None if dry_run else service_socket(conf)
             if service is not None:
-                return Started(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
+                return Running(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
             if time_limit is not None:
                 raise UserError(
                     f"--time needs the queue service (none answers at "
                     f"{conf.get('service.socket')}) or --slurm; "
                     "without them a job runs until it ends"
                 )
+            # Only the direct path chooses, leases and launches here (not the service's).
+            from gpuwarden.jobs import Machine, allowed
+
             devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
             if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
                 from gpuwarden.cgroups import isolate
@@ -149,7 +152,7 @@ def start(
                 return on_cpu()
             scope = allowed(first)
             if dry_run:
-                return Plan(first, scope)
+                return DryRun(first, scope)
             return _direct(request, cmd, conf, machine, scope, ddp, nproc, take, devices, isolation)
     except BaseException:
         for cgroup in isolation:
@@ -202,9 +205,10 @@ def _direct(
     take: Optional[Callable[[Machine, Any], Held]],
     devices: str,
     isolation: list[Any],
-) -> Started:
+) -> Running:
     """This process chooses, leases and launches (no queue service)."""
     from gpuwarden import launch
+    from gpuwarden.jobs import launch_leased, lease, within_enclosing
 
     use_uuid = conf.get("run.id_format") == "uuid"
     backend = {"GPUWARDEN_DDP_BACKEND": "nccl"} if ddp else {}
@@ -220,8 +224,8 @@ def _direct(
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
             from gpuwarden.containerjob import start as start_container
 
-            return Started(start_container(inner, env, ()), isolation=isolation)
-        return Started(launch.start(argv, env), isolation=isolation)
+            return Running(start_container(inner, env, ()), isolation=isolation)
+        return Running(launch.start(argv, env), isolation=isolation)
     if take is None:
         held = lease(
             request,
@@ -247,7 +251,7 @@ def _direct(
     except BaseException:
         held.release()
         raise
-    started = Started(held=held, isolation=isolation)
+    started = Running(held=held, isolation=isolation)
 
     def confine() -> None:
         if not started.isolation:

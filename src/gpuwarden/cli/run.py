@@ -102,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
         )
     conf, request = filters.request_of(args)
     from gpuwarden import jobpath
-    from gpuwarden.cli.waiting import take
 
     def taking(machine: Any, allowed: Any) -> Any:
+        from gpuwarden.cli.waiting import take  # the direct path only
+
         return take(args.command, conf, request, machine, allowed)
 
     outcome = jobpath.start(
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         warning=lambda: filters.warning_of(args),
         take=taking,
     )
-    if isinstance(outcome, jobpath.Started):
+    if isinstance(outcome, jobpath.Running):
         return outcome.wait()
     if outcome.snapshot is None:
         print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")

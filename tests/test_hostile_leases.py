@@ -27,9 +27,10 @@ from typing import Callable
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import allocation, holders, leasedir
+from gpuwarden import allocation, holders
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
+from gpuwarden.leases import dir as leasedir
 from gpuwarden.safefiles import owner_name
 from gpuwarden.selection import Request
 from machines import card, idle_a100s

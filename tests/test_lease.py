@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import allocation, leasedir, waitline
+from gpuwarden import allocation, waitline
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
+from gpuwarden.leases import dir as leasedir
 from gpuwarden.selection import Request
 from machines import idle_a100s
 
@@ -189,7 +190,8 @@ def test_earlier_waiter_is_served_first() -> None:
 def test_dead_waiter_leaves_the_line() -> None:
     ld = leasedir.open_dir()
     code = (
-        "import time; from gpuwarden import leasedir, waitline; "
+        "import time; from gpuwarden import waitline; "
+        "from gpuwarden.leases import dir as leasedir; "
         "from gpuwarden.selection import Request; "
         "waitline.join(leasedir.open_dir(), Request(count=1)); print('in', flush=True); "
         "time.sleep(60)"

@@ -8,7 +8,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.plot import plot, series, spans
-from gpuwarden.record import COLUMNS, rows
+from gpuwarden.sampling import COLUMNS, rows
 
 
 def test_spans():

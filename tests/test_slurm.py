@@ -448,7 +448,7 @@ def test_a_local_waiter_first_in_line_goes_first() -> None:
 def test_prolog_waits_then_leases_and_clears_its_note(tmp_path: Path) -> None:
     """_hold: reasons are noted once each, the lease is taken when none is left, and
     the note is cleared; a job that ended meanwhile is left alone."""
-    from gpuwarden import leasedir
+    from gpuwarden.leases import dir as leasedir
 
     ld = leasedir.open_dir(str(tmp_path))
     answers = [["GPU 3 is drained (x)"], ["GPU 3 is drained (x)"], []]

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import SRC
 from gpuwarden.errors import UserError
-from gpuwarden.leasedir import open_dir
+from gpuwarden.leases.dir import open_dir
 from gpuwarden.selection import Request
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.waitline import join

@@ -14,7 +14,6 @@ import time
 from collections.abc import Collection
 
 from gpuwarden.errors import UserError
-from gpuwarden.leasedir import LeaseDir, open_dir
 from gpuwarden.leases import (
     ALLOC,
     ALLOC_PATIENCE,
@@ -29,6 +28,7 @@ from gpuwarden.leases import (
     sweep,
     tidy,
 )
+from gpuwarden.leases.dir import LeaseDir, open_dir
 from gpuwarden.units import format_span
 
 TYPE_CHECKING = False

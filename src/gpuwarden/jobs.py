@@ -150,7 +150,7 @@ def choose_now(snapshot: Any, request: Any, allowed: Optional[Collection[str]]) 
 def waiting_count() -> int:
     """How many requests wait in line (they are served before a new one)."""
     from gpuwarden import waitline
-    from gpuwarden.leasedir import open_dir
+    from gpuwarden.leases.dir import open_dir
 
     return len(waitline.read_line(open_dir()))
 

@@ -171,7 +171,7 @@ def _short_model(name: object) -> str:
 
 
 def plot_files(paths: Sequence[str], out: str, title: Optional[str] = None) -> str:
-    from gpuwarden.record import read_csv
+    from gpuwarden.sampling import read_csv
 
     rows: list[Any] = []
     for path in paths:

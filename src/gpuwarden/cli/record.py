@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuwarden import config as config_module
     from gpuwarden.errors import UserError
-    from gpuwarden.record import record
+    from gpuwarden.sampling import record
 
     config = config_module.load(
         {"record.interval": args.interval, "record.max_bytes": args.max_bytes}

@@ -197,9 +197,10 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
     has them), record it RUNNING."""
-    from gpuwarden import allocation, leasedir
+    from gpuwarden import allocation
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import job_env
+    from gpuwarden.leases import dir as leasedir
     from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
@@ -308,7 +309,8 @@ def release_leases(service: Service, job: store.Job) -> None:
     import fcntl
     import os
 
-    from gpuwarden import leasedir, leases
+    from gpuwarden import leases
+    from gpuwarden.leases import dir as leasedir
 
     try:
         ld = leasedir.open_dir(service.settings.lease_dir)

@@ -179,9 +179,10 @@ def prolog(
     lease_dir: Optional[str] = None,
 ) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
-    from gpuwarden import leasedir, waitline
+    from gpuwarden import waitline
     from gpuwarden.drain import list_drains
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.leases import dir as leasedir
     from gpuwarden.locations import state_location
 
     before = time.time()

@@ -219,7 +219,7 @@ def _soft(read: Callable[[], Any], default: Any) -> Any:
 
 
 def _waiters() -> list:
-    from gpuwarden.leasedir import open_dir
+    from gpuwarden.leases.dir import open_dir
     from gpuwarden.locations import lease_location
     from gpuwarden.waitline import read_line
 

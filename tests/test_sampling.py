@@ -10,7 +10,7 @@ import pytest
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.record import COLUMNS, Recorder, read_csv, record, rows, to_csv
+from gpuwarden.sampling import COLUMNS, Recorder, read_csv, record, rows, to_csv
 
 GiB = 2**30
 

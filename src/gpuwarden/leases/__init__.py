@@ -18,7 +18,7 @@ locks are taken, and until the new metadata is in place. Waiting clients
 queue in the same directory (`gpuwarden.waitline`) and are served first come,
 first served.
 
-The lease directory is checked before use (`gpuwarden.leasedir`); choosing and
+The lease directory is checked before use (`gpuwarden.leases.dir`); choosing and
 waiting in line are `gpuwarden.allocation`'s.
 
 Every file in it may have been put there by a hostile user: records are opened
@@ -37,8 +37,14 @@ import time
 from collections.abc import Sequence
 
 from gpuwarden.errors import UserError
-from gpuwarden.leasedir import LeaseDir, check_dir
-from gpuwarden.leaserecord import HOLDER_PATTERN, HOLDER_SUFFIX, LeaseInfo, parse_record, unreadable
+from gpuwarden.leases.dir import LeaseDir, check_dir
+from gpuwarden.leases.record import (
+    HOLDER_PATTERN,
+    HOLDER_SUFFIX,
+    LeaseInfo,
+    parse_record,
+    unreadable,
+)
 from gpuwarden.safefiles import (
     MAX_RECORD,
     TMP_SUFFIX,

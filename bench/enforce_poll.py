@@ -44,14 +44,14 @@ def main() -> int:
             GPUWARDEN_LEASE_DIR=os.path.join(tmp, "leases"),
             GPUWARDEN_STATE_DIR=os.path.join(tmp, "state"),
         )
-        from gpuwarden.enforcement import Policy
+        from gpuwarden.enforcement import EnforceSettings
         from gpuwarden.enforcer import Enforcer
         from gpuwarden.inventory import read_snapshot
         from gpuwarden.leases import list_leases
 
         logging.disable(logging.CRITICAL)  # 64 "unleased" lines a poll are not the cost
         count = sum(len(g.processes) for g in read_snapshot().gpus)
-        enforcer = Enforcer(Policy())
+        enforcer = Enforcer(EnforceSettings())
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(args.polls):
             now = time.time()

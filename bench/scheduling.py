@@ -38,7 +38,7 @@ TARGET_MS = 5.0
 def queue(kind: str, jobs: int, gpus: int, seed: int = 12) -> tuple:  # type: ignore[type-arg]
     rng = random.Random(seed)
     now = time.time()
-    cards = [scheduling.Gpu(f"GPU-{i:04d}", 80 * GIB) for i in range(gpus)]
+    cards = [scheduling.QueueGpu(f"GPU-{i:04d}", 80 * GIB) for i in range(gpus)]
     users = [f"user{i}" for i in range(20 if kind == "mixed" else 3)]
     running: list[scheduling.Running] = []
     if kind in ("busy", "mixed"):

@@ -21,7 +21,8 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
-from gpuwarden import config_trust, configkeys
+from gpuwarden.config import keys as configkeys
+from gpuwarden.config import trust as config_trust
 
 SECONDS = 20  # no case may take this long: a hang fails the case instead of the run
 

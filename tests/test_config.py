@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import config, config_trust, configkeys, configvalues, locations, units
+from gpuwarden import config, locations, units
+from gpuwarden.config import keys as configkeys
+from gpuwarden.config import trust as config_trust
+from gpuwarden.config import values as configvalues
 from gpuwarden.errors import UserError
 
 GiB = 2**30

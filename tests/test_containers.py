@@ -423,7 +423,7 @@ def test_the_idle_policy_releases_a_container_s_lease_by_stopping_it(
 ) -> None:
     """A container's PID 1 that ignores SIGTERM outlives the signal to its client's group,
     and holds the lease on: the enforcer stops the container itself."""
-    from gpuwarden.enforcement import Policy
+    from gpuwarden.enforcement import EnforceSettings
     from gpuwarden.enforcer import Enforcer
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.leases import list_leases
@@ -444,7 +444,7 @@ def test_the_idle_policy_releases_a_container_s_lease_by_stopping_it(
             check=True,
         )
         Machine.open().add_process(6, int(out.stdout), "1GiB")  # idle: 0% all along
-        enforcer = Enforcer(Policy(idle_after=60, idle_action="release"))
+        enforcer = Enforcer(EnforceSettings(idle_after=60, idle_action="release"))
         first = enforcer.step(read_snapshot(), list_leases(), 0.0)
         assert [a for a in first if a.policy != "unleased"] == []  # the colleagues' use
         acts = enforcer.step(read_snapshot(), list_leases(), 61.0)

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from gpuwarden import config
 from gpuwarden.enforcement import (
+    EnforceSettings,
     Idle,
     Lease,
-    Policy,
     Since,
     Unleased,
     Use,
@@ -27,7 +27,7 @@ GiB = 2**30
 sizes = st.integers(0, 200 * GiB)
 times = st.floats(0, 1e6, allow_nan=False)
 policies = st.builds(
-    Policy,
+    EnforceSettings,
     memory_tolerance=st.floats(0, 100),
     memory_grace=st.floats(0, 3600),
     memory_action=st.sampled_from(["notify", "kill"]),
@@ -60,7 +60,7 @@ def test_an_exclusive_job_or_an_unknown_reading_is_never_over(used, policy, now)
     kill=st.booleans(),
 )
 def test_over_is_warned_then_acted_on_once_after_the_grace(declared, tolerance, grace, kill):
-    policy = Policy(
+    policy = EnforceSettings(
         memory_tolerance=tolerance, memory_grace=grace, memory_action="kill" if kill else "notify"
     )
     used = declared * 3
@@ -136,7 +136,7 @@ def test_unleased_use_is_notified_and_killed_only_on_anothers_gpu(policy, later,
 
 
 def test_by_default_unleased_use_is_never_killed() -> None:
-    policy = Policy.from_config(config.load(environ={}))
+    policy = EnforceSettings.from_config(config.load(environ={}))
     finding = Unleased(300, "GPU-2", "carol", "alice")
     state, action = unleased_action(finding, None, 0.0, policy)
     assert action == "notify"
@@ -168,7 +168,7 @@ def test_an_active_lease_is_never_released(readings, policy) -> None:
 
 @pytest.mark.parametrize("action", ["report", "release"])
 def test_an_idle_lease_is_acted_on_once_after_idle_after(action) -> None:
-    policy = Policy(idle_after=60.0, idle_action=action)
+    policy = EnforceSettings(idle_after=60.0, idle_action=action)
     last, got = idle_action(0, 5 * GiB, None, 0.0, policy)  # first reading: nothing to compare
     assert got is None
     last, got = idle_action(0, 5 * GiB, last, 10.0, policy)
@@ -185,7 +185,7 @@ def test_an_idle_lease_is_acted_on_once_after_idle_after(action) -> None:
 
 
 def test_defaults_are_safe() -> None:
-    policy = Policy.from_config(config.load(environ={}))
+    policy = EnforceSettings.from_config(config.load(environ={}))
     assert (policy.memory_action, policy.unleased_action, policy.idle_action) == (
         "notify",
         "notify",

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import SRC
-from gpuwarden.enforcement import Policy
+from gpuwarden.enforcement import EnforceSettings
 from gpuwarden.enforcer import Enforcer, lineage
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
@@ -45,7 +45,8 @@ TREE = {100: (100, 1), 101: (101, 100, 1), 300: (300, 1)}
 
 def test_memory_over_is_warned_then_acted_on_after_the_grace() -> None:
     e = Enforcer(
-        Policy(memory_grace=30, memory_action="kill"), lineage_of=lambda p: TREE.get(p, (p,))
+        EnforceSettings(memory_grace=30, memory_action="kill"),
+        lineage_of=lambda p: TREE.get(p, (p,)),
     )
     leases = [lease(2, 100, "alice", mem=10)]
     over = snap({2: [(100, 8, "alice"), (101, 8, "alice")]})  # 16 GiB in the job's tree
@@ -60,7 +61,7 @@ def test_memory_over_is_warned_then_acted_on_after_the_grace() -> None:
 
 
 def test_unleased_use_on_a_leased_gpu_is_reported_with_its_user_at_once() -> None:
-    e = Enforcer(Policy(), lineage_of=lambda p: TREE.get(p, (p,)))
+    e = Enforcer(EnforceSettings(), lineage_of=lambda p: TREE.get(p, (p,)))
     leases = [lease(2, 100, "alice")]
     acts = e.step(snap({2: [(100, 8, "alice"), (300, 4, "carol")]}), leases, 0.0)
     assert [(a.policy, a.kind, a.pid, a.user) for a in acts] == [
@@ -70,14 +71,14 @@ def test_unleased_use_on_a_leased_gpu_is_reported_with_its_user_at_once() -> Non
 
 
 def test_an_idle_lease_is_reported_once_and_an_active_one_never() -> None:
-    e = Enforcer(Policy(idle_after=60), lineage_of=lambda p: (p,))
+    e = Enforcer(EnforceSettings(idle_after=60), lineage_of=lambda p: (p,))
     leases = [lease(1, 100, "bob")]
     kinds = [
         [a.kind for a in e.step(snap({1: [(100, 2, "bob")]}, util=0), leases, t)]
         for t in (0, 30, 61, 90)
     ]
     assert kinds == [[], [], ["report"], []]
-    e = Enforcer(Policy(idle_after=60), lineage_of=lambda p: (p,))
+    e = Enforcer(EnforceSettings(idle_after=60), lineage_of=lambda p: (p,))
     for t in range(0, 600, 30):
         assert e.step(snap({1: [(100, 2, "bob")]}, util=3), leases, float(t)) == []
 
@@ -206,7 +207,7 @@ def test_a_process_that_ignores_sigterm_gets_sigkill_at_a_later_reading() -> Non
     )
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
-        e = Enforcer(Policy())
+        e = Enforcer(EnforceSettings())
         kill = Action("kill", "unleased", "GPU-2", 2, stubborn.pid, "carol", "test")
         e.carry_out([kill], 0.0)
         assert stubborn.poll() is None and stubborn.pid in e.terminated  # SIGTERM ignored

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 from gpuwarden import scheduling
 from gpuwarden.foresight import estimated_starts
-from gpuwarden.scheduling import Gpu, Running, Waiting
+from gpuwarden.scheduling import QueueGpu, Running, Waiting
 
 NOW = 1000.0
 GIB = 1 << 30
 
 
-def starts(gpus: list[Gpu], running: list[Running], waiting: list[Waiting]) -> dict[str, object]:
+def starts(
+    gpus: list[QueueGpu], running: list[Running], waiting: list[Waiting]
+) -> dict[str, object]:
     decisions = scheduling.plan(gpus, running, waiting, {}, NOW)
     return estimated_starts(gpus, running, {w.id: w for w in waiting}, decisions, NOW)
 
 
 def test_every_waiting_job_gets_a_start_and_unknowable_ones_none() -> None:
-    gpus = [Gpu("a", 80 * GIB), Gpu("b", 80 * GIB)]
+    gpus = [QueueGpu("a", 80 * GIB), QueueGpu("b", 80 * GIB)]
     running = [Running("1", "x", ("a", "b"), NOW - 10, None, 110.0)]  # ends at NOW + 100
     waiting = [
         Waiting("2", "u", 2, NOW - 50, time_limit=50.0),  # after job 1: at +100
@@ -38,7 +40,7 @@ def test_every_waiting_job_gets_a_start_and_unknowable_ones_none() -> None:
 
 
 def test_a_job_that_starts_now_is_now_and_shared_memory_jobs_pack() -> None:
-    gpus = [Gpu("a", 80 * GIB)]
+    gpus = [QueueGpu("a", 80 * GIB)]
     waiting = [
         Waiting("1", "u", 1, NOW - 3, mem=30 * GIB, time_limit=60.0),
         Waiting("2", "u", 1, NOW - 2, mem=30 * GIB, time_limit=60.0),

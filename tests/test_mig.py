@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jsonschema
 import pytest
 
-from gpuwarden.enforcement import Policy
+from gpuwarden.enforcement import EnforceSettings
 from gpuwarden.enforcer import Enforcer
 from gpuwarden.inventory import Gpu, GpuProcess, MigInstance, Snapshot
 from gpuwarden.leases import LeaseInfo
@@ -154,12 +154,12 @@ def test_enforcement_judges_each_slice_by_its_own_lease() -> None:
     inside = GpuProcess(7, 2 * GIB, "ann", "python train.py", mig_uuid="MIG-b")
     stray = GpuProcess(8, GIB, "bob", "python x.py", mig_uuid="MIG-b")
     leases = [LeaseInfo("MIG-b", "ann", 7, "python train.py", 0.0, job="17")]
-    e = Enforcer(Policy(), lineage_of=lambda p: (p,))
+    e = Enforcer(EnforceSettings(), lineage_of=lambda p: (p,))
     acts = e.step(a100(inside, stray), leases, 0.0)
     assert [(a.policy, a.pid, a.gpu) for a in acts] == [("unleased", 8, "MIG-b")]
     assert "uses GPU 1 MIG-b without a lease; the GPU is leased to ann" in acts[0].message
     # A lease on an empty slice shows as idle (no process: 0%), reported after the wait.
-    idle = Enforcer(Policy(idle_after=60), lineage_of=lambda p: (p,))
+    idle = Enforcer(EnforceSettings(idle_after=60), lineage_of=lambda p: (p,))
     held = [LeaseInfo("MIG-c", "ann", 9, "sleep", 0.0, job="18")]
     kinds = [[a.kind for a in idle.step(a100(), held, t)] for t in (0.0, 30.0, 61.0)]
     assert kinds == [[], [], ["report"]]
@@ -167,6 +167,6 @@ def test_enforcement_judges_each_slice_by_its_own_lease() -> None:
 
 @pytest.mark.parametrize("profile", ["1g.10gb", "1g.10gb+me", "1c.3g.40gb", "7g.80gb"])
 def test_profile_names_nvidia_uses_are_accepted(profile: str) -> None:
-    from gpuwarden.configvalues import KINDS
+    from gpuwarden.config.values import KINDS
 
     assert KINDS["profile"][0](profile.upper()) == profile

@@ -14,8 +14,8 @@ GiB = 2**30
 DAY = 86400.0
 
 
-def gpus(n: int, memory: int = 80 * GiB) -> list[s.Gpu]:
-    return [s.Gpu(f"GPU-{i}", memory) for i in range(n)]
+def gpus(n: int, memory: int = 80 * GiB) -> list[s.QueueGpu]:
+    return [s.QueueGpu(f"GPU-{i}", memory) for i in range(n)]
 
 
 def by_id(decisions: list[s.Decision]) -> dict[str, s.Decision]:
@@ -108,7 +108,7 @@ def test_reasons_held_dependency_limit_drained() -> None:
         s.Waiting("toobig", "bob", 1, submitted=0.0, mem=100 * GiB),
     ]
     policy = s.Policy(max_gpus_per_user=2, exempt=frozenset({"root"}))
-    usable = [*gpus(7), s.Gpu("GPU-7", 80 * GiB, usable=False)]
+    usable = [*gpus(7), s.QueueGpu("GPU-7", 80 * GiB, usable=False)]
     d = by_id(
         s.plan(
             usable,
@@ -168,7 +168,9 @@ users = st.sampled_from(["alice", "bob", "carol", "dave"])
 
 
 @st.composite
-def queues(draw: st.DrawFn) -> tuple[list[s.Gpu], list[s.Running], list[s.Waiting], dict, float]:
+def queues(
+    draw: st.DrawFn,
+) -> tuple[list[s.QueueGpu], list[s.Running], list[s.Waiting], dict, float]:
     n = draw(st.integers(1, 8))
     machine = gpus(n)
     uuids = [g.uuid for g in machine]

@@ -117,7 +117,7 @@ def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
         card(6),
         card(7),
     )
-    remap = {snap.gpus[2].uuid: (health.Finding(health.WARNING, "remap pending"),)}
+    remap = {snap.gpus[2].uuid: (health.Symptom(health.WARNING, "remap pending"),)}
     choice = choose(snap, Request(count=2, min_free=20 * GiB), health=remap)
     assert idx(choice) == [6, 7]
     assert choice.passed_over[snap.gpus[1].uuid] == "busy: pid 77 (bob) uses 12.0GiB"
@@ -257,7 +257,7 @@ def test_health_warnings_rank_after_healthy() -> None:
     from gpuwarden import health
 
     snap = snapshot(card(0), card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
-    hot = {snap.gpus[1].uuid: (health.Finding(health.WARNING, "hot"),)}
+    hot = {snap.gpus[1].uuid: (health.Symptom(health.WARNING, "hot"),)}
     assert idx(choose(snap, Request(count=1), health=hot)) == [2]
 
 

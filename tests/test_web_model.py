@@ -9,7 +9,7 @@ import pytest
 
 from gpuwarden.allocation import describe_request
 from gpuwarden.drain import Drain
-from gpuwarden.health import Finding
+from gpuwarden.health import Symptom
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.selection import Request
@@ -135,7 +135,7 @@ def test_reserved_rule():
 
 def test_health_drain_and_faults():
     snap = machine(gpu(0), gpu(1))
-    findings = {"GPU-0001": (Finding("fatal", "XID 79 (fallen off the bus)", "reboot", "xid-79"),)}
+    findings = {"GPU-0001": (Symptom("fatal", "XID 79 (fallen off the bus)", "reboot", "xid-79"),)}
     drains = {"GPU-0001": Drain("GPU-0001", "fan noise <b>loud</b>", "ann", NOW - 5)}
     events = [
         {"uuid": "GPU-0000", "xid": 13, "at": NOW - 20},

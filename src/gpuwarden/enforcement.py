@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 @record
-class Policy:
+class EnforceSettings:
     """The `[enforce]` settings the policies use (see gpuwarden.config)."""
 
     memory_tolerance: float = 10.0  # percent over the declaration
@@ -46,7 +46,7 @@ class Policy:
     idle_action: str = "report"  # report | release
 
     @classmethod
-    def from_config(cls, conf: Any) -> Policy:
+    def from_config(cls, conf: Any) -> EnforceSettings:
         return cls(**{name: conf.get(f"enforce.{name}") for name in cls.__dataclass_fields__})
 
 
@@ -98,7 +98,7 @@ def memory_action(
     used: Optional[int],
     state: Optional[Since],
     now: float,
-    policy: Policy,
+    policy: EnforceSettings,
 ) -> tuple[Optional[Since], Optional[str]]:
     """(new state, action): "warn" when first over, then once the grace is over
     `policy.memory_action` ("notify" or "kill"); None while nothing is to be done."""
@@ -195,7 +195,7 @@ def unleased(uses: Iterable[Use], leases: Sequence[Lease]) -> list[Unleased]:
 
 
 def unleased_action(
-    finding: Unleased, state: Optional[Since], now: float, policy: Policy
+    finding: Unleased, state: Optional[Since], now: float, policy: EnforceSettings
 ) -> tuple[Optional[Since], Optional[str]]:
     """(new state, action) for a process seen in use without a lease: "notify" at once;
     "kill" after the grace only under the kill policy on a GPU leased to someone else."""
@@ -224,7 +224,7 @@ def idle_action(
     memory: Optional[int],
     last: Optional[Idle],
     now: float,
-    policy: Policy,
+    policy: EnforceSettings,
 ) -> tuple[Idle, Optional[str]]:
     """(new state, action) for one lease: idle means 0% utilization and the same memory as
     at the previous reading, itself at 0%; after `policy.idle_after` of it, "report" or

@@ -81,7 +81,7 @@ class Enforcer:
 
     def __init__(
         self,
-        rules: policy.Policy,
+        rules: policy.EnforceSettings,
         lineage_of: Callable[[int], tuple[int, ...]] = lineage,
         container_of: Callable[[int], Optional[str]] = container_job,
     ):

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from gpuwarden.scheduling import PRIORITY, RESOURCES, Capacity, Decision, Gpu, Running, Waiting
+from gpuwarden.scheduling import PRIORITY, RESOURCES, Capacity, Decision, QueueGpu, Running, Waiting
 
 #: Waiting jobs given a time, in the plan's order: the work grows with the square of
 #: the queue, and a start hundreds of jobs away is a guess anyway.
@@ -33,7 +33,7 @@ class Booked(NamedTuple):
 
 
 def estimated_starts(
-    gpus: Sequence[Gpu],
+    gpus: Sequence[QueueGpu],
     running: Iterable[Running],
     waiting: Mapping[str, Waiting],
     decisions: Sequence[Decision],
@@ -67,7 +67,7 @@ def estimated_starts(
     return out
 
 
-def _free_at(gpus: Sequence[Gpu], booked: Sequence[Booked], moment: float) -> Capacity:
+def _free_at(gpus: Sequence[QueueGpu], booked: Sequence[Booked], moment: float) -> Capacity:
     free = Capacity(gpus)
     for b in booked:
         if b.start <= moment < b.end:
@@ -81,7 +81,7 @@ def _collides(
     end: float,
     chosen: tuple[str, ...],
     mem: Optional[int],
-    gpus: Sequence[Gpu],
+    gpus: Sequence[QueueGpu],
 ) -> bool:
     """Whether a job on `chosen` from `start` to `end` overlaps a booking that begins
     later on the same GPUs and that it would not fit beside."""

@@ -28,8 +28,9 @@ OK, WARNING, FATAL = "ok", "warning", "fatal"
 
 
 @record
-class Finding:
-    """One thing wrong (or worth a look) with a GPU; `code` says whether it is new."""
+class Symptom:
+    """One thing wrong (or worth a look) with a GPU — a symptom, named apart from the
+    doctor's `Finding` (a check's verdict); `code` says whether it is new."""
 
     level: str  # OK, WARNING or FATAL
     reason: str  # what was seen, one line
@@ -153,17 +154,17 @@ def judge(
     *,
     rules: Optional[Rules] = None,
     ecc_corrected_rate: Optional[float] = None,
-) -> tuple[Finding, ...]:
+) -> tuple[Symptom, ...]:
     """Every finding for one GPU, worst first; empty means healthy.
 
     `xids` are the XIDs seen on it (repeats allowed) since they were last
     cleared; `ecc_corrected_rate` (errors per hour) is given by callers that
     sample the counter over time."""
     rules = rules or Rules()
-    found: list[Finding] = []
+    found: list[Symptom] = []
     if gpu.lost:
         found.append(
-            Finding(
+            Symptom(
                 FATAL,
                 "GPU is lost (fallen off the bus)",
                 ACTIONS["RESTART_BM"] + "; " + ACTIONS["CONTACT_SUPPORT"],
@@ -174,10 +175,10 @@ def judge(
         what, action = describe_xid(xid)
         times = f" x{count}" if count > 1 else ""
         lvl = FATAL if xid in rules.fatal_xids else WARNING
-        found.append(Finding(lvl, f"{what}{times}", action, f"xid-{xid}"))
+        found.append(Symptom(lvl, f"{what}{times}", action, f"xid-{xid}"))
     if gpu.ecc_uncorrected_volatile:
         found.append(
-            Finding(
+            Symptom(
                 FATAL,
                 f"{gpu.ecc_uncorrected_volatile} uncorrected ECC errors since driver load",
                 ACTIONS["RESET_GPU"] + "; RMA the GPU if they come back",
@@ -186,7 +187,7 @@ def judge(
         )
     if gpu.remapped_rows_failure:
         found.append(
-            Finding(
+            Symptom(
                 FATAL,
                 "row remapping failed (no spare memory rows left)",
                 "RMA the GPU",
@@ -197,7 +198,7 @@ def judge(
         # NVIDIA: with a remap pending, running and new work is unaffected; the
         # remap takes effect at the next reset. Worth doing, not worth a drain.
         found.append(
-            Finding(
+            Symptom(
                 WARNING,
                 "memory row remapping pending",
                 "reset the GPU when it is idle to apply the remap",
@@ -206,7 +207,7 @@ def judge(
         )
     if gpu.retired_pages_pending:
         found.append(
-            Finding(
+            Symptom(
                 FATAL,
                 "ECC page retirement pending",
                 "let running jobs finish, then reset the GPU to retire the pages",
@@ -216,7 +217,7 @@ def judge(
     corrected = gpu.ecc_corrected_volatile
     if ecc_corrected_rate is not None and ecc_corrected_rate >= rules.ecc_corrected_rate_warn:
         found.append(
-            Finding(
+            Symptom(
                 WARNING,
                 f"high corrected ECC error rate ({ecc_corrected_rate:.0f}/hour)",
                 "watch for uncorrected errors; plan a GPU reset or RMA",
@@ -225,7 +226,7 @@ def judge(
         )
     elif corrected is not None and corrected >= rules.ecc_corrected_warn:
         found.append(
-            Finding(
+            Symptom(
                 WARNING,
                 f"{corrected} corrected ECC errors since driver load",
                 "watch for uncorrected errors; plan a GPU reset or RMA",
@@ -234,7 +235,7 @@ def judge(
         )
     if gpu.pcie_replay_count is not None and gpu.pcie_replay_count >= rules.pcie_replay_warn:
         found.append(
-            Finding(
+            Symptom(
                 WARNING,
                 f"{gpu.pcie_replay_count} PCIe replays since driver load",
                 "reseat the GPU or riser; check the PCIe slot and link speed",
@@ -244,14 +245,14 @@ def judge(
     for reason in gpu.throttle_reasons or ():
         if reason in rules.throttle_warn:
             what, action = BAD_THROTTLE.get(reason, (f"clocks throttled ({reason})", ""))
-            found.append(Finding(WARNING, what, action, f"throttle-{reason}"))
+            found.append(Symptom(WARNING, what, action, f"throttle-{reason}"))
     order = {FATAL: 0, WARNING: 1, OK: 2}
     # The catalogue's actions name "GPU"; a command the user can paste names this one.
     found = [replace(f, action=f.action.replace("-i GPU", f"-i {gpu.index}")) for f in found]
     return tuple(sorted(found, key=lambda f: order.get(f.level, 3)))
 
 
-def level(findings: tuple[Finding, ...]) -> str:
+def level(findings: tuple[Symptom, ...]) -> str:
     """The worst level among findings (OK for none)."""
     levels = {f.level for f in findings}
     return FATAL if FATAL in levels else WARNING if WARNING in levels else OK
@@ -295,8 +296,8 @@ def judge_all(
     gpus: Iterable[Gpu],
     xids: Optional[Mapping[str, tuple[int, ...]]] = None,
     rules: Optional[Rules] = None,
-) -> dict[str, tuple[Finding, ...]]:
-    """Findings per UUID for a whole snapshot, with the XIDs seen per UUID (none when
+) -> dict[str, tuple[Symptom, ...]]:
+    """Symptoms per UUID for a whole snapshot, with the XIDs seen per UUID (none when
     not given: reading the XID log is `gpuwarden.xidlog.judged`'s, one layer up)."""
     if xids is None:
         xids = {}

@@ -32,8 +32,8 @@ from gpuwarden.alerts import Notifier
 from gpuwarden.errors import UserError
 from gpuwarden.health import (
     FATAL,
-    Finding,
     Rules,
+    Symptom,
     _config_getter,
     judge,
     rules_from_config,
@@ -168,7 +168,7 @@ class HealthWatch:
         nvml: Any = None,
         notifier: Optional[Notifier] = None,
         log: Callable[[str], None] = _warn,
-        on_finding: Optional[Callable[[Gpu, Finding, dict[str, Any]], None]] = None,
+        on_finding: Optional[Callable[[Gpu, Symptom, dict[str, Any]], None]] = None,
     ) -> None:
         self.settings = settings or WatchSettings()
         self._read = read
@@ -320,7 +320,7 @@ class HealthWatch:
             self._known.get(uuid, set()).discard(f"xid-{xid}")
         self._wake.set()
 
-    def check(self, snapshot: Snapshot) -> list[tuple[Gpu, Finding]]:
+    def check(self, snapshot: Snapshot) -> list[tuple[Gpu, Symptom]]:
         """Judge every GPU; act on findings not seen in the previous check."""
         from gpuwarden.drain import list_drains
 
@@ -329,7 +329,7 @@ class HealthWatch:
         self._retry_drains(drains)
         first = not self._started
         self._started = True
-        new: list[tuple[Gpu, Finding]] = []
+        new: list[tuple[Gpu, Symptom]] = []
         with self._lock:
             for gpu in snapshot.gpus:
                 findings = judge(
@@ -415,7 +415,7 @@ class HealthWatch:
         else:
             _warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
 
-    def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Finding, drains: dict) -> None:
+    def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Symptom, drains: dict) -> None:
         drained = False
         if finding.level == FATAL and self.settings.policy == "drain" and gpu.uuid not in drains:
             drained = self._drain(gpu.uuid, gpu.index, finding.reason)

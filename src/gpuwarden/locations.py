@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from gpuwarden.configkeys import SYSTEM_LEASE_DIR, SYSTEM_STATE_DIR
+from gpuwarden.config.keys import SYSTEM_LEASE_DIR, SYSTEM_STATE_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Callable, Optional
 
-    from gpuwarden.health import Finding, Rules
+    from gpuwarden.health import Rules, Symptom
     from gpuwarden.inventory import Snapshot
     from gpuwarden.leases import LeaseInfo
 
@@ -39,7 +39,7 @@ class MachineView:
     drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> drain.Drain
     xid_events: tuple[dict[str, Any], ...] = ()  # the XID log's events in force, oldest first
     xids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # uuid -> XIDs, oldest first
-    findings: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)  # uuid -> findings
+    findings: Mapping[str, tuple[Symptom, ...]] = field(default_factory=dict)  # uuid -> findings
     lease_error: Optional[str] = None  # why the lease directory could not be read
     failed: tuple[str, ...] = ()  # the readers that failed: "leases", "drains", "xids"
 

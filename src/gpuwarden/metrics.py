@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
-from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Finding, level
+from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Symptom, level
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
 from gpuwarden.records import field, record
 
@@ -37,7 +37,7 @@ class View:
     snapshot: Snapshot
     leases: tuple = ()  # LeaseInfo
     drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> Drain
-    findings: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
+    findings: Mapping[str, tuple[Symptom, ...]] = field(default_factory=dict)
     xids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     fatal_xids: frozenset = DEFAULT_FATAL_XIDS  # health.fatal_xids, for the `fatal` label
     idle_seconds: Mapping[str, float] = field(default_factory=dict)  # held-while-idle time

@@ -83,7 +83,7 @@ class Policy:
 # dataclass (bench/scheduling.py).
 
 
-class Gpu(NamedTuple):
+class QueueGpu(NamedTuple):
     """A GPU the queue may hand out. `memory` (bytes) bounds the shared (`--mem`)
     jobs packed onto it; `usable` is False when it is drained or unhealthy."""
 
@@ -214,7 +214,7 @@ class Capacity:
     service keeps the one its last pass left, to tell whether a new job could
     start before planning again (service.pacing)."""
 
-    def __init__(self, gpus: Iterable[Gpu]) -> None:
+    def __init__(self, gpus: Iterable[QueueGpu]) -> None:
         self.order = [g.uuid for g in gpus if g.usable]
         self.rank = {u: i for i, u in enumerate(self.order)}
         self.most: dict[tuple[Optional[frozenset[str]], Optional[int]], int] = {}
@@ -312,7 +312,7 @@ class Capacity:
 
 
 def plan(
-    gpus: Sequence[Gpu],
+    gpus: Sequence[QueueGpu],
     running: Sequence[Running],
     waiting: Sequence[Waiting],
     usage: Mapping[str, float],

@@ -175,7 +175,7 @@ def choose(
 ) -> Choice:
     """Pick `request.count` GPUs. `leases` are `LeaseInfo`s held now, `drains` the
     `Drain`s by UUID (or a list), `allowed` the UUIDs a parent CUDA_VISIBLE_DEVICES
-    leaves visible (None = all), `health` the `health.Finding`s by UUID as
+    leaves visible (None = all), `health` the `health.Symptom`s by UUID as
     `xidlog.judged` gives them, with the recorded XIDs (None: judged from the
     snapshot alone, a pure call; every command passes the XID-aware one). Bad IDs in
     the request raise UserError; "does not fit" is reported in the Choice, not raised."""

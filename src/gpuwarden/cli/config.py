@@ -23,7 +23,8 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden import config, configkeys, locations
+    from gpuwarden import config, locations
+    from gpuwarden.config import keys as configkeys
     from gpuwarden.errors import UserError
 
     names = max(len(key.name) for key in configkeys.SCHEMA)

@@ -32,13 +32,13 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from gpuwarden.config import load
-    from gpuwarden.enforcement import Policy
+    from gpuwarden.enforcement import EnforceSettings
     from gpuwarden.enforcer import Enforcer
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.leases import list_leases
 
     conf = load()
-    enforcer = Enforcer(Policy.from_config(conf))
+    enforcer = Enforcer(EnforceSettings.from_config(conf))
     interval = conf.get("enforce.poll_seconds")
     root = os.geteuid() == 0
     while True:

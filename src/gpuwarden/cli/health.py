@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     for gpu in snapshot.gpus:
         findings = health.judge(gpu, xids.get(gpu.uuid, ()), rules=rules)
         state = health.level(findings)
-        worst = health.level((health.Finding(worst, ""), health.Finding(state, "")))
+        worst = health.level((health.Symptom(worst, ""), health.Symptom(state, "")))
         drain = drains.get(gpu.uuid)
         rows.append((gpu, state, findings, drain))
     if args.json:

@@ -50,7 +50,7 @@ class Limits:
 
     @classmethod
     def parse(cls, table: Mapping[str, Mapping[str, float]]) -> Limits:
-        """The validated table (`configvalues` checked its shape); an unknown group is
+        """The validated table (`config.values` checked its shape); an unknown group is
         refused in one line naming it."""
         gids = {}
         for name in table:

@@ -108,7 +108,7 @@ def _with_topology(snapshot: Any) -> Any:
 def inputs(
     snapshot: Any, running: Sequence[store.Job], pending: Sequence[store.Job], settings: Settings
 ) -> tuple[
-    list[scheduling.Gpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
+    list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`."""
     from gpuwarden import drain, health, leases
@@ -130,7 +130,7 @@ def inputs(
             and not any(f.level == health.FATAL for f in findings.get(own, ()))
         )
 
-    gpus = [scheduling.Gpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
+    gpus = [scheduling.QueueGpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
     now = time.time()
     busy = [
         scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)

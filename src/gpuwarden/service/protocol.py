@@ -258,7 +258,7 @@ class GpuRequest:
     min_free: Optional[int] = None
     max_util: Optional[float] = None
     mem: Optional[int] = None
-    mig: Optional[str] = None  # a MIG profile, as configvalues reads it
+    mig: Optional[str] = None  # a MIG profile, as config.values reads it
 
 
 @record
@@ -322,7 +322,7 @@ def gpu_request(value: object) -> GpuRequest:
 
 
 def _profile(value: object, what: str) -> str:
-    from gpuwarden.configvalues import KINDS, BadValue
+    from gpuwarden.config.values import KINDS, BadValue
 
     try:
         return str(KINDS["profile"][0](value))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuwarden import scheduling
-from gpuwarden.enforcement import Policy
+from gpuwarden.enforcement import EnforceSettings
 from gpuwarden.service.identity import Admins
 from gpuwarden.service.limits import Limits
 
@@ -34,7 +34,8 @@ class Settings:
     webhook: Optional[str] = None  # POSTed a JSON event when a job ends
     sendmail: Optional[str] = None  # mails the owner when a job ends
     devices: str = "auto"  # enforce.devices: a device cgroup per job (auto, off, require)
-    enforce: Policy = field(default_factory=Policy)  # the [enforce] policies it applies
+    # the [enforce] policies it applies
+    enforce: EnforceSettings = field(default_factory=EnforceSettings)
     enforce_every: float = 5.0  # enforce.poll_seconds
     tick: float = 1.0
     max_clients: int = 512  # connections of everyone at once
@@ -89,7 +90,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         webhook=cfg.get("service.webhook"),
         sendmail=cfg.get("service.sendmail"),
         devices=cfg.get("enforce.devices"),
-        enforce=Policy.from_config(cfg),
+        enforce=EnforceSettings.from_config(cfg),
         enforce_every=cfg.get("enforce.poll_seconds"),
         max_clients_per_user=cfg.get("service.max_connections_per_user"),
         idle_timeout=cfg.get("service.idle_timeout"),

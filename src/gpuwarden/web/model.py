@@ -76,7 +76,7 @@ def build(
     """The `/api/v1/state` document for one moment.
 
     `leases` are `leases.LeaseInfo`, `drains` `drain.Drain` by UUID, `findings`
-    `health.Finding`s by UUID, `xid_events` the XID log's entries, `waiters`
+    `health.Symptom`s by UUID, `xid_events` the XID log's entries, `waiters`
     `waitline.Waiter`s in arrival order, `history` per-UUID series from
     `web.history.History.series()`; `describe` turns a waiter's request into words;
     `fatal_xids` (default: the built-in list) marks the fault lines that are fatal;

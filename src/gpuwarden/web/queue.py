@@ -1,6 +1,6 @@
 """The page's queue and fair-share sections, from the queue service (`gpuwarden serve`).
 
-`ServiceWatch` is the only part that talks: once per interval, in a thread of
+`QueuePoller` is the only part that talks: once per interval, in a thread of
 its own, it asks the service's socket `queue` and `share` (and `hello` once per
 connection) within one deadline, and keeps the raw answers; the page's feed
 hands the latest to `section()`, a pure function that turns them into the
@@ -113,7 +113,7 @@ def ask(path: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
         asker.close()
 
 
-class ServiceWatch:
+class QueuePoller:
     """Asks the service once per interval in a thread of its own, so the page's GPUs
     never wait for it: the feed takes the latest answer, however slow the service."""
 
@@ -130,7 +130,7 @@ class ServiceWatch:
             self.answer = self.asker.ask()
         return self.answer
 
-    def start(self) -> ServiceWatch:
+    def start(self) -> QueuePoller:
         self.answer = self.asker.ask()  # the first page must not find the queue empty
         self._thread = threading.Thread(target=self._loop, name="gpuwarden-web-queue", daemon=True)
         self._thread.start()

@@ -86,9 +86,9 @@ class Feed:
         # The queue service's socket (None: none asked), asked by a thread of its own.
         self.service: Any = None
         if service is not None:
-            from gpuwarden.web.queue import DEFAULT_TIMEOUT, ServiceWatch
+            from gpuwarden.web.queue import DEFAULT_TIMEOUT, QueuePoller
 
-            self.service = ServiceWatch(service, interval, service_timeout or DEFAULT_TIMEOUT)
+            self.service = QueuePoller(service, interval, service_timeout or DEFAULT_TIMEOUT)
         self.show_commands = show_commands
         self.rules = rules
         self.watch = watch

@@ -6,7 +6,7 @@ and the loader (`gpuwarden.config`) checks every value against it.
 
 from __future__ import annotations
 
-from gpuwarden.configvalues import KINDS, BadValue
+from gpuwarden.config.values import KINDS, BadValue
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class Key:
     def __init__(
         self,
         name: str,  # dotted: "run.min_free"
-        kind: str,  # a key of configvalues.KINDS
+        kind: str,  # a key of config.values.KINDS
         default: Any,
         doc: str,
         env: tuple[str, ...] = (),  # variables, strongest first; derived when empty

@@ -13,7 +13,7 @@ worked out as `os.path` strings; `pathlib` (with the `urllib.parse` it imports)
 is imported only by the functions that hand out a `Path` and when a
 file is read.
 
-The keys and their types are `gpuwarden.configkeys` and `gpuwarden.configvalues`;
+The keys and their types are `gpuwarden.config.keys` and `gpuwarden.config.values`;
 this module loads the layers. Values are normalised on the way in, so a wrong
 type is reported once, here, naming the file (or variable), the key and the
 expected type. Where state lives is `gpuwarden.locations`.
@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
 
-from gpuwarden.configkeys import KEYS, SCHEMA
-from gpuwarden.configvalues import BadValue
+from gpuwarden.config.keys import KEYS, SCHEMA
+from gpuwarden.config.values import BadValue
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -280,7 +280,7 @@ def _load(
     for layer, name in layers:
         if name is None or not os.path.lexists(name):
             continue
-        from gpuwarden.config_trust import refusal, warn_refused
+        from gpuwarden.config.trust import refusal, warn_refused
 
         why = refusal(name)
         if why is not None:

@@ -57,9 +57,9 @@ def home(open_tmp: Path) -> Path:
     return d
 
 
-def launch(owner, status_dir: Path, cwd: Path, argv, **kw) -> spawn.Launch:  # type: ignore[no-untyped-def]
+def launch(owner, status_dir: Path, cwd: Path, argv, **kw) -> spawn.JobStart:  # type: ignore[no-untyped-def]
     kw.setdefault("env", {"PATH": os.environ["PATH"]})
-    return spawn.Launch(
+    return spawn.JobStart(
         job=kw.pop("job", "j1"),
         argv=tuple(argv),
         owner=owner,

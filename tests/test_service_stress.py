@@ -507,7 +507,7 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
     require(os.geteuid() == 0, "starting a job as its owner needs root")
     status = tmp_path / "status"
     status.mkdir()
-    launch = spawn.Launch(
+    launch = spawn.JobStart(
         job="7",
         argv=("sh", "-c", "exit 3"),
         owner=person(0),
@@ -596,7 +596,7 @@ def test_a_job_gets_sigpipe_at_its_default_though_its_supervisor_ignores_it(
 
     require_root()
     out = tmp_path / "out"
-    launch = spawn.Launch(
+    launch = spawn.JobStart(
         job="8",
         argv=("sh", "-c", "grep SigIgn /proc/$$/status"),
         owner=person(0),

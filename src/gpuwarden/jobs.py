@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
     from typing import Any, Callable, Optional
 
-    from gpuwarden.launch import Job
+    from gpuwarden.launch import StartedJob
     from gpuwarden.leases import Held
 
 
@@ -94,8 +94,8 @@ def launch_leased(
     env: Mapping[str, str],
     command: str,
     before_start: Optional[Callable[[], None]] = None,
-    start: Optional[Callable[[Sequence[str], Mapping[str, str], Sequence[int]], Job]] = None,
-) -> Job:
+    start: Optional[Callable[[Sequence[str], Mapping[str, str], Sequence[int]], StartedJob]] = None,
+) -> StartedJob:
     """Start `argv` holding `held`'s descriptors and publish it as the lease's job.
 
     The record is prepared first (a full disk fails here, nothing started);

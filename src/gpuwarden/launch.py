@@ -203,7 +203,7 @@ class LaunchError(UserError):
     pass
 
 
-class Job:
+class StartedJob:
     """A started job: its pid (also its process group id)."""
 
     def __init__(self, pid: int, tty: Optional[int]) -> None:
@@ -265,7 +265,7 @@ def start(
     env: Mapping[str, str],
     pass_fds: Iterable[int] = (),
     numbered: Sequence[int] = (),
-) -> Job:
+) -> StartedJob:
     """Start `argv` in a new process group with `env`, the descriptors `pass_fds` inherited
     (the lease locks), and the wrapper's signals forwarded to the group. `numbered` are
     also given to the job as descriptors 3, 4, ... (what Podman's --preserve-fds passes)."""
@@ -311,7 +311,7 @@ def start(
             for fd in high:
                 os.close(fd)
         _set_foreground(tty, pid)
-        job = Job(pid, tty)
+        job = StartedJob(pid, tty)
         for signum in forwarded:
             job._saved[signum] = signal.signal(signum, job._forward)
     finally:

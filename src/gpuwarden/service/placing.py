@@ -216,7 +216,7 @@ def start_job(
     try:
         gpus = sorted(held.gpus, key=lambda g: g.index)
         owner = person(job.uid, job.gid)
-        launch = spawn.Launch(
+        launch = spawn.JobStart(
             job=str(job.id),
             argv=job.argv,
             owner=owner,

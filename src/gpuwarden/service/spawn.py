@@ -15,7 +15,7 @@ which drops to its owner before anything it does can be steered by the owner:
    make the service write where the owner could not;
 4. `exec` with the owner's environment less the variables the service controls.
 
-The supervisor, not the job, holds the lease lock descriptors (`Launch.keep`): a job
+The supervisor, not the job, holds the lease lock descriptors (`JobStart.keep`): a job
 has no descriptor to pass to a process outside it (SCM_RIGHTS) that would keep its
 GPUs. The supervisor is the job tree's subreaper (`service.tree`); when the job's
 own process ends it kills what is left below it, then lets go of the leases by
@@ -52,7 +52,7 @@ EXIT_SUFFIX = ".exit"
 
 
 @dataclass(frozen=True)
-class Launch:
+class JobStart:
     """Everything needed to start one job; built by the service from a validated request."""
 
     job: str
@@ -185,7 +185,7 @@ def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
 
 
 def start(
-    launch: Launch,
+    launch: JobStart,
     timeout: float = 30.0,
     on_forked: Optional[Callable[[int, int], None]] = None,
 ) -> Started:
@@ -269,7 +269,7 @@ def _start_time_of_child(pid: int) -> int:
     return start_time(pid)
 
 
-def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
+def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record."""
     os.setsid()
     # Nothing of the service's survives into the supervisor but what the job needs:
@@ -335,7 +335,7 @@ def _supervise(launch: Launch, report_w: int, go_r: int) -> int:
     return 0
 
 
-def _job_cgroup(launch: Launch) -> tuple[dict[str, str], Optional[str]]:
+def _job_cgroup(launch: JobStart) -> tuple[dict[str, str], Optional[str]]:
     """The job's cgroup dirs, made and confined to its GPUs by the supervisor (root); or
     no cgroup, with the reason the job must not run when `devices` is "require"."""
     if launch.minors is None or launch.devices == "off":
@@ -380,7 +380,7 @@ def drop_privileges(owner: Person) -> None:
         raise UserError("could still become root after dropping privileges; refusing to run")
 
 
-def _become_job(launch: Launch, error_w: int, cgroup: Optional[dict[str, str]] = None) -> None:
+def _become_job(launch: JobStart, error_w: int, cgroup: Optional[dict[str, str]] = None) -> None:
     if cgroup:
         # As root, before anything of the owner's runs: the job and all it starts are in
         # the cgroup (only its GPUs open; cancel reaches every process, however detached).

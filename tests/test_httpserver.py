@@ -15,15 +15,15 @@ import pytest
 
 from gpuwarden.exporter import ViewCache, serve
 from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import Reply, Request, parse_head
+from gpuwarden.httpwire import HttpReply, HttpRequest, parse_head
 from machines import busy_box
 from waiting import wait_for
 
 
-def handler(request: Request) -> Reply:
+def handler(request: HttpRequest) -> HttpReply:
     if request.path == "/metrics":
-        return Reply(200, b"up 1\n", "text/plain")
-    return Reply(404, b"not found\n", "text/plain")
+        return HttpReply(200, b"up 1\n", "text/plain")
+    return HttpReply(404, b"not found\n", "text/plain")
 
 
 @pytest.fixture
@@ -236,7 +236,7 @@ def test_a_client_that_never_reads_its_answer_is_dropped():
     big = b"x" * (32 * 2**20)  # more than both socket buffers hold
 
     def answer(request):
-        return Reply(200, big) if request.path == "/big" else handler(request)
+        return HttpReply(200, big) if request.path == "/big" else handler(request)
 
     httpd = HttpServer(("127.0.0.1", 0), answer, write_timeout=0.3)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -262,7 +262,7 @@ def test_the_loop_sleeps_while_a_slow_answer_is_built():
 
     def slow(request):
         release.wait(30)
-        return Reply(200, b"late\n")
+        return HttpReply(200, b"late\n")
 
     httpd = HttpServer(("127.0.0.1", 0), slow, request_timeout=0.05)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

@@ -46,7 +46,7 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
     plain = facts(cli, "workstation-3x3090", "gpu2", "10.9.0.8")
     nodes, problems = cluster.nodes_of([("a", mig, ""), ("b", plain, "")])
     assert problems == []
-    files = cluster.files(nodes, cluster.Settings.parse(options()), now=0)
+    files = cluster.files(nodes, cluster.ClusterSettings.parse(options()), now=0)
     assert sorted(files) == sorted(
         [
             "slurm.conf",
@@ -75,7 +75,7 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
         f"NodeName=gpu2 Name=gpu File=/dev/nvidia{i}" for i in range(3)
     ]
     assert "ConstrainDevices=yes" in files["cgroup.conf"].splitlines()
-    without = cluster.files(nodes, cluster.Settings.parse(options(no_slurmdbd=True)))
+    without = cluster.files(nodes, cluster.ClusterSettings.parse(options(no_slurmdbd=True)))
     assert "slurmdbd.conf" not in without
     assert "PriorityType=priority/basic" in without["slurm.conf"].splitlines()
     assert "AccountingStorageType=accounting_storage/none" in without["slurm.conf"]
@@ -115,7 +115,7 @@ def test_options_are_checked_and_an_earlier_directory_is_never_overwritten(
         {"slurmdbd": "db", "no_slurmdbd": True},
     ):
         with pytest.raises(UserError):
-            cluster.Settings.parse(options(**given))
+            cluster.ClusterSettings.parse(options(**given))
     target = tmp_path / "conf"
     cluster.write(str(target), {"prolog.sh": "#!/bin/sh\n", "slurm.conf": "X=1\n"})
     assert os.stat(target / "prolog.sh").st_mode & 0o777 == 0o755

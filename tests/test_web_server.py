@@ -198,7 +198,7 @@ def test_an_events_stream_answers_head_and_is_kept_alive_when_quiet(sim, monkeyp
     import gpuwarden.web.server as web_server
 
     sim("server-8xa100")
-    monkeypatch.setattr(web_server.Events, "keepalive", 0.2)
+    monkeypatch.setattr(web_server.PageEvents, "keepalive", 0.2)
     server = serve("127.0.0.1:0", feed=Feed(interval=3600), max_clients=4, timeout=5)
     try:
         status, headers, body = get(server, "/api/v1/events", method="HEAD")

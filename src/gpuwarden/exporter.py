@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
 from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import Handler, Reply, Request
+from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
 from gpuwarden.inventory import Snapshot
 from gpuwarden.machineview import MachineView, read_view
 from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
@@ -265,13 +265,13 @@ class Exposition:
 def _handler(exposition: Exposition) -> Handler:
     index = b'<html><body><a href="/metrics">metrics</a></body></html>'
 
-    def handle(request: Request) -> Reply:
+    def handle(request: HttpRequest) -> HttpReply:
         if request.path == "/metrics":
             body, content_type = exposition.body(request.headers.get("accept"))
-            return Reply(200, body, content_type)
+            return HttpReply(200, body, content_type)
         if request.path == "/":
-            return Reply(200, index, "text/html")
-        return Reply(404, b"not found\n", "text/plain")
+            return HttpReply(200, index, "text/html")
+        return HttpReply(404, b"not found\n", "text/plain")
 
     return handle
 

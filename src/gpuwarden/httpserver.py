@@ -28,7 +28,7 @@ answered and the connection closed. After an answer that closes the connection,
 what the client still sends is read and dropped for a moment (a lingering close),
 so a reset cannot overtake the answer.
 
-A handler answers a `Request` with a `Reply` (both in `httpwire`, with the
+A handler answers an `HttpRequest` with an `HttpReply` (both in `httpwire`, with the
 parsing); a reply with a `stream` (the web page's server-sent events) keeps its
 connection, without a length, and the loop sends what the stream has new
 whenever `notify()` is called, and its `ping` when it has been quiet for
@@ -50,8 +50,8 @@ from typing import Callable, Optional
 
 from gpuwarden.httpwire import (
     Handler,
-    Reply,
-    Request,
+    HttpReply,
+    HttpRequest,
     Stream,
     encode,
     has_body,
@@ -311,10 +311,10 @@ class HttpServer:
         conn.busy = True
         conn.deadline = float("inf")  # the answer's own deadline starts when it is ready
         self._watch(conn, read=True)  # to notice a hang-up
-        self._jobs.put((conn, Request(method, path, headers), close))
+        self._jobs.put((conn, HttpRequest(method, path, headers), close))
 
     def _error(self, status: int, body: bytes, extra: Optional[Mapping[str, str]] = None) -> bytes:
-        return encode(Reply(status, body, headers={**self.headers, **(extra or {})}), True)
+        return encode(HttpReply(status, body, headers={**self.headers, **(extra or {})}), True)
 
     def _work(self) -> None:
         """A worker: build answers and hand them to the loop."""
@@ -326,9 +326,9 @@ class HttpServer:
             try:
                 reply = self.handler(request)
             except Exception:  # a bug in rendering costs this answer, not the server
-                reply = Reply(500, b"internal error\n")
+                reply = HttpReply(500, b"internal error\n")
             if self.headers:
-                reply = Reply(
+                reply = HttpReply(
                     reply.status,
                     reply.body,
                     reply.content_type,

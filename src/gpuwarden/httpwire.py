@@ -25,7 +25,7 @@ TEXT = "text/plain; charset=utf-8"
 
 
 @dataclass(frozen=True)
-class Request:
+class HttpRequest:
     method: str  # GET or HEAD
     path: str  # without the query
     headers: Mapping[str, str]  # names lower-cased
@@ -42,7 +42,7 @@ class Stream(Protocol):
 
 
 @dataclass(frozen=True)
-class Reply:
+class HttpReply:
     status: int
     body: bytes = b""
     content_type: str = TEXT
@@ -51,7 +51,7 @@ class Reply:
     stream: Optional[Stream] = None  # no length: the connection carries the stream
 
 
-Handler = Callable[[Request], Reply]
+Handler = Callable[[HttpRequest], HttpReply]
 
 
 def parse_head(head: bytes) -> Optional[tuple[str, str, str, dict[str, str]]]:
@@ -93,7 +93,7 @@ def has_body(headers: dict[str, str]) -> bool:
     return "transfer-encoding" in headers or headers.get("content-length", "0") not in ("", "0")
 
 
-def encode(reply: Reply, close: bool, head_only: bool = False) -> bytes:
+def encode(reply: HttpReply, close: bool, head_only: bool = False) -> bytes:
     lines = [
         f"HTTP/1.1 {reply.status} {REASONS.get(reply.status, 'Unknown')}",
         f"Content-Type: {reply.content_type}",

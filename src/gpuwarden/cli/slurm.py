@@ -130,7 +130,7 @@ def cluster(args: argparse.Namespace) -> int:
         raise UserError("slurm cluster needs --out DIR (a new directory for the files)")
     for name in args.hosts:
         remote.check_host(name)
-    settings = made.Settings.parse(args)
+    settings = made.ClusterSettings.parse(args)
     argv = ["slurm", "conf", "--json", f"--dev-dir={args.dev_dir}"]
     if args.type:
         argv.append(f"--type={args.type}")

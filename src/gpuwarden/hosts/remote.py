@@ -27,7 +27,7 @@ PARALLEL = 32
 
 
 @record
-class Reply:
+class HostReply:
     """What one host answered: its stdout when the command succeeded, else why not."""
 
     host: str
@@ -106,7 +106,7 @@ def settings() -> tuple[list[str], float, list[str]]:
     return command or ["gpuwarden"], float(cfg.get("hosts.timeout")), options
 
 
-def run_everywhere(hosts: Sequence[str], argv: Sequence[str]) -> list[Reply]:
+def run_everywhere(hosts: Sequence[str], argv: Sequence[str]) -> list[HostReply]:
     """`gpuwarden ARGV` on every host at once; replies in the hosts' order."""
     command, timeout, options = settings()
     remote = [*command, *argv]
@@ -114,7 +114,7 @@ def run_everywhere(hosts: Sequence[str], argv: Sequence[str]) -> list[Reply]:
         return list(pool.map(lambda h: run_on(h, remote, timeout, options), hosts))
 
 
-def run_on(host: str, remote: Sequence[str], timeout: float, options: Sequence[str]) -> Reply:
+def run_on(host: str, remote: Sequence[str], timeout: float, options: Sequence[str]) -> HostReply:
     argv = ssh_argv(host, remote, timeout, options)
     try:
         done = subprocess.run(
@@ -125,13 +125,13 @@ def run_on(host: str, remote: Sequence[str], timeout: float, options: Sequence[s
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return Reply(host, False, error=f"no answer within {timeout:g} s")
+        return HostReply(host, False, error=f"no answer within {timeout:g} s")
     except OSError as err:
-        return Reply(host, False, error=f"cannot run ssh: {err.strerror or err}")
+        return HostReply(host, False, error=f"cannot run ssh: {err.strerror or err}")
     out = done.stdout[:MAX_REPLY].decode("utf-8", "replace")
     if done.returncode != 0:
-        return Reply(host, False, stdout=out, error=last_line(done.stderr, done.returncode))
-    return Reply(host, True, stdout=out)
+        return HostReply(host, False, stdout=out, error=last_line(done.stderr, done.returncode))
+    return HostReply(host, True, stdout=out)
 
 
 def last_line(stderr: bytes, code: int) -> str:
@@ -144,7 +144,7 @@ def last_line(stderr: bytes, code: int) -> str:
     return printable(line)[:300]
 
 
-def parse_json(reply: Reply) -> tuple[Optional[Any], str]:
+def parse_json(reply: HostReply) -> tuple[Optional[Any], str]:
     """A reply's JSON document, or why there is none."""
     import json
 

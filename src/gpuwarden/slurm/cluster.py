@@ -43,7 +43,7 @@ class Node:
 
 
 @record
-class Settings:
+class ClusterSettings:
     """What the command's options choose: names, the controller, paths, ports."""
 
     name: str = "lab"
@@ -58,7 +58,7 @@ class Settings:
     cgroup: str = "autodetect"
 
     @staticmethod
-    def parse(args: Any) -> Settings:
+    def parse(args: Any) -> ClusterSettings:
         """From `slurm cluster`'s options, each checked (one line per mistake)."""
         name, _, address = (args.controller or os.uname().nodename.split(".", 1)[0]).partition("=")
         _word("--name", args.name)
@@ -76,7 +76,7 @@ class Settings:
             _word("--slurmdbd", args.slurmdbd)
             if args.no_slurmdbd:
                 raise UserError("--slurmdbd names its host; --no-slurmdbd has none: not both")
-        return Settings(
+        return ClusterSettings(
             name=args.name,
             controller=name,
             controller_address=address or None,
@@ -177,7 +177,7 @@ def _node(host: str, doc: Mapping[str, Any]) -> Node:
 # --- the files -------------------------------------------------------------------------
 
 
-def files(nodes: Sequence[Node], s: Settings, now: Optional[float] = None) -> dict[str, str]:
+def files(nodes: Sequence[Node], s: ClusterSettings, now: Optional[float] = None) -> dict[str, str]:
     """name -> contents of every file, for `write`."""
     from gpuwarden.slurm import clusterfiles as cf
 
@@ -196,7 +196,7 @@ def files(nodes: Sequence[Node], s: Settings, now: Optional[float] = None) -> di
     return out
 
 
-def hook(action: str, nodes: Sequence[Node], s: Settings) -> str:
+def hook(action: str, nodes: Sequence[Node], s: ClusterSettings) -> str:
     """The Prolog=/Epilog= program: each node's own gpuwarden, with the site's settings."""
     before, _, after = s.hook_env.partition("%n")
     env_file = shlex.quote(before) + ('"$SLURMD_NODENAME"' + shlex.quote(after) if _ else "")

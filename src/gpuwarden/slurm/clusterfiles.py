@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 Node = Any  # gpuwarden.slurm.cluster.Node (that module imports this one)
-Settings = Any
+ClusterSettings = Any
 
 
 def _block(why: str, *lines: str) -> list[str]:
     return ["", *(f"# {w}" for w in why.split("\n")), *lines]
 
 
-def _paths(s: Settings) -> dict[str, str]:
+def _paths(s: ClusterSettings) -> dict[str, str]:
     """Where the daemons keep state, spool, logs and pid files: the Debian/upstream
     places, or all under --state-dir (then per node, `%n`, so nodes may share it)."""
     if s.state_dir is None:
@@ -39,7 +39,7 @@ def _paths(s: Settings) -> dict[str, str]:
     }
 
 
-def slurm_conf(nodes: Sequence[Node], s: Settings, head: str) -> str:
+def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
     host = s.controller + (f"({s.controller_address})" if s.controller_address else "")
     paths = _paths(s)
     per_cpu = [n.memory_mib // n.cpus for n in nodes if n.memory_mib]
@@ -182,7 +182,7 @@ def gres_conf(nodes: Sequence[Node], head: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def cgroup_conf(s: Settings, head: str) -> str:
+def cgroup_conf(s: ClusterSettings, head: str) -> str:
     plugin = "autodetect" if s.cgroup == "autodetect" else f"cgroup/{s.cgroup}"
     why = (
         "The cgroup version the nodes run (v1 or v2), found by slurmd itself."
@@ -207,7 +207,7 @@ def cgroup_conf(s: Settings, head: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def slurmdbd_conf(s: Settings, head: str) -> str:
+def slurmdbd_conf(s: ClusterSettings, head: str) -> str:
     out = [
         head,
         "# On the accounting host only; readable by SlurmUser alone (it holds a password).",
@@ -236,7 +236,7 @@ def slurmdbd_conf(s: Settings, head: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def readme(nodes: Sequence[Node], s: Settings, head: str) -> str:
+def readme(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
     names = " ".join(n.name for n in nodes)
     paths = _paths(s)
     dirs = " ".join(

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import Handler, Reply, Request
+from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
 from gpuwarden.inventory import Snapshot
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.web.history import History
@@ -262,20 +262,20 @@ class Pages:
 
 
 def _routes(feed: Feed, pages: Pages, loopback_only: bool) -> Handler:
-    def handle(request: Request) -> Reply:
+    def handle(request: HttpRequest) -> HttpReply:
         host = request.headers.get("host")  # browsers always send it; scripts may not
         if loopback_only and host is not None and not is_loopback(_host_name(host)):
-            return Reply(400, b"this page answers to localhost only\n", close=True)
+            return HttpReply(400, b"this page answers to localhost only\n", close=True)
         if request.path == "/api/v1/state":
-            return Reply(200, feed.latest()[1], "application/json", NO_STORE)
+            return HttpReply(200, feed.latest()[1], "application/json", NO_STORE)
         if request.path == "/api/v1/events":
-            return Reply(
-                200, content_type="text/event-stream", headers=NO_STORE, stream=Events(feed)
+            return HttpReply(
+                200, content_type="text/event-stream", headers=NO_STORE, stream=PageEvents(feed)
             )
         if request.path in pages.files:
             body, kind = pages.files[request.path]
-            return Reply(200, body, kind, {"Cache-Control": "no-cache"})
-        return Reply(404, b"not found\n", close=True)
+            return HttpReply(200, body, kind, {"Cache-Control": "no-cache"})
+        return HttpReply(404, b"not found\n", close=True)
 
     return handle
 
@@ -283,7 +283,7 @@ def _routes(feed: Feed, pages: Pages, loopback_only: bool) -> Handler:
 NO_STORE = {"Cache-Control": "no-store"}
 
 
-class Events:
+class PageEvents:
     """Server-sent events: each new document as one `data:` line, a comment when
     quiet for `KEEPALIVE` seconds (proxies drop idle streams)."""
 

@@ -205,3 +205,12 @@ def test_a_page_stops_at_its_bytes_and_says_where_the_next_begins() -> None:
     assert len(" ".join(page["jobs"][0]["command"])) <= listing.COMMAND_CHARS + 1
     last = listing.page(jobs[990:], p.listing({"offset": 990}), len(jobs), lambda j: {"id": j.id})
     assert last["next"] is None and [r["id"] for r in last["jobs"]] == list(range(991, 1001))
+
+
+def test_every_operation_of_the_protocol_has_its_handler_and_record() -> None:
+    from gpuwarden.service.requests import OPERATIONS
+
+    assert set(OPERATIONS) == set(p.OPS)
+    assert p.signalling({"job": 3, "signal": 15}) == p.Signal(job=3, number=15)
+    with pytest.raises(p.ProtocolError, match="job id must be an integer"):
+        p.one_job({})

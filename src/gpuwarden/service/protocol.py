@@ -243,6 +243,37 @@ def job_names(value: object, name: str = "jobs") -> tuple[int | tuple[int, int],
     return tuple(names)
 
 
+# --- requests of one job, of several, of none ------------------------------------
+
+
+def nothing(message: Mapping[str, Any]) -> None:
+    """The record of a request with no fields (hello, stats, share, limits, reload)."""
+    return None
+
+
+def one_job(message: Mapping[str, Any]) -> int:
+    """The job a request names (`"job": ID`): logs, requeue, attach."""
+    (job_id,) = job_ids([message.get("job")], "job")
+    return job_id
+
+
+def jobs_named(message: Mapping[str, Any]) -> tuple[int | tuple[int, int], ...]:
+    """The jobs a request names (`"jobs": [...]`): cancel, hold, release."""
+    return job_names(message.get("jobs"))
+
+
+@record
+class Signal:
+    """A `signal` request: the job and the signal to deliver to it."""
+
+    job: int
+    number: int
+
+
+def signalling(message: Mapping[str, Any]) -> Signal:
+    return Signal(one_job(message), signal_number(message.get("signal")))
+
+
 # --- submit --------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.errors import UserError
 
 if TYPE_CHECKING:
+    from gpuwarden.service.identity import Person
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
@@ -50,6 +51,12 @@ class Reloading:
         from gpuwarden.service.settings import from_config
 
         return from_config(config.load(cli=dict(self.options)), self.fixed, self.extra_admins)
+
+    def reload_by(self, who: Person, _: None, client: object) -> dict[str, Any]:
+        """The `reload` request: an admin's only."""
+        if not self.settings.admins.include(who):
+            raise UserError("only an admin may reload the service's policy")
+        return {"ok": True, "changes": self.reload()}
 
     def reload(self) -> list[str]:
         """Read the configuration again and put it in force; what changed, one line each.

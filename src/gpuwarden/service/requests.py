@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
@@ -27,8 +27,10 @@ from gpuwarden.service import (
     requeue,
     store,
 )
+from gpuwarden.service.attaching import Attaching
 from gpuwarden.service.attachment import ClientProcess, record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
+from gpuwarden.service.reloading import Reloading
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
@@ -40,6 +42,9 @@ log = logging.getLogger("gpuwarden.serve")
 
 #: Upper bounds (seconds) of the wait-time histogram: from an instant start to a day.
 WAIT_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
+
+#: An operation's handler: (the service, the caller, its request's record, its connection).
+Handler = Callable[[Any, Person, Any, "Optional[Connection]"], dict[str, Any]]
 
 
 class Requests:
@@ -69,14 +74,6 @@ class Requests:
 
         def watcher(self) -> ServiceWatch: ...
 
-        def reload(self) -> list[str]: ...
-
-        def attach(
-            self, who: Person, job_id: int, client: Optional[Connection]
-        ) -> dict[str, Any]: ...
-
-        def limits_answer(self, who: Person) -> dict[str, Any]: ...
-
         def within_limits(
             self, who: Person, sub: protocol.Submit, tasks: int, array: bool
         ) -> None: ...
@@ -84,61 +81,73 @@ class Requests:
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
+        """One request answered: its operation names the handler (OPERATIONS), the
+        protocol reads its fields into one record, and the handler answers it."""
         op = protocol.op_of(message)
-        if op == "hello":
-            return {
-                "ok": True,
-                "version": protocol.VERSION,
-                "user": who.name,
-                "uid": who.uid,
-                "admin": self.settings.admins.include(who),
-            }
-        if op == "submit":
-            return self._submit(who, protocol.submit(message), client)
-        if op == "signal":
-            (job_id,) = protocol.job_ids([message.get("job")], "job")
-            number = protocol.signal_number(message.get("signal"))
-            self._signal(self._owned(who, job_id, "signal"), number)
-            return {"ok": True}
-        if op in ("queue", "jobs"):
-            return self._list(who, op, message)
-        if op in ("cancel", "hold", "release"):
-            return self._act(who, op, protocol.job_names(message.get("jobs")))
-        if op == "logs":
-            (job_id,) = protocol.job_ids([message.get("job")], "job")
-            job = self._owned(who, job_id, "read the logs of")
-            return {
-                "ok": True,
-                "output": job.output,
-                "state": job.state,
-                "uid": job.uid,
-                "attached": job.attached,
-                "error": job.error,  # why it never started (the owner's or an admin's)
-            }
-        if op in ("book", "bookings", "unbook"):  # GPUs booked ahead (service.bookings)
-            usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
-            answer = bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
-            if op != "bookings":
-                self.pacer.wake()  # kept GPUs are freed or taken: plan again
-            return answer
-        if op == "requeue":  # run it again once it ends (service.requeue)
-            (job_id,) = protocol.job_ids([message.get("job")], "job")
-            requeue.ask(self.store, self._owned(who, job_id, "requeue"))
-            return {"ok": True}
-        if op == "stats":
-            return self._stats()
-        if op == "reload":
-            if not self.settings.admins.include(who):
-                raise UserError("only an admin may reload the service's policy")
-            return {"ok": True, "changes": self.reload()}
-        if op == "limits":
-            return self.limits_answer(who)
-        if op == "attach":
-            (job_id,) = protocol.job_ids([message.get("job")], "job")
-            return self.attach(who, job_id, client)
-        if op == "share":
-            return self._share()
-        raise protocol.ProtocolError(f"operation {op!r} is not served yet")
+        served = OPERATIONS.get(op)
+        if served is None:
+            raise protocol.ProtocolError(f"operation {op!r} is not served yet")
+        decode, handler = served
+        return handler(self, who, decode(message), client)
+
+    # -- one handler per operation: (the caller, its request's record, its connection) --
+
+    def _hello(self, who: Person, _: None, client: Optional[Connection]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "version": protocol.VERSION,
+            "user": who.name,
+            "uid": who.uid,
+            "admin": self.settings.admins.include(who),
+        }
+
+    def _signal_job(
+        self, who: Person, ask: protocol.Signal, client: Optional[Connection]
+    ) -> dict[str, Any]:
+        self._signal(self._owned(who, ask.job, "signal"), ask.number)
+        return {"ok": True}
+
+    def _cancel_jobs(
+        self, who: Person, names: tuple[arrays.Name, ...], client: Optional[Connection]
+    ) -> dict[str, Any]:
+        return self._act(who, "cancel", names)
+
+    def _hold(
+        self, who: Person, names: tuple[arrays.Name, ...], client: Optional[Connection]
+    ) -> dict[str, Any]:
+        return self._act(who, "hold", names)
+
+    def _release(
+        self, who: Person, names: tuple[arrays.Name, ...], client: Optional[Connection]
+    ) -> dict[str, Any]:
+        return self._act(who, "release", names)
+
+    def _logs(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
+        job = self._owned(who, job_id, "read the logs of")
+        return {
+            "ok": True,
+            "output": job.output,
+            "state": job.state,
+            "uid": job.uid,
+            "attached": job.attached,
+            "error": job.error,  # why it never started (the owner's or an admin's)
+        }
+
+    def _book_request(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
+        """GPUs booked ahead: `book`, `bookings` and `unbook` (service.bookings reads
+        their fields)."""
+        usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
+        answer = bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
+        if op != "bookings":
+            self.pacer.wake()  # kept GPUs are freed or taken: plan again
+        return answer
+
+    def _ask_requeue(
+        self, who: Person, job_id: int, client: Optional[Connection]
+    ) -> dict[str, Any]:
+        """Run it again once it ends (service.requeue)."""
+        requeue.ask(self.store, self._owned(who, job_id, "requeue"))
+        return {"ok": True}
 
     def _submit(
         self, who: Person, sub: protocol.Submit, client: Optional[Connection] = None
@@ -357,13 +366,19 @@ class Requests:
         else:
             self.store.update(job.id, held=(op == "hold"))
 
-    def _list(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
-        """A page of the queue or of the history (service.listing): never more than
-        fits in one answer, however many jobs there are."""
-        ask = protocol.listing(message)
-        if op == "jobs":  # the store skips to the offset and stops at the limit
-            jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
-            return listing.page(jobs, ask, total, lambda j: self._row(who, j))
+    def _jobs(
+        self, who: Person, ask: protocol.Listing, client: Optional[Connection]
+    ) -> dict[str, Any]:
+        """A page of the history (service.listing): the store skips to the offset and
+        stops at the limit, never more than fits in one answer."""
+        jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
+        return listing.page(jobs, ask, total, lambda j: self._row(who, j))
+
+    def _queue(
+        self, who: Person, ask: protocol.Listing, client: Optional[Connection]
+    ) -> dict[str, Any]:
+        """A page of the queue (service.listing): never more than fits in one answer,
+        however many jobs there are."""
         ordered = listing.queue_order(
             listing.matching(self.store.jobs(store.ACTIVE), ask), self._priorities
         )
@@ -465,6 +480,37 @@ class Requests:
                 for u in sorted(factors)
             ],
         }
+
+
+#: Each operation: how its request is read into one record (protocol), and its handler,
+#: called with the service, the caller the kernel named, that record and the caller's
+#: connection. The handlers of other mixins are theirs (attach, limits, reload).
+OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
+    "hello": (protocol.nothing, Requests._hello),
+    "submit": (protocol.submit, Requests._submit),
+    "signal": (protocol.signalling, Requests._signal_job),
+    "queue": (protocol.listing, Requests._queue),
+    "jobs": (protocol.listing, Requests._jobs),
+    "cancel": (protocol.jobs_named, Requests._cancel_jobs),
+    "hold": (protocol.jobs_named, Requests._hold),
+    "release": (protocol.jobs_named, Requests._release),
+    "logs": (protocol.one_job, Requests._logs),
+    "book": (dict, lambda service, who, message, _: service._book_request(who, "book", message)),
+    "bookings": (
+        dict,
+        lambda service, who, message, _: service._book_request(who, "bookings", message),
+    ),
+    "unbook": (
+        dict,
+        lambda service, who, message, _: service._book_request(who, "unbook", message),
+    ),
+    "requeue": (protocol.one_job, Requests._ask_requeue),
+    "stats": (protocol.nothing, lambda service, who, _, client: service._stats()),
+    "share": (protocol.nothing, lambda service, who, _, client: service._share()),
+    "reload": (protocol.nothing, Reloading.reload_by),
+    "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
+    "attach": (protocol.one_job, Attaching.attach),
+}
 
 
 def mine(job: store.Job, who: Person) -> bool:

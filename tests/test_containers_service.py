@@ -139,6 +139,10 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
     while not (flags / "started").exists():
         assert time.monotonic() < deadline, service.job(job)
         time.sleep(0.05)
+    running = subprocess.run(  # this job's container (job ids start at 1 in each service)
+        ["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True
+    ).stdout.split()
+    [mine] = [n for n in running if n.startswith(f"gpuwarden-{job}-")]
     assert _gpuwarden(service, dev, "cancel", str(job)).returncode == 0
     row = service.wait_state(job, ("CANCELLED", "FAILED", "DONE"), timeout=60)
     assert row["state"] == "CANCELLED", row
@@ -147,7 +151,7 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
         names = subprocess.run(
             ["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True
         ).stdout.split()
-        if not [n for n in names if n.startswith(f"gpuwarden-{job}-")]:
+        if mine not in names:
             break
         out = service.work / f"gpuwarden-{job}.out"
         assert time.monotonic() < deadline, (names, out.exists() and out.read_text())

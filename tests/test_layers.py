@@ -110,6 +110,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "machineview",
             "allocation",
             "jobs",
+            "jobpath",
             "launch",
             "containers",
             "containerjob",

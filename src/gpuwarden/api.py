@@ -162,7 +162,9 @@ def hold(
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
     read = _reader(snapshot, topology=request.gpu_count > 1)
-    service = _service_socket(base)
+    from gpuwarden import config, jobpath
+
+    service = jobpath.service_socket(config.load(), base)  # the decision `run` makes
     if service is not None:
         yield from _through_service(request, service, base, wait, timeout, uuid, read)
         return
@@ -182,17 +184,6 @@ def hold(
         yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
     finally:
         held.release()
-
-
-def _service_socket(base: Mapping[str, str]) -> Optional[str]:
-    """The queue service's socket where one owns this machine's GPUs (as `run` decides:
-    not inside one of its jobs, which runs on its own GPUs already)."""
-    from gpuwarden import config
-
-    path = config.load().get("service.socket")
-    if not path or "GPUWARDEN_JOB" in base or not os.path.exists(path):
-        return None
-    return str(path)
 
 
 def _through_service(

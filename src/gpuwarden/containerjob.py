@@ -123,13 +123,16 @@ def _wait_for(pid: int) -> None:
     os.close(pidfd)
 
 
-def _wait_container(runtime: str, name: str, env: Mapping[str, str]) -> None:
-    """Return when the container `name` has ended (at once when it is gone already)."""
+def _wait_container(runtime: str, name: str, env: Mapping[str, str], remove: bool) -> None:
+    """Return when the container `name` has ended (at once when it is gone already); then
+    remove it when its command asked for --rm, which its client, gone before it ended,
+    could not do."""
     null = os.open(os.devnull, os.O_RDWR)
     try:
         moves = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
-        waiter = os.posix_spawnp(runtime, [runtime, "wait", name], dict(env), file_actions=moves)
-        os.waitpid(waiter, 0)
+        for verb in ("wait", "rm") if remove else ("wait",):
+            pid = os.posix_spawnp(runtime, [runtime, verb, name], dict(env), file_actions=moves)
+            os.waitpid(pid, 0)
     except OSError:
         pass
     finally:
@@ -217,7 +220,7 @@ def main(args: Sequence[str]) -> int:
             # The client can end before its container (killed on its own; the container
             # runs on under the runtime's monitor). The service holds the GPUs until this
             # job ends, so the job ends when the container has.
-            _wait_container(found.runtime, found.name, env)
+            _wait_container(found.runtime, found.name, env, "--rm" in found.argv)
         return code
     except UserError as err:
         print(f"gpuwarden: {err}", file=sys.stderr)

@@ -3,13 +3,13 @@
     request -> read the machine -> choose -> lease -> launch -> publish -> ... -> release
 
 `gpuwarden run`, `gpuwarden reserve`, `gpuwarden.lease()` and the queue service
-take their GPUs through here, so the order that keeps leases honest is written
-once: the lease record is prepared before the job starts (a full disk fails
-before anything runs), a job never runs under a lease others cannot see (it is
-killed if publishing fails), and every failure on the way releases what was
-taken. The command line and the Python API only parse, call, print and map
-errors; choosing is `selection`, waiting in line `allocation`, the locks
-`leases`, the child process `launch`.
+take their GPUs through here (`jobpath` decides which way), so the order that
+keeps leases honest is written once: the lease record is prepared before the job
+starts (a full disk fails before anything runs), a job never runs under a lease
+others cannot see (it is killed if publishing fails), and every failure on the
+way releases what was taken. The command line and the Python API only parse,
+call, print and map errors; choosing is `selection`, waiting in line
+`allocation`, the locks `leases`, the child process `launch`.
 """
 
 from __future__ import annotations

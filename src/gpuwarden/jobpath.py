@@ -1,0 +1,283 @@
+"""The job path: every decision between a request and a running job, made once.
+
+`gpuwarden run` parses its options into `start` and prints what comes back;
+`gpuwarden.lease()` asks `service_socket` the same question of service or direct.
+`start` decides: the CPU (-g 0, or no driver and no GPU asked for), the queue
+service (it leases and starts the job on our terminal), an enclosing lease (a
+`reserve` shell, a `run` job), or this process leasing (`jobs`), with the device
+cgroup, the DDP ranks and environment, and containers on the way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpuwarden.errors import UserError
+
+TYPE_CHECKING = False  # annotations only: the run path does not import typing
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, Callable, Optional
+
+    from gpuwarden.jobs import Machine
+    from gpuwarden.leases import Held
+
+
+def service_socket(conf: Any, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The queue service's socket where one owns this machine's GPUs, or None: then this
+    process leases them itself. Inside one of the service's jobs (GPUWARDEN_JOB) there
+    is no asking again: that job runs on its own GPUs already."""
+    env = os.environ if environ is None else environ
+    path = conf.get("service.socket")
+    if not path or "GPUWARDEN_JOB" in env or not os.path.exists(path):
+        return None
+    return str(path)
+
+
+class DryRun:
+    """What a dry run would do: choose on `snapshot` within `allowed` (`snapshot` None:
+    the job would run with every GPU hidden)."""
+
+    def __init__(self, snapshot: Any = None, allowed: Optional[Sequence[str]] = None) -> None:
+        self.snapshot = snapshot
+        self.allowed = allowed
+
+
+class Running:
+    """A job `start` started, with what it holds for it (a lease, device cgroups), or the
+    exit status of one already over (the queue service ran it on our terminal)."""
+
+    def __init__(
+        self, job: Any = None, held: Any = None, isolation: Sequence[Any] = (), code: int = 0
+    ) -> None:
+        self.job = job
+        self.held = held
+        self.isolation = isolation
+        self.code = code
+
+    def wait(self) -> int:
+        """Wait for the job, then free what it held: its exit status."""
+        try:
+            if self.job is None:
+                return self.code
+            try:
+                return self.job.wait()
+            finally:
+                if self.held is not None:
+                    self.held.release()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for cgroup in self.isolation:
+            cgroup.close()
+
+
+def start(
+    request: Any,
+    cmd: Sequence[str],
+    conf: Any,
+    *,
+    ddp: bool = False,
+    nproc: Optional[int] = None,
+    dry_run: bool = False,
+    time_limit: Optional[str] = None,
+    warning: Optional[Callable[[], Optional[dict[str, Any]]]] = None,
+    take: Optional[Callable[[Machine, Any], Held]] = None,
+    say: Optional[Callable[[str], None]] = None,
+) -> Running | DryRun:
+    """Start `cmd` for `request` the way `gpuwarden run` does, deciding everything on
+    the way: a `Running` job, or a `DryRun` for a dry run.
+
+    `conf` gives the waiting (run.wait, run.timeout), the id format, the service's
+    socket and the device cgroup setting; `warning` reads `--signal` for the service
+    (only there: without one it has no meaning); `take` leases on the direct path (default:
+    `lease`, silently; the command line shows its wait); `say` tells why the job
+    runs with no GPU (default: standard error)."""
+    from gpuwarden.config import reused
+
+    if say is None:
+
+        def say(line: str) -> None:
+            print(line, file=sys.stderr)
+
+    def on_cpu() -> Running | DryRun:
+        """Every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
+        from gpuwarden import launch
+
+        if dry_run:
+            return DryRun()
+        argv = launch.ddp_argv(cmd, nproc or 1) if ddp else list(cmd)
+        env = launch.job_env(os.environ, ())
+        if ddp:
+            env["GPUWARDEN_DDP_BACKEND"] = "gloo"
+        return Running(launch.start(argv, env), isolation=isolation)
+
+    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
+    try:
+        with reused(conf):  # the health rules, lease and state directories: this reading
+            if request.count == 0:
+                if request.mem is not None:
+                    raise UserError(
+                        "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
+                    )
+                return on_cpu()
+            service = None if dry_run else service_socket(conf)
+            if service is not None:
+                return Running(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
+            if time_limit is not None:
+                raise UserError(
+                    f"--time needs the queue service (none answers at "
+                    f"{conf.get('service.socket')}) or --slurm; "
+                    "without them a job runs until it ends"
+                )
+            # Only the direct path chooses, leases and launches here (not the service's).
+            from gpuwarden.jobs import Machine, allowed
+
+            devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
+            if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
+                from gpuwarden.cgroups import isolate
+
+                isolation.extend(isolate(devices))
+            machine = Machine(topology=request.gpu_count > 1)
+            first = machine.first
+            if not first.gpus and first.error and _gpus_defaulted(request, conf):
+                # The same command on a laptop and on the server: with no NVIDIA driver and
+                # no GPU asked for by name or number, the job runs on the CPU (documented).
+                say(
+                    f"gpuwarden run: {first.error}: the job runs with no GPU "
+                    "(-g N would refuse instead)"
+                )
+                return on_cpu()
+            scope = allowed(first)
+            if dry_run:
+                return DryRun(first, scope)
+            return _direct(request, cmd, conf, machine, scope, ddp, nproc, take, devices, isolation)
+    except BaseException:
+        for cgroup in isolation:
+            cgroup.close()
+        raise
+
+
+def _gpus_defaulted(request: Any, conf: Any) -> bool:
+    """No -g, --gpus or --mem, and no configured count or GPU list: "1 GPU" is a default."""
+    keys = ("run.count", "run.gpus")
+    return request.mem is None and all(conf.source(k) == "default" for k in keys)
+
+
+def _through_service(
+    request: Any,
+    cmd: Sequence[str],
+    conf: Any,
+    ddp: bool,
+    time_limit: Optional[str],
+    warning: Optional[Callable[[], Optional[dict[str, Any]]]],
+) -> int:
+    """With a queue service on this machine, the service leases the GPUs and starts the
+    job, as us and on our terminal (docs/service.md): no user who holds the shared lock
+    files can block it, and it takes its turn by priority and fair share."""
+    from gpuwarden import launch
+    from gpuwarden.queueclient.client import job_fields, run_attached
+    from gpuwarden.units import parse_time_limit
+
+    argv = launch.ddp_argv(cmd, request.gpu_count) if ddp else list(cmd)
+    if not ddp:
+        from gpuwarden.containers import through_service
+
+        argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
+    limit = None if time_limit is None else parse_time_limit(time_limit)
+    fields = job_fields(
+        request, argv, time_limit=limit, warning=None if warning is None else warning()
+    )
+    fields["wait"] = bool(conf.get("run.wait"))
+    return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))
+
+
+def _direct(
+    request: Any,
+    cmd: Sequence[str],
+    conf: Any,
+    machine: Machine,
+    scope: Optional[Sequence[str]],
+    ddp: bool,
+    nproc: Optional[int],
+    take: Optional[Callable[[Machine, Any], Held]],
+    devices: str,
+    isolation: list[Any],
+) -> Running:
+    """This process chooses, leases and launches (no queue service)."""
+    from gpuwarden import launch
+    from gpuwarden.jobs import launch_leased, lease, within_enclosing
+
+    use_uuid = conf.get("run.id_format") == "uuid"
+    backend = {"GPUWARDEN_DDP_BACKEND": "nccl"} if ddp else {}
+    covered = within_enclosing(machine.first, request, scope)
+    if covered is not None:
+        argv = launch.ddp_argv(cmd, len(covered)) if ddp else list(cmd)
+        env = launch.job_env(os.environ, covered, use_uuid=use_uuid)
+        for name in ("GPUWARDEN_JOB", "GPUWARDEN_LEASE", "GPUWARDEN_MEM_LIMIT"):
+            if name in os.environ:  # still under the enclosing job's lease
+                env[name] = os.environ[name]
+        env.update(backend)
+        inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
+        if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
+            from gpuwarden.containerjob import start as start_container
+
+            return Running(start_container(inner, env, ()), isolation=isolation)
+        return Running(launch.start(argv, env), isolation=isolation)
+    if take is None:
+        held = lease(
+            request,
+            machine,
+            wait=bool(conf.get("run.wait")),
+            timeout=conf.get("run.timeout"),
+            allowed=scope,
+        )
+    else:
+        held = take(machine, scope)
+    try:
+        argv = list(cmd)
+        if ddp:
+            if nproc is not None and nproc != len(held.gpus):
+                raise UserError(
+                    f"--nproc {nproc} with {len(held.gpus)} GPU(s): --ddp runs one rank "
+                    "per GPU; ask for -g N instead (or --cpu --nproc N)"
+                )
+            argv = launch.ddp_argv(cmd, len(held.gpus))
+        env = launch.job_env(os.environ, held.gpus, use_uuid=use_uuid, job=held.job, mem=held.mem)
+        env.update(backend)
+        container = _container(argv, held.gpus, held.job, held.fds, env)
+    except BaseException:
+        held.release()
+        raise
+    started = Running(held=held, isolation=isolation)
+
+    def confine() -> None:
+        if not started.isolation:
+            return
+        from gpuwarden.cgroups import confine
+
+        for cgroup in started.isolation:
+            confine(cgroup, held.gpus, machine.first.gpus, devices)
+
+    starter = None
+    if container is not None:
+        from gpuwarden.containerjob import start as start_container
+
+        argv = container.argv
+
+        def starter(_argv: Any, env: Any, fds: Any) -> Any:
+            return start_container(container, env, fds)
+
+    started.job = launch_leased(held, argv, env, launch.command_text(cmd), confine, starter)
+    return started
+
+
+def _container(argv: list[str], gpus: Any, job: Any, fds: Any, env: dict[str, str]) -> Any:
+    """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
+    (docs/containers.md), or None when `argv` starts no container."""
+    from gpuwarden.containers import plan_here
+
+    dev = os.environ.get("GPUWARDEN_DEV_DIR", "/dev")
+    return plan_here(argv, gpus, job, len(fds), env, dev)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, Optional
 
-    from gpuwarden.jobs import Machine
+    from gpuwarden.jobs import MachineReader
     from gpuwarden.leases import Held
 
 
@@ -84,7 +84,7 @@ def start(
     dry_run: bool = False,
     time_limit: Optional[str] = None,
     warning: Optional[Callable[[], Optional[dict[str, Any]]]] = None,
-    take: Optional[Callable[[Machine, Any], Held]] = None,
+    take: Optional[Callable[[MachineReader, Any], Held]] = None,
     say: Optional[Callable[[str], None]] = None,
 ) -> Running | DryRun:
     """Start `cmd` for `request` the way `gpuwarden run` does, deciding everything on
@@ -133,14 +133,14 @@ def start(
                     "without them a job runs until it ends"
                 )
             # Only the direct path chooses, leases and launches here (not the service's).
-            from gpuwarden.jobs import Machine, allowed
+            from gpuwarden.jobs import MachineReader, allowed
 
             devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
             if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
                 from gpuwarden.cgroups import isolate
 
                 isolation.extend(isolate(devices))
-            machine = Machine(topology=request.gpu_count > 1)
+            machine = MachineReader(topology=request.gpu_count > 1)
             first = machine.first
             if not first.gpus and first.error and _gpus_defaulted(request, conf):
                 # The same command on a laptop and on the server: with no NVIDIA driver and
@@ -198,11 +198,11 @@ def _direct(
     request: Any,
     cmd: Sequence[str],
     conf: Any,
-    machine: Machine,
+    machine: MachineReader,
     scope: Optional[Sequence[str]],
     ddp: bool,
     nproc: Optional[int],
-    take: Optional[Callable[[Machine, Any], Held]],
+    take: Optional[Callable[[MachineReader, Any], Held]],
     devices: str,
     isolation: list[Any],
 ) -> Running:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, Optional
 
-    from gpuwarden.jobs import Machine
+    from gpuwarden.jobs import MachineReader
     from gpuwarden.leases import Held
 
 
@@ -44,7 +44,7 @@ class DryRun:
         self.allowed = allowed
 
 
-class Running:
+class HeldJob:
     """A job `start` started, with what it holds for it (a lease, device cgroups), or the
     exit status of one already over (the queue service ran it on our terminal)."""
 
@@ -84,11 +84,11 @@ def start(
     dry_run: bool = False,
     time_limit: Optional[str] = None,
     warning: Optional[Callable[[], Optional[dict[str, Any]]]] = None,
-    take: Optional[Callable[[Machine, Any], Held]] = None,
+    take: Optional[Callable[[MachineReader, Any], Held]] = None,
     say: Optional[Callable[[str], None]] = None,
-) -> Running | DryRun:
+) -> HeldJob | DryRun:
     """Start `cmd` for `request` the way `gpuwarden run` does, deciding everything on
-    the way: a `Running` job, or a `DryRun` for a dry run.
+    the way: a `HeldJob` (the job with what it holds), or a `DryRun` for a dry run.
 
     `conf` gives the waiting (run.wait, run.timeout), the id format, the service's
     socket and the device cgroup setting; `warning` reads `--signal` for the service
@@ -102,7 +102,7 @@ def start(
         def say(line: str) -> None:
             print(line, file=sys.stderr)
 
-    def on_cpu() -> Running | DryRun:
+    def on_cpu() -> HeldJob | DryRun:
         """Every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
         from gpuwarden import launch
 
@@ -112,7 +112,7 @@ def start(
         env = launch.job_env(os.environ, ())
         if ddp:
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
-        return Running(launch.start(argv, env), isolation=isolation)
+        return HeldJob(launch.start(argv, env), isolation=isolation)
 
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
@@ -125,7 +125,7 @@ def start(
                 return on_cpu()
             service = None if dry_run else service_socket(conf)
             if service is not None:
-                return Running(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
+                return HeldJob(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
             if time_limit is not None:
                 raise UserError(
                     f"--time needs the queue service (none answers at "
@@ -133,14 +133,14 @@ def start(
                     "without them a job runs until it ends"
                 )
             # Only the direct path chooses, leases and launches here (not the service's).
-            from gpuwarden.jobs import Machine, allowed
+            from gpuwarden.jobs import MachineReader, allowed
 
             devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
             if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
                 from gpuwarden.cgroups import isolate
 
                 isolation.extend(isolate(devices))
-            machine = Machine(topology=request.gpu_count > 1)
+            machine = MachineReader(topology=request.gpu_count > 1)
             first = machine.first
             if not first.gpus and first.error and _gpus_defaulted(request, conf):
                 # The same command on a laptop and on the server: with no NVIDIA driver and
@@ -198,14 +198,14 @@ def _direct(
     request: Any,
     cmd: Sequence[str],
     conf: Any,
-    machine: Machine,
+    machine: MachineReader,
     scope: Optional[Sequence[str]],
     ddp: bool,
     nproc: Optional[int],
-    take: Optional[Callable[[Machine, Any], Held]],
+    take: Optional[Callable[[MachineReader, Any], Held]],
     devices: str,
     isolation: list[Any],
-) -> Running:
+) -> HeldJob:
     """This process chooses, leases and launches (no queue service)."""
     from gpuwarden import launch
     from gpuwarden.jobs import launch_leased, lease, within_enclosing
@@ -224,8 +224,8 @@ def _direct(
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
             from gpuwarden.containerjob import start as start_container
 
-            return Running(start_container(inner, env, ()), isolation=isolation)
-        return Running(launch.start(argv, env), isolation=isolation)
+            return HeldJob(start_container(inner, env, ()), isolation=isolation)
+        return HeldJob(launch.start(argv, env), isolation=isolation)
     if take is None:
         held = lease(
             request,
@@ -251,7 +251,7 @@ def _direct(
     except BaseException:
         held.release()
         raise
-    started = Running(held=held, isolation=isolation)
+    started = HeldJob(held=held, isolation=isolation)
 
     def confine() -> None:
         if not started.isolation:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpuwarden.leases import Held
 
 
-class Machine:
+class MachineReader:
     """Reads the machine for selection: the first reading is kept for the parent
     CUDA_VISIBLE_DEVICES check and the first attempt; later attempts read afresh."""
 

@@ -97,7 +97,7 @@ def reserve(args: argparse.Namespace) -> int:
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
-    machine = jobs.Machine(topology=request.gpu_count > 1)
+    machine = jobs.MachineReader(topology=request.gpu_count > 1)
     allowed = jobs.allowed(machine.first)
     held = take(
         "reserve", conf, request, machine, allowed, RESERVATION_PREFIX + os.urandom(4).hex()

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         warning=lambda: filters.warning_of(args),
         take=taking,
     )
-    if isinstance(outcome, jobpath.Running):
+    if isinstance(outcome, jobpath.HeldJob):
         return outcome.wait()
     if outcome.snapshot is None:
         print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")

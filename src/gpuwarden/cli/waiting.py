@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from gpuwarden.jobs import Machine
+    from gpuwarden.jobs import MachineReader
     from gpuwarden.leases import Held
 
 
@@ -66,7 +66,7 @@ def take(
     command: str,
     conf: Any,
     request: Any,
-    machine: Machine,
+    machine: MachineReader,
     allowed: Any,
     job: Optional[str] = None,
 ) -> Held:

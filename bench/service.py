@@ -47,9 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = str(ROOT / "src")

@@ -17,6 +17,7 @@ nothing else on the machine changes during the run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import tempfile
@@ -86,7 +87,7 @@ def check(paths: list[str], clients: int, jobs: int) -> dict[str, object]:
     overlaps = 0
     for spans in intervals.values():
         spans.sort()
-        for (_, end0, _), (start1, _, _) in zip(spans, spans[1:]):
+        for (_, end0, _), (start1, _, _) in itertools.pairwise(spans):
             overlaps += start1 < end0
     busy = {gpu: sum(e - s for s, e, _ in spans) / 1e9 for gpu, spans in sorted(intervals.items())}
     return {

@@ -51,7 +51,7 @@ def closed_by_peer(sock: socket.socket) -> bool:
     sock.settimeout(0.05)
     try:
         return sock.recv(1024) == b""
-    except socket.timeout:
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True

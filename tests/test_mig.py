@@ -10,8 +10,9 @@ import json
 import os
 import pwd
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
 import pytest

@@ -22,8 +22,9 @@ import pwd
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

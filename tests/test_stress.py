@@ -4,6 +4,7 @@ no two lease intervals on one GPU overlap, and every job runs exactly once.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def check_log(text: str, clients: int) -> dict[str, int]:
     assert all(n == 1 for n in ran.values())
     for gpu, spans in intervals.items():
         spans.sort()
-        for (_s0, e0, c0), (s1, _e1, c1) in zip(spans, spans[1:]):
+        for (_s0, e0, c0), (s1, _e1, c1) in itertools.pairwise(spans):
             assert s1 >= e0, f"clients {c0} and {c1} overlapped on {gpu}"
     return {gpu: len(spans) for gpu, spans in intervals.items()}
 

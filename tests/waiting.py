@@ -8,7 +8,8 @@ gives a readable failure rather than a hang or a bare `assert False`.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

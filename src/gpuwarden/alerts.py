@@ -15,8 +15,8 @@ import os
 import queue
 import subprocess
 import threading
-from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 
 def _warn(message: str) -> None:

@@ -33,7 +33,8 @@ from gpuwarden.units import format_span
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable
+    from typing import Any, Optional
 
 
 class Outcome:

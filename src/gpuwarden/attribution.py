@@ -18,8 +18,8 @@ from gpuwarden.records import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable, Sequence
+    from typing import Any, Optional
 
 
 def policy_leases(leases: Sequence[Any]) -> list[policy.Lease]:

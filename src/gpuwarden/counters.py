@@ -20,7 +20,8 @@ from gpuwarden.records import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable
+    from typing import Any, Optional
 
     from gpuwarden.inventory import Gpu, MigInstance
 

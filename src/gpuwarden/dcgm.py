@@ -18,8 +18,8 @@ Pure, like `metrics`: a `View` in, prometheus_client metric families out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from gpuwarden.inventory import Gpu, MigInstance
 

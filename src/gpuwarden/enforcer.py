@@ -33,8 +33,8 @@ from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any, Optional
 
 log = logging.getLogger("gpuwarden.enforce")
 KILL_AFTER = 10.0  # seconds between SIGTERM and SIGKILL

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
 from gpuwarden.httpserver import HttpServer

@@ -12,7 +12,8 @@ from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing stays off the start-up path
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable
+    from typing import Any, Optional
 
     # (GPU instance id, compute instance id) -> the MIG device's UUID
     MigUuids = dict[tuple[Optional[int], Optional[int]], str]

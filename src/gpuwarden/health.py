@@ -22,7 +22,8 @@ from gpuwarden.records import field, record, replace
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable
+    from typing import Any, Optional
 
 OK, WARNING, FATAL = "ok", "warning", "fatal"
 

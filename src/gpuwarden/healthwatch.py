@@ -25,7 +25,8 @@ import os
 import shlex
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 from urllib.parse import urlparse
 
 from gpuwarden.alerts import Notifier

@@ -45,8 +45,8 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from typing import Callable, Optional
+from collections.abc import Callable, Mapping
+from typing import Optional
 
 from gpuwarden.httpwire import (
     Handler,

@@ -6,9 +6,9 @@ may send is tested on bytes; `httpserver` does the I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from typing import Optional, Protocol
 
 REASONS = {
     200: "OK",

@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gpuwarden.errors import UserError
 

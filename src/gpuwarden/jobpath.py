@@ -17,8 +17,8 @@ from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # annotations only: the run path does not import typing
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, Optional
 
     from gpuwarden.jobs import MachineReader
     from gpuwarden.leases import Held

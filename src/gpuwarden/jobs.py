@@ -22,8 +22,8 @@ from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # annotations only: the run path does not import typing
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping, Sequence
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable, Collection, Mapping, Sequence
+    from typing import Any, Optional
 
     from gpuwarden.launch import StartedJob
     from gpuwarden.leases import Held

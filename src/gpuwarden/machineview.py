@@ -20,8 +20,8 @@ from gpuwarden.records import field, record
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable, Mapping
+    from typing import Any, Optional
 
     from gpuwarden.health import Rules, Symptom
     from gpuwarden.inventory import Snapshot

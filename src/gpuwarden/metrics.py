@@ -20,8 +20,8 @@ prometheus-client is the `exporter` extra, imported inside the functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional
 
 from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Symptom, level
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot

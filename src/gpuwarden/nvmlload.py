@@ -29,7 +29,8 @@ from types import ModuleType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional, TypeVar
+    from collections.abc import Callable
+    from typing import Any, Optional, TypeVar
 
     T = TypeVar("T")
 

@@ -13,10 +13,10 @@ import csv
 import io
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot

@@ -37,9 +37,9 @@ slices, sharing), which the service hands in as `pick` so a queued job gets the 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 from gpuwarden import booking
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
     import argparse
-    from typing import Callable
+    from collections.abc import Callable
 
 
 def add_watch_and_once(parser: argparse.ArgumentParser, once: str) -> None:

@@ -17,7 +17,8 @@ from gpuwarden.units import parse_duration, parse_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from collections.abc import Callable
+    from typing import Any
 
 
 class BadValue(Exception):

@@ -95,7 +95,7 @@ class Client:
         while not self.pending:
             try:
                 data = self._recv()
-            except socket.timeout:
+            except TimeoutError:
                 if self.waiting:
                     raise  # run_attached's own deadline: it decides what a quiet minute means
                 raise UserError(
@@ -125,7 +125,7 @@ class Client:
             self.sock.settimeout(NOTICE_AFTER)
             try:
                 return self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 print(
                     f"gpuwarden: the service at {self.path} has not answered for "
                     f"{NOTICE_AFTER:g}s; waiting up to {limit:g}s",
@@ -233,7 +233,7 @@ def run_attached(
             state["client"].waiting = True
             try:
                 event = state["client"].receive()
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 if timeout is not None and time.monotonic() - began >= timeout:
                     timed_out = True
                     send("cancel", jobs=[job])

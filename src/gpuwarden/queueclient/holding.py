@@ -131,7 +131,7 @@ def _started(client: Any, job: int, timeout: Optional[float]) -> list[str]:
     while True:
         try:
             event = client.receive()
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             with contextlib.suppress(OSError):
                 client.sock.sendall(
                     protocol.encode({"v": protocol.VERSION, "op": "cancel", "jobs": [job]})

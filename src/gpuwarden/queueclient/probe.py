@@ -90,7 +90,7 @@ def probe(path: Optional[str] = None, timeout: float = TIMEOUT) -> dict[str, Any
             return fail(BROKEN, f"cannot connect: {err.strerror}")
         try:
             hello = _call(sock, "hello")
-        except socket.timeout:
+        except TimeoutError:
             return fail(SILENT, f"the service did not answer within {timeout:g} s")
         except (OSError, ValueError) as err:
             return fail(BROKEN, f"the service did not answer: {err}")

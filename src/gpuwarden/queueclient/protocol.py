@@ -22,7 +22,8 @@ from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing stays off a client's start-up path (`run` through the service)
 if TYPE_CHECKING:
-    from typing import Any, Callable, NoReturn, Optional, TypeVar
+    from collections.abc import Callable
+    from typing import Any, NoReturn, Optional, TypeVar
 
     T = TypeVar("T")
 

@@ -17,7 +17,8 @@ import os
 import selectors
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError

@@ -20,7 +20,8 @@ import socket
 import sqlite3
 import stat
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError

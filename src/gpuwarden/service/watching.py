@@ -32,7 +32,8 @@ from gpuwarden.service import store
 from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
-    from typing import Callable, Protocol
+    from collections.abc import Callable
+    from typing import Protocol
 
     from gpuwarden.enforcement import Unleased
     from gpuwarden.enforcer import Action

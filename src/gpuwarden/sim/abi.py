@@ -16,7 +16,8 @@ import ctypes
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable
+    from typing import Any, Optional
 
 SUCCESS = 0
 UNINITIALIZED = 1

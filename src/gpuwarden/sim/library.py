@@ -55,7 +55,8 @@ from gpuwarden.sim.state import StateFile, live_processes, memory_used, utilizat
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from collections.abc import Callable
+    from typing import Any, Optional
 
     from gpuwarden.sim.specdata import Spec
 

@@ -22,8 +22,9 @@ from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from contextlib import AbstractContextManager
-    from typing import Any, Callable, Optional, Union
+    from typing import Any, Optional, Union
 
     GpuRef = Union[int, str]
 

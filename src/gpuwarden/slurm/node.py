@@ -9,7 +9,8 @@ node with `scontrol update NodeName=... State=RESUME`.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 
 def node_name(conf: Any) -> str:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.units import is_digits

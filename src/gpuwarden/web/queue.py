@@ -159,7 +159,7 @@ def _call(sock: socket.socket, decoder: Any, request: bytes, deadline: float) ->
         sock.settimeout(left)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError from None
         if not data:
             raise ConnectionError("the service closed the connection")

@@ -25,8 +25,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.httpserver import HttpServer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gpuwarden.doctor.checks.containers import check_containers
 from gpuwarden.doctor.checks.distributed import check_distributed

@@ -165,6 +165,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.placing",
             "service.reloading",
             "service.requests",
+            "service.reports",
             "service.requeue",
             "service.server",
             "service.settings",

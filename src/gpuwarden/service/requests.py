@@ -24,6 +24,7 @@ from gpuwarden.service import (
     bookings,
     jobprocess,
     listing,
+    reports,
     requeue,
     store,
 )
@@ -39,9 +40,6 @@ if TYPE_CHECKING:
     from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
-
-#: Upper bounds (seconds) of the wait-time histogram: from an instant start to a day.
-WAIT_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
 
 #: An operation's handler: (the service, the caller, its request's record, its connection).
 Handler = Callable[[Any, Person, Any, "Optional[Connection]"], dict[str, Any]]
@@ -431,55 +429,8 @@ class Requests:
             row["elapsed"] = (job.ended or time.time()) - job.started
         row["cpu_seconds"], row["mem_peak"] = job.cpu_seconds, job.mem_peak
         if job.state == store.RUNNING:
-            row["cpu_seconds"], row["mem_peak"] = self._usage_now(job.id)
+            row["cpu_seconds"], row["mem_peak"] = reports.usage_now(self, job.id)
         return row
-
-    def _usage_now(self, job_id: int) -> tuple[Optional[float], Optional[int]]:
-        """A running job's CPU seconds and peak memory so far, from its cgroup."""
-        dirs = self.job_cgroup(job_id)
-        if not dirs:
-            return None, None
-        from gpuwarden.accounting import usage_of
-
-        used = usage_of(dirs)
-        cpu = used.get("cpu_ns")
-        return (None if cpu is None else cpu / 1e9), used.get("memory_peak")
-
-    def _stats(self) -> dict[str, Any]:
-        """What the exporter turns into queue metrics: counts, waits, fair share."""
-        counts, total, number = self.store.wait_histogram(WAIT_BUCKETS)
-        return {
-            "ok": True,
-            "plan": self.pacer.stats(),
-            "jobs": self.store.counts(),
-            "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, counts)],
-            "wait_sum": total,
-            "wait_count": number,
-            "users": self._share()["users"],
-            "enforcement": [
-                {"policy": p, "action": a, "count": n}
-                for (p, a), n in sorted(self.watcher().counts.items())
-            ],
-            "unleased": self.watcher().unleased,
-        }
-
-    def _share(self) -> dict[str, Any]:
-        policy = self.settings.policy
-        usage = self.store.usage(time.time(), policy.half_life)
-        active = {user for per_user in self.store.counts().values() for user in per_user}
-        factors = scheduling.fairshare_factors(usage, policy, active)
-        return {
-            "ok": True,
-            "users": [
-                {
-                    "user": u,
-                    "usage": usage.get(u, 0.0),
-                    "share": policy.share(u),
-                    "factor": factors[u],
-                }
-                for u in sorted(factors)
-            ],
-        }
 
 
 #: Each operation: how its request is read into one record (protocol), and its handler,
@@ -505,8 +456,8 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
         lambda service, who, message, _: service._book_request(who, "unbook", message),
     ),
     "requeue": (protocol.one_job, Requests._ask_requeue),
-    "stats": (protocol.nothing, lambda service, who, _, client: service._stats()),
-    "share": (protocol.nothing, lambda service, who, _, client: service._share()),
+    "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
+    "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),
     "reload": (protocol.nothing, Reloading.reload_by),
     "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
     "attach": (protocol.one_job, Attaching.attach),

@@ -73,7 +73,7 @@ def test_a_booking_keeps_its_gpus_from_jobs_that_would_reach_its_window() -> Non
 def test_the_plan_backfills_booked_gpus_only_with_jobs_that_end_before_the_window() -> None:
     from gpuwarden import scheduling as sch
 
-    gpus = [sch.Gpu(f"g{i}", 80 << 30) for i in range(4)]
+    gpus = [sch.QueueGpu(f"g{i}", 80 << 30) for i in range(4)]
     soon = booking.Booking(1, 2, 1000.0, 5000.0, frozenset({"alice"}))
     waiting = [sch.Waiting(f"{i}", "bob", 1, float(i)) for i in range(1, 4)]  # no --time
     waiting.append(sch.Waiting("4", "bob", 1, 4.0, time_limit=900.0))  # ends before 1000

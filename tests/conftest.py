@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from components import TORCH_MISSING, require, torch_found
+from repo import SRC
+
 # No per-example time limit: hypothesis's deadline measures wall-clock time, which on
 # a 2-core CI machine shared with other work fails correct code at random (a test
 # that must be fast says so with its own assertion).
@@ -31,9 +34,6 @@ settings.load_profile("gpuwarden")
 # commands are tested as a terminal starts them, with the default.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src"
 
 _CLEARED = (
     "GPUWARDEN_SIM",
@@ -146,26 +146,6 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
-
-
-def require(available: bool, why: str, module: bool = False) -> None:
-    """Skip a test (or with `module`, a whole test module) whose outside component is
-    missing here, with the reason; fail it where GPUWARDEN_REQUIRE_COMPONENTS=1 (CI),
-    which must run every test."""
-    if available:
-        return
-    if os.environ.get("GPUWARDEN_REQUIRE_COMPONENTS") == "1":
-        pytest.fail(f"{why}, and GPUWARDEN_REQUIRE_COMPONENTS=1", pytrace=False)
-    pytest.skip(why, allow_module_level=module)
-
-
-TORCH_MISSING = "torch is not installed (scripts/test installs torch==2.13.0)"
-
-
-def torch_found() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture

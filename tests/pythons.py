@@ -7,7 +7,8 @@ import shutil
 import subprocess
 import sys
 
-from conftest import SRC, require
+from components import require
+from repo import SRC
 
 
 def python_for(user: str) -> tuple[list[str], str]:

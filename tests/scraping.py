@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require
+from components import require
 from ports import free_port
 from waiting import wait_for
 

@@ -18,12 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import SRC, require
+from components import require
 from gpuwarden import accounting, cgroups
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import specs
 from gpuwarden.sim.state import Machine
+from repo import SRC
 from waiting import wait_for
 
 # --- pure --------------------------------------------------------------------------------------

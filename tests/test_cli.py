@@ -148,7 +148,7 @@ def test_the_tours_queue_section_shows_backfill_logs_and_share(isolated, capfd) 
     import os
     from pathlib import Path
 
-    from conftest import require
+    from components import require
 
     require(os.geteuid() == 0, "the queue service needs root")
     root = Path(__file__).resolve().parent.parent
@@ -296,7 +296,7 @@ def test_health_watch_logs_its_start(sim) -> None:
     import subprocess
     import sys
 
-    from conftest import SRC
+    from repo import SRC
 
     sim("server-8xa100")
     env = dict(os.environ, PYTHONPATH=str(SRC))

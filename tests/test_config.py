@@ -312,7 +312,7 @@ def other_uid() -> int:
     import shutil
     import subprocess
 
-    from conftest import require
+    from components import require
 
     require(os.geteuid() == 0, "needs root to create and chown to a second Unix user")
     try:

@@ -16,11 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import SRC, require
+from components import require
 from gpuwarden import containers
 from gpuwarden.errors import UserError
 from gpuwarden.holders import is_gone
 from podmantools import IMAGE, PROBE, podman_ready
+from repo import SRC
 from waiting import wait_for
 
 A = SimpleNamespace(uuid="GPU-aaaa", index=3, minor=3)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
+from components import require
 from gpuwarden.containerjob import lease_fds
 from podmantools import IMAGE, PROBE, podman_ready
 from test_service import SRC, USER_PY, Server, _serving

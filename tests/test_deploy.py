@@ -15,7 +15,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from conftest import require
+from components import require
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "gpuwarden-exporter.service"

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import SRC, require
+from components import require
 from gpuwarden import cgroups, devbpf
 from gpuwarden.sim.driverfiles import free_major
+from repo import SRC
 
 # --- cgroup v2: the BPF device program ---------------------------------------------------------
 

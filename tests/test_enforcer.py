@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SRC
 from gpuwarden.enforcement import EnforceSettings
 from gpuwarden.enforcer import Enforcer, lineage
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
+from repo import SRC
 from waiting import wait_for
 
 GiB = 2**30

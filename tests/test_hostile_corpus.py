@@ -43,8 +43,9 @@ from typing import Optional
 
 import pytest
 
-from conftest import SRC, require
+from components import require
 from pythons import python_for
+from repo import SRC
 from users import make_user
 
 SPEC = "server-8xa100"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import netns
-from conftest import require
+from components import require
 from schemas import validate
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
+from components import require
 from users import make_user
 from waiting import wait_for
 

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 import test_service
-from conftest import SRC, require
+from components import require
 from gpuwarden import cgroups, migcaps
 from gpuwarden.inventory import Gpu, read_snapshot
 from gpuwarden.sim import driverfiles
+from repo import SRC
 from users import make_user
 
 open_dir = test_service.open_dir

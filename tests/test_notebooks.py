@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
+from components import require
 from gpuwarden.leases import list_leases
 from waiting import wait_for
 

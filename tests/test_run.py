@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import gpuwarden.leases as lease
-from conftest import SRC
 from gpuwarden import allocation
+from repo import SRC
 from waiting import wait_for
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import test_service
-from conftest import require
+from components import require
 from gpuwarden import cgroups
 from test_service import USER_PY, Server, cli_as, submit
 from users import make_user

@@ -20,7 +20,7 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from conftest import require
+from components import require
 from gpuwarden.service import install, unitfiles
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -500,7 +500,7 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
     after the go-ahead and before reading that report closed the pipe; the supervisor
     must still wait for the job and write its exit record (the stress test found jobs
     recorded LOST: the supervisor died of SIGPIPE, the job ran on unrecorded)."""
-    from conftest import require
+    from components import require
     from gpuwarden.service import spawn
     from gpuwarden.service.identity import person
 
@@ -581,7 +581,7 @@ def test_a_long_answer_reaches_a_client_that_reads_it_slowly(open_dir: Path) -> 
 
 
 def require_root() -> None:
-    from conftest import require
+    from components import require
 
     require(os.geteuid() == 0, "the service runs as root")
 

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 import netns
-from conftest import ROOT, require
+from components import require
 from ports import free_port_pair
+from repo import ROOT
 from slurmtools import missing
 from waiting import wait_for
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, SRC, TORCH_MISSING, require, torch_found
+from components import TORCH_MISSING, require, torch_found
 from ports import free_port_pair
+from repo import ROOT, SRC
 from slurmtools import missing
 from waiting import wait_for
 

@@ -17,8 +17,8 @@ from typing import Optional
 import pytest
 
 import test_service
-from conftest import SRC
 from gpuwarden import config
+from repo import SRC
 
 server = test_service.server  # the real queue service, as its tests get it
 open_dir = test_service.open_dir

@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from conftest import SRC
+from repo import SRC
 from waiting import wait_for
 
 CLIENTS = 20

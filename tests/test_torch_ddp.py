@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TORCH_MISSING, require, torch_found
+from components import TORCH_MISSING, require, torch_found
 from waiting import wait_for
 
 require(torch_found(), TORCH_MISSING, module=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TORCH_MISSING, require, torch_found
+from components import TORCH_MISSING, require, torch_found
 
 require(torch_found(), TORCH_MISSING, module=True)
 import torch  # noqa: E402

@@ -20,9 +20,10 @@ import jsonschema
 import pytest
 
 import waiting
-from conftest import SRC, require
+from components import require
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
+from repo import SRC
 from schemas import WEB_STATE
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

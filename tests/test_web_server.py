@@ -16,13 +16,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import SRC
 from gpuwarden.errors import UserError
 from gpuwarden.leases.dir import open_dir
 from gpuwarden.selection import Request
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.waitline import join
 from gpuwarden.web.server import Feed, WebServer, serve
+from repo import SRC
 from schemas import WEB_STATE
 from waiting import wait_for
 

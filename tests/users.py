@@ -3,7 +3,7 @@
 `make_user("alice")` creates the account once per machine (named with a `gw-`
 prefix so no real account is touched) and returns its `Person`; tests that need
 it skip with the reason where they cannot create users (not root, no useradd),
-and fail under CI, which must run them (conftest.require).
+and fail under CI, which must run them (components.require).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pwd
 import shutil
 import subprocess
 
-from conftest import require
+from components import require
 from gpuwarden.service.identity import Person, person
 
 PREFIX = "gw-"

@@ -22,6 +22,10 @@ from hypothesis import settings
 from components import TORCH_MISSING, require, torch_found
 from repo import SRC
 
+# The queue service's fixtures (`open_dir`, `server`) are every test module's, as these
+# are, so that no test module imports another to reach them.
+pytest_plugins = ("servicetools",)
+
 # No per-example time limit: hypothesis's deadline measures wall-clock time, which on
 # a 2-core CI machine shared with other work fails correct code at random (a test
 # that must be fast says so with its own assertion).

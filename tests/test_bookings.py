@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 
-import test_service
 import waiting
 from gpuwarden import begintime, booking
 from gpuwarden.errors import UserError
-from test_service import Server, _serving, cli_as
+from servicetools import Server, cli_as, serving
 from users import make_user
 
-open_dir = test_service.open_dir
 jsonschema = pytest.importorskip("jsonschema")
 SCHEMAS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "schemas"
 
@@ -91,7 +89,7 @@ def test_the_plan_backfills_booked_gpus_only_with_jobs_that_end_before_the_windo
 @pytest.fixture
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     make_user("carol")  # the fixture's admin
-    yield from _serving(tmp_path, open_dir, monkeypatch)
+    yield from serving(tmp_path, open_dir, monkeypatch)
 
 
 def states(srv: Server, ids: list[int]) -> list[tuple[str, str]]:

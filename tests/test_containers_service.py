@@ -6,10 +6,8 @@ stand-in /dev/nvidiaN nodes, the service on a simulated machine)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,27 +17,16 @@ import pytest
 from components import require
 from gpuwarden.containerjob import lease_fds
 from podmantools import IMAGE, PROBE, podman_ready
-from test_service import SRC, USER_PY, Server, _serving
-
-
-def fresh_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    """test_service's queue service on the simulated 4-GPU machine, in folders of its own
-    (also for tests/test_notebooks.py)."""
-    shared = Path(tempfile.mkdtemp(prefix="gw-service-"))
-    shared.chmod(0o755)
-    for name, mode in (("work", 0o1777), ("sock", 0o755)):
-        (shared / name).mkdir()
-        (shared / name).chmod(mode)
-    try:
-        # A grace long enough for `podman stop` on a busy machine (the default is 30 s).
-        yield from _serving(tmp_path, shared, monkeypatch, "--grace", "20s")
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+from repo import SRC
+from servicetools import USER_PY, Server, serving
+from waiting import wait_for
 
 
 @pytest.fixture
-def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    yield from fresh_service(tmp_path, monkeypatch)
+def service(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """The queue service with a grace long enough for `podman stop` on a busy machine
+    (the default is 30 s)."""
+    yield from serving(tmp_path, open_dir, monkeypatch, "--grace", "20s")
 
 
 @pytest.fixture
@@ -54,7 +41,7 @@ def dev(tmp_path: Path) -> Path:
 
 def _gpuwarden(srv: Server, dev: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
-        "PYTHONPATH": SRC,
+        "PYTHONPATH": str(SRC),
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "GPUWARDEN_SOCKET": srv.socket,
         "GPUWARDEN_DEV_DIR": str(dev),
@@ -88,10 +75,7 @@ def test_a_service_job_lasts_as_long_as_its_container(service: Server, dev: Path
     assert sub.returncode == 0, sub.stderr
     job = int(sub.stdout.strip())
     service.wait_state(job, ("RUNNING",))
-    deadline = time.monotonic() + 60
-    while not (flags / "started").exists():
-        assert time.monotonic() < deadline, service.job(job)
-        time.sleep(0.05)
+    wait_for((flags / "started").exists, 60, lambda: f"the container to start: {service.job(job)}")
     try:
         _kill_the_client_and_see_the_job_run_on(service, job)
     finally:
@@ -135,10 +119,7 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
     assert sub.returncode == 0, sub.stderr
     job = int(sub.stdout.strip())
     service.wait_state(job, ("RUNNING",))
-    deadline = time.monotonic() + 60
-    while not (flags / "started").exists():
-        assert time.monotonic() < deadline, service.job(job)
-        time.sleep(0.05)
+    wait_for((flags / "started").exists, 60, lambda: f"the container to start: {service.job(job)}")
     running = subprocess.run(  # this job's container (job ids start at 1 in each service)
         ["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True
     ).stdout.split()
@@ -146,16 +127,18 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
     assert _gpuwarden(service, dev, "cancel", str(job)).returncode == 0
     row = service.wait_state(job, ("CANCELLED", "FAILED", "DONE"), timeout=60)
     assert row["state"] == "CANCELLED", row
-    deadline = time.monotonic() + 30
-    while True:  # and the container is gone: stopped, and removed (--rm)
-        names = subprocess.run(
+
+    def names() -> list[str]:
+        return subprocess.run(
             ["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True
         ).stdout.split()
-        if mine not in names:
-            break
-        out = service.work / f"gpuwarden-{job}.out"
-        assert time.monotonic() < deadline, (names, out.exists() and out.read_text())
-        time.sleep(0.1)
+
+    out = service.work / f"gpuwarden-{job}.out"
+    wait_for(  # and the container is gone: stopped, and removed (--rm)
+        lambda: mine not in names(),
+        30,
+        lambda: f"{mine} gone: {(names(), out.exists() and out.read_text())}",
+    )
 
 
 def test_the_lease_descriptors_a_job_inherited_are_found_by_name(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from gpuwarden.doctor.checks.service import check_service
 from gpuwarden.doctor.facts import NO_TORCH_ENV, Facts
 from gpuwarden.inventory import Snapshot
 from gpuwarden.queueclient.probe import probe
-from test_service import SRC, USER_PY, Server, _become
+from repo import SRC
+from servicetools import USER_PY, Server, become
 from users import make_user
 
 NO_TORCH = {NO_TORCH_ENV: "1"}
@@ -80,11 +81,11 @@ def test_another_user_reaches_it_or_is_told_they_cannot(service: Server) -> None
     def as_alice() -> dict[str, Any]:
         done = subprocess.run(
             [USER_PY, "-c", code, service.socket],
-            env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             capture_output=True,
             text=True,
             timeout=60,
-            preexec_fn=_become(alice),
+            preexec_fn=become(alice),
             cwd="/",
         )
         assert done.returncode == 0, done.stderr

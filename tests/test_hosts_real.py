@@ -103,7 +103,7 @@ def test_queue_shows_each_hosts_service_jobs_and_a_host_without_one_in_one_line(
 ) -> None:
     """node1 runs the queue service (as an admin starts it there, on that machine's
     leases and state); node2 has none."""
-    from test_service import Server, submit
+    from servicetools import Server, submit
     from users import make_user
 
     node1 = lab.top / "node1"

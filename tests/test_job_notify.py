@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -14,13 +13,12 @@ from typing import Any
 
 import pytest
 
-import test_service
 from gpuwarden.errors import UserError
 from gpuwarden.service import jobnotify
-from test_service import SRC, USER_PY, Server, _become, _serving
+from repo import SRC
+from servicetools import USER_PY, Server, become, serving
 from users import make_user
-
-open_dir = test_service.open_dir
+from waiting import wait_for
 
 
 def test_notify_names_read_as_slurms_mail_types() -> None:
@@ -57,7 +55,7 @@ class Hook(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    yield from _serving(tmp_path, open_dir, monkeypatch)
+    yield from serving(tmp_path, open_dir, monkeypatch)
 
 
 def test_a_jobs_events_go_to_its_owners_webhook_as_its_owner(server: Server) -> None:
@@ -68,7 +66,7 @@ def test_a_jobs_events_go_to_its_owners_webhook_as_its_owner(server: Server) -> 
     Hook.got.clear()
     try:
         env = {
-            "PYTHONPATH": SRC,
+            "PYTHONPATH": str(SRC),
             "PATH": "/usr/bin:/bin",
             "GPUWARDEN_SOCKET": server.socket,
             "GPUWARDEN_SUBMIT_WEBHOOK": url,
@@ -80,14 +78,12 @@ def test_a_jobs_events_go_to_its_owners_webhook_as_its_owner(server: Server) -> 
             capture_output=True,
             text=True,
             timeout=60,
-            preexec_fn=_become(alice),
+            preexec_fn=become(alice),
             cwd=str(server.work),
         )
         assert done.returncode == 0, done.stderr
         job = int(done.stdout)
-        deadline = time.monotonic() + 30
-        while len(Hook.got) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(Hook.got) >= 2, 30, lambda: f"both events posted: {Hook.got}")
         assert [g["events"] for g in Hook.got] == [["BEGIN"], ["END", "FAIL"]], Hook.got
         assert {g["job"] for g in Hook.got} == {job}
         assert Hook.got[1]["state"] == "FAILED" and Hook.got[1]["exit_code"] == 3
@@ -100,7 +96,7 @@ def test_a_jobs_events_go_to_its_owners_webhook_as_its_owner(server: Server) -> 
             capture_output=True,
             text=True,
             timeout=60,
-            preexec_fn=_become(alice),
+            preexec_fn=become(alice),
             cwd=str(server.work),
         )
         assert refused.returncode == 2 and "[submit] table" in refused.stderr

@@ -19,15 +19,14 @@ from typing import Any
 
 import pytest
 
-import test_service
 from components import require
 from gpuwarden import cgroups, migcaps
 from gpuwarden.inventory import Gpu, read_snapshot
 from gpuwarden.sim import driverfiles
 from repo import SRC
+from servicetools import USER_PY, Server, cli_as, serving
 from users import make_user
 
-open_dir = test_service.open_dir
 FREE_1G = "MIG-a519e028-12b6-5f0e-b6eb-f2727e12e20a"  # mixed's 1g.10gb nobody uses
 
 PROBE = textwrap.dedent("""\
@@ -141,13 +140,13 @@ def test_a_job_on_one_slice_is_denied_the_other_slices_caps(
 @pytest.fixture
 def mixed_service(
     tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[test_service.Server]:
-    """The real queue service (test_service.py) on `mixed`."""
-    yield from test_service._serving(tmp_path, open_dir, monkeypatch, spec="mixed")
+) -> Iterator[Server]:
+    """The real queue service (tests/servicetools.py) on `mixed`."""
+    yield from serving(tmp_path, open_dir, monkeypatch, spec="mixed")
 
 
 def test_a_service_job_on_one_slice_is_denied_the_other_slices_caps(
-    mixed_service: test_service.Server, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+    mixed_service: Server, open_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mode, why = cgroups.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
@@ -157,9 +156,9 @@ def test_a_service_job_on_one_slice_is_denied_the_other_slices_caps(
     probe.write_text(PROBE)
     probe.chmod(0o644)
     alice = make_user("alice", ("lab",))
-    sub = test_service.cli_as(
+    sub = cli_as(
         mixed_service, alice, "submit", "--mig", "1g.10gb", "--",
-        test_service.USER_PY, str(probe), str(dev),
+        USER_PY, str(probe), str(dev),
     )  # fmt: skip
     assert sub.returncode == 0, sub.stderr
     job = int(sub.stdout.strip())

@@ -111,10 +111,12 @@ def test_a_kernel_that_finds_no_gpu_does_not_start(kernels: Path, cli) -> None:
 
 
 @pytest.fixture
-def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from test_containers_service import fresh_service
+def service(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The queue service, with a grace long enough for a kernel to shut down on a busy
+    machine (the default is 30 s)."""
+    from servicetools import serving
 
-    yield from fresh_service(tmp_path, monkeypatch)
+    yield from serving(tmp_path, open_dir, monkeypatch, "--grace", "20s")
 
 
 def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
@@ -126,7 +128,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
     kernel is shut down or killed, and the kernel when the job is cancelled."""
     from jupyter_client import KernelManager
 
-    from test_service import _attached_again, submit
+    from servicetools import attached_again, submit
     from users import make_user
 
     sim(service.spec)  # this process sees the service's machine
@@ -162,7 +164,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
                 # A restart of the service is no end of the allocation: the kernel lives on.
                 service.kill(signal.SIGKILL)
                 service.start()
-                _attached_again(service, 1)
+                attached_again(service, 1)
                 assert _visible(km).split() == [visible, job]
                 assert service.job(int(job))["state"] == "RUNNING"
                 assert "error" not in service.call(None, "cancel", jobs=[int(job)])

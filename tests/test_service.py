@@ -1,9 +1,9 @@
 """The queue service end to end, as root, with real Unix users as clients.
 
-The service runs as a real process (`python -m gpuwarden serve`) on a simulated
-server of four idle A100s (tests/data/idle-4xa100.toml); clients connect as real
-users (identity from SO_PEERCRED), and jobs run as their owners. Each test that
-needs users skips where they cannot be made, and fails under CI, which runs as root.
+The service and its clients are tests/servicetools.py's: a real `gpuwarden serve` on a
+simulated server of four idle A100s, real users (identity from SO_PEERCRED), jobs run
+as their owners. Each test that needs users skips where they cannot be made, and fails
+under CI, which runs as root.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,193 +22,24 @@ from typing import Any, Optional
 
 import pytest
 
-from gpuwarden.queueclient.probe import wait_until_running
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
+from repo import SRC
+from servicetools import SPEC, USER_PY, Server, attached_again, become, cli_as, serving, submit
 from users import make_user
-
-SRC = str(Path(__file__).resolve().parent.parent / "src")
-SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
-USER_PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-
-CLIENT = """
-import json, sys
-from gpuwarden.errors import UserError
-from gpuwarden.queueclient.client import require
-try:
-    with require(sys.argv[1]) as c:
-        print(json.dumps(c.call(sys.argv[2], **json.loads(sys.argv[3]))))
-except UserError as err:
-    print("ERROR " + str(err))
-    sys.exit(2)
-"""
-
-
-class Server:
-    def __init__(self, root: Path, work: Path, args: tuple[str, ...], spec: str = SPEC) -> None:
-        self.spec = spec  # the simulated machine it serves
-        self.root = root
-        self.work = work
-        self.socket = str(work.parent / "sock" / "gpuwarden.sock")
-        self.state = str(root / "service")
-        self.args = args
-        self.proc: Optional[subprocess.Popen[str]] = None
-        self.log = root / "serve.log"
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=self.spec)
-        with contextlib.suppress(OSError):
-            os.unlink(self.socket)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuwarden",
-                "serve",
-                "--socket",
-                self.socket,
-                "--state-dir",
-                self.state,
-                "--log-level",
-                "DEBUG",
-                *self.args,
-            ],
-            env=env,
-            stdout=open(self.log, "a"),  # noqa: SIM115 - the process owns it
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        proc = self.proc
-        found = wait_until_running(self.socket, 30, alive=lambda: proc.poll() is None)
-        assert found["running"], f"the service did not start: {found['error']}\n" + (
-            self.log.read_text()
-        )
-
-    def kill_jobs(self) -> None:
-        """End what the test left running: jobs outlive the service by design."""
-        journal = st.Store(os.path.join(self.state, "jobs.db"))
-        for job in journal.jobs(st.ACTIVE):
-            for pid in (job.pid, job.supervisor):
-                if pid:
-                    with contextlib.suppress(OSError):
-                        os.killpg(pid, signal.SIGKILL)
-        journal.close()
-        self.forget_cgroups()
-
-    def forget_cgroups(self) -> None:
-        """Remove the job cgroups a killed service left (a restarted one would sweep them;
-        this one is not restarted), so tests leave no trail under /sys/fs/cgroup."""
-        from gpuwarden.service import jobcgroup
-
-        scope = jobcgroup.scope_of(os.path.join(self.state, "jobs"))
-        deadline = time.monotonic() + 10
-        while (left := jobcgroup.service_jobs(scope)) and time.monotonic() < deadline:
-            if not all([jobcgroup.remove_job(dirs) for dirs in left.values()]):
-                time.sleep(0.02)  # SIGKILLed processes are still on their way out
-        jobcgroup.remove_scope(scope)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        self.proc.wait(30)
-
-    def call(self, who: Optional[Person], op: str, **fields: Any) -> dict[str, Any]:
-        """`op` as `who` (root when None); an error answer comes back as {"error": ...}."""
-        env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "USER": "root", "LOGNAME": "root"}
-        run = subprocess.run(
-            [USER_PY if who else sys.executable, "-c", CLIENT, self.socket, op, json.dumps(fields)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            preexec_fn=None if who is None else _become(who),
-            cwd=str(self.work),
-        )
-        out = run.stdout.strip()
-        if out.startswith("ERROR "):
-            return {"error": out[6:]}
-        assert run.returncode == 0, run.stderr
-        return json.loads(out)
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        active, ended = self.call(None, "queue"), self.call(None, "jobs", limit=1000)
-        assert "jobs" in active and "jobs" in ended, (active, ended)
-        rows = active["jobs"] + ended["jobs"]
-        return next(r for r in rows if r["id"] == job_id)
-
-    def wait_state(
-        self, job_id: int, states: tuple[str, ...], timeout: float = 30
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        row: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            row = self.job(job_id)
-            if row["state"] in states:
-                return row
-            time.sleep(0.05)
-        raise AssertionError(
-            f"job {job_id} stayed {row.get('state')}: {row}\n{self.log.read_text()[-3000:]}"
-        )
-
-
-def _become(who: Person):  # type: ignore[no-untyped-def]
-    def drop() -> None:
-        os.setgroups(list(who.groups))
-        os.setgid(who.gid)
-        os.setuid(who.uid)
-
-    return drop
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="gw-service-"))
-    d.chmod(0o755)
-    (d / "work").mkdir()
-    (d / "work").chmod(0o1777)
-    (d / "sock").mkdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _serving(
-    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch, *args: str, spec: str = SPEC
-) -> Iterator[Server]:
-    make_user("alice", groups=("lab",))
-    leases = open_dir / "leases"  # as `gpuwarden service install` makes it: root's, 0755
-    leases.mkdir(mode=0o755)
-    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
-    srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args), spec)
-    srv.start()
-    yield srv
-    if srv.proc and srv.proc.poll() is None:
-        srv.kill(signal.SIGTERM)
-    srv.kill_jobs()
-
-
-@pytest.fixture
-def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    yield from _serving(tmp_path, open_dir, monkeypatch)
+from waiting import wait_for
 
 
 @pytest.fixture
 def limited(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """A service whose users may keep two jobs, use two GPUs at once and must declare
     --time of 90 s at most."""
-    yield from _serving(
+    yield from serving(
         tmp_path,
         open_dir,
         monkeypatch,
         *("--max-jobs-per-user", "2", "--max-time", "90s", "--max-gpus-per-user", "2"),
     )
-
-
-def submit(srv: Server, who: Person, argv: list[str], **kw: Any) -> int:
-    fields = {"argv": argv, "cwd": str(srv.work), "env": {"PATH": "/usr/bin:/bin", "USER": "bob"}}
-    fields.update(kw)
-    reply = srv.call(who, "submit", **fields)
-    assert "job" in reply, reply
-    return int(reply["job"])
 
 
 PROBE = (
@@ -314,11 +144,16 @@ COUNTING = (
 
 
 def _noted(path: Path, count: int, timeout: float = 30) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or len(path.read_text().splitlines()) < count:
-        assert time.monotonic() < deadline, path.read_text() if path.exists() else "no log"
-        time.sleep(0.02)
-    return path.read_text().splitlines()
+    """The lines of a COUNTING job's log once there are at least `count`."""
+
+    def lines() -> list[str]:
+        return path.read_text().splitlines() if path.exists() else []
+
+    def enough() -> list[str]:
+        got = lines()
+        return got if len(got) >= count else []
+
+    return wait_for(enough, timeout, lambda: f"{count} lines in {path}: {lines() or 'no log'}")
 
 
 def test_at_its_time_limit_each_process_gets_one_sigterm_then_sigkill(server: Server) -> None:
@@ -382,7 +217,7 @@ def test_running_jobs_survive_a_service_kill_and_are_readopted(server: Server) -
     assert server.wait_state(waiting, ("COMPLETED",))["state"] == "COMPLETED"
 
 
-def test_malformed_requests_leave_the_service_serving(server: Server) -> None:
+def test_malformed_requests_leave_the_serviceserving(server: Server) -> None:
     import socket
 
     for payload in (b"junk\n", b'{"v":1,"op":"nope"}\n', b'{"v":9}\n', b"x" * (2 << 20)):
@@ -417,7 +252,7 @@ except UserError as err:
 def attached(
     srv: Server, who: Person, argv: list[str], reconnect: float = 60, **popen: Any
 ) -> subprocess.Popen[str]:
-    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
     fields = json.dumps({"argv": argv, "request": {"count": 1}})
     return subprocess.Popen(
         [USER_PY, "-c", ATTACHED, srv.socket, fields, str(reconnect)],
@@ -425,7 +260,7 @@ def attached(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_become(who),
+        preexec_fn=become(who),
         cwd=str(srv.work),
         **popen,
     )
@@ -465,14 +300,6 @@ def test_an_attached_job_ends_when_its_client_is_killed(server: Server) -> None:
     assert server.wait_state(job, ("CANCELLED",))["signal"] == signal.SIGTERM
 
 
-def _attached_again(srv: Server, times: int, timeout: float = 30) -> None:
-    """Wait until the service's log says an attached client came back `times` times."""
-    deadline = time.monotonic() + timeout
-    while srv.log.read_text().count("its client attached again") < times:
-        assert time.monotonic() < deadline, srv.log.read_text()[-3000:]
-        time.sleep(0.05)
-
-
 def test_an_attached_run_outlives_sigterm_and_sigkill_restarts(server: Server) -> None:
     """Issue 23: a restart of the service ends no attached job. The job keeps its
     terminal, the client attaches again after each restart, Ctrl-C reaches the job
@@ -492,10 +319,10 @@ def test_an_attached_run_outlives_sigterm_and_sigkill_restarts(server: Server) -
     (job,) = [r["id"] for r in server.call(None, "queue")["jobs"]]
     server.kill(signal.SIGTERM)
     server.start()
-    _attached_again(server, 1)
+    attached_again(server, 1)
     server.kill(signal.SIGKILL)
     server.start()
-    _attached_again(server, 2)
+    attached_again(server, 2)
     assert server.job(job)["state"] == "RUNNING"
     flag.touch()
     assert proc.stdout.readline() == "still here\n"  # its terminal is still the client's
@@ -514,13 +341,12 @@ def test_a_waiting_attached_run_starts_after_a_restart_and_ctrl_c_gives_130(
     server.wait_state(blocker, ("RUNNING",))
     proc = attached(server, alice, ["sh", "-c", "echo started; exit 3"])
     waiting = attached(server, alice, ["true"])
-    deadline = time.monotonic() + 30
-    while len(server.call(None, "queue")["jobs"]) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(
+        lambda: len(server.call(None, "queue")["jobs"]) >= 3, 30, "the three jobs in the queue"
+    )
     server.kill(signal.SIGKILL)
     server.start()
-    _attached_again(server, 2)
+    attached_again(server, 2)
     waiting.send_signal(signal.SIGINT)
     assert waiting.wait(30) == 130
     server.call(None, "cancel", jobs=[blocker])
@@ -579,9 +405,7 @@ def test_owners_are_told_when_their_job_ends(
     try:
         job = submit(srv, alice, ["sh", "-c", "exit 3"])
         srv.wait_state(job, ("FAILED",))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (got and mailbox.exists()):
-            time.sleep(0.05)
+        wait_for(lambda: got and mailbox.exists(), 30, "the webhook's event and the mail")
         assert got and got[0]["job"] == job and got[0]["state"] == "FAILED"
         assert got[0]["exit_code"] == 3 and got[0]["user"] == "gw-alice"
         mail = mailbox.read_text()
@@ -589,19 +413,6 @@ def test_owners_are_told_when_their_job_ends(
     finally:
         srv.kill(signal.SIGTERM)
         web.shutdown()
-
-
-def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket}
-    return subprocess.run(
-        [USER_PY, "-m", "gpuwarden", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=_become(who),
-        cwd=str(srv.work),
-    )
 
 
 def test_hold_unhold_jobs_and_share_from_the_command_line(server: Server) -> None:
@@ -661,7 +472,7 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
     conf = open_dir / "config.toml"
     conf.write_text("[service]\nmax_gpus_per_user = 1\n")
     monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
-    srv = next(_serving(tmp_path, open_dir, monkeypatch))
+    srv = next(serving(tmp_path, open_dir, monkeypatch))
     try:
         alice = make_user("alice", ("lab",))
         wide = ("submit", "-g", "2", "--", "sleep", "60")
@@ -676,7 +487,7 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
         env = {"GPUWARDEN_SOCKET": srv.socket, "GPUWARDEN_SYSTEM_CONFIG": str(conf)}
         reload = subprocess.run(
             [sys.executable, "-m", "gpuwarden", "service", "reload"],
-            env={**os.environ, "PYTHONPATH": SRC, **env},
+            env={**os.environ, "PYTHONPATH": str(SRC), **env},
             capture_output=True,
             text=True,
             timeout=60,
@@ -701,10 +512,7 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
         )
         assert srv.proc is not None
         srv.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while "reload: limits" not in srv.log.read_text():
-            assert time.monotonic() < deadline, srv.log.read_text()[-2000:]
-            time.sleep(0.05)
+        srv.wait_log("reload: limits")
         four = cli_as(srv, alice, "submit", "-g", "4", "--", "true")
         assert four.returncode == 2, four.stderr
         assert four.stderr.endswith("(service.limits @gw-lab max_gpus)\n"), four.stderr
@@ -749,7 +557,7 @@ def cli_with_gpus(
         capture_output=True,
         text=True,
         timeout=60,
-        preexec_fn=_become(who),
+        preexec_fn=become(who),
         cwd=str(srv.work),
     )
 
@@ -828,7 +636,7 @@ def test_cancel_by_owner_state_and_range_as_scancel(server: Server) -> None:
     assert cli_as(server, alice, "cancel", "20-12").stderr.startswith(
         "gpuwarden cancel: invalid job range '20-12'"
     )
-    env = {**os.environ, "PYTHONPATH": SRC, "GPUWARDEN_SOCKET": server.socket}
+    env = {**os.environ, "PYTHONPATH": str(SRC), "GPUWARDEN_SOCKET": server.socket}
     admin = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "cancel", "-u", "gw-bob"],
         env=env,
@@ -869,13 +677,12 @@ def test_queue_start_gives_every_waiting_job_a_start_as_squeue(server: Server) -
     waiting = [
         submit(server, alice, ["true"], request={"count": n}, time_limit=60.0) for n in (4, 2, 2)
     ]
-    deadline = time.monotonic() + 30
-    while True:
+
+    def estimated() -> list[dict[str, Any]]:
         rows = json.loads(cli_as(server, alice, "queue", "--start", "--json").stdout)
-        if all(r.get("estimated_start") for r in rows) and len(rows) == 3:
-            break
-        assert time.monotonic() < deadline, rows
-        time.sleep(0.1)
+        return rows if all(r.get("estimated_start") for r in rows) and len(rows) == 3 else []
+
+    rows = wait_for(estimated, 30, "an estimated start for each of the three waiting jobs")
     at = {r["id"]: r["estimated_start"] for r in rows}
     assert at[waiting[0]] < at[waiting[1]] == at[waiting[2]], at  # after the whole-box job
     table = cli_as(server, alice, "queue", "--start").stdout.splitlines()
@@ -921,7 +728,7 @@ def test_a_reused_uid_does_not_inherit_the_old_users_jobs(
         )
     )
     journal.close()
-    srv = next(_serving(tmp_path, open_dir, monkeypatch))
+    srv = next(serving(tmp_path, open_dir, monkeypatch))
     try:
         refused = srv.call(alice, "logs", job=old.id)
         assert refused["error"] == (
@@ -990,11 +797,16 @@ def test_run_submit_queue_logs_cancel_through_the_service(server: Server) -> Non
     hers = cli_as(server, bob, "queue", "--user", "gw-alice", "--json")
     assert [j["id"] for j in json.loads(hers.stdout)] == [job], hers.stderr
     assert json.loads(cli_as(server, bob, "queue", "--user", "gw-bob", "--json").stdout) == []
-    deadline = time.monotonic() + 30
-    logs = cli_as(server, alice, "logs", str(job))
-    while "hello" not in logs.stdout and time.monotonic() < deadline:
-        time.sleep(0.1)
+
+    def said_hello() -> Optional[subprocess.CompletedProcess[str]]:
         logs = cli_as(server, alice, "logs", str(job))
+        return logs if "hello" in logs.stdout else None
+
+    logs = wait_for(
+        said_hello,
+        30,
+        lambda: f"the job's output through `logs`: {cli_as(server, alice, 'logs', str(job))}",
+    )
     assert logs.stdout == "hello\n", logs.stderr
     denied = cli_as(server, bob, "logs", str(job))
     assert denied.returncode == 2 and "only its owner or an admin" in denied.stderr
@@ -1016,7 +828,7 @@ def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Serve
     assert lock.stat().st_mode & 0o777 == 0o600
     probe = subprocess.run(
         [USER_PY, "-c", f"open({str(lock)!r})"],
-        preexec_fn=_become(bob),
+        preexec_fn=become(bob),
         capture_output=True,
         text=True,
     )
@@ -1032,7 +844,7 @@ def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Serve
     assert timed.expires is not None and 590 < timed.expires - timed.started <= 601
     shown = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "status"],
-        env=dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=SPEC),
+        env=dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=SPEC),
         capture_output=True,
         text=True,
         timeout=60,
@@ -1069,9 +881,7 @@ def test_an_ended_jobs_records_go_once_its_end_is_committed_and_after_a_kill(
     assert server.wait_state(first, ("COMPLETED",))["exit_code"] == 0
     exits = Path(server.state) / "jobs"
     mine = lambda job_id: sorted(p.name for p in exits.glob(f"{job_id}.*"))  # noqa: E731
-    deadline = time.monotonic() + 10
-    while mine(first) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: mine(first) == [], 10, lambda: f"job {first}'s records gone: {mine(first)}")
     assert mine(first) == []
     # A service killed between a job's end and the removal leaves them: a restart removes
     # them, and the records of a job still running stay.

@@ -8,18 +8,14 @@ and read what each task did from the files it wrote.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import test_service
-from test_service import Server, _serving, cli_as
+from servicetools import Server, cli_as, serving
 from users import make_user
-
-server = test_service.server
-open_dir = test_service.open_dir
+from waiting import wait_for
 
 TASK = (
     'echo "$GPUWARDEN_ARRAY_TASK_ID $SLURM_ARRAY_JOB_ID start $(date +%s.%N)" >> ran.log; '
@@ -36,14 +32,16 @@ def tasks_of(srv: Server, array: int) -> list[dict[str, Any]]:
 
 
 def wait_tasks(srv: Server, array: int, count: int, states: tuple[str, ...]) -> list[Any]:
-    deadline = time.monotonic() + 60
+    """The array's `count` tasks once every one is in one of `states`."""
     rows: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        rows = tasks_of(srv, array)
-        if len(rows) == count and all(r["state"] in states for r in rows):
-            return rows
-        time.sleep(0.05)
-    raise AssertionError(f"array {array}: {[(r['label'], r['state']) for r in rows]}")
+
+    def reached() -> list[dict[str, Any]]:
+        rows[:] = tasks_of(srv, array)
+        return list(rows) if len(rows) == count and all(r["state"] in states for r in rows) else []
+
+    return wait_for(
+        reached, 60, lambda: f"array {array}: {[(r['label'], r['state']) for r in rows]}"
+    )
 
 
 def most_at_once(lines: list[str]) -> int:
@@ -70,11 +68,11 @@ def test_an_array_runs_each_task_once_within_its_throttle_across_a_restart(
     assert sub.returncode == 0, sub.stderr
     array = int(sub.stdout)
     assert f"array {array} of 10 tasks" in sub.stderr
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # half of it has run, some of it is running
-        if sum(r["state"] == "COMPLETED" for r in tasks_of(server, array)) >= 4:
-            break
-        time.sleep(0.05)
+    wait_for(  # half of it has run, some of it is running
+        lambda: sum(r["state"] == "COMPLETED" for r in tasks_of(server, array)) >= 4,
+        30,
+        lambda: f"4 of array {array}'s tasks completed: {tasks_of(server, array)}",
+    )
     server.kill(signal.SIGKILL)  # a restart with the array half done
     server.start()
     rows = wait_tasks(server, array, 10, ("COMPLETED",))
@@ -95,10 +93,11 @@ def test_one_cancel_ends_a_whole_array_and_queue_shows_it_compactly(server: Serv
     sub = cli_as(server, alice, "submit", "--array", "0-19", "--", "sleep", "60")
     assert sub.returncode == 0, sub.stderr
     array = int(sub.stdout)
-    deadline = time.monotonic() + 30
-    while sum(r["state"] == "RUNNING" for r in tasks_of(server, array)) < 4:
-        assert time.monotonic() < deadline, tasks_of(server, array)
-        time.sleep(0.05)
+    wait_for(
+        lambda: sum(r["state"] == "RUNNING" for r in tasks_of(server, array)) >= 4,
+        30,
+        lambda: f"4 of array {array}'s tasks running: {tasks_of(server, array)}",
+    )
     shown = cli_as(server, bob, "queue").stdout
     assert f"{array}_[4-19]" in shown and f"{array}_0 " in shown, shown
     held = cli_as(server, alice, "hold", f"{array}_7")
@@ -124,7 +123,7 @@ def test_one_cancel_ends_a_whole_array_and_queue_shows_it_compactly(server: Serv
 
 @pytest.fixture
 def limited(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    yield from _serving(tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "3")
+    yield from serving(tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "3")
 
 
 def test_a_sweep_puts_each_combination_in_its_tasks_environment(limited: Server) -> None:

@@ -1,6 +1,6 @@
 """Enforcement for the queue service's jobs, for real: device cgroups, signals, accounting.
 
-The service runs as root with real users (see test_service.py). Device isolation is
+The service runs as root with real users (see tests/servicetools.py). Device isolation is
 told apart without a GPU by nodes made with `mknod` (major 195, a GPU's minor):
 opening one gives ENXIO where the job's cgroup allows it (no driver behind it) and
 EPERM where the cgroup denies it.
@@ -18,16 +18,11 @@ from pathlib import Path
 
 import pytest
 
-import test_service
 from components import require
 from gpuwarden import cgroups
-from test_service import USER_PY, Server, cli_as, submit
+from servicetools import SPEC, USER_PY, Server, cli_as, submit
 from users import make_user
 from waiting import wait_for
-
-# The real service of test_service.py, as its tests get it.
-open_dir = test_service.open_dir
-server = test_service.server
 
 PROBE = textwrap.dedent("""\
     import json, os, subprocess, sys, time
@@ -214,7 +209,7 @@ def watched(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch):
     leases.mkdir(mode=0o755)
     monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
     monkeypatch.setenv("GPUWARDEN_ENFORCE_POLL_SECONDS", "0.1")
-    monkeypatch.setenv("GPUWARDEN_SIM", test_service.SPEC)
+    monkeypatch.setenv("GPUWARDEN_SIM", SPEC)
     sendmail = tmp_path / "sendmail"  # the owner's notifications land in tmp_path/mail
     sendmail.write_text(f"#!/bin/sh\ncat >> {tmp_path / 'mail'}\n")
     sendmail.chmod(0o755)
@@ -378,7 +373,7 @@ def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_pat
     for minor in range(4):
         os.mknod(dev / f"nvidia{minor}", 0o600 | 0o020000, os.makedev(195, minor))
     results = {}
-    for spec in (test_service.SPEC, "h200"):
+    for spec in (SPEC, "h200"):
         env = {"GPU_ACCEPTANCE_SIM": spec, "GPUWARDEN_SIM": spec, "GPU_ACCEPTANCE_DEV": str(dev)}
         out = tmp_path / f"out-{len(results)}"
         run_script(
@@ -386,7 +381,7 @@ def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_pat
         )
         record = json.loads((out / "gpu-acceptance.json").read_text())
         results[spec] = next(r for r in record["results"] if r["name"].startswith("service-"))
-    four = results[test_service.SPEC]
+    four = results[SPEC]
     assert four["status"] == "PASS", four
     assert "3 other node(s) EPERM" in four["detail"]
     assert results["h200"]["status"] == "SKIP" and "needs two GPUs" in results["h200"]["detail"]

@@ -1,6 +1,6 @@
 """The queue service against an ordinary local user who means harm, with real Unix accounts.
 
-Each attack is made as an unprivileged user on the root service of test_service.py
+Each attack is made as an unprivileged user on the root service of tests/servicetools.py
 (tests/users.py); each test then checks that the attack was refused in one line
 naming the bound, or harmless, and that the service still answers another user.
 """
@@ -20,27 +20,24 @@ from typing import Any, Optional
 
 import pytest
 
-import test_service
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import spawn
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
-from test_service import SRC, USER_PY, Server, _become, _serving, cli_as, submit
+from repo import SRC
+from servicetools import SPEC, USER_PY, Server, become, cli_as, serving, submit
 from users import make_user
-
-open_dir = test_service.open_dir
-server = test_service.server
 
 
 def as_user(who: Person, code: str, *args: str, timeout: float = 60) -> Any:
     """Run Python `code` as `who` with the service's socket as argv[1]; its JSON output."""
     run = subprocess.run(
         [USER_PY, "-c", code, *args],
-        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=_become(who),
+        preexec_fn=become(who),
     )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
@@ -158,7 +155,7 @@ def test_one_user_cannot_hold_every_connection_and_idle_ones_are_closed(
     sends a byte now and then, are closed after service.idle_timeout."""
     monkeypatch.setenv("GPUWARDEN_SERVICE_IDLE_TIMEOUT", "2")
     alice, bob = make_user("alice", ("lab",)), make_user("bob")
-    srv = next(gen := _serving(tmp_path, open_dir, monkeypatch))
+    srv = next(gen := serving(tmp_path, open_dir, monkeypatch))
     try:
         code = """
 import json, socket, sys, time
@@ -202,10 +199,10 @@ print(json.dumps({"closed": closed, "open": len(kept)}))
 """
         proc = subprocess.Popen(
             [USER_PY, "-c", code, srv.socket],
-            env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=_become(alice),
+            preexec_fn=become(alice),
         )
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
@@ -261,7 +258,7 @@ def test_thousands_of_jobs_are_listed_in_pages_and_a_kill_during_listings_loses_
     alice, bob = make_user("alice", ("lab",)), make_user("bob")
     srv = Server(tmp_path, open_dir / "work", ())
     _journal_with_history(srv.state, alice, 3000, 4000)
-    gen = _serving(tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "100000")
+    gen = serving(tmp_path, open_dir, monkeypatch, "--max-jobs-per-user", "100000")
     srv = next(gen)
     try:
         shown = cli_as(srv, alice, "queue")
@@ -317,10 +314,10 @@ print(json.dumps({"answers": answers, "closed": closed}))
 """
         proc = subprocess.Popen(
             [USER_PY, "-c", deaf, srv.socket],
-            env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=_become(alice),
+            preexec_fn=become(alice),
         )
         assert proc.stdout is not None and proc.stdout.readline() == "asked\n"
         assert srv.call(bob, "hello")["user"] == "gw-bob"  # while it does not read
@@ -331,10 +328,14 @@ print(json.dumps({"answers": answers, "closed": closed}))
         burst = [
             subprocess.Popen(
                 [USER_PY, "-m", "gpuwarden", *args],
-                env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket},
+                env={
+                    "PYTHONPATH": str(SRC),
+                    "PATH": "/usr/bin:/bin",
+                    "GPUWARDEN_SOCKET": srv.socket,
+                },
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                preexec_fn=_become(alice),
+                preexec_fn=become(alice),
                 cwd=str(srv.work),
             )
             for args in (("queue", "--all", "--json"), ("jobs", "--all", "--json")) * 3
@@ -375,7 +376,7 @@ def test_a_full_disk_refuses_the_request_and_the_service_serves_on(
     assert mounted.returncode == 0, mounted.stderr
     gen: Optional[Iterator[Server]] = None
     try:
-        gen = _serving(tmp_path, open_dir, monkeypatch)
+        gen = serving(tmp_path, open_dir, monkeypatch)
         srv = next(gen)
         held = submit(srv, alice, ["true"], hold=True)
         filler = state / "filler"
@@ -402,7 +403,7 @@ def test_a_full_disk_refuses_the_request_and_the_service_serves_on(
 
 
 def _serve(state: Path, socket: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=test_service.SPEC)
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=SPEC)
     return subprocess.run(
         [sys.executable, "-m", "gpuwarden", "serve", "--socket", socket, "--state-dir", str(state)],
         env=env,

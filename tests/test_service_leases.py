@@ -1,6 +1,6 @@
 """A service job's GPUs are held for exactly the job's life, whatever the job does.
 
-The real service of test_service.py, as root, with real users' jobs: a job that
+The real service of tests/servicetools.py, as root, with real users' jobs: a job that
 passes every descriptor it has to one of its owner's processes outside the job
 (SCM_RIGHTS) keeps no GPU once it ends; and where the service has no cgroup to
 hold a job (`enforce.devices = "off"`), a detached (setsid) child that ignores
@@ -11,26 +11,24 @@ process exits, so no GPU stays held.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import shutil
 import signal
 import subprocess
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import test_service
 from gpuwarden import leases
 from gpuwarden.service.identity import Person
-from test_service import USER_PY, Server, _become, submit
+from repo import SRC
+from servicetools import SPEC, USER_PY, Server, attached_again, become, cli_as, serving, submit
 from users import make_user
-
-open_dir = test_service.open_dir
-server = test_service.server
+from waiting import wait_for
 
 LISTENER = textwrap.dedent("""\
     import os, socket, sys, time
@@ -66,15 +64,6 @@ PASSER = textwrap.dedent("""\
 """)
 
 
-def wait_for(check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
-
-
 def gpu_free(lease_dir: Path, uuid: str) -> bool:
     """Nobody holds the GPU's lock (root may open the 0600 lock file)."""
     fd = os.open(lease_dir / f"{uuid}.lock", os.O_RDONLY)
@@ -96,24 +85,25 @@ def test_descriptors_a_job_passes_out_keep_no_gpu(server: Server) -> None:
     ready, go = work / "ready.json", work / "go"
     keeper = subprocess.Popen(
         [USER_PY, str(work.parent / "listener.py"), str(sock), str(got)],
-        preexec_fn=_become(alice),
+        preexec_fn=become(alice),
     )
     try:
-        assert wait_for(sock.exists), "alice's keeper did not start"
+        wait_for(sock.exists, 30, "alice's keeper to listen")
         job = submit(
             server, alice, [USER_PY, str(work.parent / "passer.py"), str(sock), str(ready), str(go)]
         )
         uuid = server.wait_state(job, ("RUNNING",))["gpus"][0]
         lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
-        assert wait_for(ready.exists)
+        wait_for(ready.exists, 30, "the job to pass its descriptors")
         # Held while the job runs, by the service's side of it, not by the job.
         assert [x.job for x in leases.list_leases(str(lease_dir)) if x.uuid == uuid] == [str(job)]
         assert not gpu_free(lease_dir, uuid)
-        targets = test_service.json.loads(ready.read_text()).values()
+        targets = json.loads(ready.read_text()).values()
         assert not [t for t in targets if t.startswith(str(lease_dir))], targets
         go.touch()
         assert server.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"
-        assert wait_for(got.exists)  # alice's process outside the job has all it was sent
+        # alice's process outside the job has all it was sent
+        wait_for(got.exists, 30, "alice's keeper to get the descriptors")
         assert keeper.poll() is None
         assert gpu_free(lease_dir, uuid)
         assert not [x for x in leases.list_leases(str(lease_dir)) if x.uuid == uuid]
@@ -130,7 +120,7 @@ def uncontained(
     conf = tmp_path / "system.toml"
     conf.write_text('[enforce]\ndevices = "off"\n')
     monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
-    yield from test_service._serving(tmp_path, open_dir, monkeypatch)
+    yield from serving(tmp_path, open_dir, monkeypatch)
 
 
 DETACHER = (
@@ -159,7 +149,7 @@ def test_a_detached_child_ignoring_sigterm_ends_with_its_job_without_cgroups(
     children = {}
     for case, (job, pid) in jobs.items():
         srv.wait_state(job, ("RUNNING", "COMPLETED"))
-        assert wait_for(pid.exists), case
+        wait_for(pid.exists, 30, f"the detached child's pid ({case})")
         child = int(pid.read_text())
         children[case] = os.pidfd_open(child)  # names the process, whatever reuses its pid
         assert os.getsid(child) == child, "the child left the job's session"
@@ -206,10 +196,10 @@ def _holder(server: Server, alice: Person) -> tuple[subprocess.Popen[str], int, 
 
         shutil.copy(pynvml.__file__, nvml / "pynvml.py")
     env = {
-        "PYTHONPATH": f"{test_service.SRC}:{nvml}",
+        "PYTHONPATH": f"{SRC}:{nvml}",
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": server.socket,
-        "GPUWARDEN_SIM": test_service.SPEC,
+        "GPUWARDEN_SIM": SPEC,
         "GPUWARDEN_SIM_STATE": str(server.work / "sim"),
         "HOME": str(server.work),
     }
@@ -220,12 +210,12 @@ def _holder(server: Server, alice: Person) -> tuple[subprocess.Popen[str], int, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_become(alice),
+        preexec_fn=become(alice),
         cwd=str(server.work),
     )
     line = readline(holder)
     assert line, holder.communicate(timeout=30)[1]
-    got = test_service.json.loads(line)
+    got = json.loads(line)
     if not got["uuids"]:
         holder.kill()
         raise AssertionError((got, holder.communicate(timeout=30)[1]))
@@ -250,7 +240,7 @@ def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> 
     ends = {}
     for how in ("block", "kill -9"):
         holder, job, uuid = _holder(server, alice)
-        shown = test_service.cli_as(server, alice, "queue")
+        shown = cli_as(server, alice, "queue")
         mine = [r.split() for r in shown.stdout.splitlines() if r.split()[:1] == [str(job)]]
         assert mine and "gw-alice" in mine[0] and "RUNNING" in mine[0], shown.stdout
         assert not gpu_free(lease_dir, uuid)
@@ -260,7 +250,7 @@ def test_a_users_lease_in_python_is_held_through_the_service(server: Server) -> 
             holder.kill()
             holder.wait(30)
         ends[how] = server.wait_state(job, ("COMPLETED", "CANCELLED"))["state"]
-        assert wait_for(lambda u=uuid: gpu_free(lease_dir, u)), how
+        wait_for(lambda u=uuid: gpu_free(lease_dir, u), 30, f"GPU {uuid} free after {how}")
     assert ends == {"block": "COMPLETED", "kill -9": "CANCELLED"}
     share = {u["user"]: u["usage"] for u in server.call(None, "share")["users"]}
     assert share.get("gw-alice", 0) > 0  # charged like any job
@@ -276,10 +266,10 @@ def test_a_users_lease_in_python_outlives_sigterm_and_sigkill_restarts(server: S
     for times, sig in enumerate((signal.SIGTERM, signal.SIGKILL), start=1):
         server.kill(sig)
         server.start()
-        test_service._attached_again(server, times)
+        attached_again(server, times)
         assert server.job(job)["state"] == "RUNNING"
         assert holder.poll() is None
     assert not gpu_free(lease_dir, uuid)
     _end_block(holder)
     assert server.wait_state(job, ("COMPLETED", "CANCELLED"))["state"] == "COMPLETED"
-    assert wait_for(lambda: gpu_free(lease_dir, uuid))
+    wait_for(lambda: gpu_free(lease_dir, uuid), 30, f"GPU {uuid} free after the block")

@@ -1,6 +1,6 @@
 """The queue service places jobs with `run`'s choice: the GPUs `run --dry-run` names.
 
-The real service (test_service.py) on two simulated machines: four idle A100s in two
+The real service (tests/servicetools.py) on two simulated machines: four idle A100s in two
 NVLink pairs, 0+2 and 1+3, across PCIe switches 0+1 and 2+3 (tests/data/pairs-4xa100.toml),
 where a 2-GPU job belongs on an NVLink pair and a 1-GPU job not on GPU 0; and `mixed`,
 whose A100 is split into MIG slices. The scheduler decides who starts and how many GPUs;
@@ -19,27 +19,26 @@ from pathlib import Path
 
 import pytest
 
-import test_service
-from test_service import SPEC, SRC, Server, _serving, cli_as
+from repo import SRC
+from servicetools import SPEC, Server, cli_as, serving
 from users import make_user
 
-open_dir = test_service.open_dir
 PAIRS = str(Path(SPEC).with_name("pairs-4xa100.toml"))
 
 
 @pytest.fixture
 def pairs(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    yield from _serving(tmp_path, open_dir, monkeypatch, spec=PAIRS)
+    yield from serving(tmp_path, open_dir, monkeypatch, spec=PAIRS)
 
 
 @pytest.fixture
 def mixed(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    yield from _serving(tmp_path, open_dir, monkeypatch, spec="mixed")
+    yield from serving(tmp_path, open_dir, monkeypatch, spec="mixed")
 
 
 def dry_run(spec: str, *args: str) -> str:
     """What `run --dry-run` would set CUDA_VISIBLE_DEVICES to on `spec`, without a service."""
-    env = dict(os.environ, PYTHONPATH=SRC, GPUWARDEN_SIM=spec, GPUWARDEN_SOCKET="/nonexistent")
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=spec, GPUWARDEN_SOCKET="/nonexistent")
     out = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "run", "--dry-run", "--uuid", *args, "--", "true"],
         env=env,

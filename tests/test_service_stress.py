@@ -36,7 +36,7 @@ from typing import Any, Optional
 import pytest
 
 from gpuwarden.service import store as st
-from gpuwarden.service.identity import Person
+from servicetools import become
 from users import make_user
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -237,15 +237,6 @@ class Service:
             raise
 
 
-def _become(who: Person):  # type: ignore[no-untyped-def]
-    def drop() -> None:
-        os.setgroups(list(who.groups))
-        os.setgid(who.gid)
-        os.setuid(who.uid)
-
-    return drop
-
-
 def job_plan(rng: random.Random, user: str, n: int) -> list[tuple[str, int, Optional[int]]]:
     """`n` jobs of `user`: mostly one whole GPU, some two, some sharing by memory."""
     jobs = []
@@ -334,7 +325,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                preexec_fn=_become(person),
+                preexec_fn=become(person),
                 cwd=str(work),
             )
             attached_plan = {
@@ -350,7 +341,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
                     stdout=log,
                     stderr=subprocess.PIPE,
                     text=True,
-                    preexec_fn=_become(person),
+                    preexec_fn=become(person),
                     cwd=str(work),
                 )
         # KILLS kills at random moments while the clients submit and jobs run: each
@@ -473,7 +464,7 @@ def test_a_lease_left_half_taken_by_a_killed_service_does_not_stop_the_next(
                 ),
             ],
             env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
-            preexec_fn=_become(alice),
+            preexec_fn=become(alice),
             check=True,
             capture_output=True,
             timeout=120,

@@ -16,12 +16,9 @@ from typing import Optional
 
 import pytest
 
-import test_service
 from gpuwarden import config
 from repo import SRC
-
-server = test_service.server  # the real queue service, as its tests get it
-open_dir = test_service.open_dir
+from servicetools import Server
 
 # Report the modules loaded once the command is done (for `run`: after the job).
 PROBE = """
@@ -388,7 +385,7 @@ def test_loaded_modules_are_left_as_they_are() -> None:
 
 
 def test_run_through_the_service_loads_nothing_of_choosing_or_leasing(
-    server: test_service.Server,
+    server: Server,
 ) -> None:
     """With a queue service the service chooses, leases and starts: `run` only asks it
     and waits, so NVML, the lease and selection code and the typing of the service's

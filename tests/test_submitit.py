@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import test_service
-from test_service import SRC, USER_PY, Server, _become, _serving
+from repo import SRC
+from servicetools import USER_PY, Server, become, serving
 from users import make_user
-
-open_dir = test_service.open_dir
 
 SCRIPT = r"""
 import json, sys, time
@@ -81,7 +79,7 @@ print(json.dumps(out))
 @pytest.fixture
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     pytest.importorskip("submitit")
-    yield from _serving(tmp_path, open_dir, monkeypatch)
+    yield from serving(tmp_path, open_dir, monkeypatch)
 
 
 def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(
@@ -113,7 +111,7 @@ def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=_become(alice),
+        preexec_fn=become(alice),
         cwd=str(server.work),
     )
     assert done.returncode == 0, done.stderr[-3000:]

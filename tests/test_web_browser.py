@@ -288,12 +288,12 @@ return { running: rows("queue-running"), waiting: rows("queue-waiting"),
 
 @pytest.fixture
 def queue_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WebServer, Any]]:
-    """A real queue service (`gpuwarden serve`, as test_service.py starts it) on four
+    """A real queue service (`gpuwarden serve`, as tests/servicetools.py starts it) on four
     idle A100s, and the page of the same machine asking it."""
     import tempfile
 
     from gpuwarden.service.store import Store
-    from test_service import SPEC, Server
+    from servicetools import SPEC, Server
     from users import make_user
 
     make_user("alice")
@@ -324,7 +324,7 @@ def queue_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tupl
 
 
 def test_the_queue_service_on_the_page(browser, queue_page, tmp_path):
-    from test_service import submit
+    from servicetools import submit
     from users import make_user
 
     page, srv = queue_page

@@ -27,6 +27,7 @@ import pytest
 
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.probe import wait_until_running
+from waiting import wait_for
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
@@ -153,12 +154,16 @@ def test_a_submit_into_2000_waiting_jobs_costs_what_one_into_an_empty_queue_does
     )
     # Coalesced: far fewer passes than submits, yet the queue's reasons stay current.
     assert after["count"] - passes < SAMPLES / 4, after
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def all_held() -> list[dict[str, Any]]:
         rows = every_row(service)
-        if all(r["reason"] == "Held" for r in rows):
-            break
-        time.sleep(0.1)
+        return rows if all(r["reason"] == "Held" for r in rows) else []
+
+    rows = wait_for(
+        all_held,
+        30,
+        lambda: f"every row's reason Held: {sorted({r['reason'] for r in every_row(service)})}",
+    )
     assert {r["reason"] for r in rows} == {"Held"}
     assert len(rows) == PENDING + 3 * SAMPLES
 

@@ -10,7 +10,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,9 +183,7 @@ def test_the_supervisor_holds_the_lease_descriptors_and_the_job_never_has_them(
     )
     spawn.start(launch(bob, status_dir, home, [PY, "-c", script], keep=(fd,), output=str(out)))
     os.close(fd)  # ours: only the supervisor's copy holds the lock now
-    deadline = time.monotonic() + 30
-    while not out.read_text() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(out.read_text, 30, "the job's list of its descriptors")
     assert str(lock) not in out.read_text()
     probe = os.open(lock, os.O_RDONLY)
     try:

@@ -38,6 +38,7 @@ import pytest
 from gpuwarden.service import store as st
 from servicetools import become
 from users import make_user
+from waiting import wait_for
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
@@ -365,10 +366,12 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
             ids.update(json.loads(out)["ids"])
         # Every job ends on its own; poll with a generous deadline.
         service.ready()
-        deadline = time.monotonic() + 300
-        while service.call("queue")["jobs"]:
-            assert time.monotonic() < deadline, f"seed {seed}: jobs never ended\n{service.tail()}"
-            time.sleep(0.2)
+        wait_for(
+            lambda: not service.call("queue")["jobs"],
+            300,
+            lambda: f"seed {seed}: every job ended\n{service.tail()}",
+            every=0.2,
+        )
     finally:
         for c in (*clients.values(), *runners.values()):
             if c.poll() is None:
@@ -470,13 +473,11 @@ def test_a_lease_left_half_taken_by_a_killed_service_does_not_stop_the_next(
             timeout=120,
         )
 
-        deadline = time.monotonic() + 60
-        while True:
-            time.sleep(0.05)
+        def drained() -> bool:
             assert service.proc is not None and service.proc.poll() is None, service.tail()
-            if not service.call("queue")["jobs"]:
-                break
-            assert time.monotonic() < deadline, service.tail()
+            return not service.call("queue")["jobs"]
+
+        wait_for(drained, 60, lambda: f"an empty queue\n{service.tail()}")
         (row,) = service.call("jobs")["jobs"]
         assert (row["id"], row["state"], row["exit_code"]) == (1, "COMPLETED", 0), row
     finally:
@@ -522,14 +523,17 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
             os._exit(1)
     _, status_code = os.waitpid(service, 0)
     assert os.WIFEXITED(status_code) and os.WEXITSTATUS(status_code) == 0
-    deadline = time.monotonic() + 30
-    while (ended := spawn.read_exit_record(str(status), "7")) is None:
-        marker = spawn.read_marker(str(status), "7") or {}
-        supervisor = marker.get("supervisor")
-        gone = marker.get("pid") and supervisor and not spawn.alive(supervisor, marker["since"])
-        assert not gone, "the supervisor died without writing the job's exit record"
-        assert time.monotonic() < deadline, "no exit record after 30 s"
-        time.sleep(0.02)
+
+    def exit_record() -> Optional[spawn.Ended]:
+        ended = spawn.read_exit_record(str(status), "7")
+        if ended is None:
+            marker = spawn.read_marker(str(status), "7") or {}
+            supervisor = marker.get("supervisor")
+            gone = marker.get("pid") and supervisor and not spawn.alive(supervisor, marker["since"])
+            assert not gone, "the supervisor died without writing the job's exit record"
+        return ended
+
+    ended = wait_for(exit_record, 30, "the job's exit record")
     assert (ended.code, ended.signal, ended.error) == (3, None, None)
 
 

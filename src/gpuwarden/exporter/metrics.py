@@ -2,14 +2,14 @@
 
 `families()` turns a `View` (one moment's snapshot plus leases, drains,
 findings, XIDs and idle times) into metric families and is pure, so every
-series can be tested on hand-built snapshots; `exporter` reads the views and
+series can be tested on hand-built snapshots; `server` reads the views and
 serves them.
 
 Names follow Prometheus conventions: base units (bytes, seconds, watts,
 joules, hertz, ratios 0-1) in the name, counters end in `_total`. Labels on
 every GPU series: `gpu` (the nvidia-smi index), `uuid`, `model`, `hostname`.
 With `dcgm_compat`, dcgm-exporter's names, units and labels are emitted too
-(`gpuwarden.dcgm`), for dashboards built for dcgm-exporter (Grafana 12239).
+(`dcgm`), for dashboards built for dcgm-exporter (Grafana 12239).
 
 A series that alerts take the increase() of must exist at 0 before its first
 event (Prometheus sees no increase in a series born at 1): hence the per-GPU
@@ -365,11 +365,11 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             value=view.read_seconds,
         )
     )
-    from gpuwarden.queuemetrics import families as queue_families
+    from gpuwarden.exporter.queue import families as queue_families
 
     out += queue_families(view.queue, host)
     if dcgm_compat:
-        from gpuwarden.dcgm import families as dcgm_families
+        from gpuwarden.exporter.dcgm import families as dcgm_families
 
         out += dcgm_families(view)
     return out

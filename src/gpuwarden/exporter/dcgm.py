@@ -27,7 +27,7 @@ MIB = 2**20
 
 
 def _counter(key: str, factor: float = 1.0) -> Callable[[Any], Optional[float]]:
-    """A value from `Gpu.counters` / `MigInstance.counters` (gpuwarden.counters.KEYS)."""
+    """A value from `Gpu.counters` / `MigInstance.counters` (`counters.KEYS`)."""
 
     def value(item: Any) -> Optional[float]:
         found = dict(item.counters).get(key)

@@ -18,27 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from gpuwarden.exporter.metrics import IdleTracker, View, families
 from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
 from gpuwarden.httpserver import HttpServer
 from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
 from gpuwarden.inventory import Snapshot
 from gpuwarden.machineview import MachineView, read_view
-from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
 from gpuwarden.units import parse_listen
 
-__all__ = [
-    "Collector",
-    "Exposition",
-    "IdleTracker",
-    "Server",
-    "View",
-    "ViewCache",
-    "families",
-    "held",
-    "is_idle",
-    "render",
-    "serve",
-]
+__all__ = ["Collector", "Exposition", "Server", "ViewCache", "require_client", "serve"]
 
 
 # --- reading a view, cached ---------------------------------------------------
@@ -62,11 +50,11 @@ class ViewCache:
     ) -> None:
         self._read = read
         self.show_commands = show_commands
-        # dcgm-exporter's further counters (gpuwarden.counters), read with each snapshot
+        # dcgm-exporter's further counters (`counters`), read with each snapshot
         # only when asked for: GPM keeps one sample per GPU between reads
         self._counters: Any = None
         if counters:
-            from gpuwarden.counters import Counters
+            from gpuwarden.exporter.counters import Counters
 
             self._counters = Counters()
         self.cache_seconds = cache_seconds

@@ -122,11 +122,8 @@ class ViewCache:
             if self._view is not None:
                 stale = replace(self._view, scrape_errors=self.scrape_errors)
             else:
-                import socket
-
                 why = f"reading the GPUs took longer than {self.read_timeout:g}s"
-                snap = Snapshot(time.time(), socket.gethostname(), error=why)
-                stale = View(snap, scrape_errors=self.scrape_errors, nvml_up=False)
+                stale = View(_unread(why), scrape_errors=self.scrape_errors, nvml_up=False)
             self._stale = stale
         return self._stale
 
@@ -139,12 +136,7 @@ class ViewCache:
         except Exception as err:  # a whole read failed: serve what we had, count it
             self.scrape_errors += 1
             nvml_up = False
-            if self._view is not None:
-                snap = self._view.snapshot
-            else:
-                import socket
-
-                snap = Snapshot(time.time(), socket.gethostname(), error=str(err))
+            snap = self._view.snapshot if self._view is not None else _unread(str(err))
         else:
             self.scrape_errors += sum(1 for g in snap.gpus if g.error is not None)
             nvml_up = snap.error is None
@@ -177,6 +169,13 @@ class ViewCache:
         from gpuwarden.inventory import read_snapshot
 
         return read_snapshot(counters=self._counters)
+
+
+def _unread(why: str) -> Snapshot:
+    """The snapshot of a machine not read yet: no GPUs, and why."""
+    import socket
+
+    return Snapshot(time.time(), socket.gethostname(), error=why)
 
 
 class Collector:

@@ -183,8 +183,8 @@ def families(view: View, dcgm_compat: bool = False) -> list:
         labels=[*base, "reason"],
     )
     for gpu in snap.gpus:
-        for reason in gpu.throttle_reasons or ():
-            throttle.add_metric([*gpu_labels(gpu), reason], 1)
+        for why in gpu.throttle_reasons or ():
+            throttle.add_metric([*gpu_labels(gpu), why], 1)
     out.append(throttle)
 
     # Per code, the series is born with the first event, already at 1: Prometheus's

@@ -451,6 +451,25 @@ def test_a_huge_file_is_one_line(user: Path) -> None:
         config.load()
 
 
+def test_a_file_swapped_after_its_check_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Between `trust.refusal`'s look and the read the file may be replaced: a FIFO is
+    never waited on, a huge file never read whole (safefiles.read_small)."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError) as err:
+        config._read_toml(fifo)
+    assert str(err.value) == f"{fifo}: not a regular file"
+    huge = write(tmp_path / "huge.toml", "#" * (config.MAX_CONFIG_BYTES + 1))
+    with pytest.raises(UserError) as err:
+        config._read_toml(huge)
+    assert str(err.value) == (
+        f"{huge}: too large for a config file (over {config.MAX_CONFIG_BYTES} bytes)"
+    )
+    with pytest.raises(UserError) as err:
+        config._read_toml(tmp_path / "gone.toml")
+    assert str(err.value) == f"{tmp_path / 'gone.toml'}: cannot read: No such file or directory"
+
+
 def test_non_utf8_file_is_one_line_naming_the_file(user: Path, cli) -> None:
     user.parent.mkdir(parents=True)
     user.write_bytes(b'[run]\nmodel = "caf\xe9"\n')

@@ -122,26 +122,27 @@ MAX_CONFIG_BYTES = 1 << 20  # a settings file is a few hundred bytes; a bigger o
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    """The file's settings, read without following it into a FIFO or reading without
-    bound; every failure is one UserError naming the file."""
+    """The file's settings, read as every file others might swap is read
+    (`safefiles.read_small`: never a FIFO, never without bound), following the symlink
+    `trust.refusal` judged; every failure is one UserError naming the file."""
     try:
         import tomllib  # type: ignore[import-not-found]
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            import stat
+    from gpuwarden.safefiles import TooLarge, Unreadable, UnsafeFile, read_small
 
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
-                raise UserError(f"{path}: not a regular file")
-            data = os.read(fd, MAX_CONFIG_BYTES + 1)
-        finally:
-            os.close(fd)
+    try:
+        data, _ = read_small(path, MAX_CONFIG_BYTES, what="config file", follow=True)
+    except TooLarge:
+        raise UserError(
+            f"{path}: too large for a config file (over {MAX_CONFIG_BYTES} bytes)"
+        ) from None
+    except Unreadable as err:
+        raise UserError(f"{path}: cannot read: {err.strerror}") from None
+    except UnsafeFile:  # swapped for something else since trust.refusal looked at it
+        raise UserError(f"{path}: not a regular file") from None
     except OSError as err:
         raise UserError(f"{path}: cannot read: {err.strerror}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise UserError(f"{path}: too large for a config file (over {MAX_CONFIG_BYTES} bytes)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwarden.counters import Counters
-from gpuwarden.exporter import View, render
+from gpuwarden.exporter.counters import Counters
+from gpuwarden.exporter.metrics import View, render
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot, read_snapshot
 from gpuwarden.leases import LeaseInfo
 from scraping import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED, samples, value
@@ -19,7 +19,7 @@ SPECS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "sim" / "
 
 
 def test_every_default_counter_nvml_gives_is_exported_with_current_labels():
-    from gpuwarden.counters import KEYS
+    from gpuwarden.exporter.counters import KEYS
 
     gpu = Gpu(
         index=0,

@@ -8,7 +8,8 @@ import urllib.request
 import pytest
 
 from gpuwarden.errors import UserError
-from gpuwarden.exporter import IdleTracker, View, ViewCache, render, serve
+from gpuwarden.exporter.metrics import IdleTracker, View, render
+from gpuwarden.exporter.server import ViewCache, serve
 from gpuwarden.health import judge
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo

@@ -16,7 +16,8 @@ import pytest
 
 from gpuwarden import xidlog
 from gpuwarden.drain import list_drains
-from gpuwarden.exporter import ViewCache, render
+from gpuwarden.exporter.metrics import render
+from gpuwarden.exporter.server import ViewCache
 from gpuwarden.healthwatch import HealthWatch, WatchSettings
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import Machine

@@ -462,7 +462,8 @@ def test_an_exporter_scrape_survives_hostile_drains_and_xid_lines(
     mallory: int, shared: Path, machine
 ) -> None:
     # Before: one `xid: "79"` line or `at: []` drain emptied every scrape (and a FIFO hung it).
-    from gpuwarden.exporter import ViewCache, render
+    from gpuwarden.exporter.metrics import render
+    from gpuwarden.exporter.server import ViewCache
 
     gpus = read_snapshot(processes=False).gpus
     as_mallory("mkfifo", str(shared / f"drain.{gpus[0].uuid}.json"))

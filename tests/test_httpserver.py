@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwarden.exporter import ViewCache, serve
+from gpuwarden.exporter.server import ViewCache, serve
 from gpuwarden.httpserver import HttpServer
 from gpuwarden.httpwire import HttpReply, HttpRequest, parse_head
 from machines import busy_box

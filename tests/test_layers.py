@@ -54,7 +54,6 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "inventory",
             "gpuprocesses",
-            "counters",
             "topology",
             "nvmlload",
             "sim.*",
@@ -63,6 +62,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "devbpf",
             "accounting",
             "ancestry",
+            # the exporter's package imports nothing, so it sits as low as its lowest
+            # module: the NVML counters only the exporter reads
+            "exporter",
+            "exporter.counters",
         ),
     ),
     (
@@ -75,10 +78,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "refusals",
             "visible",
             "scheduling",
-            "metrics",
             "foresight",
-            "dcgm",
-            "queuemetrics",
+            # the exporter's metric families, from a view or the queue's `stats`
+            "exporter.metrics",
+            "exporter.dcgm",
+            "exporter.queue",
             "mig",
             "enforcement",
             "arrayspec",
@@ -142,7 +146,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "services",
         "long-running servers: Prometheus exporter, queue service, web page",
         (
-            "exporter",
+            "exporter.server",
             "httpserver",
             "httpwire",
             "web.*",

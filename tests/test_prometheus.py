@@ -69,7 +69,7 @@ def test_no_alert_or_panel_takes_the_increase_of_a_series_born_at_its_first_even
 def test_dashboard_queries_only_exported_metrics():
     import re
 
-    from gpuwarden.exporter import View, render
+    from gpuwarden.exporter.metrics import View, render
     from gpuwarden.inventory import Gpu, Snapshot
 
     exported = set()

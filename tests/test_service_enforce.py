@@ -247,7 +247,7 @@ def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
         stats = watched.call(None, "stats")
         counted = {(r["policy"], r["action"]): r["count"] for r in stats["enforcement"]}
         assert counted.get(("unleased", "notify")) == 1  # once, not at every look
-        from gpuwarden.queuemetrics import families
+        from gpuwarden.exporter.queue import families
 
         names = {f.name: f for f in families(stats, "h")}
         assert names["gpuwarden_enforcement_actions"].samples[0].value == 1

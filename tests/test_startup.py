@@ -34,13 +34,14 @@ raise SystemExit(main())
 
 # Not needed to show the machine or to start a job on it. ctypes.util (subprocess,
 # tempfile) is what nvidia-ml-py imports for Windows only, threading for one lock
-# (gpuwarden.nvmlload keeps both out); shutil only measured the terminal; shtab only
-# writes completion scripts. The command modules other than the chosen one stay
-# unimported too.
+# (gpuwarden.nvmlload keeps both out; from Python 3.14 ctypes itself imports threading,
+# through sysconfig); shutil only measured the terminal; shtab only writes completion
+# scripts. The command modules other than the chosen one stay unimported too.
+CTYPES_BRINGS_THREADING = sys.version_info >= (3, 14)
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
     *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging", "gettext"),
-    "threading",
+    *(() if CTYPES_BRINGS_THREADING else ("threading",)),
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
 )
 
@@ -160,11 +161,18 @@ def test_project_file_found_as_pathlib_found_it(isolated: Path) -> None:
     assert config.project_config(repo / "sub") == str(repo / "gpuwarden.toml")
 
 
-@pytest.mark.parametrize("name", ["a.toml", "/x/a.b.toml", "/x/.toml", "/x/a.", "/x/a", "a..toml"])
-def test_spec_names_are_pathlib_stems(name: str) -> None:
+@pytest.mark.parametrize(
+    "path, name",
+    [
+        *(("a.toml", "a"), ("/x/a.b.toml", "a.b"), ("/x/.toml", ".toml"), ("/x/a", "a")),
+        # a trailing dot stays part of the name, as in Path.stem before Python 3.14
+        *(("/x/a.", "a."), ("a..toml", "a.")),
+    ],
+)
+def test_spec_names_are_file_names_without_their_suffix(path: str, name: str) -> None:
     from gpuwarden.sim import specs
 
-    assert specs._name_of(name) == Path(name).stem
+    assert specs._name_of(path) == name
 
 
 def test_simulator_paths_are_strings_in_one_form() -> None:
@@ -229,9 +237,11 @@ NVML_LOAD = """
 import sys
 from gpuwarden.nvmlload import without_unused_modules
 
+import ctypes
+threading_before = "threading" in sys.modules  # Python 3.14's ctypes imports it
 module = without_unused_modules(lambda: __import__("pynvml"))
 assert "ctypes.util" not in sys.modules and "subprocess" not in sys.modules
-assert "threading" not in sys.modules
+assert ("threading" in sys.modules) == threading_before
 lock = module.libLoadLock
 with lock:  # a real lock, held and released
     assert lock.locked()

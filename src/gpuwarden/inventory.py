@@ -51,7 +51,7 @@ class MigInstance:
     name: Optional[str] = None  # profile, e.g. "1g.10gb"
     memory_total: Optional[int] = None
     memory_used: Optional[int] = None
-    counters: tuple[tuple[str, float], ...] = ()  # read only when asked (`gpuwarden.counters`)
+    counters: tuple[tuple[str, float], ...] = ()  # read only when asked (`exporter.counters`)
 
 
 @record
@@ -93,7 +93,7 @@ class Gpu:
     pcie_replay_count: Optional[int] = None
     throttle_reasons: Optional[tuple[str, ...]] = None  # e.g. ("hw_thermal", "sw_power_cap")
     processes: tuple[GpuProcess, ...] = ()
-    counters: tuple[tuple[str, float], ...] = ()  # read only when asked (`gpuwarden.counters`)
+    counters: tuple[tuple[str, float], ...] = ()  # read only when asked (`exporter.counters`)
     lost: bool = False  # NVML said GpuIsLost (fallen off the bus)
     error: Optional[str] = None  # why the GPU could not be read, when lost or broken
 
@@ -214,7 +214,7 @@ def read_snapshot(
     hardware conditions (see the module docstring). Without `detail`, only what
     choosing a GPU decides on is read (no temperature, power, energy, fan, clocks,
     persistence or compute mode: a third of the calls per GPU, and on some cards the
-    slowest ones); those fields are then None. `counters`: see `gpuwarden.counters`."""
+    slowest ones); those fields are then None. `counters`: see `gpuwarden.exporter.counters`."""
     hostname = os.uname().nodename  # what gethostname() returns, without importing socket
     now = time.time()
     if nvml is None:

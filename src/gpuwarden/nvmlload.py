@@ -19,7 +19,10 @@ module, so it never finds itself.
 
 Expiry: written for nvidia-ml-py 12 and 13 (pyproject.toml bounds it below 14);
 the next major version is read again before the bound moves, and this module goes
-as soon as nvidia-ml-py stops importing either module at its top.
+as soon as nvidia-ml-py stops importing either module at its top. The `threading`
+stand-in is never placed from Python 3.14, whose `ctypes` imports `threading`
+(through `sysconfig`) before nvidia-ml-py runs: it goes when 3.14 is the oldest
+Python supported.
 """
 
 from __future__ import annotations

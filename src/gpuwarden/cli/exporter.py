@@ -30,20 +30,20 @@ def register(commands: Commands, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
-    from gpuwarden import exporter
     from gpuwarden.cli.serving import until_signalled, warner
+    from gpuwarden.exporter import metrics, server
     from gpuwarden.healthwatch import rules_or_builtin, watch_beside
 
     _warn = warner("gpuwarden.exporter")
 
-    exporter.require_client()  # before reading anything, `--once` included
+    server.require_client()  # before reading anything, `--once` included
     config = config_module.load(
         {"exporter.listen": args.listen, "exporter.dcgm_compat": args.dcgm_compat}
     )
     listen = str(config.get("exporter.listen"))
     dcgm = bool(config.get("exporter.dcgm_compat"))
     rules = rules_or_builtin(config, _warn)
-    cache = exporter.ViewCache(
+    cache = server.ViewCache(
         cache_seconds=float(config.get("exporter.cache_seconds")),
         idle_util=float(config.get("exporter.idle_util")),
         idle_after=float(config.get("exporter.idle_seconds")),
@@ -52,16 +52,16 @@ def run(args: argparse.Namespace) -> int:
         show_commands=bool(config.get("exporter.show_commands")),
     )
     if args.once:
-        sys.stdout.write(exporter.render(cache.get(), dcgm))
+        sys.stdout.write(metrics.render(cache.get(), dcgm))
         return 0
     watch = None
     if not args.no_watch:
         watch = watch_beside(config, cache.snapshot, rules, _warn, "metrics and drains")
-    server = exporter.serve(listen, dcgm_compat=dcgm, cache=cache, watch=watch)
-    host = f"[{server.host}]" if ":" in server.host else server.host
+    running = server.serve(listen, dcgm_compat=dcgm, cache=cache, watch=watch)
+    host = f"[{running.host}]" if ":" in running.host else running.host
     _warn(
-        f"serving http://{host}:{server.port}/metrics"
+        f"serving http://{host}:{running.port}/metrics"
         + (" with DCGM names" if dcgm else "")
         + ("" if watch else " (health watch off)")
     )
-    return until_signalled(server.close)
+    return until_signalled(running.close)

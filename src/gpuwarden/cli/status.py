@@ -291,7 +291,7 @@ def _slice_json(
         None if m.memory_total is None or m.memory_used is None else m.memory_total - m.memory_used
     )
     found = asdict(m)
-    del found["counters"]  # the exporter's (gpuwarden.counters); status never reads them
+    del found["counters"]  # the exporter's (gpuwarden.exporter.counters); status never reads them
     return {
         **found,
         "memory_free": None if free is None else max(0, free),
@@ -305,7 +305,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
     from dataclasses import asdict
 
     out = asdict(g)
-    del out["counters"]  # the exporter's (gpuwarden.counters); status never reads them
+    del out["counters"]  # the exporter's (gpuwarden.exporter.counters); status never reads them
     out["compute_capability"] = dotted(g.compute_capability)
     out["throttle_reasons"] = list(g.throttle_reasons) if g.throttle_reasons is not None else None
     return out

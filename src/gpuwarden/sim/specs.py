@@ -85,7 +85,8 @@ def _stem(name: str, path: str) -> str:
 
 
 def _name_of(path: str) -> str:
-    """The file name without its suffix, as `Path.stem` has it."""
+    """The file name without its suffix, as `Path.stem` had it before Python 3.14 (which
+    takes a trailing dot for a suffix): the same name on every Python."""
     name = os.path.basename(path)
     dot = name.rfind(".")
     return name[:dot] if 0 < dot < len(name) - 1 else name

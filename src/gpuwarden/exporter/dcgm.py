@@ -27,7 +27,7 @@ MIB = 2**20
 
 
 def _counter(key: str, factor: float = 1.0) -> Callable[[Any], Optional[float]]:
-    """A value from `Gpu.counters` / `MigInstance.counters` (gpuwarden.counters.KEYS)."""
+    """A value from `Gpu.counters` / `MigInstance.counters` (`counters.KEYS`)."""
 
     def value(item: Any) -> Optional[float]:
         found = dict(item.counters).get(key)
@@ -211,11 +211,17 @@ def labels(gpu: Gpu, hostname: str, driver: Optional[str]) -> dict[str, str]:
     }
 
 
+def mig_slot(mig: MigInstance) -> tuple[str, str]:
+    """GPU_I_ID and GPU_I_PROFILE of a MIG instance, as dcgm-exporter writes them;
+    gpuwarden's own per-instance series carry them too."""
+    return ("" if mig.gpu_instance_id is None else str(mig.gpu_instance_id), mig.name or "")
+
+
 def instance_labels(base: dict[str, str], mig: MigInstance) -> dict[str, str]:
     """A MIG instance's: the parent's, plus its profile and GPU instance id, as
     dcgm-exporter names them (`UUID` stays the parent's, as there)."""
-    gi = "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id)
-    return {**base, "GPU_I_PROFILE": mig.name or "", "GPU_I_ID": gi}
+    gi, profile = mig_slot(mig)
+    return {**base, "GPU_I_PROFILE": profile, "GPU_I_ID": gi}
 
 
 def families(view: Any) -> list:

@@ -18,27 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from gpuwarden.exporter.metrics import IdleTracker, View, families
 from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
 from gpuwarden.httpserver import HttpServer
 from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
 from gpuwarden.inventory import Snapshot
 from gpuwarden.machineview import MachineView, read_view
-from gpuwarden.metrics import IdleTracker, View, families, held, is_idle, render
 from gpuwarden.units import parse_listen
 
-__all__ = [
-    "Collector",
-    "Exposition",
-    "IdleTracker",
-    "Server",
-    "View",
-    "ViewCache",
-    "families",
-    "held",
-    "is_idle",
-    "render",
-    "serve",
-]
+__all__ = ["Collector", "Exposition", "Server", "ViewCache", "require_client", "serve"]
 
 
 # --- reading a view, cached ---------------------------------------------------
@@ -62,11 +50,11 @@ class ViewCache:
     ) -> None:
         self._read = read
         self.show_commands = show_commands
-        # dcgm-exporter's further counters (gpuwarden.counters), read with each snapshot
+        # dcgm-exporter's further counters (`counters`), read with each snapshot
         # only when asked for: GPM keeps one sample per GPU between reads
         self._counters: Any = None
         if counters:
-            from gpuwarden.counters import Counters
+            from gpuwarden.exporter.counters import Counters
 
             self._counters = Counters()
         self.cache_seconds = cache_seconds
@@ -134,11 +122,8 @@ class ViewCache:
             if self._view is not None:
                 stale = replace(self._view, scrape_errors=self.scrape_errors)
             else:
-                import socket
-
                 why = f"reading the GPUs took longer than {self.read_timeout:g}s"
-                snap = Snapshot(time.time(), socket.gethostname(), error=why)
-                stale = View(snap, scrape_errors=self.scrape_errors, nvml_up=False)
+                stale = View(_unread(why), scrape_errors=self.scrape_errors, nvml_up=False)
             self._stale = stale
         return self._stale
 
@@ -151,12 +136,7 @@ class ViewCache:
         except Exception as err:  # a whole read failed: serve what we had, count it
             self.scrape_errors += 1
             nvml_up = False
-            if self._view is not None:
-                snap = self._view.snapshot
-            else:
-                import socket
-
-                snap = Snapshot(time.time(), socket.gethostname(), error=str(err))
+            snap = self._view.snapshot if self._view is not None else _unread(str(err))
         else:
             self.scrape_errors += sum(1 for g in snap.gpus if g.error is not None)
             nvml_up = snap.error is None
@@ -189,6 +169,13 @@ class ViewCache:
         from gpuwarden.inventory import read_snapshot
 
         return read_snapshot(counters=self._counters)
+
+
+def _unread(why: str) -> Snapshot:
+    """The snapshot of a machine not read yet: no GPUs, and why."""
+    import socket
+
+    return Snapshot(time.time(), socket.gethostname(), error=why)
 
 
 class Collector:

@@ -2,14 +2,14 @@
 
 `families()` turns a `View` (one moment's snapshot plus leases, drains,
 findings, XIDs and idle times) into metric families and is pure, so every
-series can be tested on hand-built snapshots; `exporter` reads the views and
+series can be tested on hand-built snapshots; `server` reads the views and
 serves them.
 
 Names follow Prometheus conventions: base units (bytes, seconds, watts,
 joules, hertz, ratios 0-1) in the name, counters end in `_total`. Labels on
 every GPU series: `gpu` (the nvidia-smi index), `uuid`, `model`, `hostname`.
 With `dcgm_compat`, dcgm-exporter's names, units and labels are emitted too
-(`gpuwarden.dcgm`), for dashboards built for dcgm-exporter (Grafana 12239).
+(`dcgm`), for dashboards built for dcgm-exporter (Grafana 12239).
 
 A series that alerts take the increase() of must exist at 0 before its first
 event (Prometheus sees no increase in a series born at 1): hence the per-GPU
@@ -23,11 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
+from gpuwarden.exporter.dcgm import families as dcgm_families
+from gpuwarden.exporter.dcgm import mig_slot
+from gpuwarden.exporter.queue import families as queue_families
 from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Symptom, level
-from gpuwarden.inventory import Gpu, MigInstance, Snapshot
+from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
 
 LEVELS = ("ok", "warning", "fatal")
+WHOLE = ("", "")  # GPU_I_ID and GPU_I_PROFILE of a whole GPU
 
 
 @record
@@ -98,8 +102,8 @@ def families(view: View, dcgm_compat: bool = False) -> list:
 
     out: list = []
 
-    def gauge(name: str, doc: str, attr: Callable[[Gpu], Optional[float]], unit: str = ""):
-        fam = GaugeMetricFamily(name, doc, labels=base, unit=unit)
+    def gauge(name: str, doc: str, attr: Callable[[Gpu], Optional[float]], family: Any = None):
+        fam = (family or GaugeMetricFamily)(name, doc, labels=base)
         for gpu in snap.gpus:
             value = attr(gpu)
             if value is not None:
@@ -107,12 +111,7 @@ def families(view: View, dcgm_compat: bool = False) -> list:
         out.append(fam)
 
     def counter(name: str, doc: str, attr: Callable[[Gpu], Optional[float]]):
-        fam = CounterMetricFamily(name, doc, labels=base)
-        for gpu in snap.gpus:
-            value = attr(gpu)
-            if value is not None:
-                fam.add_metric(gpu_labels(gpu), float(value))
-        out.append(fam)
+        gauge(name, doc, attr, CounterMetricFamily)
 
     info = GaugeMetricFamily(
         "gpuwarden_gpu_info",
@@ -184,8 +183,8 @@ def families(view: View, dcgm_compat: bool = False) -> list:
         labels=[*base, "reason"],
     )
     for gpu in snap.gpus:
-        for reason in gpu.throttle_reasons or ():
-            throttle.add_metric([*gpu_labels(gpu), reason], 1)
+        for why in gpu.throttle_reasons or ():
+            throttle.add_metric([*gpu_labels(gpu), why], 1)
     out.append(throttle)
 
     # Per code, the series is born with the first event, already at 1: Prometheus's
@@ -273,7 +272,7 @@ def families(view: View, dcgm_compat: bool = False) -> list:
     for gpu in snap.gpus:
         units = _units(gpu)
         if units[0][0] != gpu.uuid and gpu.uuid in by_uuid:
-            units.append((gpu.uuid, ["", ""]))  # a lease on the whole of a MIG-mode GPU
+            units.append((gpu.uuid, WHOLE))  # a lease on the whole of a MIG-mode GPU
         for uuid, slot in units:
             leases = by_uuid.get(uuid, [])
             if not leases:
@@ -297,7 +296,7 @@ def families(view: View, dcgm_compat: bool = False) -> list:
     )
     for gpu in snap.gpus:
         for mig in gpu.mig_instances if gpu.mig_mode else ():
-            names = [*gpu_labels(gpu), *_slot(mig), mig.uuid]
+            names = [*gpu_labels(gpu), *mig_slot(mig), mig.uuid]
             for fam, value in ((mig_used, mig.memory_used), (mig_total, mig.memory_total)):
                 if value is not None:
                     fam.add_metric(names, value)
@@ -326,12 +325,12 @@ def families(view: View, dcgm_compat: bool = False) -> list:
     )
     per_user: dict[str, float] = {}
     for gpu in snap.gpus:
-        slot_of = {m.uuid: _slot(m) for m in gpu.mig_instances}
+        slot_of = {m.uuid: mig_slot(m) for m in gpu.mig_instances}
         for p in gpu.processes:
             user = _short(p.user, 60) or "unknown"
             if p.used_memory is None:
                 continue
-            slot = slot_of.get(p.mig_uuid or "", ["", ""])
+            slot = slot_of.get(p.mig_uuid or "", WHOLE)
             command = _short(p.command, 60) if view.show_commands else ""
             names = [*gpu_labels(gpu), *slot, str(p.pid), user, command]
             procs.add_metric(names, p.used_memory)
@@ -365,26 +364,17 @@ def families(view: View, dcgm_compat: bool = False) -> list:
             value=view.read_seconds,
         )
     )
-    from gpuwarden.queuemetrics import families as queue_families
-
     out += queue_families(view.queue, host)
     if dcgm_compat:
-        from gpuwarden.dcgm import families as dcgm_families
-
         out += dcgm_families(view)
     return out
 
 
-def _slot(mig: MigInstance) -> list[str]:
-    """GPU_I_ID and GPU_I_PROFILE of a MIG instance, as dcgm-exporter writes them."""
-    return ["" if mig.gpu_instance_id is None else str(mig.gpu_instance_id), mig.name or ""]
-
-
-def _units(gpu: Gpu) -> list[tuple[str, list[str]]]:
+def _units(gpu: Gpu) -> list[tuple[str, tuple[str, str]]]:
     """What a lease can hold on `gpu`, by UUID: the GPU, or in MIG mode each instance."""
     if gpu.mig_mode and gpu.mig_instances:
-        return [(m.uuid, _slot(m)) for m in gpu.mig_instances]
-    return [(gpu.uuid, ["", ""])]
+        return [(m.uuid, mig_slot(m)) for m in gpu.mig_instances]
+    return [(gpu.uuid, WHOLE)]
 
 
 def _bool(value: object) -> str:

@@ -25,7 +25,7 @@ class Settings:
 
     socket: str
     state_dir: str
-    lease_dir: Optional[str] = None
+    lease_dir: Optional[str] = None  # from_config finds it; None: the configured one
     policy: scheduling.Policy = field(default_factory=scheduling.Policy)
     admins: Admins = field(default_factory=Admins)
     max_jobs_per_user: Optional[int] = None

@@ -451,6 +451,25 @@ def test_a_huge_file_is_one_line(user: Path) -> None:
         config.load()
 
 
+def test_a_file_swapped_after_its_check_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Between `trust.refusal`'s look and the read the file may be replaced: a FIFO is
+    never waited on, a huge file never read whole (safefiles.read_small)."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError) as err:
+        config._read_toml(fifo)
+    assert str(err.value) == f"{fifo}: not a regular file"
+    huge = write(tmp_path / "huge.toml", "#" * (config.MAX_CONFIG_BYTES + 1))
+    with pytest.raises(UserError) as err:
+        config._read_toml(huge)
+    assert str(err.value) == (
+        f"{huge}: too large for a config file (over {config.MAX_CONFIG_BYTES} bytes)"
+    )
+    with pytest.raises(UserError) as err:
+        config._read_toml(tmp_path / "gone.toml")
+    assert str(err.value) == f"{tmp_path / 'gone.toml'}: cannot read: No such file or directory"
+
+
 def test_non_utf8_file_is_one_line_naming_the_file(user: Path, cli) -> None:
     user.parent.mkdir(parents=True)
     user.write_bytes(b'[run]\nmodel = "caf\xe9"\n')
@@ -529,33 +548,28 @@ def test_group_write_counts_only_when_someone_else_is_in_the_group(
     assert "the file is writable by others (mode 0664)" in err
 
 
-def test_a_reused_block_reads_the_configuration_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_every_load_reads_the_configuration_in_force(
+    user: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "2")
-    with config.reused():
-        first = config.load()
-        monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "3")  # seen by the next block only
-        assert config.load() is first and first.get("run.count") == 2
-        assert config.load({"run.count": "4"}).get("run.count") == 4  # arguments: read
-    assert config.load() is not first and config.load().get("run.count") == 3
-
-
-def test_a_reused_block_is_its_own_threads_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `load()` on another thread while a block runs reads the configuration in force
-    itself: the block's reading is not ambient state of the process."""
+    """No reading is kept for later calls, in this thread or another: a command hands
+    its one reading down as an argument (issue 25), so `load()` has nothing to
+    remember. A cached reading (module-wide, or scoped to a block or context) would
+    answer one of these with an earlier reading."""
+    import contextvars
     import threading
 
-    monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "2")
+    write(user, "[run]\ncount = 2\n")
+    first = config.load()
+    write(user, "[run]\ncount = 3\n")
     seen: list[object] = []
-    with config.reused():
-        first = config.load()
-        monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "5")
-        other = threading.Thread(target=lambda: seen.append(config.load().get("run.count")))
-        other.start()
-        other.join()
-        assert config.load() is first
-        with config.reused():  # nested: its own reading, the outer one back after it
-            assert config.load() is not first and config.load().get("run.count") == 5
-        assert config.load() is first
-    assert seen == [5]
+    other = threading.Thread(target=lambda: seen.append(config.load().get("run.count")))
+    other.start()
+    other.join()
+    monkeypatch.setenv("GPUWARDEN_RUN_COUNT", "5")
+    assert (first.get("run.count"), seen, config.load().get("run.count")) == (2, [3], 5)
+    kept = [
+        name
+        for name, value in vars(config).items()
+        if isinstance(value, (config.Config, contextvars.ContextVar))
+    ]
+    assert kept == [], f"a reading kept in gpuwarden.config: {kept}"

@@ -100,3 +100,49 @@ def test_service_jobs_on_mig_slices_get_what_run_would_choose(mixed: Server) -> 
     assert slice_1g.startswith("MIG-")
     assert placed(mixed, "--mig", "1g.10gb") == slice_1g  # the free one: heidi is on the other
     assert placed(mixed, "-g", "1") == dry_run("mixed", "-g", "1")  # the free 2g.20gb
+
+
+def test_a_pass_plans_by_the_reading_it_is_handed(
+    sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service reads the configuration once a pass and hands the reading down: the
+    plan's drains and health, the leases a start takes, the health a submit is judged
+    by. Nothing below reads it again (issue 25), so here the directories of the reading
+    count, not those of the variables. The lease directory is the service's from its
+    start (settings.from_config): a running service keeps it."""
+    from gpuwarden import allocation, config, drain
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.leases.dir import open_dir as lease_dir
+    from gpuwarden.queueclient.protocol import GpuRequest
+    from gpuwarden.selection import Request
+    from gpuwarden.service import admission, placing, store
+    from gpuwarden.service.settings import from_config
+
+    sim("server-8xa100")
+    snapshot = read_snapshot(processes=True)
+    six, seven = snapshot.gpus[6].uuid, snapshot.gpus[7].uuid
+    leases_here, state_here = tmp_path / "its-leases", tmp_path / "its-state"
+    drain.drain(seven, "in the reading's state directory", directory=state_here)
+    reading = config.load({"lease.dir": str(leases_here), "state.dir": str(state_here)})
+    settings = from_config(reading, {"socket": str(tmp_path / "s.sock"), "state_dir": "x"})
+    assert settings.lease_dir == str(leases_here)
+
+    def reading_again(*_: object, **__: object) -> None:
+        raise AssertionError("the configuration was read again below the pass")
+
+    monkeypatch.setattr(config, "load", reading_again)
+    job = store.Job(
+        1, os.getuid(), os.getgid(), "me", ("true",), "/", {}, 0o22, {"count": 1}, "PENDING", 0.0
+    )
+    gpus, *_ = placing.inputs(snapshot, [], [job], settings, reading)
+    usable = {g.uuid: g.usable for g in gpus}
+    assert (usable[six], usable[seven]) == (True, False)
+    assert "only 8" in str(admission.never_runs(snapshot, GpuRequest(count=9), reading))
+    assert admission.never_runs(snapshot, GpuRequest(count=1), reading) is None
+    ld = lease_dir(settings.lease_dir)
+    taken = allocation.attempt(ld, Request(count=1, gpus=(seven,)), snapshot, conf=reading)
+    assert taken.held is None and "drained" in (taken.choice.error or "")
+    taken = allocation.attempt(ld, Request(count=1, gpus=(six,)), snapshot, conf=reading)
+    assert taken.held is not None
+    taken.held.release()
+    assert (leases_here / f"{six}.lock").exists()

@@ -64,6 +64,7 @@ def attempt(
     job: Optional[str] = None,
     ticket: Any = None,
     patience: float = 0.0,
+    conf: Any = None,
 ) -> Outcome:
     """Choose and take under the allocation lock, serving earlier waiters first.
 
@@ -74,8 +75,12 @@ def attempt(
     one of them does not fit, nobody behind it is served (strict first come, first
     served: a large request is never starved by a stream of small ones). On success
     the allocation lock stays held until `Held.publish()`.
+
+    `conf` is the caller's reading of the configuration: where the drains and XID logs
+    are, and the health rules (None: the configuration in force, read here).
     """
     from gpuwarden import drain
+    from gpuwarden.locations import state_location
     from gpuwarden.selection import choose
     from gpuwarden.xidlog import judged
 
@@ -89,8 +94,8 @@ def attempt(
             tidy(ld, stale)
         if temporaries:
             sweep(ld, temporaries)
-        drains = drain.list_drains()
-        health = judged(snapshot.gpus)  # with the XIDs the health watch heard
+        drains = drain.list_drains(state_location(conf))
+        health = judged(snapshot.gpus, conf=conf)  # with the XIDs the health watch heard
         mine = ticket.key if ticket is not None else None
         virtual = list(leases)
         ahead = 0
@@ -189,6 +194,7 @@ def acquire(
     lease_dir: Optional[str] = None,
     poll: float = 0.05,
     refresh: float = 1.0,
+    conf: Any = None,
 ) -> Held:
     """Take leases for `request` (the allocation lock stays held until `publish`).
 
@@ -205,7 +211,16 @@ def acquire(
     every `refresh` seconds (memory freed by processes gpuwarden did not start) and
     checks that the waiters ahead are alive (a killed waiter leaves the line). Both
     periods stretch with the distance from the front of the line.
+
+    `conf` is the caller's reading of the configuration (`gpuwarden run` has it with
+    its options): the lease directory unless `lease_dir` names one, the drains' and
+    XID logs' directory and the health rules. None: the configuration in force, read
+    where each is needed.
     """
+    if lease_dir is None and conf is not None:
+        from gpuwarden.locations import lease_location
+
+        lease_dir = lease_location(conf)
     ld = open_dir(lease_dir)
     start = time.monotonic()
     ticket = None
@@ -245,6 +260,7 @@ def acquire(
                             job=job,
                             ticket=ticket,
                             patience=patience,
+                            conf=conf,
                         )
                     except AllocationBusy as err:
                         if not wait:

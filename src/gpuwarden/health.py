@@ -282,6 +282,18 @@ def rules_from_config(config: object = None) -> Rules:
     return rules
 
 
+def rules_in_force(config: object = None) -> Rules:
+    """`rules_from_config` of `config` (None: the configuration in force), or the
+    built-in rules when a setting is bad: judging a GPU goes on, and the commands that
+    own the setting report it."""
+    from gpuwarden.errors import UserError
+
+    try:
+        return rules_from_config(config)
+    except UserError:
+        return Rules()
+
+
 def _config_getter(config: object = None) -> Callable[[str], object]:
     """`get` of the given config (the exporter passes the one it loaded), else of the
     configuration in force."""
@@ -303,10 +315,5 @@ def judge_all(
     if xids is None:
         xids = {}
     if rules is None:
-        from gpuwarden.errors import UserError
-
-        try:
-            rules = rules_from_config()
-        except UserError:
-            rules = Rules()  # a bad setting is reported by the commands that own it
+        rules = rules_in_force()
     return {g.uuid: judge(g, xids.get(g.uuid, ()), rules=rules) for g in gpus}

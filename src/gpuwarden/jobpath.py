@@ -90,13 +90,13 @@ def start(
     """Start `cmd` for `request` the way `gpuwarden run` does, deciding everything on
     the way: a `HeldJob` (the job with what it holds), or a `DryRun` for a dry run.
 
-    `conf` gives the waiting (run.wait, run.timeout), the id format, the service's
-    socket and the device cgroup setting; `warning` reads `--signal` for the service
-    (only there: without one it has no meaning); `take` leases on the direct path (default:
-    `lease`, silently; the command line shows its wait); `say` tells why the job
-    runs with no GPU (default: standard error)."""
-    from gpuwarden.config import reused
-
+    `conf` is the one reading of the configuration everything on the way is handed
+    (nothing below reads it again): the waiting (run.wait, run.timeout), the id format,
+    the service's socket and reconnection, the device cgroup setting, where leases,
+    drains and XID logs are, and the health rules. `warning` reads `--signal` for the
+    service (only there: without one it has no meaning); `take` leases on the direct
+    path (default: `lease`, silently; the command line shows its wait); `say` tells why
+    the job runs with no GPU (default: standard error)."""
     if say is None:
 
         def say(line: str) -> None:
@@ -116,44 +116,43 @@ def start(
 
     isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
     try:
-        with reused(conf):  # the health rules, lease and state directories: this reading
-            if request.count == 0:
-                if request.mem is not None:
-                    raise UserError(
-                        "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
-                    )
-                return on_cpu()
-            service = None if dry_run else service_socket(conf)
-            if service is not None:
-                return HeldJob(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
-            if time_limit is not None:
+        if request.count == 0:
+            if request.mem is not None:
                 raise UserError(
-                    f"--time needs the queue service (none answers at "
-                    f"{conf.get('service.socket')}) or --slurm; "
-                    "without them a job runs until it ends"
+                    "--mem asks for a share of a GPU; it cannot be combined with -g 0/--cpu"
                 )
-            # Only the direct path chooses, leases and launches here (not the service's).
-            from gpuwarden.jobs import MachineReader, allowed
+            return on_cpu()
+        service = None if dry_run else service_socket(conf)
+        if service is not None:
+            return HeldJob(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
+        if time_limit is not None:
+            raise UserError(
+                f"--time needs the queue service (none answers at "
+                f"{conf.get('service.socket')}) or --slurm; "
+                "without them a job runs until it ends"
+            )
+        # Only the direct path chooses, leases and launches here (not the service's).
+        from gpuwarden.jobs import MachineReader, allowed
 
-            devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
-            if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
-                from gpuwarden.cgroups import isolate
+        devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
+        if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
+            from gpuwarden.cgroups import isolate
 
-                isolation.extend(isolate(devices))
-            machine = MachineReader(topology=request.gpu_count > 1)
-            first = machine.first
-            if not first.gpus and first.error and _gpus_defaulted(request, conf):
-                # The same command on a laptop and on the server: with no NVIDIA driver and
-                # no GPU asked for by name or number, the job runs on the CPU (documented).
-                say(
-                    f"gpuwarden run: {first.error}: the job runs with no GPU "
-                    "(-g N would refuse instead)"
-                )
-                return on_cpu()
-            scope = allowed(first)
-            if dry_run:
-                return DryRun(first, scope)
-            return _direct(request, cmd, conf, machine, scope, ddp, nproc, take, devices, isolation)
+            isolation.extend(isolate(devices))
+        machine = MachineReader(topology=request.gpu_count > 1)
+        first = machine.first
+        if not first.gpus and first.error and _gpus_defaulted(request, conf):
+            # The same command on a laptop and on the server: with no NVIDIA driver and
+            # no GPU asked for by name or number, the job runs on the CPU (documented).
+            say(
+                f"gpuwarden run: {first.error}: the job runs with no GPU "
+                "(-g N would refuse instead)"
+            )
+            return on_cpu()
+        scope = allowed(first)
+        if dry_run:
+            return DryRun(first, scope)
+        return _direct(request, cmd, conf, machine, scope, ddp, nproc, take, devices, isolation)
     except BaseException:
         for cgroup in isolation:
             cgroup.close()
@@ -191,7 +190,12 @@ def _through_service(
         request, argv, time_limit=limit, warning=None if warning is None else warning()
     )
     fields["wait"] = bool(conf.get("run.wait"))
-    return run_attached(fields, conf.get("service.socket"), timeout=conf.get("run.timeout"))
+    return run_attached(
+        fields,
+        conf.get("service.socket"),
+        timeout=conf.get("run.timeout"),
+        reconnect=float(conf.get("service.reconnect")),
+    )
 
 
 def _direct(
@@ -212,7 +216,7 @@ def _direct(
 
     use_uuid = conf.get("run.id_format") == "uuid"
     backend = {"GPUWARDEN_DDP_BACKEND": "nccl"} if ddp else {}
-    covered = within_enclosing(machine.first, request, scope)
+    covered = within_enclosing(machine.first, request, scope, conf=conf)
     if covered is not None:
         argv = launch.ddp_argv(cmd, len(covered)) if ddp else list(cmd)
         env = launch.job_env(os.environ, covered, use_uuid=use_uuid)
@@ -233,6 +237,7 @@ def _direct(
             wait=bool(conf.get("run.wait")),
             timeout=conf.get("run.timeout"),
             allowed=scope,
+            conf=conf,
         )
     else:
         held = take(machine, scope)

@@ -72,9 +72,11 @@ def lease(
     allowed: Optional[Collection[str]] = None,
     job: Optional[str] = None,
     on_wait: Optional[Callable[[int, int, str, float], None]] = None,
+    conf: Any = None,
 ) -> Held:
     """Lease GPUs for `request` (`allocation.acquire`): the allocation lock stays held
-    until the returned lease is published by `launch_leased` or `publish_here`."""
+    until the returned lease is published by `launch_leased` or `publish_here`.
+    `conf` is the caller's reading of the configuration (None: the one in force)."""
     from gpuwarden.allocation import acquire
 
     return acquire(
@@ -85,6 +87,7 @@ def lease(
         allowed=allowed,
         job=job,
         on_wait=on_wait,
+        conf=conf,
     )
 
 
@@ -135,24 +138,30 @@ def publish_here(held: Held, command: str) -> None:
         raise
 
 
-def choose_now(snapshot: Any, request: Any, allowed: Optional[Collection[str]]) -> Any:
+def choose_now(
+    snapshot: Any, request: Any, allowed: Optional[Collection[str]], conf: Any = None
+) -> Any:
     """What `lease` would choose now, leasing nothing: the `selection.Choice` against
-    the leases and drains of this moment."""
+    the leases and drains of this moment (`conf`: the caller's reading of the
+    configuration, None: the one in force)."""
     from gpuwarden import leases
     from gpuwarden.drain import list_drains
+    from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import choose
     from gpuwarden.xidlog import judged
 
-    drains = list_drains()
-    return choose(snapshot, request, leases.list_leases(), drains, allowed, judged(snapshot.gpus))
+    drains = list_drains(state_location(conf))
+    held = leases.list_leases(lease_location(conf))
+    return choose(snapshot, request, held, drains, allowed, judged(snapshot.gpus, conf=conf))
 
 
-def waiting_count() -> int:
+def waiting_count(conf: Any = None) -> int:
     """How many requests wait in line (they are served before a new one)."""
     from gpuwarden import waitline
     from gpuwarden.leases.dir import open_dir
+    from gpuwarden.locations import lease_location
 
-    return len(waitline.read_line(open_dir()))
+    return len(waitline.read_line(open_dir(lease_location(conf))))
 
 
 def within_enclosing(
@@ -160,11 +169,13 @@ def within_enclosing(
     request: Any,
     allowed: Optional[Collection[str]],
     environ: Optional[Mapping[str, str]] = None,
+    conf: Any = None,
 ) -> Optional[tuple[Any, ...]]:
     """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), or inside a
     job started by `gpuwarden run` (GPUWARDEN_JOB), a nested job runs on those GPUs under
     the enclosing lease instead of waiting for it to end. None when there is no live
-    enclosing lease of ours."""
+    enclosing lease of ours. `conf`: the caller's reading of the configuration (None:
+    the one in force)."""
     env = os.environ if environ is None else environ
     enclosing = [env.get(n) for n in ("GPUWARDEN_RESERVATION", "GPUWARDEN_JOB")]
     enclosing = [e for e in enclosing if e]
@@ -172,11 +183,12 @@ def within_enclosing(
         return None
     from gpuwarden import leases
     from gpuwarden.drain import list_drains
+    from gpuwarden.locations import lease_location, state_location
     from gpuwarden.paths import user_name
     from gpuwarden.selection import choose
     from gpuwarden.xidlog import judged
 
-    held = leases.list_leases()
+    held = leases.list_leases(lease_location(conf))
     me = user_name(os.geteuid())
     for rid in enclosing:
         ours = {i.uuid for i in held if i.job == rid and i.user == me}
@@ -184,7 +196,8 @@ def within_enclosing(
             continue  # ended or expired: lease normally
         scope = ours if allowed is None else ours & set(allowed)
         others = [i for i in held if i.job != rid]
-        choice = choose(snapshot, request, others, list_drains(), scope, judged(snapshot.gpus))
+        drains = list_drains(state_location(conf))
+        choice = choose(snapshot, request, others, drains, scope, judged(snapshot.gpus, conf=conf))
         if not choice.ok:
             raise UserError(f"within {rid}: {choice.error}")
         return choice.gpus

@@ -4,7 +4,8 @@ A lease, ticket, drain or XID file in a shared directory may have been made by a
 adversary: a FIFO (a plain `open()` for reading blocks forever), a symlink to
 `/dev/zero` (a plain `read()` never ends), a device, a directory, a huge file, or
 well-formed JSON with fields of the wrong type. Every reader here opens with
-`O_NOFOLLOW | O_NONBLOCK`, accepts only a regular file, and reads at most a bound;
+`O_NONBLOCK` and `O_NOFOLLOW` (a config file's symlink, judged by `config.trust`
+first, is followed), accepts only a regular file, and reads at most a bound;
 the caller validates each field. Every writer writes a temporary file of its own
 and renames it, so a reader never sees half a record; `sweep_temporaries` removes
 what a killed writer left behind.
@@ -35,6 +36,18 @@ class UnsafeFile(UserError):
     """A file that is not what a state file must be (kind, size); the message says why."""
 
 
+class TooLarge(UnsafeFile):
+    """A file over the bound its reader keeps to (`read_bounded`, `read_small`)."""
+
+
+class Unreadable(UnsafeFile):
+    """A regular file whose read failed (`read_small`); `strerror` says how."""
+
+    def __init__(self, message: str, strerror: str) -> None:
+        super().__init__(message)
+        self.strerror = strerror
+
+
 def _kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISFIFO, "a FIFO"),
@@ -56,17 +69,18 @@ def open_regular(
     *,
     what: str = "file",
     dir_fd: Optional[int] = None,
+    follow: bool = False,
 ) -> tuple[int, os.stat_result]:
-    """Open `path` without following a symlink or blocking on a FIFO, and return the
-    descriptor with its `fstat` once it is known to be a regular file.
+    """Open `path` without following a symlink (unless `follow`: the caller judged the
+    link) or blocking on a FIFO, and return the descriptor with its `fstat` once it
+    is known to be a regular file.
 
     Raises UnsafeFile for anything else, and lets FileNotFoundError through (a record
     that vanished between listing and opening is ordinary in a shared directory).
     """
     try:
-        fd = os.open(
-            path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd
-        )
+        nofollow = 0 if follow else os.O_NOFOLLOW
+        fd = os.open(path, flags | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise UnsafeFile(f"refusing {what} {os.fspath(path)}: it is a symbolic link") from None
@@ -108,7 +122,7 @@ def read_bounded(fd: int, limit: int = MAX_RECORD, *, what: str = "file") -> byt
         left -= len(chunk)
     data = b"".join(chunks)
     if len(data) > limit:
-        raise UnsafeFile(f"refusing {what}: larger than {limit} bytes")
+        raise TooLarge(f"refusing {what}: larger than {limit} bytes")
     return data
 
 
@@ -118,18 +132,22 @@ def read_small(
     *,
     what: str = "file",
     dir_fd: Optional[int] = None,
+    follow: bool = False,
 ) -> tuple[bytes, os.stat_result]:
-    """(contents, fstat) of a small regular file; see `open_regular` for what is refused."""
-    fd, st = open_regular(path, what=what, dir_fd=dir_fd)
+    """(contents, fstat) of a small regular file; see `open_regular` for what is refused
+    (TooLarge: over `limit`; Unreadable: the read failed)."""
+    fd, st = open_regular(path, what=what, dir_fd=dir_fd, follow=follow)
     try:
         if st.st_size > limit:
-            raise UnsafeFile(
+            raise TooLarge(
                 f"refusing {what} {os.fspath(path)}: {st.st_size} bytes, more than {limit}"
             )
         try:
             return read_bounded(fd, limit, what=f"{what} {os.fspath(path)}"), st
         except OSError as err:
-            raise UnsafeFile(f"cannot read {what} {os.fspath(path)}: {err.strerror}") from None
+            raise Unreadable(
+                f"cannot read {what} {os.fspath(path)}: {err.strerror}", err.strerror or ""
+            ) from None
     finally:
         os.close(fd)
 

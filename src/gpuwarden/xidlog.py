@@ -313,16 +313,18 @@ def xid_events(
     *,
     uids: Optional[Iterable[int]] = None,
     problems: Optional[list[str]] = None,
+    state: Optional[str] = None,
 ) -> list[Event]:
     """XID events still in force, oldest first: after `since` (default: this boot)
     and after the last clear of their GPU in the same log, from the logs of `uids`
-    (default `trusted_uids()`). Problems (a log ignored, lines skipped) are appended
-    to `problems`, or reported on stderr once when it is None."""
+    (default `trusted_uids()`) in the state directory `state` (default: the configured
+    one). Problems (a log ignored, lines skipped) are appended to `problems`, or
+    reported on stderr once when it is None."""
     if since is None:
         since = _boot_time()
     said: list[str] = [] if problems is None else problems
     events: list[Event] = []
-    for path, owners in trusted_logs(_state(), uids):
+    for path, owners in trusted_logs(_state() if state is None else state, uids):
         text = _read_log(path, owners, said)
         if text is not None:
             events.extend(_events_of(text, path, since, said))
@@ -340,10 +342,11 @@ def xids_seen(
     *,
     uids: Optional[Iterable[int]] = None,
     problems: Optional[list[str]] = None,
+    state: Optional[str] = None,
 ) -> dict[str, tuple[int, ...]]:
     """XIDs per GPU UUID, oldest first, for `judge(gpu, xids_seen().get(uuid, ()))`."""
     seen: dict[str, list[int]] = {}
-    for event in xid_events(since, uids=uids, problems=problems):
+    for event in xid_events(since, uids=uids, problems=problems, state=state):
         seen.setdefault(event["uuid"], []).append(event["xid"])
     return {uuid: tuple(x) for uuid, x in seen.items()}
 
@@ -364,10 +367,20 @@ def _boot_time() -> float:
     return 0.0
 
 
-def judged(gpus: Iterable[Any], rules: Any = None) -> dict[str, tuple[Any, ...]]:
+def judged(
+    gpus: Iterable[Any], rules: Any = None, *, conf: Any = None
+) -> dict[str, tuple[Any, ...]]:
     """`health.judge_all` with the XIDs of the trusted XID logs (`xids_seen`): how every
     command that hands out or shows GPUs judges them, so a GPU the health watch heard
-    a fatal XID from is never given to a job."""
-    from gpuwarden.health import judge_all
+    a fatal XID from is never given to a job. `conf`, the caller's reading of the
+    configuration, says where the logs are and, without `rules`, the health rules
+    (None: the configuration in force, read here)."""
+    from gpuwarden.health import judge_all, rules_in_force
 
-    return judge_all(gpus, xids_seen(), rules)
+    if conf is None:
+        return judge_all(gpus, xids_seen(), rules)
+    from gpuwarden.locations import state_location
+
+    if rules is None:
+        rules = rules_in_force(conf)
+    return judge_all(gpus, xids_seen(state=state_location(conf)), rules)

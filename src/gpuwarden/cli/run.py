@@ -55,14 +55,15 @@ def _command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, use_uuid: bool) -> int:
+def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, conf: Any) -> int:
     from gpuwarden import jobs
     from gpuwarden.launch import export_value
     from gpuwarden.leases import EXIT_BUSY
     from gpuwarden.mig import devices, label
 
-    choice = jobs.choose_now(snapshot, request, allowed)
-    waiting = jobs.waiting_count()
+    choice = jobs.choose_now(snapshot, request, allowed, conf)
+    waiting = jobs.waiting_count(conf)
+    use_uuid = conf.get("run.id_format") == "uuid"
     by_uuid = {g.uuid: g for g in devices(snapshot)}
     if choice.ok:
         names = ", ".join(f"GPU {g.index} ({g.name or 'n/a'}, {g.uuid})" for g in choice.gpus)
@@ -124,5 +125,4 @@ def run(args: argparse.Namespace) -> int:
     if outcome.snapshot is None:
         print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")
         return 0
-    use_uuid = conf.get("run.id_format") == "uuid"
-    return dry_run(args.command, outcome.snapshot, request, outcome.allowed, use_uuid)
+    return dry_run(args.command, outcome.snapshot, request, outcome.allowed, conf)

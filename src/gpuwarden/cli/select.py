@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         list_leases(lease_location(cfg)),
         list_drains(state_location(cfg)),
         scope,
-        judged(snapshot.gpus),
+        judged(snapshot.gpus, conf=cfg),
     )
     if args.explain:
         from gpuwarden.mig import devices

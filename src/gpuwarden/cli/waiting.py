@@ -82,6 +82,7 @@ def take(
         allowed=allowed,
         job=job,
         on_wait=status,
+        conf=conf,
     )
     try:
         status.done(held.gpus, time.monotonic() - started)

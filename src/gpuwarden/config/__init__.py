@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar, Token
 
 from gpuwarden.config.keys import KEYS, SCHEMA
 from gpuwarden.config.values import BadValue
@@ -123,26 +122,27 @@ MAX_CONFIG_BYTES = 1 << 20  # a settings file is a few hundred bytes; a bigger o
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    """The file's settings, read without following it into a FIFO or reading without
-    bound; every failure is one UserError naming the file."""
+    """The file's settings, read as every file others might swap is read
+    (`safefiles.read_small`: never a FIFO, never without bound), following the symlink
+    `trust.refusal` judged; every failure is one UserError naming the file."""
     try:
         import tomllib  # type: ignore[import-not-found]
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            import stat
+    from gpuwarden.safefiles import TooLarge, Unreadable, UnsafeFile, read_small
 
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
-                raise UserError(f"{path}: not a regular file")
-            data = os.read(fd, MAX_CONFIG_BYTES + 1)
-        finally:
-            os.close(fd)
+    try:
+        data, _ = read_small(path, MAX_CONFIG_BYTES, what="config file", follow=True)
+    except TooLarge:
+        raise UserError(
+            f"{path}: too large for a config file (over {MAX_CONFIG_BYTES} bytes)"
+        ) from None
+    except Unreadable as err:
+        raise UserError(f"{path}: cannot read: {err.strerror}") from None
+    except UnsafeFile:  # swapped for something else since trust.refusal looked at it
+        raise UserError(f"{path}: not a regular file") from None
     except OSError as err:
         raise UserError(f"{path}: cannot read: {err.strerror}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise UserError(f"{path}: too large for a config file (over {MAX_CONFIG_BYTES} bytes)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -216,35 +216,6 @@ def _suggest(key: str) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-# While a `reused()` block runs in this context (thread or task): its one reading of the
-# configuration in force. A context variable, not a module global: a `load()` on another
-# thread, or in a task the block did not start, reads the files itself.
-_REUSED: ContextVar[list[Config | None] | None] = ContextVar(
-    "gpuwarden_config_reused", default=None
-)
-
-
-class reused:
-    """A block in which `load()` (no arguments: the configuration in force) reads the
-    files and variables once, in the context that entered it and nowhere else. The
-    queue service plans and starts a job through code that asks for the configuration
-    in several places (state and lease directories, health rules); within one such step
-    they all see the same reading, taken once. `reading` is that reading when the caller
-    has it already: `gpuwarden run` has loaded it with its options, and reading the
-    files again would only cost its start."""
-
-    def __init__(self, reading: Config | None = None) -> None:
-        self.reading = reading
-        self._token: Token[list[Config | None] | None] | None = None
-
-    def __enter__(self) -> None:
-        self._token = _REUSED.set([self.reading])
-
-    def __exit__(self, *exc: object) -> None:
-        if self._token is not None:
-            _REUSED.reset(self._token)
-
-
 def load(
     cli: Mapping[str, object] | None = None,
     *,
@@ -253,21 +224,12 @@ def load(
 ) -> Config:
     """Effective settings. `cli` maps dotted keys to command-line values; None values
     (options not given) are ignored. Raises UserError for a broken file, unknown key,
-    wrong type or bad variable."""
-    block = _REUSED.get()
-    if block is not None and cli is None and environ is None and cwd is None:
-        reading = block[0]
-        if reading is None:
-            reading = block[0] = _load(None, None, None)
-        return reading
-    return _load(cli, environ, cwd)
+    wrong type or bad variable.
 
-
-def _load(
-    cli: Mapping[str, object] | None,
-    environ: Mapping[str, str] | None,
-    cwd: str | os.PathLike[str] | None,
-) -> Config:
+    Every call reads the files and variables afresh; nothing keeps a reading for later
+    calls. Code below a command takes the command's reading as an argument (a `conf`
+    or `reading` parameter) rather than loading its own, so one command sees one
+    configuration and reads it once."""
     env = os.environ if environ is None else environ
     values: dict[str, tuple[Any, str]] = {k.name: (k.default, "default") for k in SCHEMA}
     files = []

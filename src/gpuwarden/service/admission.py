@@ -38,10 +38,13 @@ def check_sizes(sub: protocol.Submit, settings: Settings) -> None:
         )
 
 
-def never_runs(snapshot: Any, wish: protocol.GpuRequest) -> Optional[str]:
+def never_runs(snapshot: Any, wish: protocol.GpuRequest, reading: Any = None) -> Optional[str]:
     """Why a job asking `wish` could never start on the machine of `snapshot`, in the
     words `run` uses (`selection.choose`'s `never_fits`); None: it could, once its GPUs
-    are free. Drains, health and current use do not count: they pass."""
+    are free. Drains, XIDs and current use do not count: they pass. The GPUs are judged
+    by the health rules of `reading`, the service's configuration (None: the one in
+    force, read here)."""
+    from gpuwarden.health import judge_all, rules_in_force
     from gpuwarden.selection import Request, choose
 
     if wish.count == 0:
@@ -57,7 +60,9 @@ def never_runs(snapshot: Any, wish: protocol.GpuRequest) -> Optional[str]:
         mig=wish.mig,
     )
     try:
-        choice = choose(snapshot, request)
+        choice = choose(
+            snapshot, request, health=judge_all(snapshot.gpus, {}, rules_in_force(reading))
+        )
     except UserError as err:  # a named GPU this machine does not have
         return str(err)
     return choice.error if choice.never_fits else None

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
+from gpuwarden import config, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import (
     arrays,
@@ -67,6 +67,7 @@ class Lifecycle:
     _foreseen: Optional[dict[int, Optional[float]]]
     orphans: dict[int, tuple[float, attachment.ClientProcess]]  # attached jobs left by a restart
     attached: dict[int, Any]
+    reading: Optional[config.Config]  # the configuration as the last pass read it
 
     if TYPE_CHECKING:  # provided by Service and Requests
 
@@ -295,6 +296,9 @@ class Lifecycle:
         if not pending:
             self.free = None  # not known: the next submit plans at once
             return
+        # One reading of the configuration for the pass, handed to what it calls: drains,
+        # XID logs and health rules change without a reload.
+        reading = self.reading = config.load()
         snapshot = self.read_snapshot()
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
         self.memory = {g.uuid: g.memory_total or 0 for g in units}
@@ -306,7 +310,7 @@ class Lifecycle:
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
-        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings)
+        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings, reading)
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.plan_policy((*pending, *running))
         decisions = scheduling.plan(
@@ -350,7 +354,7 @@ class Lifecycle:
                     self._refuse(job, decision.reason or "")
                 continue
             try:
-                started = start_job(self, job, decision.gpus, snapshot)
+                started = start_job(self, job, decision.gpus, snapshot, reading)
             except UserError as err:
                 log.warning("job %s could not start: %s", job.id, err)
                 self.store.update(

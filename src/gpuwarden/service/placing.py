@@ -106,18 +106,25 @@ def _with_topology(snapshot: Any) -> Any:
 
 
 def inputs(
-    snapshot: Any, running: Sequence[store.Job], pending: Sequence[store.Job], settings: Settings
+    snapshot: Any,
+    running: Sequence[store.Job],
+    pending: Sequence[store.Job],
+    settings: Settings,
+    reading: Any = None,
 ) -> tuple[
     list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
-    """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`."""
+    """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`;
+    drains, XID logs and health rules as the pass's `reading` of the configuration
+    says (None: the configuration in force)."""
     from gpuwarden import drain, health, leases
+    from gpuwarden.locations import state_location
     from gpuwarden.mig import devices
     from gpuwarden.selection import fitting
     from gpuwarden.xidlog import judged
 
-    drains = drain.list_drains()
-    findings = judged(snapshot.gpus)
+    drains = drain.list_drains(state_location(reading))
+    findings = judged(snapshot.gpus, conf=reading)
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
     units = devices(snapshot)  # what a job is given: GPUs, and MIG slices for MIG-mode ones
 
@@ -192,11 +199,11 @@ def inputs(
 
 
 def start_job(
-    service: Service, job: store.Job, uuids: Sequence[str], snapshot: Any
+    service: Service, job: store.Job, uuids: Sequence[str], snapshot: Any, reading: Any = None
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
-    has them), record it RUNNING."""
+    has them), record it RUNNING. `reading`: the pass's configuration (drains, health)."""
     from gpuwarden import allocation
     from gpuwarden.cgroups import present_minors
     from gpuwarden.launch import job_env
@@ -206,7 +213,7 @@ def start_job(
 
     ld = leasedir.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
-    outcome = allocation.attempt(ld, request, snapshot, job=str(job.id))
+    outcome = allocation.attempt(ld, request, snapshot, job=str(job.id), conf=reading)
     if outcome.held is None:
         # The machine moved since the plan (a process appeared): try on the next pass.
         service.store.update(job.id, durable=False, reason=scheduling.RESOURCES)

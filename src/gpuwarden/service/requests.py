@@ -34,6 +34,7 @@ from gpuwarden.service.identity import Person, peer_credentials, person
 from gpuwarden.service.reloading import Reloading
 
 if TYPE_CHECKING:
+    from gpuwarden.config import Config
     from gpuwarden.service.connection import Connection
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
@@ -54,6 +55,7 @@ class Requests:
     free: Optional[scheduling.Capacity]
     processes: dict[int, int]
     machine: Any  # the machine's Snapshot at start: what a job could ever be given
+    reading: Optional[Config]  # the configuration as last read: the health rules a submit meets
     _priorities: dict[int, float]
     indices: dict[str, int]
     _estimates: dict[int, Optional[float]]
@@ -173,7 +175,7 @@ class Requests:
         admission.check_sizes(sub, s)
         array = arrays.expand(sub)
         tasks = 1 if array is None else len(array.tasks)
-        never = admission.never_runs(self.machine, sub.gpus) if self.machine else None
+        never = admission.never_runs(self.machine, sub.gpus, self.reading) if self.machine else None
         if never is not None:
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):

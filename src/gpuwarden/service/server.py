@@ -99,6 +99,10 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
         self.orphans: dict[int, tuple[float, ClientProcess]] = {}
         self.notifier = JobNotifier(settings.webhook, settings.sendmail)
         self.machine: Any = None  # the Snapshot read at start (service.admission)
+        # The configuration as last read: at start, then by each pass that plans. What
+        # changes without a reload (where drains and XID logs are, the health rules) is
+        # taken from it and handed down; a submit is judged by it (service.admission).
+        self.reading: Optional[config.Config] = None
 
     @classmethod
     def configured(
@@ -138,6 +142,7 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
         self.listener = listener
         self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
         snapshot = self.machine = self.read_snapshot()
+        self.reading = config.load()
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
         self.indices = {g.uuid: g.index for g in snapshot.gpus}
         self.recover()
@@ -198,8 +203,7 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
         now = time.monotonic()
         if self.pacer.due(now):
             self.pacer.begin()
-            with config.reused():  # one reading of the configuration for the whole pass
-                self.schedule()
+            self.schedule()
             self.pacer.planned(now, time.monotonic())
             self.remove_litter()
         now = time.monotonic()
@@ -217,8 +221,7 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
                 if mask & selectors.EVENT_READ and self._open(data):
                     self._read(data)
             elif kind == "job":
-                with config.reused():
-                    self._ended(data)
+                self._ended(data)
         if time.monotonic() >= self.next_tick:
             self.next_tick = time.monotonic() + self.settings.tick
             self._tick()

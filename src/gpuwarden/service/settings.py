@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.enforcement import EnforceSettings
+from gpuwarden.locations import lease_location
 from gpuwarden.service.identity import Admins
 from gpuwarden.service.limits import Limits
 
@@ -24,7 +25,7 @@ class Settings:
 
     socket: str
     state_dir: str
-    lease_dir: Optional[str] = None
+    lease_dir: Optional[str] = None  # from_config finds it; None: the configured one
     policy: scheduling.Policy = field(default_factory=scheduling.Policy)
     admins: Admins = field(default_factory=Admins)
     max_jobs_per_user: Optional[int] = None
@@ -81,6 +82,8 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
     return Settings(
         socket=fixed.get("socket") or cfg.get("service.socket"),
         state_dir=fixed.get("state_dir") or cfg.get("service.dir"),
+        # Found once, at start: a running service keeps its lease directory (RESTART_ONLY).
+        lease_dir=lease_location(cfg),
         policy=policy,
         admins=Admins.parse([*cfg.get("service.admins"), *admins]),
         max_jobs_per_user=cfg.get("service.max_jobs_per_user"),

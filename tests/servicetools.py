@@ -267,6 +267,36 @@ def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[
     )
 
 
+def cli_with_gpus(
+    srv: Server, who: Person, *args: str, socket: Optional[str] = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`gpuwarden ARGS` as `who` on the simulated machine, with the service's lease
+    directory (the simulator stands behind nvidia-ml-py's module: a copy they can read)."""
+    from gpuwarden.sim.fake import real_pynvml_path
+
+    lib = srv.work.parent / "lib"
+    if not lib.exists():
+        lib.mkdir(mode=0o755)
+        shutil.copy(real_pynvml_path(), lib / "pynvml.py")
+    env = {
+        "PYTHONPATH": f"{SRC}:{lib}",
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": socket or srv.socket,
+        "GPUWARDEN_SIM": SPEC,
+        "GPUWARDEN_LEASE_DIR": os.environ["GPUWARDEN_LEASE_DIR"],
+        **extra,
+    }
+    return subprocess.run(
+        [USER_PY, "-m", "gpuwarden", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=become(who),
+        cwd=str(srv.work),
+    )
+
+
 def attached_again(srv: Server, times: int, timeout: float = 30) -> None:
     """Wait until the service's log says an attached client came back `times` times."""
     srv.wait_log("its client attached again", times, timeout)

@@ -5,7 +5,9 @@ passes every descriptor it has to one of its owner's processes outside the job
 (SCM_RIGHTS) keeps no GPU once it ends; and where the service has no cgroup to
 hold a job (`enforce.devices = "off"`), a detached (setsid) child that ignores
 SIGTERM ends with its job on cancel, at the time limit, and when the job's own
-process exits, so no GPU stays held.
+process exits, so no GPU stays held. The service leases as root for the job's
+owner: `status` names the owner, a lease lasts the job's --time, and no user can
+open (and so hold) a GPU's lock file in the service's lease directory.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,3 +276,46 @@ def test_a_users_lease_in_python_outlives_sigterm_and_sigkill_restarts(server: S
     _end_block(holder)
     assert server.wait_state(job, ("COMPLETED", "CANCELLED"))["state"] == "COMPLETED"
     wait_for(lambda: gpu_free(lease_dir, uuid), 30, f"GPU {uuid} free after the block")
+
+
+def test_service_leases_name_the_owner_and_cannot_be_held_by_users(server: Server) -> None:
+    """The service leases as root, for the job's owner: status names the owner, and no
+    user can open (and so hold) a GPU's lock file in the service's directory."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    job = submit(server, alice, ["sleep", "60"], request={"count": 1})
+    row = server.wait_state(job, ("RUNNING",))
+    lease_dir = Path(os.environ["GPUWARDEN_LEASE_DIR"])
+    lock = lease_dir / f"{row['gpus'][0]}.lock"
+    assert lock.stat().st_mode & 0o777 == 0o600
+    probe = subprocess.run(
+        [USER_PY, "-c", f"open({str(lock)!r})"],
+        preexec_fn=become(bob),
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr
+    from gpuwarden import leases
+
+    [mine] = [lease for lease in leases.list_leases(str(lease_dir)) if lease.job == str(job)]
+    assert mine.user == "gw-alice"
+    assert mine.expires is None  # no --time: the lease lasts as long as the job
+    limited = submit(server, alice, ["sleep", "60"], request={"count": 1}, time_limit=600)
+    server.wait_state(limited, ("RUNNING",))
+    [timed] = [x for x in leases.list_leases(str(lease_dir)) if x.job == str(limited)]
+    assert timed.expires is not None and 590 < timed.expires - timed.started <= 601
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "status"],
+        env=dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=SPEC),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    leased = [x.split() for x in shown.stdout.splitlines() if x.startswith("GPU ")]
+    [row] = [x for x in leased if x[3:4] == [str(limited)]]  # GPU n user job pid age ...
+    assert row[2] == "gw-alice", shown.stdout
+    expires_in = row[7]  # 10m00s, or a little less if the status came a moment later
+    assert row[6] == "in" and (expires_in == "10m00s" or expires_in.startswith("9m")), shown.stdout
+    server.call(None, "cancel", jobs=[job, limited])
+    server.wait_state(job, ("CANCELLED",))
+    server.wait_state(limited, ("CANCELLED",))
+    assert not list(lease_dir.glob(f"*.{job}.lease"))

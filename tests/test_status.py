@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any, Optional
+
+from waiting import wait_for
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -85,12 +87,12 @@ def test_occupy_shows_up_and_goes_away(sim, cli):
         env=env,
     )
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline:
+
+        def occupied() -> Optional[dict[str, Any]]:
             gpu = json.loads(cli("status", "--json").stdout)["gpus"][2]
-            if gpu["processes"]:
-                break
-            time.sleep(0.2)
+            return gpu if gpu["processes"] else None
+
+        gpu = wait_for(occupied, 20, "the occupying process on GPU 2 in `status --json`", 0.2)
         assert gpu["processes"][0]["user"] == "zoe"
         assert gpu["memory_used"] == 8 * 2**30 and gpu["utilization_gpu"] == 40
     finally:
@@ -109,11 +111,20 @@ def _watch(args: list[str], stdout: object, until: str, read: object) -> str:
         env=env,
         stdout=stdout,
     )
-    out = ""
+    got: list[str] = []
+
+    def twice() -> bool:
+        assert proc.poll() is None, f"status --watch ended ({proc.returncode}): {''.join(got)!r}"
+        got.append(read())  # type: ignore[operator]
+        return "".join(got).count(until) >= 2
+
     try:
-        deadline = time.time() + 30
-        while out.count(until) < 2 and time.time() < deadline:
-            out += read()  # type: ignore[operator]
+        wait_for(
+            twice,
+            30,
+            lambda: f"{until!r} twice in what status --watch wrote: {''.join(got)[-2000:]!r}",
+        )
+        out = "".join(got)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 0
         out += read()  # type: ignore[operator]
@@ -150,7 +161,6 @@ def _tail(path: Path):  # type: ignore[no-untyped-def]
     seen = [0]
 
     def read() -> str:
-        time.sleep(0.05)  # a poll interval, not a wait for the outcome
         data = path.read_bytes()[seen[0] :]
         seen[0] += len(data)
         return data.decode()

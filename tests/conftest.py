@@ -21,6 +21,7 @@ from hypothesis import settings
 
 from components import TORCH_MISSING, require, torch_found
 from repo import SRC
+from waiting import wait_for
 
 # The queue service's fixtures (`open_dir`, `server`) are every test module's, as these
 # are, so that no test module imports another to reach them.
@@ -88,12 +89,20 @@ def no_cgroup_trail() -> Iterator[None]:
     is a job that outlived its test, and fails the suite."""
     before = _job_cgroups()
     yield
-    deadline = time.monotonic() + 5
-    while (left := _job_cgroups() - before) and time.monotonic() < deadline:
+
+    def gone() -> bool:
+        left = _job_cgroups() - before
         for path in left:
             _remove_empty(path)
-        time.sleep(0.05)
-    assert not left, f"the tests left job cgroups with processes in them: {sorted(left)}"
+        return not left
+
+    wait_for(
+        gone,
+        5,
+        lambda: (
+            f"the tests left job cgroups with processes in them: {sorted(_job_cgroups() - before)}"
+        ),
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from waiting import wait_for
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -137,17 +139,19 @@ def wait_port(host: Host, port: int, deadline: float = 20) -> None:
     """Until something accepts connections on host.address:port (from this namespace)."""
     import socket
 
-    end = time.monotonic() + deadline
-    while True:
+    refused: list[OSError] = []
+
+    def accepts() -> bool:
         with socket.socket() as s:
             s.settimeout(1)
             try:
                 s.connect((host.address, port))
-                return
-            except OSError:
-                if time.monotonic() > end:
-                    raise RuntimeError(f"nothing listens on {host.address}:{port}") from None
-        time.sleep(0.05)
+            except OSError as err:
+                refused[:] = [err]
+                return False
+            return True
+
+    wait_for(accepts, deadline, lambda: f"something listening on {host.address}:{port} {refused}")
 
 
 class SshLab:

@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,14 +79,18 @@ def cluster() -> Iterator[Cluster]:
         if pid.exists():
             made.tool("scancel", "--full", "-u", "root")
         lab.close()  # every slurmd, sshd and job in the namespaces
-        if pid.exists():
-            subprocess.run(["kill", pid.read_text().strip()], capture_output=True)
-            for _ in range(150):
-                if subprocess.run(["pgrep", "-F", str(pid)], capture_output=True).returncode:
-                    break
-                time.sleep(0.1)
-        _remove_slurm_cgroups()
-        shutil.rmtree(top, ignore_errors=True)
+        try:
+            if pid.exists():
+                subprocess.run(["kill", pid.read_text().strip()], capture_output=True)
+                made.wait("slurmctld gone after its SIGTERM", lambda: not _running(pid), 15)
+        finally:
+            _remove_slurm_cgroups()
+            shutil.rmtree(top, ignore_errors=True)
+
+
+def _running(pidfile: Path) -> bool:
+    """Whether the process its pid file names still runs (a removed file: it does not)."""
+    return subprocess.run(["pgrep", "-F", str(pidfile)], capture_output=True).returncode == 0
 
 
 def _remove_slurm_cgroups() -> None:

@@ -85,6 +85,16 @@ def test_fatal_list_is_configurable():
         health.parse_xids("48, seventy-nine")
 
 
+def test_a_bad_rule_setting_costs_a_server_one_line_not_its_health_rules():
+    said: list[str] = []
+    rules = health.rules_in_force({"health.pcie_replay_warn": "many"}, said.append)
+    assert rules == Rules()
+    assert said == [
+        "health.pcie_replay_warn: expected a number, got 'many'; using the built-in health rules"
+    ]
+    assert health.rules_in_force({"health.pcie_replay_warn": "many"}) == Rules()  # silent
+
+
 def test_pending_row_remap_is_a_warning_not_a_drain():
     # NVIDIA: new work can still be launched; the remap applies at the next reset
     (finding,) = judge(gpu(remapped_rows_pending=True))

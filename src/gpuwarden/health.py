@@ -282,15 +282,18 @@ def rules_from_config(config: object = None) -> Rules:
     return rules
 
 
-def rules_in_force(config: object = None) -> Rules:
+def rules_in_force(config: object = None, log: Optional[Callable[[str], None]] = None) -> Rules:
     """`rules_from_config` of `config` (None: the configuration in force), or the
     built-in rules when a setting is bad: judging a GPU goes on, and the commands that
-    own the setting report it."""
+    own the setting report it. A long-running server passes its `log`, which is told
+    in one line, so the server keeps serving with the built-in rules."""
     from gpuwarden.errors import UserError
 
     try:
         return rules_from_config(config)
-    except UserError:
+    except UserError as err:
+        if log is not None:
+            log(f"{err}; using the built-in health rules")
         return Rules()
 
 

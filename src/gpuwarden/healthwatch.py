@@ -441,30 +441,21 @@ class HealthWatch:
         self.notifier.notify(event)
 
 
-def rules_or_builtin(config: object, log: Callable[[str], None]) -> Optional[Rules]:
-    """`health.*` rules from `config`; a bad setting is one line and the built-in rules
-    (None), so a long-running server keeps serving."""
-    try:
-        return rules_from_config(config)
-    except UserError as err:
-        log(f"{err}; using the built-in health rules")
-        return None
-
-
 def watch_beside(
     config: object,
     read: Callable[[], Snapshot],
-    rules: Optional[Rules],
+    rules: Rules,
     log: Callable[[str], None],
     still_on: str,
 ) -> HealthWatch:
     """The health watch a server (exporter, web page) runs beside itself, reading that
     server's own snapshots. A malformed hook or webhook setting costs the notifications
-    (one line saying what is `still_on`), never the server."""
+    (one line saying what is `still_on`), never the server: the watch then judges by
+    `rules`, the server's own (`health.rules_in_force(config, log)`)."""
     try:
         settings = settings_from_config(config)
     except UserError as err:
         log(f"{err}; alerts disabled, {still_on} still on")
         policy = str(config.get("health.policy"))  # type: ignore[attr-defined]
-        settings = WatchSettings(policy=policy, rules=rules or Rules())
+        settings = WatchSettings(policy=policy, rules=rules)
     return HealthWatch(settings, read=read, log=log)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from gpuwarden.alerts import Notifier
+from gpuwarden.alerts import Notifier, warn
 from gpuwarden.errors import UserError
 from gpuwarden.health import (
     FATAL,
@@ -45,13 +45,6 @@ from gpuwarden.xidlog import record_xid, xids_seen
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
-
-
-def _warn(message: str) -> None:
-    # Through logging: the CLI sets its format and level once (--log-level).
-    import logging
-
-    logging.getLogger("gpuwarden.health").warning(message)
 
 
 @record
@@ -168,7 +161,7 @@ class HealthWatch:
         read: Optional[Callable[[], Snapshot]] = None,
         nvml: Any = None,
         notifier: Optional[Notifier] = None,
-        log: Callable[[str], None] = _warn,
+        log: Callable[[str], None] = warn,
         on_finding: Optional[Callable[[Gpu, Symptom, dict[str, Any]], None]] = None,
     ) -> None:
         self.settings = settings or WatchSettings()
@@ -412,9 +405,9 @@ class HealthWatch:
         try:
             drain_node(node, f"gpuwarden: GPU {gpu.index}: {reason}")
         except UserError as err:
-            _warn(f"could not drain Slurm node {node}: {err}")
+            warn(f"could not drain Slurm node {node}: {err}")
         else:
-            _warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
+            warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
 
     def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Symptom, drains: dict) -> None:
         drained = False

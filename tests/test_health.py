@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -130,7 +131,7 @@ def test_xid_log_round_trip_and_clear():
 
 
 def test_xid_log_ignores_events_before_boot_and_garbage():
-    path = xidlog.xid_log_path()
+    path = Path(xidlog.log_location())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"uuid":"GPU-a","xid":79,"at":1.0}\nnot json\n{"oops": 1}\n')
     assert xidlog.xids_seen() == {}

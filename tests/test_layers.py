@@ -72,8 +72,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "policy",
         "pure functions over snapshots and requests: no files, no clock, no NVML",
         (
-            "xids",
+            # the health package imports nothing; the judgement and the Xid catalogue
+            # are pure, the log and the watch sit higher
             "health",
+            "health.judgement",
+            "health.xids",
             "selection",
             "refusals",
             "visible",
@@ -100,7 +103,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "holders",
             "waitline",
             "drain",
-            "xidlog",
+            "health.xidlog",
             "attribution",
         ),
     ),
@@ -121,7 +124,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kernelspec",
             "provisioner",
             "joboutput",
-            "healthwatch",
+            "health.watch",
             "alerts",
             "enforcer",
             "sampling",

@@ -61,14 +61,14 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
     [
         # The board, link, clock-table, ECC-location and GPM answers are for other
         # NVML tools: status shows none of them.
-        (("status",), ("gpuwarden.xids", *LATER_SIM)),
+        (("status",), ("gpuwarden.health.xids", *LATER_SIM)),
         # CUDA_VISIBLE_DEVICES is unset: nothing of visible's reading side is needed,
         # nor the Xid catalogue (no XID seen), nor MIG's capability nodes (no slices).
         (
             ("run", "-g", "1", "--", "true"),
             (
                 "gpuwarden.visible",
-                "gpuwarden.xids",
+                "gpuwarden.health.xids",
                 "gpuwarden.migcaps",
                 "gpuwarden.sim.sensors",
                 "gpuwarden.sim.links",

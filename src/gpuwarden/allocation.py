@@ -80,9 +80,9 @@ def attempt(
     are, and the health rules (None: the configuration in force, read here).
     """
     from gpuwarden import drain
+    from gpuwarden.health.xidlog import judged
     from gpuwarden.locations import state_location
     from gpuwarden.selection import choose
-    from gpuwarden.xidlog import judged
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:

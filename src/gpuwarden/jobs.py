@@ -146,9 +146,9 @@ def choose_now(
     configuration, None: the one in force)."""
     from gpuwarden import leases
     from gpuwarden.drain import list_drains
+    from gpuwarden.health.xidlog import judged
     from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import choose
-    from gpuwarden.xidlog import judged
 
     drains = list_drains(state_location(conf))
     held = leases.list_leases(lease_location(conf))
@@ -183,10 +183,10 @@ def within_enclosing(
         return None
     from gpuwarden import leases
     from gpuwarden.drain import list_drains
+    from gpuwarden.health.xidlog import judged
     from gpuwarden.locations import lease_location, state_location
     from gpuwarden.paths import user_name
     from gpuwarden.selection import choose
-    from gpuwarden.xidlog import judged
 
     held = leases.list_leases(lease_location(conf))
     me = user_name(os.geteuid())

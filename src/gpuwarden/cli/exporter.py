@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
     from gpuwarden.cli.serving import until_signalled, warner
     from gpuwarden.exporter import metrics, server
-    from gpuwarden.health import rules_in_force
-    from gpuwarden.healthwatch import watch_beside
+    from gpuwarden.health.judgement import rules_in_force
+    from gpuwarden.health.watch import watch_beside
 
     _warn = warner("gpuwarden.exporter")
 

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
     from gpuwarden.cli.serving import until_signalled, warner
     from gpuwarden.errors import UserError
-    from gpuwarden.health import rules_in_force
-    from gpuwarden.healthwatch import watch_beside
+    from gpuwarden.health.judgement import rules_in_force
+    from gpuwarden.health.watch import watch_beside
     from gpuwarden.units import parse_listen
     from gpuwarden.web.server import Feed, serve
 

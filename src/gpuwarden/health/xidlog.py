@@ -366,7 +366,7 @@ def judged(
     a fatal XID from is never given to a job. `conf`, the caller's reading of the
     configuration, says where the logs are and, without `rules`, the health rules
     (None: the configuration in force, read here)."""
-    from gpuwarden.health import judge_all, rules_in_force
+    from gpuwarden.health.judgement import judge_all, rules_in_force
 
     if conf is None:
         return judge_all(gpus, xids_seen(), rules)

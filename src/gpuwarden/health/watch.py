@@ -3,8 +3,8 @@
 Two loops run in daemon threads. The event loop blocks in `nvmlEventSetWait`
 (XID critical errors are events, not readable state: a listener that is not
 waiting when one happens never learns of it), writes each XID to the watch's
-own XID log (`gpuwarden.xidlog`) and wakes the poll loop. The poll loop reads a snapshot every
-`health.poll_seconds`, judges every GPU and acts on findings it has not seen
+own XID log (`xidlog`) and wakes the poll loop. The poll loop reads a snapshot
+every `health.poll_seconds`, judges every GPU and acts on findings it has not seen
 before: a fatal one drains the GPU (policy `drain`; `alert` only notifies), and
 every new finding goes to the hook command and/or webhook.
 
@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from gpuwarden.alerts import Notifier, warn
 from gpuwarden.errors import UserError
-from gpuwarden.health import (
+from gpuwarden.health.judgement import (
     FATAL,
     Rules,
     Symptom,
@@ -39,9 +39,9 @@ from gpuwarden.health import (
     judge,
     rules_from_config,
 )
+from gpuwarden.health.xidlog import record_xid, xids_seen
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
-from gpuwarden.xidlog import record_xid, xids_seen
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
@@ -444,7 +444,7 @@ def watch_beside(
     """The health watch a server (exporter, web page) runs beside itself, reading that
     server's own snapshots. A malformed hook or webhook setting costs the notifications
     (one line saying what is `still_on`), never the server: the watch then judges by
-    `rules`, the server's own (`health.rules_in_force(config, log)`)."""
+    `rules`, the server's own (`judgement.rules_in_force(config, log)`)."""
     try:
         settings = settings_from_config(config)
     except UserError as err:

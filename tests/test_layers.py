@@ -121,8 +121,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "launch",
             "containers",
             "containerjob",
-            "kernelspec",
-            "provisioner",
+            # Jupyter's kernelspec and the provisioner that leases each kernel's GPUs
+            "jupyter.*",
             "joboutput",
             "health.watch",
             "alerts",

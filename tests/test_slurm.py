@@ -347,6 +347,22 @@ def test_submit_dry_run_prints_the_script(cli: object) -> None:
     assert "#SBATCH --array=0-15:4%2\n" in array.stdout, array.stderr
 
 
+def test_signal_is_slurms_own_in_the_form_that_reaches_the_command() -> None:
+    """Without --ddp the batch script exec's the command, which has no step: `B:` reaches
+    it. With --ddp the tasks are srun's step, which the plain form signals. srun has no
+    batch script to name."""
+    usr1 = {"number": 10, "before": 120.0, "batch": False}
+    assert batch.slurm_signal(usr1, ddp=False, attached=False) == "B:10@120"
+    assert batch.slurm_signal(usr1, ddp=True, attached=False) == "10@120"
+    assert batch.slurm_signal(usr1, ddp=False, attached=True) == "10@120"
+    assert batch.slurm_signal({**usr1, "batch": True}, ddp=True, attached=False) == "B:10@120"
+    assert batch.slurm_signal(None, ddp=False, attached=False) is None
+    with pytest.raises(UserError, match="has none"):
+        batch.slurm_signal({**usr1, "batch": True}, ddp=False, attached=True)
+    with pytest.raises(UserError, match="Slurm takes 65535 at most"):
+        batch.slurm_signal({**usr1, "before": 70000.0}, ddp=False, attached=False)
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
@@ -354,6 +370,8 @@ def test_submit_dry_run_prints_the_script(cli: object) -> None:
         (("submit", "--slurm", "--min-free", "1G", "--", "true"), "--min-free chooses among"),
         (("run", "--slurm", "--mem", "1G", "--", "true"), "run --mem declares a share"),
         (("run", "--slurm", "--wait", "--", "true"), "--wait applies to this machine"),
+        (("run", "--slurm", "--time", "5", "--signal", "B:USR1", "--", "true"), "names a batch"),
+        (("submit", "--slurm", "--signal", "USR1", "--", "true"), "--signal needs --time"),
         (("submit", "--slurm", "--", "true"), "sbatch not found on PATH"),
         (("run", "--slurm", "--", "true"), "srun not found on PATH"),
         (("queue", "--slurm"), "squeue not found on PATH"),

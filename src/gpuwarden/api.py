@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Optional, Union
 
-from gpuwarden import jobs
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
@@ -155,16 +154,18 @@ def hold(
     A request that can never fit raises at once. `environ` (default os.environ) is
     the base of `Leased.env`, and its CUDA_VISIBLE_DEVICES limits the choice.
     """
-    from gpuwarden.launch import job_env
+    from gpuwarden.jobs.allocation import acquire
+    from gpuwarden.jobs.launch import job_env
+    from gpuwarden.jobs.path import allowed, publish_here, service_socket
 
     base = dict(os.environ if environ is None else environ)
     request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
     read = _reader(snapshot, topology=request.gpu_count > 1)
-    from gpuwarden import config, jobpath
+    from gpuwarden import config
 
-    service = jobpath.service_socket(config.load(), base)  # the decision `run` makes
+    service = service_socket(config.load(), base)  # the decision `run` makes
     if service is not None:
         yield from _through_service(request, service, base, wait, timeout, uuid, read)
         return
@@ -174,10 +175,10 @@ def hold(
     def machine() -> Snapshot:
         return pending.pop() if pending else read()
 
-    held = jobs.lease(
-        request, machine, wait=wait, timeout=timeout, allowed=jobs.allowed(first, base)
+    held = acquire(
+        request, snapshot=machine, wait=wait, timeout=timeout, allowed=allowed(first, base)
     )
-    jobs.publish_here(held, "python: gpuwarden.lease()")
+    publish_here(held, "python: gpuwarden.lease()")
     try:
         env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
         ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
@@ -199,7 +200,7 @@ def _through_service(
     they show in `queue` as the caller's job, count against their limits and fair
     share, and are freed when the block ends or this process dies, unless a child
     given `fds` (the allocation's input and connection) still runs."""
-    from gpuwarden.launch import job_env
+    from gpuwarden.jobs.launch import job_env
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields
 
@@ -228,12 +229,14 @@ def pick(
 ) -> tuple[Gpu, ...]:
     """The GPUs `lease` would pick now, without reserving them: another job may take
     them before you do. Raises UserError (with the reason) when none fit."""
+    from gpuwarden.jobs.allocation import choose_now
+    from gpuwarden.jobs.path import allowed
     from gpuwarden.leases import EXIT_BUSY
 
     base = os.environ if environ is None else environ
     request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     snap = _reader(snapshot, topology=request.gpu_count > 1)()
-    choice = jobs.choose_now(snap, request, jobs.allowed(snap, base))
+    choice = choose_now(snap, request, allowed(snap, base))
     if not choice.ok:
         raise UserError(
             choice.error or "no GPU fits", exit_code=2 if choice.never_fits else EXIT_BUSY

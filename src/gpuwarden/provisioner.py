@@ -81,9 +81,10 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         return None if self.wait_timeout is None else float(self.wait_timeout)
 
     def _lease(self, base: dict[str, str]) -> None:
-        from gpuwarden import jobs
         from gpuwarden.api import _reader, _request
-        from gpuwarden.launch import job_env
+        from gpuwarden.jobs.allocation import acquire
+        from gpuwarden.jobs.launch import job_env
+        from gpuwarden.jobs.path import allowed
 
         request = _request(*self._fields().values())
         read = _reader(None, topology=request.gpu_count > 1)
@@ -93,12 +94,12 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         def machine() -> Any:
             return pending.pop() if pending else read()
 
-        held = jobs.lease(
+        held = acquire(
             request,
-            machine,
+            snapshot=machine,
             wait=self.wait_for_gpus,
             timeout=self._timeout(),
-            allowed=jobs.allowed(first, base),
+            allowed=allowed(first, base),
         )
         try:
             env = job_env({}, held.gpus, use_uuid=self.uuid, job=held.job, mem=held.mem)
@@ -176,7 +177,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
-        from gpuwarden.launch import OURS
+        from gpuwarden.jobs.launch import OURS
 
         env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in OURS}
         with self._lock:

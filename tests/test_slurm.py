@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import joboutput
 from gpuwarden.errors import UserError
+from gpuwarden.jobs import output
 from gpuwarden.slurm import batch, gres, node, prolog, states, tools
 from gpuwarden.slurm import logs as slurm_logs
 
@@ -285,20 +285,20 @@ def test_drain_for_fault_only_when_configured() -> None:
 def test_output_file_that_is_a_symlink_fifo_or_someone_elses_is_refused(tmp_path: Path) -> None:
     real = tmp_path / "real.out"
     real.write_text("ok\n")
-    fd = joboutput.open_output(str(real), os.geteuid())
+    fd = output.open_output(str(real), os.geteuid())
     os.close(fd)
     link = tmp_path / "link.out"
     link.symlink_to("/etc/shadow")
     with pytest.raises(UserError, match="symbolic link"):
-        joboutput.open_output(str(link), os.geteuid())
+        output.open_output(str(link), os.geteuid())
     fifo = tmp_path / "fifo.out"
     os.mkfifo(fifo)
     with pytest.raises(UserError, match="not a regular file"):
-        joboutput.open_output(str(fifo), os.geteuid())
+        output.open_output(str(fifo), os.geteuid())
     if os.geteuid() == 0:
         os.chown(real, 12345, 12345)
         with pytest.raises(UserError, match="not to the job's user"):
-            joboutput.open_output(str(real), 4242)
+            output.open_output(str(real), 4242)
 
 
 # --- the CLI without Slurm -------------------------------------------------------------------

@@ -94,7 +94,7 @@ def submit_local(args: argparse.Namespace) -> int:
     request = Request.from_config(conf, mem=filters.mem_of(args))
     cmd = command_of(args)
     if args.ddp:
-        from gpuwarden.launch import ddp_argv
+        from gpuwarden.jobs.launch import ddp_argv
 
         cmd = ddp_argv(cmd, request.gpu_count)
     else:  # a container's command line is made when the service has chosen its GPUs

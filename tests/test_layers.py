@@ -115,15 +115,13 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "gpuwarden",
             "api",
             "machineview",
-            "allocation",
-            "jobs",
-            "jobpath",
-            "launch",
+            # the path from a request to a running job: its decisions, allocation,
+            # launch, a detached holder, the job's output file
+            "jobs.*",
             "containers",
             "containerjob",
             # Jupyter's kernelspec and the provisioner that leases each kernel's GPUs
             "jupyter.*",
-            "joboutput",
             "health.watch",
             "alerts",
             "enforcer",

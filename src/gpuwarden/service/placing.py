@@ -205,9 +205,9 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
     has them), record it RUNNING. `reading`: the pass's configuration (drains, health)."""
-    from gpuwarden import allocation
     from gpuwarden.cgroups import present_minors
-    from gpuwarden.launch import job_env
+    from gpuwarden.jobs import allocation
+    from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
     from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request

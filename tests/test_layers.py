@@ -57,10 +57,13 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "topology",
             "nvmlload",
             "sim.*",
+            # a job's cgroups: its devices, MIG slices' nodes, what it uses; the package
+            # imports nothing
             "cgroups",
-            "migcaps",
-            "devbpf",
-            "accounting",
+            "cgroups.devices",
+            "cgroups.bpf",
+            "cgroups.migcaps",
+            "cgroups.accounting",
             "ancestry",
             # the exporter's package imports nothing, so it sits as low as its lowest
             # module: the NVML counters only the exporter reads

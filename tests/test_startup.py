@@ -69,7 +69,7 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
             (
                 "gpuwarden.visible",
                 "gpuwarden.xids",
-                "gpuwarden.migcaps",
+                "gpuwarden.cgroups.migcaps",
                 "gpuwarden.sim.sensors",
                 "gpuwarden.sim.links",
                 "gpuwarden.sim.events",

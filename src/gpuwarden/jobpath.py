@@ -114,7 +114,7 @@ def start(
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
         return HeldJob(launch.start(argv, env), isolation=isolation)
 
-    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
+    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups.devices made one
     try:
         if request.count == 0:
             if request.mem is not None:
@@ -136,7 +136,7 @@ def start(
 
         devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
         if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
-            from gpuwarden.cgroups import isolate
+            from gpuwarden.cgroups.devices import isolate
 
             isolation.extend(isolate(devices))
         machine = MachineReader(topology=request.gpu_count > 1)
@@ -261,7 +261,7 @@ def _direct(
     def confine() -> None:
         if not started.isolation:
             return
-        from gpuwarden.cgroups import confine
+        from gpuwarden.cgroups.devices import confine
 
         for cgroup in started.isolation:
             confine(cgroup, held.gpus, machine.first.gpus, devices)

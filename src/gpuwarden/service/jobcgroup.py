@@ -1,14 +1,14 @@
 """A queue service job's cgroups: made by its supervisor, joined by the job before exec.
 
 The service (root) does not move itself: its job's supervisor makes `svc-<hash>/job-<id>`
-below the service's own cgroups and writes the device rules (`gpuwarden.cgroups`),
+below the service's own cgroups and writes the device rules (`gpuwarden.cgroups.devices`),
 and the job's child joins it before it drops to its owner and execs, so the job
 and every descendant are confined from their first instruction while the
 supervisor stays outside (it must outlive the job to record its status). The
 name is the journal's id, so a restarted service finds the cgroups of the jobs it
 re-adopts, and removes those of jobs that ended while it was down. The same
 cgroups are where a cancel or a time limit reaches every process of the job
-(`gpuwarden.accounting.signal_dirs`) and where its CPU and memory are read.
+(`gpuwarden.cgroups.accounting.signal_dirs`) and where its CPU and memory are read.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 import os
 import re
 
-from gpuwarden.cgroups import (
+from gpuwarden.cgroups.devices import (
     DEVICES,
     CgroupError,
     _job_dirs,
@@ -108,9 +108,9 @@ def make_job(
             finally:
                 os.close(fd)
         else:
-            from gpuwarden import devbpf
+            from gpuwarden.cgroups import bpf
 
-            devbpf.confine(made[""], leased, caps)
+            bpf.confine(made[""], leased, caps)
     except OSError as err:
         remove_job(made)
         raise CgroupError(f"cannot make the job's device cgroup: {err.strerror}") from None

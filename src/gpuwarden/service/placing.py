@@ -205,10 +205,10 @@ def start_job(
     its owner under a supervisor that holds the lease descriptors (the job never
     has them), record it RUNNING. `reading`: the pass's configuration (drains, health)."""
     from gpuwarden import allocation
-    from gpuwarden.cgroups import present_minors
+    from gpuwarden.cgroups.devices import present_minors
+    from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.launch import job_env
     from gpuwarden.leases import dir as leasedir
-    from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)

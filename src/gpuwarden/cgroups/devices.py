@@ -25,10 +25,10 @@ reads the GPUs and takes the lease, with the cgroup still allowing
 everything; `Isolation.confine()` then writes the rules, which the kernel
 checks at every open. The same cgroups (`cpuacct`, `memory`, where mounted)
 give the job's CPU and memory usage and the list of its processes
-(`gpuwarden.accounting`).
+(`gpuwarden.cgroups.accounting`).
 
 cgroup v2 has no `devices` files: there a BPF_PROG_TYPE_CGROUP_DEVICE program
-(`gpuwarden.devbpf`) attached to the job's cgroup decides, where no v1 `devices`
+(`gpuwarden.cgroups.bpf`) attached to the job's cgroup decides, where no v1 `devices`
 controller is mounted. systemd's `DeviceAllow=` (a transient scope) is not used:
 see docs/enforcement.md.
 """
@@ -88,7 +88,7 @@ def device_rules(leased: Iterable[int], present: Iterable[int], caps: CapsDenied
     rules = deny_rules(leased, present)
     if caps is None:  # no MIG slices: `run` never loads migcaps
         return rules
-    from gpuwarden.migcaps import deny_rules as caps_rules
+    from gpuwarden.cgroups.migcaps import deny_rules as caps_rules
 
     return rules + caps_rules(*caps)
 
@@ -306,9 +306,9 @@ class Isolation:
             raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
         leased = [m for m in minors if m is not None]
         if "devices" not in self.dirs:
-            from gpuwarden import devbpf
+            from gpuwarden.cgroups import bpf
 
-            devbpf.confine(self.dirs[""], leased, caps)  # every GPU minor but these
+            bpf.confine(self.dirs[""], leased, caps)  # every GPU minor but these
             self.confined = True
             return
         fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
@@ -479,7 +479,7 @@ def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Sequence[Any], setti
     try:
         caps = None
         if any(getattr(g, "mig_mode", False) for g in gpus):  # else run never loads migcaps
-            from gpuwarden.migcaps import denied_for
+            from gpuwarden.cgroups.migcaps import denied_for
 
             caps = denied_for(leased, gpus)
         cgroup.confine([g.minor for g in leased], present_minors(gpus), caps)

@@ -2,7 +2,7 @@
 
 A process uses a MIG slice through its parent GPU's `/dev/nvidiaN` *and* two
 capability nodes, `/dev/nvidia-caps/nvidia-capM`: one for the slice's GPU instance
-and one for its compute instance. Fencing a job to its slice (`gpuwarden.cgroups`)
+and one for its compute instance. Fencing a job to its slice (`gpuwarden.cgroups.devices`)
 therefore denies the capability nodes of every other slice. Their numbers come from
 the driver's own files, never from a guess:
 

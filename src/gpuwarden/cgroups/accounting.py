@@ -1,6 +1,6 @@
 """A job's processes, CPU and memory, and signals to all of it, from its cgroups.
 
-The cgroups `gpuwarden.cgroups` makes for a job hold every process the job
+The cgroups `gpuwarden.cgroups.devices` makes for a job hold every process the job
 started, however it forked, daemonised or left its process group, so they are
 where the job's usage is read and where a cancel or a kill reaches all of it.
 A job is found from any of its processes through the kernel's
@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-from gpuwarden.cgroups import GROUP, _read, own_paths, v1_mounts, v2_mount
+from gpuwarden.cgroups.devices import GROUP, _read, own_paths, v1_mounts, v2_mount
 from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False

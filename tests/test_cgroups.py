@@ -298,7 +298,7 @@ def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
     data = json.loads(first)
     assert data["pids"] == [data["me"]]
     usage, by_pid = data["usage"], data["by_pid"]
-    mode_dirs, _ = devices._job_dirs("x", "cgroup-v1")
+    mode_dirs, _ = devices.dirs_for("x", "cgroup-v1")
     if "cpuacct" in mode_dirs:  # found from the pid, read a moment later: never less
         assert 0 < usage["cpu_ns"] <= by_pid["cpu_ns"]
     if "memory" in mode_dirs:
@@ -388,7 +388,7 @@ def _run_as_nobody(work: Path) -> None:
 
 def _all_job_cgroups() -> list[str]:
     """Job cgroup names under every hierarchy `prepare` uses."""
-    dirs, _ = devices._job_dirs("x", "cgroup-v1")
+    dirs, _ = devices.dirs_for("x", "cgroup-v1")
     names = []
     for path in dirs.values():
         parent = Path(path).parent
@@ -425,7 +425,7 @@ def test_a_killed_wrappers_cgroups_go_with_the_next_run(nodes: Path, tmp_path: P
 
 
 def _dirs_of(names: list[str]) -> list[str]:
-    dirs, _ = devices._job_dirs("x", "cgroup-v1")
+    dirs, _ = devices.dirs_for("x", "cgroup-v1")
     return [
         str(Path(p).parent / n)
         for p in dirs.values()

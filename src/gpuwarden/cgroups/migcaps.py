@@ -60,11 +60,6 @@ def denied(caps: Caps, keep: Iterable[Slice]) -> tuple[int, ...]:
     return tuple(sorted({m for node, m in caps.minors.items() if node not in allowed}))
 
 
-def deny_rules(major: int, minors: Iterable[int]) -> list[str]:
-    """The v1 `devices.deny` lines for the nodes `major`:`minors`."""
-    return [f"c {major}:{minor} rwm" for minor in minors]
-
-
 def slices_of(leased: Sequence[Any], gpus: Sequence[Any]) -> list[Slice]:
     """The slices among `leased` (the GPUs a job was given: `mig.devices` units, a MIG
     slice by its `MIG-` UUID), found in `gpus` (the machine's physical GPUs)."""

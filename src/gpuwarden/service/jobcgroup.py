@@ -20,11 +20,11 @@ import re
 from gpuwarden.cgroups.devices import (
     DEVICES,
     CgroupError,
-    _job_dirs,
-    _remove,
     detect,
-    device_rules,
+    dirs_for,
+    fence,
     move_in,
+    remove_cgroup,
     remove_dirs,
 )
 
@@ -64,7 +64,7 @@ def job_dirs(
     if mode == "none":
         return {}
     try:
-        dirs, _ = _job_dirs(job_name(scope, job), mode)
+        dirs, _ = dirs_for(job_name(scope, job), mode)
     except OSError:
         return {}
     if existing:
@@ -97,20 +97,10 @@ def make_job(
         for controller, path in dirs.items():
             os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
-                _remove(path)  # left by a try that never started: its rules may differ
+                remove_cgroup(path)  # left by a try that never started: its rules may differ
             os.mkdir(path, 0o755)
             made[controller] = path
-        if "devices" in made:
-            fd = os.open(os.path.join(made["devices"], "devices.deny"), os.O_WRONLY)
-            try:
-                for rule in device_rules(leased, present, caps):
-                    os.write(fd, rule.encode())
-            finally:
-                os.close(fd)
-        else:
-            from gpuwarden.cgroups import bpf
-
-            bpf.confine(made[""], leased, caps)
+        fence(made, leased, present, caps)
     except OSError as err:
         remove_job(made)
         raise CgroupError(f"cannot make the job's device cgroup: {err.strerror}") from None
@@ -140,7 +130,7 @@ def service_jobs(scope: str, mode: Optional[str] = None) -> dict[str, dict[str, 
     if mode == "none":
         return {}
     try:
-        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
+        dirs, _ = dirs_for(job_name(scope, "0"), mode)
     except OSError:
         return {}
     found: dict[str, dict[str, str]] = {}
@@ -165,7 +155,7 @@ def remove_scope(scope: str) -> None:
     if mode == "none":
         return
     try:
-        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
+        dirs, _ = dirs_for(job_name(scope, "0"), mode)
     except OSError:
         return
     for path in dirs.values():

@@ -119,8 +119,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "jobs",
             "jobpath",
             "launch",
+            # the command line a container runtime is handed, and its client; the
+            # package imports nothing
             "containers",
-            "containerjob",
+            "containers.command",
+            "containers.runtime",
             "kernelspec",
             "provisioner",
             "joboutput",

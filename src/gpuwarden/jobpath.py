@@ -182,7 +182,7 @@ def _through_service(
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if ddp else list(cmd)
     if not ddp:
-        from gpuwarden.containers import through_service
+        from gpuwarden.containers.command import through_service
 
         argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
     limit = None if time_limit is None else parse_time_limit(time_limit)
@@ -226,7 +226,7 @@ def _direct(
         env.update(backend)
         inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
-            from gpuwarden.containerjob import start as start_container
+            from gpuwarden.containers.runtime import start as start_container
 
             return HeldJob(start_container(inner, env, ()), isolation=isolation)
         return HeldJob(launch.start(argv, env), isolation=isolation)
@@ -268,7 +268,7 @@ def _direct(
 
     starter = None
     if container is not None:
-        from gpuwarden.containerjob import start as start_container
+        from gpuwarden.containers.runtime import start as start_container
 
         argv = container.argv
 
@@ -282,7 +282,7 @@ def _direct(
 def _container(argv: list[str], gpus: Any, job: Any, fds: Any, env: dict[str, str]) -> Any:
     """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
     (docs/containers.md), or None when `argv` starts no container."""
-    from gpuwarden.containers import plan_here
+    from gpuwarden.containers.command import plan_here
 
     dev = os.environ.get("GPUWARDEN_DEV_DIR", "/dev")
     return plan_here(argv, gpus, job, len(fds), env, dev)

@@ -403,7 +403,7 @@ def read_containers(toolkit: str = TOOLKIT_CONFIG) -> dict[str, Any]:
     import grp
     import shutil
 
-    from gpuwarden.containers import RUNTIMES, cdi_spec
+    from gpuwarden.containers.command import RUNTIMES, cdi_spec
 
     try:
         members = sorted(grp.getgrnam("docker").gr_mem)

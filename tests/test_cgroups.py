@@ -22,8 +22,7 @@ from components import require
 from gpuwarden.cgroups import accounting, devices
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
-from gpuwarden.sim import specs
-from gpuwarden.sim.state import Machine
+from gpuwarden.sim import Machine, specs
 from repo import SRC
 from waiting import wait_for
 

@@ -223,7 +223,7 @@ def watched(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
-    from gpuwarden.sim.state import Machine
+    from gpuwarden.sim import Machine
 
     bob = make_user("bob")
     stray = subprocess.Popen(["sleep", "300"])  # bob's `python train.py`, without a lease
@@ -257,7 +257,7 @@ def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
 
 def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server) -> None:
     from gpuwarden.service import store as st
-    from gpuwarden.sim.state import Machine
+    from gpuwarden.sim import Machine
 
     alice = make_user("alice", ("lab",))
     out = watched.work / "alice.out"
@@ -294,7 +294,7 @@ def test_unleased_use_by_a_job_is_told_in_its_output(watched: Server) -> None:
     """Issue 23: a service job using a GPU outside its lease was reported by pid only;
     it is tied to the job and written to its output, as --mem over-use is."""
     from gpuwarden.service import store as st
-    from gpuwarden.sim.state import Machine
+    from gpuwarden.sim import Machine
 
     alice = make_user("alice", ("lab",))
     out = watched.work / "stray.out"

@@ -40,6 +40,7 @@ UNNEEDED = (
     *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging", "gettext"),
     *(() if CTYPES_BRINGS_THREADING else ("threading",)),
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
+    "gpuwarden.sim.machine",  # the simulator's steering side: no NVML client reads it
 )
 
 # The simulator's modules that only other NVML clients (nvitop, pynvml_utils, an

@@ -10,7 +10,7 @@ from gpuwarden.inventory import Gpu, GpuProcess
 
 JOB = """
 import json, os, subprocess, sys
-from gpuwarden.sim.state import Machine
+from gpuwarden.sim import Machine
 # A process of the job on its leased GPU 7: under its lease, so not marked.
 Machine.open().add_process(7, os.getpid(), "1GiB", user="me")
 out = subprocess.run([sys.executable, "-m", "gpuwarden", "status", "--json"], capture_output=True)

@@ -5,7 +5,7 @@ whose library is `gpuwarden.sim.library.FakeLibrary` instead of
 `libnvidia-ml.so.1`: every wrapper, struct, constant and error class is the real
 one, and only the C functions are simulated, driven by a TOML machine spec
 (`gpuwarden.sim.specs`) and a shared state file (`gpuwarden.sim.state`).
-`Machine` steers that state from any process.
+`Machine` (`gpuwarden.sim.machine`) steers that state from any process.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["Machine"]
 
 def __getattr__(name: str) -> Any:
     if name == "Machine":
-        from gpuwarden.sim.state import Machine
+        from gpuwarden.sim.machine import Machine
 
         return Machine
     raise AttributeError(f"module 'gpuwarden.sim' has no attribute {name!r}")

@@ -115,10 +115,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "gpuwarden",
             "api",
             "machineview",
-            "allocation",
-            "jobs",
-            "jobpath",
-            "launch",
+            # the path from a request to a running job: its decisions, allocation,
+            # launch, a detached holder, the job's output file
+            "jobs.*",
             # the command line a container runtime is handed, and its client; the
             # package imports nothing
             "containers",
@@ -126,7 +125,6 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "containers.runtime",
             "kernelspec",
             "provisioner",
-            "joboutput",
             "healthwatch",
             "alerts",
             "enforcer",

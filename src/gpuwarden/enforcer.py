@@ -8,7 +8,7 @@ ancestry) into `Action`s and keeps the state the policies carry between readings
 
 Killing: SIGTERM first, to every process of the job (its cgroup, see
 `gpuwarden.cgroups.devices`; without one, the process group the lease holder leads, see
-`gpuwarden.launch`) or to the single unleased process; a process still alive
+`gpuwarden.jobs.launch`) or to the single unleased process; a process still alive
 `KILL_AFTER` seconds later gets SIGKILL at the next reading. Only processes whose
 owner (from /proc, the kernel) is the lease's owner are signalled for a lease: the
 pid written in a lease file is never trusted alone. A container whose processes run

@@ -13,7 +13,7 @@ the starting process's own one, `<mount><own>/gpuwarden/<name>`, so whatever
 limits a container or a service already has still bind it. `gpuwarden run`
 moves *itself* into the new cgroup and then spawns the job, which inherits it
 at fork, before it execs: there is no moment in which the job runs
-unconfined, and `posix_spawn` (see `gpuwarden.launch`) needs no hook between
+unconfined, and `posix_spawn` (see `gpuwarden.jobs.launch`) needs no hook between
 fork and exec. The wrapper stays there with its job (it holds the job's lease
 descriptors, it is part of the job) and leaves when the job has ended, so the
 empty cgroup can be removed.

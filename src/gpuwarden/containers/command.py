@@ -320,7 +320,7 @@ def plan_here(
     and the job's own GPUWARDEN_* variables of `env` passed into the container."""
     if runtime_of(argv) is None:
         return None
-    from gpuwarden.launch import OURS
+    from gpuwarden.jobs.launch import OURS
 
     return plan(
         argv,

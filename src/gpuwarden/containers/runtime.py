@@ -61,7 +61,7 @@ class Stopper:
 def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
     """Start the runtime's client as the job: the lease descriptors inherited, and with
     Podman also numbered from 3 for --preserve-fds; signals also stop the container."""
-    from gpuwarden import launch
+    from gpuwarden.jobs import launch
 
     full = {**env, **plan.env}
     job = launch.start(plan.argv, full, fds, numbered=fds if plan.preserve else ())

@@ -57,10 +57,13 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "topology",
             "nvmlload",
             "sim.*",
+            # a job's cgroups: its devices, MIG slices' nodes, what it uses; the package
+            # imports nothing
             "cgroups",
-            "migcaps",
-            "devbpf",
-            "accounting",
+            "cgroups.devices",
+            "cgroups.bpf",
+            "cgroups.migcaps",
+            "cgroups.accounting",
             "ancestry",
             # the exporter's package imports nothing, so it sits as low as its lowest
             # module: the NVML counters only the exporter reads
@@ -118,8 +121,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the path from a request to a running job: its decisions, allocation,
             # launch, a detached holder, the job's output file
             "jobs.*",
+            # the command line a container runtime is handed, and its client; the
+            # package imports nothing
             "containers",
-            "containerjob",
+            "containers.command",
+            "containers.runtime",
             # Jupyter's kernelspec and the provisioner that leases each kernel's GPUs
             "jupyter.*",
             "health.watch",

@@ -72,7 +72,7 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
                 "gpuwarden.jobs.holder",
                 "gpuwarden.visible",
                 "gpuwarden.health.xids",
-                "gpuwarden.migcaps",
+                "gpuwarden.cgroups.migcaps",
                 "gpuwarden.sim.sensors",
                 "gpuwarden.sim.links",
                 "gpuwarden.sim.events",

@@ -98,7 +98,7 @@ def submit_local(args: argparse.Namespace) -> int:
 
         cmd = ddp_argv(cmd, request.gpu_count)
     else:  # a container's command line is made when the service has chosen its GPUs
-        from gpuwarden.containers import through_service
+        from gpuwarden.containers.command import through_service
 
         cmd = through_service(cmd, os.environ.get("GPUWARDEN_DEV_DIR"))
     nice = 0

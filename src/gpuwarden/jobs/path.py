@@ -246,7 +246,7 @@ def start(
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
         return HeldJob(launch.start(argv, env), isolation=isolation)
 
-    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
+    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups.devices made one
     try:
         if request.count == 0:
             if request.mem is not None:
@@ -266,7 +266,7 @@ def start(
         # Only the direct path chooses, leases and launches here (not the service's).
         devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
         if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
-            from gpuwarden.cgroups import isolate
+            from gpuwarden.cgroups.devices import isolate
 
             isolation.extend(isolate(devices))
         machine = MachineReader(topology=request.gpu_count > 1)
@@ -312,7 +312,7 @@ def _through_service(
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if ddp else list(cmd)
     if not ddp:
-        from gpuwarden.containers import through_service
+        from gpuwarden.containers.command import through_service
 
         argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
     limit = None if time_limit is None else parse_time_limit(time_limit)
@@ -355,7 +355,7 @@ def _direct(
         env.update(backend)
         inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
-            from gpuwarden.containerjob import start as start_container
+            from gpuwarden.containers.runtime import start as start_container
 
             return HeldJob(start_container(inner, env, ()), isolation=isolation)
         return HeldJob(launch.start(argv, env), isolation=isolation)
@@ -392,14 +392,14 @@ def _direct(
     def confine() -> None:
         if not started.isolation:
             return
-        from gpuwarden.cgroups import confine
+        from gpuwarden.cgroups.devices import confine
 
         for cgroup in started.isolation:
             confine(cgroup, held.gpus, machine.first.gpus, devices)
 
     starter = None
     if container is not None:
-        from gpuwarden.containerjob import start as start_container
+        from gpuwarden.containers.runtime import start as start_container
 
         argv = container.argv
 
@@ -413,7 +413,7 @@ def _direct(
 def _container(argv: list[str], gpus: Any, job: Any, fds: Any, env: dict[str, str]) -> Any:
     """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
     (docs/containers.md), or None when `argv` starts no container."""
-    from gpuwarden.containers import plan_here
+    from gpuwarden.containers.command import plan_here
 
     dev = os.environ.get("GPUWARDEN_DEV_DIR", "/dev")
     return plan_here(argv, gpus, job, len(fds), env, dev)

@@ -205,11 +205,11 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
     has them), record it RUNNING. `reading`: the pass's configuration (drains, health)."""
-    from gpuwarden.cgroups import present_minors
+    from gpuwarden.cgroups.devices import present_minors
+    from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
-    from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)

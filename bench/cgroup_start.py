@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from run_overhead import BIN, environment, once
 
-from gpuwarden import cgroups
+from gpuwarden.cgroups import devices
 
 
 def critical_path(rounds: int) -> list[float]:
@@ -41,11 +41,11 @@ def critical_path(rounds: int) -> list[float]:
     spent = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        iso = cgroups.prepare()
+        iso = devices.prepare()
         t1 = time.perf_counter()
         snap = read_snapshot(topology=False)
         t2 = time.perf_counter()
-        iso.confine([snap.gpus[7].minor], cgroups.present_minors(snap.gpus))
+        iso.confine([snap.gpus[7].minor], devices.present_minors(snap.gpus))
         t3 = time.perf_counter()
         iso.close()
         spent.append(((t1 - t0) + (t3 - t2)) * 1000)
@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     if mode != "cgroup-v1":
         print(f"no device isolation here ({why}): nothing to measure")
         return 1

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
-    from gpuwarden import allocation, launch
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.jobs import allocation, launch
     from gpuwarden.selection import Request
 
     cached = [0.0, None]
@@ -126,9 +126,10 @@ def main() -> int:
         for p in machine.state()["processes"]:  # an idle server: all 8 GPUs leasable
             machine.remove_process(p["pid"])
         # Import everything once here; forked clients share it.
-        import gpuwarden.allocation  # noqa: F401
-        from gpuwarden import drain, launch, selection, waitline  # noqa: F401
+        import gpuwarden.jobs.allocation  # noqa: F401
+        from gpuwarden import drain, selection, waitline  # noqa: F401
         from gpuwarden.inventory import read_snapshot
+        from gpuwarden.jobs import launch  # noqa: F401
 
         read_snapshot()
         outs = [os.path.join(tmp, f"client-{c}.log") for c in range(args.clients)]

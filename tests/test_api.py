@@ -77,3 +77,25 @@ def test_api_names_survive_importing_every_module() -> None:
 
     assert gpuwarden.lease is gpuwarden.api.hold
     assert gpuwarden.select is gpuwarden.api.pick
+
+
+def test_lease_and_select_read_the_configuration_once(sim, monkeypatch) -> None:
+    """One `gpuwarden.lease()` (or `select()`) reads the configuration once, at its
+    entry with its arguments, and hands that reading down: the service's socket, the
+    lease directory, the drains and XID logs, the health rules (as `run` does)."""
+    from gpuwarden import config
+
+    sim("server-8xa100")
+    real, reads = config.load, []
+
+    def counted(*args: object, **kwargs: object) -> config.Config:
+        reads.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(config, "load", counted)
+    with gpuwarden.lease(n=1, min_free="20GiB") as gpus:
+        assert len(reads) == 1 and len(gpus) == 1
+    assert len(reads) == 1 and leases.list_leases() == []
+    reads.clear()
+    assert [g.index for g in gpuwarden.select(2)] == [6, 7]
+    assert len(reads) == 1

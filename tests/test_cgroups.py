@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import require
-from gpuwarden import accounting, cgroups
+from gpuwarden.cgroups import accounting, devices
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import Machine, specs
@@ -33,24 +33,24 @@ minors = st.sets(st.integers(0, 253), max_size=16)
 
 @given(leased=minors, present=minors)
 def test_rules_deny_exactly_the_other_gpus(leased: set[int], present: set[int]) -> None:
-    rules = cgroups.deny_rules(leased, present)
+    rules = devices.deny_rules(leased, present)
     denied = {int(r.split(":")[1].split()[0]) for r in rules}
     assert denied == present - leased
     assert all(r.startswith("c 195:") and r.endswith(" rwm") for r in rules)
 
 
 def test_control_nodes_are_never_denied() -> None:
-    assert cgroups.deny_rules([0], [0, 1, 254, 255]) == ["c 195:1 rwm"]
+    assert devices.deny_rules([0], [0, 1, 254, 255]) == ["c 195:1 rwm"]
     with pytest.raises(ValueError):
-        cgroups.deny_rules([255], [0])
+        devices.deny_rules([255], [0])
 
 
 def test_names_carry_the_wrapper_pid() -> None:
-    name = cgroups.cgroup_name(123, "abc0")
-    assert cgroups.owner_pid(name) == 123
-    assert cgroups.owner_pid("someone-elses") is None
+    name = devices.cgroup_name(123, "abc0")
+    assert devices.owner_pid(name) == 123
+    assert devices.owner_pid("someone-elses") is None
     with pytest.raises(ValueError):
-        cgroups.cgroup_name(1, "../x")
+        devices.cgroup_name(1, "../x")
 
 
 MOUNTS_V1 = textwrap.dedent("""\
@@ -64,10 +64,10 @@ OWN = "5:devices:/\n3:cpu,cpuacct:/user.slice\n0::/\n"
 
 
 def test_parsing_mounts_and_own_cgroups() -> None:
-    assert cgroups.v1_mounts(MOUNTS_V1)["devices"] == "/sys/fs/cgroup/devices"
-    assert cgroups.v1_mounts(MOUNTS_V1)["cpuacct"] == "/sys/fs/cgroup/cpu,cpuacct"
-    assert cgroups.v2_mount(MOUNTS_V2) == "/sys/fs/cgroup"
-    assert cgroups.own_paths(OWN) == {
+    assert devices.v1_mounts(MOUNTS_V1)["devices"] == "/sys/fs/cgroup/devices"
+    assert devices.v1_mounts(MOUNTS_V1)["cpuacct"] == "/sys/fs/cgroup/cpu,cpuacct"
+    assert devices.v2_mount(MOUNTS_V2) == "/sys/fs/cgroup"
+    assert devices.own_paths(OWN) == {
         "devices": "/",
         "cpu": "/user.slice",
         "cpuacct": "/user.slice",
@@ -97,7 +97,7 @@ def test_parsing_mounts_and_own_cgroups() -> None:
     ],
 )
 def test_judge_says_which_enforcement_and_why(euid, mounts, own, pid1, mode, why) -> None:
-    got_mode, got_why = cgroups.judge(euid, mounts, own, pid1)
+    got_mode, got_why = devices.judge(euid, mounts, own, pid1)
     assert (got_mode, why in got_why) == (mode, True), got_why
 
 
@@ -161,7 +161,7 @@ PROBE = textwrap.dedent("""\
 
 @pytest.fixture
 def nodes(tmp_path: Path, sim) -> Path:
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     sim("server-8xa100")
     machine = Machine.open()
@@ -209,11 +209,11 @@ def test_a_job_opens_only_its_gpu_and_its_children_inherit_it(nodes: Path, tmp_p
         with pytest.raises(OSError) as err:
             os.open(nodes / name, os.O_RDWR)
         assert err.value.errno == 6
-    assert not [n for n in _job_cgroups() if cgroups.owner_pid(n) == proc.pid]
+    assert not [n for n in _job_cgroups() if devices.owner_pid(n) == proc.pid]
 
 
 def _job_cgroups() -> list[str]:
-    own = cgroups.own_paths(Path("/proc/self/cgroup").read_text())["devices"]
+    own = devices.own_paths(Path("/proc/self/cgroup").read_text())["devices"]
     parent = Path("/sys/fs/cgroup/devices") / own.lstrip("/") / "gpuwarden"
     return [p.name for p in parent.iterdir() if p.is_dir()] if parent.exists() else []
 
@@ -244,7 +244,7 @@ def test_enforce_off_leaves_the_job_alone(nodes: Path, tmp_path: Path, monkeypat
 
 
 def test_sweep_removes_only_empty_cgroups_of_dead_wrappers(tmp_path: Path) -> None:
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     parent = Path("/sys/fs/cgroup/devices") / f"gpuwarden-test-{os.getpid()}"
     parent.mkdir()
@@ -252,19 +252,19 @@ def test_sweep_removes_only_empty_cgroups_of_dead_wrappers(tmp_path: Path) -> No
         dead = subprocess.run(
             [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
         ).stdout.strip()
-        (parent / cgroups.cgroup_name(int(dead), "aa")).mkdir()
-        (parent / cgroups.cgroup_name(os.getpid(), "bb")).mkdir()
-        busy = parent / cgroups.cgroup_name(int(dead) + 0, "cc")
+        (parent / devices.cgroup_name(int(dead), "aa")).mkdir()
+        (parent / devices.cgroup_name(os.getpid(), "bb")).mkdir()
+        busy = parent / devices.cgroup_name(int(dead) + 0, "cc")
         busy.mkdir()
         sleeper = subprocess.Popen(
             [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
         )
         (busy / "cgroup.procs").write_text(str(sleeper.pid))
         try:
-            removed = cgroups.sweep(str(parent))
+            removed = devices.sweep(str(parent))
         finally:
             sleeper.communicate("")
-        assert removed == [cgroups.cgroup_name(int(dead), "aa")]
+        assert removed == [devices.cgroup_name(int(dead), "aa")]
     finally:
         for child in parent.iterdir():
             if child.is_dir():
@@ -273,13 +273,13 @@ def test_sweep_removes_only_empty_cgroups_of_dead_wrappers(tmp_path: Path) -> No
 
 
 def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     script = textwrap.dedent("""\
         import json, os, sys
         sys.path.insert(0, sys.argv[1])
-        from gpuwarden import accounting, cgroups
-        iso = cgroups.prepare()
+        from gpuwarden.cgroups import accounting, devices
+        iso = devices.prepare()
         iso.confine([0], [0, 1])
         x = sum(i * i for i in range(300000))
         held = b"x" * (8 << 20)  # written, so charged to the job's memory cgroup
@@ -297,7 +297,7 @@ def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
     data = json.loads(first)
     assert data["pids"] == [data["me"]]
     usage, by_pid = data["usage"], data["by_pid"]
-    mode_dirs, _ = cgroups._job_dirs("x", "cgroup-v1")
+    mode_dirs, _ = devices.dirs_for("x", "cgroup-v1")
     if "cpuacct" in mode_dirs:  # found from the pid, read a moment later: never less
         assert 0 < usage["cpu_ns"] <= by_pid["cpu_ns"]
     if "memory" in mode_dirs:
@@ -307,14 +307,14 @@ def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
 
 
 def test_signal_job_reaches_every_process_of_the_job(tmp_path: Path) -> None:
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     # A job whose child double-forks away (a daemon) is still found through its cgroup.
     script = textwrap.dedent("""\
         import os, signal, subprocess, sys, time
         sys.path.insert(0, sys.argv[1])
-        from gpuwarden import accounting, cgroups
-        iso = cgroups.prepare()
+        from gpuwarden.cgroups import accounting, devices
+        iso = devices.prepare()
         iso.confine([0], [0, 1])
         job = subprocess.Popen([sys.executable, "-c",
             "import os, sys, time\\n"
@@ -387,7 +387,7 @@ def _run_as_nobody(work: Path) -> None:
 
 def _all_job_cgroups() -> list[str]:
     """Job cgroup names under every hierarchy `prepare` uses."""
-    dirs, _ = cgroups._job_dirs("x", "cgroup-v1")
+    dirs, _ = devices.dirs_for("x", "cgroup-v1")
     names = []
     for path in dirs.values():
         parent = Path(path).parent
@@ -406,12 +406,12 @@ def test_a_killed_wrappers_cgroups_go_with_the_next_run(nodes: Path, tmp_path: P
         text=True,
     )
     assert wrapper.stdout is not None and wrapper.stdout.readline() == "ready\n"
-    mine = [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid]
+    mine = [n for n in _all_job_cgroups() if devices.owner_pid(n) == wrapper.pid]
     assert len(mine) >= 1  # devices, and cpuacct/memory where mounted
     wrapper.kill()  # SIGKILL: no chance to tidy; the job lives on, confined, then ends
     wrapper.communicate("")
     wait_for(lambda: not any(accounting.pids_in(p) for p in _dirs_of(mine)), 60, "the job's end")
-    assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid] == mine
+    assert [n for n in _all_job_cgroups() if devices.owner_pid(n) == wrapper.pid] == mine
     out = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "run", "--gpus", "6", "--", "true"],
         env=env,
@@ -420,11 +420,11 @@ def test_a_killed_wrappers_cgroups_go_with_the_next_run(nodes: Path, tmp_path: P
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == wrapper.pid] == []
+    assert [n for n in _all_job_cgroups() if devices.owner_pid(n) == wrapper.pid] == []
 
 
 def _dirs_of(names: list[str]) -> list[str]:
-    dirs, _ = cgroups._job_dirs("x", "cgroup-v1")
+    dirs, _ = devices.dirs_for("x", "cgroup-v1")
     return [
         str(Path(p).parent / n)
         for p in dirs.values()
@@ -446,7 +446,7 @@ def test_a_run_inside_a_job_leaves_nothing_behind(nodes: Path) -> None:
     _, err = outer.communicate(timeout=60)
     assert outer.returncode == 0, err
     # The outer wrapper removed its cgroup although the inner run made a group inside it.
-    assert [n for n in _all_job_cgroups() if cgroups.owner_pid(n) == outer.pid] == []
+    assert [n for n in _all_job_cgroups() if devices.owner_pid(n) == outer.pid] == []
 
 
 @pytest.mark.parametrize("found", ["cgroup-v1", "none"])
@@ -454,15 +454,15 @@ def test_auto_runs_the_job_anyway_and_says_so_only_when_it_should_have_worked(
     monkeypatch, capsys, found: str
 ) -> None:
     def fail(mode=None):
-        raise cgroups.CgroupError("cannot create a device cgroup: Permission denied")
+        raise devices.CgroupError("cannot create a device cgroup: Permission denied")
 
-    monkeypatch.setattr(cgroups, "prepare", fail)
-    monkeypatch.setattr(cgroups, "detect", lambda: (found, "facts"))
-    assert cgroups.isolate("auto") == []
+    monkeypatch.setattr(devices, "prepare", fail)
+    monkeypatch.setattr(devices, "detect", lambda: (found, "facts"))
+    assert devices.isolate("auto") == []
     err = capsys.readouterr().err
     if found == "none":
         assert err == ""
     else:
         assert err.count("\n") == 1 and "Permission denied; the job runs without it" in err
     with pytest.raises(UserError, match=r"enforce\.devices = require"):
-        cgroups.isolate("require")
+        devices.isolate("require")

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from components import require
-from gpuwarden import containers
+from gpuwarden.containers import command
 from gpuwarden.errors import UserError
 from gpuwarden.holders import is_gone
 from podmantools import IMAGE, PROBE, podman_ready
@@ -29,7 +29,7 @@ B = SimpleNamespace(uuid="GPU-bbbb", index=5, minor=7)
 
 
 def _plan(argv: str, gpus=(A, B), **kw):  # type: ignore[no-untyped-def]
-    return containers.plan(argv.split(), list(gpus), "123-45", 1000, **kw)
+    return command.plan(argv.split(), list(gpus), "123-45", 1000, **kw)
 
 
 def test_other_commands_are_left_alone() -> None:
@@ -109,9 +109,9 @@ def test_apptainer_is_a_child_and_gets_its_env_variables() -> None:
 
 
 def test_a_cdi_spec_is_found_where_nvidia_ctk_writes_it(tmp_path: Path) -> None:
-    assert containers.cdi_spec([str(tmp_path / "none"), str(tmp_path)]) is None
+    assert command.cdi_spec([str(tmp_path / "none"), str(tmp_path)]) is None
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
-    assert containers.cdi_spec([str(tmp_path)]) == str(tmp_path / "nvidia.yaml")
+    assert command.cdi_spec([str(tmp_path)]) == str(tmp_path / "nvidia.yaml")
 
 
 # --- with a real podman -------------------------------------------------------------------------

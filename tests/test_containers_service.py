@@ -1,5 +1,5 @@
 """Containers through the queue service: `gpuwarden run` and `submit` hand the service a
-container command, and the job it starts (gpuwarden.containerjob) passes exactly the GPUs
+container command, and the job it starts (gpuwarden.containers.runtime) passes exactly the GPUs
 the service leased into the container, with the lease's descriptors (real podman as root,
 stand-in /dev/nvidiaN nodes, the service on a simulated machine)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from components import require
-from gpuwarden.containerjob import lease_fds
+from gpuwarden.containers.runtime import lease_fds
 from podmantools import IMAGE, PROBE, podman_ready
 from repo import SRC
 from servicetools import USER_PY, Server, serving

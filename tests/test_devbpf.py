@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import require
-from gpuwarden import cgroups, devbpf
+from gpuwarden.cgroups import bpf, devices
 from gpuwarden.sim.driverfiles import free_major
 from repo import SRC
 
@@ -58,7 +58,7 @@ def _interpret(code: bytes, kind: int, major: int, minor: int, access: int = 6) 
 
 @given(leased=st.sets(st.integers(0, 253), max_size=8), minor=st.integers(0, 2**20))
 def test_the_program_denies_exactly_other_gpu_nodes(leased: set[int], minor: int) -> None:
-    code = devbpf.program(leased)
+    code = bpf.program(leased)
     assert len(code) % 8 == 0
     gpu_node = minor <= 253
     expected = 0 if gpu_node and minor not in leased else 1
@@ -76,7 +76,7 @@ def test_the_program_denies_exactly_other_gpu_nodes(leased: set[int], minor: int
 def test_with_mig_slices_the_program_also_denies_the_other_slices_caps(
     leased: set[int], denied: set[int], minor: int
 ) -> None:
-    code = devbpf.program(leased, (237, denied))
+    code = bpf.program(leased, (237, denied))
     assert _interpret(code, 2, 237, minor) == (0 if minor in denied else 1)
     assert _interpret(code, 1, 237, minor) == 1  # a block device is never fenced
     assert _interpret(code, 2, 195, minor) == (0 if minor <= 253 and minor not in leased else 1)
@@ -86,11 +86,11 @@ def test_with_mig_slices_the_program_also_denies_the_other_slices_caps(
 
     offsets = [struct.unpack_from("<BBhi", code, i)[2] for i in range(0, len(code), 8)]
     assert min(offsets) >= 0
-    assert devbpf.program(leased, (237, ())) == devbpf.program(leased)
+    assert bpf.program(leased, (237, ())) == bpf.program(leased)
 
 
 def test_the_program_bytes() -> None:
-    assert devbpf.program([2]).hex() == (
+    assert bpf.program([2]).hex() == (
         "6112000000000000"  # r2 = ctx->access_type
         "57020000ffff0000"  # r2 &= 0xffff
         "5502070002000000"  # if r2 != 2 (char) goto allow
@@ -105,13 +105,13 @@ def test_the_program_bytes() -> None:
         "9500000000000000"  # exit
     )
     with pytest.raises(ValueError):
-        devbpf.program([254])
+        bpf.program([254])
 
 
 def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
     mounts = Path("/proc/self/mounts").read_text()
     require(
-        os.geteuid() == 0 and cgroups.v2_mount(mounts) is not None,
+        os.geteuid() == 0 and devices.v2_mount(mounts) is not None,
         "needs root and a cgroup v2 hierarchy (for a BPF device program)",
     )
     where = tmp_path / "dev"
@@ -125,8 +125,8 @@ def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
     script = textwrap.dedent("""\
         import json, os, subprocess, sys
         sys.path.insert(0, sys.argv[1])
-        from gpuwarden import cgroups
-        iso = cgroups.prepare("cgroup-v2-bpf")
+        from gpuwarden.cgroups import devices
+        iso = devices.prepare("cgroup-v2-bpf")
         iso.confine([2], [], (int(sys.argv[3]), (21,)))
         probe = ("import json, os, sys\\n"
                  "def o(p):\\n"

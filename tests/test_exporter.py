@@ -10,7 +10,7 @@ import pytest
 from gpuwarden.errors import UserError
 from gpuwarden.exporter.metrics import IdleTracker, View, render
 from gpuwarden.exporter.server import ViewCache, serve
-from gpuwarden.health import judge
+from gpuwarden.health.judgement import judge
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.units import parse_listen
@@ -216,7 +216,7 @@ def test_xid_events_exist_at_zero_before_the_first_so_increase_sees_it():
 
 
 def test_fatal_label_follows_the_configured_fatal_list():
-    from gpuwarden.health import DEFAULT_FATAL_XIDS
+    from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS
 
     fatal = (DEFAULT_FATAL_XIDS - {79}) | {13}  # health.fatal_xids = "+13 -79"
     xids = {"GPU-aaaa": (13, 79)}
@@ -227,8 +227,8 @@ def test_fatal_label_follows_the_configured_fatal_list():
 
 
 def test_view_cache_labels_xids_with_its_rules(monkeypatch):
-    import gpuwarden.xidlog as xidlog
-    from gpuwarden.health import Rules
+    import gpuwarden.health.xidlog as xidlog
+    from gpuwarden.health.judgement import Rules
 
     event = {"uuid": "GPU-aaaa", "xid": 13, "at": 1.0}
     monkeypatch.setattr(xidlog, "xid_events", lambda since=None: [event])
@@ -276,7 +276,7 @@ def test_command_lines_stay_out_of_the_labels_unless_the_admin_shows_them():
 
 def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):
     import gpuwarden.drain as drain
-    import gpuwarden.xidlog as xidlog
+    import gpuwarden.health.xidlog as xidlog
 
     calls = []
 

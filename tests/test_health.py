@@ -7,15 +7,16 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from gpuwarden import health, xidlog, xids
 from gpuwarden.alerts import Notifier
 from gpuwarden.errors import UserError
-from gpuwarden.health import FATAL, OK, WARNING, Rules, judge, level
-from gpuwarden.healthwatch import (
+from gpuwarden.health import judgement, xidlog, xids
+from gpuwarden.health.judgement import FATAL, OK, WARNING, Rules, judge, level
+from gpuwarden.health.watch import (
     HealthWatch,
     WatchSettings,
     parse_hook,
@@ -54,7 +55,7 @@ def test_fatal_conditions(fields, code):
     assert found[0].action
 
 
-@pytest.mark.parametrize("xid", sorted(health.DEFAULT_FATAL_XIDS))
+@pytest.mark.parametrize("xid", sorted(judgement.DEFAULT_FATAL_XIDS))
 def test_default_fatal_xids_are_fatal_with_catalogue_action(xid):
     (finding,) = judge(gpu(), (xid,))
     assert finding.level == FATAL
@@ -64,7 +65,7 @@ def test_default_fatal_xids_are_fatal_with_catalogue_action(xid):
 
 
 def test_issue_list_is_in_default_fatal_xids():
-    assert {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= health.DEFAULT_FATAL_XIDS
+    assert {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= judgement.DEFAULT_FATAL_XIDS
 
 
 def test_xid_79_says_reboot_and_application_xids_warn():
@@ -77,13 +78,23 @@ def test_xid_79_says_reboot_and_application_xids_warn():
 
 
 def test_fatal_list_is_configurable():
-    rules = Rules(fatal_xids=health.parse_xids("+13 -79"))
+    rules = Rules(fatal_xids=judgement.parse_xids("+13 -79"))
     assert judge(gpu(), (13,), rules=rules)[0].level == FATAL
     assert judge(gpu(), (79,), rules=rules)[0].level == WARNING
-    assert health.parse_xids([31, 43]) == frozenset({31, 43})
-    assert health.parse_xids(None) == health.DEFAULT_FATAL_XIDS
+    assert judgement.parse_xids([31, 43]) == frozenset({31, 43})
+    assert judgement.parse_xids(None) == judgement.DEFAULT_FATAL_XIDS
     with pytest.raises(UserError, match="not an XID number"):
-        health.parse_xids("48, seventy-nine")
+        judgement.parse_xids("48, seventy-nine")
+
+
+def test_a_bad_rule_setting_costs_a_server_one_line_not_its_health_rules():
+    said: list[str] = []
+    rules = judgement.rules_in_force({"health.pcie_replay_warn": "many"}, said.append)
+    assert rules == Rules()
+    assert said == [
+        "health.pcie_replay_warn: expected a number, got 'many'; using the built-in health rules"
+    ]
+    assert judgement.rules_in_force({"health.pcie_replay_warn": "many"}) == Rules()  # silent
 
 
 def test_pending_row_remap_is_a_warning_not_a_drain():
@@ -121,7 +132,7 @@ def test_xid_log_round_trip_and_clear():
 
 
 def test_xid_log_ignores_events_before_boot_and_garbage():
-    path = xidlog.xid_log_path()
+    path = Path(xidlog.log_location())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"uuid":"GPU-a","xid":79,"at":1.0}\nnot json\n{"oops": 1}\n')
     assert xidlog.xids_seen() == {}

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import xidlog
 from gpuwarden.drain import list_drains
 from gpuwarden.exporter.metrics import render
 from gpuwarden.exporter.server import ViewCache
-from gpuwarden.healthwatch import HealthWatch, WatchSettings
+from gpuwarden.health import xidlog
+from gpuwarden.health.watch import HealthWatch, WatchSettings
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import Machine
 from ports import free_port

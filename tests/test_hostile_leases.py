@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import allocation, holders
+from gpuwarden import holders
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
+from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
 from gpuwarden.safefiles import owner_name
 from gpuwarden.selection import Request
@@ -559,10 +560,10 @@ def test_a_reservation_does_not_follow_the_wall_clock(sim, tmp_path) -> None:
 
 
 def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
-    from gpuwarden import jobs
+    from gpuwarden.jobs import holder
 
     now = [100.0]
-    monkeypatch.setattr(jobs, "boottime", lambda: now[0])
+    monkeypatch.setattr(holder, "boottime", lambda: now[0])
     monkeypatch.setattr(time, "time", lambda: 0.0)  # whatever the wall clock says
     slept: list[float] = []
 
@@ -570,7 +571,7 @@ def test_hold_for_is_timed_by_the_boot_clock(monkeypatch) -> None:
         slept.append(s)
         now[0] += s
 
-    jobs.hold_for(5.0, sleep=sleep)
+    holder.hold_for(5.0, sleep=sleep)
     assert sum(slept) == pytest.approx(5.0)
 
 

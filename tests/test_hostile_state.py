@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import drain as drains
-from gpuwarden import health, xidlog
 from gpuwarden.errors import UserError
-from gpuwarden.healthwatch import HealthWatch, WatchSettings
+from gpuwarden.health import judgement, xidlog
+from gpuwarden.health.watch import HealthWatch, WatchSettings
 from gpuwarden.inventory import read_snapshot
 from waiting import wait_for
 
@@ -348,7 +348,7 @@ def test_a_huge_xid_log_is_read_by_its_tail(isolated: Path, monkeypatch) -> None
 def test_a_non_root_reader_believes_root_and_itself_only(mallory: int, shared: Path) -> None:
     xidlog.record_xid("GPU-by-root", 79)
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import xidlog\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import xidlog\n"
         "xidlog.record_xid('GPU-mine', 13)\n"
         "print(sorted(xidlog.xids_seen(problems=[])))\n"
         "xidlog.clear_xids()\n"  # clears her own log, not root's
@@ -371,7 +371,7 @@ def test_a_service_owning_the_state_directory_writes_the_shared_log(
     os.chown(shared, mallory, mallory)
     src = str(Path(__file__).resolve().parent.parent / "src")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import xidlog\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import xidlog\n"
         "xidlog.record_xid('GPU-seen-by-service', 79)"
     )
     as_mallory("env", f"GPUWARDEN_STATE_DIR={shared}", "HOME=/tmp", "python3", "-c", code, src)
@@ -442,7 +442,7 @@ def test_a_drain_the_watch_cannot_write_is_said_loudly_and_retried(
     assert drains.list_drains() == {}
     assert any("GPU 6 NOT DRAINED" in line and "No space left" in line for line in said)
     # Still judged fatal, so placement keeps off it, and the next poll drains it.
-    assert health.level(xidlog.judged(read_snapshot(processes=False).gpus)[uuid]) == "fatal"
+    assert judgement.level(xidlog.judged(read_snapshot(processes=False).gpus)[uuid]) == "fatal"
     watch.check(read_snapshot(processes=False))  # before: never tried again
     assert uuid in drains.list_drains()
     assert any("GPU 6 drained now" in line for line in said)
@@ -453,7 +453,7 @@ def test_a_drain_the_watch_cannot_write_is_said_loudly_and_retried(
 
 @pytest.mark.parametrize("xid", [13, 31])
 def test_xid_advice_says_each_step_once(xid: int) -> None:
-    _, action = health.describe_xid(xid)
+    _, action = judgement.describe_xid(xid)
     assert action.count("restart the application") == 1, action
     assert "if it repeats on one GPU only" in action
 

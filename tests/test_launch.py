@@ -8,7 +8,7 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu
-from gpuwarden.launch import ddp_argv, job_env
+from gpuwarden.jobs.launch import ddp_argv, job_env
 from gpuwarden.visible import allowed_uuids
 
 G = [Gpu(index=3, uuid="GPU-3"), Gpu(index=5, uuid="GPU-5")]
@@ -114,7 +114,7 @@ def test_ddp_on_cpu_starts_one_process_per_rank(cli, tmp_path) -> None:
 
 def test_a_mig_device_is_exported_and_allowed_by_its_mig_uuid() -> None:
     from gpuwarden.inventory import MigInstance, Snapshot
-    from gpuwarden.launch import export_value
+    from gpuwarden.jobs.launch import export_value
 
     mig = Gpu(index=3, uuid="MIG-44d5e7c7-29e5", name="A100 MIG 2g.20gb")
     assert export_value([G[0], mig]) == "3,MIG-44d5e7c7-29e5"  # never "3,3"
@@ -134,7 +134,7 @@ def test_ddp_without_torch_is_one_line_not_a_traceback_per_rank(tmp_path, monkey
     "Error while finding module specification for 'torch.distributed.run'"."""
     import importlib.machinery
 
-    from gpuwarden.launch import LaunchError
+    from gpuwarden.jobs.launch import LaunchError
 
     script = tmp_path / "train.py"
     script.write_text("")

@@ -57,10 +57,13 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "topology",
             "nvmlload",
             "sim.*",
+            # a job's cgroups: its devices, MIG slices' nodes, what it uses; the package
+            # imports nothing
             "cgroups",
-            "migcaps",
-            "devbpf",
-            "accounting",
+            "cgroups.devices",
+            "cgroups.bpf",
+            "cgroups.migcaps",
+            "cgroups.accounting",
             "ancestry",
             # the exporter's package imports nothing, so it sits as low as its lowest
             # module: the NVML counters only the exporter reads
@@ -72,8 +75,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "policy",
         "pure functions over snapshots and requests: no files, no clock, no NVML",
         (
-            "xids",
+            # the health package imports nothing; the judgement and the Xid catalogue
+            # are pure, the log and the watch sit higher
             "health",
+            "health.judgement",
+            "health.xids",
             "selection",
             "refusals",
             "visible",
@@ -100,7 +106,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "holders",
             "waitline",
             "drain",
-            "xidlog",
+            "health.xidlog",
             "attribution",
         ),
     ),
@@ -112,16 +118,17 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "gpuwarden",
             "api",
             "machineview",
-            "allocation",
-            "jobs",
-            "jobpath",
-            "launch",
+            # the path from a request to a running job: its decisions, allocation,
+            # launch, a detached holder, the job's output file
+            "jobs.*",
+            # the command line a container runtime is handed, and its client; the
+            # package imports nothing
             "containers",
-            "containerjob",
-            "kernelspec",
-            "provisioner",
-            "joboutput",
-            "healthwatch",
+            "containers.command",
+            "containers.runtime",
+            # Jupyter's kernelspec and the provisioner that leases each kernel's GPUs
+            "jupyter.*",
+            "health.watch",
             "alerts",
             "enforcer",
             "sampling",

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import allocation, waitline
+from gpuwarden import waitline
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
+from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
 from gpuwarden.selection import Request
 from machines import idle_a100s

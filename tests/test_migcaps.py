@@ -1,6 +1,6 @@
 """Fencing per MIG slice: a job on one slice opens only that slice's capability nodes.
 
-The numbers come from the driver's files (gpuwarden.migcaps), which the simulator
+The numbers come from the driver's files (gpuwarden.cgroups.migcaps), which the simulator
 stands in for under its own directory (gpuwarden.sim.driverfiles). As for whole GPUs
 (tests/test_cgroups.py), nodes made with `mknod` tell allowed from denied without a
 driver: opening one gives ENXIO where the job's cgroup allows it, EPERM where it denies.
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from components import require
-from gpuwarden import cgroups, migcaps
+from gpuwarden.cgroups import devices, migcaps
 from gpuwarden.inventory import Gpu, read_snapshot
 from gpuwarden.sim import driverfiles
 from repo import SRC
@@ -63,7 +63,7 @@ def test_the_driver_files_are_read_as_the_driver_writes_them(tmp_path: Path) -> 
     assert caps.minors == {(1, 2, None): 21, (1, 2, 0): 22, (1, 9, None): 84}
     assert migcaps.denied(caps, [(1, 2, 0)]) == (84,)
     assert migcaps.denied(caps, []) == (21, 22, 84)
-    assert cgroups.device_rules([0], [0, 1], (237, (21, 84))) == [
+    assert devices.device_rules([0], [0, 1], (237, (21, 84))) == [
         "c 195:1 rwm",
         "c 237:21 rwm",
         "c 237:84 rwm",
@@ -121,7 +121,7 @@ def _verdicts(a100: Gpu, mine: Any) -> dict[str, str]:
 def test_a_job_on_one_slice_is_denied_the_other_slices_caps(
     tmp_path: Path, sim: Any, cli: Any
 ) -> None:
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     sim("mixed")
     dev, a100, _ = _nodes(tmp_path)
@@ -148,7 +148,7 @@ def mixed_service(
 def test_a_service_job_on_one_slice_is_denied_the_other_slices_caps(
     mixed_service: Server, open_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mode, why = cgroups.detect()
+    mode, why = devices.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     monkeypatch.setenv("GPUWARDEN_SIM", "mixed")
     dev, a100, _ = _nodes(open_dir)

@@ -181,7 +181,7 @@ def test_with_a_queue_service_a_kernel_holds_its_gpus_through_it(
 
 
 def test_the_kernelspec_says_what_was_asked_and_names_it() -> None:
-    from gpuwarden.kernelspec import default_name, display_name, spec
+    from gpuwarden.jupyter.kernelspec import default_name, display_name, spec
 
     kernel = spec({"n": 2, "model": "A100", "mem": None}, "/py", wait=True, timeout=60, uuid=True)
     config = kernel["metadata"]["kernel_provisioner"]["config"]

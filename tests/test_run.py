@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import allocation
+from gpuwarden.jobs import allocation
 from repo import SRC
 from waiting import wait_for
 
@@ -427,12 +427,13 @@ def test_without_a_driver_an_unspecified_count_runs_on_the_cpu(sim, cli) -> None
 def test_run_hands_its_one_reading_of_the_configuration_down(
     sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`jobpath.start` gets `run`'s reading of the configuration and hands it to all it
+    """`jobs.path.start` gets `run`'s reading of the configuration and hands it to all it
     calls: the lease directory, the drains and XID logs, the health rules. Nothing on
     the way reads the configuration again (issue 25: no reading kept for a block up the
     stack), so here the directories of the reading, not of the variables, are used."""
-    from gpuwarden import config, drain, jobpath
+    from gpuwarden import config, drain
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.jobs.path import HeldJob, start
     from gpuwarden.selection import Request
 
     sim("server-8xa100")  # GPUs 0-5 are busy with colleagues' jobs: 6 and 7 are free
@@ -444,13 +445,13 @@ def test_run_hands_its_one_reading_of_the_configuration_down(
     )
 
     def reading_again(*_: object, **__: object) -> None:
-        raise AssertionError("the configuration was read again below jobpath.start")
+        raise AssertionError("the configuration was read again below jobs.path.start")
 
     monkeypatch.setattr(config, "load", reading_again)
     out = tmp_path / "env.json"
     code = f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"
-    job = jobpath.start(Request.from_config(conf), [sys.executable, "-c", code], conf)
-    assert isinstance(job, jobpath.HeldJob) and job.wait() == 0
+    job = start(Request.from_config(conf), [sys.executable, "-c", code], conf)
+    assert isinstance(job, HeldJob) and job.wait() == 0
     assert json.loads(out.read_text())["CUDA_VISIBLE_DEVICES"] == "6"  # 7 is drained there
     assert (leases_here / f"{gpus[6].uuid}.lock").exists()
     assert not os.path.lexists(os.environ["GPUWARDEN_LEASE_DIR"])

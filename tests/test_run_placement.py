@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import gpuwarden.leases as lease
-from gpuwarden import xidlog
+from gpuwarden.health import xidlog
 from gpuwarden.inventory import read_snapshot
 
 

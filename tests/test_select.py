@@ -108,7 +108,7 @@ def test_exclusive_request_respects_unleased_processes_unless_asked() -> None:
 def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
     # The README's `lease(n=2, min_free="20GiB")`: bob's 12 GiB job leaves 68 GiB free,
     # but an idle GPU (even one with a health warning) is taken before his.
-    from gpuwarden import health
+    from gpuwarden.health import judgement
 
     bob = GpuProcess(pid=77, used_memory=12 * GiB, user="bob", command="python train.py")
     snap = snapshot(
@@ -117,7 +117,7 @@ def test_min_free_passes_over_a_colleagues_gpu_for_an_idle_one() -> None:
         card(6),
         card(7),
     )
-    remap = {snap.gpus[2].uuid: (health.Symptom(health.WARNING, "remap pending"),)}
+    remap = {snap.gpus[2].uuid: (judgement.Symptom(judgement.WARNING, "remap pending"),)}
     choice = choose(snap, Request(count=2, min_free=20 * GiB), health=remap)
     assert idx(choice) == [6, 7]
     assert choice.passed_over[snap.gpus[1].uuid] == "busy: pid 77 (bob) uses 12.0GiB"
@@ -254,17 +254,17 @@ def test_multi_gpu_prefers_one_model() -> None:
 
 
 def test_health_warnings_rank_after_healthy() -> None:
-    from gpuwarden import health
+    from gpuwarden.health import judgement
 
     snap = snapshot(card(0), card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
-    hot = {snap.gpus[1].uuid: (health.Symptom(health.WARNING, "hot"),)}
+    hot = {snap.gpus[1].uuid: (judgement.Symptom(judgement.WARNING, "hot"),)}
     assert idx(choose(snap, Request(count=1), health=hot)) == [2]
 
 
 def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
     # The XID exists only in the log the health watch keeps: the snapshot alone looks fine.
     # Every command passes choose() the health judged with that log (xidlog.judged).
-    from gpuwarden import xidlog
+    from gpuwarden.health import xidlog
 
     def judged(request: Request):  # type: ignore[no-untyped-def]
         return choose(snap, request, health=xidlog.judged(snap.gpus))
@@ -283,7 +283,7 @@ def test_a_recorded_fatal_xid_is_judged_as_status_judges_it() -> None:
 
 
 def test_the_configured_fatal_list_is_the_one_status_uses(monkeypatch) -> None:
-    from gpuwarden import xidlog
+    from gpuwarden.health import xidlog
 
     snap = snapshot(card(1), card(2, memory_free=10 * GiB, memory_used=70 * GiB))
     xidlog.record_xid(snap.gpus[1].uuid, 13, index=2)

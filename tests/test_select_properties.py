@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.drain import Drain
-from gpuwarden.health import FATAL, judge, level
+from gpuwarden.health.judgement import FATAL, judge, level
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.selection import Request, choose

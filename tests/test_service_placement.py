@@ -110,8 +110,9 @@ def test_a_pass_plans_by_the_reading_it_is_handed(
     by. Nothing below reads it again (issue 25), so here the directories of the reading
     count, not those of the variables. The lease directory is the service's from its
     start (settings.from_config): a running service keeps it."""
-    from gpuwarden import allocation, config, drain
+    from gpuwarden import config, drain
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.jobs import allocation
     from gpuwarden.leases.dir import open_dir as lease_dir
     from gpuwarden.queueclient.protocol import GpuRequest
     from gpuwarden.selection import Request

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import joboutput
 from gpuwarden.errors import UserError
+from gpuwarden.jobs import output
 from gpuwarden.slurm import batch, gres, node, prolog, states, tools
 from gpuwarden.slurm import logs as slurm_logs
 
@@ -285,20 +285,20 @@ def test_drain_for_fault_only_when_configured() -> None:
 def test_output_file_that_is_a_symlink_fifo_or_someone_elses_is_refused(tmp_path: Path) -> None:
     real = tmp_path / "real.out"
     real.write_text("ok\n")
-    fd = joboutput.open_output(str(real), os.geteuid())
+    fd = output.open_output(str(real), os.geteuid())
     os.close(fd)
     link = tmp_path / "link.out"
     link.symlink_to("/etc/shadow")
     with pytest.raises(UserError, match="symbolic link"):
-        joboutput.open_output(str(link), os.geteuid())
+        output.open_output(str(link), os.geteuid())
     fifo = tmp_path / "fifo.out"
     os.mkfifo(fifo)
     with pytest.raises(UserError, match="not a regular file"):
-        joboutput.open_output(str(fifo), os.geteuid())
+        output.open_output(str(fifo), os.geteuid())
     if os.geteuid() == 0:
         os.chown(real, 12345, 12345)
         with pytest.raises(UserError, match="not to the job's user"):
-            joboutput.open_output(str(real), 4242)
+            output.open_output(str(real), 4242)
 
 
 # --- the CLI without Slurm -------------------------------------------------------------------
@@ -347,6 +347,22 @@ def test_submit_dry_run_prints_the_script(cli: object) -> None:
     assert "#SBATCH --array=0-15:4%2\n" in array.stdout, array.stderr
 
 
+def test_signal_is_slurms_own_in_the_form_that_reaches_the_command() -> None:
+    """Without --ddp the batch script exec's the command, which has no step: `B:` reaches
+    it. With --ddp the tasks are srun's step, which the plain form signals. srun has no
+    batch script to name."""
+    usr1 = {"number": 10, "before": 120.0, "batch": False}
+    assert batch.slurm_signal(usr1, ddp=False, attached=False) == "B:10@120"
+    assert batch.slurm_signal(usr1, ddp=True, attached=False) == "10@120"
+    assert batch.slurm_signal(usr1, ddp=False, attached=True) == "10@120"
+    assert batch.slurm_signal({**usr1, "batch": True}, ddp=True, attached=False) == "B:10@120"
+    assert batch.slurm_signal(None, ddp=False, attached=False) is None
+    with pytest.raises(UserError, match="has none"):
+        batch.slurm_signal({**usr1, "batch": True}, ddp=False, attached=True)
+    with pytest.raises(UserError, match="Slurm takes 65535 at most"):
+        batch.slurm_signal({**usr1, "before": 70000.0}, ddp=False, attached=False)
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
@@ -354,6 +370,8 @@ def test_submit_dry_run_prints_the_script(cli: object) -> None:
         (("submit", "--slurm", "--min-free", "1G", "--", "true"), "--min-free chooses among"),
         (("run", "--slurm", "--mem", "1G", "--", "true"), "run --mem declares a share"),
         (("run", "--slurm", "--wait", "--", "true"), "--wait applies to this machine"),
+        (("run", "--slurm", "--time", "5", "--signal", "B:USR1", "--", "true"), "names a batch"),
+        (("submit", "--slurm", "--signal", "USR1", "--", "true"), "--signal needs --time"),
         (("submit", "--slurm", "--", "true"), "sbatch not found on PATH"),
         (("run", "--slurm", "--", "true"), "srun not found on PATH"),
         (("queue", "--slurm"), "squeue not found on PATH"),

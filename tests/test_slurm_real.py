@@ -221,6 +221,23 @@ def test_an_array_becomes_sbatchs_own(cli: Any, slurm: Cluster, tmp_path: Path) 
     assert [p.read_text().split() for p in outs] == [[f"task={i}", "of", array] for i in range(3)]
 
 
+def test_signal_before_the_limit_reaches_the_command(
+    cli: Any, slurm: Cluster, tmp_path: Path
+) -> None:
+    """`submit --slurm --time 2 --signal USR1@110`: Slurm itself sends USR1 to the command
+    (the batch script exec's it, so `B:` is what reaches it) about 10 s into the job,
+    never the time limit's SIGTERM (Slurm may send it up to 60 s early)."""
+    out = tmp_path / "signal.out"
+    script = "trap 'echo got USR1; exit 0' USR1; echo started; while :; do sleep 1; done"
+    job = _submit(
+        cli, "-g", "0", "--time", "2", "--signal", "USR1@110", "--output", str(out), "--",
+        "sh", "-c", script,
+    )  # fmt: skip
+    wait_for(lambda: out.exists() and "got USR1" in out.read_text(), 60, "USR1 from Slurm")
+    assert out.read_text().split() == ["started", "got", "USR1"]
+    assert slurm.wait_for(job, ("COMPLETED",)) == "COMPLETED"
+
+
 def test_run_slurm_is_attached_through_srun(cli: Any, slurm: Cluster) -> None:
     done = cli("run", "--slurm", "-g", "1", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 3")
     assert done.returncode == 3, done.stderr

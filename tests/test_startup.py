@@ -62,15 +62,17 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
     [
         # The board, link, clock-table, ECC-location and GPM answers are for other
         # NVML tools: status shows none of them.
-        (("status",), ("gpuwarden.xids", *LATER_SIM)),
+        (("status",), ("gpuwarden.health.xids", *LATER_SIM)),
         # CUDA_VISIBLE_DEVICES is unset: nothing of visible's reading side is needed,
-        # nor the Xid catalogue (no XID seen), nor MIG's capability nodes (no slices).
+        # nor the Xid catalogue (no XID seen), nor MIG's capability nodes (no slices),
+        # nor the detached holder of `reserve` and Slurm jobs.
         (
             ("run", "-g", "1", "--", "true"),
             (
+                "gpuwarden.jobs.holder",
                 "gpuwarden.visible",
-                "gpuwarden.xids",
-                "gpuwarden.migcaps",
+                "gpuwarden.health.xids",
+                "gpuwarden.cgroups.migcaps",
                 "gpuwarden.sim.sensors",
                 "gpuwarden.sim.links",
                 "gpuwarden.sim.events",
@@ -99,7 +101,8 @@ def test_status_and_run_leave_unneeded_modules_alone(
 def test_the_writing_side_lives_in_launch_alone() -> None:
     """launch writes CUDA_VISIBLE_DEVICES, visible reads it: neither reaches into the
     other (no forwarding names), so the two never import each other."""
-    from gpuwarden import launch, visible
+    from gpuwarden import visible
+    from gpuwarden.jobs import launch
 
     assert callable(launch.export_value) and callable(visible.allowed_uuids)
     assert not hasattr(visible, "export_value") and not hasattr(visible, "export_env")
@@ -404,8 +407,9 @@ def test_run_through_the_service_loads_nothing_of_choosing_or_leasing(
     env = {"GPUWARDEN_SOCKET": server.socket}
     modules = loaded("run", "-g", "1", "--", "true", env=env)
     assert "gpuwarden.queueclient.client" in modules  # it did go through the service
-    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.inventory", "gpuwarden.allocation"}
-    unneeded |= {"gpuwarden.leases", "gpuwarden.health", "gpuwarden.jobs", "gpuwarden.sim.library"}
+    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.inventory", "gpuwarden.jobs.allocation"}
+    unneeded |= {"gpuwarden.leases", "gpuwarden.health", "gpuwarden.jobs.holder"}
+    unneeded.add("gpuwarden.sim.library")
     unneeded.add("gpuwarden.service")  # the daemon's package: the client side is queueclient
     if sys.version_info < (3, 12):
         unneeded |= {"inspect", "copy", "ast", "dis"}

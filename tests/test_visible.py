@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.inventory import Gpu, MigInstance, Snapshot
-from gpuwarden.launch import export_env, export_value
+from gpuwarden.jobs.launch import export_env, export_value
 from gpuwarden.visible import (
     FASTEST_FIRST,
     PCI_BUS_ID,

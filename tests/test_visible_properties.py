@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.launch import export_env
+from gpuwarden.jobs.launch import export_env
 from gpuwarden.visible import PCI_BUS_ID, cuda_order, parse, resolve
 
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")

@@ -21,7 +21,7 @@ import pytest
 
 import waiting
 from components import require
-from gpuwarden.healthwatch import HealthWatch, WatchSettings
+from gpuwarden.health.watch import HealthWatch, WatchSettings
 from gpuwarden.web.server import Feed, WebServer, serve
 from repo import SRC
 from schemas import WEB_STATE

@@ -7,10 +7,10 @@ import json
 import jsonschema
 import pytest
 
-from gpuwarden.allocation import describe_request
 from gpuwarden.drain import Drain
-from gpuwarden.health import Symptom
+from gpuwarden.health.judgement import Symptom
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.jobs.allocation import describe_request
 from gpuwarden.leases import LeaseInfo
 from gpuwarden.selection import Request
 from gpuwarden.waitline import Waiter

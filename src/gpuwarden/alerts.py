@@ -19,8 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 
-def _warn(message: str) -> None:
-    # Through logging: the CLI sets its format and level once (--log-level).
+def warn(message: str) -> None:
+    """One line on the `gpuwarden.health` log, where the notifier and the health watch
+    say what went wrong. Through logging: the CLI sets its format and level once
+    (--log-level)."""
     import logging
 
     logging.getLogger("gpuwarden.health").warning(message)
@@ -36,7 +38,7 @@ class Notifier:
         *,
         webhook_timeout: float = 5.0,
         hook_timeout: float = 30.0,
-        log: Callable[[str], None] = _warn,
+        log: Callable[[str], None] = warn,
         max_pending: int = 256,
     ) -> None:
         self.hook = tuple(hook) if hook else None

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Optional, Union
 
-from gpuwarden import jobs
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
@@ -90,7 +89,9 @@ def _request(
     exclude: Ids,
     mem: Union[str, int, None],
     mig: Optional[str] = None,
-) -> Any:
+) -> tuple[Any, Any]:
+    """(the reading of the configuration with these arguments, the `selection.Request`):
+    the one reading everything on the way is handed, as `run` hands its own."""
     from gpuwarden import config
     from gpuwarden.selection import Request
     from gpuwarden.units import parse_size
@@ -114,7 +115,7 @@ def _request(
         declared = mem if isinstance(mem, int) and not isinstance(mem, bool) else parse_size(mem)
         if declared <= 0:
             raise UserError(f"invalid mem={mem!r}: expected a size above zero")
-    return Request.from_config(conf, mem=declared)
+    return conf, Request.from_config(conf, mem=declared)
 
 
 def _reader(snapshot: SnapshotSource, topology: bool) -> Callable[[], Snapshot]:
@@ -155,18 +156,35 @@ def hold(
     A request that can never fit raises at once. `environ` (default os.environ) is
     the base of `Leased.env`, and its CUDA_VISIBLE_DEVICES limits the choice.
     """
-    from gpuwarden.launch import job_env
-
-    base = dict(os.environ if environ is None else environ)
-    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
+    conf, request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
-    read = _reader(snapshot, topology=request.gpu_count > 1)
-    from gpuwarden import config, jobpath
+    with _hold(conf, request, wait, timeout, uuid, environ, snapshot) as leased:
+        yield leased
 
-    service = jobpath.service_socket(config.load(), base)  # the decision `run` makes
+
+@contextmanager
+def _hold(
+    conf: Any,
+    request: Any,
+    wait: bool = False,
+    timeout: Optional[float] = None,
+    uuid: bool = False,
+    environ: Optional[Mapping[str, str]] = None,
+    snapshot: SnapshotSource = None,
+) -> Iterator[Leased]:
+    """`hold` for a parsed request: through the queue service where `run` would go
+    there, else leased here. `conf` is the one reading of the configuration everything
+    on the way is handed (nothing below reads it again)."""
+    from gpuwarden.jobs.allocation import acquire
+    from gpuwarden.jobs.launch import job_env
+    from gpuwarden.jobs.path import allowed, publish_here, service_socket
+
+    base = dict(os.environ if environ is None else environ)
+    read = _reader(snapshot, topology=request.gpu_count > 1)
+    service = service_socket(conf, base)  # the decision `run` makes
     if service is not None:
-        yield from _through_service(request, service, base, wait, timeout, uuid, read)
+        yield from _through_service(request, service, base, wait, timeout, uuid, read, conf)
         return
     first = read()
     pending = [first]
@@ -174,10 +192,15 @@ def hold(
     def machine() -> Snapshot:
         return pending.pop() if pending else read()
 
-    held = jobs.lease(
-        request, machine, wait=wait, timeout=timeout, allowed=jobs.allowed(first, base)
+    held = acquire(
+        request,
+        snapshot=machine,
+        wait=wait,
+        timeout=timeout,
+        allowed=allowed(first, base),
+        conf=conf,
     )
-    jobs.publish_here(held, "python: gpuwarden.lease()")
+    publish_here(held, "python: gpuwarden.lease()")
     try:
         env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
         ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
@@ -194,17 +217,19 @@ def _through_service(
     timeout: Optional[float],
     uuid: bool,
     read: Callable[[], Snapshot],
+    conf: Any = None,
 ) -> Iterator[Leased]:
     """The block's GPUs held by the service, as `salloc` holds them (queueclient.holding):
     they show in `queue` as the caller's job, count against their limits and fair
     share, and are freed when the block ends or this process dies, unless a child
-    given `fds` (the allocation's input and connection) still runs."""
-    from gpuwarden.launch import job_env
+    given `fds` (the allocation's input and connection) still runs. `conf`: the
+    caller's reading of the configuration (None: the one in force)."""
+    from gpuwarden.jobs.launch import job_env
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields
 
     fields = job_fields(request, holding.PLACEHOLDER)
-    with holding.hold(fields, path, wait, timeout) as (job, uuids, fds, ended):
+    with holding.hold(fields, path, wait, timeout, conf) as (job, uuids, fds, ended):
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
         env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)
@@ -228,12 +253,14 @@ def pick(
 ) -> tuple[Gpu, ...]:
     """The GPUs `lease` would pick now, without reserving them: another job may take
     them before you do. Raises UserError (with the reason) when none fit."""
+    from gpuwarden.jobs.allocation import choose_now
+    from gpuwarden.jobs.path import allowed
     from gpuwarden.leases import EXIT_BUSY
 
     base = os.environ if environ is None else environ
-    request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
+    conf, request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     snap = _reader(snapshot, topology=request.gpu_count > 1)()
-    choice = jobs.choose_now(snap, request, jobs.allowed(snap, base))
+    choice = choose_now(snap, request, allowed(snap, base), conf)
     if not choice.ok:
         raise UserError(
             choice.error or "no GPU fits", exit_code=2 if choice.never_fits else EXIT_BUSY

@@ -7,8 +7,8 @@ ancestry) into `Action`s and keeps the state the policies carry between readings
 "gpuwarden.enforce"), one line per action, naming the GPU, the process and its user.
 
 Killing: SIGTERM first, to every process of the job (its cgroup, see
-`gpuwarden.cgroups`; without one, the process group the lease holder leads, see
-`gpuwarden.launch`) or to the single unleased process; a process still alive
+`gpuwarden.cgroups.devices`; without one, the process group the lease holder leads, see
+`gpuwarden.jobs.launch`) or to the single unleased process; a process still alive
 `KILL_AFTER` seconds later gets SIGKILL at the next reading. Only processes whose
 owner (from /proc, the kernel) is the lease's owner are signalled for a lease: the
 pid written in a lease file is never trusted alone. A container whose processes run
@@ -288,7 +288,7 @@ def _signal(pid: int, group: bool, signum: int) -> None:
     """`signum` to a job's whole tree (its cgroup when it has one: that catches what
     left the process group; else the group it leads), or to the one process."""
     if group:
-        from gpuwarden import accounting
+        from gpuwarden.cgroups import accounting
 
         if accounting.signal_job(pid, signum):
             return

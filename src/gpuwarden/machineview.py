@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, Optional
 
-    from gpuwarden.health import Rules, Symptom
+    from gpuwarden.health.judgement import Rules, Symptom
     from gpuwarden.inventory import Snapshot
     from gpuwarden.leases import LeaseInfo
 
@@ -52,7 +52,8 @@ def read_view(
 ) -> MachineView:
     """`snapshot` with its leases, drains, XIDs and findings. `rules` judge the GPUs
     (None: the configured ones); `previous` supplies what a failing reader could not."""
-    from gpuwarden import drain, health, xidlog
+    from gpuwarden import drain
+    from gpuwarden.health import judgement, xidlog
 
     failed: list[str] = []
 
@@ -77,7 +78,7 @@ def read_view(
         drains=drains,
         xid_events=events,
         xids=xids,
-        findings=health.judge_all(snapshot.gpus, xids, rules),
+        findings=judgement.judge_all(snapshot.gpus, xids, rules),
         lease_error=lease_error,
         failed=tuple(failed),
     )

@@ -167,8 +167,8 @@ class Recorder:
 
 def sample(read: Optional[Callable[[], Snapshot]] = None) -> list[list[str]]:
     """Read the machine once and return its rows, with leases, drains and health."""
-    from gpuwarden.health import judge, level
-    from gpuwarden.xidlog import xids_seen
+    from gpuwarden.health.judgement import judge, level
+    from gpuwarden.health.xidlog import xids_seen
 
     if read is None:
         from gpuwarden.inventory import read_snapshot

@@ -179,7 +179,7 @@ def choose(
     `xidlog.judged` gives them, with the recorded XIDs (None: judged from the
     snapshot alone, a pure call; every command passes the XID-aware one). Bad IDs in
     the request raise UserError; "does not fit" is reported in the Choice, not raised."""
-    from gpuwarden.health import FATAL, WARNING, judge, judge_all
+    from gpuwarden.health.judgement import FATAL, WARNING, judge, judge_all
 
     named = resolve_ids(snapshot, request.gpus, "devices") if request.gpus else None
     excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, "expand")}

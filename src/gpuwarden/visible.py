@@ -24,7 +24,7 @@ Everything here is pure (no NVML, no CUDA): `parse` works on a list of UUIDs,
 `resolve` on a `Snapshot`, so the rules can be tested exhaustively.
 
 The writing side, `export_value` and `export_env` (what gpuwarden hands to a
-child), lives in `gpuwarden.launch`: `run` needs it for every job, and this
+child), lives in `gpuwarden.jobs.launch`: `run` needs it for every job, and this
 module's record classes only when a parent `CUDA_VISIBLE_DEVICES` must be read.
 """
 

@@ -4,7 +4,7 @@ Each waiter keeps a ticket, `<key>.<n>.wait`, in the lease directory: its
 request as JSON, locked by the waiter like lease metadata is, so a waiter
 that is killed leaves the line by itself (the kernel drops the lock; the file
 is ignored, then tidied). The key is the time of joining, so ticket order is
-arrival order; `allocation.attempt` serves earlier waiters first. `n` is the number
+arrival order; `jobs.allocation.attempt` serves earlier waiters first. `n` is the number
 of whole GPUs the waiter needs, so that a waiter far back in a long line can
 tell from the names alone (one `listdir`) that it cannot be served yet.
 

@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
     from gpuwarden.cli.serving import until_signalled, warner
     from gpuwarden.exporter import metrics, server
-    from gpuwarden.healthwatch import rules_or_builtin, watch_beside
+    from gpuwarden.health.judgement import rules_in_force
+    from gpuwarden.health.watch import watch_beside
 
     _warn = warner("gpuwarden.exporter")
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     )
     listen = str(config.get("exporter.listen"))
     dcgm = bool(config.get("exporter.dcgm_compat"))
-    rules = rules_or_builtin(config, _warn)
+    rules = rules_in_force(config, _warn)
     cache = server.ViewCache(
         cache_seconds=float(config.get("exporter.cache_seconds")),
         idle_util=float(config.get("exporter.idle_util")),

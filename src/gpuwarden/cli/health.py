@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuwarden import health, xidlog
     from gpuwarden.drain import list_drains
+    from gpuwarden.health import judgement, xidlog
     from gpuwarden.inventory import read_snapshot
 
     snapshot = read_snapshot(processes=False)
@@ -92,15 +92,15 @@ def _run(args: argparse.Namespace) -> int:
         from gpuwarden.errors import UserError
 
         raise UserError(f"no GPUs to judge: {snapshot.error}")
-    rules = health.rules_from_config()
+    rules = judgement.rules_from_config()
     xids = xidlog.xids_seen()
     drains = list_drains()
     rows = []
-    worst = health.OK
+    worst = judgement.OK
     for gpu in snapshot.gpus:
-        findings = health.judge(gpu, xids.get(gpu.uuid, ()), rules=rules)
-        state = health.level(findings)
-        worst = health.level((health.Symptom(worst, ""), health.Symptom(state, "")))
+        findings = judgement.judge(gpu, xids.get(gpu.uuid, ()), rules=rules)
+        state = judgement.level(findings)
+        worst = judgement.level((judgement.Symptom(worst, ""), judgement.Symptom(state, "")))
         drain = drains.get(gpu.uuid)
         rows.append((gpu, state, findings, drain))
     if args.json:
@@ -152,7 +152,7 @@ def _watch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from gpuwarden.healthwatch import HealthWatch, settings_from_config
+    from gpuwarden.health.watch import HealthWatch, settings_from_config
 
     settings = settings_from_config(policy=args.policy)
     stop = threading.Event()

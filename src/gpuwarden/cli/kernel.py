@@ -41,7 +41,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden import kernelspec
+    from gpuwarden.jupyter import kernelspec
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
     if args.action == "uninstall":

@@ -24,8 +24,8 @@ def register(commands: Commands, name: str) -> None:
 
 
 def local(args: argparse.Namespace) -> int:
-    from gpuwarden import joboutput
     from gpuwarden.cli.jobtables import job_ids
+    from gpuwarden.jobs import output
     from gpuwarden.queueclient.client import require
 
     (job,) = job_ids([args.id])
@@ -39,7 +39,7 @@ def local(args: argparse.Namespace) -> int:
             return state not in ("PENDING", "STARTING", "RUNNING")
 
         try:
-            code = joboutput.show(reply["output"], reply["uid"], ended, args.follow, f"job {job}")
+            code = output.show(reply["output"], reply["uid"], ended, args.follow, f"job {job}")
         except UserError:  # no output file: a job that never started says why below
             if not client.call("logs", job=job).get("error"):
                 raise

@@ -70,9 +70,11 @@ def _quote(value: str) -> str:
 
 
 def reserve(args: argparse.Namespace) -> int:
-    from gpuwarden import jobs, launch
     from gpuwarden.cli.filters import request_of
     from gpuwarden.cli.waiting import take
+    from gpuwarden.jobs import launch
+    from gpuwarden.jobs.holder import hold_in_background
+    from gpuwarden.jobs.path import MachineReader, allowed
 
     args.cpu = False
     conf, request = request_of(args)
@@ -97,15 +99,13 @@ def reserve(args: argparse.Namespace) -> int:
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
-    machine = jobs.MachineReader(topology=request.gpu_count > 1)
-    allowed = jobs.allowed(machine.first)
-    held = take(
-        "reserve", conf, request, machine, allowed, RESERVATION_PREFIX + os.urandom(4).hex()
-    )
+    machine = MachineReader(topology=request.gpu_count > 1)
+    scope = allowed(machine.first)
+    held = take("reserve", conf, request, machine, scope, RESERVATION_PREFIX + os.urandom(4).hex())
     what = COMMAND + (f" --for {args.duration}" if args.duration else "")
     sys.stdout.flush()  # the holder is a fork: nothing buffered may be written twice
     sys.stderr.flush()
-    pid = jobs.hold_in_background(held, what, expires=until, seconds=seconds)
+    pid = hold_in_background(held, what, expires=until, seconds=seconds)
     use_uuid = conf.get("run.id_format") == "uuid"
     env = launch.job_env({}, held.gpus, use_uuid=use_uuid, mem=held.mem)
     env["GPUWARDEN_RESERVATION"] = held.job

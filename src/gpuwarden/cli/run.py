@@ -56,13 +56,13 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, conf: Any) -> int:
-    from gpuwarden import jobs
-    from gpuwarden.launch import export_value
+    from gpuwarden.jobs.allocation import choose_now, waiting_count
+    from gpuwarden.jobs.launch import export_value
     from gpuwarden.leases import EXIT_BUSY
     from gpuwarden.mig import devices, label
 
-    choice = jobs.choose_now(snapshot, request, allowed, conf)
-    waiting = jobs.waiting_count(conf)
+    choice = choose_now(snapshot, request, allowed, conf)
+    waiting = waiting_count(conf)
     use_uuid = conf.get("run.id_format") == "uuid"
     by_uuid = {g.uuid: g for g in devices(snapshot)}
     if choice.ok:
@@ -82,7 +82,7 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, conf: Any) 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse the options into `jobpath.start`, which decides everything; print a dry
+    """Parse the options into `jobs.path.start`, which decides everything; print a dry
     run's plan, or wait for the job and free what it held."""
     if args.slurm:
         from gpuwarden.cli.slurmjobs import run_attached
@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
             "no command given: put it after --, e.g. `gpuwarden run -g 1 -- python train.py`"
         )
     conf, request = filters.request_of(args)
-    from gpuwarden import jobpath
+    from gpuwarden.jobs.path import HeldJob, start
 
     def taking(machine: Any, allowed: Any) -> Any:
         from gpuwarden.cli.waiting import take  # the direct path only
 
         return take(args.command, conf, request, machine, allowed)
 
-    outcome = jobpath.start(
+    outcome = start(
         request,
         cmd,
         conf,
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         warning=lambda: filters.warning_of(args),
         take=taking,
     )
-    if isinstance(outcome, jobpath.HeldJob):
+    if isinstance(outcome, HeldJob):
         return outcome.wait()
     if outcome.snapshot is None:
         print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")

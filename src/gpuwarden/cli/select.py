@@ -82,14 +82,14 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config
     from gpuwarden.drain import list_drains
     from gpuwarden.errors import UserError
+    from gpuwarden.health.xidlog import judged
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.jobs import allowed
-    from gpuwarden.launch import export_value
+    from gpuwarden.jobs.launch import export_value
+    from gpuwarden.jobs.path import allowed
     from gpuwarden.leases import EXIT_BUSY, list_leases
     from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import Request, choose
     from gpuwarden.units import format_size
-    from gpuwarden.xidlog import judged
 
     cfg = config.load(filters.settings(args))
     mem = filters.mem_of(args)

@@ -33,7 +33,8 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
+def spec_of(args: argparse.Namespace, mem: Any = None, *, attached: bool = False) -> Any:
+    from gpuwarden.cli.filters import warning_of
     from gpuwarden.slurm import batch
 
     for name in NO_SLURM_EQUIVALENT:
@@ -63,6 +64,7 @@ def spec_of(args: argparse.Namespace, mem: Any = None) -> Any:
         partition=args.partition,
         array=getattr(args, "array", None),
         begin=getattr(args, "begin", None),
+        signal=batch.slurm_signal(warning_of(args), ddp=args.ddp, attached=attached),
     )
 
 
@@ -76,13 +78,13 @@ def run_attached(args: argparse.Namespace) -> int:
             "run --mem declares a share of a GPU on this machine; Slurm has no such share "
             "(for host memory use `gpuwarden submit --slurm --mem`)"
         )
-    for name in ("wait", "timeout", "nproc", "signal"):
+    for name in ("wait", "timeout", "nproc"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} applies to this machine's GPUs, not with --slurm")
     if getattr(args, "cpu", False):
         args.count = "0"
     args.name = None
-    spec = spec_of(args)
+    spec = spec_of(args, attached=True)
     argv = batch.srun_argv(spec)
     if args.dry_run:
         import shlex

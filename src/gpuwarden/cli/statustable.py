@@ -31,7 +31,7 @@ class Status:
 
 
 def level(findings: tuple[Any, ...]) -> str:
-    from gpuwarden.health import level as judged
+    from gpuwarden.health.judgement import level as judged
 
     return judged(tuple(findings))
 

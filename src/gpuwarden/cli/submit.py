@@ -94,11 +94,11 @@ def submit_local(args: argparse.Namespace) -> int:
     request = Request.from_config(conf, mem=filters.mem_of(args))
     cmd = command_of(args)
     if args.ddp:
-        from gpuwarden.launch import ddp_argv
+        from gpuwarden.jobs.launch import ddp_argv
 
         cmd = ddp_argv(cmd, request.gpu_count)
     else:  # a container's command line is made when the service has chosen its GPUs
-        from gpuwarden.containers import through_service
+        from gpuwarden.containers.command import through_service
 
         cmd = through_service(cmd, os.environ.get("GPUWARDEN_DEV_DIR"))
     nice = 0
@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--output is empty: name a file, or leave it out for the default")
     if not args.slurm:
         return submit_local(args)
-    for name in ("after", "hold", "nice", "param", "signal", "notify"):
+    for name in ("after", "hold", "nice", "param", "notify"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     if args.array is not None:

@@ -1,21 +1,20 @@
 """Waiting for a lease on the command line: the live status line of `run` and
 `reserve`, and the grant line after a wait. The waiting itself is
-`gpuwarden.allocation`'s; this module only prints it."""
+`gpuwarden.jobs.allocation`'s; this module only prints it."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from gpuwarden import jobs
-from gpuwarden.allocation import describe_request
+from gpuwarden.jobs.allocation import acquire, describe_request
 from gpuwarden.units import format_span
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from gpuwarden.jobs import MachineReader
+    from gpuwarden.jobs.path import MachineReader
     from gpuwarden.leases import Held
 
 
@@ -74,9 +73,9 @@ def take(
     when `run.wait` is set, and a last line saying what was granted after a wait."""
     status = WaitStatus(command, request)
     started = time.monotonic()
-    held = jobs.lease(
+    held = acquire(
         request,
-        machine,
+        snapshot=machine,
         wait=bool(conf.get("run.wait")),
         timeout=conf.get("run.timeout"),
         allowed=allowed,

@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden import config as config_module
     from gpuwarden.cli.serving import until_signalled, warner
     from gpuwarden.errors import UserError
-    from gpuwarden.healthwatch import rules_or_builtin, watch_beside
+    from gpuwarden.health.judgement import rules_in_force
+    from gpuwarden.health.watch import watch_beside
     from gpuwarden.units import parse_listen
     from gpuwarden.web.server import Feed, serve
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     interval = float(config.get("web.interval"))
     if not 0.1 <= interval <= 3600:
         raise UserError(f"web.interval must be between 0.1 and 3600 seconds, got {interval:g}")
-    rules = rules_or_builtin(config, _warn)
+    rules = rules_in_force(config, _warn)
     feed = Feed(
         interval=interval,
         show_commands=bool(config.get("web.show_commands")),

@@ -261,8 +261,8 @@ def families(view: Any) -> list:
 
 def _xid_labels(xid: int) -> dict[str, str]:
     """`err_code` and `err_msg`, as dcgm-exporter labels its last XID: the text is the
-    description in NVIDIA's Xid catalogue (gpuwarden.xids)."""
-    from gpuwarden.xids import XID_CATALOGUE
+    description in NVIDIA's Xid catalogue (gpuwarden.health.xids)."""
+    from gpuwarden.health.xids import XID_CATALOGUE
 
     known = XID_CATALOGUE.get(xid)
     text = "No Error" if xid == 0 else known.description if known else "Unknown Error"

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from gpuwarden.exporter.dcgm import families as dcgm_families
 from gpuwarden.exporter.dcgm import mig_slot
 from gpuwarden.exporter.queue import families as queue_families
-from gpuwarden.health import DEFAULT_FATAL_XIDS, OK, Symptom, level
+from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS, OK, Symptom, level
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
 

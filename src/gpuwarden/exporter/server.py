@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from gpuwarden.exporter.metrics import IdleTracker, View, families
-from gpuwarden.health import DEFAULT_FATAL_XIDS, Rules
+from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS, Rules
 from gpuwarden.httpserver import HttpServer
 from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
 from gpuwarden.inventory import Snapshot

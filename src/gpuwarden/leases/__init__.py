@@ -19,7 +19,7 @@ queue in the same directory (`gpuwarden.waitline`) and are served first come,
 first served.
 
 The lease directory is checked before use (`gpuwarden.leases.dir`); choosing and
-waiting in line are `gpuwarden.allocation`'s.
+waiting in line are `gpuwarden.jobs.allocation`'s.
 
 Every file in it may have been put there by a hostile user: records are opened
 through `safefiles` (no FIFO, no link, bounded), every field is checked, a held

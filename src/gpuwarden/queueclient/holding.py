@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
-from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.client import Client, _reattach, require
@@ -42,14 +41,23 @@ EXIT_BUSY = 75
 
 @contextmanager
 def hold(
-    fields: dict[str, Any], path: Optional[str], wait: bool, timeout: Optional[float]
+    fields: dict[str, Any],
+    path: Optional[str],
+    wait: bool,
+    timeout: Optional[float],
+    conf: Any = None,
 ) -> Iterator[tuple[int, list[str], tuple[int, int], threading.Event]]:
     """(job id, GPU uuids, descriptors, set when it ended early) of an allocation held
     for the block. Without `wait`, raises UserError (exit 75) when nothing fits now;
     with it, waits up to `timeout` seconds. A child given the descriptors (the
     placeholder's input, then the connection) keeps the allocation until it ends too,
-    as lease descriptors do."""
-    reconnect = float(config.load().get("service.reconnect"))
+    as lease descriptors do. `conf` is the caller's reading of the configuration (None:
+    the one in force), for how long a dropped connection is tried again."""
+    if conf is None:
+        from gpuwarden import config
+
+        conf = config.load()
+    reconnect = float(conf.get("service.reconnect"))
     client = require(path)
     end_r, end_w = os.pipe2(os.O_CLOEXEC)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

@@ -44,7 +44,7 @@ def never_runs(snapshot: Any, wish: protocol.GpuRequest, reading: Any = None) ->
     are free. Drains, XIDs and current use do not count: they pass. The GPUs are judged
     by the health rules of `reading`, the service's configuration (None: the one in
     force, read here)."""
-    from gpuwarden.health import judge_all, rules_in_force
+    from gpuwarden.health.judgement import judge_all, rules_in_force
     from gpuwarden.selection import Request, choose
 
     if wish.count == 0:

@@ -1,14 +1,14 @@
 """A queue service job's cgroups: made by its supervisor, joined by the job before exec.
 
 The service (root) does not move itself: its job's supervisor makes `svc-<hash>/job-<id>`
-below the service's own cgroups and writes the device rules (`gpuwarden.cgroups`),
+below the service's own cgroups and writes the device rules (`gpuwarden.cgroups.devices`),
 and the job's child joins it before it drops to its owner and execs, so the job
 and every descendant are confined from their first instruction while the
 supervisor stays outside (it must outlive the job to record its status). The
 name is the journal's id, so a restarted service finds the cgroups of the jobs it
 re-adopts, and removes those of jobs that ended while it was down. The same
 cgroups are where a cancel or a time limit reaches every process of the job
-(`gpuwarden.accounting.signal_dirs`) and where its CPU and memory are read.
+(`gpuwarden.cgroups.accounting.signal_dirs`) and where its CPU and memory are read.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import contextlib
 import os
 import re
 
-from gpuwarden.cgroups import (
+from gpuwarden.cgroups.devices import (
     DEVICES,
     CgroupError,
-    _job_dirs,
-    _remove,
     detect,
-    device_rules,
+    dirs_for,
+    fence,
     move_in,
+    remove_cgroup,
     remove_dirs,
 )
 
@@ -64,7 +64,7 @@ def job_dirs(
     if mode == "none":
         return {}
     try:
-        dirs, _ = _job_dirs(job_name(scope, job), mode)
+        dirs, _ = dirs_for(job_name(scope, job), mode)
     except OSError:
         return {}
     if existing:
@@ -97,20 +97,10 @@ def make_job(
         for controller, path in dirs.items():
             os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
-                _remove(path)  # left by a try that never started: its rules may differ
+                remove_cgroup(path)  # left by a try that never started: its rules may differ
             os.mkdir(path, 0o755)
             made[controller] = path
-        if "devices" in made:
-            fd = os.open(os.path.join(made["devices"], "devices.deny"), os.O_WRONLY)
-            try:
-                for rule in device_rules(leased, present, caps):
-                    os.write(fd, rule.encode())
-            finally:
-                os.close(fd)
-        else:
-            from gpuwarden import devbpf
-
-            devbpf.confine(made[""], leased, caps)
+        fence(made, leased, present, caps)
     except OSError as err:
         remove_job(made)
         raise CgroupError(f"cannot make the job's device cgroup: {err.strerror}") from None
@@ -140,7 +130,7 @@ def service_jobs(scope: str, mode: Optional[str] = None) -> dict[str, dict[str, 
     if mode == "none":
         return {}
     try:
-        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
+        dirs, _ = dirs_for(job_name(scope, "0"), mode)
     except OSError:
         return {}
     found: dict[str, dict[str, str]] = {}
@@ -165,7 +155,7 @@ def remove_scope(scope: str) -> None:
     if mode == "none":
         return
     try:
-        dirs, _ = _job_dirs(job_name(scope, "0"), mode)
+        dirs, _ = dirs_for(job_name(scope, "0"), mode)
     except OSError:
         return
     for path in dirs.values():

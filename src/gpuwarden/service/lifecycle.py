@@ -160,7 +160,7 @@ class Lifecycle:
         """The job's cgroup directories ({} where the machine or the job has none)."""
         mode = getattr(self, "_cgroup_mode", None)
         if mode is None:
-            from gpuwarden.cgroups import detect
+            from gpuwarden.cgroups.devices import detect
 
             mode = self._cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
@@ -178,7 +178,7 @@ class Lifecycle:
         service.tree). False: nothing of the job was there to signal."""
         dirs = self.job_cgroup(job.id)
         if dirs:
-            from gpuwarden.accounting import signal_dirs
+            from gpuwarden.cgroups.accounting import signal_dirs
 
             if signal_dirs(dirs, sig):
                 return True
@@ -203,7 +203,7 @@ class Lifecycle:
     def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
         its cgroup; one that is not empty yet is removed by a later `sweep_cgroups`."""
-        from gpuwarden.accounting import pids_in, signal_dirs
+        from gpuwarden.cgroups.accounting import pids_in, signal_dirs
         from gpuwarden.service.jobcgroup import remove_job
 
         where = dirs.get("devices", dirs.get(""))
@@ -422,7 +422,7 @@ class Lifecycle:
         dirs = self.job_cgroup(job.id)
         used: dict[str, Any] = {}
         if dirs:
-            from gpuwarden.accounting import usage_of
+            from gpuwarden.cgroups.accounting import usage_of
 
             used = usage_of(dirs)
             self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks

@@ -117,11 +117,12 @@ def inputs(
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`;
     drains, XID logs and health rules as the pass's `reading` of the configuration
     says (None: the configuration in force)."""
-    from gpuwarden import drain, health, leases
+    from gpuwarden import drain, leases
+    from gpuwarden.health.judgement import FATAL
+    from gpuwarden.health.xidlog import judged
     from gpuwarden.locations import state_location
     from gpuwarden.mig import devices
     from gpuwarden.selection import fitting
-    from gpuwarden.xidlog import judged
 
     drains = drain.list_drains(state_location(reading))
     findings = judged(snapshot.gpus, conf=reading)
@@ -134,7 +135,7 @@ def inputs(
             not g.lost
             and own not in drains
             and g.uuid not in drains
-            and not any(f.level == health.FATAL for f in findings.get(own, ()))
+            and not any(f.level == FATAL for f in findings.get(own, ()))
         )
 
     gpus = [scheduling.QueueGpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
@@ -204,11 +205,11 @@ def start_job(
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
     has them), record it RUNNING. `reading`: the pass's configuration (drains, health)."""
-    from gpuwarden import allocation
-    from gpuwarden.cgroups import present_minors
-    from gpuwarden.launch import job_env
+    from gpuwarden.cgroups.devices import present_minors
+    from gpuwarden.cgroups.migcaps import denied_for
+    from gpuwarden.jobs import allocation
+    from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
-    from gpuwarden.migcaps import denied_for
     from gpuwarden.selection import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)

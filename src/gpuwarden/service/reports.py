@@ -18,7 +18,7 @@ def usage_now(service: Any, job_id: int) -> tuple[Optional[float], Optional[int]
     dirs = service.job_cgroup(job_id)
     if not dirs:
         return None, None
-    from gpuwarden.accounting import usage_of
+    from gpuwarden.cgroups.accounting import usage_of
 
     used = usage_of(dirs)
     cpu = used.get("cpu_ns")

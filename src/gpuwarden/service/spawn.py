@@ -340,7 +340,7 @@ def _job_cgroup(launch: JobStart) -> tuple[dict[str, str], Optional[str]]:
     no cgroup, with the reason the job must not run when `devices` is "require"."""
     if launch.minors is None or launch.devices == "off":
         return {}, None
-    from gpuwarden.cgroups import CgroupError, detect
+    from gpuwarden.cgroups.devices import CgroupError, detect
     from gpuwarden.service import jobcgroup
 
     try:

@@ -1,6 +1,6 @@
 """Stand-ins of the driver's MIG capability files, under a directory the simulator owns.
 
-`gpuwarden.migcaps` reads `/proc/devices`, `/proc/driver/nvidia-caps/mig-minors` and
+`gpuwarden.cgroups.migcaps` reads `/proc/devices`, `/proc/driver/nvidia-caps/mig-minors` and
 `/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access` under a root; on
 a simulated machine that root is `<state>.driver/` beside the machine's state file,
 written here from its MIG instances in the driver's own formats:

@@ -19,7 +19,7 @@ from gpuwarden.units import is_digits
 # sbatch and should add little to it (bench/slurm_submit.py); these checks are simple.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Optional
 
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
@@ -85,6 +85,7 @@ class JobSpec(Value):
         ("python", sys.executable),
         ("array", None),
         ("begin", None),
+        ("signal", None),
     )
     if TYPE_CHECKING:
         command: tuple[str, ...]
@@ -102,6 +103,7 @@ class JobSpec(Value):
         python: str
         array: Optional[str]  # sbatch's --array, as given (arrayspec checked it)
         begin: Optional[str]  # sbatch's --begin, as given (begintime checked it)
+        signal: Optional[str]  # Slurm's --signal, as slurm_signal wrote it
 
 
 def slurm_time(value: str) -> str:
@@ -177,7 +179,35 @@ def options(spec: JobSpec) -> list[str]:
         out.append(f"--array={spec.array}")
     if spec.begin:
         out.append(f"--begin={spec.begin}")
+    if spec.signal:
+        out.append(f"--signal={spec.signal}")
     return out
+
+
+#: The most seconds before the limit Slurm's --signal takes (a 16-bit field).
+MAX_SIGNAL_LEAD = 65535
+
+
+def slurm_signal(
+    warning: Optional[Mapping[str, object]], *, ddp: bool, attached: bool
+) -> Optional[str]:
+    """`--signal` (`cli.filters.warning_of`'s reading: number, seconds before, batch-only)
+    in Slurm's form. Slurm signals a job's steps unless told `B:`, the batch script only.
+    The batch script gpuwarden writes `exec`s the command, so without --ddp the command
+    is that script and has no step: `B:` is what reaches it. With --ddp the tasks are
+    srun's step, which Slurm's plain form signals (`B:` reaches srun, which passes the
+    common signals on). `run --slurm` has no batch script: `B:` is refused there."""
+    if warning is None:
+        return None
+    lead = int(warning["before"])  # type: ignore[call-overload]
+    if lead > MAX_SIGNAL_LEAD:
+        raise UserError(
+            f"--signal: {lead} s before the limit; Slurm takes {MAX_SIGNAL_LEAD} at most"
+        )
+    if attached and warning["batch"]:
+        raise UserError("--signal B: names a batch script; `run --slurm` has none (no B: there)")
+    batch_only = warning["batch"] or not (ddp or attached)
+    return f"{'B:' if batch_only else ''}{warning['number']}@{lead}"
 
 
 def launch_argv(spec: JobSpec) -> list[str]:
@@ -243,6 +273,7 @@ def spec_of(
     python: str = sys.executable,
     array: Optional[str] = None,
     begin: Optional[str] = None,
+    signal: Optional[str] = None,
 ) -> JobSpec:
     """The JobSpec for command-line values (strings as typed); every bad value is one
     UserError line here rather than a Slurm error later."""
@@ -282,4 +313,5 @@ def spec_of(
         python=python,
         array=None if array is None else array.strip(),
         begin=None if begin is None else begin.strip(),
+        signal=signal,
     )

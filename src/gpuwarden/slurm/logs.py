@@ -1,5 +1,5 @@
 """A Slurm job's output files, found through `scontrol show job` and read with the care
-gpuwarden.joboutput takes with any file a job's user chose.
+gpuwarden.jobs.output takes with any file a job's user chose.
 
 A batch job has two: `StdOut` and `StdErr` (sbatch's `--output`/`--error`). By default
 they are one file, which already holds both streams merged as the job wrote them;
@@ -15,8 +15,8 @@ import sys
 import time
 from typing import BinaryIO
 
-from gpuwarden import joboutput
 from gpuwarden.errors import UserError
+from gpuwarden.jobs import output
 from gpuwarden.slurm import tools
 from gpuwarden.slurm.states import ENDED, state_word
 from gpuwarden.units import is_digits
@@ -43,7 +43,7 @@ def streams(info: dict[str, str]) -> list[tuple[str, BinaryIO]]:
 
 def _copy(fd: int, to: BinaryIO) -> None:
     while True:
-        data = os.read(fd, joboutput.CHUNK)
+        data = os.read(fd, output.CHUNK)
         if not data:
             to.flush()
             return
@@ -66,7 +66,7 @@ def show(job: str, follow: bool = False) -> int:
             for path, to in files:
                 if path not in fds:
                     try:
-                        fds[path] = joboutput.open_output(path, uid)
+                        fds[path] = output.open_output(path, uid)
                     except FileNotFoundError:
                         continue
                 _copy(fds[path], to)
@@ -79,7 +79,7 @@ def show(job: str, follow: bool = False) -> int:
                     if path in fds:
                         _copy(fds[path], to)
                 return 0
-            time.sleep(joboutput.POLL)
+            time.sleep(output.POLL)
             info = tools.show_job(job)
     finally:
         for fd in fds.values():

@@ -1,6 +1,6 @@
 """Draining this machine's Slurm node when a GPU fails fatally (`slurm.drain_node`).
 
-The health watch (gpuwarden.healthwatch) calls `drain_for_fault` on each new
+The health watch (gpuwarden.health.watch) calls `drain_for_fault` on each new
 fatal finding. Draining lets running jobs finish and starts no new one, the
 same promise a local `gpuwarden drain` makes for one GPU; an admin resumes the
 node with `scontrol update NodeName=... State=RESUME`.

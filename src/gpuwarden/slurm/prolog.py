@@ -216,7 +216,7 @@ def prolog(
     held = _hold(ld, JOB_PREFIX + job, gpus, timeout, waiting=waiting, note=noted, gone=ended(job))
     if held is None:
         return f"Slurm job {job}: ended while its prolog waited; nothing leased"
-    from gpuwarden.jobs import hold_in_background
+    from gpuwarden.jobs.holder import hold_in_background
 
     pid = hold_in_background(held, f"slurm job {job}", expires=None, seconds=None)
     names = ",".join(_name(g) for g in gpus)

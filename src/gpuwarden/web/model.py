@@ -136,7 +136,7 @@ def _gpu(
     show_commands: bool,
     owners: Mapping[str, str],
 ) -> dict[str, Any]:
-    from gpuwarden.health import level
+    from gpuwarden.health.judgement import level
 
     leases = by_gpu.get(g.uuid, [])
     # A MIG slice is what a job is given (gpuwarden.mig): its leases are its own, and a
@@ -275,7 +275,7 @@ def _faults(
     fatal_xids: Optional[Iterable[int]],
 ) -> list[dict]:
     """The most recent XID events, newest first, judged with the XID catalogue."""
-    from gpuwarden.health import DEFAULT_FATAL_XIDS, describe_xid
+    from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS, describe_xid
 
     fatal = DEFAULT_FATAL_XIDS if fatal_xids is None else frozenset(fatal_xids)
 

@@ -125,8 +125,8 @@ class Feed:
 
     def document(self) -> dict[str, Any]:
         """Read everything once and build the API document (also what `--once` prints)."""
-        from gpuwarden.allocation import describe_request
-        from gpuwarden.health import Rules
+        from gpuwarden.health.judgement import Rules
+        from gpuwarden.jobs.allocation import describe_request
         from gpuwarden.machineview import read_view
 
         rules = self.rules or Rules()

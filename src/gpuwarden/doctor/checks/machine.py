@@ -121,19 +121,19 @@ def _sharing(facts: Facts) -> list[Finding]:
 
 
 def _health(facts: Facts) -> list[Finding]:
-    from gpuwarden import health
+    from gpuwarden.health.judgement import FATAL, WARNING, judge
 
     found = []
     for gpu in facts.snapshot.gpus:
         try:
-            verdicts = health.judge(gpu)
+            verdicts = judge(gpu)
         except Exception as exc:
             found.append(
                 Finding("machine.health", INFO, f"{gpu_label(gpu)}: health not judged", str(exc))
             )
             continue
         for v in verdicts:
-            level = {health.FATAL: FAIL, health.WARNING: WARN}.get(v.level)
+            level = {FATAL: FAIL, WARNING: WARN}.get(v.level)
             if level is None:
                 continue
             drained = gpu.uuid in facts.drains

@@ -3,7 +3,8 @@
 `gpuwarden.leases` is the substrate (the directory, the per-GPU locks, their
 records); `gpuwarden.waitline` is the line of waiting requests. This module puts
 them together: `attempt` chooses and takes under the allocation lock, serving the
-earlier waiters first; `acquire` retries it, in line, until granted or out of time.
+earlier waiters first; `acquire` retries it, in line, until granted or out of time;
+`choose_now` says what it would choose, leasing nothing (a dry run, `gpuwarden.select()`).
 See docs/leases.md.
 """
 
@@ -80,9 +81,9 @@ def attempt(
     are, and the health rules (None: the configuration in force, read here).
     """
     from gpuwarden import drain
+    from gpuwarden.health.xidlog import judged
     from gpuwarden.locations import state_location
     from gpuwarden.selection import choose
-    from gpuwarden.xidlog import judged
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
@@ -161,6 +162,32 @@ def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
         waiter.since,
         waiter.request.mem,
     )
+
+
+def choose_now(
+    snapshot: Any, request: Any, allowed: Optional[Collection[str]], conf: Any = None
+) -> Any:
+    """What `acquire` would choose now, leasing nothing: the `selection.Choice` against
+    the leases and drains of this moment (`conf`: the caller's reading of the
+    configuration, None: the one in force)."""
+    from gpuwarden import leases
+    from gpuwarden.drain import list_drains
+    from gpuwarden.health.xidlog import judged
+    from gpuwarden.locations import lease_location, state_location
+    from gpuwarden.selection import choose
+
+    drains = list_drains(state_location(conf))
+    held = leases.list_leases(lease_location(conf))
+    return choose(snapshot, request, held, drains, allowed, judged(snapshot.gpus, conf=conf))
+
+
+def waiting_count(conf: Any = None) -> int:
+    """How many requests wait in line (they are served before a new one)."""
+    from gpuwarden import waitline
+    from gpuwarden.leases.dir import open_dir
+    from gpuwarden.locations import lease_location
+
+    return len(waitline.read_line(open_dir(lease_location(conf))))
 
 
 def describe_request(request: Any) -> str:

@@ -13,7 +13,7 @@ the starting process's own one, `<mount><own>/gpuwarden/<name>`, so whatever
 limits a container or a service already has still bind it. `gpuwarden run`
 moves *itself* into the new cgroup and then spawns the job, which inherits it
 at fork, before it execs: there is no moment in which the job runs
-unconfined, and `posix_spawn` (see `gpuwarden.launch`) needs no hook between
+unconfined, and `posix_spawn` (see `gpuwarden.jobs.launch`) needs no hook between
 fork and exec. The wrapper stays there with its job (it holds the job's lease
 descriptors, it is part of the job) and leaves when the job has ended, so the
 empty cgroup can be removed.
@@ -25,10 +25,10 @@ reads the GPUs and takes the lease, with the cgroup still allowing
 everything; `Isolation.confine()` then writes the rules, which the kernel
 checks at every open. The same cgroups (`cpuacct`, `memory`, where mounted)
 give the job's CPU and memory usage and the list of its processes
-(`gpuwarden.accounting`).
+(`gpuwarden.cgroups.accounting`).
 
 cgroup v2 has no `devices` files: there a BPF_PROG_TYPE_CGROUP_DEVICE program
-(`gpuwarden.devbpf`) attached to the job's cgroup decides, where no v1 `devices`
+(`gpuwarden.cgroups.bpf`) attached to the job's cgroup decides, where no v1 `devices`
 controller is mounted. systemd's `DeviceAllow=` (a transient scope) is not used:
 see docs/enforcement.md.
 """
@@ -86,11 +86,10 @@ def deny_rules(leased: Iterable[int], present: Iterable[int]) -> list[str]:
 def device_rules(leased: Iterable[int], present: Iterable[int], caps: CapsDenied) -> list[str]:
     """Every v1 deny line for a job: other GPUs' nodes, and the caps nodes `caps` names."""
     rules = deny_rules(leased, present)
-    if caps is None:  # no MIG slices: `run` never loads migcaps
-        return rules
-    from gpuwarden.migcaps import deny_rules as caps_rules
-
-    return rules + caps_rules(*caps)
+    if caps is not None:
+        major, minors = caps
+        rules += [f"c {major}:{minor} rwm" for minor in minors]
+    return rules
 
 
 def cgroup_name(pid: int, token: str) -> str:
@@ -193,7 +192,8 @@ def judge(euid: int, mounts: str, proc_cgroup: str, pid1: str) -> tuple[str, str
 # --- reading the machine -------------------------------------------------------------------
 
 
-def _read(path: str, limit: int = 65536) -> str:
+def read_text(path: str, limit: int = 65536) -> str:
+    """A kernel file's text (/proc, a cgroup's), at most `limit` bytes, no link followed."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         return os.read(fd, limit).decode(errors="replace")
@@ -212,12 +212,12 @@ def _write(path: str, text: str) -> None:
 def detect() -> tuple[str, str]:
     """`judge` over this machine and process."""
     try:
-        mounts = _read("/proc/self/mounts", 1 << 20)
-        own = _read("/proc/self/cgroup")
+        mounts = read_text("/proc/self/mounts", 1 << 20)
+        own = read_text("/proc/self/cgroup")
     except OSError as err:
         return "none", f"cannot read /proc: {err.strerror}"
     try:
-        pid1 = _read("/proc/1/comm").strip()
+        pid1 = read_text("/proc/1/comm").strip()
     except OSError:
         pid1 = ""
     return judge(os.geteuid(), mounts, own, pid1)
@@ -304,19 +304,7 @@ class Isolation:
         self.wait()
         if any(m is None for m in minors):
             raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
-        leased = [m for m in minors if m is not None]
-        if "devices" not in self.dirs:
-            from gpuwarden import devbpf
-
-            devbpf.confine(self.dirs[""], leased, caps)  # every GPU minor but these
-            self.confined = True
-            return
-        fd = os.open(os.path.join(self.dirs["devices"], "devices.deny"), os.O_WRONLY)
-        try:
-            for rule in device_rules(leased, present, caps):
-                os.write(fd, rule.encode())  # the kernel takes one rule per write
-        finally:
-            os.close(fd)
+        fence(self.dirs, [m for m in minors if m is not None], present, caps)
         self.confined = True
 
     def close(self) -> bool:
@@ -335,13 +323,33 @@ class Isolation:
         return remove_dirs(self.dirs)
 
 
+def fence(
+    dirs: dict[str, str], leased: list[int], present: Iterable[int], caps: CapsDenied
+) -> None:
+    """Write the device rules of a job leased the GPUs of minors `leased` into its cgroups
+    `dirs`: v1 `devices.deny` lines where the `devices` controller is, else a BPF device
+    program on the v2 cgroup (`gpuwarden.cgroups.bpf`, loaded only there). Raises
+    OSError when the kernel refuses."""
+    if "devices" not in dirs:
+        from gpuwarden.cgroups import bpf
+
+        bpf.confine(dirs[""], leased, caps)  # every GPU minor but these
+        return
+    fd = os.open(os.path.join(dirs["devices"], "devices.deny"), os.O_WRONLY)
+    try:
+        for rule in device_rules(leased, present, caps):
+            os.write(fd, rule.encode())  # the kernel takes one rule per write
+    finally:
+        os.close(fd)
+
+
 def remove_dirs(dirs: dict[str, str]) -> bool:
     """rmdir a job's cgroups (each with the group a `run` inside it made); False when
     one still holds a process (rmdir refuses that, so nothing live is touched)."""
     removed = True
     for path in dirs.values():
         try:
-            _remove(path)
+            remove_cgroup(path)
         except FileNotFoundError:
             pass
         except OSError:
@@ -349,9 +357,11 @@ def remove_dirs(dirs: dict[str, str]) -> bool:
     return removed
 
 
-def _job_dirs(name: str, mode: str) -> tuple[dict[str, str], dict[str, str]]:
-    own = own_paths(_read("/proc/self/cgroup"))
-    mounts_text = _read("/proc/self/mounts", 1 << 20)
+def dirs_for(name: str, mode: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(the job cgroup `name`'s directories, this process's own) by controller, in `mode`:
+    below this process's own cgroups, in `GROUP`. OSError when /proc cannot be read."""
+    own = own_paths(read_text("/proc/self/cgroup"))
+    mounts_text = read_text("/proc/self/mounts", 1 << 20)
     if mode == "cgroup-v2-bpf":
         mount = v2_mount(mounts_text)
         places = {"": mount} if mount is not None else {}
@@ -379,7 +389,7 @@ def prepare(mode: Optional[str] = None) -> Isolation:
             raise CgroupError(f"no device isolation: {why}")
     name = cgroup_name(os.getpid(), os.urandom(3).hex())
     try:
-        dirs, home = _job_dirs(name, mode)
+        dirs, home = dirs_for(name, mode)
     except OSError as err:
         raise CgroupError(f"cannot read this process's cgroups: {err.strerror}") from None
     made: list[str] = []
@@ -427,14 +437,14 @@ def sweep(parent: str) -> list[str]:
         if pid is None or _alive(pid):
             continue
         try:
-            _remove(os.path.join(parent, name))
+            remove_cgroup(os.path.join(parent, name))
         except OSError:  # a process in it after all, or another run removed it first
             continue
         removed.append(name)
     return removed
 
 
-def _remove(path: str) -> None:
+def remove_cgroup(path: str) -> None:
     """rmdir a job cgroup, and first the group a `gpuwarden run` inside the job made in it
     (that run removed its own cgroup, not the shared parent it may not be the last of)."""
     try:
@@ -479,7 +489,7 @@ def confine(cgroup: Isolation, leased: Sequence[Any], gpus: Sequence[Any], setti
     try:
         caps = None
         if any(getattr(g, "mig_mode", False) for g in gpus):  # else run never loads migcaps
-            from gpuwarden.migcaps import denied_for
+            from gpuwarden.cgroups.migcaps import denied_for
 
             caps = denied_for(leased, gpus)
         cgroup.confine([g.minor for g in leased], present_minors(gpus), caps)

@@ -3,7 +3,7 @@
 A kernelspec is a folder `kernels/NAME/` holding `kernel.json`; Jupyter finds it in the
 user's data directory (`~/.local/share/jupyter`), under a `--prefix` (an environment's
 `share/jupyter`) or `--sys-prefix`. Ours starts ipykernel as usual and names the
-gpuwarden provisioner (gpuwarden.provisioner) with the GPU request, so each kernel
+gpuwarden provisioner (gpuwarden.jupyter.provisioner) with the GPU request, so each kernel
 started from it leases its GPUs. Writing it needs no Jupyter installed here: the
 provisioner needs `jupyter_client` where the kernels start (`gpuwarden[jupyter]`).
 """

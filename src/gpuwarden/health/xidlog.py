@@ -38,7 +38,6 @@ from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Any, Optional
 
     # One parsed line of an XID log, as JSON gives it: {"uuid", "xid", "index", "at"}
@@ -85,17 +84,9 @@ def log_name(uid: int, state: Optional[str] = None) -> str:
 
 
 def log_location(uid: Optional[int] = None) -> str:
-    """The log `uid` (default: this process) writes, as a string: `status` reads the
-    logs, and pathlib stays off its start-up path."""
+    """The log `uid` (default: this process) writes, in the configured state directory."""
     state = _state()
     return os.path.join(state, log_name(os.geteuid() if uid is None else uid, state))
-
-
-def xid_log_path() -> Path:
-    """The log this process's health watch writes (`log_location` as a Path)."""
-    from pathlib import Path
-
-    return Path(log_location())
 
 
 def record_xid(
@@ -375,7 +366,7 @@ def judged(
     a fatal XID from is never given to a job. `conf`, the caller's reading of the
     configuration, says where the logs are and, without `rules`, the health rules
     (None: the configuration in force, read here)."""
-    from gpuwarden.health import judge_all, rules_in_force
+    from gpuwarden.health.judgement import judge_all, rules_in_force
 
     if conf is None:
         return judge_all(gpus, xids_seen(), rules)

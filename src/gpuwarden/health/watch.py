@@ -3,8 +3,8 @@
 Two loops run in daemon threads. The event loop blocks in `nvmlEventSetWait`
 (XID critical errors are events, not readable state: a listener that is not
 waiting when one happens never learns of it), writes each XID to the watch's
-own XID log (`gpuwarden.xidlog`) and wakes the poll loop. The poll loop reads a snapshot every
-`health.poll_seconds`, judges every GPU and acts on findings it has not seen
+own XID log (`xidlog`) and wakes the poll loop. The poll loop reads a snapshot
+every `health.poll_seconds`, judges every GPU and acts on findings it has not seen
 before: a fatal one drains the GPU (policy `drain`; `alert` only notifies), and
 every new finding goes to the hook command and/or webhook.
 
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from gpuwarden.alerts import Notifier
+from gpuwarden.alerts import Notifier, warn
 from gpuwarden.errors import UserError
-from gpuwarden.health import (
+from gpuwarden.health.judgement import (
     FATAL,
     Rules,
     Symptom,
@@ -39,19 +39,12 @@ from gpuwarden.health import (
     judge,
     rules_from_config,
 )
+from gpuwarden.health.xidlog import record_xid, xids_seen
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
-from gpuwarden.xidlog import record_xid, xids_seen
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
-
-
-def _warn(message: str) -> None:
-    # Through logging: the CLI sets its format and level once (--log-level).
-    import logging
-
-    logging.getLogger("gpuwarden.health").warning(message)
 
 
 @record
@@ -168,7 +161,7 @@ class HealthWatch:
         read: Optional[Callable[[], Snapshot]] = None,
         nvml: Any = None,
         notifier: Optional[Notifier] = None,
-        log: Callable[[str], None] = _warn,
+        log: Callable[[str], None] = warn,
         on_finding: Optional[Callable[[Gpu, Symptom, dict[str, Any]], None]] = None,
     ) -> None:
         self.settings = settings or WatchSettings()
@@ -412,9 +405,9 @@ class HealthWatch:
         try:
             drain_node(node, f"gpuwarden: GPU {gpu.index}: {reason}")
         except UserError as err:
-            _warn(f"could not drain Slurm node {node}: {err}")
+            warn(f"could not drain Slurm node {node}: {err}")
         else:
-            _warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
+            warn(f"drained Slurm node {node}: GPU {gpu.index}: {reason}")
 
     def _act(self, snapshot: Snapshot, gpu: Gpu, finding: Symptom, drains: dict) -> None:
         drained = False
@@ -441,30 +434,21 @@ class HealthWatch:
         self.notifier.notify(event)
 
 
-def rules_or_builtin(config: object, log: Callable[[str], None]) -> Optional[Rules]:
-    """`health.*` rules from `config`; a bad setting is one line and the built-in rules
-    (None), so a long-running server keeps serving."""
-    try:
-        return rules_from_config(config)
-    except UserError as err:
-        log(f"{err}; using the built-in health rules")
-        return None
-
-
 def watch_beside(
     config: object,
     read: Callable[[], Snapshot],
-    rules: Optional[Rules],
+    rules: Rules,
     log: Callable[[str], None],
     still_on: str,
 ) -> HealthWatch:
     """The health watch a server (exporter, web page) runs beside itself, reading that
     server's own snapshots. A malformed hook or webhook setting costs the notifications
-    (one line saying what is `still_on`), never the server."""
+    (one line saying what is `still_on`), never the server: the watch then judges by
+    `rules`, the server's own (`judgement.rules_in_force(config, log)`)."""
     try:
         settings = settings_from_config(config)
     except UserError as err:
         log(f"{err}; alerts disabled, {still_on} still on")
         policy = str(config.get("health.policy"))  # type: ignore[attr-defined]
-        settings = WatchSettings(policy=policy, rules=rules or Rules())
+        settings = WatchSettings(policy=policy, rules=rules)
     return HealthWatch(settings, read=read, log=log)

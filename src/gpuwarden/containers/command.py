@@ -18,7 +18,7 @@ every GPU or none. So the runtime's own command line is rewritten here, purely:
   processes, whatever happens to the client. Docker's daemon cannot be handed
   descriptors: a small keeper process holds them until the client has ended and then
   `docker wait NAME` says the container has too. (That runtime part, and the job a queue
-  service runs for a container command, are gpuwarden.containerjob.)
+  service runs for a container command, are gpuwarden.containers.runtime.)
 
 Options that would widen what the container sees (`--gpus`, `--privileged`, a GPU
 `--device`, `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` given with `-e`) are refused
@@ -320,7 +320,7 @@ def plan_here(
     and the job's own GPUWARDEN_* variables of `env` passed into the container."""
     if runtime_of(argv) is None:
         return None
-    from gpuwarden.launch import OURS
+    from gpuwarden.jobs.launch import OURS
 
     return plan(
         argv,
@@ -347,7 +347,7 @@ def through_service(argv: Sequence[str], dev: Optional[str] = None) -> list[str]
     return [
         sys.executable,
         "-m",
-        "gpuwarden.containerjob",
+        "gpuwarden.containers.runtime",
         *(["--dev", dev] if dev else []),
         "--",
         *argv,

@@ -1,6 +1,6 @@
 """A job's processes, CPU and memory, and signals to all of it, from its cgroups.
 
-The cgroups `gpuwarden.cgroups` makes for a job hold every process the job
+The cgroups `gpuwarden.cgroups.devices` makes for a job hold every process the job
 started, however it forked, daemonised or left its process group, so they are
 where the job's usage is read and where a cancel or a kill reaches all of it.
 A job is found from any of its processes through the kernel's
@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-from gpuwarden.cgroups import GROUP, _read, own_paths, v1_mounts, v2_mount
+from gpuwarden.cgroups.devices import GROUP, own_paths, read_text, v1_mounts, v2_mount
 from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def pids_in(path: str) -> list[int]:
     """The processes in a cgroup: the job's whole tree, however it forked or daemonised."""
     try:
-        text = _read(os.path.join(path, "cgroup.procs"), 1 << 22)
+        text = read_text(os.path.join(path, "cgroup.procs"), 1 << 22)
     except OSError:
         return []
     return [int(x) for x in text.split() if is_digits(x)]
@@ -31,7 +31,7 @@ def pids_in(path: str) -> list[int]:
 
 def _number(path: str) -> Optional[int]:
     try:
-        text = _read(path).strip()
+        text = read_text(path).strip()
     except OSError:
         return None
     return int(text) if is_digits(text) else None
@@ -49,7 +49,7 @@ def usage_of(dirs: dict[str, str]) -> dict[str, Optional[int]]:
     if "" in dirs:  # cgroup v2
         try:
             stat = dict(
-                line.split() for line in _read(os.path.join(dirs[""], "cpu.stat")).splitlines()
+                line.split() for line in read_text(os.path.join(dirs[""], "cpu.stat")).splitlines()
             )
             out["cpu_ns"] = int(stat["usage_usec"]) * 1000
         except (OSError, KeyError, ValueError):
@@ -63,11 +63,11 @@ def job_cgroups(pid: int) -> dict[str, str]:
     """The gpuwarden job cgroups process `pid` is in (controller -> directory): how a job is
     found from a lease's pid. The kernel's /proc/<pid>/cgroup, not a file anyone wrote."""
     try:
-        own = own_paths(_read(f"/proc/{pid}/cgroup"))
-        mounts = v1_mounts(_read("/proc/self/mounts", 1 << 20))
-        v2 = v2_mount(_read("/proc/self/mounts", 1 << 20))
+        own = own_paths(read_text(f"/proc/{pid}/cgroup"))
+        mounts_text = read_text("/proc/self/mounts", 1 << 20)
     except OSError:
         return {}
+    mounts, v2 = v1_mounts(mounts_text), v2_mount(mounts_text)
     found = {}
     for controller, path in own.items():
         if f"/{GROUP}/" not in path + "/":

@@ -2,7 +2,7 @@
 
 A process uses a MIG slice through its parent GPU's `/dev/nvidiaN` *and* two
 capability nodes, `/dev/nvidia-caps/nvidia-capM`: one for the slice's GPU instance
-and one for its compute instance. Fencing a job to its slice (`gpuwarden.cgroups`)
+and one for its compute instance. Fencing a job to its slice (`gpuwarden.cgroups.devices`)
 therefore denies the capability nodes of every other slice. Their numbers come from
 the driver's own files, never from a guess:
 
@@ -58,11 +58,6 @@ def denied(caps: Caps, keep: Iterable[Slice]) -> tuple[int, ...]:
     for gpu, gi, ci in keep:
         allowed.update({(gpu, gi, None), (gpu, gi, ci)})
     return tuple(sorted({m for node, m in caps.minors.items() if node not in allowed}))
-
-
-def deny_rules(major: int, minors: Iterable[int]) -> list[str]:
-    """The v1 `devices.deny` lines for the nodes `major`:`minors`."""
-    return [f"c {major}:{minor} rwm" for minor in minors]
 
 
 def slices_of(leased: Sequence[Any], gpus: Sequence[Any]) -> list[Slice]:

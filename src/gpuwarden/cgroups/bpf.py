@@ -16,7 +16,7 @@ the leased ones and allows everything else:
     allow: r0 = 1; exit
 
 On a machine with MIG slices, the capability nodes of the slices a job was not given
-(`gpuwarden.migcaps`: major M, minors denied[j]) are denied too: the minor is loaded
+(`gpuwarden.cgroups.migcaps`: major M, minors denied[j]) are denied too: the minor is loaded
 before the majors are compared, `if r3 == M goto caps` comes first, the GPU part
 ends with `goto deny`, and then
 

@@ -1,7 +1,7 @@
 """NVIDIA's Xid catalogue: what each XID means and NVIDIA's recommended actions.
 
 Rows follow NVIDIA's Xid catalogue ("Resolution Bucket" immediate and
-investigatory actions) for Ampere and newer GPUs; `gpuwarden.health` words the
+investigatory actions) for Ampere and newer GPUs; `gpuwarden.health.judgement` words the
 actions (`health.ACTIONS`) and decides what is fatal. Kept apart from the
 judgement because most readings have no XID at all: `status` and `run` judge
 every GPU and load this table only when one is seen.

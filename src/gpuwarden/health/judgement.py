@@ -3,12 +3,12 @@
 The rules are data (`XID_CATALOGUE`, `DEFAULT_FATAL_XIDS`, `Rules`) so an admin
 can change what counts as fatal in config without touching code, and so the
 same judgement serves `gpuwarden health`, `status`, the exporter and the
-automatic drains. The catalogue (`gpuwarden.xids`, loaded when an XID is
+automatic drains. The catalogue (`gpuwarden.health.xids`, loaded when an XID is
 described) follows NVIDIA's Xid catalogue ("Resolution Bucket" immediate and
 investigatory actions) for Ampere and newer GPUs.
 
 XIDs only exist as events: the health watch keeps the ones it heard in the XID
-log, `gpuwarden.xidlog`, which also says whose logs are believed. This module
+log, `gpuwarden.health.xidlog`, which also says whose logs are believed. This module
 reads no state file itself; `judge_all` without XIDs asks the log.
 """
 
@@ -137,7 +137,7 @@ def parse_xids(value: object) -> frozenset[int]:
 
 def describe_xid(xid: int) -> tuple[str, str]:
     """(what it is, what to do) for one XID, from the catalogue."""
-    from gpuwarden.xids import XID_CATALOGUE
+    from gpuwarden.health.xids import XID_CATALOGUE
 
     info = XID_CATALOGUE.get(xid)
     if info is None:
@@ -282,15 +282,18 @@ def rules_from_config(config: object = None) -> Rules:
     return rules
 
 
-def rules_in_force(config: object = None) -> Rules:
+def rules_in_force(config: object = None, log: Optional[Callable[[str], None]] = None) -> Rules:
     """`rules_from_config` of `config` (None: the configuration in force), or the
     built-in rules when a setting is bad: judging a GPU goes on, and the commands that
-    own the setting report it."""
+    own the setting report it. A long-running server passes its `log`, which is told
+    in one line, so the server keeps serving with the built-in rules."""
     from gpuwarden.errors import UserError
 
     try:
         return rules_from_config(config)
-    except UserError:
+    except UserError as err:
+        if log is not None:
+            log(f"{err}; using the built-in health rules")
         return Rules()
 
 
@@ -311,7 +314,7 @@ def judge_all(
     rules: Optional[Rules] = None,
 ) -> dict[str, tuple[Symptom, ...]]:
     """Symptoms per UUID for a whole snapshot, with the XIDs seen per UUID (none when
-    not given: reading the XID log is `gpuwarden.xidlog.judged`'s, one layer up)."""
+    not given: reading the XID log is `gpuwarden.health.xidlog.judged`'s, one layer up)."""
     if xids is None:
         xids = {}
     if rules is None:

@@ -1,15 +1,15 @@
 """Containers under a lease, the runtime part: starting the runtime's client with the
 lease descriptors (numbered from 3 for Podman's --preserve-fds), stopping the container
 on Ctrl-C and SIGTERM, Docker's keeper, and the job the queue service runs for a
-container command (`python -m gpuwarden.containerjob`). The command line itself is
-gpuwarden.containers'; docs/containers.md says why each piece is there.
+container command (`python -m gpuwarden.containers.runtime`). The command line itself is
+gpuwarden.containers.command's; docs/containers.md says why each piece is there.
 """
 
 from __future__ import annotations
 
 import os
 
-from gpuwarden import containers
+from gpuwarden.containers import command
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Optional
 
-    from gpuwarden.containers import Plan
+    from gpuwarden.containers.command import Plan
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -61,7 +61,7 @@ class Stopper:
 def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
     """Start the runtime's client as the job: the lease descriptors inherited, and with
     Podman also numbered from 3 for --preserve-fds; signals also stop the container."""
-    from gpuwarden import launch
+    from gpuwarden.jobs import launch
 
     full = {**env, **plan.env}
     job = launch.start(plan.argv, full, fds, numbered=fds if plan.preserve else ())
@@ -178,7 +178,7 @@ def lease_fds(uuids: Sequence[str], job: str, fd_dir: str = "/proc/self/fd") -> 
 
 
 def main(args: Sequence[str]) -> int:
-    """`python -m gpuwarden.containers [--dev DIR] -- CMD...`, run by the queue service as
+    """`python -m gpuwarden.containers.runtime [--dev DIR] -- CMD...`, run by the queue service as
     the job: the GPUs, job id and lease descriptors are the service's (GPUWARDEN_GPUS,
     GPUWARDEN_GPU_INDICES, GPUWARDEN_JOB, inherited), the rest as `gpuwarden run` does."""
     import sys
@@ -205,7 +205,7 @@ def main(args: Sequence[str]) -> int:
         fds = lease_fds(uuids, job)
         # A service's job ids start at 1 again: the pid keeps the container's name new.
         name = f"gpuwarden-{job}-{os.getpid()}"
-        found = containers.plan_here(args, gpus, job, len(fds), env, dev, name)
+        found = command.plan_here(args, gpus, job, len(fds), env, dev, name)
         if found is None:
             raise UserError(f"not a container command: {' '.join(args[:2])}")
         job = start(found, env, fds)

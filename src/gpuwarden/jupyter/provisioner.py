@@ -64,28 +64,29 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the lease --------------------------------------------------------------------
 
-    def _fields(self) -> dict[str, Any]:
-        """gpuwarden.lease()'s arguments from the kernelspec, checked."""
+    def _request(self) -> tuple[Any, Any]:
+        """gpuwarden.lease()'s arguments from the kernelspec, checked: (the reading of the
+        configuration with them, the request), read once for each start of a kernel."""
         from gpuwarden.api import _request
         from gpuwarden.errors import UserError
 
         unknown = sorted(set(self.request) - set(REQUEST_KEYS))
         if unknown:
             raise UserError(f"gpuwarden kernel: unknown request field(s): {', '.join(unknown)}")
-        fields = {k: self.request.get(k) for k in REQUEST_KEYS}
-        if _request(*fields.values()).count == 0:
+        conf, request = _request(*(self.request.get(k) for k in REQUEST_KEYS))
+        if request.count == 0:
             raise UserError("gpuwarden kernel: n=0 asks for no GPU")
-        return fields
+        return conf, request
 
     def _timeout(self) -> Optional[float]:
         return None if self.wait_timeout is None else float(self.wait_timeout)
 
-    def _lease(self, base: dict[str, str]) -> None:
-        from gpuwarden import jobs
-        from gpuwarden.api import _reader, _request
-        from gpuwarden.launch import job_env
+    def _lease(self, base: dict[str, str], conf: Any, request: Any) -> None:
+        from gpuwarden.api import _reader
+        from gpuwarden.jobs.allocation import acquire
+        from gpuwarden.jobs.launch import job_env
+        from gpuwarden.jobs.path import allowed
 
-        request = _request(*self._fields().values())
         read = _reader(None, topology=request.gpu_count > 1)
         first = read()
         pending = [first]
@@ -93,12 +94,13 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         def machine() -> Any:
             return pending.pop() if pending else read()
 
-        held = jobs.lease(
+        held = acquire(
             request,
-            machine,
+            snapshot=machine,
             wait=self.wait_for_gpus,
             timeout=self._timeout(),
-            allowed=jobs.allowed(first, base),
+            allowed=allowed(first, base),
+            conf=conf,
         )
         try:
             env = job_env({}, held.gpus, use_uuid=self.uuid, job=held.job, mem=held.mem)
@@ -128,27 +130,19 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the provisioner's steps ------------------------------------------------------
 
-    def _service(self) -> Optional[str]:
+    def _service(self, conf: Any) -> Optional[str]:
         """The queue service's socket when one runs here (it owns the lease directory)."""
-        from gpuwarden.config import load
-
-        socket = load().get("service.socket")
+        socket = conf.get("service.socket")
         return socket if os.path.exists(socket) else None
 
-    def _allocate(self, base: dict[str, str]) -> None:
+    def _allocate(self, base: dict[str, str], conf: Any, request: Any) -> None:
         """The GPUs held through the queue service for the kernel's life (until
         `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
-        from gpuwarden.api import hold
+        from gpuwarden.api import _hold
 
         stack = contextlib.ExitStack()
         leased = stack.enter_context(
-            hold(
-                **self._fields(),
-                wait=self.wait_for_gpus,
-                timeout=self._timeout(),
-                uuid=self.uuid,
-                environ=base,
-            )
+            _hold(conf, request, self.wait_for_gpus, self._timeout(), self.uuid, base)
         )
         allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)
         self._held, self._vars = allocation, dict(leased.vars)
@@ -176,14 +170,15 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
-        from gpuwarden.launch import OURS
+        from gpuwarden.jobs.launch import OURS
 
         env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in OURS}
         with self._lock:
             fresh = self._held is None
         if fresh:
-            self._through_service = self._service() is not None
-            (self._allocate if self._through_service else self._lease)(env)
+            conf, request = self._request()
+            self._through_service = self._service(conf) is not None
+            (self._allocate if self._through_service else self._lease)(env, conf, request)
         env.update(self._vars)
         kwargs["env"] = env
         kwargs["pass_fds"] = tuple(self._held.fds)

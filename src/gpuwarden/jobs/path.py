@@ -1,26 +1,37 @@
-"""The job path: every decision between a request and a running job, made once.
+"""The one path from a request to a running job and back, every decision on it made once.
+
+    request -> read the machine -> choose -> lease -> launch -> publish -> ... -> release
 
 `gpuwarden run` parses its options into `start` and prints what comes back;
-`gpuwarden.lease()` asks `service_socket` the same question of service or direct.
-`start` decides: the CPU (-g 0, or no driver and no GPU asked for), the queue
-service (it leases and starts the job on our terminal), an enclosing lease (a
-`reserve` shell, a `run` job), or this process leasing (`jobs`), with the device
-cgroup, the DDP ranks and environment, and containers on the way.
+`gpuwarden reserve`, `gpuwarden.lease()`, the kernel provisioner and the queue
+service take their GPUs through the same steps (`gpuwarden.lease()` asks
+`service_socket` the same question of service or direct). `start` decides: the
+CPU (-g 0, or no driver and no GPU asked for), the queue service (it leases and
+starts the job on our terminal), an enclosing lease (a `reserve` shell, a `run`
+job), or this process leasing, with the device cgroup, the DDP ranks and
+environment, and containers on the way.
+
+The order that keeps leases honest is written once: the lease record is prepared
+before the job starts (a full disk fails before anything runs), a job never runs
+under a lease others cannot see (it is killed if publishing fails), and every
+failure on the way releases what was taken. Choosing is `selection`, waiting in
+line `jobs.allocation`, the locks `leases`, the child process `jobs.launch`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # annotations only: the run path does not import typing
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Mapping, Sequence
     from typing import Any, Optional
 
-    from gpuwarden.jobs import MachineReader
+    from gpuwarden.jobs.launch import StartedJob
     from gpuwarden.leases import Held
 
 
@@ -33,6 +44,127 @@ def service_socket(conf: Any, environ: Optional[Mapping[str, str]] = None) -> Op
     if not path or "GPUWARDEN_JOB" in env or not os.path.exists(path):
         return None
     return str(path)
+
+
+class MachineReader:
+    """Reads the machine for selection: the first reading is kept for the parent
+    CUDA_VISIBLE_DEVICES check and the first attempt; later attempts read afresh."""
+
+    def __init__(self, topology: bool, read: Optional[Callable[..., Any]] = None) -> None:
+        if read is None:
+            from gpuwarden.inventory import read_snapshot
+
+            def read(**how: Any) -> Any:
+                return read_snapshot(detail=False, **how)  # what the choice decides on
+
+        self._read = read
+        self._topology = topology
+        self.first = read(processes=True, topology=topology)
+        self._fresh = True
+
+    def __call__(self) -> Any:
+        if self._fresh:
+            self._fresh = False
+            return self.first
+        return self._read(processes=True, topology=self._topology)
+
+
+def allowed(snapshot: Any, environ: Optional[Mapping[str, str]] = None) -> Optional[Sequence[str]]:
+    """The GPUs a parent CUDA_VISIBLE_DEVICES leaves to us (None: unset, all of them).
+    The reading side (`visible`) is loaded only when the variable is set."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return None
+    from gpuwarden.visible import allowed_uuids
+
+    return allowed_uuids(snapshot, env)
+
+
+def launch_leased(
+    held: Held,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    command: str,
+    before_start: Optional[Callable[[], None]] = None,
+    start: Optional[Callable[[Sequence[str], Mapping[str, str], Sequence[int]], StartedJob]] = None,
+) -> StartedJob:
+    """Start `argv` holding `held`'s descriptors and publish it as the lease's job.
+
+    The record is prepared first (a full disk fails here, nothing started);
+    `before_start` (a device cgroup, say) runs next; `start` replaces `launch.start` (a
+    container's client, gpuwarden.containers). On any failure the lease is
+    released, and a job that started but could not be published is killed: a job
+    must never run under a lease others cannot see."""
+    from gpuwarden.jobs import launch
+
+    try:
+        held.prepare(command)
+        if before_start is not None:
+            before_start()
+        job = (start or launch.start)(argv, env, held.fds)
+    except BaseException:
+        held.release()
+        raise
+    try:
+        held.publish(job.pid)
+    except BaseException:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+        held.release()
+        raise
+    return job
+
+
+def publish_here(held: Held, command: str) -> None:
+    """Publish `held` as this process's own lease (the Python API's `with` block)."""
+    try:
+        held.publish(os.getpid(), command)
+    except BaseException:
+        held.release()
+        raise
+
+
+def within_enclosing(
+    snapshot: Any,
+    request: Any,
+    allowed: Optional[Collection[str]],
+    environ: Optional[Mapping[str, str]] = None,
+    conf: Any = None,
+) -> Optional[tuple[Any, ...]]:
+    """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), or inside a
+    job started by `gpuwarden run` (GPUWARDEN_JOB), a nested job runs on those GPUs under
+    the enclosing lease instead of waiting for it to end. None when there is no live
+    enclosing lease of ours. `conf`: the caller's reading of the configuration (None:
+    the one in force)."""
+    env = os.environ if environ is None else environ
+    enclosing = [env.get(n) for n in ("GPUWARDEN_RESERVATION", "GPUWARDEN_JOB")]
+    enclosing = [e for e in enclosing if e]
+    if not enclosing:
+        return None
+    from gpuwarden import leases
+    from gpuwarden.drain import list_drains
+    from gpuwarden.health.xidlog import judged
+    from gpuwarden.locations import lease_location, state_location
+    from gpuwarden.paths import user_name
+    from gpuwarden.selection import choose
+
+    held = leases.list_leases(lease_location(conf))
+    me = user_name(os.geteuid())
+    for rid in enclosing:
+        ours = {i.uuid for i in held if i.job == rid and i.user == me}
+        if not ours:
+            continue  # ended or expired: lease normally
+        scope = ours if allowed is None else ours & set(allowed)
+        others = [i for i in held if i.job != rid]
+        drains = list_drains(state_location(conf))
+        choice = choose(snapshot, request, others, drains, scope, judged(snapshot.gpus, conf=conf))
+        if not choice.ok:
+            raise UserError(f"within {rid}: {choice.error}")
+        return choice.gpus
+    return None
 
 
 class DryRun:
@@ -95,8 +227,8 @@ def start(
     the service's socket and reconnection, the device cgroup setting, where leases,
     drains and XID logs are, and the health rules. `warning` reads `--signal` for the
     service (only there: without one it has no meaning); `take` leases on the direct
-    path (default: `lease`, silently; the command line shows its wait); `say` tells why
-    the job runs with no GPU (default: standard error)."""
+    path (default: `allocation.acquire`, silently; the command line shows its wait);
+    `say` tells why the job runs with no GPU (default: standard error)."""
     if say is None:
 
         def say(line: str) -> None:
@@ -104,7 +236,7 @@ def start(
 
     def on_cpu() -> HeldJob | DryRun:
         """Every GPU hidden (CUDA_VISIBLE_DEVICES=""), without a lease."""
-        from gpuwarden import launch
+        from gpuwarden.jobs import launch
 
         if dry_run:
             return DryRun()
@@ -114,7 +246,7 @@ def start(
             env["GPUWARDEN_DDP_BACKEND"] = "gloo"
         return HeldJob(launch.start(argv, env), isolation=isolation)
 
-    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups made one
+    isolation: list[Any] = []  # the job's device cgroup, when gpuwarden.cgroups.devices made one
     try:
         if request.count == 0:
             if request.mem is not None:
@@ -132,11 +264,9 @@ def start(
                 "without them a job runs until it ends"
             )
         # Only the direct path chooses, leases and launches here (not the service's).
-        from gpuwarden.jobs import MachineReader, allowed
-
         devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
         if not dry_run and devices != "off" and (os.geteuid() == 0 or devices == "require"):
-            from gpuwarden.cgroups import isolate
+            from gpuwarden.cgroups.devices import isolate
 
             isolation.extend(isolate(devices))
         machine = MachineReader(topology=request.gpu_count > 1)
@@ -176,13 +306,13 @@ def _through_service(
     """With a queue service on this machine, the service leases the GPUs and starts the
     job, as us and on our terminal (docs/service.md): no user who holds the shared lock
     files can block it, and it takes its turn by priority and fair share."""
-    from gpuwarden import launch
+    from gpuwarden.jobs import launch
     from gpuwarden.queueclient.client import job_fields, run_attached
     from gpuwarden.units import parse_time_limit
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if ddp else list(cmd)
     if not ddp:
-        from gpuwarden.containers import through_service
+        from gpuwarden.containers.command import through_service
 
         argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
     limit = None if time_limit is None else parse_time_limit(time_limit)
@@ -211,8 +341,7 @@ def _direct(
     isolation: list[Any],
 ) -> HeldJob:
     """This process chooses, leases and launches (no queue service)."""
-    from gpuwarden import launch
-    from gpuwarden.jobs import launch_leased, lease, within_enclosing
+    from gpuwarden.jobs import launch
 
     use_uuid = conf.get("run.id_format") == "uuid"
     backend = {"GPUWARDEN_DDP_BACKEND": "nccl"} if ddp else {}
@@ -226,14 +355,16 @@ def _direct(
         env.update(backend)
         inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in
-            from gpuwarden.containerjob import start as start_container
+            from gpuwarden.containers.runtime import start as start_container
 
             return HeldJob(start_container(inner, env, ()), isolation=isolation)
         return HeldJob(launch.start(argv, env), isolation=isolation)
     if take is None:
-        held = lease(
+        from gpuwarden.jobs.allocation import acquire
+
+        held = acquire(
             request,
-            machine,
+            snapshot=machine,
             wait=bool(conf.get("run.wait")),
             timeout=conf.get("run.timeout"),
             allowed=scope,
@@ -261,14 +392,14 @@ def _direct(
     def confine() -> None:
         if not started.isolation:
             return
-        from gpuwarden.cgroups import confine
+        from gpuwarden.cgroups.devices import confine
 
         for cgroup in started.isolation:
             confine(cgroup, held.gpus, machine.first.gpus, devices)
 
     starter = None
     if container is not None:
-        from gpuwarden.containerjob import start as start_container
+        from gpuwarden.containers.runtime import start as start_container
 
         argv = container.argv
 
@@ -282,7 +413,7 @@ def _direct(
 def _container(argv: list[str], gpus: Any, job: Any, fds: Any, env: dict[str, str]) -> Any:
     """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
     (docs/containers.md), or None when `argv` starts no container."""
-    from gpuwarden.containers import plan_here
+    from gpuwarden.containers.command import plan_here
 
     dev = os.environ.get("GPUWARDEN_DEV_DIR", "/dev")
     return plan_here(argv, gpus, job, len(fds), env, dev)

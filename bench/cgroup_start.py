@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from run_overhead import BIN, environment, once
 
-from gpuwarden.cgroups import devices
+from gpuwarden.cgroups import devices, hierarchy
 
 
 def critical_path(rounds: int) -> list[float]:
@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     if mode != "cgroup-v1":
         print(f"no device isolation here ({why}): nothing to measure")
         return 1

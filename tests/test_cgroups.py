@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import require
-from gpuwarden.cgroups import accounting, devices
+from gpuwarden.cgroups import accounting, devices, hierarchy
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import read_snapshot
 from gpuwarden.sim import Machine, specs
@@ -64,10 +64,10 @@ OWN = "5:devices:/\n3:cpu,cpuacct:/user.slice\n0::/\n"
 
 
 def test_parsing_mounts_and_own_cgroups() -> None:
-    assert devices.v1_mounts(MOUNTS_V1)["devices"] == "/sys/fs/cgroup/devices"
-    assert devices.v1_mounts(MOUNTS_V1)["cpuacct"] == "/sys/fs/cgroup/cpu,cpuacct"
-    assert devices.v2_mount(MOUNTS_V2) == "/sys/fs/cgroup"
-    assert devices.own_paths(OWN) == {
+    assert hierarchy.v1_mounts(MOUNTS_V1)["devices"] == "/sys/fs/cgroup/devices"
+    assert hierarchy.v1_mounts(MOUNTS_V1)["cpuacct"] == "/sys/fs/cgroup/cpu,cpuacct"
+    assert hierarchy.v2_mount(MOUNTS_V2) == "/sys/fs/cgroup"
+    assert hierarchy.own_paths(OWN) == {
         "devices": "/",
         "cpu": "/user.slice",
         "cpuacct": "/user.slice",
@@ -97,7 +97,7 @@ def test_parsing_mounts_and_own_cgroups() -> None:
     ],
 )
 def test_judge_says_which_enforcement_and_why(euid, mounts, own, pid1, mode, why) -> None:
-    got_mode, got_why = devices.judge(euid, mounts, own, pid1)
+    got_mode, got_why = hierarchy.judge(euid, mounts, own, pid1)
     assert (got_mode, why in got_why) == (mode, True), got_why
 
 
@@ -161,7 +161,7 @@ PROBE = textwrap.dedent("""\
 
 @pytest.fixture
 def nodes(tmp_path: Path, sim) -> Path:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     sim("server-8xa100")
     machine = Machine.open()
@@ -213,7 +213,7 @@ def test_a_job_opens_only_its_gpu_and_its_children_inherit_it(nodes: Path, tmp_p
 
 
 def _job_cgroups() -> list[str]:
-    own = devices.own_paths(Path("/proc/self/cgroup").read_text())["devices"]
+    own = hierarchy.own_paths(Path("/proc/self/cgroup").read_text())["devices"]
     parent = Path("/sys/fs/cgroup/devices") / own.lstrip("/") / "gpuwarden"
     return [p.name for p in parent.iterdir() if p.is_dir()] if parent.exists() else []
 
@@ -244,7 +244,7 @@ def test_enforce_off_leaves_the_job_alone(nodes: Path, tmp_path: Path, monkeypat
 
 
 def test_sweep_removes_only_empty_cgroups_of_dead_wrappers(tmp_path: Path) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     parent = Path("/sys/fs/cgroup/devices") / f"gpuwarden-test-{os.getpid()}"
     parent.mkdir()
@@ -273,7 +273,7 @@ def test_sweep_removes_only_empty_cgroups_of_dead_wrappers(tmp_path: Path) -> No
 
 
 def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     script = textwrap.dedent("""\
         import json, os, sys
@@ -307,7 +307,7 @@ def test_usage_and_processes_of_a_job(tmp_path: Path) -> None:
 
 
 def test_signal_job_reaches_every_process_of_the_job(tmp_path: Path) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     # A job whose child double-forks away (a daemon) is still found through its cgroup.
     script = textwrap.dedent("""\

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import require
-from gpuwarden.cgroups import bpf, devices
+from gpuwarden.cgroups import bpf, hierarchy
 from gpuwarden.sim.driverfiles import free_major
 from repo import SRC
 
@@ -111,7 +111,7 @@ def test_the_program_bytes() -> None:
 def test_a_v2_job_cgroup_denies_other_gpus_for_real(tmp_path: Path) -> None:
     mounts = Path("/proc/self/mounts").read_text()
     require(
-        os.geteuid() == 0 and devices.v2_mount(mounts) is not None,
+        os.geteuid() == 0 and hierarchy.v2_mount(mounts) is not None,
         "needs root and a cgroup v2 hierarchy (for a BPF device program)",
     )
     where = tmp_path / "dev"

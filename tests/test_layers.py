@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # a job's cgroups: its devices, MIG slices' nodes, what it uses; the package
             # imports nothing
             "cgroups",
+            "cgroups.hierarchy",
             "cgroups.devices",
             "cgroups.bpf",
             "cgroups.migcaps",

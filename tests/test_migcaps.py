@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from components import require
-from gpuwarden.cgroups import devices, migcaps
+from gpuwarden.cgroups import devices, hierarchy, migcaps
 from gpuwarden.inventory import Gpu, read_snapshot
 from gpuwarden.sim import driverfiles
 from repo import SRC
@@ -121,7 +121,7 @@ def _verdicts(a100: Gpu, mine: Any) -> dict[str, str]:
 def test_a_job_on_one_slice_is_denied_the_other_slices_caps(
     tmp_path: Path, sim: Any, cli: Any
 ) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     sim("mixed")
     dev, a100, _ = _nodes(tmp_path)
@@ -148,7 +148,7 @@ def mixed_service(
 def test_a_service_job_on_one_slice_is_denied_the_other_slices_caps(
     mixed_service: Server, open_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     monkeypatch.setenv("GPUWARDEN_SIM", "mixed")
     dev, a100, _ = _nodes(open_dir)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from components import require
-from gpuwarden.cgroups import devices
+from gpuwarden.cgroups import hierarchy
 from servicetools import SPEC, USER_PY, Server, cli_as, submit
 from users import make_user
 from waiting import wait_for
@@ -53,7 +53,7 @@ PROBE = textwrap.dedent("""\
 
 @pytest.fixture
 def nodes(server: Server) -> Path:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     where = server.work.parent / "dev"
     where.mkdir()
@@ -126,7 +126,7 @@ def _gone(pid: int) -> bool:
 def test_cancel_and_time_limits_reach_a_child_that_left_the_group(
     server: Server, how: str, child: str
 ) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode != "none", f"no job cgroups here ({why})")
     alice = make_user("alice", ("lab",))
     pidfile = server.work / f"escaped-{how.replace(' ', '-')}"
@@ -148,10 +148,10 @@ def test_cancel_and_time_limits_reach_a_child_that_left_the_group(
 
 
 def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no job cgroups here ({why})")
     mounts = Path("/proc/self/mounts").read_text()
-    require("cpuacct" in devices.v1_mounts(mounts), "no cpuacct controller mounted")
+    require("cpuacct" in hierarchy.v1_mounts(mounts), "no cpuacct controller mounted")
     alice = make_user("alice", ("lab",))
     flag = server.work / "burned"
     burn = (
@@ -177,7 +177,7 @@ def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
 
 
 def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Server) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode != "none", f"no job cgroups here ({why})")
     from gpuwarden.service.jobcgroup import job_dirs, scope_of
 
@@ -360,7 +360,7 @@ def test_appending_as_the_owner_never_follows_their_symlink_as_root(tmp_path: Pa
 
 
 def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_path: Path) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     from acceptance import FAKE_SMI, run_script
 
@@ -388,7 +388,7 @@ def test_the_acceptance_check_of_device_isolation_on_a_simulated_machine(tmp_pat
 
 
 def test_two_services_never_share_or_sweep_each_others_job_cgroups(tmp_path: Path) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     from gpuwarden.service import jobcgroup
 
@@ -409,7 +409,7 @@ def test_two_services_never_share_or_sweep_each_others_job_cgroups(tmp_path: Pat
 def test_a_job_joins_its_cgroup_through_tasks_and_its_children_follow(tmp_path: Path) -> None:
     """The job's child moves its one thread in through v1's `tasks` (the cheap move that
     skips the whole-process lock); what it starts afterwards is in the cgroup too."""
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no device isolation here ({why})")
     from gpuwarden.service import jobcgroup
 
@@ -445,7 +445,7 @@ def test_a_job_joins_its_cgroup_through_tasks_and_its_children_follow(tmp_path: 
 
 
 def test_a_stopped_service_leaves_no_cgroup_directory(server: Server) -> None:
-    mode, why = devices.detect()
+    mode, why = hierarchy.detect()
     require(mode == "cgroup-v1", f"no job cgroups here ({why})")
     from gpuwarden.service import jobcgroup
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 import os
 
-from gpuwarden.cgroups.devices import GROUP, own_paths, read_text, v1_mounts, v2_mount
+from gpuwarden.cgroups.devices import GROUP
+from gpuwarden.cgroups.hierarchy import own_paths, read_text, v1_mounts, v2_mount
 from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False

@@ -85,7 +85,7 @@ class Facts:
     # Whether other users' gpuwarden jobs use the same lease directory (sticky and
     # world-writable, like /var/lib/gpuwarden/leases); None when it could not be told.
     lease_dir_shared: Optional[bool] = None
-    # (mode, why): the device isolation `gpuwarden run` gets here (gpuwarden.cgroups.devices.judge).
+    # (mode, why): the device isolation `gpuwarden run` gets here (cgroups.hierarchy.judge).
     enforcement: Optional[tuple[str, str]] = None
     # What `gpuwarden.queueclient.probe.probe()` found at the service's socket (running,
     # problem, versions, who we are to it); None when it was not asked.
@@ -429,7 +429,7 @@ def read_containers(toolkit: str = TOOLKIT_CONFIG) -> dict[str, Any]:
 
 
 def read_enforcement() -> Optional[tuple[str, str]]:
-    from gpuwarden.cgroups.devices import detect
+    from gpuwarden.cgroups.hierarchy import detect
     from gpuwarden.config import load
 
     try:

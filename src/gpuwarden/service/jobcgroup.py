@@ -20,13 +20,13 @@ import re
 from gpuwarden.cgroups.devices import (
     DEVICES,
     CgroupError,
-    detect,
     dirs_for,
     fence,
     move_in,
     remove_cgroup,
     remove_dirs,
 )
+from gpuwarden.cgroups.hierarchy import detect
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -160,7 +160,7 @@ class Lifecycle:
         """The job's cgroup directories ({} where the machine or the job has none)."""
         mode = getattr(self, "_cgroup_mode", None)
         if mode is None:
-            from gpuwarden.cgroups.devices import detect
+            from gpuwarden.cgroups.hierarchy import detect
 
             mode = self._cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":

@@ -340,7 +340,8 @@ def _job_cgroup(launch: JobStart) -> tuple[dict[str, str], Optional[str]]:
     no cgroup, with the reason the job must not run when `devices` is "require"."""
     if launch.minors is None or launch.devices == "off":
         return {}, None
-    from gpuwarden.cgroups.devices import CgroupError, detect
+    from gpuwarden.cgroups.devices import CgroupError
+    from gpuwarden.cgroups.hierarchy import detect
     from gpuwarden.service import jobcgroup
 
     try:

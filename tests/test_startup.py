@@ -37,7 +37,7 @@ raise SystemExit(main())
 CTYPES_BRINGS_THREADING = sys.version_info >= (3, 14)
 UNNEEDED = (
     *("pathlib", "urllib.parse", "ipaddress", "typing", "tomllib", "psutil", "torch"),
-    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging", "gettext"),
+    *("ctypes.util", "subprocess", "tempfile", "shutil", "shtab", "logging"),
     *(() if CTYPES_BRINGS_THREADING else ("threading",)),
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
     "gpuwarden.sim.machine",  # the simulator's steering side: no NVML client reads it
@@ -222,13 +222,16 @@ gc.collect()
 assert all(ref() is None for ref in before), "the caller's garbage was never freed"
 made = [n for n, m in sys.modules.items() if n != "__main__" and getattr(m, "__spec__", 0) is None]
 assert not made, made  # every module left is one the import system made
+import argparse, gettext  # argparse translates its words as it would without gpuwarden
+assert getattr(argparse, "_", gettext.gettext) is gettext.gettext
+assert getattr(argparse, "ngettext", gettext.ngettext) is gettext.ngettext
 print("ok")
 """
 
 
 def test_the_command_line_changes_no_interpreter_wide_state() -> None:
     """Importing and calling `gpuwarden.cli` from a program (a test runner, a notebook)
-    leaves its collector, its frozen objects and its modules as they were."""
+    leaves its collector, its frozen objects, its modules and argparse as they were."""
     out = run_script(NO_INTERPRETER_STATE)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
@@ -308,51 +311,6 @@ assert stand_in.deepcopy([[1]]) == [[1]]  # the real function, not endless recur
 assert sys.modules["copy"] is not stand_in and sys.modules["copy"].__file__.endswith("copy.py")
 print("ok")
 """
-
-
-ARGPARSE_LOAD = """
-import sys
-from gpuwarden import cli
-assert "gettext" not in sys.modules and "locale" not in sys.modules, "loaded"
-parser = cli.argparse.ArgumentParser(prog="p")
-parser.add_argument("--n", type=int, required=True)
-assert "options:" in parser.format_help() or "optional arguments:" in parser.format_help()
-assert cli.argparse.ngettext("a", "b", 1) == "a" and cli.argparse.ngettext("a", "b", 2) == "b"
-import gettext
-assert hasattr(gettext, "translation") and "gettext" in sys.modules  # the real one
-try:
-    parser.parse_args([])
-except SystemExit:
-    pass
-"""
-
-
-def test_argparse_loads_without_gettext_and_leaves_no_stand_in() -> None:
-    out = run_script(ARGPARSE_LOAD)
-    assert out.returncode == 0, out.stderr
-    assert (
-        out.stderr.strip()
-        == "usage: p [-h] --n N\np: error: the following arguments are required: --n"
-    )
-
-
-GETTEXT_ASKED_WHILE_LOADING = """
-import sys
-from gpuwarden import lazyimport
-
-stand_in = sys.modules["gettext"] = lazyimport.gettext_stand_in()  # as inside the window
-import gettext  # as a newer argparse might: more of gettext than its two functions
-assert gettext is stand_in and gettext.gettext("x") == "x"
-null = gettext.NullTranslations  # handed over by the real module, loaded now
-assert null.__module__ == "gettext" and sys.modules["gettext"].__file__.endswith("gettext.py")
-print("ok")
-"""
-
-
-def test_more_of_gettext_while_loading_gets_the_real_module() -> None:
-    out = run_script(GETTEXT_ASKED_WHILE_LOADING)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
 
 
 def test_a_stand_in_touched_inside_its_window_loads_the_real_module() -> None:

@@ -1,4 +1,4 @@
-"""Importing `dataclasses` and `argparse` without what they load and gpuwarden never uses.
+"""Importing `dataclasses` without what it loads and gpuwarden never uses.
 
 On Python 3.10 and 3.11 `dataclasses` imports `inspect` (with `ast`, `dis`,
 `tokenize`) and `copy` at the top, but calls them only for a class without a
@@ -13,19 +13,8 @@ it is still in `sys.modules` steps aside before importing the real module, so it
 never finds itself. From Python 3.12 `dataclasses` uses `inspect` for every
 class: nothing is saved there, and nothing is done.
 
-`argparse` takes `gettext` and `ngettext` from `gettext` to translate its own
-words ("usage:", "options", its error messages) through the message catalogs of
-the process's domain. gpuwarden ships no catalog and speaks English only, yet
-every parser built looked the catalogs up again, importing `gettext` and `locale`
-on the way (about 2 ms of every command). While `argparse` executes, `gettext` is
-a stand-in whose two functions return the English text (as gettext's own
-`NullTranslations` does) and which hands any other name to the real module; it
-leaves `sys.modules` right after, so `import gettext` elsewhere gets the real one.
-
-Expiry: the `dataclasses` part goes when Python 3.11 leaves the supported versions
-(pyproject.toml; its upstream end of life is October 2027). The `argparse` part is
-read again for each Python version added to pyproject.toml, and goes when
-`argparse` no longer imports `gettext` when it loads (true of 3.10 to 3.13).
+Expiry: this module goes when Python 3.11 leaves the supported versions
+(pyproject.toml; its upstream end of life is October 2027).
 """
 
 from __future__ import annotations
@@ -69,42 +58,3 @@ def import_dataclasses() -> ModuleType:
             if sys.modules.get(name) is stand_in:
                 del sys.modules[name]
     return dataclasses
-
-
-def _real_gettext(name: str) -> object:
-    """Any `gettext` name but the two argparse takes, from the real module (the stand-in
-    steps out of `sys.modules` first, so it never finds itself). The import system's own
-    questions (`__path__` for `from gettext import ...`) are answered as a plain module's."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    if getattr(sys.modules.get("gettext"), "gpuwarden_stand_in", False):
-        del sys.modules["gettext"]
-    import gettext
-
-    return getattr(gettext, name)
-
-
-def gettext_stand_in() -> ModuleType:
-    """`gettext` while `argparse` imports it: the text as written (NullTranslations')."""
-    stand_in = ModuleType("gettext", "stand-in while argparse loads (gpuwarden)")
-    stand_in.gettext = lambda message: message  # type: ignore[attr-defined]
-    stand_in.ngettext = lambda one, many, n: one if n == 1 else many  # type: ignore[attr-defined]
-    stand_in.__getattr__ = _real_gettext  # type: ignore[method-assign]
-    stand_in.gpuwarden_stand_in = True  # type: ignore[attr-defined]
-    return stand_in
-
-
-def import_argparse() -> ModuleType:
-    """The `argparse` module, imported with its own words untranslated when it is not
-    loaded yet (see the module docstring)."""
-    if "argparse" in sys.modules or "gettext" in sys.modules:
-        import argparse
-
-        return argparse
-    stand_in = sys.modules["gettext"] = gettext_stand_in()
-    try:
-        import argparse
-    finally:
-        if sys.modules.get("gettext") is stand_in:
-            del sys.modules["gettext"]
-    return argparse

@@ -20,22 +20,18 @@ an unexpected exception is still a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 TYPE_CHECKING = False  # the typing module is not needed at run time here
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Sequence
     from types import ModuleType
     from typing import Any
 
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
-else:
-    from gpuwarden.lazyimport import import_argparse
-
-    argparse = import_argparse()  # without gettext: see gpuwarden.lazyimport
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.

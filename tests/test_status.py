@@ -319,3 +319,30 @@ def test_lease_rows_for_shared_expired_and_job_bound_leases():
     ben = for_user(data, "ben")
     assert [g.index for g in ben.machine.snapshot.gpus] == [1] and ben.machine.leases == ()
     assert ben.user == "ben"
+
+
+def test_status_reads_the_configuration_once_and_its_directories_count(
+    sim, tmp_path: Path, monkeypatch
+) -> None:
+    """One reading of the configuration names the lease and state directories and the
+    health rules: a drain in the state directory of the config file shows, and nothing
+    below `collect` reads the configuration again."""
+    from gpuwarden import config, drain
+    from gpuwarden.cli import status
+
+    sim("server-8xa100")
+    state = tmp_path / "its-state"
+    (tmp_path / "xdg" / "gpuwarden").mkdir(parents=True)
+    conf = tmp_path / "xdg" / "gpuwarden" / "config.toml"
+    conf.write_text(f'[state]\ndir = "{state}"\n[lease]\ndir = "{tmp_path / "its-leases"}"\n')
+    monkeypatch.delenv("GPUWARDEN_STATE_DIR", raising=False)
+    monkeypatch.delenv("GPUWARDEN_LEASE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    snapshot_uuid = status.collect().machine.snapshot.gpus[3].uuid
+    drain.drain(snapshot_uuid, "in the config file's state directory", directory=state)
+    readings = []
+    real_load = config.load
+    monkeypatch.setattr(config, "load", lambda *a, **k: readings.append(1) or real_load(*a, **k))
+    data = status.collect()
+    assert len(readings) == 1
+    assert data.machine.drains[snapshot_uuid].reason == "in the config file's state directory"

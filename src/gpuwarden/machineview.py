@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, Optional
 
+    from gpuwarden.config import Config
     from gpuwarden.health.judgement import Rules, Symptom
     from gpuwarden.inventory import Snapshot
     from gpuwarden.leases import LeaseInfo
@@ -49,13 +50,23 @@ def read_view(
     *,
     rules: Optional[Rules] = None,
     previous: Optional[MachineView] = None,
+    config: Optional[Config] = None,
 ) -> MachineView:
     """`snapshot` with its leases, drains, XIDs and findings. `rules` judge the GPUs
-    (None: the configured ones); `previous` supplies what a failing reader could not."""
+    (None: the configured ones); `previous` supplies what a failing reader could not.
+    `config`, a reading of the configuration, names the lease and state directories and
+    the rules, so a command that read it once (`status`) is not read again here."""
     from gpuwarden import drain
     from gpuwarden.health import judgement, xidlog
 
     failed: list[str] = []
+    lease_dir = state_dir = None
+    if config is not None:
+        from gpuwarden.locations import lease_location, state_location
+
+        lease_dir, state_dir = lease_location(config), state_location(config)
+        if rules is None:
+            rules = judgement.rules_in_force(config)
 
     def soft(name: str, part: str, read: Callable[[], Any], empty: Any) -> Any:
         try:
@@ -64,13 +75,13 @@ def read_view(
             failed.append(name)
             return getattr(previous, part) if previous is not None else empty
 
-    leases, lease_error = _leases(previous, failed)
+    leases, lease_error = _leases(previous, failed, lease_dir)
     if leases:
         from gpuwarden.attribution import attribute
 
         snapshot = attribute(snapshot, leases)
-    drains = soft("drains", "drains", lambda: dict(drain.list_drains()), {})
-    events = soft("xids", "xid_events", lambda: tuple(xidlog.xid_events()), ())
+    drains = soft("drains", "drains", lambda: dict(drain.list_drains(state_dir)), {})
+    events = soft("xids", "xid_events", lambda: tuple(xidlog.xid_events(state=state_dir)), ())
     xids = _per_gpu(events)
     return MachineView(
         snapshot=snapshot,
@@ -85,7 +96,7 @@ def read_view(
 
 
 def _leases(
-    previous: Optional[MachineView], failed: list[str]
+    previous: Optional[MachineView], failed: list[str], lease_dir: Optional[str] = None
 ) -> tuple[tuple[Any, ...], Optional[str]]:
     """The leases held, and why they could not be read. A directory we may not list
     leaves no leases; any other failure (a file no reader expected) is counted and
@@ -93,7 +104,7 @@ def _leases(
     from gpuwarden.leases import list_leases
 
     try:
-        return tuple(list_leases()), None
+        return tuple(list_leases(lease_dir)), None
     except OSError as err:
         return (), str(err)
     except Exception as err:

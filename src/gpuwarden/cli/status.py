@@ -184,16 +184,18 @@ def _watch(args: argparse.Namespace) -> int:
 
 def collect() -> Status:
     """Everything status shows, gathered once: the machine view and CUDA's view of it."""
+    from gpuwarden.config import load
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.machineview import read_view
 
+    reading = load()  # once: the lease and state directories and the health rules
     snap = read_snapshot()
     visible = None
     if snap.gpus:
         from gpuwarden.visible import resolve
 
         visible = resolve(snap)
-    return Status(read_view(snap), visible)
+    return Status(read_view(snap, config=reading), visible)
 
 
 def render(data: Status, as_json: bool = False) -> str:

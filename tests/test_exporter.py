@@ -231,7 +231,7 @@ def test_view_cache_labels_xids_with_its_rules(monkeypatch):
     from gpuwarden.health.judgement import Rules
 
     event = {"uuid": "GPU-aaaa", "xid": 13, "at": 1.0}
-    monkeypatch.setattr(xidlog, "xid_events", lambda since=None: [event])
+    monkeypatch.setattr(xidlog, "xid_events", lambda since=None, state=None: [event])
     cache = ViewCache(busy_box, rules=Rules(fatal_xids=frozenset({13})))
     found = samples(render(cache.get()))
     assert value(found, "gpuwarden_gpu_xid_errors_total", xid="13", fatal="true") == 1
@@ -280,13 +280,13 @@ def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monke
 
     calls = []
 
-    def drains():
+    def drains(directory=None):
         calls.append(1)
         if len(calls) > 1:
             raise ValueError("a drain record no reader expected")
         return {}
 
-    def broken_xids(since=None):
+    def broken_xids(since=None, state=None):
         raise TypeError("an XID line of the wrong type")
 
     monkeypatch.setattr(drain, "list_drains", drains)

@@ -166,6 +166,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.attaching",
             "service.attachment",
             "service.connection",
+            "service.core",
             "service.install",
             "service.limiting",
             "service.limits",

@@ -1,6 +1,6 @@
 """`attach`: an attached job's client back after a restart of the service (its side
 is `client.run_attached`; the records that let a restarted service know the client
-are service.attachment). Mixed into `server.Service`.
+are service.attachment). Over the state of service.core.
 """
 
 from __future__ import annotations
@@ -11,29 +11,17 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.service import store
-from gpuwarden.service.attachment import ClientProcess, record_client, shell_status
+from gpuwarden.service.attachment import record_client, shell_status
+from gpuwarden.service.core import Core
 from gpuwarden.service.identity import Person, peer_credentials
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
-    from gpuwarden.service.pacing import Pacer
 
 log = logging.getLogger("gpuwarden.serve")
 
 
-class Attaching:
-    store: store.Store
-    exits: str
-    attached: dict[int, Connection]
-    stdio: dict[int, list[int]]
-    orphans: dict[int, tuple[float, ClientProcess]]
-
-    pacer: Pacer
-
-    if TYPE_CHECKING:  # provided by Service
-
-        def release_stdio(self, job_id: int) -> None: ...
-
+class Attaching(Core):
     def attach(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
         """An attached job's client, back after a restart of the service: it waits on
         this connection again, and its going away ends the job again. A job still

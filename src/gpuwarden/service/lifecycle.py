@@ -5,8 +5,7 @@ a pidfd per supervisor tells when a job ended, also for supervisors adopted afte
 a restart (`recover`); time limits and cancels are SIGTERM, then SIGKILL after the
 grace period, sent to every process in the job's cgroup (service.jobcgroup) so that
 none escapes by leaving its process group, and the cgroup's CPU and peak memory are
-recorded when the job ends. Mixed into `server.Service`, whose attributes it uses (declared
-below for type checkers).
+recorded when the job ends. Over the state of service.core.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import config, scheduling
@@ -32,12 +30,11 @@ from gpuwarden.service import (
     spawn,
     store,
 )
-from gpuwarden.service.notify import JobNotifier
+from gpuwarden.service.attaching import Attaching
+from gpuwarden.service.limiting import Limiting
 from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
-    from gpuwarden.service.pacing import Pacer
-    from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
@@ -45,40 +42,7 @@ log = logging.getLogger("gpuwarden.serve")
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 
 
-class Lifecycle:
-    settings: Settings
-    store: store.Store
-    exits: str
-    selector: selectors.BaseSelector
-    watched: dict[int, int]
-    processes: dict[int, int]  # job id -> pidfd of the job's first process
-    termed: dict[int, float]
-    litter: list[str]  # files of ended jobs, removed after the next start
-    stdio: dict[int, list[int]]  # job id -> an attached client's stdin/out/err
-    notifier: JobNotifier
-    memory: dict[str, int]
-    indices: dict[str, int]
-    pacer: Pacer
-    free: Optional[scheduling.Capacity]
-    read_snapshot: Callable[[], Any]
-    _priorities: dict[int, float]
-    _estimates: dict[int, Optional[float]]
-    _foresight: Optional[tuple[Any, ...]]
-    _foreseen: Optional[dict[int, Optional[float]]]
-    orphans: dict[int, tuple[float, attachment.ClientProcess]]  # attached jobs left by a restart
-    attached: dict[int, Any]
-    reading: Optional[config.Config]  # the configuration as the last pass read it
-
-    if TYPE_CHECKING:  # provided by Service and Requests
-
-        def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
-
-        def release_stdio(self, job_id: int) -> None: ...
-
-        def _is_admin_uid(self, uid: int) -> bool: ...
-
-        def plan_policy(self, jobs: Any) -> scheduling.Policy: ...
-
+class Lifecycle(Attaching, Limiting):
     def recover(self) -> None:
         """Find every job of the journal again after a start, a crash or a `kill -9`.
 
@@ -158,11 +122,11 @@ class Lifecycle:
 
     def job_cgroup(self, job_id: int) -> dict[str, str]:
         """The job's cgroup directories ({} where the machine or the job has none)."""
-        mode = getattr(self, "_cgroup_mode", None)
+        mode = self.cgroup_mode
         if mode is None:
             from gpuwarden.cgroups.hierarchy import detect
 
-            mode = self._cgroup_mode = detect()[0]
+            mode = self.cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
         from gpuwarden.service.jobcgroup import job_dirs, scope_of
@@ -215,17 +179,16 @@ class Lifecycle:
             log.info("job %s: its cgroup is not empty yet; removed later", job_id)
 
     def watcher(self) -> ServiceWatch:
-        watch = getattr(self, "_watcher", None)
-        if watch is None:
+        if self.watch is None:
             from gpuwarden.service.watching import ServiceWatch
 
-            watch = self._watcher = ServiceWatch(self)
-        return watch
+            self.watch = ServiceWatch(self)
+        return self.watch
 
     def sweep_cgroups(self) -> None:
         """Remove the cgroups of jobs no longer running (ended while the service was down,
         or not empty when they ended), with whatever is left in them."""
-        if self.settings.devices == "off" or getattr(self, "_cgroup_mode", "") == "none":
+        if self.settings.devices == "off" or self.cgroup_mode == "none":
             return
         from gpuwarden.service.jobcgroup import scope_of, service_jobs
 
@@ -326,12 +289,12 @@ class Lifecycle:
                 bookings.of(self).current(now), {j.user for j in (*pending, *running)}
             ),
         )
-        self._priorities = {int(d.id): d.priority for d in decisions}
-        self._estimates = {int(d.id): d.estimated_start for d in decisions}
+        self.priorities = {int(d.id): d.priority for d in decisions}
+        self.estimates = {int(d.id): d.estimated_start for d in decisions}
         # Every waiting job's expected start (`queue --start`), worked out when a
         # listing first asks for it after this pass: the plan itself needs none.
-        self._foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
-        self._foreseen = None
+        self.foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
+        self.foreseen = None
         by_id = {j.id: j for j in pending}
         self.free = free = scheduling.Capacity(gpus)
         for run in busy:

@@ -1,7 +1,7 @@
 """The service's side of `[service.limits]` (service.limits has the rules): the
 limits in force for whoever asks, a submit over one refused naming the rule, the
-plan's per-user GPU caps, and `gpuwarden limits`. Admins are bound by none. Mixed
-into `server.Service`.
+plan's per-user GPU caps, and `gpuwarden limits`. Admins are bound by none. Over
+the state of service.core.
 """
 
 from __future__ import annotations
@@ -14,20 +14,18 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
+from gpuwarden.service.core import Core
 from gpuwarden.service.identity import Person, person
 from gpuwarden.service.limits import Limit, refusal
-from gpuwarden.service.store import Job, Store
+from gpuwarden.service.store import Job
 
 if TYPE_CHECKING:
-    from gpuwarden.service.settings import Settings
+    pass
 
 WEEK = 7 * 86400.0
 
 
-class Limiting:
-    settings: Settings
-    store: Store
-
+class Limiting(Core):
     def limits_of(self, who: Person) -> dict[str, Limit]:
         """The limits in force for `who` ({} for an admin: none binds them)."""
         s = self.settings

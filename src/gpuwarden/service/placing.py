@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
 
-    class Service(Protocol):
+    class PlacingService(Protocol):
         """What placing a job needs of the service (`server.Service` has it)."""
 
         settings: Settings
@@ -200,7 +200,11 @@ def inputs(
 
 
 def start_job(
-    service: Service, job: store.Job, uuids: Sequence[str], snapshot: Any, reading: Any = None
+    service: PlacingService,
+    job: store.Job,
+    uuids: Sequence[str],
+    snapshot: Any,
+    reading: Any = None,
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never
@@ -303,12 +307,12 @@ def simulated_machine() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("GPUWARDEN_SIM")}
 
 
-def _stdio(service: Service, job_id: int) -> Optional[tuple[int, int, int]]:
+def _stdio(service: PlacingService, job_id: int) -> Optional[tuple[int, int, int]]:
     fds = service.stdio.get(job_id)
     return None if not fds else (fds[0], fds[1], fds[2])
 
 
-def release_leases(service: Service, job: store.Job) -> None:
+def release_leases(service: PlacingService, job: store.Job) -> None:
     """Remove a finished job's lease records once the kernel has dropped its GPU locks.
 
     The record goes even if someone else holds a lock on the record itself: a user who

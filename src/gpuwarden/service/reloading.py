@@ -9,7 +9,7 @@ key and the policy in force stays. What a running service cannot change (its soc
 journal, lease directory, and the helper that sends webhooks and mail, forked at
 start) is kept, and the log says it changes at the next restart. The log says every
 change (`reload: max_gpus_per_user: 2 -> 4`); the next pass of the plan uses them.
-Mixed into `server.Service`.
+Over the job's life (service.lifecycle), whose enforcement watch takes the new rules.
 """
 
 from __future__ import annotations
@@ -21,37 +21,27 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UserError
+from gpuwarden.service.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from gpuwarden.service.identity import Person
-    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
-    from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
 
 
-class Reloading:
-    settings: Settings
-    pacer: Pacer
-    # What `gpuwarden serve` was started with: its options over the files (config keys),
-    # its socket and state directory, and the admins it named.
-    options: Mapping[str, Any] = {}
-    fixed: Mapping[str, Any] = {}
-    extra_admins: tuple[str, ...] = ()
-    reload_asked = False  # SIGHUP came: reload at the next turn of the loop
+def read_settings(
+    options: Mapping[str, Any], fixed: Mapping[str, Any], admins: tuple[str, ...]
+) -> Settings:
+    """The settings the configuration gives now, with `gpuwarden serve`'s options over
+    it (UserError naming a bad key)."""
+    from gpuwarden import config
+    from gpuwarden.service.settings import from_config
 
-    if TYPE_CHECKING:
+    return from_config(config.load(cli=dict(options)), fixed, admins)
 
-        def watcher(self) -> ServiceWatch: ...
 
-    def read_settings(self) -> Settings:
-        """The settings the configuration gives now (UserError naming a bad key)."""
-        from gpuwarden import config
-        from gpuwarden.service.settings import from_config
-
-        return from_config(config.load(cli=dict(self.options)), self.fixed, self.extra_admins)
-
+class Reloading(Lifecycle):
     def reload_by(self, who: Person, _: None, client: object) -> dict[str, Any]:
         """The `reload` request: an admin's only."""
         if not self.settings.admins.include(who):
@@ -65,7 +55,7 @@ class Reloading:
         from gpuwarden.service.settings import RESTART_ONLY, changes
 
         try:
-            new = self.read_settings()
+            new = read_settings(self.options, self.fixed, self.extra_admins)
         except UserError as err:
             log.error("reload refused: %s; the policy in force stays", err)
             raise UserError(f"reload refused: {err}; the policy in force stays") from None

@@ -1,8 +1,8 @@
 """The service's answers to requests: who may do what, and what each operation does.
 
 Every rule is checked against the person the kernel named (SO_PEERCRED), and
-every refusal is one line naming the rule. Mixed into `server.Service`, whose
-attributes it uses (declared below for type checkers).
+every refusal is one line naming the rule. Over the state of service.core, with
+every concern beneath it (reloading, lifecycle, attaching, limiting).
 """
 
 from __future__ import annotations
@@ -28,17 +28,12 @@ from gpuwarden.service import (
     requeue,
     store,
 )
-from gpuwarden.service.attaching import Attaching
-from gpuwarden.service.attachment import ClientProcess, record_client
+from gpuwarden.service.attachment import record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
 from gpuwarden.service.reloading import Reloading
 
 if TYPE_CHECKING:
-    from gpuwarden.config import Config
     from gpuwarden.service.connection import Connection
-    from gpuwarden.service.pacing import Pacer
-    from gpuwarden.service.settings import Settings
-    from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -46,38 +41,7 @@ log = logging.getLogger("gpuwarden.serve")
 Handler = Callable[[Any, Person, Any, "Optional[Connection]"], dict[str, Any]]
 
 
-class Requests:
-    settings: Settings
-    store: store.Store
-    attached: dict[int, Connection]
-    stdio: dict[int, list[int]]
-    pacer: Pacer
-    free: Optional[scheduling.Capacity]
-    processes: dict[int, int]
-    machine: Any  # the machine's Snapshot at start: what a job could ever be given
-    reading: Optional[Config]  # the configuration as last read: the health rules a submit meets
-    _priorities: dict[int, float]
-    indices: dict[str, int]
-    _estimates: dict[int, Optional[float]]
-    exits: str
-    _foresight: Optional[tuple[Any, ...]] = None  # the last pass's plan inputs and decisions
-    _foreseen: Optional[dict[int, Optional[float]]] = None
-    orphans: dict[int, tuple[float, ClientProcess]]
-
-    if TYPE_CHECKING:  # provided by Lifecycle and Service
-
-        def release_stdio(self, job_id: int) -> None: ...
-
-        def _cancel(self, job: store.Job, sig: int = signal.SIGTERM) -> None: ...
-
-        def job_cgroup(self, job_id: int) -> dict[str, str]: ...
-
-        def watcher(self) -> ServiceWatch: ...
-
-        def within_limits(
-            self, who: Person, sub: protocol.Submit, tasks: int, array: bool
-        ) -> None: ...
-
+class Requests(Reloading):
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
@@ -286,15 +250,15 @@ class Requests:
     def estimated_start(self, job_id: int) -> Optional[float]:
         """When a waiting job should start (`squeue --start`): the plan's reservation,
         else `foresight` over the last pass, worked out once per pass."""
-        planned = self._estimates.get(job_id)
-        if planned is not None or self._foresight is None:
+        planned = self.estimates.get(job_id)
+        if planned is not None or self.foresight is None:
             return planned
-        if self._foreseen is None:
+        if self.foreseen is None:
             from gpuwarden.foresight import estimated_starts
 
-            starts = estimated_starts(*self._foresight)
-            self._foreseen = {int(k): v for k, v in starts.items()}
-        return self._foreseen.get(job_id)
+            starts = estimated_starts(*self.foresight)
+            self.foreseen = {int(k): v for k, v in starts.items()}
+        return self.foreseen.get(job_id)
 
     def _is_admin_uid(self, uid: int) -> bool:
         try:
@@ -380,7 +344,7 @@ class Requests:
         """A page of the queue (service.listing): never more than fits in one answer,
         however many jobs there are."""
         ordered = listing.queue_order(
-            listing.matching(self.store.jobs(store.ACTIVE), ask), self._priorities
+            listing.matching(self.store.jobs(store.ACTIVE), ask), self.priorities
         )
         if ask.arrays:  # an array's waiting tasks in one row (service.arrays)
             rows = arrays.grouped(ordered)
@@ -421,7 +385,7 @@ class Requests:
             "signal": job.exit_signal,
             # A start error can quote the command or a private path: as the command.
             "error": job.error if show or mine(job, who) else None,
-            "priority": self._priorities.get(job.id),
+            "priority": self.priorities.get(job.id),
             "estimated_start": self.estimated_start(job.id) if job.state == store.PENDING else None,
             "command": listing.command(job.argv) if show or mine(job, who) else None,
         }
@@ -437,7 +401,7 @@ class Requests:
 
 #: Each operation: how its request is read into one record (protocol), and its handler,
 #: called with the service, the caller the kernel named, that record and the caller's
-#: connection. The handlers of other mixins are theirs (attach, limits, reload).
+#: connection. Some are written with their concern (attach, limits, reload).
 OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "hello": (protocol.nothing, Requests._hello),
     "submit": (protocol.submit, Requests._submit),
@@ -460,9 +424,9 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "requeue": (protocol.one_job, Requests._ask_requeue),
     "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
     "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),
-    "reload": (protocol.nothing, Reloading.reload_by),
+    "reload": (protocol.nothing, Requests.reload_by),
     "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
-    "attach": (protocol.one_job, Attaching.attach),
+    "attach": (protocol.one_job, Requests.attach),
 }
 
 

@@ -23,20 +23,16 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from gpuwarden import config, scheduling
+from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
 from gpuwarden.service import journalguard, store
-from gpuwarden.service.attaching import Attaching
-from gpuwarden.service.attachment import ClientProcess
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
-from gpuwarden.service.lifecycle import Lifecycle
-from gpuwarden.service.limiting import Limiting
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import Pacer
-from gpuwarden.service.reloading import Reloading
+from gpuwarden.service.reloading import Reloading, read_settings
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 from gpuwarden.service.timelimits import TimeLimits
@@ -58,51 +54,30 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
+class Service(Requests, TimeLimits, Reloading):
+    """The queue service: its state (service.core) and every concern's methods, with
+    the socket loop that serves them."""
+
     def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
-        self.settings = settings
-        self.read_snapshot = snapshot
+        super().__init__(
+            settings, snapshot, JobNotifier(settings.webhook, settings.sendmail), Pacer()
+        )
         os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
-        self.exits = os.path.join(settings.state_dir, "jobs")
         os.makedirs(self.exits, mode=0o700, exist_ok=True)
         journal = os.path.join(settings.state_dir, "jobs.db")
-        # Held for the service's life: a second service refuses (service.journalguard).
-        self.locks = [journalguard.lock(journal + ".lock", f"the journal {journal}")]
         try:
+            # Held for the service's life: a second service refuses (service.journalguard).
+            self.locks.append(journalguard.lock(journal + ".lock", f"the journal {journal}"))
             journalguard.refuse_damaged(journal)
             try:
                 self.store = store.Store(journal)
             except sqlite3.Error as err:  # a full or read-only disk: said, not a traceback
                 raise UserError(f"cannot open the journal {journal}: {err}") from None
         except BaseException:
-            os.close(self.locks.pop())
+            for fd in self.locks:
+                os.close(fd)
+            self.selector.close()
             raise
-        self.selector = selectors.DefaultSelector()
-        self.clients: dict[int, Connection] = {}
-        self.per_uid: dict[int, int] = {}  # connections open per user
-        self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
-        self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
-        self.litter: list[str] = []
-        self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
-        self.listener: Optional[socket.socket] = None
-        self.stopping = False
-        self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
-        self.pacer = Pacer()  # when to plan next: at once, or coalesced (service.pacing)
-        self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
-        self._priorities: dict[int, float] = {}
-        self._estimates: dict[int, Optional[float]] = {}
-        self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
-        self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
-        self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
-        self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
-        # Attached jobs whose client a restart cut off: (until when it may come back, it).
-        self.orphans: dict[int, tuple[float, ClientProcess]] = {}
-        self.notifier = JobNotifier(settings.webhook, settings.sendmail)
-        self.machine: Any = None  # the Snapshot read at start (service.admission)
-        # The configuration as last read: at start, then by each pass that plans. What
-        # changes without a reload (where drains and XID logs are, the health rules) is
-        # taken from it and handed down; a submit is judged by it (service.admission).
-        self.reading: Optional[config.Config] = None
 
     @classmethod
     def configured(
@@ -114,9 +89,7 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
     ) -> Service:
         """The service `gpuwarden serve` starts: its settings from the configuration
         with the command line's values over it, kept for every reload."""
-        probe = Reloading()
-        probe.options, probe.fixed, probe.extra_admins = options, fixed, admins
-        service = cls(probe.read_settings(), snapshot)
+        service = cls(read_settings(options, fixed, admins), snapshot)
         service.options, service.fixed, service.extra_admins = options, fixed, admins
         return service
 
@@ -168,7 +141,7 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
         for fd in self.locks:  # the lock files stay: removing a held one would race
             os.close(fd)
         self.locks.clear()
-        if self.settings.devices != "off" and getattr(self, "_cgroup_mode", "") != "none":
+        if self.settings.devices != "off" and self.cgroup_mode != "none":
             from gpuwarden.service.jobcgroup import remove_scope, scope_of
 
             remove_scope(scope_of(self.exits))
@@ -383,11 +356,6 @@ class Service(Requests, Attaching, Lifecycle, TimeLimits, Reloading, Limiting):
             return
         log.info("job %s: its attached client left; cancelling it", job_id)
         self._cancel(job)
-
-    def release_stdio(self, job_id: int) -> None:
-        for fd in self.stdio.pop(job_id, ()):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
     def notify_attached(self, job_id: int, event: dict[str, Any]) -> None:
         client = self.attached.get(job_id)

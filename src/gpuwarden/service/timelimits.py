@@ -1,8 +1,8 @@
 """Time limits of the service's jobs, on the loop's tick: Slurm's `--signal` warning
 before the limit, SIGTERM once at it, SIGKILL after the grace period (a cancel that
 was ignored too), with the periodic chores that share the tick (the enforcement
-watcher, the sweep of ended jobs' cgroups, orphaned attached jobs). Mixed into
-`server.Service`, whose attributes it uses (declared below for type checkers).
+watcher, the sweep of ended jobs' cgroups, orphaned attached jobs). Over the job's
+life (service.lifecycle).
 """
 
 from __future__ import annotations
@@ -11,45 +11,24 @@ import contextlib
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING
 
 from gpuwarden import scheduling
 from gpuwarden.service import jobprocess
-from gpuwarden.service.attachment import ClientProcess
-from gpuwarden.service.store import RUNNING, Job, Store
-
-if TYPE_CHECKING:
-    from gpuwarden.service.settings import Settings
-    from gpuwarden.service.watching import ServiceWatch
+from gpuwarden.service.lifecycle import Lifecycle
+from gpuwarden.service.store import RUNNING, Job
 
 log = logging.getLogger("gpuwarden.serve")
 
 SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-empty
 
 
-class TimeLimits:
-    settings: Settings
-    store: Store
-    termed: dict[int, float]
-    processes: dict[int, int]
-    orphans: dict[int, tuple[float, ClientProcess]]
-
-    if TYPE_CHECKING:  # provided by Lifecycle
-
-        def signal(self, job: Job, sig: int) -> bool: ...
-
-        def watcher(self) -> ServiceWatch: ...
-
-        def sweep_cgroups(self) -> None: ...
-
-        def _end_orphans(self) -> None: ...
-
+class TimeLimits(Lifecycle):
     def _enforce_time_limits(self) -> None:
         if self.orphans:
             self._end_orphans()
         now = time.time()
-        if now - getattr(self, "_swept", 0.0) >= SWEEP_EVERY:  # on the loop's tick
-            self._swept = now
+        if now - self.swept >= SWEEP_EVERY:  # on the loop's tick
+            self.swept = now
             self.sweep_cgroups()
         watch = self.watcher()
         if watch.due(now):

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.settings import Settings
 
-    class Service(Protocol):
+    class WatchedService(Protocol):
         """What the watch needs of the service (`server.Service` has it)."""
 
         settings: Settings
@@ -81,7 +81,7 @@ def unleased_rows(
 
 
 class ServiceWatch:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: WatchedService) -> None:
         from gpuwarden.enforcer import Enforcer
 
         self.service = service

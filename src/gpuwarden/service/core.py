@@ -1,0 +1,96 @@
+"""The queue service's state, declared and made in one place.
+
+`server.Service` is one object; its behaviour is split by concern into classes
+that each inherit only what they call, so the chain reads bottom-up and never
+reaches upward: `Core` (this state) <- `Limiting`, `Attaching` <- `Lifecycle`
+<- `TimeLimits`, `Reloading`, `Requests` <- `Service` (the socket loop). Every
+attribute is declared and given its first value here, once; a concern adds
+methods, never state of its own.
+
+The one thing a lower concern needs from the top is to tell an attached client
+about its job (`notify_attached`): the socket loop owns the connections, so it
+is declared here and written there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from gpuwarden import config, scheduling
+    from gpuwarden.service import store
+    from gpuwarden.service.attachment import ClientProcess
+    from gpuwarden.service.connection import Connection
+    from gpuwarden.service.notify import JobNotifier
+    from gpuwarden.service.pacing import Pacer
+    from gpuwarden.service.settings import Settings
+    from gpuwarden.service.watching import ServiceWatch
+
+
+class Core:
+    """What the service knows between two turns of its loop."""
+
+    store: store.Store  # the journal, opened by `server.Service`
+
+    def __init__(
+        self, settings: Settings, snapshot: Callable[[], Any], notifier: JobNotifier, pacer: Pacer
+    ) -> None:
+        self.settings = settings
+        self.read_snapshot = snapshot  # reads the machine (the simulator's in tests)
+        self.notifier = notifier
+        self.pacer = pacer  # when to plan next: at once, or coalesced (service.pacing)
+        self.exits = os.path.join(settings.state_dir, "jobs")  # exit records and markers
+        self.locks: list[int] = []  # the journal's and the socket's, held for the service's life
+        self.selector: selectors.BaseSelector = selectors.DefaultSelector()
+        self.listener: Optional[socket.socket] = None
+        self.clients: dict[int, Connection] = {}  # socket fd -> connection
+        self.per_uid: dict[int, int] = {}  # connections open per user
+        self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
+        self.litter: list[str] = []  # files of ended jobs, removed after the next start
+        self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
+        self.stopping = False
+        self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
+        self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
+        self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
+        self.swept = 0.0  # when the cgroups of ended jobs were last looked for
+        self.priorities: dict[int, float] = {}  # waiting job id -> its priority, last pass
+        self.estimates: dict[int, Optional[float]] = {}  # job id -> the plan's expected start
+        # The last pass's plan inputs and decisions, and the starts foreseen from them
+        # (worked out only when a `queue --start` asks: service.requests).
+        self.foresight: Optional[tuple[Any, ...]] = None
+        self.foreseen: Optional[dict[int, Optional[float]]] = None
+        self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
+        self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
+        self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
+        self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
+        # Attached jobs whose client a restart cut off: (until when it may come back, it).
+        self.orphans: dict[int, tuple[float, ClientProcess]] = {}
+        self.machine: Any = None  # the Snapshot read at start (service.admission)
+        # The configuration as last read: at start, then by each pass that plans. What
+        # changes without a reload (where drains and XID logs are, the health rules) is
+        # taken from it and handed down; a submit is judged by it (service.admission).
+        self.reading: Optional[config.Config] = None
+        self.cgroup_mode: Optional[str] = None  # the machine's cgroup hierarchy, found once
+        self.watch: Optional[ServiceWatch] = None  # the enforcement watch, made on first need
+        # What `gpuwarden serve` was started with: its options over the files (config
+        # keys), its socket and state directory, and the admins it named (service.reloading).
+        self.options: Mapping[str, Any] = {}
+        self.fixed: Mapping[str, Any] = {}
+        self.extra_admins: tuple[str, ...] = ()
+
+    def release_stdio(self, job_id: int) -> None:
+        """Close the terminal an attached client passed for its job, if it is still here."""
+        for fd in self.stdio.pop(job_id, ()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def notify_attached(self, job_id: int, event: dict[str, Any]) -> None:
+        """Tell the job's attached client, if one waits, that `event` happened; the
+        socket loop (`server.Service`) sends it."""
+        raise NotImplementedError

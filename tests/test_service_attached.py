@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.service.identity import Person
@@ -114,6 +115,33 @@ def test_an_attached_run_outlives_sigterm_and_sigkill_restarts(server: Server) -
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 42, proc.stderr.read() if proc.stderr else ""
     assert server.wait_state(job, ("FAILED",))["exit_code"] == 42
+
+
+def test_a_client_back_after_its_job_ended_gets_its_status_and_its_terminal_back(
+    server: Server,
+) -> None:
+    """A job that ended while the service was down: its client, back, is told the job's
+    status, and the service keeps no copy of the terminal the client passed again (its
+    pipes close, as after any job; a kept copy left the client's reader waiting)."""
+    alice = make_user("alice", ("lab",))
+    flag = server.work / "go"
+    script = (
+        "import os, sys, time\n"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+        "sys.exit(7)\n"
+    )
+    proc = attached(server, alice, [USER_PY, "-c", script])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    (job,) = [r["id"] for r in server.call(None, "queue")["jobs"]]
+    server.kill(signal.SIGKILL)
+    flag.touch()
+    record = Path(server.state) / "jobs" / f"{job}.exit"
+    wait_for(record.exists, 30, "the job's exit record, written while no service ran")
+    server.start()
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (7, ""), err
+    assert server.job(job)["state"] == "FAILED"
 
 
 def test_a_waiting_attached_run_starts_after_a_restart_and_ctrl_c_gives_130(

@@ -34,28 +34,28 @@ class Attaching(Core):
                 raise UserError(f"job {job_id} is not an attached job of yours")
             if client is None or client.job is not None or job.id in self.attached:
                 raise UserError(f"job {job_id} has a client attached already")
-            if job.state in store.ENDED:
-                status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
-                return {
-                    "ok": True,
-                    "job": job.id,
-                    "event": "ended",
-                    "status": status,
-                    "error": job.error,
-                }
             if job.state == store.PENDING and len(fds) != 3:
                 raise UserError("an attached job needs its client's stdin, stdout and stderr")
         except BaseException:
             for fd in fds:
                 os.close(fd)
             raise
+        if job.state != store.PENDING:  # the job had its terminal, or has ended: no copy kept
+            for fd in fds:
+                os.close(fd)
+        if job.state in store.ENDED:
+            status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
+            return {
+                "ok": True,
+                "job": job.id,
+                "event": "ended",
+                "status": status,
+                "error": job.error,
+            }
         if job.state == store.PENDING:
             self.release_stdio(job.id)
             self.stdio[job.id] = fds
             self.pacer.wake()
-        else:
-            for fd in fds:
-                os.close(fd)  # the job has had the terminal since it started
         client.job = job.id
         self.attached[job.id] = client
         self.orphans.pop(job.id, None)

@@ -1,11 +1,15 @@
 """`gpuwarden status` as a whole process vs gpustat, nvitop -1 and `python -c pass`.
 
 All four run on the same simulated server-8xa100 (gpustat and nvitop through the
-pynvml shim), interleaved round by round so machine noise hits them alike;
-the median wall time of each is printed with its ratio to gpuwarden's.
-Targets: faster than gpustat, at most half of nvitop.
+pynvml shim), each as a user types it (the console scripts), interleaved round by
+round so machine noise hits them alike; the median wall and CPU time of each is
+printed with its ratio to gpuwarden's. Targets: faster than gpustat, at most a
+third of `nvitop -1`.
 
-    .venv/bin/python bench/status.py [--runs N] [--compare DIR]...
+    .venv/bin/python bench/status.py [--runs N] [--compare DIR]... [--instructions]
+
+`--instructions` also counts, with valgrind, the instructions `gpuwarden status` and
+`nvitop -1` execute: the ratio a busy or a quiet machine does not move.
 
 `--compare DIR` adds `gpuwarden status` from another source tree (e.g. main) to
 the same rounds, with its own simulator state. The load average is printed
@@ -32,6 +36,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--compare", action="append", default=[], metavar="DIR")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from gpuwarden.sim.fake import SHIM_DIR
@@ -47,7 +52,7 @@ def main() -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
-        "gpuwarden status": [sys.executable, "-m", "gpuwarden", "status"],
+        "gpuwarden status": [str(BIN / "gpuwarden"), "status"],
         "gpustat": [str(BIN / "gpustat")],
         "nvitop -1": [str(BIN / "nvitop"), "-1"],
     }
@@ -93,6 +98,17 @@ def main() -> int:
     print(f"  gpustat / gpuwarden status = {medians['gpustat'] / ours:.2f} wall (target > 1)")
     print(f"  nvitop -1 / gpuwarden status = {medians['nvitop -1'] / ours:.2f} wall (target >= 3)")
     print("  (cpu = user+sys of the process: less disturbed by other load than wall time)")
+    if args.instructions:
+        from run_overhead import instructions  # bench/, this script's own directory
+
+        counts = {
+            name: instructions(commands[name], env) for name in ("gpuwarden status", "nvitop -1")
+        }
+        ratio = counts["gpuwarden status"] / counts["nvitop -1"]
+        print("instructions (callgrind, millions):")
+        for name, n in counts.items():
+            print(f"  {name:<18} {n / 1e6:8.1f}")
+        print(f"  gpuwarden status / nvitop -1 = {ratio:.3f} (target <= 0.333)")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -422,15 +423,35 @@ def test_parsed_spec_cache_follows_the_parsing_code(tmp_path, monkeypatch):
     assert len(parses) == 2  # the first load and the one after the edit
 
 
+COUNT = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
+
+
+def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_shim_makes_plain_import_see_the_machine(tmp_path):
-    code = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
     env = dict(os.environ, PYTHONPATH=f"{SHIM_DIR}{os.pathsep}{SRC}", GPUWARDEN_SIM="mixed")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = python(COUNT, env)
     assert out.stdout.strip() == "4", out.stderr
     env.pop("GPUWARDEN_SIM")
-    code = "import pynvml; print(pynvml.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = python("import pynvml; print(pynvml.__file__)", env)
     assert "site-packages" in out.stdout, out.stderr
+
+
+def test_another_gpuwardens_shim_left_on_the_path_is_passed_over(tmp_path):
+    """A shell set up by `gpuwarden sim env` of another copy (an older checkout or venv)
+    keeps that copy's shim first on PYTHONPATH: its pynvml.py is not nvidia-ml-py's,
+    and loading it as such waited for ever on the simulator's own lock."""
+    other = tmp_path / "old-checkout" / "gpuwarden" / "sim"
+    (other / "shim").mkdir(parents=True)
+    shutil.copy(os.path.join(SHIM_DIR, "pynvml.py"), other / "shim" / "pynvml.py")
+    (other / "fake.py").write_text("")
+    path = os.pathsep.join([str(other / "shim"), str(SRC)])
+    out = python(COUNT, dict(os.environ, PYTHONPATH=path, GPUWARDEN_SIM="mixed"))
+    assert out.stdout.strip() == "4", out.stderr
 
 
 def test_state_file_is_shared_between_processes(tmp_path):

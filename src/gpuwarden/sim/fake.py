@@ -37,15 +37,24 @@ _MODULES_LOCK = _thread.allocate_lock()
 
 
 def real_pynvml_path() -> str:
-    """nvidia-ml-py's pynvml.py on sys.path, skipping our own shim."""
+    """nvidia-ml-py's pynvml.py on sys.path, skipping our own shim and any other
+    gpuwarden's (a shell set up by `gpuwarden sim env` of an older checkout or venv
+    keeps that one on PYTHONPATH): loading a shim as nvidia-ml-py would wait for ever
+    on this module's lock."""
     for entry in sys.path:
         base = os.path.realpath(entry or os.getcwd())
-        if base == SHIM_DIR:
+        if base == SHIM_DIR or _is_shim(base):
             continue
         candidate = os.path.join(base, "pynvml.py")
         if os.path.isfile(candidate):
             return candidate
     raise ImportError("nvidia-ml-py is not installed (no pynvml.py outside the gpuwarden shim)")
+
+
+def _is_shim(directory: str) -> bool:
+    """Whether `directory` is a gpuwarden's shim: `gpuwarden/sim/shim`, beside its fake."""
+    parent = os.path.dirname(directory)
+    return os.path.basename(directory) == "shim" and os.path.isfile(os.path.join(parent, "fake.py"))
 
 
 def load_copy(name: str) -> ModuleType:

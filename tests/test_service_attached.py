@@ -52,6 +52,24 @@ def attached(
     )
 
 
+def ready_until(
+    srv: Server, who: Person, flag: Path, then: str, setup: str = ""
+) -> tuple[subprocess.Popen[str], int]:
+    """An attached job of `who` that runs `setup`, says `ready`, waits until `flag`
+    exists, then runs `then`; returned once it said `ready`, with its job id."""
+    script = (
+        "import os, signal, sys, time\n"
+        f"{setup}"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+        f"{then}"
+    )
+    proc = attached(srv, who, [USER_PY, "-c", script])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    (job,) = [r["id"] for r in srv.call(None, "queue")["jobs"]]
+    return proc, job
+
+
 def test_attached_run_output_and_exit_status_are_the_jobs(server: Server) -> None:
     alice = make_user("alice", ("lab",))
     script = "import os, sys; print('out', os.getuid()); print('err', file=sys.stderr); sys.exit(5)"
@@ -92,17 +110,14 @@ def test_an_attached_run_outlives_sigterm_and_sigkill_restarts(server: Server) -
     after both, and the client exits with the job's own status."""
     alice = make_user("alice", ("lab",))
     flag = server.work / "go"
-    script = (
-        "import os, signal, sys, time\n"
-        "signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n"
-        "print('ready', flush=True)\n"
-        f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
-        "print('still here', flush=True)\n"
-        "time.sleep(60)\n"
+    proc, job = ready_until(
+        server,
+        alice,
+        flag,
+        "print('still here', flush=True)\ntime.sleep(60)\n",
+        setup="signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n",
     )
-    proc = attached(server, alice, [USER_PY, "-c", script])
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    (job,) = [r["id"] for r in server.call(None, "queue")["jobs"]]
+    assert proc.stdout is not None
     server.kill(signal.SIGTERM)
     server.start()
     attached_again(server, 1)
@@ -125,15 +140,7 @@ def test_a_client_back_after_its_job_ended_gets_its_status_and_its_terminal_back
     pipes close, as after any job; a kept copy left the client's reader waiting)."""
     alice = make_user("alice", ("lab",))
     flag = server.work / "go"
-    script = (
-        "import os, sys, time\n"
-        "print('ready', flush=True)\n"
-        f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
-        "sys.exit(7)\n"
-    )
-    proc = attached(server, alice, [USER_PY, "-c", script])
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    (job,) = [r["id"] for r in server.call(None, "queue")["jobs"]]
+    proc, job = ready_until(server, alice, flag, "sys.exit(7)\n")
     server.kill(signal.SIGKILL)
     flag.touch()
     record = Path(server.state) / "jobs" / f"{job}.exit"

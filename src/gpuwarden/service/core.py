@@ -3,7 +3,8 @@
 `server.Service` is one object; its behaviour is split by concern into classes
 that each inherit only what they call, so the chain reads bottom-up and never
 reaches upward: `Core` (this state) <- `Limiting`, `Attaching` <- `Lifecycle`
-<- `TimeLimits`, `Reloading`, `Requests` <- `Service` (the socket loop). Every
+<- `Reloading` <- `Requests`; `Lifecycle` <- `TimeLimits`; `Requests` and
+`TimeLimits` <- `Service` (the socket loop). Every
 attribute is declared and given its first value here, once; a concern adds
 methods, never state of its own.
 

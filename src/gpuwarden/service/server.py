@@ -32,7 +32,7 @@ from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import Pacer
-from gpuwarden.service.reloading import Reloading, read_settings
+from gpuwarden.service.reloading import read_settings
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 from gpuwarden.service.timelimits import TimeLimits
@@ -54,7 +54,7 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, TimeLimits, Reloading):
+class Service(Requests, TimeLimits):
     """The queue service: its state (service.core) and every concern's methods, with
     the socket loop that serves them."""
 

@@ -43,7 +43,7 @@ def real_pynvml_path() -> str:
     on this module's lock."""
     for entry in sys.path:
         base = os.path.realpath(entry or os.getcwd())
-        if base == SHIM_DIR or _is_shim(base):
+        if _is_shim(base):
             continue
         candidate = os.path.join(base, "pynvml.py")
         if os.path.isfile(candidate):
@@ -52,7 +52,8 @@ def real_pynvml_path() -> str:
 
 
 def _is_shim(directory: str) -> bool:
-    """Whether `directory` is a gpuwarden's shim: `gpuwarden/sim/shim`, beside its fake."""
+    """Whether `directory` is a gpuwarden's shim (this one's, SHIM_DIR, or another's):
+    `gpuwarden/sim/shim`, beside its fake."""
     parent = os.path.dirname(directory)
     return os.path.basename(directory) == "shim" and os.path.isfile(os.path.join(parent, "fake.py"))
 

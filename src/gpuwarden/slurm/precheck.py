@@ -1,5 +1,6 @@
-"""`gpuwarden slurm cluster HOST... --check` (the gathering): each host's `gpuwarden slurm facts` over
-ssh, all at once, judged by gpuwarden.slurm.preflight; one line per problem, exit 1.
+"""`gpuwarden slurm cluster HOST... --check`, the gathering: each host's `gpuwarden
+slurm facts` over ssh, all at once, judged by gpuwarden.slurm.preflight; one line per
+problem, exit 1.
 
 The gathering is thin on purpose: one ssh per host (the user's own ssh, as for
 `--hosts`), this machine's clock read just before and after each, and a munge

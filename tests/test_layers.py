@@ -177,6 +177,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.lifecycle",
             "service.listing",
             "service.notify",
+            "service.outbox",
             "service.pacing",
             "service.placing",
             "service.reloading",

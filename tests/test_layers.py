@@ -158,6 +158,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "httpserver",
             "httpwire",
             "web.*",
+            # the machine and its queue read once, and why a job waits: for `top` and `mcp`
+            "lab.*",
+            # `gpuwarden mcp`: the assistants' answers and the MCP server
+            "assistant.*",
             # the queue service itself
             "service",
             "service.admission",
@@ -168,6 +172,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.connection",
             "service.core",
             "service.install",
+            "service.runnable",
+            "service.healthwatch",
+            "service.uninstall",
             "service.limiting",
             "service.limits",
             "service.journalguard",

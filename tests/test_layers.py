@@ -95,6 +95,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "arrayspec",
             "begintime",
             "booking",
+            "preemption",
         ),
     ),
     (
@@ -176,6 +177,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.notify",
             "service.pacing",
             "service.placing",
+            "service.preempting",
             "service.reloading",
             "service.requests",
             "service.reports",

@@ -175,6 +175,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.lifecycle",
             "service.listing",
             "service.notify",
+            "service.outbox",
             "service.pacing",
             "service.placing",
             "service.preempting",

@@ -334,9 +334,26 @@ def main(folder: str) -> None:
         timer = threading.Timer(float(at), lambda: signal.pthread_kill(main_thread, sig))
         timer.daemon = True
         timer.start()
+    _refuse_unowned(paths.submitted_pickle)
     from submitit.core.submission import process_job
 
     process_job(folder)
+
+
+def _refuse_unowned(pickle: Path, patience: float = 60.0) -> None:
+    """Exit (one line in the job's `.err`) rather than unpickle a call that someone
+    else could have written: a pickle not the submitter's, or below a directory others
+    can write (docs/sweeps.md). Job ids are sequential, so in a folder others can write
+    the next job's folder or pickle could be another user's, made in advance."""
+    from gpuwarden.config.trust import owned_refusal
+
+    deadline = time.monotonic() + patience  # submitit's runner waits as long
+    while not os.path.lexists(pickle) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    why = owned_refusal(str(pickle), "the submitted pickle")
+    if why:
+        print(f"gpuwarden.submitit: refusing to run the job: {why}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

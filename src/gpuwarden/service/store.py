@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
@@ -140,9 +140,7 @@ class Job:
         return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
 
     @property
-    def preemptible(self) -> bool:
-        """Submitted `--preemptible`: it runs on GPUs nobody else can use now, and gives
-        them back when a normal job needs them (service.preempting)."""
+    def preemptible(self) -> bool:  # submitted --preemptible (service.preempting)
         return bool(self.request.get("preemptible"))
 
 
@@ -499,11 +497,3 @@ def new_job(**fields: Any) -> Job:
     fields.setdefault("state", PENDING)
     fields.setdefault("submitted", time.time())
     return Job(id=0, **fields)
-
-
-def iter_ids(values: Iterable[Any]) -> Iterator[int]:
-    """Job ids from a request: positive integers only."""
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"invalid job id {value!r}")
-        yield value

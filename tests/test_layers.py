@@ -159,6 +159,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "httpserver",
             "httpwire",
             "web.*",
+            # the machine and its queue read once, and why a job waits: for `top` and `mcp`
+            "lab.*",
+            # `gpuwarden mcp`: the assistants' answers and the MCP server
+            "assistant.*",
             # the queue service itself
             "service",
             "service.admission",

@@ -50,6 +50,20 @@ executor.update_parameters(
 )
 jobs = executor.map_array(square, range(8))
 out = {"ids": [j.job_id for j in jobs], "results": [j.result() for j in jobs]}
+# `job.state` as a user polls it (no forced read): COMPLETED soon after the result,
+# not after submitit's 60 s cache of a watcher that has been running for a while.
+one = executor.submit(square, 3)
+# As after a long sweep: submitit's own watcher then reads states once a minute (its
+# delay grows with the time since the last job was registered).
+one.watcher._start_time = time.time() - 600
+assert one.result() == 9
+back, calls = time.monotonic(), one.watcher.num_calls
+seen = []
+while time.monotonic() - back < 30 and one.state != "COMPLETED":
+    seen.append(one.state)
+    time.sleep(0.05)
+out["completed_after"] = [time.monotonic() - back, one.state, sorted(set(seen))]
+out["reads"] = one.watcher.num_calls - calls
 bad = executor.submit(boom)
 try:
     bad.result()
@@ -207,6 +221,11 @@ def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(
     assert {r["user"] for r in tasks} == {"gw-alice"}
     assert "ValueError: boom from the job" in out["error"] and out["bad"] == "FAILED"
     assert out["running"] == "RUNNING" and out["cancelled"] == "CANCELLED"
+    after, state, before = out["completed_after"]
+    assert state == "COMPLETED" and after < 2.0, out["completed_after"]
+    assert set(before) <= {"RUNNING"}, before
+    # One read of the service per REFRESH_S at most while polling, not one per poll.
+    assert out["reads"] <= after / 0.5 + 2, (out["reads"], after)
     job, runs = out["requeued"]
     assert runs == 2  # checkpointed, requeued under its id, resumed from the checkpoint
     assert server.job(int(job))["state"] == "COMPLETED"

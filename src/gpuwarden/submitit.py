@@ -37,6 +37,11 @@ from submitit.core import core, job_environment, utils
 #: Seconds before the time limit that a job signals itself to checkpoint (Slurm's
 #: `--signal=USR2@90` that submitit asks for).
 SIGNAL_DELAY_S = 90
+#: Seconds between two reads of the service for `job.state`, `done()` and `wait()`.
+#: submitit's own watcher waits up to 60 s between two `sacct` runs, which a cluster
+#: must be spared; one `queue` and one `jobs` request to the local service cost
+#: about a millisecond, so a state is never more than this old.
+REFRESH_S = 0.5
 #: States submitit takes for "not over yet" (core.InfoWatcher.is_done), in the words
 #: the service uses for them.
 _STATES = {"STARTING": "RUNNING", "LOST": "NODE_FAIL"}
@@ -71,6 +76,14 @@ class GpuwardenInfoWatcher(core.InfoWatcher):
 
     def get_state(self, job_id: str, mode: str = "standard") -> str:
         return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"
+
+    def update_if_long_enough(self, mode: str) -> None:
+        """As submitit's, but "standard" reads the service again once the last read is
+        REFRESH_S old (submitit's own waits up to 60 s, its `sacct` delay): a job whose
+        `result()` is back reads COMPLETED at once, not a minute later."""
+        if mode == "standard" and time.time() - self._last_status_check > REFRESH_S:
+            mode = "force"
+        super().update_if_long_enough(mode)
 
     def update(self) -> None:
         names = {n: self.ids[n] for n in self._registered - self._finished if n in self.ids}

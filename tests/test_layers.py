@@ -95,6 +95,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "arrayspec",
             "begintime",
             "booking",
+            "preemption",
         ),
     ),
     (
@@ -163,6 +164,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "lab.*",
             # `gpuwarden mcp`: the assistants' answers and the MCP server
             "assistant.*",
+            # `gpuwarden top`: its state and keys, the screen drawn as text, its actions,
+            # the curses loop
+            "top.*",
             # the queue service itself
             "service",
             "service.admission",
@@ -185,6 +189,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.outbox",
             "service.pacing",
             "service.placing",
+            "service.preempting",
             "service.reloading",
             "service.requests",
             "service.reports",

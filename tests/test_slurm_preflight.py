@@ -162,3 +162,15 @@ def test_gres_conf_reads_this_nodes_gpu_lines(tmp_path: Any) -> None:
         str(tmp_path / "x"): "missing",
         str(tmp_path / "gres.conf"): "not a directory",
     }
+
+
+def test_a_readable_munge_key_is_compared_by_its_sha256(tmp_path: Any) -> None:
+    import hashlib
+
+    key = tmp_path / "munge.key"
+    key.write_bytes(b"k" * 1024)
+    found = hostfacts.munge(str(key), None)
+    assert found["key_sha256"] == hashlib.sha256(b"k" * 1024).hexdigest()
+    assert found["decoded"] is None  # no credential asked about
+    gone = hostfacts.munge(str(tmp_path / "none"), None)
+    assert gone["key_sha256"] is None and gone["key_error"] == "No such file or directory"

@@ -95,6 +95,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "arrayspec",
             "begintime",
             "booking",
+            # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
+            "usage",
+            "efficiency",
         ),
     ),
     (
@@ -186,6 +189,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.timelimits",
             "service.unitfiles",
             "service.watching",
+            "service.accounting",
+            "service.sampler",
         ),
     ),
     (

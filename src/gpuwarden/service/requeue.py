@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import spawn, store
+from gpuwarden.service import accounting, spawn, store
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -70,6 +70,7 @@ def again(service: Any, job: store.Job, ended: spawn.Ended) -> None:
             reason=None,
         )
         service.store.charge(job.user, used, now, service.settings.policy.half_life)
+        service.ran(job, ended.at or now, accounting.REQUEUED, used)
     service.termed.pop(job.id, None)
     from gpuwarden.service import jobnotify
 

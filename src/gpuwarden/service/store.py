@@ -80,6 +80,7 @@ _ADDED = {
     "array_throttle": "INTEGER",
     "params": "TEXT NOT NULL DEFAULT '{}'",
     "begin": "REAL",
+    "account": "TEXT",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -124,6 +125,7 @@ class Job:
     array_throttle: Optional[int] = None  # tasks of its array that may run at once
     params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
     begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
+    account: Optional[str] = None  # --account: whose GPU-hours these are (service.accounts)
 
     @property
     def count(self) -> int:
@@ -188,6 +190,9 @@ class Store:
                 (str(SCHEMA_VERSION),),
             )
             self._add_columns()
+            from gpuwarden.service.accounting import ensure
+
+            ensure(self.db)  # every run of every job: service.accounting
         if path != ":memory:":
             os.chmod(path, 0o600)
         # The active jobs, kept in memory as they are written: the service plans over

@@ -161,6 +161,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "httpserver",
             "httpwire",
             "web.*",
+            # the machine and its queue read once, and why a job waits: for `top` and `mcp`
+            "lab.*",
+            # `gpuwarden mcp`: the assistants' answers and the MCP server
+            "assistant.*",
             # the queue service itself
             "service",
             "service.admission",
@@ -177,6 +181,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.lifecycle",
             "service.listing",
             "service.notify",
+            "service.outbox",
             "service.pacing",
             "service.placing",
             "service.reloading",

@@ -54,6 +54,7 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
             "cgroup.conf",
             "prolog.sh",
             "epilog.sh",
+            "task-prolog.sh",
             "README",
             "slurmdbd.conf",
         ]
@@ -75,6 +76,8 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
         f"NodeName=gpu2 Name=gpu File=/dev/nvidia{i}" for i in range(3)
     ]
     assert "ConstrainDevices=yes" in files["cgroup.conf"].splitlines()
+    assert "TaskProlog=/etc/slurm/task-prolog.sh" in conf
+    assert files["task-prolog.sh"].endswith('exec "$python" -m gpuwarden slurm task-prolog\n')
     without = cluster.files(nodes, cluster.ClusterSettings.parse(options(no_slurmdbd=True)))
     assert "slurmdbd.conf" not in without
     assert "PriorityType=priority/basic" in without["slurm.conf"].splitlines()

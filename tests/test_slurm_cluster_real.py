@@ -135,7 +135,10 @@ def _configure(c: Cluster) -> None:
     assert done.returncode == 0, done.stderr
     written = [Path(x).name for x in done.stdout.splitlines() if not x.startswith("next:")]
     assert sorted(written) == sorted(
-        ["slurm.conf", "gres.conf", "cgroup.conf", "prolog.sh", "epilog.sh", "README"]
+        [
+            *("slurm.conf", "gres.conf", "cgroup.conf", "README"),
+            *("prolog.sh", "epilog.sh", "task-prolog.sh"),
+        ]
     )
 
 

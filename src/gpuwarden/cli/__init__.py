@@ -72,6 +72,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "book": ("book", "book GPUs ahead for a user or group; list or cancel bookings"),
     "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
     "service": ("service", "install, remove or check the queue service (admins)"),
+    "mcp": ("mcp", "answer coding assistants about GPUs and jobs (MCP over stdio)"),
     "completion": ("completion", "print a bash or zsh completion script for gpuwarden"),
 }
 

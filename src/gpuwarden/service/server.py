@@ -46,6 +46,19 @@ MAX_PENDING = 2 * protocol.MAX_MESSAGE
 BACKLOG_OUT = protocol.PAGE_BYTES
 
 
+def _directory(path: str) -> None:
+    """Make the service's folder `path` (0700) unless it is there; one line when it
+    cannot be (a file or a dangling link in its place, a parent that is a file)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        raise UserError(
+            f"{path} exists and is not a directory; the service did not start"
+        ) from None
+    except OSError as err:
+        raise UserError(f"cannot make the directory {path}: {err.strerror}") from None
+
+
 def journal_failure(path: str, err: Exception) -> str:
     """A request the journal could not record, in one line: the full disk named."""
     text = str(err)
@@ -62,8 +75,8 @@ class Service(Requests, TimeLimits):
         super().__init__(
             settings, snapshot, JobNotifier(settings.webhook, settings.sendmail), Pacer()
         )
-        os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
-        os.makedirs(self.exits, mode=0o700, exist_ok=True)
+        for folder in (settings.state_dir, self.exits):
+            _directory(folder)
         journal = os.path.join(settings.state_dir, "jobs.db")
         try:
             # Held for the service's life: a second service refuses (service.journalguard).

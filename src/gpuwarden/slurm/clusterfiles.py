@@ -143,6 +143,11 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
         "PrologFlags=Alloc",
     )
     out += _block(
+        "Each task of a job starts with CUDA_VISIBLE_DEVICES naming its MIG slices by UUID,\n"
+        "the only way CUDA opens a slice (Slurm itself writes their gres.conf positions).",
+        f"TaskProlog={s.conf_dir}/task-prolog.sh",
+    )
+    out += _block(
         "A node that went down by not responding comes back by itself once its slurmd\n"
         "registers again with a valid configuration; one drained by an admin (or by\n"
         "gpuwarden's health watch, slurm.drain_node) stays drained.",
@@ -266,9 +271,9 @@ Nothing was installed or restarted. What to do, in this order:
    check from the controller: munge -n | ssh NODE unmunge
 
 3. These files: slurm.conf, gres.conf and cgroup.conf into {s.conf_dir}/ on every machine
-   (the same files everywhere); prolog.sh and epilog.sh into {s.conf_dir}/ on every node,
-   owned by root, mode 755. Site settings for gpuwarden on a node go into {s.hook_env}
-   (read by the hooks; `%n` is the node's name).
+   (the same files everywhere); prolog.sh, epilog.sh and task-prolog.sh into {s.conf_dir}/
+   on every node, owned by root, mode 755. Site settings for gpuwarden on a node go into
+   {s.hook_env} (read by the hooks; `%n` is the node's name).
 
 4. Directories: on the controller {dirs} (owner {s.slurm_user});
    on the nodes {paths["SlurmdSpoolDir"]} (owner root).

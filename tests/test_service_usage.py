@@ -24,6 +24,7 @@ import pytest
 from gpuwarden.cli import main
 from gpuwarden.cli.jobtables import span
 from repo import SRC
+from schemas import validate
 from servicetools import SPEC, Server, cli_as, serving, submit
 from users import make_user
 
@@ -94,7 +95,7 @@ def test_report_by_user_and_eff_of_a_job_that_loads_one_of_its_two_gpus(
     # eff: about 80% on the GPU it loaded, 0% on the other, and flagged.
     eff = cli_as(srv, alice, "eff", "--json", str(two))
     assert eff.returncode == 0, eff.stderr
-    (job,) = json.loads(eff.stdout)
+    (job,) = validate("eff", eff.stdout)
     (run,) = job["runs"]
     loaded = ended[two]["gpus"][0]
     uses = {u["gpu"]: u for u in run["use"]}

@@ -63,7 +63,9 @@ def register(commands: Commands, name: str) -> None:
     )
     cluster.add_argument("--conf-dir", metavar="DIR", default="/etc/slurm", help="/etc/slurm")
     cluster.add_argument("--slurm-user", metavar="USER", default="slurm", help="slurm")
-    cluster.add_argument("--port", type=int, default=6817, help="slurmctld's port (6817)")
+    cluster.add_argument(
+        "--port", type=int, default=6817, help="slurmctld's port (6817); slurmd, slurmdbd the next"
+    )
     cluster.add_argument(
         "--hook-env",
         metavar="FILE",

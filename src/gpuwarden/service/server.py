@@ -27,7 +27,7 @@ from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
-from gpuwarden.service import journalguard, store
+from gpuwarden.service import healthwatch, journalguard, store
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.notify import JobNotifier
@@ -75,6 +75,7 @@ class Service(Requests, TimeLimits):
         super().__init__(
             settings, snapshot, JobNotifier(settings.webhook, settings.sendmail), Pacer()
         )
+        self.health: Any = None  # the health watch (service.healthwatch), from `open`
         for folder in (settings.state_dir, self.exits):
             _directory(folder)
         journal = os.path.join(settings.state_dir, "jobs.db")
@@ -132,6 +133,9 @@ class Service(Requests, TimeLimits):
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
         self.indices = {g.uuid: g.index for g in snapshot.gpus}
         self.recover()
+        # Its threads start after every fork of the start (the notifier's): a lab with
+        # no exporter still has a fatal fault drained (service.healthwatch).
+        self.health = healthwatch.start(self.reading, self.settings.webhook)
         log.info("serving on %s", path)
 
     def close(self) -> None:
@@ -149,6 +153,8 @@ class Service(Requests, TimeLimits):
             os.close(fd)
         self.watched.clear()
         self.processes.clear()
+        if self.health is not None:
+            self.health.stop()
         self.notifier.close()
         self.store.close()
         for fd in self.locks:  # the lock files stay: removing a held one would race

@@ -70,8 +70,11 @@ class ClusterSettings:
                 _path(flag, path)
         _path("--hook-env", args.hook_env)
         _word("--slurm-user", args.slurm_user)
-        if not 0 < args.port < 65535:
-            raise UserError(f"--port needs a port 1-65534 (slurmd takes the next), got {args.port}")
+        if not 0 < args.port < 65533:
+            raise UserError(
+                f"--port needs a port 1-65532 (slurmd and slurmdbd take the next two), got "
+                f"{args.port}"
+            )
         if args.slurmdbd is not None:
             _word("--slurmdbd", args.slurmdbd)
             if args.no_slurmdbd:

@@ -165,6 +165,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "lab.*",
             # `gpuwarden mcp`: the assistants' answers and the MCP server
             "assistant.*",
+            # `gpuwarden top`: its state and keys, the screen drawn as text, its actions,
+            # the curses loop
+            "top.*",
             # the queue service itself
             "service",
             "service.admission",

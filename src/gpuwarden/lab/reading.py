@@ -120,3 +120,40 @@ def lab_of(
         admin=hello.get("admin") is True,
         error=error,
     )
+
+
+def read_hosts(hosts: list[str]) -> list[Lab]:
+    """Every host's lab over the user's ssh (docs/hosts.md): its GPUs from its own `web
+    --once`, its jobs from its own `queue --json --all`, asked of all hosts at once. A
+    host that does not answer is a lab with no GPUs and the reason."""
+    from gpuwarden.hosts.remote import ask_json
+
+    now = time.time()
+    pages = ask_json(hosts, ["web", "--once"])
+    queues = {host: (doc, why) for host, doc, why in ask_json(hosts, ["queue", "--json", "--all"])}
+    labs = []
+    for host, doc, why in pages:
+        if not isinstance(doc, dict):
+            labs.append(Lab(host=host, taken_at=now, service=why, error=why))
+            continue
+        rows, refused = queues.get(host, (None, "no answer"))
+        found = doc.get("queue")
+        section: dict[str, Any] = found if isinstance(found, dict) else {}
+        gpus = [g for g in doc.get("gpus") or () if isinstance(g, dict)]
+        if not isinstance(rows, list):
+            labs.append(Lab(host=host, taken_at=now, gpus=gpus, service=refused or "no queue"))
+            continue
+        jobs = [r for r in rows if isinstance(r, dict)]
+        labs.append(
+            Lab(
+                host=host,
+                taken_at=now,
+                gpus=gpus,
+                jobs=jobs,
+                bookings=[b for b in section.get("bookings") or () if isinstance(b, dict)],
+                total=len(jobs),
+                user=section.get("user") if isinstance(section.get("user"), str) else None,
+                admin=section.get("admin") is True,
+            )
+        )
+    return labs

@@ -95,6 +95,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "arrayspec",
             "begintime",
             "booking",
+            "preemption",
             # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
             "usage",
             "efficiency",
@@ -190,6 +191,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.outbox",
             "service.pacing",
             "service.placing",
+            "service.preempting",
             "service.reloading",
             "service.requests",
             "service.reports",

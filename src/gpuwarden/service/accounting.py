@@ -284,3 +284,15 @@ def _group_names() -> Any:
         return known[gid]
 
     return name
+
+
+def wait_histogram(
+    db: sqlite3.Connection, bounds: tuple[float, ...]
+) -> tuple[list[int], float, int]:
+    """How long every job that ever started waited: cumulative counts per upper bound
+    (Prometheus' `le`), the sum and the count (the exporter's queue metrics)."""
+    cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
+    query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
+    row = db.execute(query + " WHERE started IS NOT NULL").fetchone()
+    counts = [int(v or 0) for v in row[: len(bounds)]]
+    return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])

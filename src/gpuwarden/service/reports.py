@@ -27,7 +27,9 @@ def usage_now(service: Any, job_id: int) -> tuple[Optional[float], Optional[int]
 
 def stats(service: Any) -> dict[str, Any]:
     """What the exporter turns into queue metrics: counts, waits, fair share."""
-    counts, total, number = service.store.wait_histogram(WAIT_BUCKETS)
+    from gpuwarden.service.accounting import wait_histogram
+
+    counts, total, number = wait_histogram(service.store.db, WAIT_BUCKETS)
     return {
         "ok": True,
         "plan": service.pacer.stats(),
@@ -41,6 +43,7 @@ def stats(service: Any) -> dict[str, Any]:
             for (p, a), n in sorted(service.watcher().counts.items())
         ],
         "unleased": service.watcher().unleased,
+        "preemptions": [{"user": u, "count": n} for u, n in sorted(service.preempted.items())],
     }
 
 

@@ -16,14 +16,17 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
+from gpuwarden.service import accounting
+
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
 COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
+PREEMPTED = "PREEMPTED"  # ended by preemption (`--preempt=cancel`), as Slurm's state
 ACTIVE = (PENDING, STARTING, RUNNING)
-ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST)
+ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST, PREEMPTED)
 
 SCHEMA_VERSION = 1
 
@@ -65,7 +68,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_task INTEGER,
     array_throttle INTEGER,
     params TEXT NOT NULL DEFAULT '{}',
-    begin REAL
+    begin REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    preemptions INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
@@ -80,6 +86,9 @@ _ADDED = {
     "array_throttle": "INTEGER",
     "params": "TEXT NOT NULL DEFAULT '{}'",
     "begin": "REAL",
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+    "preemptions": "INTEGER NOT NULL DEFAULT 0",
     "account": "TEXT",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
@@ -125,11 +134,18 @@ class Job:
     array_throttle: Optional[int] = None  # tasks of its array that may run at once
     params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
     begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
+    restarts: int = 0  # times it was queued again under its id (GPUWARDEN_RESTART_COUNT)
+    retries: int = 0  # of those, after a failure (--max-retries)
+    preemptions: int = 0  # of those or not, times it was preempted (service.preempting)
     account: Optional[str] = None  # --account: whose GPU-hours these are (service.accounts)
 
     @property
     def count(self) -> int:
         return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
+
+    @property
+    def preemptible(self) -> bool:  # submitted --preemptible (service.preempting)
+        return bool(self.request.get("preemptible"))
 
 
 _JSON = {"argv", "env", "request", "after", "gpus", "params"}
@@ -190,9 +206,7 @@ class Store:
                 (str(SCHEMA_VERSION),),
             )
             self._add_columns()
-            from gpuwarden.service.accounting import ensure
-
-            ensure(self.db)  # every run of every job: service.accounting
+            accounting.ensure(self.db)  # every run of every job, and what its GPUs did
         if path != ":memory:":
             os.chmod(path, 0o600)
         # The active jobs, kept in memory as they are written: the service plans over
@@ -408,15 +422,6 @@ class Store:
             out.setdefault(state, {})[user] = int(count)
         return out
 
-    def wait_histogram(self, bounds: tuple[float, ...]) -> tuple[list[int], float, int]:
-        """How long every job that ever started waited: cumulative counts per upper
-        bound (Prometheus' `le`), the sum and the count."""
-        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
-        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
-        row = self.db.execute(query + " WHERE started IS NOT NULL").fetchone()
-        counts = [int(v or 0) for v in row[: len(bounds)]]
-        return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
-
     # -- usage -------------------------------------------------------------------
 
     def usage(self, now: float, half_life: float) -> dict[str, float]:
@@ -488,11 +493,3 @@ def new_job(**fields: Any) -> Job:
     fields.setdefault("state", PENDING)
     fields.setdefault("submitted", time.time())
     return Job(id=0, **fields)
-
-
-def iter_ids(values: Iterable[Any]) -> Iterator[int]:
-    """Job ids from a request: positive integers only."""
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"invalid job id {value!r}")
-        yield value

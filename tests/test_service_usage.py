@@ -135,7 +135,7 @@ def test_every_run_of_a_requeued_job_is_counted(sampled: Server) -> None:
     assert srv.call(alice, "requeue", job=job)["ok"]
     srv.wait_log(f"job {job} requeued")
     row = srv.wait_state(job, ("COMPLETED",), timeout=60)
-    assert row["runs"] == 2 and row["run_seconds"] >= 5.5, row
+    assert row["runs"] == 2 and row["run_seconds"] > row["elapsed"] + 0.2, row  # both runs
     assert row["gpu_seconds"] == pytest.approx(row["run_seconds"], rel=0.01)
     rows = report_csv(srv, alice, "--by", "job")
     assert rows[str(job)]["runs"] == "2" and rows[str(job)]["jobs"] == "1", rows

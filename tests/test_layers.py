@@ -95,6 +95,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "arrayspec",
             "begintime",
             "booking",
+            "preemption",
         ),
     ),
     (
@@ -187,6 +188,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.outbox",
             "service.pacing",
             "service.placing",
+            "service.preempting",
             "service.reloading",
             "service.requests",
             "service.reports",

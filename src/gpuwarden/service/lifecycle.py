@@ -18,7 +18,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import config, scheduling
+from gpuwarden import config, preemption, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import (
     arrays,
@@ -26,6 +26,7 @@ from gpuwarden.service import (
     bookings,
     jobnotify,
     jobprocess,
+    preempting,
     requeue,
     spawn,
     store,
@@ -64,8 +65,10 @@ class Lifecycle(Attaching, Limiting):
                 pid = (marker or {}).get("pid") or job.pid
                 self.store.update(job.id, pid=pid)
                 self._watch(job.id, job.supervisor, pid)
-                if job.reason in ("time limit", "cancelling"):  # SIGTERM was sent: not again
+                if job.reason in ("time limit", "cancelling", requeue.ASKED):  # not again
                     self.termed[job.id] = time.monotonic()
+                elif job.reason == preempting.REASON:  # its signal went: SIGKILL after grace
+                    self.preempting[job.id] = time.monotonic()
                 log.info("re-adopted job %s", job.id)
             elif marker is None:
                 self._requeue(job)
@@ -275,10 +278,13 @@ class Lifecycle(Attaching, Limiting):
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
-        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings, reading)
+        leaving = {*self.termed, *self.preempting}
+        gpus, busy, waiting, pick = inputs(
+            snapshot, running, pending, self.settings, reading, leaving
+        )
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.plan_policy((*pending, *running))
-        decisions = scheduling.plan(
+        decisions, victims = preemption.plan(
             gpus,
             busy,
             waiting,
@@ -291,6 +297,9 @@ class Lifecycle(Attaching, Limiting):
                 bookings.of(self).current(now), {j.user for j in (*pending, *running)}
             ),
         )
+        for why in set(victims.values()):  # first: their grace runs from now
+            chosen = (self.store.get(int(v)) for v, w in victims.items() if w == why)
+            preempting.preempt(self, [j for j in chosen if j is not None], why)
         self.priorities = {int(d.id): d.priority for d in decisions}
         self.estimates = {int(d.id): d.estimated_start for d in decisions}
         # Every waiting job's expected start (`queue --start`), worked out when a
@@ -370,16 +379,26 @@ class Lifecycle(Attaching, Limiting):
             )
 
     def _finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
-        if state is None and requeue.asked(job):
-            requeue.again(self, job, ended)  # waits again under its id
+        charge = preempting.charge(self.settings, job)
+        preempted = preempting.ended(self, job)
+        if state is None and (requeue.asked(job) or preempted == "requeue"):
+            # Waits again under its id (a preempted submitit call asks for it too).
+            requeue.again(self, job, ended, preempted=bool(preempted), charge=charge)
             return
         if state is None:
-            if job.id in self.termed and job.reason == "time limit":
+            if preempted:
+                state = store.PREEMPTED
+            elif job.id in self.termed and job.reason == "time limit":
                 state = store.TIMEOUT
             elif job.id in self.termed:
                 state = store.CANCELLED
+            elif ended.ok:
+                state = store.COMPLETED
+            elif requeue.retrying(job):
+                requeue.again(self, job, ended, retry=True, charge=charge)
+                return
             else:
-                state = store.COMPLETED if ended.ok else store.FAILED
+                state = store.FAILED
         now = time.time()
         started = job.started or now
         from gpuwarden.service.placing import release_leases
@@ -411,7 +430,8 @@ class Lifecycle(Attaching, Limiting):
             memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
             self.store.charge(
                 job.user,
-                scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
+                charge
+                * scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
                 now,
                 self.settings.policy.half_life,
             )

@@ -16,14 +16,15 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
 COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
+PREEMPTED = "PREEMPTED"  # ended by preemption (`--preempt=cancel`), as Slurm's state
 ACTIVE = (PENDING, STARTING, RUNNING)
-ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST)
+ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST, PREEMPTED)
 
 SCHEMA_VERSION = 1
 
@@ -65,7 +66,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_task INTEGER,
     array_throttle INTEGER,
     params TEXT NOT NULL DEFAULT '{}',
-    begin REAL
+    begin REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    preemptions INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
@@ -80,6 +84,9 @@ _ADDED = {
     "array_throttle": "INTEGER",
     "params": "TEXT NOT NULL DEFAULT '{}'",
     "begin": "REAL",
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+    "preemptions": "INTEGER NOT NULL DEFAULT 0",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -124,10 +131,17 @@ class Job:
     array_throttle: Optional[int] = None  # tasks of its array that may run at once
     params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
     begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
+    restarts: int = 0  # times it was queued again under its id (GPUWARDEN_RESTART_COUNT)
+    retries: int = 0  # of those, after a failure (--max-retries)
+    preemptions: int = 0  # of those or not, times it was preempted (service.preempting)
 
     @property
     def count(self) -> int:
         return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
+
+    @property
+    def preemptible(self) -> bool:  # submitted --preemptible (service.preempting)
+        return bool(self.request.get("preemptible"))
 
 
 _JSON = {"argv", "env", "request", "after", "gpus", "params"}
@@ -483,11 +497,3 @@ def new_job(**fields: Any) -> Job:
     fields.setdefault("state", PENDING)
     fields.setdefault("submitted", time.time())
     return Job(id=0, **fields)
-
-
-def iter_ids(values: Iterable[Any]) -> Iterator[int]:
-    """Job ids from a request: positive integers only."""
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"invalid job id {value!r}")
-        yield value

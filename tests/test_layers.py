@@ -96,6 +96,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "begintime",
             "booking",
             "preemption",
+            # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
+            "usage",
+            "efficiency",
         ),
     ),
     (
@@ -199,6 +202,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.timelimits",
             "service.unitfiles",
             "service.watching",
+            "service.accounting",
+            "service.sampler",
         ),
     ),
     (

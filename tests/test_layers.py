@@ -96,6 +96,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "begintime",
             "booking",
             "preemption",
+            # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
+            "usage",
+            "efficiency",
         ),
     ),
     (
@@ -144,6 +147,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "queueclient.*",
             # the pieces of a service job's start and end the daemon calls
             "service.spawn",
+            "service.jobterminal",
             "service.tree",
             "service.jobcgroup",
             "service.jobprocess",
@@ -201,6 +205,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.timelimits",
             "service.unitfiles",
             "service.watching",
+            "service.accounting",
+            "service.sampler",
         ),
     ),
     (

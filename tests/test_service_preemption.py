@@ -9,9 +9,11 @@ bob's normal job takes two of them back.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +44,9 @@ JOB = (
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     monkeypatch.setenv("GPUWARDEN_SERVICE_PREEMPT_GRACE", str(GRACE))
     monkeypatch.setenv("GPUWARDEN_SERVICE_RETRY_BACKOFF", "0.5")
-    yield from serving(tmp_path, open_dir, monkeypatch, spec=EIGHT)
+    monkeypatch.setenv("GPUWARDEN_SERVICE_PREEMPT_CHARGE", "0")  # scavenging is free here
+    # Two GPUs a user: alice's eight preemptible jobs run beyond it.
+    yield from serving(tmp_path, open_dir, monkeypatch, "--max-gpus-per-user", "2", spec=EIGHT)
 
 
 def notes(folder: Path, job: int) -> list[tuple[str, float]]:
@@ -58,7 +62,7 @@ def notes(folder: Path, job: int) -> list[tuple[str, float]]:
 
 @pytest.mark.slow
 def test_a_normal_job_takes_gpus_back_from_preemptible_ones_within_the_grace(
-    server: Server,
+    server: Server, cli: Any
 ) -> None:
     alice, bob = make_user("alice", ("lab",)), make_user("bob")
     folder = server.work / "notes"
@@ -111,8 +115,6 @@ def test_a_normal_job_takes_gpus_back_from_preemptible_ones_within_the_grace(
         assert again["restarts"] == 1 and again["preemptions"] == 1, again
     logs = cli_as(server, alice, "logs", str(stubborn))
     assert f"gpuwarden: job {stubborn} preempted at" in logs.stdout + logs.stderr
-    queue = cli_as(server, alice, "queue")
-    assert queue.returncode == 0, queue.stderr
     # Once bob's job is done, the victims run again, told it is their second run.
     server.wait_state(normal, ("COMPLETED",), timeout=30)
     for job in victims:
@@ -123,8 +125,56 @@ def test_a_normal_job_takes_gpus_back_from_preemptible_ones_within_the_grace(
         )
     others = [j for j in polite if j not in victims]
     assert all(server.job(j)["restarts"] == 0 for j in others)
+    queue = cli_as(server, alice, "queue")
+    assert queue.returncode == 0, queue.stderr
+    lines = {ln.split()[0]: ln for ln in queue.stdout.splitlines()[1:] if ln.strip()}
+    assert any("preemptible (run 2, preempted 1x)" in lines[label] for label in lines), queue.stdout
     stats = server.call(None, "stats")
     assert stats["preemptions"] == [{"user": "gw-alice", "count": 2}], stats
+    exported = cli(
+        "exporter", "--once", env={"GPUWARDEN_SOCKET": server.socket, "GPUWARDEN_SIM": EIGHT}
+    )
+    assert "gpuwarden_queue_preemptions_total{hostname=" in exported.stdout, exported.stderr
+    assert 'user="gw-alice"} 2.0' in exported.stdout
+    # Charged at service.preempt_charge (0 here): alice's runs cost her nothing, bob's did.
+    usage = {u["user"]: u["usage"] for u in server.call(None, "share")["users"]}
+    assert usage.get("gw-alice", 0.0) == 0.0 and usage["gw-bob"] > 0, usage
+
+
+def test_a_preemptible_sweep_beyond_the_limit_and_what_is_refused(server: Server) -> None:
+    alice = make_user("alice", ("lab",))
+    sub = cli_as(
+        server,
+        alice,
+        "submit",
+        "--preemptible",
+        "--preempt",
+        "cancel",
+        "-g",
+        "1",
+        "--param",
+        "lr=1,2,3",
+        "--",
+        "sleep",
+        "60",
+    )
+    assert sub.returncode == 0, sub.stderr
+    array = int(sub.stdout.strip())
+    rows = [r for r in server.call(alice, "queue")["jobs"] if r.get("array_job") == array]
+    assert len(rows) == 3 and all(r["preemptible"] for r in rows), rows
+    for row in rows:  # three GPUs, over her limit of two
+        server.wait_state(row["id"], ("RUNNING",))
+    bad = cli_as(server, alice, "submit", "--preempt", "cancel", "--", "true")
+    assert bad.returncode != 0 and "add --preemptible" in bad.stderr
+    # carol (an admin: no GPU limit) needs six GPUs: one task goes, and ends PREEMPTED.
+    carol = make_user("carol")
+    normal = submit(server, carol, ["sleep", "1"], request={"count": 6})
+    server.wait_state(normal, ("RUNNING", "COMPLETED"), timeout=GRACE + 30)
+    ended = [r for r in server.call(alice, "jobs")["jobs"] if r.get("array_job") == array]
+    assert [r["state"] for r in ended] == ["PREEMPTED"], ended
+    history = cli_as(server, alice, "jobs")
+    assert "PREEMPTED" in history.stdout, history.stdout
+    server.call(alice, "cancel", jobs=[array])
 
 
 def test_max_retries_reruns_a_failing_job_then_marks_it_failed(server: Server) -> None:
@@ -177,3 +227,29 @@ def test_requeue_as_scontrol_requeue(server: Server) -> None:
         "its third run",
     )
     assert server.job(job)["restarts"] == 2
+
+
+def test_a_preemption_outlives_a_restart_of_the_service(server: Server) -> None:
+    """The victim's signal is not sent again by a restarted service, which still kills
+    it after the grace and queues it again."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    folder = server.work / "notes"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    argv = [USER_PY, "-c", JOB, str(folder), "stubborn"]
+    victim = submit(server, alice, argv, request={"count": 8}, preemptible=True)
+    server.wait_state(victim, ("RUNNING",))
+    wait_for(lambda: notes(folder, victim), 30, "the job started")
+    normal = submit(server, bob, ["sleep", "2"], request={"count": 1})
+    wait_for(lambda: any(w == "term" for w, _ in notes(folder, victim)), 30, "its SIGTERM")
+    server.kill(signal.SIGKILL)
+    server.start()
+    server.wait_state(normal, ("RUNNING", "COMPLETED"), timeout=GRACE + 30)
+    row = server.job(victim)
+    assert row["restarts"] == 1 and row["preemptions"] == 1, row
+    wait_for(
+        lambda: "start 1" in [w for w, _ in notes(folder, victim)] or None,
+        30,
+        lambda: f"its second run: {notes(folder, victim)}",
+    )
+    assert [w for w, _ in notes(folder, victim)].count("term") == 1

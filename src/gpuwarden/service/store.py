@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
+from gpuwarden.service import accounting
 from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
 from gpuwarden.service.transaction import Transaction
 
@@ -92,6 +93,7 @@ _ADDED = {
     "restarts": "INTEGER NOT NULL DEFAULT 0",
     "retries": "INTEGER NOT NULL DEFAULT 0",
     "preemptions": "INTEGER NOT NULL DEFAULT 0",
+    "account": "TEXT",
     "shared": "TEXT",  # an array task's common part, in `blobs` (service.arrayrows)
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
@@ -140,6 +142,7 @@ class Job:
     restarts: int = 0  # times it was queued again under its id (GPUWARDEN_RESTART_COUNT)
     retries: int = 0  # of those, after a failure (--max-retries)
     preemptions: int = 0  # of those or not, times it was preempted (service.preempting)
+    account: Optional[str] = None  # --account: whose GPU-hours these are (service.accounts)
 
     @property
     def count(self) -> int:
@@ -215,6 +218,7 @@ class Store:
                 (str(SCHEMA_VERSION),),
             )  # an earlier journal is this one once `_add_columns` has run
             self._add_columns()
+            accounting.ensure(self.db)  # every run of every job, and what its GPUs did
         self.blobs = Blobs(self.db)
         if path != ":memory:":
             os.chmod(path, 0o600)
@@ -451,15 +455,6 @@ class Store:
         for state, user, count in self.db.execute(query, ACTIVE):
             out.setdefault(state, {})[user] = int(count)
         return out
-
-    def wait_histogram(self, bounds: tuple[float, ...]) -> tuple[list[int], float, int]:
-        """How long every job that ever started waited: cumulative counts per upper
-        bound (Prometheus' `le`), the sum and the count."""
-        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
-        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
-        row = self.db.execute(query + " WHERE started IS NOT NULL").fetchone()
-        counts = [int(v or 0) for v in row[: len(bounds)]]
-        return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
 
     # -- usage -------------------------------------------------------------------
 

@@ -325,3 +325,28 @@ def test_several_hosts_are_read_and_acted_on_over_ssh(monkeypatch: pytest.Monkey
     said = acting.perform(Action("cancel", "7", "a"))
     assert ran == [("a", ["gpuwarden", "cancel", "7"])]
     assert said == "refused: job 7 belongs to bob"
+
+
+def test_an_admin_cancels_anyones_job_with_the_same_keys(
+    server: Server, terminal_dir: Path
+) -> None:
+    """gw-carol is the service's admin (servicetools): the service lets her."""
+    make_user("carol")
+    bob = make_user("bob")
+    blocker = submit(server, bob, ["sleep", "300"], request={"count": 4}, time_limit=600.0)
+    server.wait_state(blocker, ("RUNNING",))
+    theirs = submit(server, bob, ["sleep", "1"], request={"count": 2})
+    screen = top_as(server, "gw-carol", terminal_dir, "--user", "gw-bob", "--sort", "waited")
+    try:
+        lines = screen.wait("bob's jobs", lambda s: shows(s, theirs) and shows(s, blocker))
+        assert "you: gw-carol (admin)" in lines[0]
+        screen.keys(*["j"] * (row_of(lines, theirs) - row_of(lines, blocker)))
+        screen.keys("c")
+        screen.wait("the question", lambda s: f"Cancel job {theirs} (gw-bob" in "\n".join(s))
+        screen.keys("y")
+        screen.wait("done", lambda s: f"cancelled {theirs}" in "\n".join(s))
+        assert server.job(theirs)["state"] == "CANCELLED"
+        screen.keys("q")
+    finally:
+        screen.close()
+        server.call(None, "cancel", jobs=[blocker, theirs])

@@ -200,6 +200,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.server",
             "service.settings",
             "service.store",
+            "service.arrayrows",
+            "service.transaction",
             "service.timelimits",
             "service.unitfiles",
             "service.watching",

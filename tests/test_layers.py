@@ -206,6 +206,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.unitfiles",
             "service.watching",
             "service.accounting",
+            "service.accounts",
             "service.sampler",
         ),
     ),

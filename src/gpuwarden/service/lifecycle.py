@@ -245,24 +245,35 @@ class Lifecycle(Attaching, Limiting):
         if ended is None:  # ended before it started: no exit record to remove later
             attachment.forget_client(self.exits, str(job_id))
 
-    def schedule(self) -> None:
+    def schedule(self, full: bool = True) -> None:
         """Plan, and start whatever the plan says starts; keep what stays free (`free`)
-        for the next submit to judge whether it needs a pass at once (service.pacing)."""
+        for the next submit to judge whether it needs a pass at once (service.pacing).
+
+        A full pass plans every waiting job (their priorities and reasons for `queue`);
+        a start pass only those that could start now (`startable`): a held job, or one
+        waiting on a job still active, starts nothing and blocks nothing, so a queue of
+        10,000 of them costs a start pass nothing. Both plan on the machine as last read
+        (service.machine), read whole again once it is a tick old."""
         from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, start_job
 
+        began = time.monotonic()
         # An attached job whose client has not come back after a restart has no
         # terminal to start on: it waits for its client.
         pending = [
-            j for j in self.store.jobs([store.PENDING]) if not j.attached or j.id in self.stdio
+            j
+            for j in (self.store.jobs([store.PENDING]) if full else self.startable())
+            if not j.attached or j.id in self.stdio
         ]
         if not pending:
-            self.free = None  # not known: the next submit plans at once
+            if full:
+                self.free = None  # not known: the next submit plans at once
+            self.pacer.planned("full" if full else "start", began, time.monotonic())
             return
         # One reading of the configuration for the pass, handed to what it calls: drains,
         # XID logs and health rules change without a reload.
         reading = self.reading = config.load()
-        snapshot = self.read_snapshot()
+        snapshot = self.hardware.current(self.settings.tick)
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
         self.memory = {g.uuid: g.memory_total or 0 for g in units}
         self.indices = {g.uuid: g.index for g in units}
@@ -273,7 +284,9 @@ class Lifecycle(Attaching, Limiting):
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
-        gpus, busy, waiting, pick = inputs(snapshot, running, pending, self.settings, reading)
+        gpus, busy, waiting, pick = inputs(
+            snapshot, running, pending, self.settings, reading, linked=self.hardware.linked
+        )
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.plan_policy((*pending, *running))
         decisions = scheduling.plan(
@@ -289,12 +302,16 @@ class Lifecycle(Attaching, Limiting):
                 bookings.of(self).current(now), {j.user for j in (*pending, *running)}
             ),
         )
-        self.priorities = {int(d.id): d.priority for d in decisions}
-        self.estimates = {int(d.id): d.estimated_start for d in decisions}
-        # Every waiting job's expected start (`queue --start`), worked out when a
-        # listing first asks for it after this pass: the plan itself needs none.
-        self.foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
-        self.foreseen = None
+        if full:
+            self.priorities = {int(d.id): d.priority for d in decisions}
+            self.estimates = {int(d.id): d.estimated_start for d in decisions}
+            # Every waiting job's expected start (`queue --start`), worked out when a
+            # listing first asks for it after this pass: the plan itself needs none.
+            self.foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
+            self.foreseen = None
+        else:
+            self.priorities.update((int(d.id), d.priority) for d in decisions)
+            self.estimates.update((int(d.id), d.estimated_start) for d in decisions)
         by_id = {j.id: j for j in pending}
         self.free = free = scheduling.Capacity(gpus)
         for run in busy:
@@ -302,20 +319,26 @@ class Lifecycle(Attaching, Limiting):
         for decision in decisions:
             if decision.starts:
                 free.take(decision.gpus, by_id[int(decision.id)].mem)
-        with self.store.transaction(durable=False):  # one commit for every reason
-            for job in throttled:
-                if job.reason != arrays.THROTTLED:
-                    self.store.update(job.id, durable=False, reason=arrays.THROTTLED)
-            for decision in decisions:
-                job = by_id[int(decision.id)]
-                if not decision.starts and job.wait and job.reason != decision.reason:
-                    self.store.update(job.id, durable=False, reason=decision.reason)
+        reasons: list[tuple[int, Optional[str]]] = [
+            (j.id, arrays.THROTTLED) for j in throttled if j.reason != arrays.THROTTLED
+        ]
+        for decision in decisions:
+            job = by_id[int(decision.id)]
+            if not decision.starts and job.wait and job.reason != decision.reason:
+                reasons.append((job.id, decision.reason))
+        if reasons:
+            with self.store.transaction(durable=False):  # one commit for every reason
+                for job_id, reason in reasons:
+                    self.store.update(job_id, durable=False, reason=reason)
+        self.pacer.planned("full" if full else "start", began, time.monotonic(), len(waiting))
         for decision in decisions:
             job = by_id[int(decision.id)]
             if not decision.starts:
                 if not job.wait:
                     self._refuse(job, decision.reason or "")
                 continue
+            if not full:
+                self.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
             try:
                 started = start_job(self, job, decision.gpus, snapshot, reading)
             except UserError as err:
@@ -328,6 +351,12 @@ class Lifecycle(Attaching, Limiting):
                 self._watch(job.id, started.supervisor, started.pid)
                 if jobnotify.wanted(job.request):
                     jobnotify.send(self.notifier, self.store.get(job.id) or job, ["BEGIN"])
+
+    def startable(self) -> list[store.Job]:
+        """The waiting jobs a start pass plans: not held, and waiting on no job that is
+        still waiting or running (kept apart by the journal: `Store.ready`)."""
+        ready, active = self.store.ready()
+        return [j for j in ready if not any(a in active for a in j.after)]
 
     def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
         """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's

@@ -16,9 +16,12 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
+
+from gpuwarden.service.tally import Tally
+from gpuwarden.service.transaction import Transaction
 
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
 COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
@@ -149,6 +152,10 @@ def _normalised(job: Job) -> Job:
     return replace(job, **changes) if changes else job
 
 
+def _is_ready(job: Job) -> bool:
+    return job.state == PENDING and not job.held
+
+
 def row_to_job(row: sqlite3.Row) -> Job:
     values: dict[str, Any] = {}
     keys = row.keys()
@@ -174,6 +181,7 @@ class Store:
         self.path = path
         if path != ":memory:":
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        self.commits = self.fsyncs = 0  # made since opened (`stats`: per job started)
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -194,6 +202,10 @@ class Store:
         # them on every pass, and reading and decoding every row each time made a pass
         # grow with the queue (a long queue's makespan grew with its square).
         self._active: Optional[dict[int, Job]] = None
+        # Of those, the waiting jobs not held, by id: what a start pass plans over, kept
+        # apart so that 10,000 held jobs cost it nothing (service.pacing).
+        self._ready: dict[int, Job] = {}
+        self._tally: Optional[Tally] = None  # the queue's figures, counted with them
         # Whether a commit made with `durable=False` may still be only in the page cache.
         self.unsynced = False
 
@@ -212,17 +224,19 @@ class Store:
 
     # -- transactions ------------------------------------------------------------
 
-    def transaction(self, durable: bool = True) -> _Transaction:
+    def transaction(self, durable: bool = True) -> Transaction:
         """One commit for everything inside. `durable=False` for what may be lost to a
         power cut but never to a crash of the service (WAL keeps every commit across a
         process kill): the reason a job waits, its pid once RUNNING (its supervisor's
         marker has it too), a job's end until `sync` (its exit record stays on disk
         until then). Whatever decides what runs is written durably."""
-        return _Transaction(self.db, durable, self._forget, self._committed)
+        return Transaction(self.db, durable, self._forget, self._committed)
 
     def _committed(self, durable: bool) -> None:
         # A durable commit fsyncs the whole write-ahead log: earlier commits with it.
         self.unsynced = not durable
+        self.commits += 1
+        self.fsyncs += durable
 
     def sync(self) -> None:
         """Make every commit so far durable, if one made with `durable=False` is not.
@@ -240,6 +254,7 @@ class Store:
                 fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fsync(fd)
+                    self.fsyncs += 1
                 finally:
                     os.close(fd)
         self.unsynced = False
@@ -247,13 +262,38 @@ class Store:
     def _forget(self) -> None:
         """Drop the in-memory active jobs (after a rollback): read afresh when asked."""
         self._active = None
+        self._ready = {}
 
     def _actives(self) -> dict[int, Job]:
         if self._active is None:
             marks = ", ".join("?" for _ in ACTIVE)
             query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id ASC"
             self._active = {int(r["id"]): row_to_job(r) for r in self.db.execute(query, ACTIVE)}
+            self._ready = {i: j for i, j in self._active.items() if _is_ready(j)}
+            self._tally = Tally(self.db)
         return self._active
+
+    def tally(self) -> Tally:
+        """Jobs per state and user, and the waits of started jobs (service.tally)."""
+        self._actives()
+        assert self._tally is not None
+        return self._tally
+
+    def _keep(self, job: Job, was: Optional[Job] = None) -> None:
+        """`job` as it is now (`was` before), in the in-memory active jobs (an ended one
+        leaves them) and the tally."""
+        if self._tally is not None:
+            self._tally.change(was, job)
+        for kept, keep in ((self._active, job.state in ACTIVE), (self._ready, _is_ready(job))):
+            if keep:
+                kept[job.id] = job  # type: ignore[index]
+            elif kept:
+                kept.pop(job.id, None)
+
+    def ready(self) -> tuple[list[Job], dict[int, Job]]:
+        """The waiting jobs that are not held, oldest first; and every active job by id."""
+        active = self._actives()
+        return [self._ready[i] for i in sorted(self._ready)], active
 
     # -- jobs --------------------------------------------------------------------
 
@@ -274,7 +314,7 @@ class Store:
             )
             added = replace(job, id=int(cursor.lastrowid or 0))
             if self._active is not None and added.state in ACTIVE:
-                self._active[added.id] = _normalised(added)
+                self._keep(_normalised(added))
         return added
 
     def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
@@ -300,11 +340,7 @@ class Store:
                 if changes.get("state") in ACTIVE:
                     self._active = None  # an ended job made active again: read afresh
                 return
-            changed = _normalised(replace(known, **changes))
-            if changed.state in ACTIVE:
-                self._active[job_id] = changed
-            else:
-                del self._active[job_id]
+            self._keep(_normalised(replace(known, **changes)), known)
 
     def get(self, job_id: int) -> Optional[Job]:
         known = self._actives().get(job_id)
@@ -393,25 +429,6 @@ class Store:
             total += len(json.loads(gpus)) * max(0.0, span)
         return total
 
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
-        out: dict[str, dict[str, int]] = {}
-        query = (
-            "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY state, user"
-        )
-        for state, user, count in self.db.execute(query, ACTIVE):
-            out.setdefault(state, {})[user] = int(count)
-        return out
-
-    def wait_histogram(self, bounds: tuple[float, ...]) -> tuple[list[int], float, int]:
-        """How long every job that ever started waited: cumulative counts per upper
-        bound (Prometheus' `le`), the sum and the count."""
-        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in bounds)
-        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
-        row = self.db.execute(query + " WHERE started IS NOT NULL").fetchone()
-        counts = [int(v or 0) for v in row[: len(bounds)]]
-        return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
-
     # -- usage -------------------------------------------------------------------
 
     def usage(self, now: float, half_life: float) -> dict[str, float]:
@@ -435,47 +452,6 @@ class Store:
                 "ON CONFLICT(user) DO UPDATE SET value = excluded.value, at = excluded.at",
                 (user, old + max(0.0, amount), now),
             )
-
-
-class _Transaction:
-    """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on an exception); nests as a no-op."""
-
-    def __init__(
-        self,
-        db: sqlite3.Connection,
-        durable: bool = True,
-        on_rollback: Optional[Callable[[], None]] = None,
-        on_commit: Optional[Callable[[bool], None]] = None,
-    ) -> None:
-        self.db = db
-        self.durable = durable
-        self.outer = False
-        self.on_rollback = on_rollback
-        self.on_commit = on_commit
-
-    def __enter__(self) -> None:
-        self.outer = not self.db.in_transaction
-        if self.outer:
-            if not self.durable:
-                self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, *rest: object) -> None:
-        if not self.outer:
-            return
-        try:
-            if kind is not None and self.on_rollback is not None:
-                self.on_rollback()  # what was kept in memory may not have happened
-            self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
-            if kind is None and self.on_commit is not None:
-                self.on_commit(self.durable)
-        except BaseException:
-            if self.on_rollback is not None:
-                self.on_rollback()  # a failed commit: nothing of it happened either
-            raise
-        finally:
-            if not self.durable:
-                self.db.execute("PRAGMA synchronous=FULL")
 
 
 def new_job(**fields: Any) -> Job:

@@ -57,7 +57,8 @@ _CLEARED = (
 
 def _job_cgroups() -> set[str]:
     """The job cgroups gpuwarden made under every hierarchy's `gpuwarden` directory
-    (`run-*` of `gpuwarden run`, `svc-*` of a queue service)."""
+    (`run-*` of `gpuwarden run`, `svc-*` of a queue service): the whole machine's, the
+    suite's own among them."""
     found: set[str] = set()
     base = Path("/sys/fs/cgroup")
     for parent in (*base.glob("*/gpuwarden"), base / "gpuwarden"):
@@ -68,11 +69,51 @@ def _job_cgroups() -> set[str]:
     return found
 
 
+def _own_scopes(basetemp: Path) -> set[str]:
+    """The cgroup scopes of the services this session started: every service's state
+    lies below the session's temporary folder, and its scope is named after it
+    (service.jobcgroup.scope_of)."""
+    from gpuwarden.service.jobcgroup import scope_of
+
+    scopes: set[str] = set()
+    for folder, dirs, _ in os.walk(basetemp):
+        if "jobs" in dirs:
+            scopes.add(scope_of(os.path.join(folder, "jobs")))
+    return scopes
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _ours(path: str, scopes: set[str]) -> bool:
+    """Whether a job cgroup is this session's to judge: a scope of one of its services,
+    or a `run` cgroup whose wrapper is this session's (or gone: then it is no one's and
+    any root `run` removes it once empty). Another session's, or a live system
+    service's, is never judged nor removed."""
+    from gpuwarden.cgroups.devices import owner_pid
+
+    name = os.path.basename(path)
+    if name.startswith("svc-"):
+        return name in scopes
+    wrapper = owner_pid(name)
+    if wrapper is None:
+        return False
+    return not os.path.exists(f"/proc/{wrapper}") or _descends_from(wrapper, os.getpid())
+
+
 def _remove_empty(path: str) -> None:
     """rmdir a job cgroup and the groups inside it, deepest first: the kernel refuses
     one that holds a process, so only what is empty goes. A group made in the last
-    second is left: on a machine where several test sessions run at once, it may be
-    another session's job cgroup between its `mkdir` and its first process joining."""
+    second is left: it may be between its `mkdir` and its first process joining."""
     young = time.time() - 1.0
     for inner, _, _ in os.walk(path, topdown=False):
         with contextlib.suppress(OSError):
@@ -81,27 +122,28 @@ def _remove_empty(path: str) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def no_cgroup_trail() -> Iterator[None]:
+def no_cgroup_trail(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The suite leaves no cgroup behind. A job's cgroup, or a stopped service's
     directory, that was not empty yet when its owner tried to remove it (a process of
     the job still on its way out) is removed here once it is, as the next root `run`
     or a restarted service would; one that still holds a process after a few seconds
-    is a job that outlived its test, and fails the suite."""
+    is a job that outlived its test, and fails the suite. Only the session's own are
+    judged (`_ours`): the machine's own service, and other sessions, keep theirs."""
     before = _job_cgroups()
     yield
+    scopes = _own_scopes(tmp_path_factory.getbasetemp())
+
+    def left() -> set[str]:
+        return {p for p in _job_cgroups() - before if _ours(p, scopes)}
 
     def gone() -> bool:
-        left = _job_cgroups() - before
-        for path in left:
+        trail = left()
+        for path in trail:
             _remove_empty(path)
-        return not left
+        return not trail
 
     wait_for(
-        gone,
-        5,
-        lambda: (
-            f"the tests left job cgroups with processes in them: {sorted(_job_cgroups() - before)}"
-        ),
+        gone, 5, lambda: f"the tests left job cgroups with processes in them: {sorted(left())}"
     )
 
 

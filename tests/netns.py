@@ -61,13 +61,23 @@ class Host:
         self.peer = peer  # this namespace's address on the same link
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, argv: list[str], log: Path, env: Optional[dict[str, str]] = None) -> None:
-        """A daemon in this host's namespace, under its own hostname (a UTS namespace)."""
-        script = 'hostname "$0" && exec "$@"'
+    def start(
+        self,
+        argv: list[str],
+        log: Path,
+        env: Optional[dict[str, str]] = None,
+        prelude: str = "",
+    ) -> None:
+        """A daemon in this host's namespace, under its own hostname (a UTS namespace).
+        With a `prelude` (shell commands, e.g. `mount --bind` of this host's own
+        /etc/passwd), it runs first in a mount namespace of the daemon's own, so what
+        it mounts is this host's alone, as on another machine."""
+        script = 'hostname "$0" && ' + (f"{prelude} && " if prelude else "") + 'exec "$@"'
         # nsenter, not `ip netns exec`: that one also remounts /sys for the namespace,
         # which hides the cgroup file systems mounted under it (slurmd needs them).
         net = f"--net=/run/netns/{self.ns}"
-        full = ["nsenter", net, "unshare", "--uts", "sh", "-c", script]
+        private = ["--mount", "--propagation", "private"] if prelude else []
+        full = ["nsenter", net, "unshare", "--uts", *private, "sh", "-c", script]
         with open(log, "ab") as out:
             self.procs.append(
                 subprocess.Popen(
@@ -167,6 +177,7 @@ class SshLab:
         python: list[str],
         path: str,
         env: dict[str, dict[str, str]],
+        preludes: Optional[dict[str, str]] = None,
     ) -> None:
         import pwd
 
@@ -184,7 +195,10 @@ class SshLab:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-sep dir
             for host in self.lab.hosts:
                 conf = self._sshd_config(host, {**env[host.name], "PYTHONPATH": path})
-                host.start([SSHD, "-D", "-e", "-f", str(conf)], top / f"{host.name}.log")
+                prelude = (preludes or {}).get(host.name, "")
+                host.start(
+                    [SSHD, "-D", "-e", "-f", str(conf)], top / f"{host.name}.log", None, prelude
+                )
             for host in self.lab.hosts:
                 wait_port(host, 22)
         except BaseException:
@@ -245,9 +259,10 @@ class SshLab:
         shutil.rmtree(self.home / ".ssh", ignore_errors=True)
 
 
-def ssh_lab(top: Path, specs: dict[str, str]) -> SshLab:
+def ssh_lab(top: Path, specs: dict[str, str], preludes: Optional[dict[str, str]] = None) -> SshLab:
     """An SshLab whose hosts simulate `specs[name]`, each with its own state under top,
-    reached by the test user gw-hosts (useradd'ed once)."""
+    reached by the test user gw-hosts (useradd'ed once); `preludes[name]` runs before
+    that host's sshd, in a mount namespace of its own (Host.start)."""
     import subprocess as sp
 
     from pythons import python_for
@@ -270,4 +285,4 @@ def ssh_lab(top: Path, specs: dict[str, str]) -> SshLab:
             "GPUWARDEN_SYSTEM_CONFIG": str(top / "none.toml"),
             "GPUWARDEN_SOCKET": str(state / "gpuwarden.sock"),  # a test may start one
         }
-    return SshLab(top, person.name, python, path, env)
+    return SshLab(top, person.name, python, path, env, preludes)

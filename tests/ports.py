@@ -16,13 +16,24 @@ def free_port() -> int:
 
 def free_port_pair() -> int:
     """A free port whose next one is free too (slurmctld and slurmd listen side by side)."""
+    return free_port_run(2)
+
+
+def free_port_run(count: int) -> int:
+    """A free port whose next `count - 1` are free too (slurmctld, slurmd, slurmdbd)."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         if port > 60000:
             continue
-        with contextlib.suppress(OSError), socket.socket() as t:
-            t.bind(("127.0.0.1", port + 1))
+        if all(_free(port + i) for i in range(1, count)):
             return port
-    raise RuntimeError("no two free ports in a row")
+    raise RuntimeError(f"no {count} free ports in a row")
+
+
+def _free(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.socket() as t:
+        t.bind(("127.0.0.1", port))
+        return True
+    return False

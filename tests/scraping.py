@@ -46,11 +46,17 @@ def query(base: str, promql: str) -> list[dict]:
 
 
 def samples(text: str) -> dict:
-    """{(name, frozenset(labels)): value}"""
+    """{(name, frozenset(labels)): value}, each under the name Prometheus stores it by:
+    the name written (prometheus-client's parser adds `_total` to a counter's samples,
+    where dcgm-exporter's counters have none)."""
+    written = {line.split("{")[0].split()[0] for line in text.splitlines() if line[:1].isalpha()}
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
+            name = s.name
+            if name not in written and name.endswith("_total") and name[:-6] in written:
+                name = name[:-6]
+            out[(name, frozenset(s.labels.items()))] = s.value
     return out
 
 

@@ -175,3 +175,26 @@ def test_gpm_per_mig_instance_on_hopper(sim, tmp_path):
     # kim's job runs in the 3g.71gb instance; the 1g.18gb one is idle
     assert set(tensor) == {"3g.71gb", "1g.18gb"}
     assert tensor["3g.71gb"] > 0 and tensor["1g.18gb"] == 0
+
+
+def test_once_on_hopper_prints_the_profiling_counters_and_types_the_counters(cli, tmp_path):
+    """`exporter --once` samples GPM twice: the ratios are averages between two samples,
+    and a single read has none. The counters dcgm-exporter keeps without `_total` are
+    typed as it types them."""
+    done = cli(
+        *("--sim", "server-8xh200", "exporter", "--once", "--dcgm-compat"),
+        env={"GPUWARDEN_SIM_STATE": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    found = samples(done.stdout)
+    tensor = {dict(lab)["gpu"]: v for (n, lab), v in found.items() if n.endswith("TENSOR_ACTIVE")}
+    assert len(tensor) == 8 and sum(v > 0 for v in tensor.values()) == 6, tensor  # 6 busy
+    for name in ("GR_ENGINE_ACTIVE", "DRAM_ACTIVE"):
+        assert len([n for n, _ in found if n == f"DCGM_FI_PROF_{name}"]) == 8, name
+    types = dict(
+        line.split()[2:4] for line in done.stdout.splitlines() if line.startswith("# TYPE")
+    )
+    assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
+    assert types["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == "counter"
+    assert types["DCGM_FI_DEV_GPU_TEMP"] == "gauge"
+    assert "untyped" not in types.values(), types

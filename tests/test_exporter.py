@@ -61,7 +61,8 @@ def test_leases_drains_health_and_xids():
         snap,
         leases=(lease,),
         drains={
-            "GPU-cccc": Drain("GPU-cccc", "health: GPU is lost", "gpuwarden-health", 1.0, True)
+            "GPU-cccc": Drain("GPU-cccc", "health: GPU is lost", "root", 1.0, True, 0),
+            "GPU-bbbb": Drain("GPU-bbbb", "fan", "carol", 1.0, True, 1000),
         },
         findings={g.uuid: judge(g, (79,) if g.index == 2 else ()) for g in snap.gpus},
         xids={"GPU-cccc": (13, 79)},
@@ -70,6 +71,10 @@ def test_leases_drains_health_and_xids():
     assert value(found, "gpuwarden_gpu_leased", gpu="0", user="alice", job="exp-7") == 1
     assert value(found, "gpuwarden_gpu_leased", gpu="1", user="") == 0
     assert value(found, "gpuwarden_gpu_drained", gpu="2", auto="true") == 1
+    # root's watch drains as `gpuwarden-health`; a user's record is that user's, `auto`
+    # or not (the file says `auto`, the kernel says who wrote it)
+    assert value(found, "gpuwarden_gpu_drained", gpu="2", by="gpuwarden-health") == 1
+    assert value(found, "gpuwarden_gpu_drained", gpu="1", by="carol", auto="true") == 1
     assert value(found, "gpuwarden_gpu_drained", gpu="0") == 0
     assert value(found, "gpuwarden_gpu_health", gpu="2", state="fatal") == 1
     assert value(found, "gpuwarden_gpu_health", gpu="0", state="ok") == 1

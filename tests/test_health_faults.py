@@ -3,6 +3,7 @@ drain the GPU (or not, by policy), show in the metrics and reach the hook."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shlex
@@ -177,6 +178,9 @@ def test_exporter_end_to_end_xid79(machine, isolated, tmp_path, cli):
             "GPU 5 drained in the metrics",
         )
         text = scrape()
+        # root's watch drains under its own name, as docs/monitoring.md says
+        by = 'by="gpuwarden-health"' if os.getuid() == 0 else f'by="{getpass.getuser()}"'
+        assert metric_line(text, "gpuwarden_gpu_drained", 5, by).endswith(" 1.0"), text
         assert metric_line(text, "gpuwarden_gpu_health", 5, 'state="fatal"').endswith(" 1.0")
         assert metric_line(text, "gpuwarden_gpu_xid_errors_total", 5, 'xid="79"').endswith(" 1.0")
         wait_for(

@@ -51,6 +51,24 @@ def test_ddp_argv(cmd: list[str], tail: list[str], tmp_path, monkeypatch) -> Non
     assert argv[5:] == tail
 
 
+def test_ddp_runs_under_the_interpreter_of_the_command(tmp_path, monkeypatch) -> None:
+    # A student's venv has torch; the lab install's own Python has none: torchrun is
+    # the one of the interpreter the command names, or of the script's `#!` line.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    venv = str(tmp_path / "venv" / "bin" / "python")
+    head = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert ddp_argv([venv, "train.py", "-x"], 2) == [venv, *head, "train.py", "-x"]
+    assert ddp_argv(["python3", "train.py"], 2)[:2] == ["python3", "-m"]
+    (tmp_path / "env.py").write_text("#!/usr/bin/env python3\nprint(1)\n")
+    assert ddp_argv(["env.py"], 2) == ["python3", *head, "env.py"]
+    (tmp_path / "own.py").write_text(f"#!{venv}\n")
+    assert ddp_argv(["own.py", "a"], 2) == [venv, *head, "own.py", "a"]
+    (tmp_path / "opts.py").write_text("#!/usr/bin/python3 -u\n")  # options: not ours to pass
+    assert ddp_argv(["opts.py"], 2, python="/py")[0] == "/py"
+    assert ddp_argv([venv, "train.py"], 2, python="/py")[0] == "/py"
+
+
 def test_ddp_argv_bad_input(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").touch()

@@ -158,6 +158,13 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "httpserver",
             "httpwire",
             "web.*",
+            # the machine and its queue read once, and why a job waits: for `top` and `mcp`
+            "lab.*",
+            # `gpuwarden mcp`: the assistants' answers and the MCP server
+            "assistant.*",
+            # `gpuwarden top`: its state and keys, the screen drawn as text, its actions,
+            # the curses loop
+            "top.*",
             # the queue service itself
             "service",
             "service.admission",
@@ -168,6 +175,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.connection",
             "service.core",
             "service.install",
+            "service.runnable",
+            "service.healthwatch",
+            "service.uninstall",
             "service.limiting",
             "service.limits",
             "service.journalguard",
@@ -175,6 +185,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.listing",
             "service.machine",
             "service.notify",
+            "service.outbox",
             "service.pacing",
             "service.placing",
             "service.reloading",

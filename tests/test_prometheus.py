@@ -86,6 +86,15 @@ def test_dashboard_queries_only_exported_metrics():
     assert used and used <= exported, used - exported
 
 
+def test_no_legend_names_a_label_that_is_empty_by_default():
+    """`command` is empty unless exporter.show_commands: a legend naming it would end
+    in a blank where the admin kept commands out."""
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    legends = [t.get("legendFormat", "") for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert any("{{user}}" in x for x in legends)
+    assert not [x for x in legends if "{{command}}" in x]
+
+
 @pytest.mark.slow
 def test_prometheus_stores_the_simulated_values(sim, tmp_path):
     sim("server-8xa100")

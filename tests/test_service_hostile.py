@@ -21,6 +21,7 @@ from typing import Any, Optional
 import pytest
 
 from gpuwarden.queueclient import protocol
+from gpuwarden.queueclient.probe import wait_until_running
 from gpuwarden.service import spawn
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
@@ -441,10 +442,59 @@ def test_a_damaged_journal_is_moved_aside_and_the_service_refuses_to_start(
     journal.write_bytes(bad)
     done = _serve(state, str(tmp_path / "sock"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "moved it to " in done.stderr and "the service did not start" in done.stderr
+    assert "moved it to " in done.stderr and "does not start until an admin acts" in done.stderr
     moved = done.stderr.split("moved it to ", 1)[1].split(";", 1)[0]
     assert Path(moved).read_bytes() == bad and not journal.exists()
     assert not (tmp_path / "sock").exists()
+
+
+def test_a_damaged_journal_stays_refused_until_an_admin_acts(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "jobs.db").write_bytes(b"not a journal")
+    first = _serve(state, str(tmp_path / "sock"))
+    moved = first.stderr.split("moved it to ", 1)[1].split(";", 1)[0]
+    for _ in range(2):  # as systemd's Restart=always would, again and again
+        again = _serve(state, str(tmp_path / "sock"))
+        assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+        assert f"moved to {moved}" in again.stderr and "rm " in again.stderr, again.stderr
+        assert not (state / "jobs.db").exists() and not (tmp_path / "sock").exists()
+    marker = again.stderr.split("`rm ", 1)[1].split("`", 1)[0]
+    Path(marker).unlink()  # the admin starts afresh: the next start serves
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "serve",
+            "--socket",
+            str(tmp_path / "sock"),
+            "--state-dir",
+            str(state),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=SPEC),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        found = wait_until_running(str(tmp_path / "sock"), 30, alive=lambda: proc.poll() is None)
+        assert found["running"], found
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("where", ["state", "jobs"])
+def test_a_file_where_the_services_folder_goes_is_one_line(tmp_path: Path, where: str) -> None:
+    state = tmp_path / "state"
+    if where == "state":
+        state.write_text("")
+    else:
+        state.mkdir()
+        (state / "jobs").write_text("")
+    done = _serve(state, str(tmp_path / "sock"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "exists and is not a directory" in done.stderr
 
 
 def test_a_foreign_or_row_damaged_journal_is_refused(tmp_path: Path) -> None:
@@ -458,6 +508,7 @@ def test_a_foreign_or_row_damaged_journal_is_refused(tmp_path: Path) -> None:
     foreign.close()
     done = _serve(state, str(tmp_path / "sock"))
     assert done.returncode == 2 and "has no schema mark" in done.stderr, done.stderr
+    (state / "jobs.db.refused").unlink()  # the admin's act (test_..._until_an_admin_acts)
     _valid_journal(state / "jobs.db")
     db = sqlite3.connect(state / "jobs.db")
     db.execute("UPDATE jobs SET argv = '[not json'")

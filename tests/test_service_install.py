@@ -21,7 +21,8 @@ except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 from components import require
-from gpuwarden.service import install, unitfiles
+from gpuwarden.errors import UserError
+from gpuwarden.service import install, uninstall, unitfiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,7 +163,7 @@ def test_uninstall_removes_what_install_made_and_keeps_the_journal(tmp_path: Pat
     journal = tmp_path / "var/lib/gpuwarden/service/jobs.db"
     journal.write_bytes(b"the service's journal")
     (tmp_path / "run/gpuwarden/gpuwarden.sock.lock").write_bytes(b"")  # a stopped service's
-    lines = install.uninstall(str(tmp_path))
+    lines = uninstall.uninstall(str(tmp_path))
     assert journal.read_bytes() == b"the service's journal"
     assert any("kept the job journal" in line for line in lines)
     left = tree(tmp_path)
@@ -172,14 +173,57 @@ def test_uninstall_removes_what_install_made_and_keeps_the_journal(tmp_path: Pat
         "var/lib/gpuwarden",
         "var/lib/gpuwarden/service",
         "var/lib/gpuwarden/service/jobs.db",
+        "var/lib/gpuwarden/service/install.json",  # kept for a later --purge
         "run",  # parents above what install records: an empty skeleton under the prefix
         "etc/tmpfiles.d",
     }
     assert not (tmp_path / "etc/gpuwarden").exists()
     install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
-    install.uninstall(str(tmp_path), purge=True)
+    with pytest.raises(UserError, match="cannot read the journal"):
+        uninstall.uninstall(str(tmp_path), purge=True)  # not a journal: unknown jobs
+    uninstall.uninstall(str(tmp_path), purge=True, force=True)
     assert not journal.exists() and not (tmp_path / "var/lib/gpuwarden/service").exists()
     assert not (tmp_path / "var/lib/gpuwarden/leases").exists()
+
+
+def test_uninstall_keeps_its_record_until_purge_which_refuses_while_jobs_wait(
+    tmp_path: Path,
+) -> None:
+    """The service's lock files go with the lease directory (unless a running job holds
+    one); the install record stays, so that a later --purge finishes the job; --purge
+    says what it removes, and refuses while jobs are queued unless forced."""
+    import fcntl
+
+    from gpuwarden.service import store
+
+    install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
+    base = tmp_path / "var/lib/gpuwarden"
+    for name in ("alloc.lock", "GPU-1.lock", "GPU-2.lock"):
+        (base / "leases" / name).write_bytes(b"")
+    (base / "state" / "drains.lock").write_bytes(b"")
+    journal = store.Store(str(base / "service" / "jobs.db"))
+    job = journal.add(
+        store.new_job(
+            uid=1000, gid=1000, user="ann", argv=["true"], cwd="/", env={}, umask=18, request={}
+        )
+    )
+    journal.close()
+    with open(base / "leases" / "GPU-2.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a job still running holds its lease
+        lines = uninstall.uninstall(str(tmp_path))
+    assert sorted(os.listdir(base / "leases")) == ["GPU-2.lock"], lines
+    assert any("held by running jobs (GPU-2.lock)" in line for line in lines), lines
+    assert (base / "service" / "install.json").exists()
+    with pytest.raises(UserError, match=r"holds 1 queued or running job\(s\)"):
+        uninstall.uninstall(str(tmp_path), purge=True)
+    assert (base / "service" / "jobs.db").exists()  # nothing removed
+    journal = store.Store(str(base / "service" / "jobs.db"))
+    journal.update(job.id, state="CANCELLED")
+    journal.close()
+    lines = uninstall.uninstall(str(tmp_path), purge=True)
+    assert any(line.startswith(f"removed {base / 'service'} (--purge): ") for line in lines)
+    assert any("install.json" in line and "jobs.db" in line for line in lines), lines
+    assert not base.exists(), lines
 
 
 def test_an_admins_service_table_is_never_overwritten(tmp_path: Path) -> None:
@@ -190,7 +234,7 @@ def test_an_admins_service_table_is_never_overwritten(tmp_path: Path) -> None:
     lines = install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
     assert config.read_text() == mine
     assert any("already has a [service] table" in line for line in lines)
-    install.uninstall(str(tmp_path))
+    uninstall.uninstall(str(tmp_path))
     assert config.read_text() == mine
 
 
@@ -205,7 +249,7 @@ def test_a_config_without_the_table_gets_it_appended_and_back(tmp_path: Path) ->
     assert tomllib.loads(config.read_text()) == {"lease": {"dir": "/srv/leases"}, "service": {}}
     install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")  # not appended twice
     assert config.read_text().count("[service]") == 1
-    install.uninstall(str(tmp_path))
+    uninstall.uninstall(str(tmp_path))
     assert config.read_text() == mine and mode(config) == 0o640
 
 
@@ -224,7 +268,7 @@ def test_a_shared_lease_directory_is_closed_and_reopened(tmp_path: Path) -> None
     assert any(line.startswith("note:") and "1 of 4321" in line for line in lines), lines
     left.unlink()
     install.install(str(tmp_path), exec_start="/usr/bin/gpuwarden")
-    install.uninstall(str(tmp_path))
+    uninstall.uninstall(str(tmp_path))
     assert leases.is_dir() and mode(leases) == 0o1777  # as the admin had it
 
 
@@ -237,7 +281,7 @@ def test_files_install_did_not_write_are_left_alone(tmp_path: Path) -> None:
     assert any(line.startswith(f"left {path}") for line in lines)
     tmpfiles = tmp_path / "etc/tmpfiles.d/gpuwarden-service.conf"
     tmpfiles.write_text(tmpfiles.read_text() + "# an admin's line\n")
-    lines = install.uninstall(str(tmp_path))
+    lines = uninstall.uninstall(str(tmp_path))
     assert path.exists() and tmpfiles.exists()
     assert any("edited since install" in line for line in lines)
 
@@ -362,7 +406,7 @@ def test_install_refuses_a_program_other_users_cannot_run() -> None:
     gave every student `bad interpreter: Permission denied`."""
     import tempfile
 
-    from gpuwarden.service.install import not_for_everyone
+    from gpuwarden.service.runnable import not_for_everyone
 
     tmp_path = Path(tempfile.mkdtemp(prefix="gw-exec-"))  # /tmp: everyone may enter
     home = tmp_path / "home"
@@ -406,6 +450,6 @@ def test_install_sets_up_the_exporter_and_web_units_too_and_uninstall_removes_th
         "gpuwarden-exporter",
         "gpuwarden-web",
     ]
-    install.uninstall(str(tmp_path))
+    uninstall.uninstall(str(tmp_path))
     assert not (units / "gpuwarden-web.service").exists()
     assert not (units / "gpuwarden-exporter.service").exists()

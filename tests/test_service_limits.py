@@ -129,6 +129,13 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
         jsonschema.validate(as_json, json.loads(schema))
         rows = {r["limit"]: (r["value"], r["used"], r["rule"]) for r in as_json["limits"]}
         assert rows["max_gpus"] == (3, 2, "service.limits @gw-lab max_gpus"), rows
+
+        conf.chmod(0o666)  # anyone could now lift every limit: refused as a whole
+        untrusted = srv.call(None, "reload")
+        assert "is not trusted" in untrusted["error"] and str(conf) in untrusted["error"]
+        assert untrusted["error"].endswith("; the policy in force stays"), untrusted
+        four = cli_as(srv, alice, "submit", "-g", "4", "--", "true")
+        assert four.stderr.endswith("(service.limits @gw-lab max_gpus)\n"), four.stderr
         srv.call(None, "cancel", jobs=[int(accepted.stdout)])
     finally:
         if srv.proc and srv.proc.poll() is None:

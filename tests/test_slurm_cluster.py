@@ -54,6 +54,7 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
             "cgroup.conf",
             "prolog.sh",
             "epilog.sh",
+            "task-prolog.sh",
             "README",
             "slurmdbd.conf",
         ]
@@ -67,6 +68,11 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
     assert "SlurmctldHost=head(10.9.0.1)" in conf
     assert "PriorityType=priority/multifactor" in conf
     assert "AccountingStorageHost=head" in conf
+    assert "AccountingStoragePort=6819" in conf  # slurmdbd's, two past slurmctld's
+    assert "AccountingStorageTRES=gres/gpu" in conf  # GPU hours in sacct, sreport, fair share
+    assert conf[-1].endswith(" TRESBillingWeights=CPU=0.1,GRES/gpu=1.0")
+    dbd = files["slurmdbd.conf"].splitlines()
+    assert "DbdPort=6819" in dbd and "StorageHost=localhost" in dbd
     node1 = next(x for x in conf if x.startswith("NodeName=gpu1 "))
     assert "NodeAddr=10.9.0.7" in node1 and "gpu:a100_1g.10gb:2" in node1
     gres = files["gres.conf"].splitlines()
@@ -75,6 +81,8 @@ def test_every_setting_has_its_reason_and_each_node_its_own_gpus(cli: Any) -> No
         f"NodeName=gpu2 Name=gpu File=/dev/nvidia{i}" for i in range(3)
     ]
     assert "ConstrainDevices=yes" in files["cgroup.conf"].splitlines()
+    assert "TaskProlog=/etc/slurm/task-prolog.sh" in conf
+    assert files["task-prolog.sh"].endswith('exec "$python" -m gpuwarden slurm task-prolog\n')
     without = cluster.files(nodes, cluster.ClusterSettings.parse(options(no_slurmdbd=True)))
     assert "slurmdbd.conf" not in without
     assert "PriorityType=priority/basic" in without["slurm.conf"].splitlines()

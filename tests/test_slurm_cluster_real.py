@@ -2,9 +2,11 @@
 network namespace with its own address, hostname, sshd and simulated 2-GPU machine
 (tests/netns.py), whose facts a real user collects over ssh; slurmctld here and a
 slurmd in each namespace (`slurmd -N`) are then started from the written files alone
-(only their paths chosen by the command's options). A 2-GPU job runs on each node
-under gpuwarden's prolog lease; a job wider than any node is refused by sbatch itself;
-a job can open only its own GPU's device file (cgroup.conf's ConstrainDevices).
+(only their paths chosen by the command's options), with accounting as written by
+default: slurmdbd here, on a MariaDB of the test's own (tests/mariadb.py), set up as
+the README says. A 2-GPU job runs on each node under gpuwarden's prolog lease and
+`sacct` lists both; a job wider than any node is refused by sbatch itself; a job can
+open only its own GPU's device file (cgroup.conf's ConstrainDevices).
 """
 
 from __future__ import annotations
@@ -22,15 +24,23 @@ from typing import Any
 
 import pytest
 
+import mariadb
 import netns
 from components import require
-from ports import free_port_pair
+from ports import free_port_run
 from repo import ROOT
 from slurmtools import missing
 from waiting import wait_for
 
 require(not netns.missing(), netns.missing() or "no namespaces", module=True)
 require(not missing(), missing() or "Slurm missing", module=True)
+require(not mariadb.missing(), mariadb.missing() or "MariaDB missing", module=True)
+require(
+    shutil.which("slurmdbd") is not None or os.path.exists("/usr/sbin/slurmdbd"),
+    "slurmdbd is not installed (Debian: slurmdbd)",
+    module=True,
+)
+PASSWORD = "gw-test-" + os.urandom(6).hex()
 
 TWO = """
 description = "2 idle A100 for a Slurm node"
@@ -47,6 +57,8 @@ class Cluster:
         self.top, self.lab = top, lab
         self.conf = top / "conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf / "slurm.conf"))
+        self.db = mariadb.MariaDB(top)
+        self.dbd: subprocess.Popen[bytes] | None = None
 
     def tool(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
@@ -84,6 +96,10 @@ def cluster() -> Iterator[Cluster]:
                 subprocess.run(["kill", pid.read_text().strip()], capture_output=True)
                 made.wait("slurmctld gone after its SIGTERM", lambda: not _running(pid), 15)
         finally:
+            if made.dbd is not None:
+                made.dbd.terminate()
+                made.dbd.wait(timeout=30)
+            made.db.stop()
             _remove_slurm_cgroups()
             shutil.rmtree(top, ignore_errors=True)
 
@@ -123,19 +139,22 @@ def _configure(c: Cluster) -> None:
         (c.top / "env" / name).write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     c.conf.mkdir()
     os.chown(c.conf, *_ids(c.lab.user))
-    port = free_port_pair()
+    port = free_port_run(3)  # slurmctld, slurmd, slurmdbd
     controller = f"{socket.gethostname().split('.')[0]}={c.lab.hosts['node1'].peer}"
     done = c.lab.cli(
         *("slurm", "cluster", "node1", "node2", "--out", str(c.conf), "--name", "gwtest"),
         *("--controller", controller, "--state-dir", str(c.top / "state")),
         *("--conf-dir", str(c.conf), "--slurm-user", "root", "--port", str(port)),
-        *("--dev-dir", str(dev), "--hook-env", f"{c.top}/env/%n", "--no-slurmdbd"),
+        *("--dev-dir", str(dev), "--hook-env", f"{c.top}/env/%n"),
         *("--cgroup", _cgroup_version()),
     )
     assert done.returncode == 0, done.stderr
     written = [Path(x).name for x in done.stdout.splitlines() if not x.startswith("next:")]
     assert sorted(written) == sorted(
-        ["slurm.conf", "gres.conf", "cgroup.conf", "prolog.sh", "epilog.sh", "README"]
+        [
+            *("slurm.conf", "gres.conf", "cgroup.conf", "README"),
+            *("prolog.sh", "epilog.sh", "task-prolog.sh", "slurmdbd.conf"),
+        ]
     )
 
 
@@ -159,6 +178,7 @@ def _start(c: Cluster) -> None:
     for name in ("slurmctld", "slurmd-node1", "slurmd-node2"):
         (c.top / "state" / name).mkdir(parents=True)
     subprocess.run([str(ROOT / "scripts" / "slurm-ci"), "munge"], check=True, capture_output=True)
+    _accounting(c)
     conf = str(c.conf / "slurm.conf")
     started = c.tool("slurmctld", "-c", "-f", conf)
     assert started.returncode == 0, started.stderr
@@ -170,6 +190,41 @@ def _start(c: Cluster) -> None:
         return out == ["node1", "idle", "node2", "idle"]
 
     c.wait("both nodes idle", idle, deadline=30)
+
+
+def _accounting(c: Cluster) -> None:
+    """README's accounting step: MariaDB (the test's own, on a socket), its user for
+    slurmdbd, the password into slurmdbd.conf, slurmdbd, then cluster, account, users."""
+    c.db.start()
+    made = c.db.sql(
+        f"CREATE USER 'slurm'@'localhost' IDENTIFIED BY '{PASSWORD}'; "
+        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+    )
+    assert made.returncode == 0, made.stderr
+    dbd = c.conf / "slurmdbd.conf"
+    text = dbd.read_text()
+    assert "StoragePass=CHANGE-ME" in text.splitlines()
+    dbd.write_text(text.replace("StoragePass=CHANGE-ME", f"StoragePass={PASSWORD}"))
+    os.chown(dbd, 0, 0)  # SlurmUser's (root here), mode 600: slurmdbd refuses it otherwise
+    assert dbd.stat().st_mode & 0o777 == 0o600
+    env = dict(c.env, MYSQL_UNIX_PORT=c.db.socket)
+    with open(c.top / "slurmdbd.out", "ab") as out:
+        c.dbd = subprocess.Popen(
+            ["slurmdbd", "-D"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def registered() -> bool:
+        assert c.dbd is not None and c.dbd.poll() is None, (c.top / "slurmdbd.out").read_text()
+        return c.tool("sacctmgr", "-i", "add", "cluster", "gwtest").returncode == 0
+
+    c.wait("slurmdbd taking the cluster", registered, deadline=60)
+    for argv in (("add", "account", "lab"), ("add", "user", "root", "account=lab")):
+        done = c.tool("sacctmgr", "-i", *argv)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_written_cluster_runs_a_two_gpu_job_on_each_node_and_refuses_a_wider_one(
@@ -210,6 +265,20 @@ def test_the_written_cluster_runs_a_two_gpu_job_on_each_node_and_refuses_a_wider
         assert status["hostname"] == node  # ran in that node's namespace
         leased = [x["job"] for g in status["gpus"] for x in g["leases"]]
         assert leased == [f"slurm-{job}"] * 2, status["gpus"]  # the generated prolog's lease
+
+    # Accounting spans the nodes: slurmdbd has both jobs, each on its node.
+    def listed() -> list[list[str]]:
+        out = cluster.tool(
+            *("sacct", "-a", "-X", "-n", "-P", "-o", "JobID,NodeList,State,AllocTRES"),
+            "-j",
+            ",".join(jobs.values()),
+        ).stdout
+        rows = [x.split("|") for x in out.splitlines() if x]
+        return rows if [r[2] for r in rows] == ["COMPLETED"] * 2 else []
+
+    rows = cluster.wait("both jobs in sacct", listed)
+    assert sorted((r[0], r[1]) for r in rows) == sorted((j, n) for n, j in jobs.items())
+    assert all("gres/gpu=2" in r[3] for r in rows), rows
 
     wide = cluster.tool("sbatch", "--gres=gpu:3", "--wrap", "true")
     assert wide.returncode != 0

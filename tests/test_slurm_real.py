@@ -352,15 +352,21 @@ def _wrappers(top: Path, local: dict[str, str]) -> dict[str, str]:
     """slurmd runs Prolog=/Epilog= with an environment of its own: each wrapper says
     where gpuwarden, the (simulated) machine, the leases and drains are. slurm-ci's
     settings for them."""
-    for action in ("prolog", "epilog"):
+    for action in ("prolog", "epilog", "task-prolog"):
         script = top / f"{action}.sh"
         exports = " ".join(f"{k}={v}" for k, v in local.items())
+        # the task prolog's stdout is what slurmd reads (`export NAME=VALUE`)
+        log = f">>{top}/{action}.log" if action != "task-prolog" else ""
         script.write_text(
             f"#!/bin/sh\nexport {exports} PYTHONPATH={SRC} PATH=$PATH:/usr/bin:/bin\n"
-            f"exec {sys.executable} -m gpuwarden slurm {action} >>{top}/{action}.log 2>&1\n"
+            f"exec {sys.executable} -m gpuwarden slurm {action} {log} 2>>{top}/{action}.log\n"
         )
         script.chmod(0o755)
-    return {"SLURM_CI_PROLOG": str(top / "prolog.sh"), "SLURM_CI_EPILOG": str(top / "epilog.sh")}
+    return {
+        "SLURM_CI_PROLOG": str(top / "prolog.sh"),
+        "SLURM_CI_EPILOG": str(top / "epilog.sh"),
+        "SLURM_CI_TASK_PROLOG": str(top / "task-prolog.sh"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -641,7 +647,8 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
             monkeypatch.setenv(k, v)
         out = cluster.out / "mig.out"
         argv = ["sbatch", "--parsable", "--gres=gpu:a100_1g.10gb:1", f"--output={out}"]
-        job = cluster.tool(*argv, "--wrap", "echo $SLURM_JOB_GPUS; sleep 2").strip()
+        script = "echo $SLURM_JOB_GPUS; srun sh -c 'echo $CUDA_VISIBLE_DEVICES'; sleep 2"
+        job = cluster.tool(*argv, "--wrap", f"echo $CUDA_VISIBLE_DEVICES; {script}").strip()
         cluster.wait_for(job, ("RUNNING", "COMPLETED"))
         from gpuwarden.leases import list_leases
 
@@ -657,7 +664,11 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
         )
         assert slice_.name == "1g.10gb"
         assert cluster.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
-        assert out.read_text().split() in (["5"], ["6"])  # gres.conf positions of the 1g slices
+        # The job's script and its srun step see the slice's UUID, which CUDA opens (Slurm
+        # itself sets the position in gres.conf, 5 or 6, where CUDA finds no device).
+        batch, position, step = out.read_text().split()
+        assert position in ("5", "6")  # gres.conf positions of the 1g slices
+        assert batch == step == lease.uuid, out.read_text()
         wait_for(
             lambda: not list_leases(str(top / "leases")), 60, "the epilog's release of the slice"
         )

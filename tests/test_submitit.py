@@ -8,6 +8,7 @@ what a user writes for Slurm, with `cluster="gpuwarden"`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -47,6 +48,20 @@ executor.update_parameters(
 )
 jobs = executor.map_array(square, range(8))
 out = {"ids": [j.job_id for j in jobs], "results": [j.result() for j in jobs]}
+# `job.state` as a user polls it (no forced read): COMPLETED soon after the result,
+# not after submitit's 60 s cache of a watcher that has been running for a while.
+one = executor.submit(square, 3)
+# As after a long sweep: submitit's own watcher then reads states once a minute (its
+# delay grows with the time since the last job was registered).
+one.watcher._start_time = time.time() - 600
+assert one.result() == 9
+back, calls = time.monotonic(), one.watcher.num_calls
+seen = []
+while time.monotonic() - back < 30 and one.state != "COMPLETED":
+    seen.append(one.state)
+    time.sleep(0.05)
+out["completed_after"] = [time.monotonic() - back, one.state, sorted(set(seen))]
+out["reads"] = one.watcher.num_calls - calls
 bad = executor.submit(boom)
 try:
     bad.result()
@@ -124,7 +139,75 @@ def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(
     assert {r["user"] for r in tasks} == {"gw-alice"}
     assert "ValueError: boom from the job" in out["error"] and out["bad"] == "FAILED"
     assert out["running"] == "RUNNING" and out["cancelled"] == "CANCELLED"
+    after, state, before = out["completed_after"]
+    assert state == "COMPLETED" and after < 2.0, out["completed_after"]
+    assert set(before) <= {"RUNNING"}, before
+    # One read of the service per REFRESH_S at most while polling, not one per poll.
+    assert out["reads"] <= after / 0.5 + 2, (out["reads"], after)
     job, runs = out["requeued"]
     assert runs == 2  # checkpointed, requeued under its id, resumed from the checkpoint
     assert server.job(int(job))["state"] == "COMPLETED"
     assert f"job {job} requeued" in server.log.read_text()
+
+
+OPEN_FOLDER = r"""
+import json, sys
+import submitit
+
+executor = submitit.AutoExecutor(sys.argv[1], cluster="gpuwarden")
+executor.update_parameters(timeout_min=5, gpus_per_node=1)
+job = executor.submit(int, "7")
+try:
+    print(json.dumps({"result": job.result()}))
+except submitit.core.utils.UncompletedJobError as err:
+    print(json.dumps({"error": str(err)}))
+"""
+
+
+def test_a_pickle_in_a_folder_others_can_write_is_refused(server: Server) -> None:
+    """Job ids are sequential: in a folder others may write, another user could put
+    the next job's pickle in advance. As ssh's StrictModes, the job refuses to unpickle,
+    and says why where submitit shows it."""
+    alice = make_user("alice", ("lab",))
+    import submitit
+
+    shared = Path(server.work) / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # a lab folder anyone may write, without the sticky bit
+    packages = str(Path(submitit.__file__).resolve().parent.parent)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": server.socket,
+        "HOME": alice.home,
+        "PYTHONPATH": f"{SRC}:{packages}",
+    }
+    done = subprocess.run(
+        [USER_PY, "-c", OPEN_FOLDER, str(shared / "runs")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=become(alice),
+        cwd=str(server.work),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "error" in out, out
+    assert "refusing to run the job" in out["error"], out["error"]
+    assert f"the directory {shared} is writable by others" in out["error"], out["error"]
+
+
+def test_a_pickle_not_the_submitters_is_refused(tmp_path: Path) -> None:
+    from gpuwarden.config.trust import owned_refusal
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    pickle = folder / "12_submitted.pkl"
+    pickle.write_bytes(b"")
+    assert owned_refusal(str(pickle), "the submitted pickle") is None
+    os.chown(pickle, 4242, 4242)  # another user's, made in advance
+    why = owned_refusal(str(pickle), "the submitted pickle")
+    assert why is not None and "is owned by uid 4242, not by you" in why
+    os.chown(pickle, 0, 0)
+    pickle.chmod(0o666)
+    assert "writable by others" in (owned_refusal(str(pickle), "the pickle") or "")

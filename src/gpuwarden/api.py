@@ -146,6 +146,7 @@ def hold(
     uuid: bool = False,
     environ: Optional[Mapping[str, str]] = None,
     snapshot: SnapshotSource = None,
+    time: Union[str, float, None] = None,
 ) -> Iterator[Leased]:
     """Hold `n` GPUs (default 1, or all of `gpus`) that fit the filters for the block.
 
@@ -155,12 +156,38 @@ def hold(
     now; with it, waits in line (first come, first served) up to `timeout` seconds.
     A request that can never fit raises at once. `environ` (default os.environ) is
     the base of `Leased.env`, and its CUDA_VISIBLE_DEVICES limits the choice.
+
+    `time` (seconds, or `run --time`'s text: `"2h"`, `"1-00:00:00"`) is the block's
+    time limit where a queue service holds the GPUs: past it the service ends the
+    allocation (`Leased.ended` is set), as it ends a job past its `--time`, and a
+    machine whose admin sets `service.max_time` needs one (or gives a default,
+    `service.interactive_time`). Without a service nobody ends a block early, so
+    `time` is not needed and not enforced there: the same script runs on a laptop.
     """
     conf, request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
-    with _hold(conf, request, wait, timeout, uuid, environ, snapshot) as leased:
+    limit = time_limit(time, "time")
+    with _hold(conf, request, wait, timeout, uuid, environ, snapshot, limit) as leased:
         yield leased
+
+
+def time_limit(value: Union[str, float, None], what: str) -> Optional[float]:
+    """Seconds of a `time=` given as seconds or as `run --time`'s text; None: none."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise UserError(f"invalid {what}={value!r}: expected seconds or a duration such as 2h")
+    if isinstance(value, (int, float)):
+        if not 0 < value < 10 * 365 * 86400:
+            raise UserError(f"invalid {what}={value!r}: expected seconds above zero")
+        return float(value)
+    from gpuwarden.units import parse_time_limit
+
+    try:
+        return parse_time_limit(value)
+    except UserError as err:
+        raise UserError(str(err).replace("--time", what, 1)) from None
 
 
 @contextmanager
@@ -172,10 +199,13 @@ def _hold(
     uuid: bool = False,
     environ: Optional[Mapping[str, str]] = None,
     snapshot: SnapshotSource = None,
+    time: Optional[float] = None,
+    time_option: str = "gpuwarden.lease(time=...)",
 ) -> Iterator[Leased]:
     """`hold` for a parsed request: through the queue service where `run` would go
     there, else leased here. `conf` is the one reading of the configuration everything
-    on the way is handed (nothing below reads it again)."""
+    on the way is handed (nothing below reads it again); `time` the service's time
+    limit in seconds, `time_option` what a refusal for want of one names."""
     from gpuwarden.jobs.allocation import acquire
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.jobs.path import allowed, publish_here, service_socket
@@ -184,7 +214,9 @@ def _hold(
     read = _reader(snapshot, topology=request.gpu_count > 1)
     service = service_socket(conf, base)  # the decision `run` makes
     if service is not None:
-        yield from _through_service(request, service, base, wait, timeout, uuid, read, conf)
+        yield from _through_service(
+            request, service, base, wait, timeout, uuid, read, conf, time, time_option
+        )
         return
     first = read()
     pending = [first]
@@ -218,6 +250,8 @@ def _through_service(
     uuid: bool,
     read: Callable[[], Snapshot],
     conf: Any = None,
+    time: Optional[float] = None,
+    time_option: str = "time=",
 ) -> Iterator[Leased]:
     """The block's GPUs held by the service, as `salloc` holds them (queueclient.holding):
     they show in `queue` as the caller's job, count against their limits and fair
@@ -228,8 +262,8 @@ def _through_service(
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields
 
-    fields = job_fields(request, holding.PLACEHOLDER)
-    with holding.hold(fields, path, wait, timeout, conf) as (job, uuids, fds, ended):
+    fields = job_fields(request, holding.PLACEHOLDER, time_limit=time)
+    with holding.hold(fields, path, wait, timeout, conf, time_option) as (job, uuids, fds, ended):
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
         env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)

@@ -58,6 +58,10 @@ class DrainLockBusy(UserError):
     """`drains.lock` stayed held longer than the timeout; the message names the holder."""
 
 
+#: The name the health watch drains under (its records' `by`).
+HEALTH_WATCH = "gpuwarden-health"
+
+
 @record
 class Drain:
     """A GPU out of service: who took it out, when and why (one file on disk).
@@ -76,6 +80,14 @@ class Drain:
     def who(self) -> str:
         """`by`, saying when the health watch (rather than a person) drained."""
         return f"{self.by} (health watch)" if self.auto else self.by
+
+    @property
+    def drainer(self) -> str:
+        """Who drained, in one word (the exporter's `by` label): `gpuwarden-health` for
+        the health watch running as root (the service's, the exporter's), else the
+        record's owner. `auto` is the record's own word, so only a record root owns
+        passes for the watch; a user's own watch shows as that user (`auto` says it)."""
+        return HEALTH_WATCH if self.auto and self.uid == 0 else self.by
 
 
 def _directory(directory: Optional[PathLike]) -> str:

@@ -35,6 +35,11 @@ from submitit.core import core, job_environment, utils
 #: Seconds before the time limit that a job signals itself to checkpoint (Slurm's
 #: `--signal=USR2@90` that submitit asks for).
 SIGNAL_DELAY_S = 90
+#: Seconds between two reads of the service for `job.state`, `done()` and `wait()`.
+#: submitit's own watcher waits up to 60 s between two `sacct` runs, which a cluster
+#: must be spared; one `queue` and one `jobs` request to the local service cost
+#: about a millisecond, so a state is never more than this old.
+REFRESH_S = 0.5
 #: States submitit takes for "not over yet" (core.InfoWatcher.is_done), in the words
 #: the service uses for them.
 _STATES = {"STARTING": "RUNNING", "LOST": "NODE_FAIL"}
@@ -69,6 +74,14 @@ class GpuwardenInfoWatcher(core.InfoWatcher):
 
     def get_state(self, job_id: str, mode: str = "standard") -> str:
         return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"
+
+    def update_if_long_enough(self, mode: str) -> None:
+        """As submitit's, but "standard" reads the service again once the last read is
+        REFRESH_S old (submitit's own waits up to 60 s, its `sacct` delay): a job whose
+        `result()` is back reads COMPLETED at once, not a minute later."""
+        if mode == "standard" and time.time() - self._last_status_check > REFRESH_S:
+            mode = "force"
+        super().update_if_long_enough(mode)
 
     def update(self) -> None:
         names = {n: self.ids[n] for n in self._registered - self._finished if n in self.ids}
@@ -317,9 +330,26 @@ def main(folder: str) -> None:
         timer = threading.Timer(float(at), lambda: signal.pthread_kill(main_thread, sig))
         timer.daemon = True
         timer.start()
+    _refuse_unowned(paths.submitted_pickle)
     from submitit.core.submission import process_job
 
     process_job(folder)
+
+
+def _refuse_unowned(pickle: Path, patience: float = 60.0) -> None:
+    """Exit (one line in the job's `.err`) rather than unpickle a call that someone
+    else could have written: a pickle not the submitter's, or below a directory others
+    can write (docs/sweeps.md). Job ids are sequential, so in a folder others can write
+    the next job's folder or pickle could be another user's, made in advance."""
+    from gpuwarden.config.trust import owned_refusal
+
+    deadline = time.monotonic() + patience  # submitit's runner waits as long
+    while not os.path.lexists(pickle) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    why = owned_refusal(str(pickle), "the submitted pickle")
+    if why:
+        print(f"gpuwarden.submitit: refusing to run the job: {why}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -65,11 +65,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "queue a batch job for this machine's queue service (or Slurm's, with --slurm)",
     ),
     "queue": ("queue", "show queued and running jobs (--slurm: Slurm's, in the same words)"),
+    "top": ("top", "a full-screen view of the GPUs and the queue that acts on your jobs"),
     "cancel": ("cancel", "cancel queued or running jobs (--slurm: Slurm job ids)"),
     "logs": ("logs", "show or follow a job's output (--slurm: a Slurm job's)"),
     "book": ("book", "book GPUs ahead for a user or group; list or cancel bookings"),
     "slurm": ("slurm", "Slurm admin help: gres.conf lines, prolog/epilog leases"),
     "service": ("service", "install, remove or check the queue service (admins)"),
+    "mcp": ("mcp", "answer coding assistants about GPUs and jobs (MCP over stdio)"),
     "completion": ("completion", "print a bash or zsh completion script for gpuwarden"),
 }
 

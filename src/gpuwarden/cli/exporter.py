@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         show_commands=bool(config.get("exporter.show_commands")),
     )
     if args.once:
+        cache.prime()  # the profiling counters need a sample to measure from
         sys.stdout.write(metrics.render(cache.get(), dcgm))
         return 0
     watch = None

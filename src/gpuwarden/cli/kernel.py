@@ -21,9 +21,15 @@ def register(commands: Commands, name: str) -> None:
     install = actions.add_parser(
         "install",
         help="write a kernelspec whose kernels lease GPUs (JupyterLab: 'Python (1 GPU)')",
-        usage="gpuwarden kernel install [-g N | --gpus IDS] [--mem SIZE] [filters] [--name NAME]",
+        usage="gpuwarden kernel install [-g N | --gpus IDS] [--mem SIZE] [filters] [--time T] "
+        "[--name NAME]",
     )
     filters.add_lease_options(install)
+    install.add_argument(
+        "--time",
+        metavar="T",
+        help="each kernel's time limit where a queue service runs (8h, 1-00:00:00)",
+    )
     install.add_argument("--name", metavar="NAME", help="the kernel's name (gpuwarden-Ngpu)")
     install.add_argument("--display-name", metavar="TEXT", help="the menu's text (Python (N GPU))")
     install.add_argument(
@@ -48,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"removed {kernelspec.uninstall(args.name, prefix)}")
         return 0
     request = _request(args)
+    from gpuwarden.api import time_limit
     from gpuwarden.units import parse_duration
 
     timeout = None if args.timeout is None else parse_duration(args.timeout)
+    limit = time_limit(args.time, "--time")
     kernel = kernelspec.spec(
         request,
         args.python or sys.executable,
@@ -58,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         bool(args.wait),
         timeout,
         uuid=bool(args.uuid),
+        time_limit=limit,
     )
     name = args.name or kernelspec.default_name(request)
     path = kernelspec.install(name, kernel, prefix)

@@ -42,7 +42,7 @@ def text(answer: dict[str, Any]) -> str:
     def amount(kind: str, value: Any) -> str:
         if value is None:
             return "-"
-        if kind == "max_time":
+        if kind in ("max_time", "max_interactive_time"):
             return format_span(value)
         return f"{value:.1f}" if kind == "gpu_hours_per_week" else f"{value:g}"
 

@@ -86,9 +86,10 @@ def reserve(args: argparse.Namespace) -> int:
         # and processes outside a job would count as unreserved use. An interactive
         # session is a job, as with Slurm's salloc.
         n = request.gpu_count
+        hint = f" --time {args.duration}" if args.duration else _time_hint(service)
         raise UserError(
             f"a queue service hands out this machine's GPUs ({service}): for an interactive "
-            f"session run `gpuwarden run -g {n}{_time_hint(service)} -- $SHELL` (a shell on "
+            f"session run `gpuwarden run -g {n}{hint} -- $SHELL` (a shell on "
             "the GPUs until you exit it), or `gpuwarden submit` for a batch job"
         )
     until = seconds = None
@@ -141,8 +142,9 @@ def _mine(leases: list[Any]) -> dict[str, list[Any]]:
 
 
 def _time_hint(service: str) -> str:
-    """` --time T` where the service holds this user to a longest --time (which it
-    then requires), else "": the hint must be a command the service accepts."""
+    """` --time T` where the service holds this user to a longest time for an
+    interactive job (which it then requires), else "": the hint must be a command the
+    service accepts."""
     from gpuwarden.queueclient.client import connect
 
     try:
@@ -155,8 +157,9 @@ def _time_hint(service: str) -> str:
         return ""
     from gpuwarden.units import format_span
 
-    longest = [row["value"] for row in limits if row.get("limit") == "max_time"]
-    return f" --time {format_span(longest[0])}" if longest else ""
+    longest = {row.get("limit"): row["value"] for row in limits}
+    most = longest.get("max_interactive_time") or longest.get("max_time")
+    return f" --time {format_span(most)}" if most else ""
 
 
 def release(args: argparse.Namespace) -> int:

@@ -38,7 +38,12 @@ def register(commands: Commands, name: str) -> None:
     uninstall = actions.add_parser("uninstall", help="stop it and remove what install made")
     uninstall.add_argument("--root", metavar="DIR", help="the prefix given to install")
     uninstall.add_argument(
-        "--purge", action="store_true", help="also remove the job journal (job history, usage)"
+        "--purge",
+        action="store_true",
+        help="also remove the job journal, the install record, drains and XID log",
+    )
+    uninstall.add_argument(
+        "--force", action="store_true", help="with --purge: even while jobs are queued"
     )
     status = actions.add_parser("status", help="is it running, where, which version, its queue")
     status.add_argument("--socket", metavar="PATH", help="the service's socket (service.socket)")
@@ -93,7 +98,7 @@ def _install(args: argparse.Namespace) -> int:
 def _uninstall(args: argparse.Namespace) -> int:
     from gpuwarden.errors import UserError
     from gpuwarden.queueclient.probe import probe
-    from gpuwarden.service import install
+    from gpuwarden.service import install, uninstall
 
     root = _root(args.root)
     if root == "/" and install.systemd_running():
@@ -106,7 +111,9 @@ def _uninstall(args: argparse.Namespace) -> int:
             f"the service still answers at {found['socket']}: stop it first "
             "(`systemctl stop gpuwarden`, or end `gpuwarden serve`); nothing was removed"
         )
-    for line in install.uninstall(root, purge=args.purge):
+    if args.force and not args.purge:
+        raise UserError("--force only applies with --purge")
+    for line in uninstall.uninstall(root, purge=args.purge, force=args.force):
         print(line)
     return 0
 

@@ -4,8 +4,12 @@ gpuwarden slurm conf [--json]     gres.conf lines and the NodeName= line, from N
 gpuwarden slurm cluster HOST... --out DIR
                                   a whole small-lab configuration from each host's
                                   `slurm conf --json` over ssh (writes files only)
+gpuwarden slurm cluster HOST... --check [--path DIR]...
+                                  users, munge, paths, clocks, versions, GPUs agree?
+gpuwarden slurm facts             (for --check, over ssh) this host's facts as JSON
 gpuwarden slurm prolog            (slurmd's Prolog=) lease the job's GPUs
 gpuwarden slurm epilog            (slurmd's Epilog=) free them
+gpuwarden slurm task-prolog       (slurmd's TaskProlog=) a MIG job's CUDA_VISIBLE_DEVICES
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ def register(commands: Commands, name: str) -> None:
     # `slurm cluster --out DIR gpu1 gpu2` as well as `slurm cluster gpu1 gpu2 --out DIR`
     parser = subcommand(commands, name, intermixed=True)
     parser.add_argument(
-        "action", choices=("conf", "cluster", "prolog", "epilog"), help="what to do"
+        "action",
+        choices=("conf", "cluster", "prolog", "epilog", "task-prolog", "facts"),
+        help="what to do",
     )
     parser.add_argument(
         "hosts", nargs="*", metavar="HOST", help="cluster: the nodes, as ssh names them"
@@ -57,7 +63,9 @@ def register(commands: Commands, name: str) -> None:
     )
     cluster.add_argument("--conf-dir", metavar="DIR", default="/etc/slurm", help="/etc/slurm")
     cluster.add_argument("--slurm-user", metavar="USER", default="slurm", help="slurm")
-    cluster.add_argument("--port", type=int, default=6817, help="slurmctld's port (6817)")
+    cluster.add_argument(
+        "--port", type=int, default=6817, help="slurmctld's port (6817); slurmd, slurmdbd the next"
+    )
     cluster.add_argument(
         "--hook-env",
         metavar="FILE",
@@ -75,6 +83,25 @@ def register(commands: Commands, name: str) -> None:
         help="no accounting daemon: first come, first served (no fair share)",
     )
     cluster.add_argument(
+        "--check",
+        action="store_true",
+        help="only check that the hosts agree (users, munge, --path, clocks, versions, GPUs)",
+    )
+    cluster.add_argument(
+        "--path",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="--check: a directory every host must have (data, shared homes); repeatable",
+    )
+    cluster.add_argument(
+        "--munge-key",
+        metavar="FILE",
+        default="/etc/munge/munge.key",
+        help="--check: munge's key, compared by hash where readable",
+    )
+    cluster.add_argument("--credential", help=argparse_suppress())
+    cluster.add_argument(
         "--cgroup",
         choices=("autodetect", "v1", "v2"),
         default="autodetect",
@@ -89,6 +116,12 @@ def run(args: argparse.Namespace) -> int:
         return conf(args)
     if args.action == "cluster":
         return cluster(args)
+    if args.action == "facts":
+        return facts(args)
+    if args.action == "task-prolog":
+        from gpuwarden.slurm import taskenv
+
+        return taskenv.main(os.environ)
     from gpuwarden import config as cfg
     from gpuwarden.slurm import prolog
 
@@ -126,11 +159,15 @@ def cluster(args: argparse.Namespace) -> int:
         raise UserError(
             "slurm cluster needs the nodes' host names: slurm cluster HOST... --out DIR"
         )
-    if not args.out:
+    if not args.out and not args.check:
         raise UserError("slurm cluster needs --out DIR (a new directory for the files)")
     for name in args.hosts:
         remote.check_host(name)
     settings = made.ClusterSettings.parse(args)
+    if args.check:
+        from gpuwarden.slurm.precheck import check
+
+        return check(args)
     argv = ["slurm", "conf", "--json", f"--dev-dir={args.dev_dir}"]
     if args.type:
         argv.append(f"--type={args.type}")
@@ -142,4 +179,24 @@ def cluster(args: argparse.Namespace) -> int:
     for name in files:
         print(f"{args.out.rstrip('/')}/{name}")
     print(f"next: {args.out.rstrip('/')}/README (munge key, where each file goes, start order)")
+    return 0
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def facts(args: argparse.Namespace) -> int:
+    """This host's facts for `slurm cluster --check` (one JSON document)."""
+    import json
+
+    from gpuwarden.slurm import hostfacts
+
+    for path in args.path:
+        if not path.startswith("/"):
+            raise UserError(f"--path needs an absolute path, got {path!r}")
+    found = hostfacts.read(args.path, args.munge_key, args.credential, args.conf_dir, args.dev_dir)
+    print(json.dumps(found))
     return 0

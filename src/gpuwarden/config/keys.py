@@ -229,6 +229,18 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.max_env_bytes", "size", 256 << 10, "largest environment of a job", low=1),
     Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
     Key(
+        "service.interactive_time",
+        "duration",
+        None,
+        "the time of a kernel, gpuwarden.lease() or attached run given none",
+    ),
+    Key(
+        "service.max_interactive_time",
+        "duration",
+        None,
+        "longest time a kernel, gpuwarden.lease() or attached run may hold GPUs (else max_time)",
+    ),
+    Key(
         "service.book_max_gpus",
         "int",
         None,

@@ -99,6 +99,36 @@ def refusal(path: str) -> Optional[str]:
     return None
 
 
+def owned_refusal(path: str, what: str) -> Optional[str]:
+    """Why a file that will be *run* (a pickled call) must not be, or None: as ssh's
+    StrictModes, it must be a regular file of the user running it (not a link) that
+    nobody else can change, and every directory above it, up to /, the user's or
+    root's and not writable by others (unless sticky: then nobody can replace what is
+    ours in it)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{what} {path} is not a regular file"
+        if st.st_uid != os.geteuid():
+            return f"{what} {path} is owned by {_owner(st.st_uid)}, not by you"
+        why = _untrusted(st, f"{what} {path}")
+        if why:
+            return why
+        folder = os.path.dirname(os.path.abspath(path))
+        while True:
+            why = _untrusted(os.stat(folder), f"the directory {folder}", directory=True)
+            if why:
+                return f"{why}: others could replace {what}"
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return None
+            folder = parent
+    except OSError as err:
+        return f"cannot check {what} {path}: {err.strerror}"
+
+
 _WARNED: set[str] = set()
 
 

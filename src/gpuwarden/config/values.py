@@ -175,7 +175,7 @@ def _as_shares(value: Any) -> dict[str, float]:
 
 def _as_limits(value: Any) -> dict[str, dict[str, float]]:
     """`[service.limits]`: user or @group -> {max_gpus, max_jobs, max_time,
-    gpu_hours_per_week} (service.limits)."""
+    max_interactive_time, gpu_hours_per_week} (service.limits)."""
     if not isinstance(value, dict):
         raise BadValue
     table: dict[str, dict[str, float]] = {}
@@ -186,7 +186,7 @@ def _as_limits(value: Any) -> dict[str, dict[str, float]]:
         for kind, raw in limits.items():
             if kind in ("max_gpus", "max_jobs"):
                 number: float = _as_int(raw)
-            elif kind == "max_time":
+            elif kind in ("max_time", "max_interactive_time"):
                 number = _as_duration(raw)
             elif kind == "gpu_hours_per_week":
                 number = _as_float(raw)
@@ -268,7 +268,8 @@ KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "shares": (_as_shares, "a table of positive numbers such as {alice = 2, bob = 1}"),
     "limits": (
         _as_limits,
-        "a table of users and @groups, each with positive max_gpus, max_jobs, max_time or "
+        "a table of users and @groups, each with positive max_gpus, max_jobs, max_time, "
+        "max_interactive_time or "
         'gpu_hours_per_week, such as {"@students" = {max_gpus = 2, max_time = "1d"}}',
     ),
 }

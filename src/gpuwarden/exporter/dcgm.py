@@ -187,6 +187,23 @@ PER_GPU: Sequence[tuple[str, str, str, Callable[[Gpu], Optional[float]]]] = (
     ),
 )
 
+#: Counters under dcgm-exporter's exact names (no `_total`). prometheus-client appends
+#: `_total` to a counter's name, so these families are built untyped and typed in the
+#: text body (`typed`), `# TYPE NAME counter` as dcgm-exporter writes them. OpenMetrics
+#: requires a counter's samples to end in `_total`: in that format they stay unknown.
+COUNTERS = tuple(name for name, _, kind, _ in PER_GPU if kind == "counter")
+_RETYPED = tuple(
+    (f"# TYPE {name} untyped\n".encode(), f"# TYPE {name} counter\n".encode()) for name in COUNTERS
+)
+
+
+def typed(body: bytes) -> bytes:
+    """A Prometheus text body (format 0.0.4) with the COUNTERS typed as counters."""
+    for untyped, counter in _RETYPED:
+        body = body.replace(untyped, counter, 1)
+    return body
+
+
 # What NVML gives per MIG instance: on a GPU in MIG mode these are per instance only.
 PER_INSTANCE: dict[str, Callable[[MigInstance], Optional[float]]] = {
     "DCGM_FI_DEV_FB_USED": _mib("memory_used"),

@@ -251,7 +251,7 @@ def families(view: View, dcgm_compat: bool = False) -> list:
                 [
                     *gpu_labels(gpu),
                     str(getattr(d, "reason", "")),
-                    str(getattr(d, "by", "")),
+                    str(getattr(d, "drainer", "")),
                     _bool(getattr(d, "auto", False)),
                 ],
                 1,
@@ -397,4 +397,9 @@ def render(view: View, dcgm_compat: bool = False) -> str:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Once())  # type: ignore[arg-type]
-    return generate_latest(registry).decode()
+    body = generate_latest(registry)
+    if dcgm_compat:
+        from gpuwarden.exporter.dcgm import typed
+
+        body = typed(body)
+    return body.decode()

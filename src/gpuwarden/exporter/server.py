@@ -163,6 +163,14 @@ class ViewCache:
             show_commands=self.show_commands,
         )
 
+    def prime(self, gap: float = 0.5) -> None:
+        """One read of the counters to measure from, `gap` seconds before the next
+        (`--once`): GPM's ratios are averages between two samples, and a first read
+        has none. Nothing to do without the counters."""
+        if self._counters is not None:
+            self._read_snapshot()
+            time.sleep(gap)
+
     def _read_snapshot(self) -> Snapshot:
         if self._read is not None:
             return self._read()
@@ -229,9 +237,10 @@ class Exposition:
     """The rendered /metrics body, kept per view and format: between two NVML reads
     every scrape is a dictionary lookup, not a re-render of a few hundred series."""
 
-    def __init__(self, cache: ViewCache, registry: Any) -> None:
+    def __init__(self, cache: ViewCache, registry: Any, dcgm_compat: bool = False) -> None:
         self.cache = cache
         self.registry = registry
+        self.dcgm_compat = dcgm_compat
         self._lock = threading.Lock()
         self._bodies: dict[str, bytes] = {}
         self._view: Optional[View] = None
@@ -246,7 +255,12 @@ class Exposition:
                 self._view, self._bodies = view, {}
             body = self._bodies.get(content_type)
             if body is None:
-                body = self._bodies[content_type] = encoder(self.registry)
+                body = encoder(self.registry)
+                if self.dcgm_compat and content_type.startswith("text/plain"):
+                    from gpuwarden.exporter.dcgm import typed
+
+                    body = typed(body)
+                self._bodies[content_type] = body
         return body, content_type
 
 
@@ -284,7 +298,7 @@ def serve(
     registry.register(Collector(cache, dcgm_compat))  # type: ignore[arg-type]
     ProcessCollector(namespace="gpuwarden_exporter", registry=registry)
     try:
-        httpd = HttpServer((host, port), _handler(Exposition(cache, registry)))
+        httpd = HttpServer((host, port), _handler(Exposition(cache, registry, dcgm_compat)))
     except OSError as err:
         why = err.strerror or str(err)
         if getattr(err, "errno", None) == 98:

@@ -114,10 +114,17 @@ def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> l
     """torchrun (`python -m torch.distributed.run`) starting `nproc` copies of the job on
     this machine; `--standalone` makes it rendezvous on a free local port. The job may
     be given as `train.py ARGS`, `python train.py ARGS` or `python -m pkg ARGS`; any other
-    program runs with `--no-python` and must read LOCAL_RANK itself."""
+    program runs with `--no-python` and must read LOCAL_RANK itself.
+
+    torchrun runs under the job's own interpreter, never gpuwarden's (on a lab install
+    that is a venv under /opt with no torch): `~/venv/bin/python train.py` runs that
+    venv's torchrun, a script's `#!` line names its interpreter, and only a script
+    with neither runs under this Python. `python` overrides all of them."""
     args = list(argv)
     script = False  # `python X`: X is a script whatever its name
+    given: Optional[str] = None  # the interpreter the command names
     if args and _is_python(args[0]):
+        given = args[0]
         args = args[1:]
         script = True
         if args and args[0].startswith("-") and args[0] != "-m":
@@ -128,7 +135,10 @@ def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> l
     if not args or not args[0] or (args[0] == "-m" and len(args) < 2):
         raise UserError("--ddp: no script given after --, e.g. `-- train.py --epochs 3`")
     _check_ddp_target(args, script or args[0].endswith(".py"))
-    if python in (None, sys.executable):
+    if python is None and given is None and args[0] != "-m":
+        python = _shebang_python(args[0])
+    python = python or given or sys.executable
+    if python == sys.executable:
         import importlib.machinery
 
         if importlib.machinery.PathFinder.find_spec("torch") is None:
@@ -136,17 +146,40 @@ def ddp_argv(argv: Sequence[str], nproc: int, python: Optional[str] = None) -> l
             # specification for 'torch.distributed.run'".
             raise LaunchError(
                 f"--ddp starts the job with torchrun, which comes with PyTorch, and "
-                f"{sys.executable} has no torch (pip install torch, or run your own "
-                "launcher without --ddp)",
+                f"{sys.executable} has no torch: name the Python that has it "
+                "(`-- ~/venv/bin/python train.py`), or run your own launcher without --ddp",
                 exit_code=127,
             )
-    head = [python or sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    head = [python, "-m", "torch.distributed.run", "--standalone"]
     head.append(f"--nproc-per-node={nproc}")
     if args[0] == "-m":
         return [*head, "-m", *args[1:]]
     if not (script or args[0].endswith(".py")):
         head.append("--no-python")
     return [*head, *args]
+
+
+def _shebang_python(target: str) -> Optional[str]:
+    """The Python a script's `#!` line names (`#!/usr/bin/env python3`: `python3`, found
+    on the job's PATH when it starts), or None: no such line, or not a Python."""
+    import shutil
+
+    path = target if os.path.isfile(target) else shutil.which(target)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    if len(words) != 1 or not _is_python(words[0]):
+        return None  # interpreter options are not passed through torchrun
+    return words[0]
 
 
 def _check_ddp_target(args: Sequence[str], script: bool) -> None:

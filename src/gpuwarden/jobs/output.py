@@ -82,3 +82,34 @@ def show(path: str, job_uid: int, ended: Callable[[], bool], follow: bool, what:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def tail(path: str, job_uid: int, lines: int = 20, limit: int = CHUNK) -> list[str]:
+    """The last `lines` lines of the output file, read from at most its last `limit`
+    bytes (a job that printed gigabytes costs one bounded read), decoded with
+    replacement and made printable: `top`'s log pane and the assistants' log tool show
+    them on a terminal or to a model. No file yet is an empty list."""
+    from gpuwarden.safefiles import printable
+
+    try:
+        fd = open_output(path, job_uid)
+    except FileNotFoundError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - limit), os.SEEK_SET)
+        data = b""
+        while len(data) < limit:
+            chunk = os.read(fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n")
+    found = text.split("\n")
+    if size > limit and len(found) > 1:
+        found = found[1:]  # the first line is cut where the read began
+    if found and found[-1] == "":
+        found.pop()
+    return [printable(line) for line in found[-lines:]] if lines > 0 else []

@@ -49,10 +49,14 @@ def spec(
     wait: bool = False,
     timeout: Optional[float] = None,
     uuid: bool = False,
+    time_limit: Optional[float] = None,
 ) -> dict[str, Any]:
     """kernel.json for `python`'s ipykernel with the gpuwarden provisioner and `request`
-    (gpuwarden.lease()'s arguments, only those given)."""
+    (gpuwarden.lease()'s arguments, only those given); `time_limit` in seconds: the
+    kernel's time under a queue service (gpuwarden.lease(time=...))."""
     config: dict[str, Any] = {"request": {k: v for k, v in request.items() if v is not None}}
+    if time_limit is not None:
+        config["time_limit"] = time_limit
     if uuid:
         config["uuid"] = True
     if wait:

@@ -52,6 +52,8 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     wait_for_gpus = Bool(False, config=True, help="wait in line for the GPUs, not fail")
     wait_timeout = AnyTrait(None, config=True, help="seconds to wait at most, or None")
     uuid = Bool(False, config=True, help="CUDA_VISIBLE_DEVICES as UUIDs")
+    # Not `time`: a kernel's time limit under a queue service (`kernel install --time`).
+    time_limit = AnyTrait(None, config=True, help="the kernel's time limit: seconds or 8h")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -138,11 +140,21 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _allocate(self, base: dict[str, str], conf: Any, request: Any) -> None:
         """The GPUs held through the queue service for the kernel's life (until
         `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
-        from gpuwarden.api import _hold
+        from gpuwarden.api import _hold, time_limit
 
+        limit = time_limit(self.time_limit, "time_limit")
         stack = contextlib.ExitStack()
         leased = stack.enter_context(
-            _hold(conf, request, self.wait_for_gpus, self._timeout(), self.uuid, base)
+            _hold(
+                conf,
+                request,
+                self.wait_for_gpus,
+                self._timeout(),
+                self.uuid,
+                base,
+                time=limit,
+                time_option="`gpuwarden kernel install --time`",
+            )
         )
         allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)
         self._held, self._vars = allocation, dict(leased.vars)

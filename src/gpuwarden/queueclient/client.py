@@ -27,6 +27,33 @@ DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 NOTICE_AFTER = 3.0
 
 
+_TOLD: list[str] = []  # the service's release, once this process was told of it
+
+
+def _compare_release(theirs: object) -> None:
+    """One line on stderr, once per process, when the service runs another release of
+    gpuwarden than this client (a student's venv left behind by an upgrade): the
+    protocol may still match, but what each says of the other may not. `gpuwarden
+    doctor` prints the command that installs the service's own."""
+    # The package is imported already (this module is in it): its version, with no
+    # import of the package's own that would tie the client to the Python API.
+    __version__ = sys.modules["gpuwarden"].__version__
+    if theirs == __version__ or _TOLD or not isinstance(theirs, str):
+        return
+    import re
+
+    if not re.fullmatch(r"[0-9A-Za-z.+!_-]{1,40}", theirs):
+        return  # not a version: nothing worth printing
+    _TOLD.append(theirs)
+    where = os.path.dirname(os.path.dirname(sys.executable))
+    print(
+        f"gpuwarden: this client ({where}) is gpuwarden {__version__}, the service "
+        f"{theirs}: install the service's into it (`gpuwarden doctor` says how)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def socket_path() -> str:
     """`service.socket` (or GPUWARDEN_SOCKET, which sets it), read with the rest of
     the configuration."""
@@ -111,7 +138,10 @@ class Client:
             if not data:
                 raise UserError(f"the service at {self.path} closed the connection")
             self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
+        reply = self.pending.pop(0)
+        if "release" in reply:
+            _compare_release(reply["release"])
+        return reply
 
     def _recv(self) -> bytes:
         """The next bytes from the service. A service answers in milliseconds; when it

@@ -46,13 +46,16 @@ def hold(
     wait: bool,
     timeout: Optional[float],
     conf: Any = None,
+    time_option: str = "time=",
 ) -> Iterator[tuple[int, list[str], tuple[int, int], threading.Event]]:
     """(job id, GPU uuids, descriptors, set when it ended early) of an allocation held
     for the block. Without `wait`, raises UserError (exit 75) when nothing fits now;
     with it, waits up to `timeout` seconds. A child given the descriptors (the
     placeholder's input, then the connection) keeps the allocation until it ends too,
     as lease descriptors do. `conf` is the caller's reading of the configuration (None:
-    the one in force), for how long a dropped connection is tried again."""
+    the one in force), for how long a dropped connection is tried again. A refusal
+    for the time (`fields`' `time_limit`) names `time_option`, the caller's way to
+    give one, where the service's says `--time`."""
     if conf is None:
         from gpuwarden import config
 
@@ -67,7 +70,8 @@ def hold(
         socket.send_fds(client.sock, [protocol.encode(message)], [end_r, null, null])
         reply = client.receive()
         if not reply.get("ok"):
-            raise UserError(str(reply.get("error") or "the service refused the allocation"))
+            error = str(reply.get("error") or "the service refused the allocation")
+            raise UserError(_in_own_words(error, time_option))
         job = int(reply["job"])
         gpus = _started(client, job, timeout if wait else None)
     except BaseException:
@@ -130,6 +134,15 @@ class _Follower:
             self._stopped = True
             os.close(self.connection)
             self.client.close()
+
+
+def _in_own_words(error: str, option: str) -> str:
+    """The service's refusal of a job's time (`needs --time`, `--time 2d is over`) with
+    the caller's option for it in place of `--time`, which a kernel or
+    `gpuwarden.lease()` has not: the refusal names the fix."""
+    if error.startswith(("this machine needs --time", "--time ")):
+        return error.replace("--time", option, 1)
+    return error
 
 
 def _started(client: Any, job: int, timeout: Optional[float]) -> list[str]:

@@ -99,6 +99,7 @@ def probe(path: Optional[str] = None, timeout: float = TIMEOUT) -> dict[str, Any
         if not hello.get("ok"):
             return fail(OTHER_VERSION, str(hello.get("error") or "it refused hello"))
         found.update(user=hello.get("user"), admin=hello.get("admin"))
+        found.update(release=hello.get("release"), wheels=hello.get("wheels"))
         try:
             queue = _call(sock, "queue")
         except (OSError, ValueError):

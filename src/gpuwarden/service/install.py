@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient.probe import UNIT_PATH
+from gpuwarden.service.runnable import cannot_export, not_for_everyone
 from gpuwarden.service.unitfiles import (
     COMPANIONS,
     CONFIG_SECTION,
@@ -227,6 +228,10 @@ def install(
     manifest = _read_manifest(root)
     _preflight(root)
     exec_start = exec_start or default_exec_start()
+    if "exporter" in companions:
+        why = cannot_export(exec_start)
+        if why is not None:
+            raise UserError(f"refusing to install --exporter: {why}; nothing was changed")
     if root in ("", "/"):
         why = not_for_everyone(exec_start.split()[0])
         if why is not None:
@@ -255,49 +260,6 @@ def install(
     _write_manifest(root, manifest)
     lines.append(f"recorded what was installed in {_at(root, MANIFEST)}")
     return lines
-
-
-def not_for_everyone(program: str) -> Optional[str]:
-    """Why not every user may run `program` (the unit's ExecStart, which `run` and the
-    students' shells run too), or None: each directory on the way to it and to its
-    interpreter (a script's `#!`) must be searchable by all, and the files readable and
-    executable by all. A venv linked to a Python in root's 0700 home gave every student
-    `bad interpreter: Permission denied`."""
-    seen = [program]
-    try:
-        with open(os.path.realpath(program), "rb") as fh:
-            first = fh.readline(4096)
-        if first.startswith(b"#!"):
-            words = first[2:].decode("utf-8", "replace").split()
-            if words:
-                seen.append(words[0])
-    except OSError as err:
-        return f"{program} cannot be read ({err.strerror})"
-    for path in seen:
-        for step in _path_steps(path):
-            try:
-                mode = os.stat(step).st_mode
-            except OSError as err:
-                return f"{step} cannot be reached ({err.strerror})"
-            wanted = stat.S_IXOTH | (0 if stat.S_ISDIR(mode) else stat.S_IROTH)
-            if mode & wanted != wanted:
-                return f"other users may not {'enter' if stat.S_ISDIR(mode) else 'run'} {step}"
-    return None
-
-
-def _path_steps(path: str) -> list[str]:
-    """Every directory and link on the way to `path`, then what it finally names."""
-    steps: list[str] = []
-    current = os.path.abspath(path)
-    for _ in range(40):  # links within links, bounded
-        parts = current.split(os.sep)
-        for i in range(2, len(parts)):
-            steps.append(os.sep.join(parts[:i]) or os.sep)
-        if not os.path.islink(current):
-            break
-        current = os.path.join(os.path.dirname(current), os.readlink(current))
-    steps.append(os.path.realpath(path))
-    return steps
 
 
 def _preflight(root: str) -> None:
@@ -415,85 +377,3 @@ def _add_config(root: str, manifest: Manifest) -> str:
         os.close(fd)
     manifest.appended[CONFIG_PATH] = text
     return f"appended a commented [service] table to {where}"
-
-
-# -- uninstall ---------------------------------------------------------------------------
-
-
-def uninstall(root: str = "/", purge: bool = False) -> list[str]:
-    """Remove what the manifest says install made, restore what it changed, and keep
-    the journal unless `purge`. Anything changed since by an admin is left and named."""
-    if os.geteuid() != 0 and root in ("", "/"):
-        raise UserError("removing the service needs root (sudo gpuwarden service uninstall)")
-    manifest = _read_manifest(root)
-    if not (manifest.files or manifest.dirs or manifest.appended):
-        raise UserError(
-            f"nothing to remove: no install manifest at {_at(root, MANIFEST)} "
-            "(`gpuwarden service install` writes it)"
-        )
-    lines: list[str] = []
-    for path, sha in sorted(manifest.files.items()):
-        where = _at(root, path)
-        existing = _read_existing(where)
-        if existing is None:
-            lines.append(f"already gone {where}")
-        elif _sha(existing) != sha:
-            lines.append(f"left {where}: edited since install")
-        else:
-            os.unlink(where)
-            lines.append(f"removed {where}")
-    for path, text in manifest.appended.items():
-        lines.append(_unappend(_at(root, path), text))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_at(root, MANIFEST))
-    for name in ("gpuwarden.sock", "gpuwarden.sock.lock"):  # a stopped service's own
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_at(root, os.path.join(RUN_DIR, name)))
-            lines.append(f"removed {_at(root, os.path.join(RUN_DIR, name))}")
-    if purge:
-        import shutil
-
-        shutil.rmtree(_at(root, SERVICE_DIR), ignore_errors=True)
-        lines.append(f"removed {_at(root, SERVICE_DIR)} and the job journal in it (--purge)")
-    for path in (CONFIG_DIR, EXPORTER_DROPIN_DIR, *(p for p, _ in reversed(DIRECTORIES))):
-        before = manifest.dirs.get(path)
-        if before is not None:
-            lines.append(_undo_dir(_at(root, path), before))
-    if not purge and os.path.isdir(_at(root, SERVICE_DIR)):
-        lines.append(f"kept the job journal in {_at(root, SERVICE_DIR)} (--purge removes it)")
-    return [line for line in lines if line]
-
-
-def _unappend(where: str, text: str) -> str:
-    existing = _read_existing(where)
-    raw = text.encode("utf-8")
-    if existing is None or raw not in existing:
-        return f"left {where}: the [service] table install appended was changed since"
-    from gpuwarden.safefiles import write_atomic
-
-    st = os.lstat(where)
-    index = existing.rindex(raw)
-    write_atomic(where, existing[:index] + existing[index + len(raw) :], mode=0o644, what=where)
-    os.chmod(where, stat.S_IMODE(st.st_mode))
-    with contextlib.suppress(OSError):
-        os.chown(where, st.st_uid, st.st_gid)
-    return f"removed the [service] table install appended to {where}"
-
-
-def _undo_dir(where: str, before: dict[str, Any]) -> str:
-    try:
-        st = os.lstat(where)
-    except FileNotFoundError:
-        return ""
-    if not stat.S_ISDIR(st.st_mode):
-        return f"left {where}: no longer a directory"
-    if before["created"]:
-        try:
-            os.rmdir(where)
-        except OSError:
-            return f"left {where}: not empty"
-        return f"removed {where}"
-    os.chmod(where, before["mode"])
-    with contextlib.suppress(OSError):
-        os.chown(where, before["uid"], before["gid"])
-    return f"restored {where} to mode {before['mode']:04o}"

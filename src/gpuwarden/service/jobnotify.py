@@ -95,11 +95,14 @@ def send(notifier: Any, job: Any, kinds: Sequence[str], **more: Any) -> None:
         notifier.to_owner(event(job, chosen, **more), asked[1], job.uid, job.gid)
 
 
-#: What the owner's process runs (`python -c`, the URL as its argument, the event on its
+#: What the owner's process runs (`python -c POST URL CONNECT TOTAL`, the event on its
 #: standard input): the standard library alone, so any Python the owner may run will do.
+#: CONNECT bounds the connection and each read; an alarm ends it after TOTAL seconds
+#: whatever the peer does (a byte a minute included).
 POST = (
-    "import sys, urllib.request as r; "
+    "import signal, sys, urllib.request as r; "
+    "signal.alarm(int(sys.argv[3])); "
     "q = r.Request(sys.argv[1], data=sys.stdin.buffer.read(), method='POST', "
-    "headers={'Content-Type': 'application/json'}); "
-    "r.urlopen(q, timeout=10).read(65536)"
+    "headers={'Content-Type': 'application/json', 'User-Agent': 'gpuwarden'}); "
+    "r.urlopen(q, timeout=float(sys.argv[2])).read(65536)"
 )

@@ -1,8 +1,10 @@
 """What keeps the service's journal from being opened wrong: damage, and a second service.
 
 A journal that exists but cannot be read as one is never opened over (an empty
-queue would silently replace all history and fair-share usage): it is moved aside
-and the service refuses to start in one line saying where it went. The journal and
+queue would silently replace all history and fair-share usage): it is moved aside,
+a marker (`jobs.db.refused`) naming where it went is left in its place, and the
+service refuses to start, now and at every start until an admin removes the marker,
+in one line that says where the journal went and the command that starts again. The journal and
 the socket are each locked for the life of the service, so a second `gpuwarden
 serve` refuses to start instead of taking over the live socket and writing the
 same journal.
@@ -26,8 +28,32 @@ class JournalDamaged(UserError):
     """The journal exists and is not one this service can read: it was moved aside."""
 
 
+def marker_of(path: str) -> str:
+    """The file that keeps a service from starting over a journal it moved aside."""
+    return path + ".refused"
+
+
 def refuse_damaged(path: str) -> None:
-    """Raise JournalDamaged, after moving it aside, if the journal at `path` is damaged."""
+    """Raise JournalDamaged, after moving it aside, if the journal at `path` is damaged;
+    and on every start after that until an admin acts (removes the marker, after
+    putting a repaired journal back or to start an empty queue): a restart by systemd
+    two seconds later must not start an empty queue over the history."""
+    marker = marker_of(path)
+    try:
+        with open(marker, encoding="utf-8", errors="replace") as fh:
+            moved = fh.read(4096).strip() or "(unknown)"
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise JournalDamaged(
+            f"cannot read {marker} ({err.strerror}); the service did not start"
+        ) from None
+    else:
+        raise JournalDamaged(
+            f"the journal {path} was found damaged and moved to {moved}; the service does "
+            f"not start until an admin acts: `rm {marker}` to start with an empty queue "
+            f"(first `mv {moved} {path}` to put back a repaired one)"
+        )
     problem = examine(path)
     if problem is not None:
         raise JournalDamaged(f"{problem}; {set_aside(path)}")
@@ -79,9 +105,17 @@ def set_aside(path: str) -> str:
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.rename(path + suffix, moved + suffix)
+    marker = marker_of(path)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, f"{moved}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return (
-        f"moved it to {moved}; the service did not start (restore it, or start again "
-        "for an empty queue)"
+        f"moved it to {moved}; the service does not start until an admin acts: "
+        f"`rm {marker}` to start with an empty queue (first `mv {moved} {path}` to put "
+        "back a repaired one)"
     )
 
 

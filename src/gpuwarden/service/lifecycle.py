@@ -213,6 +213,8 @@ class Lifecycle(Attaching, Limiting):
         if job.state == store.PENDING:
             self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
             self._ended_attached(job.id, None, sig=sig)
+            ended = jobnotify.matched(jobnotify.EVENTS, store.CANCELLED)
+            jobnotify.send(self.notifier, job, ended, state=store.CANCELLED, elapsed=0.0)
         elif job.pid:
             self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())

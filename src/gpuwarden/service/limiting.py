@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
@@ -35,6 +35,7 @@ class Limiting(Core):
             "max_gpus_per_user": s.policy.max_gpus_per_user,
             "max_jobs_per_user": s.max_jobs_per_user,
             "max_time": s.max_time,
+            "max_interactive_time": s.max_interactive_time,
         }
         return s.limits.of(who.name, who.groups, machine)
 
@@ -54,9 +55,21 @@ class Limiting(Core):
             array=array,
             active=self.store.count_active(who.uid) if "max_jobs" in limits else 0,
             gpu_hours=hours,
+            interactive=sub.attached,
         )
         if why is not None:
             raise UserError(why)
+
+    def interactive_time(self, who: Person, sub: protocol.Submit) -> Optional[float]:
+        """The time an interactive hold (an attached job: a kernel, `gpuwarden.lease()`,
+        `run`) that asks for none is given: `service.interactive_time`, cut to the
+        longest one `who` may hold. None: it keeps none (then `max_time` may refuse it)."""
+        default = self.settings.interactive_time
+        if not sub.attached or sub.time_limit is not None or default is None:
+            return sub.time_limit
+        limits = self.limits_of(who)
+        longest = limits.get("max_interactive_time") or limits.get("max_time")
+        return default if longest is None else min(default, longest.value)
 
     def plan_policy(self, jobs: Iterable[Job]) -> scheduling.Policy:
         """The policy a pass of the plan uses for `jobs`' owners: admins exempt from the

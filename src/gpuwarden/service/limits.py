@@ -5,14 +5,16 @@ than its postdocs:
 
     [service.limits]
     "@students" = { max_gpus = 2, max_jobs = 20, max_time = "1d", gpu_hours_per_week = 100 }
-    "@postdocs" = { max_gpus = 4 }
+    "@postdocs" = { max_gpus = 4, max_interactive_time = "12h" }
     alice = { max_gpus = 8 }
 
+`max_interactive_time` bounds the interactive holds (kernels, `gpuwarden.lease()`,
+an attached `run`) in place of `max_time`, which bounds them where it is not set.
 A user's own entry decides each limit it names; else, among the user's groups that
 name it, the most generous; else the machine-wide `max_gpus_per_user`,
-`max_jobs_per_user` and `max_time`. Each limit comes with the rule that set it, so
-a refusal names the rule (`service.limits @students max_gpus`). Admins are bound by
-none. Pure: the service supplies who asks and what they use.
+`max_jobs_per_user`, `max_time` and `max_interactive_time`. Each limit comes with
+the rule that set it, so a refusal names the rule (`service.limits @students
+max_gpus`). Admins are bound by none. Pure: the service supplies who asks and what they use.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from typing import Any, NamedTuple, Optional
 
 from gpuwarden.errors import UserError
 
-KINDS = ("max_gpus", "max_jobs", "max_time", "gpu_hours_per_week")
+KINDS = ("max_gpus", "max_jobs", "max_time", "max_interactive_time", "gpu_hours_per_week")
 #: The machine-wide key each limit falls back to (the GPU-hour budget has none).
 MACHINE_WIDE = {
     "max_gpus": "max_gpus_per_user",
     "max_jobs": "max_jobs_per_user",
     "max_time": "max_time",
+    "max_interactive_time": "max_interactive_time",
 }
 
 
@@ -64,8 +67,13 @@ class Limits:
     def describe(self) -> str:
         if not self.entries:
             return "none"
+        from gpuwarden.units import format_span
+
+        def shown(kind: str, value: float) -> str:
+            return format_span(value) if kind.endswith("_time") else f"{value:g}"
+
         return "; ".join(
-            f"{name} " + ", ".join(f"{k}={v:g}" for k, v in sorted(limits.items()))
+            f"{name} " + ", ".join(f"{k}={shown(k, v)}" for k, v in sorted(limits.items()))
             for name, limits in sorted(self.entries.items())
         )
 
@@ -101,10 +109,12 @@ def refusal(
     array: bool = False,
     active: int = 0,
     gpu_hours: Optional[float] = None,
+    interactive: bool = False,
 ) -> Optional[str]:
     """Why a job (`tasks` of them for an array) of a user with `limits`, who has `active`
     jobs queued or running and used `gpu_hours` in the last 7 days, is refused at
-    submit; None when it is not. Each reason names the rule."""
+    submit; None when it is not. Each reason names the rule. An `interactive` job (an
+    attached one) is bound by `max_interactive_time` where one is in force."""
     from gpuwarden.units import format_span
 
     jobs = limits.get("max_jobs")
@@ -128,6 +138,8 @@ def refusal(
             f"on this machine ({most.rule})"
         )
     longest = limits.get("max_time")
+    if interactive and "max_interactive_time" in limits:
+        longest = limits["max_interactive_time"]
     if longest is not None:
         span = format_span(longest.value)
         if time_limit is None:

@@ -1,6 +1,8 @@
 """Live policy: `gpuwarden service reload` (admins) and SIGHUP read the configuration
 again, as `scontrol reconfigure` does, without a restart (which would cut every
-attached client off for a moment).
+attached client off for a moment). A configuration file that is not trusted (writable
+by others, not root's: config.trust) is refused as a whole, at start and at reload
+alike: read without it, every limit would silently fall back to its default.
 
 The `[service]` and `[enforce]` tables are read afresh, with the command line's
 values of `gpuwarden serve` still over them. A reading that is refused (a file that
@@ -38,7 +40,10 @@ def read_settings(
     from gpuwarden import config
     from gpuwarden.service.settings import from_config
 
-    return from_config(config.load(cli=dict(options)), fixed, admins)
+    reading = config.load(cli=dict(options))
+    for _, path, why in reading.refused:  # its limits would silently be the defaults
+        raise UserError(f"the configuration {path} is not trusted: {why}")
+    return from_config(reading, fixed, admins)
 
 
 class Reloading(Lifecycle):

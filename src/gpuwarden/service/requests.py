@@ -8,6 +8,7 @@ every concern beneath it (reloading, lifecycle, attaching, limiting).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -41,6 +42,16 @@ log = logging.getLogger("gpuwarden.serve")
 Handler = Callable[[Any, Person, Any, "Optional[Connection]"], dict[str, Any]]
 
 
+def client_wheels() -> Optional[str]:
+    """The folder of wheels `scripts/install-system` keeps beside the service's own
+    install (this very release and its dependencies), from which a user puts gpuwarden
+    into their own venv; None where it made none."""
+    import sys
+
+    folder = os.path.join(sys.prefix, "share", "gpuwarden", "wheels")
+    return folder if os.path.isdir(folder) else None
+
+
 class Requests(Reloading):
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
@@ -52,7 +63,12 @@ class Requests(Reloading):
         if served is None:
             raise protocol.ProtocolError(f"operation {op!r} is not served yet")
         decode, handler = served
-        return handler(self, who, decode(message), client)
+        answer = handler(self, who, decode(message), client)
+        if op in ("hello", "submit"):  # a client of another release says so (client.py)
+            from gpuwarden import __version__
+
+            answer["release"] = __version__
+        return answer
 
     # -- one handler per operation: (the caller, its request's record, its connection) --
 
@@ -63,6 +79,7 @@ class Requests(Reloading):
             "user": who.name,
             "uid": who.uid,
             "admin": self.settings.admins.include(who),
+            "wheels": client_wheels(),
         }
 
     def _signal_job(
@@ -144,6 +161,9 @@ class Requests(Reloading):
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
+        timed = self.interactive_time(who, sub)
+        if timed != sub.time_limit:  # service.interactive_time: a hold that asked for none
+            sub = dataclasses.replace(sub, time_limit=timed)
         self.within_limits(who, sub, tasks, array is not None)
         if sub.warning is not None and sub.time_limit is None:
             raise UserError("--signal needs --time: its signal comes that long before the limit")

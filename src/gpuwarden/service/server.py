@@ -26,7 +26,7 @@ from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
-from gpuwarden.service import journalguard, store
+from gpuwarden.service import healthwatch, journalguard, store
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.machine import Machine
@@ -44,6 +44,19 @@ log = logging.getLogger("gpuwarden.serve")
 MAX_PENDING = 2 * protocol.MAX_MESSAGE
 #: A client's next request is answered only once fewer bytes than this wait for it.
 BACKLOG_OUT = protocol.PAGE_BYTES
+
+
+def _directory(path: str) -> None:
+    """Make the service's folder `path` (0700) unless it is there; one line when it
+    cannot be (a file or a dangling link in its place, a parent that is a file)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        raise UserError(
+            f"{path} exists and is not a directory; the service did not start"
+        ) from None
+    except OSError as err:
+        raise UserError(f"cannot make the directory {path}: {err.strerror}") from None
 
 
 def journal_failure(path: str, err: Exception) -> str:
@@ -65,8 +78,9 @@ class Service(Requests, TimeLimits):
             JobNotifier(settings.webhook, settings.sendmail),
             Pacer(),
         )
-        os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
-        os.makedirs(self.exits, mode=0o700, exist_ok=True)
+        self.health: Any = None  # the health watch (service.healthwatch), from `open`
+        for folder in (settings.state_dir, self.exits):
+            _directory(folder)
         journal = os.path.join(settings.state_dir, "jobs.db")
         try:
             # Held for the service's life: a second service refuses (service.journalguard).
@@ -122,6 +136,9 @@ class Service(Requests, TimeLimits):
         self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
         self.indices = {g.uuid: g.index for g in snapshot.gpus}
         self.recover()
+        # Its threads start after every fork of the start (the notifier's): a lab with
+        # no exporter still has a fatal fault drained (service.healthwatch).
+        self.health = healthwatch.start(self.reading, self.settings.webhook)
         log.info("serving on %s", path)
 
     def close(self) -> None:
@@ -139,6 +156,8 @@ class Service(Requests, TimeLimits):
             os.close(fd)
         self.watched.clear()
         self.processes.clear()
+        if self.health is not None:
+            self.health.stop()
         self.notifier.close()
         self.store.close()
         for fd in self.locks:  # the lock files stay: removing a held one would race

@@ -30,6 +30,10 @@ class Settings:
     admins: Admins = field(default_factory=Admins)
     max_jobs_per_user: Optional[int] = None
     max_time: Optional[float] = None
+    # Interactive holds (kernels, gpuwarden.lease(), attached `run`): the time given to
+    # one that asks for none, and the longest one may hold (else max_time).
+    interactive_time: Optional[float] = None
+    max_interactive_time: Optional[float] = None
     show_commands: bool = False
     grace: float = 30.0  # SIGTERM to SIGKILL past a time limit
     webhook: Optional[str] = None  # POSTed a JSON event when a job ends
@@ -88,6 +92,8 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         admins=Admins.parse([*cfg.get("service.admins"), *admins]),
         max_jobs_per_user=cfg.get("service.max_jobs_per_user"),
         max_time=cfg.get("service.max_time"),
+        interactive_time=cfg.get("service.interactive_time"),
+        max_interactive_time=cfg.get("service.max_interactive_time"),
         show_commands=cfg.get("service.show_commands"),
         grace=cfg.get("service.grace"),
         webhook=cfg.get("service.webhook"),
@@ -118,9 +124,21 @@ def changes(old: Settings, new: Settings) -> list[str]:
                 x, y = getattr(a, inner), getattr(b, inner)
                 if x != y:
                     out.append(f"{inner}: {_shown(x)} -> {_shown(y)}")
+        elif name in SPANS:
+            out.append(f"{name}: {_span(a)} -> {_span(b)}")
         else:
             out.append(f"{name}: {_shown(a)} -> {_shown(b)}")
     return out
+
+
+#: The settings that are durations: a reload says `1d`, as the file may, not `86400.0`.
+SPANS = ("max_time", "interactive_time", "max_interactive_time", "book_max_time", "grace")
+
+
+def _span(value: Any) -> str:
+    from gpuwarden.units import format_span
+
+    return "-" if value is None else format_span(value)
 
 
 def _shown(value: Any) -> str:

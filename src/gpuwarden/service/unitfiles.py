@@ -109,12 +109,21 @@ CONFIG_SECTION = """\
 # max_gpus_per_user = 4                        # GPUs one user may use at once
 # max_jobs_per_user = 100                      # jobs one user may have queued or running
 # max_time = "3d"                              # longest --time (then --time is required)
+# interactive_time = "8h"                      # a kernel's, lease()'s or run's time if none given
+# max_interactive_time = "1d"                  # longest of those (else max_time)
 # grace = 30                                   # seconds from SIGTERM to SIGKILL past --time
 # half_life = 604800                           # fair-share usage halves in 7 days
 # shares = { alice = 2, bob = 1 }              # fair-share weights (others get 1)
 # show_commands = false                        # show everyone's command lines in `queue`
 # webhook = "https://chat.example/hook"        # a JSON POST when a job ends
 # sendmail = "/usr/sbin/sendmail"              # mail owners when their job ends
+
+# Limits per user and per @group (a user's own entry first, then their most generous
+# group, then the keys above); `gpuwarden limits` shows each user theirs.
+# [service.limits]
+# "@students" = { max_gpus = 2, max_jobs = 20, max_time = "1d", gpu_hours_per_week = 100 }
+# "@postdocs" = { max_gpus = 4, max_interactive_time = "12h" }
+# alice = { max_gpus = 8 }
 """
 
 

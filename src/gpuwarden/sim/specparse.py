@@ -131,6 +131,31 @@ def parse(text: str, path: str) -> Spec:
     gpus_in = data.get("gpu", [])
     if not isinstance(gpus_in, list):
         raise where.fail("gpu", "must be an array of tables ([[gpu]])", where.line(None, "gpu"))
+    machine = _Machine(where, name)
+    for i, g in enumerate(gpus_in):
+        machine.add(i, g)
+    machine.check_bridges()
+    if driver and not machine.gpus:
+        raise where.fail(
+            "gpu",
+            "a machine with a driver needs at least one [[gpu]] (or set driver = false)",
+            None,
+        )
+    return Spec(
+        name=name,
+        path=path,
+        driver=driver,
+        driver_version=str(data.get("driver_version", "550.54.15")),
+        cuda_version=_cuda_version(where, data),
+        description=str(data.get("description", "")),
+        nvswitch=bool(data.get("nvswitch", False)),
+        gpus=tuple(machine.gpus),
+        processes=tuple(machine.processes),
+    )
+
+
+def _cuda_version(where: _Where, data: dict[str, Any]) -> int:
+    """The driver's CUDA version as NVML encodes it (12.4 -> 12040)."""
     cuda_text = str(data.get("cuda_version", "12.4"))
     match = re.fullmatch(r"(\d+)\.(\d+)", cuda_text)
     if not match:
@@ -139,13 +164,28 @@ def parse(text: str, path: str) -> Spec:
             f"expected MAJOR.MINOR, got {cuda_text!r}",
             where.line(None, "cuda_version"),
         )
-    cuda = int(match.group(1)) * 1000 + int(match.group(2)) * 10
-    gpus: list[dict[str, Any]] = []
-    procs: list[dict[str, Any]] = []
-    next_pid = SYNTHETIC_PID_BASE
-    seen_bus: set[str] = set()
-    seen_minor: set[int] = set()
-    for i, g in enumerate(gpus_in):
+    return int(match.group(1)) * 1000 + int(match.group(2)) * 10
+
+
+class _Machine:
+    """The GPUs and processes of one spec, checked as they are added.
+
+    What is unique across the machine (bus ids, device minors, synthetic pids) is
+    kept here, so each `[[gpu]]` table is checked against the ones before it.
+    """
+
+    def __init__(self, where: _Where, name: str) -> None:
+        self.where = where
+        self.name = name
+        self.gpus: list[dict[str, Any]] = []
+        self.processes: list[dict[str, Any]] = []
+        self.next_pid = SYNTHETIC_PID_BASE
+        self.seen_bus: set[str] = set()
+        self.seen_minor: set[int] = set()
+
+    def add(self, i: int, g: dict[str, Any]) -> None:
+        """Check the i-th `[[gpu]]` table and add it with its MIG slices and processes."""
+        where = self.where
         for key in g:
             if key not in _GPU_KEYS:
                 raise where.fail(
@@ -163,71 +203,23 @@ def parse(text: str, path: str) -> Spec:
         card = cards.CARDS[model]
         lacking = card["unsupported"]  # a tuple of feature names in every entry of CARDS
         unsupported: set[str] = set(lacking) if isinstance(lacking, tuple) else set()
-        bus = g.get("pci_bus_id", f"00000000:{0x07 + 0x10 * i:02X}:00.0")
-        if not re.fullmatch(r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", bus):
-            raise where.fail(
-                f"gpu[{i}].pci_bus_id",
-                f"expected DDDDDDDD:BB:DD.F, got {bus!r}",
-                where.line(i, "pci_bus_id"),
-            )
-        if bus.upper() in seen_bus:
-            raise where.fail(
-                f"gpu[{i}].pci_bus_id", f"{bus} is used by two GPUs", where.line(i, "pci_bus_id")
-            )
-        seen_bus.add(bus.upper())
-        # The driver numbers /dev/nvidiaN itself; it need not follow the PCI (index)
-        # order, and 254/255 are nvidia-modeset and nvidiactl.
-        minor = g.get("minor", i)
-        if isinstance(minor, bool) or not isinstance(minor, int) or not 0 <= minor <= 253:
-            raise where.fail(
-                f"gpu[{i}].minor",
-                f"expected an integer 0-253 (/dev/nvidiaN), got {minor!r}",
-                where.line(i, "minor"),
-            )
-        if minor in seen_minor:
-            raise where.fail(
-                f"gpu[{i}].minor", f"{minor} is used by two GPUs", where.line(i, "minor")
-            )
-        seen_minor.add(minor)
-        throttle = g.get("throttle", [])
-        for reason in throttle:
-            if reason not in THROTTLE_BITS:
-                raise where.fail(
-                    f"gpu[{i}].throttle",
-                    f"unknown reason {reason!r}; known: {', '.join(THROTTLE_BITS)}",
-                    where.line(i, "throttle"),
-                )
-        mode = g.get("compute_mode", "Default")
-        if mode not in COMPUTE_MODES:
-            raise where.fail(
-                f"gpu[{i}].compute_mode",
-                f"expected one of {', '.join(COMPUTE_MODES)}",
-                where.line(i, "compute_mode"),
-            )
-        for pct in ("temperature", "utilization", "memory_utilization", "fan"):
-            value = g.get(pct)
-            if value is not None and (
-                not isinstance(value, int) or value < 0 or (pct != "temperature" and value > 100)
-            ):
-                raise where.fail(
-                    f"gpu[{i}].{pct}",
-                    f"expected an integer percentage, got {value!r}",
-                    where.line(i, pct),
-                )
+        bus = self._bus(i, g)
+        minor = self._minor(i, g)
+        throttle, mode = self._states(i, g)
         try:
             extra = specdata.size(g.get("memory_used", 0))
         except UserError as err:
             raise where.fail(
                 f"gpu[{i}].memory_used", str(err), where.line(i, "memory_used")
             ) from None
-        uuid = g.get("uuid") or _make_uuid(name, i)
+        uuid = g.get("uuid") or _make_uuid(self.name, i)
         gpu: dict[str, Any] = {
             "index": i,
             "uuid": uuid,
             "model": model,
             "name": card["name"],
-            "serial": g.get("serial", f"{1320000000000 + 7919 * (i + 1) + len(name)}"),
-            "pci_bus_id": bus.upper(),
+            "serial": g.get("serial", f"{1320000000000 + 7919 * (i + 1) + len(self.name)}"),
+            "pci_bus_id": bus,
             "minor": minor,
             "numa_node": int(g.get("numa_node", 0)),
             "pcie_switch": int(g.get("pcie_switch", i)),
@@ -278,35 +270,8 @@ def parse(text: str, path: str) -> Spec:
                 )
         migs = g.get("mig", [])
         if migs:
-            profiles = cards.MIG_PROFILES.get(model, {})
             gpu["mig"] = True
-            slices = 0
-            for m, entry in enumerate(migs):
-                profile = entry.get("profile") if isinstance(entry, dict) else None
-                if profile not in profiles:
-                    raise where.fail(
-                        f"gpu[{i}].mig[{m}].profile",
-                        f"unknown profile {profile!r}; known: {', '.join(profiles)}",
-                        where.line(i, "profile", "mig", m),
-                    )
-                mem, size = profiles[profile]
-                slices += size
-                gpu["mig_instances"].append(
-                    {
-                        "index": m,
-                        "uuid": _make_uuid(name, 1000 * (i + 1) + m, "MIG"),
-                        "profile": profile,
-                        "memory_total": mem * cards.MiB,
-                        "gpu_instance_id": [1, 2, 3, 5, 7, 9, 11][m % 7],
-                        "compute_instance_id": 0,
-                    }
-                )
-            if slices > 7:
-                raise where.fail(
-                    f"gpu[{i}].mig",
-                    f"profiles need {slices} slices; the card has 7",
-                    where.line(i, "profile", "mig"),
-                )
+            gpu["mig_instances"] = self._mig_instances(i, model, migs)
         peer = g.get("nvlink_peer")
         if peer is not None:  # an NVLink bridge to one other GPU (PCIe cards in pairs)
             if cards.NVLINK in unsupported or not isinstance(peer, int) or peer == i:
@@ -316,8 +281,128 @@ def parse(text: str, path: str) -> Spec:
                     where.line(i, "nvlink_peer"),
                 )
             gpu["nvlink_peer"] = peer  # only where given: states of other specs keep their shape
-        used = extra
-        for p, entry in enumerate(g.get("process", [])):
+        used = extra + self._processes(i, gpu, g.get("process", []))
+        capacity = int(gpu["memory_total"]) - int(gpu["memory_reserved"])  # type: ignore[call-overload]
+        if used > capacity:
+            from gpuwarden.units import format_size
+
+            raise where.fail(
+                f"gpu[{i}].process",
+                f"memory used {format_size(used)} > total {format_size(capacity)} "
+                f"usable on {card['name']}",
+                where.line(i, "memory", "process", 0),
+            )
+        self.gpus.append(gpu)
+
+    def _bus(self, i: int, g: dict[str, Any]) -> str:
+        """The GPU's PCI bus id, upper-case, unique on the machine."""
+        where = self.where
+        bus = g.get("pci_bus_id", f"00000000:{0x07 + 0x10 * i:02X}:00.0")
+        if not isinstance(bus, str) or not re.fullmatch(
+            r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", bus
+        ):
+            raise where.fail(
+                f"gpu[{i}].pci_bus_id",
+                f"expected DDDDDDDD:BB:DD.F, got {bus!r}",
+                where.line(i, "pci_bus_id"),
+            )
+        if bus.upper() in self.seen_bus:
+            raise where.fail(
+                f"gpu[{i}].pci_bus_id", f"{bus} is used by two GPUs", where.line(i, "pci_bus_id")
+            )
+        self.seen_bus.add(bus.upper())
+        return bus.upper()
+
+    def _minor(self, i: int, g: dict[str, Any]) -> int:
+        """The GPU's /dev/nvidiaN number, unique on the machine.
+
+        The driver numbers /dev/nvidiaN itself; it need not follow the PCI (index)
+        order, and 254/255 are nvidia-modeset and nvidiactl.
+        """
+        where = self.where
+        minor = g.get("minor", i)
+        if isinstance(minor, bool) or not isinstance(minor, int) or not 0 <= minor <= 253:
+            raise where.fail(
+                f"gpu[{i}].minor",
+                f"expected an integer 0-253 (/dev/nvidiaN), got {minor!r}",
+                where.line(i, "minor"),
+            )
+        if minor in self.seen_minor:
+            raise where.fail(
+                f"gpu[{i}].minor", f"{minor} is used by two GPUs", where.line(i, "minor")
+            )
+        self.seen_minor.add(minor)
+        return minor
+
+    def _states(self, i: int, g: dict[str, Any]) -> tuple[list[str], str]:
+        """The GPU's throttle reasons and compute mode; its percentages checked."""
+        where = self.where
+        throttle = g.get("throttle", [])
+        for reason in throttle:
+            if reason not in THROTTLE_BITS:
+                raise where.fail(
+                    f"gpu[{i}].throttle",
+                    f"unknown reason {reason!r}; known: {', '.join(THROTTLE_BITS)}",
+                    where.line(i, "throttle"),
+                )
+        mode = g.get("compute_mode", "Default")
+        if mode not in COMPUTE_MODES:
+            raise where.fail(
+                f"gpu[{i}].compute_mode",
+                f"expected one of {', '.join(COMPUTE_MODES)}",
+                where.line(i, "compute_mode"),
+            )
+        for pct in ("temperature", "utilization", "memory_utilization", "fan"):
+            value = g.get(pct)
+            if value is not None and (
+                not isinstance(value, int) or value < 0 or (pct != "temperature" and value > 100)
+            ):
+                raise where.fail(
+                    f"gpu[{i}].{pct}",
+                    f"expected an integer percentage, got {value!r}",
+                    where.line(i, pct),
+                )
+        return list(throttle), str(mode)
+
+    def _mig_instances(self, i: int, model: str, migs: list[Any]) -> list[dict[str, Any]]:
+        """The GPU's MIG slices, which must fit its seven compute slices."""
+        where = self.where
+        profiles = cards.MIG_PROFILES.get(model, {})
+        instances: list[dict[str, Any]] = []
+        slices = 0
+        for m, entry in enumerate(migs):
+            profile = entry.get("profile") if isinstance(entry, dict) else None
+            if profile not in profiles:
+                raise where.fail(
+                    f"gpu[{i}].mig[{m}].profile",
+                    f"unknown profile {profile!r}; known: {', '.join(profiles)}",
+                    where.line(i, "profile", "mig", m),
+                )
+            mem, size = profiles[profile]
+            slices += size
+            instances.append(
+                {
+                    "index": m,
+                    "uuid": _make_uuid(self.name, 1000 * (i + 1) + m, "MIG"),
+                    "profile": profile,
+                    "memory_total": mem * cards.MiB,
+                    "gpu_instance_id": [1, 2, 3, 5, 7, 9, 11][m % 7],
+                    "compute_instance_id": 0,
+                }
+            )
+        if slices > 7:
+            raise where.fail(
+                f"gpu[{i}].mig",
+                f"profiles need {slices} slices; the card has 7",
+                where.line(i, "profile", "mig"),
+            )
+        return instances
+
+    def _processes(self, i: int, gpu: dict[str, Any], entries: list[Any]) -> int:
+        """Add the GPU's `[[gpu.process]]` tables; the memory they use in all."""
+        where = self.where
+        used = 0
+        for p, entry in enumerate(entries):
             for key in entry:
                 if key not in _PROC_KEYS:
                     raise where.fail(
@@ -341,12 +426,12 @@ def parse(text: str, path: str) -> Spec:
             used += memory
             pid = entry.get("pid")
             if pid is None:
-                pid = next_pid
-                next_pid += 1
-            procs.append(
+                pid = self.next_pid
+                self.next_pid += 1
+            self.processes.append(
                 {
                     "pid": int(pid),
-                    "gpu": uuid,
+                    "gpu": gpu["uuid"],
                     "memory": memory,
                     "user": entry.get("user", "root"),
                     "command": entry.get("command", "python"),
@@ -356,39 +441,17 @@ def parse(text: str, path: str) -> Spec:
                     "synthetic": True,
                 }
             )
-        capacity = int(gpu["memory_total"]) - int(gpu["memory_reserved"])  # type: ignore[call-overload]
-        if used > capacity:
-            from gpuwarden.units import format_size
+        return used
 
-            raise where.fail(
-                f"gpu[{i}].process",
-                f"memory used {format_size(used)} > total {format_size(capacity)} "
-                f"usable on {card['name']}",
-                where.line(i, "memory", "process", 0),
-            )
-        gpus.append(gpu)
-    for i, gpu in enumerate(gpus):
-        peer = gpu.get("nvlink_peer")
-        if peer is not None and not (0 <= peer < len(gpus) and gpus[peer].get("nvlink_peer") == i):
-            raise where.fail(
-                f"gpu[{i}].nvlink_peer",
-                f"GPU {peer} must name GPU {i} as its nvlink_peer too (a bridge joins both)",
-                where.line(i, "nvlink_peer"),
-            )
-    if driver and not gpus:
-        raise where.fail(
-            "gpu",
-            "a machine with a driver needs at least one [[gpu]] (or set driver = false)",
-            None,
-        )
-    return Spec(
-        name=name,
-        path=path,
-        driver=driver,
-        driver_version=str(data.get("driver_version", "550.54.15")),
-        cuda_version=cuda,
-        description=str(data.get("description", "")),
-        nvswitch=bool(data.get("nvswitch", False)),
-        gpus=tuple(gpus),
-        processes=tuple(procs),
-    )
+    def check_bridges(self) -> None:
+        """An NVLink bridge joins two GPUs: each must name the other."""
+        for i, gpu in enumerate(self.gpus):
+            peer = gpu.get("nvlink_peer")
+            if peer is not None and not (
+                0 <= peer < len(self.gpus) and self.gpus[peer].get("nvlink_peer") == i
+            ):
+                raise self.where.fail(
+                    f"gpu[{i}].nvlink_peer",
+                    f"GPU {peer} must name GPU {i} as its nvlink_peer too (a bridge joins both)",
+                    self.where.line(i, "nvlink_peer"),
+                )

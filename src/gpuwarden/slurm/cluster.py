@@ -70,8 +70,11 @@ class ClusterSettings:
                 _path(flag, path)
         _path("--hook-env", args.hook_env)
         _word("--slurm-user", args.slurm_user)
-        if not 0 < args.port < 65535:
-            raise UserError(f"--port needs a port 1-65534 (slurmd takes the next), got {args.port}")
+        if not 0 < args.port < 65533:
+            raise UserError(
+                f"--port needs a port 1-65532 (slurmd and slurmdbd take the next two), got "
+                f"{args.port}"
+            )
         if args.slurmdbd is not None:
             _word("--slurmdbd", args.slurmdbd)
             if args.no_slurmdbd:
@@ -102,9 +105,13 @@ def _address(flag: str, value: str) -> None:
         _word(flag, value)
 
 
-def _path(flag: str, value: str) -> None:
+def check_path(flag: str, value: str) -> None:
+    """An absolute path of plain characters (it goes into files and over ssh)."""
     if not _PATH.fullmatch(value or "") or len(value) > 500:
         raise UserError(f"{flag} needs an absolute path without spaces or quotes, got {value!r}")
+
+
+_path = check_path
 
 
 def nodes_of(answers: Sequence[tuple[str, Any, str]]) -> tuple[list[Node], list[str]]:
@@ -189,6 +196,7 @@ def files(nodes: Sequence[Node], s: ClusterSettings, now: Optional[float] = None
         "cgroup.conf": cf.cgroup_conf(s, head),
         "prolog.sh": hook("prolog", nodes, s),
         "epilog.sh": hook("epilog", nodes, s),
+        "task-prolog.sh": hook("task-prolog", nodes, s),
         "README": cf.readme(nodes, s, head),
     }
     if s.slurmdbd:
@@ -201,12 +209,18 @@ def hook(action: str, nodes: Sequence[Node], s: ClusterSettings) -> str:
     before, _, after = s.hook_env.partition("%n")
     env_file = shlex.quote(before) + ('"$SLURMD_NODENAME"' + shlex.quote(after) if _ else "")
     cases = "".join(f"  {n.name}) python={shlex.quote(n.python)} ;;\n" for n in nodes)
-    what = "leases the job's GPUs" if action == "prolog" else "frees the job's GPU leases"
+    said = {
+        "prolog": "root (Prolog= in slurm.conf): `gpuwarden slurm prolog` leases the job's GPUs,\n"
+        "# so Slurm jobs and local `gpuwarden run` users never share a GPU (docs/slurm.md).",
+        "epilog": "root (Epilog= in slurm.conf): `gpuwarden slurm epilog` frees the job's GPU\n"
+        "# leases, so the GPUs are the local users' and Slurm's again (docs/slurm.md).",
+        "task-prolog": "the job's user in each task (TaskProlog= in slurm.conf): `gpuwarden slurm\n"
+        "# task-prolog` prints CUDA_VISIBLE_DEVICES as the UUIDs of the MIG slices the job was\n"
+        "# given, which CUDA needs (Slurm writes gres.conf positions; docs/slurm.md).",
+    }[action]
     return (
         "#!/bin/sh\n"
-        f"# slurmd runs this as root ({action.capitalize()}= in slurm.conf): `gpuwarden slurm "
-        f"{action}` {what},\n"
-        "# so Slurm jobs and local `gpuwarden run` users never share a GPU (docs/slurm.md).\n"
+        f"# slurmd runs this as {said}\n"
         "# Site settings for gpuwarden (GPUWARDEN_* variables: where leases and drains live),\n"
         "# if the file exists; slurmd gives hooks an environment of their own.\n"
         f"env_file={env_file}\n"

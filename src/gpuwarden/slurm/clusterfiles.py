@@ -124,8 +124,15 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
             "sacct's history, and limits per user and account (sacctmgr; README).",
             "AccountingStorageType=accounting_storage/slurmdbd",
             f"AccountingStorageHost={s.slurmdbd}",
+            f"AccountingStoragePort={s.port + 2}",
             "AccountingStorageEnforce=associations,limits",
             "JobCompType=jobcomp/none",
+        )
+        out += _block(
+            "GPUs are counted as well as CPUs and memory: sacct and sreport show each job's\n"
+            "GPUs and GPU hours, and fair share charges a job for them (the partition's\n"
+            "TRESBillingWeights below).",
+            "AccountingStorageTRES=gres/gpu",
         )
     else:
         out += _block(
@@ -141,6 +148,11 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
         f"Prolog={s.conf_dir}/prolog.sh",
         f"Epilog={s.conf_dir}/epilog.sh",
         "PrologFlags=Alloc",
+    )
+    out += _block(
+        "Each task of a job starts with CUDA_VISIBLE_DEVICES naming its MIG slices by UUID,\n"
+        "the only way CUDA opens a slice (Slurm itself writes their gres.conf positions).",
+        f"TaskProlog={s.conf_dir}/task-prolog.sh",
     )
     out += _block(
         "A node that went down by not responding comes back by itself once its slurmd\n"
@@ -159,10 +171,15 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
             "reached it. `slurmd -C` there prints sockets, cores and threads to add.",
             " ".join(words),
         )
-    out += _block(
-        "One partition of every node, the default: jobs go wherever their GPUs are free.",
-        "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-    )
+    partition = "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    why = "One partition of every node, the default: jobs go wherever their GPUs are free."
+    if s.slurmdbd:
+        partition += " TRESBillingWeights=CPU=0.1,GRES/gpu=1.0"
+        why += (
+            "\nFair share charges a GPU hour as 1 and a CPU hour as 0.1 (a job without GPUs\n"
+            "still counts): usage is GPU time, as on one machine with `gpuwarden share`."
+        )
+    out += _block(why, partition)
     return "\n".join(out) + "\n"
 
 
@@ -208,12 +225,17 @@ def cgroup_conf(s: ClusterSettings, head: str) -> str:
 
 
 def slurmdbd_conf(s: ClusterSettings, head: str) -> str:
+    where = s.state_dir
+    log = f"{where}/slurmdbd.log" if where else "/var/log/slurm/slurmdbd.log"
+    pid = f"{where}/slurmdbd.pid" if where else "/run/slurmdbd.pid"
     out = [
         head,
         "# On the accounting host only; readable by SlurmUser alone (it holds a password).",
         *_block(
-            "slurmdbd's own host and its user.",
+            "slurmdbd's own host, its port (slurm.conf's AccountingStoragePort: two past\n"
+            "slurmctld's) and its user.",
             f"DbdHost={s.slurmdbd}",
+            f"DbdPort={s.port + 2}",
             f"SlurmUser={s.slurm_user}",
         ),
         *_block(
@@ -229,8 +251,8 @@ def slurmdbd_conf(s: ClusterSettings, head: str) -> str:
         ),
         *_block(
             "Its log and pid file.",
-            "LogFile=/var/log/slurm/slurmdbd.log",
-            "PidFile=/run/slurmdbd.pid",
+            f"LogFile={log}",
+            f"PidFile={pid}",
         ),
     ]
     return "\n".join(out) + "\n"
@@ -245,12 +267,18 @@ def readme(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
     db = ""
     if s.slurmdbd:
         db = f"""
-Accounting (fair share, limits): on {s.slurmdbd}, install slurmdbd and mariadb-server, then
-    mysql -e "CREATE USER 'slurm'@'localhost' IDENTIFIED BY 'a password';
-              GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
-    put that password into slurmdbd.conf (StoragePass), copy it to {s.conf_dir}/ there
-    (owner {s.slurm_user}, mode 600), start slurmdbd before slurmctld, then
-    sacctmgr add cluster {s.name}; sacctmgr add account lab; sacctmgr add user NAME account=lab
+4b. Accounting (fair share across nodes, limits, sacct and sreport): on {s.slurmdbd},
+   apt install slurmdbd mariadb-server; start MariaDB (systemctl enable --now mariadb), then
+       mariadb -e "CREATE USER 'slurm'@'localhost' IDENTIFIED BY 'a password';
+                   GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+   put that password into slurmdbd.conf (StoragePass), copy it to {s.conf_dir}/ there (owner
+   {s.slurm_user}, mode 600; slurmdbd refuses it otherwise) and start slurmdbd (systemctl
+   enable --now slurmdbd) before slurmctld. Then, once:
+       sacctmgr -i add cluster {s.name}
+       sacctmgr -i add account lab
+       sacctmgr -i add user NAME account=lab       (every user; root too, to submit)
+   slurm.conf enforces associations: a user not added cannot submit ("Invalid account").
+   Check: sacct -a -X lists finished jobs; sreport cluster utilization.
 """
     return f"""{head}
 Nothing was installed or restarted. What to do, in this order:
@@ -266,9 +294,9 @@ Nothing was installed or restarted. What to do, in this order:
    check from the controller: munge -n | ssh NODE unmunge
 
 3. These files: slurm.conf, gres.conf and cgroup.conf into {s.conf_dir}/ on every machine
-   (the same files everywhere); prolog.sh and epilog.sh into {s.conf_dir}/ on every node,
-   owned by root, mode 755. Site settings for gpuwarden on a node go into {s.hook_env}
-   (read by the hooks; `%n` is the node's name).
+   (the same files everywhere); prolog.sh, epilog.sh and task-prolog.sh into {s.conf_dir}/
+   on every node, owned by root, mode 755. Site settings for gpuwarden on a node go into
+   {s.hook_env} (read by the hooks; `%n` is the node's name).
 
 4. Directories: on the controller {dirs} (owner {s.slurm_user});
    on the nodes {paths["SlurmdSpoolDir"]} (owner root).

@@ -26,7 +26,7 @@ def check_service(facts: Facts) -> list[Finding]:
     sock = found.get("socket") or "the service's socket"
     problem = found.get("problem")
     if found.get("running") and problem is None:
-        return [_answers(found, sock)]
+        return [_answers(found, sock), *_release(found)]
     if problem == "other-version":
         theirs = found.get("version")
         return [
@@ -78,6 +78,50 @@ def _answers(found: Any, sock: str) -> Finding:
         f"the same as this gpuwarden) and knows you as {who}{role}",
         f"jobs: {queued or 'none queued or running'}",
     )
+
+
+def install_line(wheels: str) -> str:
+    """The command that puts the service's own gpuwarden into this user's venv (the
+    active one, else the one named by the Python running this)."""
+    import os
+    import sys
+
+    venv = os.environ.get("VIRTUAL_ENV")
+    python = os.path.join(venv, "bin", "python") if venv else "~/venv/bin/python"
+    own = os.path.isdir(os.path.join(sys.prefix, "share", "gpuwarden", "wheels"))
+    if sys.prefix != sys.base_prefix and not own:
+        python = sys.executable  # a venv of the user's own is running this
+    return f"{python} -m pip install --no-index --find-links {wheels} gpuwarden"
+
+
+def _release(found: Any) -> list[Finding]:
+    """The service's release against this one, and the line that matches them."""
+    from gpuwarden import __version__
+
+    theirs, wheels = found.get("release"), found.get("wheels")
+    if not isinstance(wheels, str):
+        wheels = None
+    if isinstance(theirs, str) and theirs != __version__:
+        return [
+            Finding(
+                "service.release",
+                WARN,
+                f"this gpuwarden is {__version__}, the service's is {theirs}",
+                "the protocol matches; what each says of the other may not",
+                install_line(wheels) if wheels else "install the gpuwarden the service runs",
+            )
+        ]
+    if wheels is None:
+        return []
+    return [
+        Finding(
+            "service.client",
+            INFO,
+            "gpuwarden for your own venv (JupyterLab, torch, submitit), as the service's",
+            f"gpuwarden {__version__} and its dependencies in {wheels}",
+            install_line(wheels),
+        )
+    ]
 
 
 def _absent(facts: Facts, sock: str) -> Finding:

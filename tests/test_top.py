@@ -1,0 +1,245 @@
+"""`gpuwarden top` as a student uses it: in a real terminal (tmux) as a real non-root
+user, against the real queue service on the simulated server. It shows the GPUs and
+the queue, cancels her own waiting job with two keys (the job is then gone from
+`queue`), shows the service's refusal when the same keys meet someone else's job, and
+draws again at the new size when the window is resized. The screen's layout itself is
+tested as text, without a terminal (`screen.draw`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import require
+from gpuwarden.lab.reading import Lab
+from gpuwarden.top.model import Action, State, job_rows, press
+from gpuwarden.top.screen import KEYS, draw
+from pythons import python_for
+from servicetools import SPEC, Server, cli_as, submit
+from users import make_user
+from waiting import wait_for
+
+
+class Tmux:
+    """A tmux server of its own (its own socket) with one window running a command."""
+
+    def __init__(self, folder: Path, command: list[str], width: int, height: int) -> None:
+        require(shutil.which("tmux") is not None, "tmux is not installed (apt-get install tmux)")
+        self.socket = str(folder / "tmux.sock")
+        self.tmux("new-session", "-d", "-s", "top", "-x", str(width), "-y", str(height), *command)
+        self.tmux("set-option", "-t", "top", "remain-on-exit", "on")
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-S", self.socket, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, f"tmux {args[0]}: {done.stderr}"
+        return done.stdout
+
+    def screen(self) -> list[str]:
+        return self.tmux("capture-pane", "-p", "-t", "top").split("\n")
+
+    def keys(self, *keys: str) -> None:
+        for key in keys:
+            self.tmux("send-keys", "-t", "top", key)
+            time.sleep(0.05)  # as typed: each key read before the next
+
+    def wait(self, what: str, found: Any, timeout: float = 30) -> list[str]:
+        """The screen once `found(lines)` holds; failing, the screen as it was."""
+        last: list[str] = []
+
+        def check() -> Any:
+            last[:] = self.screen()
+            return last if found(last) else None
+
+        return wait_for(check, timeout, lambda: f"{what}; the screen:\n" + "\n".join(last))
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def terminal_dir() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="gw-top-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def top_as(srv: Server, user: str, folder: Path, *args: str, color: bool = False) -> Tmux:
+    python, path = python_for(user)
+    env = [
+        f"PYTHONPATH={path}",
+        "PATH=/usr/bin:/bin",
+        f"GPUWARDEN_SOCKET={srv.socket}",
+        f"GPUWARDEN_SIM={SPEC}",
+        f"GPUWARDEN_LEASE_DIR={os.environ['GPUWARDEN_LEASE_DIR']}",
+        "TERM=screen",
+        *([] if color else ["NO_COLOR=1"]),
+    ]
+    runuser = shutil.which("runuser") or "runuser"
+    command = [
+        runuser,
+        "-u",
+        user,
+        "--",
+        "env",
+        "-i",
+        *env,
+        *python,
+        "-m",
+        "gpuwarden",
+        "top",
+        *args,
+    ]
+    return Tmux(folder, command, 80, 24)
+
+
+def row_of(lines: list[str], job: int) -> int:
+    """The screen row of a job: below the jobs' header, the line that starts with its id."""
+    head = next(i for i, line in enumerate(lines) if line.startswith("JOB "))
+    return next(i for i, line in enumerate(lines) if i > head and line.split()[:1] == [str(job)])
+
+
+def shows(lines: list[str], job: int) -> bool:
+    try:
+        row_of(lines, job)
+    except StopIteration:
+        return False
+    return True
+
+
+def test_a_student_cancels_her_job_with_two_keys_and_is_refused_on_anothers(
+    server: Server, terminal_dir: Path
+) -> None:
+    make_user("alice", ("lab",))
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    blocker = submit(server, bob, ["sleep", "300"], request={"count": 4}, time_limit=600.0)
+    server.wait_state(blocker, ("RUNNING",))
+    theirs = submit(server, bob, ["sleep", "1"], request={"count": 2})
+    mine = submit(server, alice, ["sleep", "1"], request={"count": 1})
+    screen = top_as(server, "gw-alice", terminal_dir, "--me")
+    try:
+        lines = screen.wait(
+            "the GPUs and her waiting job",
+            lambda s: shows(s, mine) and sum("A100" in line for line in s) == 4,
+        )
+        assert lines[0].startswith("gpuwarden top") and "you: gw-alice" in lines[0]
+        gpu_lines = [line for line in lines if "A100" in line]
+        assert all("gw-bob" in line for line in gpu_lines), gpu_lines  # bob's lease
+        assert "PENDING" in lines[row_of(lines, mine)] and "Resources" in lines[row_of(lines, mine)]
+        assert lines[23].startswith(KEYS[:40])
+
+        screen.keys("c", "y")  # the two keys
+        screen.wait(f"job {mine} cancelled", lambda s: f"cancelled {mine}" in "\n".join(s))
+        queue = cli_as(server, alice, "queue").stdout
+        assert str(mine) not in [line.split()[0] for line in queue.splitlines()[1:]], queue
+
+        screen.keys("m")  # everyone's jobs, bob's waiting one among them
+        lines = screen.wait("bob's jobs", lambda s: shows(s, theirs) and shows(s, blocker))
+        steps = row_of(lines, theirs) - row_of(lines, blocker)
+        screen.keys(*["j"] * steps)
+        screen.keys("c")
+        screen.wait("the question", lambda s: f"Cancel job {theirs} (gw-bob" in "\n".join(s))
+        screen.keys("y")
+        said = cli_as(server, alice, "cancel", str(theirs)).stderr.strip()
+        reason = said.removeprefix("gpuwarden cancel: ")
+        assert reason and reason != said, said
+        screen.wait("the service's refusal", lambda s: f"refused: {reason}"[:70] in "\n".join(s))
+        assert server.job(theirs)["state"] == "PENDING"
+
+        assert lines[1].startswith("GPU NAME      UTIL" + " " * 10 + "MEMORY")  # 80 columns
+        wide = "GPU NAME      UTIL" + " " * 12 + "MEMORY"  # wider bars at 120 columns
+        screen.tmux("resize-window", "-t", "top", "-x", "120", "-y", "40")
+        lines = screen.wait(
+            "the screen drawn at 120x40",
+            lambda s: len(s) >= 40 and s[39].startswith(KEYS[:40]) and s[1].startswith(wide),
+        )
+        assert sum("A100" in line for line in lines) == 4
+        screen.keys("q")
+    finally:
+        screen.close()
+        server.call(None, "cancel", jobs=[blocker, theirs, mine])
+
+
+# -- the screen as text, without a terminal -------------------------------------------
+
+
+def lab(**kw: Any) -> Lab:
+    gpus = [
+        {
+            "index": i,
+            "name": "NVIDIA A100-SXM4-80GB",
+            "utilization": 50,
+            "memory_used": 40 << 30,
+            "memory_total": 80 << 30,
+            "temperature": 50,
+            "power_draw": 200.0,
+            "health": {"level": "ok"},
+            "leases": [{"user": "ann", "job": "1"}] if i == 0 else [],
+            "processes": [],
+            "slices": [],
+        }
+        for i in range(8)
+    ]
+    jobs = [
+        {"id": 1, "user": "ann", "state": "RUNNING", "count": 1, "indices": [0], "started": 0.0},
+        *(
+            {
+                "id": n,
+                "user": "bob" if n % 2 else "ann",
+                "state": "PENDING",
+                "count": 2,
+                "reason": "Resources",
+                "priority": 1000.0 - n,
+                "submitted": float(n),
+            }
+            for n in range(2, 1002)
+        ),
+    ]
+    return Lab(
+        **{"host": "box", "taken_at": 100.0, "gpus": gpus, "jobs": jobs, "user": "ann", **kw}
+    )
+
+
+def text(lines: list[Any]) -> list[str]:
+    return ["".join(t for t, _ in line) for line in lines]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60), (40, 10)])
+def test_every_line_is_exactly_the_terminals_width(size: tuple[int, int]) -> None:
+    width, height = size
+    shown = text(draw([lab()], State(), width, height, now=100.0))
+    assert len(shown) == height and {len(line) for line in shown} == {width}, shown
+
+
+def test_the_keys_move_filter_and_ask_before_acting() -> None:
+    labs = [lab()]
+    state = State()
+    assert press(state, "c", labs) is None and state.prompt is not None
+    assert state.prompt.question.startswith("Cancel job 1 (ann, RUNNING")
+    assert press(state, "n", labs) is None and state.message == "nothing done"
+    press(state, "j", labs)
+    press(state, "c", labs)
+    assert press(state, "y", labs) == Action("cancel", "2")
+    press(state, "/", labs)
+    for key in "bob":
+        press(state, key, labs)
+    press(state, "enter", labs)
+    assert {r["user"] for r in job_rows(labs, state)} == {"bob"}
+    press(state, "tab", labs)
+    press(state, "d", labs)
+    for key in ("x", "enter"):
+        press(state, key, labs)
+    assert state.prompt is not None and state.prompt.question == "Drain GPU 0 (x)? [y/N] "
+    assert press(state, "y", labs) == Action("drain", "0", None, "x")

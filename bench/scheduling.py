@@ -14,6 +14,12 @@ best of the wall time of one `plan` call:
 
 The inputs are built once per queue (the service builds them from its journal,
 which bench/service.py measures with the rest of the service); only `plan` is timed.
+
+The service plans through `preemption.plan`, which adds preemptible jobs to
+`scheduling.plan`: its CPU median is printed beside the plain plan's for each queue
+(the cost of the wrapper where nothing is preemptible), and for a fourth,
+`scavenged`: every GPU held by preemptible jobs, a quarter of the mixed queue's jobs
+preemptible, so that each pass plans twice and chooses victims.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpuwarden import scheduling  # noqa: E402
+from gpuwarden import preemption, scheduling  # noqa: E402
 
 GIB = 1 << 30
 TARGET_MS = 5.0
@@ -39,8 +45,13 @@ def queue(kind: str, jobs: int, gpus: int, seed: int = 12) -> tuple:  # type: ig
     rng = random.Random(seed)
     now = time.time()
     cards = [scheduling.QueueGpu(f"GPU-{i:04d}", 80 * GIB) for i in range(gpus)]
-    users = [f"user{i}" for i in range(20 if kind == "mixed" else 3)]
+    users = [f"user{i}" for i in range(20 if kind in ("mixed", "scavenged") else 3)]
     running: list[scheduling.Running] = []
+    if kind == "scavenged":
+        for i, gpu in enumerate(cards):
+            running.append(
+                scheduling.Running(f"r{i}", users[0], (gpu.uuid,), now - 60 * i, preemptible=True)
+            )
     if kind in ("busy", "mixed"):
         held = cards if kind == "busy" else cards[: gpus // 2]
         for i, gpu in enumerate(held):
@@ -53,7 +64,7 @@ def queue(kind: str, jobs: int, gpus: int, seed: int = 12) -> tuple:  # type: ig
     for i in range(jobs):
         mem = time_limit = None
         count, held_flag, after = rng.choice((1, 1, 1, 2, 4)), False, ()
-        if kind == "mixed":
+        if kind in ("mixed", "scavenged"):
             if rng.random() < 0.25:
                 count, mem = 1, rng.choice((10, 20, 40)) * GIB
             if rng.random() < 0.5:
@@ -72,22 +83,26 @@ def queue(kind: str, jobs: int, gpus: int, seed: int = 12) -> tuple:  # type: ig
                 nice=rng.choice((0, 0, 5)),
                 held=held_flag,
                 after=after,
+                preemptible=kind == "scavenged" and rng.random() < 0.25,
             )
         )
     usage = {u: rng.uniform(0, 1e5) for u in users}
     return cards, running, waiting, usage, now
 
 
-def bench(kind: str, jobs: int, gpus: int, rounds: int) -> tuple[list[float], list[float]]:
+def bench(
+    kind: str, jobs: int, gpus: int, rounds: int, planner: object = scheduling.plan
+) -> tuple[list[float], list[float]]:
     """(wall ms, CPU ms) of each pass: on a shared machine the CPU time is the figure
     that does not depend on what else runs (the wall time is printed beside it)."""
     cards, running, waiting, usage, now = queue(kind, jobs, gpus)
     policy = scheduling.Policy()
-    scheduling.plan(cards, running, waiting, usage, now, policy)  # warm up
+    plan = planner if callable(planner) else scheduling.plan
+    plan(cards, running, waiting, usage, now, policy)  # warm up
     wall, cpu = [], []
     for _ in range(rounds):
         c0, t0 = time.process_time(), time.perf_counter()
-        scheduling.plan(cards, running, waiting, usage, now, policy)
+        plan(cards, running, waiting, usage, now, policy)
         wall.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)
     return wall, cpu
@@ -116,6 +131,11 @@ def main() -> int:
             f"{wall[0]:6.2f}  ratio {median / TARGET_MS:.2f}"
         )
     print(f"target met (CPU median of every queue <= {TARGET_MS} ms): {worst <= TARGET_MS}")
+    print(f"{'queue':9} {'scheduling.plan':>15} {'preemption.plan':>15}  ratio (CPU medians, ms)")
+    for kind in ("idle", "busy", "mixed", "scavenged"):
+        plain = statistics.median(bench(kind, args.jobs, args.gpus, args.rounds)[1])
+        both = statistics.median(bench(kind, args.jobs, args.gpus, args.rounds, preemption.plan)[1])
+        print(f"{kind:9} {plain:15.2f} {both:15.2f}  {both / plain:.2f}")
     return 0
 
 

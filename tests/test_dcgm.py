@@ -198,3 +198,28 @@ def test_once_on_hopper_prints_the_profiling_counters_and_types_the_counters(cli
     assert types["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == "counter"
     assert types["DCGM_FI_DEV_GPU_TEMP"] == "gauge"
     assert "untyped" not in types.values(), types
+
+
+def test_served_counters_are_typed_in_prometheus_text_and_unknown_in_openmetrics():
+    """Prometheus' text format lets a counter keep dcgm-exporter's name without `_total`;
+    OpenMetrics does not, so there the same series stays `unknown`."""
+    import urllib.request
+
+    from gpuwarden.exporter.server import ViewCache, serve
+    from machines import busy_box
+
+    server = serve("127.0.0.1:0", dcgm_compat=True, cache=ViewCache(busy_box, cache_seconds=0))
+    try:
+        bodies = {}
+        for accept in ("text/plain", "application/openmetrics-text; version=1.0.0"):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{server.port}/metrics", headers={"Accept": accept}
+            )
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                bodies[accept.split(";")[0]] = reply.read().decode()
+    finally:
+        server.close()
+    name = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+    assert f"# TYPE {name} counter\n" in bodies["text/plain"]
+    assert f"# TYPE {name} unknown\n" in bodies["application/openmetrics-text"]
+    assert f"\n{name}{{" in bodies["text/plain"]  # the exact name, no `_total`

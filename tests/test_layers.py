@@ -95,6 +95,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "arrayspec",
             "begintime",
             "booking",
+            "preemption",
         ),
     ),
     (
@@ -188,6 +189,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.outbox",
             "service.pacing",
             "service.placing",
+            "service.preempting",
             "service.reloading",
             "service.requests",
             "service.reports",

@@ -123,12 +123,33 @@ nvmlShutdown()
 print(json.dumps(smi.nvidia_smi.getInstance().DeviceQuery(every), default=str))
 """
 
+# py3nvml: NVML bindings of its own (an old copy of nvidia-ml-py's, which load the
+# library with CDLL), reached through the shim's `py3nvml` package.
+PY3NVML = r"""
+import json
+from py3nvml import py3nvml as nv, utils
+try:
+    nv.nvmlInit()
+except nv.NVMLError as err:
+    raise SystemExit(f"py3nvml: {err}")
+gpus = []
+for i in range(nv.nvmlDeviceGetCount()):
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    gpus.append({"name": nv.nvmlDeviceGetName(h), "uuid": nv.nvmlDeviceGetUUID(h),
+                 "total": nv.nvmlDeviceGetMemoryInfo(h).total,
+                 "pids": [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]})
+nv.nvmlShutdown()
+sim = getattr(nv, "gpuwarden_sim_spec", None)
+print(json.dumps({"gpus": gpus, "free": utils.get_free_gpus(), "sim": sim}))
+"""
+
 TOOLS = {
     "nvitop": ["nvitop", "-1"],
     "nvisel": ["nvisel"],
     "gpustat": ["gpustat", "--show-all"],
     "example": [sys.executable, "-c", EXAMPLE],
     "pynvml_utils": [sys.executable, "-c", DEVICE_QUERY],
+    "py3nvml": [sys.executable, "-c", PY3NVML],
 }
 SPECS = specs.bundled()
 
@@ -136,7 +157,7 @@ SPECS = specs.bundled()
 def _command(tool: str) -> list[str]:
     argv = TOOLS[tool]
     if argv[0] == sys.executable:
-        missing = tool == "pynvml_utils" and importlib.util.find_spec("pynvml_utils") is None
+        missing = tool in ("pynvml_utils", "py3nvml") and importlib.util.find_spec(tool) is None
         path = None
     else:
         path = BIN / argv[0]
@@ -199,6 +220,12 @@ def test_tool_runs_clean(runs, spec: str, tool: str) -> None:
             assert gpu["pci"]["pci_gpu_link_info"]["link_widths"]["max_link_width"] == "16x"
     elif tool == "nvisel":
         assert "CUDA_VISIBLE_DEVICES=" in output
+    elif tool == "py3nvml":
+        found = json.loads(output)
+        assert found["sim"] == machine.name  # the simulated library, not libnvidia-ml
+        assert len(found["gpus"]) == gpus
+        assert all(g["uuid"].startswith("GPU-") and g["total"] > 0 for g in found["gpus"])
+        assert found["free"] == [not g["pids"] for g in found["gpus"]]
 
 
 # -- answers by generation ----------------------------------------------------
@@ -374,3 +401,23 @@ def test_gpm_per_mig_instance(tmp_path):
     assert _metrics(nv, lambda s: nv.nvmlGpmMigSampleGet(gpu, empty, s), ids)[ids[0]] == 0
     with pytest.raises(nv.NVMLError_NotFound):
         nv.nvmlGpmMigSampleGet(gpu, 99, nv.nvmlGpmSampleAlloc())
+
+
+def test_py3nvml_through_the_shim_without_a_simulated_machine_is_the_installed_one(tmp_path):
+    """Leaving `sim env`'s PYTHONPATH in place is harmless for py3nvml too: without
+    GPUWARDEN_SIM its package is the installed one, which finds no driver here."""
+    _command("py3nvml")
+    env = {k: v for k, v in os.environ.items() if k != "GPUWARDEN_SIM"}
+    env["PYTHONPATH"] = f"{SHIM_DIR}{os.pathsep}{ROOT / 'src'}"
+    script = (
+        "import py3nvml\nfrom py3nvml import py3nvml as nv\nprint(py3nvml.__file__)\n"
+        "try:\n    nv.nvmlInit()\nexcept nv.NVMLError as err:\n    print(type(err).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    where, error = done.stdout.split()
+    assert not where.startswith(SHIM_DIR) and where.endswith("py3nvml/__init__.py")
+    if not os.path.exists("/dev/nvidiactl"):  # a machine without NVIDIA's driver
+        assert error == "NVMLError_LibraryNotFound"

@@ -35,6 +35,7 @@ def facts(**over: Any) -> dict[str, Any]:
         "gres_lines": LINES,
         "gres_conf": None,
         "gpu_error": "",
+        "missing_homes": [],
     }
     base.update(over)
     return base
@@ -63,6 +64,16 @@ def test_a_uid_gid_or_home_that_differs_is_one_line_on_the_odd_host_with_its_fix
     gid = [["alice", 1001, 100, "/home/alice"], ["slurm", 64030, 64030, "/nonexistent"]]
     (line,) = preflight.problems([host("gpu1"), host("gpu2", users=gid)])
     assert line.startswith("gpu2: user alice has gid 100, 1001 on gpu1")
+
+
+def test_a_home_missing_on_one_host_only() -> None:
+    lines = preflight.problems(
+        [host("gpu1", missing_homes=["slurm"]), host("gpu2", missing_homes=["alice", "slurm"])]
+    )
+    assert lines == [
+        "gpu2: user alice's home /home/alice is missing (it is there on the others): mount "
+        "the homes there at the same path (a job starts in it)"
+    ]  # slurm's /nonexistent is missing everywhere: nothing to say
 
 
 def test_a_missing_user_and_a_uid_shared_by_two_names() -> None:
@@ -151,3 +162,15 @@ def test_gres_conf_reads_this_nodes_gpu_lines(tmp_path: Any) -> None:
         str(tmp_path / "x"): "missing",
         str(tmp_path / "gres.conf"): "not a directory",
     }
+
+
+def test_a_readable_munge_key_is_compared_by_its_sha256(tmp_path: Any) -> None:
+    import hashlib
+
+    key = tmp_path / "munge.key"
+    key.write_bytes(b"k" * 1024)
+    found = hostfacts.munge(str(key), None)
+    assert found["key_sha256"] == hashlib.sha256(b"k" * 1024).hexdigest()
+    assert found["decoded"] is None  # no credential asked about
+    gone = hostfacts.munge(str(tmp_path / "none"), None)
+    assert gone["key_sha256"] is None and gone["key_error"] == "No such file or directory"

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.service.identity import Person
 from repo import SRC
-from servicetools import USER_PY, Server, become, serving
+from servicetools import USER_PY, Server, become, serving, submit
 from users import make_user
+from waiting import wait_for
 
 SCRIPT = r"""
 import json, sys, time
@@ -95,6 +97,86 @@ print(json.dumps(out))
 def server(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     pytest.importorskip("submitit")
     yield from serving(tmp_path, open_dir, monkeypatch)
+
+
+def _as_user(server: Server, who: Person, script: str, *args: str) -> subprocess.Popen[str]:
+    """`script` run by `who`'s own Python (root's interpreter is not theirs to run) with
+    submitit and gpuwarden's entry points from the test environment's packages."""
+    import submitit
+
+    found = subprocess.run(
+        [USER_PY, "-c", "import sys; print(sys.version_info[:2])"],
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    if found != str(sys.version_info[:2]):
+        pytest.skip(f"{USER_PY} is Python {found}, not the test environment's")
+    packages = str(Path(submitit.__file__).resolve().parent.parent)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": server.socket,
+        "HOME": who.home,
+        "PYTHONPATH": f"{SRC}:{packages}",
+    }
+    return subprocess.Popen(
+        [USER_PY, "-c", script, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=become(who),
+        cwd=str(server.work),
+    )
+
+
+#: A checkpointable call on all four GPUs, preemptible: its first run waits to be
+#: preempted; the run after its checkpoint returns how many runs it took.
+PREEMPTED = r"""
+import json, os, sys, time
+import submitit
+
+class Resumable(submitit.helpers.Checkpointable):
+    def __init__(self, flag):
+        self.flag = flag
+        self.runs = 0
+
+    def __call__(self):
+        self.runs += 1
+        if self.runs == 1:
+            with open(self.flag, "w") as f:
+                f.write(os.environ["GPUWARDEN_JOB"])
+            time.sleep(120)
+        return [self.runs, os.environ["GPUWARDEN_RESTART_COUNT"]]
+
+executor = submitit.AutoExecutor(sys.argv[1], cluster="gpuwarden")
+executor.update_parameters(timeout_min=30, gpus_per_node=4, gpuwarden_preemptible=True)
+job = executor.submit(Resumable(sys.argv[2]))
+print(json.dumps({"id": job.job_id, "result": job.result()}))
+"""
+
+
+def test_a_checkpointable_call_resumes_from_its_checkpoint_after_preemption(
+    server: Server,
+) -> None:
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    flag = server.work / "first-run"
+    proc = _as_user(server, alice, PREEMPTED, str(server.work / "runs"), str(flag))
+    try:
+        wait_for(lambda: flag.exists() and flag.read_text(), 60, "the first run")
+        job = int(flag.read_text())
+        assert server.job(job)["preemptible"]
+        normal = submit(server, bob, ["sleep", "1"], request={"count": 4})
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"id": str(job), "result": [2, "1"]}  # resumed, in its second run
+    row = server.job(job)
+    assert row["state"] == "COMPLETED" and row["preemptions"] == 1, row
+    assert server.job(normal)["state"] == "COMPLETED"
 
 
 def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(

@@ -101,6 +101,8 @@ class Running(NamedTuple):
     started: float
     mem: Optional[int] = None
     time_limit: Optional[float] = None  # seconds; None: no limit declared
+    preemptible: bool = False  # it yields its GPUs when needed (gpuwarden.preemption)
+    leaving: bool = False  # it was told to end (preempted, cancelled, past its limit)
 
     @property
     def ends(self) -> float:
@@ -124,6 +126,7 @@ class Waiting(NamedTuple):
     after: tuple[str, ...] = ()
     eligible: Optional[frozenset[str]] = None
     begin: Optional[float] = None  # --begin: not before this moment
+    preemptible: bool = False  # planned by gpuwarden.preemption, after every other job
 
 
 # Which `count` of the GPUs that are free for a job it gets (None: none of them do);
@@ -336,7 +339,8 @@ def plan(
     in_use: dict[str, int] = {}
     for run in running:
         free.take(run.gpus, run.mem)
-        in_use[run.user] = in_use.get(run.user, 0) + len(run.gpus)
+        if not run.preemptible:  # a preemptible job counts against no limit
+            in_use[run.user] = in_use.get(run.user, 0) + len(run.gpus)
     pending_ids = {w.id for w in waiting}
     running_ids = {r.id for r in running}
 
@@ -351,7 +355,7 @@ def plan(
     keep: frozenset[str] = frozenset()  # the GPUs it will get then
     holders = [booking.Holder(r.user, r.gpus, r.ends) for r in running] if bookings else []
     for prio, job in ranked:
-        reason = _blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
+        reason = blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
         if reason is None and job.begin is not None and job.begin > now:
             reason = BEGIN_TIME
         if reason is not None:
@@ -384,7 +388,7 @@ def plan(
     return decisions
 
 
-def _blocked(
+def blocked(
     job: Waiting,
     pending: set[str],
     running: set[str],

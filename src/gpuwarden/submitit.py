@@ -18,7 +18,9 @@ traceback, where submitit's `Job.result()` reads it. States come from the servic
 Slurm's words (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT), `cancel` is
 the service's, and a checkpointable call is requeued when its time runs out: the job
 signals itself (USR2, as Slurm's `--signal`) before its `--time`, submitit saves it,
-and the service queues it again under the same id (`requeue`).
+and the service queues it again under the same id (`requeue`). A `preemptible` job
+(docs/preemption.md) is sent USR2 by the service instead, at its preemption as before
+its time: submitit saves it, and it resumes from its checkpoint when it runs again.
 """
 
 from __future__ import annotations
@@ -152,8 +154,10 @@ class GpuwardenExecutor(core.PicklingExecutor):
     `timeout_min` (the job's `--time`), `gpus_per_node` (its `-g`), `array_parallelism`
     (how many tasks of a `map_array` run at once), `gpu_mem_gb` (a share of one GPU,
     `--mem`), `nice`, `signal_delay_s` (how long before its time a job checkpoints,
-    90 s as on Slurm). The generic `mem_gb`, `cpus_per_task` and `name` are accepted and
-    not enforced (the service schedules GPUs); `nodes` and `tasks_per_node` must be 1.
+    90 s as on Slurm), `preemptible` (on idle GPUs, given back when needed: submitted
+    `--preemptible`), `max_retries` (`--max-retries`). The generic `mem_gb`,
+    `cpus_per_task` and `name` are accepted and not enforced (the service schedules
+    GPUs); `nodes` and `tasks_per_node` must be 1.
     """
 
     job_class = GpuwardenJob
@@ -198,6 +202,8 @@ class GpuwardenExecutor(core.PicklingExecutor):
             "tasks_per_node",
             "stderr_to_stdout",
             "signal_delay_s",
+            "preemptible",
+            "max_retries",
         }
 
     def _internal_update_parameters(self, **kwargs: tp.Any) -> None:
@@ -247,11 +253,22 @@ class GpuwardenExecutor(core.PicklingExecutor):
         )
         fields["env"]["SUBMITIT_EXECUTOR"] = self.name()
         fields["env"]["SUBMITIT_GPUWARDEN_SOCKET"] = _socket() or ""
-        if timeout_min is not None:
-            delay = float(params.get("signal_delay_s", SIGNAL_DELAY_S))
+        delay = float(params.get("signal_delay_s", SIGNAL_DELAY_S))
+        if params.get("preemptible"):
+            # The service sends submitit's signal to the job's first process, at its
+            # preemption and, with a --time, that long before it (no timer of its own).
+            fields["preemptible"] = True
+            fields["signal"] = {
+                "number": int(GpuwardenJobEnvironment._usr_sig()),
+                "before": delay,
+                "batch": True,
+            }
+        elif timeout_min is not None:
             fields["env"]["SUBMITIT_GPUWARDEN_SIGNAL_AT"] = str(
                 max(0.0, float(timeout_min) * 60.0 - delay)
             )
+        if params.get("max_retries"):
+            fields["max_retries"] = int(params["max_retries"])
         if array is not None:
             fields["array"] = array
         return fields

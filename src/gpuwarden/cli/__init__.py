@@ -57,6 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "run the queue service of a shared machine (root)"),
     "hold": ("hold", "keep waiting jobs from starting (queue service)"),
     "unhold": ("hold", "let held jobs start again (queue service)"),
+    "requeue": ("requeue", "run batch jobs again under their ids (queue service)"),
     "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
     "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
     "limits": ("limits", "the limits the queue service holds you to, and what you use"),

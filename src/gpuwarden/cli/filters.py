@@ -108,7 +108,7 @@ def add_time_option(parser: Declared) -> None:
         "--signal",
         metavar="[B:]SIG[@SECONDS]",
         help="with --time: send SIG that many seconds (60) before the limit, as Slurm's "
-        "--signal; B: only to the job's first process (USR1@120, B:TERM@300)",
+        "--signal (and at preemption); B: only to the job's first process (USR1@120, B:TERM@300)",
     )
 
 
@@ -137,7 +137,7 @@ def warning_of(args: argparse.Namespace) -> Optional[dict[str, Any]]:
         number = int(member)
     if not 1 <= number <= 64 or (seconds and not seconds.isdigit()):
         raise bad
-    if args.time is None:
+    if args.time is None and not getattr(args, "preemptible", False):
         raise UserError("--signal needs --time: its signal comes that long before the limit")
     return {"number": number, "before": float(seconds or 60), "batch": batch}
 

@@ -76,9 +76,10 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         started = job.get("started")
         waited = (started if started else now) - (job.get("submitted") or now)
         estimate = job.get("estimated_start")
-        reason = job.get("reason") or "-"
+        reason = job.get("reason") or ("preemptible" if job.get("preemptible") else "-")
         if pending and estimate:
             reason += f" (start in ~{span(estimate - now)})"
+        reason += runs_note(job)
         prio = job.get("priority")
         rows.append(
             [
@@ -191,6 +192,14 @@ def booking_lines(
     return lines
 
 
+def runs_note(job: Mapping[str, Any]) -> str:
+    """` (run 3, preempted 1x)` for a job queued again (requeued, retried, preempted)."""
+    restarts, preempted = job.get("restarts") or 0, job.get("preemptions") or 0
+    if not restarts and not preempted:
+        return ""
+    return f" (run {restarts + 1}" + (f", preempted {preempted}x" if preempted else "") + ")"
+
+
 def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """Ended jobs, newest first: how each ended and what it used. A job that ended
     without an exit status (it could not start, its supervisor died) says `error` in
@@ -210,6 +219,7 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
             notes.append(printable(str(job["error"])))
         else:
             how = "-"
+        how += runs_note(job)
         ended = job.get("ended")
         rows.append(
             [

@@ -59,6 +59,22 @@ def register(commands: Commands, name: str) -> None:
     )
     job.add_argument("--nice", metavar="N", help="lower your own priority (0..19)")
     job.add_argument(
+        "--max-retries",
+        metavar="N",
+        help="run it again, up to N times, when it fails (exit status not 0), after a pause",
+    )
+    job.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="run on GPUs nobody else can use now, beyond your limits; give them back "
+        "(its --signal or SIGTERM, SIGKILL after service.preempt_grace) when needed",
+    )
+    job.add_argument(
+        "--preempt",
+        choices=("requeue", "cancel"),
+        help="with --preemptible: queue it again under its id (requeue, the default) or end it",
+    )
+    job.add_argument(
         "--output",
         metavar="FILE",
         help="its output (default gpuwarden-ID.out in this directory; slurm-%%j.out with --slurm)",
@@ -116,6 +132,7 @@ def submit_local(args: argparse.Namespace) -> int:
         output=args.output,
         warning=filters.warning_of(args),
     )
+    fields.update(yielding_fields(args))
     if args.begin is not None:
         import time
 
@@ -159,6 +176,23 @@ def submit_local(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def yielding_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The request's `max_retries`, `preemptible` and `preempt` (docs/preemption.md)."""
+    from gpuwarden.units import is_digits
+
+    fields: dict[str, object] = {}
+    if args.max_retries is not None:
+        if not is_digits(args.max_retries) or int(args.max_retries) > 100:
+            raise UserError(f"invalid --max-retries {args.max_retries!r}: a number from 0 to 100")
+        fields["max_retries"] = int(args.max_retries)
+    if args.preempt is not None and not args.preemptible:
+        raise UserError("--preempt says what preemption does: add --preemptible")
+    if args.preemptible:
+        fields["preemptible"] = True
+        fields["preempt"] = args.preempt or "requeue"
+    return fields
 
 
 def _array_fields(args: argparse.Namespace, fields: dict[str, object]) -> int:
@@ -213,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--output is empty: name a file, or leave it out for the default")
     if not args.slurm:
         return submit_local(args)
-    for name in ("after", "hold", "nice", "param", "notify"):
+    for name in ("after", "hold", "nice", "param", "notify", "max_retries", "preemptible"):
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     if args.array is not None:

@@ -250,6 +250,27 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.book_max_time", "duration", None, "longest booking a user may make"),
     Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
     Key(
+        "service.preempt_grace",
+        "seconds",
+        30.0,
+        "from a preempted job's signal to SIGKILL (Slurm's GraceTime)",
+        low=0,
+    ),
+    Key(
+        "service.preempt_charge",
+        "float",
+        1.0,
+        "the factor a preemptible job's GPU-seconds count at in fair share",
+        low=0,
+    ),
+    Key(
+        "service.retry_backoff",
+        "seconds",
+        10.0,
+        "before a --max-retries job's first retry; doubled for each next one",
+        low=0,
+    ),
+    Key(
         "service.half_life",
         "seconds",
         7 * 86400.0,

@@ -16,7 +16,11 @@ from typing import Any, Optional
 
 
 def families(stats: Optional[Mapping[str, Any]], host: str) -> list:
-    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
 
     up = GaugeMetricFamily(
         "gpuwarden_queue_service_up",
@@ -58,7 +62,14 @@ def families(stats: Optional[Mapping[str, Any]], host: str) -> list:
     for row in stats.get("users") or []:
         factor.add_metric([str(row.get("user")), host], float(row.get("factor") or 0.0))
         usage.add_metric([str(row.get("user")), host], float(row.get("usage") or 0.0))
-    out += [factor, usage]
+    preempted = CounterMetricFamily(
+        "gpuwarden_queue_preemptions",
+        "Preemptible jobs the queue service preempted, by their owner",
+        labels=["user", "hostname"],
+    )
+    for row in stats.get("preemptions") or []:
+        preempted.add_metric([str(row.get("user")), host], float(row.get("count") or 0))
+    out += [factor, usage, preempted]
     return out + enforcement_families(stats, host)
 
 

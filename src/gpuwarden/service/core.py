@@ -57,6 +57,8 @@ class Core:
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
+        self.preempting: dict[int, float] = {}  # job id -> when its preemption signal went
+        self.preempted: dict[str, int] = {}  # preemptions since the start, by the victim's owner
         self.stopping = False
         self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
         self.free: Optional[scheduling.Capacity] = None  # what the last pass left free

@@ -18,7 +18,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import config, scheduling
+from gpuwarden import config, preemption, scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import (
     arrays,
@@ -26,6 +26,7 @@ from gpuwarden.service import (
     bookings,
     jobnotify,
     jobprocess,
+    preempting,
     requeue,
     spawn,
     store,
@@ -64,8 +65,10 @@ class Lifecycle(Attaching, Limiting):
                 pid = (marker or {}).get("pid") or job.pid
                 self.store.update(job.id, pid=pid)
                 self._watch(job.id, job.supervisor, pid)
-                if job.reason in ("time limit", "cancelling"):  # SIGTERM was sent: not again
+                if job.reason in ("time limit", "cancelling", requeue.ASKED):  # not again
                     self.termed[job.id] = time.monotonic()
+                elif job.reason == preempting.REASON:  # its signal went: SIGKILL after grace
+                    self.preempting[job.id] = time.monotonic()
                 log.info("re-adopted job %s", job.id)
             elif marker is None:
                 self._requeue(job)
@@ -252,19 +255,19 @@ class Lifecycle(Attaching, Limiting):
         for the next submit to judge whether it needs a pass at once (service.pacing).
 
         A full pass plans every waiting job (their priorities and reasons for `queue`);
-        a start pass only those that could start now (`startable`): a held job, or one
+        a start pass only those that could start now (`Store.ready`): a held job, or one
         waiting on a job still active, starts nothing and blocks nothing, so a queue of
         10,000 of them costs a start pass nothing. Both plan on the machine as last read
         (service.machine), read whole again once it is a tick old."""
         from gpuwarden.mig import devices
-        from gpuwarden.service.placing import inputs, start_job
+        from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()
         # An attached job whose client has not come back after a restart has no
         # terminal to start on: it waits for its client.
         pending = [
             j
-            for j in (self.store.jobs([store.PENDING]) if full else self.startable())
+            for j in (self.store.jobs([store.PENDING]) if full else self.store.ready())
             if not j.attached or j.id in self.stdio
         ]
         if not pending:
@@ -286,12 +289,13 @@ class Lifecycle(Attaching, Limiting):
         named = self.store.states(a for j in pending for a in j.after)
         ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
         now = time.time()
+        leaving = {*self.termed, *self.preempting}
         gpus, busy, waiting, pick = inputs(
-            snapshot, running, pending, self.settings, reading, linked=self.hardware.linked
+            snapshot, running, pending, self.settings, reading, leaving, self.hardware.linked
         )
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.plan_policy((*pending, *running))
-        decisions = scheduling.plan(
+        decisions, victims = preemption.plan(
             gpus,
             busy,
             waiting,
@@ -304,6 +308,9 @@ class Lifecycle(Attaching, Limiting):
                 bookings.of(self).current(now), {j.user for j in (*pending, *running)}
             ),
         )
+        for why in set(victims.values()):  # first: their grace runs from now
+            chosen = (self.store.get(int(v)) for v, w in victims.items() if w == why)
+            preempting.preempt(self, [j for j in chosen if j is not None], why)
         if full:
             self.priorities = {int(d.id): d.priority for d in decisions}
             self.estimates = {int(d.id): d.estimated_start for d in decisions}
@@ -321,17 +328,7 @@ class Lifecycle(Attaching, Limiting):
         for decision in decisions:
             if decision.starts:
                 free.take(decision.gpus, by_id[int(decision.id)].mem)
-        reasons: list[tuple[int, Optional[str]]] = [
-            (j.id, arrays.THROTTLED) for j in throttled if j.reason != arrays.THROTTLED
-        ]
-        for decision in decisions:
-            job = by_id[int(decision.id)]
-            if not decision.starts and job.wait and job.reason != decision.reason:
-                reasons.append((job.id, decision.reason))
-        if reasons:
-            with self.store.transaction(durable=False):  # one commit for every reason
-                for job_id, reason in reasons:
-                    self.store.update(job_id, durable=False, reason=reason)
+        record_reasons(self.store, throttled, decisions, by_id)
         self.pacer.planned("full" if full else "start", began, time.monotonic(), len(waiting))
         for decision in decisions:
             job = by_id[int(decision.id)]
@@ -353,12 +350,6 @@ class Lifecycle(Attaching, Limiting):
                 self._watch(job.id, started.supervisor, started.pid)
                 if jobnotify.wanted(job.request):
                     jobnotify.send(self.notifier, self.store.get(job.id) or job, ["BEGIN"])
-
-    def startable(self) -> list[store.Job]:
-        """The waiting jobs a start pass plans: not held, and waiting on no job that is
-        still waiting or running (kept apart by the journal: `Store.ready`)."""
-        ready, active = self.store.ready()
-        return [j for j in ready if not any(a in active for a in j.after)]
 
     def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
         """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
@@ -399,16 +390,26 @@ class Lifecycle(Attaching, Limiting):
             )
 
     def _finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
-        if state is None and requeue.asked(job):
-            requeue.again(self, job, ended)  # waits again under its id
+        charge = preempting.charge(self.settings, job)
+        preempted = preempting.ended(self, job)
+        if state is None and (requeue.asked(job) or preempted == "requeue"):
+            # Waits again under its id (a preempted submitit call asks for it too).
+            requeue.again(self, job, ended, preempted=bool(preempted), charge=charge)
             return
         if state is None:
-            if job.id in self.termed and job.reason == "time limit":
+            if preempted:
+                state = store.PREEMPTED
+            elif job.id in self.termed and job.reason == "time limit":
                 state = store.TIMEOUT
             elif job.id in self.termed:
                 state = store.CANCELLED
+            elif ended.ok:
+                state = store.COMPLETED
+            elif requeue.retrying(job):
+                requeue.again(self, job, ended, retry=True, charge=charge)
+                return
             else:
-                state = store.COMPLETED if ended.ok else store.FAILED
+                state = store.FAILED
         now = time.time()
         started = job.started or now
         from gpuwarden.service.placing import release_leases
@@ -440,7 +441,8 @@ class Lifecycle(Attaching, Limiting):
             memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
             self.store.charge(
                 job.user,
-                scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
+                charge
+                * scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
                 now,
                 self.settings.policy.half_life,
             )

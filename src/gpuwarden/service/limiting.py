@@ -44,16 +44,24 @@ class Limiting(Core):
         limits = self.limits_of(who)
         if not limits:
             return
-        hours = None
-        if "gpu_hours_per_week" in limits:
-            hours = self.store.gpu_seconds_since(who.name, time.time() - WEEK) / 3600
+        hours, active = None, 0
+        if sub.preemptible:
+            # Beyond the GPU limit and the week's budget (it yields to whoever needs the
+            # GPUs); its jobs counted apart from the owner's others, against the same bound.
+            mine = (j for j in self.store.jobs() if j.uid == who.uid and j.preemptible)
+            active = sum(1 for _ in mine) if "max_jobs" in limits else 0
+        else:
+            if "gpu_hours_per_week" in limits:
+                hours = self.store.gpu_seconds_since(who.name, time.time() - WEEK) / 3600
+            if "max_jobs" in limits:
+                active = self.store.count_active(who.uid)
         why = refusal(
             limits,
-            gpus=sub.gpus.count,
+            gpus=0 if sub.preemptible else sub.gpus.count,
             time_limit=sub.time_limit,
             tasks=tasks,
             array=array,
-            active=self.store.count_active(who.uid) if "max_jobs" in limits else 0,
+            active=active,
             gpu_hours=hours,
             interactive=sub.attached,
         )

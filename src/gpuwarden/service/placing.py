@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
@@ -118,13 +118,15 @@ def inputs(
     pending: Sequence[store.Job],
     settings: Settings,
     reading: Any = None,
+    leaving: Collection[int] = (),
     linked: Optional[Callable[[Any], Any]] = None,
 ) -> tuple[
     list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`;
     drains, XID logs and health rules as the pass's `reading` of the configuration
-    says (None: the configuration in force); `linked` as `picker`'s."""
+    says (None: the configuration in force). `leaving`: ids of running jobs told to end;
+    `linked` as `picker`'s."""
     from gpuwarden import drain, leases
     from gpuwarden.health.judgement import FATAL
     from gpuwarden.health.xidlog import judged
@@ -149,7 +151,16 @@ def inputs(
     gpus = [scheduling.QueueGpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
     now = time.time()
     busy = [
-        scheduling.Running(str(j.id), j.user, j.gpus, j.started or now, j.mem, j.time_limit)
+        scheduling.Running(
+            str(j.id),
+            j.user,
+            j.gpus,
+            j.started or now,
+            j.mem,
+            j.time_limit,
+            preemptible=j.preemptible,
+            leaving=j.id in leaving,
+        )
         for j in running
     ]
     ours = {str(j.id) for j in running}
@@ -202,9 +213,31 @@ def inputs(
                 after=tuple(str(a) for a in job.after),
                 eligible=allowed,
                 begin=job.begin,
+                preemptible=job.preemptible,
             )
         )
     return gpus, busy, waiting, picker(snapshot, pending, seen, findings, linked)
+
+
+def record_reasons(
+    journal: store.Store,
+    throttled: Sequence[store.Job],
+    decisions: Sequence[scheduling.Decision],
+    by_id: dict[int, store.Job],
+) -> None:
+    """Why each job the plan did not start waits, where that changed: one commit (none
+    when nothing changed), not durable (the next pass would say it again)."""
+    reasons: list[tuple[int, Optional[str]]] = [
+        (j.id, arrays.THROTTLED) for j in throttled if j.reason != arrays.THROTTLED
+    ]
+    for decision in decisions:
+        job = by_id[int(decision.id)]
+        if not decision.starts and job.wait and job.reason != decision.reason:
+            reasons.append((job.id, decision.reason))
+    if reasons:
+        with journal.transaction(durable=False):
+            for job_id, reason in reasons:
+                journal.update(job_id, durable=False, reason=reason)
 
 
 def start_job(
@@ -260,6 +293,9 @@ def start_job(
                 **simulated_machine(),
                 **job_env({}, gpus, job=str(job.id), mem=job.mem),
                 **arrays.task_env(service.store, job),
+                # Runs before this one (requeued, retried, preempted): Slurm's
+                # SLURM_RESTART_COUNT, so a job knows to resume from its checkpoint.
+                "GPUWARDEN_RESTART_COUNT": str(job.restarts),
             },
             minors=tuple(g.minor for g in gpus),
             present=tuple(sorted(present_minors(snapshot.gpus))),

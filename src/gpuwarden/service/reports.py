@@ -41,6 +41,7 @@ def stats(service: Any) -> dict[str, Any]:
             for (p, a), n in sorted(service.watcher().counts.items())
         ],
         "unleased": service.watcher().unleased,
+        "preemptions": [{"user": u, "count": n} for u, n in sorted(service.preempted.items())],
     }
 
 

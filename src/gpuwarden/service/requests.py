@@ -126,8 +126,8 @@ class Requests(Reloading):
     def _ask_requeue(
         self, who: Person, job_id: int, client: Optional[Connection]
     ) -> dict[str, Any]:
-        """Run it again once it ends (service.requeue)."""
-        requeue.ask(self.store, self._owned(who, job_id, "requeue"))
+        """Run it again: now if it has ended, once it ends if it runs (service.requeue)."""
+        requeue.ask(self, self._owned(who, job_id, "requeue"))
         return {"ok": True}
 
     def _submit(
@@ -165,8 +165,14 @@ class Requests(Reloading):
         if timed != sub.time_limit:  # service.interactive_time: a hold that asked for none
             sub = dataclasses.replace(sub, time_limit=timed)
         self.within_limits(who, sub, tasks, array is not None)
-        if sub.warning is not None and sub.time_limit is None:
+        if sub.warning is not None and sub.time_limit is None and not sub.preemptible:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
+        if sub.attached and sub.max_retries:
+            raise UserError("--max-retries is for batch jobs: an attached job is not run again")
+        if sub.attached and sub.preemptible and sub.preempt == "requeue":
+            raise UserError(
+                "an attached job cannot be queued again: a preemptible one needs --preempt=cancel"
+            )
         waiting_on = False
         for dep in sub.after:
             found = self.store.get(dep)
@@ -178,6 +184,10 @@ class Requests(Reloading):
         request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
         if sub.warning is not None:
             request["signal"] = list(sub.warning)  # beside its GPU wishes: what it asked for
+        if sub.max_retries:
+            request["max_retries"] = sub.max_retries
+        if sub.preemptible:  # how it yields (service.preempting)
+            request["preemptible"], request["preempt"] = True, sub.preempt
         if sub.notify:  # likewise its own notifications (service.jobnotify)
             if sub.notify_url is None:
                 raise UserError("--notify needs a webhook to post to (submit.webhook)")
@@ -241,6 +251,8 @@ class Requests(Reloading):
         free = self.free
         if free is None or free.could_fit(sub.gpus.count, sub.gpus.mem):
             return None
+        if not sub.preemptible and any(j.preemptible for j in self.store.jobs([store.RUNNING])):
+            return None  # it may preempt: plan now, so its victims' grace starts now
         return scheduling.RESOURCES
 
     def _signal(self, job: store.Job, number: int) -> None:
@@ -404,6 +416,9 @@ class Requests(Reloading):
             "after": list(job.after),
             "exit_code": job.exit_code,
             "signal": job.exit_signal,
+            "preemptible": job.preemptible,
+            "restarts": job.restarts,
+            "preemptions": job.preemptions,
             # A start error can quote the command or a private path: as the command.
             "error": job.error if show or mine(job, who) else None,
             "priority": self.priorities.get(job.id),

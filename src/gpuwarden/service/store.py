@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
@@ -25,8 +25,9 @@ from gpuwarden.service.transaction import Transaction
 
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
 COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
+PREEMPTED = "PREEMPTED"  # ended by preemption (`--preempt=cancel`), as Slurm's state
 ACTIVE = (PENDING, STARTING, RUNNING)
-ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST)
+ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST, PREEMPTED)
 
 SCHEMA_VERSION = 1
 
@@ -68,7 +69,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_task INTEGER,
     array_throttle INTEGER,
     params TEXT NOT NULL DEFAULT '{}',
-    begin REAL
+    begin REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    preemptions INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
@@ -83,6 +87,9 @@ _ADDED = {
     "array_throttle": "INTEGER",
     "params": "TEXT NOT NULL DEFAULT '{}'",
     "begin": "REAL",
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+    "preemptions": "INTEGER NOT NULL DEFAULT 0",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -127,10 +134,17 @@ class Job:
     array_throttle: Optional[int] = None  # tasks of its array that may run at once
     params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
     begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
+    restarts: int = 0  # times it was queued again under its id (GPUWARDEN_RESTART_COUNT)
+    retries: int = 0  # of those, after a failure (--max-retries)
+    preemptions: int = 0  # of those or not, times it was preempted (service.preempting)
 
     @property
     def count(self) -> int:
         return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
+
+    @property
+    def preemptible(self) -> bool:  # submitted --preemptible (service.preempting)
+        return bool(self.request.get("preemptible"))
 
 
 _JSON = {"argv", "env", "request", "after", "gpus", "params"}
@@ -290,10 +304,12 @@ class Store:
             elif kept:
                 kept.pop(job.id, None)
 
-    def ready(self) -> tuple[list[Job], dict[int, Job]]:
-        """The waiting jobs that are not held, oldest first; and every active job by id."""
+    def ready(self) -> list[Job]:
+        """The waiting jobs that could start now, oldest first: not held, and waiting on
+        no job that is still active (what a start pass plans: service.pacing)."""
         active = self._actives()
-        return [self._ready[i] for i in sorted(self._ready)], active
+        ready = (self._ready[i] for i in sorted(self._ready))
+        return [j for j in ready if not any(a in active for a in j.after)]
 
     # -- jobs --------------------------------------------------------------------
 
@@ -459,11 +475,3 @@ def new_job(**fields: Any) -> Job:
     fields.setdefault("state", PENDING)
     fields.setdefault("submitted", time.time())
     return Job(id=0, **fields)
-
-
-def iter_ids(values: Iterable[Any]) -> Iterator[int]:
-    """Job ids from a request: positive integers only."""
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"invalid job id {value!r}")
-        yield value

@@ -13,7 +13,7 @@ import signal
 import time
 
 from gpuwarden import scheduling
-from gpuwarden.service import jobprocess
+from gpuwarden.service import jobprocess, preempting
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.store import RUNNING, Job
 
@@ -37,6 +37,7 @@ class TimeLimits(Lifecycle):
             except Exception:  # a reading that fails must not take the queue down
                 log.exception("the enforcement watcher failed")
                 watch.last = now
+        preempting.kill_overdue(self)
         running = self.store.jobs([RUNNING])
         for job in running:
             sent = self.termed.get(job.id)

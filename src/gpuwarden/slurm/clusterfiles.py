@@ -283,6 +283,10 @@ def readme(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
     return f"""{head}
 Nothing was installed or restarted. What to do, in this order:
 
+0. Check that the machines agree (users' ids, munge key, data paths, clocks, versions):
+       gpuwarden slurm cluster {names} --check --path /data
+   (every directory jobs use as --path); fix each line it prints first.
+
 1. Packages: on the controller ({s.controller}) slurmctld; on each node ({names})
    slurmd; everywhere munge and slurm-client (Debian: apt install slurmd slurm-client munge).
 

@@ -35,6 +35,12 @@ def users() -> list[list[Any]]:
     return sorted(out)
 
 
+def missing_homes(accounts: Sequence[Sequence[Any]]) -> list[str]:
+    """The accounts whose home is not a directory here (a job starts in it, and reads
+    its dotfiles and its ~/.cache there)."""
+    return sorted(name for name, _, _, home in accounts if not os.path.isdir(home))
+
+
 def _run(argv: Sequence[str], stdin: Optional[str] = None) -> tuple[bool, str]:
     """(succeeded, its stdout or its last words) of a short command."""
     try:
@@ -145,6 +151,7 @@ def read(
     from gpuwarden.slurm import facts
 
     node = os.uname().nodename.split(".", 1)[0]
+    found_users = users()
     try:
         gpus: Any = facts.read(dev_dir)
         gpu_error = ""
@@ -154,7 +161,8 @@ def read(
         "schema": SCHEMA,
         "node": node,
         "time": time.time(),
-        "users": users(),
+        "users": found_users,
+        "missing_homes": missing_homes(found_users),
         "munge": munge(key_file, credential),
         "paths": paths(names),
         "slurm": slurm_version(),

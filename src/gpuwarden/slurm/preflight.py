@@ -60,6 +60,14 @@ def users(hosts: Sequence[Host]) -> list[str]:
                     "home": f"usermod -d {keep} {name} there, or mount it at {keep}",
                 }[what]
                 out.append(f"{host}: user {name} has {what} {value}, {keep} on {first}: {fix}")
+        homeless = [h.name for h in hosts if name in h.facts.get("missing_homes", ())]
+        if homeless and len(homeless) < len(where):
+            home = next(iter(where.values()))[2]
+            for host in homeless:
+                out.append(
+                    f"{host}: user {name}'s home {home} is missing (it is there on the others): "
+                    "mount the homes there at the same path (a job starts in it)"
+                )
         missing = [h.name for h in hosts if h.name not in where]
         if missing and name not in ("slurm", "munge"):
             uid, gid, _ = next(iter(where.values()))
@@ -273,6 +281,9 @@ def checked(doc: Any) -> Optional[str]:
             isinstance(lines, list) and all(isinstance(x, str) for x in lines)
         ):
             return f"its {key} are not lines"
+    homes = doc.get("missing_homes", [])
+    if not isinstance(homes, list) or not all(isinstance(x, str) for x in homes):
+        return "its missing homes are not names"
     if not all(isinstance(v, str) for v in doc["paths"].values()):
         return "its paths are not paths"
     if not isinstance(doc.get("slurm"), (str, type(None))) or not isinstance(

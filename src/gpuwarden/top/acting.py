@@ -17,12 +17,12 @@ DONE = {
     "cancel": "cancelled",
     "hold": "held",
     "release": "released",
-    "requeue": "will run again once it ends:",
+    "requeue": "requeued (it runs again, ended first if it runs):",
     "drain": "drained GPU",
     "undrain": "undrained GPU",
 }
 #: The command line's words for each action (on another host, and for drains here).
-WORDS = {"cancel": "cancel", "hold": "hold", "release": "unhold", "requeue": None}
+WORDS = {"cancel": "cancel", "hold": "hold", "release": "unhold", "requeue": "requeue"}
 
 
 def perform(action: Action, socket: Optional[str] = None) -> str:

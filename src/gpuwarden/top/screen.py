@@ -37,7 +37,7 @@ HELP = [
     "Keys (every action asks first; y confirms, anything else takes it back):",
     "  Up/Down j/k PgUp/PgDn Home/End   move      Tab      between the GPUs and the jobs",
     "  c  cancel the selected job       h  hold it            r  release (unhold) it",
-    "  R  requeue it (run it again once it ends)              l/Enter  follow its output",
+    "  R  requeue it (end it, then run it again)              l/Enter  follow its output",
     "  m  only my jobs     /  only one user's jobs     s  sort: queue, user, GPUs, waited",
     "  d  drain the selected GPU (admins)              D  undrain it (admins)",
     "  q  quit             Esc  close the log or this help",

@@ -322,6 +322,9 @@ def _job(
         "time_limit": finite(row.get("time_limit")),
         "estimated_start": finite(row.get("estimated_start")),
         "command": shown,
+        "preemptible": row.get("preemptible") is True,
+        "restarts": _int(row.get("restarts")) or 0,
+        "preemptions": _int(row.get("preemptions")) or 0,
     }
 
 

@@ -7,6 +7,16 @@
 const SVG = "http://www.w3.org/2000/svg";
 let last = null; // the last document, for the "updated … ago" line
 
+// A preemptible job says so (and whether it is being preempted); a job queued again
+// says which run it is, as `gpuwarden queue` does.
+function runsNote(j) {
+  const bits = [];
+  if (j.preemptible) bits.push(j.reason === "preempted" ? "preempted" : "preemptible");
+  if (j.restarts) bits.push(`run ${j.restarts + 1}`);
+  if (j.preemptions) bits.push(`preempted ${j.preemptions}x`);
+  return bits.length ? ` (${bits.join(", ")})` : "";
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -280,12 +290,12 @@ function drawQueue(queue, now) {
   state.classList.toggle("error", queue.state !== "running" && queue.error !== null);
   document.getElementById("queue-service").hidden = !queue.service;
   rows(document.getElementById("queue-running"), queue.running, (j) => el("tr", { "data-job": j.id, "data-state": j.state },
-    jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, j.state.toLowerCase()),
+    jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, j.state.toLowerCase() + runsNote(j)),
     el("td", {}, gpusOf(j)), el("td", {}, span(j.waited)), el("td", {}, span(j.elapsed)),
     el("td", {}, j.time_limit === null ? "-" : span(j.time_limit))), "no job running");
   rows(document.getElementById("queue-waiting"), queue.waiting, (j) => el("tr", { "data-job": j.id, "data-reason": j.reason },
     jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, gpusOf(j)),
-    el("td", { class: "reason" }, j.reason || "-"),
+    el("td", { class: "reason" }, (j.reason || "-") + runsNote(j)),
     el("td", {}, j.priority === null ? "-" : Math.round(j.priority)),
     el("td", {}, span(j.waited)),
     el("td", {}, j.estimated_start === null ? "-" : j.estimated_start <= now ? "now" : `in ${span(j.estimated_start - now)}`)),

@@ -96,6 +96,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "begintime",
             "booking",
             "preemption",
+            # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
+            "usage",
+            "efficiency",
         ),
     ),
     (
@@ -202,6 +205,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.transaction",
             "service.unitfiles",
             "service.watching",
+            "service.accounting",
+            "service.sampler",
         ),
     ),
     (

@@ -81,9 +81,10 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # A start pass per event that may start something, not a pass per pass length.
     assert per["passes"] <= 2.5, said
     # NVML: the chosen GPU read again before its lease (7 calls), nothing more per
-    # job; the whole machine at most once a tick (a second) while jobs wait.
+    # job; the whole machine at most once a tick (a second) while jobs wait, and
+    # every 10 s for the efficiency sampler while jobs run.
     assert per["nvml"] <= 10, said
-    assert after["whole_reads"] - before["whole_reads"] <= 2 + 1.2 * elapsed, said
+    assert after["whole_reads"] - before["whole_reads"] <= 2 + 1.3 * elapsed, said
     # The journal: a submit, a start (STARTING, RUNNING), an end, and reasons.
     assert per["commits"] <= 6, said
     assert per["fsyncs"] <= 3, said

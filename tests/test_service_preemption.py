@@ -147,6 +147,8 @@ def test_a_preemptible_sweep_beyond_the_limit_and_what_is_refused(server: Server
         alice,
         "submit",
         "--preemptible",
+        "--preempt",
+        "cancel",
         "-g",
         "1",
         "--param",
@@ -163,6 +165,14 @@ def test_a_preemptible_sweep_beyond_the_limit_and_what_is_refused(server: Server
         server.wait_state(row["id"], ("RUNNING",))
     bad = cli_as(server, alice, "submit", "--preempt", "cancel", "--", "true")
     assert bad.returncode != 0 and "add --preemptible" in bad.stderr
+    # carol (an admin: no GPU limit) needs six GPUs: one task goes, and ends PREEMPTED.
+    carol = make_user("carol")
+    normal = submit(server, carol, ["sleep", "1"], request={"count": 6})
+    server.wait_state(normal, ("RUNNING", "COMPLETED"), timeout=GRACE + 30)
+    ended = [r for r in server.call(alice, "jobs")["jobs"] if r.get("array_job") == array]
+    assert [r["state"] for r in ended] == ["PREEMPTED"], ended
+    history = cli_as(server, alice, "jobs")
+    assert "PREEMPTED" in history.stdout, history.stdout
     server.call(alice, "cancel", jobs=[array])
 
 

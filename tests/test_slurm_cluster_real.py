@@ -279,6 +279,19 @@ def test_the_written_cluster_runs_a_two_gpu_job_on_each_node_and_refuses_a_wider
     rows = cluster.wait("both jobs in sacct", listed)
     assert sorted((r[0], r[1]) for r in rows) == sorted((j, n) for n, j in jobs.items())
     assert all("gres/gpu=2" in r[3] for r in rows), rows
+    # and gpuwarden's own history of the cluster reads it: both jobs, done, 2 GPUs each
+    env = dict(cluster.env, PYTHONPATH=cluster.lab.path)
+    done = subprocess.run(
+        [*cluster.lab.python, "-m", "gpuwarden", "jobs", "--slurm", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    ended = {j["id"]: j for j in json.loads(done.stdout) if j["id"] in jobs.values()}
+    assert sorted(ended) == sorted(jobs.values()), done.stdout + done.stderr
+    assert {(j["state"], j["count"]) for j in ended.values()} == {("done", 2)}
 
     wide = cluster.tool("sbatch", "--gres=gpu:3", "--wrap", "true")
     assert wide.returncode != 0

@@ -175,7 +175,7 @@ def test_a_student_cancels_her_job_with_two_keys_and_is_refused_on_anothers(
 # -- the screen as text, without a terminal -------------------------------------------
 
 
-def lab(**kw: Any) -> Lab:
+def lab(waiting: int = 1000, **kw: Any) -> Lab:
     gpus = [
         {
             "index": i,
@@ -204,7 +204,7 @@ def lab(**kw: Any) -> Lab:
                 "priority": 1000.0 - n,
                 "submitted": float(n),
             }
-            for n in range(2, 1002)
+            for n in range(2, waiting + 2)
         ),
     ]
     return Lab(
@@ -243,3 +243,24 @@ def test_the_keys_move_filter_and_ask_before_acting() -> None:
         press(state, key, labs)
     assert state.prompt is not None and state.prompt.question == "Drain GPU 0 (x)? [y/N] "
     assert press(state, "y", labs) == Action("drain", "0", None, "x")
+
+
+@pytest.mark.parametrize("jobs", [1_000, 10_000])
+def test_a_redraw_formats_only_the_rows_on_the_screen(
+    jobs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard of bench/top.py's redraw figure (docs/top.md), by counts: however long
+    the queue, a redraw formats the job rows that fit and no more, and the view asks
+    the service for a screen and a page below it, not for the whole queue."""
+    from gpuwarden.top import screen
+    from gpuwarden.top.model import wanted_rows
+
+    big = lab(waiting=jobs)
+    formatted = []
+    real = screen._job_text
+    monkeypatch.setattr(screen, "_job_text", lambda *a: formatted.append(1) or real(*a))
+    shown = text(draw([big], State(), 80, 24, now=100.0))
+    rows = [line for line in shown if line.split()[:1] and line.split()[0].isdigit()]
+    rows = [line for line in rows if "A100" not in line]
+    assert len(big.jobs) == jobs + 1 and len(formatted) == len(rows) == 10, shown
+    assert wanted_rows(State(), 24) == 49 and wanted_rows(State(sort="user"), 24) is None

@@ -136,8 +136,8 @@ def plan(
     """`scheduling.plan` for the normal jobs, the victims their GPUs need, then the
     preemptible jobs on what is left (arguments as `scheduling.plan`'s)."""
     policy = scheduling.Policy() if policy is None else policy
-    normal = [w for w in waiting if not w.preemptible]
     scavengers = [w for w in waiting if w.preemptible]
+    normal: Sequence[Waiting] = [w for w in waiting if not w.preemptible] if scavengers else waiting
     decisions = scheduling.plan(gpus, running, normal, usage, now, policy, finished, pick, bookings)
     yielding = [r for r in running if r.preemptible]
     if not scavengers and not yielding:

@@ -61,6 +61,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": ("jobs", "finished jobs: how they ended, GPU-hours (queue service)"),
     "share": ("share", "each user's GPU usage and fair-share factor (queue service)"),
     "limits": ("limits", "the limits the queue service holds you to, and what you use"),
+    "report": ("report", "GPU-hours, jobs and waits by user, group or account (as sreport)"),
+    "eff": ("eff", "how well jobs used their GPUs: utilisation, memory, energy (as seff)"),
     "submit": (
         "submit",
         "queue a batch job for this machine's queue service (or Slurm's, with --slurm)",

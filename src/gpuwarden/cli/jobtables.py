@@ -210,6 +210,9 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
         elapsed = job.get("elapsed") or 0.0
         gpus = len(job.get("gpus") or []) or job.get("count") or 0  # Slurm's: a count
         gpu_hours = gpus * elapsed / 3600.0
+        if job.get("runs"):  # every run of a requeued job (the service's journal)
+            elapsed = job.get("run_seconds") or elapsed
+            gpu_hours = (job.get("gpu_seconds") or 0.0) / 3600.0
         if job.get("signal"):
             how = f"signal {job['signal']}"
         elif job.get("exit_code") is not None:

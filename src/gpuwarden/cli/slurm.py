@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 
 def register(commands: Commands, name: str) -> None:
+    from argparse import SUPPRESS  # argparse is loaded: the parser is being built
+
     from gpuwarden.cli import subcommand
 
     # `slurm cluster --out DIR gpu1 gpu2` as well as `slurm cluster gpu1 gpu2 --out DIR`
@@ -100,7 +102,8 @@ def register(commands: Commands, name: str) -> None:
         default="/etc/munge/munge.key",
         help="--check: munge's key, compared by hash where readable",
     )
-    cluster.add_argument("--credential", help=argparse_suppress())
+    # `slurm facts`: a munge credential made on the checking machine, to decode here
+    cluster.add_argument("--credential", help=SUPPRESS)
     cluster.add_argument(
         "--cgroup",
         choices=("autodetect", "v1", "v2"),
@@ -180,12 +183,6 @@ def cluster(args: argparse.Namespace) -> int:
         print(f"{args.out.rstrip('/')}/{name}")
     print(f"next: {args.out.rstrip('/')}/README (munge key, where each file goes, start order)")
     return 0
-
-
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def facts(args: argparse.Namespace) -> int:

@@ -72,14 +72,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _reader(args: argparse.Namespace) -> Any:
+    """`read(state, room)`: the labs for a view in `state` showing `room` job rows."""
     from gpuwarden.lab.reading import read_hosts, read_lab
 
     if args.hosts is None:
-        return lambda: [read_lab()]
+        from gpuwarden.paths import user_name
+        from gpuwarden.top.model import wanted_rows
+
+        me = user_name()  # the kernel's uid, as the service names us
+        return lambda state, room: [
+            read_lab(rows=wanted_rows(state, room), user=me if state.mine else state.user)
+        ]
     from gpuwarden.hosts.remote import parse_hosts
 
     hosts = parse_hosts(args.hosts)
-    return lambda: read_hosts(hosts)
+    return lambda state, room: read_hosts(hosts)
 
 
 def _once(read: Any, state: Any, size: str) -> int:
@@ -93,7 +100,7 @@ def _once(read: Any, state: Any, size: str) -> int:
         if not (cols.isdigit() and rows.isdigit()):
             raise UserError(f"--once {size!r}: expected COLSxROWS, e.g. 80x24")
         width, height = int(cols), int(rows)
-    for line in draw(read(), state, width, height):
+    for line in draw(read(state, height), state, width, height):
         print("".join(text for text, _ in line).rstrip())
     return 0
 

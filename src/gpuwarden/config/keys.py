@@ -248,6 +248,13 @@ SCHEMA: tuple[Key, ...] = (
         low=1,
     ),
     Key("service.book_max_time", "duration", None, "longest booking a user may make"),
+    Key(
+        "service.sample_seconds",
+        "duration",
+        10.0,
+        "how often running jobs' GPUs are sampled for `gpuwarden eff` (0: never)",
+        low=0,
+    ),
     Key("service.grace", "seconds", 30.0, "from SIGTERM to SIGKILL past a time limit", low=0),
     Key(
         "service.preempt_grace",

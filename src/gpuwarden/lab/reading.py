@@ -59,14 +59,16 @@ def read_lab(
     path: Optional[str] = None,
     *,
     rows: Optional[int] = None,
+    user: Optional[str] = None,
     snapshot: Optional[Callable[[], Any]] = None,
     now: Optional[float] = None,
 ) -> Lab:
-    """This machine now: its GPUs, and up to `rows` of its queue (None: every job)."""
+    """This machine now: its GPUs, and the first `rows` of its queue in the queue's
+    order (None: every job), only `user`'s where named (the service filters)."""
     from gpuwarden.machineview import read_view
     from gpuwarden.web.model import build
 
-    answer = ask_queue(path, rows)
+    answer = ask_queue(path, rows, **({} if user is None else {"user": user}))
     now = time.time() if now is None else now
     try:
         if snapshot is None:
@@ -82,7 +84,7 @@ def read_lab(
             drains=view.drains,
             findings=view.findings,
             now=now,
-            service=answer,
+            service=_running_only(answer),
         )
         gpus, host, error = doc["gpus"], str(doc["hostname"]), doc.get("error")
     except Exception as err:  # a failed read costs the GPUs, never the queue
@@ -90,6 +92,19 @@ def read_lab(
 
         gpus, host, error = [], socket.gethostname(), f"cannot read GPUs: {err}"
     return lab_of(answer, host, now, gpus, error)
+
+
+def _running_only(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer with only its running jobs: all the GPUs' part of the page needs (whose
+    job a service lease is); the waiting ones would only be formatted to be thrown away,
+    a thousand of them at every refresh."""
+    queue = answer.get("queue")
+    if answer.get("state") != "answered" or not isinstance(queue, dict):
+        return answer
+    running = [
+        j for j in queue.get("jobs") or () if isinstance(j, dict) and j.get("state") != "PENDING"
+    ]
+    return {**answer, "queue": {**queue, "jobs": running}}
 
 
 def lab_of(

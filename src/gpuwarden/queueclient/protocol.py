@@ -60,6 +60,8 @@ OPS = (
     "attach",
     "reload",
     "limits",
+    "report",
+    "eff",
 )
 
 
@@ -480,6 +482,43 @@ def listing(message: Mapping[str, Any]) -> Listing:
         ids=job_ids(ids, "ids") if ids is not None else (),
         arrays=_bool(message.get("arrays", False), "arrays"),
     )
+
+
+@record
+class Report:
+    """A `report` request: GPU usage between `since` and `until` (seconds since the
+    epoch), grouped `by` user, group, account or job, `per` day, week, month or all;
+    with `waste`, the GPU-hours held idle instead (gpuwarden.usage)."""
+
+    since: float
+    until: float
+    by: str = "user"
+    per: str = "all"
+    waste: bool = False
+
+
+def report(message: Mapping[str, Any]) -> Report:
+    from gpuwarden.usage import BY, PER
+
+    since = _number(message.get("since"), "since", 0.0, 1e11)
+    until = _number(message.get("until"), "until", 0.0, 1e11)
+    if until <= since:
+        raise ProtocolError("until must be after since")
+    by = _string(message.get("by", "user"), "by", 20)
+    per = _string(message.get("per", "all"), "per", 20)
+    if by not in BY:
+        raise ProtocolError(f"by must be one of {', '.join(BY)}")
+    if per not in PER:
+        raise ProtocolError(f"per must be one of {', '.join(PER)}")
+    return Report(since, until, by, per, _bool(message.get("waste", False), "waste"))
+
+
+def eff_jobs(message: Mapping[str, Any]) -> tuple[int, ...]:
+    """The jobs an `eff` request names (`"jobs": [...]`), at most 100."""
+    ids = job_ids(message.get("jobs"))
+    if len(ids) > 100:
+        raise ProtocolError("eff: at most 100 jobs at once")
+    return ids
 
 
 def _bool(value: object, name: str) -> bool:

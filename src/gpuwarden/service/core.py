@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.pacing import Pacer
+    from gpuwarden.service.sampler import Sampler
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
@@ -83,6 +84,7 @@ class Core:
         self.reading: Optional[config.Config] = None
         self.cgroup_mode: Optional[str] = None  # the machine's cgroup hierarchy, found once
         self.watch: Optional[ServiceWatch] = None  # the enforcement watch, made on first need
+        self.sampler: Optional[Sampler] = None  # the running jobs' GPUs for `eff`, likewise
         # What `gpuwarden serve` was started with: its options over the files (config
         # keys), its socket and state directory, and the admins it named (service.reloading).
         self.options: Mapping[str, Any] = {}

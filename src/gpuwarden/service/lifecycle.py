@@ -439,13 +439,11 @@ class Lifecycle(Attaching, Limiting):
                 reason=None,
             )
             memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
-            self.store.charge(
-                job.user,
-                charge
-                * scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory),
-                now,
-                self.settings.policy.half_life,
+            used_gpu = scheduling.job_usage(
+                len(job.gpus), (ended.at or now) - started, job.mem, memory
             )
+            self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
+            self.ran(job, ended.at or now, state, used_gpu)  # its GPU-hours held, uncharged
         self.termed.pop(job.id, None)
         # Removed once the next jobs have started (`remove_litter`): not on the way from
         # a freed GPU to the next start. A restart removes what a killed service left.
@@ -479,6 +477,15 @@ class Lifecycle(Attaching, Limiting):
         )
         log.info("job %s ended: %s", job.id, state)
         self.pacer.wake()
+
+    def ran(self, job: store.Job, ended: float, state: str, gpu_seconds: float) -> None:
+        """A run of `job` ended: kept for `report` (service.accounting), with what the
+        sampler saw of its GPUs for `eff`; inside the caller's commit."""
+        from gpuwarden.service import accounting
+
+        run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
+        if self.sampler is not None:
+            accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
 
     def remove_litter(self) -> None:
         """Remove the exit records and markers of jobs whose end is committed, once

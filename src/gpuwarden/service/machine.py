@@ -84,9 +84,9 @@ class Machine:
             self._nvml = Counted((self._load or load_nvml)())
         return self._nvml
 
-    def read(self) -> Any:
-        """The whole machine now (what jobs are planned on needs no detail: no clocks,
-        temperatures or power)."""
+    def read(self, detail: bool = False) -> Any:
+        """The whole machine now. What jobs are planned on needs no `detail` (clocks,
+        temperatures, power, energy: what the efficiency sampler reads)."""
         from gpuwarden.inventory import read_snapshot
 
         try:
@@ -94,7 +94,7 @@ class Machine:
         except ImportError:
             nvml = None  # read_snapshot says why in an empty snapshot
         before = self.calls
-        snapshot = read_snapshot(nvml, detail=False)
+        snapshot = read_snapshot(nvml, detail=detail)
         self.snapshot, self.read_at = snapshot, self._clock()
         self.whole_reads += 1
         self.whole_calls += self.calls - before

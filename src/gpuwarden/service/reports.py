@@ -62,3 +62,88 @@ def share(service: Any) -> dict[str, Any]:
             for u in sorted(factors)
         ],
     }
+
+
+def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[str, Any]:
+    """`gpuwarden report`: GPU-hours, jobs and waits by user, group, account or job (as
+    sreport, every user sees every user's totals, as `share` shows their usage); with
+    `waste`, the GPU-hours held idle: an admin sees everyone's, a user their own."""
+    from gpuwarden import usage
+    from gpuwarden.errors import UserError
+    from gpuwarden.service import accounting
+
+    db = service.store.db
+    if ask.waste:
+        admin = service.settings.admins.include(who)
+        rows = accounting.waste_report(
+            db, ask.since, ask.until, ask.by, None if admin else who.name
+        )
+        return {"ok": True, "waste": [r._asdict() for r in rows[: usage.MAX_ROWS]]}
+    found = accounting.report(db, ask.since, ask.until, ask.by, ask.per, time.time())
+    if len(found) > usage.MAX_ROWS:
+        raise UserError(
+            f"the report has {len(found)} rows, over the {usage.MAX_ROWS} one answer holds: "
+            "narrow --since/--until or choose a longer --per"
+        )
+    return {"ok": True, "rows": usage.as_dicts(found)}
+
+
+def efficiency(service: Any, who: Any, ids: tuple[int, ...], client: Any = None) -> dict[str, Any]:
+    """`gpuwarden eff`: each job's runs and what its GPUs did (its owner's or an
+    admin's); a running job's current run from the sampler's memory."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.service import accounting
+
+    out = []
+    for job_id in ids:
+        job = service._owned(who, job_id, "see the efficiency of")
+        runs = accounting.use_of(service.store.db, job_id)
+        ended = service.store.db.execute(
+            "SELECT run, started, ended, gpus, gpu_seconds, state FROM runs WHERE job = ? "
+            "ORDER BY run",
+            (job_id,),
+        ).fetchall()
+        shown = []
+        for run, started, end, gpus, gpu_seconds, state in ended:
+            shown.append(_run_row(run, started, end, gpus, gpu_seconds, state, runs.get(run, [])))
+        if job.state == "RUNNING" and job.started is not None:
+            run = len(ended)
+            now = time.time()
+            sampled = service.sampler.peek(job_id) if service.sampler is not None else []
+            uses = sampled or runs.get(run, [])
+            held = len(job.gpus) * (now - job.started)
+            shown.append(_run_row(run, job.started, None, len(job.gpus), held, "RUNNING", uses))
+        if not shown and job.state not in ("PENDING", "STARTING"):
+            raise UserError(f"job {job_id} never ran ({job.state})")
+        out.append(
+            {
+                "id": job.id,
+                "user": job.user,
+                "account": job.account,
+                "state": job.state,
+                "mem": job.mem,
+                "indices": {u: service.indices.get(u) for u in job.gpus},
+                "runs": shown,
+            }
+        )
+    return {"ok": True, "jobs": out}
+
+
+def _run_row(
+    run: int,
+    started: float,
+    ended: Any,
+    gpus: int,
+    gpu_seconds: float,
+    state: str,
+    uses: list[Any],
+) -> dict[str, Any]:
+    return {
+        "run": run,
+        "started": started,
+        "ended": ended,
+        "gpus": gpus,
+        "gpu_seconds": gpu_seconds,
+        "state": state,
+        "use": [u._asdict() for u in uses],
+    }

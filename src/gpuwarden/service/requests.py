@@ -368,8 +368,18 @@ class Requests(Reloading):
     ) -> dict[str, Any]:
         """A page of the history (service.listing): the store skips to the offset and
         stops at the limit, never more than fits in one answer."""
+        from gpuwarden.service.accounting import totals
+
         jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
-        return listing.page(jobs, ask, total, lambda j: self._row(who, j))
+        ran = totals(self.store.db, [j.id for j in jobs])  # every run of a requeued job
+
+        def row(job: store.Job) -> dict[str, Any]:
+            shaped = self._row(who, job)
+            if job.id in ran:
+                shaped["runs"], shaped["run_seconds"], shaped["gpu_seconds"] = ran[job.id]
+            return shaped
+
+        return listing.page(jobs, ask, total, row)
 
     def _queue(
         self, who: Person, ask: protocol.Listing, client: Optional[Connection]
@@ -402,6 +412,7 @@ class Requests(Reloading):
         row = {
             "id": job.id,
             "user": job.user,
+            "account": job.account,
             "state": job.state,
             "count": job.count,
             "gpus": list(job.gpus),
@@ -463,6 +474,8 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "reload": (protocol.nothing, Requests.reload_by),
     "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
     "attach": (protocol.one_job, Requests.attach),
+    "report": (protocol.report, reports.usage_report),
+    "eff": (protocol.eff_jobs, reports.efficiency),
 }
 
 

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import spawn, store
+from gpuwarden.service import accounting, spawn, store
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -137,6 +137,8 @@ def again(
     with service.store.transaction():
         service.store.update(job.id, **changes)
         service.store.charge(job.user, used * charge, now, service.settings.policy.half_life)
+        state = "PREEMPTED" if preempted else store.FAILED if retry else accounting.REQUEUED
+        service.ran(job, ended.at or now, state, used)  # its GPU-hours held, uncharged
     service.termed.pop(job.id, None)
     from gpuwarden.service import jobnotify
 

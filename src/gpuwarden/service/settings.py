@@ -54,6 +54,7 @@ class Settings:
     limits: Limits = field(default_factory=Limits)  # [service.limits]: per user and @group
     book_max_gpus: Optional[int] = None  # GPUs a user may book (None: only admins book)
     book_max_time: Optional[float] = None  # how long a user's booking may be
+    sample_seconds: float = 10.0  # service.sample_seconds: running jobs' GPUs for `eff`
 
 
 #: What a reload cannot change in a running service: its socket and journal, and the
@@ -114,6 +115,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         limits=Limits.parse(cfg.get("service.limits") or {}),
         book_max_gpus=cfg.get("service.book_max_gpus"),
         book_max_time=cfg.get("service.book_max_time"),
+        sample_seconds=cfg.get("service.sample_seconds"),
     )
 
 

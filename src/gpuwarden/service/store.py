@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
+from gpuwarden.service import accounting
 from gpuwarden.service.tally import Tally
 from gpuwarden.service.transaction import Transaction
 
@@ -90,6 +91,7 @@ _ADDED = {
     "restarts": "INTEGER NOT NULL DEFAULT 0",
     "retries": "INTEGER NOT NULL DEFAULT 0",
     "preemptions": "INTEGER NOT NULL DEFAULT 0",
+    "account": "TEXT",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -137,6 +139,7 @@ class Job:
     restarts: int = 0  # times it was queued again under its id (GPUWARDEN_RESTART_COUNT)
     retries: int = 0  # of those, after a failure (--max-retries)
     preemptions: int = 0  # of those or not, times it was preempted (service.preempting)
+    account: Optional[str] = None  # --account: whose GPU-hours these are (service.accounts)
 
     @property
     def count(self) -> int:
@@ -210,6 +213,7 @@ class Store:
                 (str(SCHEMA_VERSION),),
             )
             self._add_columns()
+            accounting.ensure(self.db)  # every run of every job, and what its GPUs did
         if path != ":memory:":
             os.chmod(path, 0o600)
         # The active jobs, kept in memory as they are written: the service plans over

@@ -25,12 +25,10 @@ class Tally:
         query = "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY 1, 2"
         for state, user, count in db.execute(query, _ACTIVE):
             self.jobs.setdefault(state, {})[user] = int(count)
-        cases = ", ".join(f"SUM(started - submitted <= {float(b)!r})" for b in WAIT_BUCKETS)
-        query = f"SELECT {cases}, SUM(started - submitted), COUNT(*) FROM jobs"
-        row = db.execute(query + " WHERE started IS NOT NULL").fetchone()
-        self.waits = [int(v or 0) for v in row[: len(WAIT_BUCKETS)]]  # cumulative, per bound
-        self.wait_sum = float(row[len(WAIT_BUCKETS)] or 0.0)
-        self.wait_count = int(row[len(WAIT_BUCKETS) + 1])
+        from gpuwarden.service.accounting import wait_histogram
+
+        # Cumulative counts per bound, their sum and count: Prometheus' histogram.
+        self.waits, self.wait_sum, self.wait_count = wait_histogram(db, WAIT_BUCKETS)
 
     def change(self, old: Optional[Any], new: Optional[Any]) -> None:
         """A job (store.Job) was `old` and is `new` now (None: it was not there)."""

@@ -39,6 +39,7 @@ class TimeLimits(Lifecycle):
                 watch.last = now
         preempting.kill_overdue(self)
         running = self.store.jobs([RUNNING])
+        self._sample(running, now)
         for job in running:
             sent = self.termed.get(job.id)
             if sent is not None and job.pid and time.monotonic() - sent >= self.settings.grace:
@@ -61,6 +62,36 @@ class TimeLimits(Lifecycle):
                 log.info("job %s past its time limit: SIGTERM", job_id)
             elif action == scheduling.KILL:
                 self.signal(job, signal.SIGKILL)
+
+    def _sample(self, running: list[Job], now: float) -> None:
+        """The running jobs' GPUs, every `service.sample_seconds` (service.sampler)."""
+        if self.sampler is None:
+            from gpuwarden.service.sampler import Sampler
+
+            # Its reading is the service's (service.machine): counted, and planned on.
+            self.sampler = Sampler(
+                self.settings.sample_seconds, lambda: self.hardware.read(detail=True)
+            )
+        sampler = self.sampler
+        sampler.every = self.settings.sample_seconds  # as a reload left it
+        if not sampler.due(now):
+            return
+        try:
+            sampler.step(self.store, running, now, self._pids_of)
+        except Exception:  # a reading that fails must not take the queue down
+            log.exception("the GPU sampler failed")
+            sampler.last = now
+
+    def _pids_of(self, job: Job) -> set[int]:
+        """The processes of a job: its cgroup's, else those below its supervisor."""
+        dirs = self.job_cgroup(job.id)
+        if dirs:
+            from gpuwarden.service.sampler import job_pids
+
+            return job_pids(dirs)
+        from gpuwarden.service.tree import descendants
+
+        return set(descendants(job.supervisor)) if job.supervisor else set()
 
     def _warn(self, job: Job, now: float) -> None:
         """Slurm's --signal: its signal, once, `before` seconds ahead of the time limit

@@ -126,7 +126,9 @@ def parse_scontrol(stdout: str) -> list[dict[str, Any]]:
 def ended_jobs(user: Optional[str], last: int) -> tuple[list[dict[str, Any]], str]:
     """(the last `last` ended jobs, newest first, and where they came from: `sacct` or
     `scontrol`)."""
-    argv = ["sacct", "-X", "-n", "-P", "-S", "now-30days", "-s", SACCT_STATES]
+    # -E as well as -S: with -s, sacct (22.05) ends the window at its start unless told,
+    # and lists nothing (tests/test_slurm_cluster_real.py, on a real slurmdbd)
+    argv = ["sacct", "-X", "-n", "-P", "-S", "now-30days", "-E", "now", "-s", SACCT_STATES]
     argv += ["-o", SACCT_FORMAT] + (["-u", user] if user else ["-a"])
     try:
         jobs, source = parse_sacct(tools.call(argv).stdout), "sacct"

@@ -62,6 +62,15 @@ class State:
     quit: bool = False
 
 
+def wanted_rows(state: State, room: int) -> Optional[int]:
+    """How many of the queue's first rows the view needs: in the queue's own order, those
+    down to a page below the screen's last (a queue of thousands is not read whole at
+    every refresh); another order needs them all (None)."""
+    if state.sort != "queue":
+        return None
+    return max(state.cursor, state.offset + room) + room + 1
+
+
 def job_rows(labs: Sequence[Lab], state: State) -> list[dict[str, Any]]:
     """The job rows shown, filtered and sorted; each carries its host where there are
     several (`host`), and `mine` (whether its owner is who the service says we are)."""

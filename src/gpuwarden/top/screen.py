@@ -125,8 +125,11 @@ def _title(labs: Sequence[Lab], rows: Sequence[Mapping[str, Any]], now: float) -
     admin = any(lab.admin for lab in labs)
     free = sum(1 for _, g in gpu_rows(labs) if _free(g))
     total = sum(len(lab.gpus) for lab in labs)
+    # The rows read may be the queue's first screens only (model.wanted_rows): running
+    # jobs come first, and the service counts the rest.
     running = sum(1 for r in rows if r.get("state") in ("RUNNING", "STARTING"))
     waiting = sum(1 for r in rows if r.get("state") == "PENDING")
+    waiting += sum(max(0, lab.total - len(lab.jobs)) for lab in labs)
     parts = [f"gpuwarden top  {hosts}  {time.strftime('%H:%M:%S', time.localtime(now))}"]
     if who:
         parts.append(f"you: {who}{' (admin)' if admin else ''}")

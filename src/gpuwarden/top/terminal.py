@@ -63,13 +63,14 @@ def attributes(curses: Any, color: bool) -> dict[str, int]:
 
 
 def run(
-    read: Callable[[], Sequence[Lab]],
+    read: Callable[[State, int], Sequence[Lab]],
     act: Callable[[Action], str],
     log_tail: Callable[[Optional[str], str, int], list[str]],
     interval: float,
     state: Optional[State] = None,
 ) -> None:
-    """Show the lab until `q`. `read` gives the labs now, `act` carries out a confirmed
+    """Show the lab until `q`. `read(state, rows)` gives the labs now for a view of
+    `rows` job rows (see `model.wanted_rows`), `act` carries out a confirmed
     action and says what came of it, `log_tail(host, job, lines)` a job's last lines."""
     import curses
 
@@ -84,11 +85,10 @@ def run(
         _can_hide_cursor(curses)
         window.keypad(True)
         view = state or State()
-        labs = read()
+        labs = read(view, window.getmaxyx()[0])
+        asked = _asked(view, window.getmaxyx()[0])
         due = time.monotonic() + interval
         while not view.quit:
-            if view.log is not None:
-                view.log_lines = log_tail(view.log[0], view.log[1], 200)
             height, width = window.getmaxyx()
             paint(window, draw(labs, view, width, height), styles)
             window.timeout(max(50, int((due - time.monotonic()) * 1000)))
@@ -101,11 +101,34 @@ def run(
                 if action is not None:
                     view.message = act(action)
                     due = 0.0  # read again at once: the action's effect is what to see
+                elif _beyond(view, labs, height, asked):
+                    due = 0.0  # moved past the rows read: read down to there now
             if time.monotonic() >= due:
-                labs = read()
+                labs = read(view, height)
+                asked = _asked(view, height)
+                if view.log is not None:
+                    view.log_lines = log_tail(view.log[0], view.log[1], 200)
                 due = time.monotonic() + interval
 
     curses.wrapper(main)
+
+
+def _beyond(view: State, labs: Sequence[Lab], height: int, asked: tuple[Any, ...]) -> bool:
+    """Whether the view now needs what the last reading did not ask for: another filter,
+    order or log, or rows below those read."""
+    from gpuwarden.top.model import wanted_rows
+
+    if (view.mine, view.user, view.sort, view.log) != asked[:4]:
+        return True
+    want = wanted_rows(view, height)
+    more = any(lab.total > len(lab.jobs) for lab in labs)
+    return more and want is not None and asked[4] is not None and want > asked[4]
+
+
+def _asked(view: State, height: int) -> tuple[Any, ...]:
+    from gpuwarden.top.model import wanted_rows
+
+    return (view.mine, view.user, view.sort, view.log, wanted_rows(view, height))
 
 
 def _can_hide_cursor(curses: Any) -> bool:

@@ -1,0 +1,151 @@
+"""The GPUs of the service's running jobs, sampled for `gpuwarden eff`.
+
+On the loop's tick, every `service.sample_seconds` (10 s) while a job runs, one
+reading of the machine (with power and energy) adds a sample per GPU of each
+running job to that run's summary in memory (gpuwarden.efficiency says what is
+measured where). The summaries go to the journal's `gpu_use` every `FLUSH_EVERY`
+seconds and when the run ends (service.accounting), never a row per sample; a
+restarted service carries on from what was last written. Nothing here runs on a
+scheduling pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional
+
+from gpuwarden import efficiency
+from gpuwarden.efficiency import GpuUse
+from gpuwarden.service import accounting, store
+
+log = logging.getLogger("gpuwarden.serve")
+
+#: Seconds between two writes of the running jobs' summaries to the journal.
+FLUSH_EVERY = 60.0
+
+
+class Sampler:
+    def __init__(self, every: float, read: Callable[[], Any]) -> None:
+        self.every = every
+        self.read = read  # a Snapshot with power and energy (inventory.read_snapshot)
+        self.last: Optional[float] = None
+        self.flushed = time.time()
+        self.uses: dict[int, dict[str, GpuUse]] = {}  # job id -> GPU -> its run's summary
+        self.energy: dict[str, float] = {}  # GPU -> its energy counter at the last sample
+
+    def due(self, now: float) -> bool:
+        return self.every > 0 and (self.last is None or now - self.last >= self.every)
+
+    def step(
+        self,
+        journal: store.Store,
+        running: Iterable[store.Job],
+        now: float,
+        pids_of: Callable[[store.Job], set[int]],
+    ) -> None:
+        """One sample of every running job's GPUs; `pids_of` the processes of a job that
+        shares its GPUs (its cgroup's)."""
+        jobs = [j for j in running if j.gpus]
+        if not jobs:
+            self.last, self.energy = now, {}
+            return
+        seconds = self.every if self.last is None else min(now - self.last, 2 * self.every)
+        snapshot = self.read()
+        gpus: dict[str, Any] = {}
+        for gpu in snapshot.gpus:
+            gpus[gpu.uuid] = gpu
+            for mig in gpu.mig_instances:
+                gpus[mig.uuid] = mig
+        energy = {g.uuid: g.energy_consumed for g in snapshot.gpus if g.energy_consumed}
+        for job in jobs:
+            mine = self.uses.get(job.id)
+            span = seconds
+            if mine is None:
+                mine = self.uses[job.id] = self._resumed(journal, job)
+                if not mine:  # its first sample: it ran this long, not a whole period
+                    span = min(seconds, max(0.0, now - (job.started or now)))
+            pids: Optional[set[int]] = None
+            for uuid in job.gpus:
+                gpu = gpus.get(uuid)
+                if gpu is None or getattr(gpu, "lost", False):
+                    continue
+                alone = job.mem is None and hasattr(gpu, "utilization_gpu")
+                if alone:
+                    spent = None
+                    if uuid in energy and uuid in self.energy and span == seconds:
+                        spent = max(0.0, energy[uuid] - self.energy[uuid])
+                    elif gpu.power_draw is not None:
+                        spent = gpu.power_draw * span
+                    mine[uuid] = efficiency.add(
+                        mine.get(uuid),
+                        uuid,
+                        span,
+                        gpu.utilization_gpu,
+                        gpu.memory_used,
+                        gpu.memory_total,
+                        spent,
+                        "gpu",
+                    )
+                    continue
+                if pids is None:
+                    pids = pids_of(job)
+                procs = getattr(gpu, "processes", ()) or self._processes_of(snapshot, uuid)
+                used = [p.used_memory or 0 for p in procs if p.pid in pids]
+                mine[uuid] = efficiency.add(
+                    mine.get(uuid),
+                    uuid,
+                    span,
+                    None,
+                    sum(used) if used else 0,
+                    job.mem or gpu.memory_total,
+                    None,
+                    "process",
+                )
+        self.energy = energy
+        self.last = now
+        if now - self.flushed >= FLUSH_EVERY:
+            self.flush(journal, jobs)
+
+    @staticmethod
+    def _processes_of(snapshot: Any, uuid: str) -> tuple[Any, ...]:
+        """The processes in a MIG slice: listed on its GPU with the slice's UUID."""
+        for gpu in snapshot.gpus:
+            if any(m.uuid == uuid for m in gpu.mig_instances):
+                return tuple(p for p in gpu.processes if p.mig_uuid == uuid)
+        return ()
+
+    def _resumed(self, journal: store.Store, job: store.Job) -> dict[str, GpuUse]:
+        """What was written of the job's current run before a restart."""
+        run = accounting.current_run(journal.db, job.id)
+        return {u.gpu: u for u in accounting.use_of(journal.db, job.id).get(run, [])}
+
+    def flush(self, journal: store.Store, running: Iterable[store.Job]) -> None:
+        """The running jobs' summaries to the journal: one commit, not made durable
+        (a power cut loses at most this minute's)."""
+        self.flushed = time.time()
+        active = {j.id for j in running}
+        for gone in set(self.uses) - active:
+            del self.uses[gone]  # ended without `take` (the journal has its end)
+        if not self.uses:
+            return
+        with journal.transaction(durable=False):
+            for job_id, uses in self.uses.items():
+                run = accounting.current_run(journal.db, job_id)
+                accounting.save_use(journal.db, job_id, run, uses.values())
+
+    def take(self, job_id: int) -> list[GpuUse]:
+        """The summaries of a run that ended (saved with its end), forgotten here."""
+        return list(self.uses.pop(job_id, {}).values())
+
+    def peek(self, job_id: int) -> list[GpuUse]:
+        return list(self.uses.get(job_id, {}).values())
+
+
+def job_pids(dirs: Mapping[str, str]) -> set[int]:
+    """The processes in a job's cgroup."""
+    from gpuwarden.cgroups.accounting import pids_in
+
+    where = dirs.get("devices", dirs.get(""))
+    return set(pids_in(where)) if where else set()

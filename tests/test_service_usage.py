@@ -1,0 +1,165 @@
+"""Who used what, and how well, through the service: `report` (as sreport) and `eff` (as
+seff) as users type them, over jobs whose GPUs, times and loads are known.
+
+The real service of tests/servicetools.py, sampling every second; the jobs load their
+GPUs with `gpuwarden sim occupy` on the simulated machine the service reads (its state
+in a folder every user may write, so a job of gw-alice's changes what the root
+service sees).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.cli import main
+from gpuwarden.cli.jobtables import span
+from repo import SRC
+from schemas import validate
+from servicetools import SPEC, Server, cli_as, serving, submit
+from users import make_user
+
+
+@pytest.fixture
+def sampled(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """The service sampling its jobs' GPUs every second, on a simulated machine whose
+    state the jobs may change."""
+    sim = open_dir / "sim"
+    sim.mkdir(mode=0o1777)
+    sim.chmod(0o1777)
+    monkeypatch.setenv("GPUWARDEN_SIM_STATE", str(sim))
+    monkeypatch.setenv("GPUWARDEN_SERVICE_SAMPLE_SECONDS", "1")
+    yield from serving(tmp_path, open_dir, monkeypatch)
+
+
+def job_env(srv: Server) -> dict[str, str]:
+    """What a job needs to run `gpuwarden sim occupy` on the service's machine."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(SRC),
+        "GPUWARDEN_SIM": SPEC,
+        "GPUWARDEN_SIM_STATE": os.environ["GPUWARDEN_SIM_STATE"],
+    }
+
+
+def occupying(util: int, seconds: int) -> list[str]:
+    """A job's command: load its first GPU at `util` percent for `seconds` (one user's
+    jobs only: the simulator's state file is its writer's)."""
+    gpu = "${CUDA_VISIBLE_DEVICES%%,*}"
+    return [
+        "sh",
+        "-c",
+        f"exec python3 -m gpuwarden sim occupy --gpu {gpu} --mem 30GiB --util {util} "
+        f"-- sleep {seconds}",
+    ]
+
+
+def report_csv(srv: Server, who: object, *args: str) -> dict[str, dict[str, str]]:
+    done = cli_as(srv, who, "report", "--format", "csv", "--since", "1h", *args)  # type: ignore[arg-type]
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    key = next(k for k in rows[0] if k not in ("period",)) if rows else "user"
+    return {r[key]: r for r in rows}
+
+
+def test_report_by_user_and_eff_of_a_job_that_loads_one_of_its_two_gpus(
+    sampled: Server,
+) -> None:
+    srv = sampled
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    env = job_env(srv)
+    two = submit(srv, alice, occupying(80, 15), request={"count": 2}, env=env)
+    one = submit(srv, bob, ["sleep", "5"], request={"count": 1})
+    ended = {j: srv.wait_state(j, ("COMPLETED", "FAILED"), timeout=60) for j in (two, one)}
+    outputs = [Path(srv.work, f"gpuwarden-{j}.out") for j in (two, one)]
+    said = [p.read_text() if p.exists() else "" for p in outputs]
+    assert {r["state"] for r in ended.values()} == {"COMPLETED"}, (ended, said)
+
+    # GPU-hours by user: the GPUs each held x the time each ran, within 5%.
+    rows = report_csv(srv, bob, "--by", "user")
+    expect = {"gw-alice": 2 * ended[two]["elapsed"], "gw-bob": 1 * ended[one]["elapsed"]}
+    for user, seconds in expect.items():
+        assert float(rows[user]["gpu_hours"]) == pytest.approx(seconds / 3600, rel=0.05), rows
+        assert rows[user]["jobs"] == "1" and rows[user]["runs"] == "1"
+    assert float(rows["gw-alice"]["mean_wait_s"]) >= 0
+
+    # eff: about 80% on the GPU it loaded, 0% on the other, and flagged.
+    eff = cli_as(srv, alice, "eff", "--json", str(two))
+    assert eff.returncode == 0, eff.stderr
+    (job,) = validate("eff", eff.stdout)
+    (run,) = job["runs"]
+    loaded = ended[two]["gpus"][0]
+    uses = {u["gpu"]: u for u in run["use"]}
+    assert set(uses) == set(ended[two]["gpus"]), run
+    busy = uses[loaded]
+    idle = uses[next(g for g in uses if g != loaded)]
+    # 80% while the load ran; the mean also counts the job's start (a Python starting)
+    assert busy["util_seconds"] / busy["busy_seconds"] == pytest.approx(80, abs=2), busy
+    assert busy["util_seconds"] / busy["seconds"] == pytest.approx(80, abs=12), busy
+    assert idle["util_seconds"] == 0 and idle["busy_seconds"] == 0, idle
+    assert busy["mem_peak"] >= 30 << 30 and busy["mem_total"] == 80 << 30, busy
+    assert busy["energy"] > 0 and busy["level"] == "gpu"
+    said = cli_as(srv, alice, "eff", str(two))
+    index = job["indices"][loaded]
+    shown = re.search(rf"GPU {index}: utilisation (\d+)%", said.stdout)
+    assert shown and 68 <= int(shown.group(1)) <= 82, said.stdout
+    assert "was never used" in said.stdout, said.stdout
+    refused = cli_as(srv, bob, "eff", str(two))
+    assert refused.returncode == 2 and "only its owner or an admin" in refused.stderr
+
+    # The waste: alice's idle GPU, told to her and to an admin; bob sees only his own.
+    carol = make_user("carol")
+    waste = cli_as(srv, carol, "report", "--waste", "--format", "json", "--since", "1h")
+    assert waste.returncode == 0, waste.stderr
+    by_user = {r["name"]: r for r in json.loads(waste.stdout)}
+    assert by_user["gw-alice"]["gpus_idle"] == 1, by_user
+    assert by_user["gw-alice"]["idle_hours"] > 0.4 * by_user["gw-alice"]["held_hours"]
+    own = cli_as(srv, bob, "report", "--waste", "--format", "json", "--since", "1h")
+    assert {r["name"] for r in json.loads(own.stdout)} == {"gw-bob"}, own.stdout
+
+
+def test_every_run_of_a_requeued_job_is_counted(sampled: Server) -> None:
+    srv = sampled
+    alice = make_user("alice", ("lab",))
+    job = submit(srv, alice, ["sleep", "3"], request={"count": 1})
+    srv.wait_state(job, ("RUNNING",))
+    assert srv.call(alice, "requeue", job=job)["ok"]
+    srv.wait_log(f"job {job} requeued")
+    row = srv.wait_state(job, ("COMPLETED",), timeout=60)
+    assert row["runs"] == 2 and row["run_seconds"] > row["elapsed"] + 0.2, row  # both runs
+    assert row["gpu_seconds"] == pytest.approx(row["run_seconds"], rel=0.01)
+    rows = report_csv(srv, alice, "--by", "job")
+    assert rows[str(job)]["runs"] == "2" and rows[str(job)]["jobs"] == "1", rows
+    assert float(rows[str(job)]["gpu_hours"]) == pytest.approx(row["run_seconds"] / 3600, rel=0.05)
+    history = cli_as(srv, alice, "jobs", "--me")
+    line = next(x for x in history.stdout.splitlines() if x.split()[:1] == [str(job)])
+    assert f" {span(row['run_seconds'])} " in line, history.stdout  # both runs, not the last
+
+
+def test_the_journal_is_read_directly_by_root_also_while_the_service_is_down(
+    sampled: Server,
+) -> None:
+    srv = sampled
+    alice = make_user("alice", ("lab",))
+    job = submit(srv, alice, ["sleep", "1"], request={"count": 3})
+    row = srv.wait_state(job, ("COMPLETED",))
+    srv.kill(signal.SIGTERM)
+    journal = os.path.join(srv.state, "jobs.db")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["report", "--journal", journal, "--format", "json", "--since", "1h"])
+    assert code == 0
+    (found,) = json.loads(out.getvalue())
+    assert found["name"] == "gw-alice"
+    assert found["gpu_hours"] == pytest.approx(3 * row["elapsed"] / 3600, rel=0.05)
+    srv.start()  # the journal is untouched: the service starts on it again
+    assert srv.job(job)["state"] == "COMPLETED"

@@ -147,6 +147,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "queueclient.*",
             # the pieces of a service job's start and end the daemon calls
             "service.spawn",
+            "service.jobterminal",
             "service.tree",
             "service.jobcgroup",
             "service.jobprocess",

@@ -145,6 +145,14 @@ def test_a_submit_is_sent_only_with_its_previews_token(server: Server) -> None:
     row = server.wait_state(int(sent["job"]), ("COMPLETED",))
     assert row["exit_code"] == 0
 
+    async def usage(session: Any) -> Any:
+        return content(await session.call_tool("usage", {"days": 1}))
+
+    used = session_as(server, "gw-alice", usage)
+    assert used["you"] == "gw-alice" and used["report"]["by"] == "user"
+    mine = [r for r in used["report"]["rows"] if r["name"] == "gw-alice"]
+    assert len(mine) == 1 and mine[0]["jobs"] >= 1, used  # as `gpuwarden report` counts
+
 
 def test_without_the_sdk_mcp_says_how_to_get_it() -> None:
     """The command is there without the extra: one line naming it."""

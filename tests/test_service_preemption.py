@@ -9,6 +9,7 @@ bob's normal job takes two of them back.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,3 +227,29 @@ def test_requeue_as_scontrol_requeue(server: Server) -> None:
         "its third run",
     )
     assert server.job(job)["restarts"] == 2
+
+
+def test_a_preemption_outlives_a_restart_of_the_service(server: Server) -> None:
+    """The victim's signal is not sent again by a restarted service, which still kills
+    it after the grace and queues it again."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    folder = server.work / "notes"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    argv = [USER_PY, "-c", JOB, str(folder), "stubborn"]
+    victim = submit(server, alice, argv, request={"count": 8}, preemptible=True)
+    server.wait_state(victim, ("RUNNING",))
+    wait_for(lambda: notes(folder, victim), 30, "the job started")
+    normal = submit(server, bob, ["sleep", "2"], request={"count": 1})
+    wait_for(lambda: any(w == "term" for w, _ in notes(folder, victim)), 30, "its SIGTERM")
+    server.kill(signal.SIGKILL)
+    server.start()
+    server.wait_state(normal, ("RUNNING", "COMPLETED"), timeout=GRACE + 30)
+    row = server.job(victim)
+    assert row["restarts"] == 1 and row["preemptions"] == 1, row
+    wait_for(
+        lambda: "start 1" in [w for w, _ in notes(folder, victim)] or None,
+        30,
+        lambda: f"its second run: {notes(folder, victim)}",
+    )
+    assert [w for w, _ in notes(folder, victim)].count("term") == 1

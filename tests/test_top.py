@@ -264,3 +264,89 @@ def test_a_redraw_formats_only_the_rows_on_the_screen(
     rows = [line for line in rows if "A100" not in line]
     assert len(big.jobs) == jobs + 1 and len(formatted) == len(rows) == 10, shown
     assert wanted_rows(State(), 24) == 49 and wanted_rows(State(sort="user"), 24) is None
+
+
+def test_her_running_jobs_output_is_followed_with_l(server: Server, terminal_dir: Path) -> None:
+    alice = make_user("alice", ("lab",))
+    job = submit(
+        server, alice, ["sh", "-c", "echo first-line; sleep 1; echo second-line; sleep 60"]
+    )
+    server.wait_state(job, ("RUNNING",))
+    screen = top_as(server, "gw-alice", terminal_dir, "--me", color=True)
+    try:
+        screen.wait("her running job", lambda s: shows(s, job) and "RUNNING" in "\n".join(s))
+        screen.keys("l")
+        lines = screen.wait(
+            "its output, followed", lambda s: "second-line" in "\n".join(s), timeout=30
+        )
+        head = next(i for i, line in enumerate(lines) if line.startswith(f"output of job {job}"))
+        assert [line.strip() for line in lines[head + 1 : head + 3]] == [
+            "first-line",
+            "second-line",
+        ]
+        screen.keys("Escape")
+        screen.wait("the log closed", lambda s: not any("output of job" in line for line in s))
+        screen.keys("q")
+    finally:
+        screen.close()
+        server.call(None, "cancel", jobs=[job])
+
+
+def test_several_hosts_are_read_and_acted_on_over_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--hosts`: each host's GPUs from its `web --once`, its jobs from its `queue --json
+    --all`, a host that does not answer is a line; an action runs on its host."""
+    from gpuwarden.hosts import remote
+    from gpuwarden.lab.reading import read_hosts
+    from gpuwarden.top import acting
+
+    page = {"gpus": lab().gpus[:2], "queue": {"user": "ann", "admin": False}}
+    rows = [{"id": 7, "user": "ann", "state": "PENDING", "count": 1, "reason": "Resources"}]
+
+    def ask_json(hosts: list[str], argv: list[str]) -> list[Any]:
+        found = {"web": page, "queue": rows}[argv[0]]
+        return [(h, found, "") if h == "a" else (h, None, "ssh: timed out") for h in hosts]
+
+    monkeypatch.setattr(remote, "ask_json", ask_json)
+    labs = read_hosts(["a", "b"])
+    assert [(x.host, len(x.gpus), len(x.jobs), x.user) for x in labs] == [
+        ("a", 2, 1, "ann"),
+        ("b", 0, 0, None),
+    ]
+    shown = text(draw(labs, State(), 100, 24, now=100.0))
+    assert any(line.startswith("b: ssh: timed out") for line in shown), shown
+    assert any(line.startswith("a    7 ") and "Resources" in line for line in shown), shown
+    ran: list[Any] = []
+
+    def run_on(host: str, argv: list[str], *rest: Any) -> Any:
+        ran.append((host, argv))
+        return remote.HostReply(host, False, error="gpuwarden cancel: job 7 belongs to bob")
+
+    monkeypatch.setattr(remote, "run_on", run_on)
+    said = acting.perform(Action("cancel", "7", "a"))
+    assert ran == [("a", ["gpuwarden", "cancel", "7"])]
+    assert said == "refused: job 7 belongs to bob"
+
+
+def test_an_admin_cancels_anyones_job_with_the_same_keys(
+    server: Server, terminal_dir: Path
+) -> None:
+    """gw-carol is the service's admin (servicetools): the service lets her."""
+    make_user("carol")
+    bob = make_user("bob")
+    blocker = submit(server, bob, ["sleep", "300"], request={"count": 4}, time_limit=600.0)
+    server.wait_state(blocker, ("RUNNING",))
+    theirs = submit(server, bob, ["sleep", "1"], request={"count": 2})
+    screen = top_as(server, "gw-carol", terminal_dir, "--user", "gw-bob", "--sort", "waited")
+    try:
+        lines = screen.wait("bob's jobs", lambda s: shows(s, theirs) and shows(s, blocker))
+        assert "you: gw-carol (admin)" in lines[0]
+        screen.keys(*["j"] * (row_of(lines, theirs) - row_of(lines, blocker)))
+        screen.keys("c")
+        screen.wait("the question", lambda s: f"Cancel job {theirs} (gw-bob" in "\n".join(s))
+        screen.keys("y")
+        screen.wait("done", lambda s: f"cancelled {theirs}" in "\n".join(s))
+        assert server.job(theirs)["state"] == "CANCELLED"
+        screen.keys("q")
+    finally:
+        screen.close()
+        server.call(None, "cancel", jobs=[blocker, theirs])

@@ -240,15 +240,24 @@ class Answers:
                 return [f"({err})"]
             raise
 
-    def usage(self) -> dict[str, Any]:
-        """Your decayed GPU usage and fair-share factor (`share`), and the GPU-hours of
-        your last finished jobs (`jobs`)."""
+    def usage(self, days: float = 30.0, by: str = "user") -> dict[str, Any]:
+        """GPU-hours, jobs and waits over the last `days` grouped `by` user, group or
+        account, as `gpuwarden report` (what the service shows you of them); your
+        decayed usage and fair-share factor (`share`); your last jobs' GPU-hours."""
         from gpuwarden.queueclient.client import require
+        from gpuwarden.usage import BY
 
+        if by not in BY:
+            raise UserError(f"by: one of {', '.join(BY)}, got {by!r}")
+        if not 0 < days <= 3660:
+            raise UserError(f"days: 0 to 3660, got {days:g}")
+        now = time.time()
         with require(self.socket) as client:
             me = client.call("hello")["user"]
             share = client.call("share")
             ended, _ = client.listing("jobs", 50, user=me)
+            ask = {"since": now - days * 86400, "until": now, "by": by, "per": "all"}
+            report = client.call("report", waste=False, **ask).get("rows") or []
         users = [u for u in share.get("users") or () if isinstance(u, dict)]
         mine = next((u for u in users if u.get("user") == me), None)
         hours = sum(
@@ -256,6 +265,7 @@ class Answers:
         )
         return {
             "you": me,
+            "report": {"days": days, "by": by, "rows": report},
             "fair_share": None
             if mine is None
             else {

@@ -110,10 +110,11 @@ def make_server(answers: Optional[Answers] = None) -> Any:
         return answers.would_run(wish)
 
     @tool()
-    def usage() -> dict[str, Any]:
-        """The user's GPU usage: decayed GPU-hours and fair-share factor, and the
-        GPU-hours of their last finished jobs."""
-        return answers.usage()
+    def usage(days: float = 30.0, by: str = "user") -> dict[str, Any]:
+        """GPU usage as `gpuwarden report` gives it: GPU-hours, jobs and waits over the
+        last `days`, by user, group or account (what the service shows this user); and
+        the user's decayed GPU-hours, fair-share factor and last jobs' GPU-hours."""
+        return answers.usage(days, by)
 
     @tool(read_only=False)
     def submit(

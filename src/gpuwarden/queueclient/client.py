@@ -229,9 +229,22 @@ def run_attached(
         reconnect = float(config.load().get("service.reconnect"))
     client = require(path)
     request = {"op": "submit", "attached": True, **fields}
-    client, reply = _ask_with_terminal(client, request, reconnect)
+    terminal = None
+    if _in_the_foreground() and os.environ.get("GPUWARDEN_PTY") != "0":
+        from gpuwarden.queueclient.terminal import Terminal
+
+        terminal = Terminal.wanted()  # a terminal of the job's own (queueclient.terminal)
+    ours = (0, 1, 2) if terminal is None else terminal.fds
+    try:
+        client, reply = _ask_with_terminal(client, request, reconnect, ours)
+    except BaseException:
+        if terminal is not None:
+            terminal.close()
+        raise
     if not reply.get("ok"):
         client.close()
+        if terminal is not None:
+            terminal.close()
         raise UserError(str(reply.get("error") or "the service refused the job"))
     job = int(reply["job"])
     state: dict[str, Any] = {"client": client, "missed": []}
@@ -273,13 +286,18 @@ def run_attached(
                 continue
             except UserError:
                 state["client"].close()
-                state["client"] = _reattach(job, state["client"], reconnect)
+                state["client"] = _reattach(job, state["client"], reconnect, ours)
                 while state["missed"]:
                     send("signal", job=job, signal=state["missed"].pop(0))
                 continue
             if event.get("event") == "started":
                 started = True
+                if terminal is not None:
+                    terminal.start()
             elif event.get("event") == "ended":
+                if terminal is not None:
+                    terminal.close()
+                    terminal = None
                 if timed_out and not started:
                     print(
                         f"gpuwarden run: gave up on job {job} after waiting {timeout:g}s for GPUs",
@@ -290,6 +308,8 @@ def run_attached(
                     print(f"gpuwarden run: job {job}: {event['error']}", file=sys.stderr)
                 return int(event.get("status", 1))
     finally:
+        if terminal is not None:
+            terminal.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         state["client"].close()
@@ -306,6 +326,16 @@ def _reason(job: int, path: Optional[str]) -> str:
                     if row["id"] == job:
                         return str(row.get("reason") or "queued")
     return "queued"
+
+
+def _in_the_foreground() -> bool:
+    """On a terminal (stdin and stdout), in its foreground: the job then gets a terminal
+    of its own (queueclient.terminal). A run started with `&` leaves the terminal as
+    it is: changing its mode from the background would stop us (SIGTTOU)."""
+    try:
+        return os.isatty(0) and os.isatty(1) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def _ask_with_terminal(

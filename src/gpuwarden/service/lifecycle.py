@@ -341,10 +341,16 @@ class Lifecycle(Attaching, Limiting):
             try:
                 started = start_job(self, job, decision.gpus, snapshot, reading)
             except UserError as err:
-                log.warning("job %s could not start: %s", job.id, err)
+                why = str(err)
+                said = f"job {job.id} could not start: "
+                why = why[len(said) :] if why.startswith(said) else why  # said once
+                log.warning("job %s could not start: %s", job.id, why)
                 self.store.update(
-                    job.id, state=store.FAILED, error=str(err), ended=time.time(), reason=None
+                    job.id, state=store.FAILED, error=why, ended=time.time(), reason=None
                 )
+                # Its owner's --notify fail hears of it, as of any failed job.
+                jobnotify.send(self.notifier, job, ["FAIL"], state=store.FAILED, error=why)
+                log.info("job %s ended: %s (it never started)", job.id, store.FAILED)
                 continue
             if started is not None:
                 self._watch(job.id, started.supervisor, started.pid)

@@ -38,9 +38,13 @@ def charge(settings: Settings, job: store.Job) -> float:
 def preempt(service: Any, victims: Sequence[store.Job], why: str) -> None:
     """Preempt `victims` for `why` (the job or booking that needs their GPUs)."""
     grace = service.settings.preempt_grace
+    victims = [j for j in victims if j.id not in service.preempting and j.pid]
+    # Journaled before any signal, in one commit: a service killed in between finds
+    # them preempted, and kills them after the grace without signalling them twice.
+    with service.store.transaction():
+        for job in victims:
+            service.store.update(job.id, reason=REASON)
     for job in victims:
-        if job.id in service.preempting or not job.pid:
-            continue
         warning = job.request.get("signal")
         number, batch = (int(warning[0]), bool(warning[2])) if warning else (signal.SIGTERM, False)
         pidfd = service.processes.get(job.id)
@@ -51,7 +55,6 @@ def preempt(service: Any, victims: Sequence[store.Job], why: str) -> None:
             service.signal(job, number)
         service.preempting[job.id] = time.monotonic()
         service.preempted[job.user] = service.preempted.get(job.user, 0) + 1
-        service.store.update(job.id, reason=REASON)
         log.info(
             "job %s preempted for %s: signal %d, SIGKILL in %gs if still running",
             job.id,

@@ -324,6 +324,11 @@ class Requests(Reloading):
             shown = name if isinstance(name, int) else "_".join(map(str, name))
             try:
                 label, jobs = arrays.named(self.store, name)
+                # An array and its tasks named together (`cancel --me` lists both): a
+                # task this request has acted on already is done, not "has ended".
+                jobs = [j for j in jobs if j.id not in done]
+                if not jobs:
+                    continue
                 owner = jobs[0]
                 if owner.uid != who.uid and not self.settings.admins.include(who):
                     raise UserError(

@@ -41,7 +41,7 @@ from typing import Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.safefiles import read_small, write_atomic
-from gpuwarden.service import tree
+from gpuwarden.service import jobterminal, tree
 from gpuwarden.service.identity import Person
 
 #: Variables a job never takes from its submitter: the service sets the GPU ones.
@@ -272,6 +272,8 @@ def _start_time_of_child(pid: int) -> int:
 def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record."""
     os.setsid()
+    if launch.stdio is not None:
+        jobterminal.take(launch.stdio[0])
     # Nothing of the service's survives into the supervisor but what the job needs:
     # a copy of the allocation lock or of a client's socket would outlive the service's.
     _close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
@@ -389,6 +391,8 @@ def _become_job(launch: JobStart, error_w: int, cgroup: Optional[dict[str, str]]
 
         join(cgroup)
     os.setpgid(0, 0)  # its own process group, for a machine without cgroups
+    if launch.stdio is not None:
+        jobterminal.foreground(launch.stdio[0])
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     drop_privileges(launch.owner)

@@ -202,6 +202,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.settings",
             "service.store",
             "service.tally",
+            "service.arrayrows",
             "service.timelimits",
             "service.transaction",
             "service.unitfiles",

@@ -25,6 +25,7 @@ from gpuwarden.queueclient.probe import wait_until_running
 from gpuwarden.service import spawn
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from servicetools import SPEC, USER_PY, Server, become, cli_as, serving, submit
 from users import make_user
@@ -34,7 +35,7 @@ def as_user(who: Person, code: str, *args: str, timeout: float = 60) -> Any:
     """Run Python `code` as `who` with the service's socket as argv[1]; its JSON output."""
     run = subprocess.run(
         [USER_PY, "-c", code, *args],
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -200,7 +201,7 @@ print(json.dumps({"closed": closed, "open": len(kept)}))
 """
         proc = subprocess.Popen(
             [USER_PY, "-c", code, srv.socket],
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+            env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             text=True,
             preexec_fn=become(alice),
@@ -315,7 +316,7 @@ print(json.dumps({"answers": answers, "closed": closed}))
 """
         proc = subprocess.Popen(
             [USER_PY, "-c", deaf, srv.socket],
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+            env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             text=True,
             preexec_fn=become(alice),
@@ -331,6 +332,7 @@ print(json.dumps({"answers": answers, "closed": closed}))
                 [USER_PY, "-m", "gpuwarden", *args],
                 env={
                     "PYTHONPATH": str(SRC),
+                    **hermetic(),
                     "PATH": "/usr/bin:/bin",
                     "GPUWARDEN_SOCKET": srv.socket,
                 },

@@ -28,6 +28,7 @@ import pytest
 
 from gpuwarden import leases
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from servicetools import SPEC, USER_PY, Server, attached_again, become, cli_as, serving, submit
 from users import make_user
@@ -203,6 +204,7 @@ def _holder(server: Server, alice: Person) -> tuple[subprocess.Popen[str], int, 
         shutil.copy(pynvml.__file__, nvml / "pynvml.py")
     env = {
         "PYTHONPATH": f"{SRC}:{nvml}",
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": server.socket,
         "GPUWARDEN_SIM": SPEC,

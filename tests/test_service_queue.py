@@ -238,7 +238,11 @@ def test_owners_are_told_when_their_job_ends(
     try:
         job = submit(srv, alice, ["sh", "-c", "exit 3"])
         srv.wait_state(job, ("FAILED",))
-        wait_for(lambda: got and mailbox.exists(), 30, "the webhook's event and the mail")
+        wait_for(  # the mail once sendmail has written it all, not once it has begun
+            lambda: got and mailbox.exists() and "Subject:" in mailbox.read_text(),
+            30,
+            "the webhook's event and the mail",
+        )
         assert got and got[0]["job"] == job and got[0]["state"] == "FAILED"
         assert got[0]["exit_code"] == 3 and got[0]["user"] == "gw-alice"
         mail = mailbox.read_text()

@@ -251,25 +251,18 @@ class Lifecycle(Attaching, Limiting):
             attachment.forget_client(self.exits, str(job_id))
 
     def schedule(self, full: bool = True) -> None:
-        """Plan, and start whatever the plan says starts; keep what stays free (`free`)
-        for the next submit to judge whether it needs a pass at once (service.pacing).
-
-        A full pass plans every waiting job (their priorities and reasons for `queue`);
-        a start pass only those that could start now (`Store.ready`): a held job, or one
-        waiting on a job still active, starts nothing and blocks nothing, so a queue of
-        10,000 of them costs a start pass nothing. Both plan on the machine as last read
-        (service.machine), read whole again once it is a tick old."""
+        """Plan and start what the plan starts; keep what stays free (`free`) for the next
+        submit to judge whether it may start (service.pacing). A full pass plans every
+        waiting job, a start pass those that could start (`Store.ready`: a held job
+        starts and blocks nothing), both on the machine as last read (service.machine)."""
         from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()
         # An attached job whose client has not come back after a restart has no
         # terminal to start on: it waits for its client.
-        pending = [
-            j
-            for j in (self.store.jobs([store.PENDING]) if full else self.store.ready())
-            if not j.attached or j.id in self.stdio
-        ]
+        waits = self.store.jobs([store.PENDING]) if full else self.store.ready()
+        pending = [j for j in waits if not j.attached or j.id in self.stdio]
         if not pending:
             if full:
                 self.free = None  # not known: the next submit plans at once

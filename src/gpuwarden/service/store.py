@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 from gpuwarden.service import accounting
+from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
 from gpuwarden.service.tally import Tally
 from gpuwarden.service.transaction import Transaction
 
@@ -30,7 +31,8 @@ PREEMPTED = "PREEMPTED"  # ended by preemption (`--preempt=cancel`), as Slurm's 
 ACTIVE = (PENDING, STARTING, RUNNING)
 ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST, PREEMPTED)
 
-SCHEMA_VERSION = 1
+#: 2: an array's tasks share one copy of their common part (service.arrayrows).
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,6 +79,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
 #: Columns added to `jobs` since schema 1 was first written, with their declarations:
@@ -92,6 +95,7 @@ _ADDED = {
     "retries": "INTEGER NOT NULL DEFAULT 0",
     "preemptions": "INTEGER NOT NULL DEFAULT 0",
     "account": "TEXT",
+    "shared": "TEXT",  # an array task's common part, in `blobs` (service.arrayrows)
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -173,12 +177,19 @@ def _is_ready(job: Job) -> bool:
     return job.state == PENDING and not job.held
 
 
-def row_to_job(row: sqlite3.Row) -> Job:
+def row_to_job(row: sqlite3.Row, blobs: Optional[Blobs] = None) -> Job:
+    """The job a row holds; an array task's common part from `blobs` (required then)."""
     values: dict[str, Any] = {}
     keys = row.keys()
+    shared = row["shared"] if "shared" in keys else None
+    if shared is not None:
+        if blobs is None:
+            raise ValueError(f"job {row['id']}: its shared part cannot be read here")
+        user, task = row["user"], row["array_task"]
+        values.update(task_fields(blobs.get(shared), row["id"], row["array_job"], task, user))
     for name in _COLUMNS:
-        if name in _ADDED and name not in keys:
-            continue  # a journal not yet given the column (journalguard reads it so)
+        if name in values or (name in _ADDED and name not in keys):
+            continue  # shared, or a journal not yet given the column (journalguard)
         value = row[name]
         if name in _JSON:
             value = json.loads(value)
@@ -209,11 +220,12 @@ class Store:
                 if statement.strip():
                     self.db.execute(statement)
             self.db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)",
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)",
                 (str(SCHEMA_VERSION),),
-            )
+            )  # an earlier journal is this one once `_add_columns` has run
             self._add_columns()
             accounting.ensure(self.db)  # every run of every job, and what its GPUs did
+        self.blobs = Blobs(self.db)
         if path != ":memory:":
             os.chmod(path, 0o600)
         # The active jobs, kept in memory as they are written: the service plans over
@@ -286,7 +298,9 @@ class Store:
         if self._active is None:
             marks = ", ".join("?" for _ in ACTIVE)
             query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id ASC"
-            self._active = {int(r["id"]): row_to_job(r) for r in self.db.execute(query, ACTIVE)}
+            self._active = {
+                int(r["id"]): row_to_job(r, self.blobs) for r in self.db.execute(query, ACTIVE)
+            }
             self._ready = {i: j for i, j in self._active.items() if _is_ready(j)}
             self._tally = Tally(self.db)
         return self._active
@@ -317,8 +331,14 @@ class Store:
 
     # -- jobs --------------------------------------------------------------------
 
-    def add(self, job: Job) -> Job:
-        """Record a new job (its id is assigned here) and return it."""
+    def share(self, text: str) -> str:
+        """Store an array's common part (service.arrayrows) once; its name for `add`."""
+        with self.transaction():
+            return self.blobs.put(text)
+
+    def add(self, job: Job, shared: Optional[str] = None) -> Job:
+        """Record a new job (its id is assigned here) and return it; an array's task
+        with its common part `shared` (from `share`) rather than in its own row."""
         values = {name: getattr(job, name) for name in _COLUMNS if name != "id"}
         for name in _JSON:
             values[name] = json.dumps(
@@ -326,6 +346,8 @@ class Store:
             )
         for name in _BOOL:
             values[name] = int(values[name])
+        if shared is not None:
+            values.update(PLACEHOLDERS, shared=shared)
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self.transaction():
@@ -333,6 +355,10 @@ class Store:
                 f"INSERT INTO jobs ({names}) VALUES ({marks})", list(values.values())
             )
             added = replace(job, id=int(cursor.lastrowid or 0))
+            if shared is not None:
+                common = self.blobs.get(shared)
+                made = task_fields(common, added.id, job.array_job, job.array_task, job.user)
+                added = replace(added, **made)
             if self._active is not None and added.state in ACTIVE:
                 self._keep(_normalised(added))
         return added
@@ -344,6 +370,11 @@ class Store:
         for name in changes:
             if name not in _COLUMNS or name == "id":
                 raise ValueError(f"no job column {name!r}")
+        if changes.keys() & PLACEHOLDERS.keys():  # a task's own value: its row holds all
+            job = self.get(job_id)
+            if job is not None:
+                own = {n: changes.get(n, getattr(job, n)) for n in PLACEHOLDERS}
+                changes = {**changes, **own, "shared": None}
         values = [
             json.dumps(list(v) if isinstance(v, tuple) else v)
             if k in _JSON
@@ -360,14 +391,17 @@ class Store:
                 if changes.get("state") in ACTIVE:
                     self._active = None  # an ended job made active again: read afresh
                 return
-            self._keep(_normalised(replace(known, **changes)), known)
+            changed = _normalised(
+                replace(known, **{k: v for k, v in changes.items() if k != "shared"})
+            )
+            self._keep(changed, known)
 
     def get(self, job_id: int) -> Optional[Job]:
         known = self._actives().get(job_id)
         if known is not None:
             return known
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else row_to_job(row)
+        return None if row is None else row_to_job(row, self.blobs)
 
     def jobs(self, states: Iterable[str] = ACTIVE, limit: Optional[int] = None) -> list[Job]:
         """Jobs in the given states, oldest first (ended ones newest first, for history)."""
@@ -379,7 +413,7 @@ class Store:
         query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id {order}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return [row_to_job(r) for r in self.db.execute(query, states)]
+        return [row_to_job(r, self.blobs) for r in self.db.execute(query, states)]
 
     def history(
         self, limit: int, offset: int = 0, user: Optional[str] = None, ids: Iterable[int] = ()
@@ -398,7 +432,7 @@ class Store:
         total = int(self.db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0])
         query = f"SELECT * FROM jobs WHERE {where} ORDER BY id DESC LIMIT ? OFFSET ?"
         rows = self.db.execute(query, [*args, int(limit), int(offset)])
-        return [row_to_job(r) for r in rows], total
+        return [row_to_job(r, self.blobs) for r in rows], total
 
     def states(self, ids: Iterable[int]) -> dict[int, str]:
         """Job id -> state, for the ids that exist (a waiting job's dependencies)."""
@@ -420,7 +454,7 @@ class Store:
             args.append(task)
         rows = self.db.execute(query + " ORDER BY array_task ASC", args).fetchall()
         actives = self._actives()
-        return [actives.get(int(r["id"])) or row_to_job(r) for r in rows]
+        return [actives.get(int(r["id"])) or row_to_job(r, self.blobs) for r in rows]
 
     def array_span(self, array: int) -> tuple[int, int, int]:
         """How many tasks array `array` has, and its lowest and highest task ids."""
@@ -433,21 +467,6 @@ class Store:
             "SELECT COUNT(*) FROM jobs WHERE uid = ? AND state IN (?, ?, ?)", (uid, *ACTIVE)
         ).fetchone()
         return int(row[0])
-
-    def gpu_seconds_since(self, user: str, since: float, now: Optional[float] = None) -> float:
-        """GPU-seconds `user`'s jobs held after `since` (GPUs held x time, running jobs
-        until `now`): what a weekly GPU-hour budget (service.limits) counts."""
-        now = time.time() if now is None else now
-        rows = self.db.execute(
-            "SELECT gpus, started, ended FROM jobs WHERE user = ? AND started IS NOT NULL "
-            "AND (ended IS NULL OR ended > ?)",
-            (user, since),
-        )
-        total = 0.0
-        for gpus, started, ended in rows:
-            span = (now if ended is None else ended) - max(started, since)
-            total += len(json.loads(gpus)) * max(0.0, span)
-        return total
 
     # -- usage -------------------------------------------------------------------
 

@@ -1,10 +1,6 @@
-"""One commit for everything inside: the journal's transactions (service.store).
-
-`BEGIN IMMEDIATE` ... `COMMIT`, or `ROLLBACK` on an exception; a transaction inside
-another is part of it. One made with `durable=False` commits without its fsync
-(`PRAGMA synchronous=NORMAL` for it alone): what may be lost to a power cut but
-never to a crash of the service (`Store.transaction` says what that is).
-"""
+"""One commit of the journal for everything inside a `with`: SQLite's `BEGIN IMMEDIATE`
+... `COMMIT`, or `ROLLBACK` when the block raises (service.store uses it for every
+write; the service's requests group several writes in one)."""
 
 from __future__ import annotations
 

@@ -304,6 +304,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "names": [",", "a,,b"],
     "shares": ["alice", "alice=0", "alice=-1,bob=2"],
     "limits": ["alice", "{}"],
+    "accounts": ["vision", "{}"],
     "profile": ["10gb", "1g", "1g.10gb;rm"],
 }
 
@@ -368,6 +369,13 @@ def _bad_files() -> Iterator[Case]:
             '{"@lab" = {max_time = "forever"}}',
         ],
         "profile": ['"1g"', "5", '"3g.40gb,1g.10gb"'],
+        "accounts": [
+            "5",
+            "{vision = 2}",
+            "{vision = {max_jobs = 2}}",
+            '{vision = {members = ["alice"], max_gpus = 2}}',
+            '{"no good" = {members = ["alice"]}}',
+        ],
     }
     for key in configkeys.SCHEMA:
         section, name = key.name.split(".")

@@ -208,6 +208,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.unitfiles",
             "service.watching",
             "service.accounting",
+            "service.accounts",
             "service.sampler",
         ),
     ),

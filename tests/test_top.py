@@ -19,6 +19,7 @@ import pytest
 from gpuwarden.lab.reading import Lab
 from gpuwarden.top.model import Action, State, job_rows, press
 from gpuwarden.top.screen import KEYS, draw
+from hermetic import hermetic
 from pythons import python_for
 from servicetools import SPEC, Server, cli_as, submit
 from terminals import Tmux
@@ -35,6 +36,7 @@ def terminal_dir() -> Iterator[Path]:
 def top_as(srv: Server, user: str, folder: Path, *args: str, color: bool = False) -> Tmux:
     python, path = python_for(user)
     env = [
+        *(f"{k}={v}" for k, v in hermetic().items()),  # the test's config, state, leases
         f"PYTHONPATH={path}",
         "PATH=/usr/bin:/bin",
         f"GPUWARDEN_SOCKET={srv.socket}",

@@ -318,3 +318,27 @@ def gpu_seconds_since(
         span = (now if ended is None else ended) - max(started, since)
         total += len(json.loads(gpus)) * max(0.0, span)
     return total
+
+
+def account_active(db: sqlite3.Connection, account: str) -> int:
+    """Jobs charged to `account` queued or running."""
+    query = "SELECT COUNT(*) FROM jobs WHERE account = ? AND state IN (?, ?, ?)"
+    return int(db.execute(query, (account, "PENDING", "STARTING", "RUNNING")).fetchone()[0])
+
+
+def account_gpu_seconds(db: sqlite3.Connection, account: str, since: float, now: float) -> float:
+    """GPU-seconds the jobs of `account` held after `since`: its ended runs (the part of
+    each after `since`) and its running jobs until `now`."""
+    total = 0.0
+    query = "SELECT gpu_seconds, started, ended FROM runs WHERE account = ? AND ended > ?"
+    for gpu_seconds, started, ended in db.execute(query, (account, since)):
+        length = ended - started
+        if length > 0:
+            total += gpu_seconds * (ended - max(started, since)) / length
+    running = (
+        "SELECT json_array_length(gpus), started FROM jobs WHERE account = ? "
+        "AND state IN ('STARTING', 'RUNNING') AND started IS NOT NULL"
+    )
+    for gpus, started in db.execute(running, (account,)):
+        total += gpus * max(0.0, now - max(started, since))
+    return total

@@ -71,6 +71,32 @@ class Limiting(Core):
         if why is not None:
             raise UserError(why)
 
+    def charged(self, who: Person, sub: protocol.Submit, tasks: int) -> Optional[str]:
+        """The account a submit is charged to (service.accounts), refused in one line
+        when `who` may not charge it or it is over one of its limits."""
+        from gpuwarden.service import accounting
+
+        s = self.settings
+        admin = s.admins.include(who)
+        account = s.accounts.choose(who.name, who.groups, sub.account, admin)
+        if account is None or admin:
+            return account
+        entry = s.accounts.entries[account]
+        db = self.store.db
+        now = time.time()
+        why = s.accounts.refusal(
+            account,
+            time_limit=sub.time_limit,
+            tasks=tasks,
+            active=accounting.account_active(db, account) if "max_jobs" in entry else 0,
+            gpu_hours=accounting.account_gpu_seconds(db, account, now - WEEK, now) / 3600
+            if "gpu_hours_per_week" in entry
+            else None,
+        )
+        if why is not None:
+            raise UserError(why)
+        return account
+
     def interactive_time(self, who: Person, sub: protocol.Submit) -> Optional[float]:
         """The time an interactive hold (an attached job: a kernel, `gpuwarden.lease()`,
         `run`) that asks for none is given: `service.interactive_time`, cut to the

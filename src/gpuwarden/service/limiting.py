@@ -53,9 +53,7 @@ class Limiting(Core):
             active = sum(1 for _ in mine) if "max_jobs" in limits else 0
         else:
             if "gpu_hours_per_week" in limits:
-                hours = (
-                    accounting.gpu_seconds_since(self.store.db, who.name, time.time() - WEEK) / 3600
-                )
+                hours = self._week_hours(who.name)
             if "max_jobs" in limits:
                 active = self.store.count_active(who.uid)
         why = refusal(
@@ -139,10 +137,7 @@ class Limiting(Core):
         used = {
             "max_gpus": float(sum(len(j.gpus) for j in jobs if j.gpus)),
             "max_jobs": float(len(jobs)),
-            "gpu_hours_per_week": accounting.gpu_seconds_since(
-                self.store.db, who.name, time.time() - WEEK
-            )
-            / 3600,
+            "gpu_hours_per_week": self._week_hours(who.name),
         }
         return {
             "ok": True,

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.enforcement import EnforceSettings
+from gpuwarden.errors import UserError
 from gpuwarden.locations import lease_location
 from gpuwarden.service.accounts import Accounts
 from gpuwarden.service.identity import Admins
@@ -73,6 +74,13 @@ OPTION_KEYS = {
 }
 
 
+def _webhook(url: Optional[str]) -> Optional[str]:
+    """`service.webhook`, posted as root: an http(s) URL only (not `file:///etc/...`)."""
+    if url and (not url.startswith(("http://", "https://")) or "\n" in url or len(url) > 2048):
+        raise UserError(f"service.webhook {url[:60]!r} is not an http:// or https:// URL")
+    return url
+
+
 def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()) -> Settings:
     """The settings of a configuration reading (`config.load(cli=...)`, which carries the
     command line's values over the files); `fixed` the socket and state directory the
@@ -105,7 +113,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         preempt_grace=cfg.get("service.preempt_grace"),
         preempt_charge=cfg.get("service.preempt_charge"),
         retry_backoff=cfg.get("service.retry_backoff"),
-        webhook=cfg.get("service.webhook"),
+        webhook=_webhook(cfg.get("service.webhook")),
         sendmail=cfg.get("service.sendmail"),
         devices=cfg.get("enforce.devices"),
         enforce=EnforceSettings.from_config(cfg),

@@ -353,7 +353,8 @@ class Requests(Reloading):
             done.extend(acted)
             labels.append(label)
             log.info("%s: job %s by %s", op, label, who.name)
-        self.pacer.wake()
+        self.pacer.wake()  # a release or a cancel may start a job
+        self.pacer.touch()  # a hold changes a reason no start pass looks at
         if not done:
             said = "; ".join(r["error"] for r in refused[:5])
             raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))

@@ -85,6 +85,8 @@ class Core:
         self.cgroup_mode: Optional[str] = None  # the machine's cgroup hierarchy, found once
         self.watch: Optional[ServiceWatch] = None  # the enforcement watch, made on first need
         self.sampler: Optional[Sampler] = None  # the running jobs' GPUs for `eff`, likewise
+        # (user, account) -> GPU-seconds of ended runs, read once, then added to (`ran`)
+        self.usage_totals: Optional[dict[tuple[str, str], float]] = None
         # What `gpuwarden serve` was started with: its options over the files (config
         # keys), its socket and state directory, and the admins it named (service.reloading).
         self.options: Mapping[str, Any] = {}

@@ -483,6 +483,9 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service import accounting
 
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
+        if self.usage_totals is not None:
+            key = (job.user, job.account or "")
+            self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
 

@@ -148,7 +148,7 @@ def test_a_sweep_puts_each_combination_in_its_tasks_environment(limited: Server)
     wait_tasks(limited, int(sub.stdout), 2, ("COMPLETED",))
     assert (work / "lr-0.1").read_text() == "0.1 2\n"
     assert (work / "lr-0.01").read_text() == "0.01 2\n"
-    for spec, said in (("0-", "not a task id"), ("5-1", "ends before"), ("%0", "1 or more")):
+    for spec, said in (("0-", "not a task id"), ("5-1", "ends before"), ("%0", "from 1 to")):
         bad = cli_as(limited, alice, "submit", "--array", spec, "--", "true")
         assert bad.returncode == 2 and said in bad.stderr and bad.stderr.count("\n") == 1
 

@@ -383,10 +383,10 @@ def test_a_full_disk_refuses_the_request_and_the_service_serves_on(
         srv = next(gen)
         held = submit(srv, alice, ["true"], hold=True)
         filler = state / "filler"
-        with open(filler, "wb") as fh, contextlib.suppress(OSError):
+        # unbuffered: a partial last write leaves nothing for close() to fail on
+        with open(filler, "wb", buffering=0) as fh, contextlib.suppress(OSError):
             while True:
                 fh.write(b"\0" * 65536)
-                fh.flush()
         refused = srv.call(alice, "submit", argv=["true"], cwd=str(srv.work), env={})
         assert refused["error"].startswith("refused: the disk of the service's journal is full")
         unheld = srv.call(alice, "release", jobs=[held])
@@ -612,3 +612,42 @@ def test_a_pidfd_is_taken_only_of_the_supervisors_child_and_signals_nothing_once
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://x/", "ftp://x/"])
+def test_a_service_webhook_that_is_not_http_is_refused_at_start(tmp_path: Path, url: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=SPEC, GPUWARDEN_SERVICE_WEBHOOK=url)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "serve", "--socket", str(tmp_path / "sock"),
+         "--state-dir", str(tmp_path / "state")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "is not an http:// or https:// URL" in done.stderr
+
+
+def test_roots_logs_shows_a_jobs_escape_sequences_as_text(server: Server) -> None:
+    """A job's output on an admin's terminal cannot retitle or clear it; its owner and a
+    pipe still get the bytes as written."""
+    import pty
+
+    alice = make_user("alice", ("lab",))
+    nasty = r"printf 'ok\033]0;pwned\007\033[2Jend\n'"
+    job = submit(server, alice, ["sh", "-c", nasty], output=str(server.work / "nasty.out"))
+    server.wait_state(job, ("COMPLETED",))
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SOCKET=server.socket)
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, [sys.executable, "-m", "gpuwarden", "logs", str(job)], env)
+    seen = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 4096):
+            seen += chunk
+    os.waitpid(pid, 0)
+    assert b"\x1b" not in seen and b"\x07" not in seen, seen
+    assert b"ok\\x1b]0;pwned\\x07\\x1b[2Jend" in seen, seen
+    piped = cli_as(server, alice, "logs", str(job))
+    assert piped.stdout == "ok\x1b]0;pwned\x07\x1b[2Jend\n", piped

@@ -118,6 +118,11 @@ def _request(
     return conf, Request.from_config(conf, mem=declared)
 
 
+def _set_here(base: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """`Leased.vars`: what `env` sets or changes over `base`, and every CUDA_ variable."""
+    return {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+
+
 def _reader(snapshot: SnapshotSource, topology: bool) -> Callable[[], Snapshot]:
     if isinstance(snapshot, Snapshot):
         fixed = snapshot
@@ -147,6 +152,7 @@ def hold(
     environ: Optional[Mapping[str, str]] = None,
     snapshot: SnapshotSource = None,
     time: Union[str, float, None] = None,
+    account: Optional[str] = None,
 ) -> Iterator[Leased]:
     """Hold `n` GPUs (default 1, or all of `gpus`) that fit the filters for the block.
 
@@ -163,12 +169,16 @@ def hold(
     machine whose admin sets `service.max_time` needs one (or gives a default,
     `service.interactive_time`). Without a service nobody ends a block early, so
     `time` is not needed and not enforced there: the same script runs on a laptop.
+    `account` (default `submit.account`) is the account the service charges the
+    block's GPU-hours to (docs/usage.md); without a service it is not used.
     """
     conf, request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
     limit = time_limit(time, "time")
-    with _hold(conf, request, wait, timeout, uuid, environ, snapshot, limit) as leased:
+    with _hold(
+        conf, request, wait, timeout, uuid, environ, snapshot, limit, account=account
+    ) as leased:
         yield leased
 
 
@@ -201,6 +211,7 @@ def _hold(
     snapshot: SnapshotSource = None,
     time: Optional[float] = None,
     time_option: str = "gpuwarden.lease(time=...)",
+    account: Optional[str] = None,
 ) -> Iterator[Leased]:
     """`hold` for a parsed request: through the queue service where `run` would go
     there, else leased here. `conf` is the one reading of the configuration everything
@@ -208,17 +219,36 @@ def _hold(
     limit in seconds, `time_option` what a refusal for want of one names."""
     from gpuwarden.jobs.allocation import acquire
     from gpuwarden.jobs.launch import job_env
-    from gpuwarden.jobs.path import allowed, publish_here, service_socket
+    from gpuwarden.jobs.path import allowed, publish_here, service_socket, within_enclosing
 
     base = dict(os.environ if environ is None else environ)
     read = _reader(snapshot, topology=request.gpu_count > 1)
     service = service_socket(conf, base)  # the decision `run` makes
     if service is not None:
         yield from _through_service(
-            request, service, base, wait, timeout, uuid, read, conf, time, time_option
+            request,
+            service,
+            base,
+            wait,
+            timeout,
+            uuid,
+            read,
+            conf,
+            time,
+            time_option,
+            account or conf.get("submit.account"),
         )
         return
     first = read()
+    scope = allowed(first, base)
+    enclosed = within_enclosing(first, request, scope, base, conf, use_uuid=uuid)
+    if enclosed is not None:  # inside a `run` job or `reserve` shell: its GPUs, as `run`
+        env = enclosed.env
+        ours = _set_here(base, env)
+        limit = env.get("GPUWARDEN_MEM_LIMIT")
+        mem = int(limit) if limit and limit.isdigit() else None
+        yield Leased(enclosed.gpus, enclosed.job, ours, env, (), mem)
+        return
     pending = [first]
 
     def machine() -> Snapshot:
@@ -229,13 +259,13 @@ def _hold(
         snapshot=machine,
         wait=wait,
         timeout=timeout,
-        allowed=allowed(first, base),
+        allowed=scope,
         conf=conf,
     )
     publish_here(held, "python: gpuwarden.lease()")
     try:
         env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
-        ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+        ours = _set_here(base, env)
         yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
     finally:
         held.release()
@@ -252,6 +282,7 @@ def _through_service(
     conf: Any = None,
     time: Optional[float] = None,
     time_option: str = "time=",
+    account: Optional[str] = None,
 ) -> Iterator[Leased]:
     """The block's GPUs held by the service, as `salloc` holds them (queueclient.holding):
     they show in `queue` as the caller's job, count against their limits and fair
@@ -262,12 +293,12 @@ def _through_service(
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields
 
-    fields = job_fields(request, holding.PLACEHOLDER, time_limit=time)
+    fields = job_fields(request, holding.PLACEHOLDER, time_limit=time, account=account)
     with holding.hold(fields, path, wait, timeout, conf, time_option) as (job, uuids, fds, ended):
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
         env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)
-        ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+        ours = _set_here(base, env)
         yield Leased(held, str(job), ours, env, fds, request.mem, ended)
 
 

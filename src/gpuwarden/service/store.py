@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from gpuwarden.service import accounting
 from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
+from gpuwarden.service.tally import Tally
 from gpuwarden.service.transaction import Transaction
 
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
@@ -172,6 +173,10 @@ def _normalised(job: Job) -> Job:
     return replace(job, **changes) if changes else job
 
 
+def _is_ready(job: Job) -> bool:
+    return job.state == PENDING and not job.held
+
+
 def row_to_job(row: sqlite3.Row, blobs: Optional[Blobs] = None) -> Job:
     """The job a row holds; an array task's common part from `blobs` (required then)."""
     values: dict[str, Any] = {}
@@ -204,6 +209,7 @@ class Store:
         self.path = path
         if path != ":memory:":
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        self.commits = self.fsyncs = 0  # made since opened (`stats`: per job started)
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -214,7 +220,8 @@ class Store:
                 if statement.strip():
                     self.db.execute(statement)
             self.db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)",
+                "INSERT INTO meta (key, value) VALUES ('schema', ?) ON CONFLICT(key) "
+                "DO UPDATE SET value = excluded.value WHERE value != excluded.value",
                 (str(SCHEMA_VERSION),),
             )  # an earlier journal is this one once `_add_columns` has run
             self._add_columns()
@@ -226,6 +233,10 @@ class Store:
         # them on every pass, and reading and decoding every row each time made a pass
         # grow with the queue (a long queue's makespan grew with its square).
         self._active: Optional[dict[int, Job]] = None
+        # Of those, the waiting jobs not held, by id: what a start pass plans over, kept
+        # apart so that 10,000 held jobs cost it nothing (service.pacing).
+        self._ready: dict[int, Job] = {}
+        self._tally: Optional[Tally] = None  # the queue's figures, counted with them
         # Whether a commit made with `durable=False` may still be only in the page cache.
         self.unsynced = False
 
@@ -255,6 +266,8 @@ class Store:
     def _committed(self, durable: bool) -> None:
         # A durable commit fsyncs the whole write-ahead log: earlier commits with it.
         self.unsynced = not durable
+        self.commits += 1
+        self.fsyncs += durable
 
     def sync(self) -> None:
         """Make every commit so far durable, if one made with `durable=False` is not.
@@ -272,6 +285,7 @@ class Store:
                 fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fsync(fd)
+                    self.fsyncs += 1
                 finally:
                     os.close(fd)
         self.unsynced = False
@@ -279,6 +293,7 @@ class Store:
     def _forget(self) -> None:
         """Drop the in-memory active jobs (after a rollback): read afresh when asked."""
         self._active = None
+        self._ready = {}
 
     def _actives(self) -> dict[int, Job]:
         if self._active is None:
@@ -287,7 +302,33 @@ class Store:
             self._active = {
                 int(r["id"]): row_to_job(r, self.blobs) for r in self.db.execute(query, ACTIVE)
             }
+            self._ready = {i: j for i, j in self._active.items() if _is_ready(j)}
+            self._tally = Tally(self.db)
         return self._active
+
+    def tally(self) -> Tally:
+        """Jobs per state and user, and the waits of started jobs (service.tally)."""
+        self._actives()
+        assert self._tally is not None
+        return self._tally
+
+    def _keep(self, job: Job, was: Optional[Job] = None) -> None:
+        """`job` as it is now (`was` before), in the in-memory active jobs (an ended one
+        leaves them) and the tally."""
+        if self._tally is not None:
+            self._tally.change(was, job)
+        for kept, keep in ((self._active, job.state in ACTIVE), (self._ready, _is_ready(job))):
+            if keep:
+                kept[job.id] = job  # type: ignore[index]
+            elif kept:
+                kept.pop(job.id, None)
+
+    def ready(self) -> list[Job]:
+        """The waiting jobs that could start now, oldest first: not held, and waiting on
+        no job that is still active (what a start pass plans: service.pacing)."""
+        active = self._actives()
+        ready = (self._ready[i] for i in sorted(self._ready))
+        return [j for j in ready if not any(a in active for a in j.after)]
 
     # -- jobs --------------------------------------------------------------------
 
@@ -320,7 +361,7 @@ class Store:
                 made = task_fields(common, added.id, job.array_job, job.array_task, job.user)
                 added = replace(added, **made)
             if self._active is not None and added.state in ACTIVE:
-                self._active[added.id] = _normalised(added)
+                self._keep(_normalised(added))
         return added
 
     def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
@@ -354,10 +395,7 @@ class Store:
             changed = _normalised(
                 replace(known, **{k: v for k, v in changes.items() if k != "shared"})
             )
-            if changed.state in ACTIVE:
-                self._active[job_id] = changed
-            else:
-                del self._active[job_id]
+            self._keep(changed, known)
 
     def get(self, job_id: int) -> Optional[Job]:
         known = self._actives().get(job_id)
@@ -430,31 +468,6 @@ class Store:
             "SELECT COUNT(*) FROM jobs WHERE uid = ? AND state IN (?, ?, ?)", (uid, *ACTIVE)
         ).fetchone()
         return int(row[0])
-
-    def gpu_seconds_since(self, user: str, since: float, now: Optional[float] = None) -> float:
-        """GPU-seconds `user`'s jobs held after `since` (GPUs held x time, running jobs
-        until `now`): what a weekly GPU-hour budget (service.limits) counts."""
-        now = time.time() if now is None else now
-        rows = self.db.execute(
-            "SELECT gpus, started, ended FROM jobs WHERE user = ? AND started IS NOT NULL "
-            "AND (ended IS NULL OR ended > ?)",
-            (user, since),
-        )
-        total = 0.0
-        for gpus, started, ended in rows:
-            span = (now if ended is None else ended) - max(started, since)
-            total += len(json.loads(gpus)) * max(0.0, span)
-        return total
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
-        out: dict[str, dict[str, int]] = {}
-        query = (
-            "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY state, user"
-        )
-        for state, user, count in self.db.execute(query, ACTIVE):
-            out.setdefault(state, {})[user] = int(count)
-        return out
 
     # -- usage -------------------------------------------------------------------
 

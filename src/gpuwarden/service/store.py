@@ -220,7 +220,8 @@ class Store:
                 if statement.strip():
                     self.db.execute(statement)
             self.db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)",
+                "INSERT INTO meta (key, value) VALUES ('schema', ?) ON CONFLICT(key) "
+                "DO UPDATE SET value = excluded.value WHERE value != excluded.value",
                 (str(SCHEMA_VERSION),),
             )  # an earlier journal is this one once `_add_columns` has run
             self._add_columns()

@@ -14,6 +14,7 @@ import struct
 import termios
 import time
 
+from hermetic import hermetic
 from repo import SRC
 from servicetools import USER_PY, Server
 from users import make_user
@@ -50,6 +51,7 @@ class Screen:
 def test_an_interactive_shell_gets_job_control_and_window_sizes(server: Server) -> None:
     alice = make_user("alice", ("lab",))
     env = {
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(SRC),
         "GPUWARDEN_SOCKET": server.socket,

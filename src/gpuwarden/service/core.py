@@ -71,6 +71,7 @@ class Core:
         # (worked out only when a `queue --start` asks: service.requests).
         self.foresight: Optional[tuple[Any, ...]] = None
         self.foreseen: Optional[dict[int, Optional[float]]] = None
+        self.listed: Optional[tuple[Any, list[store.Job]]] = None  # `queue`'s rows (listing)
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
         self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
         self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it

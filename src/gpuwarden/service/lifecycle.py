@@ -264,10 +264,8 @@ class Lifecycle(Attaching, Limiting):
         waits = self.store.jobs([store.PENDING]) if full else self.store.ready()
         pending = [j for j in waits if not j.attached or j.id in self.stdio]
         if not pending:
-            if full:
-                self.free = None  # not known: the next submit plans at once
-            self.pacer.planned("full" if full else "start", began, time.monotonic())
-            return
+            self.free = None if full else self.free  # not known: a submit plans at once
+            return self.pacer.planned("full" if full else "start", began, time.monotonic())
         # One reading of the configuration for the pass, handed to what it calls: drains,
         # XID logs and health rules change without a reload.
         reading = self.reading = config.load()

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
 SYSTEM_PY = "/usr/bin/python3"
 #: What a student's venv has before gpuwarden: their notebook, sweeps and torch (CPU).
-STUDENT_PACKAGES = ("ipykernel", "jupyter_client", "submitit", "torch==2.13.0")
+STUDENT_PACKAGES = ("ipykernel", "jupyter_client", "submitit", "torch==2.13.0+cpu")
 
 CONFIG = """\
 [service]

@@ -199,17 +199,7 @@ def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, s
     py = str(venv / "bin" / "python")
     deps = _as(
         alice.name,
-        [
-            py,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "ipykernel",
-            "jupyter_client",
-            "submitit",
-            "torch==2.13.0",
-        ],
+        [py, "-m", "pip", "install", "-q", *STUDENT_PACKAGES],
         env,
         work,
         timeout=1200,

@@ -191,8 +191,8 @@ def main() -> int:
         "PYTHONPATH": f"{ROOT / 'src/gpuwarden/sim/shim'}:{ROOT / 'src'}",
         "HOME": str(tmp),
     }
-    if sock:
-        env["GPUWARDEN_SOCKET"] = sock
+    # The bench's own service, or none: never a service this machine runs for its users.
+    env["GPUWARDEN_SOCKET"] = sock or str(tmp / "no-service.sock")
     try:
         ours = idle("gpuwarden top", [sys.executable, "-m", "gpuwarden", "top"], args.seconds, env)
         nvitop = shutil.which("nvitop", path=str(Path(sys.executable).parent))

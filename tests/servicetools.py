@@ -32,6 +32,7 @@ import pytest
 from gpuwarden.queueclient.probe import wait_until_running
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from users import make_user
 from waiting import wait_for
@@ -135,6 +136,7 @@ class Server:
         """`op` as `who` (root when None); an error answer comes back as {"error": ...}."""
         env = {
             "PYTHONPATH": str(SRC),
+            **hermetic(),
             "PATH": "/usr/bin:/bin",
             "USER": "root",
             "LOGNAME": "root",
@@ -222,13 +224,13 @@ def serving(
     tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch, *args: str, spec: str = SPEC
 ) -> Iterator[Server]:
     """A started service with gw-carol as its admin and a one-second grace (extra
-    flags in `args`), stopped after the test and its jobs ended. Leases go to a root
-    directory of 0755, as `gpuwarden service install` makes it, so what users may do
-    with them is what they may do on a real install."""
+    flags in `args`), stopped after the test and its jobs ended. Leases and drains go
+    to root directories of 0755, as `gpuwarden service install` makes them, so what
+    users may do with them is what they may do on a real install."""
     make_user("alice", groups=("lab",))
-    leases = open_dir / "leases"
-    leases.mkdir(mode=0o755)
-    monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(leases))
+    for name, variable in (("leases", "GPUWARDEN_LEASE_DIR"), ("drains", "GPUWARDEN_STATE_DIR")):
+        (open_dir / name).mkdir(mode=0o755)
+        monkeypatch.setenv(variable, str(open_dir / name))
     srv = Server(tmp_path, open_dir / "work", ("--admin", "gw-carol", "--grace", "1s", *args), spec)
     srv.start()
     yield srv
@@ -255,7 +257,12 @@ def submit(srv: Server, who: Person, argv: list[str], **kw: Any) -> int:
 
 def cli_as(srv: Server, who: Person, *args: str) -> subprocess.CompletedProcess[str]:
     """`gpuwarden ARGS` as `who` against this service, as a user types it."""
-    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "GPUWARDEN_SOCKET": srv.socket}
+    env = {
+        **hermetic(),
+        "PYTHONPATH": str(SRC),
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SOCKET": srv.socket,
+    }
     return subprocess.run(
         [USER_PY, "-m", "gpuwarden", *args],
         env=env,
@@ -280,6 +287,7 @@ def cli_with_gpus(
         shutil.copy(real_pynvml_path(), lib / "pynvml.py")
     env = {
         "PYTHONPATH": f"{SRC}:{lib}",
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": socket or srv.socket,
         "GPUWARDEN_SIM": SPEC,

@@ -194,7 +194,11 @@ CLI_CASES = (
         # sbatch's --array syntax and --param sweeps (docs/sweeps.md)
         case("submit", "--array", "0-", "--dry-run", "--", "true", expect="not a task id"),
         case("submit", "--array", "5-1", "--dry-run", "--", "true", expect="ends before"),
-        case("submit", "--array", "0-9%0", "--dry-run", "--", "true", expect="1 or more"),
+        case("submit", "--array", "0-9%0", "--dry-run", "--", "true", expect="from 1 to 10000"),
+        case("submit", "--array", "0-99%1e20", "--dry-run", "--", "t", expect="from 1 to 10000"),
+        case(
+            "submit", "--array", "0-99%" + "9" * 30, "--dry-run", "--", "true", expect="from 1 to"
+        ),
         case("submit", "--array", "0-99999", "--dry-run", "--", "t", expect="the most an array"),
         case("submit", "--array", "0-\u00b2", "--dry-run", "--", "true", expect="not a task id"),
         case("submit", "--param", "x", "--dry-run", "--", "true", expect="expected NAME=V1"),
@@ -206,6 +210,8 @@ CLI_CASES = (
         case("submit", "--notify", "often", "--dry-run", "--", "t", expect="invalid --notify"),
         case("submit", "--slurm", "--notify", "end", "--", "t", expect="--notify is for this"),
         case("submit", "--begin", "25:00", "--dry-run", "--", "true", expect="invalid time"),
+        case("submit", "--begin", "9999-12-31", "--dry-run", "--", "t", expect="1970 to 5000"),
+        case("submit", "--begin", "now+999999999weeks", "--dry-run", "--", "t", expect="year 5000"),
         case("book", "-g", "2", "--start", "16:00", "--for", "4h", expect="needs --reason"),
         case("book", "-g", "0", "--start", "now", "--for", "1h", "--reason", "x", expect="-g"),
         case("book", "-g", "1", "--start", "x", "--for", "1h", "--reason", "x", expect="time"),
@@ -304,6 +310,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "names": [",", "a,,b"],
     "shares": ["alice", "alice=0", "alice=-1,bob=2"],
     "limits": ["alice", "{}"],
+    "accounts": ["vision", "{}"],
     "profile": ["10gb", "1g", "1g.10gb;rm"],
 }
 
@@ -368,6 +375,13 @@ def _bad_files() -> Iterator[Case]:
             '{"@lab" = {max_time = "forever"}}',
         ],
         "profile": ['"1g"', "5", '"3g.40gb,1g.10gb"'],
+        "accounts": [
+            "5",
+            "{vision = 2}",
+            "{vision = {max_jobs = 2}}",
+            '{vision = {members = ["alice"], max_gpus = 2}}',
+            '{"no good" = {members = ["alice"]}}',
+        ],
     }
     for key in configkeys.SCHEMA:
         section, name = key.name.split(".")

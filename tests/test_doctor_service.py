@@ -23,6 +23,7 @@ from gpuwarden.doctor.checks.service import check_service
 from gpuwarden.doctor.facts import NO_TORCH_ENV, Facts
 from gpuwarden.inventory import Snapshot
 from gpuwarden.queueclient.probe import probe
+from hermetic import hermetic
 from repo import SRC
 from servicetools import USER_PY, Server, become
 from users import make_user
@@ -81,7 +82,7 @@ def test_another_user_reaches_it_or_is_told_they_cannot(service: Server) -> None
     def as_alice() -> dict[str, Any]:
         done = subprocess.run(
             [USER_PY, "-c", code, service.socket],
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+            env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             capture_output=True,
             text=True,
             timeout=60,

@@ -18,6 +18,7 @@ import pytest
 from gpuwarden import drain as drains
 from gpuwarden.errors import UserError
 from gpuwarden.paths import check_dir, ensure_dir
+from hermetic import hermetic
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 NOBODY = 65534
@@ -114,7 +115,7 @@ def _python_for(uid: int) -> str | None:
                 ],
                 user=uid,
                 capture_output=True,
-                env={"PATH": "/usr/bin:/bin"},
+                env={**hermetic(), "PATH": "/usr/bin:/bin"},
             )
         except OSError:
             continue
@@ -141,7 +142,7 @@ def _as_nobody(
         "from gpuwarden.errors import UserError\n"
         f"try:\n    {call}\nexcept UserError as e:\n    print(e); sys.exit(2)"
     )
-    env = {"PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"}
+    env = {**hermetic(), "PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"}
     return subprocess.run(
         [exe, "-c", code, str(SRC)],
         user=NOBODY,

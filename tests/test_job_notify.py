@@ -15,6 +15,7 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.service import jobnotify
+from hermetic import hermetic
 from repo import SRC
 from servicetools import USER_PY, Server, become, serving
 from users import make_user
@@ -67,6 +68,7 @@ def test_a_jobs_events_go_to_its_owners_webhook_as_its_owner(server: Server) -> 
     try:
         env = {
             "PYTHONPATH": str(SRC),
+            **hermetic(),
             "PATH": "/usr/bin:/bin",
             "GPUWARDEN_SOCKET": server.socket,
             "GPUWARDEN_SUBMIT_WEBHOOK": url,

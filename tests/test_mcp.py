@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from components import require
+from hermetic import hermetic
 from pythons import python_for
 from servicetools import SPEC, Server, submit
 from users import make_user
@@ -37,6 +38,7 @@ def session_as(srv: Server, user: str, body: Callable[[Any], Awaitable[Any]]) ->
         command=shutil.which("runuser") or "runuser",
         args=["-u", user, "--", *python, "-m", "gpuwarden", "mcp", "--socket", srv.socket],
         env={
+            **hermetic(),  # the test's config, leases and state, never the machine's
             "PYTHONPATH": path,
             "PATH": "/usr/bin:/bin",
             "GPUWARDEN_SIM": SPEC,

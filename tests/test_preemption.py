@@ -97,6 +97,17 @@ def test_victims_exact_and_greedy_agree_on_counts() -> None:
     assert preemption.victims(Waiting("b", "bob", 9, NOW), state, running, NOW) is None
 
 
+def test_preemptible_jobs_do_not_make_a_normal_job_wait_for_a_booking() -> None:
+    # Four GPUs booked for bob in an hour; carol's preemptible jobs hold four. dave's job
+    # without --time starts now on a free GPU: at the window, carol's give theirs back.
+    future = booking.Booking(1, 4, NOW + 3600, NOW + 7200, frozenset({"bob"}))
+    running = [scavenger(i, user="carol") for i in range(4)]
+    planned = preemption.plan(
+        GPUS, running, [Waiting("d", "dave", 1, NOW)], {}, NOW, bookings=[future]
+    )
+    assert planned.decisions[0].starts and planned.victims == {}
+
+
 def test_preemptible_jobs_use_booked_gpus_until_the_window() -> None:
     future = booking.Booking(1, 4, NOW + 3600, NOW + 7200, frozenset({"bob"}))
     waiting = [Waiting(f"w{i}", "alice", 1, NOW, preemptible=True) for i in range(8)]

@@ -7,13 +7,17 @@ and read what each task did from the files it wrote.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from servicetools import Server, cli_as, serving
+from hermetic import hermetic
+from repo import SRC
+from servicetools import USER_PY, Server, become, cli_as, serving
 from users import make_user
 from waiting import wait_for
 
@@ -144,6 +148,74 @@ def test_a_sweep_puts_each_combination_in_its_tasks_environment(limited: Server)
     wait_tasks(limited, int(sub.stdout), 2, ("COMPLETED",))
     assert (work / "lr-0.1").read_text() == "0.1 2\n"
     assert (work / "lr-0.01").read_text() == "0.01 2\n"
-    for spec, said in (("0-", "not a task id"), ("5-1", "ends before"), ("%0", "1 or more")):
+    for spec, said in (("0-", "not a task id"), ("5-1", "ends before"), ("%0", "from 1 to")):
         bad = cli_as(limited, alice, "submit", "--array", spec, "--", "true")
         assert bad.returncode == 2 and said in bad.stderr and bad.stderr.count("\n") == 1
+
+
+STDIN_CLIENT = """
+import json, sys
+from gpuwarden.queueclient.client import require
+with require(sys.argv[1]) as c:
+    print(json.dumps(c.call(sys.argv[2], **json.load(sys.stdin))))
+"""
+
+
+def _call_from_stdin(srv: Server, who: Any, op: str, **fields: Any) -> dict[str, Any]:
+    """`op` as `who` with fields too large for a command line's argument."""
+    done = subprocess.run(
+        [USER_PY, "-c", STDIN_CLIENT, srv.socket, op],
+        input=json.dumps(fields),
+        env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=become(who),
+        cwd=str(srv.work),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(json.loads(done.stdout))
+
+
+def _journal_bytes(srv: Server) -> int:
+    base = Path(srv.state) / "jobs.db"
+    return sum(p.stat().st_size for p in (base, Path(f"{base}-wal")) if p.exists())
+
+
+def test_a_ten_thousand_task_sweep_stores_its_values_once(server: Server) -> None:
+    """A sweep's 128 KiB of values and environment are written once, not per task:
+    10,000 tasks add under 10 MB of journal, and each task still gets its own values
+    (and its output path its own ids)."""
+    carol = make_user("carol")  # an admin: no per-user job limit
+    import random
+    import string
+
+    pick = random.Random(35)
+
+    def values(n: int, k: int) -> str:
+        return ",".join("".join(pick.choices(string.ascii_letters, k=k)) for _ in range(n))
+
+    swept = [f"{name}={values(10, 400)}" for name in "abcd"]  # 10,000 combinations
+    fixed = [f"f{i}={values(1, 4000)}" for i in range(28)]  # one value each: 112 KB
+    params = swept + fixed
+    env = {"PATH": "/usr/bin:/bin", "BIG": "x" * 8192}
+    before = _journal_bytes(server)
+    fields = {"argv": ["true"], "cwd": str(server.work), "env": env, "params": params}
+    reply = _call_from_stdin(server, carol, "submit", hold=True, **fields)
+    assert reply.get("tasks") == 10_000, reply
+    added = _journal_bytes(server) - before
+
+    assert added < 10 * 2**20, f"the sweep added {added / 2**20:.1f} MB of journal"
+    ids = reply["ids"]
+    from gpuwarden.service import store as st
+
+    journal = st.Store(str(Path(server.state) / "jobs.db"))
+    try:
+        last = journal.get(ids[-1])
+        assert last is not None
+        assert last.params == {p.split("=")[0]: p.split("=")[1].split(",")[-1] for p in params}
+        assert last.env["BIG"] == "x" * 8192 and last.argv == ("true",)
+        assert last.output == f"{server.work}/gpuwarden-{ids[0]}_9999.out"
+    finally:
+        journal.close()
+    assert server.call(carol, "cancel", jobs=[ids[0]]).get("ok")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from servicetools import USER_PY, Server, attached_again, become, submit
 from users import make_user
@@ -38,7 +39,7 @@ except UserError as err:
 def attached(
     srv: Server, who: Person, argv: list[str], reconnect: float = 60, **popen: Any
 ) -> subprocess.Popen[str]:
-    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+    env = {**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
     fields = json.dumps({"argv": argv, "request": {"count": 1}})
     return subprocess.Popen(
         [USER_PY, "-c", ATTACHED, srv.socket, fields, str(reconnect)],

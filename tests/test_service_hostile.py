@@ -25,6 +25,7 @@ from gpuwarden.queueclient.probe import wait_until_running
 from gpuwarden.service import spawn
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from servicetools import SPEC, USER_PY, Server, become, cli_as, serving, submit
 from users import make_user
@@ -34,7 +35,7 @@ def as_user(who: Person, code: str, *args: str, timeout: float = 60) -> Any:
     """Run Python `code` as `who` with the service's socket as argv[1]; its JSON output."""
     run = subprocess.run(
         [USER_PY, "-c", code, *args],
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -200,7 +201,7 @@ print(json.dumps({"closed": closed, "open": len(kept)}))
 """
         proc = subprocess.Popen(
             [USER_PY, "-c", code, srv.socket],
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+            env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             text=True,
             preexec_fn=become(alice),
@@ -315,7 +316,7 @@ print(json.dumps({"answers": answers, "closed": closed}))
 """
         proc = subprocess.Popen(
             [USER_PY, "-c", deaf, srv.socket],
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+            env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             text=True,
             preexec_fn=become(alice),
@@ -331,6 +332,7 @@ print(json.dumps({"answers": answers, "closed": closed}))
                 [USER_PY, "-m", "gpuwarden", *args],
                 env={
                     "PYTHONPATH": str(SRC),
+                    **hermetic(),
                     "PATH": "/usr/bin:/bin",
                     "GPUWARDEN_SOCKET": srv.socket,
                 },
@@ -610,3 +612,42 @@ def test_a_pidfd_is_taken_only_of_the_supervisors_child_and_signals_nothing_once
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://x/", "ftp://x/"])
+def test_a_service_webhook_that_is_not_http_is_refused_at_start(tmp_path: Path, url: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SIM=SPEC, GPUWARDEN_SERVICE_WEBHOOK=url)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "serve", "--socket", str(tmp_path / "sock"),
+         "--state-dir", str(tmp_path / "state")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "is not an http:// or https:// URL" in done.stderr
+
+
+def test_roots_logs_shows_a_jobs_escape_sequences_as_text(server: Server) -> None:
+    """A job's output on an admin's terminal cannot retitle or clear it; its owner and a
+    pipe still get the bytes as written."""
+    import pty
+
+    alice = make_user("alice", ("lab",))
+    nasty = r"printf 'ok\033]0;pwned\007\033[2Jend\n'"
+    job = submit(server, alice, ["sh", "-c", nasty], output=str(server.work / "nasty.out"))
+    server.wait_state(job, ("COMPLETED",))
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SOCKET=server.socket)
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, [sys.executable, "-m", "gpuwarden", "logs", str(job)], env)
+    seen = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 4096):
+            seen += chunk
+    os.waitpid(pid, 0)
+    assert b"\x1b" not in seen and b"\x07" not in seen, seen
+    assert b"ok\\x1b]0;pwned\\x07\\x1b[2Jend" in seen, seen
+    piped = cli_as(server, alice, "logs", str(job))
+    assert piped.stdout == "ok\x1b]0;pwned\x07\x1b[2Jend\n", piped

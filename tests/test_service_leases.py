@@ -28,6 +28,7 @@ import pytest
 
 from gpuwarden import leases
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from servicetools import SPEC, USER_PY, Server, attached_again, become, cli_as, serving, submit
 from users import make_user
@@ -141,13 +142,15 @@ def test_a_detached_child_ignoring_sigterm_ends_with_its_job_without_cgroups(
     cases = {  # how the job ends -> what its main process does after detaching a child
         "cancel": "exec sleep 300",
         "time limit": "exec sleep 300",
-        "exit": "sleep 0.5",
+        # Ends once the test holds its child (a pidfd): a job that ended first would
+        # take the child with it before the test could name it.
+        "exit": "while [ ! -e {pid}.go ]; do sleep 0.05; done",
     }
     jobs = {}
     for case, then in cases.items():
         pid = srv.work / f"{case.replace(' ', '-')}.pid"
-        argv = ["sh", "-c", DETACHER.format(pid=pid, then=then)]
-        extra = {"time_limit": 2} if case == "time limit" else {}
+        argv = ["sh", "-c", DETACHER.format(pid=pid, then=then.format(pid=pid))]
+        extra = {"time_limit": 4} if case == "time limit" else {}
         jobs[case] = (submit(srv, alice, argv, **extra), pid)
     children = {}
     for case, (job, pid) in jobs.items():
@@ -156,6 +159,7 @@ def test_a_detached_child_ignoring_sigterm_ends_with_its_job_without_cgroups(
         child = int(pid.read_text())
         children[case] = os.pidfd_open(child)  # names the process, whatever reuses its pid
         assert os.getsid(child) == child, "the child left the job's session"
+    (srv.work / "exit.pid.go").touch()
     srv.call(alice, "cancel", jobs=[jobs["cancel"][0]])
     ended = {"cancel": "CANCELLED", "time limit": "TIMEOUT", "exit": "COMPLETED"}
     try:
@@ -200,6 +204,7 @@ def _holder(server: Server, alice: Person) -> tuple[subprocess.Popen[str], int, 
         shutil.copy(pynvml.__file__, nvml / "pynvml.py")
     env = {
         "PYTHONPATH": f"{SRC}:{nvml}",
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": server.socket,
         "GPUWARDEN_SIM": SPEC,

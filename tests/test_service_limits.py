@@ -108,8 +108,9 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
         assert "service.max_gpus_per_user must be" in broken["error"]
         assert broken["error"].endswith("; the policy in force stays")
         assert "\n" not in broken["error"]
-        still = cli_as(srv, alice, "submit", "-g", "3", "--", "true")
-        assert still.returncode == 2 and "more than the 2 a user" in still.stderr
+        # (asked over the socket: alice's own client would refuse the broken file itself)
+        still = srv.call(alice, "submit", argv=["true"], cwd=str(srv.work), request={"count": 3})
+        assert "more than the 2 a user" in still["error"], still
 
         conf.write_text(
             '[service]\nmax_gpus_per_user = 2\n[service.limits]\n"@gw-lab" = { max_gpus = 3 }\n'

@@ -158,15 +158,19 @@ def test_a_full_queue_drops_only_its_senders_posts_and_says_so_once(
     release = threading.Event()
     sent: list[tuple[object, int]] = []
 
+    sending = threading.Event()
+
     def send(key: object, event: dict[str, Any]) -> None:
         if key == ("owner", 1):
+            sending.set()
             release.wait(30)
         sent.append((key, event["n"]))
 
     box = Outbox(send, per_key=5, at_once=1)
     kept = [box.put(("owner", 1), {"n": n}) for n in range(20)]
     assert kept.count(True) in (5, 6)  # the first may already be on its way out
-    box.put(("owner", 2), {"n": 0})  # waits for the one owner slot...
+    assert sending.wait(10)  # owner 1's first post holds the one owner slot
+    box.put(("owner", 2), {"n": 0})  # so this one waits for it...
     box.put(SERVICE, {"n": 0})  # ...the service's own never does
     wait_for(lambda: (SERVICE, 0) in sent, 10, "the admin's post")
     assert (("owner", 2), 0) not in sent

@@ -227,7 +227,8 @@ def test_owners_are_told_when_their_job_ends(
     threading.Thread(target=web.serve_forever, daemon=True).start()
     mailbox = tmp_path / "mail"
     sendmail = tmp_path / "sendmail"
-    sendmail.write_text(f"#!/bin/sh\ncat >> {mailbox}\n")
+    # the mail appears whole or not at all: the test reads it as soon as it exists
+    sendmail.write_text(f"#!/bin/sh\ncat > {mailbox}.part && mv {mailbox}.part {mailbox}\n")
     sendmail.chmod(0o755)
     monkeypatch.setenv("GPUWARDEN_LEASE_DIR", str(tmp_path / "service-leases"))
     monkeypatch.setenv("GPUWARDEN_SERVICE_WEBHOOK", f"http://127.0.0.1:{web.server_port}/hook")
@@ -238,7 +239,11 @@ def test_owners_are_told_when_their_job_ends(
     try:
         job = submit(srv, alice, ["sh", "-c", "exit 3"])
         srv.wait_state(job, ("FAILED",))
-        wait_for(lambda: got and mailbox.exists(), 30, "the webhook's event and the mail")
+        wait_for(
+            lambda: got and mailbox.exists(),
+            30,
+            "the webhook's event and the mail",
+        )
         assert got and got[0]["job"] == job and got[0]["state"] == "FAILED"
         assert got[0]["exit_code"] == 3 and got[0]["user"] == "gw-alice"
         mail = mailbox.read_text()

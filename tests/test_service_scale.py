@@ -168,27 +168,41 @@ def test_a_submit_into_2000_waiting_jobs_costs_what_one_into_an_empty_queue_does
     assert len(rows) == PENDING + 3 * SAMPLES
 
 
-def test_passes_come_at_once_when_a_job_may_start_and_coalesced_otherwise() -> None:
-    from gpuwarden.service.pacing import REFRESH, SPREAD, STALE_AT_MOST, Pacer
+def test_a_start_pass_comes_at_once_and_full_passes_coalesce() -> None:
+    from gpuwarden.service.pacing import FULL, REFRESH, STALE_AT_MOST, START, Pacer
 
     pacer = Pacer()
-    assert pacer.due(0.0)  # the first pass, at start
-    pacer.begin()
-    pacer.planned(10.0, 10.5)  # a pass of half a second
-    assert not pacer.due(1e9) and pacer.wait(11.0, 1.0) == 1.0  # nothing wanted
-    pacer.touch()
-    # A long pass (one that started jobs, or a deep queue): refreshed within the bound.
-    assert not pacer.due(10.5 + STALE_AT_MOST - 0.01) and pacer.due(10.5 + STALE_AT_MOST)
+    assert pacer.due(0.0) == FULL  # the first pass, at start, plans everything
+    pacer.begin(FULL)
+    pacer.planned(FULL, 10.0, 10.5)  # a full pass that planned for half a second
+    assert pacer.due(1e9) is None and pacer.wait(11.0, 1.0) == 1.0  # nothing wanted
+    pacer.wake()  # something may start: at once, however long the last full pass was
+    assert pacer.due(10.5) == START and pacer.wait(10.5, 60.0) == 0.0
+    pacer.begin(START)
+    pacer.planned(START, 10.5, 10.6)
+    assert pacer.due(10.6) is None
+    pacer.touch()  # a long full pass (a deep queue): refreshed within the bound
+    assert pacer.due(10.5 + STALE_AT_MOST - 0.01) is None
+    assert pacer.due(10.5 + STALE_AT_MOST) == FULL
     short = Pacer()
-    short.begin()
-    short.planned(10.0, 10.001)  # a short pass: refreshed after REFRESH of its lengths
+    short.begin(FULL)
+    short.planned(FULL, 10.0, 10.001)  # a short one: refreshed after REFRESH of its lengths
     short.touch()
-    assert not short.due(10.001 + REFRESH * 0.001 - 0.01) and short.due(10.001 + REFRESH * 0.001)
-    pacer.wake()  # may start a job: sooner, yet spaced by the last pass's length
-    assert not pacer.due(10.5 + SPREAD * 0.5 - 0.01) and pacer.due(10.5 + SPREAD * 0.5)
-    assert pacer.wait(11.0, 60.0) == SPREAD * 0.5 - 0.5
-    pacer.begin()
-    pacer.wake()  # a change during the pass is not lost with the pass's own flags
-    pacer.planned(20.0, 20.1)
-    assert pacer.due(20.1 + SPREAD * 0.1 + 1e-9)
-    assert pacer.stats()["count"] == 2 and abs(pacer.stats()["mean_seconds"] - 0.3) < 1e-9
+    assert short.due(10.001 + REFRESH * 0.001 - 0.01) is None
+    assert short.due(10.001 + REFRESH * 0.001) == FULL
+    short.wake()
+    assert short.due(10.002) == START  # a start does not wait for the refresh
+    short.begin(START)
+    short.wake()  # a change during the pass is not lost with the pass's own flags
+    assert short.due(10.003) == START
+    # A start the machine refused is retried at once, once; then on the refresh.
+    pacer.begin(FULL)
+    pacer.planned(FULL, 20.0, 20.5)
+    pacer.retry()
+    assert pacer.due(20.5) == START
+    pacer.begin(START)
+    pacer.retry()
+    assert pacer.due(20.6) is None and pacer.stale
+    stats = pacer.stats()
+    assert stats["count"] == 3 and stats["full"] == 2 and stats["starts"] == 1
+    assert abs(stats["mean_seconds"] - 0.5) < 1e-9

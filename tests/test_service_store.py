@@ -186,3 +186,34 @@ def test_states_of_named_jobs_however_old(tmp_path: Path) -> None:
     store.update(ids[0], state=s.FAILED)
     assert store.states([ids[0], ids[-1], 99999]) == {ids[0]: s.FAILED, ids[-1]: s.COMPLETED}
     assert len(store.states(ids)) == 1200  # more ids than SQLite takes in one statement
+
+
+def test_the_figures_kept_as_jobs_change_are_those_counted_afresh(tmp_path: Path) -> None:
+    """`tally()` (what `stats` and /metrics read) follows every change; a journal
+    opened again counts the same from its rows. The ready jobs are the waiting ones
+    not held, by id."""
+    from gpuwarden.service.tally import Tally
+
+    path = str(tmp_path / "state.db")
+    store = s.Store(path)
+    a = store.add(job(submitted=100.0))
+    b = store.add(job(user="bob", uid=1001, held=True, submitted=100.0))
+    c = store.add(job(user="bob", uid=1001, submitted=100.0))
+    assert [j.id for j in store.ready()] == [a.id, c.id]
+    store.update(b.id, held=False)
+    store.update(a.id, state=s.RUNNING, started=100.5)
+    store.update(c.id, state=s.RUNNING, started=130.0)
+    store.update(c.id, state=s.PENDING, started=None)  # queued again (requeue)
+    store.update(c.id, state=s.RUNNING, started=4000.0)
+    store.update(a.id, state=s.COMPLETED, ended=200.0)
+    assert [j.id for j in store.ready()] == [b.id]
+    kept = store.tally()
+    assert kept.counts() == {"PENDING": {"bob": 1}, "RUNNING": {"bob": 1}}
+    assert kept.wait_count == 2 and abs(kept.wait_sum - (0.5 + 3900.0)) < 1e-6
+    afresh = Tally(s.Store(path).db)
+    assert (afresh.counts(), afresh.waits, afresh.wait_count) == (
+        kept.counts(),
+        kept.waits,
+        kept.wait_count,
+    )
+    assert kept.waits == [1, 1, 1, 1, 1, 1, 2, 2]  # cumulative: <= 1 s ... <= 1 day

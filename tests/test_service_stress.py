@@ -36,6 +36,7 @@ from typing import Any, Optional
 import pytest
 
 from gpuwarden.service import store as st
+from hermetic import hermetic
 from servicetools import become
 from users import make_user
 from waiting import wait_for
@@ -322,7 +323,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
             }
             clients[user] = subprocess.Popen(
                 [USER_PY, "-c", CLIENT, service.socket, user, json.dumps(plan)],
-                env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+                env={**hermetic(), "PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -337,7 +338,7 @@ def test_a_thousand_jobs_survive_twenty_kill_9s(open_dir: Path) -> None:
             with open(work / f"{user}-attached.log", "ab") as log:
                 runners[user] = subprocess.Popen(
                     [USER_PY, "-c", ATTACHED_CLIENT, service.socket, json.dumps(attached_plan)],
-                    env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+                    env={**hermetic(), "PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.PIPE,
@@ -466,7 +467,7 @@ def test_a_lease_left_half_taken_by_a_killed_service_does_not_stop_the_next(
                     }
                 ),
             ],
-            env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+            env={**hermetic(), "PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
             preexec_fn=become(alice),
             check=True,
             capture_output=True,

@@ -163,3 +163,63 @@ def test_the_journal_is_read_directly_by_root_also_while_the_service_is_down(
     assert found["gpu_hours"] == pytest.approx(3 * row["elapsed"] / 3600, rel=0.05)
     srv.start()  # the journal is untouched: the service starts on it again
     assert srv.job(job)["state"] == "COMPLETED"
+
+
+ACCOUNTS = """
+[service]
+require_account = true
+[service.accounts]
+vision = { members = ["gw-alice", "@gw-lab"] }
+nlp = { members = ["gw-bob"], max_time = "1h" }
+"""
+
+
+def test_accounts_charge_jobs_to_their_projects_and_report_them(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = open_dir / "config.toml"
+    conf.write_text(ACCOUNTS)
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
+    serve = serving(tmp_path, open_dir, monkeypatch)
+    srv = next(serve)
+    try:
+        alice, bob = make_user("alice", ("lab",)), make_user("bob")
+        dave = make_user("dave")
+        # Who may charge what: the kernel's uid, never $USER; one line each.
+        none = cli_as(srv, dave, "submit", "--", "true")
+        assert none.returncode == 2 and "service.require_account" in none.stderr, none.stderr
+        theirs = cli_as(srv, alice, "submit", "--account", "nlp", "--", "true")
+        assert theirs.returncode == 2, theirs.stderr
+        assert "not one of its members (service.accounts nlp members)" in theirs.stderr
+        unknown = cli_as(srv, alice, "submit", "--account", "astro", "--", "true")
+        assert "no such account here (yours: vision)" in unknown.stderr, unknown.stderr
+        untimed = cli_as(srv, bob, "submit", "--account", "nlp", "--", "true")
+        assert "(service.accounts nlp max_time)" in untimed.stderr, untimed.stderr
+
+        # Known jobs: alice's own account by default (her only one), bob's named.
+        two = cli_as(srv, alice, "submit", "-g", "2", "--", "sleep", "8")
+        one = cli_as(
+            srv, bob, "submit", "-g", "1", "--account", "nlp", "--time", "10m", "--", "sleep", "3"
+        )
+        srv.wait_state(int(two.stdout), ("RUNNING",))
+        queue = cli_as(srv, bob, "queue")
+        assert "ACCOUNT" in queue.stdout and " vision " in queue.stdout, queue.stdout
+        ran = cli_as(srv, alice, "run", "-g", "1", "--account", "vision", "--", "sleep", "1")
+        assert two.returncode == one.returncode == ran.returncode == 0, (two, one, ran)
+        jobs = [int(two.stdout), int(one.stdout)]
+        ended = [srv.wait_state(j, ("COMPLETED",), timeout=60) for j in jobs]
+        assert [r["account"] for r in ended] == ["vision", "nlp"]
+        attached = [r for r in srv.call(None, "jobs")["jobs"] if r["id"] not in jobs]
+        assert [r["account"] for r in attached] == ["vision"], attached
+
+        rows = report_csv(srv, dave, "--by", "account")
+        vision = 2 * ended[0]["elapsed"] + attached[0]["elapsed"]
+        assert float(rows["vision"]["gpu_hours"]) == pytest.approx(vision / 3600, rel=0.05)
+        assert float(rows["nlp"]["gpu_hours"]) == pytest.approx(
+            ended[1]["elapsed"] / 3600, rel=0.05
+        )
+        assert rows["vision"]["jobs"] == "2" and rows["nlp"]["jobs"] == "1", rows
+        history = cli_as(srv, alice, "jobs", "--me")
+        assert "ACCOUNT" in history.stdout and "vision" in history.stdout, history.stdout
+    finally:
+        next(serve, None)

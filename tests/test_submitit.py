@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.service.identity import Person
+from hermetic import hermetic
 from repo import SRC
 from servicetools import USER_PY, Server, become, serving, submit
 from users import make_user
@@ -114,6 +115,7 @@ def _as_user(server: Server, who: Person, script: str, *args: str) -> subprocess
         pytest.skip(f"{USER_PY} is Python {found}, not the test environment's")
     packages = str(Path(submitit.__file__).resolve().parent.parent)
     env = {
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": server.socket,
         "HOME": who.home,
@@ -197,6 +199,7 @@ def test_submitit_map_array_results_exceptions_and_cancel_through_the_service(
         pytest.skip(f"{USER_PY} is Python {found}, not the test environment's")
     packages = str(Path(submitit.__file__).resolve().parent.parent)
     env = {
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": server.socket,
         "HOME": alice.home,
@@ -258,6 +261,7 @@ def test_a_pickle_in_a_folder_others_can_write_is_refused(server: Server) -> Non
     shared.chmod(0o777)  # a lab folder anyone may write, without the sticky bit
     packages = str(Path(submitit.__file__).resolve().parent.parent)
     env = {
+        **hermetic(),
         "PATH": "/usr/bin:/bin",
         "GPUWARDEN_SOCKET": server.socket,
         "HOME": alice.home,

@@ -9,64 +9,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from components import require
 from gpuwarden.lab.reading import Lab
 from gpuwarden.top.model import Action, State, job_rows, press
 from gpuwarden.top.screen import KEYS, draw
+from hermetic import hermetic
 from pythons import python_for
 from servicetools import SPEC, Server, cli_as, submit
+from terminals import Tmux
 from users import make_user
-from waiting import wait_for
-
-
-class Tmux:
-    """A tmux server of its own (its own socket) with one window running a command."""
-
-    def __init__(self, folder: Path, command: list[str], width: int, height: int) -> None:
-        require(shutil.which("tmux") is not None, "tmux is not installed (apt-get install tmux)")
-        self.socket = str(folder / "tmux.sock")
-        self.tmux("new-session", "-d", "-s", "top", "-x", str(width), "-y", str(height), *command)
-        self.tmux("set-option", "-t", "top", "remain-on-exit", "on")
-
-    def tmux(self, *args: str) -> str:
-        done = subprocess.run(
-            ["tmux", "-S", self.socket, "-f", "/dev/null", *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 0, f"tmux {args[0]}: {done.stderr}"
-        return done.stdout
-
-    def screen(self) -> list[str]:
-        return self.tmux("capture-pane", "-p", "-t", "top").split("\n")
-
-    def keys(self, *keys: str) -> None:
-        for key in keys:
-            self.tmux("send-keys", "-t", "top", key)
-            time.sleep(0.05)  # as typed: each key read before the next
-
-    def wait(self, what: str, found: Any, timeout: float = 30) -> list[str]:
-        """The screen once `found(lines)` holds; failing, the screen as it was."""
-        last: list[str] = []
-
-        def check() -> Any:
-            last[:] = self.screen()
-            return last if found(last) else None
-
-        return wait_for(check, timeout, lambda: f"{what}; the screen:\n" + "\n".join(last))
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=30)
 
 
 @pytest.fixture
@@ -79,6 +36,7 @@ def terminal_dir() -> Iterator[Path]:
 def top_as(srv: Server, user: str, folder: Path, *args: str, color: bool = False) -> Tmux:
     python, path = python_for(user)
     env = [
+        *(f"{k}={v}" for k, v in hermetic().items()),  # the test's config, state, leases
         f"PYTHONPATH={path}",
         "PATH=/usr/bin:/bin",
         f"GPUWARDEN_SOCKET={srv.socket}",
@@ -325,3 +283,28 @@ def test_several_hosts_are_read_and_acted_on_over_ssh(monkeypatch: pytest.Monkey
     said = acting.perform(Action("cancel", "7", "a"))
     assert ran == [("a", ["gpuwarden", "cancel", "7"])]
     assert said == "refused: job 7 belongs to bob"
+
+
+def test_an_admin_cancels_anyones_job_with_the_same_keys(
+    server: Server, terminal_dir: Path
+) -> None:
+    """gw-carol is the service's admin (servicetools): the service lets her."""
+    make_user("carol")
+    bob = make_user("bob")
+    blocker = submit(server, bob, ["sleep", "300"], request={"count": 4}, time_limit=600.0)
+    server.wait_state(blocker, ("RUNNING",))
+    theirs = submit(server, bob, ["sleep", "1"], request={"count": 2})
+    screen = top_as(server, "gw-carol", terminal_dir, "--user", "gw-bob", "--sort", "waited")
+    try:
+        lines = screen.wait("bob's jobs", lambda s: shows(s, theirs) and shows(s, blocker))
+        assert "you: gw-carol (admin)" in lines[0]
+        screen.keys(*["j"] * (row_of(lines, theirs) - row_of(lines, blocker)))
+        screen.keys("c")
+        screen.wait("the question", lambda s: f"Cancel job {theirs} (gw-bob" in "\n".join(s))
+        screen.keys("y")
+        screen.wait("done", lambda s: f"cancelled {theirs}" in "\n".join(s))
+        assert server.job(theirs)["state"] == "CANCELLED"
+        screen.keys("q")
+    finally:
+        screen.close()
+        server.call(None, "cancel", jobs=[blocker, theirs])

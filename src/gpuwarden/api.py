@@ -147,6 +147,7 @@ def hold(
     environ: Optional[Mapping[str, str]] = None,
     snapshot: SnapshotSource = None,
     time: Union[str, float, None] = None,
+    account: Optional[str] = None,
 ) -> Iterator[Leased]:
     """Hold `n` GPUs (default 1, or all of `gpus`) that fit the filters for the block.
 
@@ -163,12 +164,16 @@ def hold(
     machine whose admin sets `service.max_time` needs one (or gives a default,
     `service.interactive_time`). Without a service nobody ends a block early, so
     `time` is not needed and not enforced there: the same script runs on a laptop.
+    `account` (default `submit.account`) is the account the service charges the
+    block's GPU-hours to (docs/usage.md); without a service it is not used.
     """
     conf, request = _request(n, gpus, min_free, max_util, min_capability, model, exclude, mem, mig)
     if request.count == 0:
         raise UserError("n=0 asks for no GPU; nothing to lease")
     limit = time_limit(time, "time")
-    with _hold(conf, request, wait, timeout, uuid, environ, snapshot, limit) as leased:
+    with _hold(
+        conf, request, wait, timeout, uuid, environ, snapshot, limit, account=account
+    ) as leased:
         yield leased
 
 
@@ -201,6 +206,7 @@ def _hold(
     snapshot: SnapshotSource = None,
     time: Optional[float] = None,
     time_option: str = "gpuwarden.lease(time=...)",
+    account: Optional[str] = None,
 ) -> Iterator[Leased]:
     """`hold` for a parsed request: through the queue service where `run` would go
     there, else leased here. `conf` is the one reading of the configuration everything
@@ -215,7 +221,17 @@ def _hold(
     service = service_socket(conf, base)  # the decision `run` makes
     if service is not None:
         yield from _through_service(
-            request, service, base, wait, timeout, uuid, read, conf, time, time_option
+            request,
+            service,
+            base,
+            wait,
+            timeout,
+            uuid,
+            read,
+            conf,
+            time,
+            time_option,
+            account or conf.get("submit.account"),
         )
         return
     first = read()
@@ -252,6 +268,7 @@ def _through_service(
     conf: Any = None,
     time: Optional[float] = None,
     time_option: str = "time=",
+    account: Optional[str] = None,
 ) -> Iterator[Leased]:
     """The block's GPUs held by the service, as `salloc` holds them (queueclient.holding):
     they show in `queue` as the caller's job, count against their limits and fair
@@ -262,7 +279,7 @@ def _through_service(
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields
 
-    fields = job_fields(request, holding.PLACEHOLDER, time_limit=time)
+    fields = job_fields(request, holding.PLACEHOLDER, time_limit=time, account=account)
     with holding.hold(fields, path, wait, timeout, conf, time_option) as (job, uuids, fds, ended):
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)

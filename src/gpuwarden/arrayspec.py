@@ -46,9 +46,10 @@ def parse(text: str, most: int = MAX_TASKS) -> ArraySpec:
     throttle: Optional[int] = None
     body, percent, limit = spec.partition("%")
     if percent:
-        if not limit.isdigit() or not limit.isascii() or int(limit) < 1:
+        if not _number(limit) or not 1 <= int(limit) <= MAX_TASKS:
             raise UserError(
-                f"invalid --array {spec!r}: %{limit} must be a whole number of tasks, 1 or more"
+                f"invalid --array {spec[:80]!r}: %{limit[:20]} must be a whole number of tasks "
+                f"from 1 to {MAX_TASKS}"
             )
         throttle = int(limit)
     parts = [_part(spec, piece) for piece in body.split(",")]

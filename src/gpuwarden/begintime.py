@@ -39,8 +39,19 @@ _WORDS = {"midnight": (0, 0), "noon": (12, 0), "teatime": (16, 0)}
 FORMS = "now+1hour, 16:00, 2026-12-24T09:00, tomorrow"
 
 
+#: The latest moment the service takes (its protocol's bound, in the year 5138).
+LATEST = 1e11
+
+
 def parse(text: str, now: float) -> float:
     """The moment `text` names (seconds since the epoch), `now` being the present."""
+    moment = _parse(text, now)
+    if moment > LATEST:
+        raise UserError(f"invalid time {text[:60]!r}: the latest is the year 5000")
+    return moment
+
+
+def _parse(text: str, now: float) -> float:
     spec = text.strip().lower()
     relative = _RELATIVE.fullmatch(spec)
     if relative:
@@ -92,8 +103,8 @@ def _unit(text: str, unit: str) -> int:
 def _moment(text: str, year: int, month: int, day: int, hour: int, minute: int, sec: int) -> float:
     if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and sec <= 59):
         raise UserError(f"invalid time {text[:60]!r}: no such date or time of day")
-    if not 1970 <= year <= 9999:
-        raise UserError(f"invalid time {text[:60]!r}: the year must be 1970 to 9999")
+    if not 1970 <= year <= 5000:
+        raise UserError(f"invalid time {text[:60]!r}: the year must be 1970 to 5000")
     stamp = time.mktime((year, month, day, hour, minute, sec, 0, 0, -1))
     if time.localtime(stamp)[:3] != (year, month, day):
         raise UserError(f"invalid time {text[:60]!r}: no such date")

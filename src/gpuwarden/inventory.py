@@ -20,7 +20,7 @@ import time
 # GpuProcess is part of a Snapshot, so it is named here too (inventory.GpuProcess).
 from gpuwarden.gpuprocesses import GpuProcess as GpuProcess
 from gpuwarden.gpuprocesses import SimOwners, read_processes
-from gpuwarden.records import field, record
+from gpuwarden.records import field, record, replace
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -246,6 +246,43 @@ def read_snapshot(
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass
+
+
+def read_use(nv: Any, gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    """`gpus` (of an earlier snapshot) with what they use now read again: memory,
+    utilization and processes, 4 NVML calls a GPU instead of a whole snapshot's 20 and
+    more. What a decision to start a job on them needs; a GPU lost since is `lost`."""
+    nv.nvmlInit()  # the caller read `gpus` through it: it is there
+    known = SimOwners(getattr(nv, "gpuwarden_sim_processes", None))
+    r = _Reader(nv)
+    out = []
+    try:
+        for gpu in gpus:
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+                fields = _read_use(nv, r, handle, gpu, known)
+            except nv.NVMLError as err:  # lost, or gone from the bus
+                fields = {"lost": True, "error": f"cannot read it again: {err}"}
+            out.append(replace(gpu, **fields))
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except nv.NVMLError:
+            pass
+    return tuple(out)
+
+
+def _read_use(nv: Any, r: _Reader, handle: Any, gpu: Gpu, known: SimOwners) -> dict[str, Any]:
+    f: dict[str, Any] = {}
+    memory = r.get("nvmlDeviceGetMemoryInfo", handle)
+    if memory is not None:
+        f["memory_used"], f["memory_free"] = int(memory.used), int(memory.free)
+    util = r.get("nvmlDeviceGetUtilizationRates", handle)
+    if util is not None:
+        f["utilization_gpu"], f["utilization_memory"] = int(util.gpu), int(util.memory)
+    by_instance = {(m.gpu_instance_id, m.compute_instance_id): m.uuid for m in gpu.mig_instances}
+    f["processes"] = read_processes(r.get, handle, by_instance, known)
+    return f
 
 
 def _read(

@@ -353,7 +353,12 @@ def plan(
     shadow: Optional[float] = None  # when the reserved job can start
     reserved: Optional[Waiting] = None
     keep: frozenset[str] = frozenset()  # the GPUs it will get then
-    holders = [booking.Holder(r.user, r.gpus, r.ends) for r in running] if bookings else []
+    # Preemptible jobs hold nothing a booking needs: its window takes their GPUs back.
+    holders = (
+        [booking.Holder(r.user, r.gpus, r.ends) for r in running if not r.preemptible]
+        if bookings
+        else []
+    )
     for prio, job in ranked:
         if job.begin is not None and job.begin > now and not job.held:
             reason: Optional[str] = BEGIN_TIME  # said first: nothing else matters before it

@@ -69,6 +69,7 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "run.model": args.model,
         "run.exclude": args.exclude,
         "run.mig": args.mig,
+        "submit.account": getattr(args, "account", None),
     }
 
 
@@ -140,6 +141,15 @@ def warning_of(args: argparse.Namespace) -> Optional[dict[str, Any]]:
     if args.time is None and not getattr(args, "preemptible", False):
         raise UserError("--signal needs --time: its signal comes that long before the limit")
     return {"number": number, "before": float(seconds or 60), "batch": batch}
+
+
+def add_account_option(parser: Declared) -> None:
+    """`--account` of `run`, `submit` and `kernel install` (submit.account by default)."""
+    parser.add_argument(
+        "--account",
+        metavar="NAME",
+        help="charge its GPU-hours to this account (as sbatch's; default: submit.account)",
+    )
 
 
 def add_slurm_options(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:

@@ -116,10 +116,29 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         "COMMAND",
     ]
     right: tuple[int, ...] = (0, 5, 6, 7, 8, 9, 10)
+    headers, right = with_accounts(jobs, [*running, *waiting], headers, rows, right, 2 + hosts)
     if hosts:
         headers.insert(0, "HOST")
         right = tuple(i + 1 for i in right)
     return render(headers, rows, right=right)
+
+
+def with_accounts(
+    jobs: Sequence[Mapping[str, Any]],
+    shown: Sequence[Mapping[str, Any]],
+    headers: list[str],
+    rows: list[list[str]],
+    right: tuple[int, ...],
+    after: int,
+) -> tuple[list[str], tuple[int, ...]]:
+    """An ACCOUNT column after the user's (column `after` of a row) when any job was
+    X"""
+    if not any(j.get("account") for j in jobs):
+        return headers, right
+    for row, job in zip(rows, shown):
+        row.insert(after, printable(str(job.get("account") or "-")))
+    headers.insert(2, "ACCOUNT")
+    return headers, tuple(i + 1 if i >= 2 else i for i in right)
 
 
 def unleased_lines(found: Sequence[Mapping[str, Any]], now: Optional[float] = None) -> list[str]:
@@ -245,7 +264,8 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
         *("JOB", "USER", "STATE", "ENDED AS", "GPUS", "ELAPSED", "GPU-H", "CPU", "PEAKMEM"),
         *("ENDED", "COMMAND"),
     ]
-    return "\n".join([render(headers, rows, right=(0, 5, 6, 7, 8)), *notes])
+    headers, right = with_accounts(jobs, jobs, headers, rows, (0, 5, 6, 7, 8), 2)
+    return "\n".join([render(headers, rows, right=right), *notes])
 
 
 def share_table(users: Sequence[Mapping[str, Any]]) -> str:

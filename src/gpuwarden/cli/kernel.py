@@ -30,6 +30,7 @@ def register(commands: Commands, name: str) -> None:
         metavar="T",
         help="each kernel's time limit where a queue service runs (8h, 1-00:00:00)",
     )
+    filters.add_account_option(install)
     install.add_argument("--name", metavar="NAME", help="the kernel's name (gpuwarden-Ngpu)")
     install.add_argument("--display-name", metavar="TEXT", help="the menu's text (Python (N GPU))")
     install.add_argument(
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         timeout,
         uuid=bool(args.uuid),
         time_limit=limit,
+        account=args.account,
     )
     name = args.name or kernelspec.default_name(request)
     path = kernelspec.install(name, kernel, prefix)

@@ -44,6 +44,7 @@ def register(commands: Commands, name: str) -> None:
         help="--ddp ranks on the CPU (gloo); implies --cpu without -g/--gpus",
     )
     filters.add_time_option(parser)
+    filters.add_account_option(parser)
     filters.add_slurm_options(parser, "run it as a Slurm job, via srun")
     parser.add_argument("cmd", nargs="...", help="the command, after --")  # "...": REMAINDER
 

@@ -57,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from gpuwarden.errors import UserError
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.service.server import Service
     from gpuwarden.units import parse_duration
 
@@ -78,9 +77,6 @@ def run(args: argparse.Namespace) -> int:
         "service.show_commands": True if args.show_commands else None,
     }
     fixed = {"socket": args.socket, "state_dir": args.state_dir}
-    service = Service.configured(
-        options, fixed, tuple(args.admin or ()), lambda: read_snapshot(detail=False)
-    )
-    # Scheduling and enforcement decide on memory, processes and health alone.
+    service = Service.configured(options, fixed, tuple(args.admin or ()))
     service.serve_forever()
     return 0

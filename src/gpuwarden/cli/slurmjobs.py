@@ -62,6 +62,7 @@ def spec_of(args: argparse.Namespace, mem: Any = None, *, attached: bool = False
         output=getattr(args, "output", None),
         name=getattr(args, "name", None),
         partition=args.partition,
+        account=getattr(args, "account", None),
         array=getattr(args, "array", None),
         begin=getattr(args, "begin", None),
         signal=batch.slurm_signal(warning_of(args), ddp=args.ddp, attached=attached),

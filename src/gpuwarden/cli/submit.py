@@ -34,6 +34,7 @@ def register(commands: Commands, name: str) -> None:
     filters.add_filters(pick, slurm=True)
     job = parser.add_argument_group("the job")
     filters.add_time_option(job)
+    filters.add_account_option(job)
     job.add_argument("--after", metavar="ID", help="start only after these jobs succeed (1,2)")
     job.add_argument("--hold", action="store_true", help="queue it held (`gpuwarden unhold`)")
     job.add_argument(
@@ -131,6 +132,7 @@ def submit_local(args: argparse.Namespace) -> int:
         nice=nice,
         output=args.output,
         warning=filters.warning_of(args),
+        account=conf.get("submit.account"),
     )
     fields.update(yielding_fields(args))
     if args.begin is not None:

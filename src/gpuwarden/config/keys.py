@@ -287,6 +287,8 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key("service.shares", "shares", {}, "fair-share weight per user (others get 1)"),
     Key("service.limits", "limits", {}, "limits per user and @group (max_gpus, max_jobs, ...)"),
+    Key("service.accounts", "accounts", {}, "accounts jobs are charged to: members and limits"),
+    Key("service.require_account", "bool", False, "refuse a job that names no account"),
     Key("service.weight_fairshare", "float", 10000.0, "priority weight of fair share", low=0),
     Key("service.weight_age", "float", 1000.0, "priority weight of time waited", low=0),
     Key("service.weight_qos", "float", 10000.0, "priority weight of the admin-set QOS", low=0),
@@ -314,6 +316,7 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key("service.webhook", "str", None, "URL that gets a JSON POST when a job ends"),
     Key("submit.webhook", "str", None, "your URL that gets a JSON POST for each --notify event"),
+    Key("submit.account", "str", None, "the account your jobs are charged to (as sbatch's)"),
     Key("service.sendmail", "path", None, "sendmail program that mails owners when their job ends"),
     Key(
         "service.reconnect",

@@ -199,6 +199,26 @@ def _as_limits(value: Any) -> dict[str, dict[str, float]]:
     return table
 
 
+def _as_accounts(value: Any) -> dict[str, dict[str, Any]]:
+    """`[service.accounts]`: account -> {members = [users, @groups], max_jobs, max_time,
+    gpu_hours_per_week} (service.accounts)."""
+    import re
+
+    if not isinstance(value, dict):
+        raise BadValue
+    table: dict[str, dict[str, Any]] = {}
+    for name, entry in value.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][\w.-]{0,63}", name):
+            raise BadValue
+        if not isinstance(entry, dict) or "members" not in entry:
+            raise BadValue
+        limits = {k: v for k, v in entry.items() if k != "members"}
+        if set(limits) - {"max_jobs", "max_time", "gpu_hours_per_week"}:
+            raise BadValue
+        table[name] = {"members": _as_names(entry["members"]), **_as_limits({name: limits})[name]}
+    return table
+
+
 def parse_capability(text: Any) -> tuple[int, int]:
     """`8.0`, `"8.6"`, `[8, 6]` -> (8, 6); raises UserError naming the value."""
     if isinstance(text, (list, tuple)) and len(text) == 2:
@@ -271,5 +291,10 @@ KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
         "a table of users and @groups, each with positive max_gpus, max_jobs, max_time, "
         "max_interactive_time or "
         'gpu_hours_per_week, such as {"@students" = {max_gpus = 2, max_time = "1d"}}',
+    ),
+    "accounts": (
+        _as_accounts,
+        "a table of accounts, each with its members (users and @groups) and optional "
+        'max_jobs, max_time, gpu_hours_per_week, such as {vision = {members = ["@lab"]}}',
     ),
 }

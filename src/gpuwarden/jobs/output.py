@@ -10,12 +10,14 @@ the job's output name. Used for the queue service's jobs and for Slurm's.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import stat
 import sys
 import time
 from collections.abc import Callable
+from typing import Optional
 
 from gpuwarden.errors import UserError
 
@@ -47,20 +49,38 @@ def open_output(path: str, job_uid: int) -> int:
     return fd
 
 
-def copy_out(fd: int) -> int:
+def copy_out(fd: int, decoder: Optional[codecs.IncrementalDecoder] = None) -> int:
+    """Copy what the file has to stdout; through `decoder` with control characters
+    shown as escapes (`safefiles.printable`, newlines kept) where given."""
+    from gpuwarden.safefiles import printable
+
     n = 0
     while True:
         data = os.read(fd, CHUNK)
         if not data:
             return n
-        sys.stdout.buffer.write(data)
+        if decoder is None:
+            sys.stdout.buffer.write(data)
+        else:
+            lines = decoder.decode(data).split("\n")
+            sys.stdout.write("\n".join(printable(line) for line in lines))
         n += len(data)
+
+
+def _guarded(job_uid: int) -> Optional[codecs.IncrementalDecoder]:
+    """Another user's output on a terminal (root's or an admin's `logs`) is shown with
+    its escape sequences as text: a job must not rewrite the admin's screen or title.
+    Its owner, and a pipe, get the bytes as they are."""
+    if job_uid == os.getuid() or not sys.stdout.isatty():
+        return None
+    return codecs.getincrementaldecoder("utf-8")("replace")
 
 
 def show(path: str, job_uid: int, ended: Callable[[], bool], follow: bool, what: str) -> int:
     """Print the file at `path`; with `follow`, keep printing what is appended until
     `ended()` says the job is over. `what` names the job in errors."""
     fd = -1
+    decoder = _guarded(job_uid)
     try:
         while True:
             if fd < 0:
@@ -69,12 +89,12 @@ def show(path: str, job_uid: int, ended: Callable[[], bool], follow: bool, what:
                 except FileNotFoundError:
                     fd = -1
             if fd >= 0:
-                copy_out(fd)
+                copy_out(fd, decoder)
                 sys.stdout.flush()
             over = ended()
             if not follow or over:
                 if fd >= 0:
-                    copy_out(fd)  # what it wrote just before it ended
+                    copy_out(fd, decoder)  # what it wrote just before it ended
                     return 0
                 when = "yet" if not over else "and the job has ended"
                 raise UserError(f"{what}: no output file {path} {when}")

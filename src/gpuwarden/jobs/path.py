@@ -317,7 +317,11 @@ def _through_service(
         argv = through_service(argv, os.environ.get("GPUWARDEN_DEV_DIR"))
     limit = None if time_limit is None else parse_time_limit(time_limit)
     fields = job_fields(
-        request, argv, time_limit=limit, warning=None if warning is None else warning()
+        request,
+        argv,
+        time_limit=limit,
+        warning=None if warning is None else warning(),
+        account=conf.get("submit.account"),
     )
     fields["wait"] = bool(conf.get("run.wait"))
     return run_attached(

@@ -50,6 +50,7 @@ def spec(
     timeout: Optional[float] = None,
     uuid: bool = False,
     time_limit: Optional[float] = None,
+    account: Optional[str] = None,
 ) -> dict[str, Any]:
     """kernel.json for `python`'s ipykernel with the gpuwarden provisioner and `request`
     (gpuwarden.lease()'s arguments, only those given); `time_limit` in seconds: the
@@ -57,6 +58,8 @@ def spec(
     config: dict[str, Any] = {"request": {k: v for k, v in request.items() if v is not None}}
     if time_limit is not None:
         config["time_limit"] = time_limit
+    if account is not None:  # the account the service charges (gpuwarden.lease(account=))
+        config["account"] = account
     if uuid:
         config["uuid"] = True
     if wait:

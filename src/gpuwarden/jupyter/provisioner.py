@@ -54,6 +54,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     uuid = Bool(False, config=True, help="CUDA_VISIBLE_DEVICES as UUIDs")
     # Not `time`: a kernel's time limit under a queue service (`kernel install --time`).
     time_limit = AnyTrait(None, config=True, help="the kernel's time limit: seconds or 8h")
+    account = AnyTrait(None, config=True, help="the account its GPU-hours are charged to")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -154,6 +155,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
                 base,
                 time=limit,
                 time_option="`gpuwarden kernel install --time`",
+                account=None if self.account is None else str(self.account),
             )
         )
         allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)

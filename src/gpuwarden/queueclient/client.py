@@ -398,9 +398,11 @@ def job_fields(
     nice: int = 0,
     output: Optional[str] = None,
     warning: Optional[dict[str, Any]] = None,
+    account: Optional[str] = None,
 ) -> dict[str, Any]:
     """A submit request for `argv` with a `selection.Request`'s GPU wishes, in this
-    process's working directory, environment and umask (what the job runs with)."""
+    process's working directory, environment and umask (what the job runs with);
+    `account` the one it is charged to (None: the service's default for us)."""
     mask = os.umask(0)
     os.umask(mask)
     wishes: dict[str, Any] = {"count": request.gpu_count}
@@ -429,6 +431,8 @@ def job_fields(
         fields["after"] = list(after)
     if output is not None:
         fields["output"] = os.path.abspath(output)
+    if account:
+        fields["account"] = account
     if warning is not None:
         fields["signal"] = warning
     return fields

@@ -319,6 +319,7 @@ class Submit:
     begin: Optional[float] = None  # --begin, seconds since the epoch
     notify: tuple[str, ...] = ()  # --notify: events posted to notify_url (service.jobnotify)
     notify_url: Optional[str] = None
+    account: Optional[str] = None  # --account: whose GPU-hours these are (service.accounts)
     max_retries: int = 0  # --max-retries: queued again after a failure, this many times
     preemptible: bool = False  # --preemptible: on idle GPUs, given back when needed
     preempt: str = "requeue"  # --preempt: what preemption does to it (requeue or cancel)
@@ -412,6 +413,7 @@ def submit(message: Mapping[str, Any]) -> Submit:
         begin=_optional(message.get("begin"), _number, "begin", 0.0, 1e11),
         notify=_events(message.get("notify", [])),
         notify_url=_optional(message.get("notify_url"), _url),
+        account=_optional(message.get("account"), _account),
         max_retries=_int(message.get("max_retries", 0), "max_retries", 0, MAX_RETRIES),
         preemptible=_bool(message.get("preemptible", False), "preemptible"),
         preempt=_choice(message.get("preempt", "requeue"), "preempt", PREEMPT_MODES),
@@ -422,6 +424,15 @@ def _choice(value: object, what: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ProtocolError(f"{what} must be one of {', '.join(choices)}")
     return str(value)
+
+
+def _account(value: object) -> str:
+    import re
+
+    text = _string(value, "account", 64)
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", text):
+        raise ProtocolError("account must be letters, digits, '_', '.' or '-'")
+    return text
 
 
 def _events(value: object) -> tuple[str, ...]:

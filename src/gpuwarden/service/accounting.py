@@ -18,6 +18,7 @@ requeued then were never kept), so its history is reported too.
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Optional
@@ -296,3 +297,48 @@ def wait_histogram(
     row = db.execute(query + " WHERE started IS NOT NULL").fetchone()
     counts = [int(v or 0) for v in row[: len(bounds)]]
     return counts, float(row[len(bounds)] or 0.0), int(row[len(bounds) + 1])
+
+
+def gpu_seconds_since(
+    db: sqlite3.Connection, user: str, since: float, now: Optional[float] = None
+) -> float:
+    """GPU-seconds `user`'s jobs held after `since` (GPUs held x time, running jobs
+    until `now`): what a weekly GPU-hour budget (service.limits) counts."""
+    if now is None:
+        import time
+
+        now = time.time()
+    rows = db.execute(
+        "SELECT gpus, started, ended FROM jobs WHERE user = ? AND started IS NOT NULL "
+        "AND (ended IS NULL OR ended > ?)",
+        (user, since),
+    )
+    total = 0.0
+    for gpus, started, ended in rows:
+        span = (now if ended is None else ended) - max(started, since)
+        total += len(json.loads(gpus)) * max(0.0, span)
+    return total
+
+
+def account_active(db: sqlite3.Connection, account: str) -> int:
+    """Jobs charged to `account` queued or running."""
+    query = "SELECT COUNT(*) FROM jobs WHERE account = ? AND state IN (?, ?, ?)"
+    return int(db.execute(query, (account, "PENDING", "STARTING", "RUNNING")).fetchone()[0])
+
+
+def account_gpu_seconds(db: sqlite3.Connection, account: str, since: float, now: float) -> float:
+    """GPU-seconds the jobs of `account` held after `since`: its ended runs (the part of
+    each after `since`) and its running jobs until `now`."""
+    total = 0.0
+    query = "SELECT gpu_seconds, started, ended FROM runs WHERE account = ? AND ended > ?"
+    for gpu_seconds, started, ended in db.execute(query, (account, since)):
+        length = ended - started
+        if length > 0:
+            total += gpu_seconds * (ended - max(started, since)) / length
+    running = (
+        "SELECT json_array_length(gpus), started FROM jobs WHERE account = ? "
+        "AND state IN ('STARTING', 'RUNNING') AND started IS NOT NULL"
+    )
+    for gpus, started in db.execute(running, (account,)):
+        total += gpus * max(0.0, now - max(started, since))
+    return total

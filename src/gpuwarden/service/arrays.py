@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Optional, Union
 from gpuwarden import arrayspec
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
-from gpuwarden.service import store
+from gpuwarden.service import arrayrows, store
 
 #: Why a task waits while its array runs as many tasks as its throttle allows (Slurm's word).
 THROTTLED = "JobArrayTaskLimit"
@@ -62,21 +62,20 @@ def add(journal: store.Store, job: store.Job, array: Expansion) -> list[int]:
     sbatch's patterns filled in; without `--output` a task writes
     `gpuwarden-%A_%a.out`, as sbatch's default for an array is `slurm-%A_%a.out`."""
     pattern = job.output or os.path.join(job.cwd, "gpuwarden-%A_%a.out")
+    common = arrayrows.body(
+        job.argv, job.env, job.request, job.cwd, job.after, pattern, array.params
+    )
+    shared = journal.share(common)  # once for all tasks (service.arrayrows)
     ids: list[int] = []
     for task in array.tasks:
-        values = arrayspec.combination(array.params, task) if array.params else {}
+        first = ids[0] if ids else None
         added = journal.add(
-            replace(
-                job,
-                array_job=ids[0] if ids else None,
-                array_task=task,
-                array_throttle=array.throttle,
-                params=values,
-            )
+            replace(job, array_job=first, array_task=task, array_throttle=array.throttle),
+            shared=shared,
         )
         ids.append(added.id)
-        fills = {"A": ids[0], "a": task, "j": added.id, "u": job.user}
-        journal.update(added.id, array_job=ids[0], output=arrayspec.output_path(pattern, fills))
+        if first is None:
+            journal.update(added.id, array_job=added.id)
     return ids
 
 

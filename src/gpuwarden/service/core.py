@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpuwarden.service import store
     from gpuwarden.service.attachment import ClientProcess
     from gpuwarden.service.connection import Connection
+    from gpuwarden.service.machine import Machine
     from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.sampler import Sampler
@@ -40,10 +41,11 @@ class Core:
     store: store.Store  # the journal, opened by `server.Service`
 
     def __init__(
-        self, settings: Settings, snapshot: Callable[[], Any], notifier: JobNotifier, pacer: Pacer
+        self, settings: Settings, hardware: Machine, notifier: JobNotifier, pacer: Pacer
     ) -> None:
         self.settings = settings
-        self.read_snapshot = snapshot  # reads the machine (the simulator's in tests)
+        self.hardware = hardware  # the GPUs as planned on, read as decisions need them
+        self.read_snapshot: Callable[[], Any] = hardware.read  # the whole machine, now
         self.notifier = notifier
         self.pacer = pacer  # when to plan next: at once, or coalesced (service.pacing)
         self.exits = os.path.join(settings.state_dir, "jobs")  # exit records and markers

@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 from gpuwarden.errors import UserError
+from gpuwarden.service.arrayrows import Blobs
 from gpuwarden.service.store import ACTIVE, SCHEMA_VERSION, row_to_job
 
 
@@ -89,8 +90,9 @@ def examine(path: str) -> Optional[str]:
         if not str(row[0]).isdigit() or int(row[0]) > SCHEMA_VERSION:
             return f"the journal {path} has schema {row[0]!r}, newer than this gpuwarden's"
         marks = ", ".join("?" for _ in ACTIVE)
+        blobs = Blobs(db) if "blobs" in tables else None
         for r in db.execute(f"SELECT * FROM jobs WHERE state IN ({marks})", ACTIVE):
-            row_to_job(r)  # what a start reads: every waiting or running job
+            row_to_job(r, blobs)  # what a start reads: every waiting or running job
         return None
     except (sqlite3.Error, ValueError, TypeError, KeyError, IndexError) as err:
         return f"the journal {path} is damaged ({err})"

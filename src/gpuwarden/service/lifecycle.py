@@ -250,24 +250,28 @@ class Lifecycle(Attaching, Limiting):
         if ended is None:  # ended before it started: no exit record to remove later
             attachment.forget_client(self.exits, str(job_id))
 
-    def schedule(self) -> None:
-        """Plan, and start whatever the plan says starts; keep what stays free (`free`)
-        for the next submit to judge whether it needs a pass at once (service.pacing)."""
+    def schedule(self, full: bool = True) -> None:
+        """Plan and start what the plan starts; keep what stays free (`free`) for the next
+        submit to judge whether it may start (service.pacing). A full pass plans every
+        waiting job, a start pass those that could start (`Store.ready`: a held job
+        starts and blocks nothing), both on the machine as last read (service.machine)."""
         from gpuwarden.mig import devices
-        from gpuwarden.service.placing import inputs, start_job
+        from gpuwarden.service.placing import inputs, record_reasons, start_job
 
+        began = time.monotonic()
         # An attached job whose client has not come back after a restart has no
         # terminal to start on: it waits for its client.
-        pending = [
-            j for j in self.store.jobs([store.PENDING]) if not j.attached or j.id in self.stdio
-        ]
+        waits = self.store.jobs([store.PENDING]) if full else self.store.ready()
+        pending = [j for j in waits if not j.attached or j.id in self.stdio]
         if not pending:
-            self.free = None  # not known: the next submit plans at once
+            if full:
+                self.free = None  # not known: the next submit plans at once
+            self.pacer.planned("full" if full else "start", began, time.monotonic())
             return
         # One reading of the configuration for the pass, handed to what it calls: drains,
         # XID logs and health rules change without a reload.
         reading = self.reading = config.load()
-        snapshot = self.read_snapshot()
+        snapshot = self.hardware.current(self.settings.tick)
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
         self.memory = {g.uuid: g.memory_total or 0 for g in units}
         self.indices = {g.uuid: g.index for g in units}
@@ -280,7 +284,7 @@ class Lifecycle(Attaching, Limiting):
         now = time.time()
         leaving = {*self.termed, *self.preempting}
         gpus, busy, waiting, pick = inputs(
-            snapshot, running, pending, self.settings, reading, leaving
+            snapshot, running, pending, self.settings, reading, leaving, self.hardware.linked
         )
         usage = self.store.usage(now, self.settings.policy.half_life)
         policy = self.plan_policy((*pending, *running))
@@ -300,12 +304,16 @@ class Lifecycle(Attaching, Limiting):
         for why in set(victims.values()):  # first: their grace runs from now
             chosen = (self.store.get(int(v)) for v, w in victims.items() if w == why)
             preempting.preempt(self, [j for j in chosen if j is not None], why)
-        self.priorities = {int(d.id): d.priority for d in decisions}
-        self.estimates = {int(d.id): d.estimated_start for d in decisions}
-        # Every waiting job's expected start (`queue --start`), worked out when a
-        # listing first asks for it after this pass: the plan itself needs none.
-        self.foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
-        self.foreseen = None
+        if full:
+            self.priorities = {int(d.id): d.priority for d in decisions}
+            self.estimates = {int(d.id): d.estimated_start for d in decisions}
+            # Every waiting job's expected start (`queue --start`), worked out when a
+            # listing first asks for it after this pass: the plan itself needs none.
+            self.foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
+            self.foreseen = None
+        else:
+            self.priorities.update((int(d.id), d.priority) for d in decisions)
+            self.estimates.update((int(d.id), d.estimated_start) for d in decisions)
         by_id = {j.id: j for j in pending}
         self.free = free = scheduling.Capacity(gpus)
         for run in busy:
@@ -313,20 +321,16 @@ class Lifecycle(Attaching, Limiting):
         for decision in decisions:
             if decision.starts:
                 free.take(decision.gpus, by_id[int(decision.id)].mem)
-        with self.store.transaction(durable=False):  # one commit for every reason
-            for job in throttled:
-                if job.reason != arrays.THROTTLED:
-                    self.store.update(job.id, durable=False, reason=arrays.THROTTLED)
-            for decision in decisions:
-                job = by_id[int(decision.id)]
-                if not decision.starts and job.wait and job.reason != decision.reason:
-                    self.store.update(job.id, durable=False, reason=decision.reason)
+        record_reasons(self.store, throttled, decisions, by_id)
+        self.pacer.planned("full" if full else "start", began, time.monotonic(), len(waiting))
         for decision in decisions:
             job = by_id[int(decision.id)]
             if not decision.starts:
                 if not job.wait:
                     self._refuse(job, decision.reason or "")
                 continue
+            if not full:
+                self.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
             try:
                 started = start_job(self, job, decision.gpus, snapshot, reading)
             except UserError as err:

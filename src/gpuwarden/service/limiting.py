@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
+from gpuwarden.service import accounting
 from gpuwarden.service.core import Core
 from gpuwarden.service.identity import Person, person
 from gpuwarden.service.limits import Limit, refusal
@@ -52,7 +53,7 @@ class Limiting(Core):
             active = sum(1 for _ in mine) if "max_jobs" in limits else 0
         else:
             if "gpu_hours_per_week" in limits:
-                hours = self.store.gpu_seconds_since(who.name, time.time() - WEEK) / 3600
+                hours = self._week_hours(who.name)
             if "max_jobs" in limits:
                 active = self.store.count_active(who.uid)
         why = refusal(
@@ -67,6 +68,32 @@ class Limiting(Core):
         )
         if why is not None:
             raise UserError(why)
+
+    def charged(self, who: Person, sub: protocol.Submit, tasks: int) -> Optional[str]:
+        """The account a submit is charged to (service.accounts), refused in one line
+        when `who` may not charge it or it is over one of its limits."""
+        from gpuwarden.service import accounting
+
+        s = self.settings
+        admin = s.admins.include(who)
+        account = s.accounts.choose(who.name, who.groups, sub.account, admin)
+        if account is None or admin:
+            return account
+        entry = s.accounts.entries[account]
+        db = self.store.db
+        now = time.time()
+        why = s.accounts.refusal(
+            account,
+            time_limit=sub.time_limit,
+            tasks=tasks,
+            active=accounting.account_active(db, account) if "max_jobs" in entry else 0,
+            gpu_hours=accounting.account_gpu_seconds(db, account, now - WEEK, now) / 3600
+            if "gpu_hours_per_week" in entry
+            else None,
+        )
+        if why is not None:
+            raise UserError(why)
+        return account
 
     def interactive_time(self, who: Person, sub: protocol.Submit) -> Optional[float]:
         """The time an interactive hold (an attached job: a kernel, `gpuwarden.lease()`,
@@ -99,6 +126,10 @@ class Limiting(Core):
                 caps[name] = int(mine["max_gpus"].value)
         return dataclasses.replace(policy, exempt=frozenset(exempt), gpu_caps=caps)
 
+    def _week_hours(self, user: str) -> float:
+        """GPU-hours `user`'s jobs held in the last week (service.accounting)."""
+        return accounting.gpu_seconds_since(self.store.db, user, time.time() - WEEK) / 3600
+
     def limits_answer(self, who: Person) -> dict[str, Any]:
         """`gpuwarden limits`: the asker's limits, each with its rule and what they use."""
         limits = self.limits_of(who)
@@ -106,7 +137,7 @@ class Limiting(Core):
         used = {
             "max_gpus": float(sum(len(j.gpus) for j in jobs if j.gpus)),
             "max_jobs": float(len(jobs)),
-            "gpu_hours_per_week": self.store.gpu_seconds_since(who.name, time.time() - WEEK) / 3600,
+            "gpu_hours_per_week": self._week_hours(who.name),
         }
         return {
             "ok": True,

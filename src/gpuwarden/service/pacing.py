@@ -1,82 +1,111 @@
-"""When the service plans: at once when something may start, coalesced otherwise.
+"""When the service plans: a start pass at once when something may start, a full pass
+coalesced.
 
-A scheduling pass looks at every waiting job, so its cost grows with the queue;
-a submit must not (10,000 submissions into a growing queue once took 56 ms each
-at the end against 3 ms into an empty one). Two kinds of change:
+Two kinds of pass (service.lifecycle `schedule`):
 
-- `wake()`: something may start now (a job ended, a GPU is free for the new job,
-  a job was released or cancelled). The next pass comes at once, but never
-  sooner than `SPREAD` times the last pass's length after it ended, so passes
-  take at most 1/(SPREAD+1) of the loop however fast such events come.
-- `touch()`: only what `queue` shows may change (a held job, a job that cannot
-  fit anywhere now, the clock moving on). The pass comes `REFRESH` times the
-  last pass's length after the last one, and `STALE_AT_MOST` seconds after it
-  at the latest: a pass that started jobs is long for what it planned, and a new
-  job's priority must not wait on it for long. For 10,000 waiting jobs that is a
-  pass every two seconds while submissions keep coming, as Slurm's own main and
-  backfill passes run on an interval rather than per submit.
+- a start pass, after `wake()`: something may start now (a job ended, a job was
+  submitted that fits what is free, released, cancelled, a reload). It plans only
+  the jobs that could start (not held, not waiting on a job still active), so its
+  cost does not grow with a queue of held or dependent jobs, and it runs at the
+  next turn of the loop: no delay stands between a freed GPU and the next start.
+- a full pass, after `touch()`: only what `queue` shows may have changed (the
+  priorities of every waiting job, their expected starts, a GPU freed outside the
+  queue). It plans every waiting job, so it comes `REFRESH` times the last full
+  pass's planning time after that pass, and `STALE_AT_MOST` seconds after it at
+  the latest: for 10,000 waiting jobs a pass every two seconds while submissions
+  keep coming, as Slurm's own main and backfill passes run on an interval rather
+  than per submit. The first pass, at start, is a full one.
 
-Pure bookkeeping over times the caller passes in; the loop asks `due` and
-`wait`. The last and mean pass length are served by `stats` (`plan`), as
-`sdiag` reports Slurm's.
+Pure bookkeeping over times the caller passes in; the loop asks `due` and `wait`.
+The full passes' last and mean planning times and the count of each kind are
+served by `stats` (`plan`), as `sdiag` reports Slurm's.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
-SPREAD = 4.0  # an urgent pass waits this many pass lengths after the previous one
-REFRESH = 200.0  # a non-urgent pass waits this many: planning stays under 0.5% of the time
+REFRESH = 200.0  # a full pass waits this many of its lengths: under 0.5% of the time
 STALE_AT_MOST = 2.0  # seconds: what `queue` shows of a new job is never older than this
+START, FULL = "start", "full"
 
 
 class Pacer:
     def __init__(self) -> None:
-        self.urgent = True  # plan once at start
-        self.stale = False
-        self.last = 0.0  # seconds the last pass took
+        self.urgent = False
+        self.retried = False  # a start failed and its retry came (`retry`)
+        self.stale = True  # a full pass once at start
+        self.last = 0.0  # seconds the last full pass planned
         self.ended = -math.inf  # monotonic time it ended
         self.total = 0.0
-        self.count = 0
+        self.count = 0  # passes of both kinds
+        self.full = 0
+        self.looked = 0  # waiting jobs planned by start passes, all told
+        self.deferred = 0  # turns of the loop that slept while a start pass was due
 
     def wake(self) -> None:
-        """Something may start: plan as soon as the spread allows."""
+        """Something may start: a start pass at the next turn of the loop."""
         self.urgent = True
+        self.retried = False
+
+    def retry(self) -> None:
+        """A start failed as the machine moved under the plan: a start pass at once, but
+        only once until something else happens (then the refresh), so that a machine
+        that keeps refusing is not asked in a busy loop."""
+        if self.retried:
+            self.touch()
+        else:
+            self.urgent = self.retried = True
 
     def touch(self) -> None:
-        """Only reasons and priorities may have changed: plan when next refreshing."""
+        """Only reasons and priorities may have changed: a full pass when next refreshing."""
         self.stale = True
 
-    def at(self) -> float:
-        """When the next pass is due (monotonic seconds); inf when none is wanted."""
-        if self.urgent:
-            return self.ended + SPREAD * self.last
-        if self.stale:
-            return self.ended + min(REFRESH * self.last, STALE_AT_MOST)
-        return math.inf
+    def refresh_at(self) -> float:
+        """When the next full pass is due (monotonic seconds); inf when none is wanted."""
+        if not self.stale:
+            return math.inf
+        return self.ended + min(REFRESH * self.last, STALE_AT_MOST)
 
-    def due(self, now: float) -> bool:
-        return now >= self.at()
+    def due(self, now: float) -> Optional[str]:
+        """FULL, START, or None: which pass is due now (a full one plans what a start
+        pass would, and more)."""
+        if now >= self.refresh_at():
+            return FULL
+        return START if self.urgent else None
 
     def wait(self, now: float, longest: float) -> float:
         """How long the loop may sleep before the next pass is due, `longest` at most."""
-        return max(0.0, min(longest, self.at() - now))
+        if self.urgent:
+            return 0.0
+        return max(0.0, min(longest, self.refresh_at() - now))
 
-    def begin(self) -> None:
+    def begin(self, kind: str) -> None:
         """A pass starts: it sees every change so far (one made during it wakes again)."""
-        self.urgent = self.stale = False
+        self.urgent = False
+        if kind == FULL:
+            self.stale = False
 
-    def planned(self, began: float, ended: float) -> None:
-        """The pass that began at `began` ended at `ended`."""
+    def planned(self, kind: str, began: float, ended: float, jobs: int = 0) -> None:
+        """The pass that began planning at `began` had planned `jobs` waiting jobs by
+        `ended` (the jobs it starts are not planning: they do not space the next pass)."""
+        self.count += 1
+        if kind != FULL:
+            self.looked += jobs
+            return
+        self.full += 1
         self.last = max(0.0, ended - began)
         self.ended = ended
         self.total += self.last
-        self.count += 1
 
     def stats(self) -> dict[str, Any]:
         return {
             "last_seconds": self.last,
-            "mean_seconds": self.total / self.count if self.count else 0.0,
+            "mean_seconds": self.total / self.full if self.full else 0.0,
             "count": self.count,
+            "full": self.full,
+            "starts": self.count - self.full,
+            "start_planned": self.looked,
+            "deferred": self.deferred,
         }

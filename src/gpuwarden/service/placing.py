@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
@@ -26,6 +26,7 @@ from gpuwarden.service.identity import person
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         store: store.Store
         exits: str
         pacer: Pacer
+        hardware: Machine
         stdio: dict[int, list[int]]
 
         def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
@@ -63,18 +65,23 @@ def request_of(job: store.Job) -> Any:
 
 
 def picker(
-    snapshot: Any, pending: Sequence[store.Job], seen: Sequence[Any], findings: Any
+    snapshot: Any,
+    pending: Sequence[store.Job],
+    seen: Sequence[Any],
+    findings: Any,
+    linked: Optional[Callable[[Any], Any]] = None,
 ) -> scheduling.Pick:
     """`scheduling.Pick` for this pass: which of the GPUs free for a job it gets, chosen
     by `selection.choose` as `run` chooses (`seen`: the leases held now). Its named and
-    excluded GPUs are already outside the free ones (`fitting`)."""
+    excluded GPUs are already outside the free ones (`fitting`). `linked` adds the links
+    between GPUs to a snapshot (service.machine keeps them; None: read them here)."""
     from dataclasses import replace
 
     from gpuwarden.selection import choose
 
     by_id = {str(j.id): j for j in pending}
     wanted: dict[str, Any] = {}  # made for the jobs the plan asks about, not every one
-    linked: list[Any] = []
+    links: list[Any] = []
 
     def pick(job: scheduling.Waiting, free: Sequence[str]) -> Optional[tuple[str, ...]]:
         request = wanted.get(job.id)
@@ -83,9 +90,9 @@ def picker(
             wanted[job.id] = request
         machine = snapshot
         if request.gpu_count > 1:  # where topology matters: read once a pass, when it does
-            if not linked:
-                linked.append(_with_topology(snapshot))
-            machine = linked[0]
+            if not links:
+                links.append((linked or _with_topology)(snapshot))
+            machine = links[0]
         choice = choose(machine, request, seen, allowed=free, health=findings)
         return tuple(g.uuid for g in choice.gpus) if choice.ok else None
 
@@ -112,12 +119,14 @@ def inputs(
     settings: Settings,
     reading: Any = None,
     leaving: Collection[int] = (),
+    linked: Optional[Callable[[Any], Any]] = None,
 ) -> tuple[
     list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`;
     drains, XID logs and health rules as the pass's `reading` of the configuration
-    says (None: the configuration in force). `leaving`: ids of running jobs told to end."""
+    says (None: the configuration in force). `leaving`: ids of running jobs told to end;
+    `linked` as `picker`'s."""
     from gpuwarden import drain, leases
     from gpuwarden.health.judgement import FATAL
     from gpuwarden.health.xidlog import judged
@@ -207,7 +216,28 @@ def inputs(
                 preemptible=job.preemptible,
             )
         )
-    return gpus, busy, waiting, picker(snapshot, pending, seen, findings)
+    return gpus, busy, waiting, picker(snapshot, pending, seen, findings, linked)
+
+
+def record_reasons(
+    journal: store.Store,
+    throttled: Sequence[store.Job],
+    decisions: Sequence[scheduling.Decision],
+    by_id: dict[int, store.Job],
+) -> None:
+    """Why each job the plan did not start waits, where that changed: one commit (none
+    when nothing changed), not durable (the next pass would say it again)."""
+    reasons: list[tuple[int, Optional[str]]] = [
+        (j.id, arrays.THROTTLED) for j in throttled if j.reason != arrays.THROTTLED
+    ]
+    for decision in decisions:
+        job = by_id[int(decision.id)]
+        if not decision.starts and job.wait and job.reason != decision.reason:
+            reasons.append((job.id, decision.reason))
+    if reasons:
+        with journal.transaction(durable=False):
+            for job_id, reason in reasons:
+                journal.update(job_id, durable=False, reason=reason)
 
 
 def start_job(
@@ -229,11 +259,20 @@ def start_job(
 
     ld = leasedir.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
+    # What the chosen GPUs use now, read just before they are leased: the plan's
+    # reading may be up to a tick old (service.machine).
+    snapshot = service.hardware.chosen(uuids)
     outcome = allocation.attempt(ld, request, snapshot, job=str(job.id), conf=reading)
     if outcome.held is None:
-        # The machine moved since the plan (a process appeared): try on the next pass.
+        # The machine moved since the plan (a process appeared, kept in the reading the
+        # next pass plans on): plan again once at once (service.pacing). A request of
+        # `run --wait` in line before the service's is served first: the refresh
+        # tries again.
         service.store.update(job.id, durable=False, reason=scheduling.RESOURCES)
-        service.pacer.wake()
+        if outcome.ahead:
+            service.pacer.touch()
+        else:
+            service.pacer.retry()
         return None
     held = outcome.held
     try:

@@ -70,6 +70,8 @@ class Reloading(Lifecycle):
         self.settings = new
         self.watcher().enforcer.rules = new.enforce  # its state between readings stays
         self.pacer.wake()  # new limits and weights may start a job
+        self.pacer.touch()  # and change every waiting job's priority
+        self.hardware.forget_links()
         for line in changed:
             log.info("reload: %s", line)
         for name in later:

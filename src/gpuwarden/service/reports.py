@@ -8,9 +8,7 @@ import time
 from typing import Any, Optional
 
 from gpuwarden import scheduling
-
-#: Upper bounds (seconds) of the wait-time histogram: from an instant start to a day.
-WAIT_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
+from gpuwarden.service.tally import WAIT_BUCKETS
 
 
 def usage_now(service: Any, job_id: int) -> tuple[Optional[float], Optional[int]]:
@@ -27,16 +25,16 @@ def usage_now(service: Any, job_id: int) -> tuple[Optional[float], Optional[int]
 
 def stats(service: Any) -> dict[str, Any]:
     """What the exporter turns into queue metrics: counts, waits, fair share."""
-    from gpuwarden.service.accounting import wait_histogram
-
-    counts, total, number = wait_histogram(service.store.db, WAIT_BUCKETS)
+    tally = service.store.tally()
     return {
         "ok": True,
         "plan": service.pacer.stats(),
-        "jobs": service.store.counts(),
-        "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, counts)],
-        "wait_sum": total,
-        "wait_count": number,
+        "machine": service.hardware.stats(),
+        "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},
+        "jobs": tally.counts(),
+        "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, tally.waits)],
+        "wait_sum": tally.wait_sum,
+        "wait_count": tally.wait_count,
         "users": share(service)["users"],
         "enforcement": [
             {"policy": p, "action": a, "count": n}
@@ -50,7 +48,7 @@ def stats(service: Any) -> dict[str, Any]:
 def share(service: Any) -> dict[str, Any]:
     policy = service.settings.policy
     usage = service.store.usage(time.time(), policy.half_life)
-    active = {user for per_user in service.store.counts().values() for user in per_user}
+    active = {user for per_user in service.store.tally().jobs.values() for user in per_user}
     factors = scheduling.fairshare_factors(usage, policy, active)
     return {
         "ok": True,

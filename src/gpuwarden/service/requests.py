@@ -165,6 +165,7 @@ class Requests(Reloading):
         if timed != sub.time_limit:  # service.interactive_time: a hold that asked for none
             sub = dataclasses.replace(sub, time_limit=timed)
         self.within_limits(who, sub, tasks, array is not None)
+        account = self.charged(who, sub, tasks)
         if sub.warning is not None and sub.time_limit is None and not sub.preemptible:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
         if sub.attached and sub.max_retries:
@@ -215,6 +216,7 @@ class Requests(Reloading):
                 attached=sub.attached and client is not None,
                 wait=sub.wait,
                 begin=sub.begin,
+                account=account,
             )
             if array is not None:
                 ids = arrays.add(self.store, new, array)
@@ -351,7 +353,8 @@ class Requests(Reloading):
             done.extend(acted)
             labels.append(label)
             log.info("%s: job %s by %s", op, label, who.name)
-        self.pacer.wake()
+        self.pacer.wake()  # a release or a cancel may start a job
+        self.pacer.touch()  # a hold changes a reason no start pass looks at
         if not done:
             said = "; ".join(r["error"] for r in refused[:5])
             raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))

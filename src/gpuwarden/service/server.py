@@ -20,7 +20,6 @@ import socket
 import sqlite3
 import stat
 import time
-from collections.abc import Callable
 from typing import Any, Optional
 
 from gpuwarden import config
@@ -30,8 +29,9 @@ from gpuwarden.queueclient.protocol import ProtocolError
 from gpuwarden.service import healthwatch, journalguard, store
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
+from gpuwarden.service.machine import Machine
 from gpuwarden.service.notify import JobNotifier
-from gpuwarden.service.pacing import Pacer
+from gpuwarden.service.pacing import FULL, Pacer
 from gpuwarden.service.reloading import read_settings
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
@@ -71,9 +71,12 @@ class Service(Requests, TimeLimits):
     """The queue service: its state (service.core) and every concern's methods, with
     the socket loop that serves them."""
 
-    def __init__(self, settings: Settings, snapshot: Callable[[], Any]) -> None:
+    def __init__(self, settings: Settings, hardware: Optional[Machine] = None) -> None:
         super().__init__(
-            settings, snapshot, JobNotifier(settings.webhook, settings.sendmail), Pacer()
+            settings,
+            hardware or Machine(),
+            JobNotifier(settings.webhook, settings.sendmail),
+            Pacer(),
         )
         self.health: Any = None  # the health watch (service.healthwatch), from `open`
         for folder in (settings.state_dir, self.exits):
@@ -99,11 +102,11 @@ class Service(Requests, TimeLimits):
         options: dict[str, Any],
         fixed: dict[str, Any],
         admins: tuple[str, ...],
-        snapshot: Callable[[], Any],
+        hardware: Optional[Machine] = None,
     ) -> Service:
         """The service `gpuwarden serve` starts: its settings from the configuration
         with the command line's values over it, kept for every reload."""
-        service = cls(read_settings(options, fixed, admins), snapshot)
+        service = cls(read_settings(options, fixed, admins), hardware)
         service.options, service.fixed, service.extra_admins = options, fixed, admins
         return service
 
@@ -188,19 +191,21 @@ class Service(Requests, TimeLimits):
             self.close()
 
     def step(self, timeout: Optional[float] = None) -> None:
-        """One turn of the loop: plan if a pass is due (service.pacing), wait for events
-        (at most until the next pass or tick), handle them, and do the tick's work once
-        a tick has passed: none of it grows with requests."""
+        """One turn of the loop: plan if a pass is due (service.pacing: a start pass at
+        once after anything that may start a job), wait for events (at most until the
+        next pass or tick), handle them, and do the tick's work once a tick has passed:
+        none of it grows with requests."""
         self.reload_if_asked()
-        now = time.monotonic()
-        if self.pacer.due(now):
-            self.pacer.begin()
-            self.schedule()
-            self.pacer.planned(now, time.monotonic())
+        kind = self.pacer.due(time.monotonic())
+        if kind is not None:
+            self.pacer.begin(kind)
+            self.schedule(full=kind == FULL)
             self.remove_litter()
         now = time.monotonic()
         longest = max(0.0, min(self.settings.tick, self.next_tick - now))
         wait = self.pacer.wait(now, longest if timeout is None else timeout)
+        if wait > 0 and self.pacer.urgent:
+            self.pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
         for key, mask in self.selector.select(wait):
             kind, data = key.data
             if kind == "listen":

@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.enforcement import EnforceSettings
+from gpuwarden.errors import UserError
 from gpuwarden.locations import lease_location
+from gpuwarden.service.accounts import Accounts
 from gpuwarden.service.identity import Admins
 from gpuwarden.service.limits import Limits
 
@@ -55,6 +57,7 @@ class Settings:
     book_max_gpus: Optional[int] = None  # GPUs a user may book (None: only admins book)
     book_max_time: Optional[float] = None  # how long a user's booking may be
     sample_seconds: float = 10.0  # service.sample_seconds: running jobs' GPUs for `eff`
+    accounts: Accounts = field(default_factory=Accounts)  # [service.accounts], require_account
 
 
 #: What a reload cannot change in a running service: its socket and journal, and the
@@ -69,6 +72,13 @@ OPTION_KEYS = {
     "grace": "service.grace",
     "show_commands": "service.show_commands",
 }
+
+
+def _webhook(url: Optional[str]) -> Optional[str]:
+    """`service.webhook`, posted as root: an http(s) URL only (not `file:///etc/...`)."""
+    if url and (not url.startswith(("http://", "https://")) or "\n" in url or len(url) > 2048):
+        raise UserError(f"service.webhook {url[:60]!r} is not an http:// or https:// URL")
+    return url
 
 
 def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()) -> Settings:
@@ -103,7 +113,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         preempt_grace=cfg.get("service.preempt_grace"),
         preempt_charge=cfg.get("service.preempt_charge"),
         retry_backoff=cfg.get("service.retry_backoff"),
-        webhook=cfg.get("service.webhook"),
+        webhook=_webhook(cfg.get("service.webhook")),
         sendmail=cfg.get("service.sendmail"),
         devices=cfg.get("enforce.devices"),
         enforce=EnforceSettings.from_config(cfg),
@@ -116,6 +126,9 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         book_max_gpus=cfg.get("service.book_max_gpus"),
         book_max_time=cfg.get("service.book_max_time"),
         sample_seconds=cfg.get("service.sample_seconds"),
+        accounts=Accounts.parse(
+            cfg.get("service.accounts") or {}, bool(cfg.get("service.require_account"))
+        ),
     )
 
 
@@ -150,7 +163,7 @@ def _span(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, Limits):
+    if isinstance(value, (Limits, Accounts)):
         return value.describe()
     if isinstance(value, Admins):
         return ", ".join([*sorted(value.users), *(f"gid {g}" for g in sorted(value.groups))]) or "-"

@@ -16,11 +16,14 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 from gpuwarden.service import accounting
+from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
+from gpuwarden.service.tally import Tally
+from gpuwarden.service.transaction import Transaction
 
 PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
 COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
@@ -28,7 +31,8 @@ PREEMPTED = "PREEMPTED"  # ended by preemption (`--preempt=cancel`), as Slurm's 
 ACTIVE = (PENDING, STARTING, RUNNING)
 ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST, PREEMPTED)
 
-SCHEMA_VERSION = 1
+#: 2: an array's tasks share one copy of their common part (service.arrayrows).
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -75,6 +79,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
 #: Columns added to `jobs` since schema 1 was first written, with their declarations:
@@ -90,6 +95,7 @@ _ADDED = {
     "retries": "INTEGER NOT NULL DEFAULT 0",
     "preemptions": "INTEGER NOT NULL DEFAULT 0",
     "account": "TEXT",
+    "shared": "TEXT",  # an array task's common part, in `blobs` (service.arrayrows)
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
@@ -167,12 +173,23 @@ def _normalised(job: Job) -> Job:
     return replace(job, **changes) if changes else job
 
 
-def row_to_job(row: sqlite3.Row) -> Job:
+def _is_ready(job: Job) -> bool:
+    return job.state == PENDING and not job.held
+
+
+def row_to_job(row: sqlite3.Row, blobs: Optional[Blobs] = None) -> Job:
+    """The job a row holds; an array task's common part from `blobs` (required then)."""
     values: dict[str, Any] = {}
     keys = row.keys()
+    shared = row["shared"] if "shared" in keys else None
+    if shared is not None:
+        if blobs is None:
+            raise ValueError(f"job {row['id']}: its shared part cannot be read here")
+        user, task = row["user"], row["array_task"]
+        values.update(task_fields(blobs.get(shared), row["id"], row["array_job"], task, user))
     for name in _COLUMNS:
-        if name in _ADDED and name not in keys:
-            continue  # a journal not yet given the column (journalguard reads it so)
+        if name in values or (name in _ADDED and name not in keys):
+            continue  # shared, or a journal not yet given the column (journalguard)
         value = row[name]
         if name in _JSON:
             value = json.loads(value)
@@ -192,6 +209,7 @@ class Store:
         self.path = path
         if path != ":memory:":
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        self.commits = self.fsyncs = 0  # made since opened (`stats`: per job started)
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -202,17 +220,22 @@ class Store:
                 if statement.strip():
                     self.db.execute(statement)
             self.db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)",
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)",
                 (str(SCHEMA_VERSION),),
-            )
+            )  # an earlier journal is this one once `_add_columns` has run
             self._add_columns()
             accounting.ensure(self.db)  # every run of every job, and what its GPUs did
+        self.blobs = Blobs(self.db)
         if path != ":memory:":
             os.chmod(path, 0o600)
         # The active jobs, kept in memory as they are written: the service plans over
         # them on every pass, and reading and decoding every row each time made a pass
         # grow with the queue (a long queue's makespan grew with its square).
         self._active: Optional[dict[int, Job]] = None
+        # Of those, the waiting jobs not held, by id: what a start pass plans over, kept
+        # apart so that 10,000 held jobs cost it nothing (service.pacing).
+        self._ready: dict[int, Job] = {}
+        self._tally: Optional[Tally] = None  # the queue's figures, counted with them
         # Whether a commit made with `durable=False` may still be only in the page cache.
         self.unsynced = False
 
@@ -231,17 +254,19 @@ class Store:
 
     # -- transactions ------------------------------------------------------------
 
-    def transaction(self, durable: bool = True) -> _Transaction:
+    def transaction(self, durable: bool = True) -> Transaction:
         """One commit for everything inside. `durable=False` for what may be lost to a
         power cut but never to a crash of the service (WAL keeps every commit across a
         process kill): the reason a job waits, its pid once RUNNING (its supervisor's
         marker has it too), a job's end until `sync` (its exit record stays on disk
         until then). Whatever decides what runs is written durably."""
-        return _Transaction(self.db, durable, self._forget, self._committed)
+        return Transaction(self.db, durable, self._forget, self._committed)
 
     def _committed(self, durable: bool) -> None:
         # A durable commit fsyncs the whole write-ahead log: earlier commits with it.
         self.unsynced = not durable
+        self.commits += 1
+        self.fsyncs += durable
 
     def sync(self) -> None:
         """Make every commit so far durable, if one made with `durable=False` is not.
@@ -259,6 +284,7 @@ class Store:
                 fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fsync(fd)
+                    self.fsyncs += 1
                 finally:
                     os.close(fd)
         self.unsynced = False
@@ -266,18 +292,53 @@ class Store:
     def _forget(self) -> None:
         """Drop the in-memory active jobs (after a rollback): read afresh when asked."""
         self._active = None
+        self._ready = {}
 
     def _actives(self) -> dict[int, Job]:
         if self._active is None:
             marks = ", ".join("?" for _ in ACTIVE)
             query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id ASC"
-            self._active = {int(r["id"]): row_to_job(r) for r in self.db.execute(query, ACTIVE)}
+            self._active = {
+                int(r["id"]): row_to_job(r, self.blobs) for r in self.db.execute(query, ACTIVE)
+            }
+            self._ready = {i: j for i, j in self._active.items() if _is_ready(j)}
+            self._tally = Tally(self.db)
         return self._active
+
+    def tally(self) -> Tally:
+        """Jobs per state and user, and the waits of started jobs (service.tally)."""
+        self._actives()
+        assert self._tally is not None
+        return self._tally
+
+    def _keep(self, job: Job, was: Optional[Job] = None) -> None:
+        """`job` as it is now (`was` before), in the in-memory active jobs (an ended one
+        leaves them) and the tally."""
+        if self._tally is not None:
+            self._tally.change(was, job)
+        for kept, keep in ((self._active, job.state in ACTIVE), (self._ready, _is_ready(job))):
+            if keep:
+                kept[job.id] = job  # type: ignore[index]
+            elif kept:
+                kept.pop(job.id, None)
+
+    def ready(self) -> list[Job]:
+        """The waiting jobs that could start now, oldest first: not held, and waiting on
+        no job that is still active (what a start pass plans: service.pacing)."""
+        active = self._actives()
+        ready = (self._ready[i] for i in sorted(self._ready))
+        return [j for j in ready if not any(a in active for a in j.after)]
 
     # -- jobs --------------------------------------------------------------------
 
-    def add(self, job: Job) -> Job:
-        """Record a new job (its id is assigned here) and return it."""
+    def share(self, text: str) -> str:
+        """Store an array's common part (service.arrayrows) once; its name for `add`."""
+        with self.transaction():
+            return self.blobs.put(text)
+
+    def add(self, job: Job, shared: Optional[str] = None) -> Job:
+        """Record a new job (its id is assigned here) and return it; an array's task
+        with its common part `shared` (from `share`) rather than in its own row."""
         values = {name: getattr(job, name) for name in _COLUMNS if name != "id"}
         for name in _JSON:
             values[name] = json.dumps(
@@ -285,6 +346,8 @@ class Store:
             )
         for name in _BOOL:
             values[name] = int(values[name])
+        if shared is not None:
+            values.update(PLACEHOLDERS, shared=shared)
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self.transaction():
@@ -292,8 +355,12 @@ class Store:
                 f"INSERT INTO jobs ({names}) VALUES ({marks})", list(values.values())
             )
             added = replace(job, id=int(cursor.lastrowid or 0))
+            if shared is not None:
+                common = self.blobs.get(shared)
+                made = task_fields(common, added.id, job.array_job, job.array_task, job.user)
+                added = replace(added, **made)
             if self._active is not None and added.state in ACTIVE:
-                self._active[added.id] = _normalised(added)
+                self._keep(_normalised(added))
         return added
 
     def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
@@ -303,6 +370,11 @@ class Store:
         for name in changes:
             if name not in _COLUMNS or name == "id":
                 raise ValueError(f"no job column {name!r}")
+        if changes.keys() & PLACEHOLDERS.keys():  # a task's own value: its row holds all
+            job = self.get(job_id)
+            if job is not None:
+                own = {n: changes.get(n, getattr(job, n)) for n in PLACEHOLDERS}
+                changes = {**changes, **own, "shared": None}
         values = [
             json.dumps(list(v) if isinstance(v, tuple) else v)
             if k in _JSON
@@ -319,18 +391,17 @@ class Store:
                 if changes.get("state") in ACTIVE:
                     self._active = None  # an ended job made active again: read afresh
                 return
-            changed = _normalised(replace(known, **changes))
-            if changed.state in ACTIVE:
-                self._active[job_id] = changed
-            else:
-                del self._active[job_id]
+            changed = _normalised(
+                replace(known, **{k: v for k, v in changes.items() if k != "shared"})
+            )
+            self._keep(changed, known)
 
     def get(self, job_id: int) -> Optional[Job]:
         known = self._actives().get(job_id)
         if known is not None:
             return known
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else row_to_job(row)
+        return None if row is None else row_to_job(row, self.blobs)
 
     def jobs(self, states: Iterable[str] = ACTIVE, limit: Optional[int] = None) -> list[Job]:
         """Jobs in the given states, oldest first (ended ones newest first, for history)."""
@@ -342,7 +413,7 @@ class Store:
         query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id {order}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return [row_to_job(r) for r in self.db.execute(query, states)]
+        return [row_to_job(r, self.blobs) for r in self.db.execute(query, states)]
 
     def history(
         self, limit: int, offset: int = 0, user: Optional[str] = None, ids: Iterable[int] = ()
@@ -361,7 +432,7 @@ class Store:
         total = int(self.db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0])
         query = f"SELECT * FROM jobs WHERE {where} ORDER BY id DESC LIMIT ? OFFSET ?"
         rows = self.db.execute(query, [*args, int(limit), int(offset)])
-        return [row_to_job(r) for r in rows], total
+        return [row_to_job(r, self.blobs) for r in rows], total
 
     def states(self, ids: Iterable[int]) -> dict[int, str]:
         """Job id -> state, for the ids that exist (a waiting job's dependencies)."""
@@ -383,7 +454,7 @@ class Store:
             args.append(task)
         rows = self.db.execute(query + " ORDER BY array_task ASC", args).fetchall()
         actives = self._actives()
-        return [actives.get(int(r["id"])) or row_to_job(r) for r in rows]
+        return [actives.get(int(r["id"])) or row_to_job(r, self.blobs) for r in rows]
 
     def array_span(self, array: int) -> tuple[int, int, int]:
         """How many tasks array `array` has, and its lowest and highest task ids."""
@@ -396,31 +467,6 @@ class Store:
             "SELECT COUNT(*) FROM jobs WHERE uid = ? AND state IN (?, ?, ?)", (uid, *ACTIVE)
         ).fetchone()
         return int(row[0])
-
-    def gpu_seconds_since(self, user: str, since: float, now: Optional[float] = None) -> float:
-        """GPU-seconds `user`'s jobs held after `since` (GPUs held x time, running jobs
-        until `now`): what a weekly GPU-hour budget (service.limits) counts."""
-        now = time.time() if now is None else now
-        rows = self.db.execute(
-            "SELECT gpus, started, ended FROM jobs WHERE user = ? AND started IS NOT NULL "
-            "AND (ended IS NULL OR ended > ?)",
-            (user, since),
-        )
-        total = 0.0
-        for gpus, started, ended in rows:
-            span = (now if ended is None else ended) - max(started, since)
-            total += len(json.loads(gpus)) * max(0.0, span)
-        return total
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Active jobs per state and user: {"PENDING": {"alice": 2}, ...}."""
-        out: dict[str, dict[str, int]] = {}
-        query = (
-            "SELECT state, user, COUNT(*) FROM jobs WHERE state IN (?, ?, ?) GROUP BY state, user"
-        )
-        for state, user, count in self.db.execute(query, ACTIVE):
-            out.setdefault(state, {})[user] = int(count)
-        return out
 
     # -- usage -------------------------------------------------------------------
 
@@ -445,47 +491,6 @@ class Store:
                 "ON CONFLICT(user) DO UPDATE SET value = excluded.value, at = excluded.at",
                 (user, old + max(0.0, amount), now),
             )
-
-
-class _Transaction:
-    """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on an exception); nests as a no-op."""
-
-    def __init__(
-        self,
-        db: sqlite3.Connection,
-        durable: bool = True,
-        on_rollback: Optional[Callable[[], None]] = None,
-        on_commit: Optional[Callable[[bool], None]] = None,
-    ) -> None:
-        self.db = db
-        self.durable = durable
-        self.outer = False
-        self.on_rollback = on_rollback
-        self.on_commit = on_commit
-
-    def __enter__(self) -> None:
-        self.outer = not self.db.in_transaction
-        if self.outer:
-            if not self.durable:
-                self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, *rest: object) -> None:
-        if not self.outer:
-            return
-        try:
-            if kind is not None and self.on_rollback is not None:
-                self.on_rollback()  # what was kept in memory may not have happened
-            self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
-            if kind is None and self.on_commit is not None:
-                self.on_commit(self.durable)
-        except BaseException:
-            if self.on_rollback is not None:
-                self.on_rollback()  # a failed commit: nothing of it happened either
-            raise
-        finally:
-            if not self.durable:
-                self.db.execute("PRAGMA synchronous=FULL")
 
 
 def new_job(**fields: Any) -> Job:

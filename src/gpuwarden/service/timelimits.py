@@ -66,10 +66,12 @@ class TimeLimits(Lifecycle):
     def _sample(self, running: list[Job], now: float) -> None:
         """The running jobs' GPUs, every `service.sample_seconds` (service.sampler)."""
         if self.sampler is None:
-            from gpuwarden.inventory import read_snapshot
             from gpuwarden.service.sampler import Sampler
 
-            self.sampler = Sampler(self.settings.sample_seconds, read_snapshot)
+            # Its reading is the service's (service.machine): counted, and planned on.
+            self.sampler = Sampler(
+                self.settings.sample_seconds, lambda: self.hardware.read(detail=True)
+            )
         sampler = self.sampler
         sampler.every = self.settings.sample_seconds  # as a reload left it
         if not sampler.due(now):

@@ -81,6 +81,7 @@ class JobSpec(Value):
         ("output", None),
         ("name", None),
         ("partition", None),
+        ("account", None),
         ("workdir", None),
         ("python", sys.executable),
         ("array", None),
@@ -99,6 +100,7 @@ class JobSpec(Value):
         output: Optional[str]
         name: Optional[str]
         partition: Optional[str]
+        account: Optional[str]  # sbatch's --account
         workdir: Optional[str]
         python: str
         array: Optional[str]  # sbatch's --array, as given (arrayspec checked it)
@@ -158,6 +160,8 @@ def options(spec: JobSpec) -> list[str]:
         out.append(f"--job-name={spec.name}")
     if spec.partition:
         out.append(f"--partition={spec.partition}")
+    if spec.account:
+        out.append(f"--account={spec.account}")
     if spec.nodes is not None:
         out.append(f"--nodes={spec.nodes}")
     g = gres(spec)
@@ -269,6 +273,7 @@ def spec_of(
     output: Optional[str] = None,
     name: Optional[str] = None,
     partition: Optional[str] = None,
+    account: Optional[str] = None,
     workdir: Optional[str] = None,
     python: str = sys.executable,
     array: Optional[str] = None,
@@ -309,6 +314,7 @@ def spec_of(
         output=output,
         name=None if name is None else check_word("--name", name),
         partition=None if partition is None else check_word("--partition", partition),
+        account=None if account is None else check_word("--account", account),
         workdir=workdir,
         python=python,
         array=None if array is None else array.strip(),

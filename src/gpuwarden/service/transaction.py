@@ -1,0 +1,50 @@
+"""One commit of the journal for everything inside a `with`: SQLite's `BEGIN IMMEDIATE`
+... `COMMIT`, or `ROLLBACK` when the block raises (service.store uses it for every
+write; the service's requests group several writes in one)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Optional
+
+
+class Transaction:
+    """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on an exception); nests as a no-op."""
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        durable: bool = True,
+        on_rollback: Optional[Callable[[], None]] = None,
+        on_commit: Optional[Callable[[bool], None]] = None,
+    ) -> None:
+        self.db = db
+        self.durable = durable
+        self.outer = False
+        self.on_rollback = on_rollback
+        self.on_commit = on_commit
+
+    def __enter__(self) -> None:
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            if not self.durable:
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if not self.outer:
+            return
+        try:
+            if kind is not None and self.on_rollback is not None:
+                self.on_rollback()  # what was kept in memory may not have happened
+            self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+            if kind is None and self.on_commit is not None:
+                self.on_commit(self.durable)
+        except BaseException:
+            if self.on_rollback is not None:
+                self.on_rollback()  # a failed commit: nothing of it happened either
+            raise
+        finally:
+            if not self.durable:
+                self.db.execute("PRAGMA synchronous=FULL")

@@ -193,7 +193,7 @@ def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, s
     work.mkdir(mode=0o755)
     os.chown(work, alice.uid, alice.gid)
     venv = work / "venv"
-    env = {**common, "HOME": alice.home, "JUPYTER_PLATFORM_DIRS": "1"}
+    env = {**common, "HOME": alice.home, "JUPYTER_PLATFORM_DIRS": "1", **_pip_settings()}
     made = _as(alice.name, [SYSTEM_PY, "-m", "venv", str(venv)], env, work)
     assert made.returncode == 0, made.stderr
     py = str(venv / "bin" / "python")
@@ -247,6 +247,22 @@ def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, s
     ranks = sorted(line for line in trained.stdout.splitlines() if line.startswith("rank "))
     assert [r.split()[1] for r in ranks] == ["0", "1"], trained.stdout
     assert all(str(venv) in r for r in ranks), ranks
+
+
+def _pip_settings() -> dict[str, str]:
+    """This machine's pip configuration (its index, find-links, constraints), as the
+    student's pip gets it: where it is root's own (a user file or variables), `env -i`
+    and another HOME would leave the student with none."""
+    import sys
+
+    listed = _run([sys.executable, "-m", "pip", "config", "list"], dict(os.environ))
+    out: dict[str, str] = {}
+    for line in listed.stdout.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        if value and name:
+            out["PIP_" + name.upper().replace("-", "_")] = value.strip().strip("'\"")
+    return out
 
 
 def _row(program: str, env: dict[str, str], job: int) -> dict:  # type: ignore[type-arg]

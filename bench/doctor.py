@@ -61,6 +61,9 @@ def measure(
 
 
 def main() -> None:
+    from conditions import bytecode
+
+    bytecode()
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--torch-runs", type=int, default=5)

@@ -170,6 +170,9 @@ def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scrapes", type=int, default=300)
     ap.add_argument("--cpu-seconds", type=float, default=20.0)

@@ -425,6 +425,9 @@ def workdir(prefix: str) -> Iterator[Path]:
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=30, help="latency samples of each kind")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs in the makespan run (0: skip)")

@@ -182,6 +182,9 @@ def report(name: str, result: dict[int, dict[str, float]]) -> None:
 
 
 def main() -> None:
+    from conditions import bytecode
+
+    bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="0,1000,10000")
     parser.add_argument("--samples", type=int, default=200)

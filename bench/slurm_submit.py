@@ -47,6 +47,9 @@ def timed(argv: list[str], stdin: str | None, env: dict[str, str]) -> tuple[floa
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--start", action="store_true", help="start a Slurm with scripts/slurm-ci")

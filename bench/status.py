@@ -33,6 +33,9 @@ BIN = Path(sys.executable).parent
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--compare", action="append", default=[], metavar="DIR")

@@ -102,6 +102,9 @@ def check(paths: list[str], clients: int, jobs: int) -> dict[str, object]:
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=50)

@@ -166,6 +166,9 @@ def with_service(tmp: Path, jobs: int) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=30.0)

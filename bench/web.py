@@ -201,6 +201,9 @@ def with_service(tmp: Path, jobs: int, requests: int) -> subprocess.Popen:
 
 
 def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)

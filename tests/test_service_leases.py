@@ -157,7 +157,13 @@ def test_a_detached_child_ignoring_sigterm_ends_with_its_job_without_cgroups(
         srv.wait_state(job, ("RUNNING", "COMPLETED"))
         wait_for(pid.exists, 30, f"the detached child's pid ({case})")
         child = int(pid.read_text())
-        children[case] = os.pidfd_open(child)  # names the process, whatever reuses its pid
+        try:
+            children[case] = os.pidfd_open(child)  # names the process, whatever reuses its pid
+        except ProcessLookupError:
+            # Already gone: only the time limit can have ended it this early (on a
+            # loaded machine its 4 s pass while the others start); checked below.
+            assert case == "time limit", f"{case}: the detached child died before its job ended"
+            continue
         assert os.getsid(child) == child, "the child left the job's session"
     (srv.work / "exit.pid.go").touch()
     srv.call(alice, "cancel", jobs=[jobs["cancel"][0]])
@@ -166,8 +172,9 @@ def test_a_detached_child_ignoring_sigterm_ends_with_its_job_without_cgroups(
         for case, (job, _) in jobs.items():
             row = srv.wait_state(job, (ended[case],), timeout=60)
             assert row["state"] == ended[case]
-            gone, _, _ = select.select([children[case]], [], [], 10)
-            assert gone, f"{case}: the detached child outlived its job"
+            if case in children:
+                gone, _, _ = select.select([children[case]], [], [], 10)
+                assert gone, f"{case}: the detached child outlived its job"
             assert gpu_free(lease_dir, row["gpus"][0]), case
     finally:
         for fd in children.values():

@@ -18,6 +18,7 @@ import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,7 +176,7 @@ nlp = { members = ["gw-bob"], max_time = "1h" }
 
 
 def test_accounts_charge_jobs_to_their_projects_and_report_them(
-    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
 ) -> None:
     conf = open_dir / "config.toml"
     conf.write_text(ACCOUNTS)
@@ -221,5 +222,18 @@ def test_accounts_charge_jobs_to_their_projects_and_report_them(
         assert rows["vision"]["jobs"] == "2" and rows["nlp"]["jobs"] == "1", rows
         history = cli_as(srv, alice, "jobs", "--me")
         assert "ACCOUNT" in history.stdout and "vision" in history.stdout, history.stdout
+        # The exporter's per-account counters, as Prometheus reads them.
+        scraped = cli("exporter", "--once", env={"GPUWARDEN_SOCKET": srv.socket})
+        assert scraped.returncode == 0, scraped.stderr
+        counted = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r'^gpuwarden_account_gpu_seconds_total\{account="([^"]+)",[^}]*\} (\S+)$',
+                scraped.stdout,
+                re.M,
+            )
+        }
+        assert counted["vision"] == pytest.approx(vision, rel=0.01), counted
+        assert counted["nlp"] == pytest.approx(ended[1]["elapsed"], rel=0.01), counted
     finally:
         next(serve, None)

@@ -674,3 +674,27 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
         )
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_report_slurm_counts_slurms_jobs_in_the_local_reports_columns(
+    cli: Any, slurm: Cluster
+) -> None:
+    """`report --slurm` reads this Slurm (sacct where it keeps accounting, else the
+    controller's memory, which it says) into the columns `report` gives locally."""
+    import csv
+    import io
+
+    job = _submit(cli, "-g", "2", "--", "sleep", "3")
+    assert slurm.wait_for(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+    shown = slurm.tool("scontrol", "show", "job", "-o", job)
+    ran = shown.split("RunTime=", 1)[1].split()[0]
+    seconds = sum(int(p) * 60**i for i, p in enumerate(reversed(ran.split(":"))))
+    done = cli("report", "--slurm", "--by", "job", "--format", "csv", "--since", "1h")
+    assert done.returncode == 0, done.stderr
+    rows = {r["job"]: r for r in csv.DictReader(io.StringIO(done.stdout))}
+    assert job in rows, (done.stdout, done.stderr)
+    assert float(rows[job]["gpu_hours"]) == pytest.approx(2 * seconds / 3600, rel=0.05, abs=1e-3)
+    assert rows[job]["jobs"] == "1" and float(rows[job]["mean_wait_s"]) >= 0
+    by_user = cli("report", "--slurm", "--format", "json", "--since", "1h")
+    assert by_user.returncode == 0, by_user.stderr
+    assert "root" in {r["name"] for r in json.loads(by_user.stdout)}

@@ -372,3 +372,18 @@ def test_run_through_the_service_loads_nothing_of_choosing_or_leasing(
     if sys.version_info < (3, 12):
         unneeded |= {"inspect", "copy", "ast", "dis"}
     assert not modules & unneeded, sorted(modules & unneeded)
+
+
+def test_submit_loads_nothing_of_choosing_or_of_the_machine(server: Server) -> None:
+    """`submit` passes the request on; the service judges it (selection, NVML, the
+    configuration's policy), so the client imports none of that: its cost is the
+    interpreter's start, argparse and one request (docs/performance.md)."""
+    env = {"GPUWARDEN_SOCKET": server.socket}
+    modules = loaded("submit", "-g", "1", "--min-free", "1G", "--", "true", env=env)
+    assert "gpuwarden.queueclient.client" in modules  # it did submit
+    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.inventory", "gpuwarden.selection"}
+    unneeded |= {"gpuwarden.mig", "gpuwarden.refusals", "gpuwarden.leases", "gpuwarden.health"}
+    unneeded |= {"gpuwarden.cli.jobtables", "gpuwarden.sim.library", "gpuwarden.service"}
+    if sys.version_info < (3, 12):
+        unneeded |= {"inspect", "copy", "ast", "dis"}
+    assert not modules & unneeded, sorted(modules & unneeded)

@@ -82,7 +82,15 @@ JOBS = [
         time_limit=3600.0,
         priority=9.0,
     ),
-    row(2, "gw-bob", "PENDING", reason="Resources", priority=500.0, estimated_start=NOW + 30),
+    row(
+        2,
+        "gw-bob",
+        "PENDING",
+        reason="Resources",
+        priority=500.0,
+        estimated_start=NOW + 30,
+        account="nlp",
+    ),
     row(3, "gw-alice", "PENDING", reason="Priority", priority=100.0, command=["python", "a b"]),
     row(4, "gw-bob", "STARTING", gpus=["GPU-0002"], started=NOW - 1),
 ]
@@ -109,6 +117,7 @@ def test_running_and_waiting_jobs_with_reason_priority_and_times():
     assert bob["reason"] == "Resources" and bob["priority"] == 500.0
     assert bob["waited"] == pytest.approx(100) and bob["elapsed"] is None
     assert bob["estimated_start"] == NOW + 30
+    assert bob["account"] == "nlp" and first["account"] is None  # --account, where named
 
 
 def test_bookings_are_listed_by_start_and_malformed_ones_left_out():

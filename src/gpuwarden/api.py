@@ -118,6 +118,11 @@ def _request(
     return conf, Request.from_config(conf, mem=declared)
 
 
+def _set_here(base: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """`Leased.vars`: what `env` sets or changes over `base`, and every CUDA_ variable."""
+    return {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+
+
 def _reader(snapshot: SnapshotSource, topology: bool) -> Callable[[], Snapshot]:
     if isinstance(snapshot, Snapshot):
         fixed = snapshot
@@ -214,7 +219,7 @@ def _hold(
     limit in seconds, `time_option` what a refusal for want of one names."""
     from gpuwarden.jobs.allocation import acquire
     from gpuwarden.jobs.launch import job_env
-    from gpuwarden.jobs.path import allowed, publish_here, service_socket
+    from gpuwarden.jobs.path import allowed, publish_here, service_socket, within_enclosing
 
     base = dict(os.environ if environ is None else environ)
     read = _reader(snapshot, topology=request.gpu_count > 1)
@@ -235,6 +240,15 @@ def _hold(
         )
         return
     first = read()
+    scope = allowed(first, base)
+    enclosed = within_enclosing(first, request, scope, base, conf, use_uuid=uuid)
+    if enclosed is not None:  # inside a `run` job or `reserve` shell: its GPUs, as `run`
+        env = enclosed.env
+        ours = _set_here(base, env)
+        limit = env.get("GPUWARDEN_MEM_LIMIT")
+        mem = int(limit) if limit and limit.isdigit() else None
+        yield Leased(enclosed.gpus, enclosed.job, ours, env, (), mem)
+        return
     pending = [first]
 
     def machine() -> Snapshot:
@@ -245,13 +259,13 @@ def _hold(
         snapshot=machine,
         wait=wait,
         timeout=timeout,
-        allowed=allowed(first, base),
+        allowed=scope,
         conf=conf,
     )
     publish_here(held, "python: gpuwarden.lease()")
     try:
         env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
-        ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+        ours = _set_here(base, env)
         yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
     finally:
         held.release()
@@ -284,7 +298,7 @@ def _through_service(
         by_uuid = {g.uuid: g for g in read().gpus}
         held = tuple(by_uuid[u] for u in uuids if u in by_uuid)
         env = job_env(base, held, use_uuid=uuid, job=str(job), mem=request.mem)
-        ours = {k: v for k, v in env.items() if base.get(k) != v or k.startswith("CUDA_")}
+        ours = _set_here(base, env)
         yield Leased(held, str(job), ours, env, fds, request.mem, ended)
 
 

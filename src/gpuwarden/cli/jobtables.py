@@ -9,12 +9,15 @@ same keys, so a user reads the same columns whichever ran their job.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
 
 from gpuwarden.safefiles import printable
 from gpuwarden.table import render
 from gpuwarden.units import format_size, is_digits
+
+TYPE_CHECKING = False  # typing stays off `submit`'s start-up (it reads job ids here)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, Optional
 
 
 def span(seconds: Optional[float]) -> str:

@@ -126,7 +126,7 @@ def _print(rows: Sequence[Any], args: argparse.Namespace) -> None:
                 [
                     r.period,
                     r.name,
-                    f"{r.gpu_hours:.4f}",
+                    f"{r.gpu_hours:.6f}",
                     r.jobs,
                     r.runs,
                     "" if r.mean_wait is None else f"{r.mean_wait:.1f}",
@@ -176,8 +176,8 @@ def _print_waste(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> in
             out.writerow(
                 [
                     r["name"],
-                    f"{r['held_hours']:.4f}",
-                    f"{r['idle_hours']:.4f}",
+                    f"{r['held_hours']:.6f}",
+                    f"{r['idle_hours']:.6f}",
                     r["gpus_idle"],
                     r["jobs"],
                 ]

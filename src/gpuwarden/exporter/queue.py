@@ -69,8 +69,37 @@ def families(stats: Optional[Mapping[str, Any]], host: str) -> list:
     )
     for row in stats.get("preemptions") or []:
         preempted.add_metric([str(row.get("user")), host], float(row.get("count") or 0))
-    out += [factor, usage, preempted]
+    out += [factor, usage, preempted, *usage_families(stats, host)]
     return out + enforcement_families(stats, host)
+
+
+def usage_families(stats: Mapping[str, Any], host: str) -> list:
+    """GPU-seconds held by ended runs, per user and per account (docs/usage.md): counters
+    a dashboard turns into GPU-hours per day with `increase(...[1d]) / 3600`."""
+    from prometheus_client.core import CounterMetricFamily
+
+    users = CounterMetricFamily(
+        "gpuwarden_user_gpu_seconds",
+        "GPU-seconds held by the user's ended job runs",
+        labels=["user", "hostname"],
+    )
+    accounts = CounterMetricFamily(
+        "gpuwarden_account_gpu_seconds",
+        "GPU-seconds held by the ended job runs charged to the account ('-': none)",
+        labels=["account", "hostname"],
+    )
+    by_user: dict[str, float] = {}
+    by_account: dict[str, float] = {}
+    for row in stats.get("usage") or []:
+        seconds = float(row.get("gpu_seconds") or 0.0)
+        user, account = str(row.get("user")), str(row.get("account") or "-")
+        by_user[user] = by_user.get(user, 0.0) + seconds
+        by_account[account] = by_account.get(account, 0.0) + seconds
+    for user, seconds in sorted(by_user.items()):
+        users.add_metric([user, host], seconds)
+    for account, seconds in sorted(by_account.items()):
+        accounts.add_metric([account, host], seconds)
+    return [users, accounts]
 
 
 def enforcement_families(stats: Mapping[str, Any], host: str) -> list:

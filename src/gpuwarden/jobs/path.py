@@ -127,18 +127,32 @@ def publish_here(held: Held, command: str) -> None:
         raise
 
 
+class Enclosed:
+    """GPUs a nested job or block gets from an enclosing lease of ours: `gpus`, the
+    enclosing lease's `job`, and the environment (`env`, from the caller's) that keeps
+    that lease's GPUWARDEN_JOB, GPUWARDEN_LEASE and GPUWARDEN_MEM_LIMIT: nothing new is
+    taken, so there is nothing to release either."""
+
+    def __init__(self, gpus: tuple[Any, ...], job: str, env: dict[str, str]) -> None:
+        self.gpus = gpus
+        self.job = job
+        self.env = env
+
+
 def within_enclosing(
     snapshot: Any,
     request: Any,
     allowed: Optional[Collection[str]],
     environ: Optional[Mapping[str, str]] = None,
     conf: Any = None,
-) -> Optional[tuple[Any, ...]]:
+    use_uuid: bool = False,
+) -> Optional[Enclosed]:
     """Inside a shell set up by `gpuwarden reserve` (GPUWARDEN_RESERVATION), or inside a
-    job started by `gpuwarden run` (GPUWARDEN_JOB), a nested job runs on those GPUs under
-    the enclosing lease instead of waiting for it to end. None when there is no live
-    enclosing lease of ours. `conf`: the caller's reading of the configuration (None:
-    the one in force)."""
+    job started by `gpuwarden run` (GPUWARDEN_JOB), a nested job (`run`) or block
+    (`gpuwarden.lease()`) runs on those GPUs under the enclosing lease instead of waiting
+    for it to end. None when there is no live enclosing lease of ours. `conf`: the
+    caller's reading of the configuration (None: the one in force); `use_uuid`: name
+    the GPUs by UUID in CUDA_VISIBLE_DEVICES."""
     env = os.environ if environ is None else environ
     enclosing = [env.get(n) for n in ("GPUWARDEN_RESERVATION", "GPUWARDEN_JOB")]
     enclosing = [e for e in enclosing if e]
@@ -147,6 +161,7 @@ def within_enclosing(
     from gpuwarden import leases
     from gpuwarden.drain import list_drains
     from gpuwarden.health.xidlog import judged
+    from gpuwarden.jobs.launch import job_env
     from gpuwarden.locations import lease_location, state_location
     from gpuwarden.paths import user_name
     from gpuwarden.selection import choose
@@ -163,7 +178,11 @@ def within_enclosing(
         choice = choose(snapshot, request, others, drains, scope, judged(snapshot.gpus, conf=conf))
         if not choice.ok:
             raise UserError(f"within {rid}: {choice.error}")
-        return choice.gpus
+        inner = job_env(env, choice.gpus, use_uuid=use_uuid)
+        for name in ("GPUWARDEN_JOB", "GPUWARDEN_LEASE", "GPUWARDEN_MEM_LIMIT"):
+            if name in env:  # still under the enclosing job's lease
+                inner[name] = env[name]
+        return Enclosed(tuple(choice.gpus), str(rid), inner)
     return None
 
 
@@ -349,13 +368,11 @@ def _direct(
 
     use_uuid = conf.get("run.id_format") == "uuid"
     backend = {"GPUWARDEN_DDP_BACKEND": "nccl"} if ddp else {}
-    covered = within_enclosing(machine.first, request, scope, conf=conf)
-    if covered is not None:
+    enclosed = within_enclosing(machine.first, request, scope, conf=conf, use_uuid=use_uuid)
+    if enclosed is not None:
+        covered = enclosed.gpus
         argv = launch.ddp_argv(cmd, len(covered)) if ddp else list(cmd)
-        env = launch.job_env(os.environ, covered, use_uuid=use_uuid)
-        for name in ("GPUWARDEN_JOB", "GPUWARDEN_LEASE", "GPUWARDEN_MEM_LIMIT"):
-            if name in os.environ:  # still under the enclosing job's lease
-                env[name] = os.environ[name]
+        env = enclosed.env
         env.update(backend)
         inner = _container(argv, covered, env.get("GPUWARDEN_JOB"), (), env)
         if inner is not None:  # the enclosing lease holds the GPUs: nothing to pass in

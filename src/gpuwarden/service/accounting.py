@@ -342,3 +342,9 @@ def account_gpu_seconds(db: sqlite3.Connection, account: str, since: float, now:
     for gpus, started in db.execute(running, (account,)):
         total += gpus * max(0.0, now - max(started, since))
     return total
+
+
+def totals_by(db: sqlite3.Connection) -> dict[tuple[str, str], float]:
+    """(user, account or "") -> GPU-seconds of every ended run: the exporter's counters."""
+    query = "SELECT user, COALESCE(account, ''), SUM(gpu_seconds) FROM runs GROUP BY 1, 2"
+    return {(str(u), str(a)): float(s or 0.0) for u, a, s in db.execute(query)}

@@ -71,6 +71,7 @@ class Core:
         # (worked out only when a `queue --start` asks: service.requests).
         self.foresight: Optional[tuple[Any, ...]] = None
         self.foreseen: Optional[dict[int, Optional[float]]] = None
+        self.listed: Optional[tuple[Any, list[store.Job]]] = None  # `queue`'s rows (listing)
         self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
         self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
         self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
@@ -85,6 +86,8 @@ class Core:
         self.cgroup_mode: Optional[str] = None  # the machine's cgroup hierarchy, found once
         self.watch: Optional[ServiceWatch] = None  # the enforcement watch, made on first need
         self.sampler: Optional[Sampler] = None  # the running jobs' GPUs for `eff`, likewise
+        # (user, account) -> GPU-seconds of ended runs, read once, then added to (`ran`)
+        self.usage_totals: Optional[dict[tuple[str, str], float]] = None
         # What `gpuwarden serve` was started with: its options over the files (config
         # keys), its socket and state directory, and the admins it named (service.reloading).
         self.options: Mapping[str, Any] = {}

@@ -264,10 +264,8 @@ class Lifecycle(Attaching, Limiting):
         waits = self.store.jobs([store.PENDING]) if full else self.store.ready()
         pending = [j for j in waits if not j.attached or j.id in self.stdio]
         if not pending:
-            if full:
-                self.free = None  # not known: the next submit plans at once
-            self.pacer.planned("full" if full else "start", began, time.monotonic())
-            return
+            self.free = None if full else self.free  # not known: a submit plans at once
+            return self.pacer.planned("full" if full else "start", began, time.monotonic())
         # One reading of the configuration for the pass, handed to what it calls: drains,
         # XID logs and health rules change without a reload.
         reading = self.reading = config.load()
@@ -483,6 +481,9 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service import accounting
 
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
+        if self.usage_totals is not None:
+            key = (job.user, job.account or "")
+            self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import store
@@ -74,3 +74,19 @@ def page(
         size += cost
     end = ask.offset + len(rows)
     return {"ok": True, "jobs": rows, "total": total, "next": end if end < total else None}
+
+
+def kept(
+    listed: Optional[tuple[Any, list[store.Job]]],
+    key: Any,
+    journal: store.Store,
+    ask: protocol.Listing,
+    priorities: Mapping[int, float],
+) -> tuple[Any, list[store.Job]]:
+    """The queue's rows in `queue`'s order for `ask`, sorted again only when `key` (the
+    journal's version and the passes so far) or the filters changed: the 21 pages of
+    one `queue --all` over 10,000 jobs sort it once, not once a page."""
+    key = (key, ask.user, ask.ids)
+    if listed is not None and listed[0] == key:
+        return listed
+    return key, queue_order(matching(journal.jobs(store.ACTIVE), ask), priorities)

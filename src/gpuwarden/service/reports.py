@@ -41,8 +41,22 @@ def stats(service: Any) -> dict[str, Any]:
             for (p, a), n in sorted(service.watcher().counts.items())
         ],
         "unleased": service.watcher().unleased,
+        "usage": usage_totals(service),
         "preemptions": [{"user": u, "count": n} for u, n in sorted(service.preempted.items())],
     }
+
+
+def usage_totals(service: Any) -> list[dict[str, Any]]:
+    """GPU-seconds of every ended run per user and account (the exporter's counters:
+    they grow when a run ends), from the journal once, then kept as runs end."""
+    if service.usage_totals is None:
+        from gpuwarden.service.accounting import totals_by
+
+        service.usage_totals = totals_by(service.store.db)
+    return [
+        {"user": user, "account": account or None, "gpu_seconds": seconds}
+        for (user, account), seconds in sorted(service.usage_totals.items())
+    ]
 
 
 def share(service: Any) -> dict[str, Any]:

@@ -393,9 +393,9 @@ class Requests(Reloading):
     ) -> dict[str, Any]:
         """A page of the queue (service.listing): never more than fits in one answer,
         however many jobs there are."""
-        ordered = listing.queue_order(
-            listing.matching(self.store.jobs(store.ACTIVE), ask), self.priorities
-        )
+        key = (self.store.version, self.pacer.count)
+        self.listed = listing.kept(self.listed, key, self.store, ask, self.priorities)
+        ordered = self.listed[1]
         if ask.arrays:  # an array's waiting tasks in one row (service.arrays)
             rows = arrays.grouped(ordered)
             reply = listing.page(

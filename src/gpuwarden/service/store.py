@@ -220,7 +220,8 @@ class Store:
                 if statement.strip():
                     self.db.execute(statement)
             self.db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)",
+                "INSERT INTO meta (key, value) VALUES ('schema', ?) ON CONFLICT(key) "
+                "DO UPDATE SET value = excluded.value WHERE value != excluded.value",
                 (str(SCHEMA_VERSION),),
             )  # an earlier journal is this one once `_add_columns` has run
             self._add_columns()
@@ -232,10 +233,9 @@ class Store:
         # them on every pass, and reading and decoding every row each time made a pass
         # grow with the queue (a long queue's makespan grew with its square).
         self._active: Optional[dict[int, Job]] = None
-        # Of those, the waiting jobs not held, by id: what a start pass plans over, kept
-        # apart so that 10,000 held jobs cost it nothing (service.pacing).
-        self._ready: dict[int, Job] = {}
+        self._ready: dict[int, Job] = {}  # of those, the waiting ones not held (`ready`)
         self._tally: Optional[Tally] = None  # the queue's figures, counted with them
+        self.version = 0  # moves with every change to them (service.listing keeps by it)
         # Whether a commit made with `durable=False` may still be only in the page cache.
         self.unsynced = False
 
@@ -303,6 +303,7 @@ class Store:
             }
             self._ready = {i: j for i, j in self._active.items() if _is_ready(j)}
             self._tally = Tally(self.db)
+            self.version += 1
         return self._active
 
     def tally(self) -> Tally:
@@ -312,8 +313,8 @@ class Store:
         return self._tally
 
     def _keep(self, job: Job, was: Optional[Job] = None) -> None:
-        """`job` as it is now (`was` before), in the in-memory active jobs (an ended one
-        leaves them) and the tally."""
+        """`job` as it is now (`was` before), in memory (an ended one leaves) and tallied."""
+        self.version += 1
         if self._tally is not None:
             self._tally.change(was, job)
         for kept, keep in ((self._active, job.state in ACTIVE), (self._ready, _is_ready(job))):
@@ -323,8 +324,7 @@ class Store:
                 kept.pop(job.id, None)
 
     def ready(self) -> list[Job]:
-        """The waiting jobs that could start now, oldest first: not held, and waiting on
-        no job that is still active (what a start pass plans: service.pacing)."""
+        """What a start pass plans (service.pacing): not held, waiting on no active job."""
         active = self._actives()
         ready = (self._ready[i] for i in sorted(self._ready))
         return [j for j in ready if not any(a in active for a in j.after)]

@@ -307,6 +307,7 @@ def _job(
     return {
         "id": job_id,
         "user": text(user),
+        "account": text(row["account"]) if isinstance(row.get("account"), str) else None,
         "state": text(state, 20),
         "gpus": [index[g] for g in uuids if g in index],
         "uuids": [text(g) for g in uuids],

@@ -199,6 +199,11 @@ function processItem(p) {
     p.command ? el("div", { class: "muted" }, p.command) : null);
 }
 
+// The job's owner, and the account its GPU-hours are charged to where it names one.
+function whose(j) {
+  return j.account ? `${j.user} (${j.account})` : j.user;
+}
+
 function swatch(user) {
   const mark = el("span", { "aria-hidden": "true" }, "■ ");
   mark.style.color = userColor(user); // CSSOM, not a style attribute: the CSP forbids those
@@ -290,11 +295,11 @@ function drawQueue(queue, now) {
   state.classList.toggle("error", queue.state !== "running" && queue.error !== null);
   document.getElementById("queue-service").hidden = !queue.service;
   rows(document.getElementById("queue-running"), queue.running, (j) => el("tr", { "data-job": j.id, "data-state": j.state },
-    jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, j.state.toLowerCase() + runsNote(j)),
+    jobCell(j), el("td", {}, swatch(j.user), whose(j)), el("td", {}, j.state.toLowerCase() + runsNote(j)),
     el("td", {}, gpusOf(j)), el("td", {}, span(j.waited)), el("td", {}, span(j.elapsed)),
     el("td", {}, j.time_limit === null ? "-" : span(j.time_limit))), "no job running");
   rows(document.getElementById("queue-waiting"), queue.waiting, (j) => el("tr", { "data-job": j.id, "data-reason": j.reason },
-    jobCell(j), el("td", {}, swatch(j.user), j.user), el("td", {}, gpusOf(j)),
+    jobCell(j), el("td", {}, swatch(j.user), whose(j)), el("td", {}, gpusOf(j)),
     el("td", { class: "reason" }, (j.reason || "-") + runsNote(j)),
     el("td", {}, j.priority === null ? "-" : Math.round(j.priority)),
     el("td", {}, span(j.waited)),

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,3 +172,38 @@ def test_a_booking_keeps_two_gpus_for_its_window_while_backfill_uses_them_before
     assert [(r["count"], r["user"], r["reason"]) for r in rows] == [(2, "gw-alice", "deadline")]
     for job in long:
         server.call(None, "cancel", jobs=[job])
+
+
+def test_bookings_are_bounded_per_user_summed_and_counted(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user allowed 2 GPUs of bookings cannot book 3 in one window as 2 + 1, keeps at
+    most MAX_FUTURE bookings, and nobody (an admin neither) books for a user more GPUs
+    than a user may use at once, or for a user who does not exist."""
+    from gpuwarden.service.bookings import MAX_FUTURE
+
+    monkeypatch.setenv("GPUWARDEN_SERVICE_BOOK_MAX_GPUS", "2")
+    srv_iter = serving(tmp_path, open_dir, monkeypatch, "--max-gpus-per-user", "3")
+    srv = next(srv_iter)
+    try:
+        alice, carol = make_user("alice", ("lab",)), make_user("carol")
+
+        def book(who: Any, *args: str) -> Any:
+            return cli_as(srv, who, "book", "--reason", "x", *args)
+
+        assert book(alice, "-g", "2", "--start", "now+1hour", "--for", "2h").returncode == 0
+        more = book(alice, "-g", "1", "--start", "now+2hours", "--for", "1h")
+        assert more.returncode == 2 and more.stderr.count("\n") == 1, more.stderr
+        assert "has 2 GPUs booked in that window; 1 more is over the 2" in more.stderr
+        later = [
+            book(alice, "-g", "1", "--start", f"now+{d}days", "--for", "1h") for d in range(1, 9)
+        ]
+        assert [r.returncode for r in later].count(0) == MAX_FUTURE - 1, [r.stderr for r in later]
+        assert "the most one may have" in later[-1].stderr
+        wide = book(carol, "-g", "4", "--start", "now+1day", "--for", "1h", "--user", "gw-alice")
+        assert wide.returncode == 2 and "more than the 3 a user may use at once" in wide.stderr
+        nobody = book(carol, "-g", "1", "--start", "now+1day", "--for", "1h", "--user", "gw-nx")
+        assert nobody.returncode == 2 and "no user 'gw-nx'" in nobody.stderr, nobody.stderr
+    finally:
+        for _ in srv_iter:
+            pass

@@ -157,3 +157,66 @@ def test_a_report_reads_a_long_history_in_a_fixed_number_of_queries(tmp_path: Pa
     assert total == pytest.approx(20000.0)
     journal.close()
     assert os.path.exists(tmp_path / "jobs.db")
+
+
+def test_a_sample_reads_the_machine_once_and_writes_the_journal_once_a_minute(
+    tmp_path: Path,
+) -> None:
+    """The guard of bench/sampler.py's figure (0.04% of a core at 8 GPUs): one reading per
+    sample whatever the number of jobs, sums in memory, a journal write per minute."""
+    from types import SimpleNamespace
+
+    from gpuwarden.service.sampler import FLUSH_EVERY, Sampler
+
+    gpus = [
+        SimpleNamespace(
+            uuid=f"GPU-{i}",
+            lost=False,
+            utilization_gpu=80 if i == 0 else 0,
+            memory_used=1 << 30,
+            memory_total=80 << 30,
+            power_draw=100.0,
+            energy_consumed=None,
+            mig_instances=(),
+            processes=(),
+        )
+        for i in range(8)
+    ]
+    readings = []
+
+    def read() -> object:
+        readings.append(1)
+        return SimpleNamespace(gpus=gpus)
+
+    journal = st.Store(str(tmp_path / "jobs.db"))
+    jobs = []
+    for gpu in gpus:
+        job = journal.add(
+            st.new_job(
+                uid=1,
+                gid=1,
+                user="alice",
+                argv=("x",),
+                cwd="/",
+                env={},
+                umask=18,
+                request={"count": 1},
+            )
+        )
+        journal.update(job.id, state=st.RUNNING, started=0.0, gpus=(gpu.uuid,))
+        jobs.append(journal.get(job.id))
+    statements: list[str] = []
+    sampler = Sampler(10.0, read)
+    sampler.flushed = 1000.0
+    journal.db.set_trace_callback(statements.append)
+    for step in range(1, 6):  # 50 s: no flush yet
+        sampler.step(journal, jobs, 1000.0 + 10 * step, lambda job: set())
+    assert len(readings) == 5
+    assert not [s for s in statements if not s.startswith("SELECT")]  # nothing written
+    sampler.step(journal, jobs, 1000.0 + FLUSH_EVERY + 10, lambda job: set())
+    written = [s for s in statements if s.startswith("INSERT")]
+    assert len(written) == 8  # one summary per running GPU
+    (first,) = sampler.take(jobs[0].id)
+    assert efficiency.mean_util(first) == pytest.approx(80)
+    assert first.energy == pytest.approx(100.0 * first.seconds)
+    journal.close()

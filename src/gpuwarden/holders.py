@@ -18,7 +18,7 @@ from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Any, Optional
 
 PROC = "/proc"
 
@@ -190,3 +190,24 @@ def prove(pid: int, st: os.stat_result) -> tuple[Optional[Target], str]:
         target.close()
         return None, f"pid {pid} is not running"
     return target, ""
+
+
+def prove_holder(lease_dir: str, info: Any, what: str) -> Target:
+    """The holder of lease `info` (a `leases.LeaseInfo` in `lease_dir`), proven by the
+    kernel (`prove`): the pid in the record is only a claim, since anyone can write that
+    file. Raises UserError, naming `what` ("reservation r-1", "Slurm job 42"), when the
+    record cannot be opened or its pid may not be signalled."""
+    from gpuwarden.errors import UserError
+    from gpuwarden.leases.record import HOLDER_SUFFIX
+    from gpuwarden.safefiles import open_regular
+
+    path = os.path.join(lease_dir, f"{info.uuid}.{info.job}{HOLDER_SUFFIX}")
+    try:
+        fd, st = open_regular(path, what="lease record")
+    except (OSError, UserError) as err:
+        raise UserError(f"{what}: cannot open its lease record: {err}") from None
+    os.close(fd)
+    target, why = prove(info.pid, st)
+    if target is None:
+        raise UserError(f"{what}: not signalling pid {info.pid}: {why}; nothing was done")
+    return target

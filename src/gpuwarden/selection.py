@@ -197,29 +197,18 @@ def choose(
 
         snapshot = replace(snapshot, gpus=devices(snapshot))
     if request.mig is not None and request.mig not in profile.values():
-        have = sorted({p for p in profile.values() if p})
-        return Choice(
-            (),
-            {},
-            f"no MIG slice of profile {request.mig} here: "
-            + (f"this machine has {', '.join(have)}" if have else "no GPU here is in MIG mode")
-            + " (docs/mig.md)",
-            True,
-            frozenset(g.uuid for g in snapshot.gpus),
-        )
+        return _no_such_profile(snapshot, request.mig, profile)
     drain_by_uuid = _drain_map(drains)
     leases_on: dict[str, list[Any]] = {}
     for lease in leases:
         leases_on.setdefault(lease.uuid, []).append(lease)
     lease_pids = {lease.pid for lease in leases}
-    if named:
-        # An explicitly named GPU outside the parent's set is a mistake worth naming.
-        for g in named:
-            if allowed_set is not None and g.uuid not in allowed_set:
-                raise UserError(
-                    f"GPU {g.index} is not visible here: the parent CUDA_VISIBLE_DEVICES "
-                    "leaves only " + visible_list(snapshot, allowed_set)
-                )
+    for g in named or ():  # a GPU named outside the parent's set is a mistake worth naming
+        if allowed_set is not None and g.uuid not in allowed_set:
+            raise UserError(
+                f"GPU {g.index} is not visible here: the parent CUDA_VISIBLE_DEVICES "
+                "leaves only " + visible_list(snapshot, allowed_set)
+            )
     named_uuids = None if named is None else {g.uuid for g in named}
 
     never: dict[str, tuple[str, str]] = {}  # uuid -> (kind, reason)
@@ -283,33 +272,57 @@ def choose(
     if len(candidates) < count:
         for g in candidates:
             passed[g.uuid] = f"fits, but fewer than {count} GPUs do"
-        usable = len(snapshot.gpus) - len(never)
-        if usable < count:
-            return Choice(
-                (), passed, never_message(snapshot, count, named, allowed_set, never), True, unfit
-            )
-        reasons = some(snapshot, busy)
-        error = f"asked for {plural(count)} but {only(len(candidates))} free now ({reasons})"
-        if any(r.startswith(BUSY) for r in busy.values()):
-            error += f"; {_BUSY_HINT}"
-        return Choice((), passed, error, False, unfit)
+        if len(snapshot.gpus) - len(never) < count:
+            error = never_message(snapshot, count, named, allowed_set, never)
+            return Choice((), passed, error, True, unfit)
+        return Choice(
+            (), passed, _too_few_now(snapshot, count, len(candidates), busy), False, unfit
+        )
 
     chosen = _best_set(snapshot, candidates, count, warned, request.keep_first_last)
     chosen_uuids = {g.uuid for g in chosen}
     for g in candidates:
-        if g.uuid in chosen_uuids:
-            continue
-        if g.uuid in warned:
-            passed[g.uuid] = f"ranked after GPUs without health warnings ({warned[g.uuid]})"
-        elif request.keep_first_last and g.index == 0:
-            passed[g.uuid] = "kept for last (GPU 0 often drives a display)"
-        else:
-            util = "n/a" if g.utilization_gpu is None else pct(g.utilization_gpu)
-            passed[g.uuid] = (
-                f"not needed: others ranked higher (this one: {format_size(int(room[g.uuid]))} "
-                f"free, util {util})"
-            )
+        if g.uuid not in chosen_uuids:
+            passed[g.uuid] = _passed_over(g, warned, room, request.keep_first_last)
     return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed, unfit=unfit)
+
+
+def _too_few_now(snapshot: Snapshot, count: int, fitting: int, busy: Mapping[str, str]) -> str:
+    """The refusal of a request that would fit were the busy GPUs free."""
+    reasons = some(snapshot, busy)
+    error = f"asked for {plural(count)} but {only(fitting)} free now ({reasons})"
+    if any(r.startswith(BUSY) for r in busy.values()):
+        error += f"; {_BUSY_HINT}"
+    return error
+
+
+def _no_such_profile(snapshot: Snapshot, mig: str, profile: Mapping[str, str]) -> Choice:
+    """A MIG profile no slice here has: it can never fit, and what the machine has."""
+    have = sorted({p for p in profile.values() if p})
+    return Choice(
+        (),
+        {},
+        f"no MIG slice of profile {mig} here: "
+        + (f"this machine has {', '.join(have)}" if have else "no GPU here is in MIG mode")
+        + " (docs/mig.md)",
+        True,
+        frozenset(g.uuid for g in snapshot.gpus),
+    )
+
+
+def _passed_over(
+    g: Gpu, warned: Mapping[str, str], room: Mapping[str, float], keep_first_last: bool
+) -> str:
+    """Why a GPU that fits was not among those chosen: the ranking's first reason."""
+    if g.uuid in warned:
+        return f"ranked after GPUs without health warnings ({warned[g.uuid]})"
+    if keep_first_last and g.index == 0:
+        return "kept for last (GPU 0 often drives a display)"
+    util = "n/a" if g.utilization_gpu is None else pct(g.utilization_gpu)
+    return (
+        f"not needed: others ranked higher (this one: {format_size(int(room[g.uuid]))} "
+        f"free, util {util})"
+    )
 
 
 def fitting(

@@ -198,7 +198,10 @@ def release(args: argparse.Namespace) -> int:
     me = user_name(os.geteuid())
     if found[0].user != me and os.geteuid() != 0:
         raise UserError(f"reservation {wanted} belongs to {found[0].user}, not to {me}")
-    target = _prove_holder(found[0])
+    from gpuwarden import holders
+    from gpuwarden.locations import lease_location
+
+    target = holders.prove_holder(lease_location(), found[0], f"reservation {wanted}")
     pid = target.pid
     try:
         target.send(signal.SIGTERM)
@@ -214,26 +217,3 @@ def release(args: argparse.Namespace) -> int:
     ids = ",".join(str(i.index) for i in found if i.index is not None)
     print(f"gpuwarden release: released GPU {ids} (reservation {wanted})", file=sys.stderr)
     return 0
-
-
-def _prove_holder(info: Any) -> Any:
-    """The reservation's holder, proven by the kernel: the pid in the lease record is
-    only a claim (anyone can write that file), so it is signalled only when that process
-    holds the record open and the caller may signal it (holders.prove)."""
-    import gpuwarden.leases as lease
-    from gpuwarden import holders
-    from gpuwarden.locations import lease_location
-    from gpuwarden.safefiles import open_regular
-
-    path = os.path.join(lease_location(), f"{info.uuid}.{info.job}{lease.HOLDER_SUFFIX}")
-    try:
-        fd, st = open_regular(path, what="lease record")
-    except (OSError, UserError) as err:
-        raise UserError(f"reservation {info.job}: cannot open its record: {err}") from None
-    os.close(fd)
-    target, why = holders.prove(info.pid, st)
-    if target is None:
-        raise UserError(
-            f"reservation {info.job}: not signalling pid {info.pid}: {why}; nothing was done"
-        )
-    return target

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 #: Seconds between readings (as nvitop's default).
 INTERVAL = 2.0
 HOSTS_INTERVAL = 10.0
+#: Own jobs the line under the title summarises.
+MINE = 20
 
 
 def register(commands: Commands, name: str) -> None:
@@ -81,7 +83,11 @@ def _reader(args: argparse.Namespace) -> Any:
 
         me = user_name()  # the kernel's uid, as the service names us
         return lambda state, room: [
-            read_lab(rows=wanted_rows(state, room), user=me if state.mine else state.user)
+            read_lab(
+                rows=wanted_rows(state, room),
+                user=me if state.mine else state.user,
+                mine=0 if state.mine else MINE,
+            )
         ]
     from gpuwarden.hosts.remote import parse_hosts
 

@@ -209,6 +209,23 @@ def describe_request(request: Any) -> str:
     return what
 
 
+def _refused(out: Outcome, wait: bool) -> str:
+    """Why an attempt took nothing, for a waiter's progress; raises where waiting cannot
+    help: a request that can never fit, or one that does not wait."""
+    choice = out.choice
+    if choice.never_fits:
+        raise UserError(choice.error)
+    reason: str = choice.error or ""
+    if out.blocked_by is not None:
+        w = out.blocked_by
+        reason = f"first in line: {w.user} pid {w.pid} ({describe_request(w.request)})"
+    if not wait:
+        if out.blocked_by is not None:
+            reason = f"requests waiting in line come first; {reason}"
+        raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
+    return reason
+
+
 def acquire(
     request: Any,
     *,
@@ -296,20 +313,7 @@ def acquire(
                     if out is not None and out.held is not None:
                         return out.held
                     if out is not None:
-                        choice = out.choice
-                        if choice.never_fits:
-                            raise UserError(choice.error)
-                        reason = choice.error or ""
-                        if out.blocked_by is not None:
-                            w = out.blocked_by
-                            reason = (
-                                f"first in line: {w.user} pid {w.pid} "
-                                f"({describe_request(w.request)})"
-                            )
-                        if not wait:
-                            if out.blocked_by is not None:
-                                reason = f"requests waiting in line come first; {reason}"
-                            raise UserError(reason or "no GPU fits now", exit_code=EXIT_BUSY)
+                        reason = _refused(out, wait)
                     if ticket is None:
                         from gpuwarden import waitline
 
@@ -321,8 +325,7 @@ def acquire(
                     reason = "the waiters ahead need every GPU"
                 if on_wait is not None:
                     on_wait(position, total, reason, now - start)
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
+            if timeout is not None and time.monotonic() - start >= timeout:
                 why = f" ({reason})" if reason else ""
                 raise UserError(
                     f"timed out after {format_span(timeout)} waiting for "

@@ -33,10 +33,11 @@ class Lab:
     admin: bool = False
     service: Optional[str] = None  # None: the queue answered; else why there is none
     error: Optional[str] = None  # why the GPUs could not be read
+    mine: Optional[list[dict[str, Any]]] = None  # our own jobs, where asked apart (`read_lab`)
 
 
 def ask_queue(
-    path: Optional[str] = None, rows: Optional[int] = None, **filters: Any
+    path: Optional[str] = None, rows: Optional[int] = None, mine: int = 0, **filters: Any
 ) -> dict[str, Any]:
     """The service's `hello` and `queue` (arrays folded into one row each, as `queue`
     prints them), in the shape `web.queue.Asker.ask` gives: `{"state": "absent"}`,
@@ -50,9 +51,12 @@ def ask_queue(
         with client:
             hello = client.call("hello")
             jobs, reply = client.listing("queue", rows, arrays=True, **filters)
+            own = None
+            if mine and isinstance(hello.get("user"), str):
+                own, _ = client.listing("queue", mine, arrays=True, user=hello["user"])
     except (UserError, OSError, ValueError) as err:
         return {"state": "failed", "error": str(err)}
-    return {"state": "answered", "hello": hello, "queue": {**reply, "jobs": jobs}}
+    return {"state": "answered", "hello": hello, "queue": {**reply, "jobs": jobs}, "mine": own}
 
 
 def read_lab(
@@ -60,15 +64,17 @@ def read_lab(
     *,
     rows: Optional[int] = None,
     user: Optional[str] = None,
+    mine: int = 0,
     snapshot: Optional[Callable[[], Any]] = None,
     now: Optional[float] = None,
 ) -> Lab:
     """This machine now: its GPUs, and the first `rows` of its queue in the queue's
-    order (None: every job), only `user`'s where named (the service filters)."""
+    order (None: every job), only `user`'s where named (the service filters); with
+    `mine`, also the first `mine` of our own jobs, whatever the rows shown."""
     from gpuwarden.machineview import read_view
     from gpuwarden.web.model import build
 
-    answer = ask_queue(path, rows, **({} if user is None else {"user": user}))
+    answer = ask_queue(path, rows, mine, **({} if user is None else {"user": user}))
     now = time.time() if now is None else now
     try:
         if snapshot is None:
@@ -134,6 +140,9 @@ def lab_of(
         user=hello.get("user") if isinstance(hello.get("user"), str) else None,
         admin=hello.get("admin") is True,
         error=error,
+        mine=[j for j in answer["mine"] if isinstance(j, dict)]
+        if isinstance(answer.get("mine"), list)
+        else None,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import grp
 import logging
+import pwd
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -44,6 +45,43 @@ CREATE TABLE IF NOT EXISTS bookings (
 MAX_REASON = 200
 MAX_AHEAD = 366 * 86400.0  # a booking starts within a year
 MAX_LENGTH = 31 * 86400.0
+#: Bookings one user (or one group) may have not yet over, unless an admin made them.
+MAX_FUTURE = 8
+
+
+def _within_bounds(
+    rows: list[dict[str, Any]],
+    settings: Settings,
+    admin: bool,
+    count: int,
+    start: float,
+    end: float,
+    user: Optional[str],
+    group: Optional[str],
+) -> None:
+    """Refuse, in one line, a booking over its holder's bounds: GPUs no user may use at
+    once (`max_gpus_per_user`: they would sit idle), and, for a user's own booking, its
+    GPUs summed with the holder's bookings it overlaps over `book_max_gpus`, or more
+    than MAX_FUTURE bookings not yet over."""
+    limit = settings.policy.max_gpus_per_user
+    if user is not None and limit is not None and count > limit:
+        raise UserError(
+            f"{count} GPUs is more than the {limit} a user may use at once "
+            "(max_gpus_per_user): the booking would sit idle"
+        )
+    if admin:
+        return
+    mine = [r for r in rows if (r["grp"] == group if group else r["user"] == user)]
+    holder = f"group {group}" if group else user
+    if len(mine) >= MAX_FUTURE:
+        raise UserError(f"{holder} already has {len(mine)} bookings, the most one may have")
+    overlapping = sum(int(r["count"]) for r in mine if r["start"] < end and r["end"] > start)
+    most = settings.book_max_gpus
+    if most is not None and overlapping + count > most:
+        raise UserError(
+            f"{holder} has {overlapping} GPUs booked in that window; {count} more is over "
+            f"the {most} a user may book (service.book_max_gpus)"
+        )
 
 
 def of(service: Any) -> Bookings:
@@ -189,6 +227,10 @@ def _book(
             raise UserError(f"no group {group!r}") from None
     else:
         user = who.name if user is None else str(protocol.checked_string(user, "user", 64))
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise UserError(f"no user {user!r}") from None
     start = max(start, now)  # a start in the past is now, as sbatch's --begin
     if start - now > MAX_AHEAD:
         raise UserError("a booking starts within a year")
@@ -211,8 +253,9 @@ def _book(
             )
     if count > usable:
         raise UserError(f"this machine has {usable} GPUs: {count} cannot be booked")
-    new = booking.Booking(0, count, start, start + length, frozenset())
     rows = {int(r["id"]): r for r in table.current(now)}
+    _within_bounds(list(rows.values()), settings, admin, count, start, start + length, user, group)
+    new = booking.Booking(0, count, start, start + length, frozenset())
     clash = booking.crowded(new, for_plan(list(rows.values()), set()), usable)
     if clash:
         named = "; ".join(_words(rows[b.id]) for b in clash)

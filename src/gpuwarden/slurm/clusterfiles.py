@@ -40,12 +40,24 @@ def _paths(s: ClusterSettings) -> dict[str, str]:
 
 
 def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
-    host = s.controller + (f"({s.controller_address})" if s.controller_address else "")
-    paths = _paths(s)
-    per_cpu = [n.memory_mib // n.cpus for n in nodes if n.memory_mib]
+    """slurm.conf: who the daemons are, the resources a job gets, the order jobs start
+    in and what is counted, gpuwarden's hooks, then the nodes and their partition."""
     out = [
         head,
         "# The same file goes to every node and the controller (README says where).",
+        *_daemons(s),
+        *_resources(nodes),
+        *_ordering(s),
+        *_hooks(s),
+        *_nodes(nodes, s),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _daemons(s: ClusterSettings) -> list[str]:
+    """The cluster's name, its controller, ports, user, authentication and paths."""
+    host = s.controller + (f"({s.controller_address})" if s.controller_address else "")
+    return [
         *_block(
             "The name accounting (slurmdbd, sacct) knows this cluster by.",
             f"ClusterName={s.name}",
@@ -72,8 +84,15 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
         ),
         *_block(
             "Where the daemons keep their state, spool, pid files and logs.",
-            *(f"{k}={v}" for k, v in paths.items()),
+            *(f"{k}={v}" for k, v in _paths(s).items()),
         ),
+    ]
+
+
+def _resources(nodes: Sequence[Node]) -> list[str]:
+    """What a job is given: cgroups that confine it, cores, memory and GPUs apart."""
+    per_cpu = [n.memory_mib // n.cpus for n in nodes if n.memory_mib]
+    out = [
         *_block(
             "Jobs run in cgroups: Slurm finds all of a job's processes, and cgroup.conf's\n"
             "ConstrainDevices=yes lets a job open only the GPUs it was given (not a\n"
@@ -96,6 +115,12 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
             "memory per CPU), not the whole node, so a second job still fits beside it.",
             f"DefMemPerCPU={min(per_cpu)}",
         )
+    return out
+
+
+def _ordering(s: ClusterSettings) -> list[str]:
+    """The order waiting jobs start in, and the accounting fair share reads."""
+    out: list[str] = []
     if s.slurmdbd:
         out += _block(
             "The order of waiting jobs: fair share (who used little over the last weeks goes\n"
@@ -141,7 +166,12 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
             "--no-slurmdbd, which also writes slurmdbd.conf.",
             "AccountingStorageType=accounting_storage/none",
         )
-    out += _block(
+    return out
+
+
+def _hooks(s: ClusterSettings) -> list[str]:
+    """gpuwarden's prolog and epilog, the MIG task prolog, and nodes coming back."""
+    out = _block(
         "gpuwarden's hooks: the prolog leases the job's GPUs on the node (PrologFlags=Alloc:\n"
         "when the job is allocated, before it starts), the epilog frees them, so local\n"
         "`gpuwarden run` users and Slurm jobs never share a GPU (docs/slurm.md).",
@@ -160,6 +190,12 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
         "gpuwarden's health watch, slurm.drain_node) stays drained.",
         "ReturnToService=1",
     )
+    return out
+
+
+def _nodes(nodes: Sequence[Node], s: ClusterSettings) -> list[str]:
+    """One line per node, as each node described itself, and the one partition."""
+    out: list[str] = []
     for n in nodes:
         where = f" ({n.source})" if n.source != "nvml" else ""
         words = [f"NodeName={n.name}", f"NodeAddr={n.address}", f"CPUs={n.cpus}"]
@@ -180,7 +216,7 @@ def slurm_conf(nodes: Sequence[Node], s: ClusterSettings, head: str) -> str:
             "still counts): usage is GPU time, as on one machine with `gpuwarden share`."
         )
     out += _block(why, partition)
-    return "\n".join(out) + "\n"
+    return out
 
 
 def gres_conf(nodes: Sequence[Node], head: str) -> str:

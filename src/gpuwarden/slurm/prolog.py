@@ -266,7 +266,7 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
     write a record named like this job's), so only records owned by whoever runs the
     epilog (root, as the prolog) count, and their holder is signalled only once the
     kernel proves it holds the record open (`gpuwarden.holders.prove`)."""
-    from gpuwarden import leases
+    from gpuwarden import holders, leases
     from gpuwarden.paths import user_name
 
     job = job_id(environ)
@@ -282,7 +282,7 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
     targets = {}
     for info in held:
         if info.pid not in targets:
-            targets[info.pid] = _prove(lease_dir, info, job)
+            targets[info.pid] = holders.prove_holder(lease_dir, info, f"Slurm job {job}")
     for target in targets.values():
         try:
             target.send(signal.SIGTERM)
@@ -295,19 +295,3 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
         time.sleep(0.02)
     indices = sorted(i.index for i in held if i.index is not None)
     return f"Slurm job {job}: released GPU {','.join(map(str, indices))}"
-
-
-def _prove(lease_dir: str, info: Any, job: str) -> Any:
-    from gpuwarden import holders, leases
-    from gpuwarden.safefiles import open_regular
-
-    path = os.path.join(lease_dir, f"{info.uuid}.{info.job}{leases.HOLDER_SUFFIX}")
-    try:
-        fd, st = open_regular(path, what="lease record")
-    except (OSError, UserError) as err:
-        raise UserError(f"Slurm job {job}: cannot open its lease record: {err}") from None
-    os.close(fd)
-    target, why = holders.prove(info.pid, st)
-    if target is None:
-        raise UserError(f"Slurm job {job}: not signalling pid {info.pid}: {why}")
-    return target

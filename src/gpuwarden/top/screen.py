@@ -81,6 +81,8 @@ def draw(
     rows = job_rows(labs, state)
     gpus = gpu_rows(labs)
     lines: list[Line] = [[(fit(_title(labs, rows, now), width), "title")]]
+    if not state.mine:
+        lines += _mine(labs, width, now)
     if state.help:
         lines += [[(fit(h, width), "normal")] for h in HELP]
         return _finish(lines, state, width, height)
@@ -136,6 +138,41 @@ def _title(labs: Sequence[Lab], rows: Sequence[Mapping[str, Any]], now: float) -
     parts.append(f"GPUs free {free}/{total}")
     parts.append(f"jobs {running} running, {waiting} waiting")
     return printable("  ".join(parts))
+
+
+def _mine(labs: Sequence[Lab], width: int, now: float) -> list[Line]:
+    """One line of my jobs, whatever the list below shows: `mine: 12 running on 0,1
+    (2h01m), 14 waiting (Resources, ~5m00s)`; none where I have none."""
+    own = []
+    for lab in labs:
+        rows = (
+            lab.mine
+            if lab.mine is not None
+            else [j for j in lab.jobs if lab.user and j.get("user") == lab.user]
+        )
+        own += rows
+    if not own:
+        return []
+    said = []
+    for job in own:
+        label = str(job.get("label") or job.get("id"))
+        if job.get("state") == "PENDING":
+            start = job.get("estimated_start")
+            when = (
+                f", ~{format_span(max(0.0, start - now))}"
+                if isinstance(start, (int, float))
+                else ""
+            )
+            said.append(f"{label} waiting ({job.get('reason') or '-'}{when})")
+        else:
+            since = job.get("started")
+            took = (
+                f" ({format_span(max(0.0, now - since))})"
+                if isinstance(since, (int, float))
+                else ""
+            )
+            said.append(f"{label} running on {_gpus_cell(job)}{took}")
+    return [[(fit(printable("mine: " + ", ".join(said)), width), "header")]]
 
 
 def _free(g: Mapping[str, Any]) -> bool:

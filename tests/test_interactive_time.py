@@ -173,3 +173,21 @@ def test_a_refusal_names_the_kernels_option() -> None:
     over = _in_own_words("--time 2h00m is over this machine's limit of 1h00m (max_time)", option)
     assert over.startswith(f"{option} 2h00m is over")
     assert _in_own_words("no GPU fits", option) == "no GPU fits"
+
+
+def test_limits_read_as_written() -> None:
+    """A small GPU-hour budget is not "used 0.0 of your 0.01"; a reload says durations
+    as durations; an interactive job falls under max_interactive_time."""
+    from gpuwarden.service.limits import Limit, refusal
+    from gpuwarden.service.settings import Settings, changes
+
+    budget = {"gpu_hours_per_week": Limit(0.01, "service.limits @gw-lab gpu_hours_per_week")}
+    said = refusal(budget, gpus=1, time_limit=60.0, gpu_hours=0.012)
+    assert said is not None and said.startswith("you used 0.012 of your 0.01 GPU-hours")
+    old = Settings(socket="s", state_dir="d")
+    new = Settings(socket="s", state_dir="d", max_time=86400.0, interactive_time=1800.0)
+    assert changes(old, new) == ["max_time: - -> 24h00m", "interactive_time: - -> 30m00s"]
+    both = {"max_time": Limit(3600.0, "max_time"), "max_interactive_time": Limit(600.0, "m")}
+    assert refusal(both, gpus=1, time_limit=1200.0) is None
+    over = refusal(both, gpus=1, time_limit=1200.0, interactive=True)
+    assert over is not None and "limit of 10m00s (m)" in over

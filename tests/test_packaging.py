@@ -200,6 +200,51 @@ def test_the_wheel_carries_version_types_and_data(tmp_path: Path) -> None:
     assert f"gpuwarden-{gpuwarden.__version__}.dist-info/licenses/LICENSE" in names
 
 
+@pytest.mark.slow
+def test_build_makes_a_publishable_sdist_and_wheel(tmp_path: Path) -> None:
+    """`python -m build` (the sdist, then the wheel built from it, as a publisher does):
+    both carry metadata that `packaging` validates as a package index would, the
+    wheel the entry points a student's venv needs (the kernel provisioner and
+    submitit's plugin), the sdist the files the wheel is built from."""
+    import tarfile
+
+    from packaging.metadata import Metadata
+
+    try:
+        import build  # noqa: F401 - only whether it is there
+    except ImportError:
+        pytest.skip("needs `build` (the test dependency group)")
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    version = gpuwarden.__version__
+    (sdist,) = tmp_path.glob("gpuwarden-*.tar.gz")
+    (wheel,) = tmp_path.glob("gpuwarden-*.whl")
+    assert sdist.name == f"gpuwarden-{version}.tar.gz"
+    with zipfile.ZipFile(wheel) as zf:
+        raw = zf.read(f"gpuwarden-{version}.dist-info/METADATA")
+        points = zf.read(f"gpuwarden-{version}.dist-info/entry_points.txt").decode()
+    meta = Metadata.from_email(raw, validate=True)  # raises on an invalid field
+    assert (meta.name, str(meta.version)) == ("gpuwarden", version)
+    assert meta.license_expression == "Apache-2.0" and meta.description
+    assert {"jupyter", "exporter", "torch"} <= {str(e) for e in meta.provides_extra or ()}
+    assert "gpuwarden = gpuwarden.jupyter.provisioner:GpuwardenProvisioner" in points
+    assert "executor = gpuwarden.submitit:GpuwardenExecutor" in points
+    with tarfile.open(sdist) as tf:
+        names = set(tf.getnames())
+        pkg_info = tf.extractfile(f"gpuwarden-{version}/PKG-INFO")
+        assert pkg_info is not None
+        Metadata.from_email(pkg_info.read(), validate=True)
+    top = f"gpuwarden-{version}/"
+    for path in ("LICENSE", "README.md", "pyproject.toml", "src/gpuwarden/py.typed"):
+        assert top + path in names, path
+    assert any(n.startswith(top + "src/gpuwarden/service/units/") for n in names)
+
+
 def test_ci_runs_the_checks_this_file_documents() -> None:
     """The type check runs in scripts/test, and CI runs the other Pythons' subset."""
     test = (ROOT / "scripts" / "test").read_text(encoding="utf-8")

@@ -291,3 +291,15 @@ def test_usage_halves_every_half_life(usage, half_life) -> None:  # type: ignore
         s.decayed(usage, 7.0, half_life)
     )
     assert not math.isnan(s.decayed(usage, 1e12, half_life))
+
+
+def test_a_job_before_its_begin_time_says_so_before_any_limit() -> None:
+    """A `--begin` job of a user at their GPU limit waits for its time first: its reason
+    is BeginTime, not UserGpuLimit (as squeue says it)."""
+    running = [s.Running("r", "alice", ("GPU-0",), started=0.0)]
+    later = s.Waiting("later", "alice", 1, submitted=1.0, begin=500.0)
+    policy = s.Policy(max_gpus_per_user=1)
+    (decision,) = s.plan(gpus(4), running, [later], {}, now=10.0, policy=policy)
+    assert decision.reason == s.BEGIN_TIME
+    (after,) = s.plan(gpus(4), running, [later], {}, now=600.0, policy=policy)
+    assert after.reason == s.USER_GPU_LIMIT

@@ -437,11 +437,20 @@ def test_install_sets_up_the_exporter_and_web_units_too_and_uninstall_removes_th
         str(tmp_path), exec_start="/opt/gpuwarden/bin/gpuwarden", companions=("exporter", "web")
     )
     units = tmp_path / "etc/systemd/system"
-    for name, command in (("gpuwarden-exporter", "exporter"), ("gpuwarden-web", "web --no-watch")):
+    # The service watches health itself: its exporter does not, or each drain and post
+    # would happen twice (the shipped unit, for machines with no service, does).
+    watched = (
+        "ExecStart=/usr/local/bin/gpuwarden exporter\n",
+        unitfiles.WATCHED + "/usr/local/bin/gpuwarden exporter --no-watch\n",
+    )
+    for name, command in (
+        ("gpuwarden-exporter", "exporter --no-watch"),
+        ("gpuwarden-web", "web --no-watch"),
+    ):
         text = (units / f"{name}.service").read_text()
         assert f"ExecStart=/opt/gpuwarden/bin/gpuwarden {command}\n" in text
         assert any(str(units / f"{name}.service") in line for line in lines)
-        shipped = (ROOT / "deploy" / f"{name}.service").read_text()  # the same file
+        shipped = (ROOT / "deploy" / f"{name}.service").read_text().replace(*watched)
         assert text == shipped.replace("/usr/local/bin/gpuwarden", "/opt/gpuwarden/bin/gpuwarden")
         assert unitfiles.companion_unit(f"{name}.service", "/usr/local/bin/gpuwarden") == shipped
     stop = install.stop_commands(str(tmp_path))

@@ -360,9 +360,10 @@ def plan(
         else []
     )
     for prio, job in ranked:
-        reason = blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
-        if reason is None and job.begin is not None and job.begin > now:
-            reason = BEGIN_TIME
+        if job.begin is not None and job.begin > now and not job.held:
+            reason: Optional[str] = BEGIN_TIME  # said first: nothing else matters before it
+        else:
+            reason = blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
         if reason is not None:
             decisions.append(Decision(job.id, prio, reason=reason))
             continue

@@ -152,7 +152,18 @@ def refusal(
     budget = limits.get("gpu_hours_per_week")
     if budget is not None and gpu_hours is not None and gpu_hours >= budget.value:
         return (
-            f"you used {gpu_hours:.1f} of your {budget.value:g} GPU-hours of the last 7 days "
-            f"({budget.rule}); jobs are taken again as the week rolls on"
+            f"you used {_hours(gpu_hours)} of your {budget.value:g} GPU-hours of the last 7 "
+            f"days ({budget.rule}); jobs are taken again as the week rolls on"
         )
     return None
+
+
+def _hours(value: float) -> str:
+    """GPU-hours with as many decimals as a small budget needs (`0.012`, `1.5`, `37`):
+    never "used 0.0 of your 0.01"."""
+    if value == 0:
+        return "0"
+    for places in (0, 1, 2, 3):
+        if value >= 10 ** (1 - places) or places == 3:
+            return f"{value:.{places}f}"
+    return f"{value:g}"

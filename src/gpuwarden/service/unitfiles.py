@@ -155,4 +155,15 @@ def companion_unit(name: str, exec_start: str) -> str:
     from importlib.resources import files
 
     text = (files("gpuwarden.service") / "units" / name).read_text(encoding="utf-8")
-    return text.replace("ExecStart=/usr/local/bin/gpuwarden ", f"ExecStart={exec_start} ")
+    text = text.replace("ExecStart=/usr/local/bin/gpuwarden ", f"ExecStart={exec_start} ")
+    if name == COMPANIONS["exporter"]:
+        # The queue service runs the health watch itself (service.healthwatch): beside
+        # it, the exporter's would drain and post every finding a second time.
+        text = text.replace(
+            f"ExecStart={exec_start} exporter\n", f"{WATCHED}{exec_start} exporter --no-watch\n"
+        )
+    return text
+
+
+#: What the exporter's unit says beside a queue service, which watches health itself.
+WATCHED = "# The queue service watches GPU health itself: --no-watch.\nExecStart="

@@ -52,13 +52,6 @@ HEADERS = {
 KEEPALIVE = 15.0  # seconds between SSE comments on a quiet stream (proxies drop idle ones)
 
 
-def _warn(message: str) -> None:
-    # Through logging: the CLI sets its format and level once (--log-level).
-    import logging
-
-    logging.getLogger("gpuwarden.web").warning(message)
-
-
 class Feed:
     """The latest API document, re-read every `interval` seconds by one thread."""
 
@@ -71,7 +64,7 @@ class Feed:
         rules: Any = None,
         watch: Any = None,
         history: Optional[History] = None,
-        log: Callable[[str], None] = _warn,
+        log: Optional[Callable[[str], None]] = None,
         service: Optional[str] = None,
         service_timeout: Optional[float] = None,
         peers: Sequence[str] = (),
@@ -93,6 +86,10 @@ class Feed:
         self.rules = rules
         self.watch = watch
         self.history = history or History()
+        if log is None:  # through logging: the CLI sets its format and level (--log-level)
+            import logging
+
+            log = logging.getLogger("gpuwarden.web").warning
         self.log = log
         self._read = read
         self._cond = threading.Condition()

@@ -1,0 +1,274 @@
+"""The lab recipe end to end, as README ("On a shared server") and docs/operations.md
+say it: an admin installs from a fresh clone (`scripts/install-system`, then `service
+install --exporter`) with `max_time` and per-group limits set; a real non-root student
+with their own venv made from the system Python (ipykernel, jupyter_client, submitit
+and the CPU torch wheel from the configured index) puts gpuwarden into it with the
+line `gpuwarden doctor` prints; a kernel started by jupyter_client's KernelManager by
+kernelspec name holds its GPU, keeps it across a restart and frees it at shutdown;
+submitit's `map_array` of 10 runs; `run -g 2 --ddp -- $VENV/bin/python train.py` runs
+both ranks with the venv's torch; with no exporter running a fatal XID drains its GPU
+and the service's log says so; uninstall then `--purge` leaves nothing of the service.
+
+Under temporary prefixes (never /opt or /etc): `install-system --prefix`, `service
+install --root`, and the service started by hand on the simulated machine (no
+systemd here), with the paths under that root. `run -- bash -i` in a terminal is
+tests/test_service_terminal.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from components import require
+from users import make_user
+from waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
+SYSTEM_PY = "/usr/bin/python3"
+#: What a student's venv has before gpuwarden: their notebook, sweeps and torch (CPU).
+STUDENT_PACKAGES = ("ipykernel", "jupyter_client", "submitit", "torch==2.13.0+cpu")
+
+CONFIG = """\
+[service]
+max_time = "1h"
+[service.limits]
+"@gw-students" = { max_gpus = 2, max_time = "30m" }
+"""
+
+KERNEL = r"""
+import json, sys
+from jupyter_client import KernelManager
+
+def ask(km, code):
+    kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout=120)
+    out = []
+    kc.execute_interactive(code, timeout=120,
+        output_hook=lambda m: out.append(m["content"].get("text", "")))
+    kc.stop_channels()
+    return "".join(out).strip()
+
+code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUWARDEN_JOB'])"
+km = KernelManager(kernel_name=sys.argv[1])
+try:
+    km.start_kernel()
+except Exception as err:
+    print(json.dumps({"error": str(err)}))
+    sys.exit(0)
+first = ask(km, code)
+km.restart_kernel(now=True)
+again = ask(km, code)
+km.shutdown_kernel()
+print(json.dumps({"first": first, "again": again}))
+"""
+
+SWEEP = r"""
+import json, sys
+import submitit
+
+def square(x):
+    return x * x
+
+executor = submitit.AutoExecutor(sys.argv[1], cluster="gpuwarden")
+executor.update_parameters(timeout_min=10, gpus_per_node=1, gpuwarden_array_parallelism=4)
+jobs = executor.map_array(square, range(10))
+print(json.dumps({"ids": [j.job_id for j in jobs], "results": [j.result() for j in jobs]}))
+"""
+
+TRAIN = """\
+import os, torch
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], torch.__file__, flush=True)
+"""
+
+
+@pytest.fixture
+def place() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="gw-lab-"))
+    d.chmod(0o755)  # every user reaches the install, as /opt
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float = 120, **kw: object):  # type: ignore[no-untyped-def]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+def _as(user: str, argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 300):  # type: ignore[no-untyped-def]
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(cwd),
+    )
+
+
+@pytest.mark.slow
+def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None:
+    require(os.geteuid() == 0 and shutil.which("runuser") is not None, "needs root and runuser")
+    require(os.access(SYSTEM_PY, os.X_OK), f"needs the system Python at {SYSTEM_PY}")
+    require(shutil.which("git") is not None and (ROOT / ".git").exists(), "needs a git checkout")
+    alice = make_user("alice", groups=("students",))
+
+    # The admin: a fresh clone, install-system, service install --exporter.
+    clone = place / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
+    prefix, bindir = place / "opt" / "gpuwarden", place / "bin"
+    done = _run(
+        [str(clone / "scripts" / "install-system"), "--prefix", str(prefix), "--bin", str(bindir)],
+        dict(os.environ),
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    wheels = prefix / "share" / "gpuwarden" / "wheels"
+    assert f"--find-links {wheels} gpuwarden" in done.stdout, done.stdout
+    program = str(bindir / "gpuwarden")
+    root = place / "root"
+    installed = _run([program, "service", "install", "--root", str(root), "--exporter"], {})
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert (root / "etc/systemd/system/gpuwarden-exporter.service").exists()
+
+    lib = root / "var" / "lib" / "gpuwarden"
+    sock = root / "run" / "gpuwarden" / "gpuwarden.sock"
+    conf = place / "config.toml"
+    conf.write_text(CONFIG)
+    conf.chmod(0o644)
+    sim_state = place / "sim"
+    sim_state.mkdir(mode=0o755)
+    common = {
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SIM": SPEC,
+        "GPUWARDEN_SIM_STATE": str(sim_state),
+        "GPUWARDEN_SOCKET": str(sock),
+        "GPUWARDEN_LEASE_DIR": str(lib / "leases"),
+        "GPUWARDEN_STATE_DIR": str(lib / "state"),
+        "GPUWARDEN_SYSTEM_CONFIG": str(conf),
+    }
+    log = place / "serve.log"
+    service = subprocess.Popen(
+        [program, "serve", "--state-dir", str(lib / "service")],
+        env={**common, "HOME": "/root", "GPUWARDEN_HEALTH_POLL_SECONDS": "1"},
+        stdout=open(log, "w"),  # noqa: SIM115 - the process owns it
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: service.poll() is None and sock.exists(), 60, "the service's socket")
+        _student(place, alice, program, wheels, common)
+        injected = _run([program, "sim", "inject", "xid", "--gpu", "3", "79"], common)
+        assert injected.returncode == 0, injected.stderr
+        wait_for(
+            lambda: "health watch drained GPU 3 (" in log.read_text(),
+            60,
+            lambda: "the drain in the service's log:\n" + log.read_text()[-3000:],
+        )
+    finally:
+        service.send_signal(signal.SIGTERM)
+        service.wait(60)
+
+    # Uninstall keeps the journal and its record; --purge then leaves nothing.
+    kept = _run([program, "service", "uninstall", "--root", str(root)], common)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert (lib / "service" / "install.json").exists() and (lib / "service" / "jobs.db").exists()
+    purged = _run([program, "service", "uninstall", "--root", str(root), "--purge"], common)
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert "(--purge): " in purged.stdout and "jobs.db" in purged.stdout, purged.stdout
+    left = [p for p in root.rglob("*") if not p.is_dir()]
+    assert left == [], left
+    assert not any("gpuwarden" in str(p) for p in root.rglob("*")), list(root.rglob("*"))
+
+
+def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """The student's part, as the README says it, in their own venv."""
+    work = place / "work"
+    work.mkdir(mode=0o755)
+    os.chown(work, alice.uid, alice.gid)
+    venv = work / "venv"
+    env = {**common, "HOME": alice.home, "JUPYTER_PLATFORM_DIRS": "1", **_pip_settings()}
+    made = _as(alice.name, [SYSTEM_PY, "-m", "venv", str(venv)], env, work)
+    assert made.returncode == 0, made.stderr
+    py = str(venv / "bin" / "python")
+    deps = _as(
+        alice.name,
+        [py, "-m", "pip", "install", "-q", *STUDENT_PACKAGES],
+        env,
+        work,
+        timeout=1200,
+    )
+    assert deps.returncode == 0, deps.stderr[-3000:]
+    # `gpuwarden doctor` (the lab's) prints the line for the active venv; run as said.
+    active = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin:/bin"}
+    doctor = _as(alice.name, [program, "doctor"], active, work)
+    line = re.search(r"\S+ -m pip install --no-index --find-links \S+ gpuwarden", doctor.stdout)
+    assert line, doctor.stdout
+    assert line.group(0) == f"{py} -m pip install --no-index --find-links {wheels} gpuwarden"
+    put = _as(alice.name, ["sh", "-c", line.group(0)], active, work)
+    assert put.returncode == 0, put.stderr[-3000:]
+    where = _as(alice.name, [py, "-c", "import gpuwarden; print(gpuwarden.__file__)"], active, work)
+    assert where.stdout.startswith(str(venv)), where.stdout + where.stderr
+
+    # A kernel by kernelspec name: refused without a time, naming the option; with one,
+    # its GPU across a restart, the job completed at shutdown.
+    gw = str(venv / "bin" / "gpuwarden")
+    for name, more in (("untimed", []), ("lab", ["--time", "20m"])):
+        spec = _as(alice.name, [gw, "kernel", "install", "--name", name, *more], active, work)
+        assert spec.returncode == 0, spec.stderr
+    refused = _as(alice.name, [py, "-c", KERNEL, "untimed"], active, work)
+    assert "`gpuwarden kernel install --time` on every job" in refused.stdout, refused
+    ran = _as(alice.name, [py, "-c", KERNEL, "lab"], active, work)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    visible, job = out["first"].split()
+    assert visible and out["again"] == out["first"]  # the same GPU, the same job
+    row = _row(program, common, int(job))
+    assert (row["state"], row["time_limit"], row["user"]) == ("COMPLETED", 1200, alice.name)
+
+    # submitit's plugin from the venv: a map_array of 10.
+    sweep = _as(alice.name, [py, "-c", SWEEP, str(work / "runs")], active, work, timeout=600)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert json.loads(sweep.stdout.strip().splitlines()[-1])["results"] == [
+        x * x for x in range(10)
+    ]
+
+    # --ddp under the venv's own Python, through the lab's gpuwarden.
+    (work / "train.py").write_text(TRAIN)
+    ddp = [program, "run", "-g", "2", "--time", "5m", "--ddp", "--", py, "train.py"]
+    trained = _as(alice.name, ddp, active, work, timeout=600)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    ranks = sorted(line for line in trained.stdout.splitlines() if line.startswith("rank "))
+    assert [r.split()[1] for r in ranks] == ["0", "1"], trained.stdout
+    assert all(str(venv) in r for r in ranks), ranks
+
+
+def _pip_settings() -> dict[str, str]:
+    """This machine's pip configuration (its index, find-links, constraints), as the
+    student's pip gets it: where it is root's own (a user file or variables), `env -i`
+    and another HOME would leave the student with none."""
+    import sys
+
+    listed = _run([sys.executable, "-m", "pip", "config", "list"], dict(os.environ))
+    out: dict[str, str] = {}
+    for line in listed.stdout.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        if value and name:
+            out["PIP_" + name.upper().replace("-", "_")] = value.strip().strip("'\"")
+    return out
+
+
+def _row(program: str, env: dict[str, str], job: int) -> dict:  # type: ignore[type-arg]
+    def ended() -> dict | None:  # type: ignore[type-arg]
+        listed = _run([program, "jobs", "--all", "--json"], env)
+        rows = [r for r in json.loads(listed.stdout or "[]") if r.get("id") == job]
+        return rows[0] if rows else None
+
+    return wait_for(ended, 60, f"job {job} in the history")

@@ -68,7 +68,7 @@ def test_queue_lists_running_then_waiting_by_priority() -> None:
         "COMMAND",
     ]
     assert [line.split()[0] for line in lines[1:]] == ["1", "2", "3"]
-    assert "0,1" in lines[1] and "5m00s" in lines[1] and "python train.py" in lines[1]
+    assert "2@0,1" in lines[1] and "5m00s" in lines[1] and "python train.py" in lines[1]
     assert "(1 shared)" in lines[2] and "Resources (start in ~2m05s)" in lines[2]
     assert "(hidden)" in lines[3] and "Priority" in lines[3]
 
@@ -111,3 +111,10 @@ def test_history_and_share() -> None:
     assert share.splitlines()[1].split() == ["alice", "100.00", "2", "0.280"]
     assert t.queue_table([]) == "no jobs queued or running"
     assert t.span(None) == "-" and t.span(90000) == "1d01h"
+
+
+def test_a_gpus_cell_starts_with_a_count_whether_held_or_wanted() -> None:
+    assert t.gpus_cell({"gpus": ["GPU-a", "GPU-b"], "indices": [0, 1]}) == "2@0,1"
+    assert t.gpus_cell({"gpus": ["MIG-x"], "indices": [3]}) == "1@3(MIG)"
+    assert t.gpus_cell({"gpus": ["GPU-a"], "indices": [None]}) == "1@?"
+    assert t.gpus_cell({"gpus": [], "indices": [], "count": 2}) == "(2)"

@@ -35,10 +35,18 @@ def span(seconds: Optional[float]) -> str:
 
 
 def gpus_cell(job: Mapping[str, Any]) -> str:
-    """The GPUs a job holds (nvidia-smi indices), or how many it waits for."""
-    held = job.get("indices") or job.get("gpus") or []
-    if held:
-        return ",".join("?" if i is None else str(i) for i in held)
+    """How many GPUs a job holds and on which (nvidia-smi indices: "2@0,1", a MIG
+    slice as "1@3(MIG)"), or how many it waits for ("(2)"): a count always comes
+    first, so an index is never read as one."""
+    uuids = job.get("gpus") or []
+    indices = job.get("indices") or []
+    if uuids or indices:
+        where = [
+            ("?" if i is None else str(i))
+            + ("(MIG)" if n < len(uuids) and str(uuids[n]).startswith("MIG-") else "")
+            for n, i in enumerate(indices or [None] * len(uuids))
+        ]
+        return f"{len(where)}@{','.join(where)}"
     count = job.get("count") or 0
     shared = job.get("mem")
     return f"({count}{'' if not shared else ' shared'})"
@@ -135,7 +143,7 @@ def with_accounts(
     after: int,
 ) -> tuple[list[str], tuple[int, ...]]:
     """An ACCOUNT column after the user's (column `after` of a row) when any job was
-    X"""
+    charged to an account."""
     if not any(j.get("account") for j in jobs):
         return headers, right
     for row, job in zip(rows, shown):

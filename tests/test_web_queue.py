@@ -120,6 +120,12 @@ def test_running_and_waiting_jobs_with_reason_priority_and_times():
     assert bob["account"] == "nlp" and first["account"] is None  # --account, where named
 
 
+def test_an_array_task_is_named_as_the_cli_names_it():
+    task = row(117, "gw-alice", "PENDING", array_job=117, array_task=0)
+    doc = valid(build(FOUR, now=NOW, service=answered([task, row(118, "gw-bob", "PENDING")])))
+    assert [j["name"] for j in doc["queue"]["waiting"]] == ["117_0", "118"]
+
+
 def test_bookings_are_listed_by_start_and_malformed_ones_left_out():
     answer = answered(JOBS, SHARES)
     answer["queue"]["bookings"] = [

@@ -304,8 +304,11 @@ def _job(
     else:
         waited = None if submitted is None else max(0.0, now - submitted)
     held = row.get("held")
+    array_job, array_task = _int(row.get("array_job")), _int(row.get("array_task"))
+    name = str(job_id) if array_job is None or array_task is None else f"{array_job}_{array_task}"
     return {
         "id": job_id,
+        "name": name,  # as the CLI writes it: 117_0 for an array's task
         "user": text(user),
         "account": text(row["account"]) if isinstance(row.get("account"), str) else None,
         "state": text(state, 20),

@@ -232,8 +232,8 @@ function draw(doc) {
   document.getElementById("gpus").replaceChildren(...doc.gpus.map(gpuCard));
   rows(document.getElementById("users"), doc.users, (u) => el("tr", { "data-user": u.user },
     el("td", {}, swatch(u.user), u.user),
-    el("td", {}, u.used_gpus.join(", ") || "-"),
-    el("td", {}, u.leased_gpus.join(", ") || "-"),
+    el("td", {}, counted(u.used_gpus)),
+    el("td", {}, counted(u.leased_gpus)),
     el("td", {}, size(u.memory)),
     el("td", {}, u.processes),
     el("td", { class: u.unreserved ? "unreserved" : "" }, u.unreserved || "-"),
@@ -274,14 +274,19 @@ function drawPeers(peers) {
       el("td", {}, r.gpu.users.join(", ") || "-")), "no other hosts");
 }
 
+// A count first, then where: "2 (GPU 0, 1)", so an index is never read as a count.
+function counted(indices) {
+  return indices.length ? `${indices.length} (GPU ${indices.join(", ")})` : "-";
+}
+
 function gpusOf(job) {
-  if (job.gpus.length) return job.gpus.join(", ");
+  if (job.gpus.length) return counted(job.gpus);
   const n = job.count === null ? "?" : job.count;
   return `${n}${job.mem !== null ? " × " + size(job.mem) : ""}`;
 }
 
 function jobCell(job) {
-  return el("td", {}, job.id, job.command ? el("div", { class: "muted" }, job.command) : null);
+  return el("td", {}, job.name || String(job.id), job.command ? el("div", { class: "muted" }, job.command) : null);
 }
 
 // The queue service's jobs; without a service, one line saying why there is none.

@@ -231,7 +231,9 @@ def test_build_makes_a_publishable_sdist_and_wheel(tmp_path: Path) -> None:
     meta = Metadata.from_email(raw, validate=True)  # raises on an invalid field
     assert (meta.name, str(meta.version)) == ("gpuwarden", version)
     assert meta.license_expression == "Apache-2.0" and meta.description
-    assert {"jupyter", "exporter", "torch"} <= {str(e) for e in meta.provides_extra or ()}
+    extras = {str(e) for e in meta.provides_extra or ()}
+    assert {"jupyter", "exporter"} <= extras
+    assert "torch" not in extras  # its default build may need a newer driver than the machine's
     assert "gpuwarden = gpuwarden.jupyter.provisioner:GpuwardenProvisioner" in points
     assert "executor = gpuwarden.submitit:GpuwardenExecutor" in points
     with tarfile.open(sdist) as tf:

@@ -46,3 +46,15 @@ def test_queue_header_lines() -> None:
     )
     assert lines[1].startswith("unreserved: GPU ? used by ev\\x1bil (pid 7) for 0s")
     assert unleased_lines([]) == []
+
+
+def test_a_process_on_a_mig_slice_is_shown_on_its_gpu(monkeypatch) -> None:
+    from gpuwarden import inventory
+    from gpuwarden.service.watching import gpu_indices
+
+    monkeypatch.setenv("GPUWARDEN_SIM", "mixed")
+    gpus = inventory.read_snapshot().gpus
+    [parent] = [g for g in gpus if g.mig_instances]
+    indices = gpu_indices(gpus)
+    assert {indices[m.uuid] for m in parent.mig_instances} == {parent.index}
+    assert all(indices[g.uuid] == g.index for g in gpus)

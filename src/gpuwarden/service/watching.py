@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from gpuwarden.enforcement import Unleased
     from gpuwarden.enforcer import Action
+    from gpuwarden.inventory import Gpu
     from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.settings import Settings
 
@@ -60,6 +61,14 @@ def charges(found: Iterable[Unleased], seconds: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for _, user in pairs:
         out[str(user)] = out.get(str(user), 0.0) + max(0.0, seconds)
+    return out
+
+
+def gpu_indices(gpus: Iterable[Gpu]) -> dict[str, int]:
+    """nvidia-smi's index by UUID, of each GPU and of each MIG slice (its GPU's), so a
+    process on a slice is shown on its GPU rather than on "GPU ?"."""
+    out = {g.uuid: g.index for g in gpus}
+    out.update((m.uuid, g.index) for g in gpus for m in g.mig_instances)
     return out
 
 
@@ -118,7 +127,7 @@ class ServiceWatch:
                 self._tell(job, act)
         found = self.enforcer.last_unleased
         since = {k: v.since for k, v in self.enforcer.unleased.items()}
-        self.unleased = unleased_rows(found, {g.uuid: g.index for g in snapshot.gpus}, since)
+        self.unleased = unleased_rows(found, gpu_indices(snapshot.gpus), since)
         if self.last is not None:
             seconds = min(now - self.last, 2 * svc.settings.enforce_every)
             half_life = svc.settings.policy.half_life

@@ -358,7 +358,10 @@ def test_require_refuses_a_job_that_cannot_be_isolated() -> None:
 
 
 def _run_as_nobody(work: Path) -> None:
+    from hermetic import hermetic
+
     env = {
+        **hermetic(),  # never the machine's own service or config
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": str(SRC),
         "GPUWARDEN_SIM": "server-8xa100",

@@ -40,7 +40,10 @@ def dev(tmp_path: Path) -> Path:
 
 
 def _gpuwarden(srv: Server, dev: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    from hermetic import hermetic
+
     env = {
+        **hermetic(),  # never the machine's own config
         "PYTHONPATH": str(SRC),
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "GPUWARDEN_SOCKET": srv.socket,

@@ -78,7 +78,10 @@ def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path
     leases = place / "leases"
     leases.mkdir(mode=0o755)
     sock = str(place / "run" / "gpuwarden.sock")
+    from hermetic import hermetic
+
     env = {
+        **hermetic(),  # never the machine's own config, state or service
         "PATH": f"{bindir}:/usr/bin:/bin",
         "GPUWARDEN_SIM": SPEC,
         "GPUWARDEN_SOCKET": sock,

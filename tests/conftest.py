@@ -25,7 +25,7 @@ from waiting import wait_for
 
 # The queue service's fixtures (`open_dir`, `server`) are every test module's, as these
 # are, so that no test module imports another to reach them.
-pytest_plugins = ("servicetools",)
+pytest_plugins = ("servicetools", "rawservice")
 
 # No per-example time limit: hypothesis's deadline measures wall-clock time, which on
 # a 2-core CI machine shared with other work fails correct code at random (a test

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from test_service_scale import Raw, held, service  # noqa: F401 - the fixture
+from rawservice import Raw, held
 from waiting import wait_for
 
 JOBS = 1000
@@ -56,9 +56,10 @@ def counters(raw: Raw) -> dict[str, float]:
 
 
 def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
-    service: Raw,  # noqa: F811
+    raw_service: Raw,
     tmp_path: Path,
 ) -> None:
+    service = raw_service
     before = counters(service)
     t0 = time.monotonic()
     for _ in range(JOBS // 100):  # pipelined, 100 at a time, as a busy lab submits
@@ -91,9 +92,10 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
 
 
 def test_a_start_beside_10000_held_jobs_plans_only_what_may_start(
-    service: Raw,  # noqa: F811
+    raw_service: Raw,
     tmp_path: Path,
 ) -> None:
+    service = raw_service
     reply = service.call("submit", **held(tmp_path), array=f"1-{HELD}")
     assert reply["tasks"] == HELD
     wait_for(lambda: counters(service)["passes"] > 0, 60, "the first pass")

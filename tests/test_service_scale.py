@@ -12,105 +12,16 @@ bench/service_scale.py measures wall times at 10,000 pending, beside Slurm.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from gpuwarden.queueclient import protocol
-from gpuwarden.queueclient.probe import wait_until_running
+from rawservice import Raw, cpu_ns, held
 from waiting import wait_for
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
-SPEC = str(Path(__file__).resolve().parent / "data" / "idle-4xa100.toml")
-SERVE = [sys.executable, "-m", "gpuwarden", "serve", "--log-level", "WARNING"]
 PENDING = 2000
 SAMPLES = 200
-
-
-class Raw:
-    """One connection, requests pipelined (filling) or one at a time (measuring)."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.sock.settimeout(60)
-        self.decoder = protocol.Decoder()
-        self.replies: list[dict[str, Any]] = []
-        self.pid = 0  # the service's
-
-    def send(self, op: str, **fields: Any) -> None:
-        self.sock.sendall(protocol.encode({"v": protocol.VERSION, "op": op, **fields}))
-
-    def receive(self) -> dict[str, Any]:
-        while not self.replies:
-            data = self.sock.recv(1 << 20)
-            assert data, "the service closed the connection"
-            self.replies.extend(self.decoder.feed(data))
-        reply = self.replies.pop(0)
-        assert reply.get("ok"), reply
-        return reply
-
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        self.send(op, **fields)
-        return self.receive()
-
-
-def held(work: Path) -> dict[str, Any]:
-    return {
-        "argv": ["true"],
-        "cwd": str(work),
-        "env": {"PATH": "/usr/bin:/bin"},
-        "output": "/dev/null",
-        "request": {"count": 1},
-        "hold": True,
-    }
-
-
-def cpu_ns(pid: int) -> int:
-    """CPU time of every thread of `pid` so far, in nanoseconds (/proc schedstat)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
-            total += int(fh.read().split()[0])
-    return total
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Raw]:
-    sock = str(tmp_path / "gw.sock")
-    env = dict(
-        os.environ,
-        PYTHONPATH=SRC,
-        GPUWARDEN_SIM=SPEC,
-        GPUWARDEN_SIM_STATE=str(tmp_path / "sim"),
-        GPUWARDEN_LEASE_DIR=str(tmp_path / "leases"),
-    )
-    with open(tmp_path / "serve.log", "ab") as log:
-        proc = subprocess.Popen(
-            [*SERVE, "--socket", sock, "--state-dir", str(tmp_path / "state")],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        found = wait_until_running(sock, 30, alive=lambda: proc.poll() is None)
-        assert found["running"], found["error"]
-        raw = Raw(sock)
-        raw.pid = proc.pid
-        yield raw
-        raw.sock.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
 
 
 def every_row(raw: Raw) -> list[dict[str, Any]]:
@@ -136,8 +47,9 @@ def submits(raw: Raw, work: Path) -> tuple[float, float]:
 
 
 def test_a_submit_into_2000_waiting_jobs_costs_what_one_into_an_empty_queue_does(
-    service: Raw, tmp_path: Path
+    raw_service: Raw, tmp_path: Path
 ) -> None:
+    service = raw_service
     submits(service, tmp_path)  # warm: imports and the first pass are behind us
     empty, empty_wall = submits(service, tmp_path)
     for _ in range(PENDING // 100):  # pipelined, 100 at a time: filling is not measured

@@ -122,6 +122,9 @@ def test_locations_are_absolute_strings(isolated: Path, monkeypatch: pytest.Monk
 
     monkeypatch.delenv("GPUWARDEN_STATE_DIR")
     monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
+    # the per-user fallback, whether or not this machine has a system-wide install
+    monkeypatch.setattr(locations, "SYSTEM_STATE_DIR", str(isolated / "no-system-state"))
+    monkeypatch.setattr(locations, "SYSTEM_LEASE_DIR", str(isolated / "no-system-leases"))
     monkeypatch.setenv("XDG_STATE_HOME", str(isolated / "xdg-state"))
     assert locations.state_location() == str(isolated / "xdg-state" / "gpuwarden")
     assert locations.lease_location() == str(isolated / "xdg-state" / "gpuwarden" / "leases")

@@ -34,9 +34,7 @@ def _journal_with(tmp_path: Path, state: str) -> tuple[store.Store, int]:
 
 
 @pytest.mark.parametrize(("was", "to"), list(itertools.product(states.STATES, repeat=2)))
-def test_every_pair_of_states_is_a_legal_move_or_refused(
-    tmp_path: Path, was: str, to: str
-) -> None:
+def test_every_pair_of_states_is_a_legal_move_or_refused(tmp_path: Path, was: str, to: str) -> None:
     journal, job_id = _journal_with(tmp_path, was)
     assert journal.get(job_id).state == was  # type: ignore[union-attr]
     if (was, to) in TRANSITIONS:

@@ -198,6 +198,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requests",
             "service.reports",
             "service.requeue",
+            "service.unwritten",
             "service.server",
             "service.settings",
             "service.store",

@@ -16,6 +16,7 @@ import os
 import selectors
 import signal
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import config, preemption, scheduling
@@ -30,6 +31,7 @@ from gpuwarden.service import (
     requeue,
     spawn,
     store,
+    unwritten,
 )
 from gpuwarden.service.attaching import Attaching
 from gpuwarden.service.limiting import Limiting
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.serve")
 
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
+#: The files of an ended job in the status directory, removed once its end is written.
+LITTER = (spawn.exit_record_path, spawn.marker_path, spawn.reserve_path, attachment.client_path)
 
 
 class Lifecycle(Attaching, Limiting):
@@ -63,7 +67,7 @@ class Lifecycle(Attaching, Limiting):
                 and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
             ):
                 pid = (marker or {}).get("pid") or job.pid
-                self.store.update(job.id, pid=pid)
+                unwritten.note(self, job.id, partial(self.store.update, job.id, pid=pid))
                 self._watch(job.id, job.supervisor, pid)
                 if job.reason in ("time limit", "cancelling", requeue.ASKED):  # not again
                     self.termed[job.id] = time.monotonic()
@@ -115,7 +119,12 @@ class Lifecycle(Attaching, Limiting):
             return
         for name in names:
             job, dot, suffix = name.partition(".")
-            suffixes = (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX, attachment.CLIENT_SUFFIX)
+            suffixes = (
+                spawn.EXIT_SUFFIX,
+                spawn.MARKER_SUFFIX,
+                spawn.RESERVE_SUFFIX,
+                attachment.CLIENT_SUFFIX,
+            )
             ours = dot and "." + suffix in suffixes
             if ours and is_digits(job) and job not in active:
                 self.litter.append(os.path.join(self.exits, name))
@@ -213,15 +222,23 @@ class Lifecycle(Attaching, Limiting):
         """End `job`: a waiting one at once (its attached client exits 128+`sig`, as a
         shell's command would for the Ctrl-C that cancelled it), a running one by SIGTERM,
         then SIGKILL after the grace period."""
+        if job.id in self.unwritten:
+            return  # it has ended: its end waits for the journal's disk (service.unwritten)
         if job.state == store.PENDING:
-            self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
+            at = time.time()
+
+            def record() -> None:
+                self.store.update(job.id, state=store.CANCELLED, ended=at, reason=None)
+
+            unwritten.write(self, job.id, record)  # on a full disk too: it never starts
             self._ended_attached(job.id, None, sig=sig)
             ended = jobnotify.matched(jobnotify.EVENTS, store.CANCELLED)
             jobnotify.send(self.notifier, job, ended, state=store.CANCELLED, elapsed=0.0)
         elif job.pid:
-            self.signal(job, signal.SIGTERM)
+            if job.id not in self.termed:  # once: a second SIGTERM may abort its checkpoint
+                self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
-            self.store.update(job.id, reason="cancelling")
+            unwritten.note(self, job.id, partial(self.store.update, job.id, reason="cancelling"))
 
     def _refuse(self, job: store.Job, reason: str) -> None:
         """A job that must start now or not at all (`run` without --wait) that cannot."""
@@ -259,10 +276,12 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()
+        unwritten.retry(self)  # ends a full disk kept, written once it has room
         # An attached job whose client has not come back after a restart has no
         # terminal to start on: it waits for its client.
         waits = self.store.jobs([store.PENDING]) if full else self.store.ready()
-        pending = [j for j in waits if not j.attached or j.id in self.stdio]
+        kept = self.unwritten  # ended or cancelled, not yet in the journal: left out
+        pending = [j for j in waits if (not j.attached or j.id in self.stdio) and j.id not in kept]
         if not pending:
             self.free = None if full else self.free  # not known: a submit plans at once
             return self.pacer.planned("full" if full else "start", began, time.monotonic())
@@ -273,7 +292,7 @@ class Lifecycle(Attaching, Limiting):
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
         self.memory = {g.uuid: g.memory_total or 0 for g in units}
         self.indices = {g.uuid: g.index for g in units}
-        running = self.store.jobs([store.STARTING, store.RUNNING])
+        running = [j for j in self.store.jobs([store.STARTING, store.RUNNING]) if j.id not in kept]
         pending, throttled = arrays.throttled(pending, running)
         # Only the dependencies waiting jobs name: reading every ended job made each
         # pass grow with the history.
@@ -420,32 +439,35 @@ class Lifecycle(Attaching, Limiting):
             self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
         cpu = used.get("cpu_ns")
-        # The end and the usage it adds: one commit, made durable by the next job's
-        # start or by `remove_litter`, whichever comes first (see Store.sync); until
-        # then the exit record on disk says how the job ended.
-        with self.store.transaction(durable=False):
-            self.store.update(
-                job.id,
-                cpu_seconds=None if cpu is None else cpu / 1e9,
-                mem_peak=used.get("memory_peak"),
-                state=state,
-                ended=ended.at or now,
-                exit_code=ended.code,
-                exit_signal=ended.signal,
-                error=ended.error,
-                reason=None,
-            )
-            memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
-            used_gpu = scheduling.job_usage(
-                len(job.gpus), (ended.at or now) - started, job.mem, memory
-            )
-            self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
-            self.ran(job, ended.at or now, state, used_gpu)  # its GPU-hours held, uncharged
+        memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
+        used_gpu = scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory)
+        final = state
+
+        def record() -> None:
+            # The end and the usage it adds: one commit, made durable by the next job's
+            # start or by `remove_litter`, whichever comes first (see Store.sync); until
+            # then the exit record on disk says how the job ended.
+            with self.store.transaction(durable=False):
+                self.store.update(
+                    job.id,
+                    cpu_seconds=None if cpu is None else cpu / 1e9,
+                    mem_peak=used.get("memory_peak"),
+                    state=final,
+                    ended=ended.at or now,
+                    exit_code=ended.code,
+                    exit_signal=ended.signal,
+                    error=ended.error,
+                    reason=None,
+                )
+                self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
+                self.ran(job, ended.at or now, final, used_gpu)  # its GPU-hours held, uncharged
+            # Removed once the next jobs have started (`remove_litter`): not on the way
+            # from a freed GPU to the next start. A restart removes what a killed service
+            # left. Only once the end is written: until then they say how the job ended.
+            self.litter.extend(name(self.exits, str(job.id)) for name in LITTER)
+
+        unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
         self.termed.pop(job.id, None)
-        # Removed once the next jobs have started (`remove_litter`): not on the way from
-        # a freed GPU to the next start. A restart removes what a killed service left.
-        paths = (spawn.exit_record_path, spawn.marker_path, attachment.client_path)
-        self.litter.extend(name(self.exits, str(job.id)) for name in paths)
         self._ended_attached(job.id, ended)
         jobnotify.send(
             self.notifier,
@@ -481,11 +503,11 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service import accounting
 
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
-        if self.usage_totals is not None:
-            key = (job.user, job.account or "")
-            self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
+        if self.usage_totals is not None:  # last: a failed write above adds nothing
+            key = (job.user, job.account or "")
+            self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
 
     def remove_litter(self) -> None:
         """Remove the exit records and markers of jobs whose end is committed, once

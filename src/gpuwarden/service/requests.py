@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
@@ -339,10 +340,20 @@ class Requests(Reloading):
                     )
                 whole = len(jobs) > 1 or (isinstance(name, int) and owner.array_job == name)
                 acted = []
-                with self.store.transaction():  # an array's tasks: one commit
+                try:
+                    with self.store.transaction():  # an array's tasks: one commit
+                        for job in jobs:
+                            if whole and op != "cancel" and job.state != store.PENDING:
+                                continue  # holding an array holds what still waits
+                            self._act_on(op, job, label if not whole else arrays.label_of(job))
+                            acted.append(job.id)
+                except sqlite3.Error:
+                    if op != "cancel":
+                        raise
+                    # A full disk: each cancelled alone, what cannot be written kept
+                    # until it can (service.unwritten); a running job is signalled once.
+                    acted = []
                     for job in jobs:
-                        if whole and op != "cancel" and job.state != store.PENDING:
-                            continue  # holding an array holds what still waits
                         self._act_on(op, job, label if not whole else arrays.label_of(job))
                         acted.append(job.id)
                 if not acted:

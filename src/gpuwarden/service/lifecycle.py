@@ -10,7 +10,6 @@ recorded when the job ends. Over the state of service.core.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import selectors
@@ -27,6 +26,7 @@ from gpuwarden.service import (
     bookings,
     jobnotify,
     jobprocess,
+    litter,
     preempting,
     requeue,
     spawn,
@@ -35,7 +35,6 @@ from gpuwarden.service import (
 )
 from gpuwarden.service.attaching import Attaching
 from gpuwarden.service.limiting import Limiting
-from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
     from gpuwarden.service.watching import ServiceWatch
@@ -43,8 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.serve")
 
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
-#: The files of an ended job in the status directory, removed once its end is written.
-LITTER = (spawn.exit_record_path, spawn.marker_path, spawn.reserve_path, attachment.client_path)
 
 
 class Lifecycle(Attaching, Limiting):
@@ -112,22 +109,7 @@ class Lifecycle(Attaching, Limiting):
     def _litter_of_ended_jobs(self) -> None:
         """Exit records and markers of jobs the journal has ended (a service killed
         before `remove_litter` leaves them): removed."""
-        active = {str(j.id) for j in self.store.jobs(store.ACTIVE)}
-        try:
-            names = os.listdir(self.exits)
-        except OSError:
-            return
-        for name in names:
-            job, dot, suffix = name.partition(".")
-            suffixes = (
-                spawn.EXIT_SUFFIX,
-                spawn.MARKER_SUFFIX,
-                spawn.RESERVE_SUFFIX,
-                attachment.CLIENT_SUFFIX,
-            )
-            ours = dot and "." + suffix in suffixes
-            if ours and is_digits(job) and job not in active:
-                self.litter.append(os.path.join(self.exits, name))
+        self.litter.extend(litter.left_by_ended(self.exits, (j.id for j in self.store.jobs())))
         self.remove_litter()
 
     # -- the job's cgroup: signals, usage, removal -----------------------------------------
@@ -225,12 +207,8 @@ class Lifecycle(Attaching, Limiting):
         if job.id in self.unwritten:
             return  # it has ended: its end waits for the journal's disk (service.unwritten)
         if job.state == store.PENDING:
-            at = time.time()
-
-            def record() -> None:
-                self.store.update(job.id, state=store.CANCELLED, ended=at, reason=None)
-
-            unwritten.write(self, job.id, record)  # on a full disk too: it never starts
+            end = partial(self.store.update, job.id, state=store.CANCELLED, ended=time.time())
+            unwritten.write(self, job.id, partial(end, reason=None))  # a full disk: kept
             self._ended_attached(job.id, None, sig=sig)
             ended = jobnotify.matched(jobnotify.EVENTS, store.CANCELLED)
             jobnotify.send(self.notifier, job, ended, state=store.CANCELLED, elapsed=0.0)
@@ -461,10 +439,9 @@ class Lifecycle(Attaching, Limiting):
                 )
                 self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
                 self.ran(job, ended.at or now, final, used_gpu)  # its GPU-hours held, uncharged
-            # Removed once the next jobs have started (`remove_litter`): not on the way
-            # from a freed GPU to the next start. A restart removes what a killed service
-            # left. Only once the end is written: until then they say how the job ended.
-            self.litter.extend(name(self.exits, str(job.id)) for name in LITTER)
+            # Removed after the next starts, not on the way from a freed GPU to the next
+            # start (`remove_litter`); only once the end is written (service.litter).
+            self.litter.extend(litter.of_job(self.exits, job.id))
 
         unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
         self.termed.pop(job.id, None)
@@ -503,6 +480,9 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service import accounting
 
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
+        charged = gpu_seconds * preempting.charge(self.settings, job)  # as the user's
+        half_life = self.settings.policy.half_life
+        accounting.charge_account(self.store.db, job.account, job.user, charged, ended, half_life)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
         if self.usage_totals is not None:  # last: a failed write above adds nothing
@@ -515,7 +495,5 @@ class Lifecycle(Attaching, Limiting):
         without the end and the disk without the record of it."""
         if self.litter:
             self.store.sync()
-        for path in self.litter:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        litter.remove(self.litter)
         self.litter.clear()

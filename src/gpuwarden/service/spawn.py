@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuwarden.errors import UserError
-from gpuwarden.safefiles import read_small, write_all, write_atomic
-from gpuwarden.service import jobterminal, tree
+from gpuwarden.safefiles import read_small, write_atomic
+from gpuwarden.service import exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
 
 #: Variables a job never takes from its submitter: the service sets the GPU ones.
@@ -49,10 +49,8 @@ CONTROLLED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVIC
 CONTROLLED_PREFIXES = ("GPUWARDEN_",)
 
 EXIT_SUFFIX = ".exit"
-#: The room an exit record is written into, made before the job starts (see `_reserve`).
+#: The room an exit record is written into, made before the job starts (service.exitrecord).
 RESERVE_SUFFIX = ".ending"
-#: Its size: a record is cut to fit (the error a job's start failed with is at most 4 KB).
-RESERVE_BYTES = 8192
 
 
 @dataclass(frozen=True)
@@ -173,54 +171,6 @@ def reserve_path(status_dir: str, job: str) -> str:
     return os.path.join(status_dir, f"{job}{RESERVE_SUFFIX}")
 
 
-def _reserve(status_dir: str, job: str) -> None:
-    """Make the room the job's exit record will be written into, before the job can
-    exist: a job that ends while the state directory's disk is full still leaves its
-    record (`_write_exit_record`), so a restart never takes a job that exited for one
-    that was lost. No room now: the job does not start (UserError)."""
-    path = reserve_path(status_dir, job)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # a leftover of an earlier run of the job (requeued)
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
-        try:
-            write_all(fd, b" " * RESERVE_BYTES)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise UserError(f"cannot write the job's exit record {path}: {err.strerror}") from None
-
-
-def _write_exit_record(status_dir: str, job: str, record: Mapping[str, object]) -> None:
-    """Write the exit record into its reserved room (no block newly taken: it fits on a
-    full disk), then rename it into place (a reader sees all of it or none); without
-    the room, the ordinary way."""
-    text = json.dumps(record)
-    if len(text) > RESERVE_BYTES and record.get("error"):
-        cut = str(record["error"])
-        while len(text) > RESERVE_BYTES and cut:
-            cut = cut[: len(cut) // 2]
-            text = json.dumps({**record, "error": cut + " ..."})
-    path = reserve_path(status_dir, job)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            raw = text.encode("utf-8").ljust(RESERVE_BYTES)  # JSON: trailing blanks read
-            if len(raw) > RESERVE_BYTES:
-                raise OSError(errno.EFBIG, "exit record too large")
-            os.pwrite(fd, raw, 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(path, exit_record_path(status_dir, job))
-    except OSError:
-        write_atomic(exit_record_path(status_dir, job), text)
-
-
 def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
     """The exit status the supervisor wrote, or None while the job runs (or if the
     supervisor was killed before writing: the caller then knows only that it ended)."""
@@ -337,7 +287,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     os.close(go_r)
     if go != b"g":
         return 0  # the service died before recording us: the job must not run
-    _reserve(launch.status_dir, launch.job)
+    exitrecord.reserve(reserve_path(launch.status_dir, launch.job))
     # Before the job can exist: a restarted service that finds no marker knows it
     # never started and may queue it again without running it twice.
     write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
@@ -349,7 +299,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     cgroup, problem = _job_cgroup(launch)
     if problem is not None:
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
-        _write_exit_record(launch.status_dir, launch.job, record)
+        _write_exit_record(launch, record)
         os.write(report_w, json.dumps({"pid": 0, "error": problem}).encode())
         os.close(report_w)
         return 0
@@ -393,8 +343,13 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
         record = {"code": None, "signal": os.WTERMSIG(status), "error": None, "at": time.time()}
     else:
         record = {"code": os.WEXITSTATUS(status), "signal": None, "error": None, "at": time.time()}
-    _write_exit_record(launch.status_dir, launch.job, record)
+    _write_exit_record(launch, record)
     return 0
+
+
+def _write_exit_record(launch: JobStart, record: Mapping[str, object]) -> None:
+    room = reserve_path(launch.status_dir, launch.job)
+    exitrecord.write(room, exit_record_path(launch.status_dir, launch.job), record)
 
 
 def _job_cgroup(launch: JobStart) -> tuple[dict[str, str], Optional[str]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("gpuwarden.serve")
@@ -50,6 +50,24 @@ def note(service: Any, job_id: int, change: Callable[[], None]) -> None:
         change()
     except sqlite3.Error as err:
         log.warning("job %s: a change was not written (%s)", job_id, err)
+
+
+def each(service: Any, cancel: bool, jobs: Iterable[Any], act: Callable[[Any], None]) -> list[int]:
+    """`act` on each of `jobs` in one commit; the ids it acted on. A cancel the journal
+    could not take (its disk full) is made again job by job outside it: a waiting job's
+    kept here, a running one signalled (once: service.lifecycle)."""
+    jobs = list(jobs)
+    try:
+        with service.store.transaction():
+            for job in jobs:
+                act(job)
+        return [job.id for job in jobs]
+    except sqlite3.Error:
+        if not cancel:
+            raise
+    for job in jobs:
+        act(job)
+    return [job.id for job in jobs]
 
 
 def retry(service: Any) -> int:

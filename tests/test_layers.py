@@ -149,6 +149,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the pieces of a service job's start and end the daemon calls
             "service.spawn",
             "service.jobterminal",
+            "service.exitrecord",
             "service.tree",
             "service.jobcgroup",
             "service.jobprocess",
@@ -201,7 +202,6 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requeue",
             "service.unwritten",
             "service.litter",
-            "service.exitrecord",
             "service.server",
             "service.settings",
             "service.store",

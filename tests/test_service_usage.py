@@ -30,7 +30,6 @@ from servicetools import SPEC, Server, cli_as, serving, submit
 from users import make_user
 from waiting import wait_for
 
-
 TWO_ACCOUNTS = """
 [service.accounts]
 vision = { members = ["gw-alice"] }

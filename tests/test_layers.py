@@ -151,6 +151,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the pieces of a service job's start and end the daemon calls
             "service.spawn",
             "service.jobterminal",
+            "service.exitrecord",
             "service.tree",
             "service.jobcgroup",
             "service.jobprocess",
@@ -201,6 +202,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requests",
             "service.reports",
             "service.requeue",
+            "service.unwritten",
+            "service.litter",
             "service.server",
             "service.settings",
             "service.store",

@@ -72,26 +72,13 @@ def _quote(value: str) -> str:
 def reserve(args: argparse.Namespace) -> int:
     from gpuwarden.cli.filters import request_of
     from gpuwarden.cli.waiting import take
-    from gpuwarden.jobs import launch
+    from gpuwarden.jobs import holding, launch
     from gpuwarden.jobs.holder import hold_in_background
-    from gpuwarden.jobs.path import MachineReader, allowed
 
     args.cpu = False
     conf, request = request_of(args)
     if request.count == 0:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
-    service = conf.get("service.socket")
-    if os.path.exists(service):
-        # The service owns the lease directory: a holder of our own could not write it,
-        # and processes outside a job would count as unreserved use. An interactive
-        # session is a job, as with Slurm's salloc.
-        n = request.gpu_count
-        hint = f" --time {args.duration}" if args.duration else _time_hint(service)
-        raise UserError(
-            f"a queue service hands out this machine's GPUs ({service}): for an interactive "
-            f"session run `gpuwarden run -g {n}{hint} -- $SHELL` (a shell on "
-            "the GPUs until you exit it), or `gpuwarden submit` for a batch job"
-        )
     until = seconds = None
     if args.duration is not None:
         from gpuwarden.units import parse_duration
@@ -99,24 +86,50 @@ def reserve(args: argparse.Namespace) -> int:
         seconds = parse_duration(args.duration)
         if seconds <= 0:
             raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
+    job = RESERVATION_PREFIX + os.urandom(4).hex()
+
+    def taking(machine: holding.MachineReader, scope: Any) -> Any:
+        return take("reserve", conf, request, machine, scope, job)
+
+    held = holding.hold(request, conf, holding.Face("reserve", take=taking))
+    if isinstance(held, holding.ByService):
+        # The service owns the lease directory: a holder of our own could not write it,
+        # and processes outside a job would count as unreserved use. An interactive
+        # session is a job, as with Slurm's salloc.
+        n = request.gpu_count
+        hint = f" --time {args.duration}" if args.duration else _time_hint(held.socket)
+        raise UserError(
+            f"a queue service hands out this machine's GPUs ({held.socket}): for an "
+            f"interactive session run `gpuwarden run -g {n}{hint} -- $SHELL` (a shell on "
+            "the GPUs until you exit it), or `gpuwarden submit` for a batch job"
+        )
+    if isinstance(held, holding.OnCpu):
+        raise UserError(f"{held.reason}: there is no GPU here to reserve")
+    if isinstance(held, holding.Enclosed):
+        ids = ",".join(str(g.index) for g in held.gpus)
+        raise UserError(
+            f"already inside {held.job}, whose lease holds GPU {ids} for this shell: "
+            "a nested `gpuwarden run` or `gpuwarden.lease()` uses them; reserve more "
+            "from outside it"
+        )
+    assert isinstance(held, holding.HeldHere)
+    if seconds is not None:
         until = time.time() + seconds  # shown to others; the holder times itself by boottime
-    machine = MachineReader(topology=request.gpu_count > 1)
-    scope = allowed(machine.first)
-    held = take("reserve", conf, request, machine, scope, RESERVATION_PREFIX + os.urandom(4).hex())
+    lease = held.held
     what = COMMAND + (f" --for {args.duration}" if args.duration else "")
     sys.stdout.flush()  # the holder is a fork: nothing buffered may be written twice
     sys.stderr.flush()
-    pid = hold_in_background(held, what, expires=until, seconds=seconds)
+    pid = hold_in_background(lease, what, expires=until, seconds=seconds)
     use_uuid = conf.get("run.id_format") == "uuid"
-    env = launch.job_env({}, held.gpus, use_uuid=use_uuid, mem=held.mem)
-    env["GPUWARDEN_RESERVATION"] = held.job
+    env = launch.job_env({}, lease.gpus, use_uuid=use_uuid, mem=lease.mem)
+    env["GPUWARDEN_RESERVATION"] = lease.job
     for name in _EXPORTED:
         if name in env:
             print(f"export {name}={_quote(env[name])}")
-    ids = ",".join(str(g.index) for g in held.gpus)
+    ids = ",".join(str(g.index) for g in lease.gpus)
     end = "until released" if until is None else "until " + _when(until)
     print(
-        f"gpuwarden reserve: holding GPU {ids} {end} (reservation {held.job}, holder pid {pid}); "
+        f"gpuwarden reserve: holding GPU {ids} {end} (reservation {lease.job}, holder pid {pid}); "
         "end it with `gpuwarden release`",
         file=sys.stderr,
     )

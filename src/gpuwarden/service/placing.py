@@ -154,6 +154,7 @@ def inputs(
             j.time_limit,
             preemptible=j.preemptible,
             leaving=j.id in leaving,
+            account=j.account,
         )
         for j in running
     ]
@@ -208,6 +209,7 @@ def inputs(
                 eligible=allowed,
                 begin=job.begin,
                 preemptible=job.preemptible,
+                account=job.account,
             )
         )
     return gpus, busy, waiting, picker(snapshot, pending, seen, findings, linked)

@@ -146,9 +146,9 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
 
     lib = root / "var" / "lib" / "gpuwarden"
     sock = root / "run" / "gpuwarden" / "gpuwarden.sock"
-    conf = place / "config.toml"
+    conf = root / "etc" / "gpuwarden" / "config.toml"  # the admin's `sudoedit` of it
+    assert "[service]" in conf.read_text()
     conf.write_text(CONFIG)
-    conf.chmod(0o644)
     sim_state = place / "sim"
     sim_state.mkdir(mode=0o755)
     common = {
@@ -215,10 +215,12 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
     # and the install itself goes as docs/operations.md says (`rm -r` the prefix and link).
     kept = _run([program, "service", "uninstall", "--root", str(root)], common)
     assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert f"left {conf}: edited since install (--purge removes it)" in kept.stdout
     assert (lib / "service" / "install.json").exists() and (lib / "service" / "jobs.db").exists()
     purged = _run([program, "service", "uninstall", "--root", str(root), "--purge"], common)
     assert purged.returncode == 0, purged.stdout + purged.stderr
     assert "(--purge): " in purged.stdout and "jobs.db" in purged.stdout, purged.stdout
+    assert f"removed {conf} (--purge), edited since install" in purged.stdout
     removed = _run(["rm", "-r", str(prefix), str(bindir / "gpuwarden")], {})
     assert removed.returncode == 0, removed.stderr
     left = [p for p in root.rglob("*") if not p.is_dir()]
@@ -227,11 +229,10 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
     assert not prefix.exists() and not os.path.lexists(bindir / "gpuwarden")
     assert not list(prefix.parent.iterdir()) and not list(bindir.iterdir())
     # What is left under the temporary place is the admin's and the test's own: the
-    # clone, the config file, the simulator's state, the log, the student's work folder
-    # (their venv, without gpuwarden).
+    # clone, the simulator's state, the log, the student's work folder (their venv,
+    # without gpuwarden).
     assert {p.name for p in place.iterdir()} <= {
         "clone",
-        "config.toml",
         "sim",
         "serve.log",
         "work",

@@ -105,13 +105,14 @@ def _release(found: Any) -> list[Finding]:
     if not isinstance(wheels, str):
         wheels = None
     if isinstance(theirs, str) and theirs != __version__:
+        fix = install_line(wheels, theirs) if wheels else "install the gpuwarden the service runs"
         return [
             Finding(
                 "service.release",
                 WARN,
                 f"this gpuwarden is {__version__}, the service's is {theirs}",
                 "the protocol matches; what each says of the other may not",
-                install_line(wheels, theirs) if wheels else "install the gpuwarden the service runs",
+                fix,
             )
         ]
     if wheels is None:

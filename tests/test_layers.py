@@ -84,6 +84,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "selection",
             "refusals",
             "visible",
+            "fairshare",
             "scheduling",
             "foresight",
             # the exporter's metric families, from a view or the queue's `stats`
@@ -148,6 +149,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the pieces of a service job's start and end the daemon calls
             "service.spawn",
             "service.jobterminal",
+            "service.exitrecord",
             "service.tree",
             "service.jobcgroup",
             "service.jobprocess",
@@ -198,6 +200,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requests",
             "service.reports",
             "service.requeue",
+            "service.unwritten",
+            "service.litter",
             "service.server",
             "service.settings",
             "service.store",

@@ -379,7 +379,9 @@ def _bad_files() -> Iterator[Case]:
             "5",
             "{vision = 2}",
             "{vision = {max_jobs = 2}}",
-            '{vision = {members = ["alice"], max_gpus = 2}}',
+            '{vision = {members = ["alice"], max_gpus = 0}}',
+            '{vision = {members = ["alice"], share = -1}}',
+            '{vision = {members = ["alice"], max_gpu = 2}}',
             '{"no good" = {members = ["alice"]}}',
         ],
     }

@@ -1,13 +1,15 @@
 """A time for everything that holds GPUs through the queue service: `gpuwarden.lease(time=)`,
-`kernel install --time` (carried by the kernelspec to the provisioner) and an attached
-`run`, under an admin's `max_time`, `interactive_time` and `max_interactive_time`; each
-refusal names the option that fixes it. As a real non-root user, against a real root
-service."""
+`kernel install --time` (carried by the kernelspec to the provisioner), `reserve --for`
+and an attached `run`, under an admin's `max_time`, `interactive_time` and
+`max_interactive_time`; each refusal names the option that fixes it. As a real non-root
+user, against a real root service."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from components import require
 from repo import SRC
 from servicetools import USER_PY, Server, become, cli_as, serving
+from shells import exports
 from users import make_user
 
 LEASE = """
@@ -126,6 +129,73 @@ def test_a_lease_and_an_attached_run_carry_a_time_and_a_refusal_names_the_option
     assert attached.returncode == 0, attached.stderr
     batch = cli_as(timed, bob, "submit", "--", "true")  # batch jobs keep max_time's rule
     assert "needs --time on every job, at most 1h00m (max_time)" in batch.stderr
+
+
+def test_reserve_holds_through_the_service_with_for_as_its_time(timed: Server) -> None:
+    """`reserve --for` under a service: an allocation of the student's in `queue` with
+    `--for` as its time, refused in the option's own words; `run` in the reserved shell
+    uses its GPU; `release` (or the holder's death, or its time) ends it."""
+    import gpuwarden.leases as leases
+    from gpuwarden.queueclient.holding import RESERVATION
+
+    alice = make_user("alice", ("lab",))
+
+    def gw(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return _as_user(timed, alice, USER_PY, "-m", "gpuwarden", *args, **extra)
+
+    refused = gw("reserve", "-g", "1")
+    assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+    assert refused.stderr == (
+        "gpuwarden reserve: this machine needs `gpuwarden reserve --for` on every job, "
+        "at most 1h00m (max_time)\n"
+    )
+    over = gw("reserve", "-g", "1", "--for", "2h")
+    assert over.returncode == 2 and over.stderr == (
+        "gpuwarden reserve: `gpuwarden reserve --for` 2h00m is over this machine's limit "
+        "of 1h00m (max_time)\n"
+    )
+    held = gw("reserve", "-g", "1", "--for", "30m")
+    assert held.returncode == 0, held.stderr
+    env = exports(held.stdout)
+    job = env["GPUWARDEN_RESERVATION"]
+    assert env["GPUWARDEN_JOB"] == job
+    row = timed.wait_state(int(job), ("RUNNING",))
+    assert (row["user"], row["time_limit"], row["command"]) == (alice.name, 1800, RESERVATION)
+    [lease] = leases.list_leases()
+    assert (lease.job, lease.user, str(lease.index)) == (
+        job,
+        alice.name,
+        env["CUDA_VISIBLE_DEVICES"],
+    )
+    assert f"holding GPU {lease.index} until " in held.stderr, held.stderr
+    inner = gw("run", "-g", "1", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES", **env)
+    assert (inner.returncode, inner.stdout) == (0, env["CUDA_VISIBLE_DEVICES"] + "\n"), inner.stderr
+
+    done = gw("release")  # the only one: found without naming it
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert done.stderr == f"gpuwarden release: released GPU {lease.index} (reservation {job})\n"
+    assert _ended(timed, job)["state"] == "CANCELLED"
+    assert leases.list_leases() == []
+    again = gw("release", **env)  # the shell still names it: eval clears its variables
+    assert again.returncode == 0 and again.stdout.startswith("unset CUDA_VISIBLE_DEVICES")
+    assert "GPUWARDEN_JOB" in again.stdout and "has ended already" in again.stderr
+    assert (
+        gw("release").stderr
+        == "gpuwarden release: you hold no reservation (see `gpuwarden queue`)\n"
+    )
+
+    killed = gw("reserve", "-g", "1", "--for", "30m")
+    assert killed.returncode == 0, killed.stderr
+    found = re.search(r"holder pid (\d+)", killed.stderr)
+    assert found is not None, killed.stderr
+    os.kill(int(found[1]), signal.SIGKILL)  # its connection closes: the service cancels
+    assert _ended(timed, exports(killed.stdout)["GPUWARDEN_RESERVATION"])["state"] == "CANCELLED"
+
+    short = gw("reserve", "-g", "1", "--for", "2s")
+    assert short.returncode == 0, short.stderr
+    ended = _ended(timed, exports(short.stdout)["GPUWARDEN_RESERVATION"])
+    assert (ended["time_limit"], ended["state"]) == (2, "TIMEOUT"), ended
+    assert leases.list_leases() == []
 
 
 def test_a_kernel_carries_its_time_from_the_kernelspec_to_the_service(

@@ -84,6 +84,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "selection",
             "refusals",
             "visible",
+            "fairshare",
             "scheduling",
             "foresight",
             # the exporter's metric families, from a view or the queue's `stats`

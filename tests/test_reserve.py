@@ -92,20 +92,21 @@ def test_run_inside_a_reservation_uses_it(sim, cli, tmp_path) -> None:
     assert cli("release", env=env).returncode == 0
 
 
-def test_with_a_queue_service_reserve_points_to_an_interactive_job(sim, cli, tmp_path) -> None:
-    """The service owns the lease directory; a reservation of our own would fail on its
-    lock files, so `reserve` says what to do instead, and holds nothing."""
+def test_a_service_socket_nobody_answers_holds_nothing(sim, cli, tmp_path) -> None:
+    """Where a queue service's socket is, `reserve` holds through the service
+    (tests/test_interactive_time.py); a socket left behind by a stopped one is said in
+    one line, and nothing is held."""
     import socket
 
     sim("server-8xa100")
     path = str(tmp_path / "service.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
-        r = cli("reserve", "-g", "2", env={"GPUWARDEN_SOCKET": path})
+        r = cli("reserve", "-g", "2", "--for", "1h", env={"GPUWARDEN_SOCKET": path})
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == (
-        f"gpuwarden reserve: a queue service hands out this machine's GPUs ({path}): for an "
-        "interactive session run `gpuwarden run -g 2 -- $SHELL` (a shell on the GPUs until "
-        "you exit it), or `gpuwarden submit` for a batch job\n"
+        f"gpuwarden reserve: the gpuwarden service does not answer at {path} (stopped or "
+        "crashed, its socket left behind); an admin restarts it (`gpuwarden service status` "
+        "says more)\n"
     )
     assert lease.list_leases() == []

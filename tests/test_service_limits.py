@@ -145,12 +145,12 @@ def test_a_reload_puts_a_raised_limit_in_force_without_a_restart(
 
 
 def test_reserve_and_select_point_to_what_the_service_accepts(limited: Server) -> None:
-    """Issue 23: `reserve`'s hint left out the --time this machine requires, and `select`
-    recommended `reserve`, which the service refuses."""
+    """`reserve` names its own option for the time this machine requires, and `select`
+    points to the way through the queue service."""
     alice = make_user("alice", ("lab",))
     refused = cli_as(limited, alice, "reserve", "-g", "1")
     assert refused.returncode == 2, refused.stderr
-    assert "`gpuwarden run -g 1 --time 1m30s -- $SHELL`" in refused.stderr
+    assert "needs `gpuwarden reserve --for` on every job, at most 1m30s" in refused.stderr
     chosen = cli_with_gpus(limited, alice, "select", "-g", "1")
     assert chosen.returncode == 0, chosen.stderr
     assert "`gpuwarden reserve`" not in chosen.stderr

@@ -28,6 +28,7 @@ from repo import SRC
 from schemas import validate
 from servicetools import SPEC, Server, cli_as, serving, submit
 from users import make_user
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -235,5 +236,70 @@ def test_accounts_charge_jobs_to_their_projects_and_report_them(
         }
         assert counted["vision"] == pytest.approx(vision, rel=0.01), counted
         assert counted["nlp"] == pytest.approx(ended[1]["elapsed"], rel=0.01), counted
+    finally:
+        next(serve, None)
+
+
+SHARES = """
+[service.accounts]
+vision = { members = ["gw-alice", "gw-erin"], share = 3, max_gpus = 2 }
+nlp = { members = ["gw-bob"], share = 1 }
+"""
+
+
+def test_account_shares_weigh_fair_share_and_max_gpus_caps_an_account(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = open_dir / "config.toml"
+    conf.write_text(SHARES)
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
+    serve = serving(tmp_path, open_dir, monkeypatch)
+    srv = next(serve)
+    try:
+        alice, bob, erin = make_user("alice", ("lab",)), make_user("bob"), make_user("erin")
+        wide = cli_as(srv, alice, "submit", "-g", "3", "--", "true")
+        assert wide.returncode == 2, wide
+        assert "(service.accounts vision max_gpus)" in wide.stderr, wide.stderr
+
+        # vision's jobs hold 2 GPUs together at most; nlp's start beside them.
+        mine = [submit(srv, alice, ["sleep", "30"], request={"count": 1}) for _ in range(3)]
+        for job in mine[:2]:
+            srv.wait_state(job, ("RUNNING",))
+        assert srv.job(mine[2])["reason"] == "AccountGpuLimit", srv.job(mine[2])
+        queue = cli_as(srv, bob, "queue")
+        assert "AccountGpuLimit" in queue.stdout, queue.stdout
+        two = submit(srv, bob, ["sleep", "2"], request={"count": 2})
+        assert srv.wait_state(two, ("COMPLETED",), timeout=60)["account"] == "nlp"
+        assert srv.job(mine[2])["state"] == "PENDING"
+
+        # Both accounts have used GPUs now: `share` gives each account's usage, share
+        # and factor, 2^(-U/S) over the accounts.
+        blocker = submit(srv, bob, ["sleep", "30"], request={"count": 2})
+        srv.wait_state(blocker, ("RUNNING",))
+        waiting = [
+            submit(srv, erin, ["true"], request={"count": 1}),
+            submit(srv, bob, ["true"], request={"count": 1}),
+        ]
+        said = cli_as(srv, bob, "share", "--accounts", "--json")
+        assert said.returncode == 0, said.stderr
+        accounts = {a["account"]: a for a in json.loads(said.stdout)}
+        assert {a: accounts[a]["share"] for a in accounts} == {"vision": 3, "nlp": 1}
+        used = {a: accounts[a]["usage"] for a in accounts}
+        assert used["nlp"] > 0 and used["vision"] == 0, used  # vision's jobs still run
+        assert accounts["vision"]["factor"] == 1.0
+        assert accounts["nlp"]["factor"] == pytest.approx(2 ** (-1 / 0.25))
+
+        # The queue's priorities carry them: erin (vision, nothing used) against bob,
+        # who used all of nlp's; the age term adds at most a point in this time.
+        def ranked() -> dict[int, Any]:
+            rows = {r["id"]: r for r in srv.call(None, "queue")["jobs"]}
+            return rows if all(rows[j]["priority"] is not None for j in waiting) else {}
+
+        shown = wait_for(ranked, 30, "the waiting jobs' priorities")
+        weight = 10_000
+        assert shown[waiting[0]]["priority"] == pytest.approx(weight * 1.0, abs=1)
+        assert shown[waiting[1]]["priority"] == pytest.approx(weight * 2**-4 * 0.5, abs=1)
+        text = cli_as(srv, bob, "share")
+        assert "ACCOUNT" in text.stdout and "USER" in text.stdout, text.stdout
     finally:
         next(serve, None)

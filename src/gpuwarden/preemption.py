@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from gpuwarden import booking, scheduling
+from gpuwarden import booking, fairshare, scheduling
 from gpuwarden.scheduling import Capacity, Decision, Running, Waiting
 
 #: Sets of victims tried one by one before a greedy choice (combinations of a size).
@@ -221,15 +221,18 @@ def _scavenge(
     for uuid in kept:
         if free.whole.get(uuid) == 0 and free.shared.get(uuid) == 0:
             free.take((uuid,), None)
-    unbound = dataclasses.replace(policy, max_gpus_per_user=None, gpu_caps={})
+    unbound = dataclasses.replace(policy, max_gpus_per_user=None, gpu_caps={}, account_caps={})
     pending = {w.id for w in scavengers} | {d.id for d in decisions if not d.starts}
     active = {r.id for r in running} | {d.id for d in decisions if d.starts}
     holders = [booking.Holder(r.user, r.gpus, math.inf) for r in running if not r.leaving]
     usable = len(free.order)
     moment = math.nextafter(now, math.inf)  # it may be preempted at any time after now
-    factors = scheduling.fairshare_factors(usage, policy, {w.user for w in scavengers})
+    factors = fairshare.job_factors({(w.user, w.account) for w in scavengers}, usage, policy)
     ranked = sorted(
-        ((scheduling.priority(w, now, factors[w.user], policy), w) for w in scavengers),
+        (
+            (scheduling.priority(w, now, factors[(w.user, w.account)], policy), w)
+            for w in scavengers
+        ),
         key=lambda pw: (-pw[0], pw[1].submitted, len(pw[1].id), pw[1].id),
     )
     out = []

@@ -14,7 +14,9 @@ Priority is Slurm's multifactor sum, each weight configurable:
 where U is the user's share of all decayed usage and S the user's share of all
 configured shares (Slurm's classic fair-share factor). Usage is GPU-seconds,
 a shared (`--mem`) job counting the fraction of the card it declared, decayed
-with a half-life (7 days by default, as Slurm's PriorityDecayHalfLife).
+with a half-life (7 days by default, as Slurm's PriorityDecayHalfLife). With
+account shares, the factor has an account level too (gpuwarden.fairshare), and an
+account's `max_gpus` caps the GPUs its jobs hold together, as a user's does theirs.
 
 Starting is EASY backfill: jobs are taken in priority order and start while
 they fit; the first that does not fit gets a reservation at the earliest time
@@ -42,6 +44,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from gpuwarden import booking
+from gpuwarden.fairshare import decayed as decayed
+from gpuwarden.fairshare import fairshare_factor as fairshare_factor
+from gpuwarden.fairshare import fairshare_factors as fairshare_factors
+from gpuwarden.fairshare import job_factors
+from gpuwarden.fairshare import job_usage as job_usage
 
 # Why a job waits, as squeue's REASON column words it (docs/service.md lists them).
 RESOURCES = "Resources"  # not enough free GPUs now (or it holds the reservation)
@@ -50,6 +57,7 @@ HELD = "Held"
 DEPENDENCY = "Dependency"  # waits for `--after` jobs to end
 DEPENDENCY_FAILED = "DependencyNeverSatisfied"  # an `--after` job failed or was cancelled
 USER_GPU_LIMIT = "UserGpuLimit"  # the owner already uses as many GPUs as allowed
+ACCOUNT_GPU_LIMIT = "AccountGpuLimit"  # its account's jobs already use as many as allowed
 DRAINED = "Drained"  # every GPU it could use is drained or unhealthy
 BEGIN_TIME = "BeginTime"  # its --begin time has not come
 BOOKED = "Booked"  # the GPUs it could get now are booked for others (gpuwarden.booking)
@@ -72,6 +80,12 @@ class Policy:
     max_gpus_per_user: Optional[int] = None  # GPUs in use at once
     gpu_caps: Mapping[str, int] = field(default_factory=dict)  # per user, over the above
     exempt: frozenset[str] = frozenset()  # users the limits do not bind (admins)
+    # Accounts (gpuwarden.fairshare): their shares (none: fair share is per user only),
+    # the GPUs each account's jobs may use at once, and, filled in for each pass by the
+    # service, the decayed usage charged to each (account, user); "" for no account.
+    account_shares: Mapping[str, float] = field(default_factory=dict)
+    account_caps: Mapping[str, int] = field(default_factory=dict)
+    account_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
     starve_after: float = 3600.0  # see the module docstring: when GPUs are kept idle
 
     def share(self, user: str) -> float:
@@ -103,6 +117,7 @@ class Running(NamedTuple):
     time_limit: Optional[float] = None  # seconds; None: no limit declared
     preemptible: bool = False  # it yields its GPUs when needed (gpuwarden.preemption)
     leaving: bool = False  # it was told to end (preempted, cancelled, past its limit)
+    account: Optional[str] = None  # --account: its GPUs count against the account's cap
 
     @property
     def ends(self) -> float:
@@ -127,6 +142,7 @@ class Waiting(NamedTuple):
     eligible: Optional[frozenset[str]] = None
     begin: Optional[float] = None  # --begin: not before this moment
     preemptible: bool = False  # planned by gpuwarden.preemption, after every other job
+    account: Optional[str] = None  # --account: fair share's account level, its GPU cap
 
 
 # Which `count` of the GPUs that are free for a job it gets (None: none of them do);
@@ -148,47 +164,7 @@ class Decision(NamedTuple):
         return self.reason is None
 
 
-# --- usage and priority ------------------------------------------------------
-
-
-def decayed(usage: float, elapsed: float, half_life: float) -> float:
-    """`usage` seen `elapsed` seconds ago, as it counts now."""
-    if elapsed <= 0:
-        return usage
-    factor: float = 2.0 ** (-elapsed / half_life)  # float ** float is Any to a type checker
-    return usage * factor
-
-
-def job_usage(gpus: int, seconds: float, mem: Optional[int] = None, memory: int = 0) -> float:
-    """GPU-seconds a job is charged: whole GPUs count 1 each; a shared job counts the
-    fraction of the card it declared (a 20 GiB share of an 80 GiB card is 0.25)."""
-    weight = 1.0 if mem is None or memory <= 0 else min(1.0, mem / memory)
-    return gpus * weight * max(0.0, seconds)
-
-
-def fairshare_factors(
-    usage: Mapping[str, float], policy: Policy, users: Iterable[str] = ()
-) -> dict[str, float]:
-    """2^(-U/S) for every user in `usage`, `policy.shares` and `users`: 1.0 for a user
-    who used nothing, 0.5 for one who used exactly their share, towards 0 far over it.
-    U is the user's fraction of all usage, S their fraction of all shares."""
-    everyone = set(usage) | set(policy.shares) | set(users)
-    total = sum(max(0.0, u) for u in usage.values())
-    shares = sum(policy.share(u) for u in everyone)
-    factors = {}
-    for user in everyone:
-        share = policy.share(user) / shares if shares > 0 else 0.0
-        used = max(0.0, usage.get(user, 0.0)) / total if total > 0 else 0.0
-        if used == 0.0:
-            factors[user] = 1.0
-        else:
-            factors[user] = 2.0 ** (-used / share) if share > 0 else 0.0
-    return factors
-
-
-def fairshare_factor(user: str, usage: Mapping[str, float], policy: Policy) -> float:
-    """`fairshare_factors` for one user."""
-    return fairshare_factors(usage, policy, (user,))[user]
+# --- priority ----------------------------------------------------------------
 
 
 def priority(job: Waiting, now: float, fairshare: float, policy: Policy) -> float:
@@ -337,16 +313,19 @@ def plan(
     finished = {} if finished is None else finished
     free = Capacity(gpus)
     in_use: dict[str, int] = {}
+    by_account: dict[str, int] = {}  # GPUs each capped account's jobs hold
     for run in running:
         free.take(run.gpus, run.mem)
         if not run.preemptible:  # a preemptible job counts against no limit
             in_use[run.user] = in_use.get(run.user, 0) + len(run.gpus)
+            if run.account is not None and run.account in policy.account_caps:
+                by_account[run.account] = by_account.get(run.account, 0) + len(run.gpus)
     pending_ids = {w.id for w in waiting}
     running_ids = {r.id for r in running}
 
-    factors = fairshare_factors(usage, policy, {w.user for w in waiting})
+    factors = job_factors({(w.user, w.account) for w in waiting}, usage, policy)
     ranked = sorted(
-        ((priority(w, now, factors[w.user], policy), w) for w in waiting),
+        ((priority(w, now, factors[(w.user, w.account)], policy), w) for w in waiting),
         key=lambda pw: (-pw[0], pw[1].submitted, len(pw[1].id), pw[1].id),  # 9 before 10
     )
     decisions: list[Decision] = []
@@ -363,7 +342,9 @@ def plan(
         if job.begin is not None and job.begin > now and not job.held:
             reason: Optional[str] = BEGIN_TIME  # said first: nothing else matters before it
         else:
-            reason = blocked(job, pending_ids, running_ids, finished, free, in_use, policy)
+            reason = blocked(
+                job, pending_ids, running_ids, finished, free, in_use, policy, by_account
+            )
         if reason is not None:
             decisions.append(Decision(job.id, prio, reason=reason))
             continue
@@ -380,6 +361,8 @@ def plan(
         ):
             free.take(chosen, job.mem)
             in_use[job.user] = in_use.get(job.user, 0) + len(chosen)
+            if job.account is not None and job.account in policy.account_caps:
+                by_account[job.account] = by_account.get(job.account, 0) + len(chosen)
             if bookings:
                 holders.append(booking.Holder(job.user, chosen, ends))
             decisions.append(Decision(job.id, prio, gpus=chosen))
@@ -402,8 +385,11 @@ def blocked(
     free: Capacity,
     in_use: Mapping[str, int],
     policy: Policy,
+    by_account: Optional[Mapping[str, int]] = None,
 ) -> Optional[str]:
-    """Why `job` cannot start whatever the GPUs do, or None."""
+    """Why `job` cannot start whatever the GPUs do, or None. `in_use`: GPUs each user's
+    jobs hold; `by_account`: each capped account's (an exempt user's jobs count there
+    but are not held back)."""
     if job.held:
         return HELD
     for dep in job.after:
@@ -418,6 +404,13 @@ def blocked(
         and in_use.get(job.user, 0) + job.count > limit
     ):
         return USER_GPU_LIMIT
+    cap = policy.account_caps.get(job.account) if job.account is not None else None
+    if (
+        cap is not None
+        and job.user not in policy.exempt
+        and (by_account or {}).get(job.account or "", 0) + job.count > cap
+    ):
+        return ACCOUNT_GPU_LIMIT
     if not free.can_ever_place(job):
         return DRAINED
     return None

@@ -279,11 +279,12 @@ def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join([render(headers, rows, right=right), *notes])
 
 
-def share_table(users: Sequence[Mapping[str, Any]]) -> str:
-    """Each user's decayed usage, share and fair-share factor, as sshare shows them."""
+def share_table(users: Sequence[Mapping[str, Any]], key: str = "user") -> str:
+    """Each user's (or account's) decayed usage, share and fair-share factor, as sshare
+    shows them."""
     rows = [
         [
-            printable(str(u.get("user"))),
+            printable(str(u.get(key))),
             f"{(u.get('usage') or 0.0) / 3600.0:.2f}",  # as `jobs` gives GPU-hours
             f"{u.get('share', 1.0):g}",
             f"{u.get('factor', 1.0):.3f}",
@@ -292,7 +293,7 @@ def share_table(users: Sequence[Mapping[str, Any]]) -> str:
     ]
     if not rows:
         return "no usage recorded yet"
-    return render(["USER", "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))
+    return render([key.upper(), "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))
 
 
 def job_ids(words: list[str]) -> list[int]:

@@ -7,7 +7,9 @@
 The lease is held by a small detached holder process (a fork of this one,
 in its own session, with no terminal), so it outlives `reserve` and the shell
 that ran it, ends when `release` (or `kill`) stops the holder or `--for`
-runs out, and the kernel frees it whichever way the holder goes.
+runs out, and the kernel frees it whichever way the holder goes. Where a queue
+service owns the GPUs, the holder keeps an allocation of the service instead
+(`_through_service`), with `--for` as its time limit.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 from gpuwarden.errors import UserError
 
@@ -36,6 +38,8 @@ _EXPORTED = (
     "GPUWARDEN_GPU_INDICES",
     "GPUWARDEN_MEM_LIMIT",
 )
+#: Exported as well under a queue service, as a job's: `run` in the shell uses its GPUs.
+_JOB = ("GPUWARDEN_JOB", "GPUWARDEN_LEASE")
 
 
 def register(commands: Commands, command_name: str) -> None:
@@ -80,47 +84,115 @@ def reserve(args: argparse.Namespace) -> int:
     conf, request = request_of(args)
     if request.count == 0:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
+    seconds = _seconds(args.duration)
     service = conf.get("service.socket")
     if os.path.exists(service):
-        # The service owns the lease directory: a holder of our own could not write it,
-        # and processes outside a job would count as unreserved use. An interactive
-        # session is a job, as with Slurm's salloc.
-        n = request.gpu_count
-        hint = f" --time {args.duration}" if args.duration else _time_hint(service)
-        raise UserError(
-            f"a queue service hands out this machine's GPUs ({service}): for an interactive "
-            f"session run `gpuwarden run -g {n}{hint} -- $SHELL` (a shell on "
-            "the GPUs until you exit it), or `gpuwarden submit` for a batch job"
-        )
-    until = seconds = None
-    if args.duration is not None:
-        from gpuwarden.units import parse_duration
-
-        seconds = parse_duration(args.duration)
-        if seconds <= 0:
-            raise UserError(f"invalid --for {args.duration!r}: expected a duration above zero")
-        until = time.time() + seconds  # shown to others; the holder times itself by boottime
+        return _through_service(args, conf, request, service, seconds)
+    until = None if seconds is None else time.time() + seconds  # the holder times itself
     machine = MachineReader(topology=request.gpu_count > 1)
     scope = allowed(machine.first)
     held = take("reserve", conf, request, machine, scope, RESERVATION_PREFIX + os.urandom(4).hex())
     what = COMMAND + (f" --for {args.duration}" if args.duration else "")
-    sys.stdout.flush()  # the holder is a fork: nothing buffered may be written twice
-    sys.stderr.flush()
+    _flush()
     pid = hold_in_background(held, what, expires=until, seconds=seconds)
     use_uuid = conf.get("run.id_format") == "uuid"
     env = launch.job_env({}, held.gpus, use_uuid=use_uuid, mem=held.mem)
     env["GPUWARDEN_RESERVATION"] = held.job
-    for name in _EXPORTED:
+    _export(env, _EXPORTED)
+    end = "until released" if until is None else "until " + _when(until)
+    _held(held.gpus, end, f"reservation {held.job}, holder pid {pid}")
+    return 0
+
+
+def _seconds(duration: Optional[str]) -> Optional[float]:
+    """`--for`'s seconds (None: not given)."""
+    if duration is None:
+        return None
+    from gpuwarden.units import parse_duration
+
+    seconds = parse_duration(duration)
+    if seconds <= 0:
+        raise UserError(f"invalid --for {duration!r}: expected a duration above zero")
+    return seconds
+
+
+def _flush() -> None:
+    sys.stdout.flush()  # the holder is a fork: nothing buffered may be written twice
+    sys.stderr.flush()
+
+
+def _export(env: dict[str, str], names: tuple[str, ...]) -> None:
+    for name in names:
         if name in env:
             print(f"export {name}={_quote(env[name])}")
-    ids = ",".join(str(g.index) for g in held.gpus)
-    end = "until released" if until is None else "until " + _when(until)
+
+
+def _held(gpus: Any, end: str, what: str) -> None:
+    ids = ",".join(str(g.index) for g in gpus)
     print(
-        f"gpuwarden reserve: holding GPU {ids} {end} (reservation {held.job}, holder pid {pid}); "
-        "end it with `gpuwarden release`",
+        f"gpuwarden reserve: holding GPU {ids} {end} ({what}); end it with `gpuwarden release`",
         file=sys.stderr,
     )
+
+
+def _through_service(
+    args: argparse.Namespace, conf: Any, request: Any, service: str, seconds: Optional[float]
+) -> int:
+    """The reservation as an allocation of the queue service, which owns the lease
+    directory (a holder of our own could not write it), held as `gpuwarden.lease()`
+    holds one (queueclient.holding) by a detached holder (jobs.holder): a job of
+    ours in `queue`, limited and charged like any, `--for` its time limit (the
+    admin's rule for interactive holds applies), ended by `release` (a cancel), by
+    its time, or by the holder's death. Its id is the reservation's; the shell also
+    gets GPUWARDEN_JOB, so `run` inside it uses its GPUs, as inside a job."""
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.jobs import launch
+    from gpuwarden.jobs.holder import hold_allocation_in_background
+    from gpuwarden.queueclient import holding
+    from gpuwarden.queueclient.client import job_fields
+
+    fields = job_fields(
+        request,
+        holding.RESERVATION,
+        time_limit=seconds,
+        account=conf.get("submit.account"),
+    )
+    _flush()
+    pid, job, uuids = hold_allocation_in_background(
+        fields,
+        service,
+        conf,
+        wait=bool(conf.get("run.wait")),
+        timeout=conf.get("run.timeout"),
+        time_option="`gpuwarden reserve --for`",
+    )
+    by_uuid = {g.uuid: g for g in read_snapshot(processes=False).gpus}
+    gpus = tuple(by_uuid[u] for u in uuids if u in by_uuid)
+    use_uuid = conf.get("run.id_format") == "uuid"
+    env = launch.job_env({}, gpus, use_uuid=use_uuid, job=str(job), mem=request.mem)
+    env["GPUWARDEN_RESERVATION"] = str(job)
+    _export(env, _EXPORTED + _JOB)
+    limit = seconds if seconds is not None else _time_limit(service, job)
+    end = "until released" if limit is None else "until " + _when(time.time() + limit)
+    _held(gpus, end, f"reservation {job}: a job of the queue service, holder pid {pid}")
     return 0
+
+
+def _time_limit(service: str, job: int) -> Optional[float]:
+    """The time limit the service gave a job that asked for none (its
+    `interactive_time`); None where it gave none, or does not say."""
+    from gpuwarden.queueclient.client import connect
+
+    try:
+        client = connect(service, timeout=5.0)
+        if client is None:
+            return None
+        with client:
+            rows, _ = client.listing("queue", ids=[job])
+    except (UserError, OSError):
+        return None
+    limit = rows[0].get("time_limit") if rows else None
+    return float(limit) if isinstance(limit, (int, float)) else None
 
 
 def _when(at: float) -> str:
@@ -141,34 +213,18 @@ def _mine(leases: list[Any]) -> dict[str, list[Any]]:
     return out
 
 
-def _time_hint(service: str) -> str:
-    """` --time T` where the service holds this user to a longest time for an
-    interactive job (which it then requires), else "": the hint must be a command the
-    service accepts."""
-    from gpuwarden.queueclient.client import connect
-
-    try:
-        client = connect(service, timeout=2.0)
-        if client is None:
-            return ""
-        with client:
-            limits = client.call("limits")["limits"]
-    except (UserError, OSError, KeyError, ValueError):
-        return ""
-    from gpuwarden.units import format_span
-
-    longest = {row.get("limit"): row["value"] for row in limits}
-    most = longest.get("max_interactive_time") or longest.get("max_time")
-    return f" --time {format_span(most)}" if most else ""
-
-
 def release(args: argparse.Namespace) -> int:
     import gpuwarden.leases as lease
 
-    leases = lease.list_leases()
     wanted = args.id if args.id is not None else os.environ.get("GPUWARDEN_RESERVATION")
     if wanted is not None and not wanted.strip():
         raise UserError("empty reservation ID: name one (see `gpuwarden status`) or give none")
+    from gpuwarden import config
+
+    service = config.load().get("service.socket")
+    if os.path.exists(service) and (wanted is None or not wanted.startswith(RESERVATION_PREFIX)):
+        return _release_through_service(service, wanted)
+    leases = lease.list_leases()
     if wanted is None:
         mine = _mine(leases)
         if not mine:
@@ -216,4 +272,49 @@ def release(args: argparse.Namespace) -> int:
         print("unset " + " ".join(_EXPORTED))
     ids = ",".join(str(i.index) for i in found if i.index is not None)
     print(f"gpuwarden release: released GPU {ids} (reservation {wanted})", file=sys.stderr)
+    return 0
+
+
+def _release_through_service(service: str, wanted: Optional[str]) -> int:
+    """End a reservation held through the queue service: cancel its job (only its
+    owner or an admin may), and return once the service has freed its GPUs."""
+    from gpuwarden.queueclient import holding
+    from gpuwarden.queueclient.client import require
+    from gpuwarden.safefiles import printable
+
+    with require(service) as client:
+        if wanted is None:
+            me = client.call("hello")["user"]
+            rows, _ = client.listing("queue", user=me)
+            mine = [str(r["id"]) for r in rows if r.get("command") == holding.RESERVATION]
+            if not mine:
+                raise UserError("you hold no reservation (see `gpuwarden queue`)")
+            if len(mine) > 1:
+                raise UserError("you hold several reservations; name one: " + ", ".join(mine))
+            wanted = mine[0]
+        if not wanted.isdigit() or len(wanted) > 18:
+            raise UserError(f"no reservation {printable(repr(wanted))} is held")
+        job = int(wanted)
+        rows, _ = client.listing("queue", ids=[job])
+        if not rows:
+            if os.environ.get("GPUWARDEN_RESERVATION") == wanted:
+                print("unset " + " ".join(_EXPORTED + _JOB))
+                print(
+                    f"gpuwarden release: reservation {job} has ended already; "
+                    "its variables are cleared by eval",
+                    file=sys.stderr,
+                )
+                return 0
+            raise UserError(f"no reservation {job} is held (it may have ended or expired)")
+        command = rows[0].get("command")
+        if command is not None and command != holding.RESERVATION:
+            raise UserError(f"job {job} is not a reservation: end it with `gpuwarden cancel {job}`")
+        client.call("cancel", jobs=[job])
+        deadline = time.monotonic() + 30
+        while client.listing("queue", ids=[job])[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if os.environ.get("GPUWARDEN_RESERVATION") == wanted:
+        print("unset " + " ".join(_EXPORTED + _JOB))
+    ids = ",".join(str(i) for i in rows[0].get("indices") or () if i is not None)
+    print(f"gpuwarden release: released GPU {ids} (reservation {job})", file=sys.stderr)
     return 0

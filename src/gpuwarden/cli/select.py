@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         import os
 
-        # With a queue service, `reserve` is refused: jobs take their turn through it.
+        # With a queue service, every way of holding GPUs takes its turn through it.
         holders = (
-            "`gpuwarden run` or `gpuwarden submit` take GPUs through the queue service"
+            "`gpuwarden run`, `reserve` or `submit` take GPUs through the queue service"
             if os.path.exists(cfg.get("service.socket"))
             else "`gpuwarden run` or `gpuwarden reserve` hold them"
         )

@@ -1,4 +1,5 @@
-"""`gpuwarden share`: each user's decayed GPU usage, share and fair-share factor (as sshare)."""
+"""`gpuwarden share`: each user's decayed GPU usage, share and fair-share factor (as sshare),
+and each account's where accounts have shares (fair share's account level)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ def register(commands: Commands, name: str) -> None:
 
     parser = subcommand(commands, name)
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--accounts",
+        action="store_true",
+        help="only the accounts' usage, shares and factors (fair share's account level)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +29,13 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.queueclient.client import require
 
     with require() as client:
-        users = client.call("share")["users"]
-    print(json.dumps(users, indent=2) if args.json else share_table(users))
+        answer = client.call("share")
+    users, accounts = answer["users"], answer.get("accounts") or []
+    if args.json:
+        print(json.dumps(accounts if args.accounts else users, indent=2))
+    elif args.accounts:
+        print(share_table(accounts, "account") if accounts else "no account has a share")
+    else:
+        tables = [share_table(accounts, "account")] if accounts else []
+        print("\n\n".join([*tables, share_table(users)]))
     return 0

@@ -287,7 +287,9 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key("service.shares", "shares", {}, "fair-share weight per user (others get 1)"),
     Key("service.limits", "limits", {}, "limits per user and @group (max_gpus, max_jobs, ...)"),
-    Key("service.accounts", "accounts", {}, "accounts jobs are charged to: members and limits"),
+    Key(
+        "service.accounts", "accounts", {}, "accounts jobs are charged to: members, shares, limits"
+    ),
     Key("service.require_account", "bool", False, "refuse a job that names no account"),
     Key("service.weight_fairshare", "float", 10000.0, "priority weight of fair share", low=0),
     Key("service.weight_age", "float", 1000.0, "priority weight of time waited", low=0),

@@ -200,8 +200,8 @@ def _as_limits(value: Any) -> dict[str, dict[str, float]]:
 
 
 def _as_accounts(value: Any) -> dict[str, dict[str, Any]]:
-    """`[service.accounts]`: account -> {members = [users, @groups], max_jobs, max_time,
-    gpu_hours_per_week} (service.accounts)."""
+    """`[service.accounts]`: account -> {members = [users, @groups], share, max_gpus,
+    max_jobs, max_time, gpu_hours_per_week} (service.accounts)."""
     import re
 
     if not isinstance(value, dict):
@@ -212,10 +212,15 @@ def _as_accounts(value: Any) -> dict[str, dict[str, Any]]:
             raise BadValue
         if not isinstance(entry, dict) or "members" not in entry:
             raise BadValue
-        limits = {k: v for k, v in entry.items() if k != "members"}
-        if set(limits) - {"max_jobs", "max_time", "gpu_hours_per_week"}:
+        limits = {k: v for k, v in entry.items() if k not in ("members", "share")}
+        if set(limits) - {"max_gpus", "max_jobs", "max_time", "gpu_hours_per_week"}:
             raise BadValue
         table[name] = {"members": _as_names(entry["members"]), **_as_limits({name: limits})[name]}
+        if "share" in entry:
+            share = _as_float(entry["share"])
+            if not share > 0:
+                raise BadValue
+            table[name]["share"] = share
     return table
 
 
@@ -295,6 +300,7 @@ KINDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "accounts": (
         _as_accounts,
         "a table of accounts, each with its members (users and @groups) and optional "
-        'max_jobs, max_time, gpu_hours_per_week, such as {vision = {members = ["@lab"]}}',
+        "share, max_gpus, max_jobs, max_time, gpu_hours_per_week, "
+        'such as {vision = {members = ["@lab"], share = 2}}',
     ),
 }

@@ -5,6 +5,10 @@ keeps the lease descriptors open until it is signalled or its time runs out (on 
 clock that never steps). The lease record is prepared before it starts and
 published with its pid, so nobody else ever sees a reservation that no process
 holds, and no holder ever outlives a reservation that nobody can see.
+
+Where a queue service owns the GPUs, the holder keeps an allocation of the service
+instead (queueclient.holding, as `gpuwarden.lease()` holds one): the service times
+it and frees it, and the holder's death closes its connection, which cancels it.
 """
 
 from __future__ import annotations
@@ -104,3 +108,98 @@ def hold_in_background(
     finally:
         held.close()  # our copies; the holder keeps its own
     return pid
+
+
+def hold_allocation_in_background(
+    fields: dict[str, Any],
+    path: str,
+    conf: Any,
+    *,
+    wait: bool,
+    timeout: Optional[float],
+    time_option: str,
+) -> tuple[int, int, list[str]]:
+    """(holder pid, job id, GPU uuids) of an allocation of the queue service at `path`
+    for the submit `fields`, kept by a detached holder process until it is signalled
+    or the service ends the job (its time limit, a cancel). The holder asks for it
+    (in line with `wait`, up to `timeout`) and says what it got; a refusal is raised
+    here in the holder's words (`time_option` named for a missing or long time). Cut
+    short here (Ctrl-C while waiting), the holder is stopped, and the service
+    cancels what it asked for."""
+    import json
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        _allocation_holder(fields, path, conf, wait, timeout, time_option, write_end)
+    os.close(write_end)
+    answer = b""
+    try:
+        while data := os.read(read_end, 65536):
+            answer += data
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # its connection closes: the service cancels
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise
+    finally:
+        os.close(read_end)
+    try:
+        said = json.loads(answer or b"{}")
+    except ValueError:
+        said = {}
+    if "job" not in said:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        error = said.get("error") or "the reservation holder could not start"
+        raise UserError(str(error), exit_code=int(said.get("exit_code") or 1))
+    return pid, int(said["job"]), [str(u) for u in said.get("gpus") or ()]
+
+
+def _allocation_holder(
+    fields: dict[str, Any],
+    path: str,
+    conf: Any,
+    wait: bool,
+    timeout: Optional[float],
+    time_option: str,
+    ready_fd: int,
+) -> None:
+    """The background holder of an allocation: tells `ready_fd` what it got (or why
+    not) as JSON, then keeps it until told to stop or the job ends. Never returns."""
+    import json
+
+    from gpuwarden.queueclient import holding
+
+    code = 0
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+
+        def stop(_signum: int, _frame: Any) -> None:
+            raise SystemExit(0)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, stop)
+        try:
+            with holding.hold(
+                fields, path, wait, timeout, conf, time_option, argv=holding.RESERVATION
+            ) as (job, uuids, _fds, ended):
+                os.write(ready_fd, json.dumps({"job": job, "gpus": uuids}).encode())
+                os.close(ready_fd)
+                ready_fd = -1
+                ended.wait()
+        except UserError as err:
+            said = {"error": str(err), "exit_code": err.exit_code}
+            os.write(ready_fd, json.dumps(said).encode())
+    except SystemExit:
+        pass
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)

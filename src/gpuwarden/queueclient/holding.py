@@ -36,6 +36,8 @@ from gpuwarden.queueclient.client import Client, _reattach, require
 
 #: The allocation's process: it waits for the block's end (its stdin closing).
 PLACEHOLDER = ["/bin/sh", "-c", "read _ || :", "gpuwarden.lease"]
+#: `gpuwarden reserve`'s: the same, named so that `queue` and `release` tell it apart.
+RESERVATION = [*PLACEHOLDER[:-1], "gpuwarden.reserve"]
 EXIT_BUSY = 75
 
 
@@ -47,6 +49,7 @@ def hold(
     timeout: Optional[float],
     conf: Any = None,
     time_option: str = "time=",
+    argv: Optional[list[str]] = None,
 ) -> Iterator[tuple[int, list[str], tuple[int, int], threading.Event]]:
     """(job id, GPU uuids, descriptors, set when it ended early) of an allocation held
     for the block. Without `wait`, raises UserError (exit 75) when nothing fits now;
@@ -55,7 +58,8 @@ def hold(
     as lease descriptors do. `conf` is the caller's reading of the configuration (None:
     the one in force), for how long a dropped connection is tried again. A refusal
     for the time (`fields`' `time_limit`) names `time_option`, the caller's way to
-    give one, where the service's says `--time`."""
+    give one, where the service's says `--time`. `argv`: the allocation's process
+    (PLACEHOLDER, or another waiting for its input's end in the same way)."""
     if conf is None:
         from gpuwarden import config
 
@@ -65,7 +69,7 @@ def hold(
     end_r, end_w = os.pipe2(os.O_CLOEXEC)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     message = {**fields, "v": protocol.VERSION, "op": "submit", "attached": True, "wait": wait}
-    message["argv"] = PLACEHOLDER
+    message["argv"] = PLACEHOLDER if argv is None else argv
     try:
         socket.send_fds(client.sock, [protocol.encode(message)], [end_r, null, null])
         reply = client.receive()

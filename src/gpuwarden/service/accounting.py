@@ -8,9 +8,10 @@ job counts the fraction of the card it declared), and when it entered the queue 
 submit for its first run, its previous run's end for the others), so that waits are
 per run too. `gpuwarden report` sums these rows; `gpuwarden eff` reads `gpu_use`,
 one row per run and GPU of what the sampler (service.sampler) saw: summaries, not
-samples.
+samples. `account_usage` is fair share's account level (gpuwarden.fairshare): the
+decayed GPU-seconds charged to each account and user, "" for jobs of no account.
 
-Both tables are made when a journal is opened; a journal of an earlier gpuwarden gets
+The tables are made when a journal is opened; a journal of an earlier gpuwarden gets
 a `runs` row for every job that ended in it (its last run: the earlier runs of a job
 requeued then were never kept), so its history is reported too.
 """
@@ -54,6 +55,13 @@ CREATE TABLE IF NOT EXISTS gpu_use (
     energy REAL,
     level TEXT NOT NULL,
     PRIMARY KEY (job, run, gpu)
+);
+CREATE TABLE IF NOT EXISTS account_usage (
+    account TEXT NOT NULL,
+    user TEXT NOT NULL,
+    value REAL NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (account, user)
 )
 """
 
@@ -348,3 +356,40 @@ def totals_by(db: sqlite3.Connection) -> dict[tuple[str, str], float]:
     """(user, account or "") -> GPU-seconds of every ended run: the exporter's counters."""
     query = "SELECT user, COALESCE(account, ''), SUM(gpu_seconds) FROM runs GROUP BY 1, 2"
     return {(str(u), str(a)): float(s or 0.0) for u, a, s in db.execute(query)}
+
+
+def charge_account(
+    db: sqlite3.Connection,
+    account: Optional[str],
+    user: str,
+    amount: float,
+    now: float,
+    half_life: float,
+) -> None:
+    """Add GPU-seconds to what `user` used through `account` (inside the caller's
+    commit), decaying what was there to `now` first."""
+    from gpuwarden.fairshare import decayed
+
+    key = (account or "", user)
+    row = db.execute(
+        "SELECT value, at FROM account_usage WHERE account = ? AND user = ?", key
+    ).fetchone()
+    old = 0.0 if row is None else decayed(float(row[0]), now - float(row[1]), half_life)
+    db.execute(
+        "INSERT INTO account_usage (account, user, value, at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(account, user) DO UPDATE SET value = excluded.value, at = excluded.at",
+        (*key, old + max(0.0, amount), now),
+    )
+
+
+def account_usage(
+    db: sqlite3.Connection, now: float, half_life: float
+) -> dict[tuple[str, str], float]:
+    """(account or "", user) -> usage decayed to `now`: what the plan's account level reads."""
+    from gpuwarden.fairshare import decayed
+
+    query = "SELECT account, user, value, at FROM account_usage"
+    return {
+        (str(a), str(u)): decayed(float(v), now - float(at), half_life)
+        for a, u, v, at in db.execute(query)
+    }

@@ -7,16 +7,18 @@ user's `submit.account`), and `gpuwarden report --by account` sums them:
     [service]
     require_account = true            # a job that names none is refused
     [service.accounts]
-    vision = { members = ["alice", "@vision"], gpu_hours_per_week = 500 }
+    vision = { members = ["alice", "@vision"], share = 3, max_gpus = 6 }
     nlp = { members = ["@nlp"], max_jobs = 50, max_time = "2d" }
 
 A user may charge only an account whose members name them or one of their groups
 (as the kernel says who asks: SO_PEERCRED, never $USER); an admin any account. A
 user of exactly one account who names none is charged to it. An account's limits
-bind all its jobs together, as Slurm's GrpJobs and GrpTRESMins: its jobs queued or
-running (`max_jobs`), each job's `--time` (`max_time`), and the GPU-hours its jobs
-held over the last 7 days (`gpu_hours_per_week`). Pure: the service supplies who
-asks and what the account uses.
+bind all its jobs together, as Slurm's GrpTRES, GrpJobs and GrpTRESMins: the GPUs
+its running jobs hold (`max_gpus`: the queue keeps the others waiting, reason
+AccountGpuLimit), its jobs queued or running (`max_jobs`), each job's `--time`
+(`max_time`), and the GPU-hours its jobs held over the last 7 days
+(`gpu_hours_per_week`). Its `share` weighs it in fair share (gpuwarden.fairshare).
+Pure: the service supplies who asks and what the account uses.
 """
 
 from __future__ import annotations
@@ -109,13 +111,22 @@ class Accounts:
         tasks: int = 1,
         active: int = 0,
         gpu_hours: Optional[float] = None,
+        gpus: int = 0,
     ) -> Optional[str]:
-        """Why `tasks` more jobs charged to `account` (which has `active` jobs queued or
-        running and held `gpu_hours` in the last 7 days) are refused; None when not."""
+        """Why `tasks` more jobs of `gpus` GPUs each charged to `account` (which has
+        `active` jobs queued or running and held `gpu_hours` in the last 7 days) are
+        refused; None when not."""
         from gpuwarden.units import format_span
 
         entry = self.entries.get(account, {})
         rule = f"service.accounts {account}"
+        widest = entry.get("max_gpus")
+        if widest is not None and gpus > widest:
+            # It could only wait for ever, the limit's reason beside it: say so now.
+            return (
+                f"{gpus} GPUs is more than the {widest:g} account {account}'s jobs may use "
+                f"at once ({rule} max_gpus)"
+            )
         most = entry.get("max_jobs")
         if most is not None and active + tasks > most:
             return (

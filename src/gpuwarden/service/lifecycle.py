@@ -482,6 +482,9 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service import accounting
 
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
+        charged = gpu_seconds * preempting.charge(self.settings, job)  # as the user's
+        half_life = self.settings.policy.half_life
+        accounting.charge_account(self.store.db, job.account, job.user, charged, ended, half_life)
         if self.usage_totals is not None:
             key = (job.user, job.account or "")
             self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)

@@ -86,6 +86,7 @@ class Limiting(Core):
             account,
             time_limit=sub.time_limit,
             tasks=tasks,
+            gpus=0 if sub.preemptible else sub.gpus.count,
             active=accounting.account_active(db, account) if "max_jobs" in entry else 0,
             gpu_hours=accounting.account_gpu_seconds(db, account, now - WEEK, now) / 3600
             if "gpu_hours_per_week" in entry
@@ -108,10 +109,14 @@ class Limiting(Core):
 
     def plan_policy(self, jobs: Iterable[Job]) -> scheduling.Policy:
         """The policy a pass of the plan uses for `jobs`' owners: admins exempt from the
-        GPU limit, and each owner's own cap where `[service.limits]` gives one."""
+        GPU limits, each owner's own cap where `[service.limits]` gives one, and with
+        account shares, the usage charged to each account."""
         policy = self.settings.policy
+        if policy.account_shares:  # fair share's account level (gpuwarden.fairshare)
+            usage = accounting.account_usage(self.store.db, time.time(), policy.half_life)
+            policy = dataclasses.replace(policy, account_usage=usage)
         entries = bool(self.settings.limits.entries)
-        if policy.max_gpus_per_user is None and not entries:
+        if policy.max_gpus_per_user is None and not entries and not policy.account_caps:
             return policy
         owners = {j.uid: j.user for j in jobs}
         exempt, caps = set(policy.exempt), {}

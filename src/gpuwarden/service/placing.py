@@ -160,6 +160,7 @@ def inputs(
             j.time_limit,
             preemptible=j.preemptible,
             leaving=j.id in leaving,
+            account=j.account,
         )
         for j in running
     ]
@@ -214,6 +215,7 @@ def inputs(
                 eligible=allowed,
                 begin=job.begin,
                 preemptible=job.preemptible,
+                account=job.account,
             )
         )
     return gpus, busy, waiting, picker(snapshot, pending, seen, findings, linked)

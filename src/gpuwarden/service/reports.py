@@ -4,6 +4,7 @@ so far (from its cgroup), the exporter's queue statistics, and each user's fair 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
@@ -66,6 +67,7 @@ def share(service: Any) -> dict[str, Any]:
     factors = scheduling.fairshare_factors(usage, policy, active)
     return {
         "ok": True,
+        "accounts": account_shares(service, policy),
         "users": [
             {
                 "user": u,
@@ -76,6 +78,32 @@ def share(service: Any) -> dict[str, Any]:
             for u in sorted(factors)
         ],
     }
+
+
+def account_shares(service: Any, policy: scheduling.Policy) -> list[dict[str, Any]]:
+    """Each account's decayed usage, share and factor at fair share's account level
+    (none when no account has a share: fair share is then per user only)."""
+    from gpuwarden import fairshare
+    from gpuwarden.service import accounting
+
+    if not fairshare.two_levels(policy):
+        return []
+    used = accounting.account_usage(service.store.db, time.time(), policy.half_life)
+    policy = dataclasses.replace(policy, account_usage=used)
+    factors = fairshare.account_factors(policy)
+    totals: dict[str, float] = {}
+    for (account, _), value in used.items():
+        name = account or fairshare.NO_ACCOUNT
+        totals[name] = totals.get(name, 0.0) + value
+    return [
+        {
+            "account": name,
+            "usage": totals.get(name, 0.0),
+            "share": policy.account_shares.get(name, policy.default_share),
+            "factor": factor,
+        }
+        for name, factor in sorted(factors.items())
+    ]
 
 
 def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[str, Any]:

@@ -97,6 +97,12 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         max_gpus_per_user=cfg.get("service.max_gpus_per_user"),
         starve_after=cfg.get("service.starve_after"),
     )
+    accounts = cfg.get("service.accounts") or {}
+    policy = dataclasses.replace(
+        policy,
+        account_shares={a: e["share"] for a, e in accounts.items() if "share" in e},
+        account_caps={a: int(e["max_gpus"]) for a, e in accounts.items() if "max_gpus" in e},
+    )
     return Settings(
         socket=fixed.get("socket") or cfg.get("service.socket"),
         state_dir=fixed.get("state_dir") or cfg.get("service.dir"),
@@ -126,9 +132,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         book_max_gpus=cfg.get("service.book_max_gpus"),
         book_max_time=cfg.get("service.book_max_time"),
         sample_seconds=cfg.get("service.sample_seconds"),
-        accounts=Accounts.parse(
-            cfg.get("service.accounts") or {}, bool(cfg.get("service.require_account"))
-        ),
+        accounts=Accounts.parse(accounts, bool(cfg.get("service.require_account"))),
     )
 
 

@@ -203,6 +203,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.settings",
             "service.store",
             "service.tally",
+            "service.ready",
+            "service.fairshare",
             "service.arrayrows",
             "service.timelimits",
             "service.transaction",

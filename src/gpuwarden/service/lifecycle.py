@@ -231,11 +231,7 @@ class Lifecycle(Attaching, Limiting):
         self._ended_attached(job.id, None, quiet=True)
 
     def _ended_attached(
-        self,
-        job_id: int,
-        ended: Optional[spawn.Ended],
-        quiet: bool = False,
-        sig: int = SIGTERM,
+        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False, sig: int = SIGTERM
     ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
         if not quiet:

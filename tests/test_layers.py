@@ -149,6 +149,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the pieces of a service job's start and end the daemon calls
             "service.spawn",
             "service.jobterminal",
+            "service.exitrecord",
             "service.tree",
             "service.jobcgroup",
             "service.jobprocess",
@@ -199,6 +200,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requests",
             "service.reports",
             "service.requeue",
+            "service.unwritten",
+            "service.litter",
             "service.server",
             "service.settings",
             "service.store",

@@ -30,11 +30,20 @@ from servicetools import SPEC, Server, cli_as, serving, submit
 from users import make_user
 from waiting import wait_for
 
+TWO_ACCOUNTS = """
+[service.accounts]
+vision = { members = ["gw-alice"] }
+nlp = { members = ["gw-bob"] }
+"""
+
 
 @pytest.fixture
 def sampled(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """The service sampling its jobs' GPUs every second, on a simulated machine whose
-    state the jobs may change."""
+    state the jobs may change; gw-alice's jobs charged to account vision, gw-bob's to nlp."""
+    conf = open_dir / "config.toml"
+    conf.write_text(TWO_ACCOUNTS)
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
     sim = open_dir / "sim"
     sim.mkdir(mode=0o1777)
     sim.chmod(0o1777)
@@ -73,7 +82,7 @@ def report_csv(srv: Server, who: object, *args: str) -> dict[str, dict[str, str]
     return {r[key]: r for r in rows}
 
 
-def test_report_by_user_and_eff_of_a_job_that_loads_one_of_its_two_gpus(
+def test_report_by_user_and_account_and_eff_of_a_job_that_loads_one_of_its_two_gpus(
     sampled: Server,
 ) -> None:
     srv = sampled
@@ -93,6 +102,14 @@ def test_report_by_user_and_eff_of_a_job_that_loads_one_of_its_two_gpus(
         assert float(rows[user]["gpu_hours"]) == pytest.approx(seconds / 3600, rel=0.05), rows
         assert rows[user]["jobs"] == "1" and rows[user]["runs"] == "1"
     assert float(rows["gw-alice"]["mean_wait_s"]) >= 0
+    # and by account: each user's only account, the same GPU-hours
+    rows = report_csv(srv, bob, "--by", "account")
+    assert set(rows) == {"vision", "nlp"}, rows
+    for account, user in (("vision", "gw-alice"), ("nlp", "gw-bob")):
+        assert float(rows[account]["gpu_hours"]) == pytest.approx(expect[user] / 3600, rel=0.05), (
+            rows
+        )
+        assert rows[account]["jobs"] == "1"
 
     # eff: about 80% on the GPU it loaded, 0% on the other, and flagged.
     eff = cli_as(srv, alice, "eff", "--json", str(two))

@@ -12,6 +12,8 @@ open only its own GPU's device file (cgroup.conf's ConstrainDevices).
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import shutil
@@ -330,3 +332,89 @@ def test_a_job_can_open_only_the_gpus_it_was_given(cluster: Cluster) -> None:
     said = {i: next(x for x in lines[1:] if f"nvidia{i}" in x) for i in (0, 1)}
     assert "No such device or address" in said[mine], lines
     assert "Operation not permitted" in said[1 - mine], lines
+
+
+def test_report_slurm_gives_the_gpu_hours_sacct_keeps_in_the_local_columns(
+    cluster: Cluster,
+) -> None:
+    """Two users on accounts of their own run known jobs (GPUs, times); one job is
+    requeued while it runs. `gpuwarden report --slurm --format csv` reads them back
+    from slurmdbd through sacct: by job, user and account, the GPU-hours Slurm's own
+    ElapsedRaw and AllocTRES give, every run of the requeued job counted."""
+    student = cluster.lab.user
+    for argv in (
+        ("add", "account", "astro,vision"),
+        ("add", "user", "root", "account=astro"),
+        ("add", "user", student, "account=vision"),
+    ):
+        done = cluster.tool("sacctmgr", "-i", *argv)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def sbatch(who: str, *argv: str) -> str:
+        run = ["runuser", "-u", who, "--"] if who != "root" else []
+        done = subprocess.run(
+            [*run, "sbatch", "--parsable", "-D", "/tmp", "-o", "/dev/null", *argv],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    wide = sbatch("root", "-A", "astro", "-w", "node1", "--gres=gpu:2", "--wrap", "sleep 4")
+    narrow = sbatch(student, "-A", "vision", "-w", "node2", "--gres=gpu:1", "--wrap", "sleep 2")
+    again = sbatch(
+        "root", "-A", "astro", "-w", "node2", "--gres=gpu:1", "--requeue", "--wrap", "sleep 3"
+    )
+    cluster.wait(f"job {again} running", lambda: cluster.state(again) == "RUNNING")
+    requeued = cluster.tool("scontrol", "requeue", again)
+    assert requeued.returncode == 0, requeued.stderr
+    # Slurm holds a requeued job back until the old run's credential expires (2 min);
+    # an admin may start it sooner, as here.
+    cluster.wait(f"job {again} pending again", lambda: cluster.state(again) == "PENDING")
+    sooner = cluster.tool("scontrol", "update", f"JobId={again}", "StartTime=now")
+    assert sooner.returncode == 0, sooner.stderr
+    ids = (wide, narrow, again)
+
+    def accounted() -> list[list[str]]:
+        out = cluster.tool(
+            *("sacct", "-a", "-X", "-D", "-n", "-P", "-o", "JobID,State,ElapsedRaw,AllocTRES"),
+            *("-S", "now-1hour", "-E", "now", "-j", ",".join(ids)),
+        ).stdout
+        rows = [x.split("|") for x in out.splitlines() if x]
+        states = sorted(r[1] for r in rows)
+        return rows if states == ["COMPLETED"] * 3 + ["REQUEUED"] else []
+
+    rows = cluster.wait("the jobs and the requeued run in sacct", accounted, deadline=240)
+    hours: dict[str, float] = {}
+    for job, _, elapsed, tres in rows:
+        gpus = int(next(t for t in tres.split(",") if t.startswith("gres/gpu="))[9:])
+        hours[job] = hours.get(job, 0.0) + gpus * int(elapsed) / 3600
+
+    def report(by: str) -> dict[str, dict[str, str]]:
+        env = dict(cluster.env, PYTHONPATH=cluster.lab.path)
+        argv = ["report", "--slurm", "--format", "csv", "--by", by, "--since", "1h"]
+        done = subprocess.run(
+            [*cluster.lab.python, "-m", "gpuwarden", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].split(",")[:3] == ["period", by, "gpu_hours"], lines
+        return {r[by]: r for r in csv.DictReader(io.StringIO(done.stdout))}
+
+    by_job = report("job")
+    for job in ids:
+        assert float(by_job[job]["gpu_hours"]) == pytest.approx(hours[job], rel=0.05, abs=1e-3)
+    assert by_job[again]["runs"] == "2" and by_job[again]["jobs"] == "1", by_job[again]
+    by_account = report("account")
+    assert float(by_account["vision"]["gpu_hours"]) == pytest.approx(hours[narrow], rel=0.05)
+    astro = hours[wide] + hours[again]
+    assert float(by_account["astro"]["gpu_hours"]) == pytest.approx(astro, rel=0.05)
+    assert by_account["astro"]["jobs"] == "2" and by_account["astro"]["runs"] == "3"
+    by_user = report("user")
+    assert float(by_user[student]["gpu_hours"]) == pytest.approx(hours[narrow], rel=0.05)

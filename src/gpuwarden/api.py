@@ -217,17 +217,17 @@ def _hold(
     there, else leased here. `conf` is the one reading of the configuration everything
     on the way is handed (nothing below reads it again); `time` the service's time
     limit in seconds, `time_option` what a refusal for want of one names."""
-    from gpuwarden.jobs.allocation import acquire
+    from gpuwarden.jobs import holding
     from gpuwarden.jobs.launch import job_env
-    from gpuwarden.jobs.path import allowed, publish_here, service_socket, within_enclosing
 
     base = dict(os.environ if environ is None else environ)
     read = _reader(snapshot, topology=request.gpu_count > 1)
-    service = service_socket(conf, base)  # the decision `run` makes
-    if service is not None:
-        yield from _through_service(
+    face = holding.Face("lease", base, read=read, wait=wait, timeout=timeout, use_uuid=uuid)
+    held = holding.hold(request, conf, face)
+    if isinstance(held, holding.ByService):
+        yield from allocated(
             request,
-            service,
+            held.socket,
             base,
             wait,
             timeout,
@@ -239,39 +239,32 @@ def _hold(
             account or conf.get("submit.account"),
         )
         return
-    first = read()
-    scope = allowed(first, base)
-    enclosed = within_enclosing(first, request, scope, base, conf, use_uuid=uuid)
-    if enclosed is not None:  # inside a `run` job or `reserve` shell: its GPUs, as `run`
-        env = enclosed.env
-        ours = _set_here(base, env)
-        limit = env.get("GPUWARDEN_MEM_LIMIT")
-        mem = int(limit) if limit and limit.isdigit() else None
-        yield Leased(enclosed.gpus, enclosed.job, ours, env, (), mem)
+    if isinstance(held, holding.OnCpu):  # no driver, no GPU asked for: as `run`, no GPU
+        import sys
+
+        print(
+            f"gpuwarden.lease: {held.reason}: the block runs with no GPU "
+            "(n=1 would refuse instead)",
+            file=sys.stderr,
+        )
+        env = job_env(base, ())
+        yield Leased((), "", _set_here(base, env), env)
         return
-    pending = [first]
-
-    def machine() -> Snapshot:
-        return pending.pop() if pending else read()
-
-    held = acquire(
-        request,
-        snapshot=machine,
-        wait=wait,
-        timeout=timeout,
-        allowed=scope,
-        conf=conf,
-    )
-    publish_here(held, "python: gpuwarden.lease()")
+    if isinstance(held, holding.Enclosed):  # inside a `run` job or `reserve` shell
+        env = held.env
+        yield Leased(held.gpus, held.job, _set_here(base, env), env, (), held.mem)
+        return
+    assert isinstance(held, holding.HeldHere)  # a dry run is not a face of the API
+    lease = held.held
+    holding.publish_here(lease, "python: gpuwarden.lease()")
     try:
-        env = job_env(base, held.gpus, use_uuid=uuid, job=held.job, mem=held.mem)
-        ours = _set_here(base, env)
-        yield Leased(held.gpus, held.job, ours, env, tuple(held.fds), held.mem)
+        env = job_env(base, lease.gpus, use_uuid=uuid, job=lease.job, mem=lease.mem)
+        yield Leased(lease.gpus, lease.job, _set_here(base, env), env, tuple(lease.fds), lease.mem)
     finally:
-        held.release()
+        lease.release()
 
 
-def _through_service(
+def allocated(
     request: Any,
     path: str,
     base: dict[str, str],
@@ -319,7 +312,7 @@ def pick(
     """The GPUs `lease` would pick now, without reserving them: another job may take
     them before you do. Raises UserError (with the reason) when none fit."""
     from gpuwarden.jobs.allocation import choose_now
-    from gpuwarden.jobs.path import allowed
+    from gpuwarden.jobs.holding import allowed
     from gpuwarden.leases import EXIT_BUSY
 
     base = os.environ if environ is None else environ

@@ -7,7 +7,7 @@ which order) and this module as its explanation; both are pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gpuwarden.mig import is_mig
 from gpuwarden.units import format_size
@@ -69,8 +69,7 @@ def never_reason(
     allowed: Optional[set[str]],
     named: Optional[set[str]],
     excluded: set[str],
-    fatal: list[str],
-    drain: Any,
+    out_of_service: Optional[tuple[str, str]],
 ) -> Optional[tuple[str, str]]:
     if allowed is not None and gpu.uuid not in allowed:
         return SCOPE, "not visible: outside the parent CUDA_VISIBLE_DEVICES"
@@ -78,10 +77,8 @@ def never_reason(
         return SCOPE, "not among the requested GPUs"
     if gpu.uuid in excluded:
         return FILTER, "excluded"
-    if fatal:
-        return HEALTH, "unhealthy: " + "; ".join(fatal)
-    if drain is not None:
-        return HEALTH, f"drained by {drain.by}: {drain.reason}"
+    if out_of_service is not None:
+        return out_of_service
     want = request.min_capability
     if want is not None:
         have = gpu.compute_capability
@@ -96,6 +93,16 @@ def never_reason(
         return FILTER, (
             f"only {format_size(gpu.memory_total)} in total < {format_size(need)} asked for"
         )
+    return None
+
+
+def out_of_service(fatal: Sequence[str], drain: Any) -> Optional[tuple[str, str]]:
+    """Why a GPU serves no job at all now (HEALTH), whatever the request: `fatal`, its
+    fatal health findings (a lost GPU has one), or `drain`, its drain (None: none)."""
+    if fatal:
+        return HEALTH, "unhealthy: " + "; ".join(fatal)
+    if drain is not None:
+        return HEALTH, f"drained by {drain.by}: {drain.reason}"
     return None
 
 

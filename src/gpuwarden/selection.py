@@ -33,6 +33,7 @@ from gpuwarden.refusals import (
     never_message,
     never_reason,
     only,
+    out_of_service,
     pct,
     plural,
     some,
@@ -179,7 +180,7 @@ def choose(
     `xidlog.judged` gives them, with the recorded XIDs (None: judged from the
     snapshot alone, a pure call; every command passes the XID-aware one). Bad IDs in
     the request raise UserError; "does not fit" is reported in the Choice, not raised."""
-    from gpuwarden.health.judgement import FATAL, WARNING, judge, judge_all
+    from gpuwarden.health.judgement import WARNING, judge, judge_all
 
     named = resolve_ids(snapshot, request.gpus, "devices") if request.gpus else None
     excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, "expand")}
@@ -221,12 +222,11 @@ def choose(
     for gpu in snapshot.gpus:
         own = parent.get(gpu.uuid, gpu.uuid)
         findings = health[own] if own in health else judge(by_uuid.get(own, gpu))
-        fatal = [f.reason for f in findings if f.level == FATAL]
         warnings = [f.reason for f in findings if f.level == WARNING]
         if warnings:
             warned[gpu.uuid] = "; ".join(warnings)
-        drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
-        reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, fatal, drain)
+        out = unusable(gpu.uuid, own, drain_by_uuid, findings)
+        reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, out)
         if not reason and request.mig is not None and profile.get(gpu.uuid) != request.mig:
             got = f"a MIG {profile[gpu.uuid]} slice" if gpu.uuid in profile else "not a MIG slice"
             reason = FILTER, f"{got}, not {request.mig}"
@@ -285,6 +285,19 @@ def choose(
         if g.uuid not in chosen_uuids:
             passed[g.uuid] = _passed_over(g, warned, room, request.keep_first_last)
     return Choice(tuple(sorted(chosen, key=lambda g: g.index)), passed, unfit=unfit)
+
+
+def unusable(
+    uuid: str, own: str, drains: Mapping[str, Any], findings: Sequence[Any]
+) -> Optional[tuple[str, str]]:
+    """Why GPU (or MIG slice) `uuid`, of the physical GPU `own`, can serve no job now —
+    a fatal health finding of `own` (a lost GPU has one) or a drain of either — or None:
+    the one answer to "is this GPU usable" that `choose` and the queue service's plan
+    (service.placing) both take."""
+    from gpuwarden.health.judgement import FATAL
+
+    fatal = [f.reason for f in findings if f.level == FATAL]
+    return out_of_service(fatal, drains.get(uuid) or drains.get(own))
 
 
 def _too_few_now(snapshot: Snapshot, count: int, fitting: int, busy: Mapping[str, str]) -> str:

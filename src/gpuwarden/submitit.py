@@ -220,13 +220,17 @@ class GpuwardenExecutor(core.PicklingExecutor):
 
     @classmethod
     def affinity(cls) -> int:
-        """2 (a cluster) where a queue service's socket is there, else -1; on a machine
-        with both, Slurm's executor comes first (AutoExecutor keeps the first of a tie)."""
+        """2 (a cluster) where a queue service's socket is there (`jobs.holding`'s test,
+        the one every face takes), else -1; on a machine with both, Slurm's executor
+        comes first (AutoExecutor keeps the first of a tie). A sweep driver inside one
+        of the service's jobs submits to it too: a batch job holds no GPU of ours."""
+        from gpuwarden.jobs.holding import service_at
+
         try:
             path = _socket()
         except Exception:  # a broken config must not break submitit for every executor
             return -1
-        return 2 if path and os.path.exists(path) else -1
+        return 2 if service_at(path) else -1
 
     def _request(self, array: tp.Optional[str] = None) -> dict[str, tp.Any]:
         """The submit request for the pickled call(s) in `self.folder`."""

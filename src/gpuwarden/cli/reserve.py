@@ -76,31 +76,43 @@ def _quote(value: str) -> str:
 def reserve(args: argparse.Namespace) -> int:
     from gpuwarden.cli.filters import request_of
     from gpuwarden.cli.waiting import take
-    from gpuwarden.jobs import launch
+    from gpuwarden.jobs import holding, launch
     from gpuwarden.jobs.holder import hold_in_background
-    from gpuwarden.jobs.path import MachineReader, allowed
 
     args.cpu = False
     conf, request = request_of(args)
     if request.count == 0:
         raise UserError("-g 0 reserves nothing; ask for 1 or more GPUs")
     seconds = _seconds(args.duration)
-    service = conf.get("service.socket")
-    if os.path.exists(service):
-        return _through_service(args, conf, request, service, seconds)
+    job = RESERVATION_PREFIX + os.urandom(4).hex()
+
+    def taking(machine: holding.MachineReader, scope: Any) -> Any:
+        return take("reserve", conf, request, machine, scope, job)
+
+    held = holding.hold(request, conf, holding.Face("reserve", take=taking))
+    if isinstance(held, holding.ByService):
+        return _through_service(args, conf, request, held.socket, seconds)
+    if isinstance(held, holding.OnCpu):
+        raise UserError(f"{held.reason}: there is no GPU here to reserve")
+    if isinstance(held, holding.Enclosed):
+        ids = ",".join(str(g.index) for g in held.gpus)
+        raise UserError(
+            f"already inside {held.job}, whose lease holds GPU {ids} for this shell: "
+            "a nested `gpuwarden run` or `gpuwarden.lease()` uses them; reserve more "
+            "from outside it"
+        )
+    assert isinstance(held, holding.HeldHere)
     until = None if seconds is None else time.time() + seconds  # the holder times itself
-    machine = MachineReader(topology=request.gpu_count > 1)
-    scope = allowed(machine.first)
-    held = take("reserve", conf, request, machine, scope, RESERVATION_PREFIX + os.urandom(4).hex())
+    lease = held.held
     what = COMMAND + (f" --for {args.duration}" if args.duration else "")
     _flush()
-    pid = hold_in_background(held, what, expires=until, seconds=seconds)
+    pid = hold_in_background(lease, what, expires=until, seconds=seconds)
     use_uuid = conf.get("run.id_format") == "uuid"
-    env = launch.job_env({}, held.gpus, use_uuid=use_uuid, mem=held.mem)
-    env["GPUWARDEN_RESERVATION"] = held.job
+    env = launch.job_env({}, lease.gpus, use_uuid=use_uuid, mem=lease.mem)
+    env["GPUWARDEN_RESERVATION"] = lease.job
     _export(env, _EXPORTED)
     end = "until released" if until is None else "until " + _when(until)
-    _held(held.gpus, end, f"reservation {held.job}, holder pid {pid}")
+    _held(lease.gpus, end, f"reservation {lease.job}, holder pid {pid}")
     return 0
 
 

@@ -126,4 +126,4 @@ def run(args: argparse.Namespace) -> int:
     if outcome.snapshot is None:
         print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")
         return 0
-    return dry_run(args.command, outcome.snapshot, request, outcome.allowed, conf)
+    return dry_run(args.command, outcome.snapshot, request, outcome.scope, conf)

@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.errors import UserError
     from gpuwarden.health.xidlog import judged
     from gpuwarden.inventory import read_snapshot
+    from gpuwarden.jobs.holding import allowed
     from gpuwarden.jobs.launch import export_value
-    from gpuwarden.jobs.path import allowed
     from gpuwarden.leases import EXIT_BUSY, list_leases
     from gpuwarden.locations import lease_location, state_location
     from gpuwarden.selection import Request, choose

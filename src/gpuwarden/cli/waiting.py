@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from gpuwarden.jobs.path import MachineReader
+    from gpuwarden.jobs.holding import MachineReader
     from gpuwarden.leases import Held
 
 

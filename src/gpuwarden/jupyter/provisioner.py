@@ -63,7 +63,6 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._stopping = False  # the manager is stopping the kernel (for a restart or not)
         self._current: Optional[int] = None  # the kernel process that holds the lease now
-        self._through_service = False  # a queue service runs the kernel as a job
 
     # -- the lease --------------------------------------------------------------------
 
@@ -84,34 +83,45 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _timeout(self) -> Optional[float]:
         return None if self.wait_timeout is None else float(self.wait_timeout)
 
-    def _lease(self, base: dict[str, str], conf: Any, request: Any) -> None:
+    def _hold(self, environ: dict[str, str], base: dict[str, str], conf: Any, request: Any) -> None:
+        """The kernel's GPUs, as `jobs.holding.hold` decides for every face: through the
+        queue service (`_allocate`), an enclosing lease's (a Jupyter server started in a
+        `reserve` shell), a lease taken here (prepared now, published with the kernel's
+        pid), or none (no driver here and no GPU asked for: the kernel runs on the CPU,
+        as `gpuwarden run` would run it). `environ` is the server's environment, which
+        names an enclosing lease; `base` the kernel's, without GPUWARDEN_ variables of
+        another job."""
         from gpuwarden.api import _reader
-        from gpuwarden.jobs.allocation import acquire
+        from gpuwarden.jobs import holding
         from gpuwarden.jobs.launch import job_env
-        from gpuwarden.jobs.path import allowed
 
-        read = _reader(None, topology=request.gpu_count > 1)
-        first = read()
-        pending = [first]
-
-        def machine() -> Any:
-            return pending.pop() if pending else read()
-
-        held = acquire(
-            request,
-            snapshot=machine,
+        face = holding.Face(
+            "kernel",
+            environ,
+            read=_reader(None, topology=request.gpu_count > 1),
             wait=self.wait_for_gpus,
             timeout=self._timeout(),
-            allowed=allowed(first, base),
-            conf=conf,
+            use_uuid=self.uuid,
         )
-        try:
-            env = job_env({}, held.gpus, use_uuid=self.uuid, job=held.job, mem=held.mem)
-            held.prepare(f"jupyter kernel {self.kernel_spec.display_name}")
-        except BaseException:
-            held.release()
-            raise
-        self._held, self._vars = held, env
+        held = holding.hold(request, conf, face)
+        if isinstance(held, holding.ByService):
+            self._allocate(held.socket, base, conf, request)
+        elif isinstance(held, holding.OnCpu):
+            self._held, self._vars = _Nothing(), job_env({}, ())
+        elif isinstance(held, holding.Enclosed):
+            self._held = _Nothing(tuple(g.uuid for g in held.gpus))
+            ours = ("CUDA_", "GPUWARDEN_")
+            self._vars = {k: v for k, v in held.env.items() if k.startswith(ours)}
+        else:
+            assert isinstance(held, holding.HeldHere)
+            lease = held.held
+            try:
+                env = job_env({}, lease.gpus, use_uuid=self.uuid, job=lease.job, mem=lease.mem)
+                lease.prepare(f"jupyter kernel {self.kernel_spec.display_name}")
+            except BaseException:
+                lease.release()
+                raise
+            self._held, self._vars = lease, env
 
     def _release(self) -> None:
         with self._lock:
@@ -133,29 +143,26 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the provisioner's steps ------------------------------------------------------
 
-    def _service(self, conf: Any) -> Optional[str]:
-        """The queue service's socket when one runs here (it owns the lease directory)."""
-        socket = conf.get("service.socket")
-        return socket if os.path.exists(socket) else None
-
-    def _allocate(self, base: dict[str, str], conf: Any, request: Any) -> None:
-        """The GPUs held through the queue service for the kernel's life (until
-        `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
-        from gpuwarden.api import _hold, time_limit
+    def _allocate(self, socket: str, base: dict[str, str], conf: Any, request: Any) -> None:
+        """The GPUs held through the queue service at `socket` for the kernel's life
+        (until `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
+        from gpuwarden.api import _reader, allocated, time_limit
 
         limit = time_limit(self.time_limit, "time_limit")
         stack = contextlib.ExitStack()
         leased = stack.enter_context(
-            _hold(
-                conf,
+            contextlib.contextmanager(allocated)(
                 request,
+                socket,
+                base,
                 self.wait_for_gpus,
                 self._timeout(),
                 self.uuid,
-                base,
-                time=limit,
-                time_option="`gpuwarden kernel install --time`",
-                account=None if self.account is None else str(self.account),
+                _reader(None, topology=request.gpu_count > 1),
+                conf,
+                limit,
+                "`gpuwarden kernel install --time`",
+                str(self.account) if self.account is not None else conf.get("submit.account"),
             )
         )
         allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)
@@ -186,13 +193,13 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs = await super().pre_launch(**kwargs)
         from gpuwarden.jobs.launch import OURS
 
-        env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in OURS}
+        environ = dict(kwargs.get("env") or os.environ)
+        env = {k: v for k, v in environ.items() if k not in OURS}
         with self._lock:
             fresh = self._held is None
         if fresh:
             conf, request = self._request()
-            self._through_service = self._service(conf) is not None
-            (self._allocate if self._through_service else self._lease)(env, conf, request)
+            self._hold(environ, env, conf, request)
         env.update(self._vars)
         kwargs["env"] = env
         kwargs["pass_fds"] = tuple(self._held.fds)
@@ -204,8 +211,11 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         except BaseException:
             self._release()
             raise
+        from gpuwarden.leases import Held
+
         held = self._held
-        if not self._through_service:  # a service's allocation is a job of its own
+        assert self.pid is not None  # the kernel has started
+        if isinstance(held, Held):  # a service's allocation is a job of its own
             if self._current is not None:  # a restart: the lease is published already
                 held.repoint(self.pid)
             else:
@@ -242,6 +252,18 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         """The UUIDs of the GPUs this kernel holds now (None: none)."""
         held = self._held
         return None if held is None else held.uuids
+
+
+class _Nothing:
+    """No lease of the kernel's own: the CPU, or GPUs an enclosing lease holds (`uuids`)."""
+
+    fds: tuple[int, ...] = ()
+
+    def __init__(self, uuids: tuple[str, ...] = ()) -> None:
+        self.uuids = uuids
+
+    def release(self) -> None:
+        pass
 
 
 class _Allocation:

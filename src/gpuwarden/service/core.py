@@ -57,6 +57,8 @@ class Core:
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
+        # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
+        self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
         self.preempting: dict[int, float] = {}  # job id -> when its preemption signal went
         self.preempted: dict[str, int] = {}  # preemptions since the start, by the victim's owner

@@ -10,12 +10,12 @@ recorded when the job ends. Over the state of service.core.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import selectors
 import signal
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import config, preemption, scheduling
@@ -26,14 +26,15 @@ from gpuwarden.service import (
     bookings,
     jobnotify,
     jobprocess,
+    litter,
     preempting,
     requeue,
     spawn,
     store,
+    unwritten,
 )
 from gpuwarden.service.attaching import Attaching
 from gpuwarden.service.limiting import Limiting
-from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
     from gpuwarden.service.watching import ServiceWatch
@@ -63,7 +64,7 @@ class Lifecycle(Attaching, Limiting):
                 and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
             ):
                 pid = (marker or {}).get("pid") or job.pid
-                self.store.update(job.id, pid=pid)
+                unwritten.note(self, job.id, partial(self.store.update, job.id, pid=pid))
                 self._watch(job.id, job.supervisor, pid)
                 if job.reason in ("time limit", "cancelling", requeue.ASKED):  # not again
                     self.termed[job.id] = time.monotonic()
@@ -108,17 +109,7 @@ class Lifecycle(Attaching, Limiting):
     def _litter_of_ended_jobs(self) -> None:
         """Exit records and markers of jobs the journal has ended (a service killed
         before `remove_litter` leaves them): removed."""
-        active = {str(j.id) for j in self.store.jobs(store.ACTIVE)}
-        try:
-            names = os.listdir(self.exits)
-        except OSError:
-            return
-        for name in names:
-            job, dot, suffix = name.partition(".")
-            suffixes = (spawn.EXIT_SUFFIX, spawn.MARKER_SUFFIX, attachment.CLIENT_SUFFIX)
-            ours = dot and "." + suffix in suffixes
-            if ours and is_digits(job) and job not in active:
-                self.litter.append(os.path.join(self.exits, name))
+        self.litter.extend(litter.left_by_ended(self.exits, (j.id for j in self.store.jobs())))
         self.remove_litter()
 
     # -- the job's cgroup: signals, usage, removal -----------------------------------------
@@ -213,15 +204,19 @@ class Lifecycle(Attaching, Limiting):
         """End `job`: a waiting one at once (its attached client exits 128+`sig`, as a
         shell's command would for the Ctrl-C that cancelled it), a running one by SIGTERM,
         then SIGKILL after the grace period."""
+        if job.id in self.unwritten:
+            return  # it has ended: its end waits for the journal's disk (service.unwritten)
         if job.state == store.PENDING:
-            self.store.update(job.id, state=store.CANCELLED, ended=time.time(), reason=None)
+            end = partial(self.store.update, job.id, state=store.CANCELLED, ended=time.time())
+            unwritten.write(self, job.id, partial(end, reason=None))  # a full disk: kept
             self._ended_attached(job.id, None, sig=sig)
             ended = jobnotify.matched(jobnotify.EVENTS, store.CANCELLED)
             jobnotify.send(self.notifier, job, ended, state=store.CANCELLED, elapsed=0.0)
         elif job.pid:
-            self.signal(job, signal.SIGTERM)
+            if job.id not in self.termed:  # once: a second SIGTERM may abort its checkpoint
+                self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
-            self.store.update(job.id, reason="cancelling")
+            unwritten.note(self, job.id, partial(self.store.update, job.id, reason="cancelling"))
 
     def _refuse(self, job: store.Job, reason: str) -> None:
         """A job that must start now or not at all (`run` without --wait) that cannot."""
@@ -254,9 +249,11 @@ class Lifecycle(Attaching, Limiting):
         from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()
+        unwritten.retry(self)  # ends a full disk kept, written once it has room
         # An attached job whose client has not come back after a restart waits for it.
         waits, more = (self.store.jobs([store.PENDING]), False) if full else self.store.ready()
-        pending = [j for j in waits if not j.attached or j.id in self.stdio]
+        kept = self.unwritten  # ended or cancelled, not yet in the journal: left out
+        pending = [j for j in waits if (not j.attached or j.id in self.stdio) and j.id not in kept]
         if not pending:
             self.free = None if full else self.free  # not known: a submit plans at once
             return self.pacer.planned("full" if full else "start", began, time.monotonic())
@@ -267,7 +264,7 @@ class Lifecycle(Attaching, Limiting):
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
         self.memory = {g.uuid: g.memory_total or 0 for g in units}
         self.indices = {g.uuid: g.index for g in units}
-        running = self.store.jobs([store.STARTING, store.RUNNING])
+        running = [j for j in self.store.jobs([store.STARTING, store.RUNNING]) if j.id not in kept]
         pending, throttled = arrays.throttled(pending, running)
         # Only the dependencies waiting jobs name: reading every ended job made each
         # pass grow with the history.
@@ -417,32 +414,34 @@ class Lifecycle(Attaching, Limiting):
             self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
         cpu = used.get("cpu_ns")
-        # The end and the usage it adds: one commit, made durable by the next job's
-        # start or by `remove_litter`, whichever comes first (see Store.sync); until
-        # then the exit record on disk says how the job ended.
-        with self.store.transaction(durable=False):
-            self.store.update(
-                job.id,
-                cpu_seconds=None if cpu is None else cpu / 1e9,
-                mem_peak=used.get("memory_peak"),
-                state=state,
-                ended=ended.at or now,
-                exit_code=ended.code,
-                exit_signal=ended.signal,
-                error=ended.error,
-                reason=None,
-            )
-            memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
-            used_gpu = scheduling.job_usage(
-                len(job.gpus), (ended.at or now) - started, job.mem, memory
-            )
-            self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
-            self.ran(job, ended.at or now, state, used_gpu)  # its GPU-hours held, uncharged
+        memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
+        used_gpu = scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory)
+        final = state
+
+        def record() -> None:
+            # The end and the usage it adds: one commit, made durable by the next job's
+            # start or by `remove_litter`, whichever comes first (see Store.sync); until
+            # then the exit record on disk says how the job ended.
+            with self.store.transaction(durable=False):
+                self.store.update(
+                    job.id,
+                    cpu_seconds=None if cpu is None else cpu / 1e9,
+                    mem_peak=used.get("memory_peak"),
+                    state=final,
+                    ended=ended.at or now,
+                    exit_code=ended.code,
+                    exit_signal=ended.signal,
+                    error=ended.error,
+                    reason=None,
+                )
+                self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
+                self.ran(job, ended.at or now, final, used_gpu)  # its GPU-hours held, uncharged
+            # Removed after the next starts, not on the way from a freed GPU to the next
+            # start (`remove_litter`); only once the end is written (service.litter).
+            self.litter.extend(litter.of_job(self.exits, job.id))
+
+        unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
         self.termed.pop(job.id, None)
-        # Removed once the next jobs have started (`remove_litter`): not on the way from
-        # a freed GPU to the next start. A restart removes what a killed service left.
-        paths = (spawn.exit_record_path, spawn.marker_path, attachment.client_path)
-        self.litter.extend(name(self.exits, str(job.id)) for name in paths)
         self._ended_attached(job.id, ended)
         jobnotify.send(
             self.notifier,
@@ -481,11 +480,11 @@ class Lifecycle(Attaching, Limiting):
         charged = gpu_seconds * preempting.charge(self.settings, job)  # as the user's
         half_life = self.settings.policy.half_life
         accounting.charge_account(self.store.db, job.account, job.user, charged, ended, half_life)
-        if self.usage_totals is not None:
-            key = (job.user, job.account or "")
-            self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
+        if self.usage_totals is not None:  # last: a failed write above adds nothing
+            key = (job.user, job.account or "")
+            self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
 
     def remove_litter(self) -> None:
         """Remove the exit records and markers of jobs whose end is committed, once
@@ -493,7 +492,5 @@ class Lifecycle(Attaching, Limiting):
         without the end and the disk without the record of it."""
         if self.litter:
             self.store.sync()
-        for path in self.litter:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        litter.remove(self.litter)
         self.litter.clear()

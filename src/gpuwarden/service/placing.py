@@ -128,25 +128,19 @@ def inputs(
     says (None: the configuration in force). `leaving`: ids of running jobs told to end;
     `linked` as `picker`'s."""
     from gpuwarden import drain, leases
-    from gpuwarden.health.judgement import FATAL
     from gpuwarden.health.xidlog import judged
     from gpuwarden.locations import state_location
     from gpuwarden.mig import devices
-    from gpuwarden.selection import fitting
+    from gpuwarden.selection import fitting, unusable
 
     drains = drain.list_drains(state_location(reading))
     findings = judged(snapshot.gpus, conf=reading)
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
     units = devices(snapshot)  # what a job is given: GPUs, and MIG slices for MIG-mode ones
 
-    def usable(g: Any) -> bool:
+    def usable(g: Any) -> bool:  # as `run` judges it: selection.unusable
         own = parent.get(g.uuid, g.uuid)
-        return (
-            not g.lost
-            and own not in drains
-            and g.uuid not in drains
-            and not any(f.level == FATAL for f in findings.get(own, ()))
-        )
+        return unusable(g.uuid, own, drains, findings.get(own, ())) is None
 
     gpus = [scheduling.QueueGpu(g.uuid, g.memory_total or 0, usable=usable(g)) for g in units]
     now = time.time()
@@ -255,6 +249,7 @@ def start_job(
     from gpuwarden.cgroups.devices import present_minors
     from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
+    from gpuwarden.jobs.holding import kill_group, start_published
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
     from gpuwarden.selection import Request
@@ -309,9 +304,6 @@ def start_job(
         # A job with --time says when its lease ends (SIGTERM then): `status` shows it,
         # and another service or tool reading the leases can plan around it.
         expires = None if job.time_limit is None else time.time() + job.time_limit
-        # Lease records are readable by every user (status): they carry the owner and the
-        # job, never its command line (`queue` shows that to its owner and the admins).
-        held.prepare("", expires=expires)  # a full disk fails here
 
         def record(supervisor: int, since: int) -> None:
             # One durable commit before the supervisor may run the job: a service killed
@@ -325,16 +317,15 @@ def start_job(
                 supervisor=supervisor,
             )
 
-        try:
-            started = spawn.start(launch, on_forked=record)
-        except UserError:
-            held.release()
-            raise
-        try:
-            held.publish(started.pid)
-        except BaseException:
-            spawn.signal_job(started.pid, 9)  # never a job under a lease others cannot see
-            raise
+        # Lease records are readable by every user (status): they carry the owner and the
+        # job, never its command line (`queue` shows that to its owner and the admins).
+        started = start_published(
+            held,
+            "",
+            lambda: spawn.start(launch, on_forked=record),
+            lambda job: kill_group(job.pid),  # never a job under a lease others cannot see
+            expires=expires,
+        )
         held.close()  # its supervisor holds the leases now; the service keeps no copy
         service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
         service.release_stdio(job.id)  # the job has them now

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from gpuwarden.service import (
     reports,
     requeue,
     store,
+    unwritten,
 )
 from gpuwarden.service.attachment import record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
@@ -338,13 +340,10 @@ class Requests(Reloading):
                         f"may {verb} it"
                     )
                 whole = len(jobs) > 1 or (isinstance(name, int) and owner.array_job == name)
-                acted = []
-                with self.store.transaction():  # an array's tasks: one commit
-                    for job in jobs:
-                        if whole and op != "cancel" and job.state != store.PENDING:
-                            continue  # holding an array holds what still waits
-                        self._act_on(op, job, label if not whole else arrays.label_of(job))
-                        acted.append(job.id)
+                if whole and op != "cancel":  # holding an array holds what still waits
+                    jobs = [j for j in jobs if j.state == store.PENDING]
+                act = functools.partial(self._act_on, op, label=None if whole else label)
+                acted = unwritten.each(self, op == "cancel", jobs, act)  # one commit
                 if not acted:
                     raise UserError(f"array {label} has no waiting task to {verb}")
             except UserError as err:
@@ -360,7 +359,8 @@ class Requests(Reloading):
             raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))
         return {"ok": True, "jobs": done, "names": labels, "refused": refused}
 
-    def _act_on(self, op: str, job: store.Job, label: str) -> None:
+    def _act_on(self, op: str, job: store.Job, label: Optional[str]) -> None:
+        label = label or arrays.label_of(job)  # an array's task by its own
         if job.state not in store.ACTIVE:
             raise UserError(f"job {label} has ended ({job.state})")
         if op == "cancel":

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
-from gpuwarden.service import accounting, spawn, store
+from gpuwarden.service import accounting, spawn, store, unwritten
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -134,11 +134,15 @@ def again(
         changes.update(retries=job.retries + 1, begin=begin)
     if preempted:
         changes["preemptions"] = job.preemptions + 1
-    with service.store.transaction():
-        service.store.update(job.id, **changes)
-        service.store.charge(job.user, used * charge, now, service.settings.policy.half_life)
-        state = "PREEMPTED" if preempted else store.FAILED if retry else accounting.REQUEUED
-        service.ran(job, ended.at or now, state, used)  # its GPU-hours held, uncharged
+    state = "PREEMPTED" if preempted else store.FAILED if retry else accounting.REQUEUED
+
+    def record() -> None:
+        with service.store.transaction():
+            service.store.update(job.id, **changes)
+            service.store.charge(job.user, used * charge, now, service.settings.policy.half_life)
+            service.ran(job, ended.at or now, state, used)  # its GPU-hours held, uncharged
+
+    unwritten.write(service, job.id, record)  # a full disk: kept until it has room
     service.termed.pop(job.id, None)
     from gpuwarden.service import jobnotify
 

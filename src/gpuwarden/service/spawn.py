@@ -41,7 +41,7 @@ from typing import Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.safefiles import read_small, write_atomic
-from gpuwarden.service import jobterminal, tree
+from gpuwarden.service import exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
 
 #: Variables a job never takes from its submitter: the service sets the GPU ones.
@@ -49,6 +49,8 @@ CONTROLLED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVIC
 CONTROLLED_PREFIXES = ("GPUWARDEN_",)
 
 EXIT_SUFFIX = ".exit"
+#: The room an exit record is written into, made before the job starts (service.exitrecord).
+RESERVE_SUFFIX = ".ending"
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,10 @@ def alive(pid: int, since: int) -> bool:
 
 def exit_record_path(status_dir: str, job: str) -> str:
     return os.path.join(status_dir, f"{job}{EXIT_SUFFIX}")
+
+
+def reserve_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{RESERVE_SUFFIX}")
 
 
 def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
@@ -281,6 +287,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     os.close(go_r)
     if go != b"g":
         return 0  # the service died before recording us: the job must not run
+    exitrecord.reserve(reserve_path(launch.status_dir, launch.job))
     # Before the job can exist: a restarted service that finds no marker knows it
     # never started and may queue it again without running it twice.
     write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
@@ -292,7 +299,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     cgroup, problem = _job_cgroup(launch)
     if problem is not None:
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
-        write_atomic(exit_record_path(launch.status_dir, launch.job), json.dumps(record))
+        _write_exit_record(launch, record)
         os.write(report_w, json.dumps({"pid": 0, "error": problem}).encode())
         os.close(report_w)
         return 0
@@ -310,11 +317,14 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
             finally:
                 os._exit(127)
     os.close(error_w)
-    write_marker(
-        launch.status_dir,
-        launch.job,
-        {"supervisor": os.getpid(), "since": start_time(), "pid": job},
-    )
+    # The job's pid here too, for a restart; the report below and the journal have it
+    # as well, so a full disk now must not end the supervisor of a running job.
+    with contextlib.suppress(UserError):
+        write_marker(
+            launch.status_dir,
+            launch.job,
+            {"supervisor": os.getpid(), "since": start_time(), "pid": job},
+        )
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
     os.close(error_r)
     with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
@@ -333,8 +343,13 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
         record = {"code": None, "signal": os.WTERMSIG(status), "error": None, "at": time.time()}
     else:
         record = {"code": os.WEXITSTATUS(status), "signal": None, "error": None, "at": time.time()}
-    write_atomic(exit_record_path(launch.status_dir, launch.job), json.dumps(record))
+    _write_exit_record(launch, record)
     return 0
+
+
+def _write_exit_record(launch: JobStart, record: Mapping[str, object]) -> None:
+    room = reserve_path(launch.status_dir, launch.job)
+    exitrecord.write(room, exit_record_path(launch.status_dir, launch.job), record)
 
 
 def _job_cgroup(launch: JobStart) -> tuple[dict[str, str], Optional[str]]:

@@ -11,9 +11,10 @@ import contextlib
 import logging
 import signal
 import time
+from functools import partial
 
 from gpuwarden import scheduling
-from gpuwarden.service import jobprocess, preempting
+from gpuwarden.service import jobprocess, preempting, unwritten
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.store import RUNNING, Job
 
@@ -38,7 +39,8 @@ class TimeLimits(Lifecycle):
                 log.exception("the enforcement watcher failed")
                 watch.last = now
         preempting.kill_overdue(self)
-        running = self.store.jobs([RUNNING])
+        # Not those whose end waits for the journal's disk (service.unwritten): ended.
+        running = [j for j in self.store.jobs([RUNNING]) if j.id not in self.unwritten]
         self._sample(running, now)
         for job in running:
             sent = self.termed.get(job.id)
@@ -58,7 +60,8 @@ class TimeLimits(Lifecycle):
             if action == scheduling.TERM and int(job_id) not in self.termed:
                 self.signal(job, signal.SIGTERM)
                 self.termed[int(job_id)] = time.monotonic()
-                self.store.update(job.id, reason="time limit")
+                why = partial(self.store.update, job.id, reason="time limit")
+                unwritten.note(self, job.id, why)
                 log.info("job %s past its time limit: SIGTERM", job_id)
             elif action == scheduling.KILL:
                 self.signal(job, signal.SIGKILL)

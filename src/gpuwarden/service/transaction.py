@@ -4,6 +4,7 @@ write; the service's requests group several writes in one)."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from typing import Optional
@@ -38,10 +39,16 @@ class Transaction:
         try:
             if kind is not None and self.on_rollback is not None:
                 self.on_rollback()  # what was kept in memory may not have happened
-            self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+            if kind is None:
+                self.db.execute("COMMIT")
+            elif self.db.in_transaction:  # SQLite may have rolled it back (a full disk)
+                self.db.execute("ROLLBACK")
             if kind is None and self.on_commit is not None:
                 self.on_commit(self.durable)
         except BaseException:
+            if self.db.in_transaction:  # a COMMIT that failed (a full disk) leaves it open
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
             if self.on_rollback is not None:
                 self.on_rollback()  # a failed commit: nothing of it happened either
             raise

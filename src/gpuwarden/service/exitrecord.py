@@ -1,0 +1,71 @@
+"""Writing a job's exit record so that a full disk cannot lose it.
+
+The supervisor (service.spawn) makes the record's room before the job starts
+(`reserve`: a file of `ROOM` blanks, on disk) and writes the record into it when
+the job ends (`write`), then renames it into place: no block is newly taken, so a
+job that ends while the state directory's disk is full still leaves its record, and
+a restart never takes a job that exited for one that was lost (service.unwritten
+keeps the journal's side).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from collections.abc import Mapping
+
+from gpuwarden.errors import UserError
+from gpuwarden.safefiles import write_all, write_atomic
+
+#: The room's size: a record is cut to fit (the error a job's start failed with is
+#: at most 4 KB, its JSON escapes at most six times that).
+ROOM = 8192
+
+
+def reserve(room: str) -> None:
+    """Make the room at `room` (a leftover of an earlier run replaced); no room on the
+    disk: UserError, and the job does not start."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(room)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(room, flags, 0o600)
+        try:
+            write_all(fd, b" " * ROOM)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(room)
+        raise UserError(f"cannot write the job's exit record {room}: {err.strerror}") from None
+
+
+def encode(record: Mapping[str, object]) -> bytes:
+    """The record as JSON that fits the room (a long error cut), blanks after it."""
+    text = json.dumps(record)
+    cut = str(record.get("error") or "")
+    while len(text) > ROOM and cut:
+        cut = cut[: len(cut) // 2]
+        text = json.dumps({**record, "error": cut + " ..."})
+    return text.encode("ascii").ljust(ROOM)  # json.dumps escapes to ASCII
+
+
+def write(room: str, path: str, record: Mapping[str, object]) -> None:
+    """Write `record` into the room, then rename it to `path` (a reader sees all of it
+    or none); without the room, the ordinary way."""
+    raw = encode(record)
+    try:
+        if len(raw) > ROOM:
+            raise OSError(errno.EFBIG, "the record does not fit its room")
+        fd = os.open(room, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, raw, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(room, path)
+    except OSError:
+        write_atomic(path, raw.rstrip())

@@ -100,6 +100,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
             "usage",
             "efficiency",
+            # a queue job's states and their legal moves (the journal's rule)
+            "service.states",
         ),
     ),
     (
@@ -205,6 +207,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.server",
             "service.settings",
             "service.store",
+            "service.job",
             "service.tally",
             "service.ready",
             "service.fairshare",

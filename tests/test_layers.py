@@ -204,6 +204,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requeue",
             "service.unwritten",
             "service.litter",
+            "service.journalbytes",
             "service.server",
             "service.settings",
             "service.store",

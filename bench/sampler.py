@@ -8,23 +8,28 @@ machine (power and energy included) and the additions into the runs' summaries.
 Printed: CPU time per sample, of which the NVML reading, and the share of one core
 at one sample every `--every` seconds (the target: at most 1%), beside the same
 reading without the sampler's work (the peer here: the reading the enforcement
-watcher already makes). On real GPUs the reading costs what the driver takes.
+watcher already makes). With `--shared` the jobs are `--mem` jobs, so each sample
+also reads NVML's per-process utilisation of their GPUs. On real GPUs the reading
+costs what the driver takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 os.environ["GPUWARDEN_SIM"] = "server-8xa100"
 os.environ.setdefault("GPUWARDEN_SIM_STATE", tempfile.mkdtemp(prefix="gpuwarden-bench-"))
 
-from gpuwarden.inventory import read_snapshot
+from gpuwarden.gpuprocesses import read_process_use
+from gpuwarden.inventory import load_nvml, read_snapshot
 from gpuwarden.service import store as st
 from gpuwarden.service.sampler import Sampler
 
@@ -40,6 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=float, default=10.0)
+    parser.add_argument("--shared", action="store_true", help="--mem jobs: per-process reads")
     args = parser.parse_args()
     uuids = [g.uuid for g in read_snapshot().gpus]
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,8 +66,19 @@ def main() -> int:
                 )
             )
             journal.update(job.id, state=st.RUNNING, started=now - 60, gpus=(uuid,))
-            jobs.append(journal.get(job.id))
-        sampler = Sampler(args.every, read_snapshot)
+            got = journal.get(job.id)
+            assert got is not None
+            jobs.append(dataclasses.replace(got, mem=20 << 30) if args.shared else got)
+        nvml = load_nvml()
+
+        def process_use(uuids: list[str], since: int) -> Any:
+            nvml.nvmlInit()
+            try:
+                return read_process_use(nvml, uuids, since)
+            finally:
+                nvml.nvmlShutdown()
+
+        sampler = Sampler(args.every, read_snapshot, process_use)
         clock = [now]
 
         def sample() -> None:
@@ -71,7 +88,7 @@ def main() -> int:
         reading = cpu(read_snapshot, args.steps)
         step = cpu(sample, args.steps)
         journal.close()
-    print(f"GPUs: {len(uuids)}, samples: {args.steps}")
+    print(f"GPUs: {len(uuids)}, samples: {args.steps}, shared jobs: {args.shared}")
     print(f"the NVML reading alone      {reading * 1000:8.2f} ms CPU")
     print(
         f"one sample (reading + sums) {step * 1000:8.2f} ms CPU   "

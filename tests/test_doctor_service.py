@@ -222,3 +222,34 @@ def test_the_doctor_knows_a_stopped_service_and_never_suggests_what_is_done() ->
         assert not [f for f in check_machine(facts) if f.check == "machine.sharing"]
     absent = {"running": False, "problem": "absent", "socket": "/run/x.sock", "installed": False}
     assert judged(absent)[0].check == "service"  # not installed: works alone, as before
+
+
+def test_a_client_of_another_release_is_told_in_one_line_with_the_line_that_matches(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A student's venv left behind by an upgrade: doctor's fix names the service's
+    release (pip keeps an installed gpuwarden unless the line asks for another), and
+    the client says it once, on the first answer that carries the release."""
+    from gpuwarden import __version__
+    from gpuwarden.queueclient import client
+
+    wheels = "/opt/gpuwarden/share/gpuwarden/wheels"
+    found = {"running": True, "socket": "/run/gpuwarden/gpuwarden.sock", "version": 1}
+    [_, told] = judged({**found, "release": "9.9", "wheels": wheels})
+    assert (told.check, told.level) == ("service.release", "WARN")
+    assert told.fix.endswith(
+        f"python -m pip install --no-index --find-links {wheels} gpuwarden==9.9"
+    )
+    [_, same] = judged({**found, "release": __version__, "wheels": wheels})
+    assert same.check == "service.client" and same.fix.endswith(f"{wheels} gpuwarden")
+
+    monkeypatch.setattr(client, "_TOLD", [])
+    for theirs in ("9.9", "9.9", "9.8"):
+        client._compare_release(theirs)
+    client._compare_release(__version__)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(
+        f"is gpuwarden {__version__}, the service 9.9: install the service's into it "
+        "(`gpuwarden doctor` says how)"
+    )

@@ -127,6 +127,13 @@ def test_a_lease_and_an_attached_run_carry_a_time_and_a_refusal_names_the_option
     )
     attached = cli_as(timed, bob, "run", "--", "true")
     assert attached.returncode == 0, attached.stderr
+    reserved = _as_user(timed, bob, USER_PY, "-m", "gpuwarden", "reserve", "-g", "1")
+    assert reserved.returncode == 0, reserved.stderr  # none asked: the default, shown
+    rid = exports(reserved.stdout)["GPUWARDEN_RESERVATION"]
+    assert timed.wait_state(int(rid), ("RUNNING",))["time_limit"] == 1200
+    assert " until " in reserved.stderr and "until released" not in reserved.stderr
+    released = _as_user(timed, bob, USER_PY, "-m", "gpuwarden", "release", rid)
+    assert released.returncode == 0, released.stderr
     batch = cli_as(timed, bob, "submit", "--", "true")  # batch jobs keep max_time's rule
     assert "needs --time on every job, at most 1h00m (max_time)" in batch.stderr
 

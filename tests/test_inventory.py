@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from gpuwarden.inventory import NO_DRIVER, read_snapshot
 from gpuwarden.sim import Machine
@@ -141,3 +142,37 @@ def test_reading_for_a_choice_skips_only_what_no_choice_uses(sim):
         assert all(getattr(b, name) is None for name in shown_only)
         # Everything else (health, memory, processes, MIG) is read as fully as before.
         assert dataclasses.replace(a, **dict.fromkeys(shown_only)) == b
+
+
+def test_each_process_on_a_shared_gpu_has_its_own_utilisation(sim):
+    """NVML's per-process samples (pynvml's nvmlDeviceGetProcessUtilization, as nvitop
+    reads them): each added process its own load, the spec's process the rest."""
+    import subprocess
+    import sys
+
+    from gpuwarden.gpuprocesses import read_process_use
+    from gpuwarden.inventory import load_nvml
+
+    sim("server-8xa100")
+    machine = Machine.open()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        machine.add_process(0, os.getpid(), "1GiB", util=30)
+        machine.add_process(0, other.pid, "1GiB", util=10)
+        nv = load_nvml()
+        nv.nvmlInit()
+        handle = nv.nvmlDeviceGetHandleByIndex(0)
+        total = nv.nvmlDeviceGetUtilizationRates(handle).gpu
+        samples = {s.pid: s.smUtil for s in nv.nvmlDeviceGetProcessUtilization(handle, 0)}
+        assert samples[os.getpid()] == 30 and samples[other.pid] == 10, samples
+        assert sum(samples.values()) == total  # together they are the GPU's
+        uuid = read_snapshot().gpus[0].uuid
+        got = read_process_use(nv, [uuid, "GPU-nothing-here"], 0)
+        assert set(got) == {uuid}  # a GPU NVML does not know is left out
+        assert got[uuid][other.pid].sm == 10.0 and got[uuid][other.pid].samples == 1
+        idle = next(g.uuid for g in read_snapshot().gpus if not g.processes)
+        assert read_process_use(nv, [idle], 0) == {idle: {}}  # no process ran there
+        nv.nvmlShutdown()
+    finally:
+        other.kill()
+        other.wait()

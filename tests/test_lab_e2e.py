@@ -6,13 +6,16 @@ and the CPU torch wheel from the configured index) puts gpuwarden into it with t
 line `gpuwarden doctor` prints; a kernel started by jupyter_client's KernelManager by
 kernelspec name holds its GPU, keeps it across a restart and frees it at shutdown;
 submitit's `map_array` of 10 runs; `run -g 2 --ddp -- $VENV/bin/python train.py` runs
-both ranks with the venv's torch; with no exporter running a fatal XID drains its GPU
-and the service's log says so; uninstall then `--purge` leaves nothing of the service.
+both ranks with the venv's torch; `run -- bash -i` on the student's terminal suspends
+and resumes with Ctrl-Z and `fg`; with no exporter running a fatal XID drains its GPU
+and the service's log says so; an upgrade (install-system again, a restart) tells the
+student's client of its other release in one line, and doctor's line matches them
+again; the student takes gpuwarden out of their venv, the admin runs uninstall, then
+`--purge`, then removes the install, and nothing of gpuwarden is left.
 
-Under temporary prefixes (never /opt or /etc): `install-system --prefix`, `service
-install --root`, and the service started by hand on the simulated machine (no
-systemd here), with the paths under that root. `run -- bash -i` in a terminal is
-tests/test_service_terminal.py.
+Under temporary prefixes (never /opt or /etc): `install-system --prefix --bin`,
+`service install --root`, and the service started by hand on the simulated machine (no
+systemd here), with the paths under that root.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -30,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from components import require
+from terminals import login, suspend_and_resume
 from users import make_user
 from waiting import wait_for
 
@@ -114,6 +119,7 @@ def _as(user: str, argv: list[str], env: dict[str, str], cwd: Path, timeout: flo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two installs from the index and a venv with torch, under load
 def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None:
     require(os.geteuid() == 0 and shutil.which("runuser") is not None, "needs root and runuser")
     require(os.access(SYSTEM_PY, os.X_OK), f"needs the system Python at {SYSTEM_PY}")
@@ -140,9 +146,9 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
 
     lib = root / "var" / "lib" / "gpuwarden"
     sock = root / "run" / "gpuwarden" / "gpuwarden.sock"
-    conf = place / "config.toml"
+    conf = root / "etc" / "gpuwarden" / "config.toml"  # the admin's `sudoedit` of it
+    assert "[service]" in conf.read_text()
     conf.write_text(CONFIG)
-    conf.chmod(0o644)
     sim_state = place / "sim"
     sim_state.mkdir(mode=0o755)
     common = {
@@ -155,15 +161,9 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
         "GPUWARDEN_SYSTEM_CONFIG": str(conf),
     }
     log = place / "serve.log"
-    service = subprocess.Popen(
-        [program, "serve", "--state-dir", str(lib / "service")],
-        env={**common, "HOME": "/root", "GPUWARDEN_HEALTH_POLL_SECONDS": "1"},
-        stdout=open(log, "w"),  # noqa: SIM115 - the process owns it
-        stderr=subprocess.STDOUT,
-    )
+    service = _serve(program, lib, common, log)
     try:
-        wait_for(lambda: service.poll() is None and sock.exists(), 60, "the service's socket")
-        _student(place, alice, program, wheels, common)
+        venv = _student(place, alice, program, wheels, common)
         injected = _run([program, "sim", "inject", "xid", "--gpu", "3", "79"], common)
         assert injected.returncode == 0, injected.stderr
         wait_for(
@@ -171,24 +171,79 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
             60,
             lambda: "the drain in the service's log:\n" + log.read_text()[-3000:],
         )
+
+        # An upgrade (the clone moves on; install-system again, then a restart): the
+        # student's venv, of the release before, is told so in one line by its client,
+        # and the line doctor prints then matches them again.
+        init = clone / "src" / "gpuwarden" / "__init__.py"
+        before = re.search(r'__version__ = "([^"]+)"', init.read_text())
+        assert before, init.read_text()[:500]
+        newer = before[1] + "+upgraded"
+        init.write_text(init.read_text().replace(before[0], f'__version__ = "{newer}"'))
+        again = _run(
+            [str(clone / "scripts/install-system"), "--prefix", str(prefix), "--bin", str(bindir)],
+            dict(os.environ),
+            timeout=900,
+        )
+        assert again.returncode == 0 and newer in again.stdout, again.stdout + again.stderr
+        service.send_signal(signal.SIGTERM)
+        service.wait(60)
+        service = _serve(program, lib, common, log)
+        _upgraded(place, alice, venv, common, before[1], newer)
     finally:
         service.send_signal(signal.SIGTERM)
         service.wait(60)
 
-    # Uninstall keeps the journal and its record; --purge then leaves nothing.
+    # The student takes gpuwarden out of their venv: its kernelspecs, then the package.
+    work = place / "work"
+    env = {**common, "HOME": alice.home, "JUPYTER_PLATFORM_DIRS": "1"}
+    active = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin:/bin"}
+    for name in ("untimed", "lab"):
+        gone = _as(
+            alice.name, [str(venv / "bin/gpuwarden"), "kernel", "uninstall", name], active, work
+        )
+        assert gone.returncode == 0, gone.stderr
+    py = str(venv / "bin/python")
+    out = _as(alice.name, [py, "-m", "pip", "uninstall", "-y", "gpuwarden"], active, work)
+    assert out.returncode == 0, out.stderr
+    assert not list(venv.glob("lib/python3*/site-packages/gpuwarden*")), "gpuwarden in the venv"
+    assert not list(venv.glob("bin/gpuwarden*"))
+    kernels = Path(alice.home) / ".local/share/jupyter/kernels"
+    assert not any((kernels / name).exists() for name in ("untimed", "lab"))
+
+    # The admin: uninstall keeps the journal and its record; --purge then removes them,
+    # and the install itself goes as docs/operations.md says (`rm -r` the prefix and link).
     kept = _run([program, "service", "uninstall", "--root", str(root)], common)
     assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert f"left {conf}: edited since install (--purge removes it)" in kept.stdout
     assert (lib / "service" / "install.json").exists() and (lib / "service" / "jobs.db").exists()
     purged = _run([program, "service", "uninstall", "--root", str(root), "--purge"], common)
     assert purged.returncode == 0, purged.stdout + purged.stderr
     assert "(--purge): " in purged.stdout and "jobs.db" in purged.stdout, purged.stdout
+    assert f"removed {conf} (--purge), edited since install" in purged.stdout
+    removed = _run(["rm", "-r", str(prefix), str(bindir / "gpuwarden")], {})
+    assert removed.returncode == 0, removed.stderr
     left = [p for p in root.rglob("*") if not p.is_dir()]
     assert left == [], left
     assert not any("gpuwarden" in str(p) for p in root.rglob("*")), list(root.rglob("*"))
+    assert not prefix.exists() and not os.path.lexists(bindir / "gpuwarden")
+    assert not list(prefix.parent.iterdir()) and not list(bindir.iterdir())
+    # What is left under the temporary place is the admin's and the test's own: the
+    # clone, the simulator's state, the log, the student's work folder (their venv,
+    # without gpuwarden).
+    assert {p.name for p in place.iterdir()} <= {
+        "clone",
+        "sim",
+        "serve.log",
+        "work",
+        "root",
+        "opt",
+        "bin",
+    }
 
 
-def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    """The student's part, as the README says it, in their own venv."""
+def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, str]) -> Path:  # type: ignore[no-untyped-def]
+    """The student's part, as the README says it, in their own venv (returned)."""
     work = place / "work"
     work.mkdir(mode=0o755)
     os.chown(work, alice.uid, alice.gid)
@@ -247,6 +302,61 @@ def _student(place: Path, alice, program: str, wheels: Path, common: dict[str, s
     ranks = sorted(line for line in trained.stdout.splitlines() if line.startswith("rank "))
     assert [r.split()[1] for r in ranks] == ["0", "1"], trained.stdout
     assert all(str(venv) in r for r in ranks), ranks
+
+    # `run -- bash -i` on the student's terminal (the venv's gpuwarden, as they type it):
+    # Ctrl-Z stops the foreground command, `fg` resumes it.
+    shell = [gw, "run", "-g", "1", "--time", "5m", "--", "bash", "--norc", "-i"]
+    screen = login(alice, shell, {**active, "TERM": "dumb", "PS1": "prompt$ "}, str(work))
+    try:
+        suspend_and_resume(screen)
+        screen.type(b"exit 7\n")
+    finally:
+        status = screen.close()
+    assert status == 7, screen.seen[-2000:]
+    return venv
+
+
+def _upgraded(  # type: ignore[no-untyped-def]
+    place: Path, alice, venv: Path, common: dict[str, str], old: str, new: str
+) -> None:
+    """The student's client after an upgrade of the service: one line, and the fix."""
+    work = place / "work"
+    env = {**common, "HOME": alice.home, "JUPYTER_PLATFORM_DIRS": "1", **_pip_settings()}
+    active = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin:/bin"}
+    gw = str(venv / "bin" / "gpuwarden")
+    told = _as(alice.name, [gw, "run", "--time", "1m", "--", "true"], active, work)
+    assert told.returncode == 0, told.stderr
+    said = [line for line in told.stderr.splitlines() if "the service" in line]
+    assert said == [
+        f"gpuwarden: this client ({venv}) is gpuwarden {old}, the service {new}: install "
+        "the service's into it (`gpuwarden doctor` says how)"
+    ], told.stderr
+    doctor = _as(alice.name, [gw, "doctor"], active, work)
+    line = re.search(r"\S+ -m pip install --no-index --find-links \S+ gpuwarden\S*", doctor.stdout)
+    assert line and line.group(0).endswith(f" gpuwarden=={new}"), doctor.stdout
+    put = _as(alice.name, ["sh", "-c", line.group(0)], active, work)
+    assert put.returncode == 0, put.stderr[-3000:]
+    quiet = _as(alice.name, [gw, "run", "--time", "1m", "--", "true"], active, work)
+    assert quiet.returncode == 0 and "the service" not in quiet.stderr, quiet.stderr
+
+
+def _serve(program: str, lib: Path, common: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """`gpuwarden serve` as the unit starts it (by hand: no systemd here), once it answers."""
+    service = subprocess.Popen(
+        [program, "serve", "--state-dir", str(lib / "service")],
+        env={**common, "HOME": "/root", "GPUWARDEN_HEALTH_POLL_SECONDS": "1"},
+        stdout=open(log, "a"),  # noqa: SIM115 - the process owns it
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def answers() -> bool:
+        assert service.poll() is None, Path(log).read_text()[-3000:]
+        with socket.socket(socket.AF_UNIX) as s:
+            return s.connect_ex(common["GPUWARDEN_SOCKET"]) == 0
+
+    wait_for(answers, 60, "the service answering on its socket")
+    return service
 
 
 def _pip_settings() -> dict[str, str]:

@@ -101,6 +101,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
             "usage",
             "efficiency",
+            # a queue job's states and their legal moves (the journal's rule)
+            "service.states",
         ),
     ),
     (
@@ -203,9 +205,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.requeue",
             "service.unwritten",
             "service.litter",
+            "service.journalbytes",
             "service.server",
             "service.settings",
             "service.store",
+            "service.job",
             "service.tally",
             "service.arrayrows",
             "service.timelimits",

@@ -283,7 +283,11 @@ def test_files_install_did_not_write_are_left_alone(tmp_path: Path) -> None:
     tmpfiles.write_text(tmpfiles.read_text() + "# an admin's line\n")
     lines = uninstall.uninstall(str(tmp_path))
     assert path.exists() and tmpfiles.exists()
-    assert any("edited since install" in line for line in lines)
+    assert f"left {tmpfiles}: edited since install (--purge removes it)" in lines
+    # --purge takes the file install wrote, edited or not; the admin's own stays.
+    lines = uninstall.uninstall(str(tmp_path), purge=True)
+    assert f"removed {tmpfiles} (--purge), edited since install" in lines
+    assert path.exists() and not tmpfiles.exists()
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.service import store as s
+from gpuwarden.service.states import TRANSITIONS, IllegalMove
 
 DAY = 86400.0
 
@@ -39,7 +40,8 @@ def test_jobs_round_trip(tmp_path: Path) -> None:
     got = store.get(a.id)
     assert got is not None and got.argv == ("python", "train.py") and got.after == (7,)
     assert got.env == {"PATH": "/usr/bin"} and got.count == 2 and got.state == s.PENDING
-    store.update(a.id, state=s.RUNNING, gpus=("GPU-1", "GPU-2"), pid=123, started=5.0)
+    store.update(a.id, state=s.STARTING, gpus=("GPU-1", "GPU-2"), started=5.0)
+    store.update(a.id, state=s.RUNNING, pid=123)
     assert store.get(a.id).gpus == ("GPU-1", "GPU-2")  # type: ignore[union-attr]
     assert [j.id for j in store.jobs([s.RUNNING])] == [a.id]
     assert store.count_active(1001) == 1
@@ -88,7 +90,7 @@ def test_a_deferred_commit_is_synced_once_and_only_when_needed(
     """A `durable=False` commit leaves the journal unsynced until `sync` (one fsync of
     the write-ahead log) or a durable commit (which syncs the log with it)."""
     store = s.Store(str(tmp_path / "state.db"))
-    a = store.add(job())
+    a = store.add(job(state=s.RUNNING))
     assert not store.unsynced
     synced = _fsyncs(monkeypatch)
     store.sync()
@@ -121,7 +123,7 @@ def test_exit_records_are_removed_only_after_the_end_is_synced(
     from gpuwarden.service.lifecycle import Lifecycle
 
     store = s.Store(str(tmp_path / "state.db"))
-    a = store.add(job())
+    a = store.add(job(state=s.RUNNING))
     record = tmp_path / f"{a.id}.exit"
     record.write_text("{}")
     store.update(a.id, durable=False, state=s.COMPLETED)
@@ -165,6 +167,11 @@ def test_the_active_jobs_kept_in_memory_are_what_the_journal_holds(
     for op, a, b in script:
         if op == "add":
             store.add(job(state=a, held=b, after=[1, 2]))
+            continue
+        was = store.get(int(a))  # type: ignore[call-overload]
+        if was is not None and (was.state, b) not in TRANSITIONS:  # refused, nothing written
+            with pytest.raises(IllegalMove, match=f"no move from {was.state} to {b}"):
+                store.update(int(a), state=b, gpus=["GPU-1"])  # type: ignore[call-overload]
         elif op == "update":
             store.update(int(a), state=b, gpus=["GPU-1"], held=1)  # type: ignore[call-overload]
         else:
@@ -183,8 +190,8 @@ def test_the_active_jobs_kept_in_memory_are_what_the_journal_holds(
 def test_states_of_named_jobs_however_old(tmp_path: Path) -> None:
     store = s.Store(str(tmp_path / "state.db"))
     ids = [store.add(job(state=s.COMPLETED)).id for _ in range(1200)]
-    store.update(ids[0], state=s.FAILED)
-    assert store.states([ids[0], ids[-1], 99999]) == {ids[0]: s.FAILED, ids[-1]: s.COMPLETED}
+    store.update(ids[0], state=s.PENDING)  # requeued
+    assert store.states([ids[0], ids[-1], 99999]) == {ids[0]: s.PENDING, ids[-1]: s.COMPLETED}
     assert len(store.states(ids)) == 1200  # more ids than SQLite takes in one statement
 
 
@@ -201,10 +208,13 @@ def test_the_figures_kept_as_jobs_change_are_those_counted_afresh(tmp_path: Path
     c = store.add(job(user="bob", uid=1001, submitted=100.0))
     assert [j.id for j in store.ready()] == [a.id, c.id]
     store.update(b.id, held=False)
-    store.update(a.id, state=s.RUNNING, started=100.5)
-    store.update(c.id, state=s.RUNNING, started=130.0)
+    store.update(a.id, state=s.STARTING, started=100.5)
+    store.update(a.id, state=s.RUNNING)
+    store.update(c.id, state=s.STARTING, started=130.0)
+    store.update(c.id, state=s.RUNNING)
     store.update(c.id, state=s.PENDING, started=None)  # queued again (requeue)
-    store.update(c.id, state=s.RUNNING, started=4000.0)
+    store.update(c.id, state=s.STARTING, started=4000.0)
+    store.update(c.id, state=s.RUNNING)
     store.update(a.id, state=s.COMPLETED, ended=200.0)
     assert [j.id for j in store.ready()] == [b.id]
     kept = store.tally()

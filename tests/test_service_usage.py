@@ -62,14 +62,14 @@ def job_env(srv: Server) -> dict[str, str]:
     }
 
 
-def occupying(util: int, seconds: int) -> list[str]:
-    """A job's command: load its first GPU at `util` percent for `seconds` (one user's
-    jobs only: the simulator's state file is its writer's)."""
+def occupying(util: int, seconds: int, mem: str = "30GiB") -> list[str]:
+    """A job's command: load its first GPU at `util` percent for `seconds`, holding `mem`
+    (one user's jobs only: the simulator's state file is its writer's)."""
     gpu = "${CUDA_VISIBLE_DEVICES%%,*}"
     return [
         "sh",
         "-c",
-        f"exec python3 -m gpuwarden sim occupy --gpu {gpu} --mem 30GiB --util {util} "
+        f"exec python3 -m gpuwarden sim occupy --gpu {gpu} --mem {mem} --util {util} "
         f"-- sleep {seconds}",
     ]
 
@@ -154,7 +154,8 @@ def test_every_run_of_a_requeued_job_is_counted(sampled: Server) -> None:
     assert srv.call(alice, "requeue", job=job)["ok"]
     srv.wait_log(f"job {job} requeued")
     row = srv.wait_state(job, ("COMPLETED",), timeout=60)
-    assert row["runs"] == 2 and row["run_seconds"] > row["elapsed"] + 0.2, row  # both runs
+    # both runs: the first lasted from RUNNING to the requeue, however short under load
+    assert row["runs"] == 2 and row["run_seconds"] > row["elapsed"], row
     assert row["gpu_seconds"] == pytest.approx(row["run_seconds"], rel=0.01)
     rows = report_csv(srv, alice, "--by", "job")
     assert rows[str(job)]["runs"] == "2" and rows[str(job)]["jobs"] == "1", rows
@@ -320,3 +321,29 @@ def test_account_shares_weigh_fair_share_and_max_gpus_caps_an_account(
         assert "ACCOUNT" in text.stdout and "USER" in text.stdout, text.stdout
     finally:
         next(serve, None)
+
+
+def test_jobs_sharing_a_gpu_each_get_their_own_processes_utilisation(sampled: Server) -> None:
+    """Two `--mem` jobs on one GPU, loading it at 60% and 20%: `eff` gives each its
+    own processes' share (NVML's per-process utilisation), not the GPU's 80%."""
+    srv = sampled
+    alice = make_user("alice", ("lab",))
+    env = job_env(srv)
+    shared = {"count": 1, "mem": 20 << 30, "gpus": ["1"]}
+    loads = {
+        submit(srv, alice, occupying(60, 12, "10GiB"), request=shared, env=env): 60,
+        submit(srv, alice, occupying(20, 12, "10GiB"), request=shared, env=env): 20,
+    }
+    ended = {j: srv.wait_state(j, ("COMPLETED", "FAILED"), timeout=60) for j in loads}
+    assert {r["state"] for r in ended.values()} == {"COMPLETED"}, ended
+    assert len({tuple(r["gpus"]) for r in ended.values()}) == 1, ended  # the same GPU
+    for job, load in loads.items():
+        eff = cli_as(srv, alice, "eff", "--json", str(job))
+        assert eff.returncode == 0, eff.stderr
+        (row,) = validate("eff", eff.stdout)
+        ((use,),) = [r["use"] for r in row["runs"]]
+        assert use["level"] == "process" and use["energy"] is None, use
+        assert use["mem_peak"] == 10 << 30 and use["mem_total"] == 20 << 30, use
+        # its load while it ran; the mean also counts its start (a Python starting)
+        assert use["util_seconds"] / use["busy_seconds"] == pytest.approx(load, abs=2), use
+        assert use["util_seconds"] / use["seconds"] == pytest.approx(load, abs=0.2 * load), use

@@ -106,7 +106,8 @@ def test_an_earlier_journal_gets_a_run_for_every_ended_job(tmp_path: Path) -> No
             uid=1, gid=1, user="alice", argv=("x",), cwd="/", env={}, umask=18, request={"count": 2}
         )
     )
-    journal.update(job.id, state=st.COMPLETED, started=100.0, ended=400.0, gpus=("A", "B"))
+    journal.update(job.id, state=st.STARTING, started=100.0, gpus=("A", "B"))
+    journal.update(job.id, state=st.COMPLETED, ended=400.0)
     journal.close()
     db = sqlite3.connect(path)
     db.execute("DROP TABLE runs")  # as a journal written before it
@@ -203,7 +204,8 @@ def test_a_sample_reads_the_machine_once_and_writes_the_journal_once_a_minute(
                 request={"count": 1},
             )
         )
-        journal.update(job.id, state=st.RUNNING, started=0.0, gpus=(gpu.uuid,))
+        journal.update(job.id, state=st.STARTING, started=0.0, gpus=(gpu.uuid,))
+        journal.update(job.id, state=st.RUNNING)
         jobs.append(journal.get(job.id))
     statements: list[str] = []
     sampler = Sampler(10.0, read)

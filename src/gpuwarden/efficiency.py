@@ -11,9 +11,10 @@ What is measured where:
   job's: utilisation (the share of time a kernel ran, NVML's `utilization.gpu`),
   memory used, power (energy from the GPU's energy counter where it has one, else
   power x time);
-- a GPU the job shares (`--mem`): the memory of the job's own processes on it
-  (NVML's per-process list); utilisation and energy belong to the GPU, not the job,
-  and are not given (n/a).
+- a GPU the job shares (`--mem`): its own processes' figures: their memory on it
+  (NVML's per-process list) and the share of the time their kernels ran (NVML's
+  per-process utilisation samples, summed over the job's processes), where the
+  driver keeps those; energy belongs to the GPU, not the job, and is not given (n/a).
 """
 
 from __future__ import annotations

@@ -227,6 +227,13 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key("service.max_command_bytes", "size", 64 << 10, "longest command line of a job", low=1),
     Key("service.max_env_bytes", "size", 256 << 10, "largest environment of a job", low=1),
+    Key(
+        "service.max_journal_bytes_per_user",
+        "size",
+        64 << 20,
+        "journal one user's queued and running jobs may hold",
+        low=1,
+    ),
     Key("service.max_time", "duration", None, "longest --time a job may ask for (then required)"),
     Key(
         "service.interactive_time",

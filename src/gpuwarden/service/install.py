@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -356,10 +357,10 @@ def _add_config(root: str, manifest: Manifest) -> str:
         return _write_file(root, CONFIG_PATH, CONFIG_SECTION.lstrip("\n"), manifest)
     if CONFIG_PATH in manifest.files and manifest.files[CONFIG_PATH] == _sha(existing):
         return f"unchanged {where}"
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ImportError:  # Python < 3.11
-        import tomli as tomllib  # type: ignore[no-redef]
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         table = tomllib.loads(existing.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
-from gpuwarden.service import accounting
+from gpuwarden.service import accounting, journalbytes
 from gpuwarden.service.core import Core
 from gpuwarden.service.identity import Person, person
 from gpuwarden.service.limits import Limit, refusal
@@ -42,6 +42,9 @@ class Limiting(Core):
 
     def within_limits(self, who: Person, sub: protocol.Submit, tasks: int, array: bool) -> None:
         """Refuse, in one line naming the rule, a job over one of `who`'s limits."""
+        if not self.settings.admins.include(who):  # set or not, a bound (journalbytes)
+            adding = journalbytes.adds(sub, tasks)
+            journalbytes.check(self.store.db, who.uid, adding, self.settings.max_journal_bytes)
         limits = self.limits_of(who)
         if not limits:
             return

@@ -22,6 +22,7 @@ asked of the driver (`stats`, and tests/test_service_counts.py per started job).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
@@ -99,6 +100,19 @@ class Machine:
         self.whole_reads += 1
         self.whole_calls += self.calls - before
         return snapshot
+
+    def process_use(self, uuids: Iterable[str], since: int) -> dict[str, Any]:
+        """Each process's share of the work on the GPUs of `uuids` since `since`
+        (gpuprocesses.read_process_use): the efficiency sampler's, for shared GPUs."""
+        from gpuwarden.gpuprocesses import read_process_use
+
+        nvml = self.nvml()
+        nvml.nvmlInit()
+        try:
+            return read_process_use(nvml, uuids, since)
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
 
     def current(self, within: float) -> Any:
         """The reading, read whole again if it is older than `within` seconds."""

@@ -1,9 +1,10 @@
 """The GPUs of the service's running jobs, sampled for `gpuwarden eff`.
 
 On the loop's tick, every `service.sample_seconds` (10 s) while a job runs, one
-reading of the machine (with power and energy) adds a sample per GPU of each
-running job to that run's summary in memory (gpuwarden.efficiency says what is
-measured where). The summaries go to the journal's `gpu_use` every `FLUSH_EVERY`
+reading of the machine (with power and energy), and for GPUs that jobs share, NVML's
+per-process utilisation since the last sample, add a sample per GPU of each running
+job to that run's summary in memory (gpuwarden.efficiency says what is measured
+where). The summaries go to the journal's `gpu_use` every `FLUSH_EVERY`
 seconds and when the run ends (service.accounting), never a row per sample; a
 restarted service carries on from what was last written. Nothing here runs on a
 scheduling pass.
@@ -27,9 +28,17 @@ FLUSH_EVERY = 60.0
 
 
 class Sampler:
-    def __init__(self, every: float, read: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        every: float,
+        read: Callable[[], Any],
+        process_use: Optional[Callable[[list[str], int], Mapping[str, Any]]] = None,
+    ) -> None:
         self.every = every
         self.read = read  # a Snapshot with power and energy (inventory.read_snapshot)
+        # Per-process utilisation on shared GPUs (gpuprocesses.read_process_use): GPU
+        # UUID -> pid -> ProcessUse since a moment in microseconds; None: not read.
+        self.process_use = process_use
         self.last: Optional[float] = None
         self.flushed = time.time()
         self.uses: dict[int, dict[str, GpuUse]] = {}  # job id -> GPU -> its run's summary
@@ -59,6 +68,7 @@ class Sampler:
             for mig in gpu.mig_instances:
                 gpus[mig.uuid] = mig
         energy = {g.uuid: g.energy_consumed for g in snapshot.gpus if g.energy_consumed}
+        shared = self._shared_use(jobs, now, seconds)
         for job in jobs:
             mine = self.uses.get(job.id)
             span = seconds
@@ -93,11 +103,14 @@ class Sampler:
                     pids = pids_of(job)
                 procs = getattr(gpu, "processes", ()) or self._processes_of(snapshot, uuid)
                 used = [p.used_memory or 0 for p in procs if p.pid in pids]
+                util = None
+                if uuid in shared:  # its processes' own kernels' share of the time
+                    util = min(100.0, sum(u.sm for pid, u in shared[uuid].items() if pid in pids))
                 mine[uuid] = efficiency.add(
                     mine.get(uuid),
                     uuid,
                     span,
-                    None,
+                    util,
                     sum(used) if used else 0,
                     job.mem or gpu.memory_total,
                     None,
@@ -107,6 +120,17 @@ class Sampler:
         self.last = now
         if now - self.flushed >= FLUSH_EVERY:
             self.flush(journal, jobs)
+
+    def _shared_use(self, jobs: list[store.Job], now: float, seconds: float) -> Mapping[str, Any]:
+        """The per-process use, since the last sample, of the GPUs shared jobs hold."""
+        uuids = sorted({u for j in jobs if j.mem is not None for u in j.gpus})
+        if not uuids or self.process_use is None:
+            return {}
+        try:
+            return self.process_use(uuids, int((now - seconds) * 1e6))
+        except Exception:  # NVML refusing this must not stop the GPU-level samples
+            log.debug("per-process utilisation unreadable", exc_info=True)
+            return {}
 
     @staticmethod
     def _processes_of(snapshot: Any, uuid: str) -> tuple[Any, ...]:

@@ -53,6 +53,7 @@ class Settings:
     idle_timeout: float = 30.0  # a client that sends no whole request for this long is dropped
     max_command_bytes: int = 64 << 10  # service.max_command_bytes: a job's command line
     max_env_bytes: int = 256 << 10  # service.max_env_bytes: a job's environment
+    max_journal_bytes: int = 64 << 20  # service.max_journal_bytes_per_user (journalbytes)
     limits: Limits = field(default_factory=Limits)  # [service.limits]: per user and @group
     book_max_gpus: Optional[int] = None  # GPUs a user may book (None: only admins book)
     book_max_time: Optional[float] = None  # how long a user's booking may be
@@ -128,6 +129,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         idle_timeout=cfg.get("service.idle_timeout"),
         max_command_bytes=cfg.get("service.max_command_bytes"),
         max_env_bytes=cfg.get("service.max_env_bytes"),
+        max_journal_bytes=cfg.get("service.max_journal_bytes_per_user"),
         limits=Limits.parse(cfg.get("service.limits") or {}),
         book_max_gpus=cfg.get("service.book_max_gpus"),
         book_max_time=cfg.get("service.book_max_time"),

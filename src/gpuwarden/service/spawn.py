@@ -244,7 +244,7 @@ def start(
 
 def _read_all(fd: int, timeout: float) -> bytes:
     deadline = time.monotonic() + timeout
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0:

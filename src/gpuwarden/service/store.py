@@ -15,21 +15,29 @@ import contextlib
 import json
 import os
 import sqlite3
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Optional
 
 from gpuwarden.service import accounting
 from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
+from gpuwarden.service.job import BOOL, COLUMNS, JSON, normalised
+from gpuwarden.service.job import Job as Job
+from gpuwarden.service.job import new_job as new_job
+from gpuwarden.service.states import ACTIVE as ACTIVE
+from gpuwarden.service.states import CANCELLED as CANCELLED
+from gpuwarden.service.states import COMPLETED as COMPLETED
+from gpuwarden.service.states import ENDED as ENDED
+from gpuwarden.service.states import FAILED as FAILED
+from gpuwarden.service.states import LOST as LOST
+from gpuwarden.service.states import PENDING as PENDING
+from gpuwarden.service.states import PREEMPTED as PREEMPTED
+from gpuwarden.service.states import RUNNING as RUNNING
+from gpuwarden.service.states import STARTING as STARTING
+from gpuwarden.service.states import TIMEOUT as TIMEOUT
+from gpuwarden.service.states import check
 from gpuwarden.service.tally import Tally
 from gpuwarden.service.transaction import Transaction
-
-PENDING, STARTING, RUNNING = "PENDING", "STARTING", "RUNNING"
-COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"
-PREEMPTED = "PREEMPTED"  # ended by preemption (`--preempt=cancel`), as Slurm's state
-ACTIVE = (PENDING, STARTING, RUNNING)
-ENDED = (COMPLETED, FAILED, CANCELLED, TIMEOUT, LOST, PREEMPTED)
 
 #: 2: an array's tasks share one copy of their common part (service.arrayrows).
 SCHEMA_VERSION = 2
@@ -100,79 +108,6 @@ _ADDED = {
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
 
-@dataclass(frozen=True)
-class Job:
-    """One row of the journal."""
-
-    id: int
-    uid: int
-    gid: int
-    user: str
-    argv: tuple[str, ...]
-    cwd: str
-    env: Mapping[str, str]
-    umask: int
-    request: Mapping[str, Any]  # count, gpus, filters, mem: what selection needs
-    state: str
-    submitted: float
-    time_limit: Optional[float] = None
-    nice: int = 0
-    qos: float = 0.0
-    held: bool = False
-    after: tuple[int, ...] = ()
-    output: Optional[str] = None
-    attached: bool = False
-    wait: bool = True
-    reason: Optional[str] = None
-    started: Optional[float] = None
-    ended: Optional[float] = None
-    gpus: tuple[str, ...] = ()
-    mem: Optional[int] = None
-    supervisor: Optional[int] = None
-    pid: Optional[int] = None
-    exit_code: Optional[int] = None
-    exit_signal: Optional[int] = None
-    error: Optional[str] = None
-    cpu_seconds: Optional[float] = None  # from its cgroup, at its end (None: not accounted)
-    mem_peak: Optional[int] = None  # bytes, likewise
-    array_job: Optional[int] = None  # the id of the array it is a task of (service.arrays)
-    array_task: Optional[int] = None  # its task id in that array
-    array_throttle: Optional[int] = None  # tasks of its array that may run at once
-    params: Mapping[str, str] = field(default_factory=dict)  # its values of a --param sweep
-    begin: Optional[float] = None  # --begin: it waits until then (reason BeginTime)
-    restarts: int = 0  # times it was queued again under its id (GPUWARDEN_RESTART_COUNT)
-    retries: int = 0  # of those, after a failure (--max-retries)
-    preemptions: int = 0  # of those or not, times it was preempted (service.preempting)
-    account: Optional[str] = None  # --account: whose GPU-hours these are (service.accounts)
-
-    @property
-    def count(self) -> int:
-        return int(self.request.get("count") or len(self.request.get("gpus") or ()) or 1)
-
-    @property
-    def preemptible(self) -> bool:  # submitted --preemptible (service.preempting)
-        return bool(self.request.get("preemptible"))
-
-
-_JSON = {"argv", "env", "request", "after", "gpus", "params"}
-_BOOL = {"held", "attached", "wait"}
-_COLUMNS = [f.name for f in fields(Job)]  # one per table column
-
-
-def _normalised(job: Job) -> Job:
-    """A job as read back from its row: lists as tuples, flags as bools."""
-    changes: dict[str, Any] = {}
-    for name in _JSON:
-        value = getattr(job, name)
-        if isinstance(value, list):
-            changes[name] = tuple(value)
-    for name in _BOOL:
-        value = getattr(job, name)
-        if not isinstance(value, bool):
-            changes[name] = bool(value)
-    return replace(job, **changes) if changes else job
-
-
 def _is_ready(job: Job) -> bool:
     return job.state == PENDING and not job.held
 
@@ -187,15 +122,15 @@ def row_to_job(row: sqlite3.Row, blobs: Optional[Blobs] = None) -> Job:
             raise ValueError(f"job {row['id']}: its shared part cannot be read here")
         user, task = row["user"], row["array_task"]
         values.update(task_fields(blobs.get(shared), row["id"], row["array_job"], task, user))
-    for name in _COLUMNS:
+    for name in COLUMNS:
         if name in values or (name in _ADDED and name not in keys):
             continue  # shared, or a journal not yet given the column (journalguard)
         value = row[name]
-        if name in _JSON:
+        if name in JSON:
             value = json.loads(value)
             if isinstance(value, list):
                 value = tuple(value)
-        elif name in _BOOL:
+        elif name in BOOL:
             value = bool(value)
         values[name] = value
     return Job(**values)
@@ -339,12 +274,12 @@ class Store:
     def add(self, job: Job, shared: Optional[str] = None) -> Job:
         """Record a new job (its id is assigned here) and return it; an array's task
         with its common part `shared` (from `share`) rather than in its own row."""
-        values = {name: getattr(job, name) for name in _COLUMNS if name != "id"}
-        for name in _JSON:
+        values = {name: getattr(job, name) for name in COLUMNS if name != "id"}
+        for name in JSON:
             values[name] = json.dumps(
                 list(values[name]) if isinstance(values[name], tuple) else values[name]
             )
-        for name in _BOOL:
+        for name in BOOL:
             values[name] = int(values[name])
         if shared is not None:
             values.update(PLACEHOLDERS, shared=shared)
@@ -360,7 +295,7 @@ class Store:
                 made = task_fields(common, added.id, job.array_job, job.array_task, job.user)
                 added = replace(added, **made)
             if self._active is not None and added.state in ACTIVE:
-                self._keep(_normalised(added))
+                self._keep(normalised(added))
         return added
 
     def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
@@ -368,8 +303,12 @@ class Store:
         if not changes:
             return
         for name in changes:
-            if name not in _COLUMNS or name == "id":
+            if name not in COLUMNS or name == "id":
                 raise ValueError(f"no job column {name!r}")
+        if "state" in changes:  # only by a move of the table (service.states)
+            was = self._state(job_id)
+            if was is not None:
+                check(job_id, was, changes["state"])
         if changes.keys() & PLACEHOLDERS.keys():  # a task's own value: its row holds all
             job = self.get(job_id)
             if job is not None:
@@ -377,8 +316,8 @@ class Store:
                 changes = {**changes, **own, "shared": None}
         values = [
             json.dumps(list(v) if isinstance(v, tuple) else v)
-            if k in _JSON
-            else (int(v) if k in _BOOL else v)
+            if k in JSON
+            else (int(v) if k in BOOL else v)
             for k, v in changes.items()
         ]
         sets = ", ".join(f"{k} = ?" for k in changes)
@@ -391,10 +330,17 @@ class Store:
                 if changes.get("state") in ACTIVE:
                     self._active = None  # an ended job made active again: read afresh
                 return
-            changed = _normalised(
+            changed = normalised(
                 replace(known, **{k: v for k, v in changes.items() if k != "shared"})
             )
             self._keep(changed, known)
+
+    def _state(self, job_id: int) -> Optional[str]:
+        known = self._actives().get(job_id)
+        if known is not None:
+            return known.state
+        row = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def get(self, job_id: int) -> Optional[Job]:
         known = self._actives().get(job_id)
@@ -491,10 +437,3 @@ class Store:
                 "ON CONFLICT(user) DO UPDATE SET value = excluded.value, at = excluded.at",
                 (user, old + max(0.0, amount), now),
             )
-
-
-def new_job(**fields: Any) -> Job:
-    """A PENDING job with id 0 (the store assigns one) submitted now."""
-    fields.setdefault("state", PENDING)
-    fields.setdefault("submitted", time.time())
-    return Job(id=0, **fields)

@@ -73,7 +73,9 @@ class TimeLimits(Lifecycle):
 
             # Its reading is the service's (service.machine): counted, and planned on.
             self.sampler = Sampler(
-                self.settings.sample_seconds, lambda: self.hardware.read(detail=True)
+                self.settings.sample_seconds,
+                lambda: self.hardware.read(detail=True),
+                self.hardware.process_use,
             )
         sampler = self.sampler
         sampler.every = self.settings.sample_seconds  # as a reload left it

@@ -2,11 +2,13 @@
 
 What install wrote and made is in its manifest (service.install); uninstall removes
 exactly that, puts back what it changed, and leaves whatever an admin edited since,
-naming it. The service's own lock files in the lease directory go too, unless a job
-still running holds one (as with any stop, jobs finish on their own). The manifest
-stays with the journal, so that a later `--purge` still knows what install made;
-`--purge` removes both, and the service's drains and XID log, saying what it removes,
-and refuses while the journal holds queued or running jobs unless `--force`.
+naming it (`--purge` removes a file install wrote even so, as a package's purge
+removes its edited configuration). The service's own lock files in the lease
+directory go too, unless a job still running holds one (as with any stop, jobs
+finish on their own). The manifest stays with the journal, so that a later
+`--purge` still knows what install made; `--purge` removes both, and the service's
+drains and XID log, saying what it removes, and refuses while the journal holds
+queued or running jobs unless `--force`.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from gpuwarden.service.install import (
 def uninstall(root: str = "/", purge: bool = False, force: bool = False) -> list[str]:
     """Remove what the manifest says install made, restore what it changed, and keep
     the journal and the manifest unless `purge`. Anything changed since by an admin is
-    left and named. `purge` refuses, changing nothing, while jobs are queued or
-    running, unless `force`."""
+    left and named, unless `purge` (a file install wrote goes even so). `purge`
+    refuses, changing nothing, while jobs are queued or running, unless `force`."""
     if os.geteuid() != 0 and root in ("", "/"):
         raise UserError("removing the service needs root (sudo gpuwarden service uninstall)")
     manifest = _read_manifest(root)
@@ -62,8 +64,11 @@ def uninstall(root: str = "/", purge: bool = False, force: bool = False) -> list
         existing = _read_existing(where)
         if existing is None:
             lines.append(f"already gone {where}")
-        elif _sha(existing) != sha:
-            lines.append(f"left {where}: edited since install")
+        elif _sha(existing) != sha and not purge:
+            lines.append(f"left {where}: edited since install (--purge removes it)")
+        elif _sha(existing) != sha:  # as a package's purge takes its edited conffiles
+            os.unlink(where)
+            lines.append(f"removed {where} (--purge), edited since install")
         else:
             os.unlink(where)
             lines.append(f"removed {where}")

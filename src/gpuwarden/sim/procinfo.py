@@ -1,6 +1,7 @@
 """What the fake library says about processes beyond the running-process lists.
 
-Their names and their share of the load: monitors (nvitop, gpustat) ask for these
+Their names and each one's own share of the load (NVML's per-process utilisation
+samples): monitors (nvitop, gpustat) and gpuwarden's efficiency sampler ask for these
 about the processes they list; `gpuwarden run` never does, so `library.FakeLibrary`
 loads this module when one of its functions is first looked up. A simulated
 process has no /proc entry: its name comes from the command its spec or
@@ -49,12 +50,17 @@ class ProcessInfo:
         if array is None or count.value < len(procs):
             count.value = len(procs)
             return INSUFFICIENT_SIZE
-        share = utilization(state, gpu) // len(procs)
+        # Each added process (`sim occupy --util`, `Machine.add_process`) brings its own
+        # load; the spec's own figure is split among the spec's processes. Together they
+        # are the GPU's, as the driver's samples add up to its utilisation.
+        listed = [p for p in procs if p.get("synthetic")]
+        spare = max(0, utilization(state, gpu) - sum(p.get("util", 0) for p in procs))
         mem_share = gpu["memory_utilization"] // len(procs)
         now = int(time.time() * 1e6)
         for i, p in enumerate(procs):
+            own = spare // len(listed) if p.get("synthetic") else p.get("util", 0)
             entry = array[i]
             entry.pid, entry.timeStamp = p["pid"], now
-            entry.smUtil, entry.memUtil, entry.encUtil, entry.decUtil = share, mem_share, 0, 0
+            entry.smUtil, entry.memUtil, entry.encUtil, entry.decUtil = own, mem_share, 0, 0
         count.value = len(procs)
         return SUCCESS

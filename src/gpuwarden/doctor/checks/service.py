@@ -80,9 +80,11 @@ def _answers(found: Any, sock: str) -> Finding:
     )
 
 
-def install_line(wheels: str) -> str:
+def install_line(wheels: str, release: str = "") -> str:
     """The command that puts the service's own gpuwarden into this user's venv (the
-    active one, else the one named by the Python running this)."""
+    active one, else the one named by the Python running this). `release`: the
+    service's, where this venv has another one (pip leaves an installed gpuwarden
+    as it is unless the line names the one it wants)."""
     import os
     import sys
 
@@ -91,7 +93,8 @@ def install_line(wheels: str) -> str:
     own = os.path.isdir(os.path.join(sys.prefix, "share", "gpuwarden", "wheels"))
     if sys.prefix != sys.base_prefix and not own:
         python = sys.executable  # a venv of the user's own is running this
-    return f"{python} -m pip install --no-index --find-links {wheels} gpuwarden"
+    wanted = f"gpuwarden=={release}" if release else "gpuwarden"
+    return f"{python} -m pip install --no-index --find-links {wheels} {wanted}"
 
 
 def _release(found: Any) -> list[Finding]:
@@ -102,13 +105,14 @@ def _release(found: Any) -> list[Finding]:
     if not isinstance(wheels, str):
         wheels = None
     if isinstance(theirs, str) and theirs != __version__:
+        fix = install_line(wheels, theirs) if wheels else "install the gpuwarden the service runs"
         return [
             Finding(
                 "service.release",
                 WARN,
                 f"this gpuwarden is {__version__}, the service's is {theirs}",
                 "the protocol matches; what each says of the other may not",
-                install_line(wheels) if wheels else "install the gpuwarden the service runs",
+                fix,
             )
         ]
     if wheels is None:

@@ -211,6 +211,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.store",
             "service.job",
             "service.tally",
+            "service.ready",
+            "service.fairshare",
             "service.arrayrows",
             "service.timelimits",
             "service.transaction",

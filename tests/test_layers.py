@@ -206,6 +206,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.unwritten",
             "service.litter",
             "service.journalbytes",
+            "service.archive",
             "service.server",
             "service.settings",
             "service.store",

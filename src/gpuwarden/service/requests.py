@@ -409,8 +409,7 @@ class Requests(Reloading):
                 ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
             )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
-        now = time.time()
-        reply["bookings"] = [bookings.shown(r) for r in bookings.of(self).current(now)]
+        reply.update(bookings.for_queue(bookings.of(self), time.time()))  # at most 10 lines
         return reply
 
     def _row(self, who: Person, job: store.Job) -> dict[str, Any]:

@@ -378,10 +378,10 @@ class Requests(Reloading):
         from gpuwarden.service.accounting import totals
 
         jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
-        ran = totals(self.store.db, [j.id for j in jobs])  # every run of a requeued job
 
-        def row(job: store.Job) -> dict[str, Any]:
+        def row(job: store.Job) -> dict[str, Any]:  # only those the page takes
             shaped = self._row(who, job)
+            ran = totals(self.store.db, [job.id])  # every run of a requeued job
             if job.id in ran:
                 shaped["runs"], shaped["run_seconds"], shaped["gpu_seconds"] = ran[job.id]
             return shaped

@@ -81,6 +81,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "health",
             "health.judgement",
             "health.xids",
+            "request",
             "selection",
             "refusals",
             "visible",

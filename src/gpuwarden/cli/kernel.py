@@ -112,7 +112,8 @@ def _never_fits(given: dict[str, object], mem: object) -> None:
     from gpuwarden import config
     from gpuwarden.errors import UserError
     from gpuwarden.inventory import read_snapshot
-    from gpuwarden.selection import Request, choose
+    from gpuwarden.request import Request
+    from gpuwarden.selection import choose
 
     cfg = config.load(cli=given)
     try:

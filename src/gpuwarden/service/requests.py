@@ -368,10 +368,10 @@ class Requests(Reloading):
         from gpuwarden.service.accounting import totals
 
         jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
-        ran = totals(self.store.db, [j.id for j in jobs])  # every run of a requeued job
 
-        def row(job: store.Job) -> dict[str, Any]:
+        def row(job: store.Job) -> dict[str, Any]:  # only those the page takes
             shaped = self._row(who, job)
+            ran = totals(self.store.db, [job.id])  # every run of a requeued job
             if job.id in ran:
                 shaped["runs"], shaped["run_seconds"], shaped["gpu_seconds"] = ran[job.id]
             return shaped
@@ -399,8 +399,7 @@ class Requests(Reloading):
                 ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
             )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
-        now = time.time()
-        reply["bookings"] = [bookings.shown(r) for r in bookings.of(self).current(now)]
+        reply.update(bookings.for_queue(bookings.of(self), time.time()))  # at most 10 lines
         return reply
 
     def _row(self, who: Person, job: store.Job) -> dict[str, Any]:

@@ -4,7 +4,9 @@ parser recurse through `[` x 50,000 that a hostile client sent."""
 
 from __future__ import annotations
 
-from typing import Any, Union
+TYPE_CHECKING = False  # typing is not imported at the CLI's start (tests/test_startup.py)
+if TYPE_CHECKING:
+    from typing import Any, Union
 
 #: Levels a document from another host (`status --hosts`, a web peer) may nest: theirs
 #: need five or six.

@@ -62,6 +62,7 @@ OPS = (
     "limits",
     "report",
     "eff",
+    "digest",
 )
 
 

@@ -67,6 +67,7 @@ class Core:
         self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
         self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
         self.swept = 0.0  # when the cgroups of ended jobs were last looked for
+        self.digested = 0.0  # when due digests were last looked for (service.digests)
         self.priorities: dict[int, float] = {}  # waiting job id -> its priority, last pass
         self.estimates: dict[int, Optional[float]] = {}  # job id -> the plan's expected start
         # The last pass's plan inputs and decisions, and the starts foreseen from them

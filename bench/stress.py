@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.jobs import allocation, launch
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     cached = [0.0, None]
 

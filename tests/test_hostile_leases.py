@@ -31,8 +31,8 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
 from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
+from gpuwarden.request import Request
 from gpuwarden.safefiles import owner_name
-from gpuwarden.selection import Request
 from machines import card, idle_a100s
 from waiting import wait_for
 

@@ -204,6 +204,31 @@ def test_reserve_holds_through_the_service_with_for_as_its_time(timed: Server) -
     assert (ended["time_limit"], ended["state"]) == (2, "TIMEOUT"), ended
     assert leases.list_leases() == []
 
+    # Every GPU reserved: another student is refused at once (exit 75) or gives up
+    # after --timeout in line, and may not end the reservation of another.
+    everything = gw("reserve", "-g", "4", "--for", "30m")
+    assert everything.returncode == 0, everything.stderr
+    theirs = exports(everything.stdout)["GPUWARDEN_RESERVATION"]
+    bob = make_user("bob")
+
+    def as_bob(*args: str) -> subprocess.CompletedProcess[str]:
+        return _as_user(timed, bob, USER_PY, "-m", "gpuwarden", *args)
+
+    busy = as_bob("reserve", "-g", "1", "--for", "10m")
+    assert (busy.returncode, busy.stdout) == (75, ""), busy.stderr
+    assert len(busy.stderr.splitlines()) == 1, busy.stderr
+    waited = as_bob("reserve", "-g", "1", "--for", "10m", "--wait", "--timeout", "2s")
+    assert (waited.returncode, waited.stdout) == (75, ""), waited.stderr
+    assert "after waiting 2s for GPUs" in waited.stderr, waited.stderr
+    other = as_bob("release", theirs)
+    assert other.returncode == 2 and other.stderr == (
+        f"gpuwarden release: job {theirs} belongs to {alice.name}: only its owner or an admin "
+        "may cancel it\n"
+    )
+    assert timed.job(int(theirs))["state"] == "RUNNING"
+    assert gw("release", theirs).returncode == 0
+    assert [r["state"] for r in timed.call(None, "queue")["jobs"]] == []
+
 
 def test_a_kernel_carries_its_time_from_the_kernelspec_to_the_service(
     timed: Server, cli, sim, monkeypatch: pytest.MonkeyPatch

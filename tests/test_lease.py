@@ -17,7 +17,7 @@ from gpuwarden.errors import UserError
 from gpuwarden.inventory import Snapshot
 from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
-from gpuwarden.selection import Request
+from gpuwarden.request import Request
 from machines import idle_a100s
 
 GiB = 2**30
@@ -193,7 +193,7 @@ def test_dead_waiter_leaves_the_line() -> None:
     code = (
         "import time; from gpuwarden import waitline; "
         "from gpuwarden.leases import dir as leasedir; "
-        "from gpuwarden.selection import Request; "
+        "from gpuwarden.request import Request; "
         "waitline.join(leasedir.open_dir(), Request(count=1)); print('in', flush=True); "
         "time.sleep(60)"
     )

@@ -21,7 +21,8 @@ from gpuwarden.enforcement import EnforceSettings
 from gpuwarden.enforcer import Enforcer
 from gpuwarden.inventory import Gpu, GpuProcess, MigInstance, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.selection import Request, choose
+from gpuwarden.request import Request
+from gpuwarden.selection import choose
 from gpuwarden.web.model import build
 
 Cli = Callable[..., Any]

@@ -196,7 +196,7 @@ def _alive(pid: int) -> bool:
 
 
 def _req(**kw: Any) -> Any:
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     return Request(**kw)
 
@@ -434,7 +434,7 @@ def test_run_hands_its_one_reading_of_the_configuration_down(
     from gpuwarden import config, drain
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.jobs.path import HeldJob, start
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     sim("server-8xa100")  # GPUs 0-5 are busy with colleagues' jobs: 6 and 7 are free
     gpus = read_snapshot().gpus

@@ -8,7 +8,8 @@ from gpuwarden.drain import Drain
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.selection import Request, choose, resolve_ids
+from gpuwarden.request import Request
+from gpuwarden.selection import choose, resolve_ids
 from machines import card, snapshot
 
 GiB = 2**30

@@ -9,7 +9,8 @@ from gpuwarden.drain import Drain
 from gpuwarden.health.judgement import FATAL, judge, level
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.selection import Request, choose
+from gpuwarden.request import Request
+from gpuwarden.selection import choose
 
 GiB = 2**30
 MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA RTX A6000", "Tesla V100-SXM2-32GB")

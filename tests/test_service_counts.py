@@ -5,13 +5,14 @@ machine; what the service does per started job does not: how many scheduling
 passes, NVML calls and journal commits a job costs, and how many waiting jobs a
 start pass plans. These are the service's own counters (`stats`: `plan`,
 `machine`, `journal`), read around 1,000 jobs of `true` on the simulated four
-A100s, and around starts beside 10,000 held jobs.
+A100s, and around starts beside 10,000 held jobs and 10,000 runnable ones.
 
 Each line is a few times what the service does now and far under what a start
 path that re-reads the machine per pass, or waits between passes, does: a pass
 that read every GPU cost 50 NVML calls and more a started job, a start waiting
 on the pacing of passes is a deferred turn of the loop, and a start pass over
-every waiting job plans 10,000 jobs a start.
+every waiting job plans 10,000 jobs a start; one over the first few by priority
+(service.ready) plans at most twice its depth, whatever the queue's length.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.service.ready import DEPTH
 from rawservice import Raw, held
 from waiting import wait_for
 
 JOBS = 1000
-HELD = 10_000
+HELD = RUNNABLE = 10_000
 
 
 def job(work: Path, **extra: Any) -> dict[str, Any]:
@@ -45,6 +47,7 @@ def counters(raw: Raw) -> dict[str, float]:
         "started": float(stats["wait_count"]),
         "active": float(sum(sum(users.values()) for users in stats["jobs"].values())),
         "passes": plan["count"],
+        "full_passes": plan["full"],
         "start_passes": plan["starts"],
         "start_planned": plan["start_planned"],
         "deferred": plan["deferred"],
@@ -117,3 +120,52 @@ def test_a_start_beside_10000_held_jobs_plans_only_what_may_start(
     assert planned <= 2 * passes, f"{planned} jobs planned in {passes} start passes"
     rows = service.call("queue", limit=5)
     assert rows["total"] == HELD and {r["reason"] for r in rows["jobs"]} == {"Held"}
+
+
+def starts(service: Raw, work: Path, count: int) -> dict[str, float]:
+    """Counters around `count` one-GPU jobs submitted one at a time, each run and ended."""
+    before = counters(service)
+    for _ in range(count):
+        ran = service.call("submit", **job(work))["job"]
+        wait_for(
+            lambda j=ran: service.call("queue", ids=[j])["total"] == 0,
+            60,
+            f"job {ran} to run and end",
+            every=0.02,
+        )
+    after = counters(service)
+    assert after["started"] - before["started"] == count
+    assert after["deferred"] == before["deferred"]
+    return {k: after[k] - before[k] for k in after}
+
+
+def test_a_start_beside_10000_runnable_jobs_plans_as_few_as_beside_none(
+    raw_service: Raw,
+    tmp_path: Path,
+) -> None:
+    """10,000 four-GPU jobs wait (one GPU is busy), not held: every start pass could
+    plan them all. The one-GPU jobs submitted beside them start by backfill, each
+    after a start pass that plans at most twice `DEPTH` jobs, as beside none."""
+    service = raw_service
+    empty = starts(service, tmp_path, 10)
+    holder = service.call("submit", **job(tmp_path, argv=["sleep", "600"]))["job"]
+    wait_for(
+        lambda: service.call("queue", ids=[holder])["jobs"][0]["state"] == "RUNNING",
+        60,
+        "the job holding one GPU to run",
+    )
+    wide = job(tmp_path, request={"count": 4})
+    array = service.call("submit", **wide, array=f"1-{RUNNABLE}")["job"]
+    try:
+        full = counters(service)["full_passes"]
+        wait_for(lambda: counters(service)["full_passes"] > full, 60, "a full pass ranking them")
+        deep = starts(service, tmp_path, 20)
+        for counted in (empty, deep):
+            assert counted["start_passes"] >= counted["started"], counted
+            per_pass = counted["start_planned"] / counted["start_passes"]
+            assert per_pass <= 2 * DEPTH + 1, f"{per_pass:.0f} jobs planned a start pass"
+        rows = service.call("queue", limit=3)
+        assert rows["total"] == RUNNABLE + 1
+    finally:
+        service.call("cancel", jobs=[array])
+        service.call("cancel", jobs=[holder])

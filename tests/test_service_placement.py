@@ -114,8 +114,7 @@ def test_a_pass_plans_by_the_reading_it_is_handed(
     from gpuwarden.inventory import read_snapshot
     from gpuwarden.jobs import allocation
     from gpuwarden.leases.dir import open_dir as lease_dir
-    from gpuwarden.queueclient.protocol import GpuRequest
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
     from gpuwarden.service import admission, placing, store
     from gpuwarden.service.settings import from_config
 
@@ -138,8 +137,8 @@ def test_a_pass_plans_by_the_reading_it_is_handed(
     gpus, *_ = placing.inputs(snapshot, [], [job], settings, reading)
     usable = {g.uuid: g.usable for g in gpus}
     assert (usable[six], usable[seven]) == (True, False)
-    assert "only 8" in str(admission.never_runs(snapshot, GpuRequest(count=9), reading))
-    assert admission.never_runs(snapshot, GpuRequest(count=1), reading) is None
+    assert "only 8" in str(admission.never_runs(snapshot, Request(count=9), reading))
+    assert admission.never_runs(snapshot, Request(count=1), reading) is None
     ld = lease_dir(settings.lease_dir)
     taken = allocation.attempt(ld, Request(count=1, gpus=(seven,)), snapshot, conf=reading)
     assert taken.held is None and "drained" in (taken.choice.error or "")

@@ -151,9 +151,11 @@ def test_job_ids() -> None:
 
 
 def test_nesting_is_counted_outside_strings_and_refused_before_parsing() -> None:
-    assert p.nesting(b'{"a":"[[[[{{{{","b":[1,[2]]}') == 3
-    assert p.nesting(b'{"a":"x\\"[[[["}') == 1  # an escaped quote does not end the string
-    assert p.nesting(b"[" * p.MAX_DEPTH + b"]" * p.MAX_DEPTH) == p.MAX_DEPTH
+    from gpuwarden.queueclient.depth import nesting
+
+    assert nesting(b'{"a":"[[[[{{{{","b":[1,[2]]}', 16) == 3
+    assert nesting(b'{"a":"x\\"[[[["}', 16) == 1  # an escaped quote does not end the string
+    assert nesting(b"[" * p.MAX_DEPTH + b"]" * p.MAX_DEPTH, p.MAX_DEPTH) == p.MAX_DEPTH
     p.parse(b'{"v":1,"x":' + b"[" * (p.MAX_DEPTH - 1) + b"]" * (p.MAX_DEPTH - 1) + b"}")
     for line in (b"[" * 50000, b'{"v":1,"x":' + b'{"a":' * 100 + b"1" + b"}" * 101):
         with pytest.raises(p.ProtocolError, match=r"the most is 16 \(MAX_DEPTH\)"):
@@ -214,3 +216,32 @@ def test_every_operation_of_the_protocol_has_its_handler_and_record() -> None:
     assert p.signalling({"job": 3, "signal": 15}) == p.Signal(job=3, number=15)
     with pytest.raises(p.ProtocolError, match="job id must be an integer"):
         p.one_job({})
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {},
+        {"count": 0},
+        {"gpus": ("6", "GPU-ab12"), "exclude": ("0",)},
+        {"count": 2, "min_free": 20 << 30, "max_util": 12.5, "model": "A100*"},
+        {"min_capability": (8, 0), "mem": 5 << 30},
+        {"mig": "1g.10gb"},
+    ],
+)
+def test_a_gpu_request_crosses_the_wire_and_the_journal_unchanged(request_: dict) -> None:
+    """One request type and one conversion each way: what a client sends is what the
+    service reads back, from the message and from the job's record (JSON both)."""
+    from dataclasses import replace
+
+    from gpuwarden.queueclient.requestwire import from_wire, to_wire
+    from gpuwarden.request import Request
+
+    sent = Request(**request_)
+    wire = json.loads(json.dumps(to_wire(sent)))
+    got = from_wire(wire)
+    assert got == replace(sent, count=sent.gpu_count)
+    stored = {**wire, "signal": [10, 60.0, False], "max_retries": 2}  # beside it in a record
+    assert from_wire(stored, others=True) == got
+    with pytest.raises(p.ProtocolError, match="unknown fields: max_retries, signal"):
+        from_wire(stored)

@@ -206,7 +206,7 @@ def test_the_figures_kept_as_jobs_change_are_those_counted_afresh(tmp_path: Path
     a = store.add(job(submitted=100.0))
     b = store.add(job(user="bob", uid=1001, held=True, submitted=100.0))
     c = store.add(job(user="bob", uid=1001, submitted=100.0))
-    assert [j.id for j in store.ready()] == [a.id, c.id]
+    assert [j.id for j in store.ready()[0]] == [a.id, c.id]
     store.update(b.id, held=False)
     store.update(a.id, state=s.STARTING, started=100.5)
     store.update(a.id, state=s.RUNNING)
@@ -216,7 +216,7 @@ def test_the_figures_kept_as_jobs_change_are_those_counted_afresh(tmp_path: Path
     store.update(c.id, state=s.STARTING, started=4000.0)
     store.update(c.id, state=s.RUNNING)
     store.update(a.id, state=s.COMPLETED, ended=200.0)
-    assert [j.id for j in store.ready()] == [b.id]
+    assert [j.id for j in store.ready()[0]] == [b.id]
     kept = store.tally()
     assert kept.counts() == {"PENDING": {"bob": 1}, "RUNNING": {"bob": 1}}
     assert kept.wait_count == 2 and abs(kept.wait_sum - (0.5 + 3900.0)) < 1e-6

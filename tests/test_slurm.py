@@ -428,7 +428,7 @@ def _gpu(index: int, uuid: str = "") -> object:
 def _waiter(since: float, need: int = 1, allowed: object = None, user: str = "ann") -> object:
     from types import SimpleNamespace
 
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     key = f"{int(since * 1e9):020d}-{4242:08d}"  # the ticket's name: when it joined
     return SimpleNamespace(

@@ -12,7 +12,7 @@ from gpuwarden.health.judgement import Symptom
 from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.jobs.allocation import describe_request
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.selection import Request
+from gpuwarden.request import Request
 from gpuwarden.waitline import Waiter
 from gpuwarden.web.history import History
 from gpuwarden.web.model import build, reserved

@@ -18,7 +18,7 @@ import pytest
 
 from gpuwarden.errors import UserError
 from gpuwarden.leases.dir import open_dir
-from gpuwarden.selection import Request
+from gpuwarden.request import Request
 from gpuwarden.units import LOOPBACK, parse_listen
 from gpuwarden.waitline import join
 from gpuwarden.web.server import Feed, WebServer, serve

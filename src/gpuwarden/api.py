@@ -90,10 +90,10 @@ def _request(
     mem: Union[str, int, None],
     mig: Optional[str] = None,
 ) -> tuple[Any, Any]:
-    """(the reading of the configuration with these arguments, the `selection.Request`):
+    """(the reading of the configuration with these arguments, the `request.Request`):
     the one reading everything on the way is handed, as `run` hands its own."""
     from gpuwarden import config
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
     from gpuwarden.units import parse_size
 
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):

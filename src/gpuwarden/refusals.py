@@ -65,7 +65,7 @@ def visible_list(snapshot: Snapshot, allowed: set[str]) -> str:
 
 def never_reason(
     gpu: Gpu,
-    request: Any,  # a selection.Request (selection imports this module)
+    request: Any,  # a request.Request (selection imports this module)
     allowed: Optional[set[str]],
     named: Optional[set[str]],
     excluded: set[str],

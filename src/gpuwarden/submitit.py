@@ -235,7 +235,7 @@ class GpuwardenExecutor(core.PicklingExecutor):
     def _request(self, array: tp.Optional[str] = None) -> dict[str, tp.Any]:
         """The submit request for the pickled call(s) in `self.folder`."""
         from gpuwarden.queueclient.client import job_fields
-        from gpuwarden.selection import Request
+        from gpuwarden.request import Request
 
         params = self.parameters
         share = params.get("gpu_mem_gb")

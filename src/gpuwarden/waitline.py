@@ -50,7 +50,7 @@ class Waiter:
     user: str
     pid: int
     since: float  # time.time() it joined
-    request: Any  # selection.Request
+    request: Any  # request.Request
     allowed: Optional[tuple[str, ...]] = None  # UUIDs its parent CUDA_VISIBLE_DEVICES leaves
 
 
@@ -87,7 +87,7 @@ _REQUEST_FIELDS = {
 
 def _request_from(data: dict[str, Any]) -> Any:
     """The Request a ticket records; ValueError naming the first field that does not fit."""
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     names = {f.name for f in records.fields(Request)}
     fields = {}

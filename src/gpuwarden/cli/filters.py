@@ -164,9 +164,9 @@ def add_slurm_options(parser: argparse.ArgumentParser, what: str) -> argparse._A
 
 
 def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(config, selection.Request) from the options, over the configured defaults."""
+    """(config, request.Request) from the options, over the configured defaults."""
     from gpuwarden import config as cfg
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     if getattr(args, "cpu", False):
         if args.count not in (None, "0"):

@@ -88,7 +88,7 @@ def _from_journal(
     import sqlite3
 
     from gpuwarden.errors import UserError
-    from gpuwarden.service import accounting
+    from gpuwarden.service import accounting, archive
 
     if not os.path.isfile(args.journal):
         raise UserError(f"--journal {args.journal}: no such file")
@@ -97,7 +97,8 @@ def _from_journal(
         try:
             if args.waste:
                 return [], [w._asdict() for w in accounting.waste_report(db, since, until, args.by)]
-            return accounting.report(db, since, until, args.by, args.per, now), []
+            old = archive.runs(os.path.dirname(os.path.abspath(args.journal)), since, until)
+            return accounting.report(db, since, until, args.by, args.per, now, old), []
         finally:
             db.close()
     except sqlite3.Error as err:

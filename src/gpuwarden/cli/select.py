@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.jobs.launch import export_value
     from gpuwarden.leases import EXIT_BUSY, list_leases
     from gpuwarden.locations import lease_location, state_location
-    from gpuwarden.selection import Request, choose
+    from gpuwarden.request import Request
+    from gpuwarden.selection import choose
     from gpuwarden.units import format_size
 
     cfg = config.load(filters.settings(args))

@@ -15,7 +15,7 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Optional
+    from typing import Optional
 
     from gpuwarden.cli import Commands
 
@@ -101,13 +101,14 @@ def submit_local(args: argparse.Namespace) -> int:
     from gpuwarden import config as cfg
     from gpuwarden.cli import filters
     from gpuwarden.queueclient.client import job_fields, require
+    from gpuwarden.request import Request
     from gpuwarden.units import is_digits, parse_time_limit
 
     for name in ("nodes", "constraint", "partition", "name"):
         if getattr(args, name, None) is not None:
             raise UserError(f"--{name} is a Slurm option: add --slurm")
     conf = cfg.load(filters.settings(args))
-    request = wishes(conf, filters.mem_of(args))
+    request = Request.from_config(conf, mem=filters.mem_of(args))
     cmd = command_of(args)
     if args.ddp:
         from gpuwarden.jobs.launch import ddp_argv
@@ -194,27 +195,6 @@ def yielding_fields(args: argparse.Namespace) -> dict[str, object]:
         fields["preemptible"] = True
         fields["preempt"] = args.preempt or "requeue"
     return fields
-
-
-def wishes(conf: Any, mem: Optional[int]) -> Any:
-    """The GPUs the `run.*` settings ask for, as `job_fields` reads them. The service
-    judges them (selection, the machine, NVML): the client only passes them on, so
-    choosing GPUs stays off `submit`'s start-up."""
-    from types import SimpleNamespace
-
-    gpus = conf.get("run.gpus") or None
-    count = conf.get("run.count")
-    return SimpleNamespace(
-        gpu_count=count if count is not None else len(gpus or ()) or 1,
-        gpus=gpus,
-        exclude=tuple(conf.get("run.exclude") or ()),
-        model=conf.get("run.model"),
-        min_free=conf.get("run.min_free"),
-        max_util=conf.get("run.max_util"),
-        min_capability=conf.get("run.min_capability"),
-        mem=mem,
-        mig=conf.get("run.mig"),
-    )
 
 
 def after_ids(after: Optional[str]) -> tuple[int, ...]:

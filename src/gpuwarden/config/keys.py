@@ -228,6 +228,13 @@ SCHEMA: tuple[Key, ...] = (
     Key("service.max_command_bytes", "size", 64 << 10, "longest command line of a job", low=1),
     Key("service.max_env_bytes", "size", 256 << 10, "largest environment of a job", low=1),
     Key(
+        "service.keep_history",
+        "duration",
+        None,
+        "ended jobs stay in the journal this long, then move to compressed archives",
+        low=1,
+    ),
+    Key(
         "service.max_journal_bytes_per_user",
         "size",
         64 << 20,

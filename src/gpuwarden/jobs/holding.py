@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from gpuwarden.config import Config
     from gpuwarden.inventory import Gpu, Snapshot
     from gpuwarden.leases import Held
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     class Started(Protocol):
         """A started job: `run`'s child, or the service's supervised job."""

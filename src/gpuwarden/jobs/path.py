@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpuwarden.containers.command import Plan
     from gpuwarden.inventory import Gpu
     from gpuwarden.jobs.launch import StartedJob
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
 
 class HeldJob:

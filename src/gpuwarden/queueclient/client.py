@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, Optional
 
+    from gpuwarden.request import Request
+
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 #: Seconds of silence from the service after which a waiting command says so.
 NOTICE_AFTER = 3.0
@@ -389,7 +391,7 @@ def _reattach(job: int, client: Client, within: float, fds: Sequence[int] = (0, 
 
 
 def job_fields(
-    request: Any,
+    request: Request,
     argv: list[str],
     *,
     time_limit: Optional[float] = None,
@@ -400,28 +402,19 @@ def job_fields(
     warning: Optional[dict[str, Any]] = None,
     account: Optional[str] = None,
 ) -> dict[str, Any]:
-    """A submit request for `argv` with a `selection.Request`'s GPU wishes, in this
+    """A submit request for `argv` with a `request.Request`'s GPU wishes, in this
     process's working directory, environment and umask (what the job runs with);
     `account` the one it is charged to (None: the service's default for us)."""
+    from gpuwarden.queueclient.requestwire import to_wire
+
     mask = os.umask(0)
     os.umask(mask)
-    wishes: dict[str, Any] = {"count": request.gpu_count}
-    if request.gpus:
-        wishes["gpus"] = list(request.gpus)
-    if request.exclude:
-        wishes["exclude"] = list(request.exclude)
-    for name in ("model", "min_free", "max_util", "mem", "mig"):
-        value = getattr(request, name)
-        if value is not None:
-            wishes[name] = value
-    if request.min_capability is not None:
-        wishes["min_capability"] = list(request.min_capability)
     fields: dict[str, Any] = {
         "argv": list(argv),
         "cwd": os.getcwd(),
         "env": dict(os.environ),
         "umask": mask,
-        "request": wishes,
+        "request": to_wire(request),
         "nice": nice,
         "hold": hold,
     }

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
 from gpuwarden.efficiency import GpuUse
@@ -229,11 +229,17 @@ def use_between(db: sqlite3.Connection, since: float, until: float) -> list[tupl
 
 
 def report(
-    db: sqlite3.Connection, since: float, until: float, by: str, per: str, now: float
+    db: sqlite3.Connection,
+    since: float,
+    until: float,
+    by: str,
+    per: str,
+    now: float,
+    archived: Iterable[Mapping[str, Any]] = (),
 ) -> list[Any]:
     """`gpuwarden report`'s rows (gpuwarden.usage) from a journal: the ended runs read
-    straight into what `usage.summarise` takes (one query, no object per row), the
-    running jobs after them."""
+    straight into what `usage.summarise` takes (one query, no object per row), those
+    `archived` (service.archive: `runs`) beside them, the running jobs after them."""
     from gpuwarden import usage
 
     column = {"user": "user", "group": "gid", "account": "COALESCE(account, '-')"}.get(by, "job")
@@ -242,6 +248,9 @@ def report(
         "WHERE ended >= ? AND started < ?",
         (since, until),
     )
+    key = {"user": "user", "group": "gid", "account": "account"}.get(by, "job")
+    old = ((r["job"], r[key] if key != "account" else r[key] or "-", *_spans(r)) for r in archived)
+    rows = itertools.chain(rows, old)
     names = _group_names()
     if by == "group":
         rows = ((j, names(g), *rest) for j, g, *rest in rows)
@@ -263,6 +272,10 @@ def report(
         by,
     )
     return usage.summarise(itertools.chain(rows, live), per, since, until)
+
+
+def _spans(run: Mapping[str, Any]) -> tuple[Any, ...]:
+    return run["gpu_seconds"], run["queued"], run["started"], run["ended"]
 
 
 def waste_report(

@@ -10,12 +10,15 @@ than any GPU has, a model no GPU is), which Slurm likewise refuses at submit
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.service.settings import Settings
 from gpuwarden.units import format_size
+
+if TYPE_CHECKING:
+    from gpuwarden.request import Request
 
 
 def _bytes(text: str) -> int:
@@ -38,27 +41,17 @@ def check_sizes(sub: protocol.Submit, settings: Settings) -> None:
         )
 
 
-def never_runs(snapshot: Any, wish: protocol.GpuRequest, reading: Any = None) -> Optional[str]:
-    """Why a job asking `wish` could never start on the machine of `snapshot`, in the
+def never_runs(snapshot: Any, request: Request, reading: Any = None) -> Optional[str]:
+    """Why a job asking `request` could never start on the machine of `snapshot`, in the
     words `run` uses (`selection.choose`'s `never_fits`); None: it could, once its GPUs
     are free. Drains, XIDs and current use do not count: they pass. The GPUs are judged
     by the health rules of `reading`, the service's configuration (None: the one in
     force, read here)."""
     from gpuwarden.health.judgement import judge_all, rules_in_force
-    from gpuwarden.selection import Request, choose
+    from gpuwarden.selection import choose
 
-    if wish.count == 0:
+    if request.count == 0:
         return None
-    request = Request(
-        count=wish.count,
-        gpus=wish.gpus,
-        exclude=wish.exclude,
-        model=wish.model,
-        min_capability=wish.min_capability,
-        min_free=wish.min_free,
-        mem=wish.mem,
-        mig=wish.mig,
-    )
     try:
         choice = choose(
             snapshot, request, health=judge_all(snapshot.gpus, {}, rules_in_force(reading))

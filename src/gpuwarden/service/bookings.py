@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import booking
 from gpuwarden.errors import UserError
-from gpuwarden.queueclient import protocol
+from gpuwarden.queueclient import fields, protocol
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person
 
@@ -211,22 +211,22 @@ def _book(
     message: Any,
     now: float,
 ) -> dict[str, Any]:
-    count = protocol.checked_int(message.get("count"), "count", 1, 1024)
-    start = protocol.checked_number(message.get("start"), "start", 0.0, 1e11)
-    length = protocol.checked_number(message.get("length"), "length", 1.0, MAX_LENGTH)
-    reason = str(protocol.checked_string(message.get("reason"), "reason", MAX_REASON))
+    count = fields.checked_int(message.get("count"), "count", 1, 1024)
+    start = fields.checked_number(message.get("start"), "start", 0.0, 1e11)
+    length = fields.checked_number(message.get("length"), "length", 1.0, MAX_LENGTH)
+    reason = str(fields.checked_string(message.get("reason"), "reason", MAX_REASON))
     user = message.get("user")
     group = message.get("group")
     if user is not None and group is not None:
         raise UserError("a booking is for a user or for a group, not both")
     if group is not None:
-        group = str(protocol.checked_string(group, "group", 64))
+        group = str(fields.checked_string(group, "group", 64))
         try:
             members = grp.getgrnam(group)
         except KeyError:
             raise UserError(f"no group {group!r}") from None
     else:
-        user = who.name if user is None else str(protocol.checked_string(user, "user", 64))
+        user = who.name if user is None else str(fields.checked_string(user, "user", 64))
         try:
             pwd.getpwnam(user)
         except KeyError:

@@ -59,6 +59,7 @@ class Core:
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
+        self.archived_at = 0.0  # when history is next looked at for archiving (archive)
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
         self.preempting: dict[int, float] = {}  # job id -> when its preemption signal went
         self.preempted: dict[str, int] = {}  # preemptions since the start, by the victim's owner

@@ -226,11 +226,7 @@ class Lifecycle(Attaching, Limiting):
         self._ended_attached(job.id, None, quiet=True)
 
     def _ended_attached(
-        self,
-        job_id: int,
-        ended: Optional[spawn.Ended],
-        quiet: bool = False,
-        sig: int = SIGTERM,
+        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False, sig: int = SIGTERM
     ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
         if not quiet:
@@ -246,18 +242,16 @@ class Lifecycle(Attaching, Limiting):
             attachment.forget_client(self.exits, str(job_id))
 
     def schedule(self, full: bool = True) -> None:
-        """Plan and start what the plan starts; keep what stays free (`free`) for the next
-        submit to judge whether it may start (service.pacing). A full pass plans every
-        waiting job, a start pass those that could start (`Store.ready`: a held job
-        starts and blocks nothing), both on the machine as last read (service.machine)."""
+        """Plan and start what the plan starts, keeping what stays free (`free`) for a submit
+        to judge (service.pacing): a full pass plans and ranks every waiting job, a start
+        pass the first few that could start (service.ready), both on service.machine's."""
         from gpuwarden.mig import devices
         from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()
         unwritten.retry(self)  # ends a full disk kept, written once it has room
-        # An attached job whose client has not come back after a restart has no
-        # terminal to start on: it waits for its client.
-        waits = self.store.jobs([store.PENDING]) if full else self.store.ready()
+        # An attached job whose client has not come back after a restart waits for it.
+        waits, more = (self.store.jobs([store.PENDING]), False) if full else self.store.ready()
         kept = self.unwritten  # ended or cancelled, not yet in the journal: left out
         pending = [j for j in waits if (not j.attached or j.id in self.stdio) and j.id not in kept]
         if not pending:
@@ -301,6 +295,7 @@ class Lifecycle(Attaching, Limiting):
             preempting.preempt(self, [j for j in chosen if j is not None], why)
         if full:
             self.priorities = {int(d.id): d.priority for d in decisions}
+            self.store.rank(self.priorities)  # the order the next start passes take
             self.estimates = {int(d.id): d.estimated_start for d in decisions}
             # Every waiting job's expected start (`queue --start`), worked out when a
             # listing first asks for it after this pass: the plan itself needs none.
@@ -317,6 +312,8 @@ class Lifecycle(Attaching, Limiting):
             if decision.starts:
                 free.take(decision.gpus, by_id[int(decision.id)].mem)
         record_reasons(self.store, throttled, decisions, by_id)
+        if more:  # what waits beyond the first few may fit: a full pass plans it soon
+            self.pacer.touch()
         self.pacer.planned("full" if full else "start", began, time.monotonic(), len(waiting))
         for decision in decisions:
             job = by_id[int(decision.id)]

@@ -61,7 +61,7 @@ class Limiting(Core):
                 active = self.store.count_active(who.uid)
         why = refusal(
             limits,
-            gpus=0 if sub.preemptible else sub.gpus.count,
+            gpus=0 if sub.preemptible else sub.gpus.gpu_count,
             time_limit=sub.time_limit,
             tasks=tasks,
             array=array,
@@ -89,7 +89,7 @@ class Limiting(Core):
             account,
             time_limit=sub.time_limit,
             tasks=tasks,
-            gpus=0 if sub.preemptible else sub.gpus.count,
+            gpus=0 if sub.preemptible else sub.gpus.gpu_count,
             active=accounting.account_active(db, account) if "max_jobs" in entry else 0,
             gpu_hours=accounting.account_gpu_seconds(db, account, now - WEEK, now) / 3600
             if "gpu_hours_per_week" in entry

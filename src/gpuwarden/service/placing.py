@@ -26,6 +26,7 @@ from gpuwarden.service.identity import person
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from gpuwarden.request import Request
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
@@ -45,23 +46,15 @@ if TYPE_CHECKING:
         def release_stdio(self, job_id: int) -> None: ...
 
 
-def request_of(job: store.Job) -> Any:
-    """The `selection.Request` a queued job made (its `protocol.GpuRequest` fields)."""
-    from gpuwarden.selection import Request
+def request_of(job: store.Job) -> Request:
+    """The request a queued job made, as its record keeps it (queueclient.requestwire),
+    for as many GPUs as the plan counts it (`store.Job.count`: a CPU job holds a place
+    of one GPU's)."""
+    from dataclasses import replace
 
-    wish = dict(job.request)
-    capability = wish.get("min_capability")
-    return Request(
-        count=job.count,
-        gpus=tuple(wish["gpus"]) if wish.get("gpus") else None,
-        min_free=wish.get("min_free"),
-        max_util=wish.get("max_util"),
-        min_capability=None if capability is None else (capability[0], capability[1]),
-        model=wish.get("model"),
-        exclude=tuple(wish.get("exclude") or ()),
-        mem=job.mem,
-        mig=wish.get("mig"),
-    )
+    from gpuwarden.queueclient.requestwire import from_wire
+
+    return replace(from_wire(job.request, others=True), count=job.count)
 
 
 def picker(
@@ -252,7 +245,7 @@ def start_job(
     from gpuwarden.jobs.holding import kill_group, start_published
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
-    from gpuwarden.selection import Request
+    from gpuwarden.request import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)

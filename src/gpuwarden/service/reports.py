@@ -121,7 +121,10 @@ def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[s
             db, ask.since, ask.until, ask.by, None if admin else who.name
         )
         return {"ok": True, "waste": [r._asdict() for r in rows[: usage.MAX_ROWS]]}
-    found = accounting.report(db, ask.since, ask.until, ask.by, ask.per, time.time())
+    from gpuwarden.service import archive
+
+    old = archive.runs(service.settings.state_dir, ask.since, ask.until)  # keep_history
+    found = accounting.report(db, ask.since, ask.until, ask.by, ask.per, time.time(), old)
     if len(found) > usage.MAX_ROWS:
         raise UserError(
             f"the report has {len(found)} rows, over the {usage.MAX_ROWS} one answer holds: "

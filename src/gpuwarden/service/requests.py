@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
+from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
     admission,
     arrays,
@@ -184,7 +185,7 @@ class Requests(Reloading):
             waiting_on = waiting_on or found.state in store.ACTIVE
         reason = self._reason_before_a_pass(sub, waiting_on)
         after = arrays.dependencies(self.store, sub.after)
-        request = {k: v for k, v in sub.gpus.__dict__.items() if v not in (None, ())}
+        request: dict[str, Any] = dict(to_wire(sub.gpus))
         if sub.warning is not None:
             request["signal"] = list(sub.warning)  # beside its GPU wishes: what it asked for
         if sub.max_retries:
@@ -253,7 +254,7 @@ class Requests(Reloading):
         if waiting_on:
             return scheduling.DEPENDENCY
         free = self.free
-        if free is None or free.could_fit(sub.gpus.count, sub.gpus.mem):
+        if free is None or free.could_fit(sub.gpus.gpu_count, sub.gpus.mem):
             return None
         if not sub.preemptible and any(j.preemptible for j in self.store.jobs([store.RUNNING])):
             return None  # it may preempt: plan now, so its victims' grace starts now

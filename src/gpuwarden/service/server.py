@@ -26,7 +26,7 @@ from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
-from gpuwarden.service import healthwatch, journalguard, store, unwritten
+from gpuwarden.service import archive, healthwatch, journalguard, store, unwritten
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.machine import Machine
@@ -388,6 +388,7 @@ class Service(Requests, TimeLimits):
 
     def _tick(self) -> None:
         unwritten.retry(self)  # ends a full disk kept: written once it has room
+        archive.tend(self, time.time())  # service.keep_history
         now = time.monotonic()
         for client in list(self.clients.values()):
             if client.job is None and now - client.seen > self.settings.idle_timeout:

@@ -54,6 +54,7 @@ class Settings:
     max_command_bytes: int = 64 << 10  # service.max_command_bytes: a job's command line
     max_env_bytes: int = 256 << 10  # service.max_env_bytes: a job's environment
     max_journal_bytes: int = 64 << 20  # service.max_journal_bytes_per_user (journalbytes)
+    keep_history: Optional[float] = None  # service.keep_history: then archived (archive)
     limits: Limits = field(default_factory=Limits)  # [service.limits]: per user and @group
     book_max_gpus: Optional[int] = None  # GPUs a user may book (None: only admins book)
     book_max_time: Optional[float] = None  # how long a user's booking may be
@@ -132,6 +133,7 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         max_command_bytes=cfg.get("service.max_command_bytes"),
         max_env_bytes=cfg.get("service.max_env_bytes"),
         max_journal_bytes=cfg.get("service.max_journal_bytes_per_user"),
+        keep_history=cfg.get("service.keep_history"),
         limits=Limits.parse(cfg.get("service.limits") or {}),
         book_max_gpus=cfg.get("service.book_max_gpus"),
         book_max_time=cfg.get("service.book_max_time"),

@@ -15,15 +15,17 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any, Optional
 
-from gpuwarden.service import accounting
+from gpuwarden.service import accounting, fairshare
 from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
 from gpuwarden.service.job import BOOL, COLUMNS, JSON, normalised
 from gpuwarden.service.job import Job as Job
 from gpuwarden.service.job import new_job as new_job
+from gpuwarden.service.ready import Ready
 from gpuwarden.service.states import ACTIVE as ACTIVE
 from gpuwarden.service.states import CANCELLED as CANCELLED
 from gpuwarden.service.states import COMPLETED as COMPLETED
@@ -38,6 +40,8 @@ from gpuwarden.service.states import TIMEOUT as TIMEOUT
 from gpuwarden.service.states import check
 from gpuwarden.service.tally import Tally
 from gpuwarden.service.transaction import Transaction
+
+_BUSY = (STARTING, RUNNING)
 
 #: 2: an array's tasks share one copy of their common part (service.arrayrows).
 SCHEMA_VERSION = 2
@@ -168,7 +172,8 @@ class Store:
         # them on every pass, and reading and decoding every row each time made a pass
         # grow with the queue (a long queue's makespan grew with its square).
         self._active: Optional[dict[int, Job]] = None
-        self._ready: dict[int, Job] = {}  # of those, the waiting ones not held (`ready`)
+        self._ready = Ready()  # of those, the waiting ones not held, ranked (`ready`)
+        self._busy: dict[int, Job] = {}  # and those STARTING or RUNNING
         self._tally: Optional[Tally] = None  # the queue's figures, counted with them
         self.version = 0  # moves with every change to them (service.listing keeps by it)
         # Whether a commit made with `durable=False` may still be only in the page cache.
@@ -227,7 +232,7 @@ class Store:
     def _forget(self) -> None:
         """Drop the in-memory active jobs (after a rollback): read afresh when asked."""
         self._active = None
-        self._ready = {}
+        self._ready, self._busy = Ready(), {}
 
     def _actives(self) -> dict[int, Job]:
         if self._active is None:
@@ -236,7 +241,8 @@ class Store:
             self._active = {
                 int(r["id"]): row_to_job(r, self.blobs) for r in self.db.execute(query, ACTIVE)
             }
-            self._ready = {i: j for i, j in self._active.items() if _is_ready(j)}
+            self._ready = Ready(j for j in self._active.values() if _is_ready(j))
+            self._busy = {i: j for i, j in self._active.items() if j.state in _BUSY}
             self._tally = Tally(self.db)
             self.version += 1
         return self._active
@@ -252,17 +258,23 @@ class Store:
         self.version += 1
         if self._tally is not None:
             self._tally.change(was, job)
-        for kept, keep in ((self._active, job.state in ACTIVE), (self._ready, _is_ready(job))):
+        for kept, keep in ((self._active, job.state in ACTIVE), (self._busy, job.state in _BUSY)):
             if keep:
                 kept[job.id] = job  # type: ignore[index]
             elif kept:
                 kept.pop(job.id, None)
+        self._ready.keep(job) if _is_ready(job) else self._ready.drop(job.id)
+        if job.state not in ACTIVE:
+            self._ready.ended(job.id)  # what waited on it may start
 
-    def ready(self) -> list[Job]:
-        """What a start pass plans (service.pacing): not held, waiting on no active job."""
+    def ready(self) -> tuple[list[Job], bool]:
+        """What a start pass plans, first by priority, and whether more wait (service.ready)."""
         active = self._actives()
-        ready = (self._ready[i] for i in sorted(self._ready))
-        return [j for j in ready if not any(a in active for a in j.after)]
+        return self._ready.top(lambda j: next((a for a in j.after if a in active), 0))
+
+    def rank(self, priorities: Mapping[int, float]) -> None:
+        """A full pass's priorities (job id -> priority): the order of the next start passes."""
+        self._ready.rank(priorities)
 
     # -- jobs --------------------------------------------------------------------
 
@@ -353,7 +365,11 @@ class Store:
         """Jobs in the given states, oldest first (ended ones newest first, for history)."""
         states = tuple(states)
         if limit is None and set(states) <= set(ACTIVE):
-            return [j for j in self._actives().values() if j.state in states]  # by id
+            kept = self._actives()  # by id
+            if PENDING not in states:  # the running ones: a few (`_busy`)
+                busy = (j for j in self._busy.values() if j.state in states)
+                return sorted(busy, key=attrgetter("id"))
+            return [j for j in kept.values() if j.state in states]
         marks = ", ".join("?" for _ in states)
         order = "DESC" if set(states) <= set(ENDED) else "ASC"
         query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id {order}"
@@ -414,26 +430,11 @@ class Store:
         ).fetchone()
         return int(row[0])
 
-    # -- usage -------------------------------------------------------------------
+    # -- usage (service.fairshare) ------------------------------------------------
 
     def usage(self, now: float, half_life: float) -> dict[str, float]:
-        """Each user's usage decayed to `now`."""
-        from gpuwarden.scheduling import decayed
-
-        return {
-            r["user"]: decayed(r["value"], now - r["at"], half_life)
-            for r in self.db.execute("SELECT user, value, at FROM usage")
-        }
+        return fairshare.usage(self.db, now, half_life)
 
     def charge(self, user: str, amount: float, now: float, half_life: float) -> None:
-        """Add GPU-seconds to `user`'s usage, decaying what was there to `now` first."""
-        from gpuwarden.scheduling import decayed
-
         with self.transaction():
-            row = self.db.execute("SELECT value, at FROM usage WHERE user = ?", (user,)).fetchone()
-            old = 0.0 if row is None else decayed(row["value"], now - row["at"], half_life)
-            self.db.execute(
-                "INSERT INTO usage (user, value, at) VALUES (?, ?, ?) "
-                "ON CONFLICT(user) DO UPDATE SET value = excluded.value, at = excluded.at",
-                (user, old + max(0.0, amount), now),
-            )
+            fairshare.charge(self.db, user, amount, now, half_life)

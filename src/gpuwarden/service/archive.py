@@ -1,0 +1,182 @@
+"""History retention: ended jobs older than `service.keep_history` leave the journal
+for compressed archives under the state directory, which `gpuwarden report` still reads.
+
+Without it the journal grows with every job for ever. With it, the journal holds the
+queue and the last `keep_history` of history (what `jobs` lists), and the rest lies in
+`STATE/archive/history-FIRST-LAST-ID.jsonl.gz`: gzip'd JSON lines, one per journal row
+as it was (the job's row, each of its runs, what its GPUs did, an array's common part
+once per file), so nothing of it is lost and accounting reads it (`runs`). FIRST and
+LAST are the earliest start and the latest end in the file (whole seconds), so a report
+opens only the files its window overlaps.
+
+A batch is written and made durable before its rows leave the journal, in one commit;
+a crash in between leaves the rows in the journal and the file on disk, which the next
+batch writes again: readers keep one copy of each run (`runs` does). A job another
+waiting job depends on (`--after`), and the tasks of an array some of whose tasks are
+still queued or running, stay. tests/test_archive.py measures a year of jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from gpuwarden.errors import UserError
+from gpuwarden.service.states import ACTIVE, ENDED
+from gpuwarden.service.store import Store
+
+#: Rows moved at most in one batch: a tick of the service stays short.
+BATCH = 2000
+#: Seconds between two looks for history to archive once none was left.
+EVERY = 3600.0
+FOLDER = "archive"
+log = logging.getLogger("gpuwarden.serve")
+_NAME = re.compile(r"^history-(\d+)-(\d+)-(\d+)\.jsonl\.gz$")
+_RUN_COLUMNS = "job, run, uid, gid, user, account, gpus, gpu_seconds, queued, started, ended, state"
+
+
+def folder_of(state_dir: str) -> str:
+    return os.path.join(state_dir, FOLDER)
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+def movable(db: sqlite3.Connection, before: float, keep: Iterable[int] = ()) -> list[int]:
+    """Ids of ended jobs that ended before `before` and may leave the journal (at most
+    BATCH, oldest first): none in `keep` (what waiting jobs depend on), none of an
+    array with tasks still queued or running."""
+    active = _marks(ACTIVE)
+    query = (
+        f"SELECT id FROM jobs WHERE state IN ({_marks(ENDED)}) AND ended < ? AND "
+        "(array_job IS NULL OR array_job NOT IN (SELECT array_job FROM jobs WHERE "
+        f"state IN ({active}) AND array_job IS NOT NULL)) ORDER BY id LIMIT ?"
+    )
+    kept = set(keep)
+    rows = db.execute(query, (*ENDED, before, *ACTIVE, BATCH + len(kept)))
+    return [int(r[0]) for r in rows if int(r[0]) not in kept][:BATCH]
+
+
+def _dicts(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
+
+
+def move(journal: Store, state_dir: str, ids: Sequence[int]) -> str:
+    """Write jobs `ids` (their rows, runs, GPU use and common parts) to a new archive
+    file, durably, then delete them from the journal in one commit; the file's path."""
+    db = journal.db
+    marks = _marks(ids)
+    jobs = _dicts(db.execute(f"SELECT * FROM jobs WHERE id IN ({marks})", ids))
+    runs = _dicts(db.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE job IN ({marks})", ids))
+    uses = _dicts(db.execute(f"SELECT * FROM gpu_use WHERE job IN ({marks})", ids))
+    shared = sorted({j["shared"] for j in jobs if j.get("shared")})
+    blobs = _dicts(
+        db.execute(f"SELECT hash, body FROM blobs WHERE hash IN ({_marks(shared)})", shared)
+    )
+    starts = [r["started"] for r in runs] + [j["started"] or j["submitted"] for j in jobs]
+    ends = [r["ended"] for r in runs] + [j["ended"] for j in jobs]
+    first, last = int(min(starts)), int(max(ends)) + 1
+    folder = folder_of(state_dir)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"history-{first}-{last}-{min(ids)}.jsonl.gz")
+    tmp = path + ".tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a crash's leftover
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(tmp, flags, 0o600), "wb") as raw:  # root's alone, as the journal
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
+            for kind, rows in (("blob", blobs), ("job", jobs), ("run", runs), ("use", uses)):
+                for row in rows:
+                    out.write(json.dumps({"kind": kind, **row}).encode() + b"\n")
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.rename(tmp, path)
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    with journal.transaction():
+        for table, column in (("gpu_use", "job"), ("runs", "job"), ("jobs", "id")):
+            db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)
+        db.execute(
+            f"DELETE FROM blobs WHERE hash IN ({_marks(shared)}) AND hash NOT IN "
+            "(SELECT shared FROM jobs WHERE shared IS NOT NULL)",
+            shared,
+        )
+    return path
+
+
+def files(state_dir: str, since: float = 0.0, until: float = float("inf")) -> list[str]:
+    """The archive files that may hold runs between `since` and `until`, oldest first."""
+    folder = folder_of(state_dir)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        match = _NAME.match(name)
+        if match and int(match.group(2)) >= since and int(match.group(1)) < until:
+            found.append((int(match.group(3)), os.path.join(folder, name)))
+    return [path for _, path in sorted(found)]
+
+
+def rows(path: str) -> Iterator[dict[str, Any]]:
+    """Every row of one archive file, as written; a damaged file in one line."""
+    try:
+        with gzip.open(path, "rb") as lines:
+            for line in lines:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("a line is not an object")
+                yield row
+    except (OSError, EOFError, ValueError) as err:
+        raise UserError(f"cannot read the history archive {path}: {err}") from None
+
+
+def tend(service: Any, now: float) -> int:
+    """Move one batch of history older than `service.keep_history` to an archive, at
+    most once every `EVERY` seconds while none is left (at once again while some is);
+    how many jobs moved. A failure (a full disk) is logged and tried again later."""
+    keep = service.settings.keep_history
+    if keep is None or now < service.archived_at:
+        return 0
+    service.archived_at = now + EVERY
+    depended = {a for job in service.store.jobs() for a in job.after}
+    ids = movable(service.store.db, now - keep, depended)
+    if not ids:
+        return 0
+    try:
+        path = move(service.store, service.settings.state_dir, ids)
+    except (OSError, sqlite3.Error) as err:
+        log.warning("ended jobs could not be archived: %s", err)
+        return 0
+    if len(ids) == BATCH:
+        service.archived_at = now  # more to move: the next tick goes on
+    log.info("%d ended jobs moved from the journal to %s", len(ids), path)
+    return len(ids)
+
+
+def runs(state_dir: str, since: float, until: float) -> Iterator[dict[str, Any]]:
+    """The archived runs that held GPUs between `since` and `until` (the columns of the
+    journal's `runs`), each once: what accounting adds to the journal's own."""
+    seen: set[tuple[int, int]] = set()
+    for path in files(state_dir, since, until):
+        for row in rows(path):
+            if row.get("kind") != "run" or not (row["ended"] >= since and row["started"] < until):
+                continue
+            key = (int(row["job"]), int(row["run"]))
+            if key not in seen:
+                seen.add(key)
+                yield row

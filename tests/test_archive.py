@@ -1,0 +1,161 @@
+"""History retention (service.archive): a year of jobs in a journal, the older half
+moved to compressed archives, and `gpuwarden report` the same before and after.
+
+The figures (journal and archive bytes per job) are printed; run
+`pytest -s tests/test_archive.py` to see them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.errors import UserError
+from gpuwarden.service import accounting, archive
+from gpuwarden.service import store as st
+from hermetic import hermetic
+from repo import SRC
+
+DAY = 86400.0
+JOBS = 12000  # a year of a busy lab server's jobs: 33 a day
+KEEP = 183 * DAY
+#: Bytes one job may take: in the journal (its row, its run, indexes) and archived.
+JOURNAL_PER_JOB = 1200
+ARCHIVE_PER_JOB = 150
+
+
+def _a_year(path: Path, now: float) -> st.Store:
+    journal = st.Store(str(path))
+    rng = random.Random(7)
+    users = [f"student{i}" for i in range(30)]
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/x", "LANG": "C.UTF-8"}
+    env.update({f"VAR{i}": "v" * 20 for i in range(12)})
+    with journal.transaction():
+        for n in range(JOBS):
+            ended = now - 365 * DAY + (n + 0.5) * 365 * DAY / JOBS
+            started = ended - rng.uniform(60, 8 * 3600)
+            user = rng.choice(users)
+            job = st.new_job(
+                uid=5000 + users.index(user),
+                gid=100,
+                user=user,
+                argv=("python", "train.py", "--lr", f"{rng.random():.5f}", "--epochs", "30"),
+                cwd=f"/home/{user}/project",
+                env={**env, "HOME": f"/home/{user}"},
+                umask=18,
+                request={"count": rng.choice((1, 1, 2, 4))},
+                state=st.COMPLETED,
+                submitted=started - rng.uniform(0, 3600),
+                started=started,
+                ended=ended,
+                exit_code=0,
+                output=f"/home/{user}/project/gpuwarden-{n}.out",
+            )
+            added = journal.add(job)
+            gpus = tuple(f"GPU-{i}" for i in range(added.count))
+            held = added.count * (ended - started)
+            accounting.record_run(
+                journal.db, st.Job(**{**added.__dict__, "gpus": gpus}), ended, st.COMPLETED, held
+            )
+    return journal
+
+
+def _report(db: sqlite3.Connection, state: str, now: float, per: str) -> list[object]:
+    old = archive.runs(state, now - 400 * DAY, now)
+    return accounting.report(db, now - 400 * DAY, now, "user", per, now, old)
+
+
+def _size(db: sqlite3.Connection, path: Path) -> int:
+    """The journal's bytes on disk once compacted (VACUUM, its log emptied)."""
+    db.execute("VACUUM")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def test_a_year_of_jobs_keeps_half_a_year_in_the_journal_and_reports_the_same(
+    tmp_path: Path,
+) -> None:
+    now = time.time()
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "jobs.db"
+    journal = _a_year(path, now)
+    before = {per: _report(journal.db, str(state), now, per) for per in ("month", "all")}
+    whole = _size(journal.db, path)
+
+    moved = 0
+    while ids := archive.movable(journal.db, now - KEEP):
+        archive.move(journal, str(state), ids)
+        moved += len(ids)
+    kept = journal.db.execute("SELECT COUNT(*), MIN(ended) FROM jobs").fetchone()
+    assert kept[0] + moved == JOBS and kept[1] >= now - KEEP
+    assert journal.db.execute("SELECT MIN(ended) FROM runs").fetchone()[0] >= now - KEEP
+    after = {per: _report(journal.db, str(state), now, per) for per in ("month", "all")}
+    assert after == before  # accounting reads the archives: nothing lost
+
+    left = _size(journal.db, path)
+    archived = sum(p.stat().st_size for p in (state / "archive").iterdir())
+    print(
+        f"a year of {JOBS} jobs: journal {whole / JOBS:.0f} B/job ({whole / 1e6:.1f} MB); "
+        f"keeping {KEEP / DAY:.0f} days: journal {left / 1e6:.1f} MB, "
+        f"archives {archived / moved:.0f} B/job ({archived / 1e6:.2f} MB)"
+    )
+    assert whole <= JOBS * JOURNAL_PER_JOB
+    assert left <= kept[0] * JOURNAL_PER_JOB
+    assert archived <= moved * ARCHIVE_PER_JOB
+    journal.close()
+
+    # `gpuwarden report --journal` (an admin's offline report) reads the archives too
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "report",
+            "--journal",
+            str(path),
+            "--since",
+            "400d",
+            "--per",
+            "all",
+            "--format",
+            "json",
+        ],
+        env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    shown = {r["name"]: r["jobs"] for r in json.loads(run.stdout)}
+    assert shown == {r.name: r.jobs for r in before["all"]}  # type: ignore[attr-defined]
+
+
+def test_a_damaged_archive_is_said_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    (folder / "history-0-10-1.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(UserError) as err:
+        list(archive.runs(str(tmp_path), 0, 100))
+    assert "cannot read the history archive" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_jobs_others_depend_on_and_arrays_still_running_stay(tmp_path: Path) -> None:
+    journal = st.Store(str(tmp_path / "jobs.db"))
+    old = time.time() - 400 * DAY
+    fields = dict(uid=1, gid=1, user="x", argv=("true",), cwd="/", env={}, umask=18, request={})
+    done = journal.add(st.new_job(**fields, state=st.COMPLETED, ended=old))
+    named = journal.add(st.new_job(**fields, state=st.COMPLETED, ended=old))
+    first = journal.add(st.new_job(**fields, state=st.COMPLETED, ended=old, array_task=0))
+    journal.update(first.id, array_job=first.id)
+    journal.add(st.new_job(**fields, array_job=first.id, array_task=1))  # still waiting
+    assert archive.movable(journal.db, time.time(), keep={named.id}) == [done.id]
+    journal.close()

@@ -186,6 +186,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.attachment",
             "service.connection",
             "service.core",
+            "service.queuestate",
             "service.install",
             "service.runnable",
             "service.healthwatch",

@@ -25,11 +25,15 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from gpuwarden.errors import UserError
 from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.records import field, record
+
+if TYPE_CHECKING:
+    from gpuwarden.config import Config
+    from gpuwarden.request import Request
 
 Ids = Union[str, int, Sequence[Union[str, int]], None]
 SnapshotSource = Union[Snapshot, Callable[[], Snapshot], None]
@@ -89,7 +93,7 @@ def _request(
     exclude: Ids,
     mem: Union[str, int, None],
     mig: Optional[str] = None,
-) -> tuple[Any, Any]:
+) -> tuple[Config, Request]:
     """(the reading of the configuration with these arguments, the `request.Request`):
     the one reading everything on the way is handed, as `run` hands its own."""
     from gpuwarden import config
@@ -112,7 +116,9 @@ def _request(
     )
     declared = None
     if mem is not None:
-        declared = mem if isinstance(mem, int) and not isinstance(mem, bool) else parse_size(mem)
+        if isinstance(mem, bool) or not isinstance(mem, (int, str)):
+            raise UserError(f"invalid mem={mem!r}: expected bytes or a size such as 20GiB")
+        declared = mem if isinstance(mem, int) else parse_size(mem)
         if declared <= 0:
             raise UserError(f"invalid mem={mem!r}: expected a size above zero")
     return conf, Request.from_config(conf, mem=declared)
@@ -202,8 +208,8 @@ def time_limit(value: Union[str, float, None], what: str) -> Optional[float]:
 
 @contextmanager
 def _hold(
-    conf: Any,
-    request: Any,
+    conf: Config,
+    request: Request,
     wait: bool = False,
     timeout: Optional[float] = None,
     uuid: bool = False,
@@ -265,14 +271,14 @@ def _hold(
 
 
 def allocated(
-    request: Any,
+    request: Request,
     path: str,
     base: dict[str, str],
     wait: bool,
     timeout: Optional[float],
     uuid: bool,
     read: Callable[[], Snapshot],
-    conf: Any = None,
+    conf: Optional[Config] = None,
     time: Optional[float] = None,
     time_option: str = "time=",
     account: Optional[str] = None,

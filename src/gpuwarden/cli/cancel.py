@@ -45,7 +45,7 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.slurm:
         return _slurm(args)
-    from gpuwarden.cli.jobtables import report_refused
+    from gpuwarden.cli.jobtables import acted
     from gpuwarden.errors import UserError
     from gpuwarden.queueclient.client import require
     from gpuwarden.queueclient.protocol import MAX_IDS
@@ -72,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             done += reply.get("names") or reply["jobs"]
             refused += reply.get("refused") or []
-    if done:
-        print(f"cancelled: {', '.join(str(i) for i in done)}")
-    return report_refused("cancel", {"refused": refused})
+    return acted("cancel", "cancelled", done, refused)
 
 
 def split_ranges(words: list[str]) -> tuple[list[int | str], list[tuple[int, int]]]:

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional, Union
 
+    from gpuwarden.config import Config
+    from gpuwarden.request import Request
+
     Declared = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
 
@@ -163,7 +166,7 @@ def add_slurm_options(parser: argparse.ArgumentParser, what: str) -> argparse._A
     return slurm
 
 
-def request_of(args: argparse.Namespace) -> tuple[Any, Any]:
+def request_of(args: argparse.Namespace) -> tuple[Config, Request]:
     """(config, request.Request) from the options, over the configured defaults."""
     from gpuwarden import config as cfg
     from gpuwarden.request import Request

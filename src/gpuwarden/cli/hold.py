@@ -22,13 +22,13 @@ def register(commands: Commands, command_name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.cli.jobtables import job_names, report_refused
+    from gpuwarden.cli.jobtables import acted, job_names
     from gpuwarden.queueclient.client import require
 
     op = "hold" if args.command == "hold" else "release"
-    ids = job_names(args.ids)
     with require() as client:
-        reply = client.call(op, jobs=ids)
-    verb = "held" if op == "hold" else "released"
-    print(f"{verb}: {', '.join(str(i) for i in reply.get('names') or reply['jobs'])}")
-    return report_refused(args.command, reply)
+        reply = client.call(op, jobs=job_names(args.ids))
+    done = reply.get("names") or reply["jobs"]
+    return acted(
+        args.command, "held" if op == "hold" else "released", done, reply.get("refused") or ()
+    )

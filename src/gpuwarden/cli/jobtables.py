@@ -332,12 +332,18 @@ def job_label(job: Mapping[str, Any]) -> str:
     return str(job.get("label") or job.get("id"))
 
 
-def report_refused(command: str, reply: Mapping[str, Any]) -> int:
-    """The ids a cancel, hold or release refused, one line each on stderr; the exit
-    status: 1 when some were refused (the others were done), else 0."""
+def acted(
+    command: str, verb: str, done: Sequence[object], refused: Sequence[Mapping[str, Any]]
+) -> int:
+    """The end of every command that acts on jobs by id (cancel, hold, unhold, requeue):
+    `VERB: IDS` for the jobs done, one line on stderr for each refused; the exit status:
+    0 all done, 1 some refused (the others were done), 2 none done."""
     import sys
 
-    refused = reply.get("refused") or ()
+    if done:
+        print(f"{verb}: {', '.join(str(i) for i in done)}")
     for item in refused:
         print(f"gpuwarden {command}: {printable(str(item.get('error')))}", file=sys.stderr)
+    if not done:
+        return 2
     return 1 if refused else 0

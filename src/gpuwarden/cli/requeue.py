@@ -24,25 +24,18 @@ def register(commands: Commands, command_name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from gpuwarden.cli.jobtables import job_ids
+    from gpuwarden.cli.jobtables import acted, job_ids
     from gpuwarden.errors import UserError
     from gpuwarden.queueclient.client import require
-    from gpuwarden.safefiles import printable
 
-    ids = list(job_ids(args.ids))
     done: list[int] = []
-    refused = 0
+    refused: list[dict[str, str]] = []
     with require() as client:
-        for job in dict.fromkeys(ids):
+        for job in dict.fromkeys(job_ids(args.ids)):  # the service requeues one at a time
             try:
                 client.call("requeue", job=job)
             except UserError as err:
-                print(f"gpuwarden requeue: {printable(str(err))}", file=sys.stderr)
-                refused += 1
+                refused.append({"error": str(err)})
                 continue
             done.append(job)
-    if done:
-        print(f"requeued: {', '.join(str(i) for i in done)}")
-    return 0 if not refused else (1 if done else 2)
+    return acted("requeue", "requeued", done, refused)

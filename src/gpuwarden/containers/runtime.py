@@ -15,9 +15,10 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, Optional
+    from typing import Optional
 
     from gpuwarden.containers.command import Plan
+    from gpuwarden.jobs.launch import StartedJob
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -58,7 +59,7 @@ class Stopper:
             os.close(null)
 
 
-def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> Any:
+def start(plan: Plan, env: Mapping[str, str], fds: Sequence[int]) -> StartedJob:
     """Start the runtime's client as the job: the lease descriptors inherited, and with
     Podman also numbered from 3 for --preserve-fds; signals also stop the container."""
     from gpuwarden.jobs import launch
@@ -208,9 +209,9 @@ def main(args: Sequence[str]) -> int:
         found = command.plan_here(args, gpus, job, len(fds), env, dev, name)
         if found is None:
             raise UserError(f"not a container command: {' '.join(args[:2])}")
-        job = start(found, env, fds)
-        code = int(job.wait())
-        stopper = job.on_signal
+        started = start(found, env, fds)
+        code = int(started.wait())
+        stopper = started.on_signal
         if isinstance(stopper, Stopper) and stopper.pid:
             # Cancelled: the client may end first (the service signals all of the job, and
             # its signal proxy with it), and the job's end is when the service kills what is

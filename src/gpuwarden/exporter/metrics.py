@@ -89,282 +89,352 @@ def _ratio(percent: Optional[float]) -> Optional[float]:
     return None if percent is None else percent / 100.0
 
 
-def families(view: View, dcgm_compat: bool = False) -> list:
-    """The metric families for one view (prometheus_client `Metric`s)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+class Scrape:
+    """One scrape being turned into families: the view, its GPUs' labels, and
+    prometheus_client's two family types (imported when the first scrape is made)."""
 
-    snap = view.snapshot
-    host = snap.hostname
-    base = ["gpu", "uuid", "model", "hostname"]
+    def __init__(self, view: View) -> None:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    def gpu_labels(gpu: Gpu) -> list[str]:
-        return [str(gpu.index), gpu.uuid, gpu.name or "", host]
+        self.view = view
+        self.gpus = view.snapshot.gpus
+        self.host = view.snapshot.hostname
+        self.base = ["gpu", "uuid", "model", "hostname"]
+        self.Gauge = GaugeMetricFamily
+        self.Counter = CounterMetricFamily
 
-    out: list = []
+    def labels(self, gpu: Gpu) -> list[str]:
+        return [str(gpu.index), gpu.uuid, gpu.name or "", self.host]
 
-    def gauge(name: str, doc: str, attr: Callable[[Gpu], Optional[float]], family: Any = None):
-        fam = (family or GaugeMetricFamily)(name, doc, labels=base)
-        for gpu in snap.gpus:
-            value = attr(gpu)
-            if value is not None:
-                fam.add_metric(gpu_labels(gpu), float(value))
-        out.append(fam)
 
-    def counter(name: str, doc: str, attr: Callable[[Gpu], Optional[float]]):
-        gauge(name, doc, attr, CounterMetricFamily)
+#: One part of a scrape: its families, in the order they are exposed.
+Part = Callable[[Scrape], list]
 
-    info = GaugeMetricFamily(
+
+def per_gpu(
+    name: str, doc: str, value: Callable[[Gpu], Optional[float]], counter: bool = False
+) -> Part:
+    """A family of one series per GPU with the base labels, from one of the GPU's fields
+    (a GPU whose field is None has no series)."""
+
+    def part(s: Scrape) -> list:
+        fam = (s.Counter if counter else s.Gauge)(name, doc, labels=s.base)
+        for gpu in s.gpus:
+            got = value(gpu)
+            if got is not None:
+                fam.add_metric(s.labels(gpu), float(got))
+        return [fam]
+
+    return part
+
+
+def _info(s: Scrape) -> list:
+    info = s.Gauge(
         "gpuwarden_gpu_info",
         "GPU identity (always 1)",
-        labels=[*base, "pci_bus_id", "driver_version"],
+        labels=[*s.base, "pci_bus_id", "driver_version"],
     )
-    for gpu in snap.gpus:
-        info.add_metric([*gpu_labels(gpu), gpu.pci_bus_id or "", snap.driver_version or ""], 1)
-    out.append(info)
-    gauge("gpuwarden_gpu_memory_used_bytes", "GPU memory in use", lambda g: g.memory_used)
-    gauge("gpuwarden_gpu_memory_total_bytes", "GPU memory size", lambda g: g.memory_total)
-    gauge("gpuwarden_gpu_memory_free_bytes", "GPU memory free", lambda g: g.memory_free)
-    gauge(
-        "gpuwarden_gpu_utilization_ratio",
-        "Fraction of time a kernel ran (NVML utilization.gpu)",
-        lambda g: _ratio(g.utilization_gpu),
-    )
-    gauge(
-        "gpuwarden_gpu_memory_utilization_ratio",
-        "Fraction of time memory was read or written (NVML utilization.memory)",
-        lambda g: _ratio(g.utilization_memory),
-    )
-    gauge("gpuwarden_gpu_temperature_celsius", "GPU core temperature", lambda g: g.temperature)
-    gauge("gpuwarden_gpu_power_watts", "Power draw", lambda g: g.power_draw)
-    gauge("gpuwarden_gpu_power_limit_watts", "Power limit", lambda g: g.power_limit)
-    gauge("gpuwarden_gpu_fan_speed_ratio", "Fan speed", lambda g: _ratio(g.fan_speed))
-    gauge(
-        "gpuwarden_gpu_sm_clock_hertz",
-        "SM clock",
-        lambda g: None if g.clock_sm is None else g.clock_sm * 1e6,
-    )
-    counter(
-        "gpuwarden_gpu_energy_joules",
-        "Energy used since the driver loaded",
-        lambda g: g.energy_consumed,
-    )
-    ecc = CounterMetricFamily(
+    driver = s.view.snapshot.driver_version or ""
+    for gpu in s.gpus:
+        info.add_metric([*s.labels(gpu), gpu.pci_bus_id or "", driver], 1)
+    return [info]
+
+
+def _ecc(s: Scrape) -> list:
+    ecc = s.Counter(
         "gpuwarden_gpu_ecc_errors",
         "ECC errors since the driver loaded (volatile)",
-        labels=[*base, "type"],
+        labels=[*s.base, "type"],
     )
-    for gpu in snap.gpus:
+    for gpu in s.gpus:
         for kind, value in (
             ("corrected", gpu.ecc_corrected_volatile),
             ("uncorrected", gpu.ecc_uncorrected_volatile),
         ):
             if value is not None:
-                ecc.add_metric([*gpu_labels(gpu), kind], value)
-    out.append(ecc)
-    counter(
-        "gpuwarden_gpu_pcie_replays",
-        "PCIe replays since the driver loaded",
-        lambda g: g.pcie_replay_count,
-    )
-    gauge(
-        "gpuwarden_gpu_remapped_rows_pending",
-        "1 when a memory row remap waits for a GPU reset",
-        lambda g: None if g.remapped_rows_pending is None else int(g.remapped_rows_pending),
-    )
-    gauge(
-        "gpuwarden_gpu_remapped_rows_failure",
-        "1 when row remapping failed",
-        lambda g: None if g.remapped_rows_failure is None else int(g.remapped_rows_failure),
-    )
-    gauge("gpuwarden_gpu_lost", "1 when the GPU has fallen off the bus", lambda g: int(g.lost))
-    throttle = GaugeMetricFamily(
+                ecc.add_metric([*s.labels(gpu), kind], value)
+    return [ecc]
+
+
+def _throttled(s: Scrape) -> list:
+    throttle = s.Gauge(
         "gpuwarden_gpu_throttled",
         "1 for each active clock throttle reason",
-        labels=[*base, "reason"],
+        labels=[*s.base, "reason"],
     )
-    for gpu in snap.gpus:
+    for gpu in s.gpus:
         for why in gpu.throttle_reasons or ():
-            throttle.add_metric([*gpu_labels(gpu), why], 1)
-    out.append(throttle)
+            throttle.add_metric([*s.labels(gpu), why], 1)
+    return [throttle]
 
-    # Per code, the series is born with the first event, already at 1: Prometheus's
-    # increase() cannot see that first step. The per-GPU `xid_events` counters are
-    # exported at 0 from the start, so alerts and panels use those for "new XID".
-    xid_total = CounterMetricFamily(
+
+def _xids(s: Scrape) -> list:
+    """Per code, the series is born with the first event, already at 1: Prometheus's
+    increase() cannot see that first step. The per-GPU `xid_events` counters are
+    exported at 0 from the start, so alerts and panels use those for "new XID"."""
+    xid_total = s.Counter(
         "gpuwarden_gpu_xid_errors",
         "XID errors seen since boot (or since `gpuwarden health --clear`), per code; "
         "fatal per health.fatal_xids",
-        labels=[*base, "xid", "fatal"],
+        labels=[*s.base, "xid", "fatal"],
     )
-    xid_events = CounterMetricFamily(
+    xid_events = s.Counter(
         "gpuwarden_gpu_xid_events",
         "XID errors on the GPU, fatal (per health.fatal_xids) or not; both series "
         "exist at 0 before the first, so increase() sees it",
-        labels=[*base, "fatal"],
+        labels=[*s.base, "fatal"],
     )
-    last_xid = GaugeMetricFamily(
-        "gpuwarden_gpu_last_xid", "The most recent XID on the GPU (0: none)", labels=base
+    last_xid = s.Gauge(
+        "gpuwarden_gpu_last_xid", "The most recent XID on the GPU (0: none)", labels=s.base
     )
-    for gpu in snap.gpus:
-        seen = view.xids.get(gpu.uuid, ())
+    for gpu in s.gpus:
+        seen = s.view.xids.get(gpu.uuid, ())
         fatal_count = 0
         for xid in sorted(set(seen)):
             count = seen.count(xid)
-            fatal = xid in view.fatal_xids
+            fatal = xid in s.view.fatal_xids
             fatal_count += count if fatal else 0
-            xid_total.add_metric([*gpu_labels(gpu), str(xid), _bool(fatal)], count)
-        xid_events.add_metric([*gpu_labels(gpu), "true"], fatal_count)
-        xid_events.add_metric([*gpu_labels(gpu), "false"], len(seen) - fatal_count)
-        last_xid.add_metric(gpu_labels(gpu), seen[-1] if seen else 0)
-    out += [xid_total, xid_events, last_xid]
+            xid_total.add_metric([*s.labels(gpu), str(xid), _bool(fatal)], count)
+        xid_events.add_metric([*s.labels(gpu), "true"], fatal_count)
+        xid_events.add_metric([*s.labels(gpu), "false"], len(seen) - fatal_count)
+        last_xid.add_metric(s.labels(gpu), seen[-1] if seen else 0)
+    return [xid_total, xid_events, last_xid]
 
-    health = GaugeMetricFamily(
+
+def _health(s: Scrape) -> list:
+    health = s.Gauge(
         "gpuwarden_gpu_health",
         "1 for the GPU's health state (ok, warning, fatal), 0 for the others",
-        labels=[*base, "state"],
+        labels=[*s.base, "state"],
     )
-    reason = GaugeMetricFamily(
+    reason = s.Gauge(
         "gpuwarden_gpu_health_finding",
         "One series per current health finding",
-        labels=[*base, "level", "code", "reason"],
+        labels=[*s.base, "level", "code", "reason"],
     )
-    for gpu in snap.gpus:
-        found = tuple(view.findings.get(gpu.uuid, ()))
+    for gpu in s.gpus:
+        found = tuple(s.view.findings.get(gpu.uuid, ()))
         state = level(found) if found else OK
         for name in LEVELS:
-            health.add_metric([*gpu_labels(gpu), name], int(name == state))
+            health.add_metric([*s.labels(gpu), name], int(name == state))
         for f in found:
-            reason.add_metric([*gpu_labels(gpu), f.level, f.code, f.reason], 1)
-    out += [health, reason]
+            reason.add_metric([*s.labels(gpu), f.level, f.code, f.reason], 1)
+    return [health, reason]
 
-    drained = GaugeMetricFamily(
+
+def _drained(s: Scrape) -> list:
+    drained = s.Gauge(
         "gpuwarden_gpu_drained",
         "1 when the GPU is taken out of service",
-        labels=[*base, "reason", "by", "auto"],
+        labels=[*s.base, "reason", "by", "auto"],
     )
-    for gpu in snap.gpus:
-        d = view.drains.get(gpu.uuid)
+    for gpu in s.gpus:
+        d = s.view.drains.get(gpu.uuid)
         if d is None:
-            drained.add_metric([*gpu_labels(gpu), "", "", ""], 0)
+            drained.add_metric([*s.labels(gpu), "", "", ""], 0)
         else:
             drained.add_metric(
                 [
-                    *gpu_labels(gpu),
+                    *s.labels(gpu),
                     str(getattr(d, "reason", "")),
                     str(getattr(d, "drainer", "")),
                     _bool(getattr(d, "auto", False)),
                 ],
                 1,
             )
-    out.append(drained)
+    return [drained]
 
-    # A GPU in MIG mode is leased, and holds processes, per MIG instance: those series
-    # carry dcgm-exporter's GPU_I_ID and GPU_I_PROFILE (empty for a whole GPU).
-    slots = ["GPU_I_ID", "GPU_I_PROFILE"]
-    leased = GaugeMetricFamily(
+
+#: A GPU in MIG mode is leased, and holds processes, per MIG instance: those series
+#: carry dcgm-exporter's GPU_I_ID and GPU_I_PROFILE (empty for a whole GPU).
+SLOTS = ["GPU_I_ID", "GPU_I_PROFILE"]
+
+
+def _leased(s: Scrape) -> list:
+    leased = s.Gauge(
         "gpuwarden_gpu_leased",
         "1 per lease held on the GPU or MIG instance (0 with empty user when none)",
-        labels=[*base, *slots, "user", "job", "pid"],
+        labels=[*s.base, *SLOTS, "user", "job", "pid"],
     )
     by_uuid: dict[str, list] = {}
-    for lease in view.leases:
+    for lease in s.view.leases:
         by_uuid.setdefault(lease.uuid, []).append(lease)
-    for gpu in snap.gpus:
+    for gpu in s.gpus:
         units = _units(gpu)
         if units[0][0] != gpu.uuid and gpu.uuid in by_uuid:
             units.append((gpu.uuid, WHOLE))  # a lease on the whole of a MIG-mode GPU
         for uuid, slot in units:
             leases = by_uuid.get(uuid, [])
             if not leases:
-                leased.add_metric([*gpu_labels(gpu), *slot, "", "", ""], 0)
+                leased.add_metric([*s.labels(gpu), *slot, "", "", ""], 0)
             for lease in leases:
                 # lease files are written by other users: every label is made a string
                 # here, so one record of the wrong type cannot fail the whole scrape
                 job = _short(lease.job, 60) or (
-                    _short(lease.command, 60) if view.show_commands else ""
+                    _short(lease.command, 60) if s.view.show_commands else ""
                 )
                 user = _short(lease.user, 60)
                 pid = _short(lease.pid, 20)
-                leased.add_metric([*gpu_labels(gpu), *slot, user, job, pid], 1)
-    out.append(leased)
-    mig_labels = [*base, *slots, "mig_uuid"]
-    mig_used = GaugeMetricFamily(
+                leased.add_metric([*s.labels(gpu), *slot, user, job, pid], 1)
+    return [leased]
+
+
+def _mig_memory(s: Scrape) -> list:
+    mig_labels = [*s.base, *SLOTS, "mig_uuid"]
+    mig_used = s.Gauge(
         "gpuwarden_mig_memory_used_bytes", "Memory in use on a MIG instance", labels=mig_labels
     )
-    mig_total = GaugeMetricFamily(
+    mig_total = s.Gauge(
         "gpuwarden_mig_memory_total_bytes", "Memory of a MIG instance", labels=mig_labels
     )
-    for gpu in snap.gpus:
+    for gpu in s.gpus:
         for mig in gpu.mig_instances if gpu.mig_mode else ():
-            names = [*gpu_labels(gpu), *mig_slot(mig), mig.uuid]
+            names = [*s.labels(gpu), *mig_slot(mig), mig.uuid]
             for fam, value in ((mig_used, mig.memory_used), (mig_total, mig.memory_total)):
                 if value is not None:
                     fam.add_metric(names, value)
-    out += [mig_used, mig_total]
+    return [mig_used, mig_total]
 
-    idle_held = GaugeMetricFamily(
+
+def _idle(s: Scrape) -> list:
+    after = s.view.idle_after
+    idle_held = s.Gauge(
         "gpuwarden_gpu_idle_held",
-        f"1 when the GPU is leased or holds memory but has been idle {view.idle_after:g}s or more",
-        labels=base,
+        f"1 when the GPU is leased or holds memory but has been idle {after:g}s or more",
+        labels=s.base,
     )
-    idle_secs = GaugeMetricFamily(
+    idle_secs = s.Gauge(
         "gpuwarden_gpu_idle_held_seconds",
         "How long the GPU has been held while idle",
-        labels=base,
+        labels=s.base,
     )
-    for gpu in snap.gpus:
-        secs = view.idle_seconds.get(gpu.uuid, 0.0)
-        idle_held.add_metric(gpu_labels(gpu), int(secs >= view.idle_after and secs > 0))
-        idle_secs.add_metric(gpu_labels(gpu), secs)
-    out += [idle_held, idle_secs]
+    for gpu in s.gpus:
+        secs = s.view.idle_seconds.get(gpu.uuid, 0.0)
+        idle_held.add_metric(s.labels(gpu), int(secs >= after and secs > 0))
+        idle_secs.add_metric(s.labels(gpu), secs)
+    return [idle_held, idle_secs]
 
-    procs = GaugeMetricFamily(
+
+def _processes(s: Scrape) -> list:
+    procs = s.Gauge(
         "gpuwarden_process_memory_used_bytes",
         "GPU memory held by one process",
-        labels=[*base, *slots, "pid", "user", "command"],
+        labels=[*s.base, *SLOTS, "pid", "user", "command"],
     )
     per_user: dict[str, float] = {}
-    for gpu in snap.gpus:
+    for gpu in s.gpus:
         slot_of = {m.uuid: mig_slot(m) for m in gpu.mig_instances}
         for p in gpu.processes:
             user = _short(p.user, 60) or "unknown"
             if p.used_memory is None:
                 continue
             slot = slot_of.get(p.mig_uuid or "", WHOLE)
-            command = _short(p.command, 60) if view.show_commands else ""
-            names = [*gpu_labels(gpu), *slot, str(p.pid), user, command]
+            command = _short(p.command, 60) if s.view.show_commands else ""
+            names = [*s.labels(gpu), *slot, str(p.pid), user, command]
             procs.add_metric(names, p.used_memory)
             per_user[user] = per_user.get(user, 0.0) + p.used_memory
-    out.append(procs)
-    users = GaugeMetricFamily(
+    users = s.Gauge(
         "gpuwarden_user_memory_used_bytes",
         "GPU memory held by a user's processes, all GPUs together",
         labels=["user", "hostname"],
     )
     for user, used in sorted(per_user.items()):
-        users.add_metric([user, host], used)
-    out.append(users)
+        users.add_metric([user, s.host], used)
+    return [procs, users]
 
-    out.append(
-        CounterMetricFamily(
+
+def _reading(s: Scrape) -> list:
+    """How the last read of the machine went."""
+    return [
+        s.Counter(
             "gpuwarden_scrape_errors",
             "GPU reads that failed (a GPU NVML could not read, or a whole read)",
-            value=view.scrape_errors,
-        )
-    )
-    out.append(
-        GaugeMetricFamily(
-            "gpuwarden_nvml_up", "1 when NVML answered the last read", value=int(view.nvml_up)
-        )
-    )
-    out.append(
-        GaugeMetricFamily(
+            value=s.view.scrape_errors,
+        ),
+        s.Gauge(
+            "gpuwarden_nvml_up", "1 when NVML answered the last read", value=int(s.view.nvml_up)
+        ),
+        s.Gauge(
             "gpuwarden_snapshot_read_seconds",
             "How long the last snapshot read took",
-            value=view.read_seconds,
-        )
-    )
-    out += queue_families(view.queue, host)
+            value=s.view.read_seconds,
+        ),
+    ]
+
+
+def _flag(value: Optional[bool]) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+#: Every family a scrape exposes, in order: the table `families` walks.
+PARTS: tuple[Part, ...] = (
+    _info,
+    per_gpu("gpuwarden_gpu_memory_used_bytes", "GPU memory in use", lambda g: g.memory_used),
+    per_gpu("gpuwarden_gpu_memory_total_bytes", "GPU memory size", lambda g: g.memory_total),
+    per_gpu("gpuwarden_gpu_memory_free_bytes", "GPU memory free", lambda g: g.memory_free),
+    per_gpu(
+        "gpuwarden_gpu_utilization_ratio",
+        "Fraction of time a kernel ran (NVML utilization.gpu)",
+        lambda g: _ratio(g.utilization_gpu),
+    ),
+    per_gpu(
+        "gpuwarden_gpu_memory_utilization_ratio",
+        "Fraction of time memory was read or written (NVML utilization.memory)",
+        lambda g: _ratio(g.utilization_memory),
+    ),
+    per_gpu("gpuwarden_gpu_temperature_celsius", "GPU core temperature", lambda g: g.temperature),
+    per_gpu("gpuwarden_gpu_power_watts", "Power draw", lambda g: g.power_draw),
+    per_gpu("gpuwarden_gpu_power_limit_watts", "Power limit", lambda g: g.power_limit),
+    per_gpu("gpuwarden_gpu_fan_speed_ratio", "Fan speed", lambda g: _ratio(g.fan_speed)),
+    per_gpu(
+        "gpuwarden_gpu_sm_clock_hertz",
+        "SM clock",
+        lambda g: None if g.clock_sm is None else g.clock_sm * 1e6,
+    ),
+    per_gpu(
+        "gpuwarden_gpu_energy_joules",
+        "Energy used since the driver loaded",
+        lambda g: g.energy_consumed,
+        counter=True,
+    ),
+    _ecc,
+    per_gpu(
+        "gpuwarden_gpu_pcie_replays",
+        "PCIe replays since the driver loaded",
+        lambda g: g.pcie_replay_count,
+        counter=True,
+    ),
+    per_gpu(
+        "gpuwarden_gpu_remapped_rows_pending",
+        "1 when a memory row remap waits for a GPU reset",
+        lambda g: _flag(g.remapped_rows_pending),
+    ),
+    per_gpu(
+        "gpuwarden_gpu_remapped_rows_failure",
+        "1 when row remapping failed",
+        lambda g: _flag(g.remapped_rows_failure),
+    ),
+    per_gpu("gpuwarden_gpu_lost", "1 when the GPU has fallen off the bus", lambda g: int(g.lost)),
+    _throttled,
+    _xids,
+    _health,
+    _drained,
+    _leased,
+    _mig_memory,
+    _idle,
+    _processes,
+    _reading,
+    lambda s: queue_families(s.view.queue, s.host),
+)
+
+
+def families(view: View, dcgm_compat: bool = False) -> list:
+    """The metric families for one view (prometheus_client `Metric`s): the table
+    `PARTS`, then dcgm-exporter's names for the same readings with `dcgm_compat`."""
+    scrape = Scrape(view)
+    out: list = []
+    for part in PARTS:
+        out += part(scrape)
     if dcgm_compat:
         out += dcgm_families(view)
     return out

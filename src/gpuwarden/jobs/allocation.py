@@ -35,7 +35,13 @@ from gpuwarden.units import format_span
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any, Optional
+    from typing import Optional
+
+    from gpuwarden.config import Config
+    from gpuwarden.inventory import Snapshot
+    from gpuwarden.request import Request
+    from gpuwarden.selection import Choice
+    from gpuwarden.waitline import Ticket, Waiter
 
 
 class Outcome:
@@ -46,9 +52,9 @@ class Outcome:
     def __init__(
         self,
         held: Optional[Held],
-        choice: Any,  # selection.Choice
+        choice: Choice,
         ahead: int = 0,  # waiters read before us
-        blocked_by: Optional[Any] = None,  # the first earlier waiter that does not fit yet
+        blocked_by: Optional[Waiter] = None,  # the first earlier waiter that does not fit yet
     ) -> None:
         self.held = held
         self.choice = choice
@@ -58,14 +64,14 @@ class Outcome:
 
 def attempt(
     ld: LeaseDir,
-    request: Any,
-    snapshot: Any,
+    request: Request,
+    snapshot: Snapshot,
     *,
     allowed: Optional[Collection[str]] = None,
     job: Optional[str] = None,
-    ticket: Any = None,
+    ticket: Optional[Ticket] = None,
     patience: float = 0.0,
-    conf: Any = None,
+    conf: Optional[Config] = None,
 ) -> Outcome:
     """Choose and take under the allocation lock, serving earlier waiters first.
 
@@ -152,7 +158,7 @@ def attempt(
             os.close(alloc_fd)
 
 
-def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
+def _virtual(uuid: str, waiter: Waiter, choice: Choice) -> LeaseInfo:
     # Not a lease yet: the user says so, since a message shows it as "leased by ...".
     return LeaseInfo(
         uuid,
@@ -165,8 +171,11 @@ def _virtual(uuid: str, waiter: Any, choice: Any) -> LeaseInfo:
 
 
 def choose_now(
-    snapshot: Any, request: Any, allowed: Optional[Collection[str]], conf: Any = None
-) -> Any:
+    snapshot: Snapshot,
+    request: Request,
+    allowed: Optional[Collection[str]],
+    conf: Optional[Config] = None,
+) -> Choice:
     """What `acquire` would choose now, leasing nothing: the `selection.Choice` against
     the leases and drains of this moment (`conf`: the caller's reading of the
     configuration, None: the one in force)."""
@@ -181,7 +190,7 @@ def choose_now(
     return choose(snapshot, request, held, drains, allowed, judged(snapshot.gpus, conf=conf))
 
 
-def waiting_count(conf: Any = None) -> int:
+def waiting_count(conf: Optional[Config] = None) -> int:
     """How many requests wait in line (they are served before a new one)."""
     from gpuwarden import waitline
     from gpuwarden.leases.dir import open_dir
@@ -190,7 +199,7 @@ def waiting_count(conf: Any = None) -> int:
     return len(waitline.read_line(open_dir(lease_location(conf))))
 
 
-def describe_request(request: Any) -> str:
+def describe_request(request: Request) -> str:
     from gpuwarden.units import format_size
 
     if request.gpus and request.count is None:
@@ -214,7 +223,7 @@ def _refused(out: Outcome, wait: bool) -> str:
     help: a request that can never fit, or one that does not wait."""
     choice = out.choice
     if choice.never_fits:
-        raise UserError(choice.error)
+        raise UserError(choice.error or "the request can never fit here")
     reason: str = choice.error or ""
     if out.blocked_by is not None:
         w = out.blocked_by
@@ -227,9 +236,9 @@ def _refused(out: Outcome, wait: bool) -> str:
 
 
 def acquire(
-    request: Any,
+    request: Request,
     *,
-    snapshot: Callable[[], Any],
+    snapshot: Callable[[], Snapshot],
     wait: bool = False,
     timeout: Optional[float] = None,
     allowed: Optional[Collection[str]] = None,
@@ -238,7 +247,7 @@ def acquire(
     lease_dir: Optional[str] = None,
     poll: float = 0.05,
     refresh: float = 1.0,
-    conf: Any = None,
+    conf: Optional[Config] = None,
 ) -> Held:
     """Take leases for `request` (the allocation lock stays held until `publish`).
 

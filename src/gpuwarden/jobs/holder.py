@@ -23,8 +23,10 @@ from gpuwarden.errors import UserError
 TYPE_CHECKING = False  # annotations only
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import FrameType
     from typing import Any, Optional
 
+    from gpuwarden.config import Config
     from gpuwarden.leases import Held
 
 
@@ -58,7 +60,7 @@ def _holder(held: Held, ready_fd: int, seconds: Optional[float]) -> None:
         os.close(null)
         held.drop_allocation_lock()  # our copy only: the parent holds it until publish
 
-        def stop(_signum: int, _frame: Any) -> None:
+        def stop(_signum: int, _frame: Optional[FrameType]) -> None:
             raise SystemExit(0)
 
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -113,7 +115,7 @@ def hold_in_background(
 def hold_allocation_in_background(
     fields: dict[str, Any],
     path: str,
-    conf: Any,
+    conf: Config,
     *,
     wait: bool,
     timeout: Optional[float],
@@ -161,7 +163,7 @@ def hold_allocation_in_background(
 def _allocation_holder(
     fields: dict[str, Any],
     path: str,
-    conf: Any,
+    conf: Config,
     wait: bool,
     timeout: Optional[float],
     time_option: str,
@@ -181,7 +183,7 @@ def _allocation_holder(
             os.dup2(null, fd)
         os.close(null)
 
-        def stop(_signum: int, _frame: Any) -> None:
+        def stop(_signum: int, _frame: Optional[FrameType]) -> None:
             raise SystemExit(0)
 
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

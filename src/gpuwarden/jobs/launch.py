@@ -29,7 +29,11 @@ from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
     from typing import Any, Optional
+
+    from gpuwarden.inventory import Gpu
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _TERMINAL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -47,7 +51,7 @@ OURS = (
 )
 
 
-def export_value(gpus: Sequence[Any], use_uuid: bool = False) -> str:
+def export_value(gpus: Sequence[Gpu], use_uuid: bool = False) -> str:
     """`CUDA_VISIBLE_DEVICES` naming exactly `gpus`, in that order.
 
     Indices are NVML's and so mean the right GPUs only together with
@@ -68,7 +72,7 @@ def export_value(gpus: Sequence[Any], use_uuid: bool = False) -> str:
     )
 
 
-def export_env(gpus: Sequence[Any], use_uuid: bool = False) -> dict[str, str]:
+def export_env(gpus: Sequence[Gpu], use_uuid: bool = False) -> dict[str, str]:
     """Both variables a child needs so that its cuda:N are exactly `gpus`, in order."""
     return {
         "CUDA_VISIBLE_DEVICES": export_value(gpus, use_uuid),
@@ -78,7 +82,7 @@ def export_env(gpus: Sequence[Any], use_uuid: bool = False) -> dict[str, str]:
 
 def job_env(
     base: Mapping[str, str],
-    gpus: Sequence[Any],
+    gpus: Sequence[Gpu],
     *,
     use_uuid: bool = False,
     job: Optional[str] = None,
@@ -245,9 +249,9 @@ class StartedJob:
         self._saved: dict[int, Any] = {}
         # Called with each forwarded signal too: a container's runtime stops the
         # container, which is not in the job's process group (gpuwarden.containers).
-        self.on_signal: Optional[Any] = None
+        self.on_signal: Optional[Callable[[int], object]] = None
 
-    def _forward(self, signum: int, _frame: Any) -> None:
+    def _forward(self, signum: int, _frame: Optional[FrameType]) -> None:
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gpuwarden.containers.command import Plan
     from gpuwarden.inventory import Gpu
     from gpuwarden.jobs.launch import StartedJob
+    from gpuwarden.leases import Held
     from gpuwarden.request import Request
 
 
@@ -37,7 +38,11 @@ class HeldJob:
     exit status of one already over (the queue service ran it on our terminal)."""
 
     def __init__(
-        self, job: Any = None, held: Any = None, isolation: Sequence[Any] = (), code: int = 0
+        self,
+        job: Optional[StartedJob] = None,
+        held: Optional[Held] = None,
+        isolation: Sequence[Isolation] = (),
+        code: int = 0,
     ) -> None:
         self.job = job
         self.held = held

@@ -33,11 +33,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict
+
+if TYPE_CHECKING:
+    from gpuwarden.config import Config
+    from gpuwarden.leases import Held
+    from gpuwarden.request import Request
 
 # The request's fields in the kernelspec's provisioner config: the names of
 # gpuwarden.lease()'s arguments (api.hold), as `gpuwarden kernel install` writes them.
@@ -58,7 +64,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._held: Any = None
+        self._held: Union[Held, _Allocation, _Nothing, None] = None
         self._vars: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stopping = False  # the manager is stopping the kernel (for a restart or not)
@@ -66,7 +72,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the lease --------------------------------------------------------------------
 
-    def _request(self) -> tuple[Any, Any]:
+    def _request(self) -> tuple[Config, Request]:
         """gpuwarden.lease()'s arguments from the kernelspec, checked: (the reading of the
         configuration with them, the request), read once for each start of a kernel."""
         from gpuwarden.api import _request
@@ -83,7 +89,9 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _timeout(self) -> Optional[float]:
         return None if self.wait_timeout is None else float(self.wait_timeout)
 
-    def _hold(self, environ: dict[str, str], base: dict[str, str], conf: Any, request: Any) -> None:
+    def _hold(
+        self, environ: dict[str, str], base: dict[str, str], conf: Config, request: Request
+    ) -> None:
         """The kernel's GPUs, as `jobs.holding.hold` decides for every face: through the
         queue service (`_allocate`), an enclosing lease's (a Jupyter server started in a
         `reserve` shell), a lease taken here (prepared now, published with the kernel's
@@ -143,7 +151,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- the provisioner's steps ------------------------------------------------------
 
-    def _allocate(self, socket: str, base: dict[str, str], conf: Any, request: Any) -> None:
+    def _allocate(self, socket: str, base: dict[str, str], conf: Config, request: Request) -> None:
         """The GPUs held through the queue service at `socket` for the kernel's life
         (until `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
         from gpuwarden.api import _reader, allocated, time_limit
@@ -165,6 +173,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
                 str(self.account) if self.account is not None else conf.get("submit.account"),
             )
         )
+        assert leased.ended is not None  # a service's allocation says when it ends
         allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)
         self._held, self._vars = allocation, dict(leased.vars)
         threading.Thread(
@@ -202,6 +211,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._hold(environ, env, conf, request)
         env.update(self._vars)
         kwargs["env"] = env
+        assert self._held is not None  # held above, or kept across a restart
         kwargs["pass_fds"] = tuple(self._held.fds)
         return kwargs
 
@@ -271,7 +281,11 @@ class _Allocation:
     `release`) for the provisioner."""
 
     def __init__(
-        self, stack: contextlib.ExitStack, uuids: tuple[str, ...], fds: Any, ended: Any
+        self,
+        stack: contextlib.ExitStack[Optional[bool]],
+        uuids: tuple[str, ...],
+        fds: Sequence[int],
+        ended: threading.Event,
     ) -> None:
         self._stack, self.uuids, self.fds = stack, uuids, tuple(fds)
         self.ended: threading.Event = ended  # set when the job ended before `release`

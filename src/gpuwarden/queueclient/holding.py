@@ -28,11 +28,14 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.client import Client, _reattach, require
+
+if TYPE_CHECKING:
+    from gpuwarden.config import Config
 
 #: The allocation's process: it waits for the block's end (its stdin closing).
 PLACEHOLDER = ["/bin/sh", "-c", "read _ || :", "gpuwarden.lease"]
@@ -47,7 +50,7 @@ def hold(
     path: Optional[str],
     wait: bool,
     timeout: Optional[float],
-    conf: Any = None,
+    conf: Optional[Config] = None,
     time_option: str = "time=",
     argv: Optional[list[str]] = None,
 ) -> Iterator[tuple[int, list[str], tuple[int, int], threading.Event]]:
@@ -149,7 +152,7 @@ def _in_own_words(error: str, option: str) -> str:
     return error
 
 
-def _started(client: Any, job: int, timeout: Optional[float]) -> list[str]:
+def _started(client: Client, job: int, timeout: Optional[float]) -> list[str]:
     """Wait for the allocation's start; its GPUs."""
     client.waiting = True
     client.sock.settimeout(timeout)

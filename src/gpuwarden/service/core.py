@@ -22,8 +22,10 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.service.queuestate import QueueState
+
 if TYPE_CHECKING:
-    from gpuwarden import config, scheduling
+    from gpuwarden import config
     from gpuwarden.service import store
     from gpuwarden.service.attachment import ClientProcess
     from gpuwarden.service.connection import Connection
@@ -65,19 +67,12 @@ class Core:
         self.preempted: dict[str, int] = {}  # preemptions since the start, by the victim's owner
         self.stopping = False
         self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
-        self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
         self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
         self.swept = 0.0  # when the cgroups of ended jobs were last looked for
         self.digested = 0.0  # when due digests were last looked for (service.digests)
-        self.priorities: dict[int, float] = {}  # waiting job id -> its priority, last pass
-        self.estimates: dict[int, Optional[float]] = {}  # job id -> the plan's expected start
-        # The last pass's plan inputs and decisions, and the starts foreseen from them
-        # (worked out only when a `queue --start` asks: service.requests).
-        self.foresight: Optional[tuple[Any, ...]] = None
-        self.foreseen: Optional[dict[int, Optional[float]]] = None
+        # What the last pass of the plan worked out, read between passes (one writer).
+        self.queue = QueueState()
         self.listed: Optional[tuple[Any, list[store.Job]]] = None  # `queue`'s rows (listing)
-        self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
-        self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
         self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
         # Attached jobs whose client a restart cut off: (until when it may come back, it).

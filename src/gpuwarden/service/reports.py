@@ -167,7 +167,7 @@ def efficiency(service: Any, who: Any, ids: tuple[int, ...], client: Any = None)
                 "account": job.account,
                 "state": job.state,
                 "mem": job.mem,
-                "indices": {u: service.indices.get(u) for u in job.gpus},
+                "indices": {u: service.queue.indices.get(u) for u in job.gpus},
                 "runs": shown,
             }
         )

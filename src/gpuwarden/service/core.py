@@ -2,11 +2,14 @@
 
 `server.Service` is one object; its behaviour is split by concern into classes
 that each inherit only what they call, so the chain reads bottom-up and never
-reaches upward: `Core` (this state) <- `Limiting`, `Attaching` <- `Lifecycle`
-<- `Reloading` <- `Requests`; `Lifecycle` <- `TimeLimits`; `Requests` and
-`TimeLimits` <- `Service` (the socket loop). Every
-attribute is declared and given its first value here, once; a concern adds
-methods, never state of its own.
+reaches upward: `Core` (this state) <- `Attaching` <- `Lifecycle` <- `Reloading`
+<- `Requests`; `Lifecycle` <- `TimeLimits`; `Requests` and `TimeLimits` <-
+`Service` (the socket loop). Every attribute is declared and given its first value
+here, once; a concern adds methods, never state of its own. What is not the loop's
+own is a collaborator with explicit inputs: the journal (service.store, whose job
+states move only by service.states' table), what the last pass of the plan worked
+out (`queue`, service.queuestate: written by the pass alone), the limits in force
+(service.limiting: functions of the settings and the journal).
 
 The one thing a lower concern needs from the top is to tell an attached client
 about its job (`notify_attached`): the socket loop owns the connections, so it

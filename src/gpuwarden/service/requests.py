@@ -2,7 +2,8 @@
 
 Every rule is checked against the person the kernel named (SO_PEERCRED), and
 every refusal is one line naming the rule. Over the state of service.core, with
-every concern beneath it (reloading, lifecycle, attaching, limiting).
+every concern beneath it (reloading, lifecycle, attaching) and the limits in force
+(service.limiting).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gpuwarden.service import (
     arrays,
     bookings,
     jobprocess,
+    limiting,
     listing,
     reports,
     requeue,
@@ -164,11 +166,11 @@ class Requests(Reloading):
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
-        timed = self.interactive_time(who, sub)
+        timed = limiting.interactive_time(self.settings, who, sub)
         if timed != sub.time_limit:  # service.interactive_time: a hold that asked for none
             sub = dataclasses.replace(sub, time_limit=timed)
-        self.within_limits(who, sub, tasks, array is not None)
-        account = self.charged(who, sub, tasks)
+        limiting.within_limits(self.settings, self.store, who, sub, tasks, array is not None)
+        account = limiting.charged(self.settings, self.store, who, sub, tasks)
         if sub.warning is not None and sub.time_limit is None and not sub.preemptible:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
         if sub.attached and sub.max_retries:
@@ -468,7 +470,10 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
     "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),
     "reload": (protocol.nothing, Requests.reload_by),
-    "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
+    "limits": (
+        protocol.nothing,
+        lambda svc, who, _, client: limiting.limits_answer(svc.settings, svc.store, who),
+    ),
     "attach": (protocol.one_job, Requests.attach),
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),

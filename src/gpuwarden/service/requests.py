@@ -479,6 +479,7 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "attach": (protocol.one_job, attaching.attach),
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),
+    "digest": (reports.digest_request, reports.digest),
 }
 
 

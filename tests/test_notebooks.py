@@ -195,3 +195,24 @@ def test_the_kernelspec_says_what_was_asked_and_names_it() -> None:
     assert (default_name({"n": 2}), display_name({"n": 2})) == ("gpuwarden-2gpu", "Python (2 GPUs)")
     assert default_name({"mem": "10GiB"}) == "gpuwarden-10gib"
     assert display_name({"mem": "10GiB"}) == "Python (10GiB of a GPU)"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("-g", "99"), "asked for 99 GPUs but this machine has only 8 GPUs"),
+        (("--model", "H100"), "does not match 'H100'"),
+        (("--gpus", "12"), "unknown GPU '12': this machine has GPUs 0-7"),
+    ],
+)
+def test_a_kernel_that_could_never_start_here_is_refused_at_install(
+    tmp_path: Path, sim, cli, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], said: str
+) -> None:
+    """Every start of such a kernel would fail in the notebook: `kernel install` says so
+    at once, in one line, and writes no kernelspec."""
+    sim("server-8xa100")
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter"))
+    done = cli("kernel", "install", *args)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert said in done.stderr
+    assert not (tmp_path / "jupyter").exists()

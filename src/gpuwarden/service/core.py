@@ -2,11 +2,14 @@
 
 `server.Service` is one object; its behaviour is split by concern into classes
 that each inherit only what they call, so the chain reads bottom-up and never
-reaches upward: `Core` (this state) <- `Limiting`, `Attaching` <- `Lifecycle`
-<- `Reloading` <- `Requests`; `Lifecycle` <- `TimeLimits`; `Requests` and
-`TimeLimits` <- `Service` (the socket loop). Every
-attribute is declared and given its first value here, once; a concern adds
-methods, never state of its own.
+reaches upward: `Core` (this state) <- `Attaching` <- `Lifecycle` <- `Reloading`
+<- `Requests`; `Lifecycle` <- `TimeLimits`; `Requests` and `TimeLimits` <-
+`Service` (the socket loop). Every attribute is declared and given its first value
+here, once; a concern adds methods, never state of its own. What is not the loop's
+own is a collaborator with explicit inputs: the journal (service.store, whose job
+states move only by service.states' table), what the last pass of the plan worked
+out (`queue`, service.queuestate: written by the pass alone), the limits in force
+(service.limiting: functions of the settings and the journal).
 
 The one thing a lower concern needs from the top is to tell an attached client
 about its job (`notify_attached`): the socket loop owns the connections, so it
@@ -22,8 +25,10 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.service.queuestate import QueueState
+
 if TYPE_CHECKING:
-    from gpuwarden import config, scheduling
+    from gpuwarden import config
     from gpuwarden.service import store
     from gpuwarden.service.attachment import ClientProcess
     from gpuwarden.service.connection import Connection
@@ -65,18 +70,12 @@ class Core:
         self.preempted: dict[str, int] = {}  # preemptions since the start, by the victim's owner
         self.stopping = False
         self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
-        self.free: Optional[scheduling.Capacity] = None  # what the last pass left free
         self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
         self.swept = 0.0  # when the cgroups of ended jobs were last looked for
-        self.priorities: dict[int, float] = {}  # waiting job id -> its priority, last pass
-        self.estimates: dict[int, Optional[float]] = {}  # job id -> the plan's expected start
-        # The last pass's plan inputs and decisions, and the starts foreseen from them
-        # (worked out only when a `queue --start` asks: service.requests).
-        self.foresight: Optional[tuple[Any, ...]] = None
-        self.foreseen: Optional[dict[int, Optional[float]]] = None
+        self.digested = 0.0  # when due digests were last looked for (service.digests)
+        # What the last pass of the plan worked out, read between passes (one writer).
+        self.queue = QueueState()
         self.listed: Optional[tuple[Any, list[store.Job]]] = None  # `queue`'s rows (listing)
-        self.memory: dict[str, int] = {}  # GPU memory by UUID, from the last snapshot
-        self.indices: dict[str, int] = {}  # nvidia-smi index by UUID, likewise
         self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
         self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
         # Attached jobs whose client a restart cut off: (until when it may come back, it).

@@ -26,6 +26,7 @@ from gpuwarden.service import (
     bookings,
     jobnotify,
     jobprocess,
+    limiting,
     litter,
     preempting,
     requeue,
@@ -34,7 +35,6 @@ from gpuwarden.service import (
     unwritten,
 )
 from gpuwarden.service.attaching import Attaching
-from gpuwarden.service.limiting import Limiting
 
 if TYPE_CHECKING:
     from gpuwarden.service.watching import ServiceWatch
@@ -44,7 +44,7 @@ log = logging.getLogger("gpuwarden.serve")
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 
 
-class Lifecycle(Attaching, Limiting):
+class Lifecycle(Attaching):
     def recover(self) -> None:
         """Find every job of the journal again after a start, a crash or a `kill -9`.
 
@@ -255,15 +255,14 @@ class Lifecycle(Attaching, Limiting):
         kept = self.unwritten  # ended or cancelled, not yet in the journal: left out
         pending = [j for j in waits if (not j.attached or j.id in self.stdio) and j.id not in kept]
         if not pending:
-            self.free = None if full else self.free  # not known: a submit plans at once
+            self.queue.nothing_waits(full)  # after a full pass: a submit plans at once
             return self.pacer.planned("full" if full else "start", began, time.monotonic())
         # One reading of the configuration for the pass, handed to what it calls: drains,
         # XID logs and health rules change without a reload.
         reading = self.reading = config.load()
         snapshot = self.hardware.current(self.settings.tick)
         units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
-        self.memory = {g.uuid: g.memory_total or 0 for g in units}
-        self.indices = {g.uuid: g.index for g in units}
+        self.queue.seen(units)
         running = [j for j in self.store.jobs([store.STARTING, store.RUNNING]) if j.id not in kept]
         pending, throttled = arrays.throttled(pending, running)
         # Only the dependencies waiting jobs name: reading every ended job made each
@@ -276,7 +275,7 @@ class Lifecycle(Attaching, Limiting):
             snapshot, running, pending, self.settings, reading, leaving, self.hardware.linked
         )
         usage = self.store.usage(now, self.settings.policy.half_life)
-        policy = self.plan_policy((*pending, *running))
+        policy = limiting.plan_policy(self.settings, self.store, (*pending, *running))
         decisions, victims = preemption.plan(
             gpus,
             busy,
@@ -293,24 +292,11 @@ class Lifecycle(Attaching, Limiting):
         for why in set(victims.values()):  # first: their grace runs from now
             chosen = (self.store.get(int(v)) for v, w in victims.items() if w == why)
             preempting.preempt(self, [j for j in chosen if j is not None], why)
-        if full:
-            self.priorities = {int(d.id): d.priority for d in decisions}
-            self.store.rank(self.priorities)  # the order the next start passes take
-            self.estimates = {int(d.id): d.estimated_start for d in decisions}
-            # Every waiting job's expected start (`queue --start`), worked out when a
-            # listing first asks for it after this pass: the plan itself needs none.
-            self.foresight = (gpus, busy, {w.id: w for w in waiting}, decisions, now)
-            self.foreseen = None
-        else:
-            self.priorities.update((int(d.id), d.priority) for d in decisions)
-            self.estimates.update((int(d.id), d.estimated_start) for d in decisions)
         by_id = {j.id: j for j in pending}
-        self.free = free = scheduling.Capacity(gpus)
-        for run in busy:
-            free.take(run.gpus, run.mem)
-        for decision in decisions:
-            if decision.starts:
-                free.take(decision.gpus, by_id[int(decision.id)].mem)
+        mem = {i: j.mem for i, j in by_id.items()}
+        self.queue.planned(full, gpus, busy, waiting, decisions, now, mem)
+        if full:
+            self.store.rank(self.queue.priorities)  # the order the next start passes take
         record_reasons(self.store, throttled, decisions, by_id)
         if more:  # what waits beyond the first few may fit: a full pass plans it soon
             self.pacer.touch()
@@ -414,7 +400,7 @@ class Lifecycle(Attaching, Limiting):
             self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
         cpu = used.get("cpu_ns")
-        memory = max((self.memory.get(u, 0) for u in job.gpus), default=0)
+        memory = self.queue.gpu_memory(job.gpus)
         used_gpu = scheduling.job_usage(len(job.gpus), (ended.at or now) - started, job.mem, memory)
         final = state
 

@@ -2,7 +2,8 @@
 
 Every rule is checked against the person the kernel named (SO_PEERCRED), and
 every refusal is one line naming the rule. Over the state of service.core, with
-every concern beneath it (reloading, lifecycle, attaching, limiting).
+every concern beneath it (reloading, lifecycle, attaching) and the limits in force
+(service.limiting).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gpuwarden.service import (
     arrays,
     bookings,
     jobprocess,
+    limiting,
     listing,
     reports,
     requeue,
@@ -120,7 +122,7 @@ class Requests(Reloading):
     def _book_request(self, who: Person, op: str, message: Mapping[str, Any]) -> dict[str, Any]:
         """GPUs booked ahead: `book`, `bookings` and `unbook` (service.bookings reads
         their fields)."""
-        usable = len(self.indices) or len(getattr(self.machine, "gpus", ()) or ())
+        usable = len(self.queue.indices) or len(getattr(self.machine, "gpus", ()) or ())
         answer = bookings.handle(bookings.of(self), self.settings, usable, who, op, message)
         if op != "bookings":
             self.pacer.wake()  # kept GPUs are freed or taken: plan again
@@ -164,11 +166,11 @@ class Requests(Reloading):
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
-        timed = self.interactive_time(who, sub)
+        timed = limiting.interactive_time(self.settings, who, sub)
         if timed != sub.time_limit:  # service.interactive_time: a hold that asked for none
             sub = dataclasses.replace(sub, time_limit=timed)
-        self.within_limits(who, sub, tasks, array is not None)
-        account = self.charged(who, sub, tasks)
+        limiting.within_limits(self.settings, self.store, who, sub, tasks, array is not None)
+        account = limiting.charged(self.settings, self.store, who, sub, tasks)
         if sub.warning is not None and sub.time_limit is None and not sub.preemptible:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
         if sub.attached and sub.max_retries:
@@ -253,7 +255,7 @@ class Requests(Reloading):
             return scheduling.HELD
         if waiting_on:
             return scheduling.DEPENDENCY
-        free = self.free
+        free = self.queue.free
         if free is None or free.could_fit(sub.gpus.gpu_count, sub.gpus.mem):
             return None
         if not sub.preemptible and any(j.preemptible for j in self.store.jobs([store.RUNNING])):
@@ -283,19 +285,6 @@ class Requests(Reloading):
             or not jobprocess.signal_group(pidfd, job.pid, number)
         ):
             raise UserError(f"job {job.id} has no process to signal now ({job.state.lower()})")
-
-    def estimated_start(self, job_id: int) -> Optional[float]:
-        """When a waiting job should start (`squeue --start`): the plan's reservation,
-        else `foresight` over the last pass, worked out once per pass."""
-        planned = self.estimates.get(job_id)
-        if planned is not None or self.foresight is None:
-            return planned
-        if self.foreseen is None:
-            from gpuwarden.foresight import estimated_starts
-
-            starts = estimated_starts(*self.foresight)
-            self.foreseen = {int(k): v for k, v in starts.items()}
-        return self.foreseen.get(job_id)
 
     def _is_admin_uid(self, uid: int) -> bool:
         try:
@@ -379,10 +368,10 @@ class Requests(Reloading):
         from gpuwarden.service.accounting import totals
 
         jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
-        ran = totals(self.store.db, [j.id for j in jobs])  # every run of a requeued job
 
-        def row(job: store.Job) -> dict[str, Any]:
+        def row(job: store.Job) -> dict[str, Any]:  # only those the page takes
             shaped = self._row(who, job)
+            ran = totals(self.store.db, [job.id])  # every run of a requeued job
             if job.id in ran:
                 shaped["runs"], shaped["run_seconds"], shaped["gpu_seconds"] = ran[job.id]
             return shaped
@@ -395,7 +384,7 @@ class Requests(Reloading):
         """A page of the queue (service.listing): never more than fits in one answer,
         however many jobs there are."""
         key = (self.store.version, self.pacer.count)
-        self.listed = listing.kept(self.listed, key, self.store, ask, self.priorities)
+        self.listed = listing.kept(self.listed, key, self.store, ask, self.queue.priorities)
         ordered = self.listed[1]
         if ask.arrays:  # an array's waiting tasks in one row (service.arrays)
             rows = arrays.grouped(ordered)
@@ -410,8 +399,7 @@ class Requests(Reloading):
                 ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
             )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
-        now = time.time()
-        reply["bookings"] = [bookings.shown(r) for r in bookings.of(self).current(now)]
+        reply.update(bookings.for_queue(bookings.of(self), time.time()))  # at most 10 lines
         return reply
 
     def _row(self, who: Person, job: store.Job) -> dict[str, Any]:
@@ -424,7 +412,7 @@ class Requests(Reloading):
             "state": job.state,
             "count": job.count,
             "gpus": list(job.gpus),
-            "indices": [self.indices.get(u) for u in job.gpus],
+            "indices": [self.queue.indices.get(u) for u in job.gpus],
             "mem": job.mem,
             "reason": job.reason,
             "submitted": job.submitted,
@@ -440,8 +428,10 @@ class Requests(Reloading):
             "preemptions": job.preemptions,
             # A start error can quote the command or a private path: as the command.
             "error": job.error if show or mine(job, who) else None,
-            "priority": self.priorities.get(job.id),
-            "estimated_start": self.estimated_start(job.id) if job.state == store.PENDING else None,
+            "priority": self.queue.priorities.get(job.id),
+            "estimated_start": (
+                self.queue.expected_start(job.id) if job.state == store.PENDING else None
+            ),
             "command": listing.command(job.argv) if show or mine(job, who) else None,
         }
         if job.array_job is not None:
@@ -480,10 +470,14 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
     "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),
     "reload": (protocol.nothing, Requests.reload_by),
-    "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
+    "limits": (
+        protocol.nothing,
+        lambda svc, who, _, client: limiting.limits_answer(svc.settings, svc.store, who),
+    ),
     "attach": (protocol.one_job, Requests.attach),
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),
+    "digest": (reports.digest_request, reports.digest),
 }
 
 

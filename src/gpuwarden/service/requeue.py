@@ -123,7 +123,7 @@ def again(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     now = time.time()
-    memory = max((service.memory.get(u, 0) for u in job.gpus), default=0)
+    memory = service.queue.gpu_memory(job.gpus)
     used = scheduling.job_usage(
         len(job.gpus), (ended.at or now) - (job.started or now), job.mem, memory
     )

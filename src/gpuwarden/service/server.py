@@ -133,8 +133,7 @@ class Service(Requests, TimeLimits):
         self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
         snapshot = self.machine = self.read_snapshot()
         self.reading = config.load()
-        self.memory = {g.uuid: g.memory_total or 0 for g in snapshot.gpus}
-        self.indices = {g.uuid: g.index for g in snapshot.gpus}
+        self.queue.seen(snapshot.gpus)
         self.recover()
         # Its threads start after every fork of the start (the notifier's): a lab with
         # no exporter still has a fatal fault drained (service.healthwatch).

@@ -63,6 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "limits": ("limits", "the limits the queue service holds you to, and what you use"),
     "report": ("report", "GPU-hours, jobs and waits by user, group or account (as sreport)"),
     "eff": ("eff", "how well jobs used their GPUs: utilisation, memory, energy (as seff)"),
+    "digest": ("digest", "your week's GPU use, idle jobs named; weekly by webhook or mail"),
     "submit": (
         "submit",
         "queue a batch job for this machine's queue service (or Slurm's, with --slurm)",

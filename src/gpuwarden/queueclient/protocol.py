@@ -70,6 +70,7 @@ OPS = (
     "report",
     "eff",
     "join",
+    "digest",
 )
 
 

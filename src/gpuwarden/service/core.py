@@ -72,6 +72,7 @@ class Core:
         self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
         self.next_tick = 0.0  # monotonic time of the next time-limit and idle-client round
         self.swept = 0.0  # when the cgroups of ended jobs were last looked for
+        self.digested = 0.0  # when due digests were last looked for (service.digests)
         # What the last pass of the plan worked out, read between passes (one writer).
         self.queue = QueueState()
         self.listed: Optional[tuple[Any, list[store.Job]]] = None  # `queue`'s rows (listing)

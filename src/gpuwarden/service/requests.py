@@ -473,6 +473,7 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "attach": (protocol.one_job, Requests.attach),
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),
+    "digest": (reports.digest_request, reports.digest),
 }
 
 

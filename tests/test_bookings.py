@@ -207,3 +207,39 @@ def test_bookings_are_bounded_per_user_summed_and_counted(
     finally:
         for _ in srv_iter:
             pass
+
+
+def test_a_group_booking_over_what_its_members_may_use_is_refused_and_queue_shows_ten(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A booking for a group whose members together may use fewer GPUs than it keeps
+    (their `max_gpus`) would sit idle: refused in one line naming the rule, for an admin
+    too. `queue` shows at most ten bookings and says how many more `book --list` has."""
+    from gpuwarden.service.bookings import QUEUE_LINES, _members
+
+    srv_iter = serving(tmp_path, open_dir, monkeypatch, "--max-gpus-per-user", "1")
+    srv = next(srv_iter)
+    try:
+        make_user("erin", ("booklab",))
+        carol = make_user("carol")  # the admin
+        members = len(_members("gw-booklab"))
+        assert members >= 1
+
+        def book(*args: str) -> Any:
+            return cli_as(srv, carol, "book", "--reason", "x", "--for", "1h", *args)
+
+        over = book("-g", str(members + 1), "--start", "now+1day", "--group", "@gw-booklab")
+        assert over.returncode == 2 and over.stderr.count("\n") == 1, over.stderr
+        assert f"more than the {members} the members of group gw-booklab" in over.stderr
+        assert "(max_gpus_per_user)" in over.stderr
+        assert book("-g", "1", "--start", "now+1day", "--group", "@gw-booklab").returncode == 0
+        for hours in range(2, QUEUE_LINES + 5):
+            done = book("-g", "1", "--start", f"now+{hours}hours", "--user", "gw-erin")
+            assert done.returncode == 0, done.stderr
+        shown = cli_as(srv, carol, "queue")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.count("booked [") == QUEUE_LINES, shown.stdout
+        assert "and 4 more bookings (`gpuwarden book --list`)" in shown.stdout
+    finally:
+        for _ in srv_iter:
+            pass

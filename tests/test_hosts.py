@@ -3,6 +3,7 @@ come from other machines (read as untrusted). The real ssh runs are test_hosts_r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,16 @@ def test_a_badly_quoted_ssh_setting_is_one_line(cli: Any) -> None:
         "gpuwarden status: hosts.ssh_options (env: GPUWARDEN_HOSTS_SSH_OPTIONS): "
         "No closing quotation\n"
     )
+
+
+def test_a_host_answering_deeply_nested_json_is_one_line(cli: Any, tmp_path: Path) -> None:
+    """A host (or whatever answers as it over ssh) that sends `[` x 100,000 is one
+    line of error among the hosts, never the parser's RecursionError."""
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec python3 -c \"print('[' * 100000 + ']' * 100000)\"\n")
+    fake.chmod(0o755)
+    done = cli("status", "--hosts", "gpu1", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr, done.stderr
+    said = done.stdout + done.stderr
+    assert "gpu1: answered JSON nested deeper than 64 levels: refused" in said, said

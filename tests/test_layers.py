@@ -101,6 +101,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
             "usage",
             "efficiency",
+            "digest",
             # a queue job's states and their legal moves (the journal's rule)
             "service.states",
         ),
@@ -180,6 +181,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.admission",
             "service.arrays",
             "service.bookings",
+            "service.digests",
             "service.attaching",
             "service.attachment",
             "service.connection",
@@ -208,6 +210,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.litter",
             "service.journalbytes",
             "service.archive",
+            "service.joining",
             "service.server",
             "service.settings",
             "service.store",

@@ -99,6 +99,29 @@ def _request(args: argparse.Namespace) -> dict[str, object]:
         raise UserError("-g 0 asks for no GPU: a plain Python kernel needs no gpuwarden")
     if args.mig is not None:
         raise UserError("--mig is not offered for kernels yet: lease a slice by its UUID (--gpus)")
-    mem_of(args)
+    mem = mem_of(args)
     check(*request.values())  # type: ignore[arg-type]
+    _never_fits(given, mem)
     return request
+
+
+def _never_fits(given: dict[str, object], mem: object) -> None:
+    """Refuse, in one line as `run` does, a kernel that could never start on this
+    machine (`-g 99` on eight GPUs): every start of it would fail. Where no GPU can be
+    read (a login node without them), nothing is judged."""
+    from gpuwarden import config
+    from gpuwarden.errors import UserError
+    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.request import Request
+    from gpuwarden.selection import choose
+
+    cfg = config.load(cli=given)
+    try:
+        snapshot = read_snapshot()
+    except UserError:
+        return
+    if not snapshot.gpus:
+        return
+    choice = choose(snapshot, Request.from_config(cfg, mem=mem))
+    if choice.never_fits:
+        raise UserError(f"this kernel could never start here: {choice.error}")

@@ -72,8 +72,12 @@ def local(args: argparse.Namespace) -> int:
             print(line)
         from gpuwarden.cli.jobtables import booking_lines
 
-        for line in booking_lines(reply.get("bookings") or ()):
+        shown = reply.get("bookings") or ()
+        for line in booking_lines(shown):
             print(line)
+        more = int(reply.get("bookings_total") or 0) - len(shown)
+        if more > 0:
+            print(f"and {more} more bookings (`gpuwarden book --list`)")
         print(queue_table(jobs))
     return 0
 

@@ -305,6 +305,14 @@ SCHEMA: tuple[Key, ...] = (
         "service.accounts", "accounts", {}, "accounts jobs are charged to: members, shares, limits"
     ),
     Key("service.require_account", "bool", False, "refuse a job that names no account"),
+    Key(
+        "service.digest_every",
+        "duration",
+        7 * 86400.0,
+        "how often a user who subscribed gets their digest (`gpuwarden digest`; 0: never)",
+        low=0,
+    ),
+    Key("service.admin_digest", "bool", False, "send the admins a digest as often"),
     Key("service.weight_fairshare", "float", 10000.0, "priority weight of fair share", low=0),
     Key("service.weight_age", "float", 1000.0, "priority weight of time waited", low=0),
     Key("service.weight_qos", "float", 10000.0, "priority weight of the admin-set QOS", low=0),

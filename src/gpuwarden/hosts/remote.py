@@ -145,12 +145,14 @@ def last_line(stderr: bytes, code: int) -> str:
 
 def parse_json(reply: HostReply) -> tuple[Optional[Any], str]:
     """A reply's JSON document, or why there is none."""
-    import json
+    from gpuwarden.queueclient.depth import TooDeep, loads
 
     if not reply.ok:
         return None, reply.error
     try:
-        return json.loads(reply.stdout), ""
+        return loads(reply.stdout), ""  # a host's answer may be hostile: bounded
+    except TooDeep as err:
+        return None, f"answered JSON {err}: refused"
     except ValueError:
         return None, "did not answer with JSON (an old gpuwarden there?)"
 

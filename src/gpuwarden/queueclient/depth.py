@@ -4,6 +4,34 @@ parser recurse through `[` x 50,000 that a hostile client sent."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing is not imported at the CLI's start (tests/test_startup.py)
+if TYPE_CHECKING:
+    from typing import Any, Union
+
+#: Levels a document from another host (`status --hosts`, a web peer) may nest: theirs
+#: need five or six.
+PEER_DEPTH = 64
+
+
+class TooDeep(ValueError):
+    """A JSON text nested deeper than its reader takes."""
+
+
+def loads(text: Union[bytes, str], most: int = PEER_DEPTH) -> Any:
+    """The JSON document `text` from a peer that may be hostile: nested deeper than
+    `most` levels it is refused (TooDeep, a ValueError) before the parser recurses;
+    malformed, a ValueError as json's."""
+    import json
+
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    depth = nesting(raw, most)
+    if depth > most:
+        raise TooDeep(f"nested deeper than {most} levels")
+    try:
+        return json.loads(raw)
+    except RecursionError:  # the parser's own limit, below ours
+        raise TooDeep(f"nested too deep ({depth} levels)") from None
+
 
 def nesting(line: bytes, most: int) -> int:
     """How deep brackets nest in a JSON text, strings skipped: counted before parsing, so

@@ -69,6 +69,8 @@ OPS = (
     "limits",
     "report",
     "eff",
+    "join",
+    "digest",
 )
 
 

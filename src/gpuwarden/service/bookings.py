@@ -63,11 +63,12 @@ def _within_bounds(
     once (`max_gpus_per_user`: they would sit idle), and, for a user's own booking, its
     GPUs summed with the holder's bookings it overlaps over `book_max_gpus`, or more
     than MAX_FUTURE bookings not yet over."""
-    limit = settings.policy.max_gpus_per_user
-    if user is not None and limit is not None and count > limit:
+    cap = most_at_once(settings, user, group)
+    if cap is not None and count > cap[0]:
+        whom = "a user" if group is None else f"the members of group {group} together"
         raise UserError(
-            f"{count} GPUs is more than the {limit} a user may use at once "
-            "(max_gpus_per_user): the booking would sit idle"
+            f"{count} GPUs is more than the {cap[0]} {whom} may use at once "
+            f"({cap[1]}): the booking would sit idle"
         )
     if admin:
         return
@@ -82,6 +83,50 @@ def _within_bounds(
             f"{holder} has {overlapping} GPUs booked in that window; {count} more is over "
             f"the {most} a user may book (service.book_max_gpus)"
         )
+
+
+def _members(group: str) -> list[str]:
+    """The users of `group`: those it lists and those whose primary group it is."""
+    try:
+        found = grp.getgrnam(group)
+    except KeyError:
+        return []
+    named = set(found.gr_mem)
+    named.update(p.pw_name for p in pwd.getpwall() if p.pw_gid == found.gr_gid)
+    return sorted(named)
+
+
+def most_at_once(
+    settings: Settings, user: Optional[str], group: Optional[str]
+) -> Optional[tuple[int, str]]:
+    """The GPUs a booking's holder may use at once, and the rules that say so: a user's
+    `max_gpus` ([service.limits], else `max_gpus_per_user`); a group's, its members'
+    summed. None: no bound (an admin or a member without one)."""
+    from gpuwarden.service.identity import person
+
+    machine = {"max_gpus_per_user": settings.policy.max_gpus_per_user}
+    total, rules = 0, set()
+    for name in [user] if group is None else _members(group):
+        try:
+            who = person(pwd.getpwnam(str(name)).pw_uid)
+        except (KeyError, UserError):
+            continue
+        limit = settings.limits.of(who.name, who.groups, machine).get("max_gpus")
+        if settings.admins.include(who) or limit is None:
+            return None
+        total += int(limit.value)
+        rules.add(limit.rule)
+    return total, ", ".join(sorted(rules)) or "no member"
+
+
+#: Bookings `queue` shows (soonest first); `gpuwarden book --list` shows every one.
+QUEUE_LINES = 10
+
+
+def for_queue(table: Bookings, now: float) -> dict[str, Any]:
+    """What `queue` shows of the bookings: at most QUEUE_LINES, and how many there are."""
+    rows = table.current(now)
+    return {"bookings": [shown(r) for r in rows[:QUEUE_LINES]], "bookings_total": len(rows)}
 
 
 def of(service: Any) -> Bookings:

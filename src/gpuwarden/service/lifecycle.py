@@ -26,6 +26,7 @@ from gpuwarden.service import (
     bookings,
     jobnotify,
     jobprocess,
+    limiting,
     litter,
     preempting,
     requeue,
@@ -33,8 +34,7 @@ from gpuwarden.service import (
     store,
     unwritten,
 )
-from gpuwarden.service.attaching import Attaching
-from gpuwarden.service.limiting import Limiting
+from gpuwarden.service.core import Core
 
 if TYPE_CHECKING:
     from gpuwarden.service.watching import ServiceWatch
@@ -44,7 +44,7 @@ log = logging.getLogger("gpuwarden.serve")
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 
 
-class Lifecycle(Attaching, Limiting):
+class Lifecycle(Core):
     def recover(self) -> None:
         """Find every job of the journal again after a start, a crash or a `kill -9`.
 
@@ -275,7 +275,7 @@ class Lifecycle(Attaching, Limiting):
             snapshot, running, pending, self.settings, reading, leaving, self.hardware.linked
         )
         usage = self.store.usage(now, self.settings.policy.half_life)
-        policy = self.plan_policy((*pending, *running))
+        policy = limiting.plan_policy(self.settings, self.store, (*pending, *running))
         decisions, victims = preemption.plan(
             gpus,
             busy,

@@ -11,6 +11,7 @@ waiting ones by priority (as squeue lists them); for `jobs`, newest first.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Optional, TypeVar
@@ -56,7 +57,7 @@ def command(argv: Sequence[str]) -> list[str]:
 
 
 def page(
-    jobs: Sequence[T],
+    jobs: Iterable[T],
     ask: protocol.Listing,
     total: int,
     row: Callable[[T], dict[str, Any]],
@@ -65,7 +66,7 @@ def page(
     as `ask.limit` and PAGE_BYTES allow, with `next` when more are left."""
     rows: list[dict[str, Any]] = []
     size = 0
-    for job in jobs[: ask.limit]:
+    for job in itertools.islice(jobs, ask.limit):  # decoded as taken: what fits
         shaped = row(job)
         cost = len(json.dumps(shaped, separators=(",", ":"))) + 1
         if rows and size + cost > protocol.PAGE_BYTES:

@@ -42,7 +42,11 @@ PR_SET_PDEATHSIG = 1
 
 
 def mail_text(event: dict[str, Any]) -> str:
-    """The mail for one ended job: a subject that says it all, and the details."""
+    """The mail for one ended job: a subject that says it all, and the details; or a
+    digest (gpuwarden.digest), its own text."""
+    if event.get("event") == "DIGEST":
+        whose = "your" if event.get("kind") == "user" else "this machine's"
+        return f"To: {event.get('user')}\nSubject: gpuwarden: {whose} GPU use\n\n{event['text']}"
     state = event.get("state", "ENDED")
     subject = f"gpuwarden job {event.get('job')} {state.lower()}"
     if event.get("exit_code") not in (None, 0):
@@ -181,11 +185,14 @@ class JobNotifier:
         if isinstance(owner, dict):
             self._as_owner(event, owner, running, guard)
             return
-        if self.webhook:
+        # A digest (service.digests) goes one way only: a user's to their mail, the
+        # admins' to the webhook and to each admin's mail.
+        mail_only, webhook_only = event.pop("_mail_only", False), event.pop("_webhook_only", False)
+        if self.webhook and not mail_only:
             why = _post(self.webhook, event, running, guard, None)
             if why:
                 log.warning("webhook %s failed: %s", self.webhook, why)
-        if self.sendmail and event.get("user"):
+        if self.sendmail and event.get("user") and not webhook_only:
             why = _run([str(self.sendmail), "-t"], mail_text(event), running, guard, None)
             if why:
                 log.warning("mail to %s failed: %s", event.get("user"), why)

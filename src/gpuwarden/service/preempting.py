@@ -18,10 +18,28 @@ import logging
 import signal
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuwarden.service import jobprocess, store
 from gpuwarden.service.settings import Settings
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.store import Job
+
+    class PreemptingService(Protocol):
+        """What preempting a job needs of the service (`server.Service` has it)."""
+
+        settings: Settings
+        store: store.Store
+        processes: dict[int, int]  # job id -> pidfd of its first process
+        preempting: dict[int, float]  # job id -> when its preemption signal went
+        preempted: dict[str, int]
+        next_tick: float
+
+        def signal(self, job: Job, sig: int) -> bool: ...
+
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -35,7 +53,7 @@ def charge(settings: Settings, job: store.Job) -> float:
     return settings.preempt_charge if job.preemptible else 1.0
 
 
-def preempt(service: Any, victims: Sequence[store.Job], why: str) -> None:
+def preempt(service: PreemptingService, victims: Sequence[store.Job], why: str) -> None:
     """Preempt `victims` for `why` (the job or booking that needs their GPUs)."""
     grace = service.settings.preempt_grace
     victims = [j for j in victims if j.id not in service.preempting and j.pid]
@@ -72,7 +90,7 @@ def preempt(service: Any, victims: Sequence[store.Job], why: str) -> None:
             append_as(job, f"gpuwarden: job {job.id} preempted at {stamp} for {why}\n")
 
 
-def kill_overdue(service: Any) -> None:
+def kill_overdue(service: PreemptingService) -> None:
     """SIGKILL to every preempted job still running past the grace."""
     if not service.preempting:
         return
@@ -89,7 +107,7 @@ def kill_overdue(service: Any) -> None:
             service.signal(job, signal.SIGKILL)
 
 
-def ended(service: Any, job: store.Job) -> Optional[str]:
+def ended(service: PreemptingService, job: store.Job) -> Optional[str]:
     """What preemption does to `job`, which has just ended: `requeue`, `cancel`, or
     None when it was not preempted (or was cancelled meanwhile: cancelled it stays)."""
     was = service.preempting.pop(job.id, None) is not None or job.reason == REASON

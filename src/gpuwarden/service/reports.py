@@ -192,3 +192,17 @@ def _run_row(
         "state": state,
         "use": [u._asdict() for u in uses],
     }
+
+
+def digest_request(message: Any) -> Any:
+    """A `digest` request read (service.digests)."""
+    from gpuwarden.service import digests
+
+    return digests.request(message)
+
+
+def digest(service: Any, who: Any, ask: Any, client: Any = None) -> dict[str, Any]:
+    """`gpuwarden digest`: a digest now, or a subscription to the weekly one."""
+    from gpuwarden.service import digests
+
+    return digests.answer(service, who, ask, client)

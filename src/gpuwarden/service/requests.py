@@ -2,7 +2,8 @@
 
 Every rule is checked against the person the kernel named (SO_PEERCRED), and
 every refusal is one line naming the rule. Over the state of service.core, with
-every concern beneath it (reloading, lifecycle, attaching, limiting).
+the job's life beneath it (service.lifecycle), and the functions it hands requests
+to (service.limiting, service.attaching, service.reloading, service.reports).
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
     admission,
     arrays,
+    attaching,
     bookings,
     jobprocess,
+    joining,
+    limiting,
     listing,
+    reloading,
     reports,
     requeue,
     store,
@@ -34,7 +39,7 @@ from gpuwarden.service import (
 )
 from gpuwarden.service.attachment import record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
-from gpuwarden.service.reloading import Reloading
+from gpuwarden.service.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
@@ -55,7 +60,7 @@ def client_wheels() -> Optional[str]:
     return folder if os.path.isdir(folder) else None
 
 
-class Requests(Reloading):
+class Requests(Lifecycle):
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
@@ -164,11 +169,11 @@ class Requests(Reloading):
             raise UserError(f"this job could never start here: {never}")
         if sub.nice < 0 and not s.admins.include(who):
             raise UserError("only an admin may submit with a negative nice value")
-        timed = self.interactive_time(who, sub)
+        timed = limiting.interactive_time(self.settings, who, sub)
         if timed != sub.time_limit:  # service.interactive_time: a hold that asked for none
             sub = dataclasses.replace(sub, time_limit=timed)
-        self.within_limits(who, sub, tasks, array is not None)
-        account = self.charged(who, sub, tasks)
+        limiting.within_limits(self.settings, self.store, who, sub, tasks, array is not None)
+        account = limiting.charged(self.settings, self.store, who, sub, tasks)
         if sub.warning is not None and sub.time_limit is None and not sub.preemptible:
             raise UserError("--signal needs --time: its signal comes that long before the limit")
         if sub.attached and sub.max_retries:
@@ -366,10 +371,10 @@ class Requests(Reloading):
         from gpuwarden.service.accounting import totals
 
         jobs, total = self.store.history(ask.limit, ask.offset, ask.user, ask.ids)
-        ran = totals(self.store.db, [j.id for j in jobs])  # every run of a requeued job
 
-        def row(job: store.Job) -> dict[str, Any]:
+        def row(job: store.Job) -> dict[str, Any]:  # only those the page takes
             shaped = self._row(who, job)
+            ran = totals(self.store.db, [job.id])  # every run of a requeued job
             if job.id in ran:
                 shaped["runs"], shaped["run_seconds"], shaped["gpu_seconds"] = ran[job.id]
             return shaped
@@ -397,8 +402,7 @@ class Requests(Reloading):
                 ordered[ask.offset :], ask, len(ordered), lambda j: self._row(who, j)
             )
         reply["unleased"] = self.watcher().unleased  # GPU use outside the queue, for its header
-        now = time.time()
-        reply["bookings"] = [bookings.shown(r) for r in bookings.of(self).current(now)]
+        reply.update(bookings.for_queue(bookings.of(self), time.time()))  # at most 10 lines
         return reply
 
     def _row(self, who: Person, job: store.Job) -> dict[str, Any]:
@@ -457,22 +461,21 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "release": (protocol.jobs_named, Requests._release),
     "logs": (protocol.one_job, Requests._logs),
     "book": (dict, lambda service, who, message, _: service._book_request(who, "book", message)),
-    "bookings": (
-        dict,
-        lambda service, who, message, _: service._book_request(who, "bookings", message),
-    ),
-    "unbook": (
-        dict,
-        lambda service, who, message, _: service._book_request(who, "unbook", message),
-    ),
+    "bookings": (dict, lambda svc, who, msg, _: svc._book_request(who, "bookings", msg)),
+    "unbook": (dict, lambda svc, who, msg, _: svc._book_request(who, "unbook", msg)),
+    "join": (dict, joining.join),  # a kernel into its allocation's cgroup
     "requeue": (protocol.one_job, Requests._ask_requeue),
     "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
     "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),
-    "reload": (protocol.nothing, Requests.reload_by),
-    "limits": (protocol.nothing, lambda service, who, _, client: service.limits_answer(who)),
-    "attach": (protocol.one_job, Requests.attach),
+    "reload": (protocol.nothing, reloading.reload_by),
+    "limits": (
+        protocol.nothing,
+        lambda svc, who, _, client: limiting.limits_answer(svc.settings, svc.store, who),
+    ),
+    "attach": (protocol.one_job, attaching.attach),
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),
+    "digest": (reports.digest_request, reports.digest),
 }
 
 

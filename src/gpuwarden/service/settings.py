@@ -60,6 +60,8 @@ class Settings:
     book_max_time: Optional[float] = None  # how long a user's booking may be
     sample_seconds: float = 10.0  # service.sample_seconds: running jobs' GPUs for `eff`
     accounts: Accounts = field(default_factory=Accounts)  # [service.accounts], require_account
+    digest_every: float = 7 * 86400.0  # service.digest_every: subscribers' digests (0: none)
+    admin_digest: bool = False  # service.admin_digest: the admins' one as well
 
 
 #: What a reload cannot change in a running service: its socket and journal, and the
@@ -137,6 +139,8 @@ def from_config(cfg: Any, fixed: Mapping[str, Any], admins: tuple[str, ...] = ()
         book_max_time=cfg.get("service.book_max_time"),
         sample_seconds=cfg.get("service.sample_seconds"),
         accounts=Accounts.parse(accounts, bool(cfg.get("service.require_account"))),
+        digest_every=cfg.get("service.digest_every"),
+        admin_digest=bool(cfg.get("service.admin_digest")),
     )
 
 
@@ -161,7 +165,10 @@ def changes(old: Settings, new: Settings) -> list[str]:
 
 
 #: The settings that are durations: a reload says `1d`, as the file may, not `86400.0`.
-SPANS = ("max_time", "interactive_time", "max_interactive_time", "book_max_time", "grace")
+SPANS = (
+    *("max_time", "interactive_time", "max_interactive_time", "book_max_time", "grace"),
+    "digest_every",
+)
 
 
 def _span(value: Any) -> str:

@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from operator import attrgetter
 from typing import Any, Optional
@@ -379,9 +379,10 @@ class Store:
 
     def history(
         self, limit: int, offset: int = 0, user: Optional[str] = None, ids: Iterable[int] = ()
-    ) -> tuple[list[Job], int]:
+    ) -> tuple[Iterator[Job], int]:
         """Ended jobs newest first: `limit` of them from `offset` on, only `user`'s and
-        only `ids` where given; and how many match in all (for paging)."""
+        only `ids` where given, decoded as they are taken (a page takes what fits); and
+        how many match in all (for paging)."""
         where = f"state IN ({', '.join('?' for _ in ENDED)})"
         args: list[Any] = list(ENDED)
         if user is not None:
@@ -394,7 +395,7 @@ class Store:
         total = int(self.db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0])
         query = f"SELECT * FROM jobs WHERE {where} ORDER BY id DESC LIMIT ? OFFSET ?"
         rows = self.db.execute(query, [*args, int(limit), int(offset)])
-        return [row_to_job(r, self.blobs) for r in rows], total
+        return (row_to_job(r, self.blobs) for r in rows), total
 
     def states(self, ids: Iterable[int]) -> dict[int, str]:
         """Job id -> state, for the ids that exist (a waiting job's dependencies)."""

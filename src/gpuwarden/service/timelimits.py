@@ -14,7 +14,7 @@ import time
 from functools import partial
 
 from gpuwarden import scheduling
-from gpuwarden.service import jobprocess, preempting, unwritten
+from gpuwarden.service import digests, jobprocess, preempting, unwritten
 from gpuwarden.service.lifecycle import Lifecycle
 from gpuwarden.service.store import RUNNING, Job
 
@@ -39,6 +39,7 @@ class TimeLimits(Lifecycle):
                 log.exception("the enforcement watcher failed")
                 watch.last = now
         preempting.kill_overdue(self)
+        self.digested = digests.tick(self, now, self.digested)
         # Not those whose end waits for the journal's disk (service.unwritten): ended.
         running = [j for j in self.store.jobs([RUNNING]) if j.id not in self.unwritten]
         self._sample(running, now)

@@ -17,12 +17,26 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.pacing import Pacer
+    from gpuwarden.service.store import Job, Store
+
+    class Keeping(Protocol):
+        """What keeping an end needs of the service (`server.Service` has it)."""
+
+        store: Store
+        unwritten: dict[int, Callable[[], None]]  # job id -> its end, not yet written
+        pacer: Pacer
+
 
 log = logging.getLogger("gpuwarden.serve")
 
 
-def write(service: Any, job_id: int, change: Callable[[], None]) -> bool:
+def write(service: Keeping, job_id: int, change: Callable[[], None]) -> bool:
     """Make the journal's `change` ending job `job_id` now, or keep it for `retry` when
     the journal cannot take it. Inside a caller's transaction the caller decides what
     a failure means: it is raised. True: written."""
@@ -40,7 +54,7 @@ def write(service: Any, job_id: int, change: Callable[[], None]) -> bool:
     return True
 
 
-def note(service: Any, job_id: int, change: Callable[[], None]) -> None:
+def note(service: Keeping, job_id: int, change: Callable[[], None]) -> None:
     """A change a full disk may lose without harm (why a job waits, that it is being
     cancelled): made now, or logged and dropped. Inside a transaction: raised."""
     if service.store.db.in_transaction:
@@ -52,7 +66,9 @@ def note(service: Any, job_id: int, change: Callable[[], None]) -> None:
         log.warning("job %s: a change was not written (%s)", job_id, err)
 
 
-def each(service: Any, cancel: bool, jobs: Iterable[Any], act: Callable[[Any], None]) -> list[int]:
+def each(
+    service: Keeping, cancel: bool, jobs: Iterable[Job], act: Callable[[Job], None]
+) -> list[int]:
     """`act` on each of `jobs` in one commit; the ids it acted on. A cancel the journal
     could not take (its disk full) is made again job by job outside it: a waiting job's
     kept here, a running one signalled (once: service.lifecycle)."""
@@ -70,7 +86,7 @@ def each(service: Any, cancel: bool, jobs: Iterable[Any], act: Callable[[Any], N
     return [job.id for job in jobs]
 
 
-def retry(service: Any) -> int:
+def retry(service: Keeping) -> int:
     """Write the kept ends in the order they came, while the journal takes them; how
     many were written."""
     done = 0

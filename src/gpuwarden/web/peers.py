@@ -11,7 +11,6 @@ a peer that does not answer in time is a row saying why, while the rest stay liv
 
 from __future__ import annotations
 
-import json
 import threading
 import urllib.parse
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from gpuwarden.web.values import finite, text
 
 MAX_BYTES = 8 << 20  # a page of 64 GPUs with an hour of history is well under this
 GPUS_SHOWN = 64  # rows per peer
+READ_TIMES = 3  # a whole answer within this many times the per-read timeout
 
 
 def check_url(value: str) -> str:
@@ -86,19 +86,34 @@ def failed(url: str, why: str) -> dict[str, Any]:
 
 def fetch(url: str, timeout: float) -> dict[str, Any]:
     """A peer's summary now, or a row saying why there is none."""
+    import time
     import urllib.request
 
+    from gpuwarden.queueclient.depth import TooDeep, loads
+
     request = urllib.request.Request(url + "/api/v1/state", headers={"Accept": "application/json"})
+    deadline = time.monotonic() + READ_TIMES * timeout  # a peer that trickles is slow too
+    chunks: list[bytes] = []
+    size = 0
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
-            body = reply.read(MAX_BYTES + 1)
+            while size <= MAX_BYTES:
+                if time.monotonic() > deadline:
+                    return failed(url, f"answered too slowly (over {READ_TIMES * timeout:g} s)")
+                chunk = reply.read1(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
     except OSError as err:  # refused, unreachable, timed out, an HTTP error status
         reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
         return failed(url, f"not answering: {reason}")
-    if len(body) > MAX_BYTES:
+    if size > MAX_BYTES:
         return failed(url, f"answered with more than {MAX_BYTES} bytes")
     try:
-        return summary(url, json.loads(body))
+        return summary(url, loads(b"".join(chunks)))
+    except TooDeep as err:
+        return failed(url, f"answered JSON {err}")
     except ValueError:
         return failed(url, "did not answer with JSON")
 
@@ -132,7 +147,10 @@ class PeerWatch:
 
     def _loop(self, url: str) -> None:
         while True:
-            self.rows[url] = fetch(url, self.timeout)
+            try:
+                self.rows[url] = fetch(url, self.timeout)
+            except Exception as err:  # a peer's answer must never end its row's thread
+                self.rows[url] = failed(url, f"answered what this page cannot read ({err!r})")
             if self._stop.wait(self.interval):
                 return
 

@@ -1,99 +1,60 @@
-"""A user's terminal in a test: a program started on a pseudo-terminal as a real user,
-what it showed, keys typed into it, and the job control steps a shell on it is checked
-with (tests/test_service_terminal.py, tests/test_lab_e2e.py)."""
+"""A real terminal for tests of full-screen commands: tmux, typed into and read back.
+
+`Tmux(folder, command, width, height)` starts a tmux server of its own (a socket in
+`folder`, no config file) with one window of that size running `command`; `keys`
+types as a person would (one key at a time), `screen` reads the window's lines,
+`wait` waits until they show something, `tmux` runs any other tmux command
+(`resize-window`), and `close` ends it all.
+"""
 
 from __future__ import annotations
 
-import os
-import pty
-import select
+import shutil
+import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any
 
-PROMPT = b"prompt$ "  # the PS1 the shells under test are given
-
-
-class Screen:
-    """The user's terminal: what was written to it, and keys typed into it."""
-
-    def __init__(self, fd: int, pid: int = 0) -> None:
-        self.fd = fd
-        self.pid = pid  # the program on it (0: none of ours)
-        self.seen = b""
-
-    def type(self, keys: bytes) -> None:
-        os.write(self.fd, keys)
-
-    def wait_for(self, text: bytes, timeout: float = 60) -> bytes:
-        """Everything shown up to `text`'s first appearance after what was read before."""
-        start = len(self.seen)
-        deadline = time.monotonic() + timeout
-        while text not in self.seen[start:]:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{text!r} not shown within {timeout:g} s; screen: {self.seen!r}"
-            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
-            if ready:
-                try:
-                    chunk = os.read(self.fd, 65536)
-                except OSError:
-                    chunk = b""
-                assert chunk, f"the terminal closed before {text!r}; screen: {self.seen!r}"
-                self.seen += chunk
-        return self.seen[start:]
-
-    def close(self, timeout: float = 60) -> Optional[int]:
-        """The program's exit status once it ends (reading what it still shows); None
-        when it had to be killed after `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done or time.monotonic() > deadline:
-                break
-            try:
-                if select.select([self.fd], [], [], 0.2)[0]:
-                    self.seen += os.read(self.fd, 65536)
-            except OSError:
-                time.sleep(0.1)
-        if not done:
-            os.kill(self.pid, 15)
-            time.sleep(1)
-            os.kill(self.pid, 9)
-            os.waitpid(self.pid, 0)
-        os.close(self.fd)
-        return os.waitstatus_to_exitcode(status) if done else None
+from components import require
+from waiting import wait_for
 
 
-def login(who: Any, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Screen:
-    """`argv` started as `who` (a tests/users.py person) on a terminal of its own."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the user's login on that terminal
-        try:
-            os.chdir(cwd)
-            os.setgroups(list(who.groups))
-            os.setgid(who.gid)
-            os.setuid(who.uid)
-            os.execve(argv[0], list(argv), dict(env))
-        finally:
-            os._exit(127)
-    return Screen(fd, pid)
+class Tmux:
+    """A tmux server of its own (its own socket) with one window running a command."""
 
+    def __init__(self, folder: Path, command: list[str], width: int, height: int) -> None:
+        require(shutil.which("tmux") is not None, "tmux is not installed (apt-get install tmux)")
+        self.socket = str(folder / "tmux.sock")
+        self.tmux("new-session", "-d", "-s", "top", "-x", str(width), "-y", str(height), *command)
+        self.tmux("set-option", "-t", "top", "remain-on-exit", "on")
 
-def suspend_and_resume(screen: Screen) -> None:
-    """In an interactive shell at its prompt: Ctrl-Z stops the foreground command, `fg`
-    brings it back to the foreground, where Ctrl-C reaches it (status 130)."""
-    shown = screen.wait_for(PROMPT)
-    assert b"no job control" not in shown, shown
-    screen.type(b"sleep 300\n")
-    time.sleep(1)
-    screen.type(b"\x1a")  # Ctrl-Z
-    assert b"Stopped" in screen.wait_for(PROMPT)
-    screen.type(b"jobs\n")
-    assert b"sleep 300" in screen.wait_for(PROMPT)
-    screen.type(b"fg\n")
-    screen.wait_for(b"sleep 300")
-    time.sleep(1)
-    screen.type(b"\x03")  # Ctrl-C
-    screen.wait_for(PROMPT)
-    screen.type(b"echo status=$?\n")
-    assert b"status=130" in screen.wait_for(PROMPT)
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-S", self.socket, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, f"tmux {args[0]}: {done.stderr}"
+        return done.stdout
+
+    def screen(self) -> list[str]:
+        return self.tmux("capture-pane", "-p", "-t", "top").split("\n")
+
+    def keys(self, *keys: str) -> None:
+        for key in keys:
+            self.tmux("send-keys", "-t", "top", key)
+            time.sleep(0.05)  # as typed: each key read before the next
+
+    def wait(self, what: str, found: Any, timeout: float = 30) -> list[str]:
+        """The screen once `found(lines)` holds; failing, the screen as it was."""
+        last: list[str] = []
+
+        def check() -> Any:
+            last[:] = self.screen()
+            return last if found(last) else None
+
+        return wait_for(check, timeout, lambda: f"{what}; the screen:\n" + "\n".join(last))
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=30)

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from components import require
-from terminals import login, suspend_and_resume
+from ptys import login, suspend_and_resume
 from users import make_user
 from waiting import wait_for
 

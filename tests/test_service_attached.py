@@ -29,7 +29,7 @@ fields = json.loads(sys.argv[2])
 fields["cwd"] = os.getcwd()
 fields["env"] = dict(os.environ)
 try:
-    sys.exit(run_attached(fields, sys.argv[1], reconnect=float(sys.argv[3])))
+    sys.exit(run_attached(fields, sys.argv[1], None, reconnect=float(sys.argv[3])))
 except UserError as err:
     print("gpuwarden run: " + str(err), file=sys.stderr)
     sys.exit(2)

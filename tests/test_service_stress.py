@@ -150,7 +150,7 @@ for tag in plan["tags"]:
     deadline = time.monotonic() + 60
     while True:
         try:
-            status = run_attached(fields, sock, reconnect=120, quiet=True)
+            status = run_attached(fields, sock, None, quiet=True, reconnect=120)
             break
         except UserError as err:  # killed before the submit: nothing was recorded
             if "does not answer" not in str(err) or time.monotonic() > deadline:

@@ -12,9 +12,9 @@ import termios
 import time
 
 from hermetic import hermetic
+from ptys import PROMPT, login, suspend_and_resume
 from repo import SRC
 from servicetools import USER_PY, Server
-from terminals import PROMPT, login, suspend_and_resume
 from users import make_user
 
 

@@ -260,8 +260,8 @@ def _hold(
         env = held.env
         yield Leased(held.gpus, held.job, _set_here(base, env), env, (), held.mem)
         return
-    assert isinstance(held, holding.HeldHere)  # a dry run is not a face of the API
-    lease = held.held
+    assert not isinstance(held, holding.Planned)  # a dry run is not a face of the API
+    lease = held  # a lease taken here
     holding.publish_here(lease, "python: gpuwarden.lease()")
     try:
         env = job_env(base, lease.gpus, use_uuid=uuid, job=lease.job, mem=lease.mem)
@@ -278,7 +278,7 @@ def allocated(
     timeout: Optional[float],
     uuid: bool,
     read: Callable[[], Snapshot],
-    conf: Optional[Config] = None,
+    conf: Config,
     time: Optional[float] = None,
     time_option: str = "time=",
     account: Optional[str] = None,
@@ -287,7 +287,7 @@ def allocated(
     they show in `queue` as the caller's job, count against their limits and fair
     share, and are freed when the block ends or this process dies, unless a child
     given `fds` (the allocation's input and connection) still runs. `conf`: the
-    caller's reading of the configuration (None: the one in force)."""
+    caller's reading of the configuration."""
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields

@@ -136,7 +136,7 @@ def choose(
     `xidlog.judged` gives them, with the recorded XIDs (None: judged from the
     snapshot alone, a pure call; every command passes the XID-aware one). Bad IDs in
     the request raise UserError; "does not fit" is reported in the Choice, not raised."""
-    from gpuwarden.health.judgement import WARNING, judge, judge_all
+    from gpuwarden.health.judgement import FATAL, WARNING, judge, judge_all
 
     named = resolve_ids(snapshot, request.gpus, "devices") if request.gpus else None
     excluded = {g.uuid for g in resolve_ids(snapshot, request.exclude, "expand")}
@@ -181,7 +181,9 @@ def choose(
         warnings = [f.reason for f in findings if f.level == WARNING]
         if warnings:
             warned[gpu.uuid] = "; ".join(warnings)
-        out = unusable(gpu.uuid, own, drain_by_uuid, findings)
+        fatal = [f.reason for f in findings if f.level == FATAL]
+        drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
+        out = out_of_service(fatal, drain)  # as `unusable` judges it
         reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, out)
         if not reason and request.mig is not None and profile.get(gpu.uuid) != request.mig:
             got = f"a MIG {profile[gpu.uuid]} slice" if gpu.uuid in profile else "not a MIG slice"

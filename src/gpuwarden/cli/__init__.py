@@ -93,10 +93,13 @@ _FORMATTER: list[type[argparse.HelpFormatter]] = []
 
 def formatter() -> type[argparse.HelpFormatter]:
     """argparse's help formatter, told the terminal's width: left to find it itself,
-    it imports shutil (with its compression modules) for every argument declared."""
+    it imports shutil (with its compression modules) for every argument declared.
+    The width is read once: argparse makes a formatter for each argument declared."""
     if _FORMATTER:
         return _FORMATTER[0]
     from gpuwarden.table import columns
+
+    wide = columns() - 2
 
     class Formatter(argparse.HelpFormatter):
         def __init__(
@@ -106,7 +109,7 @@ def formatter() -> type[argparse.HelpFormatter]:
             max_help_position: int = 24,
             width: int | None = None,
         ) -> None:
-            width = columns() - 2 if width is None else width
+            width = wide if width is None else width
             super().__init__(prog, indent_increment, max_help_position, width)
 
     _FORMATTER.append(Formatter)

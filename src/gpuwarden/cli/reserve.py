@@ -101,9 +101,9 @@ def reserve(args: argparse.Namespace) -> int:
             "a nested `gpuwarden run` or `gpuwarden.lease()` uses them; reserve more "
             "from outside it"
         )
-    assert isinstance(held, holding.HeldHere)
+    assert not isinstance(held, holding.Planned)  # a lease taken here
     until = None if seconds is None else time.time() + seconds  # the holder times itself
-    lease = held.held
+    lease = held
     what = COMMAND + (f" --for {args.duration}" if args.duration else "")
     _flush()
     pid = hold_in_background(lease, what, expires=until, seconds=seconds)

@@ -11,5 +11,27 @@
 Which container a GPU process runs in, and whose it is, is `ancestry` and
 `attribution`: every view reads them, not only a container's job.
 
-This file imports nothing, so `doctor` and `submit` load the command line alone.
+This file imports nothing of gpuwarden, so `doctor` and `submit` load the command line
+alone, and `run` neither for a job that starts no container (`runtime_of`).
 """
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Optional
+
+DAEMONS = ("docker", "podman")  # runtimes whose containers are not our children
+CHILDREN = ("apptainer", "singularity")  # the container is a child: fds and env pass in
+RUNTIMES = DAEMONS + CHILDREN
+
+
+def runtime_of(argv: Sequence[str]) -> Optional[str]:
+    """`docker`, `podman`, `apptainer` or `singularity` when `argv` runs that program."""
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    return name if name in RUNTIMES else None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 
+from gpuwarden.containers import CHILDREN, DAEMONS, runtime_of
 from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
@@ -37,9 +38,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any, Optional
 
-DAEMONS = ("docker", "podman")  # runtimes whose containers are not our children
-CHILDREN = ("apptainer", "singularity")  # the container is a child: fds and env pass in
-RUNTIMES = DAEMONS + CHILDREN
 
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
@@ -95,14 +93,6 @@ _GLOBAL_VALUES = frozenset(
     ]
 )
 _WIDENING_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-
-
-def runtime_of(argv: Sequence[str]) -> Optional[str]:
-    """`docker`, `podman`, `apptainer` or `singularity` when `argv` runs that program."""
-    if not argv:
-        return None
-    name = os.path.basename(argv[0])
-    return name if name in RUNTIMES else None
 
 
 def run_position(argv: Sequence[str]) -> Optional[int]:

@@ -403,7 +403,8 @@ def read_containers(toolkit: str = TOOLKIT_CONFIG) -> dict[str, Any]:
     import grp
     import shutil
 
-    from gpuwarden.containers.command import RUNTIMES, cdi_spec
+    from gpuwarden.containers import RUNTIMES
+    from gpuwarden.containers.command import cdi_spec
 
     try:
         members = sorted(grp.getgrnam("docker").gr_mem)

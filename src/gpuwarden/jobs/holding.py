@@ -1,6 +1,6 @@
 """Holding GPUs for every face: one decision, one typed answer.
 
-    hold(request, conf, face) -> OnCpu | ByService | Enclosed | HeldHere | Planned
+    hold(request, conf, face) -> OnCpu | ByService | Enclosed | Held | Planned
 
 `gpuwarden run`, `gpuwarden.lease()`, the kernel provisioner and `gpuwarden reserve`
 ask `hold`, and only `hold` decides, in this order:
@@ -11,7 +11,8 @@ ask `hold`, and only `hold` decides, in this order:
    not inside one of its jobs already (that job runs on its own GPUs);
 3. an enclosing lease of ours (`Enclosed`): inside a `reserve` shell, a `run` job or
    a service job, its GPUs under its lease, nothing new taken;
-4. a lease taken here (`HeldHere`), waiting in line as the face asks.
+4. a lease taken here (`leases.Held`, its allocation lock held until it is
+   published), waiting in line as the face asks.
 
 What a face does with the answer is its own: `run` starts its job (the service's
 start where the service holds), `lease()` yields the GPUs to its block, the kernel
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     S = TypeVar("S", bound=Started)
     Reader = Callable[[], Snapshot]
     Taker = Callable[["MachineReader", Optional[Sequence[str]]], Held]
-    Holding = Union["OnCpu", "ByService", "Enclosed", "HeldHere", "Planned"]
+    Holding = Union["OnCpu", "ByService", "Enclosed", Held, "Planned"]
 
 
 class Face:
@@ -81,6 +82,9 @@ class Face:
         self.use_uuid = use_uuid
         self.plan_only = plan_only
         self.without_service = without_service
+        #: The machine as `hold` first read it, where it leased here (what the job's
+        #: device cgroup is made from).
+        self.machine: Optional[MachineReader] = None
 
 
 class OnCpu:
@@ -122,18 +126,6 @@ class Enclosed:
         return int(limit) if limit and limit.isdigit() else None
 
 
-class HeldHere:
-    """A lease this process took (`held`; the allocation lock stays held until it is
-    published), on the machine as first read (`machine`) within `scope`."""
-
-    kind = "here"
-
-    def __init__(self, held: Held, machine: MachineReader, scope: Optional[Sequence[str]]):
-        self.held = held
-        self.machine = machine
-        self.scope = scope
-
-
 class Planned:
     """What a dry run would take: `snapshot` as read (None: the job would run with
     every GPU hidden), `scope` the GPUs a parent CUDA_VISIBLE_DEVICES leaves (None:
@@ -167,7 +159,8 @@ def hold(request: Request, conf: Config, face: Face) -> Holding:
             allowed=scope,
             conf=conf,
         )
-    return HeldHere(held, decision, scope)
+    face.machine = decision
+    return held
 
 
 def decide(

@@ -133,12 +133,13 @@ def start(
             return _on_cpu(cmd, ddp, nproc, isolation)
         if isinstance(held, holding.Enclosed):
             return _enclosed(held, cmd, ddp, isolation)
-        return _direct(held, cmd, ddp, nproc, devices, use_uuid, isolation)
+        assert face.machine is not None  # read where it leased
+        return _direct(held, face.machine.first.gpus, cmd, ddp, nproc, devices, use_uuid, isolation)
     except BaseException:
         for cgroup in isolation:
             cgroup.close()
-        if isinstance(held, holding.HeldHere):
-            held.held.release()
+        if not isinstance(held, (holding.OnCpu, holding.Enclosed)):
+            held.release()  # a lease taken here
         raise
 
 
@@ -216,7 +217,8 @@ def _enclosed(
 
 
 def _direct(
-    here: holding.HeldHere,
+    held: Held,
+    machine: Sequence[Gpu],
     cmd: Sequence[str],
     ddp: bool,
     nproc: Optional[int],
@@ -227,7 +229,6 @@ def _direct(
     """This process leased (no queue service): launch the job under the lease."""
     from gpuwarden.jobs import launch
 
-    held = here.held
     try:
         argv = list(cmd)
         if ddp:
@@ -254,7 +255,7 @@ def _direct(
         from gpuwarden.cgroups.devices import confine
 
         for cgroup in started.isolation:
-            confine(cgroup, held.gpus, here.machine.first.gpus, devices)
+            confine(cgroup, held.gpus, machine, devices)
 
     if container is not None:
         from gpuwarden.containers.runtime import start as start_container
@@ -286,7 +287,12 @@ def _container(
     env: dict[str, str],
 ) -> Optional[Plan]:
     """The container command rewritten for a lease on `gpus` whose descriptors are `fds`
-    (docs/containers.md), or None when `argv` starts no container."""
+    (docs/containers.md), or None when `argv` starts no container (the command line's
+    module is not loaded then)."""
+    from gpuwarden.containers import runtime_of
+
+    if runtime_of(argv) is None:
+        return None
     from gpuwarden.containers.command import plan_here
 
     dev = os.environ.get("GPUWARDEN_DEV_DIR", "/dev")

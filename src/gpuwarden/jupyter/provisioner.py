@@ -121,8 +121,8 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
             ours = ("CUDA_", "GPUWARDEN_")
             self._vars = {k: v for k, v in held.env.items() if k.startswith(ours)}
         else:
-            assert isinstance(held, holding.HeldHere)
-            lease = held.held
+            assert not isinstance(held, holding.Planned)  # a lease taken here
+            lease = held
             try:
                 env = job_env({}, lease.gpus, use_uuid=self.uuid, job=lease.job, mem=lease.mem)
                 lease.prepare(f"jupyter kernel {self.kernel_spec.display_name}")

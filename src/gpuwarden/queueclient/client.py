@@ -206,10 +206,11 @@ def require(path: Optional[str] = None) -> Client:
 
 def run_attached(
     fields: dict[str, Any],
-    path: Optional[str] = None,
-    timeout: Optional[float] = None,
+    path: Optional[str],
+    timeout: Optional[float],
     quiet: bool = False,
-    reconnect: Optional[float] = None,
+    *,
+    reconnect: float,
 ) -> int:
     """Submit a job that runs on this terminal, as `gpuwarden run` does without the
     service: its output is ours (our stdin, stdout and stderr are passed to the
@@ -225,10 +226,6 @@ def run_attached(
     import signal
     import time
 
-    if reconnect is None:
-        from gpuwarden import config
-
-        reconnect = float(config.load().get("service.reconnect"))
     client = require(path)
     request = {"op": "submit", "attached": True, **fields}
     terminal = None

@@ -50,7 +50,7 @@ def hold(
     path: Optional[str],
     wait: bool,
     timeout: Optional[float],
-    conf: Optional[Config] = None,
+    conf: Config,
     time_option: str = "time=",
     argv: Optional[list[str]] = None,
 ) -> Iterator[tuple[int, list[str], tuple[int, int], threading.Event]]:
@@ -58,15 +58,11 @@ def hold(
     for the block. Without `wait`, raises UserError (exit 75) when nothing fits now;
     with it, waits up to `timeout` seconds. A child given the descriptors (the
     placeholder's input, then the connection) keeps the allocation until it ends too,
-    as lease descriptors do. `conf` is the caller's reading of the configuration (None:
-    the one in force), for how long a dropped connection is tried again. A refusal
+    as lease descriptors do. `conf` is the caller's reading of the configuration, for
+    how long a dropped connection is tried again. A refusal
     for the time (`fields`' `time_limit`) names `time_option`, the caller's way to
     give one, where the service's says `--time`. `argv`: the allocation's process
     (PLACEHOLDER, or another waiting for its input's end in the same way)."""
-    if conf is None:
-        from gpuwarden import config
-
-        conf = config.load()
     reconnect = float(conf.get("service.reconnect"))
     client = require(path)
     end_r, end_w = os.pipe2(os.O_CLOEXEC)

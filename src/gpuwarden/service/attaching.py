@@ -1,6 +1,6 @@
 """`attach`: an attached job's client back after a restart of the service (its side
 is `client.run_attached`; the records that let a restarted service know the client
-are service.attachment). Over the state of service.core.
+are service.attachment). Of the service, what `AttachingService` names.
 """
 
 from __future__ import annotations
@@ -12,54 +12,71 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden.errors import UserError
 from gpuwarden.service import store
 from gpuwarden.service.attachment import record_client, shell_status
-from gpuwarden.service.core import Core
 from gpuwarden.service.identity import Person, peer_credentials
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.attachment import ClientProcess
     from gpuwarden.service.connection import Connection
+    from gpuwarden.service.pacing import Pacer
+
+    class AttachingService(Protocol):
+        """What attaching a client needs of the service (`server.Service` has it)."""
+
+        store: store.Store
+        exits: str
+        pacer: Pacer
+        attached: dict[int, Connection]  # job id -> the client waiting on it
+        stdio: dict[int, list[int]]  # job id -> the client's stdin/out/err
+        orphans: dict[int, tuple[float, ClientProcess]]
+
+        def release_stdio(self, job_id: int) -> None: ...
+
 
 log = logging.getLogger("gpuwarden.serve")
 
 
-class Attaching(Core):
-    def attach(self, who: Person, job_id: int, client: Optional[Connection]) -> dict[str, Any]:
-        """An attached job's client, back after a restart of the service: it waits on
-        this connection again, and its going away ends the job again. A job still
-        waiting takes the terminal passed with this request; one that ended while the
-        client was away is answered with its end."""
-        fds = client.take_fds() if client is not None else []
-        try:
-            job = self.store.get(job_id)
-            if job is None or job.uid != who.uid or not job.attached:
-                raise UserError(f"job {job_id} is not an attached job of yours")
-            if client is None or client.job is not None or job.id in self.attached:
-                raise UserError(f"job {job_id} has a client attached already")
-            if job.state == store.PENDING and len(fds) != 3:
-                raise UserError("an attached job needs its client's stdin, stdout and stderr")
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if job.state != store.PENDING:  # the job had its terminal, or has ended: no copy kept
-            for fd in fds:
-                os.close(fd)
-        if job.state in store.ENDED:
-            status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
-            return {
-                "ok": True,
-                "job": job.id,
-                "event": "ended",
-                "status": status,
-                "error": job.error,
-            }
-        if job.state == store.PENDING:
-            self.release_stdio(job.id)
-            self.stdio[job.id] = fds
-            self.pacer.wake()
-        client.job = job.id
-        self.attached[job.id] = client
-        self.orphans.pop(job.id, None)
-        record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
-        log.info("job %s: its client attached again", job.id)
-        started = {} if job.state == store.PENDING else {"event": "started"}
-        return {"ok": True, "job": job.id, **started}
+def attach(
+    service: AttachingService, who: Person, job_id: int, client: Optional[Connection]
+) -> dict[str, Any]:
+    """An attached job's client, back after a restart of the service: it waits on
+    this connection again, and its going away ends the job again. A job still
+    waiting takes the terminal passed with this request; one that ended while the
+    client was away is answered with its end."""
+    fds = client.take_fds() if client is not None else []
+    try:
+        job = service.store.get(job_id)
+        if job is None or job.uid != who.uid or not job.attached:
+            raise UserError(f"job {job_id} is not an attached job of yours")
+        if client is None or client.job is not None or job.id in service.attached:
+            raise UserError(f"job {job_id} has a client attached already")
+        if job.state == store.PENDING and len(fds) != 3:
+            raise UserError("an attached job needs its client's stdin, stdout and stderr")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if job.state != store.PENDING:  # the job had its terminal, or has ended: no copy kept
+        for fd in fds:
+            os.close(fd)
+    if job.state in store.ENDED:
+        status = shell_status(job.state, job.exit_code, job.exit_signal, job.error)
+        return {
+            "ok": True,
+            "job": job.id,
+            "event": "ended",
+            "status": status,
+            "error": job.error,
+        }
+    if job.state == store.PENDING:
+        service.release_stdio(job.id)
+        service.stdio[job.id] = fds
+        service.pacer.wake()
+    client.job = job.id
+    service.attached[job.id] = client
+    service.orphans.pop(job.id, None)
+    record_client(service.exits, str(job.id), peer_credentials(client.sock)[0])
+    log.info("job %s: its client attached again", job.id)
+    started = {} if job.state == store.PENDING else {"event": "started"}
+    return {"ok": True, "job": job.id, **started}

@@ -1,15 +1,17 @@
 """The queue service's state, declared and made in one place.
 
-`server.Service` is one object; its behaviour is split by concern into classes
-that each inherit only what they call, so the chain reads bottom-up and never
-reaches upward: `Core` (this state) <- `Attaching` <- `Lifecycle` <- `Reloading`
-<- `Requests`; `Lifecycle` <- `TimeLimits`; `Requests` and `TimeLimits` <-
-`Service` (the socket loop). Every attribute is declared and given its first value
-here, once; a concern adds methods, never state of its own. What is not the loop's
-own is a collaborator with explicit inputs: the journal (service.store, whose job
-states move only by service.states' table), what the last pass of the plan worked
-out (`queue`, service.queuestate: written by the pass alone), the limits in force
-(service.limiting: functions of the settings and the journal).
+`server.Service` is one object; the job's life, the requests and the tick are
+classes that each inherit only what they call, so the chain reads bottom-up and
+never reaches upward: `Core` (this state) <- `Lifecycle` <- `Requests`;
+`Lifecycle` <- `TimeLimits`; `Requests` and `TimeLimits` <- `Service` (the socket
+loop). Every attribute is declared and given its first value here, once; a concern
+adds methods, never state of its own. The rest are collaborators with explicit
+inputs: the journal (service.store, whose job states move only by service.states'
+table), what the last pass of the plan worked out (`queue`, service.queuestate:
+written by the pass alone), the limits in force (service.limiting: functions of the
+settings and the journal), and functions that name what they need of the service as
+a protocol mypy checks (service.attaching, service.reloading, service.preempting,
+service.unwritten, service.placing).
 
 The one thing a lower concern needs from the top is to tell an attached client
 about its job (`notify_attached`): the socket loop owns the connections, so it

@@ -34,7 +34,7 @@ from gpuwarden.service import (
     store,
     unwritten,
 )
-from gpuwarden.service.attaching import Attaching
+from gpuwarden.service.core import Core
 
 if TYPE_CHECKING:
     from gpuwarden.service.watching import ServiceWatch
@@ -44,7 +44,7 @@ log = logging.getLogger("gpuwarden.serve")
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 
 
-class Lifecycle(Attaching):
+class Lifecycle(Core):
     def recover(self) -> None:
         """Find every job of the journal again after a start, a crash or a `kill -9`.
 

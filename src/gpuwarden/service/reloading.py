@@ -11,7 +11,7 @@ key and the policy in force stays. What a running service cannot change (its soc
 journal, lease directory, and the helper that sends webhooks and mail, forked at
 start) is kept, and the log says it changes at the next restart. The log says every
 change (`reload: max_gpus_per_user: 2 -> 4`); the next pass of the plan uses them.
-Over the job's life (service.lifecycle), whose enforcement watch takes the new rules.
+Of the service, what `ReloadingService` names; its enforcement watch takes the new rules.
 """
 
 from __future__ import annotations
@@ -23,11 +23,29 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.errors import UserError
-from gpuwarden.service.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from gpuwarden.service.identity import Person
+    from gpuwarden.service.machine import Machine
+    from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
+    from gpuwarden.service.watching import ServiceWatch
+
+    class ReloadingService(Protocol):
+        """What a reload needs of the service (`server.Service` has it)."""
+
+        settings: Settings  # replaced by a reload
+        options: Mapping[str, Any]  # `gpuwarden serve`'s, over the files
+        fixed: Mapping[str, Any]
+        extra_admins: tuple[str, ...]
+        reload_asked: bool  # SIGHUP came
+        pacer: Pacer
+        hardware: Machine
+
+        def watcher(self) -> ServiceWatch: ...
+
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -46,43 +64,44 @@ def read_settings(
     return from_config(reading, fixed, admins)
 
 
-class Reloading(Lifecycle):
-    def reload_by(self, who: Person, _: None, client: object) -> dict[str, Any]:
-        """The `reload` request: an admin's only."""
-        if not self.settings.admins.include(who):
-            raise UserError("only an admin may reload the service's policy")
-        return {"ok": True, "changes": self.reload()}
+def reload_by(service: ReloadingService, who: Person, _: None, client: object) -> dict[str, Any]:
+    """The `reload` request: an admin's only."""
+    if not service.settings.admins.include(who):
+        raise UserError("only an admin may reload the service's policy")
+    return {"ok": True, "changes": reload(service)}
 
-    def reload(self) -> list[str]:
-        """Read the configuration again and put it in force; what changed, one line each.
-        Raises UserError ("refused: ...; the policy in force stays") and changes nothing
-        when the reading is refused."""
-        from gpuwarden.service.settings import RESTART_ONLY, changes
 
-        try:
-            new = read_settings(self.options, self.fixed, self.extra_admins)
-        except UserError as err:
-            log.error("reload refused: %s; the policy in force stays", err)
-            raise UserError(f"reload refused: {err}; the policy in force stays") from None
-        later = [n for n in RESTART_ONLY if getattr(new, n) != getattr(self.settings, n)]
-        new = dataclasses.replace(new, **{n: getattr(self.settings, n) for n in later})
-        changed = changes(self.settings, new)
-        self.settings = new
-        self.watcher().enforcer.rules = new.enforce  # its state between readings stays
-        self.pacer.wake()  # new limits and weights may start a job
-        self.pacer.touch()  # and change every waiting job's priority
-        self.hardware.forget_links()
-        for line in changed:
-            log.info("reload: %s", line)
-        for name in later:
-            log.warning("reload: %s changes only at the next restart", name)
-        if not changed and not later:
-            log.info("reload: no change")
-        return changed + [f"{name}: changes at the next restart" for name in later]
+def reload(service: ReloadingService) -> list[str]:
+    """Read the configuration again and put it in force; what changed, one line each.
+    Raises UserError ("refused: ...; the policy in force stays") and changes nothing
+    when the reading is refused."""
+    from gpuwarden.service.settings import RESTART_ONLY, changes
 
-    def reload_if_asked(self) -> None:
-        """The reload SIGHUP asked for; a refused one is logged (it changes nothing)."""
-        if self.reload_asked:
-            self.reload_asked = False
-            with contextlib.suppress(UserError):  # logged by reload(); the old policy stays
-                self.reload()
+    try:
+        new = read_settings(service.options, service.fixed, service.extra_admins)
+    except UserError as err:
+        log.error("reload refused: %s; the policy in force stays", err)
+        raise UserError(f"reload refused: {err}; the policy in force stays") from None
+    later = [n for n in RESTART_ONLY if getattr(new, n) != getattr(service.settings, n)]
+    new = dataclasses.replace(new, **{n: getattr(service.settings, n) for n in later})
+    changed = changes(service.settings, new)
+    service.settings = new
+    service.watcher().enforcer.rules = new.enforce  # its state between readings stays
+    service.pacer.wake()  # new limits and weights may start a job
+    service.pacer.touch()  # and change every waiting job's priority
+    service.hardware.forget_links()
+    for line in changed:
+        log.info("reload: %s", line)
+    for name in later:
+        log.warning("reload: %s changes only at the next restart", name)
+    if not changed and not later:
+        log.info("reload: no change")
+    return changed + [f"{name}: changes at the next restart" for name in later]
+
+
+def reload_if_asked(service: ReloadingService) -> None:
+    """The reload SIGHUP asked for; a refused one is logged (it changes nothing)."""
+    if service.reload_asked:
+        service.reload_asked = False
+        with contextlib.suppress(UserError):  # logged by reload(); the old policy stays
+            reload(service)

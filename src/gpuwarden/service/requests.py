@@ -2,8 +2,8 @@
 
 Every rule is checked against the person the kernel named (SO_PEERCRED), and
 every refusal is one line naming the rule. Over the state of service.core, with
-every concern beneath it (reloading, lifecycle, attaching) and the limits in force
-(service.limiting).
+the job's life beneath it (service.lifecycle), and the functions it hands requests
+to (service.limiting, service.attaching, service.reloading, service.reports).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
     admission,
     arrays,
+    attaching,
     bookings,
     jobprocess,
     limiting,
     listing,
+    reloading,
     reports,
     requeue,
     store,
@@ -36,7 +38,7 @@ from gpuwarden.service import (
 )
 from gpuwarden.service.attachment import record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
-from gpuwarden.service.reloading import Reloading
+from gpuwarden.service.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
@@ -57,7 +59,7 @@ def client_wheels() -> Optional[str]:
     return folder if os.path.isdir(folder) else None
 
 
-class Requests(Reloading):
+class Requests(Lifecycle):
     def handle(
         self, who: Person, message: Mapping[str, Any], client: Optional[Connection] = None
     ) -> dict[str, Any]:
@@ -469,12 +471,12 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "requeue": (protocol.one_job, Requests._ask_requeue),
     "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
     "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),
-    "reload": (protocol.nothing, Requests.reload_by),
+    "reload": (protocol.nothing, reloading.reload_by),
     "limits": (
         protocol.nothing,
         lambda svc, who, _, client: limiting.limits_answer(svc.settings, svc.store, who),
     ),
-    "attach": (protocol.one_job, Requests.attach),
+    "attach": (protocol.one_job, attaching.attach),
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),
     "digest": (reports.digest_request, reports.digest),

@@ -26,7 +26,7 @@ from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
-from gpuwarden.service import archive, healthwatch, journalguard, store, unwritten
+from gpuwarden.service import archive, healthwatch, journalguard, reloading, store, unwritten
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.machine import Machine
@@ -194,7 +194,7 @@ class Service(Requests, TimeLimits):
         once after anything that may start a job), wait for events (at most until the
         next pass or tick), handle them, and do the tick's work once a tick has passed:
         none of it grows with requests."""
-        self.reload_if_asked()
+        reloading.reload_if_asked(self)
         kind = self.pacer.due(time.monotonic())
         if kind is not None:
             self.pacer.begin(kind)

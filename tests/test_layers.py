@@ -210,6 +210,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.litter",
             "service.journalbytes",
             "service.archive",
+            "service.joining",
             "service.server",
             "service.settings",
             "service.store",

@@ -216,3 +216,41 @@ def test_a_kernel_that_could_never_start_here_is_refused_at_install(
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert said in done.stderr
     assert not (tmp_path / "jupyter").exists()
+
+
+def test_a_kernel_of_the_service_runs_inside_its_jobs_device_cgroup(
+    kernels: Path, service, cli, sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a batch job's processes are: the kernel (a child of the Jupyter side, not of
+    the job) is moved into its allocation's cgroup, where only its GPUs open. Nobody
+    moves another's process, or a process not below the asker, into a job."""
+    from jupyter_client import KernelManager
+
+    from gpuwarden.cgroups import hierarchy
+    from users import make_user
+
+    mode, why = hierarchy.detect()
+    require(mode != "none", f"no device isolation here ({why})")
+    sim(service.spec)
+    assert cli("kernel", "install", "-g", "1", "--name", "one").returncode == 0
+    monkeypatch.setenv("GPUWARDEN_SOCKET", service.socket)
+    km = KernelManager(kernel_name="one")
+    km.start_kernel()
+    try:
+        _, job = _visible(km).split()
+        lines = Path(f"/proc/{km.provisioner.pid}/cgroup").read_text().splitlines()
+        ours = ":devices:" if mode == "cgroup-v1" else "0::"
+        devices = [line for line in lines if ours in line]
+        assert devices and all(f"/job-{job}" in line for line in devices), lines
+        init = service.call(None, "join", job=int(job), pid=service.proc.pid)  # not below
+        assert "is not yours and below the asking process" in init["error"], init
+        bob = make_user("bob")
+        theirs = service.call(bob, "join", job=int(job), pid=km.provisioner.pid)
+        assert "belongs to root: only its owner or an admin" in theirs["error"], theirs
+        alice = make_user("alice", ("lab",))
+        held = service.call(alice, "submit", argv=["sleep", "60"], cwd=str(service.work), env={})
+        service.wait_state(held["job"], ("RUNNING",))
+        batch = service.call(alice, "join", job=held["job"], pid=os.getpid())
+        assert "is not a running allocation" in batch["error"], batch
+    finally:
+        km.shutdown_kernel(now=True)

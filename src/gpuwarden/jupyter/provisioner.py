@@ -175,6 +175,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         )
         assert leased.ended is not None  # a service's allocation says when it ends
         allocation = _Allocation(stack, leased.uuids, leased.fds, leased.ended)
+        allocation.job, allocation.socket = int(leased.job), socket
         self._held, self._vars = allocation, dict(leased.vars)
         threading.Thread(
             target=self._guard, args=(allocation,), name="gpuwarden-allocation", daemon=True
@@ -225,6 +226,13 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
 
         held = self._held
         assert self.pid is not None  # the kernel has started
+        if isinstance(held, _Allocation):  # into the job's cgroup, as a batch job's
+            try:
+                held.confine(self.pid)
+            except BaseException:
+                await self.kill()
+                self._release()
+                raise
         if isinstance(held, Held):  # a service's allocation is a job of its own
             if self._current is not None:  # a restart: the lease is published already
                 held.repoint(self.pid)
@@ -289,6 +297,16 @@ class _Allocation:
     ) -> None:
         self._stack, self.uuids, self.fds = stack, uuids, tuple(fds)
         self.ended: threading.Event = ended  # set when the job ended before `release`
+        self.job, self.socket = 0, ""  # the allocation's job, and its service's socket
+
+    def confine(self, pid: int) -> None:
+        """Move the kernel `pid` into the allocation's cgroup (service.joining), where
+        only its GPUs can be opened, as a batch job's processes are; UserError if the
+        service refuses (the kernel must not run outside it)."""
+        from gpuwarden.queueclient.client import require
+
+        with require(self.socket) as client:
+            client.call("join", job=self.job, pid=pid)
 
     def release(self) -> None:
         self._stack.close()  # the allocation's input closes: the job completes

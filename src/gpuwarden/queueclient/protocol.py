@@ -69,6 +69,7 @@ OPS = (
     "limits",
     "report",
     "eff",
+    "join",
     "digest",
 )
 

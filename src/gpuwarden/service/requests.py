@@ -28,6 +28,7 @@ from gpuwarden.service import (
     attaching,
     bookings,
     jobprocess,
+    joining,
     limiting,
     listing,
     reloading,
@@ -460,14 +461,9 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "release": (protocol.jobs_named, Requests._release),
     "logs": (protocol.one_job, Requests._logs),
     "book": (dict, lambda service, who, message, _: service._book_request(who, "book", message)),
-    "bookings": (
-        dict,
-        lambda service, who, message, _: service._book_request(who, "bookings", message),
-    ),
-    "unbook": (
-        dict,
-        lambda service, who, message, _: service._book_request(who, "unbook", message),
-    ),
+    "bookings": (dict, lambda svc, who, msg, _: svc._book_request(who, "bookings", msg)),
+    "unbook": (dict, lambda svc, who, msg, _: svc._book_request(who, "unbook", msg)),
+    "join": (dict, joining.join),  # a kernel into its allocation's cgroup
     "requeue": (protocol.one_job, Requests._ask_requeue),
     "stats": (protocol.nothing, lambda service, who, _, client: reports.stats(service)),
     "share": (protocol.nothing, lambda service, who, _, client: reports.share(service)),

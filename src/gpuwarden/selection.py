@@ -181,9 +181,8 @@ def choose(
         warnings = [f.reason for f in findings if f.level == WARNING]
         if warnings:
             warned[gpu.uuid] = "; ".join(warnings)
-        fatal = [f.reason for f in findings if f.level == FATAL]
-        drain = drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own)
-        out = out_of_service(fatal, drain)  # as `unusable` judges it
+        fatal = [f.reason for f in findings if f.level == FATAL]  # as `unusable` judges:
+        out = out_of_service(fatal, drain_by_uuid.get(gpu.uuid) or drain_by_uuid.get(own))
         reason = never_reason(gpu, request, allowed_set, named_uuids, excluded, out)
         if not reason and request.mig is not None and profile.get(gpu.uuid) != request.mig:
             got = f"a MIG {profile[gpu.uuid]} slice" if gpu.uuid in profile else "not a MIG slice"

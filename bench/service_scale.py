@@ -14,7 +14,8 @@ with that many held jobs (the service: one `submit` request each; Slurm: `sbatch
   service's, slurmctld's; from /proc schedstat): the work a submit costs, which
   a busy disk does not move as it moves a commit's fsync;
 - listing: every row of the queue (the service: `queue` page after page, as
-  `gpuwarden queue --all`; Slurm: one `squeue`);
+  `gpuwarden queue --all`; Slurm: one `squeue`), and as a command (the median of
+  five: `gpuwarden queue --all`, the console script; `squeue`);
 - planning: the service's own figure for its last scheduling pass (`stats` ->
   `plan`), Slurm's `sdiag` "Main schedule statistics: Last cycle".
 
@@ -78,6 +79,15 @@ class ServiceScale:
             offset = reply["next"]
         return rows
 
+    def command_ms(self) -> float:
+        """`gpuwarden queue --all` as a user types it (the console script): its wall ms."""
+        env = dict(os.environ, GPUWARDEN_SOCKET=self.q.socket, COLUMNS="200")
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        argv = [str(Path(sys.executable).parent / "gpuwarden"), "queue", "--all"]
+        t0 = time.perf_counter()
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+        return (time.perf_counter() - t0) * 1000
+
     def planning_ms(self) -> float:
         """The last pass's time once a pass has seen the whole queue."""
         self.q.client.call("stats")  # answered after the loop planned what it was told
@@ -113,6 +123,12 @@ class SlurmScale:
             ["squeue", "-h", "-o", "%i %T %r"], env=self.s.env, capture_output=True, text=True
         )
         return len(out.stdout.splitlines())
+
+    def command_ms(self) -> float:
+        """`squeue` with its default columns: its wall ms."""
+        t0 = time.perf_counter()
+        subprocess.run(["squeue"], env=self.s.env, stdout=subprocess.DEVNULL, check=True)
+        return (time.perf_counter() - t0) * 1000
 
     def planning_ms(self) -> float:
         out = subprocess.run(["sdiag"], env=self.s.env, capture_output=True, text=True).stdout
@@ -158,14 +174,14 @@ def measure(system: Any, levels: list[int], samples: int) -> dict[int, dict[str,
             "listing": listing,
             "rows": rows,
             "planning": system.planning_ms(),
+            "command": statistics.median(system.command_ms() for _ in range(5)),
         }
         out[level] = row
         print(
             "   {:>6} pending: submit p50 {p50:.2f} ms, p99 {p99:.2f} ms, daemon CPU "
             "{cpu:.3f} ms; "
-            "listing {listing:.1f} ms ({rows} rows); planning {planning:.2f} ms".format(
-                level, **row
-            ),
+            "listing {listing:.1f} ms ({rows} rows), as a command {command:.1f} ms; "
+            "planning {planning:.2f} ms".format(level, **row),
             flush=True,
         )
     return out
@@ -176,7 +192,7 @@ def report(name: str, result: dict[int, dict[str, float]]) -> None:
     for level, row in result.items():
         ratios = ", ".join(
             f"{key} x{row[key] / base[key]:.2f}" if base[key] > 0 else f"{key} -"
-            for key in ("cpu", "p50", "p99", "listing", "planning")
+            for key in ("cpu", "p50", "p99", "listing", "command", "planning")
         )
         print(f"   {name}, {level} pending vs {min(result)}: {ratios}")
 
@@ -213,7 +229,9 @@ def main() -> None:
             f"x{slurm[top]['cpu'] / svc[top]['cpu']:.2f}, submit p50 "
             f"x{slurm[top]['p50'] / svc[top]['p50']:.1f}, p99 "
             f"x{slurm[top]['p99'] / svc[top]['p99']:.1f}, listing "
-            f"x{slurm[top]['listing'] / svc[top]['listing']:.1f}"
+            f"x{slurm[top]['listing'] / svc[top]['listing']:.1f}; "
+            f"`gpuwarden queue --all` / `squeue` x{svc[top]['command'] / slurm[top]['command']:.2f}"
+            " (line <= 1.5)"
         )
 
 

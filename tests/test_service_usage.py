@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 from gpuwarden.cli import main
 from gpuwarden.cli.jobtables import span
+from gpuwarden.web.usage import window as usage_window
 from repo import SRC
 from schemas import validate
 from servicetools import SPEC, Server, cli_as, serving, submit
@@ -239,6 +241,16 @@ def test_accounts_charge_jobs_to_their_projects_and_report_them(
             ended[1]["elapsed"] / 3600, rel=0.05
         )
         assert rows["vision"]["jobs"] == "2" and rows["nlp"]["jobs"] == "1", rows
+        # The web page's usage panel for the month: the same figures (unless the month
+        # began while the jobs ran, which splits them: the first two minutes of one).
+        if usage_window(time.time())[0] < time.time() - 120:
+            page = cli_as(srv, dave, "web", "--once")
+            assert page.returncode == 0, page.stderr
+            panel = json.loads(page.stdout)["queue"]["usage"]
+            shown = {r["name"]: r for r in panel["accounts"]}
+            assert shown["vision"]["gpu_hours"] == pytest.approx(vision / 3600, rel=0.05)
+            assert shown["vision"]["jobs"] == 2 and shown["nlp"]["jobs"] == 1, panel
+            assert {r["name"] for r in panel["users"]} == {"gw-alice", "gw-bob"}, panel
         history = cli_as(srv, alice, "jobs", "--me")
         assert "ACCOUNT" in history.stdout and "vision" in history.stdout, history.stdout
         # The exporter's per-account counters, as Prometheus reads them.

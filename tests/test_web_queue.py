@@ -21,8 +21,9 @@ import jsonschema
 import pytest
 
 from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.web import usage
 from gpuwarden.web.model import build
-from gpuwarden.web.queue import JOBS_SHOWN, NO_QUEUE, NOT_ANSWERING, ask, section
+from gpuwarden.web.queue import JOBS_SHOWN, NO_QUEUE, NOT_ANSWERING, QueuePoller, ask, section
 from gpuwarden.web.server import Feed, serve
 from schemas import WEB_STATE
 from waiting import wait_for
@@ -319,7 +320,21 @@ class FakeService:
 
 def good(request: dict) -> bytes:
     replies = answered(JOBS, SHARES)
+    if request["op"] == "report":  # the month's usage: the window asked is this month's
+        assert request["since"] == usage.window(time.time())[0] < request["until"]
+        rows = MONTH[request["by"]]
+        return json.dumps({"v": 1, "ok": True, "rows": rows}).encode() + b"\n"
     return json.dumps({"v": 1, **replies[request["op"]]}).encode() + b"\n"
+
+
+def month_row(name: str, hours: Any, jobs: Any = 1) -> dict[str, Any]:
+    return {"period": "all", "name": name, "gpu_hours": hours, "jobs": jobs, "runs": jobs}
+
+
+MONTH = {
+    "user": [month_row("gw-bob", 2.5), month_row("gw-alice", 40.0, 7)],
+    "account": [month_row("vision", 40.0, 7), month_row("-", 2.5)],
+}
 
 
 @pytest.fixture
@@ -340,7 +355,57 @@ def test_ask_gets_all_three_answers_from_a_service(fake):
     answer = ask(service.path, 2.0)
     assert answer["state"] == "answered"
     assert answer["hello"]["user"] == "gw-web" and len(answer["queue"]["jobs"]) == 4
-    assert section(answer, NOW)[0]["state"] == "running"
+    queue = section(answer, NOW)[0]
+    assert queue["state"] == "running"
+    # and the month's usage, the most GPU-hours first
+    assert [(r["name"], r["gpu_hours"], r["jobs"]) for r in queue["usage"]["users"]] == [
+        ("gw-alice", 40.0, 7),
+        ("gw-bob", 2.5, 1),
+    ]
+    assert [r["name"] for r in queue["usage"]["accounts"]] == ["vision", "-"]
+    assert queue["usage"]["month"] == usage.window(time.time())[1]
+
+
+def test_the_usage_panel_keeps_only_well_formed_rows_and_is_left_out_without_any():
+    bad = [
+        month_row("gw-eve", float("nan")),
+        month_row("gw-eve", -1.0),
+        month_row("gw-eve", 1.0, jobs=True),
+        {"name": 5, "gpu_hours": 1.0, "jobs": 1},
+        "garbage",
+        month_row("gw-dan", 3.0),
+    ]
+    answer = answered(JOBS)
+    answer["usage"] = {"month": "2023-11", "user": {"ok": True, "rows": bad}, "account": None}
+    queue = valid(build(FOUR, now=NOW, service=answer))["queue"]
+    assert queue["usage"] == {
+        "month": "2023-11",
+        "users": [{"name": "gw-dan", "gpu_hours": 3.0, "jobs": 1}],
+        "accounts": [],
+    }
+    answer["usage"] = {"month": "2023-11", "user": {"ok": False, "error": "no"}}
+    assert "usage" not in valid(build(FOUR, now=NOW, service=answer))["queue"]
+    assert usage.window(NOW)[1] == time.strftime("%Y-%m", time.localtime(NOW))
+
+
+def test_the_months_report_is_asked_once_a_minute_not_every_interval(fake, monkeypatch):
+    service = fake(good)
+    asked: list[str] = []
+    poller = QueuePoller(service.path, 0.05)
+    real = poller.asker._call
+
+    def counting(op: str, deadline: float, **fields: Any) -> Any:
+        asked.append(op)
+        return real(op, deadline, **fields)
+
+    monkeypatch.setattr(poller.asker, "_call", counting)
+    for _ in range(5):
+        assert "usage" in poller.asker.ask()
+    assert asked.count("report") == 2 and asked.count("queue") == 5  # by user, by account
+    poller.asker.usage_at -= usage.EVERY
+    poller.asker.ask()
+    assert asked.count("report") == 4
+    poller.asker.close()
 
 
 def test_ask_without_a_service(tmp_path):
@@ -457,6 +522,7 @@ def test_web_once_shows_the_service_named_by_socket(fake, sim, cli, tmp_path):
     assert shown.returncode == 0, shown.stderr
     doc = valid(json.loads(shown.stdout))
     assert doc["queue"]["service"] is True and [j["id"] for j in doc["queue"]["waiting"]] == [2, 3]
+    assert doc["queue"]["usage"]["users"][0]["name"] == "gw-alice"
     alone = cli("web", "--once", "--socket", str(tmp_path / "nobody.sock"))
     assert json.loads(alone.stdout)["queue"]["state"] == NO_QUEUE
 

@@ -2,11 +2,12 @@
 
 `QueuePoller` is the only part that talks: once per interval, in a thread of
 its own, it asks the service's socket `queue` and `share` (and `hello` once per
-connection) within one deadline, and keeps the raw answers; the page's feed
-hands the latest to `section()`, a pure function that turns them into the
-document's `queue` object and per-user fair-share figures. Every open page then
-gets those same bytes: the service is asked once per interval, never once per
-client, and a slow service delays the queue section only, never the GPUs.
+connection, the month's `report` once a minute: web.usage) within one deadline,
+and keeps the raw answers; the page's feed hands the latest to `section()`, a
+pure function that turns them into the document's `queue` object and per-user
+fair-share figures. Every open page then gets those same bytes: the service is
+asked once per interval, never once per client, and a slow service delays the
+queue section only, never the GPUs.
 
 The service is trusted to be the service, not to be well-formed: a missing or
 mistyped field costs that row or that figure, an answer that is not the
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from gpuwarden.errors import UserError
+from gpuwarden.web import usage
 from gpuwarden.web.values import finite, text, user_row
 
 NO_QUEUE = "no queue service on this machine"
@@ -49,6 +51,8 @@ class Asker:
         self.sock: Optional[socket.socket] = None
         self.decoder: Any = None
         self.hello: Any = None
+        self.usage: Optional[dict[str, Any]] = None  # the month's reports (web.usage)
+        self.usage_at = float("-inf")  # monotonic time they were asked
 
     def close(self) -> None:
         if self.sock is not None:
@@ -69,6 +73,11 @@ class Asker:
             out: dict[str, Any] = {"state": "answered", "hello": self.hello}
             for op in ("queue", "share"):
                 out[op] = self._call(op, deadline)
+            if time.monotonic() - self.usage_at >= usage.EVERY:
+                self.usage_at = time.monotonic()
+                self.usage = self._month(deadline)
+            if self.usage is not None:
+                out["usage"] = self.usage
             return out
         except TimeoutError:
             self.close()
@@ -95,13 +104,20 @@ class Asker:
         self.hello = self._call("hello", time.monotonic() + self.timeout)
         return True
 
-    def _call(self, op: str, deadline: float) -> Any:
+    def _month(self, deadline: float) -> dict[str, Any]:
+        """This month's GPU-hours by user and by account (`report`, asked EVERY s)."""
+        since, month = usage.window(time.time())
+        out: dict[str, Any] = {"month": month}
+        for by in ("user", "account"):
+            out[by] = self._call("report", deadline, since=since, until=time.time(), by=by)
+        return out
+
+    def _call(self, op: str, deadline: float, **fields: Any) -> Any:
         from gpuwarden.queueclient import protocol
 
         assert self.sock is not None
-        return _call(
-            self.sock, self.decoder, protocol.encode({"v": protocol.VERSION, "op": op}), deadline
-        )
+        request = protocol.encode({"v": protocol.VERSION, "op": op, **fields})
+        return _call(self.sock, self.decoder, request, deadline)
 
 
 def ask(path: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
@@ -236,6 +252,9 @@ def section(
     booked = _bookings(queue.get("bookings") if isinstance(queue, Mapping) else None, now)
     if booked:
         doc["bookings"] = booked
+    month = usage.panel(answer.get("usage"))
+    if month is not None:
+        doc["usage"] = month
     if _refused(share, "share") is not None:
         doc["error"] = _refused(share, "share")
         return doc, {}

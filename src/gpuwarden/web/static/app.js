@@ -315,6 +315,12 @@ function drawQueue(queue, now) {
     el("td", {}, b.start <= now ? "now" : `in ${span(b.start - now)}`), el("td", {}, `in ${span(b.end - now)}`),
     el("td", { class: "timeline" }, timeline(b, now)), el("td", {}, b.reason)),
     "no GPUs booked");
+  const used = queue.usage || { month: "", users: [], accounts: [] };
+  document.getElementById("usage-month").textContent = used.month;
+  const usageRow = (key) => (r) => el("tr", { [key]: r.name },
+    el("td", {}, r.name), el("td", {}, r.gpu_hours.toFixed(1)), el("td", {}, r.jobs));
+  rows(document.getElementById("usage-users"), used.users, usageRow("data-user"), "no GPU use this month");
+  rows(document.getElementById("usage-accounts"), used.accounts, usageRow("data-account"), "no accounts");
 }
 
 // A booking over the next 24 hours, a character per half hour: `#` while booked.

@@ -1,0 +1,169 @@
+"""A CLI `gpuwarden submit` into the queue service against `sbatch`, side by side.
+
+    .venv/bin/python bench/submit.py [--rounds 15] [--clients 1,8]      # root
+
+Starts a queue service here (the simulated four A100s, its own socket and state) and
+a throw-away single-node Slurm (scripts/slurm-ci start), then times, interleaved
+round by round so the machine's load hits them alike, with `--clients` submissions
+at once in each round:
+
+  gpuwarden submit --hold -g 1 -- true     the console script, as a user types it
+  sbatch --hold --gres=gpu:1 --wrap true   Slurm's own held submission
+  python -c pass                           the interpreter's start, for scale
+
+Printed: the median wall and CPU time of one submission of each, and the ratio
+gpuwarden / sbatch (the line: <= 3x, with one client and with eight at once).
+Every job is held and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SPEC = str(ROOT / "tests" / "data" / "idle-4xa100.toml")
+LINE = 3.0
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{argv[0]} failed: {done.stderr.strip()}")
+    return took
+
+
+def cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> int:
+    from conditions import bytecode
+
+    bytecode()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--clients", default="1,8")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the service and Slurm's daemons are")
+    work = Path(tempfile.mkdtemp(prefix="gw-bench-submit-"))
+    work.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWARDEN_", "SLURM_"))}
+    env.update(
+        PYTHONPATH=str(ROOT / "src"),
+        GPUWARDEN_SIM=SPEC,
+        GPUWARDEN_SIM_STATE=str(work / "sim"),
+        GPUWARDEN_LEASE_DIR=str(work / "leases"),
+        GPUWARDEN_STATE_DIR=str(work / "state"),
+        GPUWARDEN_SYSTEM_CONFIG=str(work / "etc" / "config.toml"),
+        XDG_CONFIG_HOME=str(work / "xdg"),
+        GPUWARDEN_SOCKET=str(work / "gw.sock"),
+        SLURM_CONF=str(work / "slurm" / "slurm.conf"),
+    )
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "serve",
+            "--socket",
+            env["GPUWARDEN_SOCKET"],
+            "--state-dir",
+            str(work / "service"),
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    slurm = str(ROOT / "scripts" / "slurm-ci")
+    cases = {
+        "gpuwarden submit --hold": [
+            str(BIN / "gpuwarden"),
+            "submit",
+            "--hold",
+            "-g",
+            "1",
+            "--output",
+            "/dev/null",
+            "--",
+            "true",
+        ],
+        "sbatch --hold": [
+            "sbatch",
+            "--hold",
+            "-Q",
+            "--gres=gpu:1",
+            "-o",
+            "/dev/null",
+            "-D",
+            str(work),
+            "--wrap",
+            "true",
+        ],
+        "python -c pass": [sys.executable, "-c", "pass"],
+    }
+    results: dict[int, dict[str, tuple[float, float]]] = {}
+    try:
+        subprocess.run([slurm, "start", str(work / "slurm")], check=True, env=env)
+        for _ in range(100):
+            if os.path.exists(env["GPUWARDEN_SOCKET"]):
+                break
+            time.sleep(0.1)
+        for argv in cases.values():  # warm: bytecode, page cache, the daemons
+            timed(argv, env)
+        load = os.getloadavg()[0]
+        for clients in (int(c) for c in args.clients.split(",")):
+            times: dict[str, list[float]] = {name: [] for name in cases}
+            cpus: dict[str, list[float]] = {name: [] for name in cases}
+            with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+                for _ in range(args.rounds):
+                    for name, argv in cases.items():
+                        cpu = cpu_of_children()
+                        took = list(pool.map(lambda _i, a=argv: timed(a, env), range(clients)))
+                        times[name] += took
+                        cpus[name].append((cpu_of_children() - cpu) / clients)
+            results[clients] = {
+                n: (statistics.median(times[n]), statistics.median(cpus[n])) for n in cases
+            }
+        after = os.getloadavg()[0]
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=env, capture_output=True)
+        subprocess.run([slurm, "stop", str(work / "slurm")], env=env, capture_output=True)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"median of {args.rounds} rounds, interleaved; load average {load:.2f} -> {after:.2f}")
+    ok = True
+    for clients, got in results.items():
+        print(f"{clients} client(s) at once:")
+        for name, (wall, cpu) in got.items():
+            print(f"  {name:<26} wall {wall * 1000:7.1f} ms   cpu {cpu * 1000:6.1f} ms")
+        ratio = got["gpuwarden submit --hold"][0] / got["sbatch --hold"][0]
+        floor = got["python -c pass"][0] / got["sbatch --hold"][0]
+        ok = ok and ratio <= LINE
+        print(
+            f"  gpuwarden submit / sbatch = {ratio:.2f} (line <= {LINE:.0f}); "
+            f"python -c pass / sbatch = {floor:.2f}"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -161,3 +161,53 @@ def test_a_subscribers_digest_reaches_their_webhook_as_them_and_the_admins_their
     done = digest_cli("--unsubscribe")
     assert done.returncode == 0 and done.stdout.strip() == "unsubscribed", done
     assert validate("digest", digest_cli("--unsubscribe", "--json").stdout)["was"] is False
+
+
+def test_archived_runs_count_in_the_digest_and_the_report_by_account(tmp_path: Path) -> None:
+    """A short `service.keep_history` moves last week's jobs to archives: the digest
+    and `report --by account` still count them (service.archive)."""
+    import time
+
+    from gpuwarden.service import accounting, archive, digests
+    from gpuwarden.service import store as st
+
+    now = time.time()
+    state = tmp_path / "state"
+    state.mkdir()
+    journal = st.Store(str(state / "jobs.db"))
+    with journal.transaction():
+        for n, (user, account, ended) in enumerate(
+            (("alice", "vision", now - 5 * 86400), ("bob", None, now - 3600))
+        ):
+            job = journal.add(
+                st.new_job(
+                    uid=5000 + n,
+                    gid=100,
+                    user=user,
+                    argv=("x",),
+                    cwd="/",
+                    env={},
+                    umask=18,
+                    request={"count": 2},
+                    account=account,
+                    state=st.COMPLETED,
+                    submitted=ended - 7200,
+                    started=ended - 3600,
+                    ended=ended,
+                )
+            )
+            ran = st.Job(**{**job.__dict__, "gpus": ("GPU-0", "GPU-1")})
+            accounting.record_run(journal.db, ran, ended, st.COMPLETED, 2 * 3600.0)
+
+    def figures() -> tuple[Any, ...]:
+        old = archive.runs(str(state), now - 7 * 86400, now)
+        rows = accounting.report(journal.db, now - 7 * 86400, now, "account", "all", now, old)
+        mine = digests.for_user(journal.db, str(state), "alice", now - 7 * 86400, now)
+        return {r.name: r.gpu_hours for r in rows}, mine["gpu_hours"], mine["jobs"]
+
+    before = figures()
+    assert before == ({"vision": 2.0, "-": 2.0}, 2.0, 1)
+    archive.move(journal, str(state), archive.movable(journal.db, now - 86400))
+    assert journal.db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+    assert figures() == before
+    journal.close()

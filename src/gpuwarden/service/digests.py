@@ -76,15 +76,15 @@ def ensure(db: sqlite3.Connection) -> None:
 
 def answer(service: Any, who: Any, ask: Ask, client: Any = None) -> dict[str, Any]:
     """The `digest` operation: a digest now over the last `days`, or a subscription."""
-    db = service.store.db
+    db, state = service.store.db, service.settings.state_dir
     now = time.time()
     if ask.action == "show":
         since = now - ask.days * 86400
         if ask.admin:
             if not service.settings.admins.include(who):
                 raise UserError("the admins' digest is for admins (service.admins)")
-            return {"ok": True, "digest": for_admins(db, since, now)}
-        return {"ok": True, "digest": for_user(db, who.name, since, now)}
+            return {"ok": True, "digest": for_admins(db, state, since, now)}
+        return {"ok": True, "digest": for_user(db, state, who.name, since, now)}
     with service.store.transaction():
         ensure(db)
         if ask.action == "unsubscribe":
@@ -105,23 +105,33 @@ def answer(service: Any, who: Any, ask: Ask, client: Any = None) -> dict[str, An
     return {"ok": True, "subscribed": True, "by": "webhook" if ask.url else "mail", "every": every}
 
 
-def for_user(db: sqlite3.Connection, user: str, since: float, until: float) -> dict[str, Any]:
+def _by_user(db: sqlite3.Connection, state: str, since: float, until: float) -> list[Any]:
+    """The report by user over [since, until): the journal's runs and, where a short
+    `service.keep_history` moved some away, the archived ones (service.archive)."""
+    from gpuwarden.service import accounting, archive
+
+    old = archive.runs(state, since, until)
+    return accounting.report(db, since, until, "user", "all", until, old)
+
+
+def for_user(
+    db: sqlite3.Connection, state: str, user: str, since: float, until: float
+) -> dict[str, Any]:
+    """`user`'s digest from the journal (and archives) in the state directory `state`."""
     from gpuwarden import digest
     from gpuwarden.service import accounting
 
-    rows = accounting.report(db, since, until, "user", "all", until)
-    mine = next((r for r in rows if r.name == user), None)
+    mine = next((r for r in _by_user(db, state, since, until) if r.name == user), None)
     jobs = accounting.waste_report(db, since, until, "job", user)
     return digest.for_user(user, mine, jobs, since, until)
 
 
-def for_admins(db: sqlite3.Connection, since: float, until: float) -> dict[str, Any]:
+def for_admins(db: sqlite3.Connection, state: str, since: float, until: float) -> dict[str, Any]:
     from gpuwarden import digest
     from gpuwarden.service import accounting
 
-    users = accounting.report(db, since, until, "user", "all", until)
     waste = accounting.waste_report(db, since, until, "user")
-    return digest.for_admins(users, waste, since, until)
+    return digest.for_admins(_by_user(db, state, since, until), waste, since, until)
 
 
 def tick(service: Any, now: float, last: float) -> float:
@@ -130,7 +140,7 @@ def tick(service: Any, now: float, last: float) -> float:
     every = service.settings.digest_every
     if not every or now - last < min(CHECK_EVERY, every):
         return last
-    db = service.store.db
+    db, state = service.store.db, service.settings.state_dir
     try:
         with service.store.transaction(durable=False):
             ensure(db)
@@ -139,7 +149,7 @@ def tick(service: Any, now: float, last: float) -> float:
                 (now - every,),
             ).fetchall()
             for uid, user, gid, url, sent in due:
-                _send_user(service, uid, user, gid, url, for_user(db, user, sent, now))
+                _send_user(service, uid, user, gid, url, for_user(db, state, user, sent, now))
                 db.execute("UPDATE digests SET sent = ? WHERE uid = ?", (now, uid))
             if service.settings.admin_digest:
                 row = db.execute("SELECT sent FROM digests WHERE uid = ?", (ADMINS,)).fetchone()
@@ -149,7 +159,7 @@ def tick(service: Any, now: float, last: float) -> float:
                         (ADMINS, now),
                     )
                 elif row[0] <= now - every:
-                    _send_admins(service, for_admins(db, row[0], now))
+                    _send_admins(service, for_admins(db, state, row[0], now))
                     db.execute("UPDATE digests SET sent = ? WHERE uid = ?", (now, ADMINS))
     except sqlite3.Error:
         log.exception("the digests could not be sent")

@@ -1,16 +1,15 @@
 """The queue service's state, declared and made in one place.
 
-`server.Service` is one object; the job's life, the requests and the tick are
-classes that each inherit only what they call, so the chain reads bottom-up and
-never reaches upward: `Core` (this state) <- `Lifecycle` <- `Requests`;
-`Lifecycle` <- `TimeLimits`; `Requests` and `TimeLimits` <- `Service` (the socket
-loop). Every attribute is declared and given its first value here, once; a concern
-adds methods, never state of its own. The rest are collaborators with explicit
-inputs: the journal (service.store, whose job states move only by service.states'
-table), what the last pass of the plan worked out (`queue`, service.queuestate:
-written by the pass alone), the limits in force (service.limiting: functions of the
-settings and the journal), and functions that name what they need of the service as
-a protocol mypy checks (service.attaching, service.reloading, service.preempting,
+`server.Service` is one object, one chain of three classes that each inherit only
+what they call and never reach upward: `Core` (this state) <- `Lifecycle` (a job's
+life) <- `Requests` (the answers) <- `Service` (the socket loop). Every attribute is
+declared and given its first value here, once; a concern adds methods, never state
+of its own. The rest are collaborators with explicit inputs: the journal
+(service.store, whose job states move only by service.states' table), what the last
+pass of the plan worked out (`queue`, service.queuestate: written by the pass alone),
+the limits in force (service.limiting: functions of the settings and the journal),
+and functions that name what they need of the service as a protocol mypy checks
+(service.timelimits, service.attaching, service.reloading, service.preempting,
 service.unwritten, service.placing).
 
 The one thing a lower concern needs from the top is to tell an attached client

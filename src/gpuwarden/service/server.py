@@ -26,7 +26,15 @@ from gpuwarden import config
 from gpuwarden.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
-from gpuwarden.service import archive, healthwatch, journalguard, reloading, store, unwritten
+from gpuwarden.service import (
+    archive,
+    healthwatch,
+    journalguard,
+    reloading,
+    store,
+    timelimits,
+    unwritten,
+)
 from gpuwarden.service.connection import Connection
 from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.machine import Machine
@@ -35,7 +43,6 @@ from gpuwarden.service.pacing import FULL, Pacer
 from gpuwarden.service.reloading import read_settings
 from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
-from gpuwarden.service.timelimits import TimeLimits
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -67,7 +74,7 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests, TimeLimits):
+class Service(Requests):
     """The queue service: its state (service.core) and every concern's methods, with
     the socket loop that serves them."""
 
@@ -394,7 +401,7 @@ class Service(Requests, TimeLimits):
                 self._drop(client)
             elif client.out and now - client.out_since > self.settings.idle_timeout:
                 self._drop(client)  # it stopped reading its answers
-        self._enforce_time_limits()
+        timelimits.tick(self)
         if self.store.jobs([store.PENDING]):
             self.pacer.touch()  # GPUs freed outside the queue show up on the next pass
 

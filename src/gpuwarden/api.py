@@ -260,7 +260,7 @@ def _hold(
         env = held.env
         yield Leased(held.gpus, held.job, _set_here(base, env), env, (), held.mem)
         return
-    assert not isinstance(held, holding.Planned)  # a dry run is not a face of the API
+    assert not isinstance(held, tuple)  # a dry run is not a face of the API
     lease = held  # a lease taken here
     holding.publish_here(lease, "python: gpuwarden.lease()")
     try:

@@ -101,7 +101,7 @@ def reserve(args: argparse.Namespace) -> int:
             "a nested `gpuwarden run` or `gpuwarden.lease()` uses them; reserve more "
             "from outside it"
         )
-    assert not isinstance(held, holding.Planned)  # a lease taken here
+    assert not isinstance(held, tuple)  # a lease taken here
     until = None if seconds is None else time.time() + seconds  # the holder times itself
     lease = held
     what = COMMAND + (f" --for {args.duration}" if args.duration else "")

@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if isinstance(outcome, HeldJob):
         return outcome.wait()
-    if outcome.snapshot is None:
+    snapshot, scope = outcome  # a dry run: what it would take
+    if snapshot is None:
         print("would use no GPU\n  CUDA_VISIBLE_DEVICES=")
         return 0
-    return dry_run(args.command, outcome.snapshot, request, outcome.scope, conf)
+    return dry_run(args.command, snapshot, request, scope, conf)

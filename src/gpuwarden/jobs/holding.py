@@ -47,7 +47,12 @@ if TYPE_CHECKING:
     S = TypeVar("S", bound=Started)
     Reader = Callable[[], Snapshot]
     Taker = Callable[["MachineReader", Optional[Sequence[str]]], Held]
-    Holding = Union["OnCpu", "ByService", "Enclosed", Held, "Planned"]
+    #: What a dry run would take: the machine as read (None: the job would run with
+    #: every GPU hidden) and the GPUs a parent CUDA_VISIBLE_DEVICES leaves (None: all);
+    #: nothing taken. A tuple, not a class: every class made at import is paid by
+    #: every `run`.
+    Planned = tuple[Optional[Snapshot], Optional[Sequence[str]]]
+    Holding = Union["OnCpu", "ByService", "Enclosed", Held, Planned]
 
 
 class Face:
@@ -126,18 +131,6 @@ class Enclosed:
         return int(limit) if limit and limit.isdigit() else None
 
 
-class Planned:
-    """What a dry run would take: `snapshot` as read (None: the job would run with
-    every GPU hidden), `scope` the GPUs a parent CUDA_VISIBLE_DEVICES leaves (None:
-    all); nothing taken."""
-
-    kind = "plan"
-
-    def __init__(self, snapshot: Optional[Snapshot], scope: Optional[Sequence[str]]) -> None:
-        self.snapshot = snapshot
-        self.scope = scope
-
-
 def hold(request: Request, conf: Config, face: Face) -> Holding:
     """Decide, once, where `request`'s GPUs come from (the module's text), and take them
     where that is this process: `conf` is the face's one reading of the configuration
@@ -185,7 +178,7 @@ def decide(
         return OnCpu(str(first.error))
     scope = allowed(first, face.environ)
     if face.plan_only:
-        return Planned(first, scope)
+        return (first, scope)
     enclosed = within_enclosing(first, request, scope, face.environ, conf, face.use_uuid)
     return machine if enclosed is None else enclosed
 

@@ -81,7 +81,8 @@ def start(
     say: Optional[Callable[[str], None]] = None,
 ) -> HeldJob | holding.Planned:
     """Start `cmd` for `request` the way `gpuwarden run` does: a `HeldJob` (the job with
-    what it holds), or what a dry run would take (`holding.Planned`).
+    what it holds), or what a dry run would take (`holding.Planned`: the machine as
+    read and the GPUs left to us).
 
     `conf` is the one reading of the configuration everything on the way is handed
     (nothing below reads it again): the waiting (run.wait, run.timeout), the id format,
@@ -108,12 +109,12 @@ def start(
         without_service=refusal,
     )
     held = holding.hold(request, conf, face)
-    if isinstance(held, holding.Planned):
+    if isinstance(held, tuple):  # a dry run's answer
         return held
     if isinstance(held, holding.ByService):
         return HeldJob(code=_through_service(request, cmd, conf, ddp, time_limit, warning))
     if isinstance(held, holding.OnCpu) and dry_run:
-        return holding.Planned(None, None)
+        return (None, None)
     devices = conf.get("enforce.devices")  # a device cgroup for the job, as root
     isolation: list[Isolation] = []
     try:

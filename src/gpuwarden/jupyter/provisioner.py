@@ -121,7 +121,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
             ours = ("CUDA_", "GPUWARDEN_")
             self._vars = {k: v for k, v in held.env.items() if k.startswith(ours)}
         else:
-            assert not isinstance(held, holding.Planned)  # a lease taken here
+            assert not isinstance(held, tuple)  # a lease taken here
             lease = held
             try:
                 env = job_env({}, lease.gpus, use_uuid=self.uuid, job=lease.job, mem=lease.mem)

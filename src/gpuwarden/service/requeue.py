@@ -24,11 +24,37 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import scheduling
 from gpuwarden.errors import UserError
 from gpuwarden.service import accounting, spawn, store, unwritten
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.notify import JobNotifier
+    from gpuwarden.service.placing import PlacingService
+    from gpuwarden.service.queuestate import QueueState
+    from gpuwarden.service.store import Job
+    from gpuwarden.service.unwritten import Keeping
+
+    class RequeueService(PlacingService, Keeping, Protocol):
+        """What queueing a job again needs of the service (`server.Service` has it)."""
+
+        queue: QueueState
+        notifier: JobNotifier
+        termed: dict[int, float]  # job id -> when SIGTERM was sent for it
+        litter: list[str]  # files of ended jobs, removed after the next start
+
+        def signal(self, job: Job, sig: int) -> bool: ...
+
+        def job_cgroup(self, job_id: int) -> dict[str, str]: ...
+
+        def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None: ...
+
+        def ran(self, job: Job, ended: float, state: str, gpu_seconds: float) -> None: ...
+
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -38,7 +64,7 @@ ASKED = "requeue"
 LONGEST_BACKOFF = 3600.0
 
 
-def ask(service: Any, job: store.Job) -> None:
+def ask(service: RequeueService, job: store.Job) -> None:
     """Queue `job` (its owner's or an admin's, checked by the caller) again: a running
     one once SIGTERM (then SIGKILL after the grace) has ended it, an ended one now."""
     if job.attached:
@@ -80,7 +106,7 @@ def backoff(base: float, retries: int) -> float:
     return float(min(LONGEST_BACKOFF, base * 2.0 ** min(retries, 30)))
 
 
-def _records(service: Any, job: store.Job) -> tuple[str, str]:
+def _records(service: RequeueService, job: store.Job) -> tuple[str, str]:
     """The exit record and the marker of `job`'s last run."""
     return (
         spawn.exit_record_path(service.exits, str(job.id)),
@@ -102,7 +128,7 @@ def _waiting_again(job: store.Job) -> dict[str, Any]:
 
 
 def again(
-    service: Any,
+    service: RequeueService,
     job: store.Job,
     ended: spawn.Ended,
     *,

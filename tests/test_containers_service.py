@@ -123,8 +123,11 @@ def test_a_submitted_container_is_cancelled_with_a_stop(service: Server, dev: Pa
     job = int(sub.stdout.strip())
     service.wait_state(job, ("RUNNING",))
     wait_for((flags / "started").exists, 60, lambda: f"the container to start: {service.job(job)}")
-    running = subprocess.run(  # this job's container (job ids start at 1 in each service)
-        ["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True
+    running = subprocess.run(  # this job's container: job ids start at 1 in every
+        # service, so another test's service may run a gpuwarden-1-… too; ours mounts `flags`
+        ["podman", "ps", "--filter", f"volume={flags}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
     ).stdout.split()
     [mine] = [n for n in running if n.startswith(f"gpuwarden-{job}-")]
     assert _gpuwarden(service, dev, "cancel", str(job)).returncode == 0

@@ -1,11 +1,11 @@
 """`service.keep_history` on the root service, with real Unix accounts: an ended job
 older than it leaves the journal (`jobs` no longer lists it) for an archive only root
-can read, and a user's `gpuwarden report` still counts it."""
+can read, a recent one stays, and a user's `gpuwarden report` still counts both."""
 
 from __future__ import annotations
 
 import json
-import signal
+import os
 import stat
 import time
 from collections.abc import Iterator
@@ -13,13 +13,44 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.service import store as st
 from servicetools import Server, cli_as, serving, submit
 from users import make_user
+
+DAY = 86400.0
 
 
 @pytest.fixture
 def keeping(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    monkeypatch.setenv("GPUWARDEN_SERVICE_KEEP_HISTORY", "1s")
+    """The service keeping 10 days of history, over a journal with one job of alice's
+    that ended 30 days ago (its run with it, as `report` counts it)."""
+    from gpuwarden.service import accounting
+
+    alice = make_user("alice", ("lab",))
+    journal = st.Store(os.path.join(tmp_path, "service", "jobs.db"))
+    ended = time.time() - 30 * DAY
+    with journal.transaction():
+        old = journal.add(
+            st.new_job(
+                uid=alice.uid,
+                gid=alice.gid,
+                user=alice.name,
+                argv=("python", "train.py"),
+                cwd="/tmp",
+                env={},
+                umask=0o022,
+                request={"count": 1},
+                state=st.COMPLETED,
+                submitted=ended - 3600,
+                started=ended - 1800,
+                ended=ended,
+                exit_code=0,
+                gpus=("GPU-x",),
+            )
+        )
+        accounting.record_run(journal.db, old, ended, st.COMPLETED, 1800.0)
+    journal.close()
+    monkeypatch.setenv("GPUWARDEN_SERVICE_KEEP_HISTORY", "10d")
     yield from serving(tmp_path, open_dir, monkeypatch)
 
 
@@ -30,18 +61,15 @@ def test_history_older_than_keep_history_is_archived_and_still_reported(
     alice = make_user("alice", ("lab",))
     job = submit(srv, alice, ["true"])
     srv.wait_state(job, ("COMPLETED",))
-    time.sleep(1.5)  # older than keep_history now
-    srv.kill(signal.SIGTERM)
-    srv.start()  # its first tick looks for history to archive
-    srv.wait_log("ended jobs moved from the journal to ")
-    listed = srv.call(alice, "jobs", limit=100)
-    assert job not in [r["id"] for r in listed["jobs"]], listed
+    srv.wait_log("1 ended jobs moved from the journal to ")  # at its first tick
+    listed = [r["id"] for r in srv.call(alice, "jobs", limit=100)["jobs"]]
+    assert listed == [job], listed  # the old one left the journal, the new one stays
     folder = Path(srv.state, "archive")
     files = list(folder.iterdir())
     assert len(files) == 1 and files[0].name.endswith(".jsonl.gz")
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and files[0].stat().st_uid == 0
     assert stat.S_IMODE(files[0].stat().st_mode) & 0o077 == 0
-    done = cli_as(srv, alice, "report", "--since", "1d", "--format", "json")
+    done = cli_as(srv, alice, "report", "--since", "60d", "--format", "json")
     assert done.returncode == 0, done.stderr
     rows = {r["name"]: r for r in json.loads(done.stdout)}
-    assert rows["gw-alice"]["jobs"] == 1, rows
+    assert rows["gw-alice"]["jobs"] == 2, rows  # the archived one and the new one

@@ -231,8 +231,8 @@ SCHEMA: tuple[Key, ...] = (
         "service.keep_history",
         "duration",
         None,
-        "ended jobs stay in the journal this long, then move to compressed archives",
-        low=1,
+        "ended jobs stay in the journal this long (8d at least), then go to archives",
+        low=8 * 86400,  # what gpu_hours_per_week and the digest count from the journal
     ),
     Key(
         "service.max_journal_bytes_per_user",

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from components import require
 from gpuwarden.leases import list_leases
+from hermetic import hermetic
 from waiting import wait_for
 
 
@@ -218,39 +221,131 @@ def test_a_kernel_that_could_never_start_here_is_refused_at_install(
     assert not (tmp_path / "jupyter").exists()
 
 
-def test_a_kernel_of_the_service_runs_inside_its_jobs_device_cgroup(
-    kernels: Path, service, cli, sim, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As a batch job's processes are: the kernel (a child of the Jupyter side, not of
-    the job) is moved into its allocation's cgroup, where only its GPUs open. Nobody
-    moves another's process, or a process not below the asker, into a job."""
-    from jupyter_client import KernelManager
+#: A user's notebook: start the kernel `one`, print its pid and job, hold it until told.
+USER_NOTEBOOK = r"""
+import json, sys
+from jupyter_client import KernelManager
+km = KernelManager(kernel_name="one")
+km.start_kernel()
+try:
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=120)
+    out = []
+    keep = lambda m: m["msg_type"] == "stream" and out.append(m["content"]["text"])
+    code = "import os; print(os.environ['GPUWARDEN_JOB'])"
+    kc.execute_interactive(code, output_hook=keep, timeout=120)
+    kc.stop_channels()
+    print(json.dumps({"pid": km.provisioner.pid, "job": int("".join(out))}), flush=True)
+    sys.stdin.readline()
+finally:
+    km.shutdown_kernel(now=True)
+"""
 
+
+def _users_venv(service, who) -> Path:  # type: ignore[no-untyped-def]
+    """`who`'s own venv, made by them from the system Python, with Jupyter and this
+    checkout installed (a copy they own: a build writes beside its sources)."""
+    from repo import ROOT
+    from servicetools import become
+
+    home = service.work / who.name
+    home.mkdir(mode=0o755)
+    os.chown(home, who.uid, who.gid)
+    source = home / "gpuwarden"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    for path in (source, *source.rglob("*")):
+        os.chown(path, who.uid, who.gid)
+    env = {
+        **{k: v for k, v in os.environ.items() if k.startswith("PIP_")},  # the local index
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+    }
+    venv = home / "venv"
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
+    for argv in (
+        ["/usr/bin/python3", "-m", "venv", str(venv)],
+        [*pip, "ipykernel", "jupyter_client", str(source)],
+    ):
+        made = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            preexec_fn=become(who),
+            cwd=str(home),
+        )
+        require(made.returncode == 0, f"a venv with Jupyter from the package index: {made.stderr}")
+    return venv
+
+
+@pytest.mark.timeout(1200)  # a venv with Jupyter from the index, under load
+def test_a_kernel_of_the_service_runs_inside_its_jobs_device_cgroup(service) -> None:
+    """As a batch job's processes are: a user's kernel (a child of their Jupyter side,
+    not of the job) is moved into its allocation's cgroup, where only its GPUs open.
+    Nobody moves another's process, or a process not below the asker, into a job."""
     from gpuwarden.cgroups import hierarchy
+    from servicetools import become
     from users import make_user
 
     mode, why = hierarchy.detect()
     require(mode != "none", f"no device isolation here ({why})")
-    sim(service.spec)
-    assert cli("kernel", "install", "-g", "1", "--name", "one").returncode == 0
-    monkeypatch.setenv("GPUWARDEN_SOCKET", service.socket)
-    km = KernelManager(kernel_name="one")
-    km.start_kernel()
+    alice = make_user("alice", ("lab",))
+    venv = _users_venv(service, alice)
+    home = service.work / alice.name
+    env = {
+        **hermetic(),
+        "HOME": str(home),
+        "PATH": f"{venv}/bin:/usr/bin:/bin",
+        "JUPYTER_DATA_DIR": str(home / "jupyter"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "GPUWARDEN_SOCKET": service.socket,
+        "GPUWARDEN_SIM": service.spec,
+        "GPUWARDEN_LEASE_DIR": os.environ["GPUWARDEN_LEASE_DIR"],
+    }
+    py = str(venv / "bin/python")
+    as_alice = {"env": env, "cwd": str(home), "preexec_fn": become(alice), "text": True}
+    installed = subprocess.run(
+        [py, "-m", "gpuwarden", "kernel", "install", "-g", "1", "--name", "one"],
+        capture_output=True,
+        timeout=120,
+        **as_alice,  # type: ignore[call-overload]
+    )
+    assert installed.returncode == 0, installed.stderr
+    notebook = subprocess.Popen(
+        [py, "-c", USER_NOTEBOOK],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **as_alice,  # type: ignore[call-overload]
+    )
     try:
-        _, job = _visible(km).split()
-        lines = Path(f"/proc/{km.provisioner.pid}/cgroup").read_text().splitlines()
+        assert notebook.stdout is not None and notebook.stdin is not None
+        line = notebook.stdout.readline()
+        assert line, f"the kernel did not start\n{service.log_tail()}"
+        kernel = json.loads(line)
+        pid, job = int(kernel["pid"]), int(kernel["job"])
+        assert service.job(job)["user"] == alice.name
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         ours = ":devices:" if mode == "cgroup-v1" else "0::"
         devices = [line for line in lines if ours in line]
         assert devices and all(f"/job-{job}" in line for line in devices), lines
-        init = service.call(None, "join", job=int(job), pid=service.proc.pid)  # not below
-        assert "is not yours and below the asking process" in init["error"], init
+        # Her own job, but a process of hers that is not below the asking one (the
+        # kernel, asked for from another process of hers), or not hers at all.
+        for other in (pid, service.proc.pid):
+            refused = service.call(alice, "join", job=job, pid=other)
+            assert "is not yours and below the asking process" in refused["error"], refused
         bob = make_user("bob")
-        theirs = service.call(bob, "join", job=int(job), pid=km.provisioner.pid)
-        assert "belongs to root: only its owner or an admin" in theirs["error"], theirs
-        alice = make_user("alice", ("lab",))
+        theirs = service.call(bob, "join", job=job, pid=pid)
+        assert f"belongs to {alice.name}: only its owner or an admin" in theirs["error"], theirs
         held = service.call(alice, "submit", argv=["sleep", "60"], cwd=str(service.work), env={})
         service.wait_state(held["job"], ("RUNNING",))
         batch = service.call(alice, "join", job=held["job"], pid=os.getpid())
         assert "is not a running allocation" in batch["error"], batch
     finally:
-        km.shutdown_kernel(now=True)
+        if notebook.stdin:
+            notebook.stdin.close()  # the notebook shuts its kernel down
+        notebook.wait(60)

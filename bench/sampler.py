@@ -9,7 +9,8 @@ Printed: CPU time per sample, of which the NVML reading, and the share of one co
 at one sample every `--every` seconds (the target: at most 1%), beside the same
 reading without the sampler's work (the peer here: the reading the enforcement
 watcher already makes). With `--shared` the jobs are `--mem` jobs, so each sample
-also reads NVML's per-process utilisation of their GPUs. On real GPUs the reading
+also reads NVML's per-process utilisation of their GPUs and their accounting mode
+(the memory peaks where it is on). On real GPUs the reading
 costs what the driver takes.
 """
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 os.environ["GPUWARDEN_SIM"] = "server-8xa100"
 os.environ.setdefault("GPUWARDEN_SIM_STATE", tempfile.mkdtemp(prefix="gpuwarden-bench-"))
 
-from gpuwarden.gpuprocesses import read_process_use
+from gpuwarden.gpuprocesses import read_memory_peaks, read_process_use
 from gpuwarden.inventory import load_nvml, read_snapshot
 from gpuwarden.service import store as st
 from gpuwarden.service.sampler import Sampler
@@ -65,7 +66,8 @@ def main() -> int:
                     request={"count": 1},
                 )
             )
-            journal.update(job.id, state=st.RUNNING, started=now - 60, gpus=(uuid,))
+            journal.update(job.id, state=st.STARTING, gpus=(uuid,))
+            journal.update(job.id, state=st.RUNNING, started=now - 60)
             got = journal.get(job.id)
             assert got is not None
             jobs.append(dataclasses.replace(got, mem=20 << 30) if args.shared else got)
@@ -78,7 +80,14 @@ def main() -> int:
             finally:
                 nvml.nvmlShutdown()
 
-        sampler = Sampler(args.every, read_snapshot, process_use)
+        def memory_peaks(pids: dict[str, set[int]]) -> Any:
+            nvml.nvmlInit()
+            try:
+                return read_memory_peaks(nvml, pids)
+            finally:
+                nvml.nvmlShutdown()
+
+        sampler = Sampler(args.every, read_snapshot, process_use, memory_peaks)
         clock = [now]
 
         def sample() -> None:

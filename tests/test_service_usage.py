@@ -359,3 +359,43 @@ def test_jobs_sharing_a_gpu_each_get_their_own_processes_utilisation(sampled: Se
         # its load while it ran; the mean also counts its start (a Python starting)
         assert use["util_seconds"] / use["busy_seconds"] == pytest.approx(load, abs=2), use
         assert use["util_seconds"] / use["seconds"] == pytest.approx(load, abs=0.2 * load), use
+
+
+def test_a_shared_jobs_memory_peak_comes_from_the_drivers_accounting_where_it_is_on(
+    sampled: Server,
+) -> None:
+    """A `--mem` job whose process holds 12 GiB for a moment, far shorter than a sample,
+    then 2 GiB: with the GPU's accounting mode on (root's, as on a real GPU) `eff`
+    gives its 12 GiB peak, from the driver's record of that process."""
+    from gpuwarden.sim.fake import module
+    from servicetools import SPEC
+
+    srv = sampled
+    nv = module(SPEC, os.environ["GPUWARDEN_SIM_STATE"])
+    nv.nvmlInit()
+    nv.nvmlDeviceSetAccountingMode(nv.nvmlDeviceGetHandleByIndex(1), nv.NVML_FEATURE_ENABLED)
+    nv.nvmlShutdown()
+    alice = make_user("alice", ("lab",))
+    for state in Path(os.environ["GPUWARDEN_SIM_STATE"]).iterdir():
+        os.chown(state, alice.uid, alice.gid)  # the simulator's state is its one writer's
+    brief = (
+        "import os, time\n"
+        "from gpuwarden.sim import Machine\n"
+        "m = Machine.open()\n"
+        "m.add_process(1, os.getpid(), '12GiB')\n"
+        "time.sleep(0.05)\n"
+        "m.add_process(1, os.getpid(), '2GiB')\n"
+        "time.sleep(5)\n"
+        "m.remove_process(os.getpid())\n"
+    )
+    shared = {"count": 1, "mem": 20 << 30, "gpus": ["1"]}
+    job = submit(srv, alice, ["python3", "-c", brief], request=shared, env=job_env(srv))
+    ended = srv.wait_state(job, ("COMPLETED", "FAILED"), timeout=60)
+    said = Path(srv.work, f"gpuwarden-{job}.out")
+    assert ended["state"] == "COMPLETED", (ended, said.read_text() if said.exists() else "")
+    eff = cli_as(srv, alice, "eff", "--json", str(job))
+    assert eff.returncode == 0, eff.stderr
+    (row,) = validate("eff", eff.stdout)
+    ((use,),) = [r["use"] for r in row["runs"]]
+    assert use["level"] == "process" and use["seconds"] > 0, use
+    assert use["mem_peak"] == 12 << 30 and use["mem_total"] == 20 << 30, use

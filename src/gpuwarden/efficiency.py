@@ -12,8 +12,10 @@ What is measured where:
   memory used, power (energy from the GPU's energy counter where it has one, else
   power x time);
 - a GPU the job shares (`--mem`): its own processes' figures: their memory on it
-  (NVML's per-process list) and the share of the time their kernels ran (NVML's
-  per-process utilisation samples, summed over the job's processes), where the
+  (NVML's per-process list; where the GPU's accounting mode is on, at least the sum
+  of their own peaks from the driver's records, `maxMemoryUsage`) and the share of
+  the time their kernels ran (NVML's per-process utilisation samples, summed over
+  the job's processes), where the
   driver keeps those; energy belongs to the GPU, not the job, and is not given (n/a).
 """
 

@@ -13,7 +13,7 @@ from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing stays off the start-up path
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
     from typing import Any, Optional
 
     # (GPU instance id, compute instance id) -> the MIG device's UUID
@@ -131,4 +131,30 @@ def read_process_use(nv: Any, uuids: Iterable[str], since: int) -> dict[str, dic
         out[uuid] = {
             pid: ProcessUse(pid, sm / n, mem / n, int(n)) for pid, (sm, mem, n) in sums.items()
         }
+    return out
+
+
+def read_memory_peaks(nv: Any, pids: Mapping[str, Iterable[int]]) -> dict[str, dict[int, int]]:
+    """GPU UUID -> pid -> the most GPU memory (bytes) that process held on it, from the
+    driver's accounting records (`nvmlDeviceGetAccountingStats`'s maxMemoryUsage), for
+    the `pids` asked of each GPU. A GPU whose accounting mode is off (the driver's
+    default), or that NVML cannot read, is absent; a pid it has no record of is left
+    out. `nv` is initialised by the caller."""
+    out: dict[str, dict[int, int]] = {}
+    for uuid, wanted in pids.items():
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid.encode())
+            if not nv.nvmlDeviceGetAccountingMode(handle):
+                continue
+        except nv.NVMLError:
+            continue
+        peaks: dict[int, int] = {}
+        for pid in wanted:
+            try:
+                stats = nv.nvmlDeviceGetAccountingStats(handle, pid)
+            except nv.NVMLError:
+                continue  # no record (started before the mode went on), or unreadable
+            if stats.maxMemoryUsage is not None:
+                peaks[int(pid)] = int(stats.maxMemoryUsage)
+        out[uuid] = peaks
     return out

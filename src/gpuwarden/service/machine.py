@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
 
@@ -110,6 +110,19 @@ class Machine:
         nvml.nvmlInit()
         try:
             return read_process_use(nvml, uuids, since)
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+
+    def memory_peaks(self, pids: Mapping[str, Iterable[int]]) -> dict[str, Any]:
+        """The most GPU memory each of `pids` held on each GPU, where the driver's
+        accounting mode is on (gpuprocesses.read_memory_peaks): for shared GPUs."""
+        from gpuwarden.gpuprocesses import read_memory_peaks
+
+        nvml = self.nvml()
+        nvml.nvmlInit()
+        try:
+            return read_memory_peaks(nvml, pids)
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()

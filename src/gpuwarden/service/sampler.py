@@ -2,7 +2,8 @@
 
 On the loop's tick, every `service.sample_seconds` (10 s) while a job runs, one
 reading of the machine (with power and energy), and for GPUs that jobs share, NVML's
-per-process utilisation since the last sample, add a sample per GPU of each running
+per-process utilisation since the last sample and, where the driver's accounting mode
+is on, each process's own memory peak, add a sample per GPU of each running
 job to that run's summary in memory (gpuwarden.efficiency says what is measured
 where). The summaries go to the journal's `gpu_use` every `FLUSH_EVERY`
 seconds and when the run ends (service.accounting), never a row per sample; a
@@ -33,12 +34,16 @@ class Sampler:
         every: float,
         read: Callable[[], Any],
         process_use: Optional[Callable[[list[str], int], Mapping[str, Any]]] = None,
+        memory_peaks: Optional[Callable[[dict[str, set[int]]], Mapping[str, Any]]] = None,
     ) -> None:
         self.every = every
         self.read = read  # a Snapshot with power and energy (inventory.read_snapshot)
         # Per-process utilisation on shared GPUs (gpuprocesses.read_process_use): GPU
         # UUID -> pid -> ProcessUse since a moment in microseconds; None: not read.
         self.process_use = process_use
+        # Each process's own GPU-memory peak where the driver's accounting mode is on
+        # (gpuprocesses.read_memory_peaks): GPU UUID -> pid -> bytes; None: not read.
+        self.memory_peaks = memory_peaks
         self.last: Optional[float] = None
         self.flushed = time.time()
         self.uses: dict[int, dict[str, GpuUse]] = {}  # job id -> GPU -> its run's summary
@@ -69,6 +74,8 @@ class Sampler:
                 gpus[mig.uuid] = mig
         energy = {g.uuid: g.energy_consumed for g in snapshot.gpus if g.energy_consumed}
         shared = self._shared_use(jobs, now, seconds)
+        owned = {j.id: pids_of(j) for j in jobs if j.mem is not None}
+        peaks = self._peaks(jobs, owned)
         for job in jobs:
             mine = self.uses.get(job.id)
             span = seconds
@@ -100,9 +107,12 @@ class Sampler:
                     )
                     continue
                 if pids is None:
-                    pids = pids_of(job)
+                    pids = owned[job.id] if job.id in owned else pids_of(job)
                 procs = getattr(gpu, "processes", ()) or self._processes_of(snapshot, uuid)
-                used = [p.used_memory or 0 for p in procs if p.pid in pids]
+                used = sum(p.used_memory or 0 for p in procs if p.pid in pids)
+                # its processes' own peaks, between samples too (the sum: at most what
+                # they held together), where the driver keeps accounting records
+                peak = sum(m for pid, m in peaks.get(uuid, {}).items() if pid in pids)
                 util = None
                 if uuid in shared:  # its processes' own kernels' share of the time
                     util = min(100.0, sum(u.sm for pid, u in shared[uuid].items() if pid in pids))
@@ -111,7 +121,7 @@ class Sampler:
                     uuid,
                     span,
                     util,
-                    sum(used) if used else 0,
+                    max(used, peak),
                     job.mem or gpu.memory_total,
                     None,
                     "process",
@@ -130,6 +140,20 @@ class Sampler:
             return self.process_use(uuids, int((now - seconds) * 1e6))
         except Exception:  # NVML refusing this must not stop the GPU-level samples
             log.debug("per-process utilisation unreadable", exc_info=True)
+            return {}
+
+    def _peaks(self, jobs: list[store.Job], owned: Mapping[int, set[int]]) -> Mapping[str, Any]:
+        """The accounting records' memory peaks of shared jobs' processes, per GPU."""
+        pids: dict[str, set[int]] = {}
+        for job in jobs:
+            for uuid in job.gpus if job.id in owned else ():
+                pids.setdefault(uuid, set()).update(owned[job.id])
+        if not pids or self.memory_peaks is None:
+            return {}
+        try:
+            return self.memory_peaks(pids)
+        except Exception:  # as for the utilisation: the GPU-level samples go on
+            log.debug("accounting records unreadable", exc_info=True)
             return {}
 
     @staticmethod

@@ -108,6 +108,7 @@ def _sample(service: TickService, running: list[Job], now: float) -> None:
             service.settings.sample_seconds,
             lambda: service.hardware.read(detail=True),
             service.hardware.process_use,
+            service.hardware.memory_peaks,
         )
     sampler = service.sampler
     sampler.every = service.settings.sample_seconds  # as a reload left it

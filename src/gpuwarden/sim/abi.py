@@ -24,6 +24,7 @@ UNINITIALIZED = 1
 INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NOT_FOUND = 6
+NO_PERMISSION = 4
 INSUFFICIENT_SIZE = 7
 TIMEOUT = 10
 GPU_IS_LOST = 15
@@ -251,6 +252,8 @@ ELSEWHERE = {
     "nvmlDeviceGetAccountingBufferSize": "board",
     "nvmlDeviceGetAccountingPids": "board",
     "nvmlDeviceGetAccountingStats": "board",
+    "nvmlDeviceSetAccountingMode": "board",
+    "nvmlDeviceClearAccountingPids": "board",
     "nvmlDeviceGetCurrPcieLinkGeneration": "pcie",
     "nvmlDeviceGetCurrPcieLinkWidth": "pcie",
     "nvmlDeviceGetMaxPcieLinkGeneration": "pcie",

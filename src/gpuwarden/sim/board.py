@@ -5,32 +5,40 @@ nvidia-smi's header of each GPU, and what NVIDIA's nvidia-ml-py example and
 pynvml_utils print; gpuwarden never asks, so `library.FakeLibrary` loads this module
 when one of its functions is first looked up. Figures come from the card's entry in
 `cards.CARDS`; every simulated machine is bare metal, with accounting off (the
-driver's default).
+driver's default) until root turns it on (sim.accounting keeps the records).
 """
 
 from __future__ import annotations
 
-from gpuwarden.sim import cards
+import os
+import time
+
+from gpuwarden.sim import accounting, cards
 from gpuwarden.sim.abi import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
+    NO_PERMISSION,
+    NOT_FOUND,
     NOT_SUPPORTED,
     SUCCESS,
     bus_key,
+    obj,
     put,
     val,
 )
+from gpuwarden.sim.state import pid_alive
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any
+
+    from gpuwarden.sim.state import StateFile
 
 # nvmlDeviceArchitecture_t by compute capability (8.6 is Ampere too, 8.9 Ada).
 ARCHITECTURES = {(7, 0): 5, (7, 5): 6, (8, 0): 7, (8, 6): 7, (8, 9): 8, (9, 0): 9, (10, 0): 10}
 HOPPER = 9
 VIRTUALIZATION_NONE = 0  # bare metal
 INFOROM_OEM, INFOROM_ECC = 0, 1  # nvmlInforomObject_t; the power object is N/A on these cards
-ACCOUNTING_BUFFER = 4000  # processes the driver keeps accounting records for
 
 
 def architecture(gpu: dict[str, Any]) -> int:
@@ -49,6 +57,8 @@ def _text(buf: Any, size: Any, value: str) -> int:
 
 class Board:
     """NVML's board and firmware functions, as methods of `FakeLibrary`."""
+
+    file: StateFile
 
     def nvmlDeviceGetBrand(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
         put(out, cards.figures(gpu)["brand"])
@@ -95,17 +105,58 @@ class Board:
         return NOT_SUPPORTED  # GOM exists on Kepler-era Tesla/Titan boards only
 
     def nvmlDeviceGetAccountingMode(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
-        put(out, 0)
+        put(out, int(accounting.records(state, gpu["uuid"]) is not None))
+
+    def nvmlDeviceSetAccountingMode(self, state: Any, gpu: Any, mig: Any, mode: Any) -> int:
+        if os.geteuid() != 0:
+            return NO_PERMISSION  # root's alone, as the driver's
+        on, uuid = bool(val(mode)), gpu["uuid"]
+        self.file.update(lambda s: accounting.set_mode(s, uuid, on, time.time()))
+        return SUCCESS
+
+    def nvmlDeviceClearAccountingPids(self, state: Any, gpu: Any, mig: Any) -> int:
+        if os.geteuid() != 0:
+            return NO_PERMISSION
+        uuid = gpu["uuid"]
+        self.file.update(lambda s: accounting.clear(s, uuid))
+        return SUCCESS
 
     def nvmlDeviceGetAccountingBufferSize(self, state: Any, gpu: Any, mig: Any, out: Any) -> None:
-        put(out, ACCOUNTING_BUFFER)
+        put(out, accounting.BUFFER)
 
     def nvmlDeviceGetAccountingPids(
         self, state: Any, gpu: Any, mig: Any, count: Any, array: Any
     ) -> int:
-        return NOT_SUPPORTED  # what the driver says while accounting mode is disabled
+        kept = accounting.records(state, gpu["uuid"])
+        if kept is None:
+            return NOT_SUPPORTED  # what the driver says while accounting mode is disabled
+        pids = list(dict.fromkeys(r["pid"] for r in kept))
+        room = obj(count)
+        if array is None or room.value < len(pids):
+            room.value = len(pids)
+            return INSUFFICIENT_SIZE
+        for i, pid in enumerate(pids):
+            array[i] = pid
+        room.value = len(pids)
+        return SUCCESS
 
     def nvmlDeviceGetAccountingStats(
         self, state: Any, gpu: Any, mig: Any, pid: Any, ref: Any
     ) -> int:
-        return NOT_SUPPORTED
+        kept = accounting.records(state, gpu["uuid"])
+        if kept is None:
+            return NOT_SUPPORTED
+        mine = [r for r in kept if r["pid"] == val(pid)]
+        if not mine:
+            return NOT_FOUND
+        record, now = mine[-1], time.time()  # its latest run under that pid
+        running = record["end"] is None and pid_alive(record["pid"])
+        end = now if record["end"] is None else record["end"]
+        stats = obj(ref)
+        stats.gpuUtilization = record["util"]
+        stats.memoryUtilization = gpu["memory_utilization"] if running else 0
+        stats.maxMemoryUsage = record["memory"]
+        stats.time = int(max(0.0, end - record["start"]) * 1000)  # milliseconds
+        stats.startTime = int(record["start"] * 1e6)  # microseconds since the epoch
+        stats.isRunning = int(running)
+        return SUCCESS

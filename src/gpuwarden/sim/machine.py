@@ -161,6 +161,7 @@ class Machine:
                     "mig": mig,
                     "util": int(util),
                     "synthetic": False,
+                    "added": time.time(),  # accounting records it from here (sim.accounting)
                 }
             )
 

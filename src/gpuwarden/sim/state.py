@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 
 from gpuwarden.errors import UserError
@@ -186,6 +187,10 @@ class StateFile:
             state = self._load() or self.spec.initial_state()
             state["processes"] = live_processes(state)
             result = change(state)
+            if "accounting" in state:  # a GPU's accounting mode is on (sim.accounting)
+                from gpuwarden.sim import accounting
+
+                accounting.track(state, live_processes(state), time.time())
             # Readers (other NVML clients) take no lock: they see the old or new state.
             write_atomic(self.path, json.dumps(state), what="simulated machine", durable=False)
         return result

@@ -1,6 +1,7 @@
 """`service.keep_history` on the root service, with real Unix accounts: an ended job
 older than it leaves the journal (`jobs` no longer lists it) for an archive only root
-can read, a recent one stays, and a user's `gpuwarden report` still counts both."""
+can read, a recent one stays, and a user's `gpuwarden report` still counts both, and
+`report --waste` the GPU-hours the archived one held idle."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ DAY = 86400.0
 def keeping(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """The service keeping 10 days of history, over a journal with one job of alice's
     that ended 30 days ago (its run with it, as `report` counts it)."""
+    from gpuwarden.efficiency import GpuUse
     from gpuwarden.service import accounting
 
     alice = make_user("alice", ("lab",))
@@ -48,7 +50,9 @@ def keeping(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> 
                 gpus=("GPU-x",),
             )
         )
-        accounting.record_run(journal.db, old, ended, st.COMPLETED, 1800.0)
+        run = accounting.record_run(journal.db, old, ended, st.COMPLETED, 1800.0)
+        idle = GpuUse("GPU-x", 1800.0, 0.0, 0.0, 1 << 20, 80 << 30, 1e5, "gpu")  # never busy
+        accounting.save_use(journal.db, old.id, run, [idle])
     journal.close()
     monkeypatch.setenv("GPUWARDEN_SERVICE_KEEP_HISTORY", "10d")
     yield from serving(tmp_path, open_dir, monkeypatch)
@@ -73,3 +77,9 @@ def test_history_older_than_keep_history_is_archived_and_still_reported(
     assert done.returncode == 0, done.stderr
     rows = {r["name"]: r for r in json.loads(done.stdout)}
     assert rows["gw-alice"]["jobs"] == 2, rows  # the archived one and the new one
+    # the half GPU-hour the archived job held idle, from the archive, told to its owner
+    done = cli_as(srv, alice, "report", "--waste", "--since", "60d", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["name"] == "gw-alice" and row["gpus_idle"] == 1 and row["jobs"] == 1, row
+    assert row["held_hours"] == pytest.approx(0.5) and row["idle_hours"] == pytest.approx(0.5)

@@ -168,6 +168,7 @@ def test_archived_runs_count_in_the_digest_and_the_report_by_account(tmp_path: P
     and `report --by account` still count them (service.archive)."""
     import time
 
+    from gpuwarden.efficiency import GpuUse
     from gpuwarden.service import accounting, archive, digests
     from gpuwarden.service import store as st
 
@@ -197,16 +198,29 @@ def test_archived_runs_count_in_the_digest_and_the_report_by_account(tmp_path: P
                 )
             )
             ran = st.Job(**{**job.__dict__, "gpus": ("GPU-0", "GPU-1")})
-            accounting.record_run(journal.db, ran, ended, st.COMPLETED, 2 * 3600.0)
+            run = accounting.record_run(journal.db, ran, ended, st.COMPLETED, 2 * 3600.0)
+            # sampled throughout: GPU-0 busy half the time, GPU-1 never
+            accounting.save_use(
+                journal.db,
+                job.id,
+                run,
+                [
+                    GpuUse("GPU-0", 3600.0, 0.0, 1800.0, 1 << 30, 80 << 30, 0.0, "gpu"),
+                    GpuUse("GPU-1", 3600.0, 0.0, 0.0, 0, 80 << 30, 0.0, "gpu"),
+                ],
+            )
 
     def figures() -> tuple[Any, ...]:
         old = archive.runs(str(state), now - 7 * 86400, now)
         rows = accounting.report(journal.db, now - 7 * 86400, now, "account", "all", now, old)
         mine = digests.for_user(journal.db, str(state), "alice", now - 7 * 86400, now)
-        return {r.name: r.gpu_hours for r in rows}, mine["gpu_hours"], mine["jobs"]
+        admins = digests.for_admins(journal.db, str(state), now - 7 * 86400, now)
+        idle = (mine["idle_hours"], [j["idle_hours"] for j in mine["idle_jobs"]])
+        return {r.name: r.gpu_hours for r in rows}, mine["gpu_hours"], mine["jobs"], idle, admins
 
     before = figures()
-    assert before == ({"vision": 2.0, "-": 2.0}, 2.0, 1)
+    assert before[:4] == ({"vision": 2.0, "-": 2.0}, 2.0, 1, (1.5, [1.5]))
+    assert before[4]["idle_hours"] == 3.0  # bob's too
     archive.move(journal, str(state), archive.movable(journal.db, now - 86400))
     assert journal.db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
     assert figures() == before

@@ -95,9 +95,12 @@ def _from_journal(
     try:
         db = sqlite3.connect(f"file:{os.path.abspath(args.journal)}?mode=ro", uri=True)
         try:
+            state = os.path.dirname(os.path.abspath(args.journal))
             if args.waste:
-                return [], [w._asdict() for w in accounting.waste_report(db, since, until, args.by)]
-            old = archive.runs(os.path.dirname(os.path.abspath(args.journal)), since, until)
+                used = archive.uses(state, since, until)
+                found = accounting.waste_report(db, since, until, args.by, archived=used)
+                return [], [w._asdict() for w in found]
+            old = archive.runs(state, since, until)
             return accounting.report(db, since, until, args.by, args.per, now, old), []
         finally:
             db.close()

@@ -279,13 +279,19 @@ def _spans(run: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def waste_report(
-    db: sqlite3.Connection, since: float, until: float, by: str, user: Optional[str] = None
+    db: sqlite3.Connection,
+    since: float,
+    until: float,
+    by: str,
+    user: Optional[str] = None,
+    archived: Iterable[Sequence[Any]] = (),
 ) -> list[Any]:
     """`gpuwarden report --waste`'s rows: the idle GPU-hours of runs that ended in the
-    window, only `user`'s where given."""
+    window, those `archived` (service.archive: `uses`) beside them, only `user`'s
+    where given."""
     from gpuwarden import usage
 
-    rows = use_between(db, since, until)
+    rows: Iterable[Sequence[Any]] = itertools.chain(use_between(db, since, until), archived)
     if user is not None:
         rows = [r for r in rows if r[2] == user]
     return usage.waste(rows, by if by in ("user", "account", "job") else "user")

@@ -222,12 +222,49 @@ def tend(service: Any, now: float) -> int:
 def runs(state_dir: str, since: float, until: float) -> Iterator[dict[str, Any]]:
     """The archived runs that held GPUs between `since` and `until` (the columns of the
     journal's `runs`), each once: what accounting adds to the journal's own."""
+    for run, _ in _runs_and_uses(state_dir, since, until):
+        yield run
+
+
+def uses(state_dir: str, since: float, until: float) -> Iterator[tuple[Any, ...]]:
+    """What the GPUs of those archived runs did, as accounting's `use_between` rows
+    (job, run, user, account, gpu, run seconds, sampled seconds, busy seconds): what
+    `report --waste` adds to the journal's own."""
+    for run, used in _runs_and_uses(state_dir, since, until):
+        length = run["ended"] - run["started"]
+        for use in used:
+            yield (
+                run["job"],
+                run["run"],
+                run["user"],
+                run["account"],
+                use["gpu"],
+                length,
+                use["seconds"],
+                use["busy_seconds"],
+            )
+
+
+def _runs_and_uses(
+    state_dir: str, since: float, until: float
+) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each archived run in the window once (a batch written again after a crash holds
+    it twice), with its GPUs' use rows (a job's runs and uses lie in one file)."""
     seen: set[tuple[int, int]] = set()
     for path in files(state_dir, since, until):
+        found: dict[tuple[int, int], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        used = []
         for row in rows(path):
-            if row.get("kind") != "run" or not (row["ended"] >= since and row["started"] < until):
-                continue
-            key = (int(row["job"]), int(row["run"]))
-            if key not in seen:
-                seen.add(key)
-                yield row
+            kind = row.get("kind")
+            if kind == "use":
+                used.append(row)
+            elif kind == "run" and row["ended"] >= since and row["started"] < until:
+                key = (int(row["job"]), int(row["run"]))
+                if key not in seen:
+                    seen.add(key)
+                    found[key] = (row, [])
+        for use in used:
+            hit = found.get((int(use["job"]), int(use["run"])))
+            if hit is not None:
+                hit[1].append(use)
+        yield from found.values()

@@ -119,19 +119,32 @@ def for_user(
 ) -> dict[str, Any]:
     """`user`'s digest from the journal (and archives) in the state directory `state`."""
     from gpuwarden import digest
-    from gpuwarden.service import accounting
 
     mine = next((r for r in _by_user(db, state, since, until) if r.name == user), None)
-    jobs = accounting.waste_report(db, since, until, "job", user)
+    jobs = _waste(db, state, since, until, "job", user)
     return digest.for_user(user, mine, jobs, since, until)
 
 
 def for_admins(db: sqlite3.Connection, state: str, since: float, until: float) -> dict[str, Any]:
     from gpuwarden import digest
-    from gpuwarden.service import accounting
 
-    waste = accounting.waste_report(db, since, until, "user")
+    waste = _waste(db, state, since, until, "user")
     return digest.for_admins(_by_user(db, state, since, until), waste, since, until)
+
+
+def _waste(
+    db: sqlite3.Connection,
+    state: str,
+    since: float,
+    until: float,
+    by: str,
+    user: Optional[str] = None,
+) -> list[Any]:
+    """The idle GPU-hours over [since, until), the archived runs' too."""
+    from gpuwarden.service import accounting, archive
+
+    used = archive.uses(state, since, until)
+    return accounting.waste_report(db, since, until, by, user, used)
 
 
 def tick(service: Any, now: float, last: float) -> float:

@@ -112,18 +112,18 @@ def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[s
     `waste`, the GPU-hours held idle: an admin sees everyone's, a user their own."""
     from gpuwarden import usage
     from gpuwarden.errors import UserError
-    from gpuwarden.service import accounting
+    from gpuwarden.service import accounting, archive
 
     db = service.store.db
+    state = service.settings.state_dir  # keep_history's archives are read too
     if ask.waste:
         admin = service.settings.admins.include(who)
+        used = archive.uses(state, ask.since, ask.until)
         rows = accounting.waste_report(
-            db, ask.since, ask.until, ask.by, None if admin else who.name
+            db, ask.since, ask.until, ask.by, None if admin else who.name, used
         )
         return {"ok": True, "waste": [r._asdict() for r in rows[: usage.MAX_ROWS]]}
-    from gpuwarden.service import archive
-
-    old = archive.runs(service.settings.state_dir, ask.since, ask.until)  # keep_history
+    old = archive.runs(state, ask.since, ask.until)
     found = accounting.report(db, ask.since, ask.until, ask.by, ask.per, time.time(), old)
     if len(found) > usage.MAX_ROWS:
         raise UserError(

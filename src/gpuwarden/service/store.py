@@ -311,7 +311,9 @@ class Store:
         return added
 
     def update(self, job_id: int, durable: bool = True, **changes: Any) -> None:
-        """Change columns of one job, committed before returning (see `transaction`)."""
+        """Change columns of one job, committed before returning (see `transaction`); its
+        `state` only by a move of service.states.TRANSITIONS (IllegalMove otherwise,
+        and nothing written)."""
         if not changes:
             return
         for name in changes:

@@ -199,3 +199,52 @@ def test_a_crash_anywhere_in_a_batch_counts_each_run_exactly_once(
     moved = journal.db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
     assert moved < 300 and len(list((state / "archive").iterdir())) == 1
     journal.close()
+
+
+def test_an_offline_waste_report_reads_the_archives(tmp_path: Path) -> None:
+    """`gpuwarden report --journal J --waste` (an admin's offline report) counts the idle
+    GPU-hours of a job `keep_history` moved away, from the archive's samples."""
+    from gpuwarden.efficiency import GpuUse
+
+    now = time.time()
+    state = tmp_path / "state"
+    state.mkdir()
+    journal = st.Store(str(state / "jobs.db"))
+    ended = now - 20 * DAY
+    with journal.transaction():
+        job = journal.add(
+            st.new_job(
+                uid=5000,
+                gid=100,
+                user="alice",
+                argv=("x",),
+                cwd="/",
+                env={},
+                umask=18,
+                request={"count": 2},
+                state=st.COMPLETED,
+                submitted=ended - 7200,
+                started=ended - 3600,
+                ended=ended,
+            )
+        )
+        ran = st.Job(**{**job.__dict__, "gpus": ("GPU-0", "GPU-1")})
+        run = accounting.record_run(journal.db, ran, ended, st.COMPLETED, 7200.0)
+        busy = GpuUse("GPU-0", 3600.0, 3600.0 * 90, 3600.0, 1 << 30, 80 << 30, 1e6, "gpu")
+        idle = GpuUse("GPU-1", 3600.0, 0.0, 0.0, 0, 80 << 30, 1e5, "gpu")
+        accounting.save_use(journal.db, job.id, run, [busy, idle])
+    archive.move(journal, str(state), archive.movable(journal.db, now - 10 * DAY))
+    assert journal.db.execute("SELECT COUNT(*) FROM gpu_use").fetchone()[0] == 0
+    journal.close()
+    asked = ("report", "--journal", str(state / "jobs.db"), "--waste", "--since", "30d")
+    run_cli = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", *asked, "--format", "json"],
+        env={**hermetic(), "PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run_cli.returncode == 0, run_cli.stderr
+    (row,) = json.loads(run_cli.stdout)
+    assert row["name"] == "alice" and row["gpus_idle"] == 1 and row["jobs"] == 1, row
+    assert row["held_hours"] == pytest.approx(2.0) and row["idle_hours"] == pytest.approx(1.0)

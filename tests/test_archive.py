@@ -32,15 +32,15 @@ JOURNAL_PER_JOB = 1200
 ARCHIVE_PER_JOB = 150
 
 
-def _a_year(path: Path, now: float) -> st.Store:
+def _a_year(path: Path, now: float, jobs: int = JOBS) -> st.Store:
     journal = st.Store(str(path))
     rng = random.Random(7)
     users = [f"student{i}" for i in range(30)]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/x", "LANG": "C.UTF-8"}
     env.update({f"VAR{i}": "v" * 20 for i in range(12)})
     with journal.transaction():
-        for n in range(JOBS):
-            ended = now - 365 * DAY + (n + 0.5) * 365 * DAY / JOBS
+        for n in range(jobs):
+            ended = now - 365 * DAY + (n + 0.5) * 365 * DAY / jobs
             started = ended - rng.uniform(60, 8 * 3600)
             user = rng.choice(users)
             job = st.new_job(
@@ -158,6 +158,46 @@ def test_jobs_others_depend_on_and_arrays_still_running_stay(tmp_path: Path) -> 
     journal.update(first.id, array_job=first.id)
     journal.add(st.new_job(**fields, array_job=first.id, array_task=1))  # still waiting
     assert archive.movable(journal.db, time.time(), keep={named.id}) == [done.id]
+    journal.close()
+
+
+@pytest.mark.parametrize("step", ["commit", "rename", "sync"])
+def test_a_crash_anywhere_in_a_batch_counts_each_run_exactly_once(
+    tmp_path: Path, step: str
+) -> None:
+    """The service killed before the batch's commit, between it and the rename, or after
+    it: the report counts every run once, before and after the next start settles the
+    batch, and the next batch still moves what is left."""
+    now = time.time()
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "jobs.db"
+    journal = _a_year(path, now, jobs=300)
+    before = _report(journal.db, str(state), now, "all")
+    journal.close()
+    child = os.fork()
+    if child == 0:  # the service, killed at `step` (os._exit: no cleanup runs)
+        try:
+            mine = st.Store(str(path))
+            crash = {"commit": (mine, "transaction"), "rename": (os, "rename")}
+            crash["sync"] = (archive, "_sync")
+            owner, name = crash[step]
+            setattr(owner, name, lambda *a, **k: os._exit(9))
+            archive.move(mine, str(state), archive.movable(mine.db, now - KEEP))
+        finally:
+            os._exit(1)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 9
+    journal = st.Store(str(path))  # the service starts again
+    if step == "commit":  # not yet moved: the journal counts them, the file does not
+        assert _report(journal.db, str(state), now, "all") == before
+    archive.recover(journal, str(state))
+    assert not list((state / "archive").glob("*.tmp"))
+    assert _report(journal.db, str(state), now, "all") == before
+    while ids := archive.movable(journal.db, now - KEEP):
+        archive.move(journal, str(state), ids)
+    assert _report(journal.db, str(state), now, "all") == before
+    moved = journal.db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+    assert moved < 300 and len(list((state / "archive").iterdir())) == 1
     journal.close()
 
 

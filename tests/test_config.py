@@ -151,6 +151,11 @@ def test_dotted_keys_at_top_level_work(user: Path) -> None:
         ("[run]\nkeep_first_last = 1\n", "run.keep_first_last must be true or false, got 1"),
         ('[run]\nid_format = "pci"\n', "run.id_format must be one of index|uuid, got 'pci'"),
         ("[run]\ncount = 1.5\n", "run.count must be an integer >= 0, got 1.5"),
+        (
+            '[service]\nkeep_history = "1d"\n',
+            "service.keep_history must be a duration such as 90, 30s, 5m or 4h (ten years at "
+            "most), at least 8 days, got '1d'",
+        ),
         ('[health]\nfatal_xids = ["x"]\n', "health.fatal_xids must be a list of integers"),
         ('[exporter]\nlisten = "localhost"\n', "exporter.listen must be HOST:PORT"),
         ('[run]\nmin_capability = "eight"\n', "run.min_capability must be a compute capability"),

@@ -55,6 +55,8 @@ class Key:
         what = KINDS[self.kind][1]
         if self.low is None:
             return what
+        if self.kind == "duration" and self.low > 0:  # seconds say little at this size
+            return f"{what}, {'over' if self.above else 'at least'} {_span(self.low)}"
         bound = format_value(self.low, self.name)
         return f"{what} {'>' if self.above else '>='} {bound}"
 
@@ -437,6 +439,15 @@ SCHEMA: tuple[Key, ...] = (
 )
 
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
+
+
+def _span(seconds: float) -> str:
+    """A bound of a duration in the largest unit that says it whole: 8 days, 90 seconds."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds:g} seconds"
 
 
 def format_value(value: Any, key: str | None = None) -> str:

@@ -9,9 +9,12 @@ once per file), so nothing of it is lost and accounting reads it (`runs`). FIRST
 LAST are the earliest start and the latest end in the file (whole seconds), so a report
 opens only the files its window overlaps.
 
-A batch is written and made durable before its rows leave the journal, in one commit;
-a crash in between leaves the rows in the journal and the file on disk, which the next
-batch writes again: readers keep one copy of each run (`runs` does). A job another
+A batch moves so that a crash at any point leaves each run in exactly one place: the
+file is written durably under a temporary name (`NAME.tmp`, which readers skip); its
+rows leave the journal in the same commit that records the batch's name in the journal
+(`meta`); only then is the file renamed. At start (`recover`), a temporary file whose
+batch is recorded is renamed (its rows are gone), and one that is not is removed (its
+rows are still in the journal, which the next batch moves again). A job another
 waiting job depends on (`--after`), and the tasks of an array some of whose tasks are
 still queued or running, stay. tests/test_archive.py measures a year of jobs.
 """
@@ -39,6 +42,8 @@ EVERY = 3600.0
 FOLDER = "archive"
 log = logging.getLogger("gpuwarden.serve")
 _NAME = re.compile(r"^history-(\d+)-(\d+)-(\d+)\.jsonl\.gz$")
+#: The journal's `meta` key that records a batch whose rows left it (`move`, `recover`).
+_RECORD = "archive:"
 _RUN_COLUMNS = "job, run, uid, gid, user, account, gpus, gpu_seconds, queued, started, ended, state"
 
 
@@ -99,22 +104,67 @@ def move(journal: Store, state_dir: str, ids: Sequence[int]) -> str:
                     out.write(json.dumps({"kind": kind, **row}).encode() + b"\n")
         raw.flush()
         os.fsync(raw.fileno())
+    try:
+        with journal.transaction():
+            for table, column in (("gpu_use", "job"), ("runs", "job"), ("jobs", "id")):
+                db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)
+            db.execute(
+                f"DELETE FROM blobs WHERE hash IN ({_marks(shared)}) AND hash NOT IN "
+                "(SELECT shared FROM jobs WHERE shared IS NOT NULL)",
+                shared,
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, 'moved')",
+                (_RECORD + os.path.basename(path),),
+            )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # the rows stayed: the file would count them twice
+        raise
     os.rename(tmp, path)
+    _sync(folder)
+    return path
+
+
+def _sync(folder: str) -> None:
+    """Make the folder's renames and removals durable."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    with journal.transaction():
-        for table, column in (("gpu_use", "job"), ("runs", "job"), ("jobs", "id")):
-            db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)
-        db.execute(
-            f"DELETE FROM blobs WHERE hash IN ({_marks(shared)}) AND hash NOT IN "
-            "(SELECT shared FROM jobs WHERE shared IS NOT NULL)",
-            shared,
+
+
+def recover(journal: Store, state_dir: str) -> int:
+    """Finish or undo the batch a crash interrupted (see above): a temporary archive
+    whose batch the journal records is renamed to its name, any other is removed; how
+    many were renamed."""
+    folder = folder_of(state_dir)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return 0
+    left = [name for name in names if name.endswith(".tmp")]
+    if not left:
+        return 0
+    recorded = {
+        str(key)[len(_RECORD) :]
+        for (key,) in journal.db.execute(
+            "SELECT key FROM meta WHERE substr(key, 1, ?) = ?", (len(_RECORD), _RECORD)
         )
-    return path
+    }
+    renamed = 0
+    for name in left:
+        final = name[: -len(".tmp")]
+        if _NAME.match(final) and final in recorded:
+            os.rename(os.path.join(folder, name), os.path.join(folder, final))
+            renamed += 1
+            log.info("the archive %s of an interrupted batch is kept", final)
+        else:
+            os.unlink(os.path.join(folder, name))
+    _sync(folder)
+    return renamed
 
 
 def files(state_dir: str, since: float = 0.0, until: float = float("inf")) -> list[str]:
@@ -158,6 +208,7 @@ def tend(service: Any, now: float) -> int:
     if not ids:
         return 0
     try:
+        recover(service.store, service.settings.state_dir)  # a batch that failed half-way
         path = move(service.store, service.settings.state_dir, ids)
     except (OSError, sqlite3.Error) as err:
         log.warning("ended jobs could not be archived: %s", err)

@@ -97,6 +97,10 @@ class Service(Requests):
                 self.store = store.Store(journal)
             except sqlite3.Error as err:  # a full or read-only disk: said, not a traceback
                 raise UserError(f"cannot open the journal {journal}: {err}") from None
+            try:  # a history batch a crash interrupted (service.archive)
+                archive.recover(self.store, settings.state_dir)
+            except OSError as err:
+                log.warning("an interrupted history archive could not be settled: %s", err)
         except BaseException:
             for fd in self.locks:
                 os.close(fd)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,6 +18,7 @@ from repo import SRC
 from servicetools import USER_PY, Server, become, serving
 from users import make_user
 from waiting import wait_for
+from webhooks import Hook
 
 
 def test_notify_names_read_as_slurms_mail_types() -> None:
@@ -29,29 +28,6 @@ def test_notify_names_read_as_slurms_mail_types() -> None:
         jobnotify.events_of("begin,often")
     assert jobnotify.matched(["END", "FAIL"], "FAILED") == ["END", "FAIL"]
     assert jobnotify.matched(["FAIL", "TIME_LIMIT"], "TIMEOUT") == ["TIME_LIMIT"]
-
-
-def _uid_of_peer(port: int) -> int:
-    """The uid owning the loopback TCP socket bound to `port` (/proc/net/tcp)."""
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[1].split(":")[1], 16) == port:
-            return int(fields[7])
-    return -1
-
-
-class Hook(BaseHTTPRequestHandler):
-    got: list[dict[str, Any]] = []  # noqa: RUF012 (one test's record)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        body["_uid"] = _uid_of_peer(self.client_address[1])
-        Hook.got.append(body)
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture

@@ -3,11 +3,10 @@ own webhook (as them) and to the admins' `service.webhook`, every `digest_every`
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,9 @@ from hermetic import hermetic
 from repo import SRC
 from schemas import validate
 from servicetools import USER_PY, Server, become, cli_as, serving, submit
-from test_job_notify import _uid_of_peer
 from users import make_user
 from waiting import wait_for
+from webhooks import Hook
 
 
 def test_a_users_digest_names_the_jobs_that_left_their_gpus_idle() -> None:
@@ -44,20 +43,6 @@ def test_a_users_digest_names_the_jobs_that_left_their_gpus_idle() -> None:
     )
     assert [u["user"] for u in admins["users"]] == ["bob", "alice"]
     assert admins["gpu_hours"] == 32.0 and admins["idle_hours"] == 4.5
-
-
-class Hook(BaseHTTPRequestHandler):
-    got: list[dict[str, Any]] = []  # noqa: RUF012 (one test's record)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        body["_uid"] = _uid_of_peer(self.client_address[1])
-        Hook.got.append(body)
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture

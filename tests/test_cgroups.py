@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -469,3 +470,17 @@ def test_auto_runs_the_job_anyway_and_says_so_only_when_it_should_have_worked(
         assert err.count("\n") == 1 and "Permission denied; the job runs without it" in err
     with pytest.raises(UserError, match=r"enforce\.devices = require"):
         devices.isolate("require")
+
+
+def test_a_polite_signal_reaches_each_process_once_and_sigkill_those_forked_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's SIGTERM handler may start a process in answer (`podman stop`, a checkpoint's
+    upload): it must not get the SIGTERM too. SIGKILL follows processes forked meanwhile."""
+    for signum, reached in ((signal.SIGTERM, [101]), (signal.SIGKILL, [101, 102])):
+        listings = iter([[101], [101, 102], [101, 102]])
+        monkeypatch.setattr(accounting, "pids_in", lambda _where, it=listings: next(it))
+        sent: list[tuple[int, int]] = []
+        monkeypatch.setattr(os, "kill", lambda pid, sig, s=sent: s.append((pid, sig)))
+        assert accounting.signal_dirs({"devices": "/job"}, signum) == len(reached)
+        assert sent == [(pid, signum) for pid in reached]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 
 from gpuwarden.cgroups.devices import GROUP
 from gpuwarden.cgroups.hierarchy import own_paths, read_text, v1_mounts, v2_mount
@@ -102,14 +103,17 @@ def signal_job(pid: int, signum: int) -> int:
 
 
 def signal_dirs(dirs: dict[str, str], signum: int, rounds: int = 8) -> int:
-    """Send `signum` to every process in a job's cgroups (`dirs`, controller -> path), again
-    while new ones appear (a process forking as it is signalled); how many got it. A
-    process that left its process group or session is still in the cgroup: none escapes."""
+    """Send `signum` to every process in a job's cgroups (`dirs`, controller -> path); how
+    many got it. A process that left its process group or session is still in the cgroup:
+    none escapes. SIGKILL goes again while new ones appear (a process forking as it is
+    killed); any other signal once to each process there when asked, as Slurm's scancel
+    does: what a handler starts in answer (a `podman stop`, a checkpoint's upload) is the
+    job's answer to the signal, not another target of it."""
     where = dirs.get("devices", dirs.get(""))
     if where is None:
         return 0
     done: set[int] = set()
-    for _ in range(rounds):
+    for _ in range(rounds if signum == signal.SIGKILL else 1):
         fresh = [p for p in pids_in(where) if p not in done]
         if not fresh:
             break

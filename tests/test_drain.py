@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import drain as drains
-from gpuwarden.errors import UserError
-from gpuwarden.paths import check_dir, ensure_dir
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.paths import check_dir, ensure_dir
+from gpuwarden.health import drain as drains
 from hermetic import hermetic
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -110,7 +110,7 @@ def _python_for(uid: int) -> str | None:
                 [
                     exe,
                     "-c",
-                    "import sys; sys.path.insert(0, sys.argv[1]); import gpuwarden.drain",
+                    "import sys; sys.path.insert(0, sys.argv[1]); import gpuwarden.health.drain",
                     str(SRC),
                 ],
                 user=uid,
@@ -138,8 +138,8 @@ def _as_nobody(
     exe: str, where: Path, call: str, system: str = "/nonexistent"
 ) -> subprocess.CompletedProcess[str]:
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import drain; "
-        "from gpuwarden.errors import UserError\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import drain; "
+        "from gpuwarden.base.errors import UserError\n"
         f"try:\n    {call}\nexcept UserError as e:\n    print(e); sys.exit(2)"
     )
     env = {**hermetic(), "PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"}
@@ -195,7 +195,7 @@ def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
 
 def test_cli_drain_undrain_and_select_on_the_simulated_server(sim, cli) -> None:
     sim("server-8xa100")
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     uuids = [g.uuid for g in read_snapshot(processes=False).gpus]
     out = cli("drain", "3", uuids[5][:10], "--reason", "XID 79 on the bus")
@@ -247,7 +247,7 @@ def test_cli_bad_inputs_are_one_line(sim, cli, args: tuple[str, ...], message: s
 
 
 def test_cli_ambiguous_uuid_prefix(sim, cli) -> None:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     sim("server-8xa100")
     uuids = [g.uuid for g in read_snapshot(processes=False).gpus]

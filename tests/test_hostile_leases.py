@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import holders
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import Snapshot
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import owner_name
 from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
-from gpuwarden.request import Request
-from gpuwarden.safefiles import owner_name
+from gpuwarden.leases import holders
+from gpuwarden.machine.inventory import Snapshot
+from gpuwarden.placement.request import Request
 from machines import card, idle_a100s
 from waiting import wait_for
 
@@ -134,7 +134,7 @@ def record(path: Path, uid: int, **fields: object) -> Path:
 
 
 def sim_uuids() -> list[str]:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     return [g.uuid for g in read_snapshot().gpus]
 
@@ -641,7 +641,7 @@ def test_a_job_whose_lease_cannot_be_published_is_stopped(sim, monkeypatch, caps
 def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
     """The GPU the first waiter would get is not leased yet: the message says so
     instead of naming a lease that does not exist."""
-    from gpuwarden import waitline
+    from gpuwarden.leases import waitline
 
     snap = idle_a100s(1)
     ticket = waitline.join(leasedir.open_dir(), Request(count=1))
@@ -659,7 +659,7 @@ def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
     """A waiter ahead counts its GPUs from its ticket's name; one asking for more than
     the machine has can never be served, so it must not make everyone behind it give
     up looking."""
-    from gpuwarden import waitline
+    from gpuwarden.leases import waitline
 
     mallory, _ = users
     _ticket(shared, mallory, procs, CRAFTED["more GPUs than exist"])

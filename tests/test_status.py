@@ -235,7 +235,7 @@ def _reserve(cli, *args: str) -> str:
 
 
 def test_lease_rows_show_job_user_age_and_expiry(sim, cli):
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     sim("server-8xa100")
     rid = _reserve(cli, "-g", "2", "--for", "1h")
@@ -260,7 +260,7 @@ def test_lease_rows_show_job_user_age_and_expiry(sim, cli):
 
 
 def test_user_narrows_gpus_processes_and_leases(sim, cli):
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     sim("server-8xa100")
     data = json.loads(cli("status", "--json", "--user", "carol").stdout)
@@ -296,9 +296,9 @@ def test_user_with_nothing_or_nobody(sim, cli):
 def test_lease_rows_for_shared_expired_and_job_bound_leases():
     from gpuwarden.cli.status import Status, for_user
     from gpuwarden.cli.statustable import _lease_rows
-    from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
     from gpuwarden.leases import LeaseInfo
-    from gpuwarden.machineview import MachineView
+    from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
+    from gpuwarden.monitoring.machineview import MachineView
 
     gpus = (
         Gpu(index=0, uuid="GPU-a", processes=(GpuProcess(pid=1, used_memory=None, user="ann"),)),
@@ -327,8 +327,9 @@ def test_status_reads_the_configuration_once_and_its_directories_count(
     """One reading of the configuration names the lease and state directories and the
     health rules: a drain in the state directory of the config file shows, and nothing
     below `collect` reads the configuration again."""
-    from gpuwarden import config, drain
+    from gpuwarden import config
     from gpuwarden.cli import status
+    from gpuwarden.health import drain
 
     sim("server-8xa100")
     state = tmp_path / "its-state"

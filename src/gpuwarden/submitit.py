@@ -114,7 +114,7 @@ class GpuwardenJob(core.Job[core.R]):
 
     def cancel(self, check: bool = True) -> None:
         """Cancel through the service (`gpuwarden cancel`): its owner may."""
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         try:
             _call("cancel", jobs=[self.job_id if "_" in self.job_id else int(self.job_id)])
@@ -234,8 +234,8 @@ class GpuwardenExecutor(core.PicklingExecutor):
 
     def _request(self, array: tp.Optional[str] = None) -> dict[str, tp.Any]:
         """The submit request for the pickled call(s) in `self.folder`."""
+        from gpuwarden.placement.request import Request
         from gpuwarden.queueclient.client import job_fields
-        from gpuwarden.request import Request
 
         params = self.parameters
         share = params.get("gpu_mem_gb")

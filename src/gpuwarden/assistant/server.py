@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from gpuwarden.assistant.answers import Answers, Wish
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 INSTRUCTIONS = (
     "gpuwarden manages the GPUs and the job queue of this machine. Use gpus to see what "

@@ -97,7 +97,7 @@ def formatter() -> type[argparse.HelpFormatter]:
     The width is read once: argparse makes a formatter for each argument declared."""
     if _FORMATTER:
         return _FORMATTER[0]
-    from gpuwarden.table import columns
+    from gpuwarden.base.table import columns
 
     wide = columns() - 2
 
@@ -147,7 +147,7 @@ class RawFormatter(argparse.RawDescriptionHelpFormatter):
     """For the top-level help, whose epilog is the pre-formatted command table."""
 
     def __init__(self, prog: str, **kwargs: int | None) -> None:
-        from gpuwarden.table import columns
+        from gpuwarden.base.table import columns
 
         kwargs.setdefault("width", columns() - 2)
         super().__init__(prog, **kwargs)  # type: ignore[arg-type]
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module, args = parse(list(sys.argv[1:] if argv is None else argv))
     if module is None:
         return 0
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     command = args.command
     try:
@@ -304,7 +304,7 @@ def configure_logging(level: str | None) -> None:
     `--log-level`, else GPUWARDEN_LOG_LEVEL, else info; a bad variable is one line."""
     import logging
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if level is None:
         level = os.environ.get("GPUWARDEN_LOG_LEVEL", "info").strip().lower() or "info"

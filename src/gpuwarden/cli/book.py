@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 def _book(args: argparse.Namespace, require: object) -> int:
     import time
 
-    from gpuwarden.begintime import parse
-    from gpuwarden.units import is_digits, parse_duration
+    from gpuwarden.base.units import is_digits, parse_duration
+    from gpuwarden.planning.begintime import parse
 
     for flag, value in (("-g", args.count), ("--start", args.start), ("--for", args.length)):
         if not value:
@@ -106,8 +106,8 @@ def describe(row: dict[str, object]) -> str:
 
 
 def booking_table(rows: list[dict[str, object]]) -> str:
+    from gpuwarden.base.table import render
     from gpuwarden.cli.jobtables import booking_rows
-    from gpuwarden.table import render
 
     if not rows:
         return "no bookings"

@@ -45,8 +45,8 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.slurm:
         return _slurm(args)
+    from gpuwarden.base.errors import UserError
     from gpuwarden.cli.jobtables import acted
-    from gpuwarden.errors import UserError
     from gpuwarden.queueclient.client import require
     from gpuwarden.queueclient.protocol import MAX_IDS
 
@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 def split_ranges(words: list[str]) -> tuple[list[int | str], list[tuple[int, int]]]:
     """The ids of the command line (`cancel`'s `job_names`), and its ranges (`12-20`)."""
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.units import is_digits
     from gpuwarden.cli.jobtables import job_names
-    from gpuwarden.errors import UserError
-    from gpuwarden.units import is_digits
 
     plain: list[str] = []
     ranges: list[tuple[int, int]] = []
@@ -128,7 +128,7 @@ def _select(
 
 
 def _slurm(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.slurm import tools
 
     if not args.ids:

@@ -32,8 +32,8 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.base.errors import UserError
     from gpuwarden.config import load
-    from gpuwarden.errors import UserError
     from gpuwarden.queueclient.client import require
 
     fields: dict[str, object] = {"action": "show", "admin": args.admin, "days": args.days}

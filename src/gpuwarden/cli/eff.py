@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
 
 def describe(job: Mapping[str, Any]) -> str:
     """One job as `eff` prints it: a line per run, a line per GPU, then its flags."""
-    from gpuwarden import efficiency
+    from gpuwarden.base.units import format_size
     from gpuwarden.cli.jobtables import span
-    from gpuwarden.safefiles import printable
-    from gpuwarden.units import format_size
+    from gpuwarden.files.safefiles import printable
+    from gpuwarden.usage import efficiency
 
     lines = [
         f"job {job['id']} of {printable(str(job['user']))}"

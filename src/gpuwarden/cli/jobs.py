@@ -25,9 +25,9 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.base.errors import UserError
     from gpuwarden.cli.jobtables import history_table
-    from gpuwarden.errors import UserError
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
     from gpuwarden.queueclient.client import require
 
     if args.last < 1:

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def text(answer: dict[str, Any]) -> str:
-    from gpuwarden.table import render
-    from gpuwarden.units import format_span
+    from gpuwarden.base.table import render
+    from gpuwarden.base.units import format_span
 
     if answer["admin"]:
         return f"{answer['user']}: an admin; no limit binds you"

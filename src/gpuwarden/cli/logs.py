@@ -5,7 +5,7 @@ job's."""
 
 from __future__ import annotations
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

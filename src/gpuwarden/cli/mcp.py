@@ -27,7 +27,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     try:
         import mcp  # noqa: F401

@@ -24,8 +24,8 @@ def register(commands: Commands, command_name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuwarden.base.errors import UserError
     from gpuwarden.cli.jobtables import acted, job_ids
-    from gpuwarden.errors import UserError
     from gpuwarden.queueclient.client import require
 
     done: list[int] = []

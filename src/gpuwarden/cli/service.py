@@ -96,7 +96,7 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.queueclient.probe import probe
     from gpuwarden.service import install, uninstall
 
@@ -133,7 +133,7 @@ def _reload(args: argparse.Namespace) -> int:
 def _root(value: str | None) -> str:
     import os
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if value is None:
         return "/"
@@ -148,7 +148,7 @@ def _root(value: str | None) -> str:
 def _systemctl(commands: list[list[str]], check: bool = True) -> None:
     import subprocess
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     for argv in commands:
         print("$ " + " ".join(argv))

@@ -12,7 +12,7 @@ import sys
 import time
 
 from gpuwarden.cli.statustable import Status, cuda_indices, level, slices, to_text, unleased_pids
-from gpuwarden.inventory import Gpu, Snapshot, dotted
+from gpuwarden.machine.inventory import Gpu, Snapshot, dotted
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return _on_hosts(args)
     if args.watch is not None:
         if not 0 < args.watch <= 86400:  # also NaN; time.sleep(inf) raises OverflowError
-            from gpuwarden.errors import UserError
+            from gpuwarden.base.errors import UserError
 
             raise UserError(
                 f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
@@ -73,7 +73,7 @@ def _on_hosts(args: argparse.Namespace) -> int:
     from gpuwarden.hosts import merge, remote
 
     if args.watch is not None:
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         raise UserError("--hosts shows one moment; --watch is for this machine's status")
     hosts = remote.parse_hosts(args.hosts)
@@ -84,7 +84,7 @@ def _on_hosts(args: argparse.Namespace) -> int:
 
 
 def _check_user(name: str) -> None:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if not name or len(name) > 256 or any(c.isspace() or not c.isprintable() for c in name):
         raise UserError(f"--user needs a user name, got {name!r}")
@@ -98,7 +98,7 @@ def gather(user: Optional[str] = None) -> Status:
         return data
     mine = for_user(data, user)
     if not mine.machine.snapshot.gpus and not _is_account(user):
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         raise UserError(f"no user {user!r} on this machine, and nothing runs under that name")
     return mine
@@ -185,14 +185,14 @@ def _watch(args: argparse.Namespace) -> int:
 def collect() -> Status:
     """Everything status shows, gathered once: the machine view and CUDA's view of it."""
     from gpuwarden.config import load
-    from gpuwarden.inventory import read_snapshot
-    from gpuwarden.machineview import read_view
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.monitoring.machineview import read_view
 
     reading = load()  # once: the lease and state directories and the health rules
     snap = read_snapshot()
     visible = None
     if snap.gpus:
-        from gpuwarden.visible import resolve
+        from gpuwarden.placement.visible import resolve
 
         visible = resolve(snap)
     return Status(read_view(snap, config=reading), visible)
@@ -211,7 +211,7 @@ def to_json(data: Status) -> dict[str, Any]:
     cuda = cuda_indices(view)
     leases = list(data.machine.leases)
     if leases:
-        from gpuwarden.ancestry import lineage
+        from gpuwarden.machine.ancestry import lineage
     gpus = []
     for g in snap.gpus:
         findings = data.machine.findings.get(g.uuid, ())

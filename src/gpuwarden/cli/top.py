@@ -53,7 +53,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.top.model import State
 
     interval = args.interval
@@ -78,7 +78,7 @@ def _reader(args: argparse.Namespace) -> Any:
     from gpuwarden.lab.reading import read_hosts, read_lab
 
     if args.hosts is None:
-        from gpuwarden.paths import user_name
+        from gpuwarden.files.paths import user_name
         from gpuwarden.top.model import wanted_rows
 
         me = user_name()  # the kernel's uid, as the service names us
@@ -96,8 +96,8 @@ def _reader(args: argparse.Namespace) -> Any:
 
 
 def _once(read: Any, state: Any, size: str) -> int:
-    from gpuwarden.errors import UserError
-    from gpuwarden.table import columns
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.table import columns
     from gpuwarden.top.screen import draw
 
     width, height = columns(), 24
@@ -114,7 +114,7 @@ def _once(read: Any, state: Any, size: str) -> int:
 def _log_tail(host: Optional[str], job: str, lines: int) -> list[str]:
     """A job's last lines: from its output file here (its owner's or an admin's to
     read, the service says), or `gpuwarden logs` over ssh on another host."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if host is not None:
         from gpuwarden.hosts.remote import run_on, settings

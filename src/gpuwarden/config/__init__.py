@@ -16,7 +16,7 @@ file is read.
 The keys and their types are `gpuwarden.config.keys` and `gpuwarden.config.values`;
 this module loads the layers. Values are normalised on the way in, so a wrong
 type is reported once, here, naming the file (or variable), the key and the
-expected type. Where state lives is `gpuwarden.locations`.
+expected type. Where state lives is `gpuwarden.files.locations`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.config.keys import KEYS, SCHEMA
 from gpuwarden.config.values import BadValue
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         import tomllib  # type: ignore[import-not-found]
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # type: ignore[no-redef]
-    from gpuwarden.safefiles import TooLarge, Unreadable, UnsafeFile, read_small
+    from gpuwarden.files.safefiles import TooLarge, Unreadable, UnsafeFile, read_small
 
     try:
         data, _ = read_small(path, MAX_CONFIG_BYTES, what="config file", follow=True)
@@ -204,7 +204,7 @@ def _file_values(path: Path, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _shown(value: Any) -> str:
-    from gpuwarden.units import shown
+    from gpuwarden.base.units import shown
 
     return shown(value)
 

@@ -27,11 +27,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.base.records import field, record
+
 # The probe lives in its own module so the CLI can start it first.
 from gpuwarden.doctor.probe import NO_TORCH_ENV, PROBE_TIMEOUT, torch_location
 from gpuwarden.doctor.probe import start as start_probe
-from gpuwarden.inventory import Snapshot
-from gpuwarden.records import field, record
+from gpuwarden.machine.inventory import Snapshot
 
 if TYPE_CHECKING:
     import subprocess
@@ -76,7 +77,7 @@ class Facts:
     platform: str = "linux"  # sys.platform
     machine: str = "x86_64"
     python: str = ""
-    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> gpuwarden.drain.Drain
+    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> gpuwarden.health.drain.Drain
     in_process: bool = False
     runtime: Optional[TorchRuntime] = None  # torch state, when torch is imported here
     initial_environ: Optional[Mapping[str, str]] = None  # the environment at exec time
@@ -257,7 +258,7 @@ def table_archs(build: TorchBuild) -> TorchBuild:
 
 def read_machine() -> Snapshot:
     """One snapshot; a machine without a usable NVML is an empty snapshot saying why."""
-    from gpuwarden import inventory
+    from gpuwarden.machine import inventory
 
     try:
         return inventory.read_snapshot(processes=True)
@@ -272,7 +273,7 @@ def read_machine() -> Snapshot:
 
 def read_drains() -> Mapping[str, Any]:
     try:
-        from gpuwarden.drain import list_drains
+        from gpuwarden.health.drain import list_drains
 
         return dict(list_drains())
     except Exception:
@@ -284,8 +285,8 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     exist yet is private: gpuwarden creates a missing one per user, mode 0700."""
     import stat
 
-    from gpuwarden.errors import UserError
-    from gpuwarden.locations import lease_location
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.files.locations import lease_location
 
     try:
         path = lease_location()
@@ -443,6 +444,6 @@ def read_enforcement() -> Optional[tuple[str, str]]:
 
 
 def _user_name() -> str:
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     return user_name()

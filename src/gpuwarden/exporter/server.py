@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from gpuwarden.base.units import parse_listen
 from gpuwarden.exporter.metrics import IdleTracker, View, families
 from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS, Rules
-from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
-from gpuwarden.inventory import Snapshot
-from gpuwarden.machineview import MachineView, read_view
-from gpuwarden.units import parse_listen
+from gpuwarden.machine.inventory import Snapshot
+from gpuwarden.monitoring.machineview import MachineView, read_view
+from gpuwarden.web.httpserver import HttpServer
+from gpuwarden.web.httpwire import Handler, HttpReply, HttpRequest
 
 __all__ = ["Collector", "Exposition", "Server", "ViewCache", "require_client", "serve"]
 
@@ -174,7 +174,7 @@ class ViewCache:
     def _read_snapshot(self) -> Snapshot:
         if self._read is not None:
             return self._read()
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.machine.inventory import read_snapshot
 
         return read_snapshot(counters=self._counters)
 
@@ -202,7 +202,7 @@ class Collector:
 
 def require_client() -> None:
     """One line, not an ImportError traceback, when the `exporter` extra is missing."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     try:
         import prometheus_client  # noqa: F401
@@ -286,7 +286,7 @@ def serve(
     watch: Any = None,
 ) -> Server:
     """Start serving /metrics in a thread; raise UserError when the port is taken."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     require_client()
     from prometheus_client import CollectorRegistry

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from gpuwarden.alerts import Notifier, warn
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import field, record
 from gpuwarden.health.judgement import (
     FATAL,
     Rules,
@@ -40,8 +40,8 @@ from gpuwarden.health.judgement import (
     rules_from_config,
 )
 from gpuwarden.health.xidlog import record_xid, xids_seen
-from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import field, record
+from gpuwarden.machine.inventory import Gpu, Snapshot
+from gpuwarden.monitoring.alerts import Notifier, warn
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
@@ -194,7 +194,7 @@ class HealthWatch:
         if self._nvml is None:
             # Load the module here, once, before two threads could race to load it.
             try:
-                from gpuwarden.inventory import load_nvml
+                from gpuwarden.machine.inventory import load_nvml
 
                 self._nvml = load_nvml()
             except Exception as err:  # no driver: the threads report it their way
@@ -220,7 +220,7 @@ class HealthWatch:
     def _snapshot(self) -> Snapshot:
         if self._read is not None:
             return self._read()
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.machine.inventory import read_snapshot
 
         return read_snapshot(self._nvml)
 
@@ -239,7 +239,7 @@ class HealthWatch:
         try:
             nvml = self._nvml
             if nvml is None:
-                from gpuwarden.inventory import load_nvml
+                from gpuwarden.machine.inventory import load_nvml
 
                 nvml = load_nvml()
             nvml.nvmlInit()
@@ -316,7 +316,7 @@ class HealthWatch:
 
     def check(self, snapshot: Snapshot) -> list[tuple[Gpu, Symptom]]:
         """Judge every GPU; act on findings not seen in the previous check."""
-        from gpuwarden.drain import list_drains
+        from gpuwarden.health.drain import list_drains
 
         xids = self._xids()
         drains = list_drains()
@@ -358,7 +358,7 @@ class HealthWatch:
 
     def _drain(self, gpu_uuid: str, index: int, reason: str) -> bool:
         """Drain one GPU for the watch; a failure is said loudly and tried again later."""
-        from gpuwarden.drain import drain
+        from gpuwarden.health.drain import drain
 
         try:
             drain(gpu_uuid, reason, by=DRAINED_BY, auto=True, lock_timeout=2.0, force=True)

@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import protocol
 
 TYPE_CHECKING = False  # typing stays off the start-up path of `run` through the service
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, Optional
 
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 #: Seconds of silence from the service after which a waiting command says so.

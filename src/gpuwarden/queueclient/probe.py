@@ -38,7 +38,7 @@ def socket_location(path: Optional[str] = None) -> str:
     if path:
         return path
     from gpuwarden import config
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     try:
         return str(config.load().get("service.socket"))

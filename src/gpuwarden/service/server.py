@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional
 
 from gpuwarden import config
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.protocol import ProtocolError
 from gpuwarden.service import (

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.top.model import Action
 
 DONE = {

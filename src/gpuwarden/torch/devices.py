@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.torch.environments import Launch, detect
 
 if TYPE_CHECKING:

@@ -185,6 +185,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.attaching",
             "service.attachment",
             "service.connection",
+            "service.clients",
             "service.core",
             "service.queuestate",
             "service.install",

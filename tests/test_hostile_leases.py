@@ -34,6 +34,7 @@ from gpuwarden.leases import holders
 from gpuwarden.machine.inventory import Snapshot
 from gpuwarden.placement.request import Request
 from machines import card, idle_a100s
+from smalldisk import fill, small_disk
 from waiting import wait_for
 
 GiB = 2**30
@@ -455,29 +456,8 @@ def test_junk_is_ruled_out_by_name_and_the_work_is_bounded(users, shared, monkey
 
 @pytest.fixture
 def full_disk(shared: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=1777", "tmpfs", str(shared)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield shared
-    finally:
-        subprocess.run(["umount", "-l", str(shared)], check=False)
-
-
-def _fill(d: Path) -> None:
-    fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"x" * 4096)
-    finally:
-        os.close(fd)
+    with small_disk(shared, "64k", mode="1777") as where:
+        yield where
 
 
 def _locked_anywhere(d: Path) -> list[str]:
@@ -496,7 +476,7 @@ def test_disk_full_fails_in_one_line_and_leaves_nothing(sim, cli, full_disk, tmp
     uuids = sim_uuids()
     for u in [*uuids, "alloc"]:  # the permanent lock files exist on a machine in use
         (full_disk / f"{u}.lock").touch()
-    _fill(full_disk)
+    fill(full_disk)
     before = set(os.listdir(full_disk))
     marker = tmp_path / "started"
     r = cli("run", "-g", "1", "--", "touch", str(marker))
@@ -514,7 +494,7 @@ def test_disk_full_while_joining_the_line(sim, cli, full_disk) -> None:
     r = cli("reserve", "-g", "2")  # every GPU free on this machine (others are busy)
     assert r.returncode == 0, r.stderr
     try:
-        _fill(full_disk)
+        fill(full_disk)
         before = set(os.listdir(full_disk))
         r = cli("run", "-g", "1", "--wait", "--timeout", "5s", "--", "true")
         assert "cannot join the line" in one_line_error(r)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from gpuwarden.placement.request import Request
+    from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
@@ -39,11 +40,7 @@ if TYPE_CHECKING:
         exits: str
         pacer: Pacer
         hardware: Machine
-        stdio: dict[int, list[int]]
-
-        def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
-
-        def release_stdio(self, job_id: int) -> None: ...
+        attachments: Attachments  # the attached jobs' clients (the socket loop's)
 
 
 def request_of(job: store.Job) -> Request:
@@ -321,8 +318,9 @@ def start_job(
             expires=expires,
         )
         held.close()  # its supervisor holds the leases now; the service keeps no copy
-        service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
-        service.release_stdio(job.id)  # the job has them now
+        told = {"event": "started", "gpus": [g.uuid for g in gpus]}
+        service.attachments.notify(job.id, told)
+        service.attachments.release_stdio(job.id)  # the job has them now
     except BaseException:
         held.close()
         raise
@@ -348,7 +346,7 @@ def simulated_machine() -> dict[str, str]:
 
 
 def _stdio(service: PlacingService, job_id: int) -> Optional[tuple[int, int, int]]:
-    fds = service.stdio.get(job_id)
+    fds = service.attachments.stdio.get(job_id)
     return None if not fds else (fds[0], fds[1], fds[2])
 
 

@@ -235,9 +235,7 @@ class Requests(Lifecycle):
             if not job.attached:  # sbatch's patterns (%j) filled in, as for an array's tasks
                 self.store.update(job.id, output=arrays.output_of(job))
         if job.attached and client is not None:
-            client.job = job.id
-            self.attached[job.id] = client
-            self.stdio[job.id] = stdio
+            self.attachments.hold(job.id, client, stdio)
             record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
         if reason is None:

@@ -139,7 +139,7 @@ def _as_nobody(
 ) -> subprocess.CompletedProcess[str]:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import drain; "
-        "from gpuwarden.base.errors import UserError\n"
+        "from gpuwarden.base.errors import UserError; from gpuwarden.config import load\n"
         f"try:\n    {call}\nexcept UserError as e:\n    print(e); sys.exit(2)"
     )
     env = {**hermetic(), "PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"}
@@ -150,6 +150,10 @@ def _as_nobody(
         text=True,
         env={**env, "GPUWARDEN_SYSTEM_CONFIG": system},
     )
+
+
+# What `gpuwarden drain` hands the drain functions: the admins of its reading.
+ADMINS = "load().get('service.admins')"
 
 
 def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
@@ -168,23 +172,30 @@ def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
             "only root or an admin (service.admins) may drain or undrain GPUs in the shared "
             f"directory {shared_dir}"
         )
-    # An admin may, and lifts only their own drains (and root, anyone's).
+    # An admin may (the caller hands down `service.admins` of its reading, as `gpuwarden
+    # drain` does), and lifts only their own drains (and root, anyone's).
     system = shared_dir.parent / f"{shared_dir.name}-config" / "system.toml"
     system.parent.mkdir(mode=0o755)  # root's, readable by the user (tmp_path is not)
     system.write_text('[service]\nadmins = ["nobody"]\n')
     system.chmod(0o644)
-    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-root')", str(system))
+    out = _as_nobody(exe, shared_dir, f"drain.undrain('GPU-root', admins={ADMINS})", str(system))
     assert out.returncode == 2, out.stderr
     assert "only root or root may undrain it" in out.stdout
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-root', 'mine now')", str(system))
+    out = _as_nobody(
+        exe, shared_dir, f"drain.drain('GPU-root', 'mine now', admins={ADMINS})", str(system)
+    )
     assert out.returncode == 2 and "already drained by root" in out.stdout
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'testing')", str(system))
+    out = _as_nobody(
+        exe, shared_dir, f"drain.drain('GPU-theirs', 'testing', admins={ADMINS})", str(system)
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     theirs = drains.list_drains(shared_dir)["GPU-theirs"]
     assert theirs.uid == NOBODY
-    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-theirs')", str(system))
+    out = _as_nobody(exe, shared_dir, f"drain.undrain('GPU-theirs', admins={ADMINS})", str(system))
     assert out.returncode == 0, out.stdout + out.stderr
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'again')", str(system))
+    out = _as_nobody(
+        exe, shared_dir, f"drain.drain('GPU-theirs', 'again', admins={ADMINS})", str(system)
+    )
     drains.undrain("GPU-theirs", directory=shared_dir)  # root may
     assert set(drains.list_drains(shared_dir)) == {"GPU-root"}
     shutil.rmtree(system.parent)

@@ -325,8 +325,8 @@ def test_status_reads_the_configuration_once_and_its_directories_count(
     sim, tmp_path: Path, monkeypatch
 ) -> None:
     """One reading of the configuration names the lease and state directories and the
-    health rules: a drain in the state directory of the config file shows, and nothing
-    below `collect` reads the configuration again."""
+    health rules and who sees others' commands: a drain in the state directory of the
+    config file shows, and nothing below `gather` reads the configuration again."""
     from gpuwarden import config
     from gpuwarden.cli import status
     from gpuwarden.health import drain
@@ -339,11 +339,11 @@ def test_status_reads_the_configuration_once_and_its_directories_count(
     monkeypatch.delenv("GPUWARDEN_STATE_DIR", raising=False)
     monkeypatch.delenv("GPUWARDEN_LEASE_DIR", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    snapshot_uuid = status.collect().machine.snapshot.gpus[3].uuid
+    snapshot_uuid = status.collect(config.load()).machine.snapshot.gpus[3].uuid
     drain.drain(snapshot_uuid, "in the config file's state directory", directory=state)
     readings = []
     real_load = config.load
     monkeypatch.setattr(config, "load", lambda *a, **k: readings.append(1) or real_load(*a, **k))
-    data = status.collect()
+    data = status.gather()
     assert len(readings) == 1
     assert data.machine.drains[snapshot_uuid].reason == "in the config file's state directory"

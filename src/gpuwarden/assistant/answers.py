@@ -145,12 +145,12 @@ def job_line(job: Mapping[str, Any], now: float) -> dict[str, Any]:
 
 
 class Answers:
-    """The tools' answers for one user. `socket`: the queue service's (None: the
-    configured one); `gpuwarden`: how to run the user's own command line."""
+    """The tools' answers for one user. `socket`: the queue service's; `gpuwarden`:
+    how to run the user's own command line."""
 
     def __init__(
         self,
-        socket: Optional[str] = None,
+        socket: str,
         gpuwarden: Sequence[str] = (sys.executable, "-m", "gpuwarden"),
         reader: Callable[..., Lab] = read_lab,
     ) -> None:

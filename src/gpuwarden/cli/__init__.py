@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from gpuwarden.queueclient.client import Client
+
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -296,6 +298,15 @@ def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
     if args.sim is not None:
         os.environ["GPUWARDEN_SIM"] = args.sim
     return module, args
+
+
+def service_client() -> Client:
+    """The queue service this command talks to, at the socket its reading of the
+    configuration names; one line where none answers."""
+    from gpuwarden import config
+    from gpuwarden.queueclient.client import require
+
+    return require(config.load().service_socket())
 
 
 def configure_logging(level: str | None) -> None:

@@ -46,15 +46,15 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         return _slurm(args)
     from gpuwarden.base.errors import UserError
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import acted
-    from gpuwarden.queueclient.client import require
     from gpuwarden.queueclient.protocol import MAX_IDS
 
     selected = args.me or args.user is not None or args.state is not None
     names, ranges = split_ranges(args.ids)
     if not names and not ranges and not selected:
         raise UserError("name the jobs to cancel: IDs (12 13, 12-20), --me, -u USER or --state")
-    with require() as client:
+    with service_client() as client:
         if selected or ranges:
             names = _select(client, args, names, ranges)
             if not names:

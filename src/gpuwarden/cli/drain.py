@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     where = state_location()
     drains = list_drains(where)
+
     ids = _split(args.ids)
     if not ids:
         if args.command == "undrain":
@@ -115,16 +116,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"{printable(d.uuid)}: drained by {d.who} at {when}: {d.reason}")
         return 0
     targets = _targets(ids, drains)
+    from gpuwarden import config
+
+    # who besides root may change drains in a shared state directory
+    admins = tuple(str(a) for a in config.load().get("service.admins") or ())
     if args.command == "drain":
         if not args.reason or not args.reason.strip():
             raise UserError("a drain needs a reason: --reason TEXT (others will see it)")
         for uuid, label in targets:
-            drain(uuid, args.reason, directory=where)
+            drain(uuid, args.reason, directory=where, admins=admins)
             print(f"drained {label}: {printable(args.reason.strip())}")
         for line in _still_running({uuid for uuid, _ in targets}):
             print(line)
     else:
         for uuid, label in targets:
-            undrain(uuid, directory=where)
+            undrain(uuid, directory=where, admins=admins)
             print(f"undrained {label}")
     return 0

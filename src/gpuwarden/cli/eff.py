@@ -23,11 +23,11 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import job_ids
-    from gpuwarden.queueclient.client import require
 
     ids = job_ids(args.ids)
-    with require() as client:
+    with service_client() as client:
         jobs = client.call("eff", jobs=ids)["jobs"]
     if args.json:
         print(json.dumps(jobs, indent=2))

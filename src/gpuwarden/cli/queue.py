@@ -39,13 +39,13 @@ PAGE = 500
 
 
 def local(args: argparse.Namespace) -> int:
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import queue_table
     from gpuwarden.files.paths import user_name
-    from gpuwarden.queueclient.client import require
 
     who = user_name() if args.me else args.user
     filters = {} if who is None else {"user": who}
-    with require() as client:
+    with service_client() as client:
         jobs, reply = client.listing(
             "queue", None if args.all else PAGE, arrays=not args.json, **filters
         )

@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
         if args.waste:
             return _print_waste(waste, args)
     else:
-        from gpuwarden.queueclient.client import require
+        from gpuwarden.cli import service_client
 
         ask = {"since": since, "until": until, "by": args.by, "per": args.per}
-        with require() as client:
+        with service_client() as client:
             reply = client.call("report", waste=args.waste, **ask)
         if args.waste:
             return _print_waste(reply.get("waste") or [], args)

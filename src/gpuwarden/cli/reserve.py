@@ -232,11 +232,14 @@ def release(args: argparse.Namespace) -> int:
     if wanted is not None and not wanted.strip():
         raise UserError("empty reservation ID: name one (see `gpuwarden status`) or give none")
     from gpuwarden import config
+    from gpuwarden.files.locations import lease_location
 
-    service = config.load().get("service.socket")
+    reading = config.load()  # once: the service's socket and the lease directory
+    service = reading.service_socket()
     if os.path.exists(service) and (wanted is None or not wanted.startswith(RESERVATION_PREFIX)):
         return _release_through_service(service, wanted)
-    leases = lease.list_leases()
+    lease_dir = lease_location(reading)
+    leases = lease.list_leases(lease_dir)
     if wanted is None:
         mine = _mine(leases)
         if not mine:
@@ -266,17 +269,16 @@ def release(args: argparse.Namespace) -> int:
     me = user_name(os.geteuid())
     if found[0].user != me and os.geteuid() != 0:
         raise UserError(f"reservation {wanted} belongs to {found[0].user}, not to {me}")
-    from gpuwarden.files.locations import lease_location
     from gpuwarden.leases import holders
 
-    target = holders.prove_holder(lease_location(), found[0], f"reservation {wanted}")
+    target = holders.prove_holder(lease_dir, found[0], f"reservation {wanted}")
     pid = target.pid
     try:
         target.send(signal.SIGTERM)
     finally:
         target.close()
     deadline = time.monotonic() + 5
-    while any(i.job == wanted for i in lease.list_leases()):
+    while any(i.job == wanted for i in lease.list_leases(lease_dir)):
         if time.monotonic() > deadline:
             raise UserError(f"reservation {wanted}: holder pid {pid} did not stop")
         time.sleep(0.02)

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         # With a queue service, every way of holding GPUs takes its turn through it.
         holders = (
             "`gpuwarden run`, `reserve` or `submit` take GPUs through the queue service"
-            if os.path.exists(cfg.get("service.socket"))
+            if os.path.exists(cfg.service_socket())
             else "`gpuwarden run` or `gpuwarden reserve` hold them"
         )
         print(

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
     from gpuwarden.cli import Commands
+    from gpuwarden.config import Config
 
 SCHEMA = 1
 __all__ = ["Status", "gather", "render", "to_json", "to_text", "unleased_pids"]
@@ -93,7 +94,10 @@ def _check_user(name: str) -> None:
 def gather(user: Optional[str] = None) -> Status:
     """`collect()`, narrowed to one user when `user` is given. A name that is neither an
     account here nor seen on any GPU or lease is one line, not an empty table."""
-    data = private(collect())
+    from gpuwarden.config import load
+
+    reading = load()  # once: the lease and state directories, the health rules, who sees commands
+    data = private(collect(reading), bool(reading.get("service.show_commands")))
     if user is None:
         return data
     mine = for_user(data, user)
@@ -104,18 +108,16 @@ def gather(user: Optional[str] = None) -> Status:
     return mine
 
 
-def private(data: Status) -> Status:
+def private(data: Status, show_commands: bool) -> Status:
     """Others' command lines hidden (their leases show user, job, pid and times), as
     `queue` and `jobs` hide them: a command line can carry a path, a token, a
     colleague's unpublished idea. Root sees them, and everyone where the admin set
-    `service.show_commands`."""
+    `service.show_commands` (`show_commands`)."""
     import os
     import pwd
     from dataclasses import replace
 
-    from gpuwarden import config
-
-    if os.geteuid() == 0 or config.load().get("service.show_commands"):
+    if os.geteuid() == 0 or show_commands:
         return data
     try:
         me = pwd.getpwuid(os.geteuid()).pw_name  # the kernel's uid, never $USER
@@ -182,13 +184,12 @@ def _watch(args: argparse.Namespace) -> int:
         return 0
 
 
-def collect() -> Status:
-    """Everything status shows, gathered once: the machine view and CUDA's view of it."""
-    from gpuwarden.config import load
+def collect(reading: Config) -> Status:
+    """Everything status shows, gathered once: the machine view and CUDA's view of it
+    (`reading`: the lease and state directories and the health rules)."""
     from gpuwarden.machine.inventory import read_snapshot
     from gpuwarden.monitoring.machineview import read_view
 
-    reading = load()  # once: the lease and state directories and the health rules
     snap = read_snapshot()
     visible = None
     if snap.gpus:

@@ -163,7 +163,7 @@ def submit_local(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     writable_output(args.output)
-    with require(conf.get("service.socket")) as client:
+    with require(conf.service_socket()) as client:
         job = client.call("submit", **fields)["job"]
     print(job)
     if tasks:

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         interval=interval,
         show_commands=bool(config.get("web.show_commands")),
         rules=rules,
-        service=str(args.socket or config.get("service.socket")),
+        service=args.socket or config.service_socket(),
         peers=peers,
     )
     if args.once:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 SYSTEM_CONFIG = "/etc/gpuwarden/config.toml"
 PROJECT_FILE = "gpuwarden.toml"
+DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 
 # --- loading ---------------------------------------------------------------------------------
 
@@ -55,6 +56,11 @@ class Config:
 
     def get(self, key: str) -> Any:
         return self._values[_known(key)][0]
+
+    def service_socket(self) -> str:
+        """The queue service's socket: `service.socket` ($GPUWARDEN_SOCKET sets it), the
+        default where it is set empty. Every face asks this of its reading."""
+        return str(self.get("service.socket") or DEFAULT_SOCKET)
 
     def source(self, key: str) -> str:
         """ "default", "system: PATH", "user: PATH", "project: PATH", "env: NAME" or

@@ -37,6 +37,8 @@ from gpuwarden.machine.inventory import Snapshot
 if TYPE_CHECKING:
     import subprocess
 
+    from gpuwarden.config import Config
+
 
 @record
 class TorchBuild:
@@ -301,15 +303,31 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     return path, bool(mode & stat.S_ISVTX and mode & stat.S_IWOTH)
 
 
-def read_service(lease_dir: Optional[str] = None) -> Optional[Mapping[str, Any]]:
-    """Whether a queue service answers here, and to this user, and whether one is
-    installed (its unit, or a lease directory that is root's and closed to us, as
-    `service install` leaves it); never raises: a doctor with a broken service to
-    report must still report everything else."""
+def read_config() -> Optional[Config]:
+    """This user's reading of the configuration, or None where it is broken: that is the
+    config check's finding, and the other facts go on without it."""
+    from gpuwarden import config
+    from gpuwarden.base.errors import UserError
+
+    try:
+        return config.load()
+    except UserError:
+        return None
+
+
+def read_service(
+    lease_dir: Optional[str] = None, socket: Optional[str] = None
+) -> Optional[Mapping[str, Any]]:
+    """Whether a queue service answers at `socket` (the configured one), and to this
+    user, and whether one is installed (its unit, or a lease directory that is root's
+    and closed to us, as `service install` leaves it); never raises: a doctor with a
+    broken service to report must still report everything else."""
+    if socket is None:
+        return None
     try:
         from gpuwarden.queueclient.probe import UNIT_PATH, probe
 
-        found = dict(probe())
+        found = dict(probe(socket))
         installed = os.path.exists(UNIT_PATH)
         if not installed and lease_dir and os.geteuid() != 0:
             with contextlib.suppress(OSError):
@@ -369,7 +387,8 @@ def gather(
     snap = snapshot if snapshot is not None else read_machine()
     drains = read_drains()
     lease_dir, lease_dir_shared = read_lease_dir()
-    service = read_service(lease_dir)
+    reading = read_config()
+    service = read_service(lease_dir, reading.service_socket() if reading else None)
     if proc is not None:
         build = finish_probe(build, proc)
     build = table_archs(build)
@@ -387,7 +406,7 @@ def gather(
         user=_user_name(),
         lease_dir=lease_dir,
         lease_dir_shared=lease_dir_shared,
-        enforcement=read_enforcement(),
+        enforcement=read_enforcement(reading),
         service=service,
         containers=read_containers(),
     )
@@ -430,14 +449,11 @@ def read_containers(toolkit: str = TOOLKIT_CONFIG) -> dict[str, Any]:
     }
 
 
-def read_enforcement() -> Optional[tuple[str, str]]:
+def read_enforcement(reading: Optional[Config]) -> Optional[tuple[str, str]]:
     from gpuwarden.cgroups.hierarchy import detect
-    from gpuwarden.config import load
 
-    try:
-        setting = load().get("enforce.devices")
-    except Exception:  # a broken config is the config check's finding, not this one's
-        setting = "auto"
+    # a broken config (None) is the config check's finding, not this one's
+    setting = reading.get("enforce.devices") if reading is not None else "auto"
     if setting == "off":
         return "none", "enforce.devices = off"
     return detect()

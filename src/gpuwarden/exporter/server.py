@@ -47,9 +47,11 @@ class ViewCache:
         read_timeout: float = 5.0,
         counters: bool = False,
         show_commands: bool = False,
+        socket: Optional[str] = None,
     ) -> None:
         self._read = read
         self.show_commands = show_commands
+        self.socket = socket  # the queue service's, whose `stats` each view carries (None: none)
         # dcgm-exporter's further counters (`counters`), read with each snapshot
         # only when asked for: GPM keeps one sample per GPU between reads
         self._counters: Any = None
@@ -159,7 +161,7 @@ class ViewCache:
             scrape_errors=self.scrape_errors,
             read_seconds=time.perf_counter() - started,
             nvml_up=nvml_up,
-            queue=read_stats(),
+            queue=read_stats(self.socket) if self.socket is not None else None,
             show_commands=self.show_commands,
         )
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.base.records import record
@@ -275,11 +275,11 @@ def _holding(directory: str, timeout: float, force: bool) -> Iterator[bool]:
 ROOT_LOCK_WAIT = 2.0
 
 
-def _refused_here(where: str) -> Optional[str]:
+def _refused_here(where: str, admins: Sequence[str]) -> Optional[str]:
     """Why this user may not change drains in `where`, or None. In a shared directory
     (sticky and world-writable, as an admin sets /var/lib/gpuwarden/state up) only
-    root and the admins of `service.admins` (names, `@group`s) may: a drain takes a
-    GPU from everyone. A private directory is its owner's."""
+    root and the `admins` (`service.admins` of the caller's reading: names, `@group`s)
+    may: a drain takes a GPU from everyone. A private directory is its owner's."""
     if os.geteuid() == 0:
         return None
     try:
@@ -288,11 +288,9 @@ def _refused_here(where: str) -> Optional[str]:
         return None  # made private below, by ensure_dir
     if not (mode & 0o002 and mode & 0o1000):
         return None
-    from gpuwarden import config
     from gpuwarden.files.paths import user_name
 
     me = user_name(os.geteuid())
-    admins = [str(a) for a in config.load().get("service.admins") or ()]
     if me in admins or _in_a_group(a[1:] for a in admins if a.startswith("@")):
         return None
     return (
@@ -327,6 +325,7 @@ def drain(
     directory: Optional[PathLike] = None,
     lock_timeout: float = LOCK_TIMEOUT,
     force: bool = False,
+    admins: Sequence[str] = (),
 ) -> Drain:
     """Take `uuid` out of service. Draining again updates the reason; a GPU drained
     by someone else raises UserError (only they or root may change it).
@@ -335,7 +334,8 @@ def drain(
     the owner from the kernel. With `force` (the health watch), a lock held by
     someone else for more than `lock_timeout` seconds does not stop the drain: the
     write is atomic, and the sticky directory already keeps anyone but the owner
-    and root from replacing a record, so the lock only orders two changes at once."""
+    and root from replacing a record, so the lock only orders two changes at once.
+    `admins` (`service.admins`) may drain in a shared directory besides root."""
     from gpuwarden.files.safefiles import sweep_temporaries, write_atomic
 
     if not reason or not reason.strip():
@@ -345,7 +345,7 @@ def drain(
     text = reason.strip()
     if len(text) > MAX_REASON:
         raise UserError(f"a drain reason is at most {MAX_REASON} characters")
-    refused = _refused_here(where)
+    refused = _refused_here(where, admins)
     if refused is not None:
         raise UserError(refused)
     if os.geteuid() == 0:  # nobody else may hold the lock for long (ROOT_LOCK_WAIT)
@@ -386,14 +386,15 @@ def undrain(
     by: str | None = None,
     directory: Optional[PathLike] = None,
     lock_timeout: float = LOCK_TIMEOUT,
+    admins: Sequence[str] = (),
 ) -> None:
     """Put `uuid` back into service. Raises UserError if it is not drained, or was
-    drained by someone else and the caller is not root."""
+    drained by someone else and the caller is not root (`admins`: as for `drain`)."""
     from gpuwarden.files.safefiles import sweep_temporaries, sync_directory
 
     where = _directory(directory)
     path = _record_path(where, uuid)
-    refused = _refused_here(where)
+    refused = _refused_here(where, admins)
     if refused is not None:
         raise UserError(refused)
     force = os.geteuid() == 0  # as for `drain`: root waits ROOT_LOCK_WAIT at most

@@ -59,6 +59,7 @@ class WatchSettings:
     hook_timeout: float = 30.0
     poll_seconds: float = 10.0
     slurm_node: Optional[str] = None  # drain this Slurm node on a fatal fault (slurm.drain_node)
+    admins: tuple[str, ...] = ()  # service.admins: who besides root drains in a shared directory
 
 
 def parse_hook(value: object) -> Optional[tuple[str, ...]]:
@@ -117,6 +118,7 @@ def settings_from_config(config: object = None, policy: Optional[str] = None) ->
         hook_timeout=_number(get, "health.hook_timeout", 30.0),
         poll_seconds=_number(get, "health.poll_seconds", 10.0),
         slurm_node=_slurm_node(get),
+        admins=tuple(str(a) for a in get("service.admins") or ()),  # type: ignore[attr-defined]
     )
 
 
@@ -361,7 +363,15 @@ class HealthWatch:
         from gpuwarden.health.drain import drain
 
         try:
-            drain(gpu_uuid, reason, by=DRAINED_BY, auto=True, lock_timeout=2.0, force=True)
+            drain(
+                gpu_uuid,
+                reason,
+                by=DRAINED_BY,
+                auto=True,
+                lock_timeout=2.0,
+                force=True,
+                admins=self.settings.admins,
+            )
         except (UserError, NotImplementedError, OSError) as err:
             self._to_drain[gpu_uuid] = (index, reason)
             self.log(

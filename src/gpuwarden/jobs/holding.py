@@ -201,7 +201,7 @@ def service_socket(conf: Config, environ: Optional[Mapping[str, str]] = None) ->
     env = os.environ if environ is None else environ
     if "GPUWARDEN_JOB" in env:
         return None
-    return service_at(conf.get("service.socket"))
+    return service_at(conf.service_socket())
 
 
 class MachineReader:

@@ -95,7 +95,7 @@ def start(
     if time_limit is not None:
         refusal = (
             f"--time needs the queue service (none answers at "
-            f"{conf.get('service.socket')}) or --slurm; "
+            f"{conf.service_socket()}) or --slurm; "
             "without them a job runs until it ends"
         )
     use_uuid = conf.get("run.id_format") == "uuid"
@@ -192,7 +192,7 @@ def _through_service(
     fields["wait"] = bool(conf.get("run.wait"))
     return run_attached(
         fields,
-        conf.get("service.socket"),
+        conf.service_socket(),
         timeout=conf.get("run.timeout"),
         reconnect=float(conf.get("service.reconnect")),
     )

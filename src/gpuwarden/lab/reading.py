@@ -37,7 +37,7 @@ class Lab:
 
 
 def ask_queue(
-    path: Optional[str] = None, rows: Optional[int] = None, mine: int = 0, **filters: Any
+    path: str, rows: Optional[int] = None, mine: int = 0, **filters: Any
 ) -> dict[str, Any]:
     """The service's `hello` and `queue` (arrays folded into one row each, as `queue`
     prints them), in the shape `web.queue.Asker.ask` gives: `{"state": "absent"}`,
@@ -60,7 +60,7 @@ def ask_queue(
 
 
 def read_lab(
-    path: Optional[str] = None,
+    path: str,
     *,
     rows: Optional[int] = None,
     user: Optional[str] = None,

@@ -47,7 +47,7 @@ EXIT_BUSY = 75
 @contextmanager
 def hold(
     fields: dict[str, Any],
-    path: Optional[str],
+    path: str,
     wait: bool,
     timeout: Optional[float],
     conf: Config,

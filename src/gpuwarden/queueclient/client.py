@@ -393,7 +393,7 @@ def job_fields(
     """A submit request for `argv` with a `request.Request`'s GPU wishes, in this
     process's working directory, environment and umask (what the job runs with);
     `account` the one it is charged to (None: the service's default for us)."""
-    from gpuwarden.queueclient.requestwire import to_wire
+    from gpuwarden.placement.requestwire import to_wire
 
     mask = os.umask(0)
     os.umask(mask)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from gpuwarden.base import checked as fields
 from gpuwarden.base.errors import UserError
-from gpuwarden.queueclient import fields
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person, peer_credentials
 

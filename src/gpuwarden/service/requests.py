@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
+from gpuwarden.placement.requestwire import to_wire
 from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
-from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
     admission,
     arrays,

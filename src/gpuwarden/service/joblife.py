@@ -3,7 +3,7 @@
 `JobLife` owns what the queue knows of its jobs between two turns of the loop: the
 journal (service.store, whose job states move only by service.states' table), what
 the last pass of the plan worked out (`queue`, service.queuestate: written by the
-pass alone, service.planning), the pidfd of each running job's supervisor (readable
+pass alone, service.passes), the pidfd of each running job's supervisor (readable
 when it ends, also for supervisors adopted after a restart: `recover`), the ends the
 journal could not take yet (service.unwritten), and the jobs signalled for their time
 or preempted. It is given its collaborators: the settings in force (a reload replaces
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 from gpuwarden.service import (
     attachment,
     jobnotify,
@@ -44,7 +44,7 @@ from gpuwarden.service.queuestate import QueueState
 
 if TYPE_CHECKING:
     from gpuwarden import config
-    from gpuwarden.inventory import Snapshot
+    from gpuwarden.machine.inventory import Snapshot
     from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.bookings import Bookings
     from gpuwarden.service.machine import Machine

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import fields
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person, peer_credentials

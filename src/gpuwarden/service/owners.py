@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 if TYPE_CHECKING:
     from gpuwarden.service.identity import Person

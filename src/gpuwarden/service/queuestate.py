@@ -2,7 +2,7 @@
 
 The jobs themselves and their states are the journal's (service.store; a state moves
 only by service.states' table). What a pass of the plan worked out is kept here, by
-the pass (`schedule` in service.planning hands its outcome to `planned`) and read by
+the pass (`schedule` in service.passes hands its outcome to `planned`) and read by
 the requests between passes: `free` judges whether a new submit may start at once
 (service.pacing), `priorities` orders `queue`, `expected_start` answers
 `queue --start`, `memory` and `indices` name the GPUs jobs are given. The state is
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Optional, Protocol
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 
 
 class Unit(Protocol):
@@ -103,7 +103,7 @@ class QueueState:
         if planned is not None or self.foresight is None:
             return planned
         if self.foreseen is None:
-            from gpuwarden.foresight import estimated_starts
+            from gpuwarden.planning.foresight import estimated_starts
 
             starts = estimated_starts(*self.foresight)
             self.foreseen = {int(k): v for k, v in starts.items()}

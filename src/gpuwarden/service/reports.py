@@ -10,14 +10,13 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 from gpuwarden.service.owners import owned
 from gpuwarden.service.tally import WAIT_BUCKETS
 
 if TYPE_CHECKING:
     from typing import Protocol
 
-    from gpuwarden.efficiency import GpuUse
     from gpuwarden.queueclient.protocol import Report
     from gpuwarden.service.digests import Ask, Digesting
     from gpuwarden.service.identity import Person
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.queuestate import QueueState
     from gpuwarden.service.sampler import Sampler
     from gpuwarden.service.watching import ServiceWatch
+    from gpuwarden.usage.efficiency import GpuUse
 
     class Reporting(Digesting, Protocol):
         """What the reports need of the jobs' life (`joblife.JobLife` has it)."""
@@ -113,7 +113,7 @@ def share(service: Reporting) -> dict[str, Any]:
 def account_shares(service: Reporting, policy: scheduling.Policy) -> list[dict[str, Any]]:
     """Each account's decayed usage, share and factor at fair share's account level
     (none when no account has a share: fair share is then per user only)."""
-    from gpuwarden import fairshare
+    from gpuwarden.planning import fairshare
     from gpuwarden.service import accounting
 
     if not fairshare.two_levels(policy):
@@ -140,9 +140,9 @@ def usage_report(service: Reporting, who: Person, ask: Report) -> dict[str, Any]
     """`gpuwarden report`: GPU-hours, jobs and waits by user, group, account or job (as
     sreport, every user sees every user's totals, as `share` shows their usage); with
     `waste`, the GPU-hours held idle: an admin sees everyone's, a user their own."""
-    from gpuwarden import usage
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.service import accounting, archive
+    from gpuwarden.usage import report as usage
 
     db = service.store.db
     state = service.settings.state_dir  # keep_history's archives are read too
@@ -166,7 +166,7 @@ def usage_report(service: Reporting, who: Person, ask: Report) -> dict[str, Any]
 def efficiency(service: Reporting, who: Person, ids: tuple[int, ...]) -> dict[str, Any]:
     """`gpuwarden eff`: each job's runs and what its GPUs did (its owner's or an
     admin's); a running job's current run from the sampler's memory."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.service import accounting
 
     out = []

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import (
     arrays,

@@ -4,7 +4,7 @@ One thread, one `selectors` loop: client sockets, one pidfd per running job's
 supervisor (readable when it ends, also for supervisors adopted after a restart),
 and a tick for time limits and GPUs freed by processes outside the queue. After
 an event that may start a job (and, coalesced, after others: service.pacing) a
-pass of the plan (service.planning) asks `scheduling.plan` what starts, takes the
+pass of the plan (service.passes) asks `scheduling.plan` what starts, takes the
 leases for it in the service's own lease directory, records the job as STARTING,
 forks its supervisor (service.spawn), and records it RUNNING. docs/service.md has
 the design.
@@ -29,12 +29,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import config
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import (
     archive,
     healthwatch,
     journalguard,
-    planning,
+    passes,
     recovery,
     reloading,
     requests,
@@ -225,7 +225,7 @@ class Service:
         kind = pacer.due(time.monotonic())
         if kind is not None:
             pacer.begin(kind)
-            planning.schedule(life, full=kind == FULL)
+            passes.schedule(life, full=kind == FULL)
             life.remove_litter()
         now = time.monotonic()
         tick = life.settings.tick

@@ -14,8 +14,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import admission, arrays, limiting, store

@@ -197,6 +197,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "service.journalguard",
             "service.lifecycle",
             "service.listing",
+            "service.queuetext",
             "service.machine",
             "service.notify",
             "service.outbox",

@@ -31,6 +31,7 @@ from gpuwarden.service import (
     joining,
     limiting,
     listing,
+    queuetext,
     reloading,
     reports,
     requeue,
@@ -40,6 +41,7 @@ from gpuwarden.service import (
 from gpuwarden.service.attachment import record_client
 from gpuwarden.service.identity import Person, peer_credentials, person
 from gpuwarden.service.lifecycle import Lifecycle
+from gpuwarden.service.listing import mine
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
@@ -387,7 +389,9 @@ class Requests(Lifecycle):
         key = (self.store.version, self.pacer.count)
         self.listed = listing.kept(self.listed, key, self.store, ask, self.queue.priorities)
         ordered = self.listed[1]
-        if ask.arrays:  # an array's waiting tasks in one row (service.arrays)
+        if ask.table:  # the table's lines, from cells kept ready (service.queuetext)
+            reply = queuetext.answer(self, who, ask, key, ordered)
+        elif ask.arrays:  # an array's waiting tasks in one row (service.arrays)
             rows = arrays.grouped(ordered)
             reply = listing.page(
                 rows[ask.offset :],
@@ -475,13 +479,6 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "eff": (protocol.eff_jobs, reports.efficiency),
     "digest": (reports.digest_request, reports.digest),
 }
-
-
-def mine(job: store.Job, who: Person) -> bool:
-    """Whether `who` owns `job`: the same uid and the same name. A uid given to a new
-    account after its old user left must not inherit the old user's jobs, commands
-    and logs from the journal (an admin still sees them)."""
-    return job.uid == who.uid and job.user == who.name
 
 
 def scheduling_span(seconds: float) -> str:

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.base.table import render
 from gpuwarden.cli.jobtables import queue_table
 from gpuwarden.queueclient import cells, protocol
 from gpuwarden.service import queuetext
 from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
-from gpuwarden.table import render
 from servicetools import Server, cli_as, submit
 from users import make_user
 from waiting import wait_for

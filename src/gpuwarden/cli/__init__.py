@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from gpuwarden.queueclient.client import Client
+
     # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -97,7 +99,7 @@ def formatter() -> type[argparse.HelpFormatter]:
     The width is read once: argparse makes a formatter for each argument declared."""
     if _FORMATTER:
         return _FORMATTER[0]
-    from gpuwarden.table import columns
+    from gpuwarden.base.table import columns
 
     wide = columns() - 2
 
@@ -147,7 +149,7 @@ class RawFormatter(argparse.RawDescriptionHelpFormatter):
     """For the top-level help, whose epilog is the pre-formatted command table."""
 
     def __init__(self, prog: str, **kwargs: int | None) -> None:
-        from gpuwarden.table import columns
+        from gpuwarden.base.table import columns
 
         kwargs.setdefault("width", columns() - 2)
         super().__init__(prog, **kwargs)  # type: ignore[arg-type]
@@ -223,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module, args = parse(list(sys.argv[1:] if argv is None else argv))
     if module is None:
         return 0
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     command = args.command
     try:
@@ -298,13 +300,22 @@ def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
     return module, args
 
 
+def service_client() -> Client:
+    """The queue service this command talks to, at the socket its reading of the
+    configuration names; one line where none answers."""
+    from gpuwarden import config
+    from gpuwarden.queueclient.client import require
+
+    return require(config.load().service_socket())
+
+
 def configure_logging(level: str | None) -> None:
     """One format for every long-running command: `LEVEL gpuwarden.AREA: message` on
     stderr, where a service manager's journal keeps it. The level comes from
     `--log-level`, else GPUWARDEN_LOG_LEVEL, else info; a bad variable is one line."""
     import logging
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if level is None:
         level = os.environ.get("GPUWARDEN_LOG_LEVEL", "info").strip().lower() or "info"

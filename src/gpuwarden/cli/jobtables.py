@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
+from gpuwarden.base.table import render
+from gpuwarden.base.units import format_size, is_digits
+from gpuwarden.files.safefiles import printable
 from gpuwarden.queueclient import cells
 from gpuwarden.queueclient.cells import span as span
-from gpuwarden.safefiles import printable
-from gpuwarden.table import render
-from gpuwarden.units import format_size, is_digits
 
 TYPE_CHECKING = False  # typing stays off `submit`'s start-up (it reads job ids here)
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def share_table(users: Sequence[Mapping[str, Any]], key: str = "user") -> str:
 
 def job_ids(words: list[str]) -> list[int]:
     """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     ids = []
     for word in words:
@@ -279,7 +279,7 @@ def job_ids(words: list[str]) -> list[int]:
 def job_names(words: list[str]) -> list[int | str]:
     """Job ids as `cancel`, `hold` and `unhold` read them: `12` (a job, or a whole
     array), `12_7` (task 7 of array 12), several as `12 13` or `12,13_4`."""
-    from gpuwarden.arrayspec import task_name
+    from gpuwarden.planning.arrayspec import task_name
 
     names: list[int | str] = []
     for word in words:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.cli.slurmjobs import command_of, spec_of
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,10 +99,10 @@ def register(commands: Commands, name: str) -> None:
 def submit_local(args: argparse.Namespace) -> int:
     """The job to this machine's queue service; prints its id."""
     from gpuwarden import config as cfg
+    from gpuwarden.base.units import is_digits, parse_time_limit
     from gpuwarden.cli import filters
+    from gpuwarden.placement.request import Request
     from gpuwarden.queueclient.client import job_fields, require
-    from gpuwarden.request import Request
-    from gpuwarden.units import is_digits, parse_time_limit
 
     for name in ("nodes", "constraint", "partition", "name"):
         if getattr(args, name, None) is not None:
@@ -138,7 +138,7 @@ def submit_local(args: argparse.Namespace) -> int:
     if args.begin is not None:
         import time
 
-        from gpuwarden.begintime import parse
+        from gpuwarden.planning.begintime import parse
 
         fields["begin"] = parse(args.begin, time.time())  # a past time: now, as sbatch
     if args.notify is not None:
@@ -163,7 +163,7 @@ def submit_local(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     writable_output(args.output)
-    with require(conf.get("service.socket")) as client:
+    with require(conf.service_socket()) as client:
         job = client.call("submit", **fields)["job"]
     print(job)
     if tasks:
@@ -182,7 +182,7 @@ def submit_local(args: argparse.Namespace) -> int:
 
 def yielding_fields(args: argparse.Namespace) -> dict[str, object]:
     """The request's `max_retries`, `preemptible` and `preempt` (docs/preemption.md)."""
-    from gpuwarden.units import is_digits
+    from gpuwarden.base.units import is_digits
 
     fields: dict[str, object] = {}
     if args.max_retries is not None:
@@ -208,7 +208,7 @@ def after_ids(after: Optional[str]) -> tuple[int, ...]:
 def _array_fields(args: argparse.Namespace, fields: dict[str, object]) -> int:
     """The request's `array` and `params`, checked here first so that a malformed spec
     is one line before anything is sent; how many tasks it makes."""
-    from gpuwarden import arrayspec
+    from gpuwarden.planning import arrayspec
 
     params = arrayspec.sweep(args.param or ())
     if params:
@@ -261,13 +261,13 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     if args.array is not None:
-        from gpuwarden import arrayspec
+        from gpuwarden.planning import arrayspec
 
         arrayspec.parse(args.array)  # Slurm's syntax: refused here in one line, as sbatch would
     if args.begin is not None:
         import time
 
-        from gpuwarden.begintime import parse
+        from gpuwarden.planning.begintime import parse
 
         parse(args.begin, time.time())  # likewise
     from gpuwarden.slurm import batch, tools

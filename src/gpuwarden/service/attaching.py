@@ -9,7 +9,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import store
 from gpuwarden.service.attachment import record_client, shell_status
 from gpuwarden.service.identity import Person, peer_credentials

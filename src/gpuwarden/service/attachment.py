@@ -22,8 +22,8 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import read_small, write_atomic
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import read_small, write_atomic
 from gpuwarden.service import spawn
 
 if TYPE_CHECKING:

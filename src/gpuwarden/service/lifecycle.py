@@ -18,8 +18,9 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import config, preemption, scheduling
-from gpuwarden.errors import UserError
+from gpuwarden import config
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import preemption, scheduling
 from gpuwarden.service import (
     arrays,
     attachment,
@@ -246,7 +247,7 @@ class Lifecycle(Core):
         """Plan and start what the plan starts, keeping what stays free (`free`) for a submit
         to judge (service.pacing): a full pass plans and ranks every waiting job, a start
         pass the first few that could start (service.ready), both on service.machine's."""
-        from gpuwarden.mig import devices
+        from gpuwarden.placement.mig import devices
         from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()

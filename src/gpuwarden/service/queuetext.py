@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
+from gpuwarden.files.safefiles import printable
 from gpuwarden.queueclient import cells, protocol
-from gpuwarden.safefiles import printable
 from gpuwarden.service import arrays, listing, store
 
 #: Seconds a listing's lines serve its first page again (another `queue` within it).
@@ -178,7 +178,7 @@ class QueueText:
         usage: Callable[[int], tuple[Optional[float], Optional[int]]],
     ) -> tuple[str, ...]:
         """A row of a job that holds GPUs (a few: as many as the machine has)."""
-        from gpuwarden.units import format_size
+        from gpuwarden.base.units import format_size
 
         cpu, peak = job.cpu_seconds, job.mem_peak
         if job.state == store.RUNNING:

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
@@ -482,6 +482,6 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
 
 
 def scheduling_span(seconds: float) -> str:
-    from gpuwarden.units import format_span
+    from gpuwarden.base.units import format_span
 
     return format_span(seconds)

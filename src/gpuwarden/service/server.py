@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from gpuwarden import config
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import (
     archive,
     healthwatch,

@@ -14,7 +14,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 from gpuwarden.service import digests, jobprocess, preempting, unwritten
 from gpuwarden.service.store import RUNNING, Job
 

@@ -1,0 +1,8 @@
+"""The shared state directories and the files in them, read as hostile input:
+
+- `locations`: where the lease directory and the state directory are;
+- `paths`: safety checks for directories several users share;
+- `safefiles`: reading and writing small state files others can write.
+
+This file imports nothing, so each module costs only itself.
+"""

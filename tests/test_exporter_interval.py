@@ -44,7 +44,7 @@ def test_scrapes_read_neither_the_machine_nor_the_service(monkeypatch):
             release.wait(60)
         return busy_box()
 
-    cache = ViewCache(read, cache_seconds=0.05, read_timeout=60)
+    cache = ViewCache(read, cache_seconds=0.05, read_timeout=60, socket="/nonexistent/sock")
     server = serve("127.0.0.1:0", cache=cache)
     try:
         assert server.exposition is not None

@@ -14,13 +14,10 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import store
-
-if TYPE_CHECKING:
-    from gpuwarden.service.identity import Person
 
 T = TypeVar("T")  # a job, or a row of jobs (service.arrays.grouped)
 
@@ -44,13 +41,6 @@ def matching(jobs: Iterable[store.Job], ask: protocol.Listing) -> list[store.Job
     return [
         j for j in jobs if (ask.user is None or j.user == ask.user) and (not ids or j.id in ids)
     ]
-
-
-def mine(job: store.Job, who: Person) -> bool:
-    """Whether `who` owns `job`: the same uid and the same name. A uid given to a new
-    account after its old user left must not inherit the old user's jobs, commands
-    and logs from the journal (an admin still sees them)."""
-    return job.uid == who.uid and job.user == who.name
 
 
 def command(argv: Sequence[str]) -> list[str]:

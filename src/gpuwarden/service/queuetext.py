@@ -21,11 +21,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from gpuwarden.files.safefiles import printable
 from gpuwarden.queueclient import cells, protocol
 from gpuwarden.service import arrays, listing, store
+from gpuwarden.service.owners import mine
+
+if TYPE_CHECKING:
+    from gpuwarden.service.identity import Person
 
 #: Seconds a listing's lines serve its first page again (another `queue` within it).
 FRESH = 1.0
@@ -211,15 +215,17 @@ def stale(table: Table, key: Any, offset: int) -> bool:
 
 
 def answer(
-    service: Any, who: Any, ask: protocol.Listing, key: Any, ordered: Sequence[store.Job]
+    text: QueueText,
+    life: Any,
+    who: Person,
+    ask: protocol.Listing,
+    key: Any,
+    ordered: Sequence[store.Job],
 ) -> dict[str, Any]:
-    """A page of `queue`'s table for `who` (service.requests): commands shown as
-    `jobs` shows them (the owner's, or everyone's to an admin or where the config
-    says so)."""
-    text = getattr(service, "_queue_text", None)
-    if text is None:
-        text = service._queue_text = QueueText()
-    show = service.settings.show_commands or service.settings.admins.include(who)
+    """A page of `queue`'s table for `who` from `life` (service.joblife): commands
+    shown as `jobs` shows them (the owner's, or everyone's to an admin or where the
+    config says so)."""
+    show = life.settings.show_commands or life.settings.admins.include(who)
 
     def rows() -> Sequence[tuple[store.Job, Sequence[int]]]:
         return arrays.grouped(ordered) if ask.arrays else [(job, ()) for job in ordered]
@@ -227,13 +233,13 @@ def answer(
     def moving() -> Mapping[str, Any]:
         from gpuwarden.service.reports import usage_now
 
-        queue = service.queue
+        queue = life.queue
         return {
             "priorities": queue.priorities,
             "expected_start": queue.expected_start,
             "indices": queue.indices,
-            "usage": lambda job_id: usage_now(service, job_id),
+            "usage": lambda job_id: usage_now(life, job_id),
         }
 
     viewer = (who.uid, who.name, show)
-    return text.page(ask, viewer, key, rows, lambda job: show or listing.mine(job, who), moving)
+    return text.page(ask, viewer, key, rows, lambda job: show or mine(job, who), moving)

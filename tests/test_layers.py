@@ -238,7 +238,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 # Shared pieces of the command line; every other cli module is a command and no
 # command imports another command (what two commands share moves down a layer).
 CLI_SHARED = {
-    *("cli", "cli.filters", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
+    *("cli", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
     "cli.serving",
     "cli.statustable",
 }

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 
+from gpuwarden.jobs.options import job_ids as job_ids
 from gpuwarden.safefiles import printable
 from gpuwarden.table import render
-from gpuwarden.units import format_size, is_digits
+from gpuwarden.units import format_size
 
 TYPE_CHECKING = False  # typing stays off `submit`'s start-up (it reads job ids here)
 if TYPE_CHECKING:
@@ -294,20 +295,6 @@ def share_table(users: Sequence[Mapping[str, Any]], key: str = "user") -> str:
     if not rows:
         return "no usage recorded yet"
     return render([key.upper(), "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))
-
-
-def job_ids(words: list[str]) -> list[int]:
-    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
-    from gpuwarden.errors import UserError
-
-    ids = []
-    for word in words:
-        for part in word.split(","):
-            part = part.strip()
-            if not is_digits(part) or int(part) <= 0:
-                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
-            ids.append(int(part))
-    return ids
 
 
 def job_names(words: list[str]) -> list[int | str]:

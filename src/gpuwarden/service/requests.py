@@ -24,6 +24,7 @@ from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
     admission,
+    argvsubmit,
     arrays,
     attaching,
     bookings,
@@ -476,6 +477,7 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "report": (protocol.report, reports.usage_report),
     "eff": (protocol.eff_jobs, reports.efficiency),
     "digest": (reports.digest_request, reports.digest),
+    "submit_argv": (dict, argvsubmit.submit_argv),  # the short client's command line
 }
 
 

@@ -42,6 +42,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "paths",
             "safefiles",
             "config",
+            # where the settings files are, for what must not load the rest (`submit`)
+            "configfiles",
             "config.trust",
             "config.keys",
             "config.values",
@@ -179,6 +181,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             # the queue service itself
             "service",
             "service.admission",
+            # a `submit` command line, read with the client's grammar (queueclient.thin)
+            "service.argvsubmit",
             "service.arrays",
             "service.bookings",
             "service.digests",
@@ -240,6 +244,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 CLI_SHARED = {
     *("cli", "cli.jobtables", "cli.waiting", "cli.slurmjobs"),
     "cli.serving",
+    "cli.parsers",
     "cli.statustable",
 }
 

@@ -131,7 +131,8 @@ class _Reading:
 def _decoded(line: bytes) -> dict[str, Any]:
     import _json
 
-    value, _ = _json.make_scanner(_Reading)(line.decode("utf-8"), 0)
+    scanner: Any = _json.make_scanner  # typeshed wants a scanner as its context
+    value, _ = scanner(_Reading)(line.decode("utf-8"), 0)
     return value if isinstance(value, dict) else {}
 
 

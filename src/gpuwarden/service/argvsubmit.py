@@ -130,8 +130,8 @@ def submit_argv(
         reply = service.handle(who, {"v": protocol.VERSION, "op": "submit", **fields}, client)
     except UserError as err:  # as the full client is told: one line, status 2
         return {"ok": True, "code": 2, "stdout": "", "stderr": _line(err)}
-    out, err = submitting.said(reply["job"], tasks)
-    return {"ok": True, "code": 0, "stdout": out, "stderr": err, "job": reply["job"]}
+    out, told = submitting.said(reply["job"], tasks)
+    return {"ok": True, "code": 0, "stdout": out, "stderr": told, "job": reply["job"]}
 
 
 def _line(err: UserError) -> str:

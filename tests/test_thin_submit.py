@@ -254,3 +254,126 @@ def test_the_console_script_submits_without_argparse_json_or_socket(server: Serv
     assert not loaded & heavy, sorted(loaded & heavy)
     settings = {m for m in loaded if m == "gpuwarden.config" or m.startswith("gpuwarden.config.")}
     assert not settings, settings  # the schema and the files' reading are the service's
+
+
+# One request, as it comes, over a raw connection; the answer's line as JSON.
+RAW = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.settimeout(60)
+s.sendall(sys.stdin.buffer.read() + b"\\n")
+got = b""
+while not got.endswith(b"\\n"):
+    more = s.recv(65536)
+    if not more:
+        break
+    got += more
+print(got.decode() or "{}")
+"""
+
+
+def raw(srv: Server, who: Person, **fields: Any) -> dict[str, Any]:
+    import json
+
+    from gpuwarden import __version__
+
+    message = {
+        "v": 1,
+        "op": "submit_argv",
+        "release": __version__,
+        "socket": srv.socket,
+        "args": ["--hold", "--", "true"],
+        "cwd": str(srv.work),
+        "env": environment(srv),
+        "umask": 0o022,
+        "python": USER_PY,
+        "probes": {str(srv.work): [True, True, True, True, True]},
+        **fields,
+    }
+    done = subprocess.run(
+        [USER_PY, "-c", RAW, srv.socket],
+        input=json.dumps(message),
+        env=environment(srv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=become(who),
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_a_hostile_command_line_can_do_no_more_than_a_submit(server: Server) -> None:
+    """Each field of `submit_argv` as a user who means harm: refused in one line, or
+    handed back to the full client, or worth exactly the `submit` it makes."""
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    # Root's files are not read for her: another system file is the full client's.
+    secret = server.work.parent / "secret.toml"
+    secret.write_text("[run]\ncount = 3\n")
+    secret.chmod(0o600)
+    env = environment(server, GPUWARDEN_SYSTEM_CONFIG=str(secret))
+    assert set(raw(server, alice, env=env)) >= {"fallback"}
+    # Another socket, another release, --help: nothing is done, nothing printed.
+    assert "fallback" in raw(server, alice, socket="/run/elsewhere.sock")
+    assert "fallback" in raw(server, alice, release="0.0.1")
+    assert "fallback" in raw(server, alice, args=["--help"])
+    assert "fallback" in raw(server, alice, args=["--hold", "--output", "x", "--", "true"])
+    # A command line argparse would chew on for minutes (quadratic in its options) is
+    # not read here: the full client reads it, in her own process.
+    assert "fallback" in raw(server, alice, args=["--hold"] * 60000 + ["--", "true"])
+    assert "fallback" in raw(server, alice, args=["true", *["-x"] * 8000])
+    assert not server.call(None, "queue")["jobs"]
+    assert "usage:" not in server.log_tail(20000)
+    # Malformed fields: one line each, never a traceback, and nothing queued.
+    for bad in (
+        {"args": "--hold true"},
+        {"args": [1, 2]},
+        {"env": {"A": 1}},
+        {"env": ["A=1"]},
+        {"umask": 0o7777},
+        {"cwd": "relative"},
+        {"probes": {str(server.work): [True]}},
+        {"probes": {str(server.work): ["yes"] * 5}},
+        {"python": ""},
+        {"args": ["x"] * (70000)},
+    ):
+        answer = raw(server, alice, **bad)
+        assert answer.get("ok") is False and "\n" not in answer["error"], (bad, answer)
+        assert "Traceback" not in answer["error"] and "internal" not in answer["error"]
+    assert not server.call(None, "queue")["jobs"]
+    # Whoever $USER says, the job is hers (SO_PEERCRED), with her limits.
+    claimed = environment(server, USER="root", LOGNAME="gw-bob", SUDO_UID="0")
+    made = raw(server, alice, env=claimed)
+    assert made["code"] == 0, made
+    mine = journaled(server, made["job"])
+    assert (mine["uid"], mine["user"]) == (alice.uid, alice.name)
+    # What it journals is what a `submit` of the same fields journals: a lie about the
+    # output's facts is hers alone (the full client's check is hers to skip too).
+    closed = server.work.parent / "closed"
+    closed.mkdir(mode=0o755)
+    lie = raw(
+        server,
+        alice,
+        args=["--hold", "--output", str(closed / "o.log"), "--", "true"],
+        probes={str(closed / "o.log"): [False, False, True, True, True]},
+    )
+    direct = server.call(
+        alice,
+        "submit",
+        argv=["true"],
+        cwd=str(server.work),
+        env=environment(server),
+        umask=0o022,
+        request={"count": 1},
+        hold=True,
+        output=str(closed / "o.log"),
+    )
+    assert lie["code"] == 0 and "job" in direct, (lie, direct)
+    assert journaled(server, lie["job"])["output"] == journaled(server, direct["job"])["output"]
+    # Another user's job is not hers to wait on through a command line either.
+    theirs = raw(server, bob)["job"]
+    after = raw(server, alice, args=["--hold", "--after", str(theirs), "--", "true"])
+    directly = server.call(alice, "submit", argv=["true"], cwd=str(server.work), after=[theirs])
+    assert (after["code"] == 0) == ("job" in directly), (after, directly)
+    assert server.call(None, "stats")["ok"]  # and the service answers on

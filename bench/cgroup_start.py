@@ -36,7 +36,7 @@ def critical_path(rounds: int) -> list[float]:
     """Milliseconds the wrapper spends on the cgroup outside the overlapped join: making
     it, then (after a stand-in for reading the GPUs) waiting for the join and writing the
     rules for one GPU of eight."""
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     spent = []
     for _ in range(rounds):

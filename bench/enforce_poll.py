@@ -44,10 +44,10 @@ def main() -> int:
             GPUWARDEN_LEASE_DIR=os.path.join(tmp, "leases"),
             GPUWARDEN_STATE_DIR=os.path.join(tmp, "state"),
         )
-        from gpuwarden.enforcement import EnforceSettings
-        from gpuwarden.enforcer import Enforcer
-        from gpuwarden.inventory import read_snapshot
         from gpuwarden.leases import list_leases
+        from gpuwarden.machine.inventory import read_snapshot
+        from gpuwarden.monitoring.enforcer import Enforcer
+        from gpuwarden.usage.enforcement import EnforceSettings
 
         logging.disable(logging.CRITICAL)  # 64 "unleased" lines a poll are not the cost
         count = sum(len(g.processes) for g in read_snapshot().gpus)

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 os.environ["GPUWARDEN_SIM"] = "server-8xa100"
 os.environ.setdefault("GPUWARDEN_SIM_STATE", tempfile.mkdtemp(prefix="gpuwarden-bench-"))
 
-from gpuwarden.gpuprocesses import read_memory_peaks, read_process_use
-from gpuwarden.inventory import load_nvml, read_snapshot
+from gpuwarden.machine.gpuprocesses import read_memory_peaks, read_process_use
+from gpuwarden.machine.inventory import load_nvml, read_snapshot
 from gpuwarden.service import store as st
 from gpuwarden.service.sampler import Sampler
 

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpuwarden import preemption, scheduling  # noqa: E402
+from gpuwarden.planning import preemption, scheduling  # noqa: E402
 
 GIB = 1 << 30
 TARGET_MS = 5.0

@@ -154,7 +154,7 @@ class GpuwardenQueue:
         self.pid = self.proc.pid
 
     def _connect(self, connect: Callable[..., Any]) -> Any:
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         with contextlib.suppress(UserError):
             return connect(self.socket)

@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def client(number: int, jobs: int, hold: float, fresh: bool, out: str) -> None:
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.jobs import allocation, launch
-    from gpuwarden.request import Request
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.request import Request
 
     cached = [0.0, None]
 
@@ -130,9 +130,9 @@ def main() -> int:
             machine.remove_process(p["pid"])
         # Import everything once here; forked clients share it.
         import gpuwarden.jobs.allocation  # noqa: F401
-        from gpuwarden import drain, selection, waitline  # noqa: F401
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.health import drain  # noqa: F401
         from gpuwarden.jobs import launch  # noqa: F401
+        from gpuwarden.machine.inventory import read_snapshot
 
         read_snapshot()
         outs = [os.path.join(tmp, f"client-{c}.log") for c in range(args.clients)]

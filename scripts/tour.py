@@ -72,7 +72,7 @@ def wait_until(count_code: str, minimum: int, what: str, env: dict[str, str]) ->
 
 
 LEASES = "len(__import__('gpuwarden.leases').leases.list_leases())"
-DRAINS = "len(__import__('gpuwarden.drain').drain.list_drains())"
+DRAINS = "len(__import__('gpuwarden.health.drain').drain.list_drains())"
 
 
 def machine_env(spec: str, sim_state: Path, work: Path, **more: str) -> dict[str, str]:

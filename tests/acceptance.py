@@ -27,7 +27,7 @@ def run_script(*args: str, path: str, env: dict[str, str] | None = None, out: Pa
 FAKE_SMI = '''#!{python}
 """nvidia-smi's answers to the acceptance script's queries, from gpuwarden's simulator."""
 import sys
-from gpuwarden.inventory import read_snapshot
+from gpuwarden.machine.inventory import read_snapshot
 
 snap = read_snapshot()
 MIB = 2**20

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
 
 GiB = 2**30
 

@@ -46,7 +46,7 @@ USER_PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 # One request as a user: the service's answer as JSON, or its refusal as "ERROR ...".
 CLIENT = """
 import json, sys
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient.client import require
 try:
     with require(sys.argv[1]) as c:

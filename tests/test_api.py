@@ -10,7 +10,7 @@ import pytest
 
 import gpuwarden
 import gpuwarden.leases as leases
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 
 def test_lease_yields_gpus_and_env_and_sets_nothing_globally(sim) -> None:
@@ -71,12 +71,12 @@ def test_shared_api_lease(sim) -> None:
 
 
 def test_api_names_survive_importing_every_module() -> None:
-    import gpuwarden.api
+    import gpuwarden.jobs.api
     import gpuwarden.leases
-    import gpuwarden.selection
+    import gpuwarden.placement.selection
 
-    assert gpuwarden.lease is gpuwarden.api.hold
-    assert gpuwarden.select is gpuwarden.api.pick
+    assert gpuwarden.lease is gpuwarden.jobs.api.hold
+    assert gpuwarden.select is gpuwarden.jobs.api.pick
 
 
 def test_lease_and_select_read_the_configuration_once(sim, monkeypatch) -> None:

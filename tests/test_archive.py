@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import accounting, archive
 from gpuwarden.service import store as st
 from hermetic import hermetic
@@ -204,7 +204,7 @@ def test_a_crash_anywhere_in_a_batch_counts_each_run_exactly_once(
 def test_an_offline_waste_report_reads_the_archives(tmp_path: Path) -> None:
     """`gpuwarden report --journal J --waste` (an admin's offline report) counts the idle
     GPU-hours of a job `keep_history` moved away, from the archive's samples."""
-    from gpuwarden.efficiency import GpuUse
+    from gpuwarden.usage.efficiency import GpuUse
 
     now = time.time()
     state = tmp_path / "state"

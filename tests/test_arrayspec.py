@@ -1,11 +1,11 @@
-"""sbatch's --array syntax, --param sweeps and output patterns (gpuwarden.arrayspec)."""
+"""sbatch's --array syntax, --param sweeps and output patterns (gpuwarden.planning.arrayspec)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuwarden import arrayspec
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import arrayspec
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""--begin and GPUs booked ahead: the pure rules (gpuwarden.begintime, gpuwarden.booking)
+"""--begin and GPUs booked ahead: the pure rules (planning.begintime, planning.booking)
 and the queue service keeping booked GPUs free, as real users."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import waiting
-from gpuwarden import begintime, booking
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import begintime, booking
 from servicetools import Server, cli_as, serving
 from users import make_user
 
@@ -70,7 +70,7 @@ def test_a_booking_keeps_its_gpus_from_jobs_that_would_reach_its_window() -> Non
 
 
 def test_the_plan_backfills_booked_gpus_only_with_jobs_that_end_before_the_window() -> None:
-    from gpuwarden import scheduling as sch
+    from gpuwarden.planning import scheduling as sch
 
     gpus = [sch.QueueGpu(f"g{i}", 80 << 30) for i in range(4)]
     soon = booking.Booking(1, 2, 1000.0, 5000.0, frozenset({"alice"}))

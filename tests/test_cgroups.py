@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import require
+from gpuwarden.base.errors import UserError
 from gpuwarden.cgroups import accounting, devices, hierarchy
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import read_snapshot
+from gpuwarden.machine.inventory import read_snapshot
 from gpuwarden.sim import Machine, specs
 from repo import SRC
 from waiting import wait_for

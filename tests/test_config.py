@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import config, locations, units
+from gpuwarden import config
+from gpuwarden.base import units
+from gpuwarden.base.errors import UserError
 from gpuwarden.config import keys as configkeys
 from gpuwarden.config import trust as config_trust
 from gpuwarden.config import values as configvalues
-from gpuwarden.errors import UserError
+from gpuwarden.files import locations
 
 GiB = 2**30
 

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from components import require
+from gpuwarden.base.errors import UserError
 from gpuwarden.containers import command
-from gpuwarden.errors import UserError
-from gpuwarden.holders import is_gone
+from gpuwarden.leases.holders import is_gone
 from podmantools import IMAGE, PROBE, podman_ready
 from repo import SRC
 from waiting import wait_for
@@ -329,7 +329,7 @@ CID = "c3f7c7cec12b2713e3d067ef26b3807c6799474055d7e54d984949f11743b405"
 def test_the_container_of_a_process_comes_from_its_cgroup(
     tmp_path: Path, line: str, engine: str | None
 ) -> None:
-    from gpuwarden.ancestry import container_of
+    from gpuwarden.machine.ancestry import container_of
 
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "cgroup").write_text(line + "\n")
@@ -338,7 +338,7 @@ def test_the_container_of_a_process_comes_from_its_cgroup(
 
 
 def test_a_container_label_counts_for_its_owner_or_for_root_only() -> None:
-    from gpuwarden.enforcement import Lease, Use, lease_of, owner
+    from gpuwarden.usage.enforcement import Lease, Use, lease_of, owner
 
     alice = Lease("GPU-a", 100, "alice", "100-1")
     rootful = Use(7, "GPU-a", "root", container="100-1")
@@ -351,8 +351,8 @@ def test_a_container_label_counts_for_its_owner_or_for_root_only() -> None:
 
 
 def test_views_show_a_rootful_containers_process_as_its_lease_owners() -> None:
-    from gpuwarden.attribution import attribute
-    from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+    from gpuwarden.leases.attribution import attribute
+    from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
 
     procs = (
         GpuProcess(pid=99, used_memory=1, user="root"),
@@ -424,11 +424,11 @@ def test_the_idle_policy_releases_a_container_s_lease_by_stopping_it(
 ) -> None:
     """A container's PID 1 that ignores SIGTERM outlives the signal to its client's group,
     and holds the lease on: the enforcer stops the container itself."""
-    from gpuwarden.enforcement import EnforceSettings
-    from gpuwarden.enforcer import Enforcer
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.leases import list_leases
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.monitoring.enforcer import Enforcer
     from gpuwarden.sim import Machine
+    from gpuwarden.usage.enforcement import EnforceSettings
 
     flags = tmp_path / "flags"
     flags.mkdir()

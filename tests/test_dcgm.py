@@ -11,8 +11,8 @@ from pathlib import Path
 
 from gpuwarden.exporter.counters import Counters
 from gpuwarden.exporter.metrics import View, render
-from gpuwarden.inventory import Gpu, MigInstance, Snapshot, read_snapshot
 from gpuwarden.leases import LeaseInfo
+from gpuwarden.machine.inventory import Gpu, MigInstance, Snapshot, read_snapshot
 from scraping import DEFAULT_COUNTERS, LABELS, NOT_EXPORTED, samples, value
 
 SPECS = Path(__file__).resolve().parent.parent / "src" / "gpuwarden" / "sim" / "specs"

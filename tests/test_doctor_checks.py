@@ -10,8 +10,8 @@ from gpuwarden.doctor import cuda_compat
 from gpuwarden.doctor.checks import run_checks
 from gpuwarden.doctor.facts import Facts, TorchBuild, TorchRuntime
 from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding, exit_code
-from gpuwarden.drain import Drain
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.health.drain import Drain
+from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
 
 GIB = 1 << 30
 A100 = ("NVIDIA A100-SXM4-80GB", (8, 0))

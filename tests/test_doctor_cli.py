@@ -19,7 +19,7 @@ from gpuwarden.doctor.facts import (
     probe_result,
     table_archs,
 )
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.machine.inventory import Gpu, Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 

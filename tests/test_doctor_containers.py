@@ -7,7 +7,7 @@ from pathlib import Path
 from gpuwarden.doctor.checks.containers import check_containers
 from gpuwarden.doctor.facts import Facts, read_containers
 from gpuwarden.doctor.findings import INFO, PASS, WARN
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.machine.inventory import Gpu, Snapshot
 
 SNAP = Snapshot(taken_at=0.0, hostname="h", gpus=(Gpu(index=0, uuid="GPU-0", minor=0),))
 

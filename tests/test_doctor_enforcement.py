@@ -9,7 +9,7 @@ import pytest
 from gpuwarden.doctor.checks.enforcement import check_enforcement
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import INFO, PASS, WARN
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.machine.inventory import Gpu, Snapshot
 
 SNAP = Snapshot(taken_at=0.0, hostname="h", gpus=(Gpu(index=0, uuid="GPU-0", minor=0),))
 

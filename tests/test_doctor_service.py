@@ -21,7 +21,7 @@ import pytest
 
 from gpuwarden.doctor.checks.service import check_service
 from gpuwarden.doctor.facts import NO_TORCH_ENV, Facts
-from gpuwarden.inventory import Snapshot
+from gpuwarden.machine.inventory import Snapshot
 from gpuwarden.queueclient.probe import probe
 from hermetic import hermetic
 from repo import SRC

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import drain as drains
-from gpuwarden.errors import UserError
-from gpuwarden.paths import check_dir, ensure_dir
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.paths import check_dir, ensure_dir
+from gpuwarden.health import drain as drains
 from hermetic import hermetic
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -110,7 +110,7 @@ def _python_for(uid: int) -> str | None:
                 [
                     exe,
                     "-c",
-                    "import sys; sys.path.insert(0, sys.argv[1]); import gpuwarden.drain",
+                    "import sys; sys.path.insert(0, sys.argv[1]); import gpuwarden.health.drain",
                     str(SRC),
                 ],
                 user=uid,
@@ -138,8 +138,8 @@ def _as_nobody(
     exe: str, where: Path, call: str, system: str = "/nonexistent"
 ) -> subprocess.CompletedProcess[str]:
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import drain; "
-        "from gpuwarden.errors import UserError\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import drain; "
+        "from gpuwarden.base.errors import UserError; from gpuwarden.config import load\n"
         f"try:\n    {call}\nexcept UserError as e:\n    print(e); sys.exit(2)"
     )
     env = {**hermetic(), "PATH": "/usr/bin:/bin", "GPUWARDEN_STATE_DIR": str(where), "HOME": "/"}
@@ -150,6 +150,10 @@ def _as_nobody(
         text=True,
         env={**env, "GPUWARDEN_SYSTEM_CONFIG": system},
     )
+
+
+# What `gpuwarden drain` hands the drain functions: the admins of its reading.
+ADMINS = "load().get('service.admins')"
 
 
 def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
@@ -168,23 +172,30 @@ def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
             "only root or an admin (service.admins) may drain or undrain GPUs in the shared "
             f"directory {shared_dir}"
         )
-    # An admin may, and lifts only their own drains (and root, anyone's).
+    # An admin may (the caller hands down `service.admins` of its reading, as `gpuwarden
+    # drain` does), and lifts only their own drains (and root, anyone's).
     system = shared_dir.parent / f"{shared_dir.name}-config" / "system.toml"
     system.parent.mkdir(mode=0o755)  # root's, readable by the user (tmp_path is not)
     system.write_text('[service]\nadmins = ["nobody"]\n')
     system.chmod(0o644)
-    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-root')", str(system))
+    out = _as_nobody(exe, shared_dir, f"drain.undrain('GPU-root', admins={ADMINS})", str(system))
     assert out.returncode == 2, out.stderr
     assert "only root or root may undrain it" in out.stdout
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-root', 'mine now')", str(system))
+    out = _as_nobody(
+        exe, shared_dir, f"drain.drain('GPU-root', 'mine now', admins={ADMINS})", str(system)
+    )
     assert out.returncode == 2 and "already drained by root" in out.stdout
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'testing')", str(system))
+    out = _as_nobody(
+        exe, shared_dir, f"drain.drain('GPU-theirs', 'testing', admins={ADMINS})", str(system)
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     theirs = drains.list_drains(shared_dir)["GPU-theirs"]
     assert theirs.uid == NOBODY
-    out = _as_nobody(exe, shared_dir, "drain.undrain('GPU-theirs')", str(system))
+    out = _as_nobody(exe, shared_dir, f"drain.undrain('GPU-theirs', admins={ADMINS})", str(system))
     assert out.returncode == 0, out.stdout + out.stderr
-    out = _as_nobody(exe, shared_dir, "drain.drain('GPU-theirs', 'again')", str(system))
+    out = _as_nobody(
+        exe, shared_dir, f"drain.drain('GPU-theirs', 'again', admins={ADMINS})", str(system)
+    )
     drains.undrain("GPU-theirs", directory=shared_dir)  # root may
     assert set(drains.list_drains(shared_dir)) == {"GPU-root"}
     shutil.rmtree(system.parent)
@@ -195,7 +206,7 @@ def test_only_root_and_admins_drain_in_a_shared_dir_and_undrain_their_own(
 
 def test_cli_drain_undrain_and_select_on_the_simulated_server(sim, cli) -> None:
     sim("server-8xa100")
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     uuids = [g.uuid for g in read_snapshot(processes=False).gpus]
     out = cli("drain", "3", uuids[5][:10], "--reason", "XID 79 on the bus")
@@ -247,7 +258,7 @@ def test_cli_bad_inputs_are_one_line(sim, cli, args: tuple[str, ...], message: s
 
 
 def test_cli_ambiguous_uuid_prefix(sim, cli) -> None:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     sim("server-8xa100")
     uuids = [g.uuid for g in read_snapshot(processes=False).gpus]

@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden import config
-from gpuwarden.enforcement import (
+from gpuwarden.base.errors import UserError
+from gpuwarden.usage.enforcement import (
     EnforceSettings,
     Idle,
     Lease,
@@ -21,7 +22,6 @@ from gpuwarden.enforcement import (
     unleased,
     unleased_action,
 )
-from gpuwarden.errors import UserError
 
 GiB = 2**30
 sizes = st.integers(0, 200 * GiB)

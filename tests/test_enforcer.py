@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuwarden.enforcement import EnforceSettings
-from gpuwarden.enforcer import Enforcer, lineage
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.leases import LeaseInfo
+from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.monitoring.enforcer import Enforcer, lineage
+from gpuwarden.usage.enforcement import EnforceSettings
 from repo import SRC
 from waiting import wait_for
 
@@ -108,8 +108,8 @@ def _start_job(mem: str, holds: str) -> subprocess.Popen[str]:
 
 
 def _wait_until_seen(proc: subprocess.Popen[str]) -> None:
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.leases import list_leases
+    from gpuwarden.machine.inventory import read_snapshot
 
     def seen() -> bool:
         gpu7 = read_snapshot().gpus[7]
@@ -192,7 +192,7 @@ def test_enforce_on_a_quiet_machine_says_nothing(sim, cli, tmp_path: Path) -> No
 
 
 def test_a_process_that_ignores_sigterm_gets_sigkill_at_a_later_reading() -> None:
-    from gpuwarden.enforcer import KILL_AFTER, Action
+    from gpuwarden.monitoring.enforcer import KILL_AFTER, Action
 
     stubborn = subprocess.Popen(
         [

@@ -7,13 +7,13 @@ import urllib.request
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import parse_listen
 from gpuwarden.exporter.metrics import IdleTracker, View, render
 from gpuwarden.exporter.server import ViewCache, serve
 from gpuwarden.health.judgement import judge
-from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.units import parse_listen
+from gpuwarden.machine.inventory import Gpu, Snapshot
 from machines import busy_box
 from scraping import samples, value
 from waiting import wait_for
@@ -53,7 +53,7 @@ def test_process_and_user_memory():
 
 
 def test_leases_drains_health_and_xids():
-    from gpuwarden.drain import Drain
+    from gpuwarden.health.drain import Drain
 
     snap = busy_box()
     lease = LeaseInfo("GPU-aaaa", "alice", 101, "python train.py", 1.0, job="exp-7")
@@ -280,7 +280,7 @@ def test_command_lines_stay_out_of_the_labels_unless_the_admin_shows_them():
 
 
 def test_a_failing_drain_or_xid_reader_costs_a_scrape_error_not_the_scrape(monkeypatch):
-    import gpuwarden.drain as drain
+    import gpuwarden.health.drain as drain
     import gpuwarden.health.xidlog as xidlog
 
     calls = []

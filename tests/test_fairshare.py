@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from gpuwarden import fairshare
-from gpuwarden import scheduling as s
+from gpuwarden.planning import fairshare
+from gpuwarden.planning import scheduling as s
 
 HOUR = 3600.0
 
@@ -121,7 +121,7 @@ def test_an_accounts_max_gpus_caps_its_jobs_together_but_not_others() -> None:
     assert d["r1"].starts  # an admin's job is not held back (it counts, though)
     # Preemptible jobs are beyond every cap: they yield their GPUs when needed.
     spare = s.Waiting("p1", "alice", 1, submitted=5.0, account="vision", preemptible=True)
-    from gpuwarden import preemption
+    from gpuwarden.planning import preemption
 
     decisions, _ = preemption.plan(gpus(5), running, [*waiting, spare], {}, 10.0, policy)
     assert {x.id: x for x in decisions}["p1"].starts

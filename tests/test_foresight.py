@@ -3,9 +3,9 @@ on the plan's own decisions."""
 
 from __future__ import annotations
 
-from gpuwarden import scheduling
-from gpuwarden.foresight import estimated_starts
-from gpuwarden.scheduling import QueueGpu, Running, Waiting
+from gpuwarden.planning import scheduling
+from gpuwarden.planning.foresight import estimated_starts
+from gpuwarden.planning.scheduling import QueueGpu, Running, Waiting
 
 NOW = 1000.0
 GIB = 1 << 30

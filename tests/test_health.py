@@ -12,8 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from gpuwarden.alerts import Notifier
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.health import judgement, xidlog, xids
 from gpuwarden.health.judgement import FATAL, OK, WARNING, Rules, judge, level
 from gpuwarden.health.watch import (
@@ -23,7 +22,8 @@ from gpuwarden.health.watch import (
     parse_webhook,
     settings_from_config,
 )
-from gpuwarden.inventory import Gpu
+from gpuwarden.machine.inventory import Gpu
+from gpuwarden.monitoring.alerts import Notifier
 from machines import snapshot
 from waiting import wait_for
 
@@ -226,7 +226,7 @@ def test_watch_drains_on_fatal_and_calls_hook_once(tmp_path):
     xidlog.record_xid("GPU-aaaa-0000", 79, index=0)
     new = watch.check(snapshot(gpu(), healthy))
     assert [(g.index, f.code) for g, f in new] == [(0, "xid-79")]
-    from gpuwarden.drain import list_drains
+    from gpuwarden.health.drain import list_drains
 
     drains = list_drains()
     assert set(drains) == {"GPU-aaaa-0000"}
@@ -244,7 +244,7 @@ def test_alert_policy_does_not_drain():
         WatchSettings(policy="alert"), log=lambda m: None, on_finding=lambda g, f, e: seen.append(e)
     )
     watch.check(snapshot(gpu(ecc_uncorrected_volatile=1)))
-    from gpuwarden.drain import list_drains
+    from gpuwarden.health.drain import list_drains
 
     assert list_drains() == {}
     assert seen[0]["level"] == "fatal" and seen[0]["drained"] is False

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.drain import list_drains
 from gpuwarden.exporter.metrics import render
 from gpuwarden.exporter.server import ViewCache
 from gpuwarden.health import xidlog
+from gpuwarden.health.drain import list_drains
 from gpuwarden.health.watch import HealthWatch, WatchSettings
-from gpuwarden.inventory import read_snapshot
+from gpuwarden.machine.inventory import read_snapshot
 from gpuwarden.sim import Machine
 from ports import free_port
 from waiting import wait_for

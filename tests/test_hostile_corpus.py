@@ -527,7 +527,7 @@ def test_hostile_state_files_leave_every_command_working_or_failing_clearly(
     require(shutil.which("runuser") is not None, "runuser (util-linux) is not installed")
     people = People(uids, *python_for("gw-mallory"))
     sim(SPEC)
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     uuids = {g.index: g.uuid for g in read_snapshot(processes=False).gpus}
     full = os.environ.get("GPUWARDEN_CORPUS_FULL") == "1"
@@ -570,7 +570,7 @@ def _ask_a_silent_socket(path: str, timeout: float) -> tuple[str, float]:
     on but never answers: a wedged service, or an impostor."""
     import time
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.queueclient import client
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:

@@ -26,14 +26,15 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import holders
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import Snapshot
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import owner_name
 from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
-from gpuwarden.request import Request
-from gpuwarden.safefiles import owner_name
+from gpuwarden.leases import holders
+from gpuwarden.machine.inventory import Snapshot
+from gpuwarden.placement.request import Request
 from machines import card, idle_a100s
+from smalldisk import fill, small_disk
 from waiting import wait_for
 
 GiB = 2**30
@@ -134,7 +135,7 @@ def record(path: Path, uid: int, **fields: object) -> Path:
 
 
 def sim_uuids() -> list[str]:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     return [g.uuid for g in read_snapshot().gpus]
 
@@ -455,29 +456,8 @@ def test_junk_is_ruled_out_by_name_and_the_work_is_bounded(users, shared, monkey
 
 @pytest.fixture
 def full_disk(shared: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=1777", "tmpfs", str(shared)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield shared
-    finally:
-        subprocess.run(["umount", "-l", str(shared)], check=False)
-
-
-def _fill(d: Path) -> None:
-    fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"x" * 4096)
-    finally:
-        os.close(fd)
+    with small_disk(shared, "64k", mode="1777") as where:
+        yield where
 
 
 def _locked_anywhere(d: Path) -> list[str]:
@@ -496,7 +476,7 @@ def test_disk_full_fails_in_one_line_and_leaves_nothing(sim, cli, full_disk, tmp
     uuids = sim_uuids()
     for u in [*uuids, "alloc"]:  # the permanent lock files exist on a machine in use
         (full_disk / f"{u}.lock").touch()
-    _fill(full_disk)
+    fill(full_disk)
     before = set(os.listdir(full_disk))
     marker = tmp_path / "started"
     r = cli("run", "-g", "1", "--", "touch", str(marker))
@@ -514,7 +494,7 @@ def test_disk_full_while_joining_the_line(sim, cli, full_disk) -> None:
     r = cli("reserve", "-g", "2")  # every GPU free on this machine (others are busy)
     assert r.returncode == 0, r.stderr
     try:
-        _fill(full_disk)
+        fill(full_disk)
         before = set(os.listdir(full_disk))
         r = cli("run", "-g", "1", "--wait", "--timeout", "5s", "--", "true")
         assert "cannot join the line" in one_line_error(r)
@@ -641,7 +621,7 @@ def test_a_job_whose_lease_cannot_be_published_is_stopped(sim, monkeypatch, caps
 def test_a_gpu_promised_to_a_waiter_is_not_called_a_lease() -> None:
     """The GPU the first waiter would get is not leased yet: the message says so
     instead of naming a lease that does not exist."""
-    from gpuwarden import waitline
+    from gpuwarden.leases import waitline
 
     snap = idle_a100s(1)
     ticket = waitline.join(leasedir.open_dir(), Request(count=1))
@@ -659,7 +639,7 @@ def test_a_waiter_for_more_gpus_than_exist_does_not_make_the_line_hopeless(
     """A waiter ahead counts its GPUs from its ticket's name; one asking for more than
     the machine has can never be served, so it must not make everyone behind it give
     up looking."""
-    from gpuwarden import waitline
+    from gpuwarden.leases import waitline
 
     mallory, _ = users
     _ticket(shared, mallory, procs, CRAFTED["more GPUs than exist"])

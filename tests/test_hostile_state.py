@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import drain as drains
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.health import drain as drains
 from gpuwarden.health import judgement, xidlog
 from gpuwarden.health.watch import HealthWatch, WatchSettings
-from gpuwarden.inventory import read_snapshot
+from gpuwarden.machine.inventory import read_snapshot
 from waiting import wait_for
 
 HOSTILE = "gw-mallory"
@@ -242,7 +242,7 @@ def test_a_held_drain_lock_names_its_holder_and_does_not_stop_root(
 def test_a_fifo_as_the_drain_lock_is_refused_not_waited_on(mallory: int, shared: Path) -> None:
     as_mallory("mkfifo", str(shared / drains.LOCK_NAME))
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden import drain\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import drain\n"
         "try:\n    drain.drain('GPU-x', 'x')\nexcept Exception as e:\n    print(e)\n"
         "drain.drain('GPU-y', 'y', force=True)"
     )
@@ -422,7 +422,7 @@ def test_the_watch_never_drains_from_lines_someone_else_wrote(
 def test_a_drain_the_watch_cannot_write_is_said_loudly_and_retried(
     isolated: Path, machine, monkeypatch
 ) -> None:
-    from gpuwarden import safefiles
+    from gpuwarden.files import safefiles
 
     real = safefiles.write_atomic
     failures = [UserError("cannot write drain record: No space left on device")]

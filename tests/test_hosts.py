@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.hosts import merge, remote
 
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpuwarden.exporter.server import ViewCache, serve
-from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import HttpReply, HttpRequest, parse_head
+from gpuwarden.web.httpserver import HttpServer
+from gpuwarden.web.httpwire import HttpReply, HttpRequest, parse_head
 from machines import busy_box
 from waiting import wait_for
 

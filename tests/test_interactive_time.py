@@ -24,7 +24,7 @@ from users import make_user
 
 LEASE = """
 import json, sys, gpuwarden
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 kw = json.loads(sys.argv[1])
 try:
     with gpuwarden.lease(n=1, **kw) as held:

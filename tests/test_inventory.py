@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from gpuwarden.inventory import NO_DRIVER, read_snapshot
+from gpuwarden.machine.inventory import NO_DRIVER, read_snapshot
 from gpuwarden.sim import Machine
 from gpuwarden.sim.fake import module
 
@@ -105,18 +105,18 @@ class _OldDriver:
 
 
 def test_a_missing_nvml_function_is_logged_once_and_reads_none(sim, caplog):
-    from gpuwarden import inventory
+    from gpuwarden.machine import inventory
 
     sim("server-8xa100")
     inventory._MISSING.clear()
     old = _OldDriver(module())
-    with caplog.at_level("WARNING", logger="gpuwarden.inventory"):
+    with caplog.at_level("WARNING", logger="gpuwarden.machine.inventory"):
         first = read_snapshot(old, processes=False)
         read_snapshot(old, processes=False)
     assert len(first.gpus) == 8
     assert all(g.power_draw is None and g.temperature is None for g in first.gpus)
     assert first.gpus[0].memory_total is not None  # the rest is still read
-    lines = [r.getMessage() for r in caplog.records if r.name == "gpuwarden.inventory"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuwarden.machine.inventory"]
     assert len(lines) == 2, lines  # once per function, not per GPU or per reading
     assert any("nvmlDeviceGetPowerUsage" in t and "driver" in t for t in lines)
     assert any("nvmlDeviceGetTemperature" in t and "binding" in t for t in lines)
@@ -150,8 +150,8 @@ def test_each_process_on_a_shared_gpu_has_its_own_utilisation(sim):
     import subprocess
     import sys
 
-    from gpuwarden.gpuprocesses import read_process_use
-    from gpuwarden.inventory import load_nvml
+    from gpuwarden.machine.gpuprocesses import read_process_use
+    from gpuwarden.machine.inventory import load_nvml
 
     sim("server-8xa100")
     machine = Machine.open()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import jobnotify
 from hermetic import hermetic
 from repo import SRC

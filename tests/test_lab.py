@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.assistant.previews import TTL, Previews
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.jobs.output import tail
 from gpuwarden.lab.waiting import MEANINGS, explain, waiting_order
 
@@ -42,7 +42,7 @@ def test_a_waiting_job_is_explained_with_its_place_and_start() -> None:
 
 
 def test_every_reason_of_the_scheduler_has_a_meaning() -> None:
-    from gpuwarden import scheduling
+    from gpuwarden.planning import scheduling
 
     names = ("RESOURCES", "PRIORITY", "HELD", "DEPENDENCY", "DEPENDENCY_FAILED")
     names += ("USER_GPU_LIMIT", "DRAINED", "BEGIN_TIME", "BOOKED")

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import Gpu
+from gpuwarden.base.errors import UserError
 from gpuwarden.jobs.launch import ddp_argv, job_env
-from gpuwarden.visible import allowed_uuids
+from gpuwarden.machine.inventory import Gpu
+from gpuwarden.placement.visible import allowed_uuids
 
 G = [Gpu(index=3, uuid="GPU-3"), Gpu(index=5, uuid="GPU-5")]
 
@@ -103,7 +103,7 @@ def test_ddp_argv_refuses_a_missing_target(cmd, message, tmp_path, monkeypatch) 
 
 
 def test_allowed_uuids_follow_the_parent_environment() -> None:
-    from gpuwarden.inventory import Snapshot
+    from gpuwarden.machine.inventory import Snapshot
 
     snap = Snapshot(0.0, "h", gpus=tuple(Gpu(index=i, uuid=f"GPU-{i}{i}") for i in range(4)))
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -131,8 +131,8 @@ def test_ddp_on_cpu_starts_one_process_per_rank(cli, tmp_path) -> None:
 
 
 def test_a_mig_device_is_exported_and_allowed_by_its_mig_uuid() -> None:
-    from gpuwarden.inventory import MigInstance, Snapshot
     from gpuwarden.jobs.launch import export_value
+    from gpuwarden.machine.inventory import MigInstance, Snapshot
 
     mig = Gpu(index=3, uuid="MIG-44d5e7c7-29e5", name="A100 MIG 2g.20gb")
     assert export_value([G[0], mig]) == "3,MIG-44d5e7c7-29e5"  # never "3,3"

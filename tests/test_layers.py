@@ -1,7 +1,8 @@
 """The layering, written once and checked: no module imports a layer above its own.
 
-`LAYERS` is the contract. Each layer names its modules; a module may import
-modules of its own layer and of the layers before it, never after. Every
+`LAYERS` is the contract and `FOLDERS` places each package in one layer: a
+module's layer follows from its folder. A module may import modules of its own
+layer and of the layers before it, never after. Every
 `import` counts, at the top of a file or inside a function (an import inside a
 function hides a dependency from a reader, not from this test). The test reads
 the sources with `ast` and imports nothing, so it runs on every Python.
@@ -27,216 +28,87 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 DOC = ROOT / "docs" / "architecture.md"
 
-# (layer, what it is for, modules). A name ending in ".*" is that package and
-# everything under it. Order matters: lowest first.
-LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    (
-        "base",
-        "vocabulary every layer shares: errors, values, units, safe files, settings",
-        (
-            "errors",
-            "lazyimport",
-            "records",
-            "units",
-            "table",
-            "paths",
-            "safefiles",
-            "config",
-            # where the settings files are, for what must not load the rest (`submit`)
-            "configfiles",
-            "config.trust",
-            "config.keys",
-            "config.values",
-            "locations",
-        ),
-    ),
+# The layers, lowest first: (layer, what it is for).
+LAYERS: list[tuple[str, str]] = [
+    ("base", "vocabulary every layer shares: errors, values, units, safe files, settings"),
     (
         "machine",
         "the seams to the hardware and the kernel: snapshots from NVML or the simulator, cgroups",
-        (
-            "inventory",
-            "gpuprocesses",
-            "topology",
-            "nvmlload",
-            "sim.*",
-            # a job's cgroups: its devices, MIG slices' nodes, what it uses; the package
-            # imports nothing
-            "cgroups",
-            "cgroups.hierarchy",
-            "cgroups.devices",
-            "cgroups.bpf",
-            "cgroups.migcaps",
-            "cgroups.accounting",
-            "ancestry",
-            # the exporter's package imports nothing, so it sits as low as its lowest
-            # module: the NVML counters only the exporter reads
-            "exporter",
-            "exporter.counters",
-        ),
     ),
-    (
-        "policy",
-        "pure functions over snapshots and requests: no files, no clock, no NVML",
-        (
-            # the health package imports nothing; the judgement and the Xid catalogue
-            # are pure, the log and the watch sit higher
-            "health",
-            "health.judgement",
-            "health.xids",
-            "request",
-            "selection",
-            "refusals",
-            "visible",
-            "fairshare",
-            "scheduling",
-            "foresight",
-            # the exporter's metric families, from a view or the queue's `stats`
-            "exporter.metrics",
-            "exporter.dcgm",
-            "exporter.queue",
-            "mig",
-            "enforcement",
-            "arrayspec",
-            "begintime",
-            "booking",
-            "preemption",
-            # GPU usage summed by who and when (`report`), and a job's efficiency (`eff`)
-            "usage",
-            "efficiency",
-            "digest",
-            # a queue job's states and their legal moves (the journal's rule)
-            "service.states",
-        ),
-    ),
+    ("policy", "pure functions over snapshots and requests: no files, no clock, no NVML"),
     (
         "state",
         "what outlives a command, keyed by GPU UUID: leases, the line of waiters, drains, XIDs",
-        (
-            "leases",
-            "leases.dir",
-            "leases.record",
-            "holders",
-            "waitline",
-            "drain",
-            "health.xidlog",
-            "attribution",
-        ),
     ),
     (
         "orchestration",
         "doing one thing with GPUs: launch a job, watch health, enforce, record, diagnose, "
         "hand jobs to Slurm, talk to the queue service; the Python API",
-        (
-            "gpuwarden",
-            "api",
-            "machineview",
-            # the path from a request to a running job: its decisions, allocation,
-            # launch, a detached holder, the job's output file
-            "jobs.*",
-            # the command line a container runtime is handed, and its client; the
-            # package imports nothing
-            "containers",
-            "containers.command",
-            "containers.runtime",
-            # Jupyter's kernelspec and the provisioner that leases each kernel's GPUs
-            "jupyter.*",
-            "health.watch",
-            "alerts",
-            "enforcer",
-            "sampling",
-            "plot",
-            "doctor.*",
-            "torch.*",
-            "slurm.*",
-            "submitit",
-            "hosts.*",
-            # the queue service's client side and the wire format both sides speak
-            "queueclient.*",
-            # the pieces of a service job's start and end the daemon calls
-            "service.spawn",
-            "service.jobterminal",
-            "service.exitrecord",
-            "service.tree",
-            "service.jobcgroup",
-            "service.jobprocess",
-            "service.identity",
-            "service.jobnotify",
-        ),
     ),
-    (
-        "services",
-        "long-running servers: Prometheus exporter, queue service, web page",
-        (
-            "exporter.server",
-            "httpserver",
-            "httpwire",
-            "web.*",
-            # the machine and its queue read once, and why a job waits: for `top` and `mcp`
-            "lab.*",
-            # `gpuwarden mcp`: the assistants' answers and the MCP server
-            "assistant.*",
-            # `gpuwarden top`: its state and keys, the screen drawn as text, its actions,
-            # the curses loop
-            "top.*",
-            # the queue service itself
-            "service",
-            "service.admission",
-            # a `submit` command line, read with the client's grammar (queueclient.thin)
-            "service.argvsubmit",
-            "service.arrays",
-            "service.bookings",
-            "service.digests",
-            "service.attaching",
-            "service.attachment",
-            "service.connection",
-            "service.core",
-            "service.queuestate",
-            "service.install",
-            "service.runnable",
-            "service.healthwatch",
-            "service.uninstall",
-            "service.limiting",
-            "service.limits",
-            "service.journalguard",
-            "service.lifecycle",
-            "service.listing",
-            "service.machine",
-            "service.notify",
-            "service.outbox",
-            "service.pacing",
-            "service.placing",
-            "service.preempting",
-            "service.reloading",
-            "service.requests",
-            "service.reports",
-            "service.requeue",
-            "service.unwritten",
-            "service.litter",
-            "service.journalbytes",
-            "service.archive",
-            "service.joining",
-            "service.server",
-            "service.settings",
-            "service.store",
-            "service.job",
-            "service.tally",
-            "service.ready",
-            "service.fairshare",
-            "service.arrayrows",
-            "service.timelimits",
-            "service.transaction",
-            "service.unitfiles",
-            "service.watching",
-            "service.accounting",
-            "service.accounts",
-            "service.sampler",
-        ),
+    ("services", "long-running servers: Prometheus exporter, queue service, web page"),
+    ("cli", "one module per command: parse, call the layers below, print"),
+]
+
+# Folder -> layer, in the layers' order: a module's layer follows from its folder.
+# An entry is a package (module names without the `gpuwarden.` prefix; the package
+# root is `gpuwarden`) and everything under it; where an older package spans layers,
+# its modules of another layer are named too, and the longest entry wins.
+FOLDERS: list[tuple[str, str]] = [
+    ("base", "base"),
+    ("files", "base"),
+    ("config", "base"),
+    ("machine", "machine"),
+    ("sim", "machine"),
+    # a job's cgroups: its devices, MIG slices' nodes, what it uses
+    ("cgroups", "machine"),
+    # the NVML counters only the exporter reads
+    ("exporter.counters", "machine"),
+    ("placement", "policy"),
+    ("planning", "policy"),
+    ("usage", "policy"),
+    # the health package imports nothing; the judgement and the Xid catalogue are pure
+    ("health", "policy"),
+    # the exporter's package imports nothing; its metric families, from a view or the
+    # queue's `stats`
+    ("exporter", "policy"),
+    # a queue job's states and their legal moves (the journal's rule)
+    ("service.states", "policy"),
+    ("leases", "state"),
+    ("health.xidlog", "state"),
+    ("health.drain", "state"),
+    # the package root: the Python API, resolved lazily
+    ("gpuwarden", "orchestration"),
+    ("submitit", "orchestration"),
+    # the path from a request to a running job and the Python API over it
+    ("jobs", "orchestration"),
+    ("monitoring", "orchestration"),
+    ("containers", "orchestration"),
+    ("jupyter", "orchestration"),
+    ("health.watch", "orchestration"),
+    ("doctor", "orchestration"),
+    ("torch", "orchestration"),
+    ("slurm", "orchestration"),
+    ("hosts", "orchestration"),
+    # the queue service's client side and the wire format both sides speak
+    ("queueclient", "orchestration"),
+    # the pieces of a service job's start and end the daemon calls
+    *(
+        (f"service.{m}", "orchestration")
+        for m in (
+            *("spawn", "jobterminal", "exitrecord", "tree"),
+            *("jobcgroup", "jobprocess", "identity", "jobnotify"),
+        )
     ),
-    (
-        "cli",
-        "one module per command: parse, call the layers below, print",
-        ("__main__", "cli.*"),
-    ),
+    ("exporter.server", "services"),
+    ("web", "services"),
+    # the machine and its queue read once, and why a job waits: for `top` and `mcp`
+    ("lab", "services"),
+    ("assistant", "services"),
+    ("top", "services"),
+    # the queue service itself
+    ("service", "services"),
+    ("__main__", "cli"),
+    ("cli", "cli"),
 ]
 
 # Shared pieces of the command line; every other cli module is a command and no
@@ -252,7 +124,7 @@ CLI_SHARED = {
 # docs/architecture.md): module prefix -> modules allowed.
 GUARDED_IMPORTS: dict[str, tuple[str, ...]] = {
     "torch": ("torch.*", "doctor.probe"),
-    "pynvml": ("inventory", "sim.*"),
+    "pynvml": ("machine.inventory", "sim.*"),
 }
 
 # Known breaks of the layering, (importer, imported) -> why it is still here.
@@ -319,11 +191,19 @@ def _matches(module: str, pattern: str) -> bool:
     return module == pattern
 
 
-def layer_of(module: str) -> int:
-    hits = [i for i, (_, _, pats) in enumerate(LAYERS) for p in pats if _matches(module, p)]
-    if len(hits) != 1:
+LAYER_INDEX = {name: i for i, (name, _) in enumerate(LAYERS)}
+
+
+def _entry_of(module: str) -> str:
+    """The longest entry of FOLDERS naming `module` or a package above it."""
+    hits = [folder for folder, _ in FOLDERS if _matches(module, folder + ".*")]
+    if not hits:
         raise LookupError(module)
-    return hits[0]
+    return max(hits, key=len)
+
+
+def layer_of(module: str) -> int:
+    return LAYER_INDEX[dict(FOLDERS)[_entry_of(module)]]
 
 
 MODULES = _module_files()
@@ -334,7 +214,7 @@ def _edges() -> list[tuple[str, str, int]]:
     return [(m, dep, line) for m, deps in GRAPH.items() for dep, line in deps.items()]
 
 
-def test_every_module_is_in_exactly_one_layer() -> None:
+def test_every_module_is_in_a_layer_by_its_folder() -> None:
     problems = []
     for module in MODULES:
         try:
@@ -342,9 +222,26 @@ def test_every_module_is_in_exactly_one_layer() -> None:
         except LookupError:
             problems.append(module)
     assert not problems, (
-        "modules in no layer or in several (add each to one layer of LAYERS in "
-        f"tests/test_layers.py and to docs/architecture.md): {problems}"
+        "modules in no folder of FOLDERS (put each in the package of its layer, or add "
+        f"its new package to FOLDERS in tests/test_layers.py): {problems}"
     )
+
+
+def test_the_folder_table_is_in_layer_order_and_names_what_exists() -> None:
+    order = [LAYER_INDEX[layer] for _, layer in FOLDERS]
+    assert order == sorted(order), "FOLDERS lists the layers lowest first"
+    folders = [folder for folder, _ in FOLDERS]
+    assert len(folders) == len(set(folders)), "a folder is listed once"
+    stale = [f for f in folders if not any(_matches(m, f + ".*") for m in MODULES)]
+    assert not stale, f"FOLDERS names what no longer exists: {stale}"
+
+
+def test_a_new_package_takes_one_layer() -> None:
+    """A package added since the folders (not one of the older ones that span layers)
+    sits wholly in one layer: its modules are not named one by one."""
+    spanning = {"exporter", "health", "service"}
+    named = [f for f, _ in FOLDERS if "." in f and f.split(".")[0] not in spanning]
+    assert not named, f"name the package, not its modules: {named}"
 
 
 def test_no_module_imports_a_higher_layer() -> None:
@@ -480,13 +377,23 @@ def test_relative_imports_resolve_against_the_package(tmp_path: Path) -> None:
 def test_an_upward_import_is_reported_with_module_import_and_rule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(GRAPH, "units", {**GRAPH["units"], "cli.run": 7})
+    monkeypatch.setitem(GRAPH, "base.units", {**GRAPH["base.units"], "cli.run": 7})
     with pytest.raises(AssertionError) as failed:
         test_no_module_imports_a_higher_layer()
     assert (
-        "src/gpuwarden/units.py:7: units imports cli.run: layer base must not import layer cli"
-        in (str(failed.value))
+        "src/gpuwarden/base/units.py:7: base.units imports cli.run: "
+        "layer base must not import layer cli" in (str(failed.value))
     )
+
+
+def test_a_module_takes_the_layer_of_its_longest_folder() -> None:
+    assert LAYERS[layer_of("planning.scheduling")][0] == "policy"
+    assert LAYERS[layer_of("service.states")][0] == "policy"
+    assert LAYERS[layer_of("service.core")][0] == "services"
+    assert LAYERS[layer_of("health.drain")][0] == "state"
+    assert LAYERS[layer_of("gpuwarden")][0] == "orchestration"
+    with pytest.raises(LookupError):
+        layer_of("somewhere.new")
 
 
 # --- the same table in docs/architecture.md ---------------------------------------
@@ -496,14 +403,25 @@ BEGIN, END = "<!-- layers:begin (tests/test_layers.py writes this) -->", "<!-- l
 
 def layers_markdown() -> str:
     rows = [
-        "| layer | may import | modules | for |",
+        "| layer | may import | folders | for |",
         "| --- | --- | --- | --- |",
     ]
-    for i, (name, purpose, patterns) in enumerate(LAYERS):
-        below = ", ".join(n for n, _, _ in LAYERS[:i]) or "nothing of gpuwarden"
-        mods = ", ".join(f"`{p.replace('.', '/')}`" for p in patterns)
-        rows.append(f"| {i + 1}. **{name}** | itself, {below} | {mods} | {purpose} |")
-    rows.append("")
+    for i, (name, purpose) in enumerate(LAYERS):
+        below = ", ".join(n for n, _ in LAYERS[:i]) or "nothing of gpuwarden"
+        folders = [
+            f"`{f.replace('.', '/')}{'' if f in MODULES and not MODULES[f][1] else '/'}`"
+            if f != "gpuwarden"
+            else "`__init__` (the package root)"
+            for f, layer in FOLDERS
+            if layer == name
+        ]
+        rows.append(f"| {i + 1}. **{name}** | itself, {below} | {', '.join(folders)} | {purpose} |")
+    rows += [
+        "",
+        "A folder's modules sit in its layer; a module named in another row (`service/states`) "
+        "sits in that row's layer instead.",
+        "",
+    ]
     exceptions = [f"- `{a}` imports `{b}`: {why}" for (a, b), why in KNOWN_UPWARD.items()]
     exceptions += [f"- circle {' ⇄ '.join(g)}: {why}" for g, why in KNOWN_CIRCLES.items()]
     if exceptions:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import gpuwarden.leases as lease
-from gpuwarden import waitline
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import Snapshot
+from gpuwarden.base.errors import UserError
 from gpuwarden.jobs import allocation
 from gpuwarden.leases import dir as leasedir
-from gpuwarden.request import Request
+from gpuwarden.leases import waitline
+from gpuwarden.machine.inventory import Snapshot
+from gpuwarden.placement.request import Request
 from machines import idle_a100s
 
 GiB = 2**30
@@ -191,9 +191,9 @@ def test_earlier_waiter_is_served_first() -> None:
 def test_dead_waiter_leaves_the_line() -> None:
     ld = leasedir.open_dir()
     code = (
-        "import time; from gpuwarden import waitline; "
+        "import time; from gpuwarden.leases import waitline; "
         "from gpuwarden.leases import dir as leasedir; "
-        "from gpuwarden.request import Request; "
+        "from gpuwarden.placement.request import Request; "
         "waitline.join(leasedir.open_dir(), Request(count=1)); print('in', flush=True); "
         "time.sleep(60)"
     )

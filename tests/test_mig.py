@@ -17,12 +17,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gpuwarden.enforcement import EnforceSettings
-from gpuwarden.enforcer import Enforcer
-from gpuwarden.inventory import Gpu, GpuProcess, MigInstance, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.request import Request
-from gpuwarden.selection import choose
+from gpuwarden.machine.inventory import Gpu, GpuProcess, MigInstance, Snapshot
+from gpuwarden.monitoring.enforcer import Enforcer
+from gpuwarden.placement.request import Request
+from gpuwarden.placement.selection import choose
+from gpuwarden.usage.enforcement import EnforceSettings
 from gpuwarden.web.model import build
 
 Cli = Callable[..., Any]

@@ -21,7 +21,7 @@ import pytest
 
 from components import require
 from gpuwarden.cgroups import devices, hierarchy, migcaps
-from gpuwarden.inventory import Gpu, read_snapshot
+from gpuwarden.machine.inventory import Gpu, read_snapshot
 from gpuwarden.sim import driverfiles
 from repo import SRC
 from servicetools import USER_PY, Server, cli_as, serving

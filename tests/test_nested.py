@@ -19,7 +19,7 @@ from repo import SRC
 PROBE = """
 import json, os, subprocess, sys
 import gpuwarden
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 run_args, lease_args = json.loads(sys.argv[1])
 show = "import os; print(os.environ['GPUWARDEN_GPUS'], os.environ.get('GPUWARDEN_JOB'))"
 r = subprocess.run(
@@ -37,7 +37,7 @@ print(json.dumps({"run": ran, "lease": leased, "job": os.environ.get("GPUWARDEN_
 
 
 def uuid_of(index: int) -> str:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     return next(g.uuid for g in read_snapshot().gpus if g.index == index)
 

@@ -98,7 +98,7 @@ def test_a_killed_kernel_frees_its_gpu(kernels: Path) -> None:
 def test_a_kernel_that_finds_no_gpu_does_not_start(kernels: Path, cli) -> None:
     from jupyter_client import KernelManager
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     kms = [KernelManager(kernel_name="gpuwarden-1gpu") for _ in range(3)]
     kms[0].start_kernel()

@@ -172,7 +172,7 @@ def test_lease_on_a_laptop_runs_its_block_with_no_gpu(sim, capsys) -> None:
         assert gpus.gpus == () and gpus.visible == "" and gpus.fds == ()
         assert gpus.env["CUDA_VISIBLE_DEVICES"] == ""
     assert "the block runs with no GPU" in capsys.readouterr().err
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     with pytest.raises(UserError), gpuwarden.lease(1):  # by number: refused, as `run -g 1`
         pass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.base.errors import UserError
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.plot import plot, series, spans
-from gpuwarden.sampling import COLUMNS, rows
+from gpuwarden.machine.inventory import Gpu, Snapshot
+from gpuwarden.monitoring.plot import plot, series, spans
+from gpuwarden.monitoring.sampling import COLUMNS, rows
 
 
 def test_spans():

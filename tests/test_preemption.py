@@ -1,10 +1,10 @@
-"""The preemption policy (gpuwarden.preemption) on hand-built queues: who may start on
+"""The preemption policy (gpuwarden.planning.preemption) on hand-built queues: who may start on
 idle GPUs, and which preemptible jobs give their GPUs back to whom."""
 
 from __future__ import annotations
 
-from gpuwarden import booking, preemption, scheduling
-from gpuwarden.scheduling import QueueGpu, Running, Waiting
+from gpuwarden.planning import booking, preemption, scheduling
+from gpuwarden.planning.scheduling import QueueGpu, Running, Waiting
 
 NOW = 1_000_000.0
 GPUS = [QueueGpu(f"G{i}", 80 << 30) for i in range(8)]

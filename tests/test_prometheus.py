@@ -70,7 +70,7 @@ def test_dashboard_queries_only_exported_metrics():
     import re
 
     from gpuwarden.exporter.metrics import View, render
-    from gpuwarden.inventory import Gpu, Snapshot
+    from gpuwarden.machine.inventory import Gpu, Snapshot
 
     exported = set()
     text = render(View(Snapshot(0.0, "h", (Gpu(0, "GPU-x"),))), dcgm_compat=True)
@@ -98,7 +98,7 @@ def test_no_legend_names_a_label_that_is_empty_by_default():
 @pytest.mark.slow
 def test_prometheus_stores_the_simulated_values(sim, tmp_path):
     sim("server-8xa100")
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     truth = read_snapshot()
     with prometheus_scraping(tmp_path, {"box": {"GPUWARDEN_SIM": "server-8xa100"}}) as base:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
-from gpuwarden.records import record
+from gpuwarden.base.records import record
+from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
 
 
 def both(body: str) -> tuple[type, type]:

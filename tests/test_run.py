@@ -196,13 +196,13 @@ def _alive(pid: int) -> bool:
 
 
 def _req(**kw: Any) -> Any:
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
     return Request(**kw)
 
 
 def _snap() -> Any:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     return read_snapshot()
 
@@ -377,7 +377,7 @@ def test_nested_run_inside_a_job_uses_its_gpu(sim, cli, tmp_path: Path) -> None:
     )
     r = cli("run", "--gpus", "6", "--", sys.executable, "-c", outer)
     assert r.returncode == 0, r.stderr
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     gpu6 = next(g.uuid for g in read_snapshot().gpus if g.index == 6)
     assert (tmp_path / "inner").read_text() == gpu6
@@ -431,10 +431,11 @@ def test_run_hands_its_one_reading_of_the_configuration_down(
     calls: the lease directory, the drains and XID logs, the health rules. Nothing on
     the way reads the configuration again (issue 25: no reading kept for a block up the
     stack), so here the directories of the reading, not of the variables, are used."""
-    from gpuwarden import config, drain
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden import config
+    from gpuwarden.health import drain
     from gpuwarden.jobs.path import HeldJob, start
-    from gpuwarden.request import Request
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.request import Request
 
     sim("server-8xa100")  # GPUs 0-5 are busy with colleagues' jobs: 6 and 7 are free
     gpus = read_snapshot().gpus

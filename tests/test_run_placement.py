@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gpuwarden.leases as lease
 from gpuwarden.health import xidlog
-from gpuwarden.inventory import read_snapshot
+from gpuwarden.machine.inventory import read_snapshot
 
 
 def _uuids() -> list[str]:

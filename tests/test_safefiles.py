@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import (
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import (
     UnsafeFile,
     open_regular,
     printable,

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.base.errors import UserError
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.sampling import COLUMNS, Recorder, read_csv, record, rows, to_csv
+from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.monitoring.sampling import COLUMNS, Recorder, read_csv, record, rows, to_csv
 
 GiB = 2**30
 

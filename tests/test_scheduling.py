@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden import scheduling as s
+from gpuwarden.planning import scheduling as s
 
 GiB = 2**30
 DAY = 86400.0

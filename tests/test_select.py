@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.drain import Drain
-from gpuwarden.errors import UserError
-from gpuwarden.inventory import TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Gpu, GpuProcess, Snapshot
+from gpuwarden.base.errors import UserError
+from gpuwarden.health.drain import Drain
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.request import Request
-from gpuwarden.selection import choose, resolve_ids
+from gpuwarden.machine.inventory import TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Gpu, GpuProcess, Snapshot
+from gpuwarden.placement.request import Request
+from gpuwarden.placement.selection import choose, resolve_ids
 from machines import card, snapshot
 
 GiB = 2**30
@@ -303,8 +303,8 @@ def test_request_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_mig_gpu_is_chosen_by_mig_device() -> None:
-    from gpuwarden.inventory import MigInstance
-    from gpuwarden.selection import devices
+    from gpuwarden.machine.inventory import MigInstance
+    from gpuwarden.placement.selection import devices
 
     slices = (
         MigInstance("MIG-aa", 0, name="3g.40gb", memory_total=40 * GiB, memory_used=20 * GiB),

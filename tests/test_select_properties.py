@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.drain import Drain
+from gpuwarden.health.drain import Drain
 from gpuwarden.health.judgement import FATAL, judge, level
-from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.request import Request
-from gpuwarden.selection import choose
+from gpuwarden.machine.inventory import Gpu, Snapshot
+from gpuwarden.placement.request import Request
+from gpuwarden.placement.selection import choose
 
 GiB = 2**30
 MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA RTX A6000", "Tesla V100-SXM2-32GB")

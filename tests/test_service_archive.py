@@ -25,8 +25,8 @@ DAY = 86400.0
 def keeping(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """The service keeping 10 days of history, over a journal with one job of alice's
     that ended 30 days ago (its run with it, as `report` counts it)."""
-    from gpuwarden.efficiency import GpuUse
     from gpuwarden.service import accounting
+    from gpuwarden.usage.efficiency import GpuUse
 
     alice = make_user("alice", ("lab",))
     journal = st.Store(os.path.join(tmp_path, "service", "jobs.db"))

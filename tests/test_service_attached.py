@@ -23,7 +23,7 @@ from waiting import wait_for
 
 ATTACHED = """
 import json, os, sys
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient.client import run_attached
 fields = json.loads(sys.argv[2])
 fields["cwd"] = os.getcwd()

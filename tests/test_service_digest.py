@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpuwarden import digest
-from gpuwarden.usage import Row, Waste
+from gpuwarden.usage import digest
+from gpuwarden.usage.report import Row, Waste
 from hermetic import hermetic
 from repo import SRC
 from schemas import validate
@@ -153,9 +153,9 @@ def test_archived_runs_count_in_the_digest_and_the_report_by_account(tmp_path: P
     and `report --by account` still count them (service.archive)."""
     import time
 
-    from gpuwarden.efficiency import GpuUse
     from gpuwarden.service import accounting, archive, digests
     from gpuwarden.service import store as st
+    from gpuwarden.usage.efficiency import GpuUse
 
     now = time.time()
     state = tmp_path / "state"

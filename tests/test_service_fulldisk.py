@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
 from servicetools import Server, cli_as, serving, submit
+from smalldisk import fill, small_disk
 from users import make_user
 from waiting import wait_for
 
@@ -32,41 +31,17 @@ def _wait_flag(flag: Path) -> list[str]:
     return ["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.1; done"]
 
 
-def _fill(state: Path) -> Path:
-    """Fill the disk of `state` to its last byte; the file that fills it."""
-    filler = state / "filler"
-    # unbuffered: a partial last write leaves nothing for close() to fail on
-    with open(filler, "wb", buffering=0) as fh, contextlib.suppress(OSError):
-        while True:
-            fh.write(b"\0" * 65536)
-    with open(filler, "ab", buffering=0) as fh, contextlib.suppress(OSError):
-        while True:
-            fh.write(b"\0")
-    return filler
-
-
 @pytest.fixture
 def tiny(tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """The service with its state directory on a 4 MiB tmpfs."""
-    state = tmp_path / "service"
-    state.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the journal: {mounted.stderr.strip()}")
-    gen: Optional[Iterator[Server]] = None
-    try:
+    with small_disk(tmp_path / "service", "4m") as state:
         gen = serving(tmp_path, open_dir, monkeypatch)
-        yield next(gen)
-    finally:
-        (state / "filler").unlink(missing_ok=True)
-        if gen is not None:
+        try:
+            yield next(gen)
+        finally:
+            (state / "filler").unlink(missing_ok=True)
             with contextlib.suppress(StopIteration):
                 next(gen)
-        subprocess.run(["umount", "-l", str(state)], check=False)
 
 
 def test_a_job_that_ends_on_a_full_disk_is_recorded_when_space_returns_and_cancel_works(
@@ -79,7 +54,7 @@ def test_a_job_that_ends_on_a_full_disk_is_recorded_when_space_returns_and_cance
     srv.wait_state(first, ("RUNNING",))
     nxt = submit(srv, bob, ["true"], request=ALL_GPUS)  # waits for the four GPUs
     doomed = submit(srv, alice, ["true"], request=ALL_GPUS)
-    filler = _fill(Path(srv.state))
+    filler = fill(Path(srv.state))
 
     # cancel of a waiting job, through the CLI a user types, on the full disk
     done = cli_as(srv, alice, "cancel", str(doomed))
@@ -110,7 +85,7 @@ def test_a_restart_on_a_full_disk_finds_how_the_job_ended(tiny: Server) -> None:
     srv.wait_state(job, ("RUNNING",))
     running = submit(srv, alice, ["sleep", "300"], request={"count": 2})
     srv.wait_state(running, ("RUNNING",))
-    filler = _fill(Path(srv.state))
+    filler = fill(Path(srv.state))
 
     # cancel of a running job on the full disk: it is signalled, and ends cancelled
     done = cli_as(srv, alice, "cancel", str(running))
@@ -126,3 +101,21 @@ def test_a_restart_on_a_full_disk_finds_how_the_job_ended(tiny: Server) -> None:
     # its SIGTERM, never LOST (a crash before the disk had room forgets only that the
     # signal was a cancel's: docs/threat-model.md)
     assert ended["state"] in ("CANCELLED", "FAILED") and ended["signal"] == 15, ended
+
+
+def test_a_full_disk_refuses_the_request_and_the_service_serves_on(tiny: Server) -> None:
+    srv = tiny
+    alice, bob = make_user("alice", ("lab",)), make_user("bob")
+    held = submit(srv, alice, ["true"], hold=True)
+    filler = fill(Path(srv.state))
+    refused = srv.call(alice, "submit", argv=["true"], cwd=str(srv.work), env={})
+    assert refused["error"].startswith("refused: the disk of the service's journal is full")
+    unheld = srv.call(alice, "release", jobs=[held])
+    assert unheld["error"].startswith("refused: the disk of the service's journal is full")
+    assert srv.call(bob, "hello")["user"] == "gw-bob"
+    assert [r["id"] for r in srv.call(bob, "queue")["jobs"]] == [held]  # reads still work
+    filler.unlink()
+    assert srv.call(alice, "release", jobs=[held])["jobs"] == [held]
+    assert srv.wait_state(held, ("COMPLETED",))["state"] == "COMPLETED"
+    job = submit(srv, alice, ["true"])
+    assert srv.wait_state(job, ("COMPLETED",))["state"] == "COMPLETED"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.drain import list_drains
+from gpuwarden.health.drain import list_drains
 from servicetools import Server, submit
 from users import make_user
 from waiting import wait_for

@@ -21,7 +21,7 @@ except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 from components import require
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import install, uninstall, unitfiles
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ The real service (tests/servicetools.py) on two simulated machines: four idle A1
 NVLink pairs, 0+2 and 1+3, across PCIe switches 0+1 and 2+3 (tests/data/pairs-4xa100.toml),
 where a 2-GPU job belongs on an NVLink pair and a 1-GPU job not on GPU 0; and `mixed`,
 whose A100 is split into MIG slices. The scheduler decides who starts and how many GPUs;
-which GPUs is gpuwarden.selection's.
+which GPUs is gpuwarden.placement.selection's.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def placed(srv: Server, *args: str) -> str:
 def test_the_simulated_pairs_are_joined_by_nvlink(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gpuwarden.errors import UserError
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.machine.inventory import read_snapshot
     from gpuwarden.sim import specs
 
     monkeypatch.setenv("GPUWARDEN_SIM", PAIRS)
@@ -110,11 +110,12 @@ def test_a_pass_plans_by_the_reading_it_is_handed(
     by. Nothing below reads it again (issue 25), so here the directories of the reading
     count, not those of the variables. The lease directory is the service's from its
     start (settings.from_config): a running service keeps it."""
-    from gpuwarden import config, drain
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden import config
+    from gpuwarden.health import drain
     from gpuwarden.jobs import allocation
     from gpuwarden.leases.dir import open_dir as lease_dir
-    from gpuwarden.request import Request
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.request import Request
     from gpuwarden.service import admission, placing, store
     from gpuwarden.service.settings import from_config
 

@@ -234,8 +234,8 @@ def test_a_gpu_request_crosses_the_wire_and_the_journal_unchanged(request_: dict
     service reads back, from the message and from the job's record (JSON both)."""
     from dataclasses import replace
 
+    from gpuwarden.placement.request import Request
     from gpuwarden.queueclient.requestwire import from_wire, to_wire
-    from gpuwarden.request import Request
 
     sent = Request(**request_)
     wire = json.loads(json.dumps(to_wire(sent)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from gpuwarden.foresight import estimated_starts
-from gpuwarden.scheduling import Decision, QueueGpu, Running, Waiting
+from gpuwarden.planning.foresight import estimated_starts
+from gpuwarden.planning.scheduling import Decision, QueueGpu, Running, Waiting
 from gpuwarden.service.queuestate import QueueState
 
 GB = 1 << 30

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import spawn
 from gpuwarden.service.identity import Admins, person
 from users import make_user

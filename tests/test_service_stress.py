@@ -66,7 +66,7 @@ JOB = (
 #: their commands). Prints {tag: job id} at the end.
 CLIENT = r"""
 import json, os, sys, time
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient.client import connect
 
 sock, user, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -141,7 +141,7 @@ print(json.dumps({"ids": ids, "retries": retries}))
 #: (the test's deadline) and never gives up (its reconnect bound is the test's).
 ATTACHED_CLIENT = r"""
 import json, sys, time
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient.client import run_attached
 sock, plan = sys.argv[1], json.loads(sys.argv[2])
 for tag in plan["tags"]:
@@ -225,7 +225,7 @@ class Service:
         return self.log.read_text(errors="replace")[-4000:]
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
         from gpuwarden.queueclient.client import require
 
         try:
@@ -440,7 +440,7 @@ def test_a_lease_left_half_taken_by_a_killed_service_does_not_stop_the_next(
     the leftover at every start)."""
     alice = make_user("alice", groups=("lab",))
     monkeypatch.setenv("GPUWARDEN_SIM", SPEC)
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     service = Service(open_dir, open_dir / "work", str(open_dir / "sock" / "gpuwarden.sock"))
     os.makedirs(service.leases, mode=0o755)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.sim import Machine, specparse, specs
 from gpuwarden.sim.fake import SHIM_DIR, module
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.jobs import output
 from gpuwarden.slurm import batch, gres, node, prolog, states, tools
 from gpuwarden.slurm import logs as slurm_logs
@@ -199,7 +199,7 @@ def test_job_ids_are_checked(bad: str) -> None:
 
 def test_gres_lines_from_the_simulated_server(sim: object) -> None:
     sim("server-8xa100")  # type: ignore[operator]
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     snap = read_snapshot(processes=False, topology=True)
     devices = gres.read_devices(snap)
@@ -428,7 +428,7 @@ def _gpu(index: int, uuid: str = "") -> object:
 def _waiter(since: float, need: int = 1, allowed: object = None, user: str = "ann") -> object:
     from types import SimpleNamespace
 
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
     key = f"{int(since * 1e9):020d}-{4242:08d}"  # the ticket's name: when it joined
     return SimpleNamespace(
@@ -580,7 +580,7 @@ def test_mig_devices_get_typed_multiplefiles_lines(sim: object, tmp_path: Path) 
     from gpuwarden.slurm import miggres
 
     sim("mixed")  # type: ignore[operator]
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     snap = read_snapshot(processes=False, topology=True)
     devices = gres.read_devices(snap)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.slurm import cluster
 from schemas import validate
 

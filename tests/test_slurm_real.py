@@ -654,7 +654,7 @@ def test_mig_gres_lines_are_accepted_and_the_prolog_leases_the_slice(
 
         (lease,) = wait_for(lambda: list_leases(str(top / "leases")), 60, "the slice's lease")
         assert lease.job == f"slurm-{job}" and lease.uuid.startswith("MIG-") and lease.index == 3
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.machine.inventory import read_snapshot
 
         slice_ = next(
             m

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.slurm import taskenv
 
 
 def _units() -> list[Any]:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
     from gpuwarden.slurm.prolog import slurm_devices
 
     return slurm_devices(read_snapshot(processes=False))
@@ -57,7 +57,7 @@ def test_a_position_beyond_gres_conf_is_one_line_and_never_fails_the_task(
 
 
 def test_a_uuid_that_is_not_one_is_refused_rather_than_exported() -> None:
-    from gpuwarden.inventory import Gpu
+    from gpuwarden.machine.inventory import Gpu
 
     bad = Gpu(index=3, uuid="MIG-x\nexport LD_PRELOAD=/tmp/evil.so")
     with pytest.raises(UserError, match="not a GPU or MIG UUID"):

@@ -16,7 +16,8 @@ from typing import Optional
 
 import pytest
 
-from gpuwarden import config, configfiles
+from gpuwarden import config
+from gpuwarden.files import configfiles
 from repo import SRC
 from servicetools import Server
 
@@ -31,7 +32,7 @@ raise SystemExit(main())
 
 # Not needed to show the machine or to start a job on it. ctypes.util (subprocess,
 # tempfile) is what nvidia-ml-py imports for Windows only, threading for one lock
-# (gpuwarden.nvmlload keeps both out; from Python 3.14 ctypes itself imports threading,
+# (gpuwarden.machine.nvmlload keeps both out; from Python 3.14 ctypes itself imports threading,
 # through sysconfig); shutil only measured the terminal; shtab only writes completion
 # scripts. The command modules other than the chosen one stay unimported too.
 CTYPES_BRINGS_THREADING = sys.version_info >= (3, 14)
@@ -70,7 +71,7 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
             ("run", "-g", "1", "--", "true"),
             (
                 "gpuwarden.jobs.holder",
-                "gpuwarden.visible",
+                "gpuwarden.placement.visible",
                 "gpuwarden.health.xids",
                 "gpuwarden.cgroups.migcaps",
                 "gpuwarden.sim.sensors",
@@ -91,7 +92,7 @@ def test_status_and_run_leave_unneeded_modules_alone(
     sim("server-8xa100")
     loaded(*args)  # the first client of a machine parses its spec (tomllib), then caches it
     modules = loaded(*args)
-    assert "gpuwarden.inventory" in modules  # the probe saw the command's imports
+    assert "gpuwarden.machine.inventory" in modules  # the probe saw the command's imports
     unneeded = {*UNNEEDED, *also_unneeded}
     if sys.version_info < (3, 12):  # dataclasses loads them for every class from 3.12
         unneeded |= {"inspect", "copy", "ast", "dis", "contextlib"}
@@ -101,8 +102,8 @@ def test_status_and_run_leave_unneeded_modules_alone(
 def test_the_writing_side_lives_in_launch_alone() -> None:
     """launch writes CUDA_VISIBLE_DEVICES, visible reads it: neither reaches into the
     other (no forwarding names), so the two never import each other."""
-    from gpuwarden import visible
     from gpuwarden.jobs import launch
+    from gpuwarden.placement import visible
 
     assert callable(launch.export_value) and callable(visible.allowed_uuids)
     assert not hasattr(visible, "export_value") and not hasattr(visible, "export_env")
@@ -118,7 +119,7 @@ def test_absolute_spells_a_path_as_pathlib_does(cwd: str) -> None:
 
 def test_locations_are_absolute_strings(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One function per location, a string (the run path does not import pathlib)."""
-    from gpuwarden import locations
+    from gpuwarden.files import locations
 
     monkeypatch.delenv("GPUWARDEN_STATE_DIR")
     monkeypatch.delenv("GPUWARDEN_LEASE_DIR")
@@ -242,7 +243,7 @@ def test_the_command_line_changes_no_interpreter_wide_state() -> None:
 
 NVML_LOAD = """
 import sys
-from gpuwarden.nvmlload import without_unused_modules
+from gpuwarden.machine.nvmlload import without_unused_modules
 
 import ctypes
 threading_before = "threading" in sys.modules  # Python 3.14's ctypes imports it
@@ -270,7 +271,7 @@ print("ok")
 
 DATACLASSES_LOAD = """
 import sys
-from gpuwarden.lazyimport import import_dataclasses
+from gpuwarden.base.lazyimport import import_dataclasses
 
 dataclasses = import_dataclasses()
 assert "inspect" not in sys.modules and "copy" not in sys.modules
@@ -307,7 +308,7 @@ def test_nvidia_ml_py_loads_without_ctypes_util_or_threading_and_leaves_no_stand
 
 STAND_IN_TOUCHED_DURING_LOAD = """
 import sys
-from gpuwarden import lazyimport
+from gpuwarden.base import lazyimport
 
 stand_in = sys.modules["copy"] = lazyimport._OnFirstUse("copy")  # as inside the window
 assert stand_in.deepcopy([[1]]) == [[1]]  # the real function, not endless recursion
@@ -324,7 +325,7 @@ def test_a_stand_in_touched_inside_its_window_loads_the_real_module() -> None:
 
 THREADING_DURING_LOAD = """
 import sys
-from gpuwarden.nvmlload import without_unused_modules
+from gpuwarden.machine.nvmlload import without_unused_modules
 
 def load():  # as a newer nvidia-ml-py might: more of threading than Lock, while it loads
     import threading
@@ -350,7 +351,7 @@ def test_loaded_modules_are_left_as_they_are() -> None:
     import ctypes.util
     import threading
 
-    from gpuwarden.nvmlload import without_unused_modules
+    from gpuwarden.machine.nvmlload import without_unused_modules
 
     real = sys.modules["ctypes.util"]
     assert without_unused_modules(lambda: sys.modules["ctypes.util"]) is real
@@ -368,7 +369,7 @@ def test_run_through_the_service_loads_nothing_of_choosing_or_leasing(
     env = {"GPUWARDEN_SOCKET": server.socket}
     modules = loaded("run", "-g", "1", "--", "true", env=env)
     assert "gpuwarden.queueclient.client" in modules  # it did go through the service
-    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.inventory", "gpuwarden.jobs.allocation"}
+    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.machine.inventory", "gpuwarden.jobs.allocation"}
     unneeded |= {"gpuwarden.leases", "gpuwarden.health", "gpuwarden.jobs.holder"}
     unneeded.add("gpuwarden.sim.library")
     unneeded.add("gpuwarden.service")  # the daemon's package: the client side is queueclient
@@ -384,8 +385,13 @@ def test_submit_loads_nothing_of_choosing_or_of_the_machine(server: Server) -> N
     env = {"GPUWARDEN_SOCKET": server.socket}
     modules = loaded("submit", "-g", "1", "--min-free", "1G", "--", "true", env=env)
     assert "gpuwarden.queueclient.client" in modules  # it did submit
-    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.inventory", "gpuwarden.selection"}
-    unneeded |= {"gpuwarden.mig", "gpuwarden.refusals", "gpuwarden.leases", "gpuwarden.health"}
+    unneeded = {*UNNEEDED, "pynvml", "gpuwarden.machine.inventory", "gpuwarden.placement.selection"}
+    unneeded |= {
+        "gpuwarden.placement.mig",
+        "gpuwarden.placement.refusals",
+        "gpuwarden.leases",
+        "gpuwarden.health",
+    }
     unneeded |= {"gpuwarden.cli.jobtables", "gpuwarden.sim.library", "gpuwarden.service"}
     if sys.version_info < (3, 12):
         unneeded |= {"inspect", "copy", "ast", "dis"}

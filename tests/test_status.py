@@ -235,7 +235,7 @@ def _reserve(cli, *args: str) -> str:
 
 
 def test_lease_rows_show_job_user_age_and_expiry(sim, cli):
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     sim("server-8xa100")
     rid = _reserve(cli, "-g", "2", "--for", "1h")
@@ -260,7 +260,7 @@ def test_lease_rows_show_job_user_age_and_expiry(sim, cli):
 
 
 def test_user_narrows_gpus_processes_and_leases(sim, cli):
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     sim("server-8xa100")
     data = json.loads(cli("status", "--json", "--user", "carol").stdout)
@@ -296,9 +296,9 @@ def test_user_with_nothing_or_nobody(sim, cli):
 def test_lease_rows_for_shared_expired_and_job_bound_leases():
     from gpuwarden.cli.status import Status, for_user
     from gpuwarden.cli.statustable import _lease_rows
-    from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
     from gpuwarden.leases import LeaseInfo
-    from gpuwarden.machineview import MachineView
+    from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
+    from gpuwarden.monitoring.machineview import MachineView
 
     gpus = (
         Gpu(index=0, uuid="GPU-a", processes=(GpuProcess(pid=1, used_memory=None, user="ann"),)),
@@ -325,10 +325,11 @@ def test_status_reads_the_configuration_once_and_its_directories_count(
     sim, tmp_path: Path, monkeypatch
 ) -> None:
     """One reading of the configuration names the lease and state directories and the
-    health rules: a drain in the state directory of the config file shows, and nothing
-    below `collect` reads the configuration again."""
-    from gpuwarden import config, drain
+    health rules and who sees others' commands: a drain in the state directory of the
+    config file shows, and nothing below `gather` reads the configuration again."""
+    from gpuwarden import config
     from gpuwarden.cli import status
+    from gpuwarden.health import drain
 
     sim("server-8xa100")
     state = tmp_path / "its-state"
@@ -338,11 +339,11 @@ def test_status_reads_the_configuration_once_and_its_directories_count(
     monkeypatch.delenv("GPUWARDEN_STATE_DIR", raising=False)
     monkeypatch.delenv("GPUWARDEN_LEASE_DIR", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    snapshot_uuid = status.collect().machine.snapshot.gpus[3].uuid
+    snapshot_uuid = status.collect(config.load()).machine.snapshot.gpus[3].uuid
     drain.drain(snapshot_uuid, "in the config file's state directory", directory=state)
     readings = []
     real_load = config.load
     monkeypatch.setattr(config, "load", lambda *a, **k: readings.append(1) or real_load(*a, **k))
-    data = status.collect()
+    data = status.gather()
     assert len(readings) == 1
     assert data.machine.drains[snapshot_uuid].reason == "in the config file's state directory"

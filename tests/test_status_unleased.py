@@ -6,7 +6,7 @@ import json
 import sys
 
 from gpuwarden.cli.status import unleased_pids
-from gpuwarden.inventory import Gpu, GpuProcess
+from gpuwarden.machine.inventory import Gpu, GpuProcess
 
 JOB = """
 import json, os, subprocess, sys

@@ -281,7 +281,7 @@ def test_several_hosts_are_read_and_acted_on_over_ssh(monkeypatch: pytest.Monkey
         return remote.HostReply(host, False, error="gpuwarden cancel: job 7 belongs to bob")
 
     monkeypatch.setattr(remote, "run_on", run_on)
-    said = acting.perform(Action("cancel", "7", "a"))
+    said = acting.perform(Action("cancel", "7", "a"), "/nonexistent")
     assert ran == [("a", ["gpuwarden", "cancel", "7"])]
     assert said == "refused: job 7 belongs to bob"
 

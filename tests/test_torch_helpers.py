@@ -15,7 +15,7 @@ from components import TORCH_MISSING, require, torch_found
 require(torch_found(), TORCH_MISSING, module=True)
 import torch  # noqa: E402
 
-from gpuwarden.errors import UserError  # noqa: E402
+from gpuwarden.base.errors import UserError  # noqa: E402
 from gpuwarden.torch import (  # noqa: E402
     AmpStep,
     Checkpointer,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.torch import environments as envs
 from gpuwarden.torch.amp import decide
 from gpuwarden.torch.devices import cuda_index, pick_type, requested

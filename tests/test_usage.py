@@ -1,5 +1,5 @@
-"""The figures of `report` and `eff` from known runs and samples (gpuwarden.usage,
-gpuwarden.efficiency), and the journal's `runs` table: filled when an earlier
+"""The figures of `report` and `eff` from known runs and samples (gpuwarden.usage.report,
+gpuwarden.usage.efficiency), and the journal's `runs` table: filled when an earlier
 journal is opened, read in a fixed number of queries however long the history."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import efficiency, usage
 from gpuwarden.service import accounting
 from gpuwarden.service import store as st
+from gpuwarden.usage import efficiency
+from gpuwarden.usage import report as usage
 
 
 def at(text: str) -> float:

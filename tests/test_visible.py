@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.inventory import Gpu, MigInstance, Snapshot
 from gpuwarden.jobs.launch import export_env, export_value
-from gpuwarden.visible import (
+from gpuwarden.machine.inventory import Gpu, MigInstance, Snapshot
+from gpuwarden.placement.visible import (
     FASTEST_FIRST,
     PCI_BUS_ID,
     Parsed,
@@ -396,7 +396,7 @@ def test_cli_json_on_server(sim, cli):
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["schema"] == "gpuwarden.visible/1"
+    assert data["schema"] == "gpuwarden.placement.visible/1"
     assert [(d["cuda_index"], d["index"]) for d in data["devices"]] == [(0, 2), (1, 5)]
     assert set(data["devices"][0]) == {"cuda_index", "index", "uuid", "name", "mig_uuid"}
     assert data["devices"][0]["uuid"].startswith("GPU-814e")

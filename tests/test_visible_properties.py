@@ -1,4 +1,4 @@
-"""Property tests: `gpuwarden.visible` against a small reference model of CUDA's rules.
+"""Property tests: `gpuwarden.placement.visible` against a small reference model of CUDA's rules.
 
 The reference below is deliberately written differently from the module (a
 regular expression, no messages, no early helpers) and short enough to check
@@ -13,9 +13,9 @@ from typing import Optional
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.inventory import Gpu, Snapshot
 from gpuwarden.jobs.launch import export_env
-from gpuwarden.visible import PCI_BUS_ID, cuda_order, parse, resolve
+from gpuwarden.machine.inventory import Gpu, Snapshot
+from gpuwarden.placement.visible import PCI_BUS_ID, cuda_order, parse, resolve
 
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")
 

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden.cli.jobtables import unleased_lines
-from gpuwarden.enforcement import Unleased
 from gpuwarden.service.watching import charges
+from gpuwarden.usage.enforcement import Unleased
 
 finds = st.lists(
     st.builds(
@@ -49,7 +49,7 @@ def test_queue_header_lines() -> None:
 
 
 def test_a_process_on_a_mig_slice_is_shown_on_its_gpu(monkeypatch) -> None:
-    from gpuwarden import inventory
+    from gpuwarden.machine import inventory
     from gpuwarden.service.watching import gpu_indices
 
     monkeypatch.setenv("GPUWARDEN_SIM", "mixed")

@@ -7,13 +7,13 @@ import json
 import jsonschema
 import pytest
 
-from gpuwarden.drain import Drain
+from gpuwarden.health.drain import Drain
 from gpuwarden.health.judgement import Symptom
-from gpuwarden.inventory import Gpu, GpuProcess, Snapshot
 from gpuwarden.jobs.allocation import describe_request
 from gpuwarden.leases import LeaseInfo
-from gpuwarden.request import Request
-from gpuwarden.waitline import Waiter
+from gpuwarden.leases.waitline import Waiter
+from gpuwarden.machine.inventory import Gpu, GpuProcess, Snapshot
+from gpuwarden.placement.request import Request
 from gpuwarden.web.history import History
 from gpuwarden.web.model import build, reserved
 from gpuwarden.web.queue import NO_QUEUE

@@ -15,7 +15,7 @@ import time
 import jsonschema
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.web.peers import PeerWatch, check_url, summary
 from gpuwarden.web.server import Feed, WebServer, serve
 from ports import free_port

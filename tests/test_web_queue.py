@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gpuwarden.inventory import Gpu, Snapshot
+from gpuwarden.machine.inventory import Gpu, Snapshot
 from gpuwarden.web import usage
 from gpuwarden.web.model import build
 from gpuwarden.web.queue import JOBS_SHOWN, NO_QUEUE, NOT_ANSWERING, QueuePoller, ask, section
@@ -530,8 +530,8 @@ def test_web_once_shows_the_service_named_by_socket(fake, sim, cli, tmp_path):
 def test_a_service_lease_is_its_jobs_users_and_their_processes_are_reserved():
     """The service holds its jobs' leases as root; the page names the job's owner, and
     the owner's processes on that GPU are not flagged as unreserved use."""
-    from gpuwarden.inventory import GpuProcess
     from gpuwarden.leases import LeaseInfo
+    from gpuwarden.machine.inventory import GpuProcess
 
     def lease(user: str, job: str) -> LeaseInfo:
         return LeaseInfo(uuid="GPU-0000", user=user, pid=4000, command="", started=NOW, job=job)

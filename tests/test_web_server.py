@@ -16,11 +16,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import LOOPBACK, parse_listen
 from gpuwarden.leases.dir import open_dir
-from gpuwarden.request import Request
-from gpuwarden.units import LOOPBACK, parse_listen
-from gpuwarden.waitline import join
+from gpuwarden.leases.waitline import join
+from gpuwarden.placement.request import Request
 from gpuwarden.web.server import Feed, WebServer, serve
 from repo import SRC
 from schemas import WEB_STATE

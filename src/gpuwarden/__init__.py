@@ -20,11 +20,11 @@ def __getattr__(name: str) -> Any:
     # The API functions are named like no module (`leases`, `selection` are the
     # modules), so importing a submodule never rebinds these names.
     if name == "lease":
-        from gpuwarden.api import hold
+        from gpuwarden.jobs.api import hold
 
         return hold
     if name == "select":
-        from gpuwarden.api import pick
+        from gpuwarden.jobs.api import pick
 
         return pick
     raise AttributeError(f"module 'gpuwarden' has no attribute {name!r}")

@@ -47,13 +47,12 @@ REFRESH_S = 0.5
 _STATES = {"STARTING": "RUNNING", "LOST": "NODE_FAIL"}
 
 
-def _socket() -> tp.Optional[str]:
+def _socket() -> str:
     """The service's socket: the submitter's (passed to the job, whose environment has
     no GPUWARDEN_ variable of the submitter's), else the configured one."""
     from gpuwarden import config as cfg
 
-    value = os.environ.get("SUBMITIT_GPUWARDEN_SOCKET") or cfg.load({}).get("service.socket")
-    return None if value is None else str(value)
+    return os.environ.get("SUBMITIT_GPUWARDEN_SOCKET") or cfg.load({}).service_socket()
 
 
 def _call(op: str, **fields: tp.Any) -> dict[str, tp.Any]:
@@ -114,7 +113,7 @@ class GpuwardenJob(core.Job[core.R]):
 
     def cancel(self, check: bool = True) -> None:
         """Cancel through the service (`gpuwarden cancel`): its owner may."""
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         try:
             _call("cancel", jobs=[self.job_id if "_" in self.job_id else int(self.job_id)])
@@ -234,8 +233,8 @@ class GpuwardenExecutor(core.PicklingExecutor):
 
     def _request(self, array: tp.Optional[str] = None) -> dict[str, tp.Any]:
         """The submit request for the pickled call(s) in `self.folder`."""
+        from gpuwarden.placement.request import Request
         from gpuwarden.queueclient.client import job_fields
-        from gpuwarden.request import Request
 
         params = self.parameters
         share = params.get("gpu_mem_gb")
@@ -256,7 +255,7 @@ class GpuwardenExecutor(core.PicklingExecutor):
             output=os.path.join(folder, ("%A_%a" if array else "%j") + "_0_log.out"),
         )
         fields["env"]["SUBMITIT_EXECUTOR"] = self.name()
-        fields["env"]["SUBMITIT_GPUWARDEN_SOCKET"] = _socket() or ""
+        fields["env"]["SUBMITIT_GPUWARDEN_SOCKET"] = _socket()
         delay = float(params.get("signal_delay_s", SIGNAL_DELAY_S))
         if params.get("preemptible"):
             # The service sends submitit's signal to the job's first process, at its

@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from gpuwarden.assistant.previews import Previews
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
+from gpuwarden.base.units import format_size
 from gpuwarden.lab.reading import Lab, read_lab
 from gpuwarden.lab.waiting import explain, waiting_order
-from gpuwarden.records import record
-from gpuwarden.units import format_size
 
 #: Rows of `queue` an answer carries at most (a model's context is not a log file).
 MAX_ROWS = 200
@@ -145,12 +145,12 @@ def job_line(job: Mapping[str, Any], now: float) -> dict[str, Any]:
 
 
 class Answers:
-    """The tools' answers for one user. `socket`: the queue service's (None: the
-    configured one); `gpuwarden`: how to run the user's own command line."""
+    """The tools' answers for one user. `socket`: the queue service's; `gpuwarden`:
+    how to run the user's own command line."""
 
     def __init__(
         self,
-        socket: Optional[str] = None,
+        socket: str,
         gpuwarden: Sequence[str] = (sys.executable, "-m", "gpuwarden"),
         reader: Callable[..., Lab] = read_lab,
     ) -> None:
@@ -245,7 +245,7 @@ class Answers:
         account, as `gpuwarden report` (what the service shows you of them); your
         decayed usage and fair-share factor (`share`); your last jobs' GPU-hours."""
         from gpuwarden.queueclient.client import require
-        from gpuwarden.usage import BY
+        from gpuwarden.usage.report import BY
 
         if by not in BY:
             raise UserError(f"by: one of {', '.join(BY)}, got {by!r}")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 #: Seconds a preview's token may be used.
 TTL = 600.0

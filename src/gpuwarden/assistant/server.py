@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from gpuwarden.assistant.answers import Answers, Wish
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 INSTRUCTIONS = (
     "gpuwarden manages the GPUs and the job queue of this machine. Use gpus to see what "
@@ -24,7 +24,7 @@ INSTRUCTIONS = (
 )
 
 
-def make_server(answers: Optional[Answers] = None) -> Any:
+def make_server(answers: Answers) -> Any:
     """The MCPServer with every tool registered."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -32,7 +32,6 @@ def make_server(answers: Optional[Answers] = None) -> Any:
 
     from gpuwarden import __version__
 
-    answers = answers or Answers()
     server = MCPServer("gpuwarden", version=__version__, instructions=INSTRUCTIONS)
     reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
@@ -141,6 +140,6 @@ def make_server(answers: Optional[Answers] = None) -> Any:
     return server
 
 
-def serve(socket: Optional[str] = None) -> None:
-    """Serve on stdin/stdout until the client closes them."""
+def serve(socket: str) -> None:
+    """Serve on stdin/stdout until the client closes them (the queue service at `socket`)."""
     make_server(Answers(socket)).run("stdio")

@@ -13,9 +13,9 @@ import errno
 import os
 import signal
 
+from gpuwarden.base.units import is_digits
 from gpuwarden.cgroups.devices import GROUP
 from gpuwarden.cgroups.hierarchy import own_paths, read_text, v1_mounts, v2_mount
-from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import os
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.cgroups.hierarchy import detect, own_paths, read_text, v1_mounts, v2_mount
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

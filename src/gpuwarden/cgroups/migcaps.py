@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 
-from gpuwarden.records import record
+from gpuwarden.base.records import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def _listing(path: str) -> list[str]:
 
 
 def _text(path: str) -> str:
-    from gpuwarden.safefiles import UnsafeFile, read_small
+    from gpuwarden.files.safefiles import UnsafeFile, read_small
 
     try:
         raw, _ = read_small(path, _LIMIT, what="driver file")

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from gpuwarden.cli.parsers import Commands as Commands
+    from gpuwarden.queueclient.client import Client
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module, args = parse(list(sys.argv[1:] if argv is None else argv))
     if module is None:
         return 0
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     command = args.command
     try:
@@ -211,13 +212,22 @@ def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
     return module, args
 
 
+def service_client() -> Client:
+    """The queue service this command talks to, at the socket its reading of the
+    configuration names; one line where none answers."""
+    from gpuwarden import config
+    from gpuwarden.queueclient.client import require
+
+    return require(config.load().service_socket())
+
+
 def configure_logging(level: str | None) -> None:
     """One format for every long-running command: `LEVEL gpuwarden.AREA: message` on
     stderr, where a service manager's journal keeps it. The level comes from
     `--log-level`, else GPUWARDEN_LOG_LEVEL, else info; a bad variable is one line."""
     import logging
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if level is None:
         level = os.environ.get("GPUWARDEN_LOG_LEVEL", "info").strip().lower() or "info"

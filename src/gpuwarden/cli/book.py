@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.queueclient.client import require
+    from gpuwarden.cli import service_client
 
     if (args.list or args.cancel is not None) and (args.count or args.start or args.length):
         raise UserError("--list and --cancel take no -g, --start or --for")
@@ -46,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
         (booking,) = job_ids([args.cancel]) if "," not in args.cancel else [0]
         if not booking:
             raise UserError("--cancel takes one booking id")
-        with require() as client:
+        with service_client() as client:
             client.call("unbook", booking=booking)
         print(f"gpuwarden book: booking {booking} cancelled", file=sys.stderr)
         return 0
     if args.list:
-        with require() as client:
+        with service_client() as client:
             rows = client.call("bookings")["bookings"]
         if args.json:
             import json
@@ -61,14 +61,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(booking_table(rows))
         return 0
-    return _book(args, require)
+    return _book(args)
 
 
-def _book(args: argparse.Namespace, require: object) -> int:
+def _book(args: argparse.Namespace) -> int:
     import time
 
-    from gpuwarden.begintime import parse
-    from gpuwarden.units import is_digits, parse_duration
+    from gpuwarden.base.units import is_digits, parse_duration
+    from gpuwarden.cli import service_client
+    from gpuwarden.planning.begintime import parse
 
     for flag, value in (("-g", args.count), ("--start", args.start), ("--for", args.length)):
         if not value:
@@ -90,7 +91,7 @@ def _book(args: argparse.Namespace, require: object) -> int:
         fields["user"] = args.user
     if args.group:
         fields["group"] = args.group.removeprefix("@")
-    with require() as client:  # type: ignore[operator]
+    with service_client() as client:
         reply = client.call("book", **fields)
     print(reply["booking"])
     print(f"gpuwarden book: {describe(reply)} (`gpuwarden book --list`)", file=sys.stderr)
@@ -106,8 +107,8 @@ def describe(row: dict[str, object]) -> str:
 
 
 def booking_table(rows: list[dict[str, object]]) -> str:
+    from gpuwarden.base.table import render
     from gpuwarden.cli.jobtables import booking_rows
-    from gpuwarden.table import render
 
     if not rows:
         return "no bookings"

@@ -45,16 +45,16 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.slurm:
         return _slurm(args)
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import acted
-    from gpuwarden.errors import UserError
-    from gpuwarden.queueclient.client import require
     from gpuwarden.queueclient.protocol import MAX_IDS
 
     selected = args.me or args.user is not None or args.state is not None
     names, ranges = split_ranges(args.ids)
     if not names and not ranges and not selected:
         raise UserError("name the jobs to cancel: IDs (12 13, 12-20), --me, -u USER or --state")
-    with require() as client:
+    with service_client() as client:
         if selected or ranges:
             names = _select(client, args, names, ranges)
             if not names:
@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 def split_ranges(words: list[str]) -> tuple[list[int | str], list[tuple[int, int]]]:
     """The ids of the command line (`cancel`'s `job_names`), and its ranges (`12-20`)."""
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.units import is_digits
     from gpuwarden.cli.jobtables import job_names
-    from gpuwarden.errors import UserError
-    from gpuwarden.units import is_digits
 
     plain: list[str] = []
     ranges: list[tuple[int, int]] = []
@@ -128,7 +128,7 @@ def _select(
 
 
 def _slurm(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.slurm import tools
 
     if not args.ids:

@@ -23,9 +23,10 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden import config, locations
+    from gpuwarden import config
+    from gpuwarden.base.errors import UserError
     from gpuwarden.config import keys as configkeys
-    from gpuwarden.errors import UserError
+    from gpuwarden.files import locations
 
     names = max(len(key.name) for key in configkeys.SCHEMA)
     if args.keys:

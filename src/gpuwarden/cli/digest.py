@@ -32,9 +32,9 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.cli import service_client
     from gpuwarden.config import load
-    from gpuwarden.errors import UserError
-    from gpuwarden.queueclient.client import require
 
     fields: dict[str, object] = {"action": "show", "admin": args.admin, "days": args.days}
     if args.unsubscribe:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             fields["url"] = checked_url(str(url))
     elif args.mail:
         raise UserError("--mail goes with --subscribe")
-    with require() as client:
+    with service_client() as client:
         answer = client.call("digest", **fields)
     if args.json:
         said = {k: v for k, v in answer.items() if k not in ("ok", "v")}

@@ -51,8 +51,8 @@ def _diagnose(args: argparse.Namespace, probe: Any) -> int:
     from gpuwarden.doctor.facts import gather
 
     if args.export:
+        from gpuwarden.base.errors import UserError
         from gpuwarden.doctor import fingerprint
-        from gpuwarden.errors import UserError
 
         facts = gather(probe_torch=not args.no_torch_import, probe=probe)
         try:

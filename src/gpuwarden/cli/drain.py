@@ -28,8 +28,8 @@ def register(commands: Commands, command_name: str) -> None:
 def _split(ids: list[str]) -> list[str]:
     """The IDs named, one per comma-separated part; an empty one is an error (an
     empty argument must not turn `drain '' --reason x` into a listing that exits 0)."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.safefiles import printable
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.files.safefiles import printable
 
     parts = [part.strip() for item in ids for part in item.split(",")]
     if ids and not all(parts):
@@ -43,10 +43,10 @@ def _split(ids: list[str]) -> list[str]:
 def _targets(ids: list[str], drains: dict) -> list[tuple[str, str]]:
     """(uuid, label) per ID. IDs resolve through the machine; undrain also accepts a
     drained UUID prefix of a GPU that is no longer seen (lost, removed)."""
-    from gpuwarden.errors import UserError
-    from gpuwarden.inventory import read_snapshot
-    from gpuwarden.selection import resolve_ids
-    from gpuwarden.units import is_digits
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.units import is_digits
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.selection import resolve_ids
 
     snapshot = read_snapshot(processes=False)
     out: list[tuple[str, str]] = []
@@ -70,9 +70,9 @@ def _still_running(uuids: set[str]) -> list[str]:
     """What keeps running on the GPUs just drained (a drain stops nothing): one line per
     lease, naming a Slurm job by its id when the prolog's user (root) holds it."""
     from gpuwarden import leases
-    from gpuwarden.errors import UserError
-    from gpuwarden.paths import user_name
-    from gpuwarden.safefiles import printable
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.files.paths import user_name
+    from gpuwarden.files.safefiles import printable
 
     try:
         found = [i for i in leases.list_leases() if i.uuid in uuids]
@@ -94,13 +94,14 @@ def run(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from gpuwarden.drain import drain, list_drains, undrain
-    from gpuwarden.errors import UserError
-    from gpuwarden.locations import state_location
-    from gpuwarden.safefiles import printable
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.files.locations import state_location
+    from gpuwarden.files.safefiles import printable
+    from gpuwarden.health.drain import drain, list_drains, undrain
 
     where = state_location()
     drains = list_drains(where)
+
     ids = _split(args.ids)
     if not ids:
         if args.command == "undrain":
@@ -115,16 +116,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"{printable(d.uuid)}: drained by {d.who} at {when}: {d.reason}")
         return 0
     targets = _targets(ids, drains)
+    from gpuwarden import config
+
+    # who besides root may change drains in a shared state directory
+    admins = tuple(str(a) for a in config.load().get("service.admins") or ())
     if args.command == "drain":
         if not args.reason or not args.reason.strip():
             raise UserError("a drain needs a reason: --reason TEXT (others will see it)")
         for uuid, label in targets:
-            drain(uuid, args.reason, directory=where)
+            drain(uuid, args.reason, directory=where, admins=admins)
             print(f"drained {label}: {printable(args.reason.strip())}")
         for line in _still_running({uuid for uuid, _ in targets}):
             print(line)
     else:
         for uuid, label in targets:
-            undrain(uuid, directory=where)
+            undrain(uuid, directory=where, admins=admins)
             print(f"undrained {label}")
     return 0

@@ -23,11 +23,11 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import job_ids
-    from gpuwarden.queueclient.client import require
 
     ids = job_ids(args.ids)
-    with require() as client:
+    with service_client() as client:
         jobs = client.call("eff", jobs=ids)["jobs"]
     if args.json:
         print(json.dumps(jobs, indent=2))
@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
 
 def describe(job: Mapping[str, Any]) -> str:
     """One job as `eff` prints it: a line per run, a line per GPU, then its flags."""
-    from gpuwarden import efficiency
+    from gpuwarden.base.units import format_size
     from gpuwarden.cli.jobtables import span
-    from gpuwarden.safefiles import printable
-    from gpuwarden.units import format_size
+    from gpuwarden.files.safefiles import printable
+    from gpuwarden.usage import efficiency
 
     lines = [
         f"job {job['id']} of {printable(str(job['user']))}"

@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from gpuwarden.config import load
-    from gpuwarden.enforcement import EnforceSettings
-    from gpuwarden.enforcer import Enforcer
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.leases import list_leases
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.monitoring.enforcer import Enforcer
+    from gpuwarden.usage.enforcement import EnforceSettings
 
     conf = load()
     enforcer = Enforcer(EnforceSettings.from_config(conf))

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         rules=rules,
         counters=dcgm,
         show_commands=bool(config.get("exporter.show_commands")),
+        socket=config.service_socket(),
     )
     if args.once:
         cache.prime()  # the profiling counters need a sample to measure from

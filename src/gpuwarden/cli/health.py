@@ -44,7 +44,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def _resolve(snapshot: Any, ids: list[str]) -> list[str]:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     uuids = []
     for ident in ids:
@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuwarden.drain import list_drains
     from gpuwarden.health import judgement, xidlog
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.health.drain import list_drains
+    from gpuwarden.machine.inventory import read_snapshot
 
     snapshot = read_snapshot(processes=False)
     if args.clear is not None:
@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.watch:
         return _watch(args)
     if snapshot.error and not snapshot.gpus:
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         raise UserError(f"no GPUs to judge: {snapshot.error}")
     rules = judgement.rules_from_config()

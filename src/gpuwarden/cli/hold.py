@@ -22,11 +22,11 @@ def register(commands: Commands, command_name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import acted, job_names
-    from gpuwarden.queueclient.client import require
 
     op = "hold" if args.command == "hold" else "release"
-    with require() as client:
+    with service_client() as client:
         reply = client.call(op, jobs=job_names(args.ids))
     done = reply.get("names") or reply["jobs"]
     return acted(

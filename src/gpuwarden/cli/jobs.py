@@ -25,10 +25,10 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import history_table
-    from gpuwarden.errors import UserError
-    from gpuwarden.paths import user_name
-    from gpuwarden.queueclient.client import require
+    from gpuwarden.files.paths import user_name
 
     if args.last < 1:
         raise UserError("--last must be 1 or more")
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
         return 0
     filters = {} if user is None else {"user": user}  # chosen by the service: one page
-    with require() as client:
+    with service_client() as client:
         jobs, _ = client.listing("jobs", None if args.all else args.last, **filters)
     print(json.dumps(jobs, indent=2) if args.json else history_table(jobs))
     return 0

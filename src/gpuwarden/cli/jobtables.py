@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
+from gpuwarden.base.table import render
+from gpuwarden.base.units import format_size
+from gpuwarden.files.safefiles import printable
 from gpuwarden.jobs.options import job_ids as job_ids
-from gpuwarden.safefiles import printable
-from gpuwarden.table import render
-from gpuwarden.units import format_size
 
 TYPE_CHECKING = False  # typing stays off `submit`'s start-up (it reads job ids here)
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def share_table(users: Sequence[Mapping[str, Any]], key: str = "user") -> str:
 def job_names(words: list[str]) -> list[int | str]:
     """Job ids as `cancel`, `hold` and `unhold` read them: `12` (a job, or a whole
     array), `12_7` (task 7 of array 12), several as `12 13` or `12,13_4`."""
-    from gpuwarden.arrayspec import task_name
+    from gpuwarden.planning.arrayspec import task_name
 
     names: list[int | str] = []
     for word in words:

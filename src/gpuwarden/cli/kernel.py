@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"removed {kernelspec.uninstall(args.name, prefix)}")
         return 0
     request = _request(args)
-    from gpuwarden.api import time_limit
-    from gpuwarden.units import parse_duration
+    from gpuwarden.base.units import parse_duration
+    from gpuwarden.jobs.api import time_limit
 
     timeout = None if args.timeout is None else parse_duration(args.timeout)
     limit = time_limit(args.time, "--time")
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace) -> dict[str, object]:
     """The request as gpuwarden.lease()'s arguments, checked now as `run` checks them, so
     a bad value is refused here rather than by every kernel start."""
-    from gpuwarden.api import _request as check
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.jobs.api import _request as check
     from gpuwarden.jobs.options import mem_of, settings
 
     given = settings(args)
@@ -111,10 +111,10 @@ def _never_fits(given: dict[str, object], mem: object) -> None:
     machine (`-g 99` on eight GPUs): every start of it would fail. Where no GPU can be
     read (a login node without them), nothing is judged."""
     from gpuwarden import config
-    from gpuwarden.errors import UserError
-    from gpuwarden.inventory import read_snapshot
-    from gpuwarden.request import Request
-    from gpuwarden.selection import choose
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.request import Request
+    from gpuwarden.placement.selection import choose
 
     cfg = config.load(cli=given)
     try:

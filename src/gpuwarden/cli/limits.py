@@ -21,9 +21,9 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from gpuwarden.queueclient.client import require
+    from gpuwarden.cli import service_client
 
-    with require() as client:
+    with service_client() as client:
         answer = client.call("limits")
     shown = {k: answer[k] for k in ("user", "admin", "limits")}
     print(json.dumps(shown, indent=2) if args.json else text(shown))
@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def text(answer: dict[str, Any]) -> str:
-    from gpuwarden.table import render
-    from gpuwarden.units import format_span
+    from gpuwarden.base.table import render
+    from gpuwarden.base.units import format_span
 
     if answer["admin"]:
         return f"{answer['user']}: an admin; no limit binds you"

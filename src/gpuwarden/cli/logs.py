@@ -5,7 +5,7 @@ job's."""
 
 from __future__ import annotations
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,12 +24,12 @@ def register(commands: Commands, name: str) -> None:
 
 
 def local(args: argparse.Namespace) -> int:
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import job_ids
     from gpuwarden.jobs import output
-    from gpuwarden.queueclient.client import require
 
     (job,) = job_ids([args.id])
-    with require() as client:
+    with service_client() as client:
         reply = client.call("logs", job=job)
         if reply.get("attached"):
             raise UserError(f"job {job} ran attached to a terminal: its output went there")

@@ -27,7 +27,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     try:
         import mcp  # noqa: F401
@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
             "(docs/mcp.md). Ctrl-D ends it.",
             file=sys.stderr,
         )
+    from gpuwarden import config
     from gpuwarden.assistant.server import serve
 
-    serve(args.socket)
+    serve(args.socket or config.load().service_socket())
     return 0

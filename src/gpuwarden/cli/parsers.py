@@ -25,7 +25,7 @@ def formatter() -> type[argparse.HelpFormatter]:
     The width is read once: argparse makes a formatter for each argument declared."""
     if _FORMATTER:
         return _FORMATTER[0]
-    from gpuwarden.table import columns
+    from gpuwarden.base.table import columns
 
     wide = columns() - 2
 
@@ -75,7 +75,7 @@ class RawFormatter(argparse.RawDescriptionHelpFormatter):
     """For the top-level help, whose epilog is the pre-formatted command table."""
 
     def __init__(self, prog: str, **kwargs: int | None) -> None:
-        from gpuwarden.table import columns
+        from gpuwarden.base.table import columns
 
         kwargs.setdefault("width", columns() - 2)
         super().__init__(prog, **kwargs)  # type: ignore[arg-type]

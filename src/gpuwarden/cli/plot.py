@@ -23,7 +23,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.plot import plot_files
+    from gpuwarden.monitoring.plot import plot_files
 
     out = plot_files(args.files, args.output, args.title)
     print(f"wrote {out}")

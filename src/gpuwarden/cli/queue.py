@@ -39,13 +39,13 @@ PAGE = 500
 
 
 def local(args: argparse.Namespace) -> int:
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import queue_table
-    from gpuwarden.paths import user_name
-    from gpuwarden.queueclient.client import require
+    from gpuwarden.files.paths import user_name
 
     who = user_name() if args.me else args.user
     filters = {} if who is None else {"user": who}
-    with require() as client:
+    with service_client() as client:
         jobs, reply = client.listing(
             "queue", None if args.all else PAGE, arrays=not args.json, **filters
         )
@@ -88,9 +88,9 @@ def start_table(jobs: list[dict[str, object]]) -> str:
     `--time`, a hold, a dependency or a limit."""
     import time as clock
 
+    from gpuwarden.base.table import render
     from gpuwarden.cli.jobtables import job_label
-    from gpuwarden.safefiles import printable
-    from gpuwarden.table import render
+    from gpuwarden.files.safefiles import printable
 
     waiting = sorted(
         (j for j in jobs if j.get("state") == "PENDING"),
@@ -119,7 +119,7 @@ def on_hosts(args: argparse.Namespace) -> int:
     from gpuwarden.hosts import merge, remote
 
     if args.slurm:
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         raise UserError("--hosts reads each host's queue service; Slurm's queue is one already")
     hosts = remote.parse_hosts(args.hosts)
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.me:
         import os
 
-        from gpuwarden.paths import user_name
+        from gpuwarden.files.paths import user_name
 
         user = user_name(os.geteuid())
     jobs = tools.queue(user=user)
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if not jobs:
         print("no Slurm jobs")
         return 0
-    from gpuwarden.table import render
+    from gpuwarden.base.table import render
 
     rows = [
         [

@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from gpuwarden import config as config_module
-    from gpuwarden.errors import UserError
-    from gpuwarden.sampling import record
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.monitoring.sampling import record
 
     config = config_module.load(
         {"record.interval": args.interval, "record.max_bytes": args.max_bytes}

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def register(commands: Commands, name: str) -> None:
     from gpuwarden.cli import subcommand
-    from gpuwarden.usage import BY, PER
+    from gpuwarden.usage.report import BY, PER
 
     parser = subcommand(commands, name)
     parser.add_argument("--by", choices=BY, default="user", help="group the rows by (user)")
@@ -38,7 +38,7 @@ def when(text: str, now: float) -> float:
     """`30d`, `12h`, `2w` ago; else a date or time as `submit --begin` reads it."""
     import re
 
-    from gpuwarden.begintime import parse
+    from gpuwarden.planning.begintime import parse
 
     ago = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip().lower())
     if ago:
@@ -50,8 +50,8 @@ def when(text: str, now: float) -> float:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from gpuwarden.errors import UserError
-    from gpuwarden.usage import from_dicts
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.usage.report import from_dicts
 
     now = time.time()
     since, until = when(args.since, now), when(args.until, now)
@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
         if args.waste:
             return _print_waste(waste, args)
     else:
-        from gpuwarden.queueclient.client import require
+        from gpuwarden.cli import service_client
 
         ask = {"since": since, "until": until, "by": args.by, "per": args.per}
-        with require() as client:
+        with service_client() as client:
             reply = client.call("report", waste=args.waste, **ask)
         if args.waste:
             return _print_waste(reply.get("waste") or [], args)
@@ -87,7 +87,7 @@ def _from_journal(
     import os
     import sqlite3
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.service import accounting, archive
 
     if not os.path.isfile(args.journal):
@@ -111,10 +111,10 @@ def _from_journal(
 def _print(rows: Sequence[Any], args: argparse.Namespace) -> None:
     import json
 
+    from gpuwarden.base.table import render
     from gpuwarden.cli.jobtables import span
-    from gpuwarden.safefiles import printable
-    from gpuwarden.table import render
-    from gpuwarden.usage import as_dicts
+    from gpuwarden.files.safefiles import printable
+    from gpuwarden.usage.report import as_dicts
 
     if args.format == "json":
         print(json.dumps(as_dicts(rows), indent=2))
@@ -164,8 +164,8 @@ def _print(rows: Sequence[Any], args: argparse.Namespace) -> None:
 def _print_waste(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> int:
     import json
 
-    from gpuwarden.safefiles import printable
-    from gpuwarden.table import render
+    from gpuwarden.base.table import render
+    from gpuwarden.files.safefiles import printable
 
     if args.format == "json":
         print(json.dumps(list(rows), indent=2))

@@ -24,13 +24,13 @@ def register(commands: Commands, command_name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import acted, job_ids
-    from gpuwarden.errors import UserError
-    from gpuwarden.queueclient.client import require
 
     done: list[int] = []
     refused: list[dict[str, str]] = []
-    with require() as client:
+    with service_client() as client:
         for job in dict.fromkeys(job_ids(args.ids)):  # the service requeues one at a time
             try:
                 client.call("requeue", job=job)

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def _seconds(duration: Optional[str]) -> Optional[float]:
     """`--for`'s seconds (None: not given)."""
     if duration is None:
         return None
-    from gpuwarden.units import parse_duration
+    from gpuwarden.base.units import parse_duration
 
     seconds = parse_duration(duration)
     if seconds <= 0:
@@ -157,9 +157,9 @@ def _through_service(
     admin's rule for interactive holds applies), ended by `release` (a cancel), by
     its time, or by the holder's death. Its id is the reservation's; the shell also
     gets GPUWARDEN_JOB, so `run` inside it uses its GPUs, as inside a job."""
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.jobs import launch
     from gpuwarden.jobs.holder import hold_allocation_in_background
+    from gpuwarden.machine.inventory import read_snapshot
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import job_fields
 
@@ -215,7 +215,7 @@ def _when(at: float) -> str:
 
 
 def _mine(leases: list[Any]) -> dict[str, list[Any]]:
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     me = user_name(os.geteuid())
     out: dict[str, list[Any]] = {}
@@ -232,11 +232,14 @@ def release(args: argparse.Namespace) -> int:
     if wanted is not None and not wanted.strip():
         raise UserError("empty reservation ID: name one (see `gpuwarden status`) or give none")
     from gpuwarden import config
+    from gpuwarden.files.locations import lease_location
 
-    service = config.load().get("service.socket")
+    reading = config.load()  # once: the service's socket and the lease directory
+    service = reading.service_socket()
     if os.path.exists(service) and (wanted is None or not wanted.startswith(RESERVATION_PREFIX)):
         return _release_through_service(service, wanted)
-    leases = lease.list_leases()
+    lease_dir = lease_location(reading)
+    leases = lease.list_leases(lease_dir)
     if wanted is None:
         mine = _mine(leases)
         if not mine:
@@ -244,7 +247,7 @@ def release(args: argparse.Namespace) -> int:
         if len(mine) > 1:
             raise UserError("you hold several reservations; name one: " + ", ".join(sorted(mine)))
         wanted = next(iter(mine))
-    from gpuwarden.safefiles import printable
+    from gpuwarden.files.safefiles import printable
 
     found = [i for i in leases if i.job == wanted and i.pid > 0]
     if not found and os.environ.get("GPUWARDEN_RESERVATION") == wanted:
@@ -261,22 +264,21 @@ def release(args: argparse.Namespace) -> int:
         raise UserError(
             f"no reservation {printable(repr(wanted))} is held (it may have ended or expired)"
         )
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     me = user_name(os.geteuid())
     if found[0].user != me and os.geteuid() != 0:
         raise UserError(f"reservation {wanted} belongs to {found[0].user}, not to {me}")
-    from gpuwarden import holders
-    from gpuwarden.locations import lease_location
+    from gpuwarden.leases import holders
 
-    target = holders.prove_holder(lease_location(), found[0], f"reservation {wanted}")
+    target = holders.prove_holder(lease_dir, found[0], f"reservation {wanted}")
     pid = target.pid
     try:
         target.send(signal.SIGTERM)
     finally:
         target.close()
     deadline = time.monotonic() + 5
-    while any(i.job == wanted for i in lease.list_leases()):
+    while any(i.job == wanted for i in lease.list_leases(lease_dir)):
         if time.monotonic() > deadline:
             raise UserError(f"reservation {wanted}: holder pid {pid} did not stop")
         time.sleep(0.02)
@@ -290,9 +292,9 @@ def release(args: argparse.Namespace) -> int:
 def _release_through_service(service: str, wanted: Optional[str]) -> int:
     """End a reservation held through the queue service: cancel its job (only its
     owner or an admin may), and return once the service has freed its GPUs."""
+    from gpuwarden.files.safefiles import printable
     from gpuwarden.queueclient import holding
     from gpuwarden.queueclient.client import require
-    from gpuwarden.safefiles import printable
 
     with require(service) as client:
         if wanted is None:

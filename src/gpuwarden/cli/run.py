@@ -8,7 +8,7 @@ that can never fit on this machine; 75 when nothing fits now (without
 
 from __future__ import annotations
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def dry_run(command: str, snapshot: Any, request: Any, allowed: Any, conf: Any) 
     from gpuwarden.jobs.allocation import choose_now, waiting_count
     from gpuwarden.jobs.launch import export_value
     from gpuwarden.leases import EXIT_BUSY
-    from gpuwarden.mig import devices, label
+    from gpuwarden.placement.mig import devices, label
 
     choice = choose_now(snapshot, request, allowed, conf)
     waiting = waiting_count(conf)

@@ -48,7 +48,7 @@ def on_hosts(args: argparse.Namespace) -> int:
     """Each host's own `select` with the same options (checked here first, so a slip is
     one line, not one per host): `HOST IDS` for every host where they fit now."""
     from gpuwarden import config
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.hosts import merge, remote
     from gpuwarden.leases import EXIT_BUSY
 
@@ -80,17 +80,17 @@ def run(args: argparse.Namespace) -> int:
     if args.hosts is not None:
         return on_hosts(args)
     from gpuwarden import config
-    from gpuwarden.drain import list_drains
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.units import format_size
+    from gpuwarden.files.locations import lease_location, state_location
+    from gpuwarden.health.drain import list_drains
     from gpuwarden.health.xidlog import judged
-    from gpuwarden.inventory import read_snapshot
     from gpuwarden.jobs.holding import allowed
     from gpuwarden.jobs.launch import export_value
     from gpuwarden.leases import EXIT_BUSY, list_leases
-    from gpuwarden.locations import lease_location, state_location
-    from gpuwarden.request import Request
-    from gpuwarden.selection import choose
-    from gpuwarden.units import format_size
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.request import Request
+    from gpuwarden.placement.selection import choose
 
     cfg = config.load(filters.settings(args))
     mem = filters.mem_of(args)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         judged(snapshot.gpus, conf=cfg),
     )
     if args.explain:
-        from gpuwarden.mig import devices
+        from gpuwarden.placement.mig import devices
 
         for gpu in devices(snapshot):
             if any(g.uuid == gpu.uuid for g in choice.gpus):
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         # With a queue service, every way of holding GPUs takes its turn through it.
         holders = (
             "`gpuwarden run`, `reserve` or `submit` take GPUs through the queue service"
-            if os.path.exists(cfg.get("service.socket"))
+            if os.path.exists(cfg.service_socket())
             else "`gpuwarden run` or `gpuwarden reserve` hold them"
         )
         print(

@@ -56,9 +56,9 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.units import parse_duration
     from gpuwarden.service.server import Service
-    from gpuwarden.units import parse_duration
 
     if os.geteuid() != 0:
         raise UserError("the service runs as root: it starts each job as the user who submitted it")

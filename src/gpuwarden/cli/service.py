@@ -82,9 +82,9 @@ def _install(args: argparse.Namespace) -> int:
         )
         return 0
     _systemctl(install.start_commands(companions))
-    from gpuwarden.queueclient.probe import socket_location, wait_until_running
+    from gpuwarden.queueclient.probe import wait_until_running
 
-    found = wait_until_running(socket_location(), 15.0)  # the configured socket, as it reads
+    found = wait_until_running(_socket(None), 15.0)  # the configured socket, as it reads
     if not found["running"]:
         print(
             f"started, but nothing answers on {found['socket']} after 15 s: "
@@ -96,14 +96,14 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.queueclient.probe import probe
     from gpuwarden.service import install, uninstall
 
     root = _root(args.root)
     if root == "/" and install.systemd_running():
         _systemctl(install.stop_commands(root), check=False)
-    found = probe(None)  # the configured socket, as every command reads it
+    found = probe(_socket(None))  # the configured socket, as every command reads it
     if found["running"]:
         # Removing the unit and directories of a running service would strand its jobs'
         # clients and leave a service nobody can stop by its unit.
@@ -122,7 +122,7 @@ def _reload(args: argparse.Namespace) -> int:
     """Ask the service to read its policy again; print what changed (as its log does)."""
     from gpuwarden.queueclient.client import require
 
-    with require(args.socket) as client:
+    with require(_socket(args.socket)) as client:
         changed = client.call("reload")["changes"]
     for line in changed:
         print(line)
@@ -130,10 +130,17 @@ def _reload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _socket(given: str | None) -> str:
+    """--socket, else the configured one."""
+    from gpuwarden import config
+
+    return given or config.load().service_socket()
+
+
 def _root(value: str | None) -> str:
     import os
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if value is None:
         return "/"
@@ -148,7 +155,7 @@ def _root(value: str | None) -> str:
 def _systemctl(commands: list[list[str]], check: bool = True) -> None:
     import subprocess
 
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     for argv in commands:
         print("$ " + " ".join(argv))
@@ -166,7 +173,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from gpuwarden.queueclient.probe import probe
 
-    found = probe(args.socket)
+    found = probe(_socket(args.socket))
     if args.json:
         print(json.dumps(found, indent=2))
     else:

@@ -25,10 +25,10 @@ def register(commands: Commands, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from gpuwarden.cli import service_client
     from gpuwarden.cli.jobtables import share_table
-    from gpuwarden.queueclient.client import require
 
-    with require() as client:
+    with service_client() as client:
         answer = client.call("share")
     users, accounts = answer["users"], answer.get("accounts") or []
     if args.json:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,9 +96,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from gpuwarden.base.table import render
+    from gpuwarden.base.units import format_size
     from gpuwarden.sim import specs
-    from gpuwarden.table import render
-    from gpuwarden.units import format_size
 
     name = args.spec or os.environ.get("GPUWARDEN_SIM")
     if not name:
@@ -182,7 +182,7 @@ _BOOLS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off"
 
 
 def _set(args: argparse.Namespace) -> int:
-    from gpuwarden.units import parse_size
+    from gpuwarden.base.units import parse_size
 
     fields: dict[str, Any] = {}
     for item in args.fields:
@@ -213,9 +213,9 @@ def _occupy_targets(args: argparse.Namespace, machine: Any) -> list[str]:
         return [g.strip() for g in args.gpu.split(",") if g.strip()]
     if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
         raise UserError("say which GPUs: --gpu INDEX, or set CUDA_VISIBLE_DEVICES")
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.visible import resolve
     from gpuwarden.sim.fake import module
-    from gpuwarden.visible import resolve
 
     view = resolve(read_snapshot(module(machine.spec.path), processes=False))
     if view.problems:
@@ -228,7 +228,7 @@ def _occupy_targets(args: argparse.Namespace, machine: Any) -> list[str]:
 def _occupy(args: argparse.Namespace) -> int:
     import getpass
 
-    from gpuwarden.units import parse_size
+    from gpuwarden.base.units import parse_size
 
     machine = _machine(args)
     size = parse_size(args.mem)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

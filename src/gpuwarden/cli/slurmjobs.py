@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.jobs.options import command_of as command_of
 
 TYPE_CHECKING = False

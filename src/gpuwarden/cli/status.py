@@ -12,7 +12,7 @@ import sys
 import time
 
 from gpuwarden.cli.statustable import Status, cuda_indices, level, slices, to_text, unleased_pids
-from gpuwarden.inventory import Gpu, Snapshot, dotted
+from gpuwarden.machine.inventory import Gpu, Snapshot, dotted
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
     from gpuwarden.cli import Commands
+    from gpuwarden.config import Config
 
 SCHEMA = 1
 __all__ = ["Status", "gather", "render", "to_json", "to_text", "unleased_pids"]
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return _on_hosts(args)
     if args.watch is not None:
         if not 0 < args.watch <= 86400:  # also NaN; time.sleep(inf) raises OverflowError
-            from gpuwarden.errors import UserError
+            from gpuwarden.base.errors import UserError
 
             raise UserError(
                 f"--watch needs a positive number of seconds (a day at most), got {args.watch:g}"
@@ -73,7 +74,7 @@ def _on_hosts(args: argparse.Namespace) -> int:
     from gpuwarden.hosts import merge, remote
 
     if args.watch is not None:
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         raise UserError("--hosts shows one moment; --watch is for this machine's status")
     hosts = remote.parse_hosts(args.hosts)
@@ -84,7 +85,7 @@ def _on_hosts(args: argparse.Namespace) -> int:
 
 
 def _check_user(name: str) -> None:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if not name or len(name) > 256 or any(c.isspace() or not c.isprintable() for c in name):
         raise UserError(f"--user needs a user name, got {name!r}")
@@ -93,29 +94,30 @@ def _check_user(name: str) -> None:
 def gather(user: Optional[str] = None) -> Status:
     """`collect()`, narrowed to one user when `user` is given. A name that is neither an
     account here nor seen on any GPU or lease is one line, not an empty table."""
-    data = private(collect())
+    from gpuwarden.config import load
+
+    reading = load()  # once: the lease and state directories, the health rules, who sees commands
+    data = private(collect(reading), bool(reading.get("service.show_commands")))
     if user is None:
         return data
     mine = for_user(data, user)
     if not mine.machine.snapshot.gpus and not _is_account(user):
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
 
         raise UserError(f"no user {user!r} on this machine, and nothing runs under that name")
     return mine
 
 
-def private(data: Status) -> Status:
+def private(data: Status, show_commands: bool) -> Status:
     """Others' command lines hidden (their leases show user, job, pid and times), as
     `queue` and `jobs` hide them: a command line can carry a path, a token, a
     colleague's unpublished idea. Root sees them, and everyone where the admin set
-    `service.show_commands`."""
+    `service.show_commands` (`show_commands`)."""
     import os
     import pwd
     from dataclasses import replace
 
-    from gpuwarden import config
-
-    if os.geteuid() == 0 or config.load().get("service.show_commands"):
+    if os.geteuid() == 0 or show_commands:
         return data
     try:
         me = pwd.getpwuid(os.geteuid()).pw_name  # the kernel's uid, never $USER
@@ -182,17 +184,16 @@ def _watch(args: argparse.Namespace) -> int:
         return 0
 
 
-def collect() -> Status:
-    """Everything status shows, gathered once: the machine view and CUDA's view of it."""
-    from gpuwarden.config import load
-    from gpuwarden.inventory import read_snapshot
-    from gpuwarden.machineview import read_view
+def collect(reading: Config) -> Status:
+    """Everything status shows, gathered once: the machine view and CUDA's view of it
+    (`reading`: the lease and state directories and the health rules)."""
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.monitoring.machineview import read_view
 
-    reading = load()  # once: the lease and state directories and the health rules
     snap = read_snapshot()
     visible = None
     if snap.gpus:
-        from gpuwarden.visible import resolve
+        from gpuwarden.placement.visible import resolve
 
         visible = resolve(snap)
     return Status(read_view(snap, config=reading), visible)
@@ -211,7 +212,7 @@ def to_json(data: Status) -> dict[str, Any]:
     cuda = cuda_indices(view)
     leases = list(data.machine.leases)
     if leases:
-        from gpuwarden.ancestry import lineage
+        from gpuwarden.machine.ancestry import lineage
     gpus = []
     for g in snap.gpus:
         findings = data.machine.findings.get(g.uuid, ())

@@ -3,19 +3,19 @@
 A GPU in MIG mode is shown as nvidia-smi and nvitop show it: its own row (temperature,
 power, the whole memory, health, drains), then one row per MIG device (`3:1`: GPU 3,
 MIG device 1) with its profile, memory, lease and processes. A slice is what a job is
-given (gpuwarden.mig), so its lease and processes are on its row, not the parent's.
+given (gpuwarden.placement.mig), so its lease and processes are on its row, not the parent's.
 """
 
 from __future__ import annotations
 
-from gpuwarden.inventory import Gpu, MigInstance, Snapshot, dotted
-from gpuwarden.records import record
+from gpuwarden.base.records import record
+from gpuwarden.machine.inventory import Gpu, MigInstance, Snapshot, dotted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from gpuwarden.machineview import MachineView
+    from gpuwarden.monitoring.machineview import MachineView
 
 _SHORT_NAMES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ")
 
@@ -60,8 +60,8 @@ def slices(gpu: Gpu) -> list[MigInstance]:
 def unleased_pids(gpu: Gpu, held: list[Any], lineage_of: Any) -> set[int]:
     """The pids of `gpu`'s processes that belong to none of the leases `held` on it: no
     lease's job is the process or one of its ancestors (the kernel's /proc), nor labels
-    its container (gpuwarden.attribution)."""
-    from gpuwarden.attribution import unleased_pids as unleased
+    its container (gpuwarden.leases.attribution)."""
+    from gpuwarden.leases.attribution import unleased_pids as unleased
 
     return unleased(gpu, held, lineage_of)
 
@@ -94,13 +94,13 @@ def _lease_mark(held: list[Any]) -> str:
 
 
 def _memory(used: Optional[int], total: Optional[int]) -> str:
-    from gpuwarden.units import format_size
+    from gpuwarden.base.units import format_size
 
     return f"{format_size(used)} / {format_size(total)}"
 
 
 def _procs(processes: Any, stray: set[int]) -> str:
-    from gpuwarden.units import format_size
+    from gpuwarden.base.units import format_size
 
     return (
         " ".join(
@@ -123,7 +123,7 @@ def _health_mark(g: Gpu, findings: tuple[Any, ...]) -> str:
 
 
 def to_text(data: Status) -> str:
-    from gpuwarden.table import render as table
+    from gpuwarden.base.table import render as table
 
     snap: Snapshot = data.machine.snapshot
     if not snap.gpus and data.user is not None and not snap.error:
@@ -153,7 +153,7 @@ def to_text(data: Status) -> str:
     # Where leases are in use (a shared machine), a GPU process under none is marked: it
     # is unreserved use, counted against its user's fair share by the queue service.
     if leases:
-        from gpuwarden.ancestry import lineage
+        from gpuwarden.machine.ancestry import lineage
     unreserved = 0
 
     def cuda_mark(uuid: str) -> list[str]:
@@ -239,7 +239,7 @@ def _lease_rows(snap: Snapshot, held: list[Any]) -> list[list[str]]:
     """One row per lease: `GPU n` (`GPU n:m` on a MIG slice, with `shared` for a
     declared-memory lease), its job id, user, age and when it expires (`with job`: it
     ends when its process tree does)."""
-    from gpuwarden.units import format_size, format_span
+    from gpuwarden.base.units import format_size, format_span
 
     name = {g.uuid: str(g.index) for g in snap.gpus}
     name.update({m.uuid: slice_id(g, m) for g in snap.gpus for m in slices(g)})

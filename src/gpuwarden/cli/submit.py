@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.cli.slurmjobs import spec_of
-from gpuwarden.errors import UserError
 from gpuwarden.queueclient import submitting
 
 TYPE_CHECKING = False
@@ -49,7 +49,7 @@ def submit_local(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     check(args.output)
-    with require(conf.get("service.socket")) as client:
+    with require(conf.service_socket()) as client:
         job = client.call("submit", **fields)["job"]
     out, err = submitting.said(job, tasks)
     sys.stdout.write(out)
@@ -66,13 +66,13 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name, None) not in (None, False):
             raise UserError(f"--{name} is for this machine's queue, not with --slurm")
     if args.array is not None:
-        from gpuwarden import arrayspec
+        from gpuwarden.planning import arrayspec
 
         arrayspec.parse(args.array)  # Slurm's syntax: refused here in one line, as sbatch would
     if args.begin is not None:
         import time
 
-        from gpuwarden.begintime import parse
+        from gpuwarden.planning.begintime import parse
 
         parse(args.begin, time.time())  # likewise
     from gpuwarden.slurm import batch, tools

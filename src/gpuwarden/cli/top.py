@@ -53,7 +53,7 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.top.model import State
 
     interval = args.interval
@@ -62,28 +62,36 @@ def run(args: argparse.Namespace) -> int:
     if not 0.1 <= interval <= 3600:  # also NaN
         raise UserError(f"--interval needs 0.1 to 3600 seconds, got {interval:g}")
     state = State(mine=args.me, user=args.user, sort=args.sort)
-    read = _reader(args)
+    from gpuwarden import config
+
+    socket = config.load().service_socket()
+    read = _reader(args, socket)
     if args.once is not None:
         return _once(read, state, args.once)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("top needs a terminal (--once prints one screen anywhere)")
     from gpuwarden.top import acting, terminal
 
-    terminal.run(read, acting.perform, _log_tail, interval, state)
+    def perform(action: Any) -> str:
+        return acting.perform(action, socket)
+
+    terminal.run(read, perform, _log_tail, interval, state)
     return 0
 
 
-def _reader(args: argparse.Namespace) -> Any:
-    """`read(state, room)`: the labs for a view in `state` showing `room` job rows."""
+def _reader(args: argparse.Namespace, socket: str) -> Any:
+    """`read(state, room)`: the labs for a view in `state` showing `room` job rows (this
+    machine's queue from the service at `socket`)."""
     from gpuwarden.lab.reading import read_hosts, read_lab
 
     if args.hosts is None:
-        from gpuwarden.paths import user_name
+        from gpuwarden.files.paths import user_name
         from gpuwarden.top.model import wanted_rows
 
         me = user_name()  # the kernel's uid, as the service names us
         return lambda state, room: [
             read_lab(
+                socket,
                 rows=wanted_rows(state, room),
                 user=me if state.mine else state.user,
                 mine=0 if state.mine else MINE,
@@ -96,8 +104,8 @@ def _reader(args: argparse.Namespace) -> Any:
 
 
 def _once(read: Any, state: Any, size: str) -> int:
-    from gpuwarden.errors import UserError
-    from gpuwarden.table import columns
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.table import columns
     from gpuwarden.top.screen import draw
 
     width, height = columns(), 24
@@ -114,7 +122,7 @@ def _once(read: Any, state: Any, size: str) -> int:
 def _log_tail(host: Optional[str], job: str, lines: int) -> list[str]:
     """A job's last lines: from its output file here (its owner's or an admin's to
     read, the service says), or `gpuwarden logs` over ssh on another host."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if host is not None:
         from gpuwarden.hosts.remote import run_on, settings
@@ -122,11 +130,11 @@ def _log_tail(host: Optional[str], job: str, lines: int) -> list[str]:
         command, timeout, options = settings()
         said = run_on(host, [*command, "logs", job], timeout, options)
         return said.stdout.splitlines()[-lines:] if said.ok else [f"({said.error})"]
+    from gpuwarden.cli import service_client
     from gpuwarden.jobs.output import tail
-    from gpuwarden.queueclient.client import require
 
     try:
-        with require() as client:
+        with service_client() as client:
             reply = client.call("logs", job=int(job))
         if reply.get("attached"):
             return ["(it ran attached to a terminal: its output went there)"]

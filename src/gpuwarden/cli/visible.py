@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     import argparse
 
     from gpuwarden.cli import Commands
-    from gpuwarden.inventory import Snapshot
-    from gpuwarden.visible import Resolution
+    from gpuwarden.machine.inventory import Snapshot
+    from gpuwarden.placement.visible import Resolution
 
-SCHEMA = "gpuwarden.visible/1"
+SCHEMA = "gpuwarden.placement.visible/1"
 
 
 def register(commands: Commands, name: str) -> None:
@@ -36,8 +36,8 @@ def register(commands: Commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.inventory import read_snapshot
-    from gpuwarden.visible import resolve
+    from gpuwarden.machine.inventory import read_snapshot
+    from gpuwarden.placement.visible import resolve
 
     snapshot = read_snapshot(processes=False)
     resolution = resolve(snapshot, os.environ)

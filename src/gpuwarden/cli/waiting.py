@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 import time
 
+from gpuwarden.base.units import format_span
 from gpuwarden.jobs.allocation import acquire, describe_request
-from gpuwarden.units import format_span
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class WaitStatus:
         where = f"{_ordinal(position)} in line" + (f" of {total}" if total > 1 else "")
         text = f"{self.prefix} ({where}): {reason}"
         if self.tty:
-            from gpuwarden.table import columns
+            from gpuwarden.base.table import columns
 
             width = columns(100) - 1
             line = f"{text} [{format_span(elapsed)}]"

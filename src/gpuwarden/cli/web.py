@@ -47,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from gpuwarden import config as config_module
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.units import parse_listen
     from gpuwarden.cli.serving import until_signalled, warner
-    from gpuwarden.errors import UserError
     from gpuwarden.health.judgement import rules_in_force
     from gpuwarden.health.watch import watch_beside
-    from gpuwarden.units import parse_listen
     from gpuwarden.web.server import Feed, serve
 
     _warn = warner("gpuwarden.web")
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         interval=interval,
         show_commands=bool(config.get("web.show_commands")),
         rules=rules,
-        service=str(args.socket or config.get("service.socket")),
+        service=args.socket or config.service_socket(),
         peers=peers,
     )
     if args.once:

@@ -16,7 +16,7 @@ file is read.
 The keys and their types are `gpuwarden.config.keys` and `gpuwarden.config.values`;
 this module loads the layers. Values are normalised on the way in, so a wrong
 type is reported once, here, naming the file (or variable), the key and the
-expected type. Where state lives is `gpuwarden.locations`.
+expected type. Where state lives is `gpuwarden.files.locations`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.config.keys import KEYS, SCHEMA
 from gpuwarden.config.values import BadValue
-from gpuwarden.configfiles import PROJECT_FILE as PROJECT_FILE
-from gpuwarden.configfiles import SYSTEM_CONFIG as SYSTEM_CONFIG
-from gpuwarden.configfiles import project_config as project_config
-from gpuwarden.configfiles import system_config as system_config
-from gpuwarden.configfiles import user_config as user_config
-from gpuwarden.errors import UserError
+from gpuwarden.files.configfiles import DEFAULT_SOCKET as DEFAULT_SOCKET
+from gpuwarden.files.configfiles import PROJECT_FILE as PROJECT_FILE
+from gpuwarden.files.configfiles import SYSTEM_CONFIG as SYSTEM_CONFIG
+from gpuwarden.files.configfiles import project_config as project_config
+from gpuwarden.files.configfiles import system_config as system_config
+from gpuwarden.files.configfiles import user_config as user_config
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -58,6 +59,11 @@ class Config:
 
     def get(self, key: str) -> Any:
         return self._values[_known(key)][0]
+
+    def service_socket(self) -> str:
+        """The queue service's socket: `service.socket` ($GPUWARDEN_SOCKET sets it), the
+        default where it is set empty. Every face asks this of its reading."""
+        return str(self.get("service.socket") or DEFAULT_SOCKET)
 
     def source(self, key: str) -> str:
         """ "default", "system: PATH", "user: PATH", "project: PATH", "env: NAME" or
@@ -94,7 +100,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         import tomllib  # type: ignore[import-not-found]
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # type: ignore[no-redef]
-    from gpuwarden.safefiles import TooLarge, Unreadable, UnsafeFile, read_small
+    from gpuwarden.files.safefiles import TooLarge, Unreadable, UnsafeFile, read_small
 
     try:
         data, _ = read_small(path, MAX_CONFIG_BYTES, what="config file", follow=True)
@@ -169,7 +175,7 @@ def _file_values(path: Path, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _shown(value: Any) -> str:
-    from gpuwarden.units import shown
+    from gpuwarden.base.units import shown
 
     return shown(value)
 

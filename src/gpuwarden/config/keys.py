@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 # Shared by every local user when an admin (or a packaged service) created them
-# (`gpuwarden.locations` picks them when they exist).
+# (`gpuwarden.files.locations` picks them when they exist).
 SYSTEM_LEASE_DIR = "/var/lib/gpuwarden/leases"
 SYSTEM_STATE_DIR = "/var/lib/gpuwarden/state"
 
@@ -458,7 +458,7 @@ def format_value(value: Any, key: str | None = None) -> str:
         return "true" if value else "false"
     spec = KEYS.get(key or "")
     if spec is not None and spec.kind == "size":
-        from gpuwarden.units import format_size
+        from gpuwarden.base.units import format_size
 
         return format_size(value)
     if spec is not None and spec.kind == "capability":

@@ -4,7 +4,7 @@ Values are normalised on the way in (sizes to bytes, durations to seconds, ID
 lists to tuples of strings), so a wrong type is reported once, by the loader
 (`gpuwarden.config`), naming where the value came from, the key and the expected
 type, never deep inside the code that uses it. The parsing of sizes, durations
-and addresses itself is `gpuwarden.units`'s.
+and addresses itself is `gpuwarden.base.units`'s.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 
-from gpuwarden.errors import UserError
-from gpuwarden.units import parse_duration, parse_size
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import parse_duration, parse_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def _as_float(value: Any) -> float:
 
 def _as_seconds(value: Any) -> float:
     """A number of seconds up to ten years: `time.sleep(1e300)` raises OverflowError."""
-    from gpuwarden.units import MAX_DURATION
+    from gpuwarden.base.units import MAX_DURATION
 
     number = _as_float(value)
     if number > MAX_DURATION:
@@ -262,7 +262,7 @@ def _as_path(value: Any) -> str:
 
 
 def _as_listen(value: Any) -> str:
-    from gpuwarden.units import parse_listen
+    from gpuwarden.base.units import parse_listen
 
     text = _as_str(value)
     try:

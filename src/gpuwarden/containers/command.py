@@ -12,7 +12,7 @@ every GPU or none. So the runtime's own command line is rewritten here, purely:
   container numbers them) and `NVIDIA_VISIBLE_DEVICES` too, so an image that says
   `all` does not widen the set under the NVIDIA toolkit's hook;
 * the container is named after its job and labelled `gpuwarden.lease`, `gpuwarden.user`
-  and `gpuwarden.gpus`, which `status` and `enforce` read back (gpuwarden.ancestry);
+  and `gpuwarden.gpus`, which `status` and `enforce` read back (gpuwarden.machine.ancestry);
 * with Podman, the lease's lock descriptors are passed into the container
   (`--preserve-fds`): the kernel then holds the lease exactly as long as the container's
   processes, whatever happens to the client. Docker's daemon cannot be handed
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import os
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.containers import CHILDREN, DAEMONS, runtime_of
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

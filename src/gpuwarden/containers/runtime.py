@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.containers import command
-from gpuwarden.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def _wait_for(pid: int) -> None:
     except ProcessLookupError:
         return
     except (AttributeError, OSError):
-        from gpuwarden.holders import is_gone
+        from gpuwarden.leases.holders import is_gone
 
         while not is_gone(pid):
             time.sleep(0.5)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from gpuwarden.records import record
+from gpuwarden.base.records import record
 
 WHEEL_INDEX = "https://download.pytorch.org/whl/"
 

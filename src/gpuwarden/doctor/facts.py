@@ -27,14 +27,17 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.base.records import field, record
+
 # The probe lives in its own module so the CLI can start it first.
 from gpuwarden.doctor.probe import NO_TORCH_ENV, PROBE_TIMEOUT, torch_location
 from gpuwarden.doctor.probe import start as start_probe
-from gpuwarden.inventory import Snapshot
-from gpuwarden.records import field, record
+from gpuwarden.machine.inventory import Snapshot
 
 if TYPE_CHECKING:
     import subprocess
+
+    from gpuwarden.config import Config
 
 
 @record
@@ -76,7 +79,7 @@ class Facts:
     platform: str = "linux"  # sys.platform
     machine: str = "x86_64"
     python: str = ""
-    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> gpuwarden.drain.Drain
+    drains: Mapping[str, Any] = field(default_factory=dict)  # uuid -> gpuwarden.health.drain.Drain
     in_process: bool = False
     runtime: Optional[TorchRuntime] = None  # torch state, when torch is imported here
     initial_environ: Optional[Mapping[str, str]] = None  # the environment at exec time
@@ -257,7 +260,7 @@ def table_archs(build: TorchBuild) -> TorchBuild:
 
 def read_machine() -> Snapshot:
     """One snapshot; a machine without a usable NVML is an empty snapshot saying why."""
-    from gpuwarden import inventory
+    from gpuwarden.machine import inventory
 
     try:
         return inventory.read_snapshot(processes=True)
@@ -272,7 +275,7 @@ def read_machine() -> Snapshot:
 
 def read_drains() -> Mapping[str, Any]:
     try:
-        from gpuwarden.drain import list_drains
+        from gpuwarden.health.drain import list_drains
 
         return dict(list_drains())
     except Exception:
@@ -284,8 +287,8 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     exist yet is private: gpuwarden creates a missing one per user, mode 0700."""
     import stat
 
-    from gpuwarden.errors import UserError
-    from gpuwarden.locations import lease_location
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.files.locations import lease_location
 
     try:
         path = lease_location()
@@ -300,15 +303,31 @@ def read_lease_dir() -> tuple[str, Optional[bool]]:
     return path, bool(mode & stat.S_ISVTX and mode & stat.S_IWOTH)
 
 
-def read_service(lease_dir: Optional[str] = None) -> Optional[Mapping[str, Any]]:
-    """Whether a queue service answers here, and to this user, and whether one is
-    installed (its unit, or a lease directory that is root's and closed to us, as
-    `service install` leaves it); never raises: a doctor with a broken service to
-    report must still report everything else."""
+def read_config() -> Optional[Config]:
+    """This user's reading of the configuration, or None where it is broken: that is the
+    config check's finding, and the other facts go on without it."""
+    from gpuwarden import config
+    from gpuwarden.base.errors import UserError
+
+    try:
+        return config.load()
+    except UserError:
+        return None
+
+
+def read_service(
+    lease_dir: Optional[str] = None, socket: Optional[str] = None
+) -> Optional[Mapping[str, Any]]:
+    """Whether a queue service answers at `socket` (the configured one), and to this
+    user, and whether one is installed (its unit, or a lease directory that is root's
+    and closed to us, as `service install` leaves it); never raises: a doctor with a
+    broken service to report must still report everything else."""
+    if socket is None:
+        return None
     try:
         from gpuwarden.queueclient.probe import UNIT_PATH, probe
 
-        found = dict(probe())
+        found = dict(probe(socket))
         installed = os.path.exists(UNIT_PATH)
         if not installed and lease_dir and os.geteuid() != 0:
             with contextlib.suppress(OSError):
@@ -368,7 +387,8 @@ def gather(
     snap = snapshot if snapshot is not None else read_machine()
     drains = read_drains()
     lease_dir, lease_dir_shared = read_lease_dir()
-    service = read_service(lease_dir)
+    reading = read_config()
+    service = read_service(lease_dir, reading.service_socket() if reading else None)
     if proc is not None:
         build = finish_probe(build, proc)
     build = table_archs(build)
@@ -386,7 +406,7 @@ def gather(
         user=_user_name(),
         lease_dir=lease_dir,
         lease_dir_shared=lease_dir_shared,
-        enforcement=read_enforcement(),
+        enforcement=read_enforcement(reading),
         service=service,
         containers=read_containers(),
     )
@@ -429,20 +449,17 @@ def read_containers(toolkit: str = TOOLKIT_CONFIG) -> dict[str, Any]:
     }
 
 
-def read_enforcement() -> Optional[tuple[str, str]]:
+def read_enforcement(reading: Optional[Config]) -> Optional[tuple[str, str]]:
     from gpuwarden.cgroups.hierarchy import detect
-    from gpuwarden.config import load
 
-    try:
-        setting = load().get("enforce.devices")
-    except Exception:  # a broken config is the config check's finding, not this one's
-        setting = "auto"
+    # a broken config (None) is the config check's finding, not this one's
+    setting = reading.get("enforce.devices") if reading is not None else "auto"
     if setting == "off":
         return "none", "enforce.devices = off"
     return detect()
 
 
 def _user_name() -> str:
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     return user_name()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Optional
 
-from gpuwarden.records import record
+from gpuwarden.base.records import record
 
 PASS, INFO, SKIP, WARN, FAIL = "PASS", "INFO", "SKIP", "WARN", "FAIL"
 LEVELS = (PASS, INFO, SKIP, WARN, FAIL)  # mildest first

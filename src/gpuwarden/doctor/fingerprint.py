@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.doctor.facts import Facts
-from gpuwarden.inventory import dotted
+from gpuwarden.machine.inventory import dotted
 
 ENV_PREFIXES = (
     "CUDA_",

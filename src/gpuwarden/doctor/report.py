@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from gpuwarden.base.records import record
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import FAIL, LEVELS, WARN, Finding, exit_code
-from gpuwarden.inventory import dotted
-from gpuwarden.records import record
+from gpuwarden.machine.inventory import dotted
 
 WIDTH = 100
 

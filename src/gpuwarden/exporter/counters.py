@@ -16,14 +16,14 @@ no GPM values, each later one the average since the read before.
 
 from __future__ import annotations
 
-from gpuwarden.records import replace
+from gpuwarden.base.records import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, Optional
 
-    from gpuwarden.inventory import Gpu, MigInstance
+    from gpuwarden.machine.inventory import Gpu, MigInstance
 
 # name -> what it is (unit). The exporter maps these to dcgm-exporter's names.
 KEYS = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from gpuwarden.inventory import Gpu, MigInstance
+from gpuwarden.machine.inventory import Gpu, MigInstance
 
 MIB = 2**20
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
+from gpuwarden.base.records import field, record
 from gpuwarden.exporter.dcgm import families as dcgm_families
 from gpuwarden.exporter.dcgm import mig_slot
 from gpuwarden.exporter.queue import families as queue_families
 from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS, OK, Symptom, level
-from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import field, record
+from gpuwarden.machine.inventory import Gpu, Snapshot
 
 LEVELS = ("ok", "warning", "fatal")
 WHOLE = ("", "")  # GPU_I_ID and GPU_I_PROFILE of a whole GPU

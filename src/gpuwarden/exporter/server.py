@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from gpuwarden.base.units import parse_listen
 from gpuwarden.exporter.metrics import IdleTracker, View, families
 from gpuwarden.health.judgement import DEFAULT_FATAL_XIDS, Rules
-from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
-from gpuwarden.inventory import Snapshot
-from gpuwarden.machineview import MachineView, read_view
-from gpuwarden.units import parse_listen
+from gpuwarden.machine.inventory import Snapshot
+from gpuwarden.monitoring.machineview import MachineView, read_view
+from gpuwarden.web.httpserver import HttpServer
+from gpuwarden.web.httpwire import Handler, HttpReply, HttpRequest
 
 __all__ = ["Collector", "Exposition", "Server", "ViewCache", "require_client", "serve"]
 
@@ -47,9 +47,11 @@ class ViewCache:
         read_timeout: float = 5.0,
         counters: bool = False,
         show_commands: bool = False,
+        socket: Optional[str] = None,
     ) -> None:
         self._read = read
         self.show_commands = show_commands
+        self.socket = socket  # the queue service's, whose `stats` each view carries (None: none)
         # dcgm-exporter's further counters (`counters`), read with each snapshot
         # only when asked for: GPM keeps one sample per GPU between reads
         self._counters: Any = None
@@ -159,7 +161,7 @@ class ViewCache:
             scrape_errors=self.scrape_errors,
             read_seconds=time.perf_counter() - started,
             nvml_up=nvml_up,
-            queue=read_stats(),
+            queue=read_stats(self.socket) if self.socket is not None else None,
             show_commands=self.show_commands,
         )
 
@@ -174,7 +176,7 @@ class ViewCache:
     def _read_snapshot(self) -> Snapshot:
         if self._read is not None:
             return self._read()
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.machine.inventory import read_snapshot
 
         return read_snapshot(counters=self._counters)
 
@@ -202,7 +204,7 @@ class Collector:
 
 def require_client() -> None:
     """One line, not an ImportError traceback, when the `exporter` extra is missing."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     try:
         import prometheus_client  # noqa: F401
@@ -286,7 +288,7 @@ def serve(
     watch: Any = None,
 ) -> Server:
     """Start serving /metrics in a thread; raise UserError when the port is taken."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     require_client()
     from prometheus_client import CollectorRegistry

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from gpuwarden.inventory import Gpu
-from gpuwarden.records import field, record, replace
+from gpuwarden.base.records import field, record, replace
+from gpuwarden.machine.inventory import Gpu
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class Rules:
 def parse_xids(value: object) -> frozenset[int]:
     """`health.fatal_xids` as written in config: a list of ints, or a string
     "48, 79, +13, -94" where +/- edit the default list."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     if value is None or value == "":
         return DEFAULT_FATAL_XIDS
@@ -270,7 +270,7 @@ def rules_from_config(config: object = None) -> Rules:
     ):
         value = get(key)
         if value is not None:
-            from gpuwarden.errors import UserError
+            from gpuwarden.base.errors import UserError
 
             try:
                 if not isinstance(value, (int, float, str)):
@@ -287,7 +287,7 @@ def rules_in_force(config: object = None, log: Optional[Callable[[str], None]] =
     built-in rules when a setting is bad: judging a GPU goes on, and the commands that
     own the setting report it. A long-running server passes its `log`, which is told
     in one line, so the server keeps serving with the built-in rules."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
 
     try:
         return rules_from_config(config)

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from gpuwarden.alerts import Notifier, warn
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import field, record
 from gpuwarden.health.judgement import (
     FATAL,
     Rules,
@@ -40,8 +40,8 @@ from gpuwarden.health.judgement import (
     rules_from_config,
 )
 from gpuwarden.health.xidlog import record_xid, xids_seen
-from gpuwarden.inventory import Gpu, Snapshot
-from gpuwarden.records import field, record
+from gpuwarden.machine.inventory import Gpu, Snapshot
+from gpuwarden.monitoring.alerts import Notifier, warn
 
 POLICIES = ("drain", "alert")
 DRAINED_BY = "gpuwarden-health"
@@ -59,6 +59,7 @@ class WatchSettings:
     hook_timeout: float = 30.0
     poll_seconds: float = 10.0
     slurm_node: Optional[str] = None  # drain this Slurm node on a fatal fault (slurm.drain_node)
+    admins: tuple[str, ...] = ()  # service.admins: who besides root drains in a shared directory
 
 
 def parse_hook(value: object) -> Optional[tuple[str, ...]]:
@@ -117,6 +118,7 @@ def settings_from_config(config: object = None, policy: Optional[str] = None) ->
         hook_timeout=_number(get, "health.hook_timeout", 30.0),
         poll_seconds=_number(get, "health.poll_seconds", 10.0),
         slurm_node=_slurm_node(get),
+        admins=tuple(str(a) for a in get("service.admins") or ()),  # type: ignore[attr-defined]
     )
 
 
@@ -194,7 +196,7 @@ class HealthWatch:
         if self._nvml is None:
             # Load the module here, once, before two threads could race to load it.
             try:
-                from gpuwarden.inventory import load_nvml
+                from gpuwarden.machine.inventory import load_nvml
 
                 self._nvml = load_nvml()
             except Exception as err:  # no driver: the threads report it their way
@@ -220,7 +222,7 @@ class HealthWatch:
     def _snapshot(self) -> Snapshot:
         if self._read is not None:
             return self._read()
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.machine.inventory import read_snapshot
 
         return read_snapshot(self._nvml)
 
@@ -239,7 +241,7 @@ class HealthWatch:
         try:
             nvml = self._nvml
             if nvml is None:
-                from gpuwarden.inventory import load_nvml
+                from gpuwarden.machine.inventory import load_nvml
 
                 nvml = load_nvml()
             nvml.nvmlInit()
@@ -316,7 +318,7 @@ class HealthWatch:
 
     def check(self, snapshot: Snapshot) -> list[tuple[Gpu, Symptom]]:
         """Judge every GPU; act on findings not seen in the previous check."""
-        from gpuwarden.drain import list_drains
+        from gpuwarden.health.drain import list_drains
 
         xids = self._xids()
         drains = list_drains()
@@ -358,10 +360,18 @@ class HealthWatch:
 
     def _drain(self, gpu_uuid: str, index: int, reason: str) -> bool:
         """Drain one GPU for the watch; a failure is said loudly and tried again later."""
-        from gpuwarden.drain import drain
+        from gpuwarden.health.drain import drain
 
         try:
-            drain(gpu_uuid, reason, by=DRAINED_BY, auto=True, lock_timeout=2.0, force=True)
+            drain(
+                gpu_uuid,
+                reason,
+                by=DRAINED_BY,
+                auto=True,
+                lock_timeout=2.0,
+                force=True,
+                admins=self.settings.admins,
+            )
         except (UserError, NotImplementedError, OSError) as err:
             self._to_drain[gpu_uuid] = (index, reason)
             self.log(

@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def report(message: str) -> None:
 
 
 def _state() -> str:
-    from gpuwarden.locations import state_location
+    from gpuwarden.files.locations import state_location
 
     return state_location()
 
@@ -117,8 +117,8 @@ def _open_own(path: str, me: int, *, may_replace: bool) -> int:
     FIFO, a file planted by another user); anyone else gets a UserError naming it."""
     import stat
 
-    from gpuwarden.safefiles import UnsafeFile, open_regular
-    from gpuwarden.safefiles import owner_name as user_name
+    from gpuwarden.files.safefiles import UnsafeFile, open_regular
+    from gpuwarden.files.safefiles import owner_name as user_name
 
     try:
         st = os.lstat(path)
@@ -158,8 +158,8 @@ def _remove(path: str) -> None:
 def _append(lines: list[str]) -> None:
     """Append to this user's XID log in the state directory, checked and created like
     the drains' (paths.ensure_dir)."""
-    from gpuwarden.paths import ensure_dir
-    from gpuwarden.safefiles import write_all
+    from gpuwarden.files.paths import ensure_dir
+    from gpuwarden.files.safefiles import write_all
 
     state = _state()
     ensure_dir(state, "state directory")
@@ -194,7 +194,7 @@ def trusted_logs(
 
 def _read_log(path: str, owners: frozenset[int], problems: list[str]) -> Optional[str]:
     """The text of the log at `path`, or None (absent, unsafe, not owned by `owners`)."""
-    from gpuwarden.safefiles import UnsafeFile, open_regular, owner_name, read_bounded
+    from gpuwarden.files.safefiles import UnsafeFile, open_regular, owner_name, read_bounded
 
     try:
         fd, st = open_regular(path, what="XID log")
@@ -320,7 +320,7 @@ def xid_events(
         if text is not None:
             events.extend(_events_of(text, path, since, said))
     if problems is None and said:
-        from gpuwarden.safefiles import printable
+        from gpuwarden.files.safefiles import printable
 
         for line in said:
             report(printable(line))
@@ -370,7 +370,7 @@ def judged(
 
     if conf is None:
         return judge_all(gpus, xids_seen(), rules)
-    from gpuwarden.locations import state_location
+    from gpuwarden.files.locations import state_location
 
     if rules is None:
         rules = rules_in_force(conf)

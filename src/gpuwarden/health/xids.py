@@ -9,7 +9,7 @@ every GPU and load this table only when one is seen.
 
 from __future__ import annotations
 
-from gpuwarden.records import record
+from gpuwarden.base.records import record
 
 
 @record

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.safefiles import printable
+from gpuwarden.files.safefiles import printable
 
 SCHEMA = 1
 
@@ -47,7 +47,7 @@ def _number(value: Any) -> Optional[float]:
 
 
 def _size(value: Any) -> str:
-    from gpuwarden.units import format_size
+    from gpuwarden.base.units import format_size
 
     number = _number(value)
     return "n/a" if number is None or number < 0 else format_size(int(number))
@@ -90,7 +90,7 @@ def gpu_row(host: str, gpu: Mapping[str, Any]) -> list[str]:
 def status_text(merged: Mapping[str, Any]) -> str:
     """One table of every answering host's GPUs, then one line per host without an
     answer (or without GPUs), so a dead host never hides the others."""
-    from gpuwarden.table import render
+    from gpuwarden.base.table import render
 
     rows, notes = [], []
     for entry in merged["hosts"]:

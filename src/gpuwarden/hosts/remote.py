@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
 
 #: Bytes kept of a host's reply: a status of 64 GPUs is well under this; more is a fault.
 MAX_REPLY = 16 << 20
@@ -42,7 +42,7 @@ def parse_hosts(text: str) -> list[str]:
     """`--hosts`: a file of host names (one per line, `#` comments), or `h1,h2,...`.
     Each name as ssh takes it (`user@host`, an alias of ~/.ssh/config, an address)."""
     if os.path.isfile(text):
-        from gpuwarden.safefiles import read_small  # its errors are one line each
+        from gpuwarden.files.safefiles import read_small  # its errors are one line each
 
         body = read_small(text, 1 << 20, what="host list")[0].decode("utf-8", "replace")
         names = [line.split("#", 1)[0].strip() for line in body.splitlines()]
@@ -135,7 +135,7 @@ def run_on(host: str, remote: Sequence[str], timeout: float, options: Sequence[s
 
 def last_line(stderr: bytes, code: int) -> str:
     """The last non-empty line of stderr (ssh's or gpuwarden's one-line error), printable."""
-    from gpuwarden.safefiles import printable
+    from gpuwarden.files.safefiles import printable
 
     text = stderr[-4096:].decode("utf-8", "replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]

@@ -1,7 +1,7 @@
 """Allocation: choosing GPUs and taking their leases, waiting in line when asked.
 
 `gpuwarden.leases` is the substrate (the directory, the per-GPU locks, their
-records); `gpuwarden.waitline` is the line of waiting requests. This module puts
+records); `gpuwarden.leases.waitline` is the line of waiting requests. This module puts
 them together: `attempt` chooses and takes under the allocation lock, serving the
 earlier waiters first; `acquire` retries it, in line, until granted or out of time;
 `choose_now` says what it would choose, leasing nothing (a dry run, `gpuwarden.select()`).
@@ -14,7 +14,8 @@ import os
 import time
 from collections.abc import Collection
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import format_span
 from gpuwarden.leases import (
     ALLOC,
     ALLOC_PATIENCE,
@@ -30,7 +31,6 @@ from gpuwarden.leases import (
     tidy,
 )
 from gpuwarden.leases.dir import LeaseDir, open_dir
-from gpuwarden.units import format_span
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from typing import Optional
 
     from gpuwarden.config import Config
-    from gpuwarden.inventory import Snapshot
-    from gpuwarden.request import Request
-    from gpuwarden.selection import Choice
-    from gpuwarden.waitline import Ticket, Waiter
+    from gpuwarden.leases.waitline import Ticket, Waiter
+    from gpuwarden.machine.inventory import Snapshot
+    from gpuwarden.placement.request import Request
+    from gpuwarden.placement.selection import Choice
 
 
 class Outcome:
@@ -86,10 +86,10 @@ def attempt(
     `conf` is the caller's reading of the configuration: where the drains and XID logs
     are, and the health rules (None: the configuration in force, read here).
     """
-    from gpuwarden import drain
+    from gpuwarden.files.locations import state_location
+    from gpuwarden.health import drain
     from gpuwarden.health.xidlog import judged
-    from gpuwarden.locations import state_location
-    from gpuwarden.selection import choose
+    from gpuwarden.placement.selection import choose
 
     alloc_fd = ld.open(ALLOC, os.O_RDONLY | os.O_CREAT)
     try:
@@ -107,7 +107,7 @@ def attempt(
         virtual = list(leases)
         ahead = 0
         if waiting:
-            from gpuwarden import waitline  # only with someone in line: run stays cheap
+            from gpuwarden.leases import waitline  # only with someone in line: run stays cheap
 
             line = waitline.iter_line(ld, before=mine, tidy=True)
         else:
@@ -180,10 +180,10 @@ def choose_now(
     the leases and drains of this moment (`conf`: the caller's reading of the
     configuration, None: the one in force)."""
     from gpuwarden import leases
-    from gpuwarden.drain import list_drains
+    from gpuwarden.files.locations import lease_location, state_location
+    from gpuwarden.health.drain import list_drains
     from gpuwarden.health.xidlog import judged
-    from gpuwarden.locations import lease_location, state_location
-    from gpuwarden.selection import choose
+    from gpuwarden.placement.selection import choose
 
     drains = list_drains(state_location(conf))
     held = leases.list_leases(lease_location(conf))
@@ -192,15 +192,15 @@ def choose_now(
 
 def waiting_count(conf: Optional[Config] = None) -> int:
     """How many requests wait in line (they are served before a new one)."""
-    from gpuwarden import waitline
+    from gpuwarden.files.locations import lease_location
+    from gpuwarden.leases import waitline
     from gpuwarden.leases.dir import open_dir
-    from gpuwarden.locations import lease_location
 
     return len(waitline.read_line(open_dir(lease_location(conf))))
 
 
 def describe_request(request: Request) -> str:
-    from gpuwarden.units import format_size
+    from gpuwarden.base.units import format_size
 
     if request.gpus and request.count is None:
         what = f"GPU {','.join(request.gpus)}"
@@ -271,7 +271,7 @@ def acquire(
     where each is needed.
     """
     if lease_dir is None and conf is not None:
-        from gpuwarden.locations import lease_location
+        from gpuwarden.files.locations import lease_location
 
         lease_dir = lease_location(conf)
     ld = open_dir(lease_dir)
@@ -324,7 +324,7 @@ def acquire(
                     if out is not None:
                         reason = _refused(out, wait)
                     if ticket is None:
-                        from gpuwarden import waitline
+                        from gpuwarden.leases import waitline
 
                         ticket = waitline.join(ld, request, allowed, mine)
                         last_seen = os.stat(ld.path).st_mtime_ns

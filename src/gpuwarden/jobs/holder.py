@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # annotations only
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import signal
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # annotations only: the run path does not import typing
 if TYPE_CHECKING:
@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from typing import Optional, Protocol, TypeVar, Union
 
     from gpuwarden.config import Config
-    from gpuwarden.inventory import Gpu, Snapshot
     from gpuwarden.leases import Held
-    from gpuwarden.request import Request
+    from gpuwarden.machine.inventory import Gpu, Snapshot
+    from gpuwarden.placement.request import Request
 
     class Started(Protocol):
         """A started job: `run`'s child, or the service's supervised job."""
@@ -201,7 +201,7 @@ def service_socket(conf: Config, environ: Optional[Mapping[str, str]] = None) ->
     env = os.environ if environ is None else environ
     if "GPUWARDEN_JOB" in env:
         return None
-    return service_at(conf.get("service.socket"))
+    return service_at(conf.service_socket())
 
 
 class MachineReader:
@@ -229,7 +229,7 @@ class MachineReader:
 
 
 def _read_machine(processes: bool, topology: bool) -> Snapshot:
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     # `detail=False`: what the choice decides on, not what `status` shows
     return read_snapshot(processes=processes, topology=topology, detail=False)
@@ -243,7 +243,7 @@ def allowed(
     env = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" not in env:
         return None
-    from gpuwarden.visible import allowed_uuids
+    from gpuwarden.placement.visible import allowed_uuids
 
     return allowed_uuids(snapshot, env)
 
@@ -266,12 +266,12 @@ def within_enclosing(
     if not enclosing:
         return None
     from gpuwarden import leases
-    from gpuwarden.drain import list_drains
+    from gpuwarden.files.locations import lease_location, state_location
+    from gpuwarden.files.paths import user_name
+    from gpuwarden.health.drain import list_drains
     from gpuwarden.health.xidlog import judged
     from gpuwarden.jobs.launch import job_env
-    from gpuwarden.locations import lease_location, state_location
-    from gpuwarden.paths import user_name
-    from gpuwarden.selection import choose
+    from gpuwarden.placement.selection import choose
 
     held = leases.list_leases(lease_location(conf))
     me = user_name(os.geteuid())

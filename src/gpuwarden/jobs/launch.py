@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any, Optional
 
-    from gpuwarden.inventory import Gpu
+    from gpuwarden.machine.inventory import Gpu
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _TERMINAL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -58,7 +58,7 @@ def export_value(gpus: Sequence[Gpu], use_uuid: bool = False) -> str:
     `CUDA_DEVICE_ORDER=PCI_BUS_ID` (see `export_env`); UUIDs are right in any
     order, and a MIG device is always given by its UUID. An empty list hides every
     GPU. A GPU given twice would make CUDA expose none, so it is refused. (The
-    reading side is `gpuwarden.visible`; starting a job needs only this one.)
+    reading side is `gpuwarden.placement.visible`; starting a job needs only this one.)
     """
     seen: set[str] = set()
     for gpu in gpus:

@@ -9,8 +9,8 @@ dests are the config keys' last parts).
 
 from __future__ import annotations
 
-from gpuwarden.errors import UserError
-from gpuwarden.units import is_digits
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional, Union
 
     from gpuwarden.config import Config
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
     Declared = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
@@ -82,7 +82,7 @@ def mem_of(args: argparse.Namespace) -> Optional[int]:
     """The declared share in bytes, or None for whole GPUs."""
     if args.mem is None:
         return None
-    from gpuwarden.units import parse_size
+    from gpuwarden.base.units import parse_size
 
     mem = parse_size(args.mem)
     if mem <= 0:
@@ -171,7 +171,7 @@ def add_slurm_options(parser: argparse.ArgumentParser, what: str) -> argparse._A
 def request_of(args: argparse.Namespace) -> tuple[Config, Request]:
     """(config, request.Request) from the options, over the configured defaults."""
     from gpuwarden import config as cfg
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
     if getattr(args, "cpu", False):
         if args.count not in (None, "0"):

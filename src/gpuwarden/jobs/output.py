@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 CHUNK = 1 << 16
 POLL = 0.5
@@ -39,7 +39,7 @@ def open_output(path: str, job_uid: int) -> int:
         os.close(fd)
         raise UserError(f"output file {path} is not a regular file; refusing it")
     if st.st_uid not in (job_uid, os.geteuid()):
-        from gpuwarden.safefiles import owner_name
+        from gpuwarden.files.safefiles import owner_name
 
         os.close(fd)
         raise UserError(
@@ -52,7 +52,7 @@ def open_output(path: str, job_uid: int) -> int:
 def copy_out(fd: int, decoder: Optional[codecs.IncrementalDecoder] = None) -> int:
     """Copy what the file has to stdout; through `decoder` with control characters
     shown as escapes (`safefiles.printable`, newlines kept) where given."""
-    from gpuwarden.safefiles import printable
+    from gpuwarden.files.safefiles import printable
 
     n = 0
     while True:
@@ -109,7 +109,7 @@ def tail(path: str, job_uid: int, lines: int = 20, limit: int = CHUNK) -> list[s
     bytes (a job that printed gigabytes costs one bounded read), decoded with
     replacement and made printable: `top`'s log pane and the assistants' log tool show
     them on a terminal or to a model. No file yet is an empty list."""
-    from gpuwarden.safefiles import printable
+    from gpuwarden.files.safefiles import printable
 
     try:
         fd = open_output(path, job_uid)

@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from gpuwarden.cgroups.devices import Isolation
     from gpuwarden.config import Config
     from gpuwarden.containers.command import Plan
-    from gpuwarden.inventory import Gpu
     from gpuwarden.jobs.launch import StartedJob
     from gpuwarden.leases import Held
-    from gpuwarden.request import Request
+    from gpuwarden.machine.inventory import Gpu
+    from gpuwarden.placement.request import Request
 
 
 class HeldJob:
@@ -95,7 +95,7 @@ def start(
     if time_limit is not None:
         refusal = (
             f"--time needs the queue service (none answers at "
-            f"{conf.get('service.socket')}) or --slurm; "
+            f"{conf.service_socket()}) or --slurm; "
             "without them a job runs until it ends"
         )
     use_uuid = conf.get("run.id_format") == "uuid"
@@ -172,9 +172,9 @@ def _through_service(
     """With a queue service on this machine, the service leases the GPUs and starts the
     job, as us and on our terminal (docs/service.md): no user who holds the shared lock
     files can block it, and it takes its turn by priority and fair share."""
+    from gpuwarden.base.units import parse_time_limit
     from gpuwarden.jobs import launch
     from gpuwarden.queueclient.client import job_fields, run_attached
-    from gpuwarden.units import parse_time_limit
 
     argv = launch.ddp_argv(cmd, request.gpu_count) if ddp else list(cmd)
     if not ddp:
@@ -192,7 +192,7 @@ def _through_service(
     fields["wait"] = bool(conf.get("run.wait"))
     return run_attached(
         fields,
-        conf.get("service.socket"),
+        conf.service_socket(),
         timeout=conf.get("run.timeout"),
         reconnect=float(conf.get("service.reconnect")),
     )
@@ -234,7 +234,7 @@ def _direct(
         argv = list(cmd)
         if ddp:
             if nproc is not None and nproc != len(held.gpus):
-                from gpuwarden.errors import UserError
+                from gpuwarden.base.errors import UserError
 
                 raise UserError(
                     f"--nproc {nproc} with {len(held.gpus)} GPU(s): --ddp runs one rank "

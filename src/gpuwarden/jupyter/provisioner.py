@@ -43,7 +43,7 @@ from traitlets import Bool, Dict
 if TYPE_CHECKING:
     from gpuwarden.config import Config
     from gpuwarden.leases import Held
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
 # The request's fields in the kernelspec's provisioner config: the names of
 # gpuwarden.lease()'s arguments (api.hold), as `gpuwarden kernel install` writes them.
@@ -75,8 +75,8 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _request(self) -> tuple[Config, Request]:
         """gpuwarden.lease()'s arguments from the kernelspec, checked: (the reading of the
         configuration with them, the request), read once for each start of a kernel."""
-        from gpuwarden.api import _request
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
+        from gpuwarden.jobs.api import _request
 
         unknown = sorted(set(self.request) - set(REQUEST_KEYS))
         if unknown:
@@ -99,8 +99,8 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
         as `gpuwarden run` would run it). `environ` is the server's environment, which
         names an enclosing lease; `base` the kernel's, without GPUWARDEN_ variables of
         another job."""
-        from gpuwarden.api import _reader
         from gpuwarden.jobs import holding
+        from gpuwarden.jobs.api import _reader
         from gpuwarden.jobs.launch import job_env
 
         face = holding.Face(
@@ -154,7 +154,7 @@ class GpuwardenProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _allocate(self, socket: str, base: dict[str, str], conf: Config, request: Request) -> None:
         """The GPUs held through the queue service at `socket` for the kernel's life
         (until `_release`), as `gpuwarden.lease()` holds them: an allocation in `queue`."""
-        from gpuwarden.api import _reader, allocated, time_limit
+        from gpuwarden.jobs.api import _reader, allocated, time_limit
 
         limit = time_limit(self.time_limit, "time_limit")
         stack = contextlib.ExitStack()

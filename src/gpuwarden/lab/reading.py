@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.records import field, record
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import field, record
 
 
 @record
@@ -37,7 +37,7 @@ class Lab:
 
 
 def ask_queue(
-    path: Optional[str] = None, rows: Optional[int] = None, mine: int = 0, **filters: Any
+    path: str, rows: Optional[int] = None, mine: int = 0, **filters: Any
 ) -> dict[str, Any]:
     """The service's `hello` and `queue` (arrays folded into one row each, as `queue`
     prints them), in the shape `web.queue.Asker.ask` gives: `{"state": "absent"}`,
@@ -60,7 +60,7 @@ def ask_queue(
 
 
 def read_lab(
-    path: Optional[str] = None,
+    path: str,
     *,
     rows: Optional[int] = None,
     user: Optional[str] = None,
@@ -71,14 +71,14 @@ def read_lab(
     """This machine now: its GPUs, and the first `rows` of its queue in the queue's
     order (None: every job), only `user`'s where named (the service filters); with
     `mine`, also the first `mine` of our own jobs, whatever the rows shown."""
-    from gpuwarden.machineview import read_view
+    from gpuwarden.monitoring.machineview import read_view
     from gpuwarden.web.model import build
 
     answer = ask_queue(path, rows, mine, **({} if user is None else {"user": user}))
     now = time.time() if now is None else now
     try:
         if snapshot is None:
-            from gpuwarden.inventory import read_snapshot
+            from gpuwarden.machine.inventory import read_snapshot
 
             snap = read_snapshot()
         else:

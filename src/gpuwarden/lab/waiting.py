@@ -1,5 +1,5 @@
 """Why a waiting job waits, in words: the service's reason (squeue's vocabulary,
-`gpuwarden.scheduling`), what that reason means, what the job waits for, its place
+`gpuwarden.planning.scheduling`), what that reason means, what the job waits for, its place
 in line and its estimated start. Pure: it reads the queue's rows and nothing else,
 so the assistants' answer and the terminal view's say the same."""
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden import scheduling as s
+from gpuwarden.planning import scheduling as s
 
 #: What each reason means, for someone who has never read squeue's manual.
 MEANINGS: dict[str, str] = {
@@ -37,7 +37,7 @@ def waiting_order(jobs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def wants(job: Mapping[str, Any]) -> str:
     """`2 GPUs`, `1 GPU (shared, 10.0 GiB)`, what the job asked for."""
-    from gpuwarden.units import format_size
+    from gpuwarden.base.units import format_size
 
     count = job.get("count") or 0
     words = f"{count} GPU{'' if count == 1 else 's'}"
@@ -96,7 +96,7 @@ def starts_in(start: Optional[float], now: float) -> str:
     """`expected to start in about 12m03s (at 14:05)`, or why nobody can say."""
     if start is None:
         return "no start can be estimated (a job without --time, a hold, a dependency or a limit)"
-    from gpuwarden.units import format_span
+    from gpuwarden.base.units import format_span
 
     at = time.strftime("%H:%M", time.localtime(start))
     return f"expected to start in about {format_span(max(0.0, start - now))} (at {at})"

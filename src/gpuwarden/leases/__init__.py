@@ -15,7 +15,7 @@ half written.
 Choosing and taking is atomic among gpuwarden clients: `alloc.lock` is held
 exclusively while the leases are read, `selection.choose` runs and the per-GPU
 locks are taken, and until the new metadata is in place. Waiting clients
-queue in the same directory (`gpuwarden.waitline`) and are served first come,
+queue in the same directory (`gpuwarden.leases.waitline`) and are served first come,
 first served.
 
 The lease directory is checked before use (`gpuwarden.leases.dir`); choosing and
@@ -36,16 +36,8 @@ import re
 import time
 from collections.abc import Sequence
 
-from gpuwarden.errors import UserError
-from gpuwarden.leases.dir import LeaseDir, check_dir
-from gpuwarden.leases.record import (
-    HOLDER_PATTERN,
-    HOLDER_SUFFIX,
-    LeaseInfo,
-    parse_record,
-    unreadable,
-)
-from gpuwarden.safefiles import (
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import (
     MAX_RECORD,
     TMP_SUFFIX,
     UnsafeFile,
@@ -56,6 +48,14 @@ from gpuwarden.safefiles import (
     read_bounded,
     temporary_name,
     write_all,
+)
+from gpuwarden.leases.dir import LeaseDir, check_dir
+from gpuwarden.leases.record import (
+    HOLDER_PATTERN,
+    HOLDER_SUFFIX,
+    LeaseInfo,
+    parse_record,
+    unreadable,
 )
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -189,7 +189,7 @@ def scan(
 def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
     """Leases that are held right now (lock actually held by a live holder)."""
     if lease_dir is None:
-        from gpuwarden.locations import lease_location
+        from gpuwarden.files.locations import lease_location
 
         lease_dir = lease_location()
     if not os.path.lexists(lease_dir):
@@ -455,7 +455,7 @@ def lock_within(fd: int, patience: float, path: str) -> None:
 
 def lock_holder(fd: int) -> str:
     """Who holds the lock on `fd`, from /proc/locks (the kernel), for messages."""
-    from gpuwarden import holders
+    from gpuwarden.leases import holders
 
     st = os.fstat(fd)
     pids = holders.lock_pids(st.st_dev, st.st_ino)

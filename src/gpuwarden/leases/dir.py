@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import UnsafeFile, open_regular, owner_name
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import UnsafeFile, open_regular, owner_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
     """The configured lease directory (config `lease.dir`, GPUWARDEN_LEASE_DIR, the system
     one, else per user), checked; a missing one is created private (0700)."""
     if path is None:
-        from gpuwarden.locations import lease_location
+        from gpuwarden.files.locations import lease_location
 
         path = lease_location()
     path = os.path.abspath(path)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from gpuwarden.records import record
-from gpuwarden.safefiles import printable
+from gpuwarden.base.records import record
+from gpuwarden.files.safefiles import printable
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import protocol
 
 TYPE_CHECKING = False  # typing stays off the start-up path of `run` through the service
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Optional
 
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 #: Seconds of silence from the service after which a waiting command says so.
@@ -54,14 +54,6 @@ def _compare_release(theirs: object) -> None:
         file=sys.stderr,
         flush=True,
     )
-
-
-def socket_path() -> str:
-    """`service.socket` (or GPUWARDEN_SOCKET, which sets it), read with the rest of
-    the configuration."""
-    from gpuwarden import config
-
-    return str(config.load().get("service.socket") or DEFAULT_SOCKET)
 
 
 class Client:
@@ -170,9 +162,9 @@ class Client:
             self.sock.settimeout(limit)  # also what a timeout's message reports
 
 
-def connect(path: Optional[str] = None, timeout: float = 30.0) -> Optional[Client]:
-    """A client of the service at `path`, or None when no service runs there."""
-    path = path or socket_path()
+def connect(path: str, timeout: float = 30.0) -> Optional[Client]:
+    """A client of the service at `path` (the caller's reading of `service.socket`), or
+    None when no service runs there."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -185,9 +177,8 @@ def connect(path: Optional[str] = None, timeout: float = 30.0) -> Optional[Clien
     return Client(sock, path)
 
 
-def require(path: Optional[str] = None) -> Client:
+def require(path: str) -> Client:
     """A client, or one line saying that this command needs the service."""
-    path = path or socket_path()
     client = connect(path)
     if client is None and os.path.lexists(path):
         # The socket is there and nobody listens: the service was killed, or crashed,
@@ -206,7 +197,7 @@ def require(path: Optional[str] = None) -> Client:
 
 def run_attached(
     fields: dict[str, Any],
-    path: Optional[str],
+    path: str,
     timeout: Optional[float],
     quiet: bool = False,
     *,
@@ -314,7 +305,7 @@ def run_attached(
         state["client"].close()
 
 
-def _reason(job: int, path: Optional[str]) -> str:
+def _reason(job: int, path: str) -> str:
     """Why `job` waits, asked on a connection of its own (the attached one carries the
     job's events)."""
     with contextlib.suppress(UserError, OSError):
@@ -433,7 +424,7 @@ def job_fields(
     return fields
 
 
-def read_stats(path: Optional[str] = None, timeout: float = 2.0) -> Optional[dict[str, Any]]:
+def read_stats(path: str, timeout: float = 2.0) -> Optional[dict[str, Any]]:
     """The service's `stats`, or None when no service answers (never raises)."""
     try:
         client = connect(path, timeout=timeout)

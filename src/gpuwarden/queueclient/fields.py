@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off a client's start-up path (`run` through the service)
 if TYPE_CHECKING:

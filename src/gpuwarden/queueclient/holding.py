@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.client import Client, _reattach, require
 
@@ -47,7 +47,7 @@ EXIT_BUSY = 75
 @contextmanager
 def hold(
     fields: dict[str, Any],
-    path: Optional[str],
+    path: str,
     wait: bool,
     timeout: Optional[float],
     conf: Config,

@@ -33,24 +33,8 @@ OTHER_VERSION = "other-version"  # it answers, in another protocol version
 BROKEN = "broken"  # anything else, with the error
 
 
-def socket_location(path: Optional[str] = None) -> str:
-    """`path`, else $GPUWARDEN_SOCKET or the configured service.socket."""
-    if path:
-        return path
-    from gpuwarden import config
-    from gpuwarden.errors import UserError
-
-    try:
-        return str(config.load().get("service.socket"))
-    except UserError:  # a broken config file is `gpuwarden config`'s to report
-        from gpuwarden.queueclient.client import socket_path
-
-        return socket_path()
-
-
-def probe(path: Optional[str] = None, timeout: float = TIMEOUT) -> dict[str, Any]:
-    """Say hello to the service at `path` and, when it answers, count its jobs."""
-    where = socket_location(path)
+def probe(where: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+    """Say hello to the service at `where` and, when it answers, count its jobs."""
     found: dict[str, Any] = {
         "socket": where,
         "running": False,

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
 from gpuwarden.queueclient.depth import nesting
 from gpuwarden.queueclient.fields import ProtocolError as ProtocolError  # its errors' type
 from gpuwarden.queueclient.fields import (
@@ -28,13 +29,12 @@ from gpuwarden.queueclient.fields import (
     optional,
 )
 from gpuwarden.queueclient.requestwire import from_wire
-from gpuwarden.records import record
 
 TYPE_CHECKING = False  # typing stays off a client's start-up path (`run` through the service)
 if TYPE_CHECKING:
     from typing import Any, NoReturn, Optional
 
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
 VERSION = 1
 MAX_MESSAGE = 1 << 20  # a submit carries an environment: generous, but bounded
@@ -151,7 +151,7 @@ def job_ids(value: object, name: str = "jobs") -> tuple[int, ...]:
 def job_names(value: object, name: str = "jobs") -> tuple[int | tuple[int, int], ...]:
     """A non-empty list of job ids, each a positive integer (a job, or a whole array by
     its id) or an array's task as `"12_7"` (its array's id and the task id)."""
-    from gpuwarden.arrayspec import task_name
+    from gpuwarden.planning.arrayspec import task_name
 
     if not isinstance(value, list) or not value:
         raise ProtocolError(f"{name} must be a non-empty list of job ids")
@@ -366,7 +366,7 @@ def listing(message: Mapping[str, Any]) -> Listing:
 class Report:
     """A `report` request: GPU usage between `since` and `until` (seconds since the
     epoch), grouped `by` user, group, account or job, `per` day, week, month or all;
-    with `waste`, the GPU-hours held idle instead (gpuwarden.usage)."""
+    with `waste`, the GPU-hours held idle instead (gpuwarden.usage.report)."""
 
     since: float
     until: float
@@ -376,7 +376,7 @@ class Report:
 
 
 def report(message: Mapping[str, Any]) -> Report:
-    from gpuwarden.usage import BY, PER
+    from gpuwarden.usage.report import BY, PER
 
     since = checked_number(message.get("since"), "since", 0.0, 1e11)
     until = checked_number(message.get("until"), "until", 0.0, 1e11)

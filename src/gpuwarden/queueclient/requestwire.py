@@ -15,6 +15,7 @@ send, `keep_first_last`, is the service's to decide.
 
 from __future__ import annotations
 
+from gpuwarden.placement.request import Request
 from gpuwarden.queueclient.fields import (
     MAX_BYTES,
     ProtocolError,
@@ -24,7 +25,6 @@ from gpuwarden.queueclient.fields import (
     checked_strings,
     optional,
 )
-from gpuwarden.request import Request
 
 TYPE_CHECKING = False  # typing stays off a client's start-up path
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ as the client that typed it would have.
 
 from __future__ import annotations
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.jobs import options
 
 TYPE_CHECKING = False
@@ -125,9 +125,9 @@ def local_settings(args: argparse.Namespace) -> dict[str, object]:
 
 def fields_of(args: argparse.Namespace, conf: Config, place: Place) -> tuple[dict[str, Any], int]:
     """(the submit request's fields, how many array tasks it makes: 0 for one job)."""
+    from gpuwarden.base.units import is_digits, parse_time_limit
+    from gpuwarden.placement.request import Request
     from gpuwarden.queueclient.client import job_fields
-    from gpuwarden.request import Request
-    from gpuwarden.units import is_digits, parse_time_limit
 
     request = Request.from_config(conf, mem=options.mem_of(args))
     cmd = options.command_of(args)
@@ -160,7 +160,7 @@ def fields_of(args: argparse.Namespace, conf: Config, place: Place) -> tuple[dic
     if args.begin is not None:
         import time
 
-        from gpuwarden.begintime import parse
+        from gpuwarden.planning.begintime import parse
 
         fields["begin"] = parse(args.begin, time.time())  # a past time: now, as sbatch
     if args.notify is not None:
@@ -183,7 +183,7 @@ def fields_of(args: argparse.Namespace, conf: Config, place: Place) -> tuple[dic
 
 def yielding_fields(args: argparse.Namespace) -> dict[str, object]:
     """The request's `max_retries`, `preemptible` and `preempt` (docs/preemption.md)."""
-    from gpuwarden.units import is_digits
+    from gpuwarden.base.units import is_digits
 
     fields: dict[str, object] = {}
     if args.max_retries is not None:
@@ -201,7 +201,7 @@ def yielding_fields(args: argparse.Namespace) -> dict[str, object]:
 def _array_fields(args: argparse.Namespace, fields: dict[str, object]) -> int:
     """The request's `array` and `params`, checked here first so that a malformed spec
     is one line before anything is sent; how many tasks it makes."""
-    from gpuwarden import arrayspec
+    from gpuwarden.planning import arrayspec
 
     params = arrayspec.sweep(args.param or ())
     if params:

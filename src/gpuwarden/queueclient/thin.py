@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.configfiles import project_config, user_config
+from gpuwarden.files.configfiles import DEFAULT_SOCKET, project_config, user_config
 from gpuwarden.queueclient.writable import probe
 
 TYPE_CHECKING = False
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 OP = "submit_argv"
-DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"  # as queueclient.client's
 TIMEOUT = 30.0  # as queueclient.client.connect's
 NOTICE_AFTER = 3.0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

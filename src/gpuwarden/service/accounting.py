@@ -8,7 +8,7 @@ job counts the fraction of the card it declared), and when it entered the queue 
 submit for its first run, its previous run's end for the others), so that waits are
 per run too. `gpuwarden report` sums these rows; `gpuwarden eff` reads `gpu_use`,
 one row per run and GPU of what the sampler (service.sampler) saw: summaries, not
-samples. `account_usage` is fair share's account level (gpuwarden.fairshare): the
+samples. `account_usage` is fair share's account level (gpuwarden.planning.fairshare): the
 decayed GPU-seconds charged to each account and user, "" for jobs of no account.
 
 The tables are made when a journal is opened; a journal of an earlier gpuwarden gets
@@ -24,7 +24,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
-from gpuwarden.efficiency import GpuUse
+from gpuwarden.usage.efficiency import GpuUse
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -237,10 +237,10 @@ def report(
     now: float,
     archived: Iterable[Mapping[str, Any]] = (),
 ) -> list[Any]:
-    """`gpuwarden report`'s rows (gpuwarden.usage) from a journal: the ended runs read
+    """`gpuwarden report`'s rows (gpuwarden.usage.report) from a journal: the ended runs read
     straight into what `usage.summarise` takes (one query, no object per row), those
     `archived` (service.archive: `runs`) beside them, the running jobs after them."""
-    from gpuwarden import usage
+    from gpuwarden.usage import report as usage
 
     column = {"user": "user", "group": "gid", "account": "COALESCE(account, '-')"}.get(by, "job")
     rows: Iterable[Sequence[Any]] = db.execute(
@@ -289,7 +289,7 @@ def waste_report(
     """`gpuwarden report --waste`'s rows: the idle GPU-hours of runs that ended in the
     window, those `archived` (service.archive: `uses`) beside them, only `user`'s
     where given."""
-    from gpuwarden import usage
+    from gpuwarden.usage import report as usage
 
     rows: Iterable[Sequence[Any]] = itertools.chain(use_between(db, since, until), archived)
     if user is not None:
@@ -387,7 +387,7 @@ def charge_account(
 ) -> None:
     """Add GPU-seconds to what `user` used through `account` (inside the caller's
     commit), decaying what was there to `now` first."""
-    from gpuwarden.fairshare import decayed
+    from gpuwarden.planning.fairshare import decayed
 
     key = (account or "", user)
     row = db.execute(
@@ -405,7 +405,7 @@ def account_usage(
     db: sqlite3.Connection, now: float, half_life: float
 ) -> dict[tuple[str, str], float]:
     """(account or "", user) -> usage decayed to `now`: what the plan's account level reads."""
-    from gpuwarden.fairshare import decayed
+    from gpuwarden.planning.fairshare import decayed
 
     query = "SELECT account, user, value, at FROM account_usage"
     return {

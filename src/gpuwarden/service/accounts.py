@@ -17,7 +17,7 @@ bind all its jobs together, as Slurm's GrpTRES, GrpJobs and GrpTRESMins: the GPU
 its running jobs hold (`max_gpus`: the queue keeps the others waiting, reason
 AccountGpuLimit), its jobs queued or running (`max_jobs`), each job's `--time`
 (`max_time`), and the GPU-hours its jobs held over the last 7 days
-(`gpu_hours_per_week`). Its `share` weighs it in fair share (gpuwarden.fairshare).
+(`gpu_hours_per_week`). Its `share` weighs it in fair share (gpuwarden.planning.fairshare).
 Pure: the service supplies who asks and what the account uses.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Accounts:
         """Why `tasks` more jobs of `gpus` GPUs each charged to `account` (which has
         `active` jobs queued or running and held `gpu_hours` in the last 7 days) are
         refused; None when not."""
-        from gpuwarden.units import format_span
+        from gpuwarden.base.units import format_span
 
         entry = self.entries.get(account, {})
         rule = f"service.accounts {account}"

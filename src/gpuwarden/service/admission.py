@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import format_size
 from gpuwarden.queueclient import protocol
 from gpuwarden.service.settings import Settings
-from gpuwarden.units import format_size
 
 if TYPE_CHECKING:
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
 
 def _bytes(text: str) -> int:
@@ -48,7 +48,7 @@ def never_runs(snapshot: Any, request: Request, reading: Any = None) -> Optional
     by the health rules of `reading`, the service's configuration (None: the one in
     force, read here)."""
     from gpuwarden.health.judgement import judge_all, rules_in_force
-    from gpuwarden.selection import choose
+    from gpuwarden.placement.selection import choose
 
     if request.count == 0:
         return None

@@ -31,7 +31,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service.states import ACTIVE, ENDED
 from gpuwarden.service.store import Store
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 from gpuwarden import config
-from gpuwarden.configfiles import system_config
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.configfiles import system_config
 from gpuwarden.queueclient import protocol, submitting, writable
 from gpuwarden.queueclient.fields import (
     ProtocolError,
@@ -40,8 +40,6 @@ from gpuwarden.queueclient.fields import (
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
     from gpuwarden.service.identity import Person
-
-DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"  # queueclient.client's
 
 
 class _Fallback(Exception):
@@ -189,7 +187,7 @@ def _read(
         layers.append(("system", system))
     conf = config.load(settings, environ=place.env, cwd=place.cwd, layers=layers)
     ours = service.settings.socket
-    if (conf.get("service.socket") or DEFAULT_SOCKET) != socket or socket != ours:
+    if conf.service_socket() != socket or socket != ours:
         raise _Fallback("another socket")
     fields, tasks = submitting.fields_of(args, conf, place)
     path = writable.where(args.output, place.cwd)

@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden import arrayspec
+from gpuwarden.planning import arrayspec
 
 #: The columns a shared row takes from its blob, and what they hold in the row itself.
 PLACEHOLDERS: dict[str, Any] = {

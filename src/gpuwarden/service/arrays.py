@@ -8,7 +8,7 @@ re-adopted and tasks waiting stay queued, none runs twice. What is particular to
 arrays is here: expanding a submit into its tasks (`expand`, `add`), the throttle
 (`throttled`, before each plan), the names `12` (the array) and `12_7` (one task) for
 cancel, hold and unhold (`named`), the compact rows of `queue` (`grouped`) and the
-variables a task starts with (`task_env`). The syntax is `gpuwarden.arrayspec`'s.
+variables a task starts with (`task_env`). The syntax is `gpuwarden.planning.arrayspec`'s.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, Optional, Union
 
-from gpuwarden import arrayspec
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import arrayspec
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import arrayrows, store
 

@@ -9,7 +9,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import store
 from gpuwarden.service.attachment import record_client, shell_status
 from gpuwarden.service.identity import Person, peer_credentials
@@ -17,7 +17,7 @@ from gpuwarden.service.identity import Person, peer_credentials
 if TYPE_CHECKING:
     from typing import Protocol
 
-    from gpuwarden.service.attachment import ClientProcess
+    from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.connection import Connection
     from gpuwarden.service.pacing import Pacer
 
@@ -27,11 +27,7 @@ if TYPE_CHECKING:
         store: store.Store
         exits: str
         pacer: Pacer
-        attached: dict[int, Connection]  # job id -> the client waiting on it
-        stdio: dict[int, list[int]]  # job id -> the client's stdin/out/err
-        orphans: dict[int, tuple[float, ClientProcess]]
-
-        def release_stdio(self, job_id: int) -> None: ...
+        attachments: Attachments  # the attached jobs' clients (the socket loop's)
 
 
 log = logging.getLogger("gpuwarden.serve")
@@ -49,7 +45,7 @@ def attach(
         job = service.store.get(job_id)
         if job is None or job.uid != who.uid or not job.attached:
             raise UserError(f"job {job_id} is not an attached job of yours")
-        if client is None or client.job is not None or job.id in service.attached:
+        if client is None or client.job is not None or job.id in service.attachments.attached:
             raise UserError(f"job {job_id} has a client attached already")
         if job.state == store.PENDING and len(fds) != 3:
             raise UserError("an attached job needs its client's stdin, stdout and stderr")
@@ -69,13 +65,10 @@ def attach(
             "status": status,
             "error": job.error,
         }
-    if job.state == store.PENDING:
-        service.release_stdio(job.id)
-        service.stdio[job.id] = fds
+    waiting = job.state == store.PENDING
+    service.attachments.hold(job.id, client, fds if waiting else None)
+    if waiting:
         service.pacer.wake()
-    client.job = job.id
-    service.attached[job.id] = client
-    service.orphans.pop(job.id, None)
     record_client(service.exits, str(job.id), peer_credentials(client.sock)[0])
     log.info("job %s: its client attached again", job.id)
     started = {} if job.state == store.PENDING else {"event": "started"}

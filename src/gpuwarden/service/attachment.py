@@ -18,13 +18,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import read_small, write_atomic
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import read_small, write_atomic
 from gpuwarden.service import spawn
+
+if TYPE_CHECKING:
+    from gpuwarden.service.connection import Connection
 
 CLIENT_SUFFIX = ".client"
 #: Seconds a restarted service waits for an attached job's client to come back; a
@@ -111,3 +114,51 @@ def gone(
             del orphans[job_id]
             out.append((job_id, "died" if alive is False else "did not come back"))
     return out
+
+
+class Attachments:
+    """Which connection waits on which attached job, the terminal it passed while the
+    job waits, and the jobs whose client a restart cut off. The socket loop
+    (service.clients) owns them and sends through `send`; the job's life
+    (service.joblife) tells a client of its job through `notify`."""
+
+    def __init__(self, send: Callable[[Connection, dict[str, Any]], None]) -> None:
+        self.send = send
+        self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
+        self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
+        # Attached jobs whose client a restart cut off: (until when it may come back, it).
+        self.orphans: dict[int, tuple[float, ClientProcess]] = {}
+
+    def notify(self, job_id: int, event: dict[str, Any]) -> None:
+        """Tell the job's attached client, if one waits, that `event` happened."""
+        client = self.attached.get(job_id)
+        if client is not None:
+            self.send(client, {"ok": True, "job": job_id, **event})
+
+    def release_stdio(self, job_id: int) -> None:
+        """Close the terminal an attached client passed for its job, if it is still here."""
+        for fd in self.stdio.pop(job_id, ()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def hold(self, job_id: int, client: Connection, stdio: Optional[list[int]]) -> None:
+        """`client` waits on `job_id` now (and passed its terminal, while the job waits)."""
+        if stdio is not None:
+            self.release_stdio(job_id)
+            self.stdio[job_id] = stdio
+        client.job = job_id
+        self.attached[job_id] = client
+        self.orphans.pop(job_id, None)
+
+    def left(self, job_id: int) -> None:
+        """The job's client went away: nothing of it is kept."""
+        self.attached.pop(job_id, None)
+        self.release_stdio(job_id)
+
+    def ended(self, job_id: int) -> None:
+        """The job ended: its client waits on nothing, its terminal is closed."""
+        client = self.attached.pop(job_id, None)
+        if client is not None:
+            client.job = None
+        self.release_stdio(job_id)
+        self.orphans.pop(job_id, None)

@@ -2,7 +2,7 @@
 
 A lab books GPUs for a deadline or a course: N GPUs from a start for a while, for a
 user or a group. Bookings live in the journal (their own table, beside the jobs) and
-reach every plan as `gpuwarden.booking.Booking`s, which keep that many GPUs free of
+reach every plan as `gpuwarden.planning.booking.Booking`s, which keep that many GPUs free of
 others' jobs in the window while letting jobs that end before it use them. Who may
 book: admins, for anyone; other users for themselves (or a group of theirs) within the
 admin's `service.book_max_gpus` and `service.book_max_time` (none by default). A
@@ -17,8 +17,8 @@ import pwd
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import booking
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import booking
 from gpuwarden.queueclient import fields, protocol
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person
@@ -290,7 +290,7 @@ def _book(
         if count > most_gpus:
             raise UserError(f"{count} GPUs is over the {most_gpus} a user may book")
         if most_time is not None and length > most_time:
-            from gpuwarden.units import format_span
+            from gpuwarden.base.units import format_span
 
             raise UserError(
                 f"a booking of {format_span(length)} is over the {format_span(most_time)} "

@@ -19,10 +19,8 @@ is declared here and written there.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import selectors
-import socket
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -31,8 +29,7 @@ from gpuwarden.service.queuestate import QueueState
 if TYPE_CHECKING:
     from gpuwarden import config
     from gpuwarden.service import store
-    from gpuwarden.service.attachment import ClientProcess
-    from gpuwarden.service.connection import Connection
+    from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.pacing import Pacer
@@ -45,6 +42,7 @@ class Core:
     """What the service knows between two turns of its loop."""
 
     store: store.Store  # the journal, opened by `server.Service`
+    attachments: Attachments  # the attached jobs' clients, the socket loop's (service.clients)
 
     def __init__(
         self, settings: Settings, hardware: Machine, notifier: JobNotifier, pacer: Pacer
@@ -57,9 +55,6 @@ class Core:
         self.exits = os.path.join(settings.state_dir, "jobs")  # exit records and markers
         self.locks: list[int] = []  # the journal's and the socket's, held for the service's life
         self.selector: selectors.BaseSelector = selectors.DefaultSelector()
-        self.listener: Optional[socket.socket] = None
-        self.clients: dict[int, Connection] = {}  # socket fd -> connection
-        self.per_uid: dict[int, int] = {}  # connections open per user
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
@@ -77,10 +72,6 @@ class Core:
         # What the last pass of the plan worked out, read between passes (one writer).
         self.queue = QueueState()
         self.listed: Optional[tuple[Any, list[store.Job]]] = None  # `queue`'s rows (listing)
-        self.attached: dict[int, Connection] = {}  # job id -> the client waiting on it
-        self.stdio: dict[int, list[int]] = {}  # job id -> the client's stdin/out/err
-        # Attached jobs whose client a restart cut off: (until when it may come back, it).
-        self.orphans: dict[int, tuple[float, ClientProcess]] = {}
         self.machine: Any = None  # the Snapshot read at start (service.admission)
         # The configuration as last read: at start, then by each pass that plans. What
         # changes without a reload (where drains and XID logs are, the health rules) is
@@ -96,14 +87,3 @@ class Core:
         self.options: Mapping[str, Any] = {}
         self.fixed: Mapping[str, Any] = {}
         self.extra_admins: tuple[str, ...] = ()
-
-    def release_stdio(self, job_id: int) -> None:
-        """Close the terminal an attached client passed for its job, if it is still here."""
-        for fd in self.stdio.pop(job_id, ()):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def notify_attached(self, job_id: int, event: dict[str, Any]) -> None:
-        """Tell the job's attached client, if one waits, that `event` happened; the
-        socket loop (`server.Service`) sends it."""
-        raise NotImplementedError

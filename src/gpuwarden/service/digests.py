@@ -1,4 +1,4 @@
-"""The weekly digest (gpuwarden.digest) as the service keeps and sends it.
+"""The weekly digest (gpuwarden.usage.digest) as the service keeps and sends it.
 
 Opt-in: a user asks with `gpuwarden digest --subscribe`, which names their own
 `submit.webhook` (posted as them, as their jobs' notifications are: service.jobnotify)
@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -118,7 +118,7 @@ def for_user(
     db: sqlite3.Connection, state: str, user: str, since: float, until: float
 ) -> dict[str, Any]:
     """`user`'s digest from the journal (and archives) in the state directory `state`."""
-    from gpuwarden import digest
+    from gpuwarden.usage import digest
 
     mine = next((r for r in _by_user(db, state, since, until) if r.name == user), None)
     jobs = _waste(db, state, since, until, "job", user)
@@ -126,7 +126,7 @@ def for_user(
 
 
 def for_admins(db: sqlite3.Connection, state: str, since: float, until: float) -> dict[str, Any]:
-    from gpuwarden import digest
+    from gpuwarden.usage import digest
 
     waste = _waste(db, state, since, until, "user")
     return digest.for_admins(_by_user(db, state, since, until), waste, since, until)

@@ -16,8 +16,8 @@ import json
 import os
 from collections.abc import Mapping
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import write_all, write_atomic
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import write_all, write_atomic
 
 #: The room's size: a record is cut to fit (the error a job's start failed with is
 #: at most 4 KB, its JSON escapes at most six times that).

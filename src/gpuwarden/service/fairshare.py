@@ -1,12 +1,12 @@
 """Each user's GPU-seconds, decayed with a half-life: what the fair-share factor of a
-job's priority weighs (gpuwarden.scheduling). One row per user in the journal's table
+job's priority weighs (gpuwarden.planning.scheduling). One row per user in the journal's table
 `usage`, decayed when it is read or charged, so it never needs a sweep."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from gpuwarden.scheduling import decayed
+from gpuwarden.planning.scheduling import decayed
 
 
 def usage(db: sqlite3.Connection, now: float, half_life: float) -> dict[str, float]:

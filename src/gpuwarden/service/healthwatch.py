@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     from gpuwarden.health.judgement import Symptom
     from gpuwarden.health.watch import HealthWatch
-    from gpuwarden.inventory import Gpu
+    from gpuwarden.machine.inventory import Gpu
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -27,9 +27,9 @@ def start(reading: Any, webhook: Optional[str]) -> Optional[HealthWatch]:
     """The watch, started, for the configuration `reading`; `webhook`: the service's,
     which its findings go to where `health.webhook` names none. None (and a log line
     saying why) where the health settings are refused: the service serves on."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
+    from gpuwarden.base.records import replace
     from gpuwarden.health.watch import HealthWatch, settings_from_config
-    from gpuwarden.records import replace
 
     try:
         settings = settings_from_config(reading)

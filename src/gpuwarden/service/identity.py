@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
 

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient.probe import UNIT_PATH
 from gpuwarden.service.runnable import cannot_export, not_for_everyone
 from gpuwarden.service.unitfiles import (
@@ -171,7 +171,7 @@ def _valid_before(value: Any) -> bool:
 
 
 def _read_manifest(root: str) -> Manifest:
-    from gpuwarden.safefiles import UnsafeFile, read_small
+    from gpuwarden.files.safefiles import UnsafeFile, read_small
 
     path = _at(root, MANIFEST)
     try:
@@ -188,7 +188,7 @@ def _read_manifest(root: str) -> Manifest:
 
 
 def _write_manifest(root: str, manifest: Manifest) -> None:
-    from gpuwarden.safefiles import write_atomic
+    from gpuwarden.files.safefiles import write_atomic
 
     write_atomic(_at(root, MANIFEST), manifest.to_json(), mode=0o600, what="install manifest")
 
@@ -208,7 +208,7 @@ def _sha(data: bytes) -> str:
 def _read_existing(path: str) -> Optional[bytes]:
     """The file's bytes, None when absent; anything but a regular file is refused: an
     install never writes through a symlink or into a FIFO someone left there."""
-    from gpuwarden.safefiles import UnsafeFile, read_small
+    from gpuwarden.files.safefiles import UnsafeFile, read_small
 
     try:
         return read_small(path, MAX_MANIFEST, what="file")[0]
@@ -283,7 +283,7 @@ def _foreign_lock_files(where: str) -> list[str]:
         names = os.listdir(where)
     except OSError:
         return []
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
 
     for name in names:
         with contextlib.suppress(OSError):
@@ -328,7 +328,7 @@ def _make_dir(root: str, path: str, mode: int, manifest: Manifest, as_root: bool
 
 
 def _write_file(root: str, path: str, text: str, manifest: Manifest) -> str:
-    from gpuwarden.safefiles import write_atomic
+    from gpuwarden.files.safefiles import write_atomic
 
     where = _at(root, path)
     data = text.encode("utf-8")
@@ -370,7 +370,7 @@ def _add_config(root: str, manifest: Manifest) -> str:
     text = CONFIG_SECTION if existing.endswith(b"\n") or not existing else "\n" + CONFIG_SECTION
     fd = os.open(where, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        from gpuwarden.safefiles import write_all
+        from gpuwarden.files.safefiles import write_all
 
         write_all(fd, text.encode("utf-8"))
         os.fsync(fd)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 EVENTS = ("BEGIN", "END", "FAIL", "REQUEUE", "TIME_LIMIT")
 _ALIASES = {"TIMEOUT": "TIME_LIMIT", "ALL": "ALL", "NONE": "NONE"}

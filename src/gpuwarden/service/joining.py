@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import fields
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person, peer_credentials

@@ -15,11 +15,11 @@ import json
 import sqlite3
 from typing import Optional
 
-from gpuwarden import arrayspec
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import format_size
+from gpuwarden.planning import arrayspec
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import store
-from gpuwarden.units import format_size
 
 #: What a row takes beyond its text: its numbers, times, state and index entries.
 ROW = 256

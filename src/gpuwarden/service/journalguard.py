@@ -20,7 +20,7 @@ import stat
 import time
 from typing import Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service.arrayrows import Blobs
 from gpuwarden.service.store import ACTIVE, SCHEMA_VERSION, row_to_job
 

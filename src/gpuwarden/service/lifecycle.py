@@ -18,8 +18,9 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import config, preemption, scheduling
-from gpuwarden.errors import UserError
+from gpuwarden import config
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import preemption, scheduling
 from gpuwarden.service import (
     arrays,
     attachment,
@@ -92,7 +93,10 @@ class Lifecycle(Core):
                 )
                 continue
             client = client or attachment.ClientProcess(0, -1)
-            self.orphans[job.id] = (time.monotonic() + attachment.REATTACH_WITHIN, client)
+            self.attachments.orphans[job.id] = (
+                time.monotonic() + attachment.REATTACH_WITHIN,
+                client,
+            )
         self.sweep_cgroups()
         self._litter_of_ended_jobs()
         self.pacer.wake()
@@ -100,7 +104,9 @@ class Lifecycle(Core):
     def _end_orphans(self) -> None:
         """Attached jobs whose client has not come back after a restart: ended once the
         client is known dead, or after `REATTACH_WITHIN` (its client gave up before)."""
-        for job_id, why in attachment.gone(self.orphans, self.attached, time.monotonic()):
+        for job_id, why in attachment.gone(
+            self.attachments.orphans, self.attachments.attached, time.monotonic()
+        ):
             job = self.store.get(job_id)
             if job is not None and job.state in store.ACTIVE:
                 log.info("job %s: its attached client %s after a restart; cancelling", job_id, why)
@@ -222,7 +228,7 @@ class Lifecycle(Core):
         """A job that must start now or not at all (`run` without --wait) that cannot."""
         why = f"no GPU fits now ({reason}); add --wait to queue for one"
         self.store.update(job.id, state=store.CANCELLED, ended=time.time(), error=why, reason=None)
-        self.notify_attached(job.id, {"event": "ended", "status": 75, "error": why})
+        self.attachments.notify(job.id, {"event": "ended", "status": 75, "error": why})
         self._ended_attached(job.id, None, quiet=True)
 
     def _ended_attached(
@@ -232,12 +238,8 @@ class Lifecycle(Core):
         if not quiet:
             status = 128 + sig if ended is None else ended.shell_status
             error = "cancelled before it started" if ended is None else ended.error
-            self.notify_attached(job_id, {"event": "ended", "status": status, "error": error})
-        client = self.attached.pop(job_id, None)
-        if client is not None:
-            client.job = None
-        self.release_stdio(job_id)
-        self.orphans.pop(job_id, None)
+            self.attachments.notify(job_id, {"event": "ended", "status": status, "error": error})
+        self.attachments.ended(job_id)
         if ended is None:  # ended before it started: no exit record to remove later
             attachment.forget_client(self.exits, str(job_id))
 
@@ -245,7 +247,7 @@ class Lifecycle(Core):
         """Plan and start what the plan starts, keeping what stays free (`free`) for a submit
         to judge (service.pacing): a full pass plans and ranks every waiting job, a start
         pass the first few that could start (service.ready), both on service.machine's."""
-        from gpuwarden.mig import devices
+        from gpuwarden.placement.mig import devices
         from gpuwarden.service.placing import inputs, record_reasons, start_job
 
         began = time.monotonic()
@@ -253,7 +255,11 @@ class Lifecycle(Core):
         # An attached job whose client has not come back after a restart waits for it.
         waits, more = (self.store.jobs([store.PENDING]), False) if full else self.store.ready()
         kept = self.unwritten  # ended or cancelled, not yet in the journal: left out
-        pending = [j for j in waits if (not j.attached or j.id in self.stdio) and j.id not in kept]
+        pending = [
+            j
+            for j in waits
+            if (not j.attached or j.id in self.attachments.stdio) and j.id not in kept
+        ]
         if not pending:
             self.queue.nothing_waits(full)  # after a full pass: a submit plans at once
             return self.pacer.planned("full" if full else "start", began, time.monotonic())

@@ -11,8 +11,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import accounting, journalbytes
 from gpuwarden.service.identity import Person, person
@@ -121,7 +121,7 @@ def plan_policy(settings: Settings, journal: Store, jobs: Iterable[Job]) -> sche
     GPU limits, each owner's own cap where `[service.limits]` gives one, and with
     account shares, the usage charged to each account."""
     policy = settings.policy
-    if policy.account_shares:  # fair share's account level (gpuwarden.fairshare)
+    if policy.account_shares:  # fair share's account level (gpuwarden.planning.fairshare)
         usage = accounting.account_usage(journal.db, time.time(), policy.half_life)
         policy = dataclasses.replace(policy, account_usage=usage)
     entries = bool(settings.limits.entries)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 KINDS = ("max_gpus", "max_jobs", "max_time", "max_interactive_time", "gpu_hours_per_week")
 #: The machine-wide key each limit falls back to (the GPU-hour budget has none).
@@ -67,7 +67,7 @@ class Limits:
     def describe(self) -> str:
         if not self.entries:
             return "none"
-        from gpuwarden.units import format_span
+        from gpuwarden.base.units import format_span
 
         def shown(kind: str, value: float) -> str:
             return format_span(value) if kind.endswith("_time") else f"{value:g}"
@@ -115,7 +115,7 @@ def refusal(
     jobs queued or running and used `gpu_hours` in the last 7 days, is refused at
     submit; None when it is not. Each reason names the rule. An `interactive` job (an
     attached one) is bound by `max_interactive_time` where one is in force."""
-    from gpuwarden.units import format_span
+    from gpuwarden.base.units import format_span
 
     jobs = limits.get("max_jobs")
     if jobs is not None and active + tasks > jobs.value:

@@ -8,8 +8,8 @@ import contextlib
 import os
 from collections.abc import Iterable
 
+from gpuwarden.base.units import is_digits
 from gpuwarden.service import attachment, spawn
-from gpuwarden.units import is_digits
 
 #: The files of one job, by the function naming each in the status directory.
 FILES = (spawn.exit_record_path, spawn.marker_path, spawn.reserve_path, attachment.client_path)

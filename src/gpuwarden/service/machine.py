@@ -80,7 +80,7 @@ class Machine:
 
     def nvml(self) -> Any:
         if self._nvml is None:
-            from gpuwarden.inventory import load_nvml
+            from gpuwarden.machine.inventory import load_nvml
 
             self._nvml = Counted((self._load or load_nvml)())
         return self._nvml
@@ -88,7 +88,7 @@ class Machine:
     def read(self, detail: bool = False) -> Any:
         """The whole machine now. What jobs are planned on needs no `detail` (clocks,
         temperatures, power, energy: what the efficiency sampler reads)."""
-        from gpuwarden.inventory import read_snapshot
+        from gpuwarden.machine.inventory import read_snapshot
 
         try:
             nvml = self.nvml()
@@ -104,7 +104,7 @@ class Machine:
     def process_use(self, uuids: Iterable[str], since: int) -> dict[str, Any]:
         """Each process's share of the work on the GPUs of `uuids` since `since`
         (gpuprocesses.read_process_use): the efficiency sampler's, for shared GPUs."""
-        from gpuwarden.gpuprocesses import read_process_use
+        from gpuwarden.machine.gpuprocesses import read_process_use
 
         nvml = self.nvml()
         nvml.nvmlInit()
@@ -117,7 +117,7 @@ class Machine:
     def memory_peaks(self, pids: Mapping[str, Iterable[int]]) -> dict[str, Any]:
         """The most GPU memory each of `pids` held on each GPU, where the driver's
         accounting mode is on (gpuprocesses.read_memory_peaks): for shared GPUs."""
-        from gpuwarden.gpuprocesses import read_memory_peaks
+        from gpuwarden.machine.gpuprocesses import read_memory_peaks
 
         nvml = self.nvml()
         nvml.nvmlInit()
@@ -136,8 +136,8 @@ class Machine:
     def chosen(self, uuids: Iterable[str]) -> Any:
         """The reading with the GPUs of `uuids` (a MIG slice: its GPU) read again: what
         they use now. Kept, so the next pass plans with it."""
-        from gpuwarden.inventory import read_use
-        from gpuwarden.records import replace
+        from gpuwarden.base.records import replace
+        from gpuwarden.machine.inventory import read_use
 
         snapshot = self.snapshot if self.snapshot is not None else self.read()
         wanted = set(uuids)
@@ -155,12 +155,12 @@ class Machine:
 
     def linked(self, snapshot: Any) -> Any:
         """`snapshot` with the NVLink and PCIe links between its GPUs, read once."""
-        from gpuwarden.records import replace
+        from gpuwarden.base.records import replace
 
         if len(snapshot.gpus) < 2 or snapshot.topology:
             return snapshot
         if self._links is None:
-            from gpuwarden.inventory import read_snapshot
+            from gpuwarden.machine.inventory import read_snapshot
 
             links = read_snapshot(self.nvml(), processes=False, topology=True, detail=False)
             self._links = (links.topology, links.nvlinks)

@@ -43,7 +43,7 @@ PR_SET_PDEATHSIG = 1
 
 def mail_text(event: dict[str, Any]) -> str:
     """The mail for one ended job: a subject that says it all, and the details; or a
-    digest (gpuwarden.digest), its own text."""
+    digest (gpuwarden.usage.digest), its own text."""
     if event.get("event") == "DIGEST":
         whose = "your" if event.get("kind") == "user" else "this machine's"
         return f"To: {event.get('user')}\nSubject: gpuwarden: {whose} GPU use\n\n{event['text']}"
@@ -208,7 +208,7 @@ class JobNotifier:
         and groups (set by subprocess between its fork and exec, no Python run there)."""
         import sys
 
-        from gpuwarden.errors import UserError
+        from gpuwarden.base.errors import UserError
         from gpuwarden.service.identity import person
 
         try:

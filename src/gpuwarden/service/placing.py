@@ -1,13 +1,13 @@
 """From the machine and the journal to `scheduling.plan`'s inputs, and from a decision to
 a running job holding its leases.
 
-The plan sees every GPU (a MIG-mode GPU as its MIG slices, as `gpuwarden.mig` gives
+The plan sees every GPU (a MIG-mode GPU as its MIG slices, as `gpuwarden.placement.mig` gives
 them; unusable when drained, fatal or lost), every job of the queue that holds GPUs,
 every other holder of a lease in the service's directory (a Slurm job's prolog, say),
 and every process on a GPU that nobody leased, as an occupant with the memory it
 uses — so a colleague's plain `python train.py` is respected as it is without the
 service. The plan decides who starts and how many GPUs; which GPUs a job may ever
-get (`fitting`) and which of the free ones it gets (`pick`) is `gpuwarden.selection`'s
+get (`fitting`) and which of the free ones it gets (`pick`) is `gpuwarden.placement.selection`'s
 choice, the one `run` makes: health, topology, MIG slices, sharing.
 """
 
@@ -18,15 +18,16 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.service import arrays, spawn, store
 from gpuwarden.service.identity import person
 
 if TYPE_CHECKING:
     from typing import Protocol
 
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
+    from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
@@ -39,11 +40,7 @@ if TYPE_CHECKING:
         exits: str
         pacer: Pacer
         hardware: Machine
-        stdio: dict[int, list[int]]
-
-        def notify_attached(self, job_id: int, event: dict[str, Any]) -> None: ...
-
-        def release_stdio(self, job_id: int) -> None: ...
+        attachments: Attachments  # the attached jobs' clients (the socket loop's)
 
 
 def request_of(job: store.Job) -> Request:
@@ -70,7 +67,7 @@ def picker(
     between GPUs to a snapshot (service.machine keeps them; None: read them here)."""
     from dataclasses import replace
 
-    from gpuwarden.selection import choose
+    from gpuwarden.placement.selection import choose
 
     by_id = {str(j.id): j for j in pending}
     wanted: dict[str, Any] = {}  # made for the jobs the plan asks about, not every one
@@ -99,7 +96,7 @@ def _with_topology(snapshot: Any) -> Any:
 
     if len(snapshot.gpus) < 2 or snapshot.topology:
         return snapshot
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
 
     links = read_snapshot(processes=False, topology=True, detail=False)
     return replace(snapshot, topology=links.topology, nvlinks=links.nvlinks)
@@ -120,11 +117,12 @@ def inputs(
     drains, XID logs and health rules as the pass's `reading` of the configuration
     says (None: the configuration in force). `leaving`: ids of running jobs told to end;
     `linked` as `picker`'s."""
-    from gpuwarden import drain, leases
+    from gpuwarden import leases
+    from gpuwarden.files.locations import state_location
+    from gpuwarden.health import drain
     from gpuwarden.health.xidlog import judged
-    from gpuwarden.locations import state_location
-    from gpuwarden.mig import devices
-    from gpuwarden.selection import fitting, unusable
+    from gpuwarden.placement.mig import devices
+    from gpuwarden.placement.selection import fitting, unusable
 
     drains = drain.list_drains(state_location(reading))
     findings = judged(snapshot.gpus, conf=reading)
@@ -245,7 +243,7 @@ def start_job(
     from gpuwarden.jobs.holding import kill_group, start_published
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
-    from gpuwarden.request import Request
+    from gpuwarden.placement.request import Request
 
     ld = leasedir.open_dir(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
@@ -320,8 +318,9 @@ def start_job(
             expires=expires,
         )
         held.close()  # its supervisor holds the leases now; the service keeps no copy
-        service.notify_attached(job.id, {"event": "started", "gpus": [g.uuid for g in gpus]})
-        service.release_stdio(job.id)  # the job has them now
+        told = {"event": "started", "gpus": [g.uuid for g in gpus]}
+        service.attachments.notify(job.id, told)
+        service.attachments.release_stdio(job.id)  # the job has them now
     except BaseException:
         held.close()
         raise
@@ -347,7 +346,7 @@ def simulated_machine() -> dict[str, str]:
 
 
 def _stdio(service: PlacingService, job_id: int) -> Optional[tuple[int, int, int]]:
-    fds = service.stdio.get(job_id)
+    fds = service.attachments.stdio.get(job_id)
     return None if not fds else (fds[0], fds[1], fds[2])
 
 

@@ -1,7 +1,7 @@
 """Preemptible jobs giving their GPUs back: Slurm's PreemptMode=REQUEUE (or CANCEL)
 with its GraceTime, on the service's side.
 
-The plan names the victims (gpuwarden.preemption, pure). Each gets its `--signal`
+The plan names the victims (gpuwarden.planning.preemption, pure). Each gets its `--signal`
 once (SIGTERM when it named none; with `B:`, its first process only), the line
 `gpuwarden: job N preempted ...` in its output, and SIGKILL `service.preempt_grace`
 seconds later if it is still there. When it has ended it waits again under its id

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Optional, Protocol
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 
 
 class Unit(Protocol):
@@ -103,7 +103,7 @@ class QueueState:
         if planned is not None or self.foresight is None:
             return planned
         if self.foreseen is None:
-            from gpuwarden.foresight import estimated_starts
+            from gpuwarden.planning.foresight import estimated_starts
 
             starts = estimated_starts(*self.foresight)
             self.foreseen = {int(k): v for k, v in starts.items()}

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 if TYPE_CHECKING:
     from typing import Protocol

@@ -8,7 +8,7 @@ import dataclasses
 import time
 from typing import Any, Optional
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 from gpuwarden.service.tally import WAIT_BUCKETS
 
 
@@ -83,7 +83,7 @@ def share(service: Any) -> dict[str, Any]:
 def account_shares(service: Any, policy: scheduling.Policy) -> list[dict[str, Any]]:
     """Each account's decayed usage, share and factor at fair share's account level
     (none when no account has a share: fair share is then per user only)."""
-    from gpuwarden import fairshare
+    from gpuwarden.planning import fairshare
     from gpuwarden.service import accounting
 
     if not fairshare.two_levels(policy):
@@ -110,9 +110,9 @@ def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[s
     """`gpuwarden report`: GPU-hours, jobs and waits by user, group, account or job (as
     sreport, every user sees every user's totals, as `share` shows their usage); with
     `waste`, the GPU-hours held idle: an admin sees everyone's, a user their own."""
-    from gpuwarden import usage
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.service import accounting, archive
+    from gpuwarden.usage import report as usage
 
     db = service.store.db
     state = service.settings.state_dir  # keep_history's archives are read too
@@ -136,7 +136,7 @@ def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[s
 def efficiency(service: Any, who: Any, ids: tuple[int, ...], client: Any = None) -> dict[str, Any]:
     """`gpuwarden eff`: each job's runs and what its GPUs did (its owner's or an
     admin's); a running job's current run from the sampler's memory."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.service import accounting
 
     out = []

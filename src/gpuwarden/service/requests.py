@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
 from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import (
@@ -236,9 +236,7 @@ class Requests(Lifecycle):
             if not job.attached:  # sbatch's patterns (%j) filled in, as for an array's tasks
                 self.store.update(job.id, output=arrays.output_of(job))
         if job.attached and client is not None:
-            client.job = job.id
-            self.attached[job.id] = client
-            self.stdio[job.id] = stdio
+            self.attachments.hold(job.id, client, stdio)
             record_client(self.exits, str(job.id), peer_credentials(client.sock)[0])
         log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
         if reason is None:
@@ -489,6 +487,6 @@ def mine(job: store.Job, who: Person) -> bool:
 
 
 def scheduling_span(seconds: float) -> str:
-    from gpuwarden.units import format_span
+    from gpuwarden.base.units import format_span
 
     return format_span(seconds)

@@ -26,8 +26,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.service import accounting, spawn, store, unwritten
 
 if TYPE_CHECKING:

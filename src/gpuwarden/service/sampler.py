@@ -4,7 +4,7 @@ On the loop's tick, every `service.sample_seconds` (10 s) while a job runs, one
 reading of the machine (with power and energy), and for GPUs that jobs share, NVML's
 per-process utilisation since the last sample and, where the driver's accounting mode
 is on, each process's own memory peak, add a sample per GPU of each running
-job to that run's summary in memory (gpuwarden.efficiency says what is measured
+job to that run's summary in memory (gpuwarden.usage.efficiency says what is measured
 where). The summaries go to the journal's `gpu_use` every `FLUSH_EVERY`
 seconds and when the run ends (service.accounting), never a row per sample; a
 restarted service carries on from what was last written. Nothing here runs on a
@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
-from gpuwarden import efficiency
-from gpuwarden.efficiency import GpuUse
 from gpuwarden.service import accounting, store
+from gpuwarden.usage import efficiency
+from gpuwarden.usage.efficiency import GpuUse
 
 log = logging.getLogger("gpuwarden.serve")
 

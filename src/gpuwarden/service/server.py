@@ -14,18 +14,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import selectors
 import signal
-import socket
 import sqlite3
 import stat
 import time
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from gpuwarden import config
-from gpuwarden.errors import UserError
-from gpuwarden.queueclient import protocol
-from gpuwarden.queueclient.protocol import ProtocolError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import (
     archive,
     healthwatch,
@@ -35,8 +32,8 @@ from gpuwarden.service import (
     timelimits,
     unwritten,
 )
+from gpuwarden.service.clients import Clients
 from gpuwarden.service.connection import Connection
-from gpuwarden.service.identity import Person, peer
 from gpuwarden.service.machine import Machine
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import FULL, Pacer
@@ -45,12 +42,6 @@ from gpuwarden.service.requests import Requests
 from gpuwarden.service.settings import Settings
 
 log = logging.getLogger("gpuwarden.serve")
-
-
-#: Answers queued for one client before it is dropped (it does not read them).
-MAX_PENDING = 2 * protocol.MAX_MESSAGE
-#: A client's next request is answered only once fewer bytes than this wait for it.
-BACKLOG_OUT = protocol.PAGE_BYTES
 
 
 def _directory(path: str) -> None:
@@ -85,6 +76,8 @@ class Service(Requests):
             JobNotifier(settings.webhook, settings.sendmail),
             Pacer(),
         )
+        self.clients = Clients(self.selector, self._answer, self._client_left)
+        self.attachments = self.clients.attachments
         self.health: Any = None  # the health watch (service.healthwatch), from `open`
         for folder in (settings.state_dir, self.exits):
             _directory(folder)
@@ -135,13 +128,7 @@ class Service(Requests):
                 raise UserError(f"{path} exists and is not a socket; refusing to replace it")
             os.unlink(path)
         self.notifier.start()  # a fork: before anything else runs
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        os.chmod(path, 0o666)  # anyone may ask; the kernel says who asked
-        listener.listen(128)
-        listener.setblocking(False)
-        self.listener = listener
-        self.selector.register(listener, selectors.EVENT_READ, ("listen", None))
+        self.clients.listen(path)  # anyone may ask; the kernel says who asked
         snapshot = self.machine = self.read_snapshot()
         self.reading = config.load()
         self.queue.seen(snapshot.gpus)
@@ -155,13 +142,10 @@ class Service(Requests):
         """Stop serving. Jobs run on, attached ones too: their clients reconnect to the
         next service (service.attachment)."""
         self.stopping = True
-        for client in list(self.clients.values()):
-            self._drop(client)
-        if self.listener is not None:
-            self.selector.unregister(self.listener)
-            self.listener.close()
+        if self.clients.listener is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.settings.socket)
+        self.clients.close()
         for fd in [*self.watched.values(), *self.processes.values()]:
             os.close(fd)
         self.watched.clear()
@@ -219,192 +203,45 @@ class Service(Requests):
         for key, mask in self.selector.select(wait):
             kind, data = key.data
             if kind == "listen":
-                self._accept()
+                self.clients.accept(self.settings)
             elif kind == "client":
-                if mask & selectors.EVENT_WRITE:
-                    self._flush(data)
-                    if data.backlog:
-                        self._serve(data)
-                if mask & selectors.EVENT_READ and self._open(data):
-                    self._read(data)
+                self.clients.ready(data, mask)
             elif kind == "job":
                 self._ended(data)
         if time.monotonic() >= self.next_tick:
             self.next_tick = time.monotonic() + self.settings.tick
             self._tick()
 
-    # -- recovery ----------------------------------------------------------------------
-
     # -- clients -----------------------------------------------------------------------
 
-    def _accept(self) -> None:
-        assert self.listener is not None
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            try:
-                who = peer(sock)
-                self._admit(who)
-            except UserError as err:
-                with contextlib.suppress(OSError):
-                    sock.setblocking(False)  # one short line: the socket's buffer takes it
-                    sock.send(
-                        protocol.encode({"v": protocol.VERSION, "ok": False, "error": str(err)})
-                    )
-                sock.close()
-                continue
-            sock.setblocking(False)
-            client = Connection(sock, who)
-            self.clients[sock.fileno()] = client
-            self.per_uid[who.uid] = self.per_uid.get(who.uid, 0) + 1
-            self.selector.register(sock, selectors.EVENT_READ, ("client", client))
-
-    def _admit(self, who: Person) -> None:
-        """Refuse a connection over the bounds, in one line naming the bound: one user's
-        connections (so that no user fills the service's), and everyone's."""
-        s = self.settings
-        mine = self.per_uid.get(who.uid, 0)
-        if mine >= s.max_clients_per_user:
-            raise UserError(
-                f"you have {mine} connections open to the service, the most one user may "
-                "(service.max_connections_per_user)"
-            )
-        if len(self.clients) >= s.max_clients:
-            raise UserError(
-                f"the service has {len(self.clients)} connections open, the most it serves; "
-                "try again shortly"
-            )
-
-    def _read(self, client: Connection) -> None:
+    def _answer(self, client: Connection, message: Mapping[str, Any]) -> dict[str, Any]:
+        """A request answered, or refused in one line: a bug in one answer, or a journal
+        that cannot be written, does not take the queue down with it."""
         try:
-            data, fds, _, _ = socket.recv_fds(client.sock, 65536, 3)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data, fds = b"", []
-        client.close_fds()  # descriptors not claimed by the message they came with
-        client.fds = list(fds)
-        if not data:
-            self._drop(client)
-            return
-        try:
-            client.backlog.extend(client.decoder.feed(data))
-        except protocol.ProtocolError as err:
-            self._send(client, {"ok": False, "error": str(err)})
-            self._drop(client)
-            return
-        self._serve(client)
+            return self.handle(client.who, message, client)
+        except UserError as err:
+            return {"ok": False, "error": str(err)}
+        except sqlite3.Error as err:
+            log.error("request %r refused: %s", message.get("op"), err)
+            return {"ok": False, "error": journal_failure(self.store.path, err)}
+        except Exception as err:
+            log.exception("request %r failed", message.get("op"))
+            return {"ok": False, "error": f"internal error: {type(err).__name__}"}
 
-    def _serve(self, client: Connection) -> None:
-        """Answer the client's waiting requests while what it has yet to read is small:
-        a client that sends many and reads none is not read from (nor answered) until it
-        reads, so what waits for it stays bounded."""
-        while client.backlog and len(client.out) < BACKLOG_OUT and self._open(client):
-            message = client.backlog.pop(0)
-            client.seen = time.monotonic()  # a whole request: a byte a while is not one
-            try:
-                reply = self.handle(client.who, message, client)
-            except UserError as err:
-                reply = {"ok": False, "error": str(err)}
-            except sqlite3.Error as err:
-                reply = {"ok": False, "error": journal_failure(self.store.path, err)}
-                log.error("request %r refused: %s", message.get("op"), err)
-            except Exception as err:  # a bug must not take the queue down with it
-                log.exception("request %r failed", message.get("op"))
-                reply = {"ok": False, "error": f"internal error: {type(err).__name__}"}
-            self._send(client, reply)
-        if self._open(client):
-            self._flush(client)
-
-    def _open(self, client: Connection) -> bool:
-        return self.clients.get(client.sock.fileno()) is client
-
-    def _send(self, client: Connection, reply: dict[str, Any]) -> None:
-        """Queue an answer and send what the socket takes now; the rest goes out as the
-        client reads (the loop waits for the socket to be writable). A client that lets
-        more than MAX_PENDING pile up, or reads nothing for idle_timeout, is dropped:
-        nobody waits for a slow reader."""
-        reply.setdefault("v", protocol.VERSION)
-        try:
-            data = protocol.encode(reply)
-        except ProtocolError as err:  # a bug: answers are paged to fit (service.listing)
-            log.error("an answer to %s was too large: %s", client.who.name, err)
-            data = protocol.encode({"v": protocol.VERSION, "ok": False, "error": str(err)})
-        if not client.out:
-            client.out_since = time.monotonic()
-        client.out += data
-        if len(client.out) > MAX_PENDING:
-            log.info("%s does not read its answers: dropped", client.who.name)
-            self._drop(client)
-            return
-        self._flush(client)
-
-    def _flush(self, client: Connection) -> None:
-        try:
-            while client.out:
-                sent = client.sock.send(client.out)
-                del client.out[:sent]
-                client.out_since = time.monotonic()
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            self._drop(client)
-            return
-        if not self._open(client):
-            return
-        reading = not client.backlog and len(client.out) < BACKLOG_OUT
-        events = (selectors.EVENT_READ if reading else 0) | (
-            selectors.EVENT_WRITE if client.out else 0
-        )
-        with contextlib.suppress(KeyError, ValueError):
-            if events:
-                self.selector.modify(client.sock, events, ("client", client))
-            else:  # a backlog and nothing to send: served on the next turn
-                self.selector.modify(client.sock, selectors.EVENT_WRITE, ("client", client))
-
-    def _drop(self, client: Connection) -> None:
-        fd = client.sock.fileno()
-        if self.clients.get(fd) is client:
-            del self.clients[fd]
-            left = self.per_uid.get(client.who.uid, 1) - 1
-            if left > 0:
-                self.per_uid[client.who.uid] = left
-            else:
-                self.per_uid.pop(client.who.uid, None)
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(client.sock)
-        client.sock.close()
-        client.close_fds()
-        if client.job is not None and not self.stopping:
-            self._detach(client.job)
-
-    def _detach(self, job_id: int) -> None:
+    def _client_left(self, job_id: int) -> None:
         """An attached client went away (its terminal closed, it was killed): its job
-        ends too, as a job started from a shell would, and its descriptors are closed."""
-        self.attached.pop(job_id, None)
-        self.release_stdio(job_id)
-        job = self.store.get(job_id)
+        ends too, as a job started from a shell would."""
+        job = None if self.stopping else self.store.get(job_id)
         if job is None or job.state not in store.ACTIVE:
             return
         log.info("job %s: its attached client left; cancelling it", job_id)
         self._cancel(job)
 
-    def notify_attached(self, job_id: int, event: dict[str, Any]) -> None:
-        client = self.attached.get(job_id)
-        if client is not None:
-            self._send(client, {"ok": True, "job": job_id, **event})
-
     def _tick(self) -> None:
         unwritten.retry(self)  # ends a full disk kept: written once it has room
         archive.tend(self, time.time())  # service.keep_history
         now = time.monotonic()
-        for client in list(self.clients.values()):
-            if client.job is None and now - client.seen > self.settings.idle_timeout:
-                self._drop(client)
-            elif client.out and now - client.out_since > self.settings.idle_timeout:
-                self._drop(client)  # it stopped reading its answers
+        self.clients.idle(now, self.settings.idle_timeout)
         timelimits.tick(self)
         if self.store.jobs([store.PENDING]):
             self.pacer.touch()  # GPUs freed outside the queue show up on the next pass

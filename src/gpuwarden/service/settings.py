@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuwarden import scheduling
-from gpuwarden.enforcement import EnforceSettings
-from gpuwarden.errors import UserError
-from gpuwarden.locations import lease_location
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.locations import lease_location
+from gpuwarden.planning import scheduling
 from gpuwarden.service.accounts import Accounts
 from gpuwarden.service.identity import Admins
 from gpuwarden.service.limits import Limits
+from gpuwarden.usage.enforcement import EnforceSettings
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ SPANS = (
 
 
 def _span(value: Any) -> str:
-    from gpuwarden.units import format_span
+    from gpuwarden.base.units import format_span
 
     return "-" if value is None else format_span(value)
 

@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import read_small, write_atomic
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import read_small, write_atomic
 from gpuwarden.service import exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
 

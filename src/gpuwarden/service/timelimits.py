@@ -14,14 +14,14 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from gpuwarden import scheduling
+from gpuwarden.planning import scheduling
 from gpuwarden.service import digests, jobprocess, preempting, unwritten
 from gpuwarden.service.store import RUNNING, Job
 
 if TYPE_CHECKING:
     from typing import Optional, Protocol
 
-    from gpuwarden.service.attachment import ClientProcess
+    from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.preempting import PreemptingService
     from gpuwarden.service.sampler import Sampler
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
         hardware: Machine
         termed: dict[int, float]  # job id -> when SIGTERM was sent for its time
-        orphans: dict[int, tuple[float, ClientProcess]]
+        attachments: Attachments  # the attached jobs' clients (the socket loop's)
         swept: float  # when the cgroups of ended jobs were last looked for
         digested: float  # when due digests were last looked for (service.digests)
         sampler: Optional[Sampler]
@@ -55,7 +55,7 @@ SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-e
 def tick(service: TickService) -> None:
     """The tick's round: time limits, the warnings before them, preempted jobs past
     their grace, the enforcement watch, the sampler and the sweep of cgroups."""
-    if service.orphans:
+    if service.attachments.orphans:
         service._end_orphans()
     now = time.time()
     if now - service.swept >= SWEEP_EVERY:  # on the loop's tick

@@ -20,7 +20,7 @@ import shutil
 import stat
 from typing import Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.service.install import (
     CONFIG_DIR,
     DIRECTORIES,
@@ -166,7 +166,7 @@ def _unappend(where: str, text: str) -> str:
     raw = text.encode("utf-8")
     if existing is None or raw not in existing:
         return f"left {where}: the [service] table install appended was changed since"
-    from gpuwarden.safefiles import write_atomic
+    from gpuwarden.files.safefiles import write_atomic
 
     st = os.lstat(where)
     index = existing.rindex(raw)

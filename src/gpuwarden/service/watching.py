@@ -7,7 +7,7 @@ machines without one): it already reads the GPUs and owns the leases, and only i
 knows a lease's job, its owner and its output file. Every `enforce.poll_seconds`
 on the loop's tick it
 
-- runs `gpuwarden.enforcer.Enforcer` over the GPUs and the leases (memory over
+- runs `gpuwarden.monitoring.enforcer.Enforcer` over the GPUs and the leases (memory over
   its declaration, unleased use, idle leases) and carries out what it decides;
 - counts each action by policy and kind, for the exporter (`stats`);
 - for an action on a service job, appends the line to the job's output file,
@@ -28,18 +28,18 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.base.units import is_digits
 from gpuwarden.service import store
-from gpuwarden.units import is_digits
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Protocol
 
-    from gpuwarden.enforcement import Unleased
-    from gpuwarden.enforcer import Action
-    from gpuwarden.inventory import Gpu
+    from gpuwarden.machine.inventory import Gpu
+    from gpuwarden.monitoring.enforcer import Action
     from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.settings import Settings
+    from gpuwarden.usage.enforcement import Unleased
 
     class WatchedService(Protocol):
         """What the watch needs of the service (`server.Service` has it)."""
@@ -91,7 +91,7 @@ def unleased_rows(
 
 class ServiceWatch:
     def __init__(self, service: WatchedService) -> None:
-        from gpuwarden.enforcer import Enforcer
+        from gpuwarden.monitoring.enforcer import Enforcer
 
         self.service = service
         self.enforcer = Enforcer(service.settings.enforce)
@@ -146,7 +146,7 @@ class ServiceWatch:
         return job
 
     def _job_by_ancestry(self, pid: int, running: dict[int, store.Job]) -> Optional[store.Job]:
-        from gpuwarden.ancestry import lineage
+        from gpuwarden.machine.ancestry import lineage
 
         return next((running[p] for p in lineage(pid) if p in running), None)
 

@@ -67,7 +67,7 @@ def files(gpus: Iterable[dict[str, Any]], major: int) -> dict[str, str]:
 
 def provide() -> str:
     """Write the stand-ins for the simulated machine of GPUWARDEN_SIM; their root."""
-    from gpuwarden.safefiles import write_atomic
+    from gpuwarden.files.safefiles import write_atomic
     from gpuwarden.sim.machine import Machine
 
     machine = Machine.open()

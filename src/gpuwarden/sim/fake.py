@@ -20,7 +20,7 @@ import sys
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import ModuleType
 
-from gpuwarden.nvmlload import without_unused_modules
+from gpuwarden.machine.nvmlload import without_unused_modules
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 SHIM_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
 _MODULES: dict[tuple[str, str], ModuleType] = {}
 # _thread's lock (what threading.Lock() returns): threading stays off the way of every
-# simulated NVML client, as gpuwarden.nvmlload keeps it off nvidia-ml-py's.
+# simulated NVML client, as gpuwarden.machine.nvmlload keeps it off nvidia-ml-py's.
 _MODULES_LOCK = _thread.allocate_lock()
 
 
@@ -80,7 +80,7 @@ def load_copy(name: str) -> ModuleType:
 def module(spec_name: Optional[str] = None, state_dir: Optional[str] = None) -> ModuleType:
     """The fake pynvml for `spec_name` (default: $GPUWARDEN_SIM); one per spec and process,
     so every importer shares the NVML init count and event sets, as with one real library."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.sim import specs
 
     name = spec_name or os.environ.get("GPUWARDEN_SIM")

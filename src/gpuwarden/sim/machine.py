@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import time
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 from gpuwarden.sim import specdata, specs
 from gpuwarden.sim.state import StateFile, memory_used
-from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def check_value(key: str, value: Any, gpu: Optional[dict[str, Any]] = None) -> N
     if number and low <= value <= high:  # also refuses NaN
         return
     if key == "memory_used":
-        from gpuwarden.units import format_size
+        from gpuwarden.base.units import format_size
 
         span = f"0 to {format_size(int(high))}"
     else:
@@ -144,7 +144,7 @@ class Machine:
             ]
             free = g["memory_total"] - g["memory_reserved"] - memory_used(state, g)
             if size > free:
-                from gpuwarden.units import format_size
+                from gpuwarden.base.units import format_size
 
                 raise UserError(
                     f"GPU {g['index']} has {format_size(free)} free; "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import marshal
 
-from gpuwarden.records import field, record
+from gpuwarden.base.records import field, record
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
@@ -66,6 +66,6 @@ def size(value: Any) -> int:
     """A memory size: bytes as a number, or text such as "40GiB" (`units.parse_size`)."""
     if isinstance(value, int):
         return value
-    from gpuwarden.units import parse_size
+    from gpuwarden.base.units import parse_size
 
     return parse_size(str(value))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import sys
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.sim import cards, specdata
 from gpuwarden.sim.specdata import COMPUTE_MODES, THROTTLE_BITS, Spec
 
@@ -284,7 +284,7 @@ class _Machine:
         used = extra + self._processes(i, gpu, g.get("process", []))
         capacity = int(gpu["memory_total"]) - int(gpu["memory_reserved"])  # type: ignore[call-overload]
         if used > capacity:
-            from gpuwarden.units import format_size
+            from gpuwarden.base.units import format_size
 
             raise where.fail(
                 f"gpu[{i}].process",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.sim import cards, specdata
 from gpuwarden.sim.specdata import Spec
 
@@ -147,7 +147,7 @@ def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:
         cache = os.path.join(_state_base(state_dir), f".{_stem(_name_of(path), path)}.spec.json")
     except OSError:
         return _parse_file(path)
-    from gpuwarden.safefiles import UnsafeFile, read_small
+    from gpuwarden.files.safefiles import UnsafeFile, read_small
 
     try:
         # The cache sits in the state directory (by default a name in /tmp anyone
@@ -166,7 +166,7 @@ def _load_parsed(path: str, state_dir: Optional[str]) -> Spec:
         pass
     parsed = _parse_file(path)
     try:  # a state dir we may not write is fine: the next load parses again
-        from gpuwarden.safefiles import write_atomic
+        from gpuwarden.files.safefiles import write_atomic
 
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         data = json.dumps({"key": key, "spec": vars(parsed)})

@@ -15,8 +15,8 @@ import os
 import time
 from collections.abc import Iterator
 
-from gpuwarden.errors import UserError
-from gpuwarden.safefiles import write_atomic
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import write_atomic
 from gpuwarden.sim import specs
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
@@ -122,7 +122,7 @@ class StateFile:
         where GPUWARDEN_SIM_STATE says (by default a per-user directory in /tmp, a name
         anyone could take first), so it may be anything: a FIFO, a symlink, huge,
         garbage, JSON of other shapes. Those are refused in one line, never trusted."""
-        from gpuwarden.safefiles import UnsafeFile, read_small
+        from gpuwarden.files.safefiles import UnsafeFile, read_small
 
         try:
             raw, _ = read_small(self.path, MAX_STATE, what="simulated machine state")
@@ -150,7 +150,7 @@ class StateFile:
         return contextmanager(self._holding)()
 
     def _holding(self) -> Iterator[None]:
-        from gpuwarden.safefiles import flock_within, open_regular
+        from gpuwarden.files.safefiles import flock_within, open_regular
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # Not a plain open(): a FIFO there would block, a symlink would be followed.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.slurm.prolog import JOB_PREFIX, NOTE_PREFIX
 
 #: At most this many starting jobs are asked for their note (one scontrol call each).
@@ -50,8 +50,8 @@ def on_drained(leases: Sequence[Any], drained: Any, root: str) -> dict[str, list
 def local_drained() -> dict[str, list[int]]:
     """on_drained() for this machine; empty where its leases or drains cannot be read."""
     from gpuwarden import leases
-    from gpuwarden.drain import list_drains
-    from gpuwarden.paths import user_name
+    from gpuwarden.files.paths import user_name
+    from gpuwarden.health.drain import list_drains
 
     try:
         drained = list_drains()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from gpuwarden.errors import UserError
-from gpuwarden.units import is_digits
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 
 # `re`, `shlex` and `typing` are not imported: `submit --slurm` sits in front of every
 # sbatch and should add little to it (bench/slurm_submit.py); these checks are simple.
@@ -113,7 +113,7 @@ def slurm_time(value: str) -> str:
     durations (90s, 30m, 4h, 2d) are converted; anything else is refused here, with
     the forms accepted, before Slurm says only "Invalid --time specification". The
     forms are read as the queue service reads them (`units.parse_time_limit`)."""
-    from gpuwarden.units import UNLIMITED, is_slurm_time, parse_time_limit
+    from gpuwarden.base.units import UNLIMITED, is_slurm_time, parse_time_limit
 
     text = value.strip()
     seconds = parse_time_limit(text)  # refuses what neither path would read
@@ -134,7 +134,7 @@ def slurm_mem(value: str) -> str:
     digits = text[:-1] if text[-1:].upper() in ("K", "M", "G", "T") else text
     if is_digits(digits):
         return text.upper()
-    from gpuwarden.units import parse_size
+    from gpuwarden.base.units import parse_size
 
     try:
         size = parse_size(text)

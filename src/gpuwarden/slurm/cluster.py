@@ -18,8 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _GRES = re.compile(r"gpu(:[A-Za-z0-9_.]+)?:[0-9]+(,gpu(:[A-Za-z0-9_.]+)?:[0-9]+)*")
@@ -166,7 +166,7 @@ def _node(host: str, doc: Mapping[str, Any]) -> Node:
     python = doc.get("python")
     if not isinstance(python, str) or not _PATH.fullmatch(python):
         raise ValueError(f"its interpreter {python!r} is not an absolute path")
-    from gpuwarden.safefiles import printable
+    from gpuwarden.files.safefiles import printable
 
     return Node(
         name=name,
@@ -237,7 +237,7 @@ def hook(action: str, nodes: Sequence[Node], s: ClusterSettings) -> str:
 def write(folder: str, contents: Mapping[str, str]) -> None:
     """The files into a new (or empty) directory: an admin's earlier files are never
     overwritten. Hooks are executable, the rest readable by the daemons' user."""
-    from gpuwarden.safefiles import write_atomic
+    from gpuwarden.files.safefiles import write_atomic
 
     try:
         os.makedirs(folder, mode=0o755, exist_ok=True)

@@ -10,14 +10,14 @@ import os
 import sys
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 SCHEMA = 1
 
 
 def read(dev_dir: str = "/dev", gpu_type: Optional[str] = None) -> dict[str, Any]:
     """This machine's facts, read once (NVML or the simulator, /proc)."""
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
     from gpuwarden.slurm import gres, miggres
 
     snapshot = read_snapshot(processes=False, topology=True)

@@ -21,8 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from gpuwarden.records import record
-from gpuwarden.units import is_digits
+from gpuwarden.base.records import record
+from gpuwarden.base.units import is_digits
 
 
 @record
@@ -150,7 +150,7 @@ def read_devices(snapshot: Any, nvml: Any = None) -> list[GresDevice]:
             for g in snapshot.gpus
         ]
     if nvml is None:
-        from gpuwarden.inventory import load_nvml
+        from gpuwarden.machine.inventory import load_nvml
 
         try:
             nvml = load_nvml()

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 from gpuwarden.slurm import tools
 from gpuwarden.slurm.states import ENDED, state_word
-from gpuwarden.units import is_digits
 
 # -X: the allocation only, not each step; -P: `|`-separated; JobName last (it may hold `|`).
 SACCT_FORMAT = "JobID,User,State,ExitCode,ElapsedRaw,End,AllocTRES,JobName"

@@ -147,7 +147,7 @@ def read(
     names: Sequence[str], key_file: str, credential: Optional[str], conf_dir: str, dev_dir: str
 ) -> dict[str, Any]:
     """This host's whole document (`gpuwarden slurm facts`)."""
-    from gpuwarden.errors import UserError
+    from gpuwarden.base.errors import UserError
     from gpuwarden.slurm import facts
 
     node = os.uname().nodename.split(".", 1)[0]

@@ -15,11 +15,11 @@ import sys
 import time
 from typing import BinaryIO
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 from gpuwarden.jobs import output
 from gpuwarden.slurm import tools
 from gpuwarden.slurm.states import ENDED, state_word
-from gpuwarden.units import is_digits
 
 
 def _uid(user_field: str) -> int:

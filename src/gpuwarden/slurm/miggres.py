@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from gpuwarden.units import is_digits
+from gpuwarden.base.units import is_digits
 
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 

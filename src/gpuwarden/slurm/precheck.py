@@ -34,8 +34,8 @@ def credential() -> Optional[str]:
 
 
 def check(args: argparse.Namespace) -> int:
+    from gpuwarden.files.safefiles import printable
     from gpuwarden.hosts import remote
-    from gpuwarden.safefiles import printable
     from gpuwarden.slurm import cluster, preflight
 
     for path in args.path:

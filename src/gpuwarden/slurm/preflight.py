@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.records import record
+from gpuwarden.base.records import record
 
 #: Seconds two clocks may differ (the issue of a lab's move is minutes; NTP keeps ms).
 MAX_SKEW = 1.0

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.units import is_digits
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 
 JOB_PREFIX = "slurm-"
 NOTE_PREFIX = "gpuwarden: "
@@ -179,11 +179,11 @@ def prolog(
     lease_dir: Optional[str] = None,
 ) -> str:
     """Lease the job's GPUs in a detached holder; a one-line summary."""
-    from gpuwarden import waitline
-    from gpuwarden.drain import list_drains
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.files.locations import state_location
+    from gpuwarden.health.drain import list_drains
     from gpuwarden.leases import dir as leasedir
-    from gpuwarden.locations import state_location
+    from gpuwarden.leases import waitline
+    from gpuwarden.machine.inventory import read_snapshot
 
     before = time.time()
     job = job_id(environ)
@@ -248,13 +248,13 @@ def slurm_devices(snapshot: Any) -> list[Any]:
     """What gres.conf lists, in its order (`gpuwarden slurm conf`): each GPU in NVML
     index order, a GPU in MIG mode replaced by its MIG devices, so SLURM_JOB_GPUS's
     numbers are positions in this list."""
-    from gpuwarden import mig
+    from gpuwarden.placement import mig
 
     return list(mig.devices(snapshot))
 
 
 def _name(gpu: Any) -> str:
-    from gpuwarden import mig
+    from gpuwarden.placement import mig
 
     return f"{gpu.index} ({gpu.uuid})" if mig.is_mig(gpu) else str(gpu.index)
 
@@ -265,14 +265,15 @@ def epilog(environ: Mapping[str, str], lease_dir: Optional[str] = None) -> str:
     The pid in a lease record is only a claim (in the shared lease directory anyone may
     write a record named like this job's), so only records owned by whoever runs the
     epilog (root, as the prolog) count, and their holder is signalled only once the
-    kernel proves it holds the record open (`gpuwarden.holders.prove`)."""
-    from gpuwarden import holders, leases
-    from gpuwarden.paths import user_name
+    kernel proves it holds the record open (`gpuwarden.leases.holders.prove`)."""
+    from gpuwarden import leases
+    from gpuwarden.files.paths import user_name
+    from gpuwarden.leases import holders
 
     job = job_id(environ)
     name = JOB_PREFIX + job
     if lease_dir is None:
-        from gpuwarden.locations import lease_location
+        from gpuwarden.files.locations import lease_location
 
         lease_dir = lease_location()
     me = user_name(os.geteuid())

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 _UUID = re.compile(r"(GPU|MIG)-[A-Za-z0-9/-]{1,120}")
 
@@ -35,7 +35,7 @@ def job_positions(environ: Mapping[str, str]) -> list[int]:
 def visible(devices: Sequence[Any]) -> str:
     """CUDA_VISIBLE_DEVICES for `devices` (pure): their UUIDs, in Slurm's order, when
     one is a MIG slice; '' when none is (Slurm's value stands)."""
-    from gpuwarden import mig
+    from gpuwarden.placement import mig
 
     if not any(mig.is_mig(d) for d in devices):
         return ""
@@ -52,7 +52,7 @@ def task_prolog(environ: Mapping[str, str]) -> list[str]:
     positions = job_positions(environ)
     if not positions:
         return []
-    from gpuwarden.inventory import read_snapshot
+    from gpuwarden.machine.inventory import read_snapshot
     from gpuwarden.slurm.prolog import slurm_devices
 
     units = slurm_devices(read_snapshot(processes=False))

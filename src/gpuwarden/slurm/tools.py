@@ -13,10 +13,10 @@ import contextlib
 import os
 import time
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 from gpuwarden.slurm.batch import REQUIRED, Value
 from gpuwarden.slurm.states import ENDED, reason_word, state_word
-from gpuwarden.units import is_digits
 
 TYPE_CHECKING = False  # typing and re are not imported on `submit --slurm`'s path
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 every run of a requeued job (`-D`, `--duplicates`), as the service's journal keeps
 them; each run's GPUs come from its AllocTRES (`gres/gpu=N`), its wait from Submit
 (Eligible when it was held) to Start. A running job counts until now. The rows go
-through the same `gpuwarden.usage.summarise` as the local journal's, so a lab's
+through the same `gpuwarden.usage.report.summarise` as the local journal's, so a lab's
 figures carry on after it moves to Slurm. Where Slurm keeps no accounting
 (`accounting_storage/none`), the controller's memory of recent jobs (`scontrol show
 job`) is all there is, and the report says so on stderr.
@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Optional
 
-from gpuwarden import usage
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.slurm import tools
 from gpuwarden.slurm.history import NO_ACCOUNTING, _gpus_in, epoch
+from gpuwarden.usage import report as usage
 
 # -P: `|`-separated; no free text, so no field holds `|`.
 FORMAT = "JobID,User,Group,Account,Submit,Eligible,Start,End,AllocTRES"

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.top.model import Action
 
 DONE = {
@@ -25,8 +24,9 @@ DONE = {
 WORDS = {"cancel": "cancel", "hold": "hold", "release": "unhold", "requeue": "requeue"}
 
 
-def perform(action: Action, socket: Optional[str] = None) -> str:
-    """Do `action`; one line saying what came of it."""
+def perform(action: Action, socket: str) -> str:
+    """Do `action` (through the queue service at `socket`, or a command); one line
+    saying what came of it."""
     try:
         if action.host is not None or action.op in ("drain", "undrain"):
             return _command(action)
@@ -35,7 +35,7 @@ def perform(action: Action, socket: Optional[str] = None) -> str:
         return f"refused: {err}"
 
 
-def _service(action: Action, socket: Optional[str]) -> str:
+def _service(action: Action, socket: str) -> str:
     from gpuwarden.queueclient.client import require
 
     name: int | str = int(action.target) if action.target.isdigit() else action.target

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from gpuwarden.base.records import record
 from gpuwarden.lab.reading import Lab
-from gpuwarden.records import record
 
 #: How the job list can be ordered (`s` cycles): the queue's own order (running jobs,
 #: then waiting ones in the order they start), by user, by GPUs asked, by time waited.
@@ -127,7 +127,7 @@ def job_name(job: Mapping[str, Any]) -> str:
 
 def describe(job: Mapping[str, Any]) -> str:
     """`job 12 (gw-ann, PENDING: sleep 60)` for a question."""
-    from gpuwarden.safefiles import printable
+    from gpuwarden.files.safefiles import printable
 
     words = job.get("command")
     what = " ".join(str(w) for w in words) if isinstance(words, list) else "command hidden"

@@ -24,10 +24,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from gpuwarden.base.units import format_span
+from gpuwarden.files.safefiles import printable
 from gpuwarden.lab.reading import Lab
-from gpuwarden.safefiles import printable
 from gpuwarden.top.model import State, gpu_rows, job_rows
-from gpuwarden.units import format_span
 
 Segment = tuple[str, str]
 Line = list[Segment]

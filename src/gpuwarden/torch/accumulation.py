@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 T = TypeVar("T")
 _LOOK_UP: Any = object()

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 _MAGIC = b"GPUWARDEN-CKPT1\n"
 _TRAILER = len(_MAGIC) + 32

@@ -15,35 +15,29 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.torch.environments import Launch, detect
 
 if TYPE_CHECKING:
     import torch
 
+    from gpuwarden.config import Config
+
 CHOICES = ("auto", "cpu", "cuda", "mps")
 
 
-def requested(environ: Mapping[str, str] | None = None) -> str:
-    """`GPUWARDEN_DEVICE`, else config `torch.device`, else `auto`."""
+def requested(environ: Mapping[str, str] | None = None, configured: str | None = None) -> str:
+    """`GPUWARDEN_DEVICE`, else `configured` (the caller's reading of `torch.device`),
+    else `auto`."""
     environ = os.environ if environ is None else environ
     value = environ.get("GPUWARDEN_DEVICE")
     source = "GPUWARDEN_DEVICE"
     if not value:
-        value, source = _from_config(), "config torch.device"
+        value, source = configured, "config torch.device"
     value = (value or "auto").strip().lower()
     if value not in CHOICES:
         raise UserError(f"{source}={value!r}: choose one of {', '.join(CHOICES)}")
     return value
-
-
-def _from_config() -> str | None:
-    try:
-        from gpuwarden import config
-    except ImportError:  # the config module is optional at this layer
-        return None
-    value = config.load().get("torch.device")
-    return None if value is None else str(value)
 
 
 def pick_type(request: str, cuda_count: int, mps: bool) -> str:
@@ -79,11 +73,19 @@ def mps_available() -> bool:
     return bool(backend and backend.is_built() and backend.is_available())
 
 
-def device(launch: Launch | None = None) -> torch.device:
-    """The device for this process (see module docstring for how it is chosen)."""
+def device(launch: Launch | None = None, conf: Config | None = None) -> torch.device:
+    """The device for this process (see module docstring for how it is chosen);
+    `conf`: the caller's reading of the configuration, else the one in force."""
     import torch
 
-    request = requested()
+    configured = None
+    if not os.environ.get("GPUWARDEN_DEVICE"):  # which `requested` takes first
+        if conf is None:
+            from gpuwarden import config
+
+            conf = config.load()
+        configured = conf.get("torch.device")
+    request = requested(configured=None if configured is None else str(configured))
     count = torch.cuda.device_count() if request in ("auto", "cuda") else 0
     mps = request in ("auto", "mps") and count == 0 and mps_available()
     kind = pick_type(request, count, mps)

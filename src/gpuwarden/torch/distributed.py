@@ -19,8 +19,8 @@ import datetime
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.errors import UserError
-from gpuwarden.records import record
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
 from gpuwarden.torch.devices import device as pick_device
 from gpuwarden.torch.devices import is_windows
 from gpuwarden.torch.environments import Launch, detect

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
-from gpuwarden.errors import UserError
-from gpuwarden.records import record
-from gpuwarden.units import is_digits
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
+from gpuwarden.base.units import is_digits
 
 DEFAULT_PORT = 29500
 

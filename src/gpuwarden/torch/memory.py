@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +25,7 @@ def limit_bytes(environ: Mapping[str, str] | None = None) -> int | None:
     raw = (os.environ if environ is None else environ).get(ENV, "").strip()
     if not raw:
         return None
-    from gpuwarden.units import parse_size  # only when a limit is set
+    from gpuwarden.base.units import parse_size  # only when a limit is set
 
     try:
         value = parse_size(raw)

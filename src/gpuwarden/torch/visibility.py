@@ -18,8 +18,8 @@ import os
 import sys
 from collections.abc import Iterable
 
-from gpuwarden.errors import UserError
-from gpuwarden.units import is_digits
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import is_digits
 
 _CUDA_NOT_INITIALIZED = 3  # CUresult CUDA_ERROR_NOT_INITIALIZED
 # torch.cuda functions that have cached a device count in some torch release

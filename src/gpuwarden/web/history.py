@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Optional
 
-from gpuwarden.inventory import Snapshot
+from gpuwarden.machine.inventory import Snapshot
 
 
 class _Bucket:

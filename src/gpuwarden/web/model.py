@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from gpuwarden.gpuprocesses import GpuProcess
-from gpuwarden.inventory import Gpu, Snapshot, dotted
+from gpuwarden.machine.gpuprocesses import GpuProcess
+from gpuwarden.machine.inventory import Gpu, Snapshot, dotted
 from gpuwarden.web.queue import merge_users, section
 from gpuwarden.web.values import finite, text, user_row
 
@@ -48,7 +48,7 @@ def lease_user(lease: Any, owners: Optional[Mapping[str, str]]) -> str:
     says. Only a lease file root owns (the kernel says so, `st_uid`) is read this way:
     anyone else's naming a job number claims nothing."""
     if owners and lease.job is not None and str(lease.job) in owners:
-        from gpuwarden.safefiles import owner_name
+        from gpuwarden.files.safefiles import owner_name
 
         if lease.user == owner_name(0):
             return owners[str(lease.job)]
@@ -139,7 +139,7 @@ def _gpu(
     from gpuwarden.health.judgement import level
 
     leases = by_gpu.get(g.uuid, [])
-    # A MIG slice is what a job is given (gpuwarden.mig): its leases are its own, and a
+    # A MIG slice is what a job is given (gpuwarden.placement.mig): its leases are its own, and a
     # process in it is reserved by a lease on it (or on the whole GPU).
     slices = sorted(g.mig_instances, key=lambda m: m.index) if g.mig_mode else []
     slice_of = {m.uuid: m.index for m in slices}

@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.web.values import finite, text
 
 MAX_BYTES = 8 << 20  # a page of 64 GPUs with an hour of history is well under this

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
+from gpuwarden.base.errors import UserError
 from gpuwarden.web import usage
 from gpuwarden.web.values import finite, text, user_row
 

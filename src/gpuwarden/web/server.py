@@ -8,7 +8,7 @@ polling `/api/v1/state` — gets those same bytes. So
 fifty open pages cost fifty socket writes a second, not fifty NVML reads (nor
 fifty questions to the queue service).
 
-The server is the exporter's (`gpuwarden.httpserver`: one selector thread, a
+The server is the exporter's (`gpuwarden.web.httpserver`: one selector thread, a
 few workers) with the page's bounds: at most `max_clients` connections at once
 (past it the oldest idle one makes room; with every one an open page, the
 newcomer is answered 503 at once), `timeout` seconds for a slow or silent
@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from gpuwarden.errors import UserError
-from gpuwarden.httpserver import HttpServer
-from gpuwarden.httpwire import Handler, HttpReply, HttpRequest
-from gpuwarden.inventory import Snapshot
-from gpuwarden.units import LOOPBACK, parse_listen
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.units import LOOPBACK, parse_listen
+from gpuwarden.machine.inventory import Snapshot
 from gpuwarden.web.history import History
+from gpuwarden.web.httpserver import HttpServer
+from gpuwarden.web.httpwire import Handler, HttpReply, HttpRequest
 from gpuwarden.web.model import build
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,7 +124,7 @@ class Feed:
         """Read everything once and build the API document (also what `--once` prints)."""
         from gpuwarden.health.judgement import Rules
         from gpuwarden.jobs.allocation import describe_request
-        from gpuwarden.machineview import read_view
+        from gpuwarden.monitoring.machineview import read_view
 
         rules = self.rules or Rules()
         view = read_view(self._read_snapshot(), rules=rules)
@@ -159,7 +159,7 @@ class Feed:
         try:
             if self._read is not None:
                 return self._read()
-            from gpuwarden.inventory import read_snapshot
+            from gpuwarden.machine.inventory import read_snapshot
 
             return read_snapshot()
         except Exception as err:  # a failed read: show why, keep serving
@@ -216,9 +216,9 @@ def _soft(read: Callable[[], Any], default: Any) -> Any:
 
 
 def _waiters() -> list:
+    from gpuwarden.files.locations import lease_location
     from gpuwarden.leases.dir import open_dir
-    from gpuwarden.locations import lease_location
-    from gpuwarden.waitline import read_line
+    from gpuwarden.leases.waitline import read_line
 
     where = lease_location()
     if not os.path.lexists(where):

@@ -6,20 +6,20 @@ from typing import TYPE_CHECKING, Optional
 
 from gpuwarden.doctor import cuda_compat
 from gpuwarden.doctor.facts import Facts
-from gpuwarden.inventory import Gpu
+from gpuwarden.machine.inventory import Gpu
 
 if TYPE_CHECKING:
-    from gpuwarden.visible import Resolution
+    from gpuwarden.placement.visible import Resolution
 
 _RESOLVED: dict[int, tuple[Facts, Resolution]] = {}
 
 
 def resolution(facts: Facts) -> Resolution:
-    """`gpuwarden.visible.resolve` for these facts, computed once per Facts (it is pure)."""
+    """`placement.visible.resolve` for these facts, computed once per Facts (it is pure)."""
     hit = _RESOLVED.get(id(facts))
     if hit is not None and hit[0] is facts:
         return hit[1]
-    from gpuwarden import visible
+    from gpuwarden.placement import visible
 
     res = visible.resolve(facts.snapshot, facts.environ)
     _RESOLVED.clear()  # keep one: the facts being judged now

@@ -1,11 +1,11 @@
-"""What CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER resolve to, judged with `gpuwarden.visible`."""
+"""What CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER resolve to, judged by `placement.visible`."""
 
 from __future__ import annotations
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.doctor.checks.common import kept_ids, resolution
 from gpuwarden.doctor.facts import Facts
 from gpuwarden.doctor.findings import FAIL, INFO, PASS, SKIP, WARN, Finding
-from gpuwarden.errors import UserError
 
 NAME = "visible"
 

@@ -1,0 +1,10 @@
+"""The vocabulary every layer shares, below everything else of gpuwarden:
+
+- `errors`: `UserError`, the one exception printed as a single line;
+- `records`: `@record`, frozen dataclasses whose methods are shared;
+- `lazyimport`: `dataclasses` without what it loads and gpuwarden never uses;
+- `units`: sizes, durations and addresses as people type them;
+- `table`: plain-text tables for terminals.
+
+This file imports nothing, so each module costs only itself.
+"""

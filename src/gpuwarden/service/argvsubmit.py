@@ -36,10 +36,12 @@ from gpuwarden.queueclient.fields import (
     checked_string,
     checked_strings,
 )
+from gpuwarden.service import submitting as journaling
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
     from gpuwarden.service.identity import Person
+    from gpuwarden.service.requests import Context
 
 
 class _Fallback(Exception):
@@ -121,7 +123,7 @@ def _probes(value: object) -> dict[str, list[bool]]:
 
 
 def submit_argv(
-    service: Any, who: Person, message: Mapping[str, Any], client: Optional[Connection]
+    ctx: Context, who: Person, message: Mapping[str, Any], client: Optional[Connection]
 ) -> dict[str, Any]:
     from gpuwarden import __version__
 
@@ -137,15 +139,16 @@ def submit_argv(
     probes = _probes(message.get("probes"))
     socket = checked_path(message.get("socket"), "socket")
     try:
-        fields, tasks = _read(service, words, place, probes, socket)
+        fields, tasks = _read(ctx.life.settings.socket, words, place, probes, socket)
     except _Fallback as why:
         return {"ok": True, "fallback": str(why)}
     except _Refused as refused:
         return {"ok": True, "code": 2, "stdout": "", "stderr": str(refused)}
     except UserError as err:
         return {"ok": True, "code": err.exit_code, "stdout": "", "stderr": _line(err)}
-    try:
-        reply = service.handle(who, {"v": protocol.VERSION, "op": "submit", **fields}, client)
+    try:  # read and judged as a `submit` request sent as it is
+        sub = protocol.submit({"v": protocol.VERSION, "op": "submit", **fields})
+        reply = journaling.submit(ctx.life, who, sub, client)
     except UserError as err:  # as the full client is told: one line, status 2
         return {"ok": True, "code": 2, "stdout": "", "stderr": _line(err)}
     out, told = submitting.said(reply["job"], tasks)
@@ -157,7 +160,7 @@ def _line(err: UserError) -> str:
 
 
 def _read(
-    service: Any,
+    ours: str,
     words: list[str],
     place: submitting.Place,
     probes: Mapping[str, list[bool]],
@@ -186,7 +189,6 @@ def _read(
             raise _Fallback("a system settings file this service does not read")
         layers.append(("system", system))
     conf = config.load(settings, environ=place.env, cwd=place.cwd, layers=layers)
-    ours = service.settings.socket
     if conf.service_socket() != socket or socket != ours:
         raise _Fallback("another socket")
     fields, tasks = submitting.fields_of(args, conf, place)

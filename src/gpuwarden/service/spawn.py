@@ -283,11 +283,24 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     # Nothing of the service's survives into the supervisor but what the job needs:
     # a copy of the allocation lock or of a client's socket would outlive the service's.
     _close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
+    # The exit record's room while the service commits the start: the two disk writes
+    # overlap, not add up, on the way to the job. A room alone says nothing (no marker).
+    room = reserve_path(launch.status_dir, launch.job)
+    try:
+        exitrecord.reserve(room)
+        no_room: Optional[str] = None
+    except UserError as err:
+        no_room = str(err)
     go = os.read(go_r, 1)
     os.close(go_r)
-    if go != b"g":
-        return 0  # the service died before recording us: the job must not run
-    exitrecord.reserve(reserve_path(launch.status_dir, launch.job))
+    if go != b"g":  # the service died before recording us: the job must not run
+        with contextlib.suppress(OSError):
+            os.unlink(room)
+        return 0
+    if no_room is not None:  # no room for its exit record (a full disk): not run
+        os.write(report_w, json.dumps({"pid": 0, "error": no_room}).encode())
+        os.close(report_w)
+        return 0
     # Before the job can exist: a restarted service that finds no marker knows it
     # never started and may queue it again without running it twice.
     write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
@@ -317,19 +330,20 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
             finally:
                 os._exit(127)
     os.close(error_w)
-    # The job's pid here too, for a restart; the report below and the journal have it
-    # as well, so a full disk now must not end the supervisor of a running job.
+    failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
+    os.close(error_r)
+    with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
+        os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
+    os.close(report_w)
+    # The job's pid here too, for a restart; the report above and the journal have it
+    # as well, so a full disk now must not end the supervisor of a running job. After
+    # the report: the service starts the next job meanwhile, not after these writes.
     with contextlib.suppress(UserError):
         write_marker(
             launch.status_dir,
             launch.job,
             {"supervisor": os.getpid(), "since": start_time(), "pid": job},
         )
-    failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
-    os.close(error_r)
-    with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
-        os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
-    os.close(report_w)
     while True:
         try:
             _, status = os.waitpid(job, 0)

@@ -41,7 +41,6 @@ from gpuwarden.service import submitting as journaling
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
     from gpuwarden.service.identity import Person
-    from gpuwarden.service.requests import Context
 
 
 class _Fallback(Exception):
@@ -123,7 +122,10 @@ def _probes(value: object) -> dict[str, list[bool]]:
 
 
 def submit_argv(
-    ctx: Context, who: Person, message: Mapping[str, Any], client: Optional[Connection]
+    ctx: Any,  # service.requests.Context, which names this handler
+    who: Person,
+    message: Mapping[str, Any],
+    client: Optional[Connection],
 ) -> dict[str, Any]:
     from gpuwarden import __version__
 

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
@@ -30,6 +30,7 @@ from gpuwarden.service import (
     joining,
     limiting,
     listing,
+    queuetext,
     reloading,
     reports,
     requeue,
@@ -56,6 +57,8 @@ class Context:
     started: reloading.Started  # what `gpuwarden serve` was started with: for a reload
     # `queue`'s rows as last ordered, and the journal's version they were read at
     listed: Optional[tuple[Any, list[store.Job]]] = None
+    # `queue`'s table: each job's cells, the last listings' lines (service.queuetext)
+    text: queuetext.QueueText = field(default_factory=queuetext.QueueText)
 
 
 #: An operation's function: (the request's context, the caller, its request's record,
@@ -181,6 +184,8 @@ def _queue(
     life = ctx.life
     key = (life.store.version, life.pacer.count)
     ctx.listed = listing.kept(ctx.listed, key, life.store, ask, life.queue.priorities)
+    if ask.table:  # the table's lines, from cells kept ready (service.queuetext)
+        return rows.headed(life, queuetext.answer(ctx.text, life, who, ask, key, ctx.listed[1]))
     return rows.queue(life, who, ask, ctx.listed[1])
 
 

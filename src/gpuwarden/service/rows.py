@@ -51,8 +51,14 @@ def queue(
         )
     else:
         reply = listing.page(ordered[ask.offset :], ask, len(ordered), lambda j: row(life, who, j))
-    reply["unleased"] = life.watcher().unleased  # GPU use outside the queue, for its header
-    reply.update(bookings.for_queue(life.bookings(), time.time()))  # at most 10 lines
+    return headed(life, reply)
+
+
+def headed(life: JobLife, reply: dict[str, Any]) -> dict[str, Any]:
+    """A page of the queue with what its table's header shows: the GPU use outside
+    the queue, the next bookings (at most 10)."""
+    reply["unleased"] = life.watcher().unleased
+    reply.update(bookings.for_queue(life.bookings(), time.time()))
     return reply
 
 

@@ -410,3 +410,41 @@ def test_the_system_file_is_read_as_she_would_read_it(
     finally:
         etc.chmod(0o755)
         next(started, None)
+
+
+def test_a_service_that_does_not_know_the_request_leaves_it_to_the_full_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service of a release before the short client refuses the unknown operation
+    (and closes the connection, as queueclient.protocol has it): nothing was done, so
+    the short client steps aside and the full one submits."""
+    import socket
+    import threading
+
+    from gpuwarden.queueclient import thin
+
+    path = str(tmp_path / "old.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    heard: list[bytes] = []
+
+    def old_service() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while not data.endswith(b"\n"):
+                data += conn.recv(65536)
+            heard.append(data)
+            conn.sendall(b'{"v":1,"ok":false,"error":"unknown operation \'submit_argv\'"}\n')
+
+    serving_thread = threading.Thread(target=old_service, daemon=True)
+    serving_thread.start()
+    monkeypatch.setenv("GPUWARDEN_SOCKET", path)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert thin.submit(["--hold", "--", "true"]) is None
+    finally:
+        serving_thread.join(10)
+        listener.close()
+    assert heard and b'"op":"submit_argv"' in heard[0]

@@ -2,8 +2,13 @@
 
 On the simulated server-8xa100 with 64 extra GPU processes (8 per GPU):
 
-* scrape latency (median, p99) of `gpuwarden exporter` (default 1 s cache, and
-  with cache_seconds = 0, i.e. one full NVML read per scrape) versus the peer;
+* scrape latency (median, p99) of `gpuwarden exporter` (the machine read on its
+  default 1 s interval, and with cache_seconds = 0, i.e. one full NVML read per
+  scrape) versus the peer;
+* a full /metrics read at each machine size (`--gpus 8,64`: 64 is a spec written
+  here) and queue length (`--queue 0,10000` held jobs in a queue service of its
+  own, whose `stats` the exporter reads), side by side with the peer
+  (`--only-scale`: this table alone);
 * CPU use of each exporter while scraped once per second (target < 2% of a core);
 * scrape latency with `--concurrency` clients at once (the listen backlog: 5 in
   http.server gave a p99 near 1 s at 50), and a scrape's latency, the thread
@@ -17,7 +22,7 @@ prometheus-client exporter built on nvitop's API (say so in reports). Both
 exporters read the same simulated machine through the simulator's pynvml shim.
 
 Run: .venv/bin/python bench/exporter.py [--scrapes 300] [--cpu-seconds 20]
-     [--concurrency 50] [--idle 1000]
+     [--concurrency 50] [--idle 1000] [--gpus 8,64] [--queue 0,10000] [--only-scale]
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 SHIM = ROOT / "src" / "gpuwarden" / "sim" / "shim"
 
 MINIMAL_PEER = r"""
@@ -169,6 +176,137 @@ def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     )
 
 
+def big_spec(path: Path, gpus: int) -> str:
+    """A simulated machine of `gpus` A100s (the bundled specs have at most 8)."""
+    cards = "".join(
+        f'[[gpu]]\nmodel = "A100-SXM4-80GB"\npci_bus_id = "00000000:{n + 1:02X}:00.0"\n'
+        f"utilization = {n % 100}\n\n"
+        for n in range(gpus)
+    )
+    path.write_text(f'description = "{gpus} x A100 (bench)"\n\n{cards}')
+    return str(path)
+
+
+def fill_queue(queue: Any, want: int) -> None:
+    """Held one-GPU jobs in the service's queue up to `want`, one submit each."""
+    have = int(queue.client.call("queue", limit=1)["total"])
+    for _ in range(want - have):
+        queue.client.call(
+            "submit",
+            argv=["true"],
+            cwd=str(queue.work),
+            env={"PATH": "/usr/bin:/bin"},
+            output="/dev/null",
+            request={"count": 1},
+            hold=True,
+        )
+
+
+def scale(args: argparse.Namespace, env: dict[str, str], work: Path, peer_bin: Path) -> None:
+    """A full /metrics read at each machine size and queue length, side by side with
+    the peer: gpuwarden reads the machine (and the service's `stats`) on its 1 s
+    interval, nvitop-exporter on its own 1 s interval; a scrape reads the whole body."""
+    from service import GpuwardenQueue  # bench/service.py: the service on a small machine
+
+    print(
+        f"\nA full /metrics read by machine size and queue length ({args.scrapes} scrapes "
+        f"each, {args.processes} GPU processes; gpuwarden's stats from a service "
+        "holding that many waiting jobs):"
+    )
+    print(f"{'GPUs':>5} {'waiting':>8} {'gpuwarden ms (med/p99)':>24} {'peer ms':>16}", end="")
+    print(f" {'ratio':>13}")
+    for gpus in args.gpus:
+        (work / f"service{gpus}").mkdir()
+        queue = GpuwardenQueue(work / f"service{gpus}")  # a fresh queue for each size
+        try:
+            spec = big_spec(work / f"gpus{gpus}.toml", gpus) if gpus != 8 else "server-8xa100"
+            here = {
+                **env,
+                "GPUWARDEN_SIM": spec,
+                "GPUWARDEN_SIM_STATE": str(work / f"sim{gpus}"),
+                "GPUWARDEN_SOCKET": queue.socket,
+            }
+            sleepers = with_processes(here, gpus, args.processes)
+            procs = []
+            try:
+                port, peer_port = free_port(), free_port()
+                ours = [sys.executable, "-m", "gpuwarden", "exporter", "--no-watch"]
+                procs.append(start([*ours, "--listen", f"127.0.0.1:{port}"], here))
+                peer = [str(peer_bin), "--bind-address", "127.0.0.1", "--port", str(peer_port)]
+                procs.append(start(peer, here))
+                urls = [f"http://127.0.0.1:{p}/metrics" for p in (port, peer_port)]
+                for proc, url in zip(procs, urls):
+                    wait_up(url, proc)
+                for level in args.queue:
+                    fill_queue(queue, level)
+                    time.sleep(2.5)  # a reading after the fill: its figures in the body
+                    seen = waiting_in(urls[0])
+                    if seen != level:
+                        raise SystemExit(f"the exporter's body shows {seen} waiting, not {level}")
+                    (med, p99, size), (pmed, pp99, _) = (latency(u, args.scrapes) for u in urls)
+                    print(
+                        f"{gpus:5d} {level:8d} {med * 1e3:11.2f} / {p99 * 1e3:8.2f} "
+                        f"{pmed * 1e3:7.2f} / {pp99 * 1e3:6.2f}  "
+                        f"{med / pmed:5.2f}x / {p99 / pp99:4.2f}x  ({size} bytes)"
+                    )
+            finally:
+                stop(procs)
+                for sleeper in sleepers:
+                    sleeper.kill()
+                    sleeper.wait()
+        finally:
+            queue.close()
+    print("line: <= 0.7x nvitop-exporter's, and flat in the queue's length")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+def waiting_in(url: str) -> int:
+    """The waiting jobs a /metrics body counts (gpuwarden_queue_jobs, state pending)."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        body = reply.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in body.splitlines()
+        if line.startswith("gpuwarden_queue_jobs{") and 'state="pending"' in line
+    )
+
+
+def with_processes(env: dict[str, str], gpus: int, count: int) -> list[subprocess.Popen]:
+    """`count` sleeping processes spread over the simulated GPUs of `env`."""
+    from gpuwarden.sim import Machine
+
+    saved = {k: os.environ.get(k) for k in ("GPUWARDEN_SIM", "GPUWARDEN_SIM_STATE")}
+    os.environ.update({k: env[k] for k in saved})
+    try:
+        machine = Machine.open()
+        sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(count)]
+        for n, sleeper in enumerate(sleepers):
+            machine.add_process(
+                n % gpus, sleeper.pid, "64MiB", user=f"user{n % 5}", command=f"python job{n}.py"
+            )
+    finally:
+        for key, was in saved.items():
+            if was is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = was
+    return sleepers
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def numbers(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n]
+
+
 def main() -> int:
     from conditions import bytecode
 
@@ -179,6 +317,10 @@ def main() -> int:
     ap.add_argument("--peer-venv", default="/tmp/nvx")
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--idle", type=int, default=1000)
+    ap.add_argument("--gpus", type=numbers, default=[8, 64], help="machine sizes (scale table)")
+    ap.add_argument("--queue", type=numbers, default=[0, 10000], help="waiting jobs (scale table)")
+    ap.add_argument("--processes", type=int, default=64, help="GPU processes (scale table)")
+    ap.add_argument("--only-scale", action="store_true", help="only the scale table")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-"))
@@ -193,6 +335,12 @@ def main() -> int:
         PYTHONPATH=f"{SHIM}{os.pathsep}{ROOT / 'src'}",
     )
     os.environ.update(env)
+    peer_bin = Path(args.peer_venv) / "bin" / "nvitop-exporter"
+    if args.only_scale:
+        if not peer_bin.exists():
+            raise SystemExit(f"the scale table needs nvitop-exporter at {peer_bin}")
+        scale(args, env, work, peer_bin)
+        return 0
     from gpuwarden.sim import Machine
 
     machine = Machine.open()
@@ -203,7 +351,6 @@ def main() -> int:
             machine.add_process(
                 n % 8, sleeper.pid, "64MiB", user=f"user{n % 5}", command=f"python job{n}.py"
             )
-        peer_bin = Path(args.peer_venv) / "bin" / "nvitop-exporter"
         ours = {}
         variants = (
             ("gpuwarden, cache 1 s, no health watch", 1.0, True),
@@ -283,6 +430,8 @@ def main() -> int:
         for sleeper in sleepers:
             sleeper.kill()
             sleeper.wait()
+    if peer_bin.exists():
+        scale(args, env, work, peer_bin)
     return 0
 
 

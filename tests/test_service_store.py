@@ -120,7 +120,7 @@ def test_exit_records_are_removed_only_after_the_end_is_synced(
     job ended must outlive any window in which a power cut could lose that end."""
     from types import SimpleNamespace
 
-    from gpuwarden.service.lifecycle import Lifecycle
+    from gpuwarden.service.joblife import JobLife
 
     store = s.Store(str(tmp_path / "state.db"))
     a = store.add(job(state=s.RUNNING))
@@ -133,7 +133,7 @@ def test_exit_records_are_removed_only_after_the_end_is_synced(
     real_unlink = os.unlink
     monkeypatch.setattr(os, "unlink", lambda p: (order.append("unlink"), real_unlink(p)))
     service = SimpleNamespace(store=store, litter=[str(record)])
-    Lifecycle.remove_litter(service)  # type: ignore[arg-type]
+    JobLife.remove_litter(service)  # type: ignore[arg-type]
     assert order == ["sync", "unlink"] and not store.unsynced and not record.exists()
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import time
 
 from gpuwarden.base.table import render
-from gpuwarden.base.units import format_size, is_digits
+from gpuwarden.base.units import format_size
 from gpuwarden.files.safefiles import printable
+from gpuwarden.jobs.options import job_ids as job_ids
+from gpuwarden.queueclient import cells
+from gpuwarden.queueclient.cells import span as span
 
 TYPE_CHECKING = False  # typing stays off `submit`'s start-up (it reads job ids here)
 if TYPE_CHECKING:
@@ -20,36 +23,13 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 
-def span(seconds: Optional[float]) -> str:
-    """`45s`, `12m03s`, `3h05m`, `2d04h`; `-` when unknown."""
-    if seconds is None:
-        return "-"
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
-
-
 def gpus_cell(job: Mapping[str, Any]) -> str:
     """How many GPUs a job holds and on which (nvidia-smi indices: "2@0,1", a MIG
     slice as "1@3(MIG)"), or how many it waits for ("(2)"): a count always comes
     first, so an index is never read as one."""
-    uuids = job.get("gpus") or []
-    indices = job.get("indices") or []
-    if uuids or indices:
-        where = [
-            ("?" if i is None else str(i))
-            + ("(MIG)" if n < len(uuids) and str(uuids[n]).startswith("MIG-") else "")
-            for n, i in enumerate(indices or [None] * len(uuids))
-        ]
-        return f"{len(where)}@{','.join(where)}"
-    count = job.get("count") or 0
-    shared = job.get("mem")
-    return f"({count}{'' if not shared else ' shared'})"
+    return cells.gpus(
+        job.get("gpus") or [], job.get("indices") or [], job.get("count"), job.get("mem")
+    )
 
 
 def cpu_cell(job: Mapping[str, Any]) -> str:
@@ -87,10 +67,13 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
         started = job.get("started")
         waited = (started if started else now) - (job.get("submitted") or now)
         estimate = job.get("estimated_start")
-        reason = job.get("reason") or ("preemptible" if job.get("preemptible") else "-")
-        if pending and estimate:
-            reason += f" (start in ~{span(estimate - now)})"
-        reason += runs_note(job)
+        note = runs_note(job)
+        why = cells.reason(
+            job.get("reason"),
+            job.get("preemptible"),
+            estimate - now if pending and estimate else None,
+            note,
+        )
         prio = job.get("priority")
         rows.append(
             [
@@ -98,7 +81,7 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
                 printable(str(job.get("user"))),
                 str(job.get("state")),
                 gpus_cell(job),
-                reason,
+                why,
                 "-" if prio is None or not pending else f"{prio:.0f}",
                 span(waited),
                 "-" if pending else span(job.get("elapsed")),
@@ -112,26 +95,13 @@ def queue_table(jobs: Sequence[Mapping[str, Any]], now: Optional[float] = None) 
             rows[-1].insert(0, printable(str(job.get("host"))))
     if not rows:
         return "no jobs queued or running"
-    headers = [
-        "JOB",
-        "USER",
-        "STATE",
-        "GPUS",
-        "REASON",
-        "PRIORITY",
-        "WAITED",
-        "ELAPSED",
-        "LIMIT",
-        "CPU",
-        "PEAKMEM",
-        "COMMAND",
-    ]
-    right: tuple[int, ...] = (0, 5, 6, 7, 8, 9, 10)
+    headers = list(cells.HEADERS)
+    right: tuple[int, ...] = cells.RIGHT
     headers, right = with_accounts(jobs, [*running, *waiting], headers, rows, right, 2 + hosts)
     if hosts:
         headers.insert(0, "HOST")
         right = tuple(i + 1 for i in right)
-    return render(headers, rows, right=right)
+    return "\n".join(cells.lines(headers, rows, right))
 
 
 def with_accounts(
@@ -224,10 +194,7 @@ def booking_lines(
 
 def runs_note(job: Mapping[str, Any]) -> str:
     """` (run 3, preempted 1x)` for a job queued again (requeued, retried, preempted)."""
-    restarts, preempted = job.get("restarts") or 0, job.get("preemptions") or 0
-    if not restarts and not preempted:
-        return ""
-    return f" (run {restarts + 1}" + (f", preempted {preempted}x" if preempted else "") + ")"
+    return cells.runs_note(job.get("restarts"), job.get("preemptions"))
 
 
 def history_table(jobs: Sequence[Mapping[str, Any]]) -> str:
@@ -294,20 +261,6 @@ def share_table(users: Sequence[Mapping[str, Any]], key: str = "user") -> str:
     if not rows:
         return "no usage recorded yet"
     return render([key.upper(), "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))
-
-
-def job_ids(words: list[str]) -> list[int]:
-    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
-    from gpuwarden.base.errors import UserError
-
-    ids = []
-    for word in words:
-        for part in word.split(","):
-            part = part.strip()
-            if not is_digits(part) or int(part) <= 0:
-                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
-            ids.append(int(part))
-    return ids
 
 
 def job_names(words: list[str]) -> list[int | str]:

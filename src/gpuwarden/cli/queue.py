@@ -9,6 +9,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Optional
 
     from gpuwarden.cli import Commands
 
@@ -40,12 +41,13 @@ PAGE = 500
 
 def local(args: argparse.Namespace) -> int:
     from gpuwarden.cli import service_client
-    from gpuwarden.cli.jobtables import queue_table
     from gpuwarden.files.paths import user_name
 
     who = user_name() if args.me else args.user
     filters = {} if who is None else {"user": who}
     with service_client() as client:
+        if not args.json and not args.start and table(client, None if args.all else PAGE, filters):
+            return 0
         jobs, reply = client.listing(
             "queue", None if args.all else PAGE, arrays=not args.json, **filters
         )
@@ -66,20 +68,57 @@ def local(args: argparse.Namespace) -> int:
         json.dump(jobs, sys.stdout, indent=2)
         print()
     else:
-        from gpuwarden.cli.jobtables import unleased_lines
+        headers(reply)
+        from gpuwarden.cli.jobtables import queue_table
 
-        for line in unleased_lines(reply.get("unleased") or ()):
-            print(line)
-        from gpuwarden.cli.jobtables import booking_lines
-
-        shown = reply.get("bookings") or ()
-        for line in booking_lines(shown):
-            print(line)
-        more = int(reply.get("bookings_total") or 0) - len(shown)
-        if more > 0:
-            print(f"and {more} more bookings (`gpuwarden book --list`)")
         print(queue_table(jobs))
     return 0
+
+
+def table(client: Any, rows: Optional[int], filters: dict[str, str]) -> bool:
+    """The queue's table as the service writes it (service.queuetext): its lines
+    written as each page comes, none decoded into a record; False from a service
+    that answers rows instead (an older release), to draw them here."""
+    from gpuwarden.queueclient.protocol import MAX_PAGE_ROWS
+
+    offset = 0
+    while True:
+        want = MAX_PAGE_ROWS if rows is None else min(MAX_PAGE_ROWS, rows - offset)
+        reply = client.call("queue", offset=offset, limit=want, arrays=True, table=True, **filters)
+        lines = reply.get("lines")
+        if not isinstance(lines, list):
+            return False
+        if offset == 0:
+            total = reply.get("total") or 0
+            if rows is not None and total > rows:
+                print(
+                    f"gpuwarden queue: {rows} of {total} jobs shown; --all shows every one",
+                    file=sys.stderr,
+                )
+            headers(reply)
+            print(reply.get("header") if total else "no jobs queued or running")
+        if lines:
+            sys.stdout.write("\n".join(lines) + "\n")
+        more = reply.get("next")
+        if not isinstance(more, int) or more <= offset or (rows is not None and more >= rows):
+            return True
+        offset = more
+
+
+def headers(reply: dict[str, Any]) -> None:
+    """The lines above the table: GPU use outside the queue, the next bookings."""
+    if not (reply.get("unleased") or reply.get("bookings") or reply.get("bookings_total")):
+        return
+    from gpuwarden.cli.jobtables import booking_lines, unleased_lines
+
+    for line in unleased_lines(reply.get("unleased") or ()):
+        print(line)
+    shown = reply.get("bookings") or ()
+    for line in booking_lines(shown):
+        print(line)
+    more = int(reply.get("bookings_total") or 0) - len(shown)
+    if more > 0:
+        print(f"and {more} more bookings (`gpuwarden book --list`)")
 
 
 def start_table(jobs: list[dict[str, object]]) -> str:

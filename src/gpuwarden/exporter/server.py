@@ -1,17 +1,19 @@
 """The Prometheus exporter: views read at most once per cache period, served over HTTP.
 
-A scrape costs at most one snapshot read: `ViewCache` keeps the last `View`
-(the machine view of `machineview`, plus idle times and scrape errors) for
-`exporter.cache_seconds`, so several Prometheus servers scraping the same box
-cost one NVML pass, and `Exposition` keeps the rendered body per view. The
-metric families are in `metrics`, the HTTP server (shared with the web page) in
-`httpserver`.
+A scrape reads nothing: `Exposition` reads the machine every
+`exporter.cache_seconds` on a thread of its own and keeps the rendered body, so
+a scrape costs the same at 64 GPUs and 10,000 waiting jobs as at one GPU and
+none. `ViewCache` keeps the last `View` (the machine view of `machineview`, plus
+idle times and scrape errors) for that period, so the health watch and every
+scraper share one NVML pass. The metric families are in `metrics`, the HTTP
+server (shared with the web page) in `httpserver`.
 
 prometheus-client is the `exporter` extra and imported only when serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -194,9 +196,10 @@ class Collector:
     def __init__(self, cache: ViewCache, dcgm_compat: bool = False) -> None:
         self.cache = cache
         self.dcgm_compat = dcgm_compat
+        self.pinned: Optional[View] = None  # the view being rendered (Exposition)
 
     def collect(self):  # -> Iterator[Metric]
-        yield from families(self.cache.get(), self.dcgm_compat)
+        yield from families(self.pinned or self.cache.get(), self.dcgm_compat)
 
     def describe(self):  # no fixed description: the registry must not call collect()
         return []
@@ -227,43 +230,115 @@ class Server:
     httpd: Any
     thread: Any
     watch: Any = None
+    exposition: Optional[Exposition] = None
 
     def close(self) -> None:
         if self.watch is not None:
             self.watch.stop()
+        if self.exposition is not None:
+            self.exposition.close()
         self.httpd.shutdown()
         self.httpd.server_close()
 
 
 class Exposition:
-    """The rendered /metrics body, kept per view and format: between two NVML reads
-    every scrape is a dictionary lookup, not a re-render of a few hundred series."""
+    """The rendered /metrics body, kept per view and format.
 
-    def __init__(self, cache: ViewCache, registry: Any, dcgm_compat: bool = False) -> None:
+    Once started (what `serve` does when `cache_seconds` is above 0) the machine is
+    read on the exporter's own interval, as dcgm-exporter's collect interval: a
+    thread of its own reads a view every `cache_seconds` and renders the text body
+    as it reads, so a scrape is a lookup of bytes, never a read of the machine (NVML,
+    leases, the queue service's `stats`) nor a render, however large the machine or
+    the queue. When nothing has scraped for `LINGER` seconds the thread stops
+    reading until the next scrape, which then reads, as a scrape with
+    `cache_seconds = 0` always does."""
+
+    #: Seconds without a scrape after which the machine is no longer read on the
+    #: interval (a Prometheus scrape interval is well under this).
+    LINGER = 300.0
+
+    def __init__(
+        self,
+        cache: ViewCache,
+        registry: Any,
+        collector: Collector,
+        dcgm_compat: bool = False,
+    ) -> None:
         self.cache = cache
         self.registry = registry
+        self.collector = collector
         self.dcgm_compat = dcgm_compat
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the view and its bodies
+        self._rendering = threading.Lock()  # the collector's pinned view, while encoding
         self._bodies: dict[str, bytes] = {}
         self._view: Optional[View] = None
+        self.waited = 0  # scrapes that waited for a read of the machine (counted: tests)
+        self._scraped = time.monotonic()
+        self._collecting = False
+        self._parked = False  # no scrape for LINGER seconds: reads wait for one
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Read the machine every `cache_seconds` from now on, on a thread of its own."""
+        self._collecting = True
+        threading.Thread(target=self._collect, name="gpuwarden-collect", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
 
     def body(self, accept: Optional[str]) -> tuple[bytes, str]:
         from prometheus_client.exposition import choose_encoder
 
         encoder, content_type = choose_encoder(accept or "")
         with self._lock:
+            self._scraped = time.monotonic()
+            view = None if self._parked or not self._collecting else self._view
+            body = None if view is None else self._bodies.get(content_type)
+        if body is not None:
+            return body, content_type
+        if view is None:  # no reading kept: this scrape reads
+            self.waited += 1
             view = self.cache.get()
+            if self._parked:
+                self._parked = False
+                self._wake.set()
+        return self._render(view, encoder, content_type), content_type
+
+    def _render(self, view: View, encoder: Any, content_type: str) -> bytes:
+        """`view` in one format, kept with it until the next view."""
+        with self._rendering:
+            self.collector.pinned = view
+            try:
+                body = encoder(self.registry)
+            finally:
+                self.collector.pinned = None
+        if self.dcgm_compat and content_type.startswith("text/plain"):
+            from gpuwarden.exporter.dcgm import typed
+
+            body = typed(body)
+        with self._lock:
             if view is not self._view:
                 self._view, self._bodies = view, {}
-            body = self._bodies.get(content_type)
-            if body is None:
-                body = encoder(self.registry)
-                if self.dcgm_compat and content_type.startswith("text/plain"):
-                    from gpuwarden.exporter.dcgm import typed
+            self._bodies[content_type] = body
+        return body
 
-                    body = typed(body)
-                self._bodies[content_type] = body
-        return body, content_type
+    def _collect(self) -> None:
+        """Read and render every `cache_seconds`, while scrapes come."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder("")
+        while not self._stop.is_set():
+            started = time.monotonic()
+            if started - self._scraped > self.LINGER:
+                self._parked = True
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            with contextlib.suppress(Exception):  # counted as scrape errors; the next may do
+                self._render(self.cache.get(), encoder, content_type)
+            self._stop.wait(max(0.0, started + self.cache.cache_seconds - time.monotonic()))
 
 
 def _handler(exposition: Exposition) -> Handler:
@@ -297,10 +372,12 @@ def serve(
     host, port = parse_listen(listen, any_port=True)
     cache = cache or ViewCache()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector(cache, dcgm_compat))  # type: ignore[arg-type]
+    collector = Collector(cache, dcgm_compat)
+    registry.register(collector)  # type: ignore[arg-type]
     ProcessCollector(namespace="gpuwarden_exporter", registry=registry)
+    exposition = Exposition(cache, registry, collector, dcgm_compat)
     try:
-        httpd = HttpServer((host, port), _handler(Exposition(cache, registry, dcgm_compat)))
+        httpd = HttpServer((host, port), _handler(exposition))
     except OSError as err:
         why = err.strerror or str(err)
         if getattr(err, "errno", None) == 98:
@@ -311,4 +388,6 @@ def serve(
     thread.start()
     if watch is not None:
         watch.start()
-    return Server(host, real_port, cache, httpd, thread, watch)
+    if cache.cache_seconds > 0:
+        exposition.start()  # the machine read on the interval, not per scrape
+    return Server(host, real_port, cache, httpd, thread, watch, exposition)

@@ -71,6 +71,7 @@ OPS = (
     "eff",
     "join",
     "digest",
+    "submit_argv",
 )
 
 
@@ -348,6 +349,7 @@ class Listing:
     user: Optional[str] = None
     ids: tuple[int, ...] = ()
     arrays: bool = False  # an array's waiting tasks in one row, as squeue shows them
+    table: bool = False  # `queue`'s table as lines (service.queuetext), not rows
 
 
 def listing(message: Mapping[str, Any]) -> Listing:
@@ -358,6 +360,7 @@ def listing(message: Mapping[str, Any]) -> Listing:
         user=optional(message.get("user"), checked_string, "user", 256),
         ids=job_ids(ids, "ids") if ids is not None else (),
         arrays=checked_bool(message.get("arrays", False), "arrays"),
+        table=checked_bool(message.get("table", False), "table"),
     )
 
 

@@ -22,9 +22,12 @@ import itertools
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from gpuwarden.usage.efficiency import GpuUse
+
+if TYPE_CHECKING:
+    from gpuwarden.service.job import Job
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,7 +91,7 @@ def ensure(db: sqlite3.Connection) -> None:
 
 
 def record_run(
-    db: sqlite3.Connection, job: Any, ended: float, state: str, gpu_seconds: float
+    db: sqlite3.Connection, job: Job, ended: float, state: str, gpu_seconds: float
 ) -> int:
     """The run of `job` (a store.Job, still with its GPUs and start) that ended at `ended`
     as `state`: added inside the caller's transaction. Returns the run's number."""

@@ -10,7 +10,7 @@ than any GPU has, a model no GPU is), which Slurm likewise refuses at submit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.base.units import format_size
@@ -18,6 +18,8 @@ from gpuwarden.queueclient import protocol
 from gpuwarden.service.settings import Settings
 
 if TYPE_CHECKING:
+    from gpuwarden.config import Config
+    from gpuwarden.machine.inventory import Snapshot
     from gpuwarden.placement.request import Request
 
 
@@ -41,7 +43,9 @@ def check_sizes(sub: protocol.Submit, settings: Settings) -> None:
         )
 
 
-def never_runs(snapshot: Any, request: Request, reading: Any = None) -> Optional[str]:
+def never_runs(
+    snapshot: Snapshot, request: Request, reading: Optional[Config] = None
+) -> Optional[str]:
     """Why a job asking `request` could never start on the machine of `snapshot`, in the
     words `run` uses (`selection.choose`'s `never_fits`); None: it could, once its GPUs
     are free. Drains, XIDs and current use do not count: they pass. The GPUs are judged

@@ -29,11 +29,24 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.service.states import ACTIVE, ENDED
 from gpuwarden.service.store import Store
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.settings import Settings
+
+    class Archiving(Protocol):
+        """What archiving needs of the jobs' life (`joblife.JobLife` has it)."""
+
+        settings: Settings
+        store: Store
+        archived_at: float  # when history is next looked at
+
 
 #: Rows moved at most in one batch: a tick of the service stays short.
 BATCH = 2000
@@ -195,7 +208,7 @@ def rows(path: str) -> Iterator[dict[str, Any]]:
         raise UserError(f"cannot read the history archive {path}: {err}") from None
 
 
-def tend(service: Any, now: float) -> int:
+def tend(service: Archiving, now: float) -> int:
     """Move one batch of history older than `service.keep_history` to an archive, at
     most once every `EVERY` seconds while none is left (at once again while some is);
     how many jobs moved. A failure (a full disk) is logged and tried again later."""

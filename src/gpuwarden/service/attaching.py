@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.pacing import Pacer
 
     class AttachingService(Protocol):
-        """What attaching a client needs of the service (`server.Service` has it)."""
+        """What attaching a client needs of the jobs' life (`joblife.JobLife` has it)."""
 
         store: store.Store
         exits: str

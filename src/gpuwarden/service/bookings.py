@@ -15,6 +15,7 @@ import grp
 import logging
 import pwd
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base import checked as fields
@@ -130,14 +131,6 @@ def for_queue(table: Bookings, now: float) -> dict[str, Any]:
     return {"bookings": [shown(r) for r in rows[:QUEUE_LINES]], "bookings_total": len(rows)}
 
 
-def of(service: Any) -> Bookings:
-    """The service's bookings (made with its journal on first use)."""
-    table = getattr(service, "_bookings", None)
-    if table is None or table.journal is not service.store:
-        table = service._bookings = Bookings(service.store)
-    return table
-
-
 class Bookings:
     """The bookings of one journal (`store.Store`), in its transactions."""
 
@@ -225,7 +218,12 @@ def _words(row: dict[str, Any]) -> str:
 
 
 def handle(
-    table: Bookings, settings: Settings, usable: int, who: Person, op: str, message: Any
+    table: Bookings,
+    settings: Settings,
+    usable: int,
+    who: Person,
+    op: str,
+    message: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The `book`, `bookings` and `unbook` requests."""
     now = time.time()
@@ -254,7 +252,7 @@ def _book(
     usable: int,
     who: Person,
     admin: bool,
-    message: Any,
+    message: Mapping[str, Any],
     now: float,
 ) -> dict[str, Any]:
     count = fields.checked_int(message.get("count"), "count", 1, 1024)

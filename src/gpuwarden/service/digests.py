@@ -17,9 +17,25 @@ import logging
 import sqlite3
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from gpuwarden.base.errors import UserError
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.identity import Person
+    from gpuwarden.service.notify import JobNotifier
+    from gpuwarden.service.settings import Settings
+    from gpuwarden.service.store import Store
+
+    class Digesting(Protocol):
+        """What digests need of the jobs' life (`joblife.JobLife` has it)."""
+
+        settings: Settings
+        store: Store
+        notifier: JobNotifier
+
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -74,7 +90,7 @@ def ensure(db: sqlite3.Connection) -> None:
     db.execute(SCHEMA)
 
 
-def answer(service: Any, who: Any, ask: Ask, client: Any = None) -> dict[str, Any]:
+def answer(service: Digesting, who: Person, ask: Ask) -> dict[str, Any]:
     """The `digest` operation: a digest now over the last `days`, or a subscription."""
     db, state = service.store.db, service.settings.state_dir
     now = time.time()
@@ -147,7 +163,7 @@ def _waste(
     return accounting.waste_report(db, since, until, by, user, used)
 
 
-def tick(service: Any, now: float, last: float) -> float:
+def tick(service: Digesting, now: float, last: float) -> float:
     """Send the digests that are due (at most every CHECK_EVERY seconds: returns when
     it last looked, to be handed back the next time)."""
     every = service.settings.digest_every
@@ -180,7 +196,7 @@ def tick(service: Any, now: float, last: float) -> float:
 
 
 def _send_user(
-    service: Any, uid: int, user: str, gid: int, url: Optional[str], digest: dict[str, Any]
+    service: Digesting, uid: int, user: str, gid: int, url: Optional[str], digest: dict[str, Any]
 ) -> None:
     if url:
         service.notifier.to_owner(digest, url, uid, gid)
@@ -189,7 +205,7 @@ def _send_user(
     log.info("digest for %s sent by %s", user, "webhook" if url else "mail")
 
 
-def _send_admins(service: Any, digest: dict[str, Any]) -> None:
+def _send_admins(service: Digesting, digest: dict[str, Any]) -> None:
     settings = service.settings
     if settings.webhook:
         service.notifier.notify({**digest, "_webhook_only": True})

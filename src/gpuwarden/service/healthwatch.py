@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
+    from gpuwarden.config import Config
     from gpuwarden.health.judgement import Symptom
     from gpuwarden.health.watch import HealthWatch
     from gpuwarden.machine.inventory import Gpu
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.serve")
 
 
-def start(reading: Any, webhook: Optional[str]) -> Optional[HealthWatch]:
+def start(reading: Config, webhook: Optional[str]) -> Optional[HealthWatch]:
     """The watch, started, for the configuration `reading`; `webhook`: the service's,
     which its findings go to where `health.webhook` names none. None (and a log line
     saying why) where the health settings are refused: the service serves on."""

@@ -8,7 +8,7 @@ for it, so until the supervisor has reaped it the number cannot be reused). Sign
 then go through the pidfd, and to the job's process group only while that pidfd
 says its leader has not exited: a live leader keeps its number, and so the group's,
 to itself. Where the job has a cgroup, its members are signalled too
-(`Lifecycle.signal`): that is how processes that left the group are reached.
+(`JobLife.signal`): that is how processes that left the group are reached.
 """
 
 from __future__ import annotations

@@ -18,12 +18,28 @@ machine without device cgroups answers `confined: false`, as it runs batch jobs 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base import checked as fields
 from gpuwarden.base.errors import UserError
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person, peer_credentials
+from gpuwarden.service.owners import owned
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from gpuwarden.service.connection import Connection
+    from gpuwarden.service.settings import Settings
+
+    class Joinable(Protocol):
+        """What a join needs of the jobs' life (`joblife.JobLife` has it)."""
+
+        settings: Settings
+        store: store.Store
+
+        def job_cgroup(self, job_id: int) -> dict[str, str]: ...
 
 
 def _parent_and_uid(pid: int) -> tuple[int, int]:
@@ -47,12 +63,14 @@ def _below(pid: int, ancestor: int) -> bool:
     return pid == ancestor
 
 
-def join(service: Any, who: Person, message: Any, client: Optional[Any]) -> dict[str, Any]:
+def join(
+    service: Joinable, who: Person, message: Mapping[str, Any], client: Optional[Connection]
+) -> dict[str, Any]:
     """`join`: move process `pid` into the cgroup of job `job`, an allocation of the
-    asker's (service.requests: `_owned`), if the machine has one."""
+    asker's (service.owners), if the machine has one."""
     job_id = fields.checked_int(message.get("job"), "job", 1, 2**62)
     pid = fields.checked_int(message.get("pid"), "pid", 2, 2**22)
-    job = service._owned(who, job_id, "move a process into")
+    job = owned(service.store, service.settings, who, job_id, "move a process into")
     if not job.attached or job.state != store.RUNNING:
         raise UserError(f"job {job_id} is not a running allocation: only those take a process")
     if client is None:

@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from gpuwarden.machine.inventory import Snapshot
 
 
 class Counted:
@@ -60,7 +63,7 @@ class Machine:
         self._load = nvml  # None: inventory.load_nvml, on first use
         self._nvml: Optional[Counted] = None
         self._clock = clock
-        self.snapshot: Any = None  # the last reading (inventory.Snapshot)
+        self.snapshot: Optional[Snapshot] = None  # the last reading
         self.read_at = float("-inf")  # when it was read whole (clock)
         self._links: Optional[tuple[Any, Any]] = None  # (topology, nvlinks), once
         self.whole_reads = 0
@@ -85,7 +88,7 @@ class Machine:
             self._nvml = Counted((self._load or load_nvml)())
         return self._nvml
 
-    def read(self, detail: bool = False) -> Any:
+    def read(self, detail: bool = False) -> Snapshot:
         """The whole machine now. What jobs are planned on needs no `detail` (clocks,
         temperatures, power, energy: what the efficiency sampler reads)."""
         from gpuwarden.machine.inventory import read_snapshot
@@ -127,13 +130,13 @@ class Machine:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
 
-    def current(self, within: float) -> Any:
+    def current(self, within: float) -> Snapshot:
         """The reading, read whole again if it is older than `within` seconds."""
         if self.snapshot is None or self._clock() - self.read_at >= within:
             return self.read()
         return self.snapshot
 
-    def chosen(self, uuids: Iterable[str]) -> Any:
+    def chosen(self, uuids: Iterable[str]) -> Snapshot:
         """The reading with the GPUs of `uuids` (a MIG slice: its GPU) read again: what
         they use now. Kept, so the next pass plans with it."""
         from gpuwarden.base.records import replace
@@ -153,7 +156,7 @@ class Machine:
         self.snapshot = replace(snapshot, gpus=gpus, taken_at=time.time())
         return self.snapshot
 
-    def linked(self, snapshot: Any) -> Any:
+    def linked(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the NVLink and PCIe links between its GPUs, read once."""
         from gpuwarden.base.records import replace
 

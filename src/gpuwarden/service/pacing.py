@@ -1,7 +1,7 @@
 """When the service plans: a start pass at once when something may start, a full pass
 coalesced.
 
-Two kinds of pass (service.lifecycle `schedule`):
+Two kinds of pass (service.passes `schedule`):
 
 - a start pass, after `wake()`: something may start now (a job ended, a job was
   submitted that fits what is free, released, cancelled, a reload). It plans only

@@ -26,6 +26,8 @@ from gpuwarden.service.identity import person
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from gpuwarden.config import Config
+    from gpuwarden.machine.inventory import Gpu, Snapshot
     from gpuwarden.placement.request import Request
     from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.machine import Machine
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.settings import Settings
 
     class PlacingService(Protocol):
-        """What placing a job needs of the service (`server.Service` has it)."""
+        """What placing a job needs of the jobs' life (`joblife.JobLife` has it)."""
 
         settings: Settings
         store: store.Store
@@ -55,11 +57,11 @@ def request_of(job: store.Job) -> Request:
 
 
 def picker(
-    snapshot: Any,
+    snapshot: Snapshot,
     pending: Sequence[store.Job],
     seen: Sequence[Any],
     findings: Any,
-    linked: Optional[Callable[[Any], Any]] = None,
+    linked: Optional[Callable[[Snapshot], Snapshot]] = None,
 ) -> scheduling.Pick:
     """`scheduling.Pick` for this pass: which of the GPUs free for a job it gets, chosen
     by `selection.choose` as `run` chooses (`seen`: the leases held now). Its named and
@@ -89,7 +91,7 @@ def picker(
     return pick
 
 
-def _with_topology(snapshot: Any) -> Any:
+def _with_topology(snapshot: Snapshot) -> Snapshot:
     """`snapshot` with the NVLink and PCIe links between its GPUs (the service reads the
     machine without them: they cost n^2 NVML calls and matter to multi-GPU jobs only)."""
     from dataclasses import replace
@@ -103,13 +105,13 @@ def _with_topology(snapshot: Any) -> Any:
 
 
 def inputs(
-    snapshot: Any,
+    snapshot: Snapshot,
     running: Sequence[store.Job],
     pending: Sequence[store.Job],
     settings: Settings,
-    reading: Any = None,
+    reading: Optional[Config] = None,
     leaving: Collection[int] = (),
-    linked: Optional[Callable[[Any], Any]] = None,
+    linked: Optional[Callable[[Snapshot], Snapshot]] = None,
 ) -> tuple[
     list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
@@ -129,7 +131,7 @@ def inputs(
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
     units = devices(snapshot)  # what a job is given: GPUs, and MIG slices for MIG-mode ones
 
-    def usable(g: Any) -> bool:  # as `run` judges it: selection.unusable
+    def usable(g: Gpu) -> bool:  # as `run` judges it: selection.unusable
         own = parent.get(g.uuid, g.uuid)
         return unusable(g.uuid, own, drains, findings.get(own, ())) is None
 
@@ -231,8 +233,8 @@ def start_job(
     service: PlacingService,
     job: store.Job,
     uuids: Sequence[str],
-    snapshot: Any,
-    reading: Any = None,
+    snapshot: Snapshot,
+    reading: Optional[Config] = None,
 ) -> Optional[spawn.Started]:
     """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
     its owner under a supervisor that holds the lease descriptors (the job never

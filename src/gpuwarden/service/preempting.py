@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.store import Job
 
     class PreemptingService(Protocol):
-        """What preempting a job needs of the service (`server.Service` has it)."""
+        """What preempting a job needs of the jobs' life (`joblife.JobLife` has it)."""
 
         settings: Settings
         store: store.Store

@@ -2,7 +2,7 @@
 
 The jobs themselves and their states are the journal's (service.store; a state moves
 only by service.states' table). What a pass of the plan worked out is kept here, by
-the pass (`schedule` in service.lifecycle hands its outcome to `planned`) and read by
+the pass (`schedule` in service.passes hands its outcome to `planned`) and read by
 the requests between passes: `free` judges whether a new submit may start at once
 (service.pacing), `priorities` orders `queue`, `expected_start` answers
 `queue --start`, `memory` and `indices` name the GPUs jobs are given. The state is

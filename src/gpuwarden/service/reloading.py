@@ -11,15 +11,15 @@ key and the policy in force stays. What a running service cannot change (its soc
 journal, lease directory, and the helper that sends webhooks and mail, forked at
 start) is kept, and the log says it changes at the next restart. The log says every
 change (`reload: max_gpus_per_user: 2 -> 4`); the next pass of the plan uses them.
-Of the service, what `ReloadingService` names; its enforcement watch takes the new rules.
+Of the jobs' life, what `Reloadable` names; its enforcement watch takes the new rules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.base.errors import UserError
@@ -33,14 +33,10 @@ if TYPE_CHECKING:
     from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
-    class ReloadingService(Protocol):
-        """What a reload needs of the service (`server.Service` has it)."""
+    class Reloadable(Protocol):
+        """What a reload needs of the jobs' life (`joblife.JobLife` has it)."""
 
         settings: Settings  # replaced by a reload
-        options: Mapping[str, Any]  # `gpuwarden serve`'s, over the files
-        fixed: Mapping[str, Any]
-        extra_admins: tuple[str, ...]
-        reload_asked: bool  # SIGHUP came
         pacer: Pacer
         hardware: Machine
 
@@ -48,6 +44,16 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("gpuwarden.serve")
+
+
+@dataclass(frozen=True)
+class Started:
+    """What `gpuwarden serve` was started with, kept for every reload: its options
+    over the files (config keys), its socket and state directory, the admins it named."""
+
+    options: Mapping[str, Any]
+    fixed: Mapping[str, Any]
+    admins: tuple[str, ...]
 
 
 def read_settings(
@@ -64,21 +70,21 @@ def read_settings(
     return from_config(reading, fixed, admins)
 
 
-def reload_by(service: ReloadingService, who: Person, _: None, client: object) -> dict[str, Any]:
+def reload_by(service: Reloadable, started: Started, who: Person) -> dict[str, Any]:
     """The `reload` request: an admin's only."""
     if not service.settings.admins.include(who):
         raise UserError("only an admin may reload the service's policy")
-    return {"ok": True, "changes": reload(service)}
+    return {"ok": True, "changes": reload(service, started)}
 
 
-def reload(service: ReloadingService) -> list[str]:
+def reload(service: Reloadable, started: Started) -> list[str]:
     """Read the configuration again and put it in force; what changed, one line each.
     Raises UserError ("refused: ...; the policy in force stays") and changes nothing
     when the reading is refused."""
     from gpuwarden.service.settings import RESTART_ONLY, changes
 
     try:
-        new = read_settings(service.options, service.fixed, service.extra_admins)
+        new = read_settings(started.options, started.fixed, started.admins)
     except UserError as err:
         log.error("reload refused: %s; the policy in force stays", err)
         raise UserError(f"reload refused: {err}; the policy in force stays") from None
@@ -97,11 +103,3 @@ def reload(service: ReloadingService) -> list[str]:
     if not changed and not later:
         log.info("reload: no change")
     return changed + [f"{name}: changes at the next restart" for name in later]
-
-
-def reload_if_asked(service: ReloadingService) -> None:
-    """The reload SIGHUP asked for; a refused one is logged (it changes nothing)."""
-    if service.reload_asked:
-        service.reload_asked = False
-        with contextlib.suppress(UserError):  # logged by reload(); the old policy stays
-            reload(service)

@@ -1,18 +1,48 @@
 """What the queue service reports about itself and its users: a running job's usage
 so far (from its cgroup), the exporter's queue statistics, and each user's fair share
-(`gpuwarden share`, as sshare): the answers that only read the journal and the cgroups."""
+(`gpuwarden share`, as sshare): the answers that only read the journal and the cgroups.
+Of the jobs' life, what `Reporting` names."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.planning import scheduling
+from gpuwarden.service.owners import owned
 from gpuwarden.service.tally import WAIT_BUCKETS
 
+if TYPE_CHECKING:
+    from typing import Protocol
 
-def usage_now(service: Any, job_id: int) -> tuple[Optional[float], Optional[int]]:
+    from gpuwarden.queueclient.protocol import Report
+    from gpuwarden.service.digests import Ask, Digesting
+    from gpuwarden.service.identity import Person
+    from gpuwarden.service.machine import Machine
+    from gpuwarden.service.pacing import Pacer
+    from gpuwarden.service.queuestate import QueueState
+    from gpuwarden.service.sampler import Sampler
+    from gpuwarden.service.watching import ServiceWatch
+    from gpuwarden.usage.efficiency import GpuUse
+
+    class Reporting(Digesting, Protocol):
+        """What the reports need of the jobs' life (`joblife.JobLife` has it)."""
+
+        pacer: Pacer
+        hardware: Machine
+        queue: QueueState
+        preempted: dict[str, int]  # preemptions since the start, by the victim's owner
+        usage_totals: Optional[dict[tuple[str, str], float]]
+        sampler: Optional[Sampler]
+
+        def watcher(self) -> ServiceWatch: ...
+
+        def job_cgroup(self, job_id: int) -> dict[str, str]: ...
+
+
+def usage_now(service: Reporting, job_id: int) -> tuple[Optional[float], Optional[int]]:
     """A running job's CPU seconds and peak memory so far, from its cgroup."""
     dirs = service.job_cgroup(job_id)
     if not dirs:
@@ -24,7 +54,7 @@ def usage_now(service: Any, job_id: int) -> tuple[Optional[float], Optional[int]
     return (None if cpu is None else cpu / 1e9), used.get("memory_peak")
 
 
-def stats(service: Any) -> dict[str, Any]:
+def stats(service: Reporting) -> dict[str, Any]:
     """What the exporter turns into queue metrics: counts, waits, fair share."""
     tally = service.store.tally()
     return {
@@ -47,7 +77,7 @@ def stats(service: Any) -> dict[str, Any]:
     }
 
 
-def usage_totals(service: Any) -> list[dict[str, Any]]:
+def usage_totals(service: Reporting) -> list[dict[str, Any]]:
     """GPU-seconds of every ended run per user and account (the exporter's counters:
     they grow when a run ends), from the journal once, then kept as runs end."""
     if service.usage_totals is None:
@@ -60,7 +90,7 @@ def usage_totals(service: Any) -> list[dict[str, Any]]:
     ]
 
 
-def share(service: Any) -> dict[str, Any]:
+def share(service: Reporting) -> dict[str, Any]:
     policy = service.settings.policy
     usage = service.store.usage(time.time(), policy.half_life)
     active = {user for per_user in service.store.tally().jobs.values() for user in per_user}
@@ -80,7 +110,7 @@ def share(service: Any) -> dict[str, Any]:
     }
 
 
-def account_shares(service: Any, policy: scheduling.Policy) -> list[dict[str, Any]]:
+def account_shares(service: Reporting, policy: scheduling.Policy) -> list[dict[str, Any]]:
     """Each account's decayed usage, share and factor at fair share's account level
     (none when no account has a share: fair share is then per user only)."""
     from gpuwarden.planning import fairshare
@@ -106,7 +136,7 @@ def account_shares(service: Any, policy: scheduling.Policy) -> list[dict[str, An
     ]
 
 
-def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[str, Any]:
+def usage_report(service: Reporting, who: Person, ask: Report) -> dict[str, Any]:
     """`gpuwarden report`: GPU-hours, jobs and waits by user, group, account or job (as
     sreport, every user sees every user's totals, as `share` shows their usage); with
     `waste`, the GPU-hours held idle: an admin sees everyone's, a user their own."""
@@ -133,7 +163,7 @@ def usage_report(service: Any, who: Any, ask: Any, client: Any = None) -> dict[s
     return {"ok": True, "rows": usage.as_dicts(found)}
 
 
-def efficiency(service: Any, who: Any, ids: tuple[int, ...], client: Any = None) -> dict[str, Any]:
+def efficiency(service: Reporting, who: Person, ids: tuple[int, ...]) -> dict[str, Any]:
     """`gpuwarden eff`: each job's runs and what its GPUs did (its owner's or an
     admin's); a running job's current run from the sampler's memory."""
     from gpuwarden.base.errors import UserError
@@ -141,7 +171,7 @@ def efficiency(service: Any, who: Any, ids: tuple[int, ...], client: Any = None)
 
     out = []
     for job_id in ids:
-        job = service._owned(who, job_id, "see the efficiency of")
+        job = owned(service.store, service.settings, who, job_id, "see the efficiency of")
         runs = accounting.use_of(service.store.db, job_id)
         ended = service.store.db.execute(
             "SELECT run, started, ended, gpus, gpu_seconds, state FROM runs WHERE job = ? "
@@ -177,11 +207,11 @@ def efficiency(service: Any, who: Any, ids: tuple[int, ...], client: Any = None)
 def _run_row(
     run: int,
     started: float,
-    ended: Any,
+    ended: Optional[float],
     gpus: int,
     gpu_seconds: float,
     state: str,
-    uses: list[Any],
+    uses: list[GpuUse],
 ) -> dict[str, Any]:
     return {
         "run": run,
@@ -194,15 +224,15 @@ def _run_row(
     }
 
 
-def digest_request(message: Any) -> Any:
+def digest_request(message: Mapping[str, Any]) -> Ask:
     """A `digest` request read (service.digests)."""
     from gpuwarden.service import digests
 
     return digests.request(message)
 
 
-def digest(service: Any, who: Any, ask: Any, client: Any = None) -> dict[str, Any]:
+def digest(service: Reporting, who: Person, ask: Ask) -> dict[str, Any]:
     """`gpuwarden digest`: a digest now, or a subscription to the weekly one."""
     from gpuwarden.service import digests
 
-    return digests.answer(service, who, ask, client)
+    return digests.answer(service, who, ask)

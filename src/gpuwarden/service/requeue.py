@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.unwritten import Keeping
 
     class RequeueService(PlacingService, Keeping, Protocol):
-        """What queueing a job again needs of the service (`server.Service` has it)."""
+        """What queueing a job again needs of the jobs' life (`joblife.JobLife` has it)."""
 
         queue: QueueState
         notifier: JobNotifier
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
         def job_cgroup(self, job_id: int) -> dict[str, str]: ...
 
-        def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None: ...
+        def close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None: ...
 
         def ran(self, job: Job, ended: float, state: str, gpu_seconds: float) -> None: ...
 
@@ -143,7 +143,7 @@ def again(
 
     dirs = service.job_cgroup(job.id)
     if dirs:
-        service._close_cgroup(job.id, dirs)
+        service.close_cgroup(job.id, dirs)
     release_leases(service, job)
     for path in _records(service, job):
         with contextlib.suppress(FileNotFoundError):

@@ -3,10 +3,16 @@
 One thread, one `selectors` loop: client sockets, one pidfd per running job's
 supervisor (readable when it ends, also for supervisors adopted after a restart),
 and a tick for time limits and GPUs freed by processes outside the queue. After
-an event that may start a job (and, coalesced, after others: service.pacing)
-`schedule()` asks `scheduling.plan` what starts, takes the leases for
-it in the service's own lease directory, records the job as STARTING, forks its
-supervisor (service.spawn), and records it RUNNING. docs/service.md has the design.
+an event that may start a job (and, coalesced, after others: service.pacing) a
+pass of the plan (service.passes) asks `scheduling.plan` what starts, takes the
+leases for it in the service's own lease directory, records the job as STARTING,
+forks its supervisor (service.spawn), and records it RUNNING. docs/service.md has
+the design.
+
+`Service` owns no state of the queue's: it makes the journal, the jobs' life
+(service.joblife) and the clients (service.clients), hands each its collaborators,
+and drives them: events to whichever owns them, requests to service.requests'
+table, the tick to service.timelimits and service.archive.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import signal
 import sqlite3
 import stat
 import time
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden import config
 from gpuwarden.base.errors import UserError
@@ -27,19 +34,26 @@ from gpuwarden.service import (
     archive,
     healthwatch,
     journalguard,
+    passes,
+    recovery,
     reloading,
+    requests,
     store,
     timelimits,
     unwritten,
 )
 from gpuwarden.service.clients import Clients
 from gpuwarden.service.connection import Connection
+from gpuwarden.service.context import Context
+from gpuwarden.service.joblife import JobLife, exits_folder
 from gpuwarden.service.machine import Machine
 from gpuwarden.service.notify import JobNotifier
 from gpuwarden.service.pacing import FULL, Pacer
-from gpuwarden.service.reloading import read_settings
-from gpuwarden.service.requests import Requests
+from gpuwarden.service.reloading import Started, read_settings
 from gpuwarden.service.settings import Settings
+
+if TYPE_CHECKING:
+    from gpuwarden.health.watch import HealthWatch
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -65,33 +79,49 @@ def journal_failure(path: str, err: Exception) -> str:
     return f"refused: the service's journal could not be written ({path}: {text})"
 
 
-class Service(Requests):
-    """The queue service: its state (service.core) and every concern's methods, with
-    the socket loop that serves them."""
+class Service:
+    """The queue service: the loop that drives the jobs' life and serves its clients."""
 
-    def __init__(self, settings: Settings, hardware: Optional[Machine] = None) -> None:
-        super().__init__(
+    def __init__(
+        self,
+        settings: Settings,
+        hardware: Optional[Machine] = None,
+        started: Optional[Started] = None,
+    ) -> None:
+        self.started = started or Started({}, {}, ())
+        self.selector: selectors.BaseSelector = selectors.DefaultSelector()
+        self.locks: list[int] = []  # the journal's and the socket's, held for its life
+        self.stopping = False
+        self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
+        self.health: Optional[HealthWatch] = None  # from `open`
+        for folder in (settings.state_dir, exits_folder(settings.state_dir)):
+            _directory(folder)
+        journal = self._journal(settings)
+        self.clients = Clients(self.selector, self._answer, self._client_left)
+        self.life = JobLife(
             settings,
             hardware or Machine(),
             JobNotifier(settings.webhook, settings.sendmail),
             Pacer(),
+            journal,
+            self.clients.attachments,
+            self.selector,
         )
-        self.clients = Clients(self.selector, self._answer, self._client_left)
-        self.attachments = self.clients.attachments
-        self.health: Any = None  # the health watch (service.healthwatch), from `open`
-        for folder in (settings.state_dir, self.exits):
-            _directory(folder)
+        self.context = Context(self.life, self.started)
+
+    def _journal(self, settings: Settings) -> store.Store:
+        """The journal, locked for the service's life: a second service refuses
+        (service.journalguard), a damaged one is said, not opened."""
         journal = os.path.join(settings.state_dir, "jobs.db")
         try:
-            # Held for the service's life: a second service refuses (service.journalguard).
             self.locks.append(journalguard.lock(journal + ".lock", f"the journal {journal}"))
             journalguard.refuse_damaged(journal)
             try:
-                self.store = store.Store(journal)
+                opened = store.Store(journal)
             except sqlite3.Error as err:  # a full or read-only disk: said, not a traceback
                 raise UserError(f"cannot open the journal {journal}: {err}") from None
             try:  # a history batch a crash interrupted (service.archive)
-                archive.recover(self.store, settings.state_dir)
+                archive.recover(opened, settings.state_dir)
             except OSError as err:
                 log.warning("an interrupted history archive could not be settled: %s", err)
         except BaseException:
@@ -99,6 +129,7 @@ class Service(Requests):
                 os.close(fd)
             self.selector.close()
             raise
+        return opened
 
     @classmethod
     def configured(
@@ -110,15 +141,15 @@ class Service(Requests):
     ) -> Service:
         """The service `gpuwarden serve` starts: its settings from the configuration
         with the command line's values over it, kept for every reload."""
-        service = cls(read_settings(options, fixed, admins), hardware)
-        service.options, service.fixed, service.extra_admins = options, fixed, admins
-        return service
+        started = Started(options, fixed, admins)
+        return cls(read_settings(options, fixed, admins), hardware, started)
 
     # -- life cycle --------------------------------------------------------------------
 
     def open(self) -> None:
         """Bind the socket (replacing a stale one) and re-adopt the journal's jobs."""
-        path = self.settings.socket
+        life = self.life
+        path = life.settings.socket
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, mode=0o755, exist_ok=True)
         self.locks.append(journalguard.lock(path + ".lock", f"the socket {path}"))
@@ -127,40 +158,38 @@ class Service(Requests):
             if not stat.S_ISSOCK(st.st_mode):
                 raise UserError(f"{path} exists and is not a socket; refusing to replace it")
             os.unlink(path)
-        self.notifier.start()  # a fork: before anything else runs
+        life.notifier.start()  # a fork: before anything else runs
         self.clients.listen(path)  # anyone may ask; the kernel says who asked
-        snapshot = self.machine = self.read_snapshot()
-        self.reading = config.load()
-        self.queue.seen(snapshot.gpus)
-        self.recover()
+        snapshot = life.machine = life.read_snapshot()
+        life.reading = config.load()
+        life.queue.seen(snapshot.gpus)
+        recovery.recover(life)
         # Its threads start after every fork of the start (the notifier's): a lab with
         # no exporter still has a fatal fault drained (service.healthwatch).
-        self.health = healthwatch.start(self.reading, self.settings.webhook)
+        self.health = healthwatch.start(life.reading, life.settings.webhook)
         log.info("serving on %s", path)
 
     def close(self) -> None:
         """Stop serving. Jobs run on, attached ones too: their clients reconnect to the
         next service (service.attachment)."""
         self.stopping = True
+        life = self.life
         if self.clients.listener is not None:
             with contextlib.suppress(OSError):
-                os.unlink(self.settings.socket)
+                os.unlink(life.settings.socket)
         self.clients.close()
-        for fd in [*self.watched.values(), *self.processes.values()]:
-            os.close(fd)
-        self.watched.clear()
-        self.processes.clear()
+        life.close()
         if self.health is not None:
             self.health.stop()
-        self.notifier.close()
-        self.store.close()
+        life.notifier.close()
+        life.store.close()
         for fd in self.locks:  # the lock files stay: removing a held one would race
             os.close(fd)
         self.locks.clear()
-        if self.settings.devices != "off" and self.cgroup_mode != "none":
+        if life.settings.devices != "off" and life.cgroup_mode != "none":
             from gpuwarden.service.jobcgroup import remove_scope, scope_of
 
-            remove_scope(scope_of(self.exits))
+            remove_scope(scope_of(life.exits))
 
     def serve_forever(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -179,7 +208,7 @@ class Service(Requests):
                         log.exception("a turn of the service loop failed; serving on")
                         last, quiet_until = said, now + 60.0
                     if again:  # failing turn after turn: not a busy loop of one error
-                        time.sleep(min(1.0, self.settings.tick))
+                        time.sleep(min(1.0, self.life.settings.tick))
                     again = True
         finally:
             self.close()
@@ -189,27 +218,32 @@ class Service(Requests):
         once after anything that may start a job), wait for events (at most until the
         next pass or tick), handle them, and do the tick's work once a tick has passed:
         none of it grows with requests."""
-        reloading.reload_if_asked(self)
-        kind = self.pacer.due(time.monotonic())
+        life, pacer = self.life, self.life.pacer
+        if self.reload_asked:  # SIGHUP: a refused reading is logged and changes nothing
+            self.reload_asked = False
+            with contextlib.suppress(UserError):
+                reloading.reload(life, self.started)
+        kind = pacer.due(time.monotonic())
         if kind is not None:
-            self.pacer.begin(kind)
-            self.schedule(full=kind == FULL)
-            self.remove_litter()
+            pacer.begin(kind)
+            passes.schedule(life, full=kind == FULL)
+            life.remove_litter()
         now = time.monotonic()
-        longest = max(0.0, min(self.settings.tick, self.next_tick - now))
-        wait = self.pacer.wait(now, longest if timeout is None else timeout)
-        if wait > 0 and self.pacer.urgent:
-            self.pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
+        tick = life.settings.tick
+        longest = max(0.0, min(tick, life.next_tick - now))
+        wait = pacer.wait(now, longest if timeout is None else timeout)
+        if wait > 0 and pacer.urgent:
+            pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
         for key, mask in self.selector.select(wait):
             kind, data = key.data
             if kind == "listen":
-                self.clients.accept(self.settings)
+                self.clients.accept(life.settings)
             elif kind == "client":
                 self.clients.ready(data, mask)
             elif kind == "job":
-                self._ended(data)
-        if time.monotonic() >= self.next_tick:
-            self.next_tick = time.monotonic() + self.settings.tick
+                life.ended(data)
+        if time.monotonic() >= life.next_tick:
+            life.next_tick = time.monotonic() + tick
             self._tick()
 
     # -- clients -----------------------------------------------------------------------
@@ -218,34 +252,29 @@ class Service(Requests):
         """A request answered, or refused in one line: a bug in one answer, or a journal
         that cannot be written, does not take the queue down with it."""
         try:
-            return self.handle(client.who, message, client)
+            return requests.handle(self.context, client.who, message, client)
         except UserError as err:
             return {"ok": False, "error": str(err)}
         except sqlite3.Error as err:
             log.error("request %r refused: %s", message.get("op"), err)
-            return {"ok": False, "error": journal_failure(self.store.path, err)}
+            return {"ok": False, "error": journal_failure(self.life.store.path, err)}
         except Exception as err:
             log.exception("request %r failed", message.get("op"))
             return {"ok": False, "error": f"internal error: {type(err).__name__}"}
 
     def _client_left(self, job_id: int) -> None:
-        """An attached client went away (its terminal closed, it was killed): its job
-        ends too, as a job started from a shell would."""
-        job = None if self.stopping else self.store.get(job_id)
-        if job is None or job.state not in store.ACTIVE:
-            return
-        log.info("job %s: its attached client left; cancelling it", job_id)
-        self._cancel(job)
+        """An attached client went away: its job ends too, unless the service is
+        stopping (jobs run on, for the next service)."""
+        if not self.stopping:
+            self.life.client_left(job_id)
 
     def _tick(self) -> None:
-        unwritten.retry(self)  # ends a full disk kept: written once it has room
-        archive.tend(self, time.time())  # service.keep_history
-        now = time.monotonic()
-        self.clients.idle(now, self.settings.idle_timeout)
-        timelimits.tick(self)
-        if self.store.jobs([store.PENDING]):
-            self.pacer.touch()  # GPUs freed outside the queue show up on the next pass
-
-    # -- requests ----------------------------------------------------------------------
-
-    # -- scheduling --------------------------------------------------------------------
+        life = self.life
+        unwritten.retry(life)  # ends a full disk kept: written once it has room
+        archive.tend(life, time.time())  # service.keep_history
+        self.clients.idle(time.monotonic(), life.settings.idle_timeout)
+        if self.clients.attachments.orphans:  # attached jobs a restart cut off
+            recovery.end_orphans(life)
+        timelimits.tick(life)
+        if life.store.jobs([store.PENDING]):
+            life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

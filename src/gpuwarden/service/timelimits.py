@@ -1,8 +1,8 @@
 """Time limits of the service's jobs, on the loop's tick: Slurm's `--signal` warning
 before the limit, SIGTERM once at it, SIGKILL after the grace period (a cancel that
 was ignored too), with the periodic chores that share the tick (the enforcement
-watcher, the sweep of ended jobs' cgroups, orphaned attached jobs). Of the service,
-what `TickService` names.
+watcher, the sweep of ended jobs' cgroups). Of the jobs' life, what `TickService`
+names.
 """
 
 from __future__ import annotations
@@ -21,24 +21,22 @@ from gpuwarden.service.store import RUNNING, Job
 if TYPE_CHECKING:
     from typing import Optional, Protocol
 
-    from gpuwarden.service.attachment import Attachments
     from gpuwarden.service.machine import Machine
+    from gpuwarden.service.notify import JobNotifier
     from gpuwarden.service.preempting import PreemptingService
     from gpuwarden.service.sampler import Sampler
     from gpuwarden.service.unwritten import Keeping
     from gpuwarden.service.watching import ServiceWatch
 
     class TickService(PreemptingService, Keeping, Protocol):
-        """What the tick needs of the service (`server.Service` has it)."""
+        """What the tick needs of the jobs' life (`joblife.JobLife` has it)."""
 
         hardware: Machine
+        notifier: JobNotifier
         termed: dict[int, float]  # job id -> when SIGTERM was sent for its time
-        attachments: Attachments  # the attached jobs' clients (the socket loop's)
         swept: float  # when the cgroups of ended jobs were last looked for
         digested: float  # when due digests were last looked for (service.digests)
         sampler: Optional[Sampler]
-
-        def _end_orphans(self) -> None: ...
 
         def sweep_cgroups(self) -> None: ...
 
@@ -55,8 +53,6 @@ SWEEP_EVERY = 10.0  # seconds between looks for cgroups of ended jobs left non-e
 def tick(service: TickService) -> None:
     """The tick's round: time limits, the warnings before them, preempted jobs past
     their grace, the enforcement watch, the sampler and the sweep of cgroups."""
-    if service.attachments.orphans:
-        service._end_orphans()
     now = time.time()
     if now - service.swept >= SWEEP_EVERY:  # on the loop's tick
         service.swept = now

@@ -13,21 +13,33 @@ what holds without one. What escapes a tree is said in docs/service.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
-from typing import Optional
+from typing import Any, Optional
 
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Make this process the subreaper of all it starts (False where the kernel says no)."""
+@functools.cache
+def _libc() -> Any:
     import ctypes
 
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def ready() -> None:
+    """Load what `become_subreaper` calls, in the service before it forks a supervisor:
+    the C library's handle is made once, not once per job in each supervisor."""
+    with contextlib.suppress(OSError):
+        _libc()
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of all it starts (False where the kernel says no)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 
@@ -89,6 +101,11 @@ def end_tree(within: float = 10.0) -> None:
     service's own sweep)."""
     deadline = time.monotonic() + within
     me = os.getpid()
+    if not _reap_all():
+        # No child left: nothing lives below a subreaper that has no children (what a
+        # process of the job left would have been re-parented here), so no reading of
+        # every process on the machine on the way from a job's end to the next start.
+        return
     while True:
         left = signal_tree(me, signal.SIGKILL)
         _reap_all()
@@ -97,11 +114,12 @@ def end_tree(within: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def _reap_all() -> None:
+def _reap_all() -> bool:
+    """Reap every child that has ended; whether any child is still there."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         if pid == 0:
-            return
+            return True

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.store import Job, Store
 
     class Keeping(Protocol):
-        """What keeping an end needs of the service (`server.Service` has it)."""
+        """What keeping an end needs of the jobs' life (`joblife.JobLife` has it)."""
 
         store: Store
         unwritten: dict[int, Callable[[], None]]  # job id -> its end, not yet written
@@ -71,7 +71,7 @@ def each(
 ) -> list[int]:
     """`act` on each of `jobs` in one commit; the ids it acted on. A cancel the journal
     could not take (its disk full) is made again job by job outside it: a waiting job's
-    kept here, a running one signalled (once: service.lifecycle)."""
+    kept here, a running one signalled (once: service.joblife)."""
     jobs = list(jobs)
     try:
         with service.store.transaction():

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from gpuwarden.usage.enforcement import Unleased
 
     class WatchedService(Protocol):
-        """What the watch needs of the service (`server.Service` has it)."""
+        """What the watch needs of the jobs' life (`joblife.JobLife` has it)."""
 
         settings: Settings
         store: store.Store

@@ -1,11 +1,20 @@
-"""A job's life in the service: planned, started, watched, ended, recovered after a crash.
+"""A job's life in the service: started, watched, ended, recovered after a crash.
 
-`schedule()` asks `scheduling.plan` what starts and starts it (service.placing);
-a pidfd per supervisor tells when a job ended, also for supervisors adopted after
-a restart (`recover`); time limits and cancels are SIGTERM, then SIGKILL after the
-grace period, sent to every process in the job's cgroup (service.jobcgroup) so that
-none escapes by leaving its process group, and the cgroup's CPU and peak memory are
-recorded when the job ends. Over the state of service.core.
+`JobLife` owns what the queue knows of its jobs between two turns of the loop: the
+journal (service.store, whose job states move only by service.states' table), what
+the last pass of the plan worked out (`queue`, service.queuestate: written by the
+pass alone, service.passes), the pidfd of each running job's supervisor (readable
+when it ends, also for supervisors adopted after a restart: `recover`), the ends the
+journal could not take yet (service.unwritten), and the jobs signalled for their time
+or preempted. It is given its collaborators: the settings in force (a reload replaces
+them), the machine, the notifier, the pacer, the selector the loop waits on, and the
+attached jobs' clients (service.attachment, the socket loop's).
+
+Time limits and cancels are SIGTERM, then SIGKILL after the grace period, sent to every
+process in the job's cgroup (service.jobcgroup) so that none escapes by leaving its
+process group, and the cgroup's CPU and peak memory are recorded when the job ends.
+Functions of other modules act on it through the protocol each names (service.timelimits,
+service.preempting, service.requeue, service.unwritten, service.placing).
 """
 
 from __future__ import annotations
@@ -15,19 +24,15 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import config
-from gpuwarden.base.errors import UserError
-from gpuwarden.planning import preemption, scheduling
+from gpuwarden.planning import scheduling
 from gpuwarden.service import (
-    arrays,
     attachment,
-    bookings,
     jobnotify,
     jobprocess,
-    limiting,
     litter,
     preempting,
     requeue,
@@ -35,9 +40,18 @@ from gpuwarden.service import (
     store,
     unwritten,
 )
-from gpuwarden.service.core import Core
+from gpuwarden.service.queuestate import QueueState
 
 if TYPE_CHECKING:
+    from gpuwarden import config
+    from gpuwarden.machine.inventory import Snapshot
+    from gpuwarden.service.attachment import Attachments
+    from gpuwarden.service.bookings import Bookings
+    from gpuwarden.service.machine import Machine
+    from gpuwarden.service.notify import JobNotifier
+    from gpuwarden.service.pacing import Pacer
+    from gpuwarden.service.sampler import Sampler
+    from gpuwarden.service.settings import Settings
     from gpuwarden.service.watching import ServiceWatch
 
 log = logging.getLogger("gpuwarden.serve")
@@ -45,78 +59,82 @@ log = logging.getLogger("gpuwarden.serve")
 SIGTERM = int(signal.SIGTERM)  # a default below, where `signal` names a method
 
 
-class Lifecycle(Core):
-    def recover(self) -> None:
-        """Find every job of the journal again after a start, a crash or a `kill -9`.
+def exits_folder(state_dir: str) -> str:
+    """Where the jobs' exit records and markers are (service.spawn)."""
+    return os.path.join(state_dir, "jobs")
 
-        A STARTING job whose supervisor was never recorded never got the go-ahead: its
-        supervisor (if one was forked) exits without running it, so it is queued again.
-        A recorded supervisor still alive is watched; when it ends, its exit record
-        says how the job ended, and its absence with no marker means it never started.
-        """
-        for job in self.store.jobs([store.STARTING, store.RUNNING]):
-            marker = spawn.read_marker(self.exits, str(job.id))
-            ended = spawn.read_exit_record(self.exits, str(job.id))
-            if ended is not None:
-                self._finish(job, ended)
-            elif (
-                job.supervisor
-                and spawn.start_time(job.supervisor) >= 0
-                and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
-            ):
-                pid = (marker or {}).get("pid") or job.pid
-                unwritten.note(self, job.id, partial(self.store.update, job.id, pid=pid))
-                self._watch(job.id, job.supervisor, pid)
-                if job.reason in ("time limit", "cancelling", requeue.ASKED):  # not again
-                    self.termed[job.id] = time.monotonic()
-                elif job.reason == preempting.REASON:  # its signal went: SIGKILL after grace
-                    self.preempting[job.id] = time.monotonic()
-                log.info("re-adopted job %s", job.id)
-            elif marker is None:
-                self._requeue(job)
-            else:
-                self._finish(
-                    job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
-                )
-        for job in self.store.jobs(store.ACTIVE):
-            if not job.attached:
-                continue
-            # Its client reconnects (`attach`) unless it died meanwhile, or never learnt
-            # the job's number (a submit recorded, its answer not sent: not started).
-            client = attachment.read_client(self.exits, str(job.id))
-            if client is None and job.state == store.PENDING:
-                self.store.update(
-                    job.id,
-                    state=store.CANCELLED,
-                    ended=time.time(),
-                    error="the service restarted before it answered the submit",
-                )
-                continue
-            client = client or attachment.ClientProcess(0, -1)
-            self.attachments.orphans[job.id] = (
-                time.monotonic() + attachment.REATTACH_WITHIN,
-                client,
-            )
-        self.sweep_cgroups()
-        self._litter_of_ended_jobs()
-        self.pacer.wake()
 
-    def _end_orphans(self) -> None:
-        """Attached jobs whose client has not come back after a restart: ended once the
-        client is known dead, or after `REATTACH_WITHIN` (its client gave up before)."""
-        for job_id, why in attachment.gone(
-            self.attachments.orphans, self.attachments.attached, time.monotonic()
-        ):
-            job = self.store.get(job_id)
-            if job is not None and job.state in store.ACTIVE:
-                log.info("job %s: its attached client %s after a restart; cancelling", job_id, why)
-                self._cancel(job)
+class JobLife:
+    """The queue's jobs: their journal, their supervisors, their ends."""
 
-    def _litter_of_ended_jobs(self) -> None:
-        """Exit records and markers of jobs the journal has ended (a service killed
-        before `remove_litter` leaves them): removed."""
-        self.litter.extend(litter.left_by_ended(self.exits, (j.id for j in self.store.jobs())))
-        self.remove_litter()
+    def __init__(
+        self,
+        settings: Settings,
+        hardware: Machine,
+        notifier: JobNotifier,
+        pacer: Pacer,
+        journal: store.Store,
+        attachments: Attachments,
+        selector: selectors.BaseSelector,
+    ) -> None:
+        self.settings = settings  # replaced by a reload (service.reloading)
+        self.hardware = hardware  # the GPUs as planned on, read as decisions need them
+        self.read_snapshot: Callable[[], Snapshot] = hardware.read  # the whole machine, now
+        self.notifier = notifier
+        self.pacer = pacer  # when to plan next: at once, or coalesced (service.pacing)
+        self.store = journal
+        self.attachments = attachments  # the attached jobs' clients (service.clients)
+        self.selector = selector  # the loop's: a supervisor's pidfd is readable at its end
+        self.exits = exits_folder(settings.state_dir)  # exit records and markers
+        self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
+        self.litter: list[str] = []  # files of ended jobs, removed after the next start
+        # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
+        self.unwritten: dict[int, Callable[[], None]] = {}
+        self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
+        self.preempting: dict[int, float] = {}  # job id -> when its preemption signal went
+        self.preempted: dict[str, int] = {}  # preemptions since the start, by the victim's owner
+        self.next_tick = 0.0  # monotonic time of the next time-limit round (the loop's tick)
+        self.swept = 0.0  # when the cgroups of ended jobs were last looked for
+        self.digested = 0.0  # when due digests were last looked for (service.digests)
+        self.archived_at = 0.0  # when history is next looked at for archiving (archive)
+        # What the last pass of the plan worked out, read between passes (one writer).
+        self.queue = QueueState()
+        self.machine: Optional[Snapshot] = None  # the machine read at start (admission)
+        # The configuration as last read: at start, then by each pass that plans. What
+        # changes without a reload (where drains and XID logs are, the health rules) is
+        # taken from it and handed down; a submit is judged by it (service.admission).
+        self.reading: Optional[config.Config] = None
+        self.cgroup_mode: Optional[str] = None  # the machine's cgroup hierarchy, found once
+        self.watch: Optional[ServiceWatch] = None  # the enforcement watch, made on first need
+        self.sampler: Optional[Sampler] = None  # the running jobs' GPUs for `eff`, likewise
+        # (user, account) -> GPU-seconds of ended runs, read once, then added to (`ran`)
+        self.usage_totals: Optional[dict[tuple[str, str], float]] = None
+        self._bookings: Optional[Bookings] = None
+
+    def bookings(self) -> Bookings:
+        """GPUs booked ahead (service.bookings): read from the journal on first need."""
+        if self._bookings is None:
+            from gpuwarden.service.bookings import Bookings
+
+            self._bookings = Bookings(self.store)
+        return self._bookings
+
+    def close(self) -> None:
+        """Let go of the supervisors' pidfds: the jobs run on, for the next service."""
+        for fd in [*self.watched.values(), *self.processes.values()]:
+            os.close(fd)
+        self.watched.clear()
+        self.processes.clear()
+
+    def client_left(self, job_id: int) -> None:
+        """An attached client went away (its terminal closed, it was killed): its job
+        ends too, as a job started from a shell would."""
+        job = self.store.get(job_id)
+        if job is None or job.state not in store.ACTIVE:
+            return
+        log.info("job %s: its attached client left; cancelling it", job_id)
+        self.cancel(job)
 
     # -- the job's cgroup: signals, usage, removal -----------------------------------------
 
@@ -164,7 +182,7 @@ class Lifecycle(Core):
         fd = self.watched.get(job_id)
         return fd is not None and not select.select([fd], [], [], 0)[0]
 
-    def _close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
+    def close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
         its cgroup; one that is not empty yet is removed by a later `sweep_cgroups`."""
         from gpuwarden.cgroups.accounting import pids_in, signal_dirs
@@ -195,9 +213,9 @@ class Lifecycle(Core):
         active = {str(j.id) for j in self.store.jobs([store.STARTING, store.RUNNING])}
         for job_id, dirs in service_jobs(scope_of(self.exits)).items():
             if job_id not in active:
-                self._close_cgroup(int(job_id), dirs)
+                self.close_cgroup(int(job_id), dirs)
 
-    def _requeue(self, job: store.Job) -> None:
+    def requeue_unstarted(self, job: store.Job) -> None:
         log.warning("job %s never started before a restart; queued again", job.id)
         from gpuwarden.service.placing import release_leases
 
@@ -206,7 +224,7 @@ class Lifecycle(Core):
             job.id, state=store.PENDING, gpus=(), started=None, supervisor=None, pid=None
         )
 
-    def _cancel(self, job: store.Job, sig: int = SIGTERM) -> None:
+    def cancel(self, job: store.Job, sig: int = SIGTERM) -> None:
         """End `job`: a waiting one at once (its attached client exits 128+`sig`, as a
         shell's command would for the Ctrl-C that cancelled it), a running one by SIGTERM,
         then SIGKILL after the grace period."""
@@ -215,7 +233,7 @@ class Lifecycle(Core):
         if job.state == store.PENDING:
             end = partial(self.store.update, job.id, state=store.CANCELLED, ended=time.time())
             unwritten.write(self, job.id, partial(end, reason=None))  # a full disk: kept
-            self._ended_attached(job.id, None, sig=sig)
+            self.ended_attached(job.id, None, sig=sig)
             ended = jobnotify.matched(jobnotify.EVENTS, store.CANCELLED)
             jobnotify.send(self.notifier, job, ended, state=store.CANCELLED, elapsed=0.0)
         elif job.pid:
@@ -224,14 +242,14 @@ class Lifecycle(Core):
             self.termed.setdefault(job.id, time.monotonic())
             unwritten.note(self, job.id, partial(self.store.update, job.id, reason="cancelling"))
 
-    def _refuse(self, job: store.Job, reason: str) -> None:
+    def refuse(self, job: store.Job, reason: str) -> None:
         """A job that must start now or not at all (`run` without --wait) that cannot."""
         why = f"no GPU fits now ({reason}); add --wait to queue for one"
         self.store.update(job.id, state=store.CANCELLED, ended=time.time(), error=why, reason=None)
         self.attachments.notify(job.id, {"event": "ended", "status": 75, "error": why})
-        self._ended_attached(job.id, None, quiet=True)
+        self.ended_attached(job.id, None, quiet=True)
 
-    def _ended_attached(
+    def ended_attached(
         self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False, sig: int = SIGTERM
     ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
@@ -243,104 +261,13 @@ class Lifecycle(Core):
         if ended is None:  # ended before it started: no exit record to remove later
             attachment.forget_client(self.exits, str(job_id))
 
-    def schedule(self, full: bool = True) -> None:
-        """Plan and start what the plan starts, keeping what stays free (`free`) for a submit
-        to judge (service.pacing): a full pass plans and ranks every waiting job, a start
-        pass the first few that could start (service.ready), both on service.machine's."""
-        from gpuwarden.placement.mig import devices
-        from gpuwarden.service.placing import inputs, record_reasons, start_job
-
-        began = time.monotonic()
-        unwritten.retry(self)  # ends a full disk kept, written once it has room
-        # An attached job whose client has not come back after a restart waits for it.
-        waits, more = (self.store.jobs([store.PENDING]), False) if full else self.store.ready()
-        kept = self.unwritten  # ended or cancelled, not yet in the journal: left out
-        pending = [
-            j
-            for j in waits
-            if (not j.attached or j.id in self.attachments.stdio) and j.id not in kept
-        ]
-        if not pending:
-            self.queue.nothing_waits(full)  # after a full pass: a submit plans at once
-            return self.pacer.planned("full" if full else "start", began, time.monotonic())
-        # One reading of the configuration for the pass, handed to what it calls: drains,
-        # XID logs and health rules change without a reload.
-        reading = self.reading = config.load()
-        snapshot = self.hardware.current(self.settings.tick)
-        units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
-        self.queue.seen(units)
-        running = [j for j in self.store.jobs([store.STARTING, store.RUNNING]) if j.id not in kept]
-        pending, throttled = arrays.throttled(pending, running)
-        # Only the dependencies waiting jobs name: reading every ended job made each
-        # pass grow with the history.
-        named = self.store.states(a for j in pending for a in j.after)
-        ended = {i: state == store.COMPLETED for i, state in named.items() if state in store.ENDED}
-        now = time.time()
-        leaving = {*self.termed, *self.preempting}
-        gpus, busy, waiting, pick = inputs(
-            snapshot, running, pending, self.settings, reading, leaving, self.hardware.linked
-        )
-        usage = self.store.usage(now, self.settings.policy.half_life)
-        policy = limiting.plan_policy(self.settings, self.store, (*pending, *running))
-        decisions, victims = preemption.plan(
-            gpus,
-            busy,
-            waiting,
-            usage,
-            now,
-            policy,
-            finished={str(k): v for k, v in ended.items()},
-            pick=pick,
-            bookings=bookings.for_plan(
-                bookings.of(self).current(now), {j.user for j in (*pending, *running)}
-            ),
-        )
-        for why in set(victims.values()):  # first: their grace runs from now
-            chosen = (self.store.get(int(v)) for v, w in victims.items() if w == why)
-            preempting.preempt(self, [j for j in chosen if j is not None], why)
-        by_id = {j.id: j for j in pending}
-        mem = {i: j.mem for i, j in by_id.items()}
-        self.queue.planned(full, gpus, busy, waiting, decisions, now, mem)
-        if full:
-            self.store.rank(self.queue.priorities)  # the order the next start passes take
-        record_reasons(self.store, throttled, decisions, by_id)
-        if more:  # what waits beyond the first few may fit: a full pass plans it soon
-            self.pacer.touch()
-        self.pacer.planned("full" if full else "start", began, time.monotonic(), len(waiting))
-        for decision in decisions:
-            job = by_id[int(decision.id)]
-            if not decision.starts:
-                if not job.wait:
-                    self._refuse(job, decision.reason or "")
-                continue
-            if not full:
-                self.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
-            try:
-                started = start_job(self, job, decision.gpus, snapshot, reading)
-            except UserError as err:
-                why = str(err)
-                said = f"job {job.id} could not start: "
-                why = why[len(said) :] if why.startswith(said) else why  # said once
-                log.warning("job %s could not start: %s", job.id, why)
-                self.store.update(
-                    job.id, state=store.FAILED, error=why, ended=time.time(), reason=None
-                )
-                # Its owner's --notify fail hears of it, as of any failed job.
-                jobnotify.send(self.notifier, job, ["FAIL"], state=store.FAILED, error=why)
-                log.info("job %s ended: %s (it never started)", job.id, store.FAILED)
-                continue
-            if started is not None:
-                self._watch(job.id, started.supervisor, started.pid)
-                if jobnotify.wanted(job.request):
-                    jobnotify.send(self.notifier, self.store.get(job.id) or job, ["BEGIN"])
-
-    def _watch(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
+    def watch_supervisor(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
         """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
         own first process `job_pid` to signal it by (service.jobprocess)."""
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
-            self._ended(job_id)
+            self.ended(job_id)
             return
         if job_pid:
             held = jobprocess.claim(job_pid, pid)
@@ -349,7 +276,7 @@ class Lifecycle(Core):
         self.watched[job_id] = fd
         self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
 
-    def _ended(self, job_id: int) -> None:
+    def ended(self, job_id: int) -> None:
         fd = self.watched.pop(job_id, None)
         if fd is not None:
             self.selector.unregister(fd)
@@ -364,15 +291,15 @@ class Lifecycle(Core):
             spawn.wait_supervisor(job.supervisor, timeout=0)
         ended = spawn.read_exit_record(self.exits, str(job_id))
         if ended is not None:
-            self._finish(job, ended)
+            self.finish(job, ended)
         elif spawn.read_marker(self.exits, str(job_id)) is None:
-            self._requeue(job)  # its supervisor never had the go-ahead
+            self.requeue_unstarted(job)  # its supervisor never had the go-ahead
         else:
-            self._finish(
+            self.finish(
                 job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
             )
 
-    def _finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
+    def finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
         charge = preempting.charge(self.settings, job)
         preempted = preempting.ended(self, job)
         if state is None and (requeue.asked(job) or preempted == "requeue"):
@@ -403,7 +330,7 @@ class Lifecycle(Core):
             from gpuwarden.cgroups.accounting import usage_of
 
             used = usage_of(dirs)
-            self._close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
+            self.close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
         release_leases(self, job)
         cpu = used.get("cpu_ns")
         memory = self.queue.gpu_memory(job.gpus)
@@ -434,7 +361,7 @@ class Lifecycle(Core):
 
         unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
         self.termed.pop(job.id, None)
-        self._ended_attached(job.id, ended)
+        self.ended_attached(job.id, ended)
         jobnotify.send(
             self.notifier,
             job,

@@ -1,0 +1,189 @@
+"""The supervisor's steps on the way from the go-ahead to the job, and from the job's
+end to its exit record, in the order that keeps them off the service's path.
+
+What must precede the job stays before it (the marker, on disk, before the job can
+exist; tests/test_service_restart.py and test_service_fulldisk.py hold what each
+one guarantees): these tests hold what may not be put back in front of it. The
+exit record's room is made while the service commits the start, not after the
+go-ahead; the job's pid is written for a restart after the service has its report,
+not before; and a job that leaves no process behind ends without a reading of
+every process on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.base.errors import UserError
+from gpuwarden.service import spawn, tree
+from gpuwarden.service.identity import person
+from waiting import wait_for
+
+PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+def launch(status_dir: Path, argv: list[str], job: str = "7") -> spawn.JobStart:
+    return spawn.JobStart(
+        job=job,
+        argv=tuple(argv),
+        owner=person(os.getuid()),
+        cwd=str(status_dir.parent),
+        env={"PATH": "/usr/bin:/bin"},
+        status_dir=str(status_dir),
+    )
+
+
+@pytest.fixture
+def status_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "status"
+    d.mkdir(mode=0o700)
+    return d
+
+
+def ended(status_dir: Path, job: str = "7") -> spawn.Ended:
+    return wait_for(
+        lambda: spawn.read_exit_record(str(status_dir), job), 30, f"job {job}'s exit record"
+    )
+
+
+def test_the_exit_records_room_is_made_before_the_go_ahead(status_dir: Path) -> None:
+    """The room's disk write overlaps the service's commit of the start: it is there
+    before the go-ahead, and the marker (the job may have run) is not."""
+    room = Path(spawn.reserve_path(str(status_dir), "7"))
+    seen: dict[str, bool] = {}
+
+    def recorded(supervisor: int, since: int) -> None:  # the service's durable commit
+        wait_for(room.exists, 30, "the room before the go-ahead")
+        seen["marker"] = spawn.read_marker(str(status_dir), "7") is not None
+
+    spawn.start(launch(status_dir, ["true"]), on_forked=recorded)
+    assert seen == {"marker": False}
+    assert ended(status_dir).ok
+
+
+def test_a_supervisor_without_its_go_ahead_leaves_no_room(status_dir: Path) -> None:
+    def refused(supervisor: int, since: int) -> None:
+        wait_for(lambda: os.path.exists(spawn.reserve_path(str(status_dir), "7")), 30, "room")
+        raise RuntimeError("the journal refused the start")
+
+    with pytest.raises(RuntimeError):
+        spawn.start(launch(status_dir, ["true"]), on_forked=refused)
+    wait_for(lambda: not os.listdir(status_dir), 30, "the room removed, nothing run")
+
+
+def test_the_marker_is_on_disk_before_the_job_execs_and_after_its_fork(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker's disk wait overlaps the job's fork and setting up (the job exists
+    while it is made durable), and the job's command runs only after it is."""
+    log = tmp_path / "order"
+    sync = spawn.sync_marker
+
+    def slow(where: str, job: str) -> None:  # in the supervisor
+        children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
+        with open(log, "a") as fh:
+            fh.write(f"syncing with {len(children)} child\n")
+        time.sleep(0.3)  # a slow disk: a job that did not wait would run meanwhile
+        sync(where, job)
+        with open(log, "a") as fh:
+            fh.write("synced\n")
+
+    monkeypatch.setattr(spawn, "sync_marker", slow)
+    spawn.start(launch(status_dir, ["sh", "-c", f"echo ran >> {log}"]))
+    assert ended(status_dir).ok
+    assert log.read_text().splitlines() == ["syncing with 1 child", "synced", "ran"]
+
+
+def test_a_marker_that_cannot_reach_the_disk_runs_nothing(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = tmp_path / "ran"
+
+    def failing(where: str, job: str) -> None:
+        raise UserError("cannot write job marker: Input/output error")
+
+    monkeypatch.setattr(spawn, "sync_marker", failing)
+    with pytest.raises(UserError, match="could not be written to disk; not run"):
+        spawn.start(launch(status_dir, ["touch", str(ran)]))
+    assert not ran.exists()
+    assert "could not be written" in (ended(status_dir).error or "")
+
+
+def test_the_service_has_its_report_before_the_pid_is_written(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker's second write (the job's pid, for a restart) follows the report:
+    here it waits until the test lets it, and `start` has returned meanwhile."""
+    release = tmp_path / "release"
+    write = spawn.write_marker
+
+    def held_back(where: str, job: str, data: Mapping[str, object], durable: bool = True) -> None:
+        if "pid" in data:  # in the supervisor: the second write
+            wait_for(release.exists, 60, "the test to let the pid be written")
+        write(where, job, data, durable)
+
+    monkeypatch.setattr(spawn, "write_marker", held_back)
+    started = spawn.start(launch(status_dir, ["true"]))
+    assert "pid" not in (spawn.read_marker(str(status_dir), "7") or {})
+    release.touch()
+    assert ended(status_dir).ok
+    assert started.pid > 0
+
+
+def test_a_job_that_leaves_nothing_ends_without_reading_every_process(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor (a subreaper) with no child left has nothing below it: no pass
+    over /proc. A job that leaves a process behind still has it found and killed."""
+    log = tmp_path / "scans"
+    scan = tree.descendants
+
+    def counted(root: int) -> list[int]:
+        with open(log, "a") as fh:
+            fh.write(f"{root}\n")
+        return scan(root)
+
+    monkeypatch.setattr(tree, "descendants", counted)
+    spawn.start(launch(status_dir, ["true"]))
+    assert ended(status_dir).ok
+    assert not log.exists()
+
+    pidfile = tmp_path / "left"
+    script = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        f"    os.setsid(); open({str(pidfile) + '.tmp'!r}, 'w').write(str(os.getpid()))\n"
+        f"    os.rename({str(pidfile) + '.tmp'!r}, {str(pidfile)!r}); time.sleep(600)\n"
+        f"while not os.path.exists({str(pidfile)!r}): time.sleep(0.01)\n"
+    )
+    spawn.start(launch(status_dir, [PY, "-c", script], job="8"))
+    assert ended(status_dir, "8").ok
+    assert log.exists()
+    left = int(pidfile.read_text())
+    assert spawn.start_time(left) < 0 or Path(f"/proc/{left}/stat").read_text().split()[2] == "Z"
+
+
+def test_a_job_that_fails_before_its_marker_is_on_disk_says_why(
+    status_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's own failure (here: a directory it cannot enter) comes while its
+    supervisor still makes the marker durable: the go-ahead then finds nobody to read
+    it, and the failure is what the service is told, not a dead supervisor."""
+    sync = spawn.sync_marker
+
+    def slow(where: str, job: str) -> None:
+        time.sleep(0.3)  # the job fails meanwhile
+        sync(where, job)
+
+    monkeypatch.setattr(spawn, "sync_marker", slow)
+    missing = launch(status_dir, ["true"])
+    missing = spawn.JobStart(**{**missing.__dict__, "cwd": str(status_dir / "gone")})
+    with pytest.raises(UserError, match="cannot enter"):
+        spawn.start(missing)

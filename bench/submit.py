@@ -11,19 +11,26 @@ at once in each round:
   sbatch --hold --gres=gpu:1 --wrap true   Slurm's own held submission
   python -c pass                           the interpreter's start, for scale
 
-Printed: the median wall and CPU time of one submission of each, and the ratio
-gpuwarden / sbatch (the line: <= 3x, with one client and with eight at once).
-Every job is held and removed at the end.
+  with --compare DIR: the same `gpuwarden submit`, the client of another tree
+  (DIR/src first on PYTHONPATH; e.g. the previous main), against this tree's service
+
+Printed: the median wall and CPU time of one submission of each, the ratio
+gpuwarden / sbatch (the line: <= 3x, with one client and with eight at once), and
+gpuwarden / `python -c pass` (what the client adds to the interpreter's start).
+Every job is held and removed at the end. Slurm listens on a free pair of ports
+(`SLURM_CI_PORT` when set), so the bench runs beside another Slurm.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +53,18 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return took
 
 
+def free_port_pair() -> int:
+    """A free loopback port whose next one is free too (slurmctld, then slurmd)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        with contextlib.suppress(OSError), socket.socket() as t:
+            t.bind(("127.0.0.1", port + 1))
+            return port
+    sys.exit("no two free ports in a row")
+
+
 def cpu_of_children() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -58,7 +77,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--clients", default="1,8")
+    p.add_argument("--compare", metavar="DIR", help="also time the client of the tree in DIR")
     args = p.parse_args()
+    if args.compare:
+        bytecode((Path(args.compare),))
     if os.geteuid() != 0:
         sys.exit("run as root: the service and Slurm's daemons are")
     work = Path(tempfile.mkdtemp(prefix="gw-bench-submit-"))
@@ -73,6 +95,7 @@ def main() -> int:
         GPUWARDEN_SYSTEM_CONFIG=str(work / "etc" / "config.toml"),
         XDG_CONFIG_HOME=str(work / "xdg"),
         GPUWARDEN_SOCKET=str(work / "gw.sock"),
+        SLURM_CI_PORT=os.environ.get("SLURM_CI_PORT") or str(free_port_pair()),
         SLURM_CONF=str(work / "slurm" / "slurm.conf"),
     )
     serve = subprocess.Popen(
@@ -119,6 +142,11 @@ def main() -> int:
         ],
         "python -c pass": [sys.executable, "-c", "pass"],
     }
+    envs = {name: env for name in cases}
+    if args.compare:
+        name = f"before ({args.compare})"
+        cases[name] = cases["gpuwarden submit --hold"]
+        envs[name] = dict(env, PYTHONPATH=str(Path(args.compare) / "src"))
     results: dict[int, dict[str, tuple[float, float]]] = {}
     try:
         subprocess.run([slurm, "start", str(work / "slurm")], check=True, env=env)
@@ -126,8 +154,8 @@ def main() -> int:
             if os.path.exists(env["GPUWARDEN_SOCKET"]):
                 break
             time.sleep(0.1)
-        for argv in cases.values():  # warm: bytecode, page cache, the daemons
-            timed(argv, env)
+        for name, argv in cases.items():  # warm: bytecode, page cache, the daemons
+            timed(argv, envs[name])
         load = os.getloadavg()[0]
         for clients in (int(c) for c in args.clients.split(",")):
             times: dict[str, list[float]] = {name: [] for name in cases}
@@ -136,7 +164,8 @@ def main() -> int:
                 for _ in range(args.rounds):
                     for name, argv in cases.items():
                         cpu = cpu_of_children()
-                        took = list(pool.map(lambda _i, a=argv: timed(a, env), range(clients)))
+                        e = envs[name]
+                        took = list(pool.map(lambda _i, a=argv, e=e: timed(a, e), range(clients)))
                         times[name] += took
                         cpus[name].append((cpu_of_children() - cpu) / clients)
             results[clients] = {
@@ -157,10 +186,12 @@ def main() -> int:
             print(f"  {name:<26} wall {wall * 1000:7.1f} ms   cpu {cpu * 1000:6.1f} ms")
         ratio = got["gpuwarden submit --hold"][0] / got["sbatch --hold"][0]
         floor = got["python -c pass"][0] / got["sbatch --hold"][0]
+        over = got["gpuwarden submit --hold"][0] / got["python -c pass"][0]
         ok = ok and ratio <= LINE
         print(
             f"  gpuwarden submit / sbatch = {ratio:.2f} (line <= {LINE:.0f}); "
-            f"python -c pass / sbatch = {floor:.2f}"
+            f"python -c pass / sbatch = {floor:.2f}; gpuwarden submit / python -c pass = "
+            f"{over:.2f}"
         )
     return 0 if ok else 1
 

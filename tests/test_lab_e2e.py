@@ -382,3 +382,78 @@ def _row(program: str, env: dict[str, str], job: int) -> dict:  # type: ignore[t
         return rows[0] if rows else None
 
     return wait_for(ended, 60, f"job {job} in the history")
+
+
+# The short submit alone (queueclient.thin): 99 where it steps aside for the full client.
+THIN = """
+import sys
+from gpuwarden.queueclient.thin import submit
+code = submit(sys.argv[1:])
+sys.exit(99 if code is None else code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # an install from the index and a venv, under load
+def test_a_student_submits_from_her_own_venv_through_the_lab_install(place: Path) -> None:
+    """`gpuwarden submit` from a student's venv (the wheels the lab keeps) against the
+    lab's service under its `max_time` and group limits: the short client takes it, the
+    job runs as her, and a refusal of the limits is the full client's line."""
+    require(os.geteuid() == 0 and shutil.which("runuser") is not None, "needs root and runuser")
+    require(os.access(SYSTEM_PY, os.X_OK), f"needs the system Python at {SYSTEM_PY}")
+    require(shutil.which("git") is not None and (ROOT / ".git").exists(), "needs a git checkout")
+    alice = make_user("alice", groups=("students",))
+    clone = place / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
+    prefix, bindir = place / "opt" / "gpuwarden", place / "bin"
+    installer = [str(clone / "scripts" / "install-system"), "--prefix", str(prefix)]
+    done = _run([*installer, "--bin", str(bindir)], dict(os.environ), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    program, root = str(bindir / "gpuwarden"), place / "root"
+    installed = _run([program, "service", "install", "--root", str(root)], {})
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    lib, conf = root / "var" / "lib" / "gpuwarden", root / "etc" / "gpuwarden" / "config.toml"
+    conf.write_text(CONFIG)
+    (place / "sim").mkdir(mode=0o755)
+    common = {
+        "PATH": "/usr/bin:/bin",
+        "GPUWARDEN_SIM": SPEC,
+        "GPUWARDEN_SIM_STATE": str(place / "sim"),
+        "GPUWARDEN_SOCKET": str(root / "run" / "gpuwarden" / "gpuwarden.sock"),
+        "GPUWARDEN_LEASE_DIR": str(lib / "leases"),
+        "GPUWARDEN_STATE_DIR": str(lib / "state"),
+        "GPUWARDEN_SYSTEM_CONFIG": str(conf),
+    }
+    service = _serve(program, lib, common, place / "serve.log")
+    try:
+        work = place / "work"
+        work.mkdir(mode=0o755)
+        os.chown(work, alice.uid, alice.gid)
+        venv = work / "venv"
+        env = {**common, "HOME": alice.home, **_pip_settings()}
+        assert _as(alice.name, [SYSTEM_PY, "-m", "venv", str(venv)], env, work).returncode == 0
+        py, gw = str(venv / "bin" / "python"), str(venv / "bin" / "gpuwarden")
+        wheels = prefix / "share" / "gpuwarden" / "wheels"
+        pip = [py, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
+        put = _as(alice.name, [*pip, "gpuwarden"], env, work)
+        assert put.returncode == 0, put.stderr[-3000:]
+        active = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin:/bin"}
+        thin = _as(alice.name, [py, "-c", THIN, "--time", "1m", "--", "id", "-un"], active, work)
+        assert thin.returncode == 0, thin.stderr  # not 99: the short client took it
+        row = _row(program, common, int(thin.stdout))
+        assert (row["state"], row["user"]) == ("COMPLETED", alice.name), row
+        assert (work / f"gpuwarden-{int(thin.stdout)}.out").read_text() == f"{alice.name}\n"
+        typed = _as(
+            alice.name, [gw, "submit", "--hold", "--time", "9m", "--", "true"], active, work
+        )
+        assert typed.returncode == 0 and typed.stdout.strip().isdigit(), typed.stderr
+        # Over the students' 30 minutes: the same refusal by either client.
+        over = ["--time", "2h", "--", "true"]
+        short = _as(alice.name, [py, "-c", THIN, *over], active, work)
+        whole = [py, "-c", "import sys; from gpuwarden.cli import main; sys.exit(main())"]
+        full = _as(alice.name, [*whole, "submit", *over], active, work)
+        assert short.returncode == full.returncode == 2, short.stderr + full.stderr
+        assert short.stderr == full.stderr and short.stderr.startswith("gpuwarden submit: ")
+    finally:
+        service.send_signal(signal.SIGTERM)
+        service.wait(60)

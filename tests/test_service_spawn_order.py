@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.service import spawn, tree
 from gpuwarden.service.identity import person
 from waiting import wait_for
@@ -76,6 +78,44 @@ def test_a_supervisor_without_its_go_ahead_leaves_no_room(status_dir: Path) -> N
     wait_for(lambda: not os.listdir(status_dir), 30, "the room removed, nothing run")
 
 
+def test_the_marker_is_on_disk_before_the_job_execs_and_after_its_fork(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker's disk wait overlaps the job's fork and setting up (the job exists
+    while it is made durable), and the job's command runs only after it is."""
+    log = tmp_path / "order"
+    sync = spawn.sync_marker
+
+    def slow(where: str, job: str) -> None:  # in the supervisor
+        children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
+        with open(log, "a") as fh:
+            fh.write(f"syncing with {len(children)} child\n")
+        time.sleep(0.3)  # a slow disk: a job that did not wait would run meanwhile
+        sync(where, job)
+        with open(log, "a") as fh:
+            fh.write("synced\n")
+
+    monkeypatch.setattr(spawn, "sync_marker", slow)
+    spawn.start(launch(status_dir, ["sh", "-c", f"echo ran >> {log}"]))
+    assert ended(status_dir).ok
+    assert log.read_text().splitlines() == ["syncing with 1 child", "synced", "ran"]
+
+
+def test_a_marker_that_cannot_reach_the_disk_runs_nothing(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = tmp_path / "ran"
+
+    def failing(where: str, job: str) -> None:
+        raise UserError("cannot write job marker: Input/output error")
+
+    monkeypatch.setattr(spawn, "sync_marker", failing)
+    with pytest.raises(UserError, match="could not be written to disk; not run"):
+        spawn.start(launch(status_dir, ["touch", str(ran)]))
+    assert not ran.exists()
+    assert "could not be written" in (ended(status_dir).error or "")
+
+
 def test_the_service_has_its_report_before_the_pid_is_written(
     status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,10 +124,10 @@ def test_the_service_has_its_report_before_the_pid_is_written(
     release = tmp_path / "release"
     write = spawn.write_marker
 
-    def held_back(where: str, job: str, data: Mapping[str, object]) -> None:
+    def held_back(where: str, job: str, data: Mapping[str, object], durable: bool = True) -> None:
         if "pid" in data:  # in the supervisor: the second write
             wait_for(release.exists, 60, "the test to let the pid be written")
-        write(where, job, data)
+        write(where, job, data, durable)
 
     monkeypatch.setattr(spawn, "write_marker", held_back)
     started = spawn.start(launch(status_dir, ["true"]))

@@ -17,6 +17,7 @@ from typing import Optional
 import pytest
 
 from gpuwarden import config
+from gpuwarden.files import configfiles
 from repo import SRC
 from servicetools import Server
 
@@ -113,7 +114,7 @@ def test_the_writing_side_lives_in_launch_alone() -> None:
     "cwd", ["/", "/a/b", "/a//b/", "/a/./b/.", "/a/../b", "rel", "./rel/../x", "rel//y/."]
 )
 def test_absolute_spells_a_path_as_pathlib_does(cwd: str) -> None:
-    assert config._absolute(cwd) == str(Path(cwd).absolute())
+    assert configfiles.absolute(cwd) == str(Path(cwd).absolute())
 
 
 def test_locations_are_absolute_strings(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,20 +20,17 @@ an unexpected exception is still a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 TYPE_CHECKING = False  # the typing module is not needed at run time here
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
     from types import ModuleType
-    from typing import Any
 
+    from gpuwarden.cli.parsers import Commands as Commands
     from gpuwarden.queueclient.client import Client
-
-    # What a command's `register` is given: `commands.add_parser(...)` makes its parser.
-    Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 # name -> (module under gpuwarden.cli, one-line summary). The summaries are
 # here, not in the modules, so that `gpuwarden --help` imports nothing.
@@ -90,71 +87,6 @@ _GLOBAL_VALUES = ("--sim", "--log-level")
 _GLOBAL_FLAGS = ("-h", "--help", "-V", "--version")
 
 
-_FORMATTER: list[type[argparse.HelpFormatter]] = []
-
-
-def formatter() -> type[argparse.HelpFormatter]:
-    """argparse's help formatter, told the terminal's width: left to find it itself,
-    it imports shutil (with its compression modules) for every argument declared.
-    The width is read once: argparse makes a formatter for each argument declared."""
-    if _FORMATTER:
-        return _FORMATTER[0]
-    from gpuwarden.base.table import columns
-
-    wide = columns() - 2
-
-    class Formatter(argparse.HelpFormatter):
-        def __init__(
-            self,
-            prog: str,
-            indent_increment: int = 2,
-            max_help_position: int = 24,
-            width: int | None = None,
-        ) -> None:
-            width = wide if width is None else width
-            super().__init__(prog, indent_increment, max_help_position, width)
-
-    _FORMATTER.append(Formatter)
-    return Formatter
-
-
-class CommandParser(argparse.ArgumentParser):
-    """Every command's parser, and the parsers nested in one (`sim inject xid`,
-    `service install`: argparse makes those of their parent's class): no option
-    may be abbreviated, and help is wrapped to the terminal.
-
-    `intermixed=True` (through `subcommand`) lets positionals and options mix, as in
-    `slurm cluster --out DIR gpu1 gpu2`: plain argparse fills all positionals in one
-    run and would leave the hosts after an option unrecognised."""
-
-    def __init__(self, *args: Any, intermixed: bool = False, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", formatter())
-        super().__init__(*args, **kwargs)
-        self._intermixed = intermixed
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        # The subparsers action calls this; on some Python versions
-        # parse_known_intermixed_args calls it back, hence the flag off meanwhile.
-        if not self._intermixed:
-            return super().parse_known_args(args, namespace)
-        self._intermixed = False
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixed = True
-
-
-class RawFormatter(argparse.RawDescriptionHelpFormatter):
-    """For the top-level help, whose epilog is the pre-formatted command table."""
-
-    def __init__(self, prog: str, **kwargs: int | None) -> None:
-        from gpuwarden.base.table import columns
-
-        kwargs.setdefault("width", columns() - 2)
-        super().__init__(prog, **kwargs)  # type: ignore[arg-type]
-
-
 def subcommand(
     commands: Commands, name: str, *, intermixed: bool = False, **kwargs: str
 ) -> argparse.ArgumentParser:
@@ -170,37 +102,6 @@ def subcommand(
         intermixed=intermixed,
         **kwargs,  # type: ignore[arg-type]
     )
-
-
-def top_parser() -> tuple[argparse.ArgumentParser, Commands]:
-    """The global options, and the action each command registers its parser into."""
-    lines = [f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()]
-    parser = argparse.ArgumentParser(
-        prog="gpuwarden",
-        usage="gpuwarden [-h] [-V] [--sim SPEC] [--log-level LEVEL] COMMAND [ARGS...]",
-        description="Pick, reserve, watch and diagnose NVIDIA GPUs on shared machines.",
-        epilog="commands:\n" + "\n".join(lines) + "\n\nRun `gpuwarden COMMAND --help` for more.",
-        formatter_class=RawFormatter,
-        allow_abbrev=False,
-    )
-    parser.add_argument(
-        "--sim",
-        metavar="SPEC",
-        help="use a simulated machine (bundled name or TOML path); same as GPUWARDEN_SIM",
-    )
-    parser.add_argument(
-        "--log-level",
-        metavar="LEVEL",
-        choices=LOG_LEVELS,
-        help="what the long-running commands log (exporter, health --watch, web, serve, "
-        "record, enforce): debug, info (default), warning or error; same as "
-        "GPUWARDEN_LOG_LEVEL",
-    )
-    parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", help=argparse.SUPPRESS, parser_class=CommandParser
-    )
-    return parser, commands
 
 
 def command_word(argv: Sequence[str]) -> tuple[str | None, str | None]:
@@ -252,7 +153,16 @@ def console() -> None:
     so the process flushes its output and ends there, unless something may still need
     the normal exit: another thread, or modules that register exit handlers (logging,
     used by the long-running commands; torch)."""
-    code = main()
+    code = None
+    if sys.argv[1:2] == ["submit"]:  # the short way, where it can go (queueclient.thin)
+        from gpuwarden.queueclient.thin import submit
+
+        try:
+            code = submit(sys.argv[2:])
+        except KeyboardInterrupt:
+            code = 130
+    if code is None:
+        code = main()
     threading = sys.modules.get("threading")
     if (
         (threading is None or threading.active_count() == 1)
@@ -271,7 +181,9 @@ def console() -> None:
 def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
     """(the command's module, the parsed arguments), or (None, ...) when there is
     nothing to run (--version, no command). Exits as argparse does on help and errors."""
-    parser, commands = top_parser()
+    from gpuwarden.cli.parsers import top_parser
+
+    parser, commands = top_parser(COMMANDS, LOG_LEVELS)
     word, unknown = command_word(argv)
     if unknown is not None:
         parser.error(f"unrecognized option {unknown!r} (global options go before COMMAND)")

@@ -35,9 +35,10 @@ def register(commands: Commands, name: str) -> None:
 def full_parser() -> argparse.ArgumentParser:
     """The top-level parser with every command registered: what completion describes
     (a normal start registers the chosen command only)."""
-    from gpuwarden.cli import COMMANDS, top_parser
+    from gpuwarden.cli import COMMANDS, LOG_LEVELS
+    from gpuwarden.cli.parsers import top_parser
 
-    parser, commands = top_parser()
+    parser, commands = top_parser(COMMANDS, LOG_LEVELS)
     commands.help = "the command"  # listed for completion (hidden in help, which has the table)
     for word, (module_name, _) in COMMANDS.items():
         name = f"gpuwarden.cli.{module_name}"

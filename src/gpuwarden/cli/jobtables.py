@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 
 from gpuwarden.base.table import render
-from gpuwarden.base.units import format_size, is_digits
+from gpuwarden.base.units import format_size
 from gpuwarden.files.safefiles import printable
+from gpuwarden.jobs.options import job_ids as job_ids
 from gpuwarden.queueclient import cells
 from gpuwarden.queueclient.cells import span as span
 
@@ -260,20 +261,6 @@ def share_table(users: Sequence[Mapping[str, Any]], key: str = "user") -> str:
     if not rows:
         return "no usage recorded yet"
     return render([key.upper(), "GPU-HOURS", "SHARE", "FAIRSHARE"], rows, right=(1, 2, 3))
-
-
-def job_ids(words: list[str]) -> list[int]:
-    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
-    from gpuwarden.base.errors import UserError
-
-    ids = []
-    for word in words:
-        for part in word.split(","):
-            part = part.strip()
-            if not is_digits(part) or int(part) <= 0:
-                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
-            ids.append(int(part))
-    return ids
 
 
 def job_names(words: list[str]) -> list[int | str]:

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 
 def register(commands: Commands, name: str) -> None:
-    from gpuwarden.cli import filters, subcommand
+    from gpuwarden.cli import subcommand
+    from gpuwarden.jobs import options as filters
 
     parser = subcommand(commands, name)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -80,8 +81,8 @@ def _request(args: argparse.Namespace) -> dict[str, object]:
     """The request as gpuwarden.lease()'s arguments, checked now as `run` checks them, so
     a bad value is refused here rather than by every kernel start."""
     from gpuwarden.base.errors import UserError
-    from gpuwarden.cli.filters import mem_of, settings
     from gpuwarden.jobs.api import _request as check
+    from gpuwarden.jobs.options import mem_of, settings
 
     given = settings(args)
     count = given["run.count"]

@@ -47,7 +47,7 @@ def register(commands: Commands, command_name: str) -> None:
 
     parser = subcommand(commands, command_name)
     if command_name == "reserve":
-        from gpuwarden.cli.filters import add_lease_options
+        from gpuwarden.jobs.options import add_lease_options
 
         parser.usage = 'eval "$(gpuwarden reserve [-g N | --gpus IDS] [--for T] [filters])"'
         add_lease_options(parser)
@@ -74,10 +74,10 @@ def _quote(value: str) -> str:
 
 
 def reserve(args: argparse.Namespace) -> int:
-    from gpuwarden.cli.filters import request_of
     from gpuwarden.cli.waiting import take
     from gpuwarden.jobs import holding, launch
     from gpuwarden.jobs.holder import hold_in_background
+    from gpuwarden.jobs.options import request_of
 
     args.cpu = False
     conf, request = request_of(args)

@@ -29,7 +29,7 @@ def register(commands: Commands, name: str) -> None:
         "exit status: the command's; 128+N if killed by signal N; 127 command not found; "
         "2 bad request or never fits; 75 no GPU free now (without --wait) or --timeout"
     )
-    from gpuwarden.cli import filters
+    from gpuwarden.jobs import options as filters
 
     filters.add_lease_options(parser)
     parser.add_argument("--cpu", action="store_true", help="hide every GPU (same as -g 0)")
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         from gpuwarden.cli.slurmjobs import run_attached
 
         return run_attached(args)
-    from gpuwarden.cli import filters
+    from gpuwarden.jobs import options as filters
 
     cmd = _command(args)
     if args.nproc is not None and not args.ddp:

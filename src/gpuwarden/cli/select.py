@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuwarden.cli import filters
+from gpuwarden.jobs import options as filters
 
 TYPE_CHECKING = False  # argparse is read only by type checkers here
 if TYPE_CHECKING:

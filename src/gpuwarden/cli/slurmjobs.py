@@ -12,6 +12,7 @@ import os
 import sys
 
 from gpuwarden.base.errors import UserError
+from gpuwarden.jobs.options import command_of as command_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,17 +25,8 @@ if TYPE_CHECKING:
 NO_SLURM_EQUIVALENT = ("gpus", "min_free", "max_util", "min_capability", "exclude", "mig")
 
 
-def command_of(args: argparse.Namespace) -> list[str]:
-    cmd = list(args.cmd or [])
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UserError("no command given after --, e.g. `-- python train.py`")
-    return cmd
-
-
 def spec_of(args: argparse.Namespace, mem: Any = None, *, attached: bool = False) -> Any:
-    from gpuwarden.cli.filters import warning_of
+    from gpuwarden.jobs.options import warning_of
     from gpuwarden.slurm import batch
 
     for name in NO_SLURM_EQUIVALENT:

@@ -23,20 +23,23 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.config.keys import KEYS, SCHEMA
 from gpuwarden.config.values import BadValue
+from gpuwarden.files.configfiles import DEFAULT_SOCKET as DEFAULT_SOCKET
+from gpuwarden.files.configfiles import PROJECT_FILE as PROJECT_FILE
+from gpuwarden.files.configfiles import SYSTEM_CONFIG as SYSTEM_CONFIG
+from gpuwarden.files.configfiles import project_config as project_config
+from gpuwarden.files.configfiles import system_config as system_config
+from gpuwarden.files.configfiles import user_config as user_config
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Optional
 
-SYSTEM_CONFIG = "/etc/gpuwarden/config.toml"
-PROJECT_FILE = "gpuwarden.toml"
-DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"
 
 # --- loading ---------------------------------------------------------------------------------
 
@@ -82,44 +85,6 @@ def _known(key: str) -> str:
     if key not in KEYS:
         raise KeyError(f"unknown setting {key!r}")
     return key
-
-
-def system_config(env: Mapping[str, str]) -> str:
-    return env.get("GPUWARDEN_SYSTEM_CONFIG") or SYSTEM_CONFIG
-
-
-def user_config(env: Mapping[str, str]) -> str:
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "gpuwarden", "config.toml")
-
-
-def _absolute(path: str | os.PathLike[str]) -> str:
-    """`Path(path).absolute()` as a string: joined to the working directory, `.` and
-    doubled slashes dropped, `..` kept (it may cross a symlink)."""
-    joined = os.path.join(os.getcwd(), path)
-    return "/" + "/".join(p for p in joined.split("/") if p and p != ".")
-
-
-def project_config(cwd: str | os.PathLike[str] | None = None) -> Optional[str]:
-    """The nearest `gpuwarden.toml` from `cwd` upwards, stopping at the repository root
-    (a directory holding `.git`), the home directory or `/`; None if there is none.
-
-    Walking up lets a job started from `experiments/` in a repository use the
-    repository's settings; stopping at the repository root keeps one project's
-    file from leaking into another. Strings, not Paths: the run path does not
-    import pathlib."""
-    directory = _absolute(os.getcwd() if cwd is None else cwd)
-    home = _absolute(os.path.expanduser("~"))
-    while True:
-        candidate = os.path.join(directory, PROJECT_FILE)
-        if os.path.lexists(candidate):  # whatever it is: a planted FIFO is refused, not skipped
-            return candidate
-        if directory == home or os.path.exists(os.path.join(directory, ".git")):
-            return None
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return None
-        directory = parent
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -227,6 +192,7 @@ def load(
     *,
     environ: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    layers: Sequence[tuple[str, Optional[str]]] | None = None,
 ) -> Config:
     """Effective settings. `cli` maps dotted keys to command-line values; None values
     (options not given) are ignored. Raises UserError for a broken file, unknown key,
@@ -235,16 +201,23 @@ def load(
     Every call reads the files and variables afresh; nothing keeps a reading for later
     calls. Code below a command takes the command's reading as an argument (a `conf`
     or `reading` parameter) rather than loading its own, so one command sees one
-    configuration and reads it once."""
+    configuration and reads it once.
+
+    `environ` and `cwd` default to this process's; a relative path from a variable or
+    the command line is taken from `cwd`. `layers` names the files to read, (layer,
+    path) lowest first, in place of the system, user and project files: the service
+    reads a submit's settings for the client this way (service.argvsubmit)."""
     env = os.environ if environ is None else environ
     values: dict[str, tuple[Any, str]] = {k.name: (k.default, "default") for k in SCHEMA}
     files = []
     refused = []
-    layers = (
-        ("system", system_config(env)),
-        ("user", user_config(env)),
-        ("project", project_config(cwd)),
-    )
+    if layers is None:
+        layers = (
+            ("system", system_config(env)),
+            ("user", user_config(env)),
+            ("project", project_config(cwd)),
+        )
+    here = os.getcwd() if cwd is None else os.fspath(cwd)
     for layer, name in layers:
         if name is None or not os.path.lexists(name):
             continue
@@ -273,7 +246,7 @@ def load(
                     f"{name}={_shown(text)}: {spec.name} must be {spec.expected()}"
                 ) from None
             if spec.kind == "path":
-                value = os.path.abspath(value)
+                value = os.path.normpath(os.path.join(here, value))
             values[spec.name] = (value, f"env: {name}")
             break
     for key, raw in (cli or {}).items():
@@ -289,6 +262,6 @@ def load(
                 f"invalid {key.split('.')[-1]} {_shown(raw)}: expected {spec.expected()}"
             ) from None
         if spec.kind == "path":
-            value = os.path.abspath(value)
+            value = os.path.normpath(os.path.join(here, value))
         values[key] = (value, "command line")
     return Config(values, tuple(files), tuple(refused))

@@ -325,17 +325,20 @@ def plan_here(
     )
 
 
-def through_service(argv: Sequence[str], dev: Optional[str] = None) -> list[str]:
+def through_service(
+    argv: Sequence[str], dev: Optional[str] = None, python: Optional[str] = None
+) -> list[str]:
     """The argv to hand the queue service for a container command: this module's `main`
-    in front, which rewrites the command once the service has chosen the GPUs (the
-    client cannot: it does not know them yet). Any other command is returned as it is."""
+    in front, run by `python` (the client's interpreter, this one by default), which
+    rewrites the command once the service has chosen the GPUs (the client cannot: it
+    does not know them yet). Any other command is returned as it is."""
     runtime = runtime_of(argv)
     if runtime is None or (runtime in DAEMONS and run_position(argv) is None):
         return list(argv)
     import sys
 
     return [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "gpuwarden.containers.runtime",
         *(["--dev", dev] if dev else []),

@@ -19,7 +19,7 @@ from gpuwarden.queueclient import protocol
 
 TYPE_CHECKING = False  # typing stays off the start-up path of `run` through the service
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any, Optional
 
     from gpuwarden.placement.request import Request
@@ -389,18 +389,23 @@ def job_fields(
     output: Optional[str] = None,
     warning: Optional[dict[str, Any]] = None,
     account: Optional[str] = None,
+    place: Optional[tuple[str, Mapping[str, str], int]] = None,
 ) -> dict[str, Any]:
     """A submit request for `argv` with a `request.Request`'s GPU wishes, in this
-    process's working directory, environment and umask (what the job runs with);
-    `account` the one it is charged to (None: the service's default for us)."""
+    process's working directory, environment and umask (what the job runs with), or
+    those `place` gives (cwd, env, umask); `account` the one it is charged to (None:
+    the service's default for us)."""
     from gpuwarden.queueclient.requestwire import to_wire
 
-    mask = os.umask(0)
-    os.umask(mask)
+    if place is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        place = (os.getcwd(), os.environ, mask)
+    cwd, env, mask = place
     fields: dict[str, Any] = {
         "argv": list(argv),
-        "cwd": os.getcwd(),
-        "env": dict(os.environ),
+        "cwd": cwd,
+        "env": dict(env),
         "umask": mask,
         "request": to_wire(request),
         "nice": nice,
@@ -411,7 +416,7 @@ def job_fields(
     if after:
         fields["after"] = list(after)
     if output is not None:
-        fields["output"] = os.path.abspath(output)
+        fields["output"] = os.path.normpath(os.path.join(cwd, output))
     if account:
         fields["account"] = account
     if warning is not None:

@@ -71,6 +71,7 @@ OPS = (
     "eff",
     "join",
     "digest",
+    "submit_argv",
 )
 
 

@@ -27,7 +27,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Hashable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    import threading
+
+    from gpuwarden.service.identity import Person
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -179,7 +184,7 @@ class JobNotifier:
         key: Hashable,
         event: dict[str, Any],
         running: set[subprocess.Popen[str]],
-        guard: Any,
+        guard: threading.Lock,
     ) -> None:
         owner = event.pop("_owner", None)
         if isinstance(owner, dict):
@@ -202,7 +207,7 @@ class JobNotifier:
         event: dict[str, Any],
         owner: dict[str, Any],
         running: set[subprocess.Popen[str]],
-        guard: Any,
+        guard: threading.Lock,
     ) -> None:
         """Post a job's own event as its owner: a fresh process with the owner's uid, gid
         and groups (set by subprocess between its fork and exec, no Python run there)."""
@@ -252,8 +257,8 @@ def _post(
     url: str,
     event: dict[str, Any],
     running: set[subprocess.Popen[str]],
-    guard: Any,
-    who: Any,
+    guard: threading.Lock,
+    who: Optional[Person],
     python: Optional[str] = None,
 ) -> object:
     """POST `event` to `url` from a process of its own (as `who`, or as the service):
@@ -270,8 +275,8 @@ def _run(
     argv: list[str],
     text: str,
     running: set[subprocess.Popen[str]],
-    guard: Any,
-    who: Any,
+    guard: threading.Lock,
+    who: Optional[Person],
 ) -> object:
     """Run `argv` with `text` on its input for at most POST_SECONDS (then killed):
     None when it exited 0, else why not (a PermissionError as itself)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden.base.errors import UserError
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import (
+    argvsubmit,
     arrays,
     attaching,
     bookings,
@@ -304,4 +305,5 @@ OPERATIONS: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Handler]] = {
     "report": (protocol.report, lambda ctx, who, ask, _: reports.usage_report(ctx.life, who, ask)),
     "eff": (protocol.eff_jobs, lambda ctx, who, ids, _: reports.efficiency(ctx.life, who, ids)),
     "digest": (reports.digest_request, lambda ctx, who, ask, _: reports.digest(ctx.life, who, ask)),
+    "submit_argv": (dict, argvsubmit.submit_argv),  # the short client's command line
 }

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.files.safefiles import read_small, write_atomic
+from gpuwarden.files.safefiles import read_small, sync_directory, write_atomic
 from gpuwarden.service import exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
 
@@ -127,8 +127,24 @@ def marker_path(status_dir: str, job: str) -> str:
     return os.path.join(status_dir, f"{job}{MARKER_SUFFIX}")
 
 
-def write_marker(status_dir: str, job: str, data: Mapping[str, object]) -> None:
-    write_atomic(marker_path(status_dir, job), json.dumps(data))
+def write_marker(
+    status_dir: str, job: str, data: Mapping[str, object], durable: bool = True
+) -> None:
+    write_atomic(marker_path(status_dir, job), json.dumps(data), durable=durable)
+
+
+def sync_marker(status_dir: str, job: str) -> None:
+    """Put a marker written with `durable=False` on disk: its data, then its name."""
+    path = marker_path(status_dir, job)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise UserError(f"cannot write job marker {path}: {err.strerror}") from None
+    sync_directory(status_dir)
 
 
 def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:
@@ -208,6 +224,7 @@ def start(
         raise UserError("empty command")
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    tree.ready()  # what the supervisor calls, loaded once here rather than in each one
     pid = os.fork()
     if pid == 0:  # the supervisor
         code = 70
@@ -301,9 +318,11 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
         os.write(report_w, json.dumps({"pid": 0, "error": no_room}).encode())
         os.close(report_w)
         return 0
-    # Before the job can exist: a restarted service that finds no marker knows it
-    # never started and may queue it again without running it twice.
-    write_marker(launch.status_dir, launch.job, {"supervisor": os.getpid(), "since": start_time()})
+    # On disk before the job execs: a restarted service that finds no marker knows it
+    # never ran and may queue it again without running it twice. Written here, made
+    # durable once the job is forked: the disk's wait overlaps the job's setting up.
+    mark = {"supervisor": os.getpid(), "since": start_time()}
+    write_marker(launch.status_dir, launch.job, mark, durable=False)
     # SIGPIPE too: a service killed before reading the report below must not kill us
     # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
@@ -317,12 +336,14 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
         os.close(report_w)
         return 0
     error_r, error_w = os.pipe2(os.O_CLOEXEC)
+    exec_r, exec_w = os.pipe2(os.O_CLOEXEC)  # a byte: the marker is on disk, exec
     job = os.fork()
     if job == 0:
         try:
             os.close(error_r)
             os.close(report_w)
-            _become_job(launch, error_w, cgroup)  # only returns by raising
+            os.close(exec_w)
+            _become_job(launch, error_w, cgroup, exec_r)  # only returns by raising
         except BaseException as err:  # report any failure, then exit: never run on as root
             text = err.args[0] if isinstance(err, UserError) else _describe(err)
             try:
@@ -330,6 +351,14 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
             finally:
                 os._exit(127)
     os.close(error_w)
+    os.close(exec_r)
+    try:
+        sync_marker(launch.status_dir, launch.job)
+        os.write(exec_w, b"x")
+    except UserError:
+        pass  # closed without the byte: the job exits before its exec, saying why
+    finally:
+        os.close(exec_w)
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
     os.close(error_r)
     with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
@@ -412,7 +441,9 @@ def drop_privileges(owner: Person) -> None:
         raise UserError("could still become root after dropping privileges; refusing to run")
 
 
-def _become_job(launch: JobStart, error_w: int, cgroup: Optional[dict[str, str]] = None) -> None:
+def _become_job(
+    launch: JobStart, error_w: int, cgroup: Optional[dict[str, str]] = None, ready: int = -1
+) -> None:
     if cgroup:
         # As root, before anything of the owner's runs: the job and all it starts are in
         # the cgroup (only its GPUs open; cancel reaches every process, however detached).
@@ -438,8 +469,10 @@ def _become_job(launch: JobStart, error_w: int, cgroup: Optional[dict[str, str]]
     for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
         if fd != target:
             os.dup2(fd, target)
-    _close_all_but({0, 1, 2, error_w})  # error_w is close-on-exec; no lease descriptor
+    _close_all_but({0, 1, 2, error_w, ready})  # both close-on-exec; no lease descriptor
     env = job_environment(launch.env, launch.extra_env)
+    if ready >= 0 and os.read(ready, 1) != b"x":  # the supervisor's go: its marker is on disk
+        raise UserError("its start could not be written to disk; not run")
     try:
         os.execvpe(launch.argv[0], list(launch.argv), env)
     except OSError as err:

@@ -13,21 +13,33 @@ what holds without one. What escapes a tree is said in docs/service.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
-from typing import Optional
+from typing import Any, Optional
 
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Make this process the subreaper of all it starts (False where the kernel says no)."""
+@functools.cache
+def _libc() -> Any:
     import ctypes
 
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def ready() -> None:
+    """Load what `become_subreaper` calls, in the service before it forks a supervisor:
+    the C library's handle is made once, not once per job in each supervisor."""
+    with contextlib.suppress(OSError):
+        _libc()
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of all it starts (False where the kernel says no)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

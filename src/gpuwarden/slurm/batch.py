@@ -195,7 +195,7 @@ MAX_SIGNAL_LEAD = 65535
 def slurm_signal(
     warning: Optional[Mapping[str, object]], *, ddp: bool, attached: bool
 ) -> Optional[str]:
-    """`--signal` (`cli.filters.warning_of`'s reading: number, seconds before, batch-only)
+    """`--signal` (`jobs.options.warning_of`'s reading: number, seconds before, batch-only)
     in Slurm's form. Slurm signals a job's steps unless told `B:`, the batch script only.
     The batch script gpuwarden writes `exec`s the command, so without --ddp the command
     is that script and has no step: `B:` is what reaches it. With --ddp the tasks are

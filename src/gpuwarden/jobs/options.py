@@ -1,8 +1,10 @@
-"""The options that say which GPUs fit, shared by `run`, `reserve` and `select`.
+"""The options that say which GPUs fit and how a job is held, shared by `run`,
+`reserve`, `select`, `submit` and the service's reading of a submit's command line
+(`queueclient.submitting`).
 
-One definition, so the three commands accept the same filters with the same
-meaning, and their values reach `gpuwarden.config.load(cli=...)` under the
-same keys (the dests are the config keys' last parts).
+One definition, so the commands accept the same filters with the same meaning,
+and their values reach `gpuwarden.config.load(cli=...)` under the same keys (the
+dests are the config keys' last parts).
 """
 
 from __future__ import annotations
@@ -187,3 +189,25 @@ def request_of(args: argparse.Namespace) -> tuple[Config, Request]:
     if conf.get("run.timeout") is not None and not conf.get("run.wait"):
         raise UserError("--timeout only applies with --wait")
     return conf, Request.from_config(conf, mem=mem)
+
+
+def command_of(args: argparse.Namespace) -> list[str]:
+    """The job's command: the words after `--` (or after the options)."""
+    cmd = list(args.cmd or [])
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UserError("no command given after --, e.g. `-- python train.py`")
+    return cmd
+
+
+def job_ids(words: list[str]) -> list[int]:
+    """Job ids from the command line (`12 13` or `12,13`); anything else is one line."""
+    ids = []
+    for word in words:
+        for part in word.split(","):
+            part = part.strip()
+            if not is_digits(part) or int(part) <= 0:
+                raise UserError(f"invalid job id {part!r}: expected a number such as 12")
+            ids.append(int(part))
+    return ids

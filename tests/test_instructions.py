@@ -30,7 +30,7 @@ STATUS_OF_NVITOP = 0.4
 # queueclient.thin); the full client it hands the command line past counted 80 M.
 SUBMIT_OVER_PYTHON = 10e6
 # `queue --all` over 2,000 waiting jobs at most this many instructions more than over
-# an empty queue: 6 M now (the service writes the table, the client prints its
+# an empty queue: 4 M now (the service writes the table, the client prints its
 # lines: 19 M over `python -c pass` in all); 309 M when the client decoded every row
 # and drew the table itself.
 QUEUE_ROWS_OVER_EMPTY = 30e6

@@ -23,7 +23,7 @@ from gpuwarden.service import store as st
 from gpuwarden.service.identity import Person
 from hermetic import hermetic
 from repo import SRC
-from servicetools import USER_PY, Server, become
+from servicetools import USER_PY, Server, become, serving
 from users import make_user
 
 # The short client alone: 99 where it steps aside (it never exits 99 itself).
@@ -289,6 +289,7 @@ def raw(srv: Server, who: Person, **fields: Any) -> dict[str, Any]:
         "umask": 0o022,
         "python": USER_PY,
         "probes": {str(srv.work): [True, True, True, True, True]},
+        "system_file": False,
         **fields,
     }
     done = subprocess.run(
@@ -377,3 +378,73 @@ def test_a_hostile_command_line_can_do_no_more_than_a_submit(server: Server) -> 
     directly = server.call(alice, "submit", argv=["true"], cwd=str(server.work), after=[theirs])
     assert (after["code"] == 0) == ("job" in directly), (after, directly)
     assert server.call(None, "stats")["ok"]  # and the service answers on
+
+
+def test_the_system_file_is_read_as_she_would_read_it(
+    tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service reads the system settings for her only where she could: a file she
+    cannot read, or cannot see, is the full client's to report or to miss."""
+    etc = open_dir / "etc"
+    etc.mkdir(mode=0o755)
+    conf = etc / "config.toml"
+    conf.write_text("[run]\ncount = 2\n")
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(conf))
+    started = serving(tmp_path, open_dir, monkeypatch)
+    srv = next(started)
+    try:
+        alice = make_user("alice", ("lab",))
+        args = ["--hold", "--", "true"]
+        thin, full = both(srv, alice, args)
+        assert thin == full and thin[2]["request"]["count"] == 2, (thin, full)
+        conf.chmod(0o600)  # root's alone
+        assert as_user(srv, alice, THIN, args).returncode == ASIDE
+        refused = as_user(srv, alice, FULL, args)
+        assert refused.returncode == 2 and "cannot read" in refused.stderr, refused.stderr
+        conf.chmod(0o644)
+        etc.chmod(0o700)  # she cannot see it: she reads no system file
+        assert as_user(srv, alice, THIN, args).returncode == ASIDE
+        unseen = as_user(srv, alice, FULL, args)
+        assert unseen.returncode == 0, unseen.stderr
+        assert journaled(srv, int(unseen.stdout))["request"]["count"] == 1
+    finally:
+        etc.chmod(0o755)
+        next(started, None)
+
+
+def test_a_service_that_does_not_know_the_request_leaves_it_to_the_full_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service of a release before the short client refuses the unknown operation
+    (and closes the connection, as queueclient.protocol has it): nothing was done, so
+    the short client steps aside and the full one submits."""
+    import socket
+    import threading
+
+    from gpuwarden.queueclient import thin
+
+    path = str(tmp_path / "old.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    heard: list[bytes] = []
+
+    def old_service() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while not data.endswith(b"\n"):
+                data += conn.recv(65536)
+            heard.append(data)
+            conn.sendall(b'{"v":1,"ok":false,"error":"unknown operation \'submit_argv\'"}\n')
+
+    serving_thread = threading.Thread(target=old_service, daemon=True)
+    serving_thread.start()
+    monkeypatch.setenv("GPUWARDEN_SOCKET", path)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert thin.submit(["--hold", "--", "true"]) is None
+    finally:
+        serving_thread.join(10)
+        listener.close()
+    assert heard and b'"op":"submit_argv"' in heard[0]

@@ -15,8 +15,9 @@ Wherever it cannot stand in for the full client it steps aside (None) before
 anything is sent or journaled, and the full client runs as it always did: no
 service at the socket, a service of another release or one that does not know
 the request, a settings file of the user's or the project's (they are read and
-trusted here, as the user), and whatever the service says it does not take
-(`--slurm`, `--ddp`, `--dry-run`, `--help`, an output file it has no facts for).
+trusted here, as the user), a system file this user cannot read, and whatever
+the service says it does not take (`--slurm`, `--ddp`, `--dry-run`, `--help`, an
+output file it has no facts for, a command line longer than it reads).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuwarden.files.configfiles import DEFAULT_SOCKET, project_config, user_config
+from gpuwarden.files.configfiles import DEFAULT_SOCKET, project_config, system_config, user_config
 from gpuwarden.queueclient.writable import probe
 
 TYPE_CHECKING = False
@@ -40,12 +41,16 @@ def submit(argv: list[str]) -> Optional[int]:
     """`gpuwarden submit ARGV...` through the service: the exit code, its output
     written; None where the full client must run instead (nothing was sent)."""
     env = os.environ
-    if os.path.lexists(user_config(env)) or project_config() is not None:
+    try:
+        if not _settings_are_the_services(env):
+            return None
+        path = env.get("GPUWARDEN_SOCKET", DEFAULT_SOCKET)
+        if not path.strip():
+            return None
+        path = os.path.abspath(path)
+        data = _request(argv, path)
+    except OSError:  # no working directory, say: the full client says so
         return None
-    path = env.get("GPUWARDEN_SOCKET", DEFAULT_SOCKET)
-    if not path.strip():
-        return None
-    path = os.path.abspath(path)
     import _socket
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -55,9 +60,19 @@ def submit(argv: list[str]) -> Optional[int]:
             sock.connect(path)
         except OSError:
             return None  # none there, or refused: the full client says so
-        return _ask(sock, path, _request(argv, path))
+        return _ask(sock, path, data)
     finally:
         sock.close()
+
+
+def _settings_are_the_services(env: Any) -> bool:
+    """No settings file of the user's or the project's (the full client reads and
+    judges them as the user), and a system file this user may read, as the full
+    client would (the service, reading it as root, could where the user cannot)."""
+    if os.path.lexists(user_config(env)) or project_config() is not None:
+        return False
+    system = system_config(env)
+    return not os.path.lexists(system) or os.access(system, os.R_OK)
 
 
 def _request(argv: list[str], path: str) -> bytes:
@@ -82,6 +97,8 @@ def _request(argv: list[str], path: str) -> bytes:
         "umask": mask,
         "python": sys.executable,
         "probes": probes,
+        # whether we see the system settings file: the service reads it only then
+        "system_file": os.path.lexists(system_config(os.environ)),
     }
     return _encoded(message)
 

@@ -14,8 +14,9 @@ have printed and its exit code.
 What only the full client can do is answered `fallback` before anything is
 journaled, and the client runs the full client instead: another release (its
 grammar may differ), `--help`, `--slurm`, `--ddp` (it reads the script and finds
-torch as the user), `--dry-run`, another system settings file or socket, an output
-file the client sent no facts for.
+torch as the user), `--dry-run`, another system settings file or socket (or one the
+client does not see), an output file the client sent no facts for, a command line
+longer than argparse reads quickly.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpuwarden.files.configfiles import system_config
 from gpuwarden.queueclient import protocol, submitting, writable
 from gpuwarden.queueclient.fields import (
     ProtocolError,
+    checked_bool,
     checked_int,
     checked_path,
     checked_string,
@@ -140,8 +142,9 @@ def submit_argv(
     )
     probes = _probes(message.get("probes"))
     socket = checked_path(message.get("socket"), "socket")
+    seen = checked_bool(message.get("system_file"), "system_file")
     try:
-        fields, tasks = _read(ctx.life.settings.socket, words, place, probes, socket)
+        fields, tasks = _read(ctx.life.settings.socket, words, place, probes, (socket, seen))
     except _Fallback as why:
         return {"ok": True, "fallback": str(why)}
     except _Refused as refused:
@@ -166,7 +169,7 @@ def _read(
     words: list[str],
     place: submitting.Place,
     probes: Mapping[str, list[bool]],
-    socket: str,
+    seen: tuple[str, bool],
 ) -> tuple[dict[str, Any], int]:
     """The submit request the full client would send for `words`, checked as it checks."""
     if not cheap(words):
@@ -180,11 +183,12 @@ def _read(
         if getattr(args, flag):
             raise _Fallback(f"--{flag.replace('_', '-')}")
     settings = submitting.local_settings(args)
+    socket, client_sees_system = seen
     system = system_config(os.environ)
-    if system_config(place.env) != system:
-        raise _Fallback("another system settings file")
+    if system_config(place.env) != system or os.path.lexists(system) != client_sees_system:
+        raise _Fallback("another system settings file, or one the client cannot see")
     layers: list[tuple[str, Optional[str]]] = []
-    if os.path.lexists(system):
+    if client_sees_system:
         from gpuwarden.config.trust import refusal
 
         if refusal(system) is not None:

@@ -30,6 +30,7 @@ from gpuwarden.service.owners import mine
 
 if TYPE_CHECKING:
     from gpuwarden.service.identity import Person
+    from gpuwarden.service.joblife import JobLife
 
 #: Seconds a listing's lines serve its first page again (another `queue` within it).
 FRESH = 1.0
@@ -235,7 +236,7 @@ def stale(table: Table, key: Any, offset: int) -> bool:
 
 def answer(
     text: QueueText,
-    life: Any,
+    life: JobLife,
     who: Person,
     ask: protocol.Listing,
     key: Any,

@@ -168,3 +168,22 @@ def test_a_job_that_leaves_nothing_ends_without_reading_every_process(
     assert log.exists()
     left = int(pidfile.read_text())
     assert spawn.start_time(left) < 0 or Path(f"/proc/{left}/stat").read_text().split()[2] == "Z"
+
+
+def test_a_job_that_fails_before_its_marker_is_on_disk_says_why(
+    status_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's own failure (here: a directory it cannot enter) comes while its
+    supervisor still makes the marker durable: the go-ahead then finds nobody to read
+    it, and the failure is what the service is told, not a dead supervisor."""
+    sync = spawn.sync_marker
+
+    def slow(where: str, job: str) -> None:
+        time.sleep(0.3)  # the job fails meanwhile
+        sync(where, job)
+
+    monkeypatch.setattr(spawn, "sync_marker", slow)
+    missing = launch(status_dir, ["true"])
+    missing = spawn.JobStart(**{**missing.__dict__, "cwd": str(status_dir / "gone")})
+    with pytest.raises(UserError, match="cannot enter"):
+        spawn.start(missing)

@@ -357,6 +357,8 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
         os.write(exec_w, b"x")
     except UserError:
         pass  # closed without the byte: the job exits before its exec, saying why
+    except BrokenPipeError:
+        pass  # the job failed before its exec (its error is on `error_r`)
     finally:
         os.close(exec_w)
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")

@@ -13,9 +13,10 @@ with that many held jobs (the service: one `submit` request each; Slurm: `sbatch
   included, as Slurm is used), and the daemon's CPU time per submission (the
   service's, slurmctld's; from /proc schedstat): the work a submit costs, which
   a busy disk does not move as it moves a commit's fsync;
-- listing: every row of the queue (the service: `queue` page after page, as
-  `gpuwarden queue --all`; Slurm: one `squeue`), and as a command (the median of
-  five: `gpuwarden queue --all`, the console script; `squeue`);
+- listing: every row of the queue (the service: the lines of `queue`'s table page
+  after page, as `gpuwarden queue --all` asks for them; Slurm: one `squeue`), and
+  as a command (the median of five: `gpuwarden queue --all`, the console script;
+  `squeue`);
 - planning: the service's own figure for its last scheduling pass (`stats` ->
   `plan`), Slurm's `sdiag` "Main schedule statistics: Last cycle".
 
@@ -71,11 +72,11 @@ class ServiceScale:
             self.submit()
 
     def listing(self) -> int:
-        """Every row, page after page (as `gpuwarden queue --all`)."""
+        """Every line of the table, page after page, as `gpuwarden queue --all` asks."""
         rows, offset = 0, 0
         while offset is not None:
-            reply = self.q.client.call("queue", offset=offset)
-            rows += len(reply["jobs"])
+            reply = self.q.client.call("queue", offset=offset, limit=5000, arrays=True, table=True)
+            rows += len(reply["lines"])
             offset = reply["next"]
         return rows
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from components import require
 from gpuwarden.sim.fake import SHIM_DIR
-from rawservice import Raw
+from rawservice import Raw, held
 from repo import SRC
 
 BIN = Path(sys.executable).parent
@@ -29,6 +29,11 @@ STATUS_OF_NVITOP = 0.4
 # (the short client imports four small modules and skips the interpreter's unwinding;
 # queueclient.thin); the full client it hands the command line past counted 80 M.
 SUBMIT_OVER_PYTHON = 10e6
+# `queue --all` over 2,000 waiting jobs at most this many instructions more than over
+# an empty queue: 4 M now (the service writes the table, the client prints its
+# lines: 19 M over `python -c pass` in all); 309 M when the client decoded every row
+# and drew the table itself.
+QUEUE_ROWS_OVER_EMPTY = 30e6
 
 
 def instructions(argv: list[str], env: dict[str, str]) -> int:
@@ -102,3 +107,21 @@ def test_a_cli_submit_adds_few_instructions_to_the_interpreters_start(
     assert over <= SUBMIT_OVER_PYTHON, f"{said}: {over / 1e6:.1f} M over"
     listed = Raw(sock).call("queue", limit=10)  # afresh: the service drops idle clients
     assert listed["total"] == 3, listed  # each run did submit (warming, then two counted)
+
+
+def test_queue_all_costs_the_client_little_more_over_2000_jobs_than_over_none(
+    raw_service: Raw, tmp_path: Path
+) -> None:
+    valgrind()
+    sock = str(tmp_path / "gw.sock")
+    env = environment(PYTHONPATH=str(SRC), GPUWARDEN_SOCKET=sock, COLUMNS="200")
+    argv = [*command("gpuwarden"), "queue", "--all"]
+    empty = counted(argv, env)
+    for _ in range(2000):
+        raw_service.call("submit", **held(tmp_path))
+    full = counted(argv, env)
+    more = full - empty
+    said = f"queue --all: {empty / 1e6:.1f} M over none, {full / 1e6:.1f} M over 2,000 jobs"
+    assert more <= QUEUE_ROWS_OVER_EMPTY, said
+    listed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert len(listed.stdout.splitlines()) == 2001, listed.stdout[-2000:]  # a line a job

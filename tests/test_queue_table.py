@@ -189,3 +189,44 @@ def test_lines_are_the_render_of_the_same_rows() -> None:
         headers = [f"H{i}" for i in range(columns)]
         rows = [[rng.choice(words) for _ in range(columns)] for _ in range(rng.randint(0, 5))]
         assert cells.lines(headers, rows, right) == render(headers, rows, right).split("\n")
+
+
+THIN = """
+import sys
+from gpuwarden.queueclient.thinqueue import queue
+code = queue(sys.argv[1:])
+loaded = sorted(sys.modules)
+import json
+print(json.dumps([code, loaded]), file=sys.stderr)
+"""
+
+
+def test_queue_prints_the_table_without_the_full_client(server: Server) -> None:
+    """`queue`, `--all`, `--me` need neither argparse, json, the settings' schema nor
+    the full client: the interpreter's start and the lines (queueclient.thinqueue)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from repo import SRC
+
+    submit(server, make_user("alice", ("lab",)), ["true"], hold=True)
+
+    def thin(*args: str) -> tuple[Any, list[str], str]:
+        env = dict(os.environ, PYTHONPATH=str(SRC), GPUWARDEN_SOCKET=server.socket)
+        out = subprocess.run(
+            [sys.executable, "-c", THIN, *args], env=env, capture_output=True, text=True
+        )
+        code, loaded = json.loads(out.stderr.strip().splitlines()[-1])
+        return code, loaded, out.stdout
+
+    code, loaded, text = thin("--all")
+    assert code == 0 and text.splitlines()[0].split()[:2] == ["JOB", "USER"]
+    assert "gw-alice" in text and len(text.splitlines()) == 2
+    unneeded = {"argparse", "json", "typing", "socket", "re", "gpuwarden.config"}
+    unneeded |= {"gpuwarden.queueclient.client", "gpuwarden.queueclient.protocol"}
+    assert not set(loaded) & unneeded, sorted(set(loaded) & unneeded)
+    assert thin("--me")[0] == 0 and "gw-alice" not in thin("--me")[2]  # root's: none
+    for other in (("--json",), ("--user", "gw-alice"), ("--all", "--all"), ("--start",)):
+        assert thin(*other)[0] is None  # the full client's

@@ -161,6 +161,16 @@ def console() -> None:
             code = submit(sys.argv[2:])
         except KeyboardInterrupt:
             code = 130
+    elif sys.argv[1:2] == ["queue"]:  # the service's table as it comes (queueclient.thinqueue)
+        from gpuwarden.queueclient.thinqueue import queue
+
+        try:
+            code = queue(sys.argv[2:])
+        except KeyboardInterrupt:
+            code = 130
+        except BrokenPipeError:  # `gpuwarden queue --all | head`: the reader left
+            sys.stderr.close()
+            code = 0
     if code is None:
         code = main()
     threading = sys.modules.get("threading")

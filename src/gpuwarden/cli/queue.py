@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from gpuwarden.queueclient.thinqueue import PAGE  # jobs shown without --all
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -33,10 +35,6 @@ def register(commands: Commands, name: str) -> None:
         metavar="FILE|H1,H2",
         help="the queues of every listed host in one table, over your ssh (docs/hosts.md)",
     )
-
-
-#: Jobs `queue` shows without --all (the ones that start first).
-PAGE = 500
 
 
 def local(args: argparse.Namespace) -> int:

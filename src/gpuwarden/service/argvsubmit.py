@@ -42,6 +42,7 @@ from gpuwarden.service import submitting as journaling
 
 if TYPE_CHECKING:
     from gpuwarden.service.connection import Connection
+    from gpuwarden.service.context import Context
     from gpuwarden.service.identity import Person
 
 
@@ -124,7 +125,7 @@ def _probes(value: object) -> dict[str, list[bool]]:
 
 
 def submit_argv(
-    ctx: Any,  # service.requests.Context, which names this handler
+    ctx: Context,
     who: Person,
     message: Mapping[str, Any],
     client: Optional[Connection],

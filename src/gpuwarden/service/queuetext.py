@@ -30,6 +30,7 @@ from gpuwarden.service.owners import mine
 
 if TYPE_CHECKING:
     from gpuwarden.service.identity import Person
+    from gpuwarden.service.joblife import JobLife
 
 #: Seconds a listing's lines serve its first page again (another `queue` within it).
 FRESH = 1.0
@@ -40,7 +41,7 @@ TABLES = 8
 
 
 class Cells(NamedTuple):
-    """What one version of a job shows, whatever the clock."""
+    """What one version of a job shows, whatever the clock and the passes."""
 
     label: str
     user: str
@@ -48,6 +49,10 @@ class Cells(NamedTuple):
     limit: str
     command: str
     note: str  # runs_note
+    why: str  # the reason it waits (or `preemptible`, `-`), its runs noted
+    head: tuple[str, ...]  # a waiting job's first cells: label, user, state, GPUs
+    tail: tuple[str, ...]  # and its last: elapsed, limit, CPU, peak memory, command
+    hidden: tuple[str, ...]  # the same with its command hidden
 
 
 class Table(NamedTuple):
@@ -71,13 +76,22 @@ class QueueText:
             kept[job.id] = known
             return known[1]
         self.made += 1
+        limit = cells.span(job.time_limit) if job.time_limit else "-"
+        command = printable(" ".join(listing.command(job.argv)))
+        note = cells.runs_note(job.restarts, job.preemptions)
+        label, user = arrays.label_of(job), printable(job.user)
+        gpus = cells.gpus(job.gpus, [None] * len(job.gpus), job.count, job.mem)
         made = Cells(
-            arrays.label_of(job),
-            printable(job.user),
+            label,
+            user,
             printable(job.account or "-"),
-            cells.span(job.time_limit) if job.time_limit else "-",
-            printable(" ".join(listing.command(job.argv))),
-            cells.runs_note(job.restarts, job.preemptions),
+            limit,
+            command,
+            note,
+            cells.reason(job.reason, job.preemptible, None, note),
+            (label, user, job.state, gpus),
+            ("-", limit, "-", "-", command),
+            ("-", limit, "-", "-", "(hidden)"),
         )
         kept[job.id] = (job, made)
         return made
@@ -133,35 +147,41 @@ class QueueText:
         usage: Callable[[int], tuple[Optional[float], Optional[int]]] = moving["usage"]
         clock = time.time()
         kept: dict[int, tuple[store.Job, Cells]] = {}
-        accounts = any(job.account for job, _ in rows)
+        accounts = False  # an ACCOUNT column when any job was charged to one
+        spans: dict[int, str] = {}  # WAITED by whole seconds: one span a distinct wait
+        numbers: dict[Optional[float], str] = {None: "-"}  # PRIORITY likewise
         out: list[tuple[str, ...]] = []
         for job, tasks in rows:
             made = self._cells(job, kept)
-            label = arrays.row_fields(job, tasks)["label"] if tasks else made.label
-            command = made.command if shows(job) else "(hidden)"
-            if job.state == store.PENDING:
-                prio = priorities.get(job.id)
-                start = expected(job.id)
-                starts_in = start - clock if start else None
-                row: tuple[str, ...] = (
-                    label,
-                    made.user,
-                    job.state,
-                    cells.gpus(job.gpus, [indices.get(u) for u in job.gpus], job.count, job.mem),
-                    cells.reason(job.reason, job.preemptible, starts_in, made.note),
-                    "-" if prio is None else f"{prio:.0f}",
-                    cells.span((job.started or clock) - job.submitted),  # a requeued job's run
-                    "-",
-                    made.limit,
-                    "-",
-                    "-",
-                    command,
-                )
-            else:
+            if job.state != store.PENDING:
+                label = arrays.row_fields(job, tasks)["label"] if tasks else made.label
+                command = made.command if shows(job) else "(hidden)"
                 row = self._running(job, made, label, command, clock, indices, usage)
-            if accounts:
-                row = (*row[: cells.ACCOUNT], made.account, *row[cells.ACCOUNT :])
+            else:  # thousands of these: cells kept, a few lookups each
+                start = expected(job.id)
+                why = made.why
+                if start:
+                    why = cells.reason(job.reason, job.preemptible, start - clock, made.note)
+                prio = priorities.get(job.id)
+                number = numbers.get(prio)
+                if number is None:
+                    number = numbers[prio] = f"{prio:.0f}"
+                waited = round((job.started or clock) - job.submitted)  # a requeued job's run
+                span = spans.get(waited)
+                if span is None:
+                    span = spans[waited] = cells.span(waited)
+                head = made.head
+                if tasks:
+                    head = (arrays.row_fields(job, tasks)["label"], *head[1:])
+                row = head + (why, number, span) + (made.tail if shows(job) else made.hidden)
+            if job.account:
+                accounts = True
             out.append(row)
+        if accounts:
+            at = cells.ACCOUNT
+            out = [
+                (*row[:at], kept[job.id][1].account, *row[at:]) for row, (job, _) in zip(out, rows)
+            ]
         self.cells = kept
         headers = list(cells.HEADERS)
         right: tuple[int, ...] = cells.RIGHT
@@ -216,7 +236,7 @@ def stale(table: Table, key: Any, offset: int) -> bool:
 
 def answer(
     text: QueueText,
-    life: Any,
+    life: JobLife,
     who: Person,
     ask: protocol.Listing,
     key: Any,

@@ -2,7 +2,7 @@
 
 `handle` reads a request's operation, has the protocol read its fields into one
 record (queueclient.protocol) and calls the operation's function with the request's
-`Context` (the jobs' life, and how the service was started, for a reload), the
+`Context` (service.context: the jobs' life, how the service was started), the
 person the kernel named (SO_PEERCRED) and the caller's connection. Every refusal is
 one line naming the rule. The functions of their own concern live with it: submit
 (service.submitting), the `queue` and `jobs` pages (service.rows), attach, limits,
@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
@@ -39,6 +38,7 @@ from gpuwarden.service import (
     submitting,
     unwritten,
 )
+from gpuwarden.service.context import Context
 from gpuwarden.service.owners import owned
 
 if TYPE_CHECKING:
@@ -47,18 +47,6 @@ if TYPE_CHECKING:
     from gpuwarden.service.joblife import JobLife
 
 log = logging.getLogger("gpuwarden.serve")
-
-
-@dataclass
-class Context:
-    """What every request's answer is given."""
-
-    life: JobLife  # the journal, the queue, the jobs' supervisors (service.joblife)
-    started: reloading.Started  # what `gpuwarden serve` was started with: for a reload
-    # `queue`'s rows as last ordered, and the journal's version they were read at
-    listed: Optional[tuple[Any, list[store.Job]]] = None
-    # `queue`'s table: each job's cells, the last listings' lines (service.queuetext)
-    text: queuetext.QueueText = field(default_factory=queuetext.QueueText)
 
 
 #: An operation's function: (the request's context, the caller, its request's record,

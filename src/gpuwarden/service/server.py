@@ -44,6 +44,7 @@ from gpuwarden.service import (
 )
 from gpuwarden.service.clients import Clients
 from gpuwarden.service.connection import Connection
+from gpuwarden.service.context import Context
 from gpuwarden.service.joblife import JobLife, exits_folder
 from gpuwarden.service.machine import Machine
 from gpuwarden.service.notify import JobNotifier
@@ -106,7 +107,7 @@ class Service:
             self.clients.attachments,
             self.selector,
         )
-        self.context = requests.Context(self.life, self.started)
+        self.context = Context(self.life, self.started)
 
     def _journal(self, settings: Settings) -> store.Store:
         """The journal, locked for the service's life: a second service refuses

@@ -448,3 +448,31 @@ def test_a_service_that_does_not_know_the_request_leaves_it_to_the_full_client(
         serving_thread.join(10)
         listener.close()
     assert heard and b'"op":"submit_argv"' in heard[0]
+
+
+def test_a_reader_that_leaves_is_answered_as_the_full_client_answers_it(
+    server: Server,
+) -> None:
+    """`gpuwarden submit ... | reader` where the reader has gone before the id is
+    written: the same exit status and lines as the full client's (a user settings file
+    makes the console script run the full client), and the job submitted."""
+    alice = make_user("alice", ("lab",))
+    xdg = server.work / "xdg"
+    (xdg / "gpuwarden").mkdir(parents=True)
+    (xdg / "gpuwarden" / "config.toml").write_text("[run]\n")
+    os.chown(xdg / "gpuwarden" / "config.toml", alice.uid, alice.gid)
+    line = '"$0" -m gpuwarden submit --hold -- true | { exec 0<&-; sleep 1; }'
+    said = []
+    for extra in ({}, {"XDG_CONFIG_HOME": str(xdg)}):
+        done = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {line}", USER_PY],
+            env=environment(server, **extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=become(alice),
+            cwd=str(server.work),
+        )
+        said.append((done.returncode, re.sub(r"\d+", "N", done.stderr)))
+    assert said[0] == said[1], said
+    assert len(server.call(None, "queue")["jobs"]) == 2  # each was submitted

@@ -53,7 +53,6 @@ def submit_local(args: argparse.Namespace) -> int:
         job = client.call("submit", **fields)["job"]
     out, err = submitting.said(job, tasks)
     sys.stdout.write(out)
-    sys.stdout.flush()
     sys.stderr.write(err)
     return 0
 

@@ -202,9 +202,7 @@ def _answer(sock: Any, path: str) -> bytes:
 
 
 def _said(out: str, err: str, code: int) -> int:
-    if out:
-        sys.stdout.write(out)
-        sys.stdout.flush()
-    if err:
-        sys.stderr.write(err)
+    """Written as the full client prints (its stdout flushed at the exit)."""
+    sys.stdout.write(out)
+    sys.stderr.write(err)
     return code

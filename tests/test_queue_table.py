@@ -132,8 +132,10 @@ def job(**kw: Any) -> st.Job:
     return st.new_job(**fields)
 
 
-def page(text: queuetext.QueueText, journal: st.Store, offset: int = 0) -> dict[str, Any]:
-    ordered = journal.jobs(st.ACTIVE)
+def page(
+    text: queuetext.QueueText, journal: st.Store, offset: int = 0, user: Any = None
+) -> dict[str, Any]:
+    ordered = [j for j in journal.jobs(st.ACTIVE) if user is None or j.user == user]
     moving = {
         "priorities": {},
         "expected_start": lambda job_id: None,
@@ -141,7 +143,7 @@ def page(text: queuetext.QueueText, journal: st.Store, offset: int = 0) -> dict[
         "usage": lambda job_id: (None, None),
     }
     return text.page(
-        protocol.Listing(limit=5000, offset=offset, arrays=True),
+        protocol.Listing(limit=5000, offset=offset, user=user, arrays=True),
         ("viewer",),
         journal.version,
         lambda: [(j, ()) for j in ordered],
@@ -166,6 +168,10 @@ def test_cells_are_made_once_per_version_of_a_job(tmp_path: Any) -> None:
     journal.update(9, state="STARTING", started=1.0, gpus=("GPU-x",))
     started = page(text, journal)
     assert text.made == 302 and len(text.cells) == 300
+    journal.add(job(user="bob", uid=1001))
+    assert page(text, journal, user="bob")["total"] == 1 and text.made == 303
+    page(text, journal)  # one user's listing kept everyone's cells
+    assert text.made == 303 and len(text.cells) == 301
     assert "STARTING" in started["lines"][8] and "1@?" in started["lines"][8]
 
 

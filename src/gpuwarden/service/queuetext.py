@@ -112,7 +112,8 @@ class QueueText:
         which = (viewer, ask.user, ask.ids, ask.arrays)
         table = self.tables.get(which)
         if table is None or stale(table, key, ask.offset):
-            table = self._table(key, rows(), shows, now())
+            whole = ask.user is None and not ask.ids  # every active job: the cells to keep
+            table = self._table(key, rows(), shows, now(), whole)
             self.tables.pop(which, None)
             self.tables[which] = table
             while len(self.tables) > TABLES:
@@ -140,6 +141,7 @@ class QueueText:
         rows: Sequence[tuple[store.Job, Sequence[int]]],
         shows: Callable[[store.Job], bool],
         moving: Mapping[str, Any],
+        whole: bool,
     ) -> Table:
         priorities: Mapping[int, float] = moving["priorities"]
         expected: Callable[[int], Optional[float]] = moving["expected_start"]
@@ -182,7 +184,10 @@ class QueueText:
             out = [
                 (*row[:at], kept[job.id][1].account, *row[at:]) for row, (job, _) in zip(out, rows)
             ]
-        self.cells = kept
+        if whole:
+            self.cells = kept  # the ended jobs' cells go
+        else:
+            self.cells.update(kept)  # one user's listing keeps the others' cells
         headers = list(cells.HEADERS)
         right: tuple[int, ...] = cells.RIGHT
         if accounts:

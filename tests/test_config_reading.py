@@ -22,13 +22,18 @@ PACKAGE = ROOT / "src" / "gpuwarden"
 
 FACES = (
     "cli/",
+    # the commands' GPU options over the configured defaults: the command's reading
+    "jobs/options.py",
     "jobs/api.py",
     "submitit.py",
     "torch/devices.py",
     "doctor/facts.py",
+    # the service: its own reading (at start, per pass of the plan, on reload), and a
+    # short submit's settings read as its submitter's client would read them
     "service/server.py",
-    "service/lifecycle.py",
+    "service/passes.py",
     "service/reloading.py",
+    "service/argvsubmit.py",
 )
 
 # Defaults that read the configuration in force where the caller gave none -> why.
@@ -83,6 +88,11 @@ def test_only_the_faces_read_the_configuration() -> None:
         "these modules read the configuration themselves; take the caller's reading "
         f"(a `conf` argument) or the one value instead: {stray}"
     )
+
+
+def test_the_faces_named_exist() -> None:
+    gone = [face for face in FACES if not (PACKAGE / face).exists()]
+    assert not gone, f"FACES names what no longer exists: {gone}"
 
 
 def test_known_readers_still_read() -> None:

@@ -358,7 +358,8 @@ def _ticket(d: Path, uid: int, procs: list[int], make: Callable[[int], tuple]) -
 
 
 def _request(count: int) -> dict[str, object]:
-    return {"count": count, "exclude": [], "keep_first_last": True}
+    """A ticket's request as `join` writes it (placement.requestwire's wire form)."""
+    return {"count": count}
 
 
 CRAFTED: dict[str, Callable[[int], tuple]] = {

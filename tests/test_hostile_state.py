@@ -243,8 +243,11 @@ def test_a_fifo_as_the_drain_lock_is_refused_not_waited_on(mallory: int, shared:
     as_mallory("mkfifo", str(shared / drains.LOCK_NAME))
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from gpuwarden.health import drain\n"
-        "try:\n    drain.drain('GPU-x', 'x')\nexcept Exception as e:\n    print(e)\n"
-        "drain.drain('GPU-y', 'y', force=True)"
+        "from gpuwarden.config import load\n"
+        "admins = load().get('service.admins')  # as `gpuwarden drain` hands them down\n"
+        "try:\n    drain.drain('GPU-x', 'x', admins=admins)\nexcept Exception as e:\n"
+        "    print(e)\n"
+        "drain.drain('GPU-y', 'y', force=True, admins=admins)"
     )
     src = str(Path(__file__).resolve().parent.parent / "src")
     admins = Path(tempfile.mkdtemp(prefix="gw-admins-"))  # mallory drains as an admin may

@@ -150,8 +150,8 @@ def test_each_process_on_a_shared_gpu_has_its_own_utilisation(sim):
     import subprocess
     import sys
 
-    from gpuwarden.machine.gpuprocesses import read_process_use
     from gpuwarden.machine.inventory import load_nvml
+    from gpuwarden.machine.processuse import read_process_use
 
     sim("server-8xa100")
     machine = Machine.open()

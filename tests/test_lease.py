@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from gpuwarden.leases import dir as leasedir
 from gpuwarden.leases import waitline
 from gpuwarden.machine.inventory import Snapshot
 from gpuwarden.placement.request import Request
+from gpuwarden.placement.requestwire import to_wire
 from machines import idle_a100s
 
 GiB = 2**30
@@ -186,6 +188,33 @@ def test_earlier_waiter_is_served_first() -> None:
     finally:
         ticket.leave()
     take(snap, count=1).release()
+
+
+def test_a_ticket_keeps_the_request_as_the_queue_service_reads_it() -> None:
+    """A ticket holds its request in the wire form (placement.requestwire, the one
+    conversion each way), and the ranking the wire leaves to the service beside it:
+    what the others read back is the request the waiter made."""
+    ld = leasedir.open_dir()
+    asked = Request(
+        count=2,
+        gpus=("0", "GPU-1"),
+        min_free=0,  # `--min-free 0`: allowed, asks for nothing
+        max_util=20.0,
+        min_capability=(8, 0),
+        model="A100",
+        exclude=("3",),
+        keep_first_last=False,
+        mig=None,
+    )
+    ticket = waitline.join(ld, asked)
+    try:
+        (waiter,) = waitline.read_line(ld)
+        assert waiter.request == asked
+        with open(ticket.path, encoding="utf-8") as fh:
+            written = json.load(fh)
+        assert written["request"] == to_wire(asked) and written["keep_first_last"] is False
+    finally:
+        ticket.leave()
 
 
 def test_dead_waiter_leaves_the_line() -> None:

@@ -235,7 +235,7 @@ def test_a_gpu_request_crosses_the_wire_and_the_journal_unchanged(request_: dict
     from dataclasses import replace
 
     from gpuwarden.placement.request import Request
-    from gpuwarden.queueclient.requestwire import from_wire, to_wire
+    from gpuwarden.placement.requestwire import from_wire, to_wire
 
     sent = Request(**request_)
     wire = json.loads(json.dumps(to_wire(sent)))

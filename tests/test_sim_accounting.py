@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from gpuwarden.machine.gpuprocesses import read_memory_peaks
 from gpuwarden.machine.inventory import load_nvml, read_snapshot
+from gpuwarden.machine.processuse import read_memory_peaks
 from gpuwarden.sim import Machine
 
 

@@ -42,6 +42,7 @@ UNNEEDED = (
     *(() if CTYPES_BRINGS_THREADING else ("threading",)),
     *("gpuwarden.cli.completion", "gpuwarden.cli.reserve", "gpuwarden.cli.select"),
     "gpuwarden.sim.machine",  # the simulator's steering side: no NVML client reads it
+    "gpuwarden.machine.processuse",  # per-process use: the efficiency sampler's alone
 )
 
 # The simulator's modules that only other NVML clients (nvitop, pynvml_utils, an
@@ -71,6 +72,8 @@ def loaded(*args: str, env: Optional[dict[str, str]] = None) -> set[str]:
             ("run", "-g", "1", "--", "true"),
             (
                 "gpuwarden.jobs.holder",
+                # the standard module's enums: the job's start uses `_signal`'s numbers
+                "signal",
                 "gpuwarden.placement.visible",
                 "gpuwarden.health.xids",
                 "gpuwarden.cgroups.migcaps",

@@ -24,7 +24,6 @@ published — is `start_published`, for `run` and the queue service's placing al
 from __future__ import annotations
 
 import os
-import signal
 
 from gpuwarden.base.errors import UserError
 
@@ -328,6 +327,8 @@ def start_published(
 
 def kill_group(pid: int) -> bool:
     """SIGKILL the job's process group; False when it is gone already."""
+    import signal  # here, not at the top: only a failed start pays for its enums
+
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -21,13 +21,20 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
+if TYPE_CHECKING:
+    import signal
+else:
+    # The C module the standard `signal` wraps: the same calls and numbers, without
+    # the three enums `signal` builds for readable names when it is imported (3.5 M
+    # instructions, 2% of what `run` adds to a job's start; docs/performance.md).
+    # A job's start compares and passes numbers only, never shows a name.
+    import _signal as signal
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType

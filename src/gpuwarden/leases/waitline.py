@@ -1,7 +1,8 @@
 """The line of clients waiting for GPUs on this machine, first come first served.
 
 Each waiter keeps a ticket, `<key>.<n>.wait`, in the lease directory: its
-request as JSON, locked by the waiter like lease metadata is, so a waiter
+request as JSON (`placement.requestwire`, the queue service's form of it, every
+field checked when read back), locked by the waiter like lease metadata is, so a waiter
 that is killed leaves the line by itself (the kernel drops the lock; the file
 is ignored, then tidied). The key is the time of joining, so ticket order is
 arrival order; `jobs.allocation.attempt` serves earlier waiters first. `n` is the number
@@ -52,53 +53,6 @@ class Waiter:
     since: float  # time.time() it joined
     request: Any  # request.Request
     allowed: Optional[tuple[str, ...]] = None  # UUIDs its parent CUDA_VISIBLE_DEVICES leaves
-
-
-def _int(v: Any, lo: int, hi: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-
-def _strs(v: Any) -> bool:
-    return (
-        isinstance(v, list)
-        and len(v) <= 1024
-        and all(isinstance(x, str) and len(x) <= 200 for x in v)
-    )
-
-
-# What each field of a ticket's request may hold; anything else makes the ticket invalid.
-_REQUEST_FIELDS = {
-    "count": lambda v: v is None or _int(v, 0, 1 << 16),
-    "gpus": lambda v: v is None or _strs(v),
-    "min_free": lambda v: v is None or _int(v, 0, 2**60),
-    "max_util": lambda v: (
-        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100)
-    ),
-    "min_capability": lambda v: (
-        v is None or (isinstance(v, list) and len(v) == 2 and all(_int(x, 0, 1000) for x in v))
-    ),
-    "model": lambda v: v is None or (isinstance(v, str) and len(v) <= 200),
-    "exclude": _strs,
-    "mem": lambda v: v is None or _int(v, 1, 2**60),
-    "keep_first_last": lambda v: isinstance(v, bool),
-    "mig": lambda v: v is None or (isinstance(v, str) and len(v) <= 40),
-}
-
-
-def _request_from(data: dict[str, Any]) -> Any:
-    """The Request a ticket records; ValueError naming the first field that does not fit."""
-    from gpuwarden.placement.request import Request
-
-    names = {f.name for f in records.fields(Request)}
-    fields = {}
-    for k, v in data.items():
-        if k not in names:
-            continue
-        check = _REQUEST_FIELDS.get(k)
-        if check is None or not check(v):
-            raise ValueError(f"bad request field {k!r}")
-        fields[k] = tuple(v) if isinstance(v, list) else v
-    return Request(**fields)
 
 
 # A ticket's key: the wall time it joined (ns, 20 digits), then the waiter's pid.
@@ -256,12 +210,16 @@ def join(
     """Take a place at the end of the line; `need` is how many whole GPUs we take (by
     default what the request needs; readers check that the two agree)."""
 
+    from gpuwarden.placement.requestwire import to_wire
+
     need = needs(request) if need is None else need
     key = f"{time.time_ns():020d}-{os.getpid():08d}"
     data = {
         "pid": os.getpid(),
         "since": time.time(),
-        "request": records.asdict(request),
+        "request": to_wire(request),
+        # how the waiter ranks GPUs, which the wire leaves to the service
+        "keep_first_last": request.keep_first_last,
         "allowed": None if allowed is None else sorted(allowed),
     }
     path = ld.join(f"{key}.{need}{SUFFIX}")
@@ -345,7 +303,19 @@ def parse_ticket(raw: bytes, key: str, pid: int, need: int, user: str) -> Waiter
         raise ValueError("bad 'allowed'")
     if not isinstance(data.get("request"), dict):
         raise ValueError("bad 'request'")
-    request = _request_from(data["request"])
+    keep_first_last = data.get("keep_first_last", True)
+    if not isinstance(keep_first_last, bool):
+        raise ValueError("bad 'keep_first_last'")
+    from gpuwarden.base.checked import ProtocolError
+    from gpuwarden.placement.requestwire import from_wire
+
+    try:
+        # others=True: a field of another version's ticket is passed over, not fatal
+        request = from_wire(data["request"], others=True)
+    except ProtocolError as err:
+        raise ValueError(str(err)) from None
+    if not keep_first_last:
+        request = records.replace(request, keep_first_last=False)
     if needs(request) != need:
         raise ValueError("its GPU count is not the one in its name")
     return Waiter(

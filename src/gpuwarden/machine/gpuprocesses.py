@@ -4,7 +4,7 @@ NVML names only a pid; the user and command come from the kernel (psutil, loaded
 only when a GPU has processes) or, on the simulated machine, from the simulator's
 own table, since its processes have no /proc entry. `inventory` calls this once
 per GPU while it reads a snapshot. How much of a shared GPU's work is each process's
-(NVML's per-process utilisation) is read apart, by the efficiency sampler only.
+is `processuse`'s, read by the efficiency sampler only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gpuwarden.base.records import record
 
 TYPE_CHECKING = False  # typing stays off the start-up path
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable
     from typing import Any, Optional
 
     # (GPU instance id, compute instance id) -> the MIG device's UUID
@@ -90,71 +90,3 @@ def _owner(pid: int) -> tuple[Optional[str], Optional[str]]:
         return user, " ".join(cmdline) if cmdline else proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError, OSError):
         return None, None
-
-
-@record
-class ProcessUse:
-    """One process's share of a GPU's work since a moment (NVML's per-process
-    utilisation samples): what a job sharing the GPU did, apart from the others."""
-
-    pid: int
-    sm: float  # percent of the time its kernels ran, the mean of its samples
-    memory: float  # percent of the time it read or wrote memory, likewise
-    samples: int
-
-
-def read_process_use(nv: Any, uuids: Iterable[str], since: int) -> dict[str, dict[int, ProcessUse]]:
-    """GPU UUID -> pid -> its use since `since` (microseconds since the epoch, NVML's
-    clock). A GPU no process ran on since maps to {}; one whose driver keeps no such
-    samples (or lost) is absent: never raises for what NVML cannot say. `nv` is
-    initialised by the caller."""
-    out: dict[str, dict[int, ProcessUse]] = {}
-    for uuid in uuids:
-        try:
-            handle = nv.nvmlDeviceGetHandleByUUID(uuid.encode())
-        except nv.NVMLError:
-            continue  # gone (lost, or not this machine's)
-        try:
-            samples = nv.nvmlDeviceGetProcessUtilization(handle, since)
-        except nv.NVMLError_NotFound:
-            samples = []  # no samples since: no process ran a kernel on it
-        except nv.NVMLError:
-            continue  # not supported here, or lost
-        sums: dict[int, list[float]] = {}
-        for sample in samples:
-            if int(sample.timeStamp) < since:
-                continue
-            got = sums.setdefault(int(sample.pid), [0.0, 0.0, 0.0])
-            got[0] += float(sample.smUtil)
-            got[1] += float(sample.memUtil)
-            got[2] += 1
-        out[uuid] = {
-            pid: ProcessUse(pid, sm / n, mem / n, int(n)) for pid, (sm, mem, n) in sums.items()
-        }
-    return out
-
-
-def read_memory_peaks(nv: Any, pids: Mapping[str, Iterable[int]]) -> dict[str, dict[int, int]]:
-    """GPU UUID -> pid -> the most GPU memory (bytes) that process held on it, from the
-    driver's accounting records (`nvmlDeviceGetAccountingStats`'s maxMemoryUsage), for
-    the `pids` asked of each GPU. A GPU whose accounting mode is off (the driver's
-    default), or that NVML cannot read, is absent; a pid it has no record of is left
-    out. `nv` is initialised by the caller."""
-    out: dict[str, dict[int, int]] = {}
-    for uuid, wanted in pids.items():
-        try:
-            handle = nv.nvmlDeviceGetHandleByUUID(uuid.encode())
-            if not nv.nvmlDeviceGetAccountingMode(handle):
-                continue
-        except nv.NVMLError:
-            continue
-        peaks: dict[int, int] = {}
-        for pid in wanted:
-            try:
-                stats = nv.nvmlDeviceGetAccountingStats(handle, pid)
-            except nv.NVMLError:
-                continue  # no record (started before the mode went on), or unreadable
-            if stats.maxMemoryUsage is not None:
-                peaks[int(pid)] = int(stats.maxMemoryUsage)
-        out[uuid] = peaks
-    return out

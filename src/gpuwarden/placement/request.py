@@ -1,6 +1,6 @@
 """What a job asks of the GPUs: `Request`, the one request type every face builds
 (`run`, `submit`, `reserve`, `gpuwarden.lease()`, a kernel, submitit) and the queue
-service reads back (queueclient.requestwire is its form on the wire). A module of its
+service reads back (placement.requestwire is its form on the wire). A module of its
 own, without the choosing (`selection`): a client that only passes a request on to the
 service loads none of that.
 """

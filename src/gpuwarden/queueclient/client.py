@@ -395,7 +395,7 @@ def job_fields(
     process's working directory, environment and umask (what the job runs with), or
     those `place` gives (cwd, env, umask); `account` the one it is charged to (None:
     the service's default for us)."""
-    from gpuwarden.queueclient.requestwire import to_wire
+    from gpuwarden.placement.requestwire import to_wire
 
     if place is None:
         mask = os.umask(0)

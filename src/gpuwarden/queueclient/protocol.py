@@ -15,11 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from gpuwarden.base.errors import UserError
-from gpuwarden.base.records import record
-from gpuwarden.queueclient.depth import nesting
-from gpuwarden.queueclient.fields import ProtocolError as ProtocolError  # its errors' type
-from gpuwarden.queueclient.fields import (
+from gpuwarden.base.checked import ProtocolError as ProtocolError  # its errors' type
+from gpuwarden.base.checked import (
     checked_bool,
     checked_int,
     checked_number,
@@ -28,7 +25,10 @@ from gpuwarden.queueclient.fields import (
     checked_strings,
     optional,
 )
-from gpuwarden.queueclient.requestwire import from_wire
+from gpuwarden.base.errors import UserError
+from gpuwarden.base.records import record
+from gpuwarden.placement.requestwire import from_wire
+from gpuwarden.queueclient.depth import nesting
 
 TYPE_CHECKING = False  # typing stays off a client's start-up path (`run` through the service)
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ class Submit:
     cwd: str
     env: Mapping[str, str]
     umask: int
-    gpus: Request  # what it asks of the GPUs (queueclient.requestwire: its wire form)
+    gpus: Request  # what it asks of the GPUs (placement.requestwire: its wire form)
     time_limit: Optional[float] = None
     nice: int = 0
     hold: bool = False

@@ -27,10 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 from gpuwarden import config
-from gpuwarden.base.errors import UserError
-from gpuwarden.files.configfiles import system_config
-from gpuwarden.queueclient import protocol, submitting, writable
-from gpuwarden.queueclient.fields import (
+from gpuwarden.base.checked import (
     ProtocolError,
     checked_bool,
     checked_int,
@@ -38,6 +35,9 @@ from gpuwarden.queueclient.fields import (
     checked_string,
     checked_strings,
 )
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.configfiles import system_config
+from gpuwarden.queueclient import protocol, submitting, writable
 from gpuwarden.service import submitting as journaling
 
 if TYPE_CHECKING:

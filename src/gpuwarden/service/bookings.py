@@ -18,9 +18,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.base import checked as fields
 from gpuwarden.base.errors import UserError
 from gpuwarden.planning import booking
-from gpuwarden.queueclient import fields, protocol
+from gpuwarden.queueclient import protocol
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person
 

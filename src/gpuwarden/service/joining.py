@@ -21,8 +21,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.base import checked as fields
 from gpuwarden.base.errors import UserError
-from gpuwarden.queueclient import fields
 from gpuwarden.service import store
 from gpuwarden.service.identity import Person, peer_credentials
 from gpuwarden.service.owners import owned

@@ -106,8 +106,8 @@ class Machine:
 
     def process_use(self, uuids: Iterable[str], since: int) -> dict[str, Any]:
         """Each process's share of the work on the GPUs of `uuids` since `since`
-        (gpuprocesses.read_process_use): the efficiency sampler's, for shared GPUs."""
-        from gpuwarden.machine.gpuprocesses import read_process_use
+        (processuse.read_process_use): the efficiency sampler's, for shared GPUs."""
+        from gpuwarden.machine.processuse import read_process_use
 
         nvml = self.nvml()
         nvml.nvmlInit()
@@ -119,8 +119,8 @@ class Machine:
 
     def memory_peaks(self, pids: Mapping[str, Iterable[int]]) -> dict[str, Any]:
         """The most GPU memory each of `pids` held on each GPU, where the driver's
-        accounting mode is on (gpuprocesses.read_memory_peaks): for shared GPUs."""
-        from gpuwarden.machine.gpuprocesses import read_memory_peaks
+        accounting mode is on (processuse.read_memory_peaks): for shared GPUs."""
+        from gpuwarden.machine.processuse import read_memory_peaks
 
         nvml = self.nvml()
         nvml.nvmlInit()

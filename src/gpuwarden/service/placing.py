@@ -46,12 +46,12 @@ if TYPE_CHECKING:
 
 
 def request_of(job: store.Job) -> Request:
-    """The request a queued job made, as its record keeps it (queueclient.requestwire),
+    """The request a queued job made, as its record keeps it (placement.requestwire),
     for as many GPUs as the plan counts it (`store.Job.count`: a CPU job holds a place
     of one GPU's)."""
     from dataclasses import replace
 
-    from gpuwarden.queueclient.requestwire import from_wire
+    from gpuwarden.placement.requestwire import from_wire
 
     return replace(from_wire(job.request, others=True), count=job.count)
 

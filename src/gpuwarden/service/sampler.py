@@ -38,11 +38,11 @@ class Sampler:
     ) -> None:
         self.every = every
         self.read = read  # a Snapshot with power and energy (inventory.read_snapshot)
-        # Per-process utilisation on shared GPUs (gpuprocesses.read_process_use): GPU
+        # Per-process utilisation on shared GPUs (processuse.read_process_use): GPU
         # UUID -> pid -> ProcessUse since a moment in microseconds; None: not read.
         self.process_use = process_use
         # Each process's own GPU-memory peak where the driver's accounting mode is on
-        # (gpuprocesses.read_memory_peaks): GPU UUID -> pid -> bytes; None: not read.
+        # (processuse.read_memory_peaks): GPU UUID -> pid -> bytes; None: not read.
         self.memory_peaks = memory_peaks
         self.last: Optional[float] = None
         self.flushed = time.time()

@@ -15,9 +15,9 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
+from gpuwarden.placement.requestwire import to_wire
 from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
-from gpuwarden.queueclient.requestwire import to_wire
 from gpuwarden.service import admission, arrays, limiting, store
 from gpuwarden.service.attachment import record_client
 from gpuwarden.service.identity import Person, peer_credentials

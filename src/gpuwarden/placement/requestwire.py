@@ -8,15 +8,16 @@ else.
 A client sends it in a `submit` (`run` through the service, `submit`, `reserve`,
 `gpuwarden.lease()`, a kernel, submitit); the service keeps it as sent in the job's
 record and reads it back to place the job (service.placing) and to judge whether it
-could ever run (service.admission). `count` is sent resolved ("every GPU named", or
-1); fields left at their defaults are left out. The one field a client does not
-send, `keep_first_last`, is the service's to decide.
+could ever run (service.admission). A waiter in the line for this machine's GPUs
+writes it in its ticket, which the others read back (leases.waitline). `count` is
+sent resolved ("every GPU named", or 1); fields left at their defaults are left
+out. The one field a client does not send, `keep_first_last`, is the service's to
+decide (a ticket keeps it beside the request).
 """
 
 from __future__ import annotations
 
-from gpuwarden.placement.request import Request
-from gpuwarden.queueclient.fields import (
+from gpuwarden.base.checked import (
     MAX_BYTES,
     ProtocolError,
     checked_int,
@@ -25,6 +26,7 @@ from gpuwarden.queueclient.fields import (
     checked_strings,
     optional,
 )
+from gpuwarden.placement.request import Request
 
 TYPE_CHECKING = False  # typing stays off a client's start-up path
 if TYPE_CHECKING:
@@ -80,7 +82,8 @@ def from_wire(value: object, others: bool = False) -> Request:
         exclude=checked_strings(value.get("exclude", []), "request.exclude", 1024),
         model=optional(value.get("model"), checked_string, "request.model", 200),
         min_capability=_capability(value.get("min_capability")),
-        min_free=optional(value.get("min_free"), checked_int, "request.min_free", 1, MAX_BYTES),
+        # 0, as `--min-free 0` and the setting allow, asks for nothing
+        min_free=optional(value.get("min_free"), checked_int, "request.min_free", 0, MAX_BYTES),
         max_util=optional(value.get("max_util"), checked_number, "request.max_util", 0.0, 100.0),
         mem=optional(value.get("mem"), checked_int, "request.mem", 1, MAX_BYTES),
         mig=optional(value.get("mig"), _profile, "request.mig"),

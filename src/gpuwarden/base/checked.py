@@ -1,7 +1,8 @@
-"""The field checks of the queue service's wire format: every field a client sends is
-checked for type and range here before it is used, and a field that fails gets one
-line naming it (`ProtocolError`), never a traceback. `protocol` checks whole
-messages with them, `requestwire` a GPU request, service.bookings a booking.
+"""The field checks of JSON another process wrote: every field a client sends the queue
+service, or a waiter writes in its ticket, is checked for type and range here before
+it is used, and a field that fails gets one line naming it (`ProtocolError`), never a
+traceback. `queueclient.protocol` checks whole messages with them,
+`placement.requestwire` a GPU request, service.bookings a booking.
 """
 
 from __future__ import annotations

@@ -187,3 +187,33 @@ def test_a_job_that_fails_before_its_marker_is_on_disk_says_why(
     missing = spawn.JobStart(**{**missing.__dict__, "cwd": str(status_dir / "gone")})
     with pytest.raises(UserError, match="cannot enter"):
         spawn.start(missing)
+
+
+def test_the_job_waits_for_two_fsyncs_after_its_go_ahead(
+    status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: between the go-ahead and the job's exec the supervisor's
+    disk waits are the marker's two (its data, its name); the room's came before the
+    go-ahead, the pid's and the exit record's come after."""
+    log = tmp_path / "events"
+    fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        fsync(fd)
+        with open(log, "a") as fh:
+            fh.write(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) + "\n")
+
+    def go_ahead(supervisor: int, since: int) -> None:
+        wait_for(lambda: log.exists() and "7.ending" in log.read_text(), 30, "the room's fsync")
+        with open(log, "a") as fh:
+            fh.write("go\n")
+
+    monkeypatch.setattr(os, "fsync", counted)
+    spawn.start(launch(status_dir, ["sh", "-c", f"echo ran >> {log}"]), on_forked=go_ahead)
+    assert ended(status_dir).ok
+    events = log.read_text().split()
+    go, ran = events.index("go"), events.index("ran")
+    assert events[:go] == ["7.ending"], events
+    # then the marker and its directory, before the job's exec; the pid's write may
+    # come before the job's first line or after it, never before those two
+    assert events[go + 1 : go + 3] == ["7.started", "status"] and ran >= go + 3, events

@@ -26,6 +26,7 @@ import os
 import sys
 
 from gpuwarden.files.configfiles import DEFAULT_SOCKET, project_config, system_config, user_config
+from gpuwarden.queueclient.shortwire import TIMEOUT, answer, decoded, encoded
 from gpuwarden.queueclient.writable import probe
 
 TYPE_CHECKING = False
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 OP = "submit_argv"
-TIMEOUT = 30.0  # as queueclient.client.connect's
-NOTICE_AFTER = 3.0
 
 
 def submit(argv: list[str]) -> Optional[int]:
@@ -100,7 +99,7 @@ def _request(argv: list[str], path: str) -> bytes:
         # whether we see the system settings file: the service reads it only then
         "system_file": os.path.lexists(system_config(os.environ)),
     }
-    return _encoded(message)
+    return encoded(message)
 
 
 def _output_word(argv: list[str]) -> Optional[str]:
@@ -116,49 +115,13 @@ def _output_word(argv: list[str]) -> Optional[str]:
     return None
 
 
-def _encoded(message: dict[str, Any]) -> bytes:
-    """One line of the protocol (queueclient.protocol.encode's compact JSON), by the
-    interpreter's own JSON encoder, without the json package (and its `re`)."""
-    import _json
-
-    def unknown(value: object) -> object:
-        raise TypeError(f"{type(value).__name__} is not JSON")
-
-    encode = _json.make_encoder(
-        None, unknown, _json.encode_basestring_ascii, None, ":", ",", False, False, False
-    )
-    return "".join(encode(message, 0)).encode("ascii") + b"\n"
-
-
-class _Reading:
-    """What the interpreter's JSON scanner asks of its decoder: json.loads' defaults."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-
-    @staticmethod
-    def parse_constant(name: str) -> object:
-        raise ValueError(f"{name} is not JSON")
-
-
-def _decoded(line: bytes) -> dict[str, Any]:
-    import _json
-
-    scanner: Any = _json.make_scanner  # typeshed wants a scanner as its context
-    value, _ = scanner(_Reading)(line.decode("utf-8"), 0)
-    return value if isinstance(value, dict) else {}
-
-
 def _ask(sock: Any, path: str, data: bytes) -> Optional[int]:
     try:
         sock.sendall(data)
     except OSError:
         return None  # not taken: nothing was journaled
     try:
-        line = _answer(sock, path)
+        line = answer(sock, path)
     except OSError as err:
         why = err.strerror or f"no answer within {TIMEOUT:g}s"
         lost = f"lost the connection to the service at {path}: {why}"
@@ -166,39 +129,13 @@ def _ask(sock: Any, path: str, data: bytes) -> Optional[int]:
     if not line:
         return _said("", f"gpuwarden submit: the service at {path} closed the connection\n", 2)
     try:
-        reply = _decoded(line)
+        reply = decoded(line)
     except ValueError:
         reply = {}
     code = reply.get("code")
     if not isinstance(code, int) or not reply.get("ok"):
         return None  # a service that does not take command lines: nothing journaled
     return _said(str(reply.get("stdout") or ""), str(reply.get("stderr") or ""), code)
-
-
-def _answer(sock: Any, path: str) -> bytes:
-    """The answer's line; after NOTICE_AFTER seconds of silence the user is told once,
-    as by the full client (queueclient.client.Client._recv)."""
-    data = b""
-    sock.settimeout(NOTICE_AFTER)
-    told = False
-    while not data.endswith(b"\n"):
-        try:
-            more = sock.recv(65536)
-        except TimeoutError:
-            if told:
-                raise
-            told = True
-            sys.stderr.write(
-                f"gpuwarden: the service at {path} has not answered for "
-                f"{NOTICE_AFTER:g}s; waiting up to {TIMEOUT:g}s\n"
-            )
-            sys.stderr.flush()
-            sock.settimeout(TIMEOUT - NOTICE_AFTER)
-            continue
-        if not more:
-            return b""
-        data += more
-    return data
 
 
 def _said(out: str, err: str, code: int) -> int:

@@ -18,7 +18,7 @@ import os
 import sys
 
 from gpuwarden.files.configfiles import DEFAULT_SOCKET, project_config, user_config
-from gpuwarden.queueclient.thin import TIMEOUT, _answer, _decoded, _encoded
+from gpuwarden.queueclient.shortwire import TIMEOUT, answer, decoded, encoded
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,9 +69,9 @@ def _pages(sock: Any, path: str, rows: Optional[int], filters: dict[str, Any]) -
         want = MAX_PAGE_ROWS if rows is None else min(MAX_PAGE_ROWS, rows - offset)
         ask = {"v": 1, "op": "queue", "offset": offset, "limit": want, "arrays": True}
         try:
-            sock.sendall(_encoded({**ask, "table": True, **filters}))
-            line = _answer(sock, path)
-            reply = _decoded(line) if line else {}
+            sock.sendall(encoded({**ask, "table": True, **filters}))
+            line = answer(sock, path)
+            reply = decoded(line) if line else {}
         except (OSError, ValueError):
             reply = {}
         lines = reply.get("lines")

@@ -16,8 +16,9 @@ because on a shared or virtual machine it is much less disturbed by other load.
 nvisel reads the same simulated machine through gpuwarden's pynvml shim on
 PYTHONPATH. `--importtime` also prints the slowest imports on the `run` path
 (python -X importtime). `--compare DIR` adds `gpuwarden run` from another source
-tree (another checkout or worktree, e.g. main) to the same rounds, with its own
-simulator state (the parsed-spec cache is keyed by the parsing code's file). The
+tree (another checkout or worktree, e.g. main, named by its root or its `src`) to
+the same rounds, with its own simulator state (the parsed-spec cache is keyed by
+the parsing code's file). The
 machine's load average is printed before and after: on a shared machine, compare
 CPU time between runs and wall time only within one. `--instructions` counts, with
 valgrind, the instructions each python and gpuwarden case executes: a figure that
@@ -65,6 +66,16 @@ def environment(tmp: str) -> dict[str, str]:
     return env
 
 
+def sources(tree: str) -> str:
+    """The directory holding `gpuwarden/` of a tree given as its root or as its `src`.
+    A path holding neither would leave Python to import this virtual environment's
+    own gpuwarden and report it as the other tree's figure."""
+    for where in (Path(tree) / "src", Path(tree)):
+        if (where / "gpuwarden" / "__init__.py").is_file():
+            return str(where.resolve())
+    raise SystemExit(f"--compare {tree}: no gpuwarden/ there or in its src/")
+
+
 def cases(
     env: dict[str, str], compare: list[str], tmp: str
 ) -> list[tuple[str, list[str], dict[str, str]]]:
@@ -84,7 +95,7 @@ def cases(
             [*gw, "run", "-g", "1", "--", "true"],
             dict(
                 env,
-                PYTHONPATH=str(Path(tree).resolve() / "src"),
+                PYTHONPATH=sources(tree),
                 GPUWARDEN_SIM_STATE=os.path.join(tmp, f"sim-{number}"),
             ),
         )

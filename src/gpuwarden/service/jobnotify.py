@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from gpuwarden.base.errors import UserError
 
@@ -60,6 +60,39 @@ def matched(asked: Iterable[str], state: str) -> list[str]:
     return [e for e in asked if e in happened]
 
 
+class Notified(Protocol):
+    """What a job's event is made of: a journaled job (service.job.Job) has it all.
+    Named here rather than imported, as the protocol and submit parsing import this
+    module's checks and must not bring the journal along."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def array_job(self) -> Optional[int]: ...
+    @property
+    def array_task(self) -> Optional[int]: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def gpus(self) -> Sequence[str]: ...
+    @property
+    def output(self) -> Optional[str]: ...
+    @property
+    def request(self) -> Mapping[str, Any]: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+
+
+class Poster(Protocol):
+    """Who posts an event as the job's owner (service.notify.JobNotifier)."""
+
+    def to_owner(self, event: dict[str, Any], url: str, uid: int, gid: int) -> None: ...
+
+
 def wanted(request: Mapping[str, Any]) -> Optional[tuple[Sequence[str], str]]:
     """The events and the URL a journaled job asked for, or None."""
     notify = request.get("notify")
@@ -68,7 +101,7 @@ def wanted(request: Mapping[str, Any]) -> Optional[tuple[Sequence[str], str]]:
     return list(notify["events"]), str(notify["url"])
 
 
-def event(job: Any, kinds: Sequence[str], **more: Any) -> dict[str, Any]:
+def event(job: Notified, kinds: Sequence[str], **more: Any) -> dict[str, Any]:
     """The JSON a job's webhook gets."""
     return {
         "event": kinds[0],
@@ -85,7 +118,7 @@ def event(job: Any, kinds: Sequence[str], **more: Any) -> dict[str, Any]:
     }
 
 
-def send(notifier: Any, job: Any, kinds: Sequence[str], **more: Any) -> None:
+def send(notifier: Poster, job: Notified, kinds: Sequence[str], **more: Any) -> None:
     """Hand one event to the notifier's helper, to be posted as the job's owner."""
     asked = wanted(job.request)
     if asked is None:

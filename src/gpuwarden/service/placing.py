@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from gpuwarden.config import Config
+    from gpuwarden.leases.record import LeaseInfo
     from gpuwarden.machine.inventory import Gpu, Snapshot
     from gpuwarden.placement.request import Request
     from gpuwarden.service.attachment import Attachments
@@ -59,8 +60,8 @@ def request_of(job: store.Job) -> Request:
 def picker(
     snapshot: Snapshot,
     pending: Sequence[store.Job],
-    seen: Sequence[Any],
-    findings: Any,
+    seen: Sequence[LeaseInfo],
+    findings: Optional[Mapping[str, Sequence[Any]]],
     linked: Optional[Callable[[Snapshot], Snapshot]] = None,
 ) -> scheduling.Pick:
     """`scheduling.Pick` for this pass: which of the GPUs free for a job it gets, chosen

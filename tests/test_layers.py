@@ -95,7 +95,7 @@ FOLDERS: list[tuple[str, str]] = [
     *(
         (f"service.{m}", "orchestration")
         for m in (
-            *("spawn", "jobterminal", "exitrecord", "tree"),
+            *("spawn", "becoming", "jobterminal", "exitrecord", "tree"),
             *("jobcgroup", "jobprocess", "identity", "jobnotify"),
         )
     ),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import spawn
+from gpuwarden.service import becoming, spawn
 from gpuwarden.service.identity import Admins, person
 from users import make_user
 from waiting import wait_for
@@ -206,7 +206,7 @@ def test_the_supervisor_holds_the_lease_descriptors_and_the_job_never_has_them(
 
 
 def test_environment_filter() -> None:
-    env = spawn.job_environment(
+    env = becoming.job_environment(
         {"A": "1", "CUDA_DEVICE_ORDER": "FASTEST_FIRST", "GPUWARDEN_X": "y"},
         {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
     )

@@ -29,7 +29,6 @@ restarted service finds it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import select
@@ -41,12 +40,8 @@ from typing import Optional
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.files.safefiles import read_small, sync_directory, write_atomic
-from gpuwarden.service import exitrecord, jobterminal, tree
+from gpuwarden.service import becoming, exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
-
-#: Variables a job never takes from its submitter: the service sets the GPU ones.
-CONTROLLED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES")
-CONTROLLED_PREFIXES = ("GPUWARDEN_",)
 
 EXIT_SUFFIX = ".exit"
 #: The room an exit record is written into, made before the job starts (service.exitrecord).
@@ -107,17 +102,6 @@ class Ended:
         if self.signal is not None:
             return 128 + self.signal
         return self.code if self.code is not None else 1
-
-
-def job_environment(submitted: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The submitter's environment less what the service controls, plus what it sets."""
-    env = {
-        k: v
-        for k, v in submitted.items()
-        if k not in CONTROLLED and not k.startswith(CONTROLLED_PREFIXES)
-    }
-    env.update(extra)
-    return env
 
 
 MARKER_SUFFIX = ".started"
@@ -299,7 +283,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
         jobterminal.take(launch.stdio[0])
     # Nothing of the service's survives into the supervisor but what the job needs:
     # a copy of the allocation lock or of a client's socket would outlive the service's.
-    _close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
+    becoming.close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
     # The exit record's room while the service commits the start: the two disk writes
     # overlap, not add up, on the way to the job. A room alone says nothing (no marker).
     room = reserve_path(launch.status_dir, launch.job)
@@ -343,7 +327,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
             os.close(error_r)
             os.close(report_w)
             os.close(exec_w)
-            _become_job(launch, error_w, cgroup, exec_r)  # only returns by raising
+            becoming.become_job(launch, error_w, cgroup, exec_r)  # only returns by raising
         except BaseException as err:  # report any failure, then exit: never run on as root
             text = err.args[0] if isinstance(err, UserError) else _describe(err)
             try:
@@ -427,81 +411,6 @@ def _describe(err: BaseException) -> str:
         where = f" {err.filename}" if err.filename else ""
         return f"{err.strerror}{where}"
     return f"{type(err).__name__}: {err}"
-
-
-def drop_privileges(owner: Person) -> None:
-    """Become `owner` for good: groups, then gid, then uid (the only order that works:
-    after setuid a non-root process may no longer change its groups)."""
-    os.setgroups(list(owner.groups))
-    os.setresgid(owner.gid, owner.gid, owner.gid)
-    os.setresuid(owner.uid, owner.uid, owner.uid)
-    if owner.uid != 0:
-        try:
-            os.setuid(0)
-        except PermissionError:
-            return
-        raise UserError("could still become root after dropping privileges; refusing to run")
-
-
-def _become_job(
-    launch: JobStart, error_w: int, cgroup: Optional[dict[str, str]] = None, ready: int = -1
-) -> None:
-    if cgroup:
-        # As root, before anything of the owner's runs: the job and all it starts are in
-        # the cgroup (only its GPUs open; cancel reaches every process, however detached).
-        from gpuwarden.service.jobcgroup import join
-
-        join(cgroup)
-    os.setpgid(0, 0)  # its own process group, for a machine without cgroups
-    if launch.stdio is not None:
-        jobterminal.foreground(launch.stdio[0])
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
-    drop_privileges(launch.owner)
-    os.umask(launch.umask)
-    try:
-        os.chdir(launch.cwd)
-    except OSError as err:
-        raise UserError(f"cannot enter {launch.cwd}: {err.strerror}") from None
-    if launch.stdio is not None:
-        stdin, stdout, stderr = launch.stdio
-    else:
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        stdout = stderr = _open_output(launch.output)
-    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
-        if fd != target:
-            os.dup2(fd, target)
-    _close_all_but({0, 1, 2, error_w, ready})  # both close-on-exec; no lease descriptor
-    env = job_environment(launch.env, launch.extra_env)
-    if ready >= 0 and os.read(ready, 1) != b"x":  # the supervisor's go: its marker is on disk
-        raise UserError("its start could not be written to disk; not run")
-    try:
-        os.execvpe(launch.argv[0], list(launch.argv), env)
-    except OSError as err:
-        raise UserError(f"cannot run {launch.argv[0]!r}: {err.strerror}") from None
-
-
-def _open_output(path: Optional[str]) -> int:
-    if path is None:
-        return os.open(os.devnull, os.O_WRONLY)
-    try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-    except OSError as err:
-        raise UserError(f"cannot open output {path}: {err.strerror}") from None
-
-
-def _close_all_but(keep: set[int]) -> None:
-    try:
-        fds = [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 1024))
-    for fd in fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError as err:
-                if err.errno != errno.EBADF:
-                    raise
 
 
 def signal_job(started_pid: int, sig: int) -> bool:

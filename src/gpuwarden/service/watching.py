@@ -176,8 +176,8 @@ def append_as(job: store.Job, line: str, timeout: float = 5.0) -> bool:
     """Append `line` to `job`'s output file as its owner: a child drops to the owner (as the
     job itself did) and opens the file, so the service never writes where the owner could
     not, whatever symlink stands there. False when it could not."""
+    from gpuwarden.service.becoming import drop_privileges
     from gpuwarden.service.identity import person
-    from gpuwarden.service.spawn import drop_privileges
 
     assert job.output is not None
     pid = os.fork()

@@ -357,6 +357,16 @@ def test_no_command_and_bad_parent_env(sim, cli) -> None:
     assert r.returncode == 2 and "GPUWARDEN_RUN_MIN_FREE" in r.stderr
 
 
+def test_a_configured_timeout_leaves_a_run_that_does_not_wait_alone(sim, cli) -> None:
+    # A lab's [run] timeout (here from the environment, as from its system file) is how
+    # long waiting may last; a run without --wait neither waits nor fails for it.
+    sim("server-8xa100")
+    r = cli("run", "-g", "1", "--", "true", env={"GPUWARDEN_RUN_TIMEOUT": "1s"})
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "-g", "1", "--wait", "--", "true", env={"GPUWARDEN_RUN_TIMEOUT": "1s"})
+    assert r.returncode == 0, r.stderr
+
+
 def test_unsafe_lease_dir_is_refused(sim, cli, tmp_path: Path) -> None:
     sim("server-8xa100")
     d = tmp_path / "open"

@@ -186,7 +186,10 @@ def request_of(args: argparse.Namespace) -> tuple[Config, Request]:
         }
     )
     mem = mem_of(args)
-    if conf.get("run.timeout") is not None and not conf.get("run.wait"):
+    # The option without waiting is a mistake on this command line; a configured
+    # `run.timeout` (a file's, an environment variable's) limits waiting wherever it is
+    # on and leaves a run that does not wait alone.
+    if args.timeout is not None and not conf.get("run.wait"):
         raise UserError("--timeout only applies with --wait")
     return conf, Request.from_config(conf, mem=mem)
 

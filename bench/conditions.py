@@ -18,6 +18,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def tree_root(tree: str) -> Path:
+    """The root of a source tree given as its root or as its `src` (`--compare DIR`).
+    A path holding neither would leave Python to import this virtual environment's
+    own gpuwarden and report it as the other tree's figure."""
+    for root in (Path(tree), Path(tree).parent):
+        if (root / "src" / "gpuwarden" / "__init__.py").is_file():
+            return root.resolve()
+    raise SystemExit(f"--compare {tree}: no gpuwarden/ there or in its src/")
+
+
 def bytecode(trees: tuple[Path, ...] = (ROOT,)) -> None:
     """Refuse a bench whose commands would compile their modules on every start;
     compile `trees`' sources now (each tree's `src`)."""

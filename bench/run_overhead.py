@@ -67,13 +67,10 @@ def environment(tmp: str) -> dict[str, str]:
 
 
 def sources(tree: str) -> str:
-    """The directory holding `gpuwarden/` of a tree given as its root or as its `src`.
-    A path holding neither would leave Python to import this virtual environment's
-    own gpuwarden and report it as the other tree's figure."""
-    for where in (Path(tree) / "src", Path(tree)):
-        if (where / "gpuwarden" / "__init__.py").is_file():
-            return str(where.resolve())
-    raise SystemExit(f"--compare {tree}: no gpuwarden/ there or in its src/")
+    """The directory holding `gpuwarden/` of a tree given as its root or as its `src`."""
+    from conditions import tree_root
+
+    return str(tree_root(tree) / "src")
 
 
 def cases(

@@ -156,9 +156,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--compare", metavar="DIR", help="another checkout, measured in turn")
     args = parser.parse_args()
-    from conditions import bytecode
+    from conditions import bytecode, tree_root
 
-    trees = [ROOT, *([Path(args.compare).resolve()] if args.compare else [])]
+    trees = [ROOT, *([tree_root(args.compare)] if args.compare else [])]
     bytecode(tuple(trees))
     print(f"load before: {os.getloadavg()[0]:.2f}")
     results: dict[Path, list[dict[str, float]]] = {t: [] for t in trees}

@@ -33,7 +33,7 @@ BIN = Path(sys.executable).parent
 
 
 def main() -> int:
-    from conditions import bytecode
+    from conditions import bytecode, tree_root
 
     bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,6 +61,7 @@ def main() -> int:
     }
     envs = {name: env for name in commands}
     for number, tree in enumerate(args.compare):
+        tree = str(tree_root(tree))
         name = f"status ({tree})"
         commands[name] = commands["gpuwarden status"]
         envs[name] = dict(

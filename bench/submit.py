@@ -71,7 +71,7 @@ def cpu_of_children() -> float:
 
 
 def main() -> int:
-    from conditions import bytecode
+    from conditions import bytecode, tree_root
 
     bytecode()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -80,6 +80,7 @@ def main() -> int:
     p.add_argument("--compare", metavar="DIR", help="also time the client of the tree in DIR")
     args = p.parse_args()
     if args.compare:
+        args.compare = str(tree_root(args.compare))
         bytecode((Path(args.compare),))
     if os.geteuid() != 0:
         sys.exit("run as root: the service and Slurm's daemons are")

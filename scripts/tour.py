@@ -62,9 +62,12 @@ def wait_until(count_code: str, minimum: int, what: str, env: dict[str, str]) ->
     """Block until a Python expression counts `minimum` things, so steps happen in order."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        out = subprocess.run(
+        counted = subprocess.run(
             [sys.executable, "-c", f"print({count_code})"], env=env, capture_output=True, text=True
-        ).stdout.strip()
+        )
+        if counted.returncode != 0:  # a count that cannot be made is the tour's bug: say it
+            raise SystemExit(f"tour: counting {what} failed: {counted.stderr.strip()}")
+        out = counted.stdout.strip()
         if out.isdigit() and int(out) >= minimum:
             return
         time.sleep(0.2)
@@ -72,7 +75,7 @@ def wait_until(count_code: str, minimum: int, what: str, env: dict[str, str]) ->
 
 
 LEASES = "len(__import__('gpuwarden.leases').leases.list_leases())"
-DRAINS = "len(__import__('gpuwarden.health.drain').drain.list_drains())"
+DRAINS = "len(__import__('gpuwarden.health.drain').health.drain.list_drains())"
 
 
 def machine_env(spec: str, sim_state: Path, work: Path, **more: str) -> dict[str, str]:

@@ -275,5 +275,5 @@ class Service:
         if self.clients.attachments.orphans:  # attached jobs a restart cut off
             recovery.end_orphans(life)
         timelimits.tick(life)
-        if life.store.jobs([store.PENDING]):
+        if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

@@ -255,9 +255,10 @@ def _act_on(life: JobLife, op: str, job: store.Job, label: Optional[str]) -> Non
         life.cancel(job)
     elif job.state != store.PENDING:
         raise UserError(f"job {label} is already running; only waiting jobs can be held")
+    elif op == "hold":  # its reason now: no pass plans a held job
+        life.store.update(job.id, held=True, reason=scheduling.HELD)
     else:
-        held = op == "hold"  # its reason now: no pass plans a held job
-        life.store.update(job.id, held=held, **({"reason": scheduling.HELD} if held else {}))
+        life.store.update(job.id, held=False)
 
 
 #: Each operation: how its request is read into one record (protocol), and its handler,

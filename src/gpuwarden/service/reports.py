@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.queuestate import QueueState
     from gpuwarden.service.sampler import Sampler
+    from gpuwarden.service.starting import Starts
     from gpuwarden.service.watching import ServiceWatch
     from gpuwarden.usage.efficiency import GpuUse
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
         """What the reports need of the jobs' life (`joblife.JobLife` has it)."""
 
         pacer: Pacer
+        starts: Starts
         hardware: Machine
         queue: QueueState
         preempted: dict[str, int]  # preemptions since the start, by the victim's owner
@@ -60,6 +62,7 @@ def stats(service: Reporting) -> dict[str, Any]:
     return {
         "ok": True,
         "plan": service.pacer.stats(),
+        "starting": service.starts.stats(),
         "machine": service.hardware.stats(),
         "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},
         "jobs": tally.counts(),

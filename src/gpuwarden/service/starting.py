@@ -26,14 +26,36 @@ import selectors
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.service import jobnotify, spawn, store
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from gpuwarden.leases import Held
-    from gpuwarden.service.joblife import JobLife
+    from gpuwarden.service.attachment import Attachments
+    from gpuwarden.service.notify import JobNotifier
+    from gpuwarden.service.store import Job, Store
+
+    class StartingService(Protocol):
+        """What taking a start's report needs of the jobs' life (`joblife.JobLife`)."""
+
+        starts: Starts
+        selector: selectors.BaseSelector
+        store: Store
+        notifier: JobNotifier
+        attachments: Attachments
+        termed: dict[int, float]  # job id -> when SIGTERM was sent (or asked, while starting)
+        watched: dict[int, int]  # job id -> pidfd of its supervisor
+
+        def watch_supervisor(
+            self, job_id: int, pid: int, job_pid: Optional[int] = None
+        ) -> None: ...
+
+        def signal(self, job: Job, sig: int) -> bool: ...
+
 
 log = logging.getLogger("gpuwarden.serve")
 
@@ -71,7 +93,7 @@ class Starts:
         }
 
 
-def begun(life: JobLife, start: Starting) -> None:
+def begun(life: StartingService, start: Starting) -> None:
     """`start`'s supervisor has its go-ahead: its report is an event of the loop."""
     starts = life.starts
     starts.flight[start.job] = start
@@ -81,7 +103,7 @@ def begun(life: JobLife, start: Starting) -> None:
     life.selector.register(start.forked.report, selectors.EVENT_READ, ("report", start.job))
 
 
-def arrived(life: JobLife, job_id: int) -> None:
+def arrived(life: StartingService, job_id: int) -> None:
     """The report pipe of `job_id` is readable: keep what came; at its end, settle."""
     start = life.starts.flight.get(job_id)
     if start is None:
@@ -103,7 +125,7 @@ def arrived(life: JobLife, job_id: int) -> None:
     _running(life, start, started)
 
 
-def overdue(life: JobLife, now: float) -> None:
+def overdue(life: StartingService, now: float) -> None:
     """Starts whose supervisor has not reported within `spawn.REPORT_WITHIN`: failed, as
     a start that waited for its report failed."""
     for start in [s for s in life.starts.flight.values() if now >= s.deadline]:
@@ -113,7 +135,7 @@ def overdue(life: JobLife, now: float) -> None:
         failed(life, start.job, UserError("a job's supervisor did not answer in time"))
 
 
-def close(life: JobLife) -> None:
+def close(life: StartingService) -> None:
     """The service stops: let go of the pipes and leases (the supervisors hold the leases
     and run their jobs on, for the next service to adopt)."""
     for start in list(life.starts.flight.values()):
@@ -121,7 +143,7 @@ def close(life: JobLife) -> None:
         start.held.close()
 
 
-def failed(life: JobLife, job_id: int, err: UserError) -> None:
+def failed(life: StartingService, job_id: int, err: UserError) -> None:
     """A job that could not start: FAILED with the reason (said once), its owner's
     `--notify fail` told."""
     why = str(err)
@@ -135,13 +157,13 @@ def failed(life: JobLife, job_id: int, err: UserError) -> None:
     log.info("job %s ended: %s (it never started)", job_id, store.FAILED)
 
 
-def _forget(life: JobLife, start: Starting) -> None:
+def _forget(life: StartingService, start: Starting) -> None:
     life.starts.flight.pop(start.job, None)
     life.selector.unregister(start.forked.report)
     os.close(start.forked.report)
 
 
-def _running(life: JobLife, start: Starting, started: spawn.Started) -> None:
+def _running(life: StartingService, start: Starting, started: spawn.Started) -> None:
     """The job has exec'd: its lease names it, it is RUNNING and watched, its client told;
     a cancel that came while it started is sent now."""
     from gpuwarden.jobs.holding import kill_group
@@ -157,8 +179,11 @@ def _running(life: JobLife, start: Starting, started: spawn.Started) -> None:
     start.held.close()  # its supervisor holds the leases; the service keeps no copy
     life.attachments.notify(job_id, {"event": "started", "gpus": [g.uuid for g in start.gpus]})
     life.attachments.release_stdio(job_id)  # the job has them now
-    life.store.update(job_id, durable=False, state=store.RUNNING, pid=started.pid)
+    # Watched first: a journal that cannot take the pid now still learns of the end.
     life.watch_supervisor(job_id, started.supervisor, started.pid)
+    if job_id not in life.watched:  # its supervisor was gone already: ended there
+        return
+    life.store.update(job_id, durable=False, state=store.RUNNING, pid=started.pid)
     job = life.store.get(job_id)
     if job is None:
         return

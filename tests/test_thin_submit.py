@@ -256,6 +256,77 @@ def test_the_console_script_submits_without_argparse_json_or_socket(server: Serv
     assert not settings, settings  # the schema and the files' reading are the service's
 
 
+# What the console script loads for a submit beyond the interpreter's own start: the
+# package, the CLI's table, the short client and its three helpers, and two of the
+# interpreter's built-in modules. Each module more is a share of a millisecond on
+# every submit; `__future__` too (no module on this path imports it).
+CONSOLE = "import sys; sys.argv[1:1] = ['submit']; from gpuwarden.cli import console; console()"
+SHORT_PATH = {
+    "gpuwarden",
+    "gpuwarden.cli",
+    "gpuwarden.files",
+    "gpuwarden.files.configfiles",
+    "gpuwarden.queueclient",
+    "gpuwarden.queueclient.shortwire",
+    "gpuwarden.queueclient.thin",
+    "gpuwarden.queueclient.writable",
+    "_json",
+    "_socket",
+}
+
+
+def imported(srv: Server, who: Person, code: str, args: list[str]) -> set[str]:
+    """The modules `code` imports, as `-X importtime` names them."""
+    env = {**environment(srv), "PYTHONPROFILEIMPORTTIME": "1"}
+    done = as_user(srv, who, code, args, env)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("|") for line in done.stderr.splitlines()]
+    return {cells[2].strip() for cells in lines if len(cells) == 3 and "imported" not in cells[2]}
+
+
+def test_the_console_script_loads_only_the_short_path_beyond_the_interpreter(
+    server: Server,
+) -> None:
+    alice = make_user("alice", ("lab",))
+    floor = imported(server, alice, "pass", [])
+    loaded = imported(server, alice, CONSOLE, ["--hold", "--", "true"])
+    assert loaded - floor == SHORT_PATH, sorted(loaded - floor)
+
+
+def test_a_short_submit_costs_the_service_one_durable_commit_and_no_pass(
+    server: Server,
+) -> None:
+    """The service's work for one held submit from the short client: its argv read, one
+    commit and its fsync (the job id answered survives a crash), no start pass and no
+    NVML call."""
+    alice = make_user("alice", ("lab",))
+    server.call(None, "stats")  # the service's first pass is behind it
+    before = server.call(None, "stats")
+    count = 5
+    for _ in range(count):
+        reply = raw(
+            server,
+            alice,
+            args=["--hold", "--output", "/dev/null", "--", "true"],
+            probes={str(server.work): [True] * 5, "/dev/null": [False, True, True, False, False]},
+        )
+        assert reply["code"] == 0, reply
+    after = server.call(None, "stats")
+    journal = {k: after["journal"][k] - before["journal"][k] for k in ("commits", "fsyncs")}
+    assert journal == {"commits": count, "fsyncs": count}, journal
+    # A held job wakes no start pass (the queue's full pass comes on its own pace).
+    assert after["plan"]["starts"] == before["plan"]["starts"], (before["plan"], after["plan"])
+    calls = after["machine"]["nvml_calls"] - before["machine"]["nvml_calls"]
+    assert calls == 0, calls
+    # An output the job's id names is written once the id is known; the default too.
+    pattern = str(server.work / "run-%j.log")
+    facts = {str(server.work): [True] * 5, pattern: [False, False, False, False, True]}
+    named = raw(server, alice, args=["--hold", "--output", pattern, "--", "true"], probes=facts)
+    plain = raw(server, alice, args=["--hold", "--", "true"])
+    assert journaled(server, named["job"])["output"] == str(server.work / f"run-{named['job']}.log")
+    assert journaled(server, plain["job"])["output"] == str(server.work / "gpuwarden-ID.out")
+
+
 # One request, as it comes, over a raw connection; the answer's line as JSON.
 RAW = """
 import json, socket, sys

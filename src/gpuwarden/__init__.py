@@ -4,8 +4,6 @@ The package root stays import-cheap because `gpuwarden run` wraps every
 training command: the Python API (`lease`, `select`) is resolved lazily.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it only here
 if TYPE_CHECKING:
     from typing import Any
@@ -16,7 +14,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "lease", "select"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     # The API functions are named like no module (`leases`, `selection` are the
     # modules), so importing a submodule never rebinds these names.
     if name == "lease":

@@ -18,8 +18,6 @@ to the job instead of reading it as an abbreviation of one of run's options.
 an unexpected exception is still a bug and keeps its traceback.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -88,8 +86,8 @@ _GLOBAL_FLAGS = ("-h", "--help", "-V", "--version")
 
 
 def subcommand(
-    commands: Commands, name: str, *, intermixed: bool = False, **kwargs: str
-) -> argparse.ArgumentParser:
+    commands: "Commands", name: str, *, intermixed: bool = False, **kwargs: str
+) -> "argparse.ArgumentParser":
     """The parser of command `name`: its summary from `COMMANDS`, no abbreviations,
     help wrapped to the terminal; `intermixed`: see `CommandParser`. Keywords go to
     `add_parser` (usage, epilog...)."""
@@ -104,7 +102,7 @@ def subcommand(
     )
 
 
-def command_word(argv: Sequence[str]) -> tuple[str | None, str | None]:
+def command_word(argv: "Sequence[str]") -> "tuple[str | None, str | None]":
     """(the command word, an unknown option met before it). Global options go
     before the command; everything from the command word on is the command's."""
     i = 0
@@ -122,7 +120,7 @@ def command_word(argv: Sequence[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: "Sequence[str] | None" = None) -> int:
     module, args = parse(list(sys.argv[1:] if argv is None else argv))
     if module is None:
         return 0
@@ -188,7 +186,7 @@ def console() -> None:
     raise SystemExit(code)
 
 
-def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
+def parse(argv: list[str]) -> "tuple[ModuleType | None, argparse.Namespace]":
     """(the command's module, the parsed arguments), or (None, ...) when there is
     nothing to run (--version, no command). Exits as argparse does on help and errors."""
     from gpuwarden.cli.parsers import top_parser
@@ -222,7 +220,7 @@ def parse(argv: list[str]) -> tuple[ModuleType | None, argparse.Namespace]:
     return module, args
 
 
-def service_client() -> Client:
+def service_client() -> "Client":
     """The queue service this command talks to, at the socket its reading of the
     configuration names; one line where none answers."""
     from gpuwarden import config
@@ -231,7 +229,7 @@ def service_client() -> Client:
     return require(config.load().service_socket())
 
 
-def configure_logging(level: str | None) -> None:
+def configure_logging(level: "str | None") -> None:
     """One format for every long-running command: `LEVEL gpuwarden.AREA: message` on
     stderr, where a service manager's journal keeps it. The level comes from
     `--log-level`, else GPUWARDEN_LOG_LEVEL, else info; a bad variable is one line."""

@@ -7,8 +7,6 @@ out with a few `stat` calls and imports nothing else. Strings, not Paths: pathli
 stays off the start-up path.
 """
 
-from __future__ import annotations
-
 import os
 
 TYPE_CHECKING = False
@@ -21,23 +19,23 @@ PROJECT_FILE = "gpuwarden.toml"
 DEFAULT_SOCKET = "/run/gpuwarden/gpuwarden.sock"  # the queue service's, unless configured
 
 
-def system_config(env: Mapping[str, str]) -> str:
+def system_config(env: "Mapping[str, str]") -> str:
     return env.get("GPUWARDEN_SYSTEM_CONFIG") or SYSTEM_CONFIG
 
 
-def user_config(env: Mapping[str, str]) -> str:
+def user_config(env: "Mapping[str, str]") -> str:
     base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, "gpuwarden", "config.toml")
 
 
-def absolute(path: str | os.PathLike[str]) -> str:
+def absolute(path: "str | os.PathLike[str]") -> str:
     """`Path(path).absolute()` as a string: joined to the working directory, `.` and
     doubled slashes dropped, `..` kept (it may cross a symlink)."""
     joined = os.path.join(os.getcwd(), path)
     return "/" + "/".join(p for p in joined.split("/") if p and p != ".")
 
 
-def project_config(cwd: str | os.PathLike[str] | None = None) -> Optional[str]:
+def project_config(cwd: "str | os.PathLike[str] | None" = None) -> "Optional[str]":
     """The nearest `gpuwarden.toml` from `cwd` upwards, stopping at the repository root
     (a directory holding `.git`), the home directory or `/`; None if there is none.
 

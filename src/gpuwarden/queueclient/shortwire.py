@@ -7,8 +7,6 @@ queueclient.protocol (one compact JSON object per line) without the json package
 and scanner are the very ones `json` drives, with json's defaults.
 """
 
-from __future__ import annotations
-
 import sys
 
 TYPE_CHECKING = False
@@ -19,7 +17,7 @@ TIMEOUT = 30.0  # as queueclient.client.connect's
 NOTICE_AFTER = 3.0
 
 
-def encoded(message: dict[str, Any]) -> bytes:
+def encoded(message: "dict[str, Any]") -> bytes:
     """One line of the protocol (queueclient.protocol.encode's compact JSON), by the
     interpreter's own JSON encoder, without the json package (and its `re`)."""
     import _json
@@ -47,7 +45,7 @@ class _Reading:
         raise ValueError(f"{name} is not JSON")
 
 
-def decoded(line: bytes) -> dict[str, Any]:
+def decoded(line: bytes) -> "dict[str, Any]":
     import _json
 
     scanner: Any = _json.make_scanner  # typeshed wants a scanner as its context
@@ -55,7 +53,7 @@ def decoded(line: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def answer(sock: Any, path: str) -> bytes:
+def answer(sock: "Any", path: str) -> bytes:
     """The answer's line; after NOTICE_AFTER seconds of silence the user is told once,
     as by the full client (queueclient.client.Client._recv)."""
     data = b""

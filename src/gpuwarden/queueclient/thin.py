@@ -20,8 +20,6 @@ the service says it does not take (`--slurm`, `--ddp`, `--dry-run`, `--help`, an
 output file it has no facts for, a command line longer than it reads).
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
 OP = "submit_argv"
 
 
-def submit(argv: list[str]) -> Optional[int]:
+def submit(argv: list[str]) -> "Optional[int]":
     """`gpuwarden submit ARGV...` through the service: the exit code, its output
     written; None where the full client must run instead (nothing was sent)."""
     env = os.environ
@@ -64,7 +62,7 @@ def submit(argv: list[str]) -> Optional[int]:
         sock.close()
 
 
-def _settings_are_the_services(env: Any) -> bool:
+def _settings_are_the_services(env: "Any") -> bool:
     """No settings file of the user's or the project's (the full client reads and
     judges them as the user), and a system file this user may read, as the full
     client would (the service, reading it as root, could where the user cannot)."""
@@ -102,7 +100,7 @@ def _request(argv: list[str], path: str) -> bytes:
     return encoded(message)
 
 
-def _output_word(argv: list[str]) -> Optional[str]:
+def _output_word(argv: list[str]) -> "Optional[str]":
     """A guess at `--output`'s value, so that its facts go with the first message: the
     service reads the command line itself, and steps aside where the guess missed."""
     for i, word in enumerate(argv):
@@ -115,7 +113,7 @@ def _output_word(argv: list[str]) -> Optional[str]:
     return None
 
 
-def _ask(sock: Any, path: str, data: bytes) -> Optional[int]:
+def _ask(sock: "Any", path: str, data: bytes) -> "Optional[int]":
     try:
         sock.sendall(data)
     except OSError:

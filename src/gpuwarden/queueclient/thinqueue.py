@@ -12,8 +12,6 @@ rows, a refusal, or lines above the table (GPU use outside the queue, bookings),
 which the full client words.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -30,7 +28,7 @@ MAX_PAGE_ROWS = 5000  # queueclient.protocol's
 FLAGS = {"--all", "--me"}
 
 
-def queue(argv: list[str]) -> Optional[int]:
+def queue(argv: list[str]) -> "Optional[int]":
     """`gpuwarden queue [--all] [--me]` from the service's table: the exit code, the
     table written; None where the full client must run instead (nothing printed)."""
     if not set(argv) <= FLAGS or len(set(argv)) != len(argv):
@@ -63,7 +61,9 @@ def queue(argv: list[str]) -> Optional[int]:
         sock.close()
 
 
-def _pages(sock: Any, path: str, rows: Optional[int], filters: dict[str, Any]) -> Optional[int]:
+def _pages(
+    sock: "Any", path: str, rows: "Optional[int]", filters: "dict[str, Any]"
+) -> "Optional[int]":
     offset = 0
     while True:
         want = MAX_PAGE_ROWS if rows is None else min(MAX_PAGE_ROWS, rows - offset)

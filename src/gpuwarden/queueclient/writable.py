@@ -6,14 +6,11 @@ cannot write it fails with an empty log: `submit` refuses such a file at once, i
 one line. The kernel's answer to the submitting process is the job's, so the facts
 come from that process (`probe`); the judgement (`judge`) is pure, so the service
 can judge the facts the short client (`queueclient.thin`) sends with its command
-line. Imports nothing beyond `os`.
+line. Imports nothing beyond `os` (and `UserError` once it refuses), and no
+`__future__`: the short client's start pays for each module it loads.
 """
 
-from __future__ import annotations
-
 import os
-
-from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,7 +18,7 @@ if TYPE_CHECKING:
     from typing import Optional
 
 
-def where(output: Optional[str], cwd: str) -> str:
+def where(output: "Optional[str]", cwd: str) -> str:
     """The output's absolute path, or the working directory where the default goes."""
     return cwd if output is None else os.path.normpath(os.path.join(cwd, output))
 
@@ -39,9 +36,11 @@ def probe(path: str) -> list[bool]:
     ]
 
 
-def judge(output: Optional[str], path: str, facts: Sequence[bool]) -> None:
+def judge(output: "Optional[str]", path: str, facts: "Sequence[bool]") -> None:
     """Refuse, in one line, an output (`path`, from `where`) its submitter could not
     write, given `probe(path)` as the submitter saw it."""
+    from gpuwarden.base.errors import UserError
+
     isdir, exists, writable, usable, parent = facts
     if output is not None and isdir:
         raise UserError(f"--output {output} is a directory: name a file in it")
@@ -60,7 +59,7 @@ def judge(output: Optional[str], path: str, facts: Sequence[bool]) -> None:
         )
 
 
-def check(output: Optional[str]) -> None:
+def check(output: "Optional[str]") -> None:
     """`judge` of this process's own view: the full client's check."""
     path = where(output, os.getcwd())
     judge(output, path, probe(path))

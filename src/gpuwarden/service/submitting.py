@@ -124,8 +124,9 @@ def _journal(
             life.pacer.wake()
             return {"ok": True, "job": ids[0], "tasks": tasks, "ids": ids}
         job = life.store.add(new)
-        if not job.attached:  # sbatch's patterns (%j) filled in, as for an array's tasks
-            life.store.update(job.id, output=arrays.output_of(job))
+        output = None if job.attached else arrays.output_of(job)
+        if output is not None and output != job.output:  # sbatch's patterns (%j), the
+            life.store.update(job.id, output=output)  # default's id; a plain path stays
     if job.attached and client is not None:
         life.attachments.hold(job.id, client, stdio)
         record_client(life.exits, str(job.id), peer_credentials(client.sock)[0])

@@ -117,3 +117,69 @@ def only_child(pid: int, wanted: Any) -> int:
     )
     assert len(found) == 1, found
     return int(found[0])
+
+
+class _Held:
+    """A lease as far as a start in flight uses it."""
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_report_that_does_not_come_in_time_fails_its_job(tmp_path: Path) -> None:
+    """The loop's tick fails a start whose supervisor has not reported within
+    `spawn.REPORT_WITHIN`, with the error a start that waited for it gave, lets go of
+    its lease and of its pipe; one still within its time is left in flight."""
+    import selectors
+    import time
+    from types import SimpleNamespace
+
+    from gpuwarden.service import spawn, starting
+    from gpuwarden.service import store as s
+
+    journal = s.Store(str(tmp_path / "jobs.db"))
+    late, waiting = (
+        journal.add(
+            s.new_job(
+                uid=0,
+                gid=0,
+                user="root",
+                argv=("true",),
+                cwd="/",
+                env={},
+                umask=0o022,
+                request={"count": 1},
+            )
+        )
+        for _ in range(2)
+    )
+    life: Any = SimpleNamespace(
+        starts=starting.Starts(),
+        selector=selectors.DefaultSelector(),
+        store=journal,
+        notifier=None,  # the jobs ask for no notice
+    )
+    now = time.monotonic()
+    pipes, leases = [], []
+    for record, deadline in ((late, now - 1), (waiting, now + spawn.REPORT_WITHIN)):
+        journal.update(record.id, state=s.STARTING, gpus=("GPU-1",), started=time.time())
+        read_end, write_end = os.pipe()
+        pipes.append(write_end)
+        leases.append(_Held())
+        forked = spawn.Forked(supervisor=0, report=read_end)
+        start = starting.Starting(record.id, forked, leases[-1], (), deadline)  # type: ignore[arg-type]
+        starting.begun(life, start)
+    assert life.starts.stats()["most_in_flight"] == 2
+    starting.overdue(life, now)
+    failed = journal.get(late.id)
+    assert failed is not None and failed.state == s.FAILED
+    assert failed.error == "a job's supervisor did not answer in time"
+    assert leases[0].released and not leases[1].released
+    assert list(life.starts.flight) == [waiting.id]
+    assert life.starts.stats()["overdue"] == 1
+    assert len(life.selector.get_map()) == 1
+    for fd in pipes:
+        os.close(fd)

@@ -26,6 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.serve")
 
 
+def _plannable(journal: store.Store) -> list[store.Job]:
+    """What a full pass plans: every waiting job that is not held, and the held jobs
+    those name in `--after` (they wait on them: Dependency). No other held job: it
+    cannot start, its reason was said when it was held, and it has no priority until
+    it is released (as Slurm's held jobs), so 10,000 held jobs cost a pass nothing."""
+    waits = journal.waiting()
+    named = {a for j in waits for a in j.after}
+    held = (journal.get(i) for i in named)
+    waits.extend(j for j in held if j is not None and j.state == store.PENDING and j.held)
+    return waits
+
+
 def schedule(life: JobLife, full: bool = True) -> None:
     """Plan and start what the plan starts, keeping what stays free (`free`) for a submit
     to judge (service.pacing): a full pass plans and ranks every waiting job, a start
@@ -36,7 +48,7 @@ def schedule(life: JobLife, full: bool = True) -> None:
     began = time.monotonic()
     unwritten.retry(life)  # ends a full disk kept, written once it has room
     # An attached job whose client has not come back after a restart waits for it.
-    waits, more = (life.store.jobs([store.PENDING]), False) if full else life.store.ready()
+    waits, more = (_plannable(life.store), False) if full else life.store.ready()
     kept = life.unwritten  # ended or cancelled, not yet in the journal: left out
     pending = [
         j for j in waits if (not j.attached or j.id in life.attachments.stdio) and j.id not in kept

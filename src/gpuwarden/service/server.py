@@ -280,5 +280,5 @@ class Service:
             recovery.end_orphans(life)
         timelimits.tick(life)
         starting.overdue(life, time.monotonic())
-        if life.store.jobs([store.PENDING]):
+        if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,14 @@ def cpu_ns(pid: int) -> int:
 @pytest.fixture
 def raw_service(tmp_path: Path) -> Iterator[Raw]:
     sock = str(tmp_path / "gw.sock")
+    # A lab's system file, written an hour ago: the service reads it once, then again
+    # only when it changes (service.liveconfig; tests/test_service_liveconfig.py).
+    lab = tmp_path / "config.toml"
+    lab.write_text("# the lab's settings\n")
+    os.utime(lab, (time.time() - 3600, time.time() - 3600))
     env = dict(
         os.environ,
+        GPUWARDEN_SYSTEM_CONFIG=str(lab),
         PYTHONPATH=SRC,
         GPUWARDEN_SIM=SPEC,
         GPUWARDEN_SIM_STATE=str(tmp_path / "sim"),

@@ -28,10 +28,10 @@ FACES = (
     "submitit.py",
     "torch/devices.py",
     "doctor/facts.py",
-    # the service: its own reading (at start, per pass of the plan, on reload), and a
-    # short submit's settings read as its submitter's client would read them
-    "service/server.py",
-    "service/passes.py",
+    # the service: its own reading (at start and per pass of the plan, again when its
+    # files change; on reload), and a short submit's settings read as its submitter's
+    # client would read them
+    "service/liveconfig.py",
     "service/reloading.py",
     "service/argvsubmit.py",
 )

@@ -53,6 +53,8 @@ def counters(raw: Raw) -> dict[str, float]:
         "deferred": plan["deferred"],
         "nvml": machine["nvml_calls"] - machine["whole_read_calls"],
         "whole_reads": machine["whole_reads"],
+        "config_reads": stats["config"]["reads"],
+        "config_checks": stats["config"]["checks"],
         "commits": journal["commits"],
         "fsyncs": journal["fsyncs"],
     }
@@ -89,6 +91,10 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # every 10 s for the efficiency sampler while jobs run.
     assert per["nvml"] <= 10, said
     assert after["whole_reads"] - before["whole_reads"] <= 2 + 1.3 * elapsed, said
+    # The configuration: looked at by every pass that plans, read by none (its file
+    # has not changed since the service read it at start).
+    assert after["config_checks"] > before["config_checks"], said
+    assert after["config_reads"] == before["config_reads"], said
     # The journal: a submit, a start (STARTING, RUNNING), an end, and reasons.
     assert per["commits"] <= 6, said
     assert per["fsyncs"] <= 3, said

@@ -40,6 +40,7 @@ from gpuwarden.service import (
     store,
     unwritten,
 )
+from gpuwarden.service.liveconfig import LiveConfig
 from gpuwarden.service.queuestate import QueueState
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class JobLife:
         # changes without a reload (where drains and XID logs are, the health rules) is
         # taken from it and handed down; a submit is judged by it (service.admission).
         self.reading: Optional[config.Config] = None
+        self.live = LiveConfig()  # that reading, read again only when its files change
         self.cgroup_mode: Optional[str] = None  # the machine's cgroup hierarchy, found once
         self.watch: Optional[ServiceWatch] = None  # the enforcement watch, made on first need
         self.sampler: Optional[Sampler] = None  # the running jobs' GPUs for `eff`, likewise

@@ -15,7 +15,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gpuwarden import config
 from gpuwarden.base.errors import UserError
 from gpuwarden.planning import preemption
 from gpuwarden.service import arrays, bookings, jobnotify, limiting, preempting, store, unwritten
@@ -45,8 +44,9 @@ def schedule(life: JobLife, full: bool = True) -> None:
         life.queue.nothing_waits(full)  # after a full pass: a submit plans at once
         return life.pacer.planned("full" if full else "start", began, time.monotonic())
     # One reading of the configuration for the pass, handed to what it calls: drains,
-    # XID logs and health rules change without a reload.
-    reading = life.reading = config.load()
+    # XID logs and health rules change without a reload (read again when its files
+    # change: service.liveconfig).
+    reading = life.reading = life.live.current()
     snapshot = life.hardware.current(life.settings.tick)
     units = devices(snapshot)  # MIG slices in place of their GPU: what jobs are given
     life.queue.seen(units)

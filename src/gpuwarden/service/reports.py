@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpuwarden.queueclient.protocol import Report
     from gpuwarden.service.digests import Ask, Digesting
     from gpuwarden.service.identity import Person
+    from gpuwarden.service.liveconfig import LiveConfig
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.queuestate import QueueState
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
         pacer: Pacer
         hardware: Machine
+        live: LiveConfig
         queue: QueueState
         preempted: dict[str, int]  # preemptions since the start, by the victim's owner
         usage_totals: Optional[dict[tuple[str, str], float]]
@@ -61,6 +63,7 @@ def stats(service: Reporting) -> dict[str, Any]:
         "ok": True,
         "plan": service.pacer.stats(),
         "machine": service.hardware.stats(),
+        "config": service.live.stats(),
         "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},
         "jobs": tally.counts(),
         "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, tally.waits)],

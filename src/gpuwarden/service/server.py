@@ -28,7 +28,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden import config
 from gpuwarden.base.errors import UserError
 from gpuwarden.service import (
     archive,
@@ -161,7 +160,7 @@ class Service:
         life.notifier.start()  # a fork: before anything else runs
         self.clients.listen(path)  # anyone may ask; the kernel says who asked
         snapshot = life.machine = life.read_snapshot()
-        life.reading = config.load()
+        life.reading = life.live.current()
         life.queue.seen(snapshot.gpus)
         recovery.recover(life)
         # Its threads start after every fork of the start (the notifier's): a lab with

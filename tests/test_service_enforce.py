@@ -394,7 +394,8 @@ def test_two_services_never_share_or_sweep_each_others_job_cgroups(tmp_path: Pat
 
     first, second = (jobcgroup.scope_of(str(tmp_path / n)) for n in ("one", "two"))
     assert first != second and first == jobcgroup.scope_of(str(tmp_path / "one"))
-    made = [jobcgroup.make_job(s, "1", [0], [0, 1]) for s in (first, second)]
+    places = [jobcgroup.place(str(tmp_path / n)) for n in ("one", "two")]
+    made = [jobcgroup.make_job(p, "1", [0], [0, 1]) for p in places]
     try:
         assert made[0]["devices"] != made[1]["devices"]
         assert set(jobcgroup.service_jobs(first)) == {"1"}
@@ -414,7 +415,7 @@ def test_a_job_joins_its_cgroup_through_tasks_and_its_children_follow(tmp_path: 
     from gpuwarden.service import jobcgroup
 
     scope = jobcgroup.scope_of(str(tmp_path))
-    dirs = jobcgroup.make_job(scope, "7", [0], [0, 1])
+    dirs = jobcgroup.make_job(jobcgroup.place(str(tmp_path)), "7", [0], [0, 1])
     try:
         read, write = os.pipe()
         pid = os.fork()

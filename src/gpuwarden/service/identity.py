@@ -13,8 +13,10 @@ import os
 import pwd
 import socket
 import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Optional
 
 from gpuwarden.base.errors import UserError
 
@@ -37,10 +39,57 @@ class Person:
         return self.uid == 0
 
 
+#: The files the user database is read from where it is local (nsswitch "files"): a
+#: looked-up person is kept while none of them changes (`_sources`).
+SOURCES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+#: And at most this long, for what the files do not show (an LDAP or sssd directory,
+#: whose own caches keep entries far longer).
+KEEP_FOR = 10.0
+#: A file changed this recently may change again within its timestamp's granularity
+#: unseen: what is read then is not kept.
+SETTLED = 2.0
+
+_people: dict[tuple[int, Optional[int]], tuple[object, float, Person]] = {}
+
+
+def _sources() -> tuple[Optional[tuple[int, int, int, int]], ...]:
+    stamps: list[Optional[tuple[int, int, int, int]]] = []
+    for path in SOURCES:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamps)
+
+
 def person(uid: int, gid: int | None = None) -> Person:
     """The user `uid` from the user database; `gid` (from the kernel) overrides the
     primary group the database gives. A uid with no entry is refused: a job cannot
-    be run as a user the system does not know (no home, no groups to set)."""
+    be run as a user the system does not know (no home, no groups to set).
+
+    The service asks this for every job it starts and every client that connects:
+    the answer is kept while the database's files are unchanged (their stat, read
+    before the lookup) for up to `KEEP_FOR` seconds, so a changed group membership
+    applies to the next job, as a new login would have it, without a walk of
+    /etc/passwd and /etc/group per job."""
+    key = (uid, gid)
+    stamp = _sources()
+    now = time.monotonic()
+    known = _people.get(key)
+    if known is not None and known[0] == stamp and now - known[1] < KEEP_FOR:
+        return known[2]
+    found = _look_up(uid, gid)
+    settled = time.time_ns() - int(SETTLED * 1e9)
+    if all(s is None or s[2] < settled for s in stamp):
+        if len(_people) > 4096:  # uids come from the kernel, not from requests; still bounded
+            _people.clear()
+        _people[key] = (stamp, now, found)
+    return found
+
+
+def _look_up(uid: int, gid: int | None) -> Person:
     try:
         entry = pwd.getpwuid(uid)
     except KeyError:

@@ -14,8 +14,10 @@ cgroups are where a cancel or a time limit reaches every process of the job
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
+from dataclasses import dataclass
 
 from gpuwarden.cgroups.devices import (
     DEVICES,
@@ -26,7 +28,7 @@ from gpuwarden.cgroups.devices import (
     remove_cgroup,
     remove_dirs,
 )
-from gpuwarden.cgroups.hierarchy import detect
+from gpuwarden.cgroups.hierarchy import detect, read_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ _JOB = re.compile(r"job-(\d{1,18})")
 _SCOPE = re.compile(r"svc-[0-9a-f]{12}")
 
 
+@functools.lru_cache(maxsize=64)
 def scope_of(state_dir: str) -> str:
     """The directory that holds one service's job cgroups, named after its state
     directory: two services on one machine (a test suite run beside the real one) never
@@ -72,8 +75,51 @@ def job_dirs(
     return dirs
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where one service's job cgroups go, worked out once in the service (`place`), not
+    in each job's supervisor: the isolation mode (and why, where it is "none"), per
+    controller the directory that holds the jobs' cgroups (`svc-<hash>` below the
+    service's own cgroup), and the /proc/self/cgroup text it was worked out from."""
+
+    mode: str
+    why: str
+    scopes: dict[str, str]
+    own: str
+
+
+_places: dict[str, Place] = {}
+
+
+def place(status_dir: str) -> Place:
+    """The `Place` of the service whose exit records go to `status_dir`. Kept while this
+    process's own cgroups (/proc/self/cgroup, one read) stay what they were: a service
+    moved to another cgroup puts its next jobs below the new one, as `job_dirs` finds
+    them. Called by the service before it forks a supervisor, which inherits it."""
+    try:
+        own = read_text("/proc/self/cgroup")
+    except OSError:
+        own = ""  # `detect` says why there is no isolation
+    known = _places.get(status_dir)
+    if known is not None and known.own == own:
+        return known
+    mode, why = detect()
+    scopes: dict[str, str] = {}
+    if mode != "none":
+        scope = scope_of(status_dir)
+        try:
+            dirs, _ = dirs_for(job_name(scope, "0"), mode)
+        except OSError:
+            dirs = {}
+        scopes = {c: os.path.dirname(p) for c, p in dirs.items()}
+        if "devices" not in scopes:
+            from gpuwarden.cgroups import bpf  # noqa: F401 - loaded here, not per job
+    known = _places[status_dir] = Place(mode, why, scopes, own)
+    return known
+
+
 def make_job(
-    scope: str,
+    where: Place,
     job: str,
     minors: Sequence[Optional[int]],
     present: Iterable[int],
@@ -82,23 +128,30 @@ def make_job(
     """Make service job `job`'s cgroups, allowing only the GPU nodes of `minors` (as root);
     its dirs. `caps`: the nvidia-caps nodes to deny too (other MIG slices',
     `migcaps.denied_for`). Raises CgroupError (and leaves nothing behind) when that is
-    impossible."""
-    mode, why = detect()
-    if mode == "none":
-        raise CgroupError(f"no device isolation: {why}")
+    impossible. One mkdir per hierarchy: the scope's directory is made only when it is
+    missing, and a leftover of a try that never started only when one is there."""
+    if where.mode == "none":
+        raise CgroupError(f"no device isolation: {where.why}")
     if any(m is None for m in minors):
         raise CgroupError("NVML gives no minor number for a leased GPU: cannot isolate it")
     leased = [m for m in minors if m is not None]
-    dirs = job_dirs(scope, job, mode, existing=False)
-    if not any(c in dirs for c in DEVICES):
+    if not any(c in where.scopes for c in DEVICES):
         raise CgroupError("the service is in no hierarchy that can control devices")
+    name = f"job-{job}"
+    if not _JOB.fullmatch(name):
+        raise ValueError(f"bad job id {job!r}")
     made: dict[str, str] = {}
     try:
-        for controller, path in dirs.items():
-            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                remove_cgroup(path)  # left by a try that never started: its rules may differ
-            os.mkdir(path, 0o755)
+        for controller, scope in where.scopes.items():
+            path = os.path.join(scope, name)
+            try:
+                os.mkdir(path, 0o755)
+            except FileNotFoundError:
+                os.makedirs(scope, 0o755, exist_ok=True)
+                os.mkdir(path, 0o755)
+            except FileExistsError:  # left by a try that never started: its rules may differ
+                remove_cgroup(path)
+                os.mkdir(path, 0o755)
             made[controller] = path
         fence(made, leased, present, caps)
     except OSError as err:

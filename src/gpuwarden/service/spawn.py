@@ -43,6 +43,10 @@ from gpuwarden.files.safefiles import read_small, sync_directory, write_atomic
 from gpuwarden.service import becoming, exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuwarden.service.jobcgroup import Place
+
 EXIT_SUFFIX = ".exit"
 #: The room an exit record is written into, made before the job starts (service.exitrecord).
 RESERVE_SUFFIX = ".ending"
@@ -208,14 +212,14 @@ def start(
         raise UserError("empty command")
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    tree.ready()  # what the supervisor calls, loaded once here rather than in each one
+    where = _ready(launch)
     pid = os.fork()
     if pid == 0:  # the supervisor
         code = 70
         try:
             os.close(report_r)
             os.close(go_w)
-            code = _supervise(launch, report_w, go_r)
+            code = _supervise(launch, report_w, go_r, where)
         finally:
             os._exit(code)
     os.close(go_r)
@@ -276,7 +280,7 @@ def _start_time_of_child(pid: int) -> int:
     return start_time(pid)
 
 
-def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
+def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place]) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record."""
     os.setsid()
     if launch.stdio is not None:
@@ -305,14 +309,14 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     # On disk before the job execs: a restarted service that finds no marker knows it
     # never ran and may queue it again without running it twice. Written here, made
     # durable once the job is forked: the disk's wait overlaps the job's setting up.
-    mark = {"supervisor": os.getpid(), "since": start_time()}
+    mark: dict[str, int] = {"supervisor": os.getpid(), "since": start_time()}
     write_marker(launch.status_dir, launch.job, mark, durable=False)
     # SIGPIPE too: a service killed before reading the report below must not kill us
     # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     tree.become_subreaper()  # what the job detaches stays below us (service.tree)
-    cgroup, problem = _job_cgroup(launch)
+    cgroup, problem = _job_cgroup(launch, where)
     if problem is not None:
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
         _write_exit_record(launch, record)
@@ -353,12 +357,11 @@ def _supervise(launch: JobStart, report_w: int, go_r: int) -> int:
     # The job's pid here too, for a restart; the report above and the journal have it
     # as well, so a full disk now must not end the supervisor of a running job. After
     # the report: the service starts the next job meanwhile, not after these writes.
+    # Not waited onto the disk: it is for a restarted service, which a crash of the
+    # machine does not need it for (the job died with the machine); the first marker,
+    # on disk, already says a job may have run.
     with contextlib.suppress(UserError):
-        write_marker(
-            launch.status_dir,
-            launch.job,
-            {"supervisor": os.getpid(), "since": start_time(), "pid": job},
-        )
+        write_marker(launch.status_dir, launch.job, {**mark, "pid": job}, durable=False)
     while True:
         try:
             _, status = os.waitpid(job, 0)
@@ -381,23 +384,34 @@ def _write_exit_record(launch: JobStart, record: Mapping[str, object]) -> None:
     exitrecord.write(room, exit_record_path(launch.status_dir, launch.job), record)
 
 
-def _job_cgroup(launch: JobStart) -> tuple[dict[str, str], Optional[str]]:
+def _ready(launch: JobStart) -> Optional[Place]:
+    """In the service, before it forks the supervisor: load and work out what the
+    supervisor and the job call (the C library's handle, the cgroups' place and the
+    modules it needs), once here rather than in each of them, where every lazy import
+    or reading of /proc would be paid again per job. The job's cgroup `Place`, or None."""
+    tree.ready()
+    if launch.minors is None or launch.devices == "off":
+        return None
+    from gpuwarden.service import jobcgroup
+
+    return jobcgroup.place(launch.status_dir)
+
+
+def _job_cgroup(launch: JobStart, where: Optional[Place]) -> tuple[dict[str, str], Optional[str]]:
     """The job's cgroup dirs, made and confined to its GPUs by the supervisor (root); or
     no cgroup, with the reason the job must not run when `devices` is "require"."""
-    if launch.minors is None or launch.devices == "off":
+    if where is None:
         return {}, None
-    from gpuwarden.cgroups.devices import CgroupError
-    from gpuwarden.cgroups.hierarchy import detect
+    from gpuwarden.cgroups.devices import CgroupError  # loaded: `_ready` loaded jobcgroup
     from gpuwarden.service import jobcgroup
 
     try:
-        scope = jobcgroup.scope_of(launch.status_dir)
-        made = jobcgroup.make_job(scope, launch.job, launch.minors, launch.present, launch.caps)
-        return made, None
+        minors = launch.minors or ()
+        return jobcgroup.make_job(where, launch.job, minors, launch.present, launch.caps), None
     except CgroupError as err:
         if launch.devices == "require":
             return {}, f"{err} (enforce.devices = require)"
-        if detect()[0] != "none":
+        if where.mode != "none":
             import logging
 
             logging.getLogger("gpuwarden.serve").warning(

@@ -1,0 +1,143 @@
+"""A job's supervisor and the job's own process before its `exec`, held by the system
+calls they make per job (strace), which a busy machine does not move.
+
+Each job here is `true`, started by `service.spawn.start` from a process that has
+loaded the service, as the service does, with its cgroup where this machine has
+device isolation. What is counted is the work between the service's fork and the
+job's exec, and the supervisor's end: disk waits (fsync), files opened, readings of
+/proc, cgroup directories made or removed, forks. Each line is crossed by the
+supervisor before it was made cheap (589f29d: 150 calls a job, 6 fsyncs, 17 files
+opened, /proc read 10 times, cgroupfs touched 7 times a hierarchy) and held by what
+it does now.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components import require
+from gpuwarden.cgroups import hierarchy
+
+JOBS = 4
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+SCRIPT = """
+import os, sys
+from gpuwarden.service import server, spawn, jobcgroup  # the service's modules, loaded
+from gpuwarden.service.identity import person
+work, isolate, jobs = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+status = os.path.join(work, "jobs")
+os.mkdir(status, 0o700)
+for n in range(1, jobs + 1):
+    launch = spawn.JobStart(
+        job=str(n), argv=("true",), owner=person(os.getuid()), cwd=work,
+        env={"PATH": "/usr/bin:/bin"}, status_dir=status, output="/dev/null",
+        minors=(0,) if isolate else None, present=(0, 1, 2, 3),
+    )
+    started = spawn.start(launch)
+    os.waitpid(started.supervisor, 0)
+    assert spawn.read_exit_record(status, str(n)).ok
+    if isolate:
+        jobcgroup.remove_job(jobcgroup.job_dirs(jobcgroup.scope_of(status), str(n)))
+if isolate:
+    jobcgroup.remove_scope(jobcgroup.scope_of(status))
+"""
+
+_CLONE = re.compile(r"^(\d+)\s+(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)$")
+_CALL = re.compile(r"^(\d+)\s+([a-z_0-9]+)\((.*)")
+
+
+def counted(tmp_path: Path, isolate: bool) -> dict[str, collections.Counter[str]]:
+    """System calls per job of the supervisors ("supervisor") and of the jobs before
+    their exec ("job"), by name; "open /proc", "open cgroup" and "cgroupfs" (mkdir,
+    rmdir, stat calls under /sys/fs/cgroup) counted apart too."""
+    trace = tmp_path / "trace"
+    env = dict(os.environ, PYTHONPATH=SRC)
+    subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(trace), sys.executable, "-c", SCRIPT,
+         str(tmp_path), "1" if isolate else "0", str(JOBS)],
+        check=True, env=env, timeout=120,
+    )  # fmt: skip
+    lines = trace.read_text().splitlines()
+    main = lines[0].split()[0]
+    parent: dict[str, str] = {}
+    for line in lines:
+        if match := _CLONE.match(line):  # a call, or the "<... clone resumed>" half of one
+            parent[match.group(2)] = match.group(1)
+    role = {
+        pid: "supervisor" if up == main else "job" if parent.get(up) == main else "other"
+        for pid, up in parent.items()
+    }
+    counts: dict[str, collections.Counter[str]] = {
+        "supervisor": collections.Counter(),
+        "job": collections.Counter(),
+    }
+    execd: set[str] = set()
+    for line in lines:
+        match = _CALL.match(line)  # the "<... resumed>" half of a call is not counted again
+        if match is None or role.get(match.group(1)) not in counts or match.group(1) in execd:
+            continue
+        pid, name, args = match.groups()
+        count = counts[role[pid]]
+        count[name] += 1
+        if name in ("open", "openat"):
+            path = args.split('"')[1] if '"' in args else ""
+            if path.startswith("/proc/"):
+                count["open /proc"] += 1
+            elif path.startswith("/sys/fs/cgroup"):
+                count["open cgroup"] += 1
+        elif name in ("mkdir", "rmdir", "newfstatat", "stat", "lstat") and "/sys/fs/cgroup" in args:
+            count["cgroupfs"] += 1
+        if name == "execve" and role[pid] == "job":
+            execd.add(pid)
+    return counts
+
+
+def per_job(counts: collections.Counter[str]) -> dict[str, float]:
+    return {name: n / JOBS for name, n in counts.items()}
+
+
+@pytest.fixture
+def isolation() -> tuple[bool, int]:
+    """Whether this machine gives the jobs cgroups (root, cgroup v1 or v2), and in how
+    many hierarchies."""
+    require(shutil.which("strace") is not None, "strace is not installed (apt-get install strace)")
+    require(os.geteuid() == 0, "a job's supervisor runs as root (the service's)")
+    mode, _ = hierarchy.detect()
+    if mode == "none":
+        return False, 0
+    from gpuwarden.service import jobcgroup
+
+    return True, len(jobcgroup.place("/nonexistent/probe").scopes)
+
+
+def test_the_supervisor_and_the_job_make_few_system_calls(
+    tmp_path: Path, isolation: tuple[bool, int]
+) -> None:
+    isolate, hierarchies = isolation
+    counts = counted(tmp_path, isolate)
+    sup, job = per_job(counts["supervisor"]), per_job(counts["job"])
+    said = f"per job: supervisor {sup}, job before its exec {job}"
+    # Disk waits: the exit record's room, the marker (data, name), the exit record.
+    # The pid's marker is for a restart, which a power cut makes moot: not waited on.
+    assert sup.get("fsync", 0) + sup.get("fdatasync", 0) <= 4, said
+    # One fork: the job. No reading of /proc but the supervisor's own start time; the
+    # cgroups' place was worked out once in the service, not per job.
+    assert sup.get("clone", 0) + sup.get("clone3", 0) + sup.get("fork", 0) == 1, said
+    assert sup.get("open /proc", 0) <= 2, said  # its start time, its descriptors
+    # One mkdir per hierarchy, nothing else of cgroupfs read or made per job (the
+    # scope's directories are made by the first job only).
+    assert sup.get("cgroupfs", 0) <= 2 * hierarchies, said
+    assert sup.get("openat", 0) + sup.get("open", 0) <= 10, said
+    assert sum(counts["supervisor"].values()) / JOBS <= 100, said
+    # The job's own steps: a module imported after the fork (a file looked up, opened,
+    # read, per job) would cross this line.
+    assert job.get("execve") == 1 and job.get("open /proc", 0) <= 1, said
+    assert sum(counts["job"].values()) / JOBS <= 50, said

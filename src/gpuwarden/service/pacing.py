@@ -42,6 +42,7 @@ class Pacer:
         self.count = 0  # passes of both kinds
         self.full = 0
         self.looked = 0  # waiting jobs planned by start passes, all told
+        self.surveyed = 0  # and by full passes
         self.deferred = 0  # turns of the loop that slept while a start pass was due
 
     def wake(self) -> None:
@@ -94,6 +95,7 @@ class Pacer:
         if kind != FULL:
             self.looked += jobs
             return
+        self.surveyed += jobs
         self.full += 1
         self.last = max(0.0, ended - began)
         self.ended = ended
@@ -107,5 +109,6 @@ class Pacer:
             "full": self.full,
             "starts": self.count - self.full,
             "start_planned": self.looked,
+            "full_planned": self.surveyed,
             "deferred": self.deferred,
         }

@@ -3,7 +3,8 @@
 `schedule` asks `scheduling.plan` (through `preemption.plan`, which adds the
 victims a waiting job may preempt) what starts, on service.placing's inputs,
 records why each other job waits, and starts what the plan starts
-(service.placing). A full pass plans and ranks every waiting job, a start pass
+(service.placing) without waiting for any of them to set itself up
+(service.starting). A full pass plans and ranks every waiting job, a start pass
 the first few that could start (service.ready); service.pacing says which is due.
 It is the one writer of what the plan worked out (`JobLife.queue`,
 service.queuestate).
@@ -17,12 +18,24 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.planning import preemption
-from gpuwarden.service import arrays, bookings, jobnotify, limiting, preempting, store, unwritten
+from gpuwarden.service import arrays, bookings, limiting, preempting, starting, store, unwritten
 
 if TYPE_CHECKING:
     from gpuwarden.service.joblife import JobLife
 
 log = logging.getLogger("gpuwarden.serve")
+
+
+def _plannable(journal: store.Store) -> list[store.Job]:
+    """What a full pass plans: every waiting job that is not held, and the held jobs
+    those name in `--after` (they wait on them: Dependency). No other held job: it
+    cannot start, its reason was said when it was held, and it has no priority until
+    it is released (as Slurm's held jobs), so 10,000 held jobs cost a pass nothing."""
+    waits = journal.waiting()
+    named = {a for j in waits for a in j.after}
+    held = (journal.get(i) for i in named)
+    waits.extend(j for j in held if j is not None and j.state == store.PENDING and j.held)
+    return waits
 
 
 def schedule(life: JobLife, full: bool = True) -> None:
@@ -35,7 +48,7 @@ def schedule(life: JobLife, full: bool = True) -> None:
     began = time.monotonic()
     unwritten.retry(life)  # ends a full disk kept, written once it has room
     # An attached job whose client has not come back after a restart waits for it.
-    waits, more = (life.store.jobs([store.PENDING]), False) if full else life.store.ready()
+    waits, more = (_plannable(life.store), False) if full else life.store.ready()
     kept = life.unwritten  # ended or cancelled, not yet in the journal: left out
     pending = [
         j for j in waits if (not j.attached or j.id in life.attachments.stdio) and j.id not in kept
@@ -97,18 +110,9 @@ def schedule(life: JobLife, full: bool = True) -> None:
         if not full:
             life.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
         try:
-            started = start_job(life, job, decision.gpus, snapshot, reading)
+            start = start_job(life, job, decision.gpus, snapshot, reading)
         except UserError as err:
-            why = str(err)
-            said = f"job {job.id} could not start: "
-            why = why[len(said) :] if why.startswith(said) else why  # said once
-            log.warning("job %s could not start: %s", job.id, why)
-            life.store.update(job.id, state=store.FAILED, error=why, ended=time.time(), reason=None)
-            # Its owner's --notify fail hears of it, as of any failed job.
-            jobnotify.send(life.notifier, job, ["FAIL"], state=store.FAILED, error=why)
-            log.info("job %s ended: %s (it never started)", job.id, store.FAILED)
+            starting.failed(life, job.id, err)
             continue
-        if started is not None:
-            life.watch_supervisor(job.id, started.supervisor, started.pid)
-            if jobnotify.wanted(job.request):
-                jobnotify.send(life.notifier, life.store.get(job.id) or job, ["BEGIN"])
+        if start is not None:  # its report comes as an event of the loop (service.starting)
+            starting.begun(life, start)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
+from gpuwarden.planning import scheduling
 from gpuwarden.queueclient import protocol
 from gpuwarden.service import (
     argvsubmit,
@@ -239,7 +240,7 @@ def _act(life: JobLife, who: Person, op: str, names: tuple[arrays.Name, ...]) ->
         labels.append(label)
         log.info("%s: job %s by %s", op, label, who.name)
     life.pacer.wake()  # a release or a cancel may start a job
-    life.pacer.touch()  # a hold changes a reason no start pass looks at
+    life.pacer.touch()  # the others' priorities: a held job's is gone
     if not done:
         said = "; ".join(r["error"] for r in refused[:5])
         raise UserError(said + (f"; and {len(refused) - 5} more" if len(refused) > 5 else ""))
@@ -254,8 +255,10 @@ def _act_on(life: JobLife, op: str, job: store.Job, label: Optional[str]) -> Non
         life.cancel(job)
     elif job.state != store.PENDING:
         raise UserError(f"job {label} is already running; only waiting jobs can be held")
+    elif op == "hold":  # its reason now: no pass plans a held job
+        life.store.update(job.id, held=True, reason=scheduling.HELD)
     else:
-        life.store.update(job.id, held=(op == "hold"))
+        life.store.update(job.id, held=False)
 
 
 #: Each operation: how its request is read into one record (protocol), and its handler,

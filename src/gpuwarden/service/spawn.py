@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 EXIT_SUFFIX = ".exit"
 #: The room an exit record is written into, made before the job starts (service.exitrecord).
 RESERVE_SUFFIX = ".ending"
+#: Seconds a supervisor has to report the job's pid (or why it could not start).
+REPORT_WITHIN = 30.0
 
 
 @dataclass(frozen=True)
@@ -194,13 +196,19 @@ def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
         return Ended(None, None, "unreadable exit record", 0.0)
 
 
-def start(
-    launch: JobStart,
-    timeout: float = 30.0,
-    on_forked: Optional[Callable[[int, int], None]] = None,
-) -> Started:
-    """Fork the supervisor and the job; return once the job has exec'd (or raise
-    UserError with the reason it could not start, after recording it).
+@dataclass(frozen=True)
+class Forked:
+    """A supervisor given the go-ahead: its pid, and the read end of the pipe its report
+    (the job's pid once it has exec'd, or why it could not start) comes on, whole at
+    its end-of-file (`report_of`)."""
+
+    supervisor: int
+    report: int
+
+
+def begin(launch: JobStart, on_forked: Optional[Callable[[int, int], None]] = None) -> Forked:
+    """Fork the supervisor and give it the go-ahead; return at once, before the job
+    has set itself up (the caller reads the report when it comes: `report_of`).
 
     `on_forked(supervisor pid, its start time)` runs before the supervisor may start
     the job: the service records the supervisor there. The supervisor waits for a
@@ -223,28 +231,51 @@ def start(
         finally:
             os._exit(code)
     os.close(go_r)
+    os.close(report_w)
     try:
         if on_forked is not None:
             on_forked(pid, _start_time_of_child(pid))
         os.write(go_w, b"g")
+    except BaseException:
+        os.close(report_r)
+        raise
     finally:
         os.close(go_w)
-    os.close(report_w)
-    try:
-        message = _read_all(report_r, timeout)
-    finally:
-        os.close(report_r)
+    return Forked(pid, report_r)
+
+
+def report_of(job: str, supervisor: int, message: bytes, timeout: float = REPORT_WITHIN) -> Started:
+    """The started job from its supervisor's whole report, or UserError with the reason
+    it could not start (its supervisor reaped: it exits once it has said so)."""
     try:
         report = json.loads(message or b"{}")
     except ValueError:
         report = {}
+    if not isinstance(report, dict):
+        report = {}
     if report.get("error"):
-        _reap(pid, timeout)
-        raise UserError(f"job {launch.job} could not start: {report['error']}")
+        _reap(supervisor, timeout)
+        raise UserError(f"job {job} could not start: {report['error']}")
     if not isinstance(report.get("pid"), int):
-        _reap(pid, timeout)
-        raise UserError(f"job {launch.job} could not start: its supervisor died")
-    return Started(supervisor=pid, pid=report["pid"])
+        _reap(supervisor, timeout)
+        raise UserError(f"job {job} could not start: its supervisor died")
+    return Started(supervisor=supervisor, pid=report["pid"])
+
+
+def start(
+    launch: JobStart,
+    timeout: float = REPORT_WITHIN,
+    on_forked: Optional[Callable[[int, int], None]] = None,
+) -> Started:
+    """`begin`, then wait for the report: return once the job has exec'd (or raise
+    UserError with the reason it could not start, after recording it). The service
+    does not wait (service.starting); this is for a caller with nothing else to do."""
+    forked = begin(launch, on_forked)
+    try:
+        message = _read_all(forked.report, timeout)
+    finally:
+        os.close(forked.report)
+    return report_of(launch.job, forked.supervisor, message, timeout)
 
 
 def _read_all(fd: int, timeout: float) -> bytes:

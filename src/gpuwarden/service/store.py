@@ -267,6 +267,16 @@ class Store:
         if job.state not in ACTIVE:
             self._ready.ended(job.id)  # what waited on it may start
 
+    def startable(self) -> int:
+        """How many waiting jobs are not held: those a GPU freed may start."""
+        self._actives()
+        return len(self._ready)
+
+    def waiting(self) -> list[Job]:
+        """The waiting jobs that are not held, oldest first: kept in memory (`ready`)."""
+        self._actives()
+        return sorted(self._ready.jobs.values(), key=attrgetter("id"))
+
     def ready(self) -> tuple[list[Job], bool]:
         """What a start pass plans, first by priority, and whether more wait (service.ready)."""
         active = self._actives()

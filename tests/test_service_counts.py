@@ -13,6 +13,9 @@ that read every GPU cost 50 NVML calls and more a started job, a start waiting
 on the pacing of passes is a deferred turn of the loop, and a start pass over
 every waiting job plans 10,000 jobs a start; one over the first few by priority
 (service.ready) plans at most twice its depth, whatever the queue's length.
+The loop never waits for a job to set itself up: every start a pass makes is in
+flight at once (service.starting), where a loop that waited for each
+supervisor's report had one at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.queueclient import protocol
 from gpuwarden.service.ready import DEPTH
 from rawservice import Raw, held
 from waiting import wait_for
@@ -100,6 +104,49 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # The journal: a submit, a start (STARTING, RUNNING), an end, and reasons.
     assert per["commits"] <= 6, said
     assert per["fsyncs"] <= 3, said
+
+
+def test_submits_answered_in_one_turn_share_one_fsync(raw_service: Raw, tmp_path: Path) -> None:
+    """A job id is told only once it is on disk, but the submits a turn of the loop
+    answers (clients at once, or one client's pipelined requests) wait for one fsync
+    between them, not one each: 100 sent at once are 100 commits and a few fsyncs."""
+    service = raw_service
+    before = counters(service)
+    service.sock.sendall(
+        b"".join(
+            protocol.encode({"v": protocol.VERSION, "op": "submit", **held(tmp_path)})
+            for _ in range(100)
+        )
+    )
+    jobs = [service.receive()["job"] for _ in range(100)]
+    after = counters(service)
+    assert len(set(jobs)) == 100
+    assert after["commits"] - before["commits"] == 100, (before, after)
+    assert 1 <= after["fsyncs"] - before["fsyncs"] <= 10, (before, after)
+
+
+def test_the_starts_of_one_pass_set_themselves_up_at_once(raw_service: Raw, tmp_path: Path) -> None:
+    """Four free GPUs and an array of four one-GPU jobs: one start pass starts all four,
+    giving each supervisor its go-ahead without waiting for the one before to report
+    the job's pid (about 15 ms of a start's 25): four starts in flight at once, each
+    report an event of the loop. A loop that waited for each report had one."""
+    service = raw_service
+    wait_for(lambda: counters(service)["passes"] > 0, 60, "the first pass")
+    before = service.call("stats")["starting"]
+    assert before["most_in_flight"] == 0, before
+    service.call("submit", **job(tmp_path), array="1-4")
+    wait_for(
+        lambda: (c := counters(service))["started"] == 4 and c["active"] == 0,
+        60,
+        lambda: f"the four jobs to run and end: {counters(service)}",
+        every=0.1,
+    )
+    after = service.call("stats")["starting"]
+    assert after["begun"] == 4, after
+    assert after["most_in_flight"] == 4, f"starts one at a time: {after}"
+    assert (after["in_flight"], after["overdue"]) == (0, 0), after
+    states = {j["state"] for j in service.call("jobs")["jobs"]}
+    assert states == {"COMPLETED"}, states
 
 
 def test_a_start_beside_10000_held_jobs_plans_only_what_may_start(

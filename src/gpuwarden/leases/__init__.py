@@ -319,7 +319,7 @@ class Held:
             self._tmp = []
             self._records = None
         finally:
-            self.drop_allocation_lock()
+            self.unlock_allocation()
 
     def repoint(self, pid: int) -> None:
         """Name another pid as the published lease's job, in place (the lease is not let
@@ -363,6 +363,14 @@ class Held:
         no other client may see these GPUs taken without their metadata."""
         self.drop_allocation_lock()
         self._alloc_fd = fd
+
+    def unlock_allocation(self) -> None:
+        """Let other clients allocate now, though a child forked meanwhile (a job's
+        supervisor, a reservation holder) still has a copy of the lock's descriptor: a
+        copy keeps a flock until the last one is closed, an unlock ends it for all."""
+        if self._alloc_fd is not None:
+            fcntl.flock(self._alloc_fd, fcntl.LOCK_UN)
+        self.drop_allocation_lock()
 
     def drop_allocation_lock(self) -> None:
         """Let other clients allocate; a forked holder drops its copy of the lock."""

@@ -37,6 +37,7 @@ from gpuwarden.service import (
     preempting,
     requeue,
     spawn,
+    starting,
     store,
     unwritten,
 )
@@ -89,6 +90,7 @@ class JobLife:
         self.exits = exits_folder(settings.state_dir)  # exit records and markers
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
+        self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
@@ -123,7 +125,9 @@ class JobLife:
         return self._bookings
 
     def close(self) -> None:
-        """Let go of the supervisors' pidfds: the jobs run on, for the next service."""
+        """Let go of the supervisors' pidfds and report pipes: the jobs run on, for the
+        next service."""
+        starting.close(self)
         for fd in [*self.watched.values(), *self.processes.values()]:
             os.close(fd)
         self.watched.clear()
@@ -228,8 +232,8 @@ class JobLife:
 
     def cancel(self, job: store.Job, sig: int = SIGTERM) -> None:
         """End `job`: a waiting one at once (its attached client exits 128+`sig`, as a
-        shell's command would for the Ctrl-C that cancelled it), a running one by SIGTERM,
-        then SIGKILL after the grace period."""
+        shell's command would for the Ctrl-C that cancelled it), a running or starting
+        one by SIGTERM, then SIGKILL after the grace period."""
         if job.id in self.unwritten:
             return  # it has ended: its end waits for the journal's disk (service.unwritten)
         if job.state == store.PENDING:
@@ -238,8 +242,10 @@ class JobLife:
             self.ended_attached(job.id, None, sig=sig)
             ended = jobnotify.matched(jobnotify.EVENTS, store.CANCELLED)
             jobnotify.send(self.notifier, job, ended, state=store.CANCELLED, elapsed=0.0)
-        elif job.pid:
-            if job.id not in self.termed:  # once: a second SIGTERM may abort its checkpoint
+        elif job.pid or job.state == store.STARTING:
+            # Once: a second SIGTERM may abort its checkpoint. A job still setting itself
+            # up gets it when it has exec'd (service.starting): it would ignore it now.
+            if job.id not in self.termed and job.id not in self.starts.flight:
                 self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
             unwritten.note(self, job.id, partial(self.store.update, job.id, reason="cancelling"))

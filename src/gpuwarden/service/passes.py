@@ -3,7 +3,8 @@
 `schedule` asks `scheduling.plan` (through `preemption.plan`, which adds the
 victims a waiting job may preempt) what starts, on service.placing's inputs,
 records why each other job waits, and starts what the plan starts
-(service.placing). A full pass plans and ranks every waiting job, a start pass
+(service.placing) without waiting for any of them to set itself up
+(service.starting). A full pass plans and ranks every waiting job, a start pass
 the first few that could start (service.ready); service.pacing says which is due.
 It is the one writer of what the plan worked out (`JobLife.queue`,
 service.queuestate).
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.planning import preemption
-from gpuwarden.service import arrays, bookings, jobnotify, limiting, preempting, store, unwritten
+from gpuwarden.service import arrays, bookings, limiting, preempting, starting, store, unwritten
 
 if TYPE_CHECKING:
     from gpuwarden.service.joblife import JobLife
@@ -109,18 +110,9 @@ def schedule(life: JobLife, full: bool = True) -> None:
         if not full:
             life.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
         try:
-            started = start_job(life, job, decision.gpus, snapshot, reading)
+            start = start_job(life, job, decision.gpus, snapshot, reading)
         except UserError as err:
-            why = str(err)
-            said = f"job {job.id} could not start: "
-            why = why[len(said) :] if why.startswith(said) else why  # said once
-            log.warning("job %s could not start: %s", job.id, why)
-            life.store.update(job.id, state=store.FAILED, error=why, ended=time.time(), reason=None)
-            # Its owner's --notify fail hears of it, as of any failed job.
-            jobnotify.send(life.notifier, job, ["FAIL"], state=store.FAILED, error=why)
-            log.info("job %s ended: %s (it never started)", job.id, store.FAILED)
+            starting.failed(life, job.id, err)
             continue
-        if started is not None:
-            life.watch_supervisor(job.id, started.supervisor, started.pid)
-            if jobnotify.wanted(job.request):
-                jobnotify.send(life.notifier, life.store.get(job.id) or job, ["BEGIN"])
+        if start is not None:  # its report comes as an event of the loop (service.starting)
+            starting.begun(life, start)

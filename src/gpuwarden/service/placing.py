@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.planning import scheduling
-from gpuwarden.service import arrays, spawn, store
+from gpuwarden.service import arrays, spawn, starting, store
 from gpuwarden.service.identity import person
 
 if TYPE_CHECKING:
@@ -236,14 +236,15 @@ def start_job(
     uuids: Sequence[str],
     snapshot: Snapshot,
     reading: Optional[Config] = None,
-) -> Optional[spawn.Started]:
-    """Lease `uuids` for `job` in the service's directory, record it STARTING, start it as
-    its owner under a supervisor that holds the lease descriptors (the job never
-    has them), record it RUNNING. `reading`: the pass's configuration (drains, health)."""
+) -> Optional[starting.Starting]:
+    """Lease `uuids` for `job` in the service's directory, fork its supervisor (which
+    holds the lease descriptors: the job never has them), record the job STARTING and
+    publish its lease, then give the go-ahead and return: the supervisor's report comes
+    as an event of the loop (service.starting). None: the machine moved under the plan.
+    `reading`: the pass's configuration (drains, health)."""
     from gpuwarden.cgroups.devices import present_minors
     from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
-    from gpuwarden.jobs.holding import kill_group, start_published
     from gpuwarden.jobs.launch import job_env
     from gpuwarden.leases import dir as leasedir
     from gpuwarden.placement.request import Request
@@ -298,6 +299,10 @@ def start_job(
         # A job with --time says when its lease ends (SIGTERM then): `status` shows it,
         # and another service or tool reading the leases can plan around it.
         expires = None if job.time_limit is None else time.time() + job.time_limit
+        # Lease records are readable by every user (status): they carry the owner and the
+        # job, never its command line (`queue` shows that to its owner and the admins).
+        # Prepared now: a full disk fails here, nothing started.
+        held.prepare("", expires=expires)
 
         def record(supervisor: int, since: int) -> None:
             # One durable commit before the supervisor may run the job: a service killed
@@ -310,33 +315,17 @@ def start_job(
                 reason=None,
                 supervisor=supervisor,
             )
+            # Seen by every client before the job can run, naming its supervisor until
+            # the job's pid comes (starting); then other clients may allocate.
+            held.publish(supervisor)
 
-        # Lease records are readable by every user (status): they carry the owner and the
-        # job, never its command line (`queue` shows that to its owner and the admins).
-        started = start_published(
-            held,
-            "",
-            lambda: spawn.start(launch, on_forked=record),
-            lambda job: kill_group(job.pid),  # never a job under a lease others cannot see
-            expires=expires,
-        )
-        held.close()  # its supervisor holds the leases now; the service keeps no copy
-        told = {"event": "started", "gpus": [g.uuid for g in gpus]}
-        service.attachments.notify(job.id, told)
-        service.attachments.release_stdio(job.id)  # the job has them now
+        forked = spawn.begin(launch, on_forked=record)
     except BaseException:
-        held.close()
+        held.release()
         raise
-    service.store.update(job.id, durable=False, state=store.RUNNING, pid=started.pid)
-    import logging
-
-    logging.getLogger("gpuwarden.serve").info(
-        "job %s started on GPUs %s for %s",
-        job.id,
-        ",".join(str(g.index) for g in gpus),
-        job.user,
+    return starting.Starting(
+        job.id, forked, held, tuple(gpus), time.monotonic() + spawn.REPORT_WITHIN
     )
-    return started
 
 
 def simulated_machine() -> dict[str, str]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.queuestate import QueueState
     from gpuwarden.service.sampler import Sampler
+    from gpuwarden.service.starting import Starts
     from gpuwarden.service.watching import ServiceWatch
     from gpuwarden.usage.efficiency import GpuUse
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         """What the reports need of the jobs' life (`joblife.JobLife` has it)."""
 
         pacer: Pacer
+        starts: Starts
         hardware: Machine
         live: LiveConfig
         queue: QueueState
@@ -62,6 +64,7 @@ def stats(service: Reporting) -> dict[str, Any]:
     return {
         "ok": True,
         "plan": service.pacer.stats(),
+        "starting": service.starts.stats(),
         "machine": service.hardware.stats(),
         "config": service.live.stats(),
         "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},

@@ -5,9 +5,10 @@ supervisor (readable when it ends, also for supervisors adopted after a restart)
 and a tick for time limits and GPUs freed by processes outside the queue. After
 an event that may start a job (and, coalesced, after others: service.pacing) a
 pass of the plan (service.passes) asks `scheduling.plan` what starts, takes the
-leases for it in the service's own lease directory, records the job as STARTING,
-forks its supervisor (service.spawn), and records it RUNNING. docs/service.md has
-the design.
+leases for it in the service's own lease directory, forks its supervisor
+(service.spawn), records the job as STARTING and goes on; the supervisor's report
+is one more descriptor of the loop, and the job RUNNING when it comes
+(service.starting). docs/service.md has the design.
 
 `Service` owns no state of the queue's: it makes the journal, the jobs' life
 (service.joblife) and the clients (service.clients), hands each its collaborators,
@@ -37,6 +38,7 @@ from gpuwarden.service import (
     recovery,
     reloading,
     requests,
+    starting,
     store,
     timelimits,
     unwritten,
@@ -237,14 +239,19 @@ class Service:
         wait = pacer.wait(now, longest if timeout is None else timeout)
         if wait > 0 and pacer.urgent:
             pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
-        for key, mask in self.selector.select(wait):
-            kind, data = key.data
-            if kind == "listen":
-                self.clients.accept(life.settings)
-            elif kind == "client":
-                self.clients.ready(data, mask)
-            elif kind == "job":
-                life.ended(data)
+        try:
+            for key, mask in self.selector.select(wait):
+                kind, data = key.data
+                if kind == "listen":
+                    self.clients.accept(life.settings)
+                elif kind == "client":
+                    self.clients.ready(data, mask)
+                elif kind == "job":
+                    life.ended(data)
+                elif kind == "report":  # a supervisor's report: the job runs, or could not
+                    starting.arrived(life, data)
+        finally:  # the turn's submits: one fsync, then their answers
+            self.clients.release(life.store.sync)
 
     # -- clients -----------------------------------------------------------------------
 
@@ -276,5 +283,6 @@ class Service:
         if self.clients.attachments.orphans:  # attached jobs a restart cut off
             recovery.end_orphans(life)
         timelimits.tick(life)
+        starting.overdue(life, time.monotonic())
         if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

@@ -1,0 +1,185 @@
+"""A job setting itself up does not hold the service: its supervisor's report is an
+event of the loop (service.starting).
+
+A job whose output is a FIFO nobody reads yet blocks in its own `open`, as its owner,
+before its `exec`: it stays STARTING as long as that lasts. Meanwhile the service
+answers, starts and ends other jobs; a cancel that comes meanwhile is kept and sent
+once the job runs; a supervisor that dies before it reports fails the job with the
+reason. (A loop that waited for each report served nobody until its 30 s ran out.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rawservice import Raw
+from waiting import wait_for
+
+
+def job(work: Path, argv: list[str], output: str = "/dev/null") -> dict[str, Any]:
+    return {
+        "argv": argv,
+        "cwd": str(work),
+        "env": {"PATH": "/usr/bin:/bin"},
+        "output": output,
+        "request": {"count": 1},
+    }
+
+
+def states(service: Raw) -> dict[int, str]:
+    """Every job's state: the queue's (waiting, starting, running) and the history's."""
+    rows = [*service.call("queue")["jobs"], *service.call("jobs")["jobs"]]
+    return {row["id"]: row["state"] for row in rows}
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[Path]:
+    """A FIFO with no reader yet; opened for reading (which lets a writer's `open` go
+    on) by `release`, and always at the end so nothing is left blocked on it."""
+    path = tmp_path / "out.fifo"
+    os.mkfifo(path)
+    yield path
+    release(path)
+
+
+def release(path: Path) -> None:
+    """Let a job blocked opening `path` for writing go on (a reader that reads nothing)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+
+
+def starting_now(service: Raw, job_id: int) -> bool:
+    return states(service).get(job_id) == "STARTING"
+
+
+def test_the_service_serves_on_while_a_job_sets_itself_up(
+    raw_service: Raw, tmp_path: Path, fifo: Path
+) -> None:
+    service = raw_service
+    stuck = service.call("submit", **job(tmp_path, ["sleep", "60"], str(fifo)))["job"]
+    wait_for(lambda: starting_now(service, stuck), 30, "the job to be starting")
+    assert service.call("stats")["starting"]["in_flight"] == 1
+    # Another job starts, runs and ends while the first still sets itself up.
+    other = service.call("submit", **job(tmp_path, ["true"]))["job"]
+    wait_for(lambda: states(service)[other] == "COMPLETED", 30, f"job {other} to end")
+    assert states(service)[stuck] == "STARTING"
+    row = service.call("queue", ids=[stuck])["jobs"][0]
+    assert row["state"] == "STARTING" and row["gpus"], row
+    # Cancelled while starting: kept, and its SIGTERM sent once it runs.
+    service.call("cancel", jobs=[stuck])
+    assert states(service)[stuck] == "STARTING"
+    release(fifo)
+    wait_for(lambda: states(service)[stuck] == "CANCELLED", 30, f"job {stuck} cancelled")
+    stats = service.call("stats")["starting"]
+    assert (stats["begun"], stats["in_flight"], stats["overdue"]) == (2, 0, 0), stats
+
+
+def test_a_supervisor_that_dies_before_it_reports_fails_its_job(
+    raw_service: Raw, tmp_path: Path, fifo: Path
+) -> None:
+    service = raw_service
+    stuck = service.call("submit", **job(tmp_path, ["true"], str(fifo)))["job"]
+    wait_for(lambda: starting_now(service, stuck), 30, "the job to be starting")
+    supervisor = only_child(raw_service.pid, lambda pid: child_of(pid) != [])
+    (setting_up,) = child_of(supervisor)
+    os.kill(supervisor, signal.SIGKILL)
+    try:
+        wait_for(lambda: states(service)[stuck] == "FAILED", 30, f"job {stuck} to fail")
+        row = next(r for r in service.call("jobs")["jobs"] if r["id"] == stuck)
+        assert row["error"] == "its supervisor died", row
+        # Its GPU is free again: the next job starts on it.
+        other = service.call("submit", **job(tmp_path, ["true"]))["job"]
+        wait_for(lambda: states(service)[other] == "COMPLETED", 30, f"job {other} to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(setting_up, signal.SIGKILL)
+
+
+def child_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+def only_child(pid: int, wanted: Any) -> int:
+    """The one child of `pid` that `wanted` picks (the supervisor: it has a child)."""
+    found = wait_for(
+        lambda: [c for c in child_of(pid) if wanted(c)] or None, 30, "the job's supervisor"
+    )
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+class _Held:
+    """A lease as far as a start in flight uses it."""
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_report_that_does_not_come_in_time_fails_its_job(tmp_path: Path) -> None:
+    """The loop's tick fails a start whose supervisor has not reported within
+    `spawn.REPORT_WITHIN`, with the error a start that waited for it gave, lets go of
+    its lease and of its pipe; one still within its time is left in flight."""
+    import selectors
+    import time
+    from types import SimpleNamespace
+
+    from gpuwarden.service import spawn, starting
+    from gpuwarden.service import store as s
+
+    journal = s.Store(str(tmp_path / "jobs.db"))
+    late, waiting = (
+        journal.add(
+            s.new_job(
+                uid=0,
+                gid=0,
+                user="root",
+                argv=("true",),
+                cwd="/",
+                env={},
+                umask=0o022,
+                request={"count": 1},
+            )
+        )
+        for _ in range(2)
+    )
+    life: Any = SimpleNamespace(
+        starts=starting.Starts(),
+        selector=selectors.DefaultSelector(),
+        store=journal,
+        notifier=None,  # the jobs ask for no notice
+    )
+    now = time.monotonic()
+    pipes, leases = [], []
+    for record, deadline in ((late, now - 1), (waiting, now + spawn.REPORT_WITHIN)):
+        journal.update(record.id, state=s.STARTING, gpus=("GPU-1",), started=time.time())
+        read_end, write_end = os.pipe()
+        pipes.append(write_end)
+        leases.append(_Held())
+        forked = spawn.Forked(supervisor=0, report=read_end)
+        start = starting.Starting(record.id, forked, leases[-1], (), deadline)  # type: ignore[arg-type]
+        starting.begun(life, start)
+    assert life.starts.stats()["most_in_flight"] == 2
+    starting.overdue(life, now)
+    failed = journal.get(late.id)
+    assert failed is not None and failed.state == s.FAILED
+    assert failed.error == "a job's supervisor did not answer in time"
+    assert leases[0].released and not leases[1].released
+    assert list(life.starts.flight) == [waiting.id]
+    assert life.starts.stats()["overdue"] == 1
+    assert len(life.selector.get_map()) == 1
+    for fd in pipes:
+        os.close(fd)

@@ -11,14 +11,19 @@ at once in each round:
   sbatch --hold --gres=gpu:1 --wrap true   Slurm's own held submission
   python -c pass                           the interpreter's start, for scale
 
-  with --compare DIR: the same `gpuwarden submit`, the client of another tree
-  (DIR/src first on PYTHONPATH; e.g. the previous main), against this tree's service
+  with --compare DIR: the same `gpuwarden submit` of another tree (DIR/src first
+  on PYTHONPATH; e.g. the previous main), its client into its own service
 
 Printed: the median wall and CPU time of one submission of each, the ratio
 gpuwarden / sbatch (the line: <= 3x, with one client and with eight at once), and
 gpuwarden / `python -c pass` (what the client adds to the interpreter's start).
-Every job is held and removed at the end. Slurm listens on a free pair of ports
-(`SLURM_CI_PORT` when set), so the bench runs beside another Slurm.
+Then each service's own share of a submit's wait: its CPU time (every thread of
+`gpuwarden serve`, /proc schedstat) over SERVED short submits sent one after
+another from here, without a client process each; what the client waits beyond
+it is the journal's fsync and the scheduler. `--profile FILE` runs this tree's
+service under cProfile (stats to FILE). Every job is held and removed at the end.
+Slurm listens on a free pair of ports (`SLURM_CI_PORT` when set), so the bench
+runs beside another Slurm.
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SPEC = str(ROOT / "tests" / "data" / "idle-4xa100.toml")
 LINE = 3.0
+SERVED = 200
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
@@ -70,6 +77,68 @@ def cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def serve(work: Path, name: str, env: dict[str, str], profile: Optional[str]) -> Any:
+    """A queue service of the tree on env's PYTHONPATH, at env's GPUWARDEN_SOCKET."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *(["-m", "cProfile", "-o", profile] if profile else []),
+            "-m",
+            "gpuwarden",
+            "serve",
+            "--socket",
+            env["GPUWARDEN_SOCKET"],
+            "--state-dir",
+            str(work / f"service-{name}"),
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+# Run with the tree's own PYTHONPATH and the submitter's environment: the message is
+# that tree's short client's, as its console script sends it.
+SERVING = """
+import os, socket, sys
+from gpuwarden.queueclient import shortwire, thin
+pid, count, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+path = os.environ["GPUWARDEN_SOCKET"]
+data = thin._request(argv, path)
+def cpu():
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+            total += int(fh.read().split()[0])
+    return total
+before = cpu()
+for _ in range(count):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        sock.sendall(data)
+        reply = shortwire.decoded(shortwire.answer(sock, path))
+    if reply.get("code") != 0:
+        sys.exit(f"the service at {path} did not take a short submit: {reply}")
+print((cpu() - before) / count / 1e9)
+"""
+
+
+def served(pid: int, env: dict[str, str], argv: list[str]) -> float:
+    """The service's CPU seconds per short submit of `argv`, SERVED of them one after
+    another, each on its own connection as the console script sends it."""
+    done = subprocess.run(
+        [sys.executable, "-c", SERVING, str(pid), str(SERVED), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        sys.exit(done.stderr.strip())
+    return float(done.stdout)
+
+
 def main() -> int:
     from conditions import bytecode, tree_root
 
@@ -77,7 +146,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--clients", default="1,8")
-    p.add_argument("--compare", metavar="DIR", help="also time the client of the tree in DIR")
+    p.add_argument("--compare", metavar="DIR", help="also time the submit of the tree in DIR")
+    p.add_argument("--profile", metavar="FILE", help="run the service under cProfile, to FILE")
     args = p.parse_args()
     if args.compare:
         args.compare = str(tree_root(args.compare))
@@ -98,23 +168,6 @@ def main() -> int:
         GPUWARDEN_SOCKET=str(work / "gw.sock"),
         SLURM_CI_PORT=os.environ.get("SLURM_CI_PORT") or str(free_port_pair()),
         SLURM_CONF=str(work / "slurm" / "slurm.conf"),
-    )
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "serve",
-            "--socket",
-            env["GPUWARDEN_SOCKET"],
-            "--state-dir",
-            str(work / "service"),
-            "--log-level",
-            "WARNING",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
     )
     slurm = str(ROOT / "scripts" / "slurm-ci")
     cases = {
@@ -144,15 +197,24 @@ def main() -> int:
         "python -c pass": [sys.executable, "-c", "pass"],
     }
     envs = {name: env for name in cases}
+    services = {"gpuwarden submit --hold": serve(work, "this", env, args.profile)}
     if args.compare:
         name = f"before ({args.compare})"
         cases[name] = cases["gpuwarden submit --hold"]
-        envs[name] = dict(env, PYTHONPATH=str(Path(args.compare) / "src"))
+        envs[name] = dict(
+            env,
+            PYTHONPATH=str(Path(args.compare) / "src"),
+            GPUWARDEN_SOCKET=str(work / "before.sock"),
+            GPUWARDEN_SIM_STATE=str(work / "sim-before"),
+            GPUWARDEN_LEASE_DIR=str(work / "leases-before"),
+        )
+        services[name] = serve(work, "before", envs[name], None)
     results: dict[int, dict[str, tuple[float, float]]] = {}
+    service_cpu: dict[str, float] = {}
     try:
         subprocess.run([slurm, "start", str(work / "slurm")], check=True, env=env)
         for _ in range(100):
-            if os.path.exists(env["GPUWARDEN_SOCKET"]):
+            if all(os.path.exists(envs[name]["GPUWARDEN_SOCKET"]) for name in services):
                 break
             time.sleep(0.1)
         for name, argv in cases.items():  # warm: bytecode, page cache, the daemons
@@ -173,11 +235,15 @@ def main() -> int:
                 n: (statistics.median(times[n]), statistics.median(cpus[n])) for n in cases
             }
         after = os.getloadavg()[0]
+        for name, proc in services.items():
+            service_cpu[name] = served(proc.pid, envs[name], cases[name][2:])
     finally:
         subprocess.run(["scancel", "-u", "root"], env=env, capture_output=True)
         subprocess.run([slurm, "stop", str(work / "slurm")], env=env, capture_output=True)
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(30)
+        for proc in services.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in services.values():
+            proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
     print(f"median of {args.rounds} rounds, interleaved; load average {load:.2f} -> {after:.2f}")
     ok = True
@@ -194,6 +260,9 @@ def main() -> int:
             f"python -c pass / sbatch = {floor:.2f}; gpuwarden submit / python -c pass = "
             f"{over:.2f}"
         )
+    print(f"the service's CPU per short submit ({SERVED} one after another):")
+    for name, cpu in service_cpu.items():
+        print(f"  {name:<26} {cpu * 1000:6.2f} ms")
     return 0 if ok else 1
 
 

@@ -26,8 +26,9 @@ BIN = Path(sys.executable).parent
 # simulated 8x A100 server): 0.37 now, 0.47 with every module compiled again.
 STATUS_OF_NVITOP = 0.4
 # A CLI `submit` at most this many instructions over `python -c pass`: about -1 M now
-# (the short client imports four small modules and skips the interpreter's unwinding;
-# queueclient.thin); the full client it hands the command line past counted 80 M.
+# (the short client loads eight small modules of its own and two of the interpreter's,
+# tests/test_thin_submit.py, and skips the interpreter's unwinding; queueclient.thin);
+# the full client it hands the command line past counted 80 M.
 SUBMIT_OVER_PYTHON = 10e6
 # `queue --all` over 2,000 waiting jobs at most this many instructions more than over
 # an empty queue: 4 M now (the service writes the table, the client prints its

@@ -110,3 +110,46 @@ def test_an_ended_job_lets_go_of_its_client(loop: Loop) -> None:
     peer.close()
     loop.clients.ready(client, selectors.EVENT_READ)
     assert loop.left == []  # its job had ended: nothing to cancel
+
+
+def promising(client: Connection, message: Mapping[str, Any]) -> dict[str, Any]:
+    """An answer that promises a journaled job, as service.submitting's."""
+    client.promised = True
+    return {"ok": True, "job": 1}
+
+
+def test_an_answer_that_promises_a_job_leaves_only_after_the_fsync(loop: Loop) -> None:
+    """Every submit answered in a turn of the loop waits for one fsync at its end
+    (server.step), then all leave: no id is told before it is on disk."""
+    loop.clients.answer = promising
+    first, one = loop.connect()
+    second, other = loop.connect()
+    one.sendall(protocol.encode({"v": protocol.VERSION, "op": "submit"}) * 2)
+    other.sendall(protocol.encode({"v": protocol.VERSION, "op": "submit"}))
+    loop.clients.ready(first, selectors.EVENT_READ)
+    loop.clients.ready(second, selectors.EVENT_READ)
+    one.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        one.recv(1)  # nothing told yet
+    synced: list[bool] = []
+    loop.clients.release(lambda: synced.append(True))
+    assert synced == [True]  # one fsync for the three
+    assert [r["job"] for r in received(one)] == [1, 1]
+    assert [r["job"] for r in received(other)] == [1]
+    loop.clients.release(lambda: synced.append(True))
+    assert synced == [True]  # nothing held: no fsync
+
+
+def test_when_the_fsync_fails_nothing_is_promised(loop: Loop) -> None:
+    loop.clients.answer = promising
+    client, peer = loop.connect()
+    peer.sendall(protocol.encode({"v": protocol.VERSION, "op": "submit"}))
+    loop.clients.ready(client, selectors.EVENT_READ)
+
+    def failing() -> None:
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError):
+        loop.clients.release(failing)
+    assert peer.recv(65536) == b""  # the connection closed, no answer
+    assert not loop.clients.is_open(client)

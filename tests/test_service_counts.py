@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.queueclient import protocol
 from gpuwarden.service.ready import DEPTH
 from rawservice import Raw, held
 from waiting import wait_for
@@ -102,6 +103,25 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # The journal: a submit, a start (STARTING, RUNNING), an end, and reasons.
     assert per["commits"] <= 6, said
     assert per["fsyncs"] <= 3, said
+
+
+def test_submits_answered_in_one_turn_share_one_fsync(raw_service: Raw, tmp_path: Path) -> None:
+    """A job id is told only once it is on disk, but the submits a turn of the loop
+    answers (clients at once, or one client's pipelined requests) wait for one fsync
+    between them, not one each: 100 sent at once are 100 commits and a few fsyncs."""
+    service = raw_service
+    before = counters(service)
+    service.sock.sendall(
+        b"".join(
+            protocol.encode({"v": protocol.VERSION, "op": "submit", **held(tmp_path)})
+            for _ in range(100)
+        )
+    )
+    jobs = [service.receive()["job"] for _ in range(100)]
+    after = counters(service)
+    assert len(set(jobs)) == 100
+    assert after["commits"] - before["commits"] == 100, (before, after)
+    assert 1 <= after["fsyncs"] - before["fsyncs"] <= 10, (before, after)
 
 
 def test_the_starts_of_one_pass_set_themselves_up_at_once(raw_service: Raw, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -72,15 +73,16 @@ def test_a_committed_change_survives_a_kill(tmp_path: Path) -> None:
 
 
 def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files `os.fsync` is called on, by name, from now on."""
+    """The files `os.fsync` or `os.fdatasync` is called on, by name, from now on."""
     synced: list[str] = []
-    real = os.fsync
+    for name in ("fsync", "fdatasync"):  # the log's data, as SQLite syncs it, or all
+        real = getattr(os, name)
 
-    def recording(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
+        def recording(fd: int, real: Any = real) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
 
-    monkeypatch.setattr(os, "fsync", recording)
+        monkeypatch.setattr(os, name, recording)
     return synced
 
 

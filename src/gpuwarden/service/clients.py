@@ -55,6 +55,7 @@ class Clients:
         self.per_uid: dict[int, int] = {}  # connections open per user
         self.attachments = Attachments(self.send)
         self.closing = False
+        self.held: list[Connection] = []  # answers waiting for the journal's fsync
 
     def listen(self, path: str) -> None:
         """Listen on `path` (anyone may connect; the kernel says who did)."""
@@ -180,6 +181,10 @@ class Clients:
         self.flush(client)
 
     def flush(self, client: Connection) -> None:
+        if client.promised:  # sent by `release`, once the journal is on disk
+            if client not in self.held:
+                self.held.append(client)
+            return
         try:
             while client.out:
                 sent = client.sock.send(client.out)
@@ -201,6 +206,27 @@ class Clients:
                 self.selector.modify(client.sock, events, ("client", client))
             else:  # a backlog and nothing to send: served on the next turn
                 self.selector.modify(client.sock, selectors.EVENT_WRITE, ("client", client))
+
+    def release(self, sync: Callable[[], None]) -> None:
+        """Send the answers that promise a journaled job, after `sync` made every commit
+        so far durable: one fsync for all the submits of a turn of the loop, however
+        many clients sent them at once, and no job id told before it is on disk. When
+        the fsync fails, nothing is promised: their connections are dropped (each
+        client says it lost the service)."""
+        if not self.held:
+            return
+        held, self.held = self.held, []
+        try:
+            sync()
+        except Exception:
+            for client in held:
+                client.promised = False
+                self.drop(client)
+            raise
+        for client in held:
+            client.promised = False
+            if self.is_open(client):
+                self.flush(client)
 
     def drop(self, client: Connection) -> None:
         fd = client.sock.fileno()

@@ -235,16 +235,19 @@ class Service:
         wait = pacer.wait(now, longest if timeout is None else timeout)
         if wait > 0 and pacer.urgent:
             pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
-        for key, mask in self.selector.select(wait):
-            kind, data = key.data
-            if kind == "listen":
-                self.clients.accept(life.settings)
-            elif kind == "client":
-                self.clients.ready(data, mask)
-            elif kind == "job":
-                life.ended(data)
-            elif kind == "report":  # a supervisor's report: the job runs, or could not
-                starting.arrived(life, data)
+        try:
+            for key, mask in self.selector.select(wait):
+                kind, data = key.data
+                if kind == "listen":
+                    self.clients.accept(life.settings)
+                elif kind == "client":
+                    self.clients.ready(data, mask)
+                elif kind == "job":
+                    life.ended(data)
+                elif kind == "report":  # a supervisor's report: the job runs, or could not
+                    starting.arrived(life, data)
+        finally:  # the turn's submits: one fsync, then their answers
+            self.clients.release(life.store.sync)
         if time.monotonic() >= life.next_tick:
             life.next_tick = time.monotonic() + tick
             self._tick()

@@ -223,7 +223,7 @@ class Store:
             with contextlib.suppress(FileNotFoundError):  # checkpointed away: synced then
                 fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    os.fsync(fd)
+                    os.fdatasync(fd)  # as SQLite syncs its log: the data and its size
                     self.fsyncs += 1
                 finally:
                     os.close(fd)

@@ -94,9 +94,14 @@ def _journal(
             raise UserError("--notify needs a webhook to post to (submit.webhook)")
         request["notify"] = {"events": list(sub.notify), "url": sub.notify_url}
     # The job and its output path: one commit. A batch job's id is a promise, on
-    # disk before it is told; an attached job matters only while its client waits,
+    # disk before it is told: the answer to a client waits for the fsync that ends
+    # the loop's turn, one for every submit of the turn (Clients.release), else the
+    # commit is durable itself. An attached job matters only while its client waits,
     # and its start's durable commit carries it to disk before it runs.
-    with life.store.transaction(durable=not sub.attached):
+    promised = client is not None and not sub.attached
+    if client is not None and promised:
+        client.promised = True
+    with life.store.transaction(durable=not sub.attached and not promised):
         new = store.new_job(
             uid=who.uid,
             gid=who.gid,

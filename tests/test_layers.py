@@ -95,7 +95,7 @@ FOLDERS: list[tuple[str, str]] = [
     *(
         (f"service.{m}", "orchestration")
         for m in (
-            *("spawn", "becoming", "jobterminal", "exitrecord", "tree"),
+            *("spawn", "becoming", "marker", "jobterminal", "exitrecord", "tree"),
             *("jobcgroup", "jobprocess", "identity", "jobnotify"),
         )
     ),

@@ -1,13 +1,14 @@
 """The supervisor's steps on the way from the go-ahead to the job, and from the job's
 end to its exit record, in the order that keeps them off the service's path.
 
-What must precede the job stays before it (the marker, on disk, before the job can
-exist; tests/test_service_restart.py and test_service_fulldisk.py hold what each
-one guarantees): these tests hold what may not be put back in front of it. The
-exit record's room is made while the service commits the start, not after the
-go-ahead; the job's pid is written for a restart after the service has its report,
-not before; and a job that leaves no process behind ends without a reading of
-every process on the machine.
+What must precede the job's exec stays before it (the marker, on disk;
+tests/test_service_restart.py and test_service_fulldisk.py hold what each one
+guarantees): these tests hold what may not be put back behind the go-ahead. The
+job's fork and its own steps, the exit record's room and the marker's data are
+made while the service commits the start, so that after the go-ahead one disk wait
+(the marker's name) is left before the exec; the job's pid is written for a restart
+after the service has its report, not before; and a job that leaves no process
+behind ends without a reading of every process on the machine.
 """
 
 from __future__ import annotations
@@ -86,12 +87,12 @@ def test_the_marker_is_on_disk_before_the_job_execs_and_after_its_fork(
     log = tmp_path / "order"
     sync = spawn.sync_marker
 
-    def slow(where: str, job: str) -> None:  # in the supervisor
+    def slow(where: str, job: str, staged: str) -> None:  # in the supervisor
         children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
         with open(log, "a") as fh:
             fh.write(f"syncing with {len(children)} child\n")
         time.sleep(0.3)  # a slow disk: a job that did not wait would run meanwhile
-        sync(where, job)
+        sync(where, job, staged)
         with open(log, "a") as fh:
             fh.write("synced\n")
 
@@ -106,7 +107,7 @@ def test_a_marker_that_cannot_reach_the_disk_runs_nothing(
 ) -> None:
     ran = tmp_path / "ran"
 
-    def failing(where: str, job: str) -> None:
+    def failing(where: str, job: str, staged: str) -> None:
         raise UserError("cannot write job marker: Input/output error")
 
     monkeypatch.setattr(spawn, "sync_marker", failing)
@@ -178,9 +179,9 @@ def test_a_job_that_fails_before_its_marker_is_on_disk_says_why(
     it, and the failure is what the service is told, not a dead supervisor."""
     sync = spawn.sync_marker
 
-    def slow(where: str, job: str) -> None:
+    def slow(where: str, job: str, staged: str) -> None:
         time.sleep(0.3)  # the job fails meanwhile
-        sync(where, job)
+        sync(where, job, staged)
 
     monkeypatch.setattr(spawn, "sync_marker", slow)
     missing = launch(status_dir, ["true"])
@@ -189,12 +190,12 @@ def test_a_job_that_fails_before_its_marker_is_on_disk_says_why(
         spawn.start(missing)
 
 
-def test_the_job_waits_for_two_fsyncs_after_its_go_ahead(
+def test_the_job_waits_for_one_fsync_after_its_go_ahead(
     status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Counted, not timed: between the go-ahead and the job's exec the supervisor's
-    disk waits are the marker's two (its data, its name); the room's came before the
-    go-ahead, the pid's and the exit record's come after."""
+    """Counted, not timed: between the go-ahead and the job's exec the supervisor waits
+    for the disk once, for the marker's name (its directory); the room's and the
+    marker's data's waits came before the go-ahead, the exit record's comes after."""
     log = tmp_path / "events"
     fsync = os.fsync
 
@@ -205,6 +206,7 @@ def test_the_job_waits_for_two_fsyncs_after_its_go_ahead(
 
     def go_ahead(supervisor: int, since: int) -> None:
         wait_for(lambda: log.exists() and "7.ending" in log.read_text(), 30, "the room's fsync")
+        wait_for(lambda: ".7.started." in log.read_text(), 30, "the marker's data's fsync")
         with open(log, "a") as fh:
             fh.write("go\n")
 
@@ -213,7 +215,39 @@ def test_the_job_waits_for_two_fsyncs_after_its_go_ahead(
     assert ended(status_dir).ok
     events = log.read_text().split()
     go, ran = events.index("go"), events.index("ran")
-    assert events[:go] == ["7.ending"], events
-    # then the marker and its directory, before the job's exec; the pid's write may
-    # come before the job's first line or after it, never before those two
-    assert events[go + 1 : go + 3] == ["7.started", "status"] and ran >= go + 3, events
+    assert events[0] == "7.ending" and events[1].startswith(".7.started."), events
+    assert len(events[:go]) == 2, events
+    # then the marker's directory, before the job's exec; nothing else before it
+    assert events[go + 1] == "status" and ran == go + 2, events
+
+
+def test_the_job_is_forked_and_set_up_before_the_go_ahead(status_dir: Path) -> None:
+    """The job's fork and its own steps up to its exec overlap the service's commit of
+    the start: the job's process is there before the go-ahead, and no marker yet."""
+    seen: dict[str, object] = {}
+
+    def recorded(supervisor: int, since: int) -> None:
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children")
+        wait_for(lambda: children.read_text().split(), 30, "the job's process")
+        seen["job"] = int(children.read_text().split()[0])
+        seen["marker"] = spawn.read_marker(str(status_dir), "7")
+
+    started = spawn.start(launch(status_dir, ["true"]), on_forked=recorded)
+    assert seen == {"job": started.pid, "marker": None}
+    assert ended(status_dir).ok
+
+
+def test_a_job_set_up_without_its_go_ahead_never_runs(status_dir: Path, tmp_path: Path) -> None:
+    """A service that dies before its commit: the job's process, forked already, ends
+    at its closed pipe without running anything, and nothing of it is left."""
+    ran = tmp_path / "ran"
+
+    def refused(supervisor: int, since: int) -> None:
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children")
+        wait_for(lambda: children.read_text().split(), 30, "the job's process")
+        raise RuntimeError("the journal refused the start")
+
+    with pytest.raises(RuntimeError):
+        spawn.start(launch(status_dir, ["touch", str(ran)]), on_forked=refused)
+    wait_for(lambda: not os.listdir(status_dir), 30, "the room and the marker's data removed")
+    assert not ran.exists()

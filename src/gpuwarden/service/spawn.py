@@ -39,9 +39,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.files.safefiles import read_small, sync_directory, write_atomic
+from gpuwarden.files.safefiles import read_small
 from gpuwarden.service import becoming, exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
+from gpuwarden.service.marker import MARKER_SUFFIX as MARKER_SUFFIX  # the callers' names
+from gpuwarden.service.marker import marker_path as marker_path
+from gpuwarden.service.marker import read_marker as read_marker
+from gpuwarden.service.marker import stage_marker, sync_marker, write_marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -108,49 +112,6 @@ class Ended:
         if self.signal is not None:
             return 128 + self.signal
         return self.code if self.code is not None else 1
-
-
-MARKER_SUFFIX = ".started"
-
-
-def marker_path(status_dir: str, job: str) -> str:
-    return os.path.join(status_dir, f"{job}{MARKER_SUFFIX}")
-
-
-def write_marker(
-    status_dir: str, job: str, data: Mapping[str, object], durable: bool = True
-) -> None:
-    write_atomic(marker_path(status_dir, job), json.dumps(data), durable=durable)
-
-
-def sync_marker(status_dir: str, job: str) -> None:
-    """Put a marker written with `durable=False` on disk: its data, then its name."""
-    path = marker_path(status_dir, job)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as err:
-        raise UserError(f"cannot write job marker {path}: {err.strerror}") from None
-    sync_directory(status_dir)
-
-
-def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:
-    """The supervisor's marker ({"supervisor", "since", "pid"?}), or None: no supervisor
-    was ever forked for this job (or the marker is unreadable, which is treated alike
-    only by callers that can check the exit record too)."""
-    try:
-        raw, _ = read_small(marker_path(status_dir, job), what="job marker")
-        data = json.loads(raw)
-    except FileNotFoundError:
-        return None
-    except (UserError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def start_time(pid: Optional[int] = None) -> int:
@@ -312,67 +273,77 @@ def _start_time_of_child(pid: int) -> int:
 
 
 def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place]) -> int:
-    """In the supervisor: start the job, report its pid, wait, write its exit record."""
+    """In the supervisor: start the job, report its pid, wait, write its exit record.
+
+    All that may come before the go-ahead does, while the service commits the start:
+    the job's cgroup, its fork and its own steps up to the exec (it then waits for a
+    byte), the exit record's room and the marker's data, each on disk. After the
+    go-ahead one disk wait is left before the job execs: the marker's name."""
     os.setsid()
     if launch.stdio is not None:
         jobterminal.take(launch.stdio[0])
     # Nothing of the service's survives into the supervisor but what the job needs:
     # a copy of the allocation lock or of a client's socket would outlive the service's.
     becoming.close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
-    # The exit record's room while the service commits the start: the two disk writes
-    # overlap, not add up, on the way to the job. A room alone says nothing (no marker).
-    room = reserve_path(launch.status_dir, launch.job)
-    try:
-        exitrecord.reserve(room)
-        no_room: Optional[str] = None
-    except UserError as err:
-        no_room = str(err)
-    go = os.read(go_r, 1)
-    os.close(go_r)
-    if go != b"g":  # the service died before recording us: the job must not run
-        with contextlib.suppress(OSError):
-            os.unlink(room)
-        return 0
-    if no_room is not None:  # no room for its exit record (a full disk): not run
-        os.write(report_w, json.dumps({"pid": 0, "error": no_room}).encode())
-        os.close(report_w)
-        return 0
-    # On disk before the job execs: a restarted service that finds no marker knows it
-    # never ran and may queue it again without running it twice. Written here, made
-    # durable once the job is forked: the disk's wait overlaps the job's setting up.
-    mark: dict[str, int] = {"supervisor": os.getpid(), "since": start_time()}
-    write_marker(launch.status_dir, launch.job, mark, durable=False)
     # SIGPIPE too: a service killed before reading the report below must not kill us
     # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     tree.become_subreaper()  # what the job detaches stays below us (service.tree)
     cgroup, problem = _job_cgroup(launch, where)
-    if problem is not None:
+    job, exec_w, error_r = -1, -1, -1
+    if problem is None:
+        error_r, error_w = os.pipe2(os.O_CLOEXEC)
+        exec_r, exec_w = os.pipe2(os.O_CLOEXEC)  # a byte: the marker is on disk, exec
+        job = os.fork()
+        if job == 0:
+            try:
+                os.close(error_r)
+                os.close(report_w)
+                os.close(go_r)
+                os.close(exec_w)
+                becoming.become_job(launch, error_w, cgroup, exec_r)  # only returns by raising
+            except BaseException as err:  # report any failure, then exit: never run on as root
+                text = err.args[0] if isinstance(err, UserError) else _describe(err)
+                try:
+                    os.write(error_w, str(text).encode("utf-8", "replace")[:4000])
+                finally:
+                    os._exit(127)
+        os.close(error_w)
+        os.close(exec_r)
+    # The exit record's room and the marker's data, on disk while the job sets itself
+    # up. A room alone says nothing, nor does a staged marker: only its name does.
+    room = reserve_path(launch.status_dir, launch.job)
+    mark: dict[str, int] = {"supervisor": os.getpid(), "since": start_time()}
+    staged, unstarted = None, None  # the reason the job is not run, if one
+    try:
+        exitrecord.reserve(room)
+        staged = stage_marker(launch.status_dir, launch.job, mark)
+    except UserError as err:  # no room (a full disk): not run
+        unstarted = str(err)
+    go = os.read(go_r, 1)
+    os.close(go_r)
+    if go != b"g" or unstarted is not None:
+        # The service died before recording us (the job must not run), or the disk
+        # cannot take the job's records: the job ends at its closed pipe, unrun.
+        _unstart(job, exec_w, cgroup, [room, staged])
+        if go == b"g":
+            os.write(report_w, json.dumps({"pid": 0, "error": unstarted}).encode())
+            os.close(report_w)
+        return 0
+    assert staged is not None
+    if problem is not None:  # no cgroup where one is required: recorded, not run
+        with contextlib.suppress(UserError):
+            sync_marker(launch.status_dir, launch.job, staged)
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
         _write_exit_record(launch, record)
         os.write(report_w, json.dumps({"pid": 0, "error": problem}).encode())
         os.close(report_w)
         return 0
-    error_r, error_w = os.pipe2(os.O_CLOEXEC)
-    exec_r, exec_w = os.pipe2(os.O_CLOEXEC)  # a byte: the marker is on disk, exec
-    job = os.fork()
-    if job == 0:
-        try:
-            os.close(error_r)
-            os.close(report_w)
-            os.close(exec_w)
-            becoming.become_job(launch, error_w, cgroup, exec_r)  # only returns by raising
-        except BaseException as err:  # report any failure, then exit: never run on as root
-            text = err.args[0] if isinstance(err, UserError) else _describe(err)
-            try:
-                os.write(error_w, str(text).encode("utf-8", "replace")[:4000])
-            finally:
-                os._exit(127)
-    os.close(error_w)
-    os.close(exec_r)
+    # On disk before the job execs: a restarted service that finds no marker knows it
+    # never ran and may queue it again without running it twice.
     try:
-        sync_marker(launch.status_dir, launch.job)
+        sync_marker(launch.status_dir, launch.job, staged)
         os.write(exec_w, b"x")
     except UserError:
         pass  # closed without the byte: the job exits before its exec, saying why
@@ -408,6 +379,23 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
         record = {"code": os.WEXITSTATUS(status), "signal": None, "error": None, "at": time.time()}
     _write_exit_record(launch, record)
     return 0
+
+
+def _unstart(job: int, exec_w: int, cgroup: dict[str, str], files: list[Optional[str]]) -> None:
+    """Undo what was made for a job that is not run: its process (waiting for a byte
+    it will not get) ends and is reaped, then its cgroup and `files` go."""
+    if job > 0:
+        os.close(exec_w)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(job, 0)
+    if cgroup:
+        from gpuwarden.service.jobcgroup import remove_job
+
+        remove_job(cgroup)
+    for path in files:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _write_exit_record(launch: JobStart, record: Mapping[str, object]) -> None:

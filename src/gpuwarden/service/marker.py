@@ -1,0 +1,83 @@
+"""A job's marker: the file its supervisor names, on disk, before the job may exec.
+
+A restarted service that finds no marker for a job knows it never ran and may queue
+it again without running it twice (service.spawn). The marker's data (the
+supervisor's pid and start time) is staged on disk while the service commits the
+start (`stage_marker`); after the go-ahead only its name must reach the disk
+(`sync_marker`: a rename and one fsync of the directory) before the job execs. The
+job's pid is added later (`write_marker`), for a restart that adopts the supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Optional
+
+from gpuwarden.base.errors import UserError
+from gpuwarden.files.safefiles import (
+    read_small,
+    sync_directory,
+    temporary_name,
+    write_all,
+    write_atomic,
+)
+
+MARKER_SUFFIX = ".started"
+
+
+def marker_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{MARKER_SUFFIX}")
+
+
+def write_marker(
+    status_dir: str, job: str, data: Mapping[str, object], durable: bool = True
+) -> None:
+    write_atomic(marker_path(status_dir, job), json.dumps(data), durable=durable)
+
+
+def stage_marker(status_dir: str, job: str, data: Mapping[str, object]) -> str:
+    """Write the marker's data to a temporary file, on disk (`sync_marker` names it):
+    done before the go-ahead, so that after it only the name must reach the disk."""
+    tmp = temporary_name(marker_path(status_dir, job))
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o644)
+        try:
+            write_all(fd, json.dumps(data).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UserError(f"cannot write job marker {tmp}: {err.strerror}") from None
+    return tmp
+
+
+def sync_marker(status_dir: str, job: str, staged: str) -> None:
+    """Give the staged marker its name, on disk: from then on a job may have run."""
+    path = marker_path(status_dir, job)
+    try:
+        os.rename(staged, path)
+    except OSError as err:
+        raise UserError(f"cannot write job marker {path}: {err.strerror}") from None
+    sync_directory(status_dir)
+
+
+def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:
+    """The supervisor's marker ({"supervisor", "since", "pid"?}), or None: no supervisor
+    was ever forked for this job (or the marker is unreadable, which is treated alike
+    only by callers that can check the exit record too)."""
+    try:
+        raw, _ = read_small(marker_path(status_dir, job), what="job marker")
+        data = json.loads(raw)
+    except FileNotFoundError:
+        return None
+    except (UserError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}

@@ -9,6 +9,7 @@ which GPUs is gpuwarden.placement.selection's.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -140,6 +141,14 @@ def test_a_pass_plans_by_the_reading_it_is_handed(
     assert (usable[six], usable[seven]) == (True, False)
     assert "only 8" in str(admission.never_runs(snapshot, Request(count=9), reading))
     assert admission.never_runs(snapshot, Request(count=1), reading) is None
+    # A submit's answer is judged once for the machine and reading in force.
+    judged = admission.Judged()
+    for _ in range(3):
+        assert "only 8" in str(judged.never_runs(snapshot, Request(count=9), reading))
+        assert judged.never_runs(snapshot, Request(count=1), reading) is None
+    assert judged.judged == 2
+    judged.never_runs(snapshot, Request(count=1), copy.copy(reading))  # another reading
+    assert judged.judged == 3
     ld = lease_dir(settings.lease_dir)
     taken = allocation.attempt(ld, Request(count=1, gpus=(seven,)), snapshot, conf=reading)
     assert taken.held is None and "drained" in (taken.choice.error or "")

@@ -63,3 +63,33 @@ def never_runs(
     except UserError as err:  # a named GPU this machine does not have
         return str(err)
     return choice.error if choice.never_fits else None
+
+
+class Judged:
+    """`never_runs`' answers, kept while the machine and the configuration they were
+    judged on are the same objects (the snapshot read at start, the reading a pass
+    keeps while its files stay as read): a sweep's submits ask alike, and each
+    answer cost a choice over every GPU. One per service (`Context.judged`)."""
+
+    MOST = 256  # distinct requests kept; more start the memory afresh
+
+    def __init__(self) -> None:
+        self._on: tuple[object, object] = (None, None)
+        self._answers: dict[Request, Optional[str]] = {}
+        self.judged = 0  # answers worked out, not recalled
+
+    def never_runs(
+        self, snapshot: Snapshot, request: Request, reading: Optional[Config]
+    ) -> Optional[str]:
+        on = self._on
+        if on[0] is not snapshot or on[1] is not reading or len(self._answers) >= self.MOST:
+            self._on, self._answers = (snapshot, reading), {}
+        try:
+            return self._answers[request]
+        except KeyError:
+            pass
+        except TypeError:  # a request that cannot be a key: judged each time
+            return never_runs(snapshot, request, reading)
+        self.judged += 1
+        answer = self._answers[request] = never_runs(snapshot, request, reading)
+        return answer

@@ -154,7 +154,7 @@ def submit_argv(
         return {"ok": True, "code": err.exit_code, "stdout": "", "stderr": _line(err)}
     try:  # read and judged as a `submit` request sent as it is
         sub = protocol.submit({"v": protocol.VERSION, "op": "submit", **fields})
-        reply = journaling.submit(ctx.life, who, sub, client)
+        reply = journaling.submit(ctx.life, who, sub, client, ctx.judged)
     except UserError as err:  # as the full client is told: one line, status 2
         return {"ok": True, "code": 2, "stdout": "", "stderr": _line(err)}
     out, told = submitting.said(reply["job"], tasks)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuwarden.service import queuetext
+from gpuwarden.service import admission, queuetext
 
 if TYPE_CHECKING:
     from gpuwarden.service.joblife import JobLife
@@ -26,3 +26,5 @@ class Context:
     listed: Optional[tuple[Any, list[Job]]] = None
     # `queue`'s table: each job's cells, the last listings' lines (service.queuetext)
     text: queuetext.QueueText = field(default_factory=queuetext.QueueText)
+    # whether a submit could ever start here, for the machine and reading in force
+    judged: admission.Judged = field(default_factory=admission.Judged)

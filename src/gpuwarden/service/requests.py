@@ -156,7 +156,7 @@ def _ask_requeue(
 def _submit(
     ctx: Context, who: Person, sub: protocol.Submit, client: Optional[Connection]
 ) -> dict[str, Any]:
-    return submitting.submit(ctx.life, who, sub, client)
+    return submitting.submit(ctx.life, who, sub, client, ctx.judged)
 
 
 def _jobs(

@@ -30,7 +30,11 @@ log = logging.getLogger("gpuwarden.serve")
 
 
 def submit(
-    life: JobLife, who: Person, sub: protocol.Submit, client: Optional[Connection] = None
+    life: JobLife,
+    who: Person,
+    sub: protocol.Submit,
+    client: Optional[Connection] = None,
+    judged: Optional[admission.Judged] = None,
 ) -> dict[str, Any]:
     stdio: list[int] = []
     if sub.attached:
@@ -40,7 +44,7 @@ def submit(
                 os.close(fd)
             raise UserError("an attached job needs its client's stdin, stdout and stderr")
     try:
-        return _journal(life, who, sub, client, stdio)
+        return _journal(life, who, sub, client, stdio, judged or admission.Judged())
     except BaseException:  # refused: the client's descriptors are not kept
         for fd in stdio:
             with contextlib.suppress(OSError):
@@ -49,14 +53,19 @@ def submit(
 
 
 def _journal(
-    life: JobLife, who: Person, sub: protocol.Submit, client: Optional[Connection], stdio: list[int]
+    life: JobLife,
+    who: Person,
+    sub: protocol.Submit,
+    client: Optional[Connection],
+    stdio: list[int],
+    judged: admission.Judged,
 ) -> dict[str, Any]:
     """Judge a submit against every bound, then journal it."""
     s = life.settings
     admission.check_sizes(sub, s)
     array = arrays.expand(sub)
     tasks = 1 if array is None else len(array.tasks)
-    never = admission.never_runs(life.machine, sub.gpus, life.reading) if life.machine else None
+    never = judged.never_runs(life.machine, sub.gpus, life.reading) if life.machine else None
     if never is not None:
         raise UserError(f"this job could never start here: {never}")
     if sub.nice < 0 and not s.admins.include(who):

@@ -1,11 +1,17 @@
 """Writing a job's exit record so that a full disk cannot lose it.
 
 The supervisor (service.spawn) makes the record's room before the job starts
-(`reserve`: a file of `ROOM` blanks, on disk) and writes the record into it when
-the job ends (`write`), then renames it into place: no block is newly taken, so a
+(`reserve`: a file of `ROOM` blanks) and writes the record into it when the job
+ends (`write`, on disk), then renames it into place: no block is newly taken, so a
 job that ends while the state directory's disk is full still leaves its record, and
 a restart never takes a job that exited for one that was lost (service.unwritten
 keeps the journal's side).
+
+The room is not waited onto the disk: its blocks are taken by the `write` that
+makes it (a filesystem with delayed allocation, ext4's or XFS's, reserves them
+then and reports a full disk then; one without allocates them then), and the
+record written over them later takes none. After a power cut a room means nothing
+(its job died with the machine); the record itself is made durable when written.
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ def reserve(room: str) -> None:
         fd = os.open(room, flags, 0o600)
         try:
             write_all(fd, b" " * ROOM)
-            os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as err:

@@ -117,9 +117,12 @@ class Ended:
 def start_time(pid: Optional[int] = None) -> int:
     """A process's start time in clock ticks since boot (/proc/PID/stat field 22):
     with the pid, it names one process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid or 'self'}/stat", "rb") as fh:
-            text = fh.read().decode("ascii", "replace")
+    try:  # os.open, not open(): 3 system calls, not 8, in every supervisor and restart
+        fd = os.open(f"/proc/{pid or 'self'}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 4096).decode("ascii", "replace")
+        finally:
+            os.close(fd)
         return int(text.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return -1
@@ -277,7 +280,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
 
     All that may come before the go-ahead does, while the service commits the start:
     the job's cgroup, its fork and its own steps up to the exec (it then waits for a
-    byte), the exit record's room and the marker's data, each on disk. After the
+    byte), the exit record's room and the marker's data (on disk). After the
     go-ahead one disk wait is left before the job execs: the marker's name."""
     os.setsid()
     if launch.stdio is not None:
@@ -311,7 +314,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
                     os._exit(127)
         os.close(error_w)
         os.close(exec_r)
-    # The exit record's room and the marker's data, on disk while the job sets itself
+    # The exit record's room, and the marker's data on disk, while the job sets itself
     # up. A room alone says nothing, nor does a staged marker: only its name does.
     room = reserve_path(launch.status_dir, launch.job)
     mark: dict[str, int] = {"supervisor": os.getpid(), "since": start_time()}

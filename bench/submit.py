@@ -17,7 +17,9 @@ at once in each round:
 Printed: the median wall and CPU time of one submission of each, the ratio
 gpuwarden / sbatch (the line: <= 3x, with one client and with eight at once), and
 gpuwarden / `python -c pass` (what the client adds to the interpreter's start).
-Then each service's own share of a submit's wait: its CPU time (every thread of
+With each gpuwarden row, its service's journal commits and fsyncs over the rounds
+(the submits answered in one turn of its loop share an fsync). Then each
+service's own share of a submit's wait: its CPU time (every thread of
 `gpuwarden serve`, /proc schedstat) over SERVED short submits sent one after
 another from here, without a client process each; what the client waits beyond
 it is the journal's fsync and the scheduler. `--profile FILE` runs this tree's
@@ -125,6 +127,23 @@ print((cpu() - before) / count / 1e9)
 """
 
 
+def journal(env: dict[str, str]) -> tuple[int, int]:
+    """(commits, fsyncs) of the service at env's socket so far (its `stats`)."""
+    from gpuwarden.queueclient import protocol
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(env["GPUWARDEN_SOCKET"])
+        sock.sendall(protocol.encode({"v": protocol.VERSION, "op": "stats"}))
+        decoder, replies = protocol.Decoder(), []
+        while not replies:
+            data = sock.recv(1 << 20)
+            if not data:
+                sys.exit(f"the service at {env['GPUWARDEN_SOCKET']} closed the connection")
+            replies = decoder.feed(data)
+    said = replies[0]["journal"]
+    return int(said["commits"]), int(said["fsyncs"])
+
+
 def served(pid: int, env: dict[str, str], argv: list[str]) -> float:
     """The service's CPU seconds per short submit of `argv`, SERVED of them one after
     another, each on its own connection as the console script sends it."""
@@ -211,6 +230,7 @@ def main() -> int:
         services[name] = serve(work, "before", envs[name], None)
     results: dict[int, dict[str, tuple[float, float]]] = {}
     service_cpu: dict[str, float] = {}
+    shared: dict[tuple[int, str], tuple[int, int]] = {}  # the rounds' commits, fsyncs
     try:
         subprocess.run([slurm, "start", str(work / "slurm")], check=True, env=env)
         for _ in range(100):
@@ -223,6 +243,7 @@ def main() -> int:
         for clients in (int(c) for c in args.clients.split(",")):
             times: dict[str, list[float]] = {name: [] for name in cases}
             cpus: dict[str, list[float]] = {name: [] for name in cases}
+            was = {name: journal(envs[name]) for name in services}
             with concurrent.futures.ThreadPoolExecutor(clients) as pool:
                 for _ in range(args.rounds):
                     for name, argv in cases.items():
@@ -234,6 +255,9 @@ def main() -> int:
             results[clients] = {
                 n: (statistics.median(times[n]), statistics.median(cpus[n])) for n in cases
             }
+            for name in services:
+                commits, fsyncs = journal(envs[name])
+                shared[clients, name] = (commits - was[name][0], fsyncs - was[name][1])
         after = os.getloadavg()[0]
         for name, proc in services.items():
             service_cpu[name] = served(proc.pid, envs[name], cases[name][2:])
@@ -250,7 +274,9 @@ def main() -> int:
     for clients, got in results.items():
         print(f"{clients} client(s) at once:")
         for name, (wall, cpu) in got.items():
-            print(f"  {name:<26} wall {wall * 1000:7.1f} ms   cpu {cpu * 1000:6.1f} ms")
+            commits, fsyncs = shared.get((clients, name), (0, 0))
+            its = f"   the journal's fsyncs {fsyncs} for {commits} commits" if commits else ""
+            print(f"  {name:<26} wall {wall * 1000:7.1f} ms   cpu {cpu * 1000:6.1f} ms{its}")
         ratio = got["gpuwarden submit --hold"][0] / got["sbatch --hold"][0]
         floor = got["python -c pass"][0] / got["sbatch --hold"][0]
         over = got["gpuwarden submit --hold"][0] / got["python -c pass"][0]

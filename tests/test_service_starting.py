@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 
 from rawservice import Raw
+from servicetools import Server, submit
+from users import make_user
 from waiting import wait_for
 
 
@@ -132,7 +135,8 @@ class _Held:
 def test_a_report_that_does_not_come_in_time_fails_its_job(tmp_path: Path) -> None:
     """The loop's tick fails a start whose supervisor has not reported within
     `spawn.REPORT_WITHIN`, with the error a start that waited for it gave, lets go of
-    its lease and of its pipe; one still within its time is left in flight."""
+    its lease and of its pipe and kills its supervisor; one still within its time is left
+    in flight."""
     import selectors
     import time
     from types import SimpleNamespace
@@ -163,13 +167,14 @@ def test_a_report_that_does_not_come_in_time_fails_its_job(tmp_path: Path) -> No
         notifier=None,  # the jobs ask for no notice
     )
     now = time.monotonic()
-    pipes, leases = [], []
+    pipes, leases, supervisors = [], [], []
     for record, deadline in ((late, now - 1), (waiting, now + spawn.REPORT_WITHIN)):
         journal.update(record.id, state=s.STARTING, gpus=("GPU-1",), started=time.time())
         read_end, write_end = os.pipe()
         pipes.append(write_end)
         leases.append(_Held())
-        forked = spawn.Forked(supervisor=0, report=read_end)
+        supervisors.append(subprocess.Popen(["sleep", "60"]))  # a supervisor that hangs
+        forked = spawn.Forked(supervisor=supervisors[-1].pid, report=read_end)
         start = starting.Starting(record.id, forked, leases[-1], (), deadline)  # type: ignore[arg-type]
         starting.begun(life, start)
     assert life.starts.stats()["most_in_flight"] == 2
@@ -178,8 +183,38 @@ def test_a_report_that_does_not_come_in_time_fails_its_job(tmp_path: Path) -> No
     assert failed is not None and failed.state == s.FAILED
     assert failed.error == "a job's supervisor did not answer in time"
     assert leases[0].released and not leases[1].released
+    # The late one's supervisor is killed and reaped (so its leases go), the other runs.
+    assert spawn.start_time(supervisors[0].pid) == -1
+    assert supervisors[1].poll() is None
+    supervisors[1].kill()
+    supervisors[1].wait()
     assert list(life.starts.flight) == [waiting.id]
     assert life.starts.stats()["overdue"] == 1
     assert len(life.selector.get_map()) == 1
     for fd in pipes:
         os.close(fd)
+
+
+def test_a_job_starting_across_a_restart_is_adopted_and_runs_as_any_other(
+    server: Server,
+) -> None:
+    """The service stops while a job still sets itself up (its report not read): the
+    supervisor runs the job on and writes its pid to its marker. The restarted service
+    adopts it STARTING, makes it RUNNING once the marker names its pid, and a cancel
+    then ends it as it ends any running job."""
+    alice = make_user("alice", ("lab",))
+    out = server.work / "adopted.fifo"
+    os.mkfifo(out)
+    os.chmod(out, 0o666)
+    try:
+        job_id = submit(server, alice, ["sleep", "60"], output=str(out))
+        server.wait_state(job_id, ("STARTING",))
+        server.kill(signal.SIGTERM)  # a stop: the job and its supervisor run on
+        server.start()
+        assert server.job(job_id)["state"] == "STARTING"
+        release(out)
+        server.wait_state(job_id, ("RUNNING",))
+        assert server.call(alice, "cancel", jobs=[job_id])["jobs"] == [job_id]
+        server.wait_state(job_id, ("CANCELLED",))
+    finally:
+        release(out)

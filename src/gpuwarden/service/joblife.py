@@ -245,7 +245,7 @@ class JobLife:
         elif job.pid or job.state == store.STARTING:
             # Once: a second SIGTERM may abort its checkpoint. A job still setting itself
             # up gets it when it has exec'd (service.starting): it would ignore it now.
-            if job.id not in self.termed and job.id not in self.starts.flight:
+            if job.id not in self.termed and not self.starts.before_exec(job.id):
                 self.signal(job, signal.SIGTERM)
             self.termed.setdefault(job.id, time.monotonic())
             unwritten.note(self, job.id, partial(self.store.update, job.id, reason="cancelling"))

@@ -44,7 +44,13 @@ def recover(life: JobLife) -> None:
             )
         ):
             pid = (marker or {}).get("pid") or job.pid
-            unwritten.note(life, job.id, partial(life.store.update, job.id, pid=pid))
+            if job.state == store.STARTING and pid:  # it ran while no service read its report
+                running = partial(life.store.update, job.id, state=store.RUNNING, pid=pid)
+                unwritten.note(life, job.id, running)
+            elif job.state == store.STARTING:  # still setting itself up: its pid comes later
+                life.starts.adopted.add(job.id)
+            else:
+                unwritten.note(life, job.id, partial(life.store.update, job.id, pid=pid))
             life.watch_supervisor(job.id, job.supervisor, pid)
             if job.reason in ("time limit", "cancelling", requeue.ASKED):  # not again
                 life.termed[job.id] = time.monotonic()

@@ -8,18 +8,21 @@ report pipe is one more descriptor in the loop's selector; its end-of-file is th
 event `arrived` takes: the job's pid (the lease renamed to it, the job RUNNING and
 watched, its attached client told), or why it could not start (FAILED, said as a start
 that failed at once is). A report that does not come within `spawn.REPORT_WITHIN`
-fails the job as "did not answer in time" (`overdue`, on the loop's tick).
+fails the job as "did not answer in time" (`overdue`, on the loop's tick), and its
+supervisor and what it started are killed: a job recorded FAILED never runs after.
 
 Until its report the job is STARTING (the journal says so, and `queue` shows it): a
 cancel is kept and its SIGTERM sent once the job runs (before its `exec` the job would
 ignore it, as its supervisor does), a signal is refused, and preemption passes it by
 (service.preempting takes jobs with a pid). A service stopped meanwhile lets go of the
 pipe: the supervisor runs the job on and writes its marker with the job's pid, which
-a restart adopts (service.recovery).
+a restart adopts (service.recovery): RUNNING at once where the marker has the pid,
+else once it has (read on the loop's tick).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import jobnotify, spawn, store
+from gpuwarden.service import jobnotify, jobprocess, spawn, store
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
         attachments: Attachments
         termed: dict[int, float]  # job id -> when SIGTERM was sent (or asked, while starting)
         watched: dict[int, int]  # job id -> pidfd of its supervisor
+        processes: dict[int, int]  # job id -> pidfd of the job's first process
+        exits: str  # where the exit records and markers are
 
         def watch_supervisor(
             self, job_id: int, pid: int, job_pid: Optional[int] = None
@@ -80,9 +85,16 @@ class Starts:
 
     def __init__(self) -> None:
         self.flight: dict[int, Starting] = {}
+        # STARTING jobs a restart adopted before their supervisor wrote the job's pid to
+        # its marker (service.recovery): the pid is read from there on the loop's tick.
+        self.adopted: set[int] = set()
         self.begun = 0
         self.most = 0
         self.overdue = 0
+
+    def before_exec(self, job_id: int) -> bool:
+        """Whether `job_id` may still be setting itself up (no pid known yet)."""
+        return job_id in self.flight or job_id in self.adopted
 
     def stats(self) -> dict[str, int]:
         return {
@@ -127,10 +139,14 @@ def arrived(life: StartingService, job_id: int) -> None:
 
 def overdue(life: StartingService, now: float) -> None:
     """Starts whose supervisor has not reported within `spawn.REPORT_WITHIN`: failed, as
-    a start that waited for its report failed."""
+    a start that waited for its report failed, their supervisor and what it started
+    killed. Adopted starts whose job now runs (its pid in its marker): RUNNING."""
+    for job_id in list(life.starts.adopted):
+        _adopted(life, job_id)
     for start in [s for s in life.starts.flight.values() if now >= s.deadline]:
         _forget(life, start)
         life.starts.overdue += 1
+        _stop(start.forked.supervisor)
         start.held.release()
         failed(life, start.job, UserError("a job's supervisor did not answer in time"))
 
@@ -155,6 +171,42 @@ def failed(life: StartingService, job_id: int, err: UserError) -> None:
     if job is not None:
         jobnotify.send(life.notifier, job, ["FAIL"], state=store.FAILED, error=why)
     log.info("job %s ended: %s (it never started)", job_id, store.FAILED)
+
+
+def _stop(supervisor: int) -> None:
+    """A start given up: its supervisor and what it started are killed, so the job never
+    runs once recorded FAILED, and the supervisor reaped, so its leases go with it."""
+    from gpuwarden.service.tree import signal_tree
+
+    if supervisor <= 0:
+        return
+    signal_tree(supervisor, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # our child, not reaped: the pid is its own
+        os.kill(supervisor, signal.SIGKILL)
+    spawn.wait_supervisor(supervisor, timeout=2.0)
+
+
+def _adopted(life: StartingService, job_id: int) -> None:
+    """A STARTING job a restart adopted: RUNNING once its marker names its pid (held by a
+    pidfd to signal it by, as a job started here is); forgotten once it has ended."""
+    job = life.store.get(job_id)
+    if job is None or job.state != store.STARTING or job_id not in life.watched:
+        life.starts.adopted.discard(job_id)
+        return
+    pid = (spawn.read_marker(life.exits, str(job_id)) or {}).get("pid")
+    if not pid:
+        return
+    life.starts.adopted.discard(job_id)
+    held = jobprocess.claim(pid, job.supervisor or 0)
+    if held is not None:
+        life.processes[job_id] = held
+    life.store.update(job_id, durable=False, state=store.RUNNING, pid=pid)
+    log.info("job %s runs (adopted while it started)", job_id)
+    if job_id in life.termed:  # cancelled meanwhile
+        running = life.store.get(job_id)
+        if running is not None:
+            life.signal(running, signal.SIGTERM)
+        life.termed[job_id] = time.monotonic()
 
 
 def _forget(life: StartingService, start: Starting) -> None:

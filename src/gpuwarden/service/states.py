@@ -53,7 +53,7 @@ TRANSITIONS: Final[dict[tuple[State, State], str]] = {
     (PENDING, CANCELLED): "cancelled while waiting, refused (`run` without --wait), "
     "or its attached client never learnt its id",
     (PENDING, FAILED): "its start failed before its supervisor was recorded",
-    (STARTING, RUNNING): "its supervisor started it and its leases are published",
+    (STARTING, RUNNING): "its supervisor reported it exec'd; its leases name its pid now",
     (STARTING, PENDING): "a restart found its supervisor never had the go-ahead: queued again",
     **{(STARTING, end): f"{why}: read after a restart" for end, why in _RUN_ENDS.items()},
     (STARTING, FAILED): "its start failed once its supervisor was recorded, or its command did",

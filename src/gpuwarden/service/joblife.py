@@ -295,6 +295,7 @@ class JobLife:
         job = self.store.get(job_id)
         if job is None or job.state not in (store.STARTING, store.RUNNING):
             return
+        self.hardware.freed(job.gpus)  # its processes leave the reading (service.machine)
         if job.supervisor:
             spawn.wait_supervisor(job.supervisor, timeout=0)
         ended = spawn.read_exit_record(self.exits, str(job_id))

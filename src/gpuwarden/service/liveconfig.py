@@ -35,14 +35,12 @@ if TYPE_CHECKING:
 
 RACY = 2.0  # seconds: a coarse or second-granular mtime cannot tell two writes apart
 # The variables a reading depends on: every key's, and those that place the files.
-NAMES = tuple(
-    dict.fromkeys(
-        (
-            "GPUWARDEN_SYSTEM_CONFIG",
-            "XDG_CONFIG_HOME",
-            "HOME",
-            *(n for k in SCHEMA for n in k.env_names),
-        )
+NAMES = frozenset(
+    (
+        "GPUWARDEN_SYSTEM_CONFIG",
+        "XDG_CONFIG_HOME",
+        "HOME",
+        *(n for k in SCHEMA for n in k.env_names),
     )
 )
 
@@ -129,4 +127,7 @@ class LiveConfig:
         stats = (s for f in files if f is not None and f[1] is not None for s in (f[1], f[3]))
         newest = max((s[3] for s in stats if s is not None), default=0)  # mtime
         racy = time.time_ns() - newest < RACY * 1e9
-        return (tuple(env.get(n) for n in NAMES), os.getcwd(), files), racy
+        # The environment's few entries filtered, not each name looked up: a name not
+        # set costs a raised KeyError in os.environ.
+        named = tuple(kv for kv in env.items() if kv[0] in NAMES)
+        return (named, os.getcwd(), files), racy

@@ -5,14 +5,19 @@ Reading every GPU through NVML for every pass made each start pay for the whole
 machine (tens of calls a GPU, and with a real driver the slowest ones). What a
 decision needs is much less:
 
-- which GPUs there are, their memory and MIG slices, lost ones, and processes
-  nobody leased: read whole (`current`) when a pass finds the last reading older
-  than `within` seconds (the loop's tick), so a process started outside the
-  queue is seen within a tick, as it was before;
+- which GPUs there are, their memory and MIG slices, lost ones: read whole once,
+  then at most every `WHOLE_EVERY` seconds while passes plan, and at once after a
+  start found a process the reading did not show (the reading was behind: the
+  retry plans on the whole machine);
+- processes on the GPUs: a pass finding the reading older than `within` seconds
+  (the loop's tick) reads again only the GPUs that showed processes (4 calls a
+  GPU), so a GPU freed outside the queue is seen within a tick; a GPU the queue's
+  own job leaves loses that job's processes from the reading at its end
+  (`freed`), read by nobody, so the next job starts on it at once;
 - at a job's start, the GPUs chosen for it read again (`chosen`: memory, use and
   processes, 4 calls a GPU) just before their leases are taken: a process that
-  appeared on one since is seen there, the job waits, and the next pass plans
-  with what was read;
+  appeared on one since (outside the queue, on a GPU that showed none) is seen
+  there, the job waits, and the next pass plans with what was read;
 - the links between GPUs (n^2 calls) once, when a multi-GPU job first needs them:
   they change with the hardware, not between two jobs.
 
@@ -28,7 +33,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from gpuwarden.machine.inventory import Snapshot
+    from gpuwarden.machine.inventory import Gpu, Snapshot
+
+WHOLE_EVERY = 60.0  # seconds: GPUs lost or back, MIG slices changed, at most this late
 
 
 class Counted:
@@ -65,6 +72,7 @@ class Machine:
         self._clock = clock
         self.snapshot: Optional[Snapshot] = None  # the last reading
         self.read_at = float("-inf")  # when it was read whole (clock)
+        self.used_at = float("-inf")  # when its GPUs with processes were read again
         self._links: Optional[tuple[Any, Any]] = None  # (topology, nvlinks), once
         self.whole_reads = 0
         self.whole_calls = 0  # of `calls`, those of whole readings
@@ -100,6 +108,7 @@ class Machine:
         before = self.calls
         snapshot = read_snapshot(nvml, detail=detail)
         self.snapshot, self.read_at = snapshot, self._clock()
+        self.used_at = self.read_at
         self.whole_reads += 1
         self.whole_calls += self.calls - before
         return snapshot
@@ -131,27 +140,56 @@ class Machine:
                 nvml.nvmlShutdown()
 
     def current(self, within: float) -> Snapshot:
-        """The reading, read whole again if it is older than `within` seconds."""
-        if self.snapshot is None or self._clock() - self.read_at >= within:
+        """The reading a pass plans on: whole when none was made, the last one was
+        refused or is `WHOLE_EVERY` old (or a start found it behind: `chosen`); else
+        with the GPUs that showed processes read again once it is `within` old."""
+        now = self._clock()
+        snapshot = self.snapshot
+        if snapshot is None or now - self.read_at >= WHOLE_EVERY:
             return self.read()
-        return self.snapshot
+        if now - self.used_at < within:
+            return snapshot
+        if snapshot.error:
+            return self.read()
+        self.used_at = now
+        return self._again(g for g in snapshot.gpus if g.processes)
 
     def chosen(self, uuids: Iterable[str]) -> Snapshot:
         """The reading with the GPUs of `uuids` (a MIG slice: its GPU) read again: what
-        they use now. Kept, so the next pass plans with it."""
+        they use now. Kept, so the next pass plans with it; a process on one that the
+        reading did not show means it is behind: the next pass reads it whole."""
+        snapshot = self.snapshot if self.snapshot is not None else self.read()
+        before = {g.uuid: {p.pid for p in g.processes} for g in snapshot.gpus}
+        fresh = self._again(_of(snapshot, set(uuids)))
+        if any({p.pid for p in g.processes} - before.get(g.uuid, set()) for g in fresh.gpus):
+            self.read_at = float("-inf")
+        return fresh
+
+    def freed(self, uuids: Iterable[str]) -> None:
+        """A job of the queue left the GPUs of `uuids`: its processes are gone with it
+        (its cgroup's were killed), so the reading shows none there, read by nobody.
+        One that stays (another's, outside the queue) is seen by `chosen` before a
+        lease is taken there, and by the tick's reading."""
+        from gpuwarden.base.records import replace
+
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        left = {g.uuid for g in _of(snapshot, set(uuids)) if g.processes}
+        if left:
+            gpus = tuple(replace(g, processes=()) if g.uuid in left else g for g in snapshot.gpus)
+            self.snapshot = replace(snapshot, gpus=gpus)
+
+    def _again(self, chosen: Iterable[Gpu]) -> Snapshot:
+        """The reading with the GPUs `chosen` (of it) read again (`read_use`)."""
         from gpuwarden.base.records import replace
         from gpuwarden.machine.inventory import read_use
 
         snapshot = self.snapshot if self.snapshot is not None else self.read()
-        wanted = set(uuids)
-        again = [
-            g
-            for g in snapshot.gpus
-            if not g.lost and (g.uuid in wanted or any(m.uuid in wanted for m in g.mig_instances))
-        ]
+        again = tuple(g for g in chosen if not g.lost)
         if not again or snapshot.error:
             return snapshot
-        fresh = {g.uuid: g for g in read_use(self.nvml(), tuple(again))}
+        fresh = {g.uuid: g for g in read_use(self.nvml(), again)}
         gpus = tuple(fresh.get(g.uuid, g) for g in snapshot.gpus)
         self.snapshot = replace(snapshot, gpus=gpus, taken_at=time.time())
         return self.snapshot
@@ -172,3 +210,10 @@ class Machine:
     def forget_links(self) -> None:
         """Read the links again when next needed (a reload: the hardware may differ)."""
         self._links = None
+
+
+def _of(snapshot: Snapshot, uuids: set[str]) -> list[Gpu]:
+    """The GPUs of `snapshot` named in `uuids`, or holding a MIG slice named there."""
+    return [
+        g for g in snapshot.gpus if g.uuid in uuids or any(m.uuid in uuids for m in g.mig_instances)
+    ]

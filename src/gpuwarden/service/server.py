@@ -216,9 +216,10 @@ class Service:
 
     def step(self, timeout: Optional[float] = None) -> None:
         """One turn of the loop: plan if a pass is due (service.pacing: a start pass at
-        once after anything that may start a job), wait for events (at most until the
-        next pass or tick), handle them, and do the tick's work once a tick has passed:
-        none of it grows with requests."""
+        once after anything that may start a job), do the tick's work once a tick has
+        passed, wait for events (at most until the next pass or tick) and handle them:
+        an event that may start a job is planned for before the tick's work (the
+        efficiency sampler's reading, time limits), and none of it grows with requests."""
         life, pacer = self.life, self.life.pacer
         if self.reload_asked:  # SIGHUP: a refused reading is logged and changes nothing
             self.reload_asked = False
@@ -229,8 +230,11 @@ class Service:
             pacer.begin(kind)
             passes.schedule(life, full=kind == FULL)
             life.remove_litter()
-        now = time.monotonic()
         tick = life.settings.tick
+        if time.monotonic() >= life.next_tick:  # after the pass: no start waits for it
+            life.next_tick = time.monotonic() + tick
+            self._tick()
+        now = time.monotonic()
         longest = max(0.0, min(tick, life.next_tick - now))
         wait = pacer.wait(now, longest if timeout is None else timeout)
         if wait > 0 and pacer.urgent:
@@ -248,9 +252,6 @@ class Service:
                     starting.arrived(life, data)
         finally:  # the turn's submits: one fsync, then their answers
             self.clients.release(life.store.sync)
-        if time.monotonic() >= life.next_tick:
-            life.next_tick = time.monotonic() + tick
-            self._tick()
 
     # -- clients -----------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ class Raw:
         self.decoder = protocol.Decoder()
         self.replies: list[dict[str, Any]] = []
         self.pid = 0  # the service's
+        self.system = ""  # its system settings file: a client that names another steps aside
 
     def send(self, op: str, **fields: Any) -> None:
         self.sock.sendall(protocol.encode({"v": protocol.VERSION, "op": op, **fields}))
@@ -100,6 +101,7 @@ def raw_service(tmp_path: Path) -> Iterator[Raw]:
         assert found["running"], found["error"]
         raw = Raw(sock)
         raw.pid = proc.pid
+        raw.system = str(lab)
         yield raw
         raw.sock.close()
     finally:

@@ -99,7 +99,11 @@ def test_a_cli_submit_adds_few_instructions_to_the_interpreters_start(
 ) -> None:
     valgrind()
     sock = str(tmp_path / "gw.sock")
-    env = environment(PYTHONPATH=str(SRC), GPUWARDEN_SOCKET=sock)
+    # The service's own system file, as on a lab's machine: another makes the short
+    # client step aside for the full one, which reads it as the user.
+    env = environment(
+        PYTHONPATH=str(SRC), GPUWARDEN_SOCKET=sock, GPUWARDEN_SYSTEM_CONFIG=raw_service.system
+    )
     floor = counted([sys.executable, "-c", "pass"], env)
     argv = [*command("gpuwarden"), "submit", "--hold", "-g", "1", "--", "true"]
     ours = counted(argv, env)

@@ -1,11 +1,14 @@
 """A job's marker: the file its supervisor names, on disk, before the job may exec.
 
 A restarted service that finds no marker for a job knows it never ran and may queue
-it again without running it twice (service.spawn). The marker's data (the
-supervisor's pid and start time) is staged on disk while the service commits the
-start (`stage_marker`); after the go-ahead only its name must reach the disk
-(`sync_marker`: a rename and one fsync of the directory) before the job execs. The
-job's pid is added later (`write_marker`), for a restart that adopts the supervisor.
+it again without running it twice (service.spawn). Its name is what says so: the
+marker's data (the supervisor's pid and start time, for a restart that adopts a
+live supervisor) is staged while the service commits the start (`stage_marker`),
+and after the go-ahead the name is given and put on disk (`sync_marker`: a rename
+and one fsync of the directory) before the job execs. The data is not waited for:
+it matters only while the supervisor lives, which a power cut ends; a marker whose
+data did not reach the disk reads as there and unreadable (`read_marker`: {}),
+never as absent. The job's pid is added later (`write_marker`).
 """
 
 from __future__ import annotations
@@ -39,15 +42,14 @@ def write_marker(
 
 
 def stage_marker(status_dir: str, job: str, data: Mapping[str, object]) -> str:
-    """Write the marker's data to a temporary file, on disk (`sync_marker` names it):
-    done before the go-ahead, so that after it only the name must reach the disk."""
+    """Write the marker's data to a temporary file (`sync_marker` names it), before the
+    go-ahead, so that after it only the name must reach the disk."""
     tmp = temporary_name(marker_path(status_dir, job))
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o644)
         try:
             write_all(fd, json.dumps(data).encode())
-            os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as err:
@@ -69,15 +71,15 @@ def sync_marker(status_dir: str, job: str, staged: str) -> None:
 
 def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:
     """The supervisor's marker ({"supervisor", "since", "pid"?}), or None: no supervisor
-    was ever forked for this job (or the marker is unreadable, which is treated alike
-    only by callers that can check the exit record too)."""
+    was ever given the go-ahead for this job. A marker that is there but unreadable (its
+    data lost to a power cut) is {}: the job may have run."""
     try:
         raw, _ = read_small(marker_path(status_dir, job), what="job marker")
         data = json.loads(raw)
     except FileNotFoundError:
         return None
     except (UserError, ValueError):
-        return None
+        return {}
     if not isinstance(data, dict):
-        return None
+        return {}
     return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}

@@ -39,7 +39,9 @@ def recover(life: JobLife) -> None:
         elif (
             job.supervisor
             and spawn.start_time(job.supervisor) >= 0
-            and (marker is None or spawn.alive(marker["supervisor"], marker.get("since", -1)))
+            and (
+                marker is None or spawn.alive(marker.get("supervisor", 0), marker.get("since", -1))
+            )
         ):
             pid = (marker or {}).get("pid") or job.pid
             if job.state == store.STARTING and pid:  # it ran while no service read its report

@@ -147,7 +147,7 @@ def _journal(
     log.info("job %s submitted by %s: %s", job.id, who.name, " ".join(sub.argv)[:200])
     if reason is None:
         life.pacer.wake()  # it may start now (or must be refused now)
-    else:
+    elif reason != scheduling.HELD:  # a held job is planned by no pass: nothing moved
         life.pacer.touch()
     return {"ok": True, "job": job.id}
 

@@ -43,7 +43,7 @@ def schedule(life: JobLife, full: bool = True) -> None:
     to judge (service.pacing): a full pass plans and ranks every waiting job, a start
     pass the first few that could start (service.ready), both on service.machine's."""
     from gpuwarden.placement.mig import devices
-    from gpuwarden.service.placing import inputs, record_reasons, start_job
+    from gpuwarden.service.placing import go, inputs, record_reasons, start_job
 
     began = time.monotonic()
     unwritten.retry(life)  # ends a full disk kept, written once it has room
@@ -101,18 +101,22 @@ def schedule(life: JobLife, full: bool = True) -> None:
     if more:  # what waits beyond the first few may fit: a full pass plans it soon
         life.pacer.touch()
     life.pacer.planned("full" if full else "start", began, time.monotonic(), len(waiting))
-    for decision in decisions:
-        job = by_id[int(decision.id)]
-        if not decision.starts:
-            if not job.wait:
-                life.refuse(job, decision.reason or "")
-            continue
-        if not full:
-            life.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
-        try:
-            start = start_job(life, job, decision.gpus, snapshot, reading)
-        except UserError as err:
-            starting.failed(life, job.id, err)
-            continue
-        if start is not None:  # its report comes as an event of the loop (service.starting)
-            starting.begun(life, start)
+    started: list[starting.Starting] = []  # their go-aheads wait for one fsync
+    try:
+        for decision in decisions:
+            job = by_id[int(decision.id)]
+            if not decision.starts:
+                if not job.wait:
+                    life.refuse(job, decision.reason or "")
+                continue
+            if not full:
+                life.pacer.touch()  # what `queue` shows of the others moved: refreshed soon
+            try:
+                start = start_job(life, job, decision.gpus, snapshot, reading)
+            except UserError as err:
+                starting.failed(life, job.id, err)
+                continue
+            if start is not None:  # its report comes as an event of the loop
+                started.append(start)
+    finally:  # the pass's STARTING records made durable at once, then the go-aheads
+        go(life, started)

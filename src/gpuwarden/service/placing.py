@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
+    from gpuwarden.service.starting import StartingService
 
     class PlacingService(Protocol):
         """What placing a job needs of the jobs' life (`joblife.JobLife` has it)."""
@@ -239,9 +240,10 @@ def start_job(
 ) -> Optional[starting.Starting]:
     """Lease `uuids` for `job` in the service's directory, fork its supervisor (which
     holds the lease descriptors: the job never has them), record the job STARTING and
-    publish its lease, then give the go-ahead and return: the supervisor's report comes
-    as an event of the loop (service.starting). None: the machine moved under the plan.
-    `reading`: the pass's configuration (drains, health)."""
+    publish its lease, and return: `go` gives the go-ahead once the record is durable,
+    and the supervisor's report comes as an event of the loop (service.starting).
+    None: the machine moved under the plan. `reading`: the pass's configuration
+    (drains, health)."""
     from gpuwarden.cgroups.devices import present_minors
     from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
@@ -305,10 +307,13 @@ def start_job(
         held.prepare("", expires=expires)
 
         def record(supervisor: int, since: int) -> None:
-            # One durable commit before the supervisor may run the job: a service killed
-            # earlier leaves it PENDING, and the supervisor exits without running it.
+            # Committed before the supervisor may run the job, and durable before its
+            # go-ahead (`go`: one fsync for the starts of a pass): a service killed
+            # earlier leaves it STARTING with a supervisor that exits without running
+            # it (service.recovery queues it again), a power cut leaves it PENDING.
             service.store.update(
                 job.id,
+                durable=False,
                 state=store.STARTING,
                 gpus=tuple(g.uuid for g in gpus),
                 started=time.time(),
@@ -319,13 +324,32 @@ def start_job(
             # the job's pid comes (starting); then other clients may allocate.
             held.publish(supervisor)
 
-        forked = spawn.begin(launch, on_forked=record)
+        forked = spawn.begin(launch, on_forked=record, go=False)
     except BaseException:
         held.release()
         raise
     return starting.Starting(
         job.id, forked, held, tuple(gpus), time.monotonic() + spawn.REPORT_WITHIN
     )
+
+
+def go(service: StartingService, starts: Sequence[starting.Starting]) -> None:
+    """The go-ahead for `starts` (one pass's), after one fsync makes their STARTING
+    records durable: a pass that starts four jobs waits for one fsync, not four. A
+    journal that cannot sync gives none: each supervisor exits without running its
+    job, whose report (none) fails it, and the error goes on to the loop."""
+    if not starts:
+        return
+    try:
+        service.store.sync()
+    except BaseException:
+        for start in starts:
+            spawn.go_ahead(start.forked, run=False)
+            starting.begun(service, start)
+        raise
+    for start in starts:
+        spawn.go_ahead(start.forked)
+        starting.begun(service, start)
 
 
 def simulated_machine() -> dict[str, str]:

@@ -160,7 +160,7 @@ def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
         return Ended(None, None, "unreadable exit record", 0.0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Forked:
     """A supervisor given the go-ahead: its pid, and the read end of the pipe its report
     (the job's pid once it has exec'd, or why it could not start) comes on, whole at
@@ -168,9 +168,14 @@ class Forked:
 
     supervisor: int
     report: int
+    go: int = -1  # the write end of its go-ahead pipe, while `begin(go=False)` kept it
 
 
-def begin(launch: JobStart, on_forked: Optional[Callable[[int, int], None]] = None) -> Forked:
+def begin(
+    launch: JobStart,
+    on_forked: Optional[Callable[[int, int], None]] = None,
+    go: bool = True,
+) -> Forked:
     """Fork the supervisor and give it the go-ahead; return at once, before the job
     has set itself up (the caller reads the report when it comes: `report_of`).
 
@@ -179,6 +184,8 @@ def begin(launch: JobStart, on_forked: Optional[Callable[[int, int], None]] = No
     go-ahead on a pipe, and a service that dies before giving it leaves a supervisor
     that reads end-of-file and exits without running anything — so a job the
     journal does not know to be starting never runs, and none runs twice.
+    `go=False`: the go-ahead is the caller's to give (`go_ahead`), once what
+    `on_forked` wrote is durable: the starts of one pass share one fsync.
     """
     if not launch.argv or not launch.argv[0]:
         raise UserError("empty command")
@@ -199,13 +206,27 @@ def begin(launch: JobStart, on_forked: Optional[Callable[[int, int], None]] = No
     try:
         if on_forked is not None:
             on_forked(pid, _start_time_of_child(pid))
-        os.write(go_w, b"g")
     except BaseException:
         os.close(report_r)
-        raise
-    finally:
         os.close(go_w)
-    return Forked(pid, report_r)
+        raise
+    forked = Forked(pid, report_r, go_w)
+    if go:
+        go_ahead(forked)
+    return forked
+
+
+def go_ahead(forked: Forked, run: bool = True) -> None:
+    """Let `forked`'s supervisor start its job (`run=False`: tell it to exit without
+    running anything, as a service that died before the go-ahead does)."""
+    if forked.go < 0:
+        return
+    try:
+        if run:
+            os.write(forked.go, b"g")
+    finally:
+        os.close(forked.go)
+        forked.go = -1
 
 
 def report_of(job: str, supervisor: int, message: bytes, timeout: float = REPORT_WITHIN) -> Started:

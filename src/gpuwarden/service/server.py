@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuwarden.serve")
 
+#: Rounds of events a turn of the loop handles before the fsync its answers wait for:
+#: requests that arrive while the first are answered join them, a few rounds at most.
+GATHER = 8
+
 
 def _directory(path: str) -> None:
     """Make the service's folder `path` (0700) unless it is there; one line when it
@@ -240,18 +244,31 @@ class Service:
         if wait > 0 and pacer.urgent:
             pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
         try:
-            for key, mask in self.selector.select(wait):
-                kind, data = key.data
-                if kind == "listen":
-                    self.clients.accept(life.settings)
-                elif kind == "client":
-                    self.clients.ready(data, mask)
-                elif kind == "job":
-                    life.ended(data)
-                elif kind == "report":  # a supervisor's report: the job runs, or could not
-                    starting.arrived(life, data)
+            events = self.selector.select(wait)
+            for _ in range(GATHER):
+                self._handle(events)
+                # Answers wait for the journal's fsync: what came while they were made
+                # shares it, unless a start is due (it waits for no one).
+                if not self.clients.held or pacer.urgent:
+                    break
+                events = self.selector.select(0)
+                if not events:
+                    break
         finally:  # the turn's submits: one fsync, then their answers
             self.clients.release(life.store.sync)
+
+    def _handle(self, events: list[tuple[selectors.SelectorKey, int]]) -> None:
+        life = self.life
+        for key, mask in events:
+            kind, data = key.data
+            if kind == "listen":
+                self.clients.accept(life.settings)
+            elif kind == "client":
+                self.clients.ready(data, mask)
+            elif kind == "job":
+                life.ended(data)
+            elif kind == "report":  # a supervisor's report: the job runs, or could not
+                starting.arrived(life, data)
 
     # -- clients -----------------------------------------------------------------------
 

@@ -218,3 +218,67 @@ def test_a_job_starting_across_a_restart_is_adopted_and_runs_as_any_other(
         server.wait_state(job_id, ("CANCELLED",))
     finally:
         release(out)
+
+
+class _Journal:
+    """A journal as far as the go-ahead uses it: `sync` checks that no supervisor has
+    had its go-ahead yet, then fails (`fails`) or makes the records durable."""
+
+    def __init__(self, go_reads: list[int], fails: bool) -> None:
+        self.go_reads, self.fails, self.synced = go_reads, fails, 0
+
+    def sync(self) -> None:
+        for fd in self.go_reads:  # nothing written yet: the supervisors still wait
+            os.set_blocking(fd, False)
+            with pytest.raises(BlockingIOError):
+                os.read(fd, 1)
+        if self.fails:
+            raise OSError(5, "Input/output error")
+        self.synced += 1
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_starts_of_a_pass_get_their_go_ahead_after_one_sync(fails: bool) -> None:
+    """The starts of one pass are recorded STARTING without an fsync each; `go` makes
+    them durable with one sync, and only then does each supervisor read its go-ahead.
+    A sync that fails gives none: each supervisor reads end-of-file (it exits without
+    running its job), its report is still awaited as an event (it fails the job), and
+    the error goes on to the loop."""
+    import selectors
+    import time
+    from types import SimpleNamespace
+
+    from gpuwarden.service import spawn, starting
+    from gpuwarden.service.placing import go
+
+    go_reads, starts, fds = [], [], []
+    for job_id in (1, 2):
+        go_r, go_w = os.pipe()
+        report_r, report_w = os.pipe()
+        go_reads.append(go_r)
+        fds += [go_r, report_w]
+        forked = spawn.Forked(supervisor=0, report=report_r, go=go_w)
+        starts.append(starting.Starting(job_id, forked, _Held(), (), time.monotonic() + 30))  # type: ignore[arg-type]
+    journal = _Journal(go_reads, fails)
+    life: Any = SimpleNamespace(
+        starts=starting.Starts(), selector=selectors.DefaultSelector(), store=journal
+    )
+    try:
+        if fails:
+            with pytest.raises(OSError):
+                go(life, starts)
+        else:
+            go(life, starts)
+        for fd in go_reads:
+            os.set_blocking(fd, True)
+            assert os.read(fd, 1) == (b"" if fails else b"g")
+            assert os.read(fd, 1) == b""  # its write end closed
+        assert journal.synced == (0 if fails else 1)
+        assert all(s.forked.go == -1 for s in starts)
+        assert sorted(life.starts.flight) == [1, 2]  # their reports are events of the loop
+    finally:
+        for start in starts:
+            with contextlib.suppress(OSError):
+                os.close(start.forked.report)
+        for fd in fds:
+            os.close(fd)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import becoming, spawn
+from gpuwarden.service import becoming, exitrecord, spawn
 from gpuwarden.service.identity import Admins, person
 from users import make_user
 from waiting import wait_for
@@ -25,9 +25,9 @@ from waiting import wait_for
 PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
-def wait_exit(status_dir: Path, job: str, timeout: float = 30.0) -> spawn.Ended:
+def wait_exit(status_dir: Path, job: str, timeout: float = 30.0) -> exitrecord.Ended:
     return wait_for(
-        lambda: spawn.read_exit_record(str(status_dir), job), timeout, f"job {job}'s end", 0.01
+        lambda: exitrecord.read_exit_record(str(status_dir), job), timeout, f"job {job}'s end", 0.01
     )
 
 

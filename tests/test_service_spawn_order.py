@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import spawn, tree
+from gpuwarden.service import exitrecord, spawn, tree
 from gpuwarden.service.identity import person
 from waiting import wait_for
 
@@ -48,16 +48,16 @@ def status_dir(tmp_path: Path) -> Path:
     return d
 
 
-def ended(status_dir: Path, job: str = "7") -> spawn.Ended:
+def ended(status_dir: Path, job: str = "7") -> exitrecord.Ended:
     return wait_for(
-        lambda: spawn.read_exit_record(str(status_dir), job), 30, f"job {job}'s exit record"
+        lambda: exitrecord.read_exit_record(str(status_dir), job), 30, f"job {job}'s exit record"
     )
 
 
 def test_the_exit_records_room_is_made_before_the_go_ahead(status_dir: Path) -> None:
     """The room's disk write overlaps the service's commit of the start: it is there
     before the go-ahead, and the marker (the job may have run) is not."""
-    room = Path(spawn.reserve_path(str(status_dir), "7"))
+    room = Path(exitrecord.reserve_path(str(status_dir), "7"))
     seen: dict[str, bool] = {}
 
     def recorded(supervisor: int, since: int) -> None:  # the service's durable commit
@@ -71,7 +71,7 @@ def test_the_exit_records_room_is_made_before_the_go_ahead(status_dir: Path) -> 
 
 def test_a_supervisor_without_its_go_ahead_leaves_no_room(status_dir: Path) -> None:
     def refused(supervisor: int, since: int) -> None:
-        wait_for(lambda: os.path.exists(spawn.reserve_path(str(status_dir), "7")), 30, "room")
+        wait_for(lambda: os.path.exists(exitrecord.reserve_path(str(status_dir), "7")), 30, "room")
         raise RuntimeError("the journal refused the start")
 
     with pytest.raises(RuntimeError):

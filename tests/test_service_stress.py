@@ -494,7 +494,7 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
     must still wait for the job and write its exit record (the stress test found jobs
     recorded LOST: the supervisor died of SIGPIPE, the job ran on unrecorded)."""
     from components import require
-    from gpuwarden.service import spawn
+    from gpuwarden.service import exitrecord, spawn
     from gpuwarden.service.identity import person
 
     require(os.geteuid() == 0, "starting a job as its owner needs root")
@@ -525,8 +525,8 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
     _, status_code = os.waitpid(service, 0)
     assert os.WIFEXITED(status_code) and os.WEXITSTATUS(status_code) == 0
 
-    def exit_record() -> Optional[spawn.Ended]:
-        ended = spawn.read_exit_record(str(status), "7")
+    def exit_record() -> Optional[exitrecord.Ended]:
+        ended = exitrecord.read_exit_record(str(status), "7")
         if ended is None:
             marker = spawn.read_marker(str(status), "7") or {}
             supervisor = marker.get("supervisor")
@@ -587,7 +587,7 @@ def test_a_job_gets_sigpipe_at_its_default_though_its_supervisor_ignores_it(
 ) -> None:
     """Ignored signals stay ignored across exec: the job must not inherit the
     supervisor's SIG_IGN for SIGPIPE (`yes | head` would then never end)."""
-    from gpuwarden.service import spawn
+    from gpuwarden.service import exitrecord, spawn
     from gpuwarden.service.identity import person
 
     require_root()
@@ -603,7 +603,7 @@ def test_a_job_gets_sigpipe_at_its_default_though_its_supervisor_ignores_it(
     )
     started = spawn.start(launch)
     spawn.wait_supervisor(started.supervisor)
-    ended = spawn.read_exit_record(str(tmp_path), "8")
+    ended = exitrecord.read_exit_record(str(tmp_path), "8")
     assert ended is not None and ended.code == 0, ended
     ignored = int(out.read_text().split()[1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1)), out.read_text()

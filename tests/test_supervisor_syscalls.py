@@ -30,7 +30,7 @@ JOBS = 4
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SCRIPT = """
 import os, sys
-from gpuwarden.service import server, spawn, jobcgroup  # the service's modules, loaded
+from gpuwarden.service import server, spawn, exitrecord, jobcgroup  # the service's modules, loaded
 from gpuwarden.service.identity import person
 work, isolate, jobs = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 status = os.path.join(work, "jobs")
@@ -43,7 +43,7 @@ for n in range(1, jobs + 1):
     )
     started = spawn.start(launch)
     os.waitpid(started.supervisor, 0)
-    assert spawn.read_exit_record(status, str(n)).ok
+    assert exitrecord.read_exit_record(status, str(n)).ok
     if isolate:
         jobcgroup.remove_job(jobcgroup.job_dirs(jobcgroup.scope_of(status), str(n)))
 if isolate:

@@ -160,6 +160,23 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def write_new(path: str, data: bytes, mode: int) -> None:
+    """Create `path` with `data`: never through a link nor over an existing file. A
+    write that fails (a full disk) removes the file it made before the OSError goes on."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, mode)
+    try:
+        write_all(fd, data)
+    except OSError:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+
+
 def temporary_name(path: PathLike) -> str:
     """A name beside `path` that no other writer picks: dot-prefixed (listings skip it)
     and ending in TMP_SUFFIX (so `sweep_temporaries` recognises it)."""

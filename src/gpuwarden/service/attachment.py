@@ -87,7 +87,7 @@ def forget_client(status_dir: str, job: str) -> None:
 def shell_status(
     state: str, code: Optional[int], signal: Optional[int], error: Optional[str]
 ) -> int:
-    """The status a shell would report for an ended job (as `spawn.Ended.shell_status`):
+    """The status a shell would report for an ended job (as `exitrecord.Ended.shell_status`):
     128+signal, the exit code, 127 for a command that never ran, 143 for a job
     cancelled before it started."""
     if signal:

@@ -21,13 +21,70 @@ import errno
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.files.safefiles import write_all, write_atomic
+from gpuwarden.files.safefiles import read_small, write_atomic, write_new
 
 #: The room's size: a record is cut to fit (the error a job's start failed with is
 #: at most 4 KB, its JSON escapes at most six times that).
 ROOM = 8192
+#: The record's name beside the job's marker.
+EXIT_SUFFIX = ".exit"
+#: The room an exit record is written into, made before the job starts (`reserve`).
+RESERVE_SUFFIX = ".ending"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a job ended: `code` for a normal exit, `signal` when killed; `error` when it
+    never started (the reason, one line)."""
+
+    code: Optional[int]
+    signal: Optional[int]
+    error: Optional[str]
+    at: float
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.error is None
+
+    @property
+    def shell_status(self) -> int:
+        """The status a shell would report: the code, 128+signal, or 127 (never ran)."""
+        if self.error is not None:
+            return 127
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.code if self.code is not None else 1
+
+
+def exit_record_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{EXIT_SUFFIX}")
+
+
+def reserve_path(status_dir: str, job: str) -> str:
+    return os.path.join(status_dir, f"{job}{RESERVE_SUFFIX}")
+
+
+def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
+    """The exit status the supervisor wrote, or None while the job runs (or if the
+    supervisor was killed before writing: the caller then knows only that it ended)."""
+    try:
+        raw, _ = read_small(exit_record_path(status_dir, job), what="exit record")
+        data = json.loads(raw)
+        code, sig, error = data.get("code"), data.get("signal"), data.get("error")
+        return Ended(
+            code=code if isinstance(code, int) else None,
+            signal=sig if isinstance(sig, int) else None,
+            error=str(error) if error is not None else None,
+            at=float(data.get("at", 0.0)),
+        )
+    except FileNotFoundError:
+        return None
+    except (UserError, ValueError, TypeError, AttributeError):
+        return Ended(None, None, "unreadable exit record", 0.0)
 
 
 def reserve(room: str) -> None:
@@ -36,15 +93,8 @@ def reserve(room: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(room)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(room, flags, 0o600)
-        try:
-            write_all(fd, b" " * ROOM)
-        finally:
-            os.close(fd)
+        write_new(room, b" " * ROOM, 0o600)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(room)
         raise UserError(f"cannot write the job's exit record {room}: {err.strerror}") from None
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from gpuwarden.planning import scheduling
 from gpuwarden.service import (
     attachment,
+    exitrecord,
     jobnotify,
     jobprocess,
     litter,
@@ -258,7 +259,11 @@ class JobLife:
         self.ended_attached(job.id, None, quiet=True)
 
     def ended_attached(
-        self, job_id: int, ended: Optional[spawn.Ended], quiet: bool = False, sig: int = SIGTERM
+        self,
+        job_id: int,
+        ended: Optional[exitrecord.Ended],
+        quiet: bool = False,
+        sig: int = SIGTERM,
     ) -> None:
         """Tell an attached client how its job ended, and let go of its descriptors."""
         if not quiet:
@@ -298,17 +303,17 @@ class JobLife:
         self.hardware.freed(job.gpus)  # its processes leave the reading (service.machine)
         if job.supervisor:
             spawn.wait_supervisor(job.supervisor, timeout=0)
-        ended = spawn.read_exit_record(self.exits, str(job_id))
+        ended = exitrecord.read_exit_record(self.exits, str(job_id))
         if ended is not None:
             self.finish(job, ended)
         elif spawn.read_marker(self.exits, str(job_id)) is None:
             self.requeue_unstarted(job)  # its supervisor never had the go-ahead
         else:
             self.finish(
-                job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
+                job, exitrecord.Ended(None, None, "its supervisor died", time.time()), store.LOST
             )
 
-    def finish(self, job: store.Job, ended: spawn.Ended, state: Optional[str] = None) -> None:
+    def finish(self, job: store.Job, ended: exitrecord.Ended, state: Optional[str] = None) -> None:
         charge = preempting.charge(self.settings, job)
         preempted = preempting.ended(self, job)
         if state is None and (requeue.asked(job) or preempted == "requeue"):

@@ -9,14 +9,19 @@ import os
 from collections.abc import Iterable
 
 from gpuwarden.base.units import is_digits
-from gpuwarden.service import attachment, spawn
+from gpuwarden.service import attachment, exitrecord, spawn
 
 #: The files of one job, by the function naming each in the status directory.
-FILES = (spawn.exit_record_path, spawn.marker_path, spawn.reserve_path, attachment.client_path)
+FILES = (
+    exitrecord.exit_record_path,
+    spawn.marker_path,
+    exitrecord.reserve_path,
+    attachment.client_path,
+)
 SUFFIXES = (
-    spawn.EXIT_SUFFIX,
+    exitrecord.EXIT_SUFFIX,
     spawn.MARKER_SUFFIX,
-    spawn.RESERVE_SUFFIX,
+    exitrecord.RESERVE_SUFFIX,
     attachment.CLIENT_SUFFIX,
 )
 

@@ -13,7 +13,6 @@ never as absent. The job's pid is added later (`write_marker`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -24,8 +23,8 @@ from gpuwarden.files.safefiles import (
     read_small,
     sync_directory,
     temporary_name,
-    write_all,
     write_atomic,
+    write_new,
 )
 
 MARKER_SUFFIX = ".started"
@@ -46,15 +45,8 @@ def stage_marker(status_dir: str, job: str, data: Mapping[str, object]) -> str:
     go-ahead, so that after it only the name must reach the disk."""
     tmp = temporary_name(marker_path(status_dir, job))
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o644)
-        try:
-            write_all(fd, json.dumps(data).encode())
-        finally:
-            os.close(fd)
+        write_new(tmp, json.dumps(data).encode(), 0o644)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise UserError(f"cannot write job marker {tmp}: {err.strerror}") from None
     return tmp
 

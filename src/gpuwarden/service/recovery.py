@@ -15,7 +15,16 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from gpuwarden.service import attachment, litter, preempting, requeue, spawn, store, unwritten
+from gpuwarden.service import (
+    attachment,
+    exitrecord,
+    litter,
+    preempting,
+    requeue,
+    spawn,
+    store,
+    unwritten,
+)
 
 if TYPE_CHECKING:
     from gpuwarden.service.joblife import JobLife
@@ -33,7 +42,7 @@ def recover(life: JobLife) -> None:
     """
     for job in life.store.jobs([store.STARTING, store.RUNNING]):
         marker = spawn.read_marker(life.exits, str(job.id))
-        ended = spawn.read_exit_record(life.exits, str(job.id))
+        ended = exitrecord.read_exit_record(life.exits, str(job.id))
         if ended is not None:
             life.finish(job, ended)
         elif (
@@ -61,7 +70,7 @@ def recover(life: JobLife) -> None:
             life.requeue_unstarted(job)
         else:
             life.finish(
-                job, spawn.Ended(None, None, "its supervisor died", time.time()), store.LOST
+                job, exitrecord.Ended(None, None, "its supervisor died", time.time()), store.LOST
             )
     for job in life.store.jobs(store.ACTIVE):
         if not job.attached:

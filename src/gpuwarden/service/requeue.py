@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.planning import scheduling
-from gpuwarden.service import accounting, spawn, store, unwritten
+from gpuwarden.service import accounting, exitrecord, spawn, store, unwritten
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -109,7 +109,7 @@ def backoff(base: float, retries: int) -> float:
 def _records(service: RequeueService, job: store.Job) -> tuple[str, str]:
     """The exit record and the marker of `job`'s last run."""
     return (
-        spawn.exit_record_path(service.exits, str(job.id)),
+        exitrecord.exit_record_path(service.exits, str(job.id)),
         spawn.marker_path(service.exits, str(job.id)),
     )
 
@@ -130,7 +130,7 @@ def _waiting_again(job: store.Job) -> dict[str, Any]:
 def again(
     service: RequeueService,
     job: store.Job,
-    ended: spawn.Ended,
+    ended: exitrecord.Ended,
     *,
     retry: bool = False,
     preempted: bool = False,

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.files.safefiles import read_small
 from gpuwarden.service import becoming, exitrecord, jobterminal, tree
 from gpuwarden.service.identity import Person
 from gpuwarden.service.marker import MARKER_SUFFIX as MARKER_SUFFIX  # the callers' names
@@ -51,9 +50,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuwarden.service.jobcgroup import Place
 
-EXIT_SUFFIX = ".exit"
-#: The room an exit record is written into, made before the job starts (service.exitrecord).
-RESERVE_SUFFIX = ".ending"
 #: Seconds a supervisor has to report the job's pid (or why it could not start).
 REPORT_WITHIN = 30.0
 
@@ -90,30 +86,6 @@ class Started:
     pid: int
 
 
-@dataclass(frozen=True)
-class Ended:
-    """How a job ended: `code` for a normal exit, `signal` when killed; `error` when it
-    never started (the reason, one line)."""
-
-    code: Optional[int]
-    signal: Optional[int]
-    error: Optional[str]
-    at: float
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0 and self.error is None
-
-    @property
-    def shell_status(self) -> int:
-        """The status a shell would report: the code, 128+signal, or 127 (never ran)."""
-        if self.error is not None:
-            return 127
-        if self.signal is not None:
-            return 128 + self.signal
-        return self.code if self.code is not None else 1
-
-
 def start_time(pid: Optional[int] = None) -> int:
     """A process's start time in clock ticks since boot (/proc/PID/stat field 22):
     with the pid, it names one process even after the pid is reused."""
@@ -131,33 +103,6 @@ def start_time(pid: Optional[int] = None) -> int:
 def alive(pid: int, since: int) -> bool:
     """Whether the process `pid` that started at `since` still exists (not a reuse)."""
     return since >= 0 and start_time(pid) == since
-
-
-def exit_record_path(status_dir: str, job: str) -> str:
-    return os.path.join(status_dir, f"{job}{EXIT_SUFFIX}")
-
-
-def reserve_path(status_dir: str, job: str) -> str:
-    return os.path.join(status_dir, f"{job}{RESERVE_SUFFIX}")
-
-
-def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
-    """The exit status the supervisor wrote, or None while the job runs (or if the
-    supervisor was killed before writing: the caller then knows only that it ended)."""
-    try:
-        raw, _ = read_small(exit_record_path(status_dir, job), what="exit record")
-        data = json.loads(raw)
-        code, sig, error = data.get("code"), data.get("signal"), data.get("error")
-        return Ended(
-            code=code if isinstance(code, int) else None,
-            signal=sig if isinstance(sig, int) else None,
-            error=str(error) if error is not None else None,
-            at=float(data.get("at", 0.0)),
-        )
-    except FileNotFoundError:
-        return None
-    except (UserError, ValueError, TypeError, AttributeError):
-        return Ended(None, None, "unreadable exit record", 0.0)
 
 
 @dataclass
@@ -337,7 +282,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
         os.close(exec_r)
     # The exit record's room, and the marker's data on disk, while the job sets itself
     # up. A room alone says nothing, nor does a staged marker: only its name does.
-    room = reserve_path(launch.status_dir, launch.job)
+    room = exitrecord.reserve_path(launch.status_dir, launch.job)
     mark: dict[str, int] = {"supervisor": os.getpid(), "since": start_time()}
     staged, unstarted = None, None  # the reason the job is not run, if one
     try:
@@ -423,8 +368,8 @@ def _unstart(job: int, exec_w: int, cgroup: dict[str, str], files: list[Optional
 
 
 def _write_exit_record(launch: JobStart, record: Mapping[str, object]) -> None:
-    room = reserve_path(launch.status_dir, launch.job)
-    exitrecord.write(room, exit_record_path(launch.status_dir, launch.job), record)
+    room = exitrecord.reserve_path(launch.status_dir, launch.job)
+    exitrecord.write(room, exitrecord.exit_record_path(launch.status_dir, launch.job), record)
 
 
 def _ready(launch: JobStart) -> Optional[Place]:

@@ -10,9 +10,10 @@ jobs of `true` submitted at once over one connection, as `bench/service.py`'s
 makespan run does, until every one has ended. Measured: the service's CPU time
 (/proc/PID/schedstat, every thread), the CPU of its children once reaped (the
 supervisors and the jobs below them: /proc/PID/stat cutime+cstime, in clock ticks),
-the scheduling passes, NVML calls and journal commits and fsyncs per job (`stats`),
-and the wall time per job. CPU time on a shared machine moves far less than wall
-time does; the trees run in turn, round after round, so both see the same load.
+the scheduling passes, NVML calls and journal commits, fsyncs and SQL statements per
+job (`stats`), and the wall time per job. CPU time on a shared machine moves far less
+than wall time does; the trees run in turn, round after round, so both see the same
+load.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpuwarden.queueclient import protocol  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+COUNTED = ("passes", "nvml", "commits", "fsyncs", "statements")  # the service's, per job
 
 
 class Raw:
@@ -88,6 +90,8 @@ def counters(raw: Raw) -> dict[str, float]:
         "nvml": stats["machine"]["nvml_calls"],
         "commits": stats["journal"]["commits"],
         "fsyncs": stats["journal"]["fsyncs"],
+        # SQL statements the journal ran (a tree that does not count them: nan)
+        "statements": stats["journal"].get("statements", float("nan")),
         "active": sum(sum(users.values()) for users in stats["jobs"].values()),
     }
 
@@ -140,7 +144,7 @@ def measure(tree: Path, jobs: int) -> dict[str, float]:
             raw.receive()
         after = drained()
         wall = time.time() - t0
-        out = {k: (after[k] - before[k]) / jobs for k in ("passes", "nvml", "commits", "fsyncs")}
+        out = {k: (after[k] - before[k]) / jobs for k in COUNTED}
         out["service_ms"] = (own_cpu(proc.pid) - own) / jobs * 1e3
         out["children_ms"] = (children_cpu(proc.pid) - kids) / jobs * 1e3
         out["wall_ms"] = wall / jobs * 1e3
@@ -165,7 +169,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for tree in trees:
             results[tree].append(measure(tree, args.jobs))
-    keys = ("service_ms", "children_ms", "wall_ms", "passes", "nvml", "commits", "fsyncs")
+    keys = ("service_ms", "children_ms", "wall_ms", *COUNTED)
     print(f"per job of `true`, {args.jobs} submitted at once, mean of {args.rounds} rounds:")
     print(f"{'tree':40s} " + " ".join(f"{k:>12s}" for k in keys))
     means = {}

@@ -200,7 +200,7 @@ def _adopted(life: StartingService, job_id: int) -> None:
     held = jobprocess.claim(pid, job.supervisor or 0)
     if held is not None:
         life.processes[job_id] = held
-    life.store.update(job_id, durable=False, state=store.RUNNING, pid=pid)
+    life.store.later(job_id, state=store.RUNNING, pid=pid)  # the marker has it
     log.info("job %s runs (adopted while it started)", job_id)
     if job_id in life.termed:  # cancelled meanwhile
         running = life.store.get(job_id)
@@ -235,7 +235,9 @@ def _running(life: StartingService, start: Starting, started: spawn.Started) -> 
     life.watch_supervisor(job_id, started.supervisor, started.pid)
     if job_id not in life.watched:  # its supervisor was gone already: ended there
         return
-    life.store.update(job_id, durable=False, state=store.RUNNING, pid=started.pid)
+    # Written with the next commit, whoever makes it: a service killed meanwhile finds
+    # the pid in the supervisor's marker (service.recovery).
+    life.store.later(job_id, state=store.RUNNING, pid=started.pid)
     job = life.store.get(job_id)
     if job is None:
         return

@@ -111,7 +111,7 @@ class Store:
         if path != ":memory:":
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         # Made since opened (`stats`: per job started), statements too (SQLite counts them).
-        self.commits = self.fsyncs = self.statements = 0
+        self.commits = self.fsyncs = self.statements = self.rollbacks = 0
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self.db.row_factory = sqlite3.Row
         self.db.set_trace_callback(self._counted)
@@ -217,6 +217,7 @@ class Store:
         asked, with the changes `later` keeps over them."""
         self._active = None
         self._ready, self._busy = Ready(), {}
+        self.rollbacks += 1  # what others keep of the journal is read again (bookings)
         self._written.clear()
         self._usage.forget()
         self._accounts.forget()

@@ -19,6 +19,7 @@ service.preempting, service.requeue, service.unwritten, service.placing).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -90,6 +91,10 @@ class JobLife:
         self.selector = selector  # the loop's: a supervisor's pidfd is readable at its end
         self.exits = exits_folder(settings.state_dir)  # exit records and markers
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        # job id -> its supervisor's report pipe, whose end-of-file is the job's end
+        # (service.spawn `Forked`): watched in place of the pidfd where there is one
+        self.ends: dict[int, int] = {}
+        self.reaping: dict[int, int] = {}  # pidfd -> pid: supervisors told the end, exiting
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
@@ -129,10 +134,14 @@ class JobLife:
         """Let go of the supervisors' pidfds and report pipes: the jobs run on, for the
         next service."""
         starting.close(self)
-        for fd in [*self.watched.values(), *self.processes.values()]:
+        for fd in [*self.watched.values(), *self.processes.values(), *self.ends.values()]:
+            os.close(fd)
+        for fd in self.reaping:
             os.close(fd)
         self.watched.clear()
         self.processes.clear()
+        self.ends.clear()
+        self.reaping.clear()
 
     def client_left(self, job_id: int) -> None:
         """An attached client went away (its terminal closed, it was killed): its job
@@ -274,9 +283,14 @@ class JobLife:
         if ended is None:  # ended before it started: no exit record to remove later
             attachment.forget_client(self.exits, str(job_id))
 
-    def watch_supervisor(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
-        """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
-        own first process `job_pid` to signal it by (service.jobprocess)."""
+    def watch_supervisor(
+        self, job_id: int, pid: int, job_pid: Optional[int] = None, end: int = -1
+    ) -> None:
+        """Watch the job's supervisor `pid` for the job's end (its report pipe `end`'s
+        end-of-file where there is one, else the supervisor's exit), and hold a pidfd of
+        the job's own first process `job_pid` to signal it by (service.jobprocess)."""
+        if end >= 0:
+            self.ends[job_id] = end
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -287,22 +301,32 @@ class JobLife:
             if held is not None:
                 self.processes[job_id] = held
         self.watched[job_id] = fd
-        self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
+        self.selector.register(end if end >= 0 else fd, selectors.EVENT_READ, ("job", job_id))
 
     def ended(self, job_id: int) -> None:
+        end = self.ends.pop(job_id, None)
         fd = self.watched.pop(job_id, None)
-        if fd is not None:
-            self.selector.unregister(fd)
-            os.close(fd)
+        for watched in (end, fd):
+            if watched is not None and watched in self.selector.get_map():
+                self.selector.unregister(watched)
+        if end is not None:
+            os.close(end)
         held = self.processes.pop(job_id, None)
         if held is not None:
             os.close(held)
         job = self.store.get(job_id)
         if job is None or job.state not in (store.STARTING, store.RUNNING):
+            if fd is not None:
+                os.close(fd)
             return
         self.hardware.freed(job.gpus)  # its processes leave the reading (service.machine)
-        if job.supervisor:
-            spawn.wait_supervisor(job.supervisor, timeout=0)
+        if fd is not None and job.supervisor and end is not None:
+            self.reap(fd, job.supervisor)  # told the end before its exit: reaped at its exit
+        else:
+            if fd is not None:
+                os.close(fd)
+            if job.supervisor:
+                spawn.wait_supervisor(job.supervisor, timeout=0)
         ended = exitrecord.read_exit_record(self.exits, str(job_id))
         if ended is not None:
             self.finish(job, ended)
@@ -312,6 +336,18 @@ class JobLife:
             self.finish(
                 job, exitrecord.Ended(None, None, "its supervisor died", time.time()), store.LOST
             )
+
+    def reap(self, fd: int, pid: int) -> None:
+        """Reap the supervisor `pid` once its pidfd `fd` is readable (it has exited): at
+        once if it has, else as an event of the loop (("reap", fd))."""
+        if spawn.wait_supervisor(pid, timeout=0):
+            self.reaping.pop(fd, None)
+            with contextlib.suppress(KeyError):
+                self.selector.unregister(fd)
+            os.close(fd)
+        elif fd not in self.reaping:
+            self.reaping[fd] = pid
+            self.selector.register(fd, selectors.EVENT_READ, ("reap", fd))
 
     def finish(self, job: store.Job, ended: exitrecord.Ended, state: Optional[str] = None) -> None:
         charge = preempting.charge(self.settings, job)

@@ -19,7 +19,6 @@ service.preempting, service.requeue, service.unwritten, service.placing).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import selectors
@@ -43,6 +42,7 @@ from gpuwarden.service import (
     store,
     unwritten,
 )
+from gpuwarden.service.forker import Forker
 from gpuwarden.service.liveconfig import LiveConfig
 from gpuwarden.service.queuestate import QueueState
 
@@ -94,9 +94,9 @@ class JobLife:
         # job id -> its supervisor's report pipe, whose end-of-file is the job's end
         # (service.spawn `Forked`): watched in place of the pidfd where there is one
         self.ends: dict[int, int] = {}
-        self.reaping: dict[int, int] = {}  # pidfd -> pid: supervisors told the end, exiting
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
+        self.forker = Forker()  # forks the supervisors: the service itself never forks
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
@@ -134,14 +134,12 @@ class JobLife:
         """Let go of the supervisors' pidfds and report pipes: the jobs run on, for the
         next service."""
         starting.close(self)
+        self.forker.close()
         for fd in [*self.watched.values(), *self.processes.values(), *self.ends.values()]:
-            os.close(fd)
-        for fd in self.reaping:
             os.close(fd)
         self.watched.clear()
         self.processes.clear()
         self.ends.clear()
-        self.reaping.clear()
 
     def client_left(self, job_id: int) -> None:
         """An attached client went away (its terminal closed, it was killed): its job
@@ -284,15 +282,17 @@ class JobLife:
             attachment.forget_client(self.exits, str(job_id))
 
     def watch_supervisor(
-        self, job_id: int, pid: int, job_pid: Optional[int] = None, end: int = -1
+        self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1, end: int = -1
     ) -> None:
-        """Watch the job's supervisor `pid` for the job's end (its report pipe `end`'s
-        end-of-file where there is one, else the supervisor's exit), and hold a pidfd of
-        the job's own first process `job_pid` to signal it by (service.jobprocess)."""
+        """Watch the job's supervisor `pid` (through `pidfd`, taken here when not given:
+        the forker's child, it may be reaped and its number reused) for the job's end
+        (its report pipe `end`'s end-of-file where there is one, else the supervisor's
+        exit), and hold a pidfd of the job's own first process `job_pid` to signal it
+        by (service.jobprocess)."""
         if end >= 0:
             self.ends[job_id] = end
         try:
-            fd = os.pidfd_open(pid)
+            fd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         except ProcessLookupError:
             self.ended(job_id)
             return
@@ -306,27 +306,20 @@ class JobLife:
     def ended(self, job_id: int) -> None:
         end = self.ends.pop(job_id, None)
         fd = self.watched.pop(job_id, None)
-        for watched in (end, fd):
-            if watched is not None and watched in self.selector.get_map():
-                self.selector.unregister(watched)
-        if end is not None:
-            os.close(end)
+        for watched in (end, fd):  # the pidfd is not watched where the pipe is
+            if watched is not None:
+                if watched in self.selector.get_map():
+                    self.selector.unregister(watched)
+                os.close(watched)
         held = self.processes.pop(job_id, None)
         if held is not None:
             os.close(held)
         job = self.store.get(job_id)
         if job is None or job.state not in (store.STARTING, store.RUNNING):
-            if fd is not None:
-                os.close(fd)
             return
         self.hardware.freed(job.gpus)  # its processes leave the reading (service.machine)
-        if fd is not None and job.supervisor and end is not None:
-            self.reap(fd, job.supervisor)  # told the end before its exit: reaped at its exit
-        else:
-            if fd is not None:
-                os.close(fd)
-            if job.supervisor:
-                spawn.wait_supervisor(job.supervisor, timeout=0)
+        if job.supervisor:
+            spawn.wait_supervisor(job.supervisor, timeout=0)
         ended = exitrecord.read_exit_record(self.exits, str(job_id))
         if ended is not None:
             self.finish(job, ended)
@@ -336,18 +329,6 @@ class JobLife:
             self.finish(
                 job, exitrecord.Ended(None, None, "its supervisor died", time.time()), store.LOST
             )
-
-    def reap(self, fd: int, pid: int) -> None:
-        """Reap the supervisor `pid` once its pidfd `fd` is readable (it has exited): at
-        once if it has, else as an event of the loop (("reap", fd))."""
-        if spawn.wait_supervisor(pid, timeout=0):
-            self.reaping.pop(fd, None)
-            with contextlib.suppress(KeyError):
-                self.selector.unregister(fd)
-            os.close(fd)
-        elif fd not in self.reaping:
-            self.reaping[fd] = pid
-            self.selector.register(fd, selectors.EVENT_READ, ("reap", fd))
 
     def finish(self, job: store.Job, ended: exitrecord.Ended, state: Optional[str] = None) -> None:
         charge = preempting.charge(self.settings, job)

@@ -164,6 +164,7 @@ class Service:
                 raise UserError(f"{path} exists and is not a socket; refusing to replace it")
             os.unlink(path)
         life.notifier.start()  # a fork: before anything else runs
+        life.forker.warm()  # it loads what a supervisor runs while the service starts up
         self.clients.listen(path)  # anyone may ask; the kernel says who asked
         snapshot = life.machine = life.read_snapshot()
         life.reading = life.live.current()
@@ -278,8 +279,6 @@ class Service:
                 self.clients.ready(data, mask)
             elif kind == "job":
                 life.ended(data)
-            elif kind == "reap":  # a supervisor that told its job's end has exited
-                life.reap(data, life.reaping[data])
             elif kind == "report":  # a supervisor's report: the job runs, or could not
                 starting.arrived(life, data)
 

@@ -196,12 +196,14 @@ def _stop(forked: spawn.Forked) -> None:
     supervisor = forked.supervisor
     if supervisor <= 0:
         return
-    signal_tree(supervisor, signal.SIGKILL)
     if forked.pidfd >= 0:  # forked by the forker, which reaps it: named by its pidfd
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(forked.pidfd, signal.SIGKILL)
+        if not spawn.gone(forked.pidfd, 0):  # so the pid is its own, not a reuse
+            signal_tree(supervisor, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(forked.pidfd, signal.SIGKILL)
         spawn.gone(forked.pidfd, timeout=2.0)
         return
+    signal_tree(supervisor, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):  # our child, not reaped: the pid is its own
         os.kill(supervisor, signal.SIGKILL)
     spawn.wait_supervisor(supervisor, timeout=2.0)

@@ -20,6 +20,7 @@ supervisor's report had one at a time.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def counters(raw: Raw) -> dict[str, float]:
         "start_planned": plan["start_planned"],
         "full_planned": plan.get("full_planned", float("nan")),
         "deferred": plan["deferred"],
+        "late": plan["late"],
         "nvml": machine["nvml_calls"] - machine["whole_read_calls"],
         "whole_reads": machine["whole_reads"],
         "config_reads": stats["config"]["reads"],
@@ -298,3 +300,54 @@ def test_a_start_beside_10000_runnable_jobs_plans_as_few_as_beside_none(
     finally:
         service.call("cancel", jobs=[array])
         service.call("cancel", jobs=[holder])
+
+
+def test_a_freed_gpu_and_a_submit_start_the_next_job_in_the_turn_that_took_them(
+    raw_service: Raw, tmp_path: Path
+) -> None:
+    """A job holding every GPU ends while another waits; later a job is submitted on an
+    idle machine. Each starts in the turn of the loop that took the event (the end's,
+    the submit's): no pass left for a later turn (`late`), none slept on (`deferred`),
+    one start pass each, and one fsync each between the event and the go-ahead (the
+    end's commit and the submit's ride on the start's). A loop that planned at its
+    next turn counted a late pass per start; one that synced the end, or answered the
+    submit, before the start's fsync counted two."""
+    service = raw_service
+    wait_for(lambda: counters(service)["passes"] > 0, 60, "the first pass")
+    fifo = tmp_path / "hold.fifo"
+    os.mkfifo(fifo)
+    wide = job(tmp_path, argv=["sh", "-c", f"read x < {fifo}"], request={"count": 4})
+    holder = service.call("submit", **wide)["job"]
+    wait_for(
+        lambda: service.call("queue", ids=[holder])["jobs"][0]["state"] == "RUNNING",
+        60,
+        "the job holding every GPU to run",
+    )
+    waiter = service.call("submit", **job(tmp_path, argv=["sleep", "600"]))["job"]
+    wait_for(lambda: counters(service)["full_passes"] > 1, 30, "a full pass seeing it wait")
+    before = counters(service)
+    with open(fifo, "w") as fh:  # the holder reads a line and ends
+        fh.write("go\n")
+    after = wait_for(
+        lambda: (c := counters(service))["started"] > before["started"] and c,
+        60,
+        "the waiting job to start",
+        every=0.05,
+    )
+    ended = {k: after[k] - before[k] for k in after}
+    service.call("cancel", jobs=[waiter])
+    wait_for(lambda: counters(service)["active"] == 0, 60, "the waiter to end")
+    before = counters(service)
+    submitted_job = service.call("submit", **job(tmp_path, argv=["sleep", "600"]))["job"]
+    after = wait_for(
+        lambda: (c := counters(service))["started"] > before["started"] and c,
+        60,
+        "the submitted job to start",
+        every=0.05,
+    )
+    submitted = {k: after[k] - before[k] for k in after}
+    service.call("cancel", jobs=[submitted_job])
+    wait_for(lambda: counters(service)["active"] == 0, 60, "the submitted job to end")
+    for counted in (ended, submitted):
+        assert counted["late"] == 0 and counted["deferred"] == 0, counted
+        assert counted["start_passes"] == 1 and counted["fsyncs"] == 1, counted

@@ -62,6 +62,9 @@ def counters(raw: Raw) -> dict[str, float]:
         "config_checks": stats["config"]["checks"],
         "commits": journal["commits"],
         "fsyncs": journal["fsyncs"],
+        "nvml_inits": machine["nvml_inits"],
+        "lease_dir_checks": machine["lease_dir_checks"],
+        "litter_batches": stats["litter"]["batches"],
     }
 
 
@@ -107,6 +110,18 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # deferred to the next pass's: Store.sync).
     assert per["commits"] <= 6, said
     assert per["fsyncs"] <= 1.5, said
+    # NVML initialised around the whole readings only (by the reading, then by the
+    # session kept until the next one), not per start: a real driver's nvmlInit opens
+    # every device (service.machine). One a start crosses it 100 times over.
+    inits = after["nvml_inits"] - before["nvml_inits"]
+    assert inits <= 2 * (after["whole_reads"] - before["whole_reads"]) + 4, said
+    # The lease directory checked in full once, and again only after a mount or an
+    # unmount on the machine (its stat and the mount table say it is the same), not
+    # three times a job with a read of /proc/mounts each (3,000 here).
+    assert after["lease_dir_checks"] - before["lease_dir_checks"] <= JOBS / 20, said
+    # Ended jobs' files removed in batches at the tick (at most one a second), never
+    # on the way from a freed GPU to the next start (a batch per pass: about 0.7 a job).
+    assert after["litter_batches"] - before["litter_batches"] <= 2 + elapsed, said
 
 
 def test_submits_answered_in_one_turn_share_one_fsync(raw_service: Raw, tmp_path: Path) -> None:

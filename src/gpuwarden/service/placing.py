@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from gpuwarden.config import Config
+    from gpuwarden.leases.dir import Checked
     from gpuwarden.leases.record import LeaseInfo
     from gpuwarden.machine.inventory import Gpu, Snapshot
     from gpuwarden.placement.request import Request
@@ -114,13 +115,14 @@ def inputs(
     reading: Optional[Config] = None,
     leaving: Collection[int] = (),
     linked: Optional[Callable[[Snapshot], Snapshot]] = None,
+    lease_dirs: Optional[Checked] = None,
 ) -> tuple[
     list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`;
     drains, XID logs and health rules as the pass's `reading` of the configuration
     says (None: the configuration in force). `leaving`: ids of running jobs told to end;
-    `linked` as `picker`'s."""
+    `linked` as `picker`'s; `lease_dirs` the service's checked lease directories."""
     from gpuwarden import leases
     from gpuwarden.files.locations import state_location
     from gpuwarden.health import drain
@@ -155,7 +157,7 @@ def inputs(
     ]
     ours = {str(j.id) for j in running}
     held: set[str] = set()
-    seen = list(leases.list_leases(settings.lease_dir))
+    seen = list(leases.list_leases(settings.lease_dir, lease_dirs))
     for lease in seen:
         held.add(lease.uuid)
         if lease.job in ours:
@@ -248,10 +250,9 @@ def start_job(
     from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
     from gpuwarden.jobs.launch import job_env
-    from gpuwarden.leases import dir as leasedir
     from gpuwarden.placement.request import Request
 
-    ld = leasedir.open_dir(service.settings.lease_dir)
+    ld = service.hardware.lease_dirs.open(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
     # What the chosen GPUs use now, read just before they are leased: the plan's
     # reading may be up to a tick old (service.machine).
@@ -376,10 +377,9 @@ def release_leases(service: PlacingService, job: store.Job) -> None:
     import os
 
     from gpuwarden import leases
-    from gpuwarden.leases import dir as leasedir
 
     try:
-        ld = leasedir.open_dir(service.settings.lease_dir)
+        ld = service.hardware.lease_dirs.open(service.settings.lease_dir)
     except UserError:
         return
     for uuid in job.gpus:

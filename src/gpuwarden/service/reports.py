@@ -38,6 +38,8 @@ if TYPE_CHECKING:
         live: LiveConfig
         queue: QueueState
         preempted: dict[str, int]  # preemptions since the start, by the victim's owner
+        litter: list[str]
+        litter_batches: int
         usage_totals: Optional[dict[tuple[str, str], float]]
         sampler: Optional[Sampler]
 
@@ -68,6 +70,7 @@ def stats(service: Reporting) -> dict[str, Any]:
         "machine": service.hardware.stats(),
         "config": service.live.stats(),
         "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},
+        "litter": {"kept": len(service.litter), "batches": service.litter_batches},
         "jobs": tally.counts(),
         "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, tally.waits)],
         "wait_sum": tally.wait_sum,

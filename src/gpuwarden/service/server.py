@@ -34,6 +34,7 @@ from gpuwarden.service import (
     archive,
     healthwatch,
     journalguard,
+    litter,
     passes,
     recovery,
     reloading,
@@ -184,9 +185,12 @@ class Service:
                 os.unlink(life.settings.socket)
         self.clients.close()
         life.close()
+        life.hardware.close()
         if self.health is not None:
             self.health.stop()
         life.notifier.close()
+        with contextlib.suppress(OSError, sqlite3.Error):  # else the next start's recovery
+            life.remove_litter()
         life.store.close()
         for fd in self.locks:  # the lock files stay: removing a held one would race
             os.close(fd)
@@ -233,7 +237,6 @@ class Service:
         if kind is not None:
             pacer.begin(kind)
             passes.schedule(life, full=kind == FULL)
-            life.remove_litter()
         tick = life.settings.tick
         if time.monotonic() >= life.next_tick:  # after the pass: no start waits for it
             life.next_tick = time.monotonic() + tick
@@ -301,5 +304,7 @@ class Service:
             recovery.end_orphans(life)
         timelimits.tick(life)
         starting.overdue(life, time.monotonic())
+        if litter.due(len(life.litter), quiet=not life.store.startable()):
+            life.remove_litter()  # ended jobs' files: in a batch, when no job waits
         if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

@@ -90,7 +90,9 @@ def test_a_supervisor_that_dies_before_it_reports_fails_its_job(
     service = raw_service
     stuck = service.call("submit", **job(tmp_path, ["true"], str(fifo)))["job"]
     wait_for(lambda: starting_now(service, stuck), 30, "the job to be starting")
-    supervisor = only_child(raw_service.pid, lambda pid: child_of(pid) != [])
+    # The service's forker forked it (the service never forks): the forker's child.
+    forker = only_child(raw_service.pid, lambda pid: child_of(pid) != [])
+    supervisor = only_child(forker, lambda pid: child_of(pid) != [])
     (setting_up,) = child_of(supervisor)
     os.kill(supervisor, signal.SIGKILL)
     try:

@@ -42,6 +42,7 @@ from gpuwarden.service import (
     store,
     unwritten,
 )
+from gpuwarden.service.forker import Forker
 from gpuwarden.service.liveconfig import LiveConfig
 from gpuwarden.service.queuestate import QueueState
 
@@ -92,6 +93,7 @@ class JobLife:
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
+        self.forker = Forker()  # forks the supervisors: the service itself never forks
         self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
         self.litter_batches = 0
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
@@ -130,6 +132,7 @@ class JobLife:
         """Let go of the supervisors' pidfds and report pipes: the jobs run on, for the
         next service."""
         starting.close(self)
+        self.forker.close()
         for fd in [*self.watched.values(), *self.processes.values()]:
             os.close(fd)
         self.watched.clear()
@@ -275,11 +278,15 @@ class JobLife:
         if ended is None:  # ended before it started: no exit record to remove later
             attachment.forget_client(self.exits, str(job_id))
 
-    def watch_supervisor(self, job_id: int, pid: int, job_pid: Optional[int] = None) -> None:
-        """Watch the job's supervisor `pid` for its end, and hold a pidfd of the job's
-        own first process `job_pid` to signal it by (service.jobprocess)."""
+    def watch_supervisor(
+        self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1
+    ) -> None:
+        """Watch the job's supervisor `pid` (through `pidfd`, taken here when not given:
+        the forker's child, it may be reaped and its number reused) for its end, and
+        hold a pidfd of the job's own first process `job_pid` to signal it by
+        (service.jobprocess)."""
         try:
-            fd = os.pidfd_open(pid)
+            fd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         except ProcessLookupError:
             self.ended(job_id)
             return

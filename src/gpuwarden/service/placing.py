@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from gpuwarden.machine.inventory import Gpu, Snapshot
     from gpuwarden.placement.request import Request
     from gpuwarden.service.attachment import Attachments
+    from gpuwarden.service.forker import Forker
     from gpuwarden.service.machine import Machine
     from gpuwarden.service.pacing import Pacer
     from gpuwarden.service.settings import Settings
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         pacer: Pacer
         hardware: Machine
         attachments: Attachments  # the attached jobs' clients (the socket loop's)
+        forker: Forker  # forks the supervisors (service.forker)
 
 
 def request_of(job: store.Job) -> Request:
@@ -325,7 +327,7 @@ def start_job(
             # the job's pid comes (starting); then other clients may allocate.
             held.publish(supervisor)
 
-        forked = spawn.begin(launch, on_forked=record, go=False)
+        forked = spawn.begin(launch, on_forked=record, go=False, forker=service.forker)
     except BaseException:
         held.release()
         raise

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from gpuwarden.queueclient.protocol import Report
     from gpuwarden.service.digests import Ask, Digesting
+    from gpuwarden.service.forker import Forker
     from gpuwarden.service.identity import Person
     from gpuwarden.service.liveconfig import LiveConfig
     from gpuwarden.service.machine import Machine
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
         pacer: Pacer
         starts: Starts
+        forker: Forker
         hardware: Machine
         live: LiveConfig
         queue: QueueState
@@ -67,6 +69,7 @@ def stats(service: Reporting) -> dict[str, Any]:
         "ok": True,
         "plan": service.pacer.stats(),
         "starting": service.starts.stats(),
+        "forker": service.forker.stats(),
         "machine": service.hardware.stats(),
         "config": service.live.stats(),
         "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},

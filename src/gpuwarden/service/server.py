@@ -165,6 +165,7 @@ class Service:
                 raise UserError(f"{path} exists and is not a socket; refusing to replace it")
             os.unlink(path)
         life.notifier.start()  # a fork: before anything else runs
+        life.forker.warm()  # it loads what a supervisor runs while the service starts up
         self.clients.listen(path)  # anyone may ask; the kernel says who asked
         snapshot = life.machine = life.read_snapshot()
         life.reading = life.live.current()

@@ -36,7 +36,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.service import becoming, exitrecord, jobterminal, tree
@@ -114,12 +114,21 @@ class Forked:
     supervisor: int
     report: int
     go: int = -1  # the write end of its go-ahead pipe, while `begin(go=False)` kept it
+    pidfd: int = -1  # the supervisor's, when another process forked it (the caller's to close)
+
+
+class Forks(Protocol):
+    """Who forks the supervisor for the service (service.forker): its pid, start time
+    and a pidfd of it, the supervisor holding `report_w` and `go_r`."""
+
+    def fork(self, launch: JobStart, report_w: int, go_r: int) -> tuple[int, int, int]: ...
 
 
 def begin(
     launch: JobStart,
     on_forked: Optional[Callable[[int, int], None]] = None,
     go: bool = True,
+    forker: Optional[Forks] = None,
 ) -> Forked:
     """Fork the supervisor and give it the go-ahead; return at once, before the job
     has set itself up (the caller reads the report when it comes: `report_of`).
@@ -131,31 +140,45 @@ def begin(
     journal does not know to be starting never runs, and none runs twice.
     `go=False`: the go-ahead is the caller's to give (`go_ahead`), once what
     `on_forked` wrote is durable: the starts of one pass share one fsync.
+    `forker`: the supervisor is forked by it, not by this process (the service's
+    forker: `Forked.pidfd` names the supervisor then, the caller's to close).
     """
     if not launch.argv or not launch.argv[0]:
         raise UserError("empty command")
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    where = _ready(launch)
-    pid = os.fork()
-    if pid == 0:  # the supervisor
-        code = 70
+    pidfd = -1
+    if forker is not None:
         try:
-            os.close(report_r)
-            os.close(go_w)
-            code = _supervise(launch, report_w, go_r, where)
-        finally:
-            os._exit(code)
+            pid, since, pidfd = forker.fork(launch, report_w, go_r)
+        except BaseException:
+            for fd in (report_r, report_w, go_r, go_w):
+                os.close(fd)
+            raise
+    else:
+        where = _ready(launch)
+        pid = os.fork()
+        if pid == 0:  # the supervisor
+            code = 70
+            try:
+                os.close(report_r)
+                os.close(go_w)
+                code = _supervise(launch, report_w, go_r, where)
+            finally:
+                os._exit(code)
+        since = -1
     os.close(go_r)
     os.close(report_w)
     try:
         if on_forked is not None:
-            on_forked(pid, _start_time_of_child(pid))
+            on_forked(pid, since if pidfd >= 0 else _start_time_of_child(pid))
     except BaseException:
         os.close(report_r)
-        os.close(go_w)
+        os.close(go_w)  # its supervisor reads end-of-file: it runs nothing
+        if pidfd >= 0:
+            os.close(pidfd)
         raise
-    forked = Forked(pid, report_r, go_w)
+    forked = Forked(pid, report_r, go_w, pidfd)
     if go:
         go_ahead(forked)
     return forked
@@ -174,9 +197,12 @@ def go_ahead(forked: Forked, run: bool = True) -> None:
         forked.go = -1
 
 
-def report_of(job: str, supervisor: int, message: bytes, timeout: float = REPORT_WITHIN) -> Started:
+def report_of(
+    job: str, supervisor: int, message: bytes, timeout: float = REPORT_WITHIN, pidfd: int = -1
+) -> Started:
     """The started job from its supervisor's whole report, or UserError with the reason
-    it could not start (its supervisor reaped: it exits once it has said so)."""
+    it could not start (its supervisor gone: it exits once it has said so; reaped where
+    it is this process's child, waited for through `pidfd` where one is given)."""
     try:
         report = json.loads(message or b"{}")
     except ValueError:
@@ -184,10 +210,10 @@ def report_of(job: str, supervisor: int, message: bytes, timeout: float = REPORT
     if not isinstance(report, dict):
         report = {}
     if report.get("error"):
-        _reap(supervisor, timeout)
+        _reap(supervisor, timeout, pidfd)
         raise UserError(f"job {job} could not start: {report['error']}")
     if not isinstance(report.get("pid"), int):
-        _reap(supervisor, timeout)
+        _reap(supervisor, timeout, pidfd)
         raise UserError(f"job {job} could not start: its supervisor died")
     return Started(supervisor=supervisor, pid=report["pid"])
 
@@ -224,7 +250,10 @@ def _read_all(fd: int, timeout: float) -> bytes:
         chunks.append(chunk)
 
 
-def _reap(pid: int, timeout: float) -> None:
+def _reap(pid: int, timeout: float, pidfd: int = -1) -> None:
+    if pidfd >= 0:
+        gone(pidfd, timeout)
+        return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -438,6 +467,14 @@ def wait_supervisor(supervisor: int, timeout: Optional[float] = None) -> bool:
         if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(0.005)
+
+
+def gone(pidfd: int, timeout: float) -> bool:
+    """Wait up to `timeout` for the process of `pidfd` to end (True when it has): how a
+    supervisor that is not this process's child is waited for."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout * 1000))))
 
 
 def argv_of(value: object) -> Sequence[str]:

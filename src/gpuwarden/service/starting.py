@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         exits: str  # where the exit records and markers are
 
         def watch_supervisor(
-            self, job_id: int, pid: int, job_pid: Optional[int] = None
+            self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1
         ) -> None: ...
 
         def signal(self, job: Job, sig: int) -> bool: ...
@@ -128,9 +128,13 @@ def arrived(life: StartingService, job_id: int) -> None:
         start.chunks.append(chunk)
         return
     _forget(life, start)
+    forked = start.forked
     try:
-        started = spawn.report_of(str(job_id), start.forked.supervisor, b"".join(start.chunks))
+        started = spawn.report_of(
+            str(job_id), forked.supervisor, b"".join(start.chunks), pidfd=forked.pidfd
+        )
     except UserError as err:
+        _let_go(forked)
         start.held.release()
         failed(life, job_id, err)
         return
@@ -146,7 +150,8 @@ def overdue(life: StartingService, now: float) -> None:
     for start in [s for s in life.starts.flight.values() if now >= s.deadline]:
         _forget(life, start)
         life.starts.overdue += 1
-        _stop(start.forked.supervisor)
+        _stop(start.forked)
+        _let_go(start.forked)
         start.held.release()
         failed(life, start.job, UserError("a job's supervisor did not answer in time"))
 
@@ -156,6 +161,7 @@ def close(life: StartingService) -> None:
     and run their jobs on, for the next service to adopt)."""
     for start in list(life.starts.flight.values()):
         _forget(life, start)
+        _let_go(start.forked)
         start.held.close()
 
 
@@ -173,17 +179,29 @@ def failed(life: StartingService, job_id: int, err: UserError) -> None:
     log.info("job %s ended: %s (it never started)", job_id, store.FAILED)
 
 
-def _stop(supervisor: int) -> None:
+def _stop(forked: spawn.Forked) -> None:
     """A start given up: its supervisor and what it started are killed, so the job never
-    runs once recorded FAILED, and the supervisor reaped, so its leases go with it."""
+    runs once recorded FAILED, and the supervisor gone, so its leases go with it."""
     from gpuwarden.service.tree import signal_tree
 
+    supervisor = forked.supervisor
     if supervisor <= 0:
         return
     signal_tree(supervisor, signal.SIGKILL)
+    if forked.pidfd >= 0:  # forked by the forker, which reaps it: named by its pidfd
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(forked.pidfd, signal.SIGKILL)
+        spawn.gone(forked.pidfd, timeout=2.0)
+        return
     with contextlib.suppress(ProcessLookupError):  # our child, not reaped: the pid is its own
         os.kill(supervisor, signal.SIGKILL)
     spawn.wait_supervisor(supervisor, timeout=2.0)
+
+
+def _let_go(forked: spawn.Forked) -> None:
+    if forked.pidfd >= 0:
+        os.close(forked.pidfd)
+        forked.pidfd = -1
 
 
 def _adopted(life: StartingService, job_id: int) -> None:
@@ -225,6 +243,7 @@ def _running(life: StartingService, start: Starting, started: spawn.Started) -> 
         start.held.repoint(started.pid)  # never a job under a lease naming another process
     except UserError as err:
         kill_group(started.pid)
+        _let_go(start.forked)
         start.held.release()
         failed(life, job_id, err)
         return
@@ -232,7 +251,8 @@ def _running(life: StartingService, start: Starting, started: spawn.Started) -> 
     life.attachments.notify(job_id, {"event": "started", "gpus": [g.uuid for g in start.gpus]})
     life.attachments.release_stdio(job_id)  # the job has them now
     # Watched first: a journal that cannot take the pid now still learns of the end.
-    life.watch_supervisor(job_id, started.supervisor, started.pid)
+    pidfd, start.forked.pidfd = start.forked.pidfd, -1  # watched by it, closed with it
+    life.watch_supervisor(job_id, started.supervisor, started.pid, pidfd)
     if job_id not in life.watched:  # its supervisor was gone already: ended there
         return
     life.store.update(job_id, durable=False, state=store.RUNNING, pid=started.pid)

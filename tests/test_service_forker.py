@@ -1,0 +1,169 @@
+"""The service's forker: the supervisors are forked by a small process of its own.
+
+service.forker forks each supervisor on a request over a socket pair (the launch as
+JSON, its descriptors by SCM_RIGHTS) and answers with its pid, start time and a pidfd.
+These tests hold what the service relies on: the supervisor is the forker's child
+and holds nothing of the forker's; the go-ahead pipe's write end stays with the
+caller (no go-ahead: nothing runs, even when the forker has gone); supervisors
+outlive the forker, which ends at its socket's end-of-file; a forker found dead is
+started again, and one that dies with a request fails that start, which never runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.base.errors import UserError
+from gpuwarden.service import exitrecord, spawn
+from gpuwarden.service.forker import Forker
+from gpuwarden.service.identity import person
+from waiting import wait_for
+
+
+def launch(status_dir: Path, argv: list[str], job: str = "7") -> spawn.JobStart:
+    return spawn.JobStart(
+        job=job,
+        argv=tuple(argv),
+        owner=person(os.getuid()),
+        cwd=str(status_dir.parent),
+        env={"PATH": "/usr/bin:/bin"},
+        status_dir=str(status_dir),
+        extra_env={"GPUWARDEN_JOB_NOTE": "naïve ✓"},
+    )
+
+
+@pytest.fixture
+def status_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "status"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def forker() -> Iterator[Forker]:
+    made = Forker()
+    yield made
+    made.close()
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def sockets_of(pid: int) -> list[str]:
+    names = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            names.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return [n for n in names if n.startswith("socket:")]
+
+
+def report(forked: spawn.Forked, job: str = "7") -> spawn.Started:
+    message = spawn._read_all(forked.report, 30)
+    os.close(forked.report)
+    return spawn.report_of(job, forked.supervisor, message, pidfd=forked.pidfd)
+
+
+def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """The supervisor is the forker's child, not ours; it holds no socket (the forker's
+    is closed with all it does not need); its job runs with what the launch said; the
+    pidfd names it to its end, and the forker reaps it."""
+    out = tmp_path / "out"
+    job = launch(status_dir, ["sh", "-c", f'echo "$GPUWARDEN_JOB_NOTE" > {out}'])
+    seen: dict[str, int] = {}
+    forked = spawn.begin(
+        job, on_forked=lambda pid, since: seen.update(pid=pid, since=since), go=False, forker=forker
+    )
+    try:
+        assert forked.pidfd >= 0 and seen["pid"] == forked.supervisor
+        assert forker.proc is not None and parent_of(forked.supervisor) == forker.proc.pid
+        assert seen["since"] == spawn.start_time(forked.supervisor) > 0
+        wait_for(lambda: sockets_of(forked.supervisor) == [], 30, "the forker's socket closed")
+        spawn.go_ahead(forked)
+        started = report(forked)
+        assert spawn.gone(forked.pidfd, 30), "the supervisor ends after its job"
+    finally:
+        os.close(forked.pidfd)
+    assert started.pid > 0 and exitrecord.read_exit_record(str(status_dir), "7") is not None
+    assert out.read_text() == "naïve ✓\n"
+    wait_for(lambda: not os.path.exists(f"/proc/{forked.supervisor}"), 30, "reaped by the forker")
+    assert forker.stats()["forks"] == 1
+
+
+def test_no_go_ahead_runs_nothing_and_supervisors_outlive_the_forker(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """The forker ends when its socket closes (the service has gone); the supervisors
+    it forked do not: one given its go-ahead after runs its job, one whose go-ahead
+    pipe is closed runs nothing."""
+    ran = tmp_path / "ran"
+    kept = spawn.begin(launch(status_dir, ["touch", str(ran)], job="1"), go=False, forker=forker)
+    dropped = spawn.begin(
+        launch(status_dir, ["touch", str(tmp_path / "never")], job="2"), go=False, forker=forker
+    )
+    proc = forker.proc
+    assert proc is not None
+    forker.close()
+    assert proc.returncode == 0, "the forker ended at its end-of-file"
+    for forked in (kept, dropped):
+        assert not spawn.gone(forked.pidfd, 0), "a supervisor outlives the forker"
+    spawn.go_ahead(dropped, run=False)
+    spawn.go_ahead(kept)
+    with pytest.raises(UserError, match="supervisor died"):
+        report(dropped, "2")
+    assert report(kept, "1").pid > 0
+    for forked in (kept, dropped):
+        assert spawn.gone(forked.pidfd, 30)
+        os.close(forked.pidfd)
+    wait_for(ran.exists, 30, "the job given its go-ahead")
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_forker_found_dead_is_started_again(status_dir: Path, forker: Forker) -> None:
+    forker.warm()
+    assert forker.proc is not None
+    first = forker.proc.pid
+    os.kill(first, signal.SIGKILL)
+    forker.proc.wait()
+    forked = spawn.begin(launch(status_dir, ["true"]), forker=forker)
+    try:
+        assert report(forked).pid > 0
+    finally:
+        os.close(forked.pidfd)
+    assert forker.stats()["started"] == 2 and forker.stats()["pid"] != first
+
+
+def test_a_forker_that_dies_with_a_request_fails_that_start(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """It may have forked the supervisor or not: the start fails, the go-ahead pipe is
+    closed with it, and nothing runs; the next start gets a new forker."""
+    forker.warm()
+    assert forker.proc is not None
+    stuck = forker.proc
+    os.kill(stuck.pid, signal.SIGSTOP)  # it has the request, and will never answer
+    killer = threading.Timer(0.5, lambda: os.kill(stuck.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        with pytest.raises(UserError, match="forker died"):
+            spawn.begin(launch(status_dir, ["touch", str(tmp_path / "never")]), forker=forker)
+    finally:
+        killer.join()
+    forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker)
+    try:
+        assert report(forked, "8").pid > 0
+    finally:
+        os.close(forked.pidfd)
+    assert forker.stats()["started"] == 2
+    assert not (tmp_path / "never").exists()

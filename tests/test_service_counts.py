@@ -64,6 +64,7 @@ def counters(raw: Raw) -> dict[str, float]:
         "fsyncs": journal["fsyncs"],
         "nvml_inits": machine["nvml_inits"],
         "lease_dir_checks": machine["lease_dir_checks"],
+        "health_reads": machine["health_reads"],
         "litter_batches": stats["litter"]["batches"],
     }
 
@@ -119,6 +120,10 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # unmount on the machine (its stat and the mount table say it is the same), not
     # three times a job with a read of /proc/mounts each (3,000 here).
     assert after["lease_dir_checks"] - before["lease_dir_checks"] <= JOBS / 20, said
+    # Drains and XID logs: kept while their files stat the same, read again only while
+    # one changed within the last 2 s (the state directory, made with the service: its
+    # first seconds), not listed and read by every pass and again by every start (2,000).
+    assert after["health_reads"] - before["health_reads"] <= JOBS / 5, said
     # Ended jobs' files removed in batches at the tick (at most one a second), never
     # on the way from a freed GPU to the next start (a batch per pass: about 0.7 a job).
     assert after["litter_batches"] - before["litter_batches"] <= 2 + elapsed, said

@@ -158,9 +158,9 @@ class JobLife:
             mode = self.cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
-        from gpuwarden.service.jobcgroup import job_dirs, scope_of
+        from gpuwarden.service.jobcgroup import place, placed_dirs
 
-        return job_dirs(scope_of(self.exits), str(job_id), mode)
+        return placed_dirs(place(self.exits), str(job_id))  # where its start made them
 
     def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),

@@ -89,6 +89,9 @@ class Machine:
         from gpuwarden.leases.dir import Checked
 
         self.lease_dirs = Checked()  # the GPUs' locks: checked again when a stat changes
+        from gpuwarden.health.files import HealthFiles
+
+        self.health = HealthFiles()  # drains and XIDs: read again when their files change
 
     def stats(self) -> dict[str, int]:
         return {
@@ -97,6 +100,7 @@ class Machine:
             "whole_read_calls": self.whole_calls,
             "nvml_inits": 0 if self._nvml is None else self._nvml.inits,
             "lease_dir_checks": self.lease_dirs.checks,
+            "health_reads": self.health.reads,
         }
 
     @property

@@ -79,7 +79,7 @@ def schedule(life: JobLife, full: bool = True) -> None:
         reading,
         leaving,
         life.hardware.linked,
-        life.hardware.lease_dirs,
+        life.hardware,
     )
     usage = life.store.usage(now, life.settings.policy.half_life)
     policy = limiting.plan_policy(life.settings, life.store, (*pending, *running))

@@ -20,6 +20,7 @@ supervisor's report had one at a time.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,9 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     tmp_path: Path,
 ) -> None:
     service = raw_service
+    # The state directory (drains, XID logs), made with the service, settles first:
+    # what changed within 2 s is read again at every use (health.files).
+    time.sleep(max(0.0, 2.5 - (time.time() - os.stat(tmp_path / "state").st_mtime)))
     before = counters(service)
     t0 = time.monotonic()
     for _ in range(JOBS // 100):  # pipelined, 100 at a time, as a busy lab submits
@@ -120,10 +124,9 @@ def test_a_started_job_costs_a_pass_a_few_nvml_calls_and_a_few_commits(
     # unmount on the machine (its stat and the mount table say it is the same), not
     # three times a job with a read of /proc/mounts each (3,000 here).
     assert after["lease_dir_checks"] - before["lease_dir_checks"] <= JOBS / 20, said
-    # Drains and XID logs: kept while their files stat the same, read again only while
-    # one changed within the last 2 s (the state directory, made with the service: its
-    # first seconds), not listed and read by every pass and again by every start (2,000).
-    assert after["health_reads"] - before["health_reads"] <= JOBS / 5, said
+    # Drains and XID logs: read once and kept while their files stat the same, not
+    # listed and read by every pass and again by every start (2,000 here).
+    assert after["health_reads"] - before["health_reads"] <= JOBS / 20, said
     # Ended jobs' files removed in batches at the tick (at most one a second), never
     # on the way from a freed GPU to the next start (a batch per pass: about 0.7 a job).
     assert after["litter_batches"] - before["litter_batches"] <= 2 + elapsed, said

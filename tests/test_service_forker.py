@@ -16,6 +16,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,7 @@ def sockets_of(pid: int) -> list[str]:
 
 
 def report(forked: spawn.Forked, job: str = "7") -> spawn.Started:
-    message = spawn._read_all(forked.report, 30)
+    message = spawn._read_all(forked.report, 30, until=b"\n")
     os.close(forked.report)
     return spawn.report_of(job, forked.supervisor, message, pidfd=forked.pidfd)
 
@@ -167,3 +168,48 @@ def test_a_forker_that_dies_with_a_request_fails_that_start(
         os.close(forked.pidfd)
     assert forker.stats()["started"] == 2
     assert not (tmp_path / "never").exists()
+
+
+def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """A supervisor the forker forked is not the service's child: a start given up
+    (service.starting `overdue`) kills it by its pidfd, waits for its end there, and
+    the forker reaps it."""
+    import selectors
+    import time
+    from types import SimpleNamespace
+
+    from gpuwarden.service import starting
+    from gpuwarden.service import store as s
+
+    journal = s.Store(str(tmp_path / "jobs.db"))
+    record = journal.add(
+        s.new_job(
+            uid=0,
+            gid=0,
+            user="root",
+            argv=("true",),
+            cwd="/",
+            env={},
+            umask=0o022,
+            request={"count": 1},
+        )
+    )
+    journal.update(record.id, state=s.STARTING, gpus=("GPU-1",), started=time.time())
+    life: Any = SimpleNamespace(
+        starts=starting.Starts(), selector=selectors.DefaultSelector(), store=journal, notifier=None
+    )
+    ran = tmp_path / "ran"
+    forked = spawn.begin(launch(status_dir, ["touch", str(ran)]), go=False, forker=forker)
+    held = SimpleNamespace(released=False)
+    held.release = lambda: setattr(held, "released", True)
+    starting.begun(life, starting.Starting(record.id, forked, held, (), time.monotonic() - 1))  # type: ignore[arg-type]
+    starting.overdue(life, time.monotonic())
+    assert forked.pidfd == -1, "closed once it has ended"
+    ended = journal.get(record.id)
+    assert ended is not None and ended.state == s.FAILED and held.released
+    wait_for(lambda: not os.path.exists(f"/proc/{forked.supervisor}"), 30, "reaped by the forker")
+    with pytest.raises(BrokenPipeError):  # too late: nobody is left to run it
+        spawn.go_ahead(forked)
+    assert not ran.exists()

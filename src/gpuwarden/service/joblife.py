@@ -91,6 +91,9 @@ class JobLife:
         self.selector = selector  # the loop's: a supervisor's pidfd is readable at its end
         self.exits = exits_folder(settings.state_dir)  # exit records and markers
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        # job id -> its supervisor's report pipe, whose end-of-file is the job's end
+        # (service.spawn `Forked`): watched in place of the pidfd where there is one
+        self.ends: dict[int, int] = {}
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
         self.forker = Forker()  # forks the supervisors: the service itself never forks
@@ -133,10 +136,11 @@ class JobLife:
         next service."""
         starting.close(self)
         self.forker.close()
-        for fd in [*self.watched.values(), *self.processes.values()]:
+        for fd in [*self.watched.values(), *self.processes.values(), *self.ends.values()]:
             os.close(fd)
         self.watched.clear()
         self.processes.clear()
+        self.ends.clear()
 
     def client_left(self, job_id: int) -> None:
         """An attached client went away (its terminal closed, it was killed): its job
@@ -279,12 +283,15 @@ class JobLife:
             attachment.forget_client(self.exits, str(job_id))
 
     def watch_supervisor(
-        self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1
+        self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1, end: int = -1
     ) -> None:
         """Watch the job's supervisor `pid` (through `pidfd`, taken here when not given:
-        the forker's child, it may be reaped and its number reused) for its end, and
-        hold a pidfd of the job's own first process `job_pid` to signal it by
-        (service.jobprocess)."""
+        the forker's child, it may be reaped and its number reused) for the job's end
+        (its report pipe `end`'s end-of-file where there is one, else the supervisor's
+        exit), and hold a pidfd of the job's own first process `job_pid` to signal it
+        by (service.jobprocess)."""
+        if end >= 0:
+            self.ends[job_id] = end
         try:
             fd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         except ProcessLookupError:
@@ -295,13 +302,16 @@ class JobLife:
             if held is not None:
                 self.processes[job_id] = held
         self.watched[job_id] = fd
-        self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
+        self.selector.register(end if end >= 0 else fd, selectors.EVENT_READ, ("job", job_id))
 
     def ended(self, job_id: int) -> None:
+        end = self.ends.pop(job_id, None)
         fd = self.watched.pop(job_id, None)
-        if fd is not None:
-            self.selector.unregister(fd)
-            os.close(fd)
+        for watched in (end, fd):  # the pidfd is not watched where the pipe is
+            if watched is not None:
+                if watched in self.selector.get_map():
+                    self.selector.unregister(watched)
+                os.close(watched)
         held = self.processes.pop(job_id, None)
         if held is not None:
             os.close(held)
@@ -420,7 +430,7 @@ class JobLife:
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
         charged = gpu_seconds * preempting.charge(self.settings, job)  # as the user's
         half_life = self.settings.policy.half_life
-        accounting.charge_account(self.store.db, job.account, job.user, charged, ended, half_life)
+        self.store.charge_account(job.account, job.user, charged, ended, half_life)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
         if self.usage_totals is not None:  # last: a failed write above adds nothing

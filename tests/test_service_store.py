@@ -135,9 +135,10 @@ def test_exit_records_are_removed_only_after_the_end_is_synced(
     monkeypatch.setattr(store, "sync", lambda: (order.append("sync"), real_sync()))
     real_unlink = os.unlink
     monkeypatch.setattr(os, "unlink", lambda p: (order.append("unlink"), real_unlink(p)))
-    service = SimpleNamespace(store=store, litter=[str(record)])
+    service = SimpleNamespace(store=store, litter=[str(record)], litter_batches=0)
     JobLife.remove_litter(service)  # type: ignore[arg-type]
     assert order == ["sync", "unlink"] and not store.unsynced and not record.exists()
+    assert service.litter_batches == 1
 
 
 def test_usage_is_charged_and_decays(tmp_path: Path) -> None:

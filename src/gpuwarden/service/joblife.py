@@ -97,7 +97,8 @@ class JobLife:
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
         self.forker = Forker()  # forks the supervisors: the service itself never forks
-        self.litter: list[str] = []  # files of ended jobs, removed after the next start
+        self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
+        self.litter_batches = 0
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -161,9 +162,9 @@ class JobLife:
             mode = self.cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
-        from gpuwarden.service.jobcgroup import job_dirs, scope_of
+        from gpuwarden.service.jobcgroup import place, placed_dirs
 
-        return job_dirs(scope_of(self.exits), str(job_id), mode)
+        return placed_dirs(place(self.exits), str(job_id))  # where its start made them
 
     def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),
@@ -386,8 +387,8 @@ class JobLife:
                 )
                 self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
                 self.ran(job, ended.at or now, final, used_gpu)  # its GPU-hours held, uncharged
-            # Removed after the next starts, not on the way from a freed GPU to the next
-            # start (`remove_litter`); only once the end is written (service.litter).
+            # Removed in a batch when no job waits, not on the way from a freed GPU to
+            # the next start (`remove_litter`); only once the end is written (service.litter).
             self.litter.extend(litter.of_job(self.exits, job.id))
 
         unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
@@ -442,5 +443,6 @@ class JobLife:
         without the end and the disk without the record of it."""
         if self.litter:
             self.store.sync()
+            self.litter_batches += 1
         litter.remove(self.litter)
         self.litter.clear()

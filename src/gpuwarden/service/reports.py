@@ -40,6 +40,8 @@ if TYPE_CHECKING:
         live: LiveConfig
         queue: QueueState
         preempted: dict[str, int]  # preemptions since the start, by the victim's owner
+        litter: list[str]
+        litter_batches: int
         usage_totals: Optional[dict[tuple[str, str], float]]
         sampler: Optional[Sampler]
 
@@ -75,6 +77,7 @@ def stats(service: Reporting) -> dict[str, Any]:
             "fsyncs": service.store.fsyncs,
             "statements": service.store.statements,
         },
+        "litter": {"kept": len(service.litter), "batches": service.litter_batches},
         "jobs": tally.counts(),
         "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, tally.waits)],
         "wait_sum": tally.wait_sum,

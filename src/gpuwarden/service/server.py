@@ -34,6 +34,7 @@ from gpuwarden.service import (
     archive,
     healthwatch,
     journalguard,
+    litter,
     passes,
     recovery,
     reloading,
@@ -185,9 +186,12 @@ class Service:
                 os.unlink(life.settings.socket)
         self.clients.close()
         life.close()
+        life.hardware.close()
         if self.health is not None:
             self.health.stop()
         life.notifier.close()
+        with contextlib.suppress(OSError, sqlite3.Error):  # else the next start's recovery
+            life.remove_litter()
         life.store.close()
         for fd in self.locks:  # the lock files stay: removing a held one would race
             os.close(fd)
@@ -260,14 +264,13 @@ class Service:
             self.clients.release(life.store.sync)
 
     def _plan(self) -> None:
-        """A pass of the plan, if one is due (service.pacing), then the ended jobs' files
-        whose end that pass's start made durable."""
+        """A pass of the plan, if one is due (service.pacing). The ended jobs' files go
+        at the tick, in a batch, when no job waits (service.litter)."""
         life = self.life
         kind = life.pacer.due(time.monotonic())
         if kind is not None:
             life.pacer.begin(kind)
             passes.schedule(life, full=kind == FULL)
-            life.remove_litter()
 
     def _handle(self, events: list[tuple[selectors.SelectorKey, int]]) -> None:
         life = self.life
@@ -313,5 +316,7 @@ class Service:
             recovery.end_orphans(life)
         timelimits.tick(life)
         starting.overdue(life, time.monotonic())
+        if litter.due(len(life.litter), quiet=not life.store.startable()):
+            life.remove_litter()  # ended jobs' files: in a batch, when no job waits
         if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

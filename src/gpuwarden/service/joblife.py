@@ -441,8 +441,16 @@ class JobLife:
         """Remove the exit records and markers of jobs whose end is committed, once
         that commit is on disk: until then a power cut would leave the journal
         without the end and the disk without the record of it."""
-        if self.litter:
-            self.store.sync()
-            self.litter_batches += 1
-        litter.remove(self.litter)
-        self.litter.clear()
+        if not self.litter:
+            return
+        batch = list(self.litter)  # kept listed until removed: a requeue takes its own out
+        self.litter_batches += 1
+
+        def removed(ok: bool) -> None:  # the fsync failed: left for the next batch
+            if ok:
+                listed = set(self.litter)
+                gone = {p for p in batch if p in listed}
+                litter.remove(sorted(gone))
+                self.litter[:] = [p for p in self.litter if p not in gone]
+
+        self.store.when_durable(removed)

@@ -11,9 +11,11 @@ started again, and one that dies with a request fails that start, which never ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from gpuwarden.base.errors import UserError
 from gpuwarden.service import exitrecord, spawn
 from gpuwarden.service.forker import Forker
 from gpuwarden.service.identity import person
+from rawservice import Raw
 from waiting import wait_for
 
 
@@ -213,3 +216,66 @@ def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
     with pytest.raises(BrokenPipeError):  # too late: nobody is left to run it
         spawn.go_ahead(forked)
     assert not ran.exists()
+
+
+def test_the_forker_ends_with_the_service_and_the_jobs_run_on(
+    raw_service: Raw, tmp_path: Path
+) -> None:
+    """Under the simulated machine the forker has the service's environment; killed
+    at once (SIGKILL), the service takes its forker with it (its socket's end-of-file),
+    never the job its forker started, whose supervisor stays for the next service."""
+    service = raw_service
+    forker = service.call("stats")["forker"]
+    assert forker["pid"] > 0 and parent_of(forker["pid"]) == service.pid
+    with open(f"/proc/{forker['pid']}/environ", "rb") as fh:
+        environ = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+    assert environ.get(b"GPUWARDEN_SIM", b"").endswith(b".toml"), environ.keys()
+    service.call(
+        "submit",
+        argv=["sleep", "60"],
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        output="/dev/null",
+        request={"count": 1},
+    )
+
+    def running() -> list[int]:  # the forker's child, the supervisor; its child, the job
+        return [
+            job
+            for supervisor in children_of(forker["pid"])
+            for job in children_of(supervisor)
+            if command_of(job).startswith(b"sleep\0")
+        ]
+
+    (job,) = wait_for(running, 30, "the job to run")
+    try:
+        os.kill(service.pid, signal.SIGKILL)
+        wait_for(lambda: gone_or_zombie(forker["pid"]), 30, "the forker to end with the service")
+        time.sleep(0.2)
+        assert not gone_or_zombie(job), "the job runs on"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job, signal.SIGKILL)  # its supervisor writes its record, ends
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+def command_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

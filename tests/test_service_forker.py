@@ -148,29 +148,50 @@ def test_a_forker_found_dead_is_started_again(status_dir: Path, forker: Forker) 
     assert forker.stats()["started"] == 2 and forker.stats()["pid"] != first
 
 
-def test_a_forker_that_dies_with_a_request_fails_that_start(
+def test_a_forker_that_dies_with_a_request_is_replaced(
     status_dir: Path, forker: Forker, tmp_path: Path
 ) -> None:
-    """It may have forked the supervisor or not: the start fails, the go-ahead pipe is
-    closed with it, and nothing runs; the next start gets a new forker."""
-    forker.warm()
+    """A request to the forker is for a spare supervisor, which has nothing to run: the
+    forker dying with one is started again and the start goes on; the spare it may
+    have forked exits at its socket's end-of-file."""
+    forker.warm()  # it has the request for a spare while it starts up
     assert forker.proc is not None
     stuck = forker.proc
-    os.kill(stuck.pid, signal.SIGSTOP)  # it has the request, and will never answer
+    os.kill(stuck.pid, signal.SIGSTOP)  # it will never answer
     killer = threading.Timer(0.5, lambda: os.kill(stuck.pid, signal.SIGKILL))
     killer.start()
     try:
-        with pytest.raises(UserError, match="forker died"):
-            spawn.begin(launch(status_dir, ["touch", str(tmp_path / "never")]), forker=forker)
+        forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker)
     finally:
         killer.join()
-    forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker)
     try:
         assert report(forked, "8").pid > 0
     finally:
         os.close(forked.pidfd)
     assert forker.stats()["started"] == 2
-    assert not (tmp_path / "never").exists()
+
+
+def test_a_spare_that_died_before_its_launch_is_replaced(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """A spare killed while it waits is found dead as the launch is sent to it (nothing
+    of the launch reached it): the next one runs the job."""
+    first = spawn.begin(launch(status_dir, ["true"], job="1"), forker=forker)
+    report(first, "1")
+    os.close(first.pidfd)
+    spare = forker._take()  # the next spare, asked for after the first start
+    forker.spare = spare  # put back, as the next start finds it
+    os.kill(spare.pid, signal.SIGKILL)
+    assert spawn.gone(spare.pidfd, 30)
+    ran = tmp_path / "ran"
+    forked = spawn.begin(launch(status_dir, ["touch", str(ran)], job="2"), forker=forker)
+    try:
+        assert forked.supervisor != spare.pid
+        assert report(forked, "2").pid > 0
+    finally:
+        os.close(forked.pidfd)
+    wait_for(ran.exists, 30, "the job, run by the next spare")
+    assert forker.stats()["forks"] == 2
 
 
 def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(

@@ -93,7 +93,7 @@ class JobLife:
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
-        self.forker = Forker()  # forks the supervisors: the service itself never forks
+        self.forker = Forker(self.exits)  # forks the supervisors: the service never forks
         self.litter: list[str] = []  # files of ended jobs, removed after the next start
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}

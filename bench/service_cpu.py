@@ -13,9 +13,9 @@ supervisors and the jobs below them: /proc/PID/stat cutime+cstime, in clock tick
 the live ones' (the forker, which forks the supervisors, and what it reaped), the
 service's minor page faults (/proc/PID/stat field 10: a fork of the service makes its
 pages copy-on-write, and it copies them back as it goes on), the scheduling passes,
-NVML calls and journal commits and fsyncs per job (`stats`), and the wall time per
-job. CPU time on a shared machine moves far less than wall time does; the trees run
-in turn, round after round, so both see the same load.
+NVML calls and journal commits, fsyncs and SQL statements per job (`stats`), and the
+wall time per job. CPU time on a shared machine moves far less than wall time does;
+the trees run in turn, round after round, so both see the same load.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpuwarden.queueclient import protocol  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+COUNTED = ("passes", "nvml", "commits", "fsyncs", "statements")  # the service's, per job
 
 
 class Raw:
@@ -112,6 +113,8 @@ def counters(raw: Raw) -> dict[str, float]:
         "nvml": stats["machine"]["nvml_calls"],
         "commits": stats["journal"]["commits"],
         "fsyncs": stats["journal"]["fsyncs"],
+        # SQL statements the journal ran (a tree that does not count them: nan)
+        "statements": stats["journal"].get("statements", float("nan")),
         "active": sum(sum(users.values()) for users in stats["jobs"].values()),
     }
 
@@ -165,7 +168,7 @@ def measure(tree: Path, jobs: int) -> dict[str, float]:
             raw.receive()
         after = drained()
         wall = time.time() - t0
-        out = {k: (after[k] - before[k]) / jobs for k in ("passes", "nvml", "commits", "fsyncs")}
+        out = {k: (after[k] - before[k]) / jobs for k in COUNTED}
         out["service_ms"] = (own_cpu(proc.pid) - own) / jobs * 1e3
         out["children_ms"] = (children_cpu(proc.pid) - kids) / jobs * 1e3
         out["faults"] = (minor_faults(proc.pid) - faults) / jobs
@@ -191,7 +194,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for tree in trees:
             results[tree].append(measure(tree, args.jobs))
-    keys = ("service_ms", "children_ms", "wall_ms", "faults", "passes", "nvml", "commits", "fsyncs")
+    keys = ("service_ms", "children_ms", "wall_ms", "faults", *COUNTED)
     print(f"per job of `true`, {args.jobs} submitted at once, mean of {args.rounds} rounds:")
     print(f"{'tree':40s} " + " ".join(f"{k:>12s}" for k in keys))
     means = {}

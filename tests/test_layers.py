@@ -76,6 +76,7 @@ FOLDERS: list[tuple[str, str]] = [
     ("leases", "state"),
     ("health.xidlog", "state"),
     ("health.drain", "state"),
+    ("health.files", "state"),
     # the package root: the Python API, resolved lazily
     ("gpuwarden", "orchestration"),
     ("submitit", "orchestration"),

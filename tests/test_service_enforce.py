@@ -179,7 +179,7 @@ def test_cpu_and_peak_memory_are_recorded_and_shown(server: Server) -> None:
 def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Server) -> None:
     mode, why = hierarchy.detect()
     require(mode != "none", f"no job cgroups here ({why})")
-    from gpuwarden.service.jobcgroup import job_dirs, scope_of
+    from gpuwarden.service.jobcgroup import job_dirs, place, placed_dirs, scope_of
 
     alice = make_user("alice", ("lab",))
     flag, ready = server.work / "end", server.work / "ready"
@@ -188,6 +188,9 @@ def test_a_job_that_ended_while_the_service_was_down_leaves_no_cgroup(server: Se
     wait_for(ready.exists, 30, lambda: f"the job ready; the log: {server.log.read_text()[-2000:]}")
     scope = scope_of(os.path.join(server.state, "jobs"))
     assert job_dirs(scope, str(job), mode) != {}  # made for it, while it runs
+    # Where the service finds them at the end, from its kept place (no /proc reads).
+    exits_dir = os.path.join(server.state, "jobs")
+    assert placed_dirs(place(exits_dir), str(job)) == job_dirs(scope, str(job), mode)
     server.kill(signal.SIGKILL)
     flag.touch()
     exits = Path(server.state) / "jobs" / f"{job}.exit"

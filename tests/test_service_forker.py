@@ -72,7 +72,7 @@ def sockets_of(pid: int) -> list[str]:
 
 
 def report(forked: spawn.Forked, job: str = "7") -> spawn.Started:
-    message = spawn._read_all(forked.report, 30)
+    message = spawn._read_all(forked.report, 30, until=b"\n")
     os.close(forked.report)
     return spawn.report_of(job, forked.supervisor, message, pidfd=forked.pidfd)
 

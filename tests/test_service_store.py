@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -134,9 +135,10 @@ def test_exit_records_are_removed_only_after_the_end_is_synced(
     monkeypatch.setattr(store, "sync", lambda: (order.append("sync"), real_sync()))
     real_unlink = os.unlink
     monkeypatch.setattr(os, "unlink", lambda p: (order.append("unlink"), real_unlink(p)))
-    service = SimpleNamespace(store=store, litter=[str(record)])
+    service = SimpleNamespace(store=store, litter=[str(record)], litter_batches=0)
     JobLife.remove_litter(service)  # type: ignore[arg-type]
     assert order == ["sync", "unlink"] and not store.unsynced and not record.exists()
+    assert service.litter_batches == 1
 
 
 def test_usage_is_charged_and_decays(tmp_path: Path) -> None:
@@ -153,6 +155,7 @@ steps = st.lists(
         st.tuples(st.just("add"), st.sampled_from(STATES), st.booleans()),
         st.tuples(st.just("update"), st.integers(1, 8), st.sampled_from(STATES)),
         st.tuples(st.just("update-rolled-back"), st.integers(1, 8), st.sampled_from(STATES)),
+        st.tuples(st.just("later"), st.integers(1, 8), st.sampled_from(STATES)),
     ),
     max_size=25,
 )
@@ -176,10 +179,14 @@ def test_the_active_jobs_kept_in_memory_are_what_the_journal_holds(
                 store.update(int(a), state=b, gpus=["GPU-1"])  # type: ignore[call-overload]
         elif op == "update":
             store.update(int(a), state=b, gpus=["GPU-1"], held=1)  # type: ignore[call-overload]
+        elif op == "later":  # in memory now, in the journal with the next commit
+            store.later(int(a), state=b, pid=int(a))  # type: ignore[call-overload]
         else:
             with pytest.raises(RuntimeError), store.transaction():
                 store.update(int(a), state=b, reason="never")  # type: ignore[call-overload]
                 raise RuntimeError("rolled back")
+    with store.transaction(durable=False):
+        pass  # a commit of nothing: it carries what `later` kept
     fresh = s.Store(path)  # reads every row from disk
     for states in (s.ACTIVE, (s.PENDING,), (s.STARTING, s.RUNNING)):
         assert store.jobs(states) == fresh.jobs(states)
@@ -187,6 +194,55 @@ def test_the_active_jobs_kept_in_memory_are_what_the_journal_holds(
         assert store.get(job_id) == fresh.get(job_id)
     store.close()
     fresh.close()
+
+
+def _on_disk(path: str, job_id: int) -> tuple[object, ...]:
+    """(state, pid) of a job as another connection reads it from the journal's file."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        return tuple(
+            other.execute("SELECT state, pid FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        )
+
+
+def test_a_change_kept_for_the_next_commit_is_one_row_write_with_it(tmp_path: Path) -> None:
+    """`later` (a RUNNING job's pid: its supervisor's marker has it for a restart)
+    changes the job at once in memory and costs no commit: the next commit writes it,
+    in the same statement as that job's own next change. Commits that are not durable
+    one after the other cost BEGIN, what they write, COMMIT (the connection's
+    `synchronous` is switched only when a commit asks for the other kind)."""
+    path = str(tmp_path / "state.db")
+    store = s.Store(path)
+    a, b = store.add(job()).id, store.add(job()).id
+    store.update(a, durable=False, state=s.STARTING, started=1.0)
+    statements, commits = store.statements, store.commits
+    store.update(b, durable=False, reason="Resources")
+    assert (store.statements - statements, store.commits - commits) == (3, 1)
+    statements, commits = store.statements, store.commits
+    store.later(a, state=s.RUNNING, pid=4242)
+    assert store.get(a).state == s.RUNNING and store.jobs([s.RUNNING])[0].pid == 4242  # type: ignore[union-attr]
+    assert (store.statements, store.commits) == (statements, commits)
+    assert _on_disk(path, a) == (s.STARTING, None)  # killed now: recovery reads the marker
+    with pytest.raises(IllegalMove):
+        store.later(a, state=s.STARTING)  # only by a move of service.states' table
+    store.update(a, durable=False, state=s.COMPLETED, exit_code=0)
+    assert store.statements - statements == 3  # BEGIN, one UPDATE of both, COMMIT
+    assert _on_disk(path, a) == (s.COMPLETED, 4242)
+    # Another job's commit carries it, and one that fails leaves it kept for the next.
+    store.update(b, durable=False, state=s.STARTING, started=2.0)
+    store.later(b, state=s.RUNNING, pid=99)
+    with pytest.raises(RuntimeError), store.transaction(durable=False):
+        store.charge("alice", 1.0, 0.0, DAY)
+        raise RuntimeError("rolled back")
+    assert store.get(b).state == s.RUNNING and store.usage(0.0, DAY) == {}  # type: ignore[union-attr]
+    assert _on_disk(path, b) == (s.STARTING, None)
+    assert store.tally().counts() == {"RUNNING": {"alice": 1}}  # read afresh, kept over
+    store.charge("alice", 1.0, 0.0, DAY)
+    assert _on_disk(path, b) == (s.RUNNING, 99) and store.usage(0.0, DAY) == {"alice": 1.0}
+    store.later(b, pid=100)
+    store.close()  # stopping writes what is kept
+    assert _on_disk(path, b) == (s.RUNNING, 100)
 
 
 def test_states_of_named_jobs_however_old(tmp_path: Path) -> None:

@@ -513,10 +513,12 @@ def test_a_job_whose_service_died_before_reading_its_report_still_records_its_ex
         try:
             read_all = spawn._read_all
 
-            def die(fd: int, timeout: float, me: int = os.getpid()) -> bytes:
+            def die(
+                fd: int, timeout: float, until: Optional[bytes] = None, me: int = os.getpid()
+            ) -> bytes:
                 if os.getpid() == me:
                     os._exit(0)
-                return read_all(fd, timeout)
+                return read_all(fd, timeout, until)
 
             spawn._read_all = die  # type: ignore[assignment]
             spawn.start(launch)

@@ -54,10 +54,9 @@ _CLONE = re.compile(r"^(\d+)\s+(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)$")
 _CALL = re.compile(r"^(\d+)\s+([a-z_0-9]+)\((.*)")
 
 
-def counted(tmp_path: Path, isolate: bool) -> dict[str, collections.Counter[str]]:
-    """System calls per job of the supervisors ("supervisor") and of the jobs before
-    their exec ("job"), by name; "open /proc", "open cgroup" and "cgroupfs" (mkdir,
-    rmdir, stat calls under /sys/fs/cgroup) counted apart too."""
+def traced(tmp_path: Path, isolate: bool) -> tuple[list[str], dict[str, str]]:
+    """The trace's lines, and each traced process's role: "supervisor", "job" (a
+    supervisor's child) or "other"."""
     trace = tmp_path / "trace"
     env = dict(os.environ, PYTHONPATH=SRC)
     subprocess.run(
@@ -75,6 +74,14 @@ def counted(tmp_path: Path, isolate: bool) -> dict[str, collections.Counter[str]
         pid: "supervisor" if up == main else "job" if parent.get(up) == main else "other"
         for pid, up in parent.items()
     }
+    return lines, role
+
+
+def counted(tmp_path: Path, isolate: bool) -> dict[str, collections.Counter[str]]:
+    """System calls per job of the supervisors ("supervisor") and of the jobs before
+    their exec ("job"), by name; "open /proc", "open cgroup" and "cgroupfs" (mkdir,
+    rmdir, stat calls under /sys/fs/cgroup) counted apart too."""
+    lines, role = traced(tmp_path, isolate)
     counts: dict[str, collections.Counter[str]] = {
         "supervisor": collections.Counter(),
         "job": collections.Counter(),
@@ -142,3 +149,40 @@ def test_the_supervisor_and_the_job_make_few_system_calls(
     # read, per job) would cross this line.
     assert job.get("execve") == 1 and job.get("open /proc", 0) <= 1, said
     assert sum(counts["job"].values()) / JOBS <= 50, said
+
+
+_REPORT = re.compile(r'^(\d+)\s+write\((\d+), "\{\\"pid\\": (\d+)')
+_REAPED = re.compile(r"^(\d+)\s+(?:<\.\.\. )?wait4\b.*= (\d+)$")
+
+
+def test_the_supervisor_tells_the_end_before_any_disk_wait_and_its_exit(
+    tmp_path: Path, isolation: tuple[bool, int]
+) -> None:
+    """From the job's end to the end told to the service (the report pipe closed, its
+    end-of-file the service's event): the exit record written into its room and
+    named, the leases let go, no disk wait; the record's fsync and the supervisor's
+    exit (the unmapping of its copy of the service's memory) come after. A supervisor
+    that told the end by exiting had the fsync and its exit on the way to the next
+    start."""
+    lines, role = traced(tmp_path, isolation[0])
+    calls: dict[str, list[str]] = collections.defaultdict(list)
+    report: dict[str, tuple[str, str]] = {}  # supervisor -> (its report's fd, the job's pid)
+    for line in lines:
+        if (match := _REPORT.match(line)) and role.get(match.group(1)) == "supervisor":
+            report[match.group(1)] = (match.group(2), match.group(3))
+        if (match := _CALL.match(line)) and role.get(match.group(1)) == "supervisor":
+            calls[match.group(1)].append(line)
+        elif (match := _REAPED.match(line)) and role.get(match.group(1)) == "supervisor":
+            calls[match.group(1)].append(line)  # the "<... wait4 resumed>" half
+    assert len(report) == JOBS, report
+    for pid, (fd, job) in report.items():
+        mine = calls[pid]
+        ended = next(i for i, c in enumerate(mine) if (m := _REAPED.match(c)) and m.group(2) == job)
+        told = next((i for i, c in enumerate(mine) if i > ended and f"close({fd})" in c), None)
+        assert told is not None, f"supervisor {pid}: the end told only by its exit"
+        between = [_CALL.match(c).group(2) for c in mine[ended + 1 : told]]  # type: ignore[union-attr]
+        after = [_CALL.match(c).group(2) for c in mine[told + 1 :]]  # type: ignore[union-attr]
+        said = f"supervisor {pid}: {between} before the end was told, then {after}"
+        assert not {"fsync", "fdatasync", "exit_group"} & set(between), said
+        assert len(between) <= 10, said
+        assert "fsync" in after and after[-1] == "exit_group", said

@@ -312,7 +312,7 @@ def xid_events(
     one). Problems (a log ignored, lines skipped) are appended to `problems`, or
     reported on stderr once when it is None."""
     if since is None:
-        since = _boot_time()
+        since = boot_time()
     said: list[str] = [] if problems is None else problems
     events: list[Event] = []
     for path, owners in trusted_logs(_state() if state is None else state, uids):
@@ -342,7 +342,7 @@ def xids_seen(
     return {uuid: tuple(x) for uuid, x in seen.items()}
 
 
-def _boot_time() -> float:
+def boot_time() -> float:
     """When this machine booted: XIDs from an earlier boot no longer count.
 
     Read from /proc/stat rather than psutil, whose import `gpuwarden status`

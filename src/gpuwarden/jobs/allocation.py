@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from typing import Optional
 
     from gpuwarden.config import Config
+    from gpuwarden.health.files import HealthFiles
     from gpuwarden.leases.waitline import Ticket, Waiter
     from gpuwarden.machine.inventory import Snapshot
     from gpuwarden.placement.request import Request
@@ -72,6 +73,7 @@ def attempt(
     ticket: Optional[Ticket] = None,
     patience: float = 0.0,
     conf: Optional[Config] = None,
+    health: Optional[HealthFiles] = None,
 ) -> Outcome:
     """Choose and take under the allocation lock, serving earlier waiters first.
 
@@ -84,7 +86,8 @@ def attempt(
     the allocation lock stays held until `Held.publish()`.
 
     `conf` is the caller's reading of the configuration: where the drains and XID logs
-    are, and the health rules (None: the configuration in force, read here).
+    are, and the health rules (None: the configuration in force, read here). `health`:
+    a long-running caller's drains and XIDs, kept while their files are unchanged.
     """
     from gpuwarden.files.locations import state_location
     from gpuwarden.health import drain
@@ -101,8 +104,12 @@ def attempt(
             tidy(ld, stale)
         if temporaries:
             sweep(ld, temporaries)
-        drains = drain.list_drains(state_location(conf))
-        health = judged(snapshot.gpus, conf=conf)  # with the XIDs the health watch heard
+        if health is None:
+            drains = drain.list_drains(state_location(conf))
+            judgement = judged(snapshot.gpus, conf=conf)  # with the XIDs the watch heard
+        else:
+            drains = health.current(state_location(conf))[0]
+            judgement = health.judged(snapshot.gpus, conf)
         mine = ticket.key if ticket is not None else None
         virtual = list(leases)
         ahead = 0
@@ -115,7 +122,7 @@ def attempt(
         for w in line:
             ahead += 1
             try:
-                c = choose(snapshot, w.request, virtual, drains, w.allowed, health)
+                c = choose(snapshot, w.request, virtual, drains, w.allowed, judgement)
             except UserError:
                 continue  # its own problem; it will fail on its next attempt
             if c.never_fits:
@@ -126,7 +133,7 @@ def attempt(
         held = Held(ld, job or new_job_id(), (), request.mem)
         unknown: list[LeaseInfo] = []
         while True:
-            choice = choose(snapshot, request, virtual + unknown, drains, allowed, health)
+            choice = choose(snapshot, request, virtual + unknown, drains, allowed, judgement)
             if not choice.ok:
                 held.close()
                 return Outcome(None, choice, ahead)

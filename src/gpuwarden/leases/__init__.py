@@ -49,7 +49,7 @@ from gpuwarden.files.safefiles import (
     temporary_name,
     write_all,
 )
-from gpuwarden.leases.dir import LeaseDir, check_dir
+from gpuwarden.leases.dir import Checked, LeaseDir, check_dir
 from gpuwarden.leases.record import (
     HOLDER_PATTERN,
     HOLDER_SUFFIX,
@@ -112,10 +112,13 @@ def is_locked(fd: int) -> bool:
     return False
 
 
-def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional[LeaseInfo], bool]:
+def _read_holder(
+    ld: LeaseDir, name: str, uuid: str, job: str, names: dict[int, str]
+) -> tuple[Optional[LeaseInfo], bool]:
     """(lease, stale): the metadata when its holder still holds it; stale=True when nobody
     does and it is ours to tidy. A held file that is not a valid record counts as an
-    exclusive lease by its owner (and is reported once)."""
+    exclusive lease by its owner (and is reported once). `names`: the owners' names the
+    scan has looked up (one user database lookup a scan per owner, not per record)."""
     path = ld.join(name)
     try:
         fd, st = open_regular(path, what="lease record")
@@ -125,7 +128,9 @@ def _read_holder(ld: LeaseDir, name: str, uuid: str, job: str) -> tuple[Optional
         warn(f"skipping lease record {printable(path)}: {err}")
         return None, False
     try:
-        owner = owner_name(st.st_uid)
+        owner = names.get(st.st_uid)
+        if owner is None:
+            owner = names[st.st_uid] = owner_name(st.st_uid)
         if ld.shared is False and st.st_uid not in (os.geteuid(), 0, ld.owner_uid):
             warn(
                 f"skipping lease record {printable(path)}: owned by {owner} in a private directory"
@@ -159,6 +164,7 @@ def scan(
     our own temporary files are collected into it for `sweep`."""
     leases, stale = [], []
     read = 0
+    names: dict[int, str] = {}
     for name in os.listdir(ld.path):
         if not name.endswith(HOLDER_SUFFIX):
             if name.endswith(".wait"):
@@ -177,7 +183,7 @@ def scan(
                 "read the first ones only (someone may be filling it with junk)"
             )
             break
-        info, dead = _read_holder(ld, name, m.group(1), m.group(2))
+        info, dead = _read_holder(ld, name, m.group(1), m.group(2), names)
         if info is not None:
             leases.append(info)
         elif dead:
@@ -186,15 +192,19 @@ def scan(
     return leases, stale
 
 
-def list_leases(lease_dir: Optional[str] = None) -> list[LeaseInfo]:
-    """Leases that are held right now (lock actually held by a live holder)."""
+def list_leases(
+    lease_dir: Optional[str] = None, checked: Optional[Checked] = None
+) -> list[LeaseInfo]:
+    """Leases that are held right now (lock actually held by a live holder). `checked`:
+    a long-lived process's lease directories, checked again only when they change."""
     if lease_dir is None:
         from gpuwarden.files.locations import lease_location
 
         lease_dir = lease_location()
     if not os.path.lexists(lease_dir):
         return []
-    return scan(check_dir(os.path.abspath(lease_dir)))[0]
+    path = os.path.abspath(lease_dir)
+    return scan(check_dir(path) if checked is None else checked.open(path, create=False))[0]
 
 
 def tidy(ld: LeaseDir, names: Sequence[str]) -> None:

@@ -10,6 +10,7 @@ are opened only as regular files of an expected owner.
 from __future__ import annotations
 
 import os
+import select
 import stat
 
 from gpuwarden.base.errors import UserError
@@ -18,6 +19,8 @@ from gpuwarden.files.safefiles import UnsafeFile, open_regular, owner_name
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional
+
+    Stamp = tuple[tuple[int, ...], ...]
 
 
 class LeaseDir:
@@ -162,3 +165,92 @@ def open_dir(path: Optional[str] = None, create: bool = True) -> LeaseDir:
         except OSError as err:
             raise UserError(f"cannot create lease directory {path}: {err.strerror}") from None
     return check_dir(path)
+
+
+class Checked:
+    """A long-lived process's lease directories (the queue service's), each checked in
+    full (`open_dir`) once and again whenever anything the check judged may have
+    changed: the lstat (device, inode, type, mode, owner) of the directory and of each
+    directory above it (and above its real path, where a symlink leads elsewhere;
+    a symlink's inode change time too: one replaced is another), and the mount table,
+    which the kernel marks on every mount and unmount (proc(5): /proc/self/mounts is
+    pollable). A job's start then costs a few lstats and one poll instead of a walk
+    with realpath and a read of /proc/mounts; a swapped directory, a changed owner or
+    mode, a new mount, each is a full check again. `checks` counts the full ones."""
+
+    def __init__(self, mounts: str = "/proc/self/mounts") -> None:
+        self._known: dict[str, tuple[Stamp, LeaseDir]] = {}
+        self._mounts = mounts
+        self._poll: Optional[select.poll] = None
+        self._fd = -1
+        self.checks = 0
+
+    def open(self, path: Optional[str] = None, create: bool = True) -> LeaseDir:
+        """`open_dir(path, create)`, checked again only when something above changed."""
+        if path is None:
+            from gpuwarden.files.locations import lease_location
+
+            path = lease_location()
+        path = os.path.abspath(path)
+        moved = self._mounts_moved()
+        known = self._known.get(path)
+        if known is not None and not moved and _stamp(path) == known[0]:
+            return known[1]
+        self._known.pop(path, None)
+        before = _stamp(path)  # taken first: a change during the check misses next time
+        self.checks += 1
+        checked = open_dir(path, create)
+        if before is not None and self._poll is not None:
+            self._known[path] = (before, checked)
+        return checked
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._poll = -1, None
+        self._known.clear()
+
+    def _mounts_moved(self) -> bool:
+        """Whether a mount or unmount happened since the last call (True the first
+        time; always True where the mount table cannot be watched: nothing is kept)."""
+        if self._poll is None:
+            try:
+                self._fd = os.open(self._mounts, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return True
+            self._poll = select.poll()
+            self._poll.register(self._fd, select.POLLPRI)
+            return True
+        return any(mask & (select.POLLPRI | select.POLLERR) for _, mask in self._poll.poll(0))
+
+
+def _stamp(path: str) -> Optional[Stamp]:
+    """What `check_dir` judged of `path` and the directories above it, as lstat shows
+    it (None: one is missing or unreadable)."""
+    seen: list[tuple[int, ...]] = []
+    linked = False
+    try:
+        for place in _chain(path):
+            st = os.lstat(place)
+            if stat.S_ISLNK(st.st_mode):
+                linked = True
+                seen.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_ctime_ns))
+            else:
+                seen.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid))
+        if linked:  # where the symlinks lead now: their targets' directories too
+            for place in _chain(os.path.realpath(path)):
+                st = os.lstat(place)
+                seen.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid))
+    except OSError:
+        return None
+    return tuple(seen)
+
+
+def _chain(path: str) -> list[str]:
+    """`path` and every directory above it, up to /."""
+    chain = [path]
+    while True:
+        up = os.path.dirname(chain[-1])
+        if up == chain[-1]:
+            return chain
+        chain.append(up)

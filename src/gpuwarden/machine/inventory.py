@@ -249,11 +249,14 @@ def read_snapshot(
             pass
 
 
-def read_use(nv: Any, gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+def read_use(nv: Any, gpus: tuple[Gpu, ...], held: bool = False) -> tuple[Gpu, ...]:
     """`gpus` (of an earlier snapshot) with what they use now read again: memory,
     utilization and processes, 4 NVML calls a GPU instead of a whole snapshot's 20 and
-    more. What a decision to start a job on them needs; a GPU lost since is `lost`."""
-    nv.nvmlInit()  # the caller read `gpus` through it: it is there
+    more. What a decision to start a job on them needs; a GPU lost since is `lost`.
+    `held`: the caller holds NVML initialised (a real driver's nvmlInit costs far more
+    than the reading), else it is initialised and shut down around the reading."""
+    if not held:
+        nv.nvmlInit()  # the caller read `gpus` through it: it is there
     known = SimOwners(getattr(nv, "gpuwarden_sim_processes", None))
     r = _Reader(nv)
     out = []
@@ -266,10 +269,11 @@ def read_use(nv: Any, gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
                 fields = {"lost": True, "error": f"cannot read it again: {err}"}
             out.append(replace(gpu, **fields))
     finally:
-        try:
-            nv.nvmlShutdown()
-        except nv.NVMLError:
-            pass
+        if not held:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
     return tuple(out)
 
 

@@ -95,9 +95,11 @@ def record_run(
 ) -> int:
     """The run of `job` (a store.Job, still with its GPUs and start) that ended at `ended`
     as `state`: added inside the caller's transaction. Returns the run's number."""
-    number, queued = db.execute(
-        "SELECT COUNT(*), MAX(ended) FROM runs WHERE job = ?", (job.id,)
-    ).fetchone()
+    number, queued = 0, None  # its first run: nothing to look up (requeue counts runs)
+    if job.restarts:
+        number, queued = db.execute(
+            "SELECT COUNT(*), MAX(ended) FROM runs WHERE job = ?", (job.id,)
+        ).fetchone()
     started = job.started if job.started is not None else ended
     db.execute(
         "INSERT OR REPLACE INTO runs (job, run, uid, gid, user, account, gpus, gpu_seconds, "
@@ -378,40 +380,3 @@ def totals_by(db: sqlite3.Connection) -> dict[tuple[str, str], float]:
     """(user, account or "") -> GPU-seconds of every ended run: the exporter's counters."""
     query = "SELECT user, COALESCE(account, ''), SUM(gpu_seconds) FROM runs GROUP BY 1, 2"
     return {(str(u), str(a)): float(s or 0.0) for u, a, s in db.execute(query)}
-
-
-def charge_account(
-    db: sqlite3.Connection,
-    account: Optional[str],
-    user: str,
-    amount: float,
-    now: float,
-    half_life: float,
-) -> None:
-    """Add GPU-seconds to what `user` used through `account` (inside the caller's
-    commit), decaying what was there to `now` first."""
-    from gpuwarden.planning.fairshare import decayed
-
-    key = (account or "", user)
-    row = db.execute(
-        "SELECT value, at FROM account_usage WHERE account = ? AND user = ?", key
-    ).fetchone()
-    old = 0.0 if row is None else decayed(float(row[0]), now - float(row[1]), half_life)
-    db.execute(
-        "INSERT INTO account_usage (account, user, value, at) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT(account, user) DO UPDATE SET value = excluded.value, at = excluded.at",
-        (*key, old + max(0.0, amount), now),
-    )
-
-
-def account_usage(
-    db: sqlite3.Connection, now: float, half_life: float
-) -> dict[tuple[str, str], float]:
-    """(account or "", user) -> usage decayed to `now`: what the plan's account level reads."""
-    from gpuwarden.planning.fairshare import decayed
-
-    query = "SELECT account, user, value, at FROM account_usage"
-    return {
-        (str(a), str(u)): decayed(float(v), now - float(at), half_life)
-        for a, u, v, at in db.execute(query)
-    }

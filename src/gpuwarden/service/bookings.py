@@ -138,11 +138,17 @@ class Bookings:
         self.journal = journal
         with journal.transaction():
             journal.db.execute(_SCHEMA)
+        # The bookings not cancelled nor over when read, and the journal's rollbacks
+        # then: every pass asks for them, and they change only by `add` and `cancel`.
+        self._kept: Optional[tuple[list[dict[str, Any]], int]] = None
 
     def current(self, now: float) -> list[dict[str, Any]]:
         """Bookings not cancelled and not over at `now`, by start."""
-        query = "SELECT * FROM bookings WHERE cancelled IS NULL AND end > ? ORDER BY start, id"
-        return [dict(r) for r in self.journal.db.execute(query, (now,))]
+        if self._kept is None or self._kept[1] != self.journal.rollbacks:
+            query = "SELECT * FROM bookings WHERE cancelled IS NULL AND end > ? ORDER BY start, id"
+            rows = [dict(r) for r in self.journal.db.execute(query, (now,))]
+            self._kept = (rows, self.journal.rollbacks)
+        return [dict(r) for r in self._kept[0] if r["end"] > now]
 
     def get(self, booking_id: int) -> Optional[dict[str, Any]]:
         row = self.journal.db.execute(
@@ -153,6 +159,7 @@ class Bookings:
     def add(self, row: dict[str, Any]) -> int:
         names = ", ".join(row)
         marks = ", ".join("?" for _ in row)
+        self._kept = None  # read again, with it
         with self.journal.transaction():
             cursor = self.journal.db.execute(
                 f"INSERT INTO bookings ({names}) VALUES ({marks})", list(row.values())
@@ -160,6 +167,7 @@ class Bookings:
         return int(cursor.lastrowid or 0)
 
     def cancel(self, booking_id: int, now: float) -> None:
+        self._kept = None
         with self.journal.transaction():
             self.journal.db.execute(
                 "UPDATE bookings SET cancelled = ? WHERE id = ?", (now, booking_id)

@@ -2,7 +2,8 @@
 
 The supervisor (service.spawn) makes the record's room before the job starts
 (`reserve`: a file of `ROOM` blanks) and writes the record into it when the job
-ends (`write`, on disk), then renames it into place: no block is newly taken, so a
+ends and renames it into place (`write`), then waits for it to reach the disk while
+the service, told of the end, reads it: no block is newly taken, so a
 job that ends while the state directory's disk is full still leaves its record, and
 a restart never takes a job that exited for one that was lost (service.unwritten
 keeps the journal's side).
@@ -11,7 +12,8 @@ The room is not waited onto the disk: its blocks are taken by the `write` that
 makes it (a filesystem with delayed allocation, ext4's or XFS's, reserves them
 then and reports a full disk then; one without allocates them then), and the
 record written over them later takes none. After a power cut a room means nothing
-(its job died with the machine); the record itself is made durable when written.
+(its job died with the machine); the record is durable once `write` returns, and one
+a power cut caught before then reads as none (its room's blanks).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import errno
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -73,6 +75,8 @@ def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
     supervisor was killed before writing: the caller then knows only that it ended)."""
     try:
         raw, _ = read_small(exit_record_path(status_dir, job), what="exit record")
+        if not raw.strip():  # the room's blanks: the record's data lost in a power cut
+            return None
         data = json.loads(raw)
         code, sig, error = data.get("code"), data.get("signal"), data.get("error")
         return Ended(
@@ -108,19 +112,30 @@ def encode(record: Mapping[str, object]) -> bytes:
     return text.encode("ascii").ljust(ROOM)  # json.dumps escapes to ASCII
 
 
-def write(room: str, path: str, record: Mapping[str, object]) -> None:
+def write(
+    room: str, path: str, record: Mapping[str, object], told: Optional[Callable[[], None]] = None
+) -> None:
     """Write `record` into the room, then rename it to `path` (a reader sees all of it
-    or none); without the room, the ordinary way."""
+    or none), call `told` (the service is told of the end and reads the record while
+    it goes to the disk), then wait for it to reach the disk; without the room, the
+    ordinary way. A power cut before that leaves the room's blanks under `path`, which
+    read as no record, as a record never written does."""
     raw = encode(record)
+    named = False
     try:
         if len(raw) > ROOM:
             raise OSError(errno.EFBIG, "the record does not fit its room")
         fd = os.open(room, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.pwrite(fd, raw, 0)
+            os.rename(room, path)
+            named = True
+            if told is not None:
+                told()
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(room, path)
     except OSError:
         write_atomic(path, raw.rstrip())
+        if not named and told is not None:
+            told()

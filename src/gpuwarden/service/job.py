@@ -6,11 +6,14 @@ state changed only by a move of service.states.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
+from gpuwarden.service.arrayrows import Blobs, task_fields
 from gpuwarden.service.states import PENDING, State
 
 
@@ -92,3 +95,55 @@ def new_job(**fields: Any) -> Job:
     fields.setdefault("state", PENDING)
     fields.setdefault("submitted", time.time())
     return Job(id=0, **fields)
+
+
+#: Columns added to `jobs` since schema 1 was first written, with their declarations:
+#: a journal of an earlier gpuwarden gets them when it is opened (service.store `_add_columns`), so
+#: its jobs keep running and queueing across the upgrade.
+ADDED = {
+    "array_job": "INTEGER",
+    "array_task": "INTEGER",
+    "array_throttle": "INTEGER",
+    "params": "TEXT NOT NULL DEFAULT '{}'",
+    "begin": "REAL",
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+    "preemptions": "INTEGER NOT NULL DEFAULT 0",
+    "account": "TEXT",
+    "shared": "TEXT",  # an array task's common part, in `blobs` (service.arrayrows)
+}
+
+
+def changed(job: Job, changes: Mapping[str, Any]) -> Job:
+    """`job` with `changes` (columns; `shared` is the row's alone): `dataclasses.replace`
+    without its checks and `__init__`, a copy of the fields the caller's row holds."""
+    new = object.__new__(Job)
+    values = new.__dict__
+    values.update(job.__dict__)
+    values.update(changes)
+    values.pop("shared", None)
+    return normalised(new)
+
+
+def row_to_job(row: sqlite3.Row, blobs: Optional[Blobs] = None) -> Job:
+    """The job a row holds; an array task's common part from `blobs` (required then)."""
+    values: dict[str, Any] = {}
+    keys = row.keys()
+    shared = row["shared"] if "shared" in keys else None
+    if shared is not None:
+        if blobs is None:
+            raise ValueError(f"job {row['id']}: its shared part cannot be read here")
+        user, task = row["user"], row["array_task"]
+        values.update(task_fields(blobs.get(shared), row["id"], row["array_job"], task, user))
+    for name in COLUMNS:
+        if name in values or (name in ADDED and name not in keys):
+            continue  # shared, or a journal not yet given the column (journalguard)
+        value = row[name]
+        if name in JSON:
+            value = json.loads(value)
+            if isinstance(value, list):
+                value = tuple(value)
+        elif name in BOOL:
+            value = bool(value)
+        values[name] = value
+    return Job(**values)

@@ -75,6 +75,21 @@ def job_dirs(
     return dirs
 
 
+def placed_dirs(where: Place, job: str) -> dict[str, str]:
+    """Controller -> directory of service job `job`'s cgroups that exist, where
+    `make_job` made them (`where`, the service's kept `place`): `job_dirs` without
+    reading this process's cgroups and the mount table again for every ended job."""
+    name = f"job-{job}"
+    if not _JOB.fullmatch(name):
+        raise ValueError(f"bad job id {job!r}")
+    found = {}
+    for controller, scope in where.scopes.items():
+        path = os.path.join(scope, name)
+        if os.path.isdir(path):
+            found[controller] = path
+    return found
+
+
 @dataclass(frozen=True)
 class Place:
     """Where one service's job cgroups go, worked out once in the service (`place`), not

@@ -91,10 +91,14 @@ class JobLife:
         self.selector = selector  # the loop's: a supervisor's pidfd is readable at its end
         self.exits = exits_folder(settings.state_dir)  # exit records and markers
         self.watched: dict[int, int] = {}  # job id -> pidfd of its supervisor (or job)
+        # job id -> its supervisor's report pipe, whose end-of-file is the job's end
+        # (service.spawn `Forked`): watched in place of the pidfd where there is one
+        self.ends: dict[int, int] = {}
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
         self.forker = Forker(self.exits)  # forks the supervisors: the service never forks
-        self.litter: list[str] = []  # files of ended jobs, removed after the next start
+        self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
+        self.litter_batches = 0
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -132,10 +136,11 @@ class JobLife:
         next service."""
         starting.close(self)
         self.forker.close()
-        for fd in [*self.watched.values(), *self.processes.values()]:
+        for fd in [*self.watched.values(), *self.processes.values(), *self.ends.values()]:
             os.close(fd)
         self.watched.clear()
         self.processes.clear()
+        self.ends.clear()
 
     def client_left(self, job_id: int) -> None:
         """An attached client went away (its terminal closed, it was killed): its job
@@ -157,9 +162,9 @@ class JobLife:
             mode = self.cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
-        from gpuwarden.service.jobcgroup import job_dirs, scope_of
+        from gpuwarden.service.jobcgroup import place, placed_dirs
 
-        return job_dirs(scope_of(self.exits), str(job_id), mode)
+        return placed_dirs(place(self.exits), str(job_id))  # where its start made them
 
     def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),
@@ -278,12 +283,15 @@ class JobLife:
             attachment.forget_client(self.exits, str(job_id))
 
     def watch_supervisor(
-        self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1
+        self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1, end: int = -1
     ) -> None:
         """Watch the job's supervisor `pid` (through `pidfd`, taken here when not given:
-        the forker's child, it may be reaped and its number reused) for its end, and
-        hold a pidfd of the job's own first process `job_pid` to signal it by
-        (service.jobprocess)."""
+        the forker's child, it may be reaped and its number reused) for the job's end
+        (its report pipe `end`'s end-of-file where there is one, else the supervisor's
+        exit), and hold a pidfd of the job's own first process `job_pid` to signal it
+        by (service.jobprocess)."""
+        if end >= 0:
+            self.ends[job_id] = end
         try:
             fd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         except ProcessLookupError:
@@ -294,13 +302,16 @@ class JobLife:
             if held is not None:
                 self.processes[job_id] = held
         self.watched[job_id] = fd
-        self.selector.register(fd, selectors.EVENT_READ, ("job", job_id))
+        self.selector.register(end if end >= 0 else fd, selectors.EVENT_READ, ("job", job_id))
 
     def ended(self, job_id: int) -> None:
+        end = self.ends.pop(job_id, None)
         fd = self.watched.pop(job_id, None)
-        if fd is not None:
-            self.selector.unregister(fd)
-            os.close(fd)
+        for watched in (end, fd):  # the pidfd is not watched where the pipe is
+            if watched is not None:
+                if watched in self.selector.get_map():
+                    self.selector.unregister(watched)
+                os.close(watched)
         held = self.processes.pop(job_id, None)
         if held is not None:
             os.close(held)
@@ -376,8 +387,8 @@ class JobLife:
                 )
                 self.store.charge(job.user, charge * used_gpu, now, self.settings.policy.half_life)
                 self.ran(job, ended.at or now, final, used_gpu)  # its GPU-hours held, uncharged
-            # Removed after the next starts, not on the way from a freed GPU to the next
-            # start (`remove_litter`); only once the end is written (service.litter).
+            # Removed in a batch when no job waits, not on the way from a freed GPU to
+            # the next start (`remove_litter`); only once the end is written (service.litter).
             self.litter.extend(litter.of_job(self.exits, job.id))
 
         unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
@@ -419,7 +430,7 @@ class JobLife:
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
         charged = gpu_seconds * preempting.charge(self.settings, job)  # as the user's
         half_life = self.settings.policy.half_life
-        accounting.charge_account(self.store.db, job.account, job.user, charged, ended, half_life)
+        self.store.charge_account(job.account, job.user, charged, ended, half_life)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
         if self.usage_totals is not None:  # last: a failed write above adds nothing
@@ -432,5 +443,6 @@ class JobLife:
         without the end and the disk without the record of it."""
         if self.litter:
             self.store.sync()
+            self.litter_batches += 1
         litter.remove(self.litter)
         self.litter.clear()

@@ -122,7 +122,7 @@ def plan_policy(settings: Settings, journal: Store, jobs: Iterable[Job]) -> sche
     account shares, the usage charged to each account."""
     policy = settings.policy
     if policy.account_shares:  # fair share's account level (gpuwarden.planning.fairshare)
-        usage = accounting.account_usage(journal.db, time.time(), policy.half_life)
+        usage = journal.account_usage(time.time(), policy.half_life)
         policy = dataclasses.replace(policy, account_usage=usage)
     entries = bool(settings.limits.entries)
     if policy.max_gpus_per_user is None and not entries and not policy.account_caps:

@@ -1,6 +1,13 @@
 """The files an ended job leaves in the service's status directory (its exit record,
 marker, reserved room and attached client's record), and when they go: once the
-journal's record of its end is on disk, never before (they say how it ended)."""
+journal's record of its end is on disk, never before (they say how it ended).
+
+They go in a batch, at the loop's tick when no job waits to start (`due`), or once
+`KEEP_MOST` paths wait: an unlink takes the directory's and the filesystem journal's
+locks, and on the way from a freed GPU to the next start each one was time the next
+job waited. Until then a restart finds them beside ended jobs and removes them
+(service.recovery); a requeued job's go when it is queued again (service.requeue).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,15 @@ SUFFIXES = (
     exitrecord.RESERVE_SUFFIX,
     attachment.CLIENT_SUFFIX,
 )
+
+
+#: Paths kept at most while jobs keep starting (four a job): then removed at the tick.
+KEEP_MOST = 4096
+
+
+def due(kept: int, quiet: bool) -> bool:
+    """Whether the `kept` paths go now: when no job waits (`quiet`), or too many wait."""
+    return kept > 0 and (quiet or kept >= KEEP_MOST)
 
 
 def of_job(status_dir: str, job_id: int) -> list[str]:

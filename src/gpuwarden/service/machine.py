@@ -21,6 +21,12 @@ decision needs is much less:
 - the links between GPUs (n^2 calls) once, when a multi-GPU job first needs them:
   they change with the hardware, not between two jobs.
 
+NVML stays initialised from the first reading of chosen GPUs to the next whole
+reading (`_session`): a real driver's nvmlInit opens every device and costs far
+more than the four calls that follow it, so a start initialises nothing; the whole
+reading, once a minute, initialises it afresh (a GPU reset or a driver reload since
+is then seen, as a new process would see it).
+
 Every call into NVML goes through `Counted`, so `calls` says what the service
 asked of the driver (`stats`, and tests/test_service_counts.py per started job).
 """
@@ -45,14 +51,17 @@ class Counted:
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
         self.calls = 0
+        self.inits = 0  # of them, nvmlInit*: a real driver's costliest
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._nvml, name)
         if not name.startswith("nvml") or isinstance(found, type) or not callable(found):
             return found
+        init = name.startswith("nvmlInit")
 
         def counted(*args: Any) -> Any:
             self.calls += 1
+            self.inits += init
             return found(*args)
 
         setattr(self, name, counted)  # found once; later lookups skip __getattr__
@@ -74,14 +83,24 @@ class Machine:
         self.read_at = float("-inf")  # when it was read whole (clock)
         self.used_at = float("-inf")  # when its GPUs with processes were read again
         self._links: Optional[tuple[Any, Any]] = None  # (topology, nvlinks), once
+        self._session = False  # NVML initialised by us, until the next whole reading
         self.whole_reads = 0
         self.whole_calls = 0  # of `calls`, those of whole readings
+        from gpuwarden.leases.dir import Checked
+
+        self.lease_dirs = Checked()  # the GPUs' locks: checked again when a stat changes
+        from gpuwarden.health.files import HealthFiles
+
+        self.health = HealthFiles()  # drains and XIDs: read again when their files change
 
     def stats(self) -> dict[str, int]:
         return {
             "nvml_calls": self.calls,
             "whole_reads": self.whole_reads,
             "whole_read_calls": self.whole_calls,
+            "nvml_inits": 0 if self._nvml is None else self._nvml.inits,
+            "lease_dir_checks": self.lease_dirs.checks,
+            "health_reads": self.health.reads,
         }
 
     @property
@@ -105,6 +124,7 @@ class Machine:
             nvml = self.nvml()
         except ImportError:
             nvml = None  # read_snapshot says why in an empty snapshot
+        self._end_session()
         before = self.calls
         snapshot = read_snapshot(nvml, detail=detail)
         self.snapshot, self.read_at = snapshot, self._clock()
@@ -189,7 +209,12 @@ class Machine:
         again = tuple(g for g in chosen if not g.lost)
         if not again or snapshot.error:
             return snapshot
-        fresh = {g.uuid: g for g in read_use(self.nvml(), again)}
+        nvml = self.nvml()
+        if not self._session:  # refused: read_use's own nvmlInit raises it, as before
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlInit()
+                self._session = True
+        fresh = {g.uuid: g for g in read_use(nvml, again, held=self._session)}
         gpus = tuple(fresh.get(g.uuid, g) for g in snapshot.gpus)
         self.snapshot = replace(snapshot, gpus=gpus, taken_at=time.time())
         return self.snapshot
@@ -206,6 +231,17 @@ class Machine:
             links = read_snapshot(self.nvml(), processes=False, topology=True, detail=False)
             self._links = (links.topology, links.nvlinks)
         return replace(snapshot, topology=self._links[0], nvlinks=self._links[1])
+
+    def close(self) -> None:
+        """NVML shut down and the lease directories' watch closed (the service stops)."""
+        self._end_session()
+        self.lease_dirs.close()
+
+    def _end_session(self) -> None:
+        if self._session and self._nvml is not None:
+            self._session = False
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
 
     def forget_links(self) -> None:
         """Read the links again when next needed (a reload: the hardware may differ)."""

@@ -44,11 +44,20 @@ class Pacer:
         self.looked = 0  # waiting jobs planned by start passes, all told
         self.surveyed = 0  # and by full passes
         self.deferred = 0  # turns of the loop that slept while a start pass was due
+        self.turn = 0  # the loop's turns, counted by the loop
+        self.woke = 0  # the turn in which a start pass became due
+        self.late = 0  # passes run in a later turn than the event that made them due
 
     def wake(self) -> None:
-        """Something may start: a start pass at the next turn of the loop."""
-        self.urgent = True
+        """Something may start: a start pass in this turn of the loop (after its events),
+        or at the next one."""
+        self._due()
         self.retried = False
+
+    def _due(self) -> None:
+        if not self.urgent:
+            self.woke = self.turn
+        self.urgent = True
 
     def retry(self) -> None:
         """A start failed as the machine moved under the plan: a start pass at once, but
@@ -57,7 +66,8 @@ class Pacer:
         if self.retried:
             self.touch()
         else:
-            self.urgent = self.retried = True
+            self._due()
+            self.retried = True
 
     def touch(self) -> None:
         """Only reasons and priorities may have changed: a full pass when next refreshing."""
@@ -84,6 +94,8 @@ class Pacer:
 
     def begin(self, kind: str) -> None:
         """A pass starts: it sees every change so far (one made during it wakes again)."""
+        if self.urgent and self.woke < self.turn:
+            self.late += 1
         self.urgent = False
         if kind == FULL:
             self.stale = False
@@ -111,4 +123,5 @@ class Pacer:
             "start_planned": self.looked,
             "full_planned": self.surveyed,
             "deferred": self.deferred,
+            "late": self.late,
         }

@@ -72,7 +72,14 @@ def schedule(life: JobLife, full: bool = True) -> None:
     now = time.time()
     leaving = {*life.termed, *life.preempting}
     gpus, busy, waiting, pick = inputs(
-        snapshot, running, pending, life.settings, reading, leaving, life.hardware.linked
+        snapshot,
+        running,
+        pending,
+        life.settings,
+        reading,
+        leaving,
+        life.hardware.linked,
+        life.hardware,
     )
     usage = life.store.usage(now, life.settings.policy.half_life)
     policy = limiting.plan_policy(life.settings, life.store, (*pending, *running))

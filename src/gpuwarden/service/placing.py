@@ -116,13 +116,15 @@ def inputs(
     reading: Optional[Config] = None,
     leaving: Collection[int] = (),
     linked: Optional[Callable[[Snapshot], Snapshot]] = None,
+    machine: Optional[Machine] = None,
 ) -> tuple[
     list[scheduling.QueueGpu], list[scheduling.Running], list[scheduling.Waiting], scheduling.Pick
 ]:
     """The plan's GPUs, running jobs and other holders, waiting jobs, and the `pick`;
     drains, XID logs and health rules as the pass's `reading` of the configuration
     says (None: the configuration in force). `leaving`: ids of running jobs told to end;
-    `linked` as `picker`'s."""
+    `linked` as `picker`'s; `machine` the service's, whose lease directory and health
+    files are kept while unchanged (None: read here)."""
     from gpuwarden import leases
     from gpuwarden.files.locations import state_location
     from gpuwarden.health import drain
@@ -130,8 +132,12 @@ def inputs(
     from gpuwarden.placement.mig import devices
     from gpuwarden.placement.selection import fitting, unusable
 
-    drains = drain.list_drains(state_location(reading))
-    findings = judged(snapshot.gpus, conf=reading)
+    if machine is None:
+        drains = drain.list_drains(state_location(reading))
+        findings = judged(snapshot.gpus, conf=reading)
+    else:
+        drains = machine.health.current(state_location(reading))[0]
+        findings = machine.health.judged(snapshot.gpus, reading)
     parent = {m.uuid: g.uuid for g in snapshot.gpus if g.mig_mode for m in g.mig_instances}
     units = devices(snapshot)  # what a job is given: GPUs, and MIG slices for MIG-mode ones
 
@@ -157,7 +163,7 @@ def inputs(
     ]
     ours = {str(j.id) for j in running}
     held: set[str] = set()
-    seen = list(leases.list_leases(settings.lease_dir))
+    seen = list(leases.list_leases(settings.lease_dir, machine.lease_dirs if machine else None))
     for lease in seen:
         held.add(lease.uuid)
         if lease.job in ours:
@@ -250,15 +256,16 @@ def start_job(
     from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
     from gpuwarden.jobs.launch import job_env
-    from gpuwarden.leases import dir as leasedir
     from gpuwarden.placement.request import Request
 
-    ld = leasedir.open_dir(service.settings.lease_dir)
+    ld = service.hardware.lease_dirs.open(service.settings.lease_dir)
     request = Request(count=len(uuids), gpus=tuple(uuids), mem=job.mem, keep_first_last=False)
     # What the chosen GPUs use now, read just before they are leased: the plan's
     # reading may be up to a tick old (service.machine).
     snapshot = service.hardware.chosen(uuids)
-    outcome = allocation.attempt(ld, request, snapshot, job=str(job.id), conf=reading)
+    outcome = allocation.attempt(
+        ld, request, snapshot, job=str(job.id), conf=reading, health=service.hardware.health
+    )
     if outcome.held is None:
         # The machine moved since the plan (a process appeared, kept in the reading the
         # next pass plans on): plan again once at once (service.pacing). A request of
@@ -355,12 +362,14 @@ def go(service: StartingService, starts: Sequence[starting.Starting]) -> None:
 
 
 def simulated_machine() -> dict[str, str]:
-    """The service's own GPUWARDEN_SIM* settings: a service run on a simulated machine
-    (docs/operations.md) gives its jobs the same machine, whatever the
-    submitter's environment said (the service controls every GPUWARDEN_ variable)."""
+    """The service's own GPUWARDEN_SIM and GPUWARDEN_SIM_STATE: a service run on a
+    simulated machine (docs/operations.md) gives its jobs the same machine, whatever
+    the submitter's environment said (the service controls every GPUWARDEN_ variable)."""
     import os
 
-    return {k: v for k, v in os.environ.items() if k.startswith("GPUWARDEN_SIM")}
+    # The two names, not a walk of the whole environment per start.
+    found = ((k, os.environ.get(k)) for k in ("GPUWARDEN_SIM", "GPUWARDEN_SIM_STATE"))
+    return {k: v for k, v in found if v is not None}
 
 
 def _stdio(service: PlacingService, job_id: int) -> Optional[tuple[int, int, int]]:
@@ -378,10 +387,9 @@ def release_leases(service: PlacingService, job: store.Job) -> None:
     import os
 
     from gpuwarden import leases
-    from gpuwarden.leases import dir as leasedir
 
     try:
-        ld = leasedir.open_dir(service.settings.lease_dir)
+        ld = service.hardware.lease_dirs.open(service.settings.lease_dir)
     except UserError:
         return
     for uuid in job.gpus:

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
         live: LiveConfig
         queue: QueueState
         preempted: dict[str, int]  # preemptions since the start, by the victim's owner
+        litter: list[str]
+        litter_batches: int
         usage_totals: Optional[dict[tuple[str, str], float]]
         sampler: Optional[Sampler]
 
@@ -70,7 +72,12 @@ def stats(service: Reporting) -> dict[str, Any]:
         "forker": service.forker.stats(),
         "machine": service.hardware.stats(),
         "config": service.live.stats(),
-        "journal": {"commits": service.store.commits, "fsyncs": service.store.fsyncs},
+        "journal": {
+            "commits": service.store.commits,
+            "fsyncs": service.store.fsyncs,
+            "statements": service.store.statements,
+        },
+        "litter": {"kept": len(service.litter), "batches": service.litter_batches},
         "jobs": tally.counts(),
         "wait_buckets": [[b, c] for b, c in zip(WAIT_BUCKETS, tally.waits)],
         "wait_sum": tally.wait_sum,
@@ -123,11 +130,10 @@ def account_shares(service: Reporting, policy: scheduling.Policy) -> list[dict[s
     """Each account's decayed usage, share and factor at fair share's account level
     (none when no account has a share: fair share is then per user only)."""
     from gpuwarden.planning import fairshare
-    from gpuwarden.service import accounting
 
     if not fairshare.two_levels(policy):
         return []
-    used = accounting.account_usage(service.store.db, time.time(), policy.half_life)
+    used = service.store.account_usage(time.time(), policy.half_life)
     policy = dataclasses.replace(policy, account_usage=used)
     factors = fairshare.account_factors(policy)
     totals: dict[str, float] = {}

@@ -34,6 +34,7 @@ from gpuwarden.service import (
     archive,
     healthwatch,
     journalguard,
+    litter,
     passes,
     recovery,
     reloading,
@@ -185,9 +186,12 @@ class Service:
                 os.unlink(life.settings.socket)
         self.clients.close()
         life.close()
+        life.hardware.close()
         if self.health is not None:
             self.health.stop()
         life.notifier.close()
+        with contextlib.suppress(OSError, sqlite3.Error):  # else the next start's recovery
+            life.remove_litter()
         life.store.close()
         for fd in self.locks:  # the lock files stay: removing a held one would race
             os.close(fd)
@@ -222,19 +226,18 @@ class Service:
     def step(self, timeout: Optional[float] = None) -> None:
         """One turn of the loop: plan if a pass is due (service.pacing: a start pass at
         once after anything that may start a job), do the tick's work once a tick has
-        passed, wait for events (at most until the next pass or tick) and handle them:
-        an event that may start a job is planned for before the tick's work (the
-        efficiency sampler's reading, time limits), and none of it grows with requests."""
+        passed, wait for events (at most until the next pass or tick) and handle them,
+        then plan what they let start before the turn's answers: a job's end or a
+        submit that can start is planned for in the same turn, before the tick's work
+        (the efficiency sampler's reading, time limits), and a submit's answer and its
+        job's start share one fsync. None of it grows with requests."""
         life, pacer = self.life, self.life.pacer
+        pacer.turn += 1
         if self.reload_asked:  # SIGHUP: a refused reading is logged and changes nothing
             self.reload_asked = False
             with contextlib.suppress(UserError):
                 reloading.reload(life, self.started)
-        kind = pacer.due(time.monotonic())
-        if kind is not None:
-            pacer.begin(kind)
-            passes.schedule(life, full=kind == FULL)
-            life.remove_litter()
+        self._plan()
         tick = life.settings.tick
         if time.monotonic() >= life.next_tick:  # after the pass: no start waits for it
             life.next_tick = time.monotonic() + tick
@@ -255,8 +258,19 @@ class Service:
                 events = self.selector.select(0)
                 if not events:
                     break
+            if pacer.urgent:  # what the events let start, in this turn: the fsync that
+                self._plan()  # makes its start durable makes the turn's submits durable
         finally:  # the turn's submits: one fsync, then their answers
             self.clients.release(life.store.sync)
+
+    def _plan(self) -> None:
+        """A pass of the plan, if one is due (service.pacing). The ended jobs' files go
+        at the tick, in a batch, when no job waits (service.litter)."""
+        life = self.life
+        kind = life.pacer.due(time.monotonic())
+        if kind is not None:
+            life.pacer.begin(kind)
+            passes.schedule(life, full=kind == FULL)
 
     def _handle(self, events: list[tuple[selectors.SelectorKey, int]]) -> None:
         life = self.life
@@ -302,5 +316,7 @@ class Service:
             recovery.end_orphans(life)
         timelimits.tick(life)
         starting.overdue(life, time.monotonic())
+        if litter.due(len(life.litter), quiet=not life.store.startable()):
+            life.remove_litter()  # ended jobs' files: in a batch, when no job waits
         if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

@@ -21,9 +21,10 @@ GPUs. The supervisor is the job tree's subreaper (`service.tree`); when the job'
 own process ends it kills what is left below it, then lets go of the leases by
 exiting: the leases live exactly as long as the job's process tree. A failure
 before `exec` reaches the supervisor through a close-on-exec pipe (empty at a
-successful exec). The supervisor then records the job's pid, waits for it and
+successful exec). The supervisor then reports the job's pid, waits for it,
 writes its exit status atomically into the service's status directory, where a
-restarted service finds it.
+restarted service finds it, and tells the service the job has ended (the report
+pipe's end-of-file) before that record's fsync and its own exit.
 """
 
 from __future__ import annotations
@@ -108,8 +109,10 @@ def alive(pid: int, since: int) -> bool:
 @dataclass
 class Forked:
     """A supervisor given the go-ahead: its pid, and the read end of the pipe its report
-    (the job's pid once it has exec'd, or why it could not start) comes on, whole at
-    its end-of-file (`report_of`)."""
+    (the job's pid once it has exec'd, or why it could not start) comes on, one line
+    (`report_of`). After a pid the pipe stays open: its end-of-file is the job's end,
+    told once the exit record is written and the leases let go (or the supervisor
+    died), before the supervisor's own exit."""
 
     supervisor: int
     report: int
@@ -228,13 +231,14 @@ def start(
     does not wait (service.starting); this is for a caller with nothing else to do."""
     forked = begin(launch, on_forked)
     try:
-        message = _read_all(forked.report, timeout)
+        message = _read_all(forked.report, timeout, until=b"\n")
     finally:
         os.close(forked.report)
     return report_of(launch.job, forked.supervisor, message, timeout)
 
 
-def _read_all(fd: int, timeout: float) -> bytes:
+def _read_all(fd: int, timeout: float, until: Optional[bytes] = None) -> bytes:
+    """What comes on `fd` up to its end-of-file (or up to `until`, a report's end)."""
     deadline = time.monotonic() + timeout
     chunks: list[bytes] = []
     while True:
@@ -248,6 +252,8 @@ def _read_all(fd: int, timeout: float) -> bytes:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+        if until is not None and until in chunk:
+            return b"".join(chunks)
 
 
 def _reap(pid: int, timeout: float, pidfd: int = -1) -> None:
@@ -326,7 +332,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
         # cannot take the job's records: the job ends at its closed pipe, unrun.
         _unstart(job, exec_w, cgroup, [room, staged])
         if go == b"g":
-            os.write(report_w, json.dumps({"pid": 0, "error": unstarted}).encode())
+            os.write(report_w, _report(0, unstarted))
             os.close(report_w)
         return 0
     assert staged is not None
@@ -335,7 +341,7 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
             sync_marker(launch.status_dir, launch.job, staged)
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
         _write_exit_record(launch, record)
-        os.write(report_w, json.dumps({"pid": 0, "error": problem}).encode())
+        os.write(report_w, _report(0, problem))
         os.close(report_w)
         return 0
     # On disk before the job execs: a restarted service that finds no marker knows it
@@ -352,8 +358,10 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
     failure = _read_all(error_r, 60.0).decode("utf-8", "replace")
     os.close(error_r)
     with contextlib.suppress(BrokenPipeError):  # the service died; a restart adopts us
-        os.write(report_w, json.dumps({"pid": job, "error": failure or None}).encode())
-    os.close(report_w)
+        os.write(report_w, _report(job, failure or None))
+    if failure:
+        os.close(report_w)  # nothing ran: the report is all there is
+        report_w = -1
     # The job's pid here too, for a restart; the report above and the journal have it
     # as well, so a full disk now must not end the supervisor of a running job. After
     # the report: the service starts the next job meanwhile, not after these writes.
@@ -375,8 +383,24 @@ def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place
         record = {"code": None, "signal": os.WTERMSIG(status), "error": None, "at": time.time()}
     else:
         record = {"code": os.WEXITSTATUS(status), "signal": None, "error": None, "at": time.time()}
-    _write_exit_record(launch, record)
+
+    # The end, told as soon as its record is named (the report pipe's end-of-file, the
+    # service's event), before the record's fsync and our exit: neither is on the way
+    # from a freed GPU to the next start. The leases go first: the service frees the
+    # GPUs as it reads the end, and a lock still held would keep them.
+    def told() -> None:
+        for fd in (*launch.keep, report_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    _write_exit_record(launch, record, told)
     return 0
+
+
+def _report(pid: int, error: Optional[str]) -> bytes:
+    """The supervisor's report, one line: the job's pid, or why it could not start."""
+    return json.dumps({"pid": pid, "error": error}).encode() + b"\n"
 
 
 def _unstart(job: int, exec_w: int, cgroup: dict[str, str], files: list[Optional[str]]) -> None:
@@ -396,9 +420,12 @@ def _unstart(job: int, exec_w: int, cgroup: dict[str, str], files: list[Optional
                 os.unlink(path)
 
 
-def _write_exit_record(launch: JobStart, record: Mapping[str, object]) -> None:
+def _write_exit_record(
+    launch: JobStart, record: Mapping[str, object], told: Optional[Callable[[], None]] = None
+) -> None:
     room = exitrecord.reserve_path(launch.status_dir, launch.job)
-    exitrecord.write(room, exitrecord.exit_record_path(launch.status_dir, launch.job), record)
+    path = exitrecord.exit_record_path(launch.status_dir, launch.job)
+    exitrecord.write(room, path, record, told)
 
 
 def _ready(launch: JobStart) -> Optional[Place]:

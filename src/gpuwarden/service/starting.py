@@ -56,7 +56,12 @@ if TYPE_CHECKING:
         exits: str  # where the exit records and markers are
 
         def watch_supervisor(
-            self, job_id: int, pid: int, job_pid: Optional[int] = None, pidfd: int = -1
+            self,
+            job_id: int,
+            pid: int,
+            job_pid: Optional[int] = None,
+            pidfd: int = -1,
+            end: int = -1,
         ) -> None: ...
 
         def signal(self, job: Job, sig: int) -> bool: ...
@@ -116,7 +121,9 @@ def begun(life: StartingService, start: Starting) -> None:
 
 
 def arrived(life: StartingService, job_id: int) -> None:
-    """The report pipe of `job_id` is readable: keep what came; at its end, settle."""
+    """The report pipe of `job_id` is readable: keep what came; at the report's end (its
+    line, or the pipe's end-of-file), settle. A job that runs keeps the pipe watched:
+    its end-of-file is the job's end (service.spawn `Forked`)."""
     start = life.starts.flight.get(job_id)
     if start is None:
         return
@@ -126,14 +133,16 @@ def arrived(life: StartingService, job_id: int) -> None:
         return
     if chunk:
         start.chunks.append(chunk)
-        return
-    _forget(life, start)
+        if b"\n" not in chunk:
+            return
+    _forget(life, start, keep=bool(chunk))
     forked = start.forked
     try:
         started = spawn.report_of(
             str(job_id), forked.supervisor, b"".join(start.chunks), pidfd=forked.pidfd
         )
     except UserError as err:
+        _close(start)
         _let_go(forked)
         start.held.release()
         failed(life, job_id, err)
@@ -220,7 +229,7 @@ def _adopted(life: StartingService, job_id: int) -> None:
     held = jobprocess.claim(pid, job.supervisor or 0)
     if held is not None:
         life.processes[job_id] = held
-    life.store.update(job_id, durable=False, state=store.RUNNING, pid=pid)
+    life.store.later(job_id, state=store.RUNNING, pid=pid)  # the marker has it
     log.info("job %s runs (adopted while it started)", job_id)
     if job_id in life.termed:  # cancelled meanwhile
         running = life.store.get(job_id)
@@ -229,10 +238,19 @@ def _adopted(life: StartingService, job_id: int) -> None:
         life.termed[job_id] = time.monotonic()
 
 
-def _forget(life: StartingService, start: Starting) -> None:
+def _forget(life: StartingService, start: Starting, keep: bool = False) -> None:
+    """`start` is no longer in flight; its report pipe closed (`keep`: left open, to
+    watch for the job's end)."""
     life.starts.flight.pop(start.job, None)
     life.selector.unregister(start.forked.report)
-    os.close(start.forked.report)
+    if not keep:
+        _close(start)
+
+
+def _close(start: Starting) -> None:
+    if start.forked.report >= 0:
+        os.close(start.forked.report)
+        start.forked.report = -1
 
 
 def _running(life: StartingService, start: Starting, started: spawn.Started) -> None:
@@ -244,6 +262,7 @@ def _running(life: StartingService, start: Starting, started: spawn.Started) -> 
     try:
         start.held.repoint(started.pid)  # never a job under a lease naming another process
     except UserError as err:
+        _close(start)
         kill_group(started.pid)
         _let_go(start.forked)
         start.held.release()
@@ -253,11 +272,14 @@ def _running(life: StartingService, start: Starting, started: spawn.Started) -> 
     life.attachments.notify(job_id, {"event": "started", "gpus": [g.uuid for g in start.gpus]})
     life.attachments.release_stdio(job_id)  # the job has them now
     # Watched first: a journal that cannot take the pid now still learns of the end.
-    pidfd, start.forked.pidfd = start.forked.pidfd, -1  # watched by it, closed with it
-    life.watch_supervisor(job_id, started.supervisor, started.pid, pidfd)
+    pidfd, start.forked.pidfd = start.forked.pidfd, -1  # closed with it
+    end, start.forked.report = start.forked.report, -1  # its end-of-file: the job's end
+    life.watch_supervisor(job_id, started.supervisor, started.pid, pidfd, end)
     if job_id not in life.watched:  # its supervisor was gone already: ended there
         return
-    life.store.update(job_id, durable=False, state=store.RUNNING, pid=started.pid)
+    # Written with the next commit, whoever makes it: a service killed meanwhile finds
+    # the pid in the supervisor's marker (service.recovery).
+    life.store.later(job_id, state=store.RUNNING, pid=started.pid)
     job = life.store.get(job_id)
     if job is None:
         return

@@ -22,9 +22,10 @@ from typing import Any, Optional
 
 from gpuwarden.service import accounting, fairshare
 from gpuwarden.service.arrayrows import PLACEHOLDERS, Blobs, task_fields
-from gpuwarden.service.job import BOOL, COLUMNS, JSON, normalised
+from gpuwarden.service.job import ADDED, BOOL, COLUMNS, JSON, changed, normalised
 from gpuwarden.service.job import Job as Job
 from gpuwarden.service.job import new_job as new_job
+from gpuwarden.service.job import row_to_job as row_to_job
 from gpuwarden.service.ready import Ready
 from gpuwarden.service.states import ACTIVE as ACTIVE
 from gpuwarden.service.states import CANCELLED as CANCELLED
@@ -94,50 +95,11 @@ CREATE TABLE IF NOT EXISTS usage (user TEXT PRIMARY KEY, value REAL NOT NULL, at
 CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
-#: Columns added to `jobs` since schema 1 was first written, with their declarations:
-#: a journal of an earlier gpuwarden gets them when it is opened (`_add_columns`), so
-#: its jobs keep running and queueing across the upgrade.
-_ADDED = {
-    "array_job": "INTEGER",
-    "array_task": "INTEGER",
-    "array_throttle": "INTEGER",
-    "params": "TEXT NOT NULL DEFAULT '{}'",
-    "begin": "REAL",
-    "restarts": "INTEGER NOT NULL DEFAULT 0",
-    "retries": "INTEGER NOT NULL DEFAULT 0",
-    "preemptions": "INTEGER NOT NULL DEFAULT 0",
-    "account": "TEXT",
-    "shared": "TEXT",  # an array task's common part, in `blobs` (service.arrayrows)
-}
 _INDEXES = ("CREATE INDEX IF NOT EXISTS jobs_array ON jobs (array_job, array_task)",)
 
 
 def _is_ready(job: Job) -> bool:
     return job.state == PENDING and not job.held
-
-
-def row_to_job(row: sqlite3.Row, blobs: Optional[Blobs] = None) -> Job:
-    """The job a row holds; an array task's common part from `blobs` (required then)."""
-    values: dict[str, Any] = {}
-    keys = row.keys()
-    shared = row["shared"] if "shared" in keys else None
-    if shared is not None:
-        if blobs is None:
-            raise ValueError(f"job {row['id']}: its shared part cannot be read here")
-        user, task = row["user"], row["array_task"]
-        values.update(task_fields(blobs.get(shared), row["id"], row["array_job"], task, user))
-    for name in COLUMNS:
-        if name in values or (name in _ADDED and name not in keys):
-            continue  # shared, or a journal not yet given the column (journalguard)
-        value = row[name]
-        if name in JSON:
-            value = json.loads(value)
-            if isinstance(value, list):
-                value = tuple(value)
-        elif name in BOOL:
-            value = bool(value)
-        values[name] = value
-    return Job(**values)
 
 
 class Store:
@@ -148,11 +110,21 @@ class Store:
         self.path = path
         if path != ":memory:":
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        self.commits = self.fsyncs = 0  # made since opened (`stats`: per job started)
+        # Made since opened (`stats`: per job started), statements too (SQLite counts them).
+        self.commits = self.fsyncs = self.statements = self.rollbacks = 0
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self.db.row_factory = sqlite3.Row
+        self.db.set_trace_callback(self._counted)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        self._durable = [True]  # the connection's `synchronous` (service.transaction)
+        # job id -> columns changed in memory, written with the next commit (`later`); of
+        # those, the ids the commit under way has written already.
+        self._later: dict[int, dict[str, Any]] = {}
+        self._written: set[int] = set()
+        # Each user's usage, and each account's and user's, as last read or charged.
+        self._usage = fairshare.Usage("usage", ("user",))
+        self._accounts = fairshare.Usage("account_usage", ("account", "user"))
         self.db.execute("PRAGMA foreign_keys=ON")
         with self.transaction():
             for statement in _SCHEMA.split(";"):
@@ -180,15 +152,18 @@ class Store:
         self.unsynced = False
 
     def _add_columns(self) -> None:
-        """The columns of `_ADDED` a journal written before them lacks, and their indexes."""
+        """The columns of `ADDED` a journal written before them lacks, and their indexes."""
         have = {str(r["name"]) for r in self.db.execute("PRAGMA table_info(jobs)")}
-        for name, declared in _ADDED.items():
+        for name, declared in ADDED.items():
             if name not in have:
                 self.db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {declared}")
         for statement in _INDEXES:
             self.db.execute(statement)
 
     def close(self) -> None:
+        if self._later:  # what `later` kept, written as the service stops (a restart
+            with contextlib.suppress(sqlite3.Error), self.transaction(durable=False):
+                pass  # finds it in the supervisors' markers otherwise)
         self.sync()
         self.db.close()
 
@@ -200,13 +175,21 @@ class Store:
         process kill): the reason a job waits, its pid once RUNNING (its supervisor's
         marker has it too), a job's end until `sync` (its exit record stays on disk
         until then). Whatever decides what runs is written durably."""
-        return Transaction(self.db, durable, self._forget, self._committed)
+        return Transaction(
+            self.db, durable, self._forget, self._committed, self._durable, self._write_later
+        )
+
+    def _counted(self, _: str) -> None:
+        self.statements += 1
 
     def _committed(self, durable: bool) -> None:
         # A durable commit fsyncs the whole write-ahead log: earlier commits with it.
         self.unsynced = not durable
         self.commits += 1
         self.fsyncs += durable
+        for job_id in self._written:
+            self._later.pop(job_id, None)
+        self._written.clear()
 
     def sync(self) -> None:
         """Make every commit so far durable, if one made with `durable=False` is not.
@@ -230,20 +213,31 @@ class Store:
         self.unsynced = False
 
     def _forget(self) -> None:
-        """Drop the in-memory active jobs (after a rollback): read afresh when asked."""
+        """Drop the in-memory active jobs and usage (after a rollback): read afresh when
+        asked, with the changes `later` keeps over them."""
         self._active = None
         self._ready, self._busy = Ready(), {}
+        self.rollbacks += 1  # what others keep of the journal is read again (bookings)
+        self._written.clear()
+        self._usage.forget()
+        self._accounts.forget()
 
     def _actives(self) -> dict[int, Job]:
         if self._active is None:
             marks = ", ".join("?" for _ in ACTIVE)
             query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id ASC"
-            self._active = {
+            active = {
                 int(r["id"]): row_to_job(r, self.blobs) for r in self.db.execute(query, ACTIVE)
             }
-            self._ready = Ready(j for j in self._active.values() if _is_ready(j))
-            self._busy = {i: j for i, j in self._active.items() if j.state in _BUSY}
             self._tally = Tally(self.db)
+            for job_id, changes in self._later.items():  # not in the journal yet
+                if job_id in active:
+                    was = active[job_id]
+                    active[job_id] = changed(was, changes)
+                    self._tally.change(was, active[job_id])
+            self._active = active
+            self._ready = Ready(j for j in active.values() if _is_ready(j))
+            self._busy = {i: j for i, j in active.items() if j.state in _BUSY}
             self.version += 1
         return self._active
 
@@ -338,15 +332,11 @@ class Store:
             if job is not None:
                 own = {n: changes.get(n, getattr(job, n)) for n in PLACEHOLDERS}
                 changes = {**changes, **own, "shared": None}
-        values = [
-            json.dumps(list(v) if isinstance(v, tuple) else v)
-            if k in JSON
-            else (int(v) if k in BOOL else v)
-            for k, v in changes.items()
-        ]
-        sets = ", ".join(f"{k} = ?" for k in changes)
+        kept = self._later.get(job_id)  # one row write: what waited for a commit too
         with self.transaction(durable):
-            self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*values, job_id])
+            self._write(job_id, changes if kept is None else {**kept, **changes})
+            if kept is not None:
+                self._written.add(job_id)
             if self._active is None:
                 return
             known = self._active.get(job_id)
@@ -354,10 +344,42 @@ class Store:
                 if changes.get("state") in ACTIVE:
                     self._active = None  # an ended job made active again: read afresh
                 return
-            changed = normalised(
-                replace(known, **{k: v for k, v in changes.items() if k != "shared"})
-            )
-            self._keep(changed, known)
+            self._keep(changed(known, changes), known)
+
+    def later(self, job_id: int, **changes: Any) -> None:
+        """Change columns of an active job now, in memory, and in the journal with the
+        next commit, whoever makes it (or `close`): for what a service killed meanwhile
+        finds again without the journal (a job's pid: its supervisor's marker has it,
+        service.recovery), so it costs no commit of its own. Its `state` as `update`'s."""
+        known = self._actives().get(job_id)
+        if known is None or changes.keys() & PLACEHOLDERS.keys():
+            self.update(job_id, durable=False, **changes)
+            return
+        for name in changes:
+            if name not in COLUMNS or name == "id":
+                raise ValueError(f"no job column {name!r}")
+        if "state" in changes:
+            check(job_id, known.state, changes["state"])
+        self._later[job_id] = {**self._later.get(job_id, {}), **changes}
+        self._written.discard(job_id)  # written again, whole, by the commit under way
+        self._keep(changed(known, changes), known)
+
+    def _write_later(self) -> None:
+        """Inside a commit, last: the changes `later` kept that it has not written."""
+        for job_id, changes in self._later.items():
+            if job_id not in self._written:
+                self._write(job_id, changes)
+                self._written.add(job_id)
+
+    def _write(self, job_id: int, changes: Mapping[str, Any]) -> None:
+        values = [
+            json.dumps(list(v) if isinstance(v, tuple) else v)
+            if k in JSON
+            else (int(v) if k in BOOL else v)
+            for k, v in changes.items()
+        ]
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*values, job_id])
 
     def _state(self, job_id: int) -> Optional[str]:
         known = self._actives().get(job_id)
@@ -446,8 +468,19 @@ class Store:
     # -- usage (service.fairshare) ------------------------------------------------
 
     def usage(self, now: float, half_life: float) -> dict[str, float]:
-        return fairshare.usage(self.db, now, half_life)
+        return self._usage.decayed(self.db, now, half_life)
 
     def charge(self, user: str, amount: float, now: float, half_life: float) -> None:
         with self.transaction():
-            fairshare.charge(self.db, user, amount, now, half_life)
+            self._usage.charge(self.db, user, amount, now, half_life)
+
+    def account_usage(self, now: float, half_life: float) -> dict[tuple[str, str], float]:
+        """(account or "", user) -> usage decayed to `now`: the plan's account level."""
+        return self._accounts.decayed(self.db, now, half_life)
+
+    def charge_account(
+        self, account: Optional[str], user: str, amount: float, now: float, half_life: float
+    ) -> None:
+        """Add GPU-seconds to what `user` used through `account`."""
+        with self.transaction():
+            self._accounts.charge(self.db, (account or "", user), amount, now, half_life)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import exitrecord, spawn
+from gpuwarden.service import exitrecord, jobprocess, spawn
 from gpuwarden.service.forker import Forker
 from gpuwarden.service.identity import person
 from rawservice import Raw
@@ -96,7 +96,7 @@ def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
         wait_for(lambda: sockets_of(forked.supervisor) == [], 30, "the forker's socket closed")
         spawn.go_ahead(forked)
         started = report(forked)
-        assert spawn.gone(forked.pidfd, 30), "the supervisor ends after its job"
+        assert jobprocess.exited(forked.pidfd, 30), "the supervisor ends after its job"
     finally:
         os.close(forked.pidfd)
     assert started.pid > 0 and exitrecord.read_exit_record(str(status_dir), "7") is not None
@@ -121,14 +121,14 @@ def test_no_go_ahead_runs_nothing_and_supervisors_outlive_the_forker(
     forker.close()
     assert proc.returncode == 0, "the forker ended at its end-of-file"
     for forked in (kept, dropped):
-        assert not spawn.gone(forked.pidfd, 0), "a supervisor outlives the forker"
+        assert not jobprocess.exited(forked.pidfd, 0), "a supervisor outlives the forker"
     spawn.go_ahead(dropped, run=False)
     spawn.go_ahead(kept)
     with pytest.raises(UserError, match="supervisor died"):
         report(dropped, "2")
     assert report(kept, "1").pid > 0
     for forked in (kept, dropped):
-        assert spawn.gone(forked.pidfd, 30)
+        assert jobprocess.exited(forked.pidfd, 30)
         os.close(forked.pidfd)
     wait_for(ran.exists, 30, "the job given its go-ahead")
     assert not (tmp_path / "never").exists()
@@ -182,7 +182,7 @@ def test_a_spare_that_died_before_its_launch_is_replaced(
     spare = forker._take()  # the next spare, asked for after the first start
     forker.spare = spare  # put back, as the next start finds it
     os.kill(spare.pid, signal.SIGKILL)
-    assert spawn.gone(spare.pidfd, 30)
+    assert jobprocess.exited(spare.pidfd, 30)
     ran = tmp_path / "ran"
     forked = spawn.begin(launch(status_dir, ["touch", str(ran)], job="2"), forker=forker)
     try:

@@ -87,7 +87,10 @@ def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
     job = launch(status_dir, ["sh", "-c", f'echo "$GPUWARDEN_JOB_NOTE" > {out}'])
     seen: dict[str, int] = {}
     forked = spawn.begin(
-        job, on_forked=lambda pid, since: seen.update(pid=pid, since=since), go=False, forker=forker
+        job,
+        on_forked=lambda pid, since: seen.update(pid=pid, since=since),
+        go=False,
+        forker=forker.fork,
     )
     try:
         assert forked.pidfd >= 0 and seen["pid"] == forked.supervisor
@@ -112,9 +115,13 @@ def test_no_go_ahead_runs_nothing_and_supervisors_outlive_the_forker(
     it forked do not: one given its go-ahead after runs its job, one whose go-ahead
     pipe is closed runs nothing."""
     ran = tmp_path / "ran"
-    kept = spawn.begin(launch(status_dir, ["touch", str(ran)], job="1"), go=False, forker=forker)
+    kept = spawn.begin(
+        launch(status_dir, ["touch", str(ran)], job="1"), go=False, forker=forker.fork
+    )
     dropped = spawn.begin(
-        launch(status_dir, ["touch", str(tmp_path / "never")], job="2"), go=False, forker=forker
+        launch(status_dir, ["touch", str(tmp_path / "never")], job="2"),
+        go=False,
+        forker=forker.fork,
     )
     proc = forker.proc
     assert proc is not None
@@ -140,7 +147,7 @@ def test_a_forker_found_dead_is_started_again(status_dir: Path, forker: Forker) 
     first = forker.proc.pid
     os.kill(first, signal.SIGKILL)
     forker.proc.wait()
-    forked = spawn.begin(launch(status_dir, ["true"]), forker=forker)
+    forked = spawn.begin(launch(status_dir, ["true"]), forker=forker.fork)
     try:
         assert report(forked).pid > 0
     finally:
@@ -161,7 +168,7 @@ def test_a_forker_that_dies_with_a_request_is_replaced(
     killer = threading.Timer(0.5, lambda: os.kill(stuck.pid, signal.SIGKILL))
     killer.start()
     try:
-        forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker)
+        forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker.fork)
     finally:
         killer.join()
     try:
@@ -176,7 +183,7 @@ def test_a_spare_that_died_before_its_launch_is_replaced(
 ) -> None:
     """A spare killed while it waits is found dead as the launch is sent to it (nothing
     of the launch reached it): the next one runs the job."""
-    first = spawn.begin(launch(status_dir, ["true"], job="1"), forker=forker)
+    first = spawn.begin(launch(status_dir, ["true"], job="1"), forker=forker.fork)
     report(first, "1")
     os.close(first.pidfd)
     spare = forker._take()  # the next spare, asked for after the first start
@@ -184,7 +191,7 @@ def test_a_spare_that_died_before_its_launch_is_replaced(
     os.kill(spare.pid, signal.SIGKILL)
     assert jobprocess.exited(spare.pidfd, 30)
     ran = tmp_path / "ran"
-    forked = spawn.begin(launch(status_dir, ["touch", str(ran)], job="2"), forker=forker)
+    forked = spawn.begin(launch(status_dir, ["touch", str(ran)], job="2"), forker=forker.fork)
     try:
         assert forked.supervisor != spare.pid
         assert report(forked, "2").pid > 0
@@ -225,7 +232,7 @@ def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
         starts=starting.Starts(), selector=selectors.DefaultSelector(), store=journal, notifier=None
     )
     ran = tmp_path / "ran"
-    forked = spawn.begin(launch(status_dir, ["touch", str(ran)]), go=False, forker=forker)
+    forked = spawn.begin(launch(status_dir, ["touch", str(ran)]), go=False, forker=forker.fork)
     held = SimpleNamespace(released=False)
     held.release = lambda: setattr(held, "released", True)
     starting.begun(life, starting.Starting(record.id, forked, held, (), time.monotonic() - 1))  # type: ignore[arg-type]

@@ -49,7 +49,6 @@ from gpuwarden.service.marker import stage_marker, sync_marker, write_marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpuwarden.service.forker import Forker
     from gpuwarden.service.jobcgroup import Place
 
 #: Seconds a supervisor has to report the job's pid (or why it could not start).
@@ -125,7 +124,7 @@ def begin(
     launch: JobStart,
     on_forked: Optional[Callable[[int, int], None]] = None,
     go: bool = True,
-    forker: Optional[Forker] = None,
+    forker: Optional[Callable[[JobStart, int, int], tuple[int, int, int]]] = None,
 ) -> Forked:
     """Fork the supervisor and give it the go-ahead; return at once, before the job
     has set itself up (the caller reads the report when it comes: `report_of`).
@@ -137,8 +136,8 @@ def begin(
     journal does not know to be starting never runs, and none runs twice.
     `go=False`: the go-ahead is the caller's to give (`go_ahead`), once what
     `on_forked` wrote is durable: the starts of one pass share one fsync.
-    `forker`: the supervisor is forked by it, not by this process (the service's
-    forker: `Forked.pidfd` names the supervisor then, the caller's to close).
+    `forker`: forks the supervisor in another process (service.forker's `Forker.fork`:
+    its pid, start time and pidfd; `Forked.pidfd` names it then, the caller's to close).
     """
     if not launch.argv or not launch.argv[0]:
         raise UserError("empty command")
@@ -147,7 +146,7 @@ def begin(
     pidfd = -1
     if forker is not None:
         try:
-            pid, since, pidfd = forker.fork(launch, report_w, go_r)
+            pid, since, pidfd = forker(launch, report_w, go_r)
         except BaseException:
             for fd in (report_r, report_w, go_r, go_w):
                 os.close(fd)

@@ -285,3 +285,27 @@ def test_the_figures_kept_as_jobs_change_are_those_counted_afresh(tmp_path: Path
         kept.wait_count,
     )
     assert kept.waits == [1, 1, 1, 1, 1, 1, 2, 2]  # cumulative: <= 1 s ... <= 1 day
+
+
+def test_a_jobs_journal_work_by_counts(tmp_path: Path) -> None:
+    """bench/journal.py's replay of what the service asks of its journal for one job
+    (submit, pass, STARTING and its fsync, RUNNING, end), on this tree: 3 commits and
+    12 SQL statements a job (24f33fd: 4 and 28, the `synchronous` setting switched
+    around every commit, the RUNNING a commit of its own, usage read before each
+    charge and by each pass, the bookings read by each pass)."""
+    import json
+
+    source = (Path(__file__).parent.parent / "bench" / "journal.py").read_text()
+    replay = source.split('REPLAY = r"""', 1)[1].split('"""', 1)[0]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "src"))
+    run = subprocess.run(
+        [sys.executable, "-c", replay, "50", str(tmp_path / "state.db")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    per = json.loads(run.stdout.strip().splitlines()[-1])
+    assert per["commits"] <= 3.1, per
+    assert per["statements"] <= 13, per

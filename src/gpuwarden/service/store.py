@@ -16,7 +16,6 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
 from operator import attrgetter
 from typing import Any, Optional
 
@@ -305,11 +304,11 @@ class Store:
             cursor = self.db.execute(
                 f"INSERT INTO jobs ({names}) VALUES ({marks})", list(values.values())
             )
-            added = replace(job, id=int(cursor.lastrowid or 0))
+            added = changed(job, {"id": int(cursor.lastrowid or 0)})
             if shared is not None:
                 common = self.blobs.get(shared)
                 made = task_fields(common, added.id, job.array_job, job.array_task, job.user)
-                added = replace(added, **made)
+                added = changed(added, made)
             if self._active is not None and added.state in ACTIVE:
                 self._keep(normalised(added))
         return added

@@ -9,7 +9,12 @@ read the machine whole; the whole machine at most every `WHOLE_EVERY` seconds.""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from gpuwarden.service.machine import WHOLE_EVERY, Machine
 from gpuwarden.sim import Machine as Sim
@@ -64,3 +69,33 @@ def test_a_pass_reads_what_may_have_changed_not_the_whole_machine(
     clock[0] += WHOLE_EVERY
     machine.current(TICK)
     assert machine.whole_reads == 3
+
+
+def test_the_gpu_nodes_are_listed_again_only_when_dev_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start's device cgroup denies every GPU node but the job's: /dev is listed for
+    them once, and again when a node comes or goes (its stat changes), not per start."""
+    from gpuwarden.cgroups import devices
+    from gpuwarden.service import machine as kept
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    listed: list[str] = []
+    real = devices.present_minors
+    monkeypatch.setattr(kept, "DEV", str(dev))
+    monkeypatch.setattr(kept, "SETTLED", 0.05)
+    monkeypatch.setattr(devices, "present_minors", lambda g, d: listed.append(d) or real(g, d))
+    time.sleep(0.1)  # settled
+    gpus = [SimpleNamespace(minor=1), SimpleNamespace(minor=None)]
+    machine = Machine()
+    for _ in range(5):
+        assert machine.present(gpus) == (1,)
+    assert len(listed) == 1
+    (dev / "nvidia-new").touch()  # a node came (not a GPU's: its name says so)
+    assert machine.present(gpus) == (1,)
+    assert len(listed) == 2
+    time.sleep(0.1)
+    machine.present(gpus)
+    machine.present(gpus)
+    assert len(listed) == 3  # listed while fresh, then kept

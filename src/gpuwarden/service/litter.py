@@ -2,11 +2,12 @@
 marker, reserved room and attached client's record), and when they go: once the
 journal's record of its end is on disk, never before (they say how it ended).
 
-They go in a batch, at the loop's tick when no job waits to start (`due`), or once
-`KEEP_MOST` paths wait: an unlink takes the directory's and the filesystem journal's
-locks, and on the way from a freed GPU to the next start each one was time the next
-job waited. Until then a restart finds them beside ended jobs and removes them
-(service.recovery); a requeued job's go when it is queued again (service.requeue).
+They go in a batch at the loop's tick once it is quiet (`due`: no job ended since
+the last tick, or none waits to start), or once `KEEP_MOST` paths wait: an unlink
+takes the directory's and the filesystem journal's locks, and on the way from a
+freed GPU to the next start each one was time the next job waited. Until then a
+restart finds them beside ended jobs and removes them (service.recovery); a
+requeued job's go when it is queued again (service.requeue).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ KEEP_MOST = 4096
 
 
 def due(kept: int, quiet: bool) -> bool:
-    """Whether the `kept` paths go now: when no job waits (`quiet`), or too many wait."""
+    """Whether the `kept` paths go now: when the loop is `quiet`, or too many wait."""
     return kept > 0 and (quiet or kept >= KEEP_MOST)
 
 

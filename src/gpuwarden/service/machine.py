@@ -34,6 +34,7 @@ asked of the driver (`stats`, and tests/test_service_counts.py per started job).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from gpuwarden.machine.inventory import Gpu, Snapshot
 
 WHOLE_EVERY = 60.0  # seconds: GPUs lost or back, MIG slices changed, at most this late
+DEV = "/dev"
+SETTLED = 2.0  # seconds: /dev changed this recently may change again unseen
 
 
 class Counted:
@@ -84,6 +87,8 @@ class Machine:
         self.used_at = float("-inf")  # when its GPUs with processes were read again
         self._links: Optional[tuple[Any, Any]] = None  # (topology, nvlinks), once
         self._session = False  # NVML initialised by us, until the next whole reading
+        self._dev_stamp: Optional[tuple[int, ...]] = None  # /dev as last listed (`present`)
+        self._dev_nodes: frozenset[int] = frozenset()
         self.whole_reads = 0
         self.whole_calls = 0  # of `calls`, those of whole readings
         from gpuwarden.leases.dir import Checked
@@ -231,6 +236,30 @@ class Machine:
             links = read_snapshot(self.nvml(), processes=False, topology=True, detail=False)
             self._links = (links.topology, links.nvlinks)
         return replace(snapshot, topology=self._links[0], nvlinks=self._links[1])
+
+    def present(self, gpus: Iterable[Gpu]) -> tuple[int, ...]:
+        """`cgroups.devices.present_minors(gpus)`, sorted: the GPU nodes a job's device
+        cgroup denies but its own. /dev is listed again only when its stat changed (a
+        node added or removed changes it; what changed within `SETTLED` seconds is
+        listed each time), not for every start."""
+        from gpuwarden.cgroups.devices import GPU_MINORS, present_minors
+
+        try:
+            st = os.stat(DEV)
+            stamp: Optional[tuple[int, ...]] = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            stamp = None
+        if stamp is None or stamp != self._dev_stamp:
+            self._dev_nodes = frozenset(present_minors((), DEV))
+            settled = time.time_ns() - int(SETTLED * 1e9)
+            fresh = stamp is None or max(stamp[1:]) >= settled
+            self._dev_stamp = None if fresh else stamp
+        minors = set(self._dev_nodes)
+        for gpu in gpus:
+            minor: Optional[int] = getattr(gpu, "minor", None)
+            if minor is not None:
+                minors.add(minor)
+        return tuple(sorted(m for m in minors if m in GPU_MINORS))
 
     def close(self) -> None:
         """NVML shut down and the lease directories' watch closed (the service stops)."""

@@ -252,7 +252,6 @@ def start_job(
     and the supervisor's report comes as an event of the loop (service.starting).
     None: the machine moved under the plan. `reading`: the pass's configuration
     (drains, health)."""
-    from gpuwarden.cgroups.devices import present_minors
     from gpuwarden.cgroups.migcaps import denied_for
     from gpuwarden.jobs import allocation
     from gpuwarden.jobs.launch import job_env
@@ -301,7 +300,7 @@ def start_job(
                 "GPUWARDEN_RESTART_COUNT": str(job.restarts),
             },
             minors=tuple(g.minor for g in gpus),
-            present=tuple(sorted(present_minors(snapshot.gpus))),
+            present=service.hardware.present(snapshot.gpus),
             devices=service.settings.devices,
             caps=None if service.settings.devices == "off" else denied_for(gpus, snapshot.gpus),
         )
@@ -333,7 +332,7 @@ def start_job(
             # the job's pid comes (starting); then other clients may allocate.
             held.publish(supervisor)
 
-        forked = spawn.begin(launch, on_forked=record, go=False, forker=service.forker)
+        forked = spawn.begin(launch, on_forked=record, go=False, forker=service.forker.fork)
     except BaseException:
         held.release()
         raise

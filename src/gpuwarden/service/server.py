@@ -100,6 +100,7 @@ class Service:
         self.stopping = False
         self.reload_asked = False  # SIGHUP came: reload at the next turn of the loop
         self.health: Optional[HealthWatch] = None  # from `open`
+        self.litter_at_tick = 0  # the ended jobs' files waiting at the last tick
         for folder in (settings.state_dir, exits_folder(settings.state_dir)):
             _directory(folder)
         journal = self._journal(settings)
@@ -322,7 +323,9 @@ class Service:
             recovery.end_orphans(life)
         timelimits.tick(life)
         starting.overdue(life, time.monotonic())
-        if litter.due(len(life.litter), quiet=not life.store.startable()):
-            life.remove_litter()  # ended jobs' files: in a batch, when no job waits
+        kept = len(life.litter)  # ended jobs' files: in a batch, once the loop is quiet
+        if litter.due(kept, quiet=kept == self.litter_at_tick or not life.store.startable()):
+            life.remove_litter()
+        self.litter_at_tick = len(life.litter)
         if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

@@ -136,7 +136,9 @@ def test_exit_records_are_removed_only_after_the_end_is_synced(
     monkeypatch.setattr(os, "fdatasync", lambda fd: (order.append("sync"), real_sync(fd)))
     real_unlink = os.unlink
     monkeypatch.setattr(os, "unlink", lambda p: (order.append("unlink"), real_unlink(p)))
-    service = SimpleNamespace(store=store, litter=[str(record)], litter_batches=0)
+    service = SimpleNamespace(
+        store=store, litter=[str(record)], litter_batches=0, litter_going=False
+    )
     JobLife.remove_litter(service)  # type: ignore[arg-type]
     assert record.exists()  # until the loop hears the sync is done
     select.select([store.syncer.event], [], [], 30)

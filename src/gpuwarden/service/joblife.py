@@ -99,6 +99,7 @@ class JobLife:
         self.forker = Forker(self.exits)  # forks the supervisors: the service never forks
         self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
         self.litter_batches = 0
+        self.litter_going = False  # a batch waits for the journal's sync (remove_litter)
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -441,12 +442,14 @@ class JobLife:
         """Remove the exit records and markers of jobs whose end is committed, once
         that commit is on disk: until then a power cut would leave the journal
         without the end and the disk without the record of it."""
-        if not self.litter:
-            return
+        if not self.litter or self.litter_going:
+            return  # a batch waits for its sync: what came since goes with the next
         batch = list(self.litter)  # kept listed until removed: a requeue takes its own out
         self.litter_batches += 1
+        self.litter_going = True
 
         def removed(ok: bool) -> None:  # the fsync failed: left for the next batch
+            self.litter_going = False
             if ok:
                 listed = set(self.litter)
                 gone = {p for p in batch if p in listed}

@@ -372,7 +372,7 @@ class JobLife:
 
         def record() -> None:
             # The end and the usage it adds: one commit, made durable by the next job's
-            # start or by `remove_litter`, whichever comes first (see Store.sync); until
+            # start or by `remove_litter`, whichever comes first (Store.when_durable); until
             # then the exit record on disk says how the job ended.
             with self.store.transaction(durable=False):
                 self.store.update(

@@ -131,19 +131,21 @@ class Syncer:
     def _tell(self, upto: int, ok: bool) -> None:
         told = [c for n, c in self.waiting if n <= upto]
         self.waiting = [(n, c) for n, c in self.waiting if n > upto]
-        for callback in told:
-            callback(ok)
+        for callback in told:  # each told, whatever one of them raises
+            try:
+                callback(ok)
+            except Exception:
+                log.exception("what waited for the journal's sync failed")
 
     def settle(self) -> None:
         """Every commit made on disk now, on the caller's thread: the sync in flight
         waited for, the rest synced here, and every waiter told. Raises OSError when
         the sync fails (its waiters told so first)."""
-        if self.target is not None:
-            select.select([self.event], [], [])
+        done = select.poll()
+        done.register(self.event, select.POLLIN)
+        while self.target is not None:  # and those `finished` begins for later waiters
+            done.poll()
             self.finished()
-            while self.target is not None:  # begun for later waiters by `finished`
-                select.select([self.event], [], [])
-                self.finished()
         if not self.unsynced:
             return
         fd = self._open()

@@ -357,8 +357,9 @@ def go(service: StartingService, starts: Sequence[starting.Starting]) -> None:
     def given(ok: bool) -> None:
         for start in waiting:
             service.starts.waiting.pop(start.job, None)
-            spawn.go_ahead(start.forked, run=ok)
-            starting.begun(service, start)
+            with contextlib.suppress(OSError):  # its supervisor is gone: so is its report
+                spawn.go_ahead(start.forked, run=ok)
+            starting.begun(service, start)  # the report (or none) settles the job
 
     service.store.when_durable(given)
 

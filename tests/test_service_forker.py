@@ -11,9 +11,11 @@ started again, and one that dies with a request fails that start, which never ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,10 @@ from typing import Any
 import pytest
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import exitrecord, spawn
+from gpuwarden.service import exitrecord, jobprocess, spawn
 from gpuwarden.service.forker import Forker
 from gpuwarden.service.identity import person
+from rawservice import Raw
 from waiting import wait_for
 
 
@@ -84,7 +87,10 @@ def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
     job = launch(status_dir, ["sh", "-c", f'echo "$GPUWARDEN_JOB_NOTE" > {out}'])
     seen: dict[str, int] = {}
     forked = spawn.begin(
-        job, on_forked=lambda pid, since: seen.update(pid=pid, since=since), go=False, forker=forker
+        job,
+        on_forked=lambda pid, since: seen.update(pid=pid, since=since),
+        go=False,
+        forker=forker.fork,
     )
     try:
         assert forked.pidfd >= 0 and seen["pid"] == forked.supervisor
@@ -93,7 +99,7 @@ def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
         wait_for(lambda: sockets_of(forked.supervisor) == [], 30, "the forker's socket closed")
         spawn.go_ahead(forked)
         started = report(forked)
-        assert spawn.gone(forked.pidfd, 30), "the supervisor ends after its job"
+        assert jobprocess.exited(forked.pidfd, 30), "the supervisor ends after its job"
     finally:
         os.close(forked.pidfd)
     assert started.pid > 0 and exitrecord.read_exit_record(str(status_dir), "7") is not None
@@ -109,23 +115,27 @@ def test_no_go_ahead_runs_nothing_and_supervisors_outlive_the_forker(
     it forked do not: one given its go-ahead after runs its job, one whose go-ahead
     pipe is closed runs nothing."""
     ran = tmp_path / "ran"
-    kept = spawn.begin(launch(status_dir, ["touch", str(ran)], job="1"), go=False, forker=forker)
+    kept = spawn.begin(
+        launch(status_dir, ["touch", str(ran)], job="1"), go=False, forker=forker.fork
+    )
     dropped = spawn.begin(
-        launch(status_dir, ["touch", str(tmp_path / "never")], job="2"), go=False, forker=forker
+        launch(status_dir, ["touch", str(tmp_path / "never")], job="2"),
+        go=False,
+        forker=forker.fork,
     )
     proc = forker.proc
     assert proc is not None
     forker.close()
     assert proc.returncode == 0, "the forker ended at its end-of-file"
     for forked in (kept, dropped):
-        assert not spawn.gone(forked.pidfd, 0), "a supervisor outlives the forker"
+        assert not jobprocess.exited(forked.pidfd, 0), "a supervisor outlives the forker"
     spawn.go_ahead(dropped, run=False)
     spawn.go_ahead(kept)
     with pytest.raises(UserError, match="supervisor died"):
         report(dropped, "2")
     assert report(kept, "1").pid > 0
     for forked in (kept, dropped):
-        assert spawn.gone(forked.pidfd, 30)
+        assert jobprocess.exited(forked.pidfd, 30)
         os.close(forked.pidfd)
     wait_for(ran.exists, 30, "the job given its go-ahead")
     assert not (tmp_path / "never").exists()
@@ -137,7 +147,7 @@ def test_a_forker_found_dead_is_started_again(status_dir: Path, forker: Forker) 
     first = forker.proc.pid
     os.kill(first, signal.SIGKILL)
     forker.proc.wait()
-    forked = spawn.begin(launch(status_dir, ["true"]), forker=forker)
+    forked = spawn.begin(launch(status_dir, ["true"]), forker=forker.fork)
     try:
         assert report(forked).pid > 0
     finally:
@@ -145,29 +155,50 @@ def test_a_forker_found_dead_is_started_again(status_dir: Path, forker: Forker) 
     assert forker.stats()["started"] == 2 and forker.stats()["pid"] != first
 
 
-def test_a_forker_that_dies_with_a_request_fails_that_start(
+def test_a_forker_that_dies_with_a_request_is_replaced(
     status_dir: Path, forker: Forker, tmp_path: Path
 ) -> None:
-    """It may have forked the supervisor or not: the start fails, the go-ahead pipe is
-    closed with it, and nothing runs; the next start gets a new forker."""
-    forker.warm()
+    """A request to the forker is for a spare supervisor, which has nothing to run: the
+    forker dying with one is started again and the start goes on; the spare it may
+    have forked exits at its socket's end-of-file."""
+    forker.warm()  # it has the request for a spare while it starts up
     assert forker.proc is not None
     stuck = forker.proc
-    os.kill(stuck.pid, signal.SIGSTOP)  # it has the request, and will never answer
+    os.kill(stuck.pid, signal.SIGSTOP)  # it will never answer
     killer = threading.Timer(0.5, lambda: os.kill(stuck.pid, signal.SIGKILL))
     killer.start()
     try:
-        with pytest.raises(UserError, match="forker died"):
-            spawn.begin(launch(status_dir, ["touch", str(tmp_path / "never")]), forker=forker)
+        forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker.fork)
     finally:
         killer.join()
-    forked = spawn.begin(launch(status_dir, ["true"], job="8"), forker=forker)
     try:
         assert report(forked, "8").pid > 0
     finally:
         os.close(forked.pidfd)
     assert forker.stats()["started"] == 2
-    assert not (tmp_path / "never").exists()
+
+
+def test_a_spare_that_died_before_its_launch_is_replaced(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """A spare killed while it waits is found dead as the launch is sent to it (nothing
+    of the launch reached it): the next one runs the job."""
+    first = spawn.begin(launch(status_dir, ["true"], job="1"), forker=forker.fork)
+    report(first, "1")
+    os.close(first.pidfd)
+    spare = forker._take()  # the next spare, asked for after the first start
+    forker.spare = spare  # put back, as the next start finds it
+    os.kill(spare.pid, signal.SIGKILL)
+    assert jobprocess.exited(spare.pidfd, 30)
+    ran = tmp_path / "ran"
+    forked = spawn.begin(launch(status_dir, ["touch", str(ran)], job="2"), forker=forker.fork)
+    try:
+        assert forked.supervisor != spare.pid
+        assert report(forked, "2").pid > 0
+    finally:
+        os.close(forked.pidfd)
+    wait_for(ran.exists, 30, "the job, run by the next spare")
+    assert forker.stats()["forks"] == 2
 
 
 def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
@@ -201,7 +232,7 @@ def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
         starts=starting.Starts(), selector=selectors.DefaultSelector(), store=journal, notifier=None
     )
     ran = tmp_path / "ran"
-    forked = spawn.begin(launch(status_dir, ["touch", str(ran)]), go=False, forker=forker)
+    forked = spawn.begin(launch(status_dir, ["touch", str(ran)]), go=False, forker=forker.fork)
     held = SimpleNamespace(released=False)
     held.release = lambda: setattr(held, "released", True)
     starting.begun(life, starting.Starting(record.id, forked, held, (), time.monotonic() - 1))  # type: ignore[arg-type]
@@ -213,3 +244,66 @@ def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
     with pytest.raises(BrokenPipeError):  # too late: nobody is left to run it
         spawn.go_ahead(forked)
     assert not ran.exists()
+
+
+def test_the_forker_ends_with_the_service_and_the_jobs_run_on(
+    raw_service: Raw, tmp_path: Path
+) -> None:
+    """Under the simulated machine the forker has the service's environment; killed
+    at once (SIGKILL), the service takes its forker with it (its socket's end-of-file),
+    never the job its forker started, whose supervisor stays for the next service."""
+    service = raw_service
+    forker = service.call("stats")["forker"]
+    assert forker["pid"] > 0 and parent_of(forker["pid"]) == service.pid
+    with open(f"/proc/{forker['pid']}/environ", "rb") as fh:
+        environ = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+    assert environ.get(b"GPUWARDEN_SIM", b"").endswith(b".toml"), environ.keys()
+    service.call(
+        "submit",
+        argv=["sleep", "60"],
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        output="/dev/null",
+        request={"count": 1},
+    )
+
+    def running() -> list[int]:  # the forker's child, the supervisor; its child, the job
+        return [
+            job
+            for supervisor in children_of(forker["pid"])
+            for job in children_of(supervisor)
+            if command_of(job).startswith(b"sleep\0")
+        ]
+
+    (job,) = wait_for(running, 30, "the job to run")
+    try:
+        os.kill(service.pid, signal.SIGKILL)
+        wait_for(lambda: gone_or_zombie(forker["pid"]), 30, "the forker to end with the service")
+        time.sleep(0.2)
+        assert not gone_or_zombie(job), "the job runs on"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job, signal.SIGKILL)  # its supervisor writes its record, ends
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+def command_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

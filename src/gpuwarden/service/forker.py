@@ -4,23 +4,23 @@ A fork of the service (tens of MB of Python objects) marks each of its pages
 copy-on-write, and the service's own reference counting then writes to most of them:
 the service copied its pages back after every start, a few ms of its CPU per job, and
 its loop is what bounds how fast jobs start. The forker is a fresh interpreter
-(`python -I`, exec'd, not a fork of the service) that imports
-only what a supervisor runs (service.spawn and what it calls), started once by the
-service and again if it has died. It forks a supervisor per request and reaps it.
+(`python -I`, exec'd, not a fork of the service) that imports only what a supervisor
+runs (service.spawn and what it calls), started by the service and again if it has
+died; it ends at its socket's end-of-file, when the service has gone.
 
-A request comes over a Unix socket pair: the launch as JSON, and its descriptors by
-SCM_RIGHTS (the report pipe's write end, the go-ahead pipe's read end, an attached
-client's stdio, the lease descriptors); the answer is the supervisor's pid and start
-time, and a pidfd of it taken before it could have been reaped, by which the service
-watches and kills it. Everything else is as when the service forked: the go-ahead
-pipe's write end stays in the service alone (a service that dies before the go-ahead
-leaves a supervisor that reads end-of-file and runs nothing); the supervisor closes
-all it does not need (the forker's socket too) and outlives the forker and the
-service, for a restarted service to adopt. The forker ends at its socket's
-end-of-file, when the service has gone. A request the forker could not have read
-(it had died) is sent again to a new one; a forker that dies after reading one fails
-that start: the service closes the go-ahead pipe, so a supervisor it may have forked
-runs nothing, and the job never runs twice.
+It keeps one supervisor forked ahead, a spare, which waits on a socket pair of its
+own: the service has its pid, start time and a pidfd of it (taken before the forker,
+which reaps it, could have), and the other end of its socket. A start sends the
+launch (JSON, and by SCM_RIGHTS the report pipe's write end, the go-ahead pipe's read
+end, an attached client's stdio, the lease descriptors) to the spare and asks the
+forker for the next one, forked while the service goes on: no start waits for a fork.
+Everything else is as when the service forked: the go-ahead pipe's write end stays in
+the service alone (a service that dies before the go-ahead leaves a supervisor that
+reads end-of-file and runs nothing); the supervisor closes all it does not need and
+outlives the forker and the service, for a restarted service to adopt. A spare
+that died before its launch is replaced; one that dies with part of it fails that
+start; a spare whose service or forker let go of it exits having run nothing, so a
+forker that died is simply started again, and no job ever runs twice.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import signal
 import socket
 import struct
 import sys
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpuwarden.base.errors import UserError
@@ -51,56 +52,130 @@ ANSWER_WITHIN = 30.0
 _MAIN = "from gpuwarden.service.forker import main; sys.exit(main(sys.argv))"
 
 
+@dataclass
+class Spare:
+    """A supervisor forked ahead, waiting on its socket for the launch it is to run:
+    its pid, start time and pidfd, and the service's end of that socket."""
+
+    pid: int
+    since: int
+    pidfd: int
+    sock: socket.socket
+
+    def discard(self) -> None:
+        """It reads end-of-file and exits, having run nothing."""
+        self.sock.close()
+        os.close(self.pidfd)
+
+
 class Forker:
     """The service's handle on its forker: started on first need, started again once it
-    is found gone. `fork` is the service's whole use of it."""
+    is found gone. `fork` is the service's whole use of it.
 
-    def __init__(self) -> None:
+    The forker keeps one supervisor forked ahead (`Spare`): a start sends its launch
+    to that one, which the service already knows by pid and pidfd, and asks for the
+    next, forked while the service goes on, so no start waits for a fork. A spare
+    request carries nothing that could run: a forker that dies with one is simply
+    started again, and its spare, whose socket's other end it held, exits."""
+
+    def __init__(self, status_dir: str = "") -> None:
+        self.status_dir = status_dir  # where the jobs' cgroups are placed from (warmed)
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.sock: Optional[socket.socket] = None
+        self.spare: Optional[Spare] = None
+        self.asked = False  # a spare is asked for, its answer not read yet
         self.started = 0  # forkers started: more than one means one died
-        self.forks = 0
+        self.forks = 0  # supervisors given a launch
 
     def warm(self) -> None:
-        """Start the forker now (it imports while the service goes on)."""
+        """Start the forker and ask it for a spare now (it imports and forks while the
+        service goes on)."""
         if self.sock is None:
             self._start()
+        if self.spare is None and not self.asked:
+            self._ask()
 
     def fork(self, launch: JobStart, report_w: int, go_r: int) -> tuple[int, int, int]:
-        """Fork `launch`'s supervisor, which holds `report_w` and `go_r` (the caller keeps
-        and closes its own copies): its pid, start time and a pidfd of it. UserError
-        when the forker died while it had the request (the start fails; nothing runs)."""
-        payload = json.dumps(_encode(launch)).encode()
-        fds = [report_w, go_r, *(launch.stdio or ()), *launch.keep]
-        for attempt in (1, 2):
-            self.warm()
+        """Give `launch` to a supervisor, which holds `report_w` and `go_r` (the caller
+        keeps and closes its own copies): its pid, start time and a pidfd of it, the
+        caller's. UserError when none could be had, or when one died as it was given
+        the launch (the start fails; it runs nothing)."""
+        message = _framed(json.dumps(_encode(launch)).encode())
+        fds = array.array("i", [report_w, go_r, *(launch.stdio or ()), *launch.keep])
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
+        for _ in range(3):
+            spare = self._take()
             try:
-                _send(self._sock(), payload, fds)
-                break
-            except OSError:  # it had died: it never read this request
-                self._lost()
-                if attempt == 2:
-                    raise UserError("the service's forker could not be started") from None
-        try:
-            answer, got = _receive(self._sock(), 1, ANSWER_WITHIN)
-        except (OSError, ValueError, EOFError) as err:
-            self._lost()
-            why = f"the service's forker died while forking a supervisor ({err})"
-            raise UserError(why) from None
-        if "error" in answer or len(got) != 1:
-            for fd in got:
-                os.close(fd)
-            raise UserError(f"could not fork a supervisor: {answer.get('error')}")
-        self.forks += 1
-        return int(answer["pid"]), int(answer["since"]), got[0]
+                sent = spare.sock.sendmsg([message], ancillary)  # its descriptors with it
+            except OSError:  # it had died before it read anything: another one runs it
+                spare.discard()
+                continue
+            try:
+                if sent < len(message):
+                    spare.sock.sendall(message[sent:])
+            except OSError:  # it died with part of the launch: never whole, never run
+                spare.discard()
+                raise UserError("a job's supervisor died as it was given the job") from None
+            spare.sock.close()
+            self.forks += 1
+            self._ask_quietly()  # the next one is forked while the service goes on
+            return spare.pid, spare.since, spare.pidfd
+        raise UserError("no supervisor could be forked for the job")
 
     def close(self) -> None:
-        """Let the forker end (its socket's end-of-file); its supervisors run on."""
+        """Let the forker and its spare end (their sockets' end-of-file); the supervisors
+        given a launch run on."""
+        if self.spare is not None:
+            self.spare.discard()
+            self.spare = None
         self._lost()
 
     def stats(self) -> dict[str, int]:
         pid = self.proc.pid if self.proc else 0
         return {"pid": pid, "started": self.started, "forks": self.forks}
+
+    def _take(self) -> Spare:
+        """The spare, its answer read first where it has not been (a wait only when
+        starts come faster than the forker forks)."""
+        for attempt in (1, 2):
+            if self.spare is None:
+                try:
+                    self.warm()
+                    answer, got = _receive(self._sock(), 2, ANSWER_WITHIN)
+                except (OSError, ValueError, EOFError) as err:
+                    self._lost()  # it died with the request: asked again of a new one
+                    if attempt == 2:
+                        raise UserError(f"the service's forker died ({err})") from None
+                    continue
+                self.asked = False
+                if "error" in answer or len(got) != 2:
+                    for fd in got:
+                        os.close(fd)
+                    raise UserError(f"could not fork a supervisor: {answer.get('error')}")
+                sock = socket.socket(fileno=got[1])
+                self.spare = Spare(int(answer["pid"]), int(answer["since"]), got[0], sock)
+            spare, self.spare = self.spare, None
+            return spare
+        raise UserError("the service's forker could not be started")
+
+    def _ask(self) -> None:
+        request = json.dumps({"spare": self.status_dir}).encode()
+        try:
+            _send(self._sock(), request, [])
+        except OSError:  # found dead: a new one
+            self._lost()
+            self._start()
+            _send(self._sock(), request, [])
+        self.asked = True
+
+    def _ask_quietly(self) -> None:
+        try:
+            self.warm()
+        except OSError as err:  # the next start tries again, and fails if it must
+            import logging
+
+            logging.getLogger("gpuwarden.serve").warning("the forker is gone: %s", err)
+            self._lost()
 
     def _sock(self) -> socket.socket:
         assert self.sock is not None
@@ -132,6 +207,7 @@ class Forker:
         self.started += 1
 
     def _lost(self) -> None:
+        self.asked = False
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -199,8 +275,12 @@ def _decode(data: dict[str, Any], fds: list[int]) -> JobStart:
     )
 
 
+def _framed(payload: bytes) -> bytes:
+    return _SIZE.pack(len(payload)) + payload
+
+
 def _send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
-    message = _SIZE.pack(len(payload)) + payload
+    message = _framed(payload)
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     sent = sock.sendmsg([message], ancillary)  # the descriptors go with the first byte
     if sent < len(message):
@@ -213,7 +293,7 @@ def _receive(
     """One message and its descriptors; EOFError at the peer's end before one began."""
     sock.settimeout(timeout)
     size = socket.CMSG_SPACE(most_fds * array.array("i").itemsize)
-    data, ancillary, flags, _ = sock.recvmsg(65536, size)
+    data, ancillary, flags, _ = sock.recvmsg(65536, size, socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, chunk in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -251,7 +331,7 @@ def _more(sock: socket.socket) -> bytes:
 
 
 def serve(sock: socket.socket) -> None:
-    """Fork a supervisor per request until the service's end of `sock` closes."""
+    """Fork a spare supervisor per request until the service's end of `sock` closes."""
     from gpuwarden.service import spawn
 
     children: set[int] = set()
@@ -268,50 +348,74 @@ def serve(sock: socket.socket) -> None:
     while True:
         try:
             data, fds = _receive(sock, MOST_FDS)
-        except EOFError:
+        except (EOFError, ConnectionError):  # the service has gone
             return
         except ValueError as err:
-            _send(sock, json.dumps({"error": str(err)}).encode(), [])
-            continue
-        pidfd = -1
+            data, fds = {"error": str(err)}, []
+        for fd in fds:  # a request for a spare has none
+            os.close(fd)
+        out: list[int] = []
         try:
-            pid, since, pidfd = _fork(spawn, data, fds, sock, children)
+            if "error" in data:
+                raise UserError(str(data["error"]))
+            pid, since, pidfd, theirs = _fork_spare(spawn, data, sock, children)
             answer: dict[str, Any] = {"pid": pid, "since": since}
+            out = [pidfd, theirs]
         except Exception as err:  # said to the service, which fails that start
             answer = {"error": spawn._describe(err)}
-        finally:
-            for fd in fds:
-                os.close(fd)
         try:
-            _send(sock, json.dumps(answer).encode(), [pidfd] if pidfd >= 0 else [])
-        except OSError:  # the service is gone: so is the go-ahead of what was forked
+            _send(sock, json.dumps(answer).encode(), out)
+        except OSError:  # the service is gone: so is the spare's socket's other end
             return
         finally:
-            if pidfd >= 0:
-                os.close(pidfd)
+            for fd in out:
+                os.close(fd)
         reap()
 
 
-def _fork(
-    spawn: Any, data: dict[str, Any], fds: list[int], sock: socket.socket, children: set[int]
-) -> tuple[int, int, int]:
-    """Fork the supervisor of the request `data`: its pid, start time and a pidfd."""
-    launch = _decode(data, fds)
-    where = spawn._ready(launch)
+def _fork_spare(
+    spawn: Any, data: dict[str, Any], sock: socket.socket, children: set[int]
+) -> tuple[int, int, int, int]:
+    """Fork a supervisor that waits for its launch: its pid, start time, a pidfd of it,
+    and the other end of the socket it waits on."""
+    status_dir = str(data.get("spare") or "")
+    if status_dir:  # where the jobs' cgroups go, worked out here once, not per job
+        with contextlib.suppress(Exception):
+            from gpuwarden.service import jobcgroup
+
+            jobcgroup.place(status_dir)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
-    if pid == 0:  # the supervisor
+    if pid == 0:  # the supervisor, once it has its launch
         code = 70
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             sock.close()
-            code = spawn._supervise(launch, fds[0], fds[1], where)
+            theirs.close()
+            code = _supervise_when_told(spawn, ours)
         finally:
             os._exit(code)
+    ours.close()
     try:  # before any reaping of it: the pid, and what /proc says of it, are its own
         pidfd = os.pidfd_open(pid)
-        return pid, spawn.start_time(pid), pidfd
+        return pid, spawn.start_time(pid), pidfd, theirs.detach()
+    except BaseException:
+        theirs.close()
+        raise
     finally:
         children.add(pid)  # reaped from now on, whether the service heard of it or not
+
+
+def _supervise_when_told(spawn: Any, sock: socket.socket) -> int:
+    """In a spare: wait for the launch; none (the service or its forker let go of us):
+    exit, having run nothing."""
+    try:
+        data, fds = _receive(sock, MOST_FDS)
+    except (EOFError, ValueError, OSError):
+        return 0
+    sock.close()
+    launch = _decode(data, fds)
+    return int(spawn._supervise(launch, fds[0], fds[1], spawn._ready(launch)))
 
 
 def main(argv: list[str]) -> int:

@@ -96,7 +96,7 @@ class JobLife:
         self.ends: dict[int, int] = {}
         self.processes: dict[int, int] = {}  # job id -> pidfd of the job's first process
         self.starts = starting.Starts()  # supervisors given the go-ahead, not yet reported
-        self.forker = Forker()  # forks the supervisors: the service itself never forks
+        self.forker = Forker(self.exits)  # forks the supervisors: the service never forks
         self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
         self.litter_batches = 0
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)

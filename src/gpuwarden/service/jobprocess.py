@@ -30,11 +30,12 @@ def parent_of(pid: int) -> int:
         return -1
 
 
-def exited(pidfd: int) -> bool:
-    """Whether the process of `pidfd` has exited (the pidfd polls readable then)."""
+def exited(pidfd: int, within: float = 0) -> bool:
+    """Whether the process of `pidfd` has exited (the pidfd polls readable then), waiting
+    up to `within` seconds for it: how a process not our child is waited for."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(poller.poll(int(within * 1000)))
 
 
 def claim(pid: int, parent: int) -> Optional[int]:

@@ -332,7 +332,7 @@ def start_job(
             # the job's pid comes (starting); then other clients may allocate.
             held.publish(supervisor)
 
-        forked = spawn.begin(launch, on_forked=record, go=False, forker=service.forker)
+        forked = spawn.begin(launch, on_forked=record, go=False, forker=service.forker.fork)
     except BaseException:
         held.release()
         raise

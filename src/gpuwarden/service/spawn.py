@@ -37,10 +37,10 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import becoming, exitrecord, jobterminal, tree
+from gpuwarden.service import becoming, exitrecord, jobprocess, jobterminal, tree
 from gpuwarden.service.identity import Person
 from gpuwarden.service.marker import MARKER_SUFFIX as MARKER_SUFFIX  # the callers' names
 from gpuwarden.service.marker import marker_path as marker_path
@@ -120,18 +120,11 @@ class Forked:
     pidfd: int = -1  # the supervisor's, when another process forked it (the caller's to close)
 
 
-class Forks(Protocol):
-    """Who forks the supervisor for the service (service.forker): its pid, start time
-    and a pidfd of it, the supervisor holding `report_w` and `go_r`."""
-
-    def fork(self, launch: JobStart, report_w: int, go_r: int) -> tuple[int, int, int]: ...
-
-
 def begin(
     launch: JobStart,
     on_forked: Optional[Callable[[int, int], None]] = None,
     go: bool = True,
-    forker: Optional[Forks] = None,
+    forker: Optional[Callable[[JobStart, int, int], tuple[int, int, int]]] = None,
 ) -> Forked:
     """Fork the supervisor and give it the go-ahead; return at once, before the job
     has set itself up (the caller reads the report when it comes: `report_of`).
@@ -143,8 +136,8 @@ def begin(
     journal does not know to be starting never runs, and none runs twice.
     `go=False`: the go-ahead is the caller's to give (`go_ahead`), once what
     `on_forked` wrote is durable: the starts of one pass share one fsync.
-    `forker`: the supervisor is forked by it, not by this process (the service's
-    forker: `Forked.pidfd` names the supervisor then, the caller's to close).
+    `forker`: forks the supervisor in another process (service.forker's `Forker.fork`:
+    its pid, start time and pidfd; `Forked.pidfd` names it then, the caller's to close).
     """
     if not launch.argv or not launch.argv[0]:
         raise UserError("empty command")
@@ -153,7 +146,7 @@ def begin(
     pidfd = -1
     if forker is not None:
         try:
-            pid, since, pidfd = forker.fork(launch, report_w, go_r)
+            pid, since, pidfd = forker(launch, report_w, go_r)
         except BaseException:
             for fd in (report_r, report_w, go_r, go_w):
                 os.close(fd)
@@ -169,12 +162,12 @@ def begin(
                 code = _supervise(launch, report_w, go_r, where)
             finally:
                 os._exit(code)
-        since = -1
+        since = start_time(pid)  # it exists: it waits for the go-ahead
     os.close(go_r)
     os.close(report_w)
     try:
         if on_forked is not None:
-            on_forked(pid, since if pidfd >= 0 else _start_time_of_child(pid))
+            on_forked(pid, since)
     except BaseException:
         os.close(report_r)
         os.close(go_w)  # its supervisor reads end-of-file: it runs nothing
@@ -258,7 +251,7 @@ def _read_all(fd: int, timeout: float, until: Optional[bytes] = None) -> bytes:
 
 def _reap(pid: int, timeout: float, pidfd: int = -1) -> None:
     if pidfd >= 0:
-        gone(pidfd, timeout)
+        jobprocess.exited(pidfd, timeout)
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -269,11 +262,6 @@ def _reap(pid: int, timeout: float, pidfd: int = -1) -> None:
         if done:
             return
         time.sleep(0.01)
-
-
-def _start_time_of_child(pid: int) -> int:
-    """The forked supervisor's start time (it exists: it waits for the go-ahead)."""
-    return start_time(pid)
 
 
 def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place]) -> int:
@@ -494,14 +482,6 @@ def wait_supervisor(supervisor: int, timeout: Optional[float] = None) -> bool:
         if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(0.005)
-
-
-def gone(pidfd: int, timeout: float) -> bool:
-    """Wait up to `timeout` for the process of `pidfd` to end (True when it has): how a
-    supervisor that is not this process's child is waited for."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(max(0, int(timeout * 1000))))
 
 
 def argv_of(value: object) -> Sequence[str]:

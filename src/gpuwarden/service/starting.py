@@ -197,11 +197,11 @@ def _stop(forked: spawn.Forked) -> None:
     if supervisor <= 0:
         return
     if forked.pidfd >= 0:  # forked by the forker, which reaps it: named by its pidfd
-        if not spawn.gone(forked.pidfd, 0):  # so the pid is its own, not a reuse
+        if not jobprocess.exited(forked.pidfd):  # so the pid is its own, not a reuse
             signal_tree(supervisor, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(forked.pidfd, signal.SIGKILL)
-        spawn.gone(forked.pidfd, timeout=2.0)
+        jobprocess.exited(forked.pidfd, 2.0)
         return
     signal_tree(supervisor, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):  # our child, not reaped: the pid is its own

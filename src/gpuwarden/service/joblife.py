@@ -438,13 +438,15 @@ class JobLife:
             key = (job.user, job.account or "")
             self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
 
-    def remove_litter(self) -> None:
-        """Remove the exit records and markers of jobs whose end is committed, once
-        that commit is on disk: until then a power cut would leave the journal
-        without the end and the disk without the record of it."""
+    def remove_litter(self, most: Optional[int] = None) -> None:
+        """Remove the exit records and markers of jobs whose end is committed (the
+        `most` oldest of them; None: all), once that commit is on disk: until then a
+        power cut would leave the journal without the end and the disk without the
+        record of it. The sync runs off the loop (Store.when_durable); one batch waits
+        for it at a time, listed until removed (a requeue takes its own files out)."""
         if not self.litter or self.litter_going:
             return  # a batch waits for its sync: what came since goes with the next
-        batch = list(self.litter)  # kept listed until removed: a requeue takes its own out
+        batch = list(self.litter if most is None else self.litter[:most])
         self.litter_batches += 1
         self.litter_going = True
 
@@ -453,7 +455,7 @@ class JobLife:
             if ok:
                 listed = set(self.litter)
                 gone = {p for p in batch if p in listed}
-                litter.remove(sorted(gone))
+                litter.remove(p for p in batch if p in gone)
                 self.litter[:] = [p for p in self.litter if p not in gone]
 
         self.store.when_durable(removed)

@@ -57,3 +57,25 @@ def test_an_ended_jobs_files_go_once_the_loop_is_quiet(raw_service: Raw, tmp_pat
         assert service.call("stats")["jobs"]  # the sleepers and the waiting job are there
     finally:
         service.call("cancel", jobs=[*sleepers, waiting])
+
+
+def test_all_go_when_quiet_and_the_oldest_batch_when_too_many_wait(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gpuwarden.service import litter
+    from gpuwarden.service import store as st
+    from gpuwarden.service.joblife import JobLife
+
+    assert litter.due(10, quiet=True) == 10
+    assert litter.due(litter.KEEP_MOST - 1, quiet=False) == 0  # busy: they wait
+    assert litter.due(litter.KEEP_MOST * 3, quiet=False) == litter.BATCH  # a turn stays short
+    paths = [tmp_path / f"{n}.exit" for n in range(5)]
+    for path in paths:
+        path.write_text("{}")
+    journal = st.Store(str(tmp_path / "state.db"))
+    life = SimpleNamespace(store=journal, litter=[str(p) for p in paths], litter_batches=0)
+    JobLife.remove_litter(life, 2)  # type: ignore[arg-type]
+    assert [p.exists() for p in paths] == [False, False, True, True, True]
+    assert life.litter == [str(p) for p in paths[2:]] and life.litter_batches == 1
+    JobLife.remove_litter(life)  # type: ignore[arg-type]
+    assert not any(p.exists() for p in paths) and life.litter == []

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,49 @@ def test_the_gpu_nodes_are_listed_again_only_when_dev_changes(
     machine.present(gpus)
     machine.present(gpus)
     assert len(listed) == 3  # listed while fresh, then kept
+
+
+class Depth:
+    """An NVML module that says how often it was initialised from nothing (a real
+    driver's costly nvmlInit), not only how often nvmlInit was called."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self.depth = 0
+        self.fresh = 0
+
+    def nvmlInit(self) -> None:
+        self._nvml.nvmlInit()
+        self.fresh += self.depth == 0
+        self.depth += 1
+
+    def nvmlShutdown(self) -> None:
+        self._nvml.nvmlShutdown()
+        self.depth -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nvml, name)
+
+
+def test_nvml_is_initialised_once_a_minute_not_per_start(sim: Callable[[str], str]) -> None:
+    from gpuwarden.machine.inventory import load_nvml
+    from gpuwarden.service.machine import WHOLE_EVERY as MINUTE
+
+    sim(os.path.join(os.path.dirname(__file__), "data", "idle-4xa100.toml"))
+    nvml = Depth(load_nvml())
+    clock = [0.0]
+    machine = Machine(nvml=lambda: nvml, clock=lambda: clock[0])
+    uuids = [g.uuid for g in machine.read().gpus]
+    assert nvml.fresh == 1 and nvml.depth == 0
+    for n in range(20):  # starts, and the watch's whole readings between them
+        machine.chosen([uuids[n % 4]])
+        if n % 5 == 0:
+            machine.read()
+        clock[0] += 1.0
+    assert nvml.fresh == 2 and nvml.depth == 1  # one session, the readings inside it
+    clock[0] += MINUTE
+    machine.read()  # a minute on: initialised afresh (a reset GPU is seen)
+    machine.chosen([uuids[0]])
+    assert nvml.fresh == 4 and nvml.depth == 1
+    machine.close()
+    assert nvml.depth == 0

@@ -437,12 +437,14 @@ class JobLife:
             key = (job.user, job.account or "")
             self.usage_totals[key] = self.usage_totals.get(key, 0.0) + max(0.0, gpu_seconds)
 
-    def remove_litter(self) -> None:
-        """Remove the exit records and markers of jobs whose end is committed, once
-        that commit is on disk: until then a power cut would leave the journal
-        without the end and the disk without the record of it."""
+    def remove_litter(self, most: Optional[int] = None) -> None:
+        """Remove the exit records and markers of jobs whose end is committed (the
+        `most` oldest of them; None: all), once that commit is on disk: until then a
+        power cut would leave the journal without the end and the disk without the
+        record of it."""
         if self.litter:
             self.store.sync()
             self.litter_batches += 1
-        litter.remove(self.litter)
-        self.litter.clear()
+        going = self.litter if most is None else self.litter[:most]
+        litter.remove(going)
+        del self.litter[: len(going)]

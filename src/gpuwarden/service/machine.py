@@ -21,11 +21,13 @@ decision needs is much less:
 - the links between GPUs (n^2 calls) once, when a multi-GPU job first needs them:
   they change with the hardware, not between two jobs.
 
-NVML stays initialised from the first reading of chosen GPUs to the next whole
-reading (`_session`): a real driver's nvmlInit opens every device and costs far
-more than the four calls that follow it, so a start initialises nothing; the whole
-reading, once a minute, initialises it afresh (a GPU reset or a driver reload since
-is then seen, as a new process would see it).
+NVML stays initialised from the first reading of chosen GPUs for up to
+`WHOLE_EVERY` seconds (`_session`): a real driver's nvmlInit opens every device and
+costs far more than the four calls that follow it, so a start initialises nothing,
+and the readings made meanwhile (the whole machine's for the enforcement watch and
+the sampler, processes' use) nest inside it (NVML counts its initialisations: an
+inner pair only counts). The first whole reading after that initialises it afresh
+(a GPU reset or a driver reload since is then seen, as a new process would see it).
 
 Every call into NVML goes through `Counted`, so `calls` says what the service
 asked of the driver (`stats`, and tests/test_service_counts.py per started job).
@@ -86,7 +88,8 @@ class Machine:
         self.read_at = float("-inf")  # when it was read whole (clock)
         self.used_at = float("-inf")  # when its GPUs with processes were read again
         self._links: Optional[tuple[Any, Any]] = None  # (topology, nvlinks), once
-        self._session = False  # NVML initialised by us, until the next whole reading
+        self._session = False  # NVML initialised by us (for `WHOLE_EVERY` at most)
+        self._session_at = float("-inf")  # when (clock)
         self._dev_stamp: Optional[tuple[int, ...]] = None  # /dev as last listed (`present`)
         self._dev_nodes: frozenset[int] = frozenset()
         self.whole_reads = 0
@@ -129,7 +132,8 @@ class Machine:
             nvml = self.nvml()
         except ImportError:
             nvml = None  # read_snapshot says why in an empty snapshot
-        self._end_session()
+        if self._clock() - self._session_at >= WHOLE_EVERY:
+            self._end_session()
         before = self.calls
         snapshot = read_snapshot(nvml, detail=detail)
         self.snapshot, self.read_at = snapshot, self._clock()
@@ -218,7 +222,7 @@ class Machine:
         if not self._session:  # refused: read_use's own nvmlInit raises it, as before
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlInit()
-                self._session = True
+                self._session, self._session_at = True, self._clock()
         fresh = {g.uuid: g for g in read_use(nvml, again, held=self._session)}
         gpus = tuple(fresh.get(g.uuid, g) for g in snapshot.gpus)
         self.snapshot = replace(snapshot, gpus=gpus, taken_at=time.time())

@@ -318,8 +318,9 @@ class Service:
         timelimits.tick(life)
         starting.overdue(life, time.monotonic())
         kept = len(life.litter)  # ended jobs' files: in a batch, once the loop is quiet
-        if litter.due(kept, quiet=kept == self.litter_at_tick or not life.store.startable()):
-            life.remove_litter()
+        going = litter.due(kept, quiet=kept == self.litter_at_tick or not life.store.startable())
+        if going:
+            life.remove_litter(going)
         self.litter_at_tick = len(life.litter)
         if life.store.startable():  # a held job cannot start: none waits for a GPU
             life.pacer.touch()  # GPUs freed outside the queue show up on the next pass

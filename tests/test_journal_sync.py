@@ -111,6 +111,28 @@ def test_a_failed_sync_promises_nothing(journal: s.Store, monkeypatch: pytest.Mo
     assert told == [False, True] and not journal.unsynced
 
 
+def test_a_checkpoint_while_a_sync_is_in_flight(
+    journal: s.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite may checkpoint the log (and write it again from its start) while the
+    thread syncs it: what the sync waited for was fsynced by the checkpoint, and the
+    commits after it wait for the next sync, which finds the log as it is then."""
+    held = HeldSync(monkeypatch)
+    job = journal.add(s.new_job(**JOB))
+    waiting(job.id, journal)
+    told: list[str] = []
+    journal.when_durable(lambda ok: told.append(f"first {ok}"))
+    journal.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    waiting(job.id, journal)
+    journal.when_durable(lambda ok: told.append(f"second {ok}"))
+    held.let_go()
+    done(journal)
+    held.let_go()
+    done(journal)
+    assert told == ["first True", "second True"] and not journal.unsynced
+    assert journal.get(job.id).reason == "x"  # type: ignore[union-attr]
+
+
 def test_closing_waits_for_the_sync_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -186,8 +186,8 @@ def test_a_spare_that_died_before_its_launch_is_replaced(
     first = spawn.begin(launch(status_dir, ["true"], job="1"), forker=forker.fork)
     report(first, "1")
     os.close(first.pidfd)
-    spare = forker._take()  # the next spare, asked for after the first start
-    forker.spare = spare  # put back, as the next start finds it
+    spare = forker._take()  # the next spare
+    forker.spares.insert(0, spare)  # put back, as the next start finds it
     os.kill(spare.pid, signal.SIGKILL)
     assert jobprocess.exited(spare.pidfd, 30)
     ran = tmp_path / "ran"

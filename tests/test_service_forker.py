@@ -241,8 +241,11 @@ def test_an_overdue_start_kills_its_supervisor_through_its_pidfd(
     ended = journal.get(record.id)
     assert ended is not None and ended.state == s.FAILED and held.released
     wait_for(lambda: not os.path.exists(f"/proc/{forked.supervisor}"), 30, "reaped by the forker")
-    with pytest.raises(BrokenPipeError):  # too late: nobody is left to run it
+    # Too late: nobody is left to run it (a job process forked as its supervisor was
+    # killed may hold the pipe a moment, and ends without its supervisor's byte).
+    with contextlib.suppress(BrokenPipeError):
         spawn.go_ahead(forked)
+    time.sleep(0.5)
     assert not ran.exists()
 
 

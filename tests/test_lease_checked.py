@@ -121,6 +121,14 @@ def test_a_mount_means_a_full_check_again(tmp_path: Path) -> None:
         again = checked.open(path)
         assert checked.checks == 3 and again is not first, checked.checks
         assert checked.open(path) is again and checked.checks == 3
+        other = {str(tmp_path / "other")!r}
+        os.makedirs(other, mode=0o700)
+        checked.open(other)
+        assert checked.checks == 4
+        subprocess.run(["mount", "-t", "tmpfs", "none", elsewhere], check=True)
+        checked.open(path)  # takes the kernel's one event: both are judged again
+        checked.open(other)
+        assert checked.checks == 6, checked.checks
         print("ok")
         """
     )

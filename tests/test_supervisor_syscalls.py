@@ -25,6 +25,7 @@ import pytest
 
 from components import require
 from gpuwarden.cgroups import hierarchy
+from waiting import wait_for
 
 JOBS = 4
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -186,3 +187,77 @@ def test_the_supervisor_tells_the_end_before_any_disk_wait_and_its_exit(
         assert not {"fsync", "fdatasync", "exit_group"} & set(between), said
         assert len(between) <= 10, said
         assert "fsync" in after and after[-1] == "exit_group", said
+
+
+_GO = re.compile(r'"g", 1\)\s+= 1$')  # the go-ahead read, whole or its resumed half
+SPARES = """
+import os, sys, time
+from gpuwarden.service import spawn
+from gpuwarden.service.forker import Forker
+from gpuwarden.service.identity import person
+work, jobs = sys.argv[1], int(sys.argv[2])
+status = os.path.join(work, "jobs")
+os.mkdir(status, 0o700)
+forker = Forker()
+forker.warm()
+print(forker.proc.pid, flush=True)
+sys.stdin.readline()  # traced from here
+for n in range(1, jobs + 1):
+    launch = spawn.JobStart(
+        job=str(n), argv=("true",), owner=person(os.getuid()), cwd=work,
+        env={"PATH": "/usr/bin:/bin"}, status_dir=status, output="/dev/null",
+    )
+    forked = spawn.begin(launch, forker=forker.fork)
+    spawn._read_all(forked.report, 30)
+    os.close(forked.report)
+    os.close(forked.pidfd)
+forker.close()
+"""
+
+
+def test_a_spare_takes_its_first_steps_before_its_launch(
+    tmp_path: Path, isolation: tuple[bool, int]
+) -> None:
+    """A spare supervisor (service.forker) takes the steps that need nothing of its job
+    (`becoming.become_supervisor`: its session, its descriptors closed, its signals,
+    subreaper) while it waits: from its launch to its read of the go-ahead it makes
+    the job's calls only (the job's fork, the room, the marker). A spare that took
+    them after its launch made 31 calls there (3a08324), these among them."""
+    env = dict(os.environ, PYTHONPATH=SRC)
+    script = subprocess.Popen(
+        [sys.executable, "-c", SPARES, str(tmp_path), str(JOBS)],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert script.stdin is not None and script.stdout is not None
+    forker = script.stdout.readline().strip()
+    trace = tmp_path / "trace"
+    strace = subprocess.Popen(["strace", "-f", "-qq", "-o", str(trace), "-p", forker])
+    try:
+        wait_for(lambda: _traced(forker), 10, "strace to attach")
+        script.stdin.write("go\n")
+        script.stdin.flush()
+        assert script.wait(120) == 0
+    finally:
+        strace.terminate()
+        strace.wait(30)
+    lines: dict[str, list[str]] = collections.defaultdict(list)  # calls and resumed halves
+    for line in trace.read_text().splitlines():
+        pid, _, rest = line.partition(" ")
+        lines[pid].append(rest.strip())
+    spans = []
+    for made in lines.values():
+        got = [i for i, c in enumerate(made) if c.startswith(("recvmsg(", "<... recvmsg"))]
+        go = [i for i, c in enumerate(made) if _GO.search(c)]
+        if got and go and go[0] > got[-1]:
+            between = made[got[-1] + 1 : go[0]]
+            spans.append([c.split("(")[0] for c in between if not c.startswith("<...")])
+    assert len(spans) >= JOBS - 1, spans  # the first spare may have been asked before
+    for span in spans:
+        assert not {"setsid", "prctl", "rt_sigaction", "getdents64"} & set(span), span
+        assert len(span) <= 25, span
+
+
+def _traced(pid: str) -> bool:
+    """Whether a tracer is attached to `pid` (/proc/PID/status TracerPid)."""
+    with open(f"/proc/{pid}/status") as fh:
+        return any(line.split() not in (["TracerPid:", "0"],) for line in fh if "Tracer" in line)

@@ -192,9 +192,10 @@ class Checked:
 
             path = lease_location()
         path = os.path.abspath(path)
-        moved = self._mounts_moved()
+        if self._mounts_moved():  # the event is taken once: every directory is judged again
+            self._known.clear()
         known = self._known.get(path)
-        if known is not None and not moved and _stamp(path) == known[0]:
+        if known is not None and _stamp(path) == known[0]:
             return known[1]
         self._known.pop(path, None)
         before = _stamp(path)  # taken first: a change during the check misses next time

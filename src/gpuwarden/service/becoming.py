@@ -7,6 +7,9 @@ the owner's runs; privileges are dropped before the working directory is entered
 and the output opened, so both are judged as the owner; no descriptor but the
 standard three and the two pipes to the supervisor survives (none of the leases').
 A failure raises UserError, which the supervisor reports as the job's error.
+
+The supervisor's own first steps, which need nothing of its job, are here too
+(`become_supervisor`), so that a spare supervisor takes them before its launch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Mapping
 from typing import Optional, Protocol
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import jobterminal
+from gpuwarden.service import jobterminal, tree
 from gpuwarden.service.identity import Person
 
 
@@ -118,6 +121,22 @@ def _open_output(path: Optional[str]) -> int:
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
     except OSError as err:
         raise UserError(f"cannot open output {path}: {err.strerror}") from None
+
+
+def become_supervisor(keep: set[int]) -> None:
+    """A job's supervisor's first steps, which need nothing of its job (a spare takes
+    them while it waits for its launch, service.forker): a session of its own, so it
+    and the job outlive the service; no descriptor but the standard three and `keep`
+    (a copy of the allocation lock or of a client's socket would outlive the
+    service's); SIGINT, SIGTERM, SIGHUP and SIGPIPE ignored (SIGPIPE too: a service
+    killed before reading its report must not kill it, or the job runs on with nobody
+    to record its exit; the job gets SIG_DFL back); the subreaper of what the job
+    detaches (service.tree)."""
+    os.setsid()
+    close_all_but({0, 1, 2, *keep})
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    tree.become_subreaper()
 
 
 def close_all_but(keep: set[int]) -> None:

@@ -414,15 +414,19 @@ def _fork_spare(
 
 
 def _supervise_when_told(spawn: Any, sock: socket.socket) -> int:
-    """In a spare: wait for the launch; none (the service or its forker let go of us):
-    exit, having run nothing."""
+    """In a spare: take a supervisor's first steps (`becoming.become_supervisor`), then
+    wait for the launch; none (the service or its forker let go of us): exit, having
+    run nothing."""
+    from gpuwarden.service import becoming
+
+    becoming.become_supervisor({sock.fileno()})
     try:
         data, fds = _receive(sock, MOST_FDS)
     except (EOFError, ValueError, OSError):
         return 0
     sock.close()
     launch = _decode(data, fds)
-    return int(spawn._supervise(launch, fds[0], fds[1], spawn._ready(launch)))
+    return int(spawn._supervise(launch, fds[0], fds[1], spawn._ready(launch), become=False))
 
 
 def main(argv: list[str]) -> int:

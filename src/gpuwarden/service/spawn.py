@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -264,24 +263,21 @@ def _reap(pid: int, timeout: float, pidfd: int = -1) -> None:
         time.sleep(0.01)
 
 
-def _supervise(launch: JobStart, report_w: int, go_r: int, where: Optional[Place]) -> int:
+def _supervise(
+    launch: JobStart, report_w: int, go_r: int, where: Optional[Place], become: bool = True
+) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record.
 
     All that may come before the go-ahead does, while the service commits the start:
     the job's cgroup, its fork and its own steps up to the exec (it then waits for a
     byte), the exit record's room and the marker's data (on disk). After the
-    go-ahead one disk wait is left before the job execs: the marker's name."""
-    os.setsid()
+    go-ahead one disk wait is left before the job execs: the marker's name.
+    `become=False`: `becoming.become_supervisor` was done before the launch came (a
+    spare, service.forker), off the way to the start."""
+    if become:
+        becoming.become_supervisor({report_w, go_r, *launch.keep, *(launch.stdio or ())})
     if launch.stdio is not None:
         jobterminal.take(launch.stdio[0])
-    # Nothing of the service's survives into the supervisor but what the job needs:
-    # a copy of the allocation lock or of a client's socket would outlive the service's.
-    becoming.close_all_but({0, 1, 2, report_w, go_r, *launch.keep, *(launch.stdio or ())})
-    # SIGPIPE too: a service killed before reading the report below must not kill us
-    # with it, or the job runs on with nobody to record its exit (the job gets SIG_DFL).
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
-    tree.become_subreaper()  # what the job detaches stays below us (service.tree)
     cgroup, problem = _job_cgroup(launch, where)
     job, exec_w, error_r = -1, -1, -1
     if problem is None:

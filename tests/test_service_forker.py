@@ -253,8 +253,9 @@ def test_the_forker_ends_with_the_service_and_the_jobs_run_on(
     raw_service: Raw, tmp_path: Path
 ) -> None:
     """Under the simulated machine the forker has the service's environment; killed
-    at once (SIGKILL), the service takes its forker with it (its socket's end-of-file),
-    never the job its forker started, whose supervisor stays for the next service."""
+    at once (SIGKILL), the service takes its forker and the spare supervisors with it
+    (their sockets' end-of-file), never the job its forker started, whose supervisor
+    stays for the next service."""
     service = raw_service
     forker = service.call("stats")["forker"]
     assert forker["pid"] > 0 and parent_of(forker["pid"]) == service.pid
@@ -279,9 +280,16 @@ def test_the_forker_ends_with_the_service_and_the_jobs_run_on(
         ]
 
     (job,) = wait_for(running, 30, "the job to run")
+    # The supervisors forked ahead, waiting for a job: the forker's children with none.
+    spares = wait_for(
+        lambda: [p for p in children_of(forker["pid"]) if not children_of(p)] or None,
+        30,
+        "the spare supervisors",
+    )
     try:
         os.kill(service.pid, signal.SIGKILL)
         wait_for(lambda: gone_or_zombie(forker["pid"]), 30, "the forker to end with the service")
+        wait_for(lambda: all(map(gone_or_zombie, spares)), 30, "the spares to end, unused")
         time.sleep(0.2)
         assert not gone_or_zombie(job), "the job runs on"
     finally:

@@ -101,11 +101,32 @@ class Server:
             self.log.read_text()
         )
 
+    def job_pid(self, job: st.Job) -> Optional[int]:
+        """A started job's pid: the journal's, or its supervisor's marker's (a RUNNING
+        job's pid reaches the journal with the service's next commit; the marker has it
+        from the job's start, as a restarted service reads it)."""
+        from gpuwarden.service.joblife import exits_folder
+        from gpuwarden.service.marker import read_marker
+
+        if job.pid:
+            return job.pid
+        return (read_marker(exits_folder(self.state), str(job.id)) or {}).get("pid")
+
+    def pid_of(self, job_id: int) -> int:
+        """The pid of running job `job_id`, as `job_pid` finds it."""
+        journal = st.Store(os.path.join(self.state, "jobs.db"))
+        try:
+            pid = self.job_pid(journal.get(job_id))
+        finally:
+            journal.close()
+        assert pid, f"job {job_id} has no pid yet"
+        return pid
+
     def kill_jobs(self) -> None:
         """End what the test left running: jobs outlive the service by design."""
         journal = st.Store(os.path.join(self.state, "jobs.db"))
         for job in journal.jobs(st.ACTIVE):
-            for pid in (job.pid, job.supervisor):
+            for pid in (self.job_pid(job), job.supervisor):
                 if pid:
                     with contextlib.suppress(OSError):
                         os.killpg(pid, signal.SIGKILL)

@@ -259,7 +259,6 @@ def test_unreserved_use_is_shown_charged_and_exported(watched: Server) -> None:
 
 
 def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server) -> None:
-    from gpuwarden.service import store as st
     from gpuwarden.sim import Machine
 
     alice = make_user("alice", ("lab",))
@@ -275,9 +274,7 @@ def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server
     row = watched.wait_state(job, ("RUNNING",))
     wait_for(ready.exists, 30, "the job ready")
     # The job uses 4 GiB of the 1 GiB it declared.
-    journal = st.Store(os.path.join(watched.state, "jobs.db"))
-    pid = journal.get(job).pid
-    journal.close()
+    pid = watched.pid_of(job)
     Machine.open().add_process(row["indices"][0], pid, "4GiB", user="gw-alice")
     wait_for(
         lambda: "memory warn" in out.read_text(), 30, lambda: f"the warning in {out.read_text()!r}"
@@ -296,7 +293,6 @@ def test_a_memory_warning_goes_into_the_jobs_output_as_its_owner(watched: Server
 def test_unleased_use_by_a_job_is_told_in_its_output(watched: Server) -> None:
     """Issue 23: a service job using a GPU outside its lease was reported by pid only;
     it is tied to the job and written to its output, as --mem over-use is."""
-    from gpuwarden.service import store as st
     from gpuwarden.sim import Machine
 
     alice = make_user("alice", ("lab",))
@@ -316,9 +312,7 @@ def test_unleased_use_by_a_job_is_told_in_its_output(watched: Server) -> None:
     row = watched.wait_state(job, ("RUNNING",))
     wait_for(child.exists, 30, "the child's pid file")
     pid = int(child.read_text())
-    journal = st.Store(os.path.join(watched.state, "jobs.db"))
-    assert journal.get(job).pid != pid  # not the lease's holder: found by its ancestry
-    journal.close()
+    assert watched.pid_of(job) != pid  # not the lease's holder: found by its ancestry
     other = next(i for i in range(4) if i not in row["indices"])  # not its GPU
     Machine.open().add_process(other, pid, "2GiB", user="gw-alice")
     wait_for(

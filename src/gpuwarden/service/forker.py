@@ -8,11 +8,11 @@ its loop is what bounds how fast jobs start. The forker is a fresh interpreter
 runs (service.spawn and what it calls), started by the service and again if it has
 died; it ends at its socket's end-of-file, when the service has gone.
 
-It keeps one supervisor forked ahead, a spare, which waits on a socket pair of its
-own: the service has its pid, start time and a pidfd of it (taken before the forker,
+It keeps a few supervisors forked ahead (spares), each waiting on a socket pair of
+its own: the service has its pid, start time and a pidfd of it (taken before the forker,
 which reaps it, could have), and the other end of its socket. A start sends the
 launch (JSON, and by SCM_RIGHTS the report pipe's write end, the go-ahead pipe's read
-end, an attached client's stdio, the lease descriptors) to the spare and asks the
+end, an attached client's stdio, the lease descriptors) to a spare and asks the
 forker for the next one, forked while the service goes on: no start waits for a fork.
 Everything else is as when the service forked: the go-ahead pipe's write end stays in
 the service alone (a service that dies before the go-ahead leaves a supervisor that
@@ -49,6 +49,9 @@ _SIZE = struct.Struct("!I")  # a message's length, before it
 MOST_FDS = 250
 #: Seconds a forker has to answer a request (it forks and reads /proc once).
 ANSWER_WITHIN = 30.0
+#: Supervisors kept forked ahead: the starts of one pass on a four-GPU machine, each
+#: one a job, wait for no fork.
+SPARES = 4
 _MAIN = "from gpuwarden.service.forker import main; sys.exit(main(sys.argv))"
 
 
@@ -72,8 +75,8 @@ class Forker:
     """The service's handle on its forker: started on first need, started again once it
     is found gone. `fork` is the service's whole use of it.
 
-    The forker keeps one supervisor forked ahead (`Spare`): a start sends its launch
-    to that one, which the service already knows by pid and pidfd, and asks for the
+    The forker keeps `SPARES` supervisors forked ahead (`Spare`): a start sends its
+    launch to one, which the service already knows by pid and pidfd, and asks for the
     next, forked while the service goes on, so no start waits for a fork. A spare
     request carries nothing that could run: a forker that dies with one is simply
     started again, and its spare, whose socket's other end it held, exits."""
@@ -82,8 +85,8 @@ class Forker:
         self.status_dir = status_dir  # where the jobs' cgroups are placed from (warmed)
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.sock: Optional[socket.socket] = None
-        self.spare: Optional[Spare] = None
-        self.asked = False  # a spare is asked for, its answer not read yet
+        self.spares: list[Spare] = []  # forked ahead, their answers read
+        self.asked = 0  # spares asked for whose answers are not read yet
         self.started = 0  # forkers started: more than one means one died
         self.forks = 0  # supervisors given a launch
 
@@ -92,7 +95,7 @@ class Forker:
         service goes on)."""
         if self.sock is None:
             self._start()
-        if self.spare is None and not self.asked:
+        while len(self.spares) + self.asked < SPARES:
             self._ask()
 
     def fork(self, launch: JobStart, report_w: int, go_r: int) -> tuple[int, int, int]:
@@ -125,20 +128,25 @@ class Forker:
     def close(self) -> None:
         """Let the forker and its spare end (their sockets' end-of-file); the supervisors
         given a launch run on."""
-        if self.spare is not None:
-            self.spare.discard()
-            self.spare = None
+        for spare in self.spares:
+            spare.discard()
+        self.spares.clear()
         self._lost()
 
     def stats(self) -> dict[str, int]:
         pid = self.proc.pid if self.proc else 0
-        return {"pid": pid, "started": self.started, "forks": self.forks}
+        return {
+            "pid": pid,
+            "started": self.started,
+            "forks": self.forks,
+            "spares": len(self.spares),
+        }
 
     def _take(self) -> Spare:
-        """The spare, its answer read first where it has not been (a wait only when
+        """A spare, the next answer read first where none is in hand (a wait only when
         starts come faster than the forker forks)."""
         for attempt in (1, 2):
-            if self.spare is None:
+            if not self.spares:
                 try:
                     self.warm()
                     answer, got = _receive(self._sock(), 2, ANSWER_WITHIN)
@@ -147,15 +155,14 @@ class Forker:
                     if attempt == 2:
                         raise UserError(f"the service's forker died ({err})") from None
                     continue
-                self.asked = False
+                self.asked -= 1
                 if "error" in answer or len(got) != 2:
                     for fd in got:
                         os.close(fd)
                     raise UserError(f"could not fork a supervisor: {answer.get('error')}")
                 sock = socket.socket(fileno=got[1])
-                self.spare = Spare(int(answer["pid"]), int(answer["since"]), got[0], sock)
-            spare, self.spare = self.spare, None
-            return spare
+                self.spares.append(Spare(int(answer["pid"]), int(answer["since"]), got[0], sock))
+            return self.spares.pop(0)
         raise UserError("the service's forker could not be started")
 
     def _ask(self) -> None:
@@ -166,7 +173,7 @@ class Forker:
             self._lost()
             self._start()
             _send(self._sock(), request, [])
-        self.asked = True
+        self.asked += 1
 
     def _ask_quietly(self) -> None:
         try:
@@ -207,7 +214,7 @@ class Forker:
         self.started += 1
 
     def _lost(self) -> None:
-        self.asked = False
+        self.asked = 0
         if self.sock is not None:
             self.sock.close()
             self.sock = None

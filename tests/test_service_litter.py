@@ -73,9 +73,7 @@ def test_all_go_when_quiet_and_the_oldest_batch_when_too_many_wait(tmp_path: Pat
     for path in paths:
         path.write_text("{}")
     journal = st.Store(str(tmp_path / "state.db"))
-    life = SimpleNamespace(
-        store=journal, litter=[str(p) for p in paths], litter_batches=0, litter_going=False
-    )  # nothing waits for the journal's sync: removed at once
+    life = SimpleNamespace(store=journal, litter=[str(p) for p in paths], litter_batches=0)
     JobLife.remove_litter(life, 2)  # type: ignore[arg-type]
     assert [p.exists() for p in paths] == [False, False, True, True, True]
     assert life.litter == [str(p) for p in paths[2:]] and life.litter_batches == 1

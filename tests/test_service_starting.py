@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,34 +223,29 @@ def test_a_job_starting_across_a_restart_is_adopted_and_runs_as_any_other(
 
 
 class _Journal:
-    """A journal as far as the go-ahead uses it: `when_durable` keeps what waits; `done`
-    checks that no supervisor has had its go-ahead yet, then tells it the sync failed
-    (`fails`) or made the records durable."""
+    """A journal as far as the go-ahead uses it: `sync` checks that no supervisor has
+    had its go-ahead yet, then fails (`fails`) or makes the records durable."""
 
     def __init__(self, go_reads: list[int], fails: bool) -> None:
         self.go_reads, self.fails, self.synced = go_reads, fails, 0
-        self.waiting: list[Callable[[bool], None]] = []
 
-    def when_durable(self, callback: Callable[[bool], None]) -> None:
-        self.waiting.append(callback)
-
-    def done(self) -> None:
+    def sync(self) -> None:
         for fd in self.go_reads:  # nothing written yet: the supervisors still wait
             os.set_blocking(fd, False)
             with pytest.raises(BlockingIOError):
                 os.read(fd, 1)
-        self.synced += not self.fails
-        for callback in self.waiting:
-            callback(not self.fails)
+        if self.fails:
+            raise OSError(5, "Input/output error")
+        self.synced += 1
 
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_starts_of_a_pass_get_their_go_ahead_after_one_sync(fails: bool) -> None:
-    """The starts of one pass are recorded STARTING without an fsync each; `go` asks
-    for one sync to make them durable, and only once it is done does each supervisor
-    read its go-ahead. A sync that fails gives none: each supervisor reads end-of-file
-    (it exits without running its job), its report is still awaited as an event (it
-    fails the job)."""
+    """The starts of one pass are recorded STARTING without an fsync each; `go` makes
+    them durable with one sync, and only then does each supervisor read its go-ahead.
+    A sync that fails gives none: each supervisor reads end-of-file (it exits without
+    running its job), its report is still awaited as an event (it fails the job), and
+    the error goes on to the loop."""
     import selectors
     import time
     from types import SimpleNamespace
@@ -271,9 +266,11 @@ def test_the_starts_of_a_pass_get_their_go_ahead_after_one_sync(fails: bool) -> 
         starts=starting.Starts(), selector=selectors.DefaultSelector(), store=journal
     )
     try:
-        go(life, starts)
-        assert len(journal.waiting) == 1 and not life.starts.flight  # one sync for both
-        journal.done()
+        if fails:
+            with pytest.raises(OSError):
+                go(life, starts)
+        else:
+            go(life, starts)
         for fd in go_reads:
             os.set_blocking(fd, True)
             assert os.read(fd, 1) == (b"" if fails else b"g")

@@ -55,8 +55,7 @@ class Clients:
         self.per_uid: dict[int, int] = {}  # connections open per user
         self.attachments = Attachments(self.send)
         self.closing = False
-        # Clients with answers that promise a journaled job, not yet waiting on a sync.
-        self.held: list[Connection] = []
+        self.held: list[Connection] = []  # answers waiting for the journal's fsync
 
     def listen(self, path: str) -> None:
         """Listen on `path` (anyone may connect; the kernel says who did)."""
@@ -182,8 +181,8 @@ class Clients:
         self.flush(client)
 
     def flush(self, client: Connection) -> None:
-        if client.promised or client.waits:  # sent once the journal is on disk (`release`)
-            if client.promised and client not in self.held:
+        if client.promised:  # sent by `release`, once the journal is on disk
+            if client not in self.held:
                 self.held.append(client)
             return
         try:
@@ -208,30 +207,25 @@ class Clients:
             else:  # a backlog and nothing to send: served on the next turn
                 self.selector.modify(client.sock, selectors.EVENT_WRITE, ("client", client))
 
-    def release(self, when_durable: Callable[[Callable[[bool], None]], None]) -> None:
-        """Send the answers that promise a journaled job once every commit so far is on
-        disk (`when_durable`: service.store's, whose fsync runs off the loop's thread):
-        one fsync for all the submits of a turn of the loop, however many clients sent
-        them at once, and no job id told before it is on disk. A client's answers made
-        meanwhile wait with them, and those that promise wait for the next fsync too.
-        When the fsync fails, nothing is promised: their connections are dropped (each
+    def release(self, sync: Callable[[], None]) -> None:
+        """Send the answers that promise a journaled job, after `sync` made every commit
+        so far durable: one fsync for all the submits of a turn of the loop, however
+        many clients sent them at once, and no job id told before it is on disk. When
+        the fsync fails, nothing is promised: their connections are dropped (each
         client says it lost the service)."""
         if not self.held:
             return
         held, self.held = self.held, []
+        try:
+            sync()
+        except Exception:
+            for client in held:
+                client.promised = False
+                self.drop(client)
+            raise
         for client in held:
             client.promised = False
-            client.waits += 1
-        when_durable(lambda ok: self._synced(held, ok))
-
-    def _synced(self, held: list[Connection], ok: bool) -> None:
-        for client in held:
-            client.waits -= 1
-            if not self.is_open(client):
-                continue
-            if not ok:
-                self.drop(client)
-            elif not client.waits:
+            if self.is_open(client):
                 self.flush(client)
 
     def drop(self, client: Connection) -> None:

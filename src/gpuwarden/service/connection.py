@@ -27,12 +27,10 @@ class Connection:
     out: bytearray = field(default_factory=bytearray)  # answers the client has yet to read
     out_since: float = 0.0  # when `out` last stopped being empty
     backlog: list[dict[str, Any]] = field(default_factory=list)  # requests not yet answered
-    # An answer of it promises what the journal holds only once fsynced (`promised`):
-    # answers leave after the fsync that began after the turn of the loop that made
-    # them, one for every submit of the turn (Clients.release); `waits`: the fsyncs
-    # its answers so far wait for.
+    # An answer of it promises what the journal holds only once fsynced: it leaves at
+    # the end of the loop's turn, after one fsync for every submit of the turn
+    # (Clients.release).
     promised: bool = False
-    waits: int = 0
 
     def take_fds(self) -> list[int]:
         fds, self.fds = self.fds, []

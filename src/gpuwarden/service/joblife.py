@@ -99,7 +99,6 @@ class JobLife:
         self.forker = Forker(self.exits)  # forks the supervisors: the service never forks
         self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
         self.litter_batches = 0
-        self.litter_going = False  # a batch waits for the journal's sync (remove_litter)
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -372,7 +371,7 @@ class JobLife:
 
         def record() -> None:
             # The end and the usage it adds: one commit, made durable by the next job's
-            # start or by `remove_litter`, whichever comes first (Store.when_durable); until
+            # start or by `remove_litter`, whichever comes first (see Store.sync); until
             # then the exit record on disk says how the job ended.
             with self.store.transaction(durable=False):
                 self.store.update(
@@ -442,20 +441,10 @@ class JobLife:
         """Remove the exit records and markers of jobs whose end is committed (the
         `most` oldest of them; None: all), once that commit is on disk: until then a
         power cut would leave the journal without the end and the disk without the
-        record of it. The sync runs off the loop (Store.when_durable); one batch waits
-        for it at a time, listed until removed (a requeue takes its own files out)."""
-        if not self.litter or self.litter_going:
-            return  # a batch waits for its sync: what came since goes with the next
-        batch = list(self.litter if most is None else self.litter[:most])
-        self.litter_batches += 1
-        self.litter_going = True
-
-        def removed(ok: bool) -> None:  # the fsync failed: left for the next batch
-            self.litter_going = False
-            if ok:
-                listed = set(self.litter)
-                gone = {p for p in batch if p in listed}
-                litter.remove(p for p in batch if p in gone)
-                self.litter[:] = [p for p in self.litter if p not in gone]
-
-        self.store.when_durable(removed)
+        record of it."""
+        if self.litter:
+            self.store.sync()
+            self.litter_batches += 1
+        going = self.litter if most is None else self.litter[:most]
+        litter.remove(going)
+        del self.litter[: len(going)]

@@ -342,26 +342,22 @@ def start_job(
 
 
 def go(service: StartingService, starts: Sequence[starting.Starting]) -> None:
-    """The go-ahead for `starts` (one pass's) once one fsync has made their STARTING
-    records durable: a pass that starts four jobs waits for one fsync, not four, and
-    the loop waits for none (Store.when_durable: the fsync runs on the journal's
-    thread, the go-aheads are given when the loop hears it is done). A journal that
-    cannot sync gives none: each supervisor exits without running its job, whose
-    report (none) fails it."""
+    """The go-ahead for `starts` (one pass's), after one fsync makes their STARTING
+    records durable: a pass that starts four jobs waits for one fsync, not four. A
+    journal that cannot sync gives none: each supervisor exits without running its
+    job, whose report (none) fails it, and the error goes on to the loop."""
     if not starts:
         return
-    waiting = list(starts)
-    for start in waiting:  # a cancel meanwhile is sent once the job has exec'd
-        service.starts.waiting[start.job] = start
-
-    def given(ok: bool) -> None:
-        for start in waiting:
-            service.starts.waiting.pop(start.job, None)
-            with contextlib.suppress(OSError):  # its supervisor is gone: so is its report
-                spawn.go_ahead(start.forked, run=ok)
-            starting.begun(service, start)  # the report (or none) settles the job
-
-    service.store.when_durable(given)
+    try:
+        service.store.sync()
+    except BaseException:
+        for start in starts:
+            spawn.go_ahead(start.forked, run=False)
+            starting.begun(service, start)
+        raise
+    for start in starts:
+        spawn.go_ahead(start.forked)
+        starting.begun(service, start)
 
 
 def simulated_machine() -> dict[str, str]:

@@ -75,10 +75,6 @@ def stats(service: Reporting) -> dict[str, Any]:
         "journal": {
             "commits": service.store.commits,
             "fsyncs": service.store.fsyncs,
-            # Of those, the ones the loop waited for: SQLite's durable commits and
-            # `Store.sync` (the service's stop); the rest ran on the journal's thread.
-            "loop_fsyncs": service.store.durable_commits + service.store.syncer.on_loop,
-            "sync_failures": service.store.syncer.failures,
             "statements": service.store.statements,
         },
         "litter": {"kept": len(service.litter), "batches": service.litter_batches},

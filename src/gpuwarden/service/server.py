@@ -115,8 +115,6 @@ class Service:
             self.selector,
         )
         self.context = Context(self.life, self.started)
-        # The journal's fsyncs end off the loop's thread: heard here (service.journalsync).
-        self.selector.register(journal.syncer.event, selectors.EVENT_READ, ("synced", None))
 
     def _journal(self, settings: Settings) -> store.Store:
         """The journal, locked for the service's life: a second service refuses
@@ -184,8 +182,6 @@ class Service:
         next service (service.attachment)."""
         self.stopping = True
         life = self.life
-        with contextlib.suppress(OSError):  # the sync in flight finished: answers and
-            life.store.sync()  # go-aheads that waited for it given (or refused)
         if self.clients.listener is not None:
             with contextlib.suppress(OSError):
                 os.unlink(life.settings.socket)
@@ -265,8 +261,8 @@ class Service:
                     break
             if pacer.urgent:  # what the events let start, in this turn: the fsync that
                 self._plan()  # makes its start durable makes the turn's submits durable
-        finally:  # the turn's submits: one fsync (off the loop), then their answers
-            self.clients.release(life.store.when_durable)
+        finally:  # the turn's submits: one fsync, then their answers
+            self.clients.release(life.store.sync)
 
     def _plan(self) -> None:
         """A pass of the plan, if one is due (service.pacing). The ended jobs' files go
@@ -289,8 +285,6 @@ class Service:
                 life.ended(data)
             elif kind == "report":  # a supervisor's report: the job runs, or could not
                 starting.arrived(life, data)
-            elif kind == "synced":  # the journal's fsync: what waited on it goes on
-                life.store.syncer.finished()
 
     # -- clients -----------------------------------------------------------------------
 

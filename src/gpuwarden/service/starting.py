@@ -90,8 +90,6 @@ class Starts:
 
     def __init__(self) -> None:
         self.flight: dict[int, Starting] = {}
-        # Recorded STARTING, their go-ahead waiting for the record's fsync (placing.go).
-        self.waiting: dict[int, Starting] = {}
         # STARTING jobs a restart adopted before their supervisor wrote the job's pid to
         # its marker (service.recovery): the pid is read from there on the loop's tick.
         self.adopted: set[int] = set()
@@ -101,7 +99,7 @@ class Starts:
 
     def before_exec(self, job_id: int) -> bool:
         """Whether `job_id` may still be setting itself up (no pid known yet)."""
-        return job_id in self.flight or job_id in self.waiting or job_id in self.adopted
+        return job_id in self.flight or job_id in self.adopted
 
     def stats(self) -> dict[str, int]:
         return {

@@ -25,7 +25,6 @@ from gpuwarden.service.job import ADDED, BOOL, COLUMNS, JSON, changed, normalise
 from gpuwarden.service.job import Job as Job
 from gpuwarden.service.job import new_job as new_job
 from gpuwarden.service.job import row_to_job as row_to_job
-from gpuwarden.service.journalsync import Syncer, Waiter
 from gpuwarden.service.ready import Ready
 from gpuwarden.service.states import ACTIVE as ACTIVE
 from gpuwarden.service.states import CANCELLED as CANCELLED
@@ -111,11 +110,7 @@ class Store:
         if path != ":memory:":
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         # Made since opened (`stats`: per job started), statements too (SQLite counts them).
-        self.commits = self.statements = self.rollbacks = 0
-        self.durable_commits = 0  # of the commits, those SQLite fsynced itself
-        # The log's fsyncs for the commits made with `durable=False`, off the loop's
-        # thread (service.journalsync).
-        self.syncer = Syncer(None if path == ":memory:" else path + "-wal")
+        self.commits = self.fsyncs = self.statements = self.rollbacks = 0
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self.db.row_factory = sqlite3.Row
         self.db.set_trace_callback(self._counted)
@@ -152,6 +147,8 @@ class Store:
         self._busy: dict[int, Job] = {}  # and those STARTING or RUNNING
         self._tally: Optional[Tally] = None  # the queue's figures, counted with them
         self.version = 0  # moves with every change to them (service.listing keeps by it)
+        # Whether a commit made with `durable=False` may still be only in the page cache.
+        self.unsynced = False
 
     def _add_columns(self) -> None:
         """The columns of `ADDED` a journal written before them lacks, and their indexes."""
@@ -166,11 +163,8 @@ class Store:
         if self._later:  # what `later` kept, written as the service stops (a restart
             with contextlib.suppress(sqlite3.Error), self.transaction(durable=False):
                 pass  # finds it in the supervisors' markers otherwise)
-        try:
-            self.sync()  # the sync in flight waited for, and the rest made
-        finally:
-            self.syncer.close()
-            self.db.close()
+        self.sync()
+        self.db.close()
 
     # -- transactions ------------------------------------------------------------
 
@@ -189,41 +183,33 @@ class Store:
 
     def _committed(self, durable: bool) -> None:
         # A durable commit fsyncs the whole write-ahead log: earlier commits with it.
-        self.syncer.committed(durable)
+        self.unsynced = not durable
         self.commits += 1
-        self.durable_commits += durable
+        self.fsyncs += durable
         for job_id in self._written:
             self._later.pop(job_id, None)
         self._written.clear()
 
-    @property
-    def unsynced(self) -> bool:
-        """Whether a commit made with `durable=False` may still be only in the page cache."""
-        return self.syncer.unsynced
-
-    @property
-    def fsyncs(self) -> int:
-        """The log's fsyncs since opened: SQLite's own and `sync`'s, on any thread."""
-        return self.durable_commits + self.syncer.synced + self.syncer.on_loop
-
-    def when_durable(self, callback: Waiter) -> None:
-        """Call `callback(True)` on the loop once every commit so far is on disk, made so
-        by one fdatasync of the log on the journal's own thread (shared with whatever
-        else waits meanwhile), or `callback(False)` when that fails: the loop goes on
-        meanwhile. At once where nothing waits for the disk.
+    def sync(self) -> None:
+        """Make every commit so far durable, if one made with `durable=False` is not.
 
         In WAL mode a `synchronous=FULL` commit is the same appends as a NORMAL one
-        followed by an fsync of the log, so one fsync of the log is what the last
-        commit would have done. The service defers the fsync of a job's end to the
-        next job's start or to `remove_litter`, whichever comes first: the way from a
-        freed GPU to the next start then waits for one fsync, not two."""
-        self.syncer.when_durable(callback)
-
-    def sync(self) -> None:
-        """Make every commit so far durable now, on the caller's thread (the sync in
-        flight waited for): for the service's stop and for tests. OSError when the
-        fsync fails."""
-        self.syncer.settle()
+        followed by an fsync of the log, so one fsync of the log here is what the
+        last commit would have done. The service defers the fsync of a job's end to
+        here or to the next job's start, whichever comes first: the way from a freed
+        GPU to the next start then waits for one fsync, not two.
+        """
+        if not self.unsynced:
+            return
+        if self.path != ":memory:":
+            with contextlib.suppress(FileNotFoundError):  # checkpointed away: synced then
+                fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fdatasync(fd)  # as SQLite syncs its log: the data and its size
+                    self.fsyncs += 1
+                finally:
+                    os.close(fd)
+        self.unsynced = False
 
     def _forget(self) -> None:
         """Drop the in-memory active jobs and usage (after a rollback): read afresh when

@@ -3,7 +3,7 @@
 write; the service's requests group several writes in one).
 
 A commit is durable (`synchronous=FULL`: the log fsynced when `COMMIT` returns) or not
-(`NORMAL`: written, fsynced later: `Store.when_durable`). The connection is switched only
+(`NORMAL`: written, fsynced later by `Store.sync`). The connection is switched only
 when a commit asks for the other kind than the last one did: the service's commits
 are mostly of one kind, and switching it back and forth around each cost two
 statements a commit."""

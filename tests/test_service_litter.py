@@ -59,7 +59,7 @@ def test_an_ended_jobs_files_go_once_the_loop_is_quiet(raw_service: Raw, tmp_pat
         service.call("cancel", jobs=[*sleepers, waiting])
 
 
-def test_all_go_when_quiet_and_the_oldest_batch_when_too_many_wait(tmp_path: Path) -> None:
+def test_a_batch_goes_when_quiet_and_the_oldest_batch_when_too_many_wait(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from gpuwarden.service import litter
@@ -67,6 +67,7 @@ def test_all_go_when_quiet_and_the_oldest_batch_when_too_many_wait(tmp_path: Pat
     from gpuwarden.service.joblife import JobLife
 
     assert litter.due(10, quiet=True) == 10
+    assert litter.due(litter.KEEP_MOST - 1, quiet=True) == litter.BATCH  # a burst: in turns
     assert litter.due(litter.KEEP_MOST - 1, quiet=False) == 0  # busy: they wait
     assert litter.due(litter.KEEP_MOST * 3, quiet=False) == litter.BATCH  # a turn stays short
     paths = [tmp_path / f"{n}.exit" for n in range(5)]

@@ -2,10 +2,11 @@
 marker, reserved room and attached client's record), and when they go: once the
 journal's record of its end is on disk, never before (they say how it ended).
 
-They go in a batch at the loop's tick once it is quiet (`due`: no job ended since
-the last tick, or none waits to start), or once `KEEP_MOST` paths wait: an unlink
-takes the directory's and the filesystem journal's locks, and on the way from a
-freed GPU to the next start each one was time the next job waited. Until then a
+They go at the loop's tick, at most `BATCH` a tick, once it is quiet (`due`: no job
+ended since the last tick, or none waits to start), or once `KEEP_MOST` paths wait:
+an unlink takes the directory's and the filesystem journal's locks, and on the way
+from a freed GPU to the next start each one was time the next job waited; all of a
+burst of ends at once would hold up the turn that removes them as long. Until then a
 restart finds them beside ended jobs and removes them (service.recovery); a
 requeued job's go when it is queued again (service.requeue).
 """
@@ -42,11 +43,9 @@ BATCH = 512
 
 
 def due(kept: int, quiet: bool) -> int:
-    """How many of the `kept` paths (the oldest) go now: all when the loop is `quiet`,
-    a batch when too many wait, else none."""
-    if quiet:
-        return kept
-    return min(kept, BATCH) if kept >= KEEP_MOST else 0
+    """How many of the `kept` paths (the oldest) go now: a batch when the loop is
+    `quiet` or too many wait, else none."""
+    return min(kept, BATCH) if quiet or kept >= KEEP_MOST else 0
 
 
 def of_job(status_dir: str, job_id: int) -> list[str]:

@@ -22,24 +22,16 @@ from typing import Any
 
 import pytest
 
+import launches
 from gpuwarden.base.errors import UserError
 from gpuwarden.service import exitrecord, jobprocess, spawn
 from gpuwarden.service.forker import Forker
-from gpuwarden.service.identity import person
 from rawservice import Raw
 from waiting import wait_for
 
 
 def launch(status_dir: Path, argv: list[str], job: str = "7") -> spawn.JobStart:
-    return spawn.JobStart(
-        job=job,
-        argv=tuple(argv),
-        owner=person(os.getuid()),
-        cwd=str(status_dir.parent),
-        env={"PATH": "/usr/bin:/bin"},
-        status_dir=str(status_dir),
-        extra_env={"GPUWARDEN_JOB_NOTE": "naïve ✓"},
-    )
+    return launches.launch(status_dir, argv, job, extra_env={"GPUWARDEN_JOB_NOTE": "naïve ✓"})
 
 
 @pytest.fixture

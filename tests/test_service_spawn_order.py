@@ -24,21 +24,10 @@ import pytest
 
 from gpuwarden.base.errors import UserError
 from gpuwarden.service import exitrecord, spawn, tree
-from gpuwarden.service.identity import person
+from launches import launch
 from waiting import wait_for
 
 PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-
-
-def launch(status_dir: Path, argv: list[str], job: str = "7") -> spawn.JobStart:
-    return spawn.JobStart(
-        job=job,
-        argv=tuple(argv),
-        owner=person(os.getuid()),
-        cwd=str(status_dir.parent),
-        env={"PATH": "/usr/bin:/bin"},
-        status_dir=str(status_dir),
-    )
 
 
 @pytest.fixture

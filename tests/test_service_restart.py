@@ -86,8 +86,10 @@ def test_a_job_without_its_marker_is_queued_again_only_if_it_started_in_this_boo
     )
     supervisor = marker["supervisor"]
     server.kill()
-    server.kill_jobs()  # as the machine's crash ends them
+    os.kill(supervisor, signal.SIGKILL)  # first: it writes no exit record
     wait_for(lambda: spawn.start_time(supervisor) < 0, 30, "the supervisor to be gone")
+    os.killpg(marker["pid"], signal.SIGKILL)  # as the machine's crash ends them all
+    server.forget_cgroups()
     for suffix in (".started", ".ending"):
         (exits / f"{job}{suffix}").unlink()
     with contextlib.closing(sqlite3.connect(Path(server.state) / "jobs.db")) as db, db:

@@ -70,6 +70,11 @@ def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path
     assert os.path.realpath(program) == str(prefix / "bin" / "gpuwarden")
     venv_python = os.path.realpath(prefix / "bin" / "python")
     assert not venv_python.startswith(("/root", "/home")), venv_python  # the system one
+    # Every start of the install's interpreter (each command of every user) runs what a
+    # .pth file says: none is left (setuptools' distutils shim was one).
+    site = list(prefix.glob("lib/python3*/site-packages"))
+    assert len(site) == 1 and (site[0] / "gpuwarden").is_dir(), site
+    assert not list(site[0].glob("*.pth")), sorted(p.name for p in site[0].glob("*.pth"))
 
     work = place / "work"
     work.mkdir(mode=0o1777)

@@ -213,6 +213,47 @@ def test_environment_filter() -> None:
     assert env == {"A": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
+@pytest.mark.parametrize("ranges", [True, False], ids=["close_range", "listed"])
+def test_a_supervisor_keeps_only_the_descriptors_it_names(
+    ranges: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`close_all_but` by close_range(2) over the gaps between the kept descriptors, and
+    by /proc/self/fd's listing where the kernel has no close_range: the same descriptors
+    are left either way, those above the highest kept one and between kept ones gone."""
+    if not ranges:
+        monkeypatch.setattr(becoming.tree, "close_ranges", lambda keep: False)
+    read, write = os.pipe()
+    opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(6)]
+    high = os.dup2(opened[0], 300, inheritable=False)  # far above the rest
+    keep = {write, opened[2], opened[4]}
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            becoming.close_all_but({0, 1, 2, *keep})
+            left = [fd for fd in (0, 1, 2, read, high, *keep, *opened) if _open(fd)]
+            os.write(write, json.dumps(left).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        left = set(json.loads(os.read(read, 65536)))
+        os.waitpid(pid, 0)
+    finally:
+        for fd in (read, high, *opened):
+            os.close(fd)
+    assert left == {0, 1, 2, *keep}, left
+
+
+def _open(fd: int) -> bool:
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("bad", [[], "ls", [""], ["ls", 3], ["a\0b"], None])
 def test_malformed_commands(bad: object) -> None:
     with pytest.raises(UserError):

@@ -255,6 +255,26 @@ def test_a_spare_takes_its_first_steps_before_its_launch(
     for span in spans:
         assert not {"setsid", "prctl", "rt_sigaction", "getdents64"} & set(span), span
         assert len(span) <= 25, span
+    # The first steps themselves, from its fork to its wait for the launch: its
+    # descriptors closed by close_range(2), with no listing of /proc/self/fd (whose
+    # objects cost a freshly forked process ~0.4 ms, 215336e: 18 calls, these among
+    # them), and no more than its session, signals and subreaper need.
+    forked = {m.group(1) for c in lines[forker] if (m := _FORKED.search(c))}
+    firsts = [first for pid in forked if (first := _first_steps(lines[pid]))]
+    assert len(firsts) >= JOBS, (forked, firsts)
+    for first in firsts:
+        assert "close_range" in first and not {"openat", "getdents64"} & set(first), first
+        assert len(first) <= 14, first
+
+
+_FORKED = re.compile(r"^(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)$")
+
+
+def _first_steps(made: list[str]) -> list[str]:
+    """A spare's calls from its fork to its first wait for the launch (its recvmsg);
+    none for a process that waits for none."""
+    got = [i for i, c in enumerate(made) if c.startswith(("recvmsg(", "<... recvmsg"))]
+    return [c.split("(")[0] for c in made[: got[0]] if not c.startswith("<...")] if got else []
 
 
 def _traced(pid: str) -> bool:

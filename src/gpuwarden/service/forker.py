@@ -29,7 +29,6 @@ import array
 import contextlib
 import json
 import os
-import signal
 import socket
 import struct
 import sys
@@ -40,9 +39,12 @@ from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal
     import subprocess
 
     from gpuwarden.service.spawn import JobStart
+else:
+    import _signal as signal  # `signal` without its enum conversions (service.becoming)
 
 _SIZE = struct.Struct("!I")  # a message's length, before it
 #: A request's descriptors: report, go, three of stdio, the leases (two per GPU).

@@ -99,6 +99,9 @@ class JobLife:
         self.forker = Forker(self.exits)  # forks the supervisors: the service never forks
         self.litter: list[str] = []  # files of ended jobs, removed in batches (litter.due)
         self.litter_batches = 0
+        # What an end leaves that no start waits for (its notices, its cgroup's removal),
+        # done once the turn's go-aheads are given (`settle`).
+        self.afterwards: list[Callable[[], None]] = []
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -197,19 +200,36 @@ class JobLife:
         fd = self.watched.get(job_id)
         return fd is not None and not select.select([fd], [], [], 0)[0]
 
-    def close_cgroup(self, job_id: int, dirs: dict[str, str]) -> None:
+    def close_cgroup(self, job_id: int, dirs: dict[str, str], later: bool = False) -> None:
         """An ended job's leftover processes go with it (as Slurm ends a job's step), then
-        its cgroup; one that is not empty yet is removed by a later `sweep_cgroups`."""
+        its cgroup; one that is not empty yet is removed by a later `sweep_cgroups`.
+        `later`: an empty one is removed once the turn's go-aheads are given (`settle`):
+        nothing left in it holds a lock the next start needs."""
         from gpuwarden.cgroups.accounting import pids_in, signal_dirs
-        from gpuwarden.service.jobcgroup import remove_job
 
         where = dirs.get("devices", dirs.get(""))
         if where and signal_dirs(dirs, signal.SIGKILL):
             deadline = time.monotonic() + 2.0  # killed processes leave within milliseconds
             while pids_in(where) and time.monotonic() < deadline:
                 time.sleep(0.01)
+        elif later:
+            self.afterwards.append(partial(self._remove_cgroup, job_id, dirs))
+            return
+        self._remove_cgroup(job_id, dirs)
+
+    @staticmethod
+    def _remove_cgroup(job_id: int, dirs: dict[str, str]) -> None:
+        from gpuwarden.service.jobcgroup import remove_job
+
         if not remove_job(dirs):
             log.info("job %s: its cgroup is not empty yet; removed later", job_id)
+
+    def settle(self) -> None:
+        """What the ends of the turn left that no start waits for (their notices, their
+        cgroups' removal), after the turn's go-aheads: a freed GPU's next job does not
+        wait for it. A piece that fails is dropped; the rest waits for the next turn."""
+        while self.afterwards:
+            self.afterwards.pop(0)()
 
     def watcher(self) -> ServiceWatch:
         if self.watch is None:
@@ -362,7 +382,9 @@ class JobLife:
             from gpuwarden.cgroups.accounting import usage_of
 
             used = usage_of(dirs)
-            self.close_cgroup(job.id, dirs)  # before the leases: leftovers hold their locks
+            # Its leftovers killed before the leases (they hold their locks); the empty
+            # cgroup removed after the turn's go-aheads.
+            self.close_cgroup(job.id, dirs, later=True)
         release_leases(self, job)
         cpu = used.get("cpu_ns")
         memory = self.queue.gpu_memory(job.gpus)
@@ -394,33 +416,40 @@ class JobLife:
         unwritten.write(self, job.id, record)  # a full disk: kept, written when it has room
         self.termed.pop(job.id, None)
         self.ended_attached(job.id, ended)
+        self.afterwards.append(partial(self._told, job, ended, state, (ended.at or now) - started))
+        self.pacer.wake()
+
+    def _told(self, job: store.Job, ended: exitrecord.Ended, state: str, elapsed: float) -> None:
+        """The notices of `job`'s end: its own webhook's, and the service's webhook or
+        mail where one is configured (the notifier's helper drops them otherwise)."""
+        kinds = jobnotify.matched(jobnotify.EVENTS, state)
         jobnotify.send(
             self.notifier,
             job,
-            jobnotify.matched(jobnotify.EVENTS, state),
+            kinds,
             state=state,
             exit_code=ended.code,
             signal=ended.signal,
-            elapsed=(ended.at or now) - started,
+            elapsed=elapsed,
         )
-        self.notifier.notify(
-            {
-                "event": "job_ended",
-                "job": job.id,
-                "user": job.user,
-                "state": state,
-                "exit_code": ended.code,
-                "signal": ended.signal,
-                "error": ended.error,
-                "command": list(job.argv),
-                "gpus": list(job.gpus),
-                "output": job.output,
-                "elapsed": (ended.at or now) - started,
-                "host": os.uname().nodename,
-            }
-        )
+        if self.notifier.enabled:
+            self.notifier.notify(
+                {
+                    "event": "job_ended",
+                    "job": job.id,
+                    "user": job.user,
+                    "state": state,
+                    "exit_code": ended.code,
+                    "signal": ended.signal,
+                    "error": ended.error,
+                    "command": list(job.argv),
+                    "gpus": list(job.gpus),
+                    "output": job.output,
+                    "elapsed": elapsed,
+                    "host": os.uname().nodename,
+                }
+            )
         log.info("job %s ended: %s", job.id, state)
-        self.pacer.wake()
 
     def ran(self, job: store.Job, ended: float, state: str, gpu_seconds: float) -> None:
         """A run of `job` ended: kept for `report` (service.accounting), with what the

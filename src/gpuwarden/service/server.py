@@ -186,6 +186,7 @@ class Service:
             with contextlib.suppress(OSError):
                 os.unlink(life.settings.socket)
         self.clients.close()
+        life.settle()  # the last ends' notices go before the notifier stops
         life.close()
         life.hardware.close()
         if self.health is not None:
@@ -231,7 +232,8 @@ class Service:
         then plan what they let start before the turn's answers: a job's end or a
         submit that can start is planned for in the same turn, before the tick's work
         (the efficiency sampler's reading, time limits), and a submit's answer and its
-        job's start share one fsync. None of it grows with requests."""
+        job's start share one fsync. What the ends left that no start waits for comes
+        last (`JobLife.settle`). None of it grows with requests."""
         life, pacer = self.life, self.life.pacer
         pacer.turn += 1
         if self.reload_asked:  # SIGHUP: a refused reading is logged and changes nothing
@@ -263,6 +265,7 @@ class Service:
                 self._plan()  # makes its start durable makes the turn's submits durable
         finally:  # the turn's submits: one fsync, then their answers
             self.clients.release(life.store.sync)
+        life.settle()  # what the turn's ends left that no start waited for
 
     def _plan(self) -> None:
         """A pass of the plan, if one is due (service.pacing). The ended jobs' files go

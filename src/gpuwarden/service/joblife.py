@@ -165,9 +165,9 @@ class JobLife:
             mode = self.cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
-        from gpuwarden.service.jobcgroup import place, placed_dirs
+        from gpuwarden.service.jobcgroup import kept_place, placed_dirs
 
-        return placed_dirs(place(self.exits), str(job_id))  # where its start made them
+        return placed_dirs(kept_place(self.exits), str(job_id))  # where its start made them
 
     def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),

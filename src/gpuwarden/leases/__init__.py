@@ -175,7 +175,7 @@ def scan(
                 if line is not None and not line:
                     line.append(True)
             elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
-                if ours not in name:
+                if ours not in name:  # noqa: SIM102 - ours are in use: left, not judged
                     tidy.append(name)
             continue
         m = re.fullmatch(HOLDER_PATTERN, name)

@@ -174,9 +174,8 @@ def scan(
             if name.endswith(".wait"):
                 if line is not None and not line:
                     line.append(True)
-            elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
-                if ours not in name:  # noqa: SIM102 - ours are in use: left, not judged
-                    tidy.append(name)
+            elif tidy is not None and name[:1] == "." and name.endswith(TMP_SUFFIX):
+                tidy += [] if ours in name else [name]  # ours are in use: left alone
             continue
         m = re.fullmatch(HOLDER_PATTERN, name)
         if m is None:

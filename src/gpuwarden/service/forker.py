@@ -299,10 +299,12 @@ def _send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
 def _receive(
     sock: socket.socket, most_fds: int, timeout: Optional[float] = None
 ) -> tuple[dict[str, Any], list[int]]:
-    """One message and its descriptors; EOFError at the peer's end before one began."""
+    """One message and its descriptors; EOFError at the peer's end before one began.
+    Read to its end and no further: requests sent together (a stream joins them) stay
+    each whole for the next call (a read of all that had come lost them)."""
     sock.settimeout(timeout)
     size = socket.CMSG_SPACE(most_fds * array.array("i").itemsize)
-    data, ancillary, flags, _ = sock.recvmsg(65536, size, socket.MSG_CMSG_CLOEXEC)
+    data, ancillary, flags, _ = sock.recvmsg(_SIZE.size, size, socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, chunk in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -313,10 +315,10 @@ def _receive(
         if not data:
             raise EOFError("the other end has closed")
         while len(data) < _SIZE.size:
-            data += _more(sock)
+            data += _more(sock, _SIZE.size - len(data))
         (length,) = _SIZE.unpack_from(data)
         while len(data) < _SIZE.size + length:
-            data += _more(sock)
+            data += _more(sock, _SIZE.size + length - len(data))
         if flags & socket.MSG_CTRUNC:  # read whole first: the next message starts clean
             raise ValueError("too many descriptors")
         message = json.loads(data[_SIZE.size : _SIZE.size + length])
@@ -329,8 +331,8 @@ def _receive(
     return message, fds
 
 
-def _more(sock: socket.socket) -> bytes:
-    chunk = sock.recv(1 << 20)
+def _more(sock: socket.socket, most: int) -> bytes:
+    chunk = sock.recv(most)
     if not chunk:
         raise EOFError("the other end closed within a message")
     return chunk
@@ -401,7 +403,7 @@ def _fork_spare(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             sock.close()
             theirs.close()
-            code = _supervise_when_told(spawn, ours)
+            code = _supervise_when_told(spawn, ours, status_dir)
         finally:
             os._exit(code)
     ours.close()
@@ -415,20 +417,35 @@ def _fork_spare(
         children.add(pid)  # reaped from now on, whether the service heard of it or not
 
 
-def _supervise_when_told(spawn: Any, sock: socket.socket) -> int:
-    """In a spare: take a supervisor's first steps (`becoming.become_supervisor`), then
-    wait for the launch; none (the service or its forker let go of us): exit, having
-    run nothing."""
-    from gpuwarden.service import becoming
+def _supervise_when_told(spawn: Any, sock: socket.socket, status_dir: str) -> int:
+    """In a spare: take a supervisor's first steps (`becoming.become_supervisor`) and
+    make what a job of `status_dir` needs before it runs (service.staging; its cgroups'
+    place), then wait for the launch; none (the service or its forker let go of us):
+    exit, having run nothing, the staged files removed."""
+    from gpuwarden.service import becoming, jobcgroup, staging
 
     becoming.become_supervisor({sock.fileno()})
+    staged, placed = None, None
+    if status_dir:
+        with contextlib.suppress(UserError):  # else made after the launch, or said why not
+            staged = staging.stage(status_dir, os.getpid(), spawn.start_time())
+        with contextlib.suppress(Exception):
+            placed = (status_dir, jobcgroup.place(status_dir))
+    launch = None
     try:
         data, fds = _receive(sock, MOST_FDS)
+        sock.close()
+        launch = _decode(data, fds)
     except (EOFError, ValueError, OSError):
         return 0
-    sock.close()
-    launch = _decode(data, fds)
-    return int(spawn._supervise(launch, fds[0], fds[1], spawn._ready(launch), become=False))
+    finally:
+        if launch is None and staged is not None:  # no job: its files go
+            staged.discard()
+    if staged is not None and launch.status_dir != status_dir:  # not where it staged
+        staged.discard()
+        staged = None
+    where = spawn._ready(launch, placed)
+    return int(spawn._supervise(launch, fds[0], fds[1], where, become=False, staged=staged))
 
 
 def main(argv: list[str]) -> int:

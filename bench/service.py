@@ -110,13 +110,17 @@ def idle_cpu(pid: int, seconds: float) -> float:
 
 def sim_env(work: Path, tag: str = "", src: str = SRC) -> dict[str, str]:
     """This tree's gpuwarden (or `src`'s) on the simulated four A100s, with its own
-    state in `work`."""
+    state in `work`, under no lab's or user's settings (a machine's
+    /etc/gpuwarden/config.toml with `max_gpus_per_user = 1` would make the makespan one
+    job at a time)."""
     return dict(
         os.environ,
         PYTHONPATH=src,
         GPUWARDEN_SIM=SPEC,
         GPUWARDEN_SIM_STATE=str(work / f"sim{tag}"),
         GPUWARDEN_LEASE_DIR=str(work / f"leases{tag}"),
+        GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"),
+        XDG_CONFIG_HOME=str(work / "xdg"),
     )
 
 
@@ -360,7 +364,6 @@ def attached_run(q: GpuwardenQueue, work: Path, rounds: int) -> dict[str, float]
     gw = shutil.which("gpuwarden", path=str(Path(sys.executable).parent))
     entry = [gw] if gw else [sys.executable, "-m", "gpuwarden"]
     env = sim_env(work, "-direct")
-    env.update(GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"), XDG_CONFIG_HOME=str(work / "xdg"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gpuwarden has its bytecode
     cases = {
         "python -c pass": ([sys.executable, "-c", "pass"], env),

@@ -246,9 +246,9 @@ def test_a_spare_takes_its_first_steps_before_its_launch(
         lines[pid].append(rest.strip())
     spans = []
     for made in lines.values():
-        got = [i for i, c in enumerate(made) if c.startswith(("recvmsg(", "<... recvmsg"))]
         go = [i for i, c in enumerate(made) if _GO.search(c)]
-        if got and go and go[0] > got[-1]:
+        got = [i for i, c in enumerate(made[: go[0] if go else 0]) if c.startswith(_RECEIVED)]
+        if got and go:  # from its launch's last part read to its first go-ahead
             between = made[got[-1] + 1 : go[0]]
             spans.append([c.split("(")[0] for c in between if not c.startswith("<...")])
     assert len(spans) >= JOBS - 1, spans  # the first spare may have been asked before
@@ -267,13 +267,14 @@ def test_a_spare_takes_its_first_steps_before_its_launch(
         assert len(first) <= 14, first
 
 
+_RECEIVED = ("recvmsg(", "<... recvmsg")
 _FORKED = re.compile(r"^(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)$")
 
 
 def _first_steps(made: list[str]) -> list[str]:
     """A spare's calls from its fork to its first wait for the launch (its recvmsg);
     none for a process that waits for none."""
-    got = [i for i, c in enumerate(made) if c.startswith(("recvmsg(", "<... recvmsg"))]
+    got = [i for i, c in enumerate(made) if c.startswith(_RECEIVED)]
     return [c.split("(")[0] for c in made[: got[0]] if not c.startswith("<...")] if got else []
 
 

@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/service.py [--rounds 30] [--jobs 1000] [--idle 10]
                                       [--no-slurm] [--slurm-config default,tuned]
-                                      [--held 10000]
+                                      [--held 10000] [--compare TREE]
 
 Run as root (the service and slurmd both are). Everything is local: a Unix socket,
 a simulated server of four idle A100s (tests/data/idle-4xa100.toml), and a Slurm
@@ -26,6 +26,9 @@ stopped at the end. Measured, for each system:
   nothing queued (target for the service: < 0.5% of a core).
 - with `--held N`, submit-to-start and free-to-next again beside N held jobs
   (one array each: the service's `submit --hold`, Slurm's `sbatch --hold`).
+- with `--compare TREE` (the service alone): submit-to-start and free-to-next of this
+  tree's service and of TREE's (another checkout, its own src), both serving at once,
+  their rounds interleaved so that load hits them alike, and the ratio (TREE / this).
 - attached run (the service only): `gpuwarden run -g 1 -- true` through the service,
   the same command on the direct path, and `python -c pass`, in turn round after
   round (target: through the service <= 40 ms over `python -c pass`).
@@ -105,14 +108,19 @@ def idle_cpu(pid: int, seconds: float) -> float:
     return 100.0 * (cpu_ticks(pid) - c0) / hz / (time.monotonic() - t0)
 
 
-def sim_env(work: Path, tag: str = "") -> dict[str, str]:
-    """This tree's gpuwarden on the simulated four A100s, with its own state in `work`."""
+def sim_env(work: Path, tag: str = "", src: str = SRC) -> dict[str, str]:
+    """This tree's gpuwarden (or `src`'s) on the simulated four A100s, with its own
+    state in `work`, under no lab's or user's settings (a machine's
+    /etc/gpuwarden/config.toml with `max_gpus_per_user = 1` would make the makespan one
+    job at a time)."""
     return dict(
         os.environ,
-        PYTHONPATH=SRC,
+        PYTHONPATH=src,
         GPUWARDEN_SIM=SPEC,
         GPUWARDEN_SIM_STATE=str(work / f"sim{tag}"),
         GPUWARDEN_LEASE_DIR=str(work / f"leases{tag}"),
+        GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"),
+        XDG_CONFIG_HOME=str(work / "xdg"),
     )
 
 
@@ -122,10 +130,10 @@ def sim_env(work: Path, tag: str = "") -> dict[str, str]:
 class GpuwardenQueue:
     name = "gpuwarden serve"
 
-    def __init__(self, work: Path, profile: Optional[str] = None) -> None:
+    def __init__(self, work: Path, profile: Optional[str] = None, src: str = SRC) -> None:
         self.work = work
         self.socket = str(work / "gw.sock")
-        env = sim_env(work)
+        env = sim_env(work, src=src)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -356,7 +364,6 @@ def attached_run(q: GpuwardenQueue, work: Path, rounds: int) -> dict[str, float]
     gw = shutil.which("gpuwarden", path=str(Path(sys.executable).parent))
     entry = [gw] if gw else [sys.executable, "-m", "gpuwarden"]
     env = sim_env(work, "-direct")
-    env.update(GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"), XDG_CONFIG_HOME=str(work / "xdg"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gpuwarden has its bytecode
     cases = {
         "python -c pass": ([sys.executable, "-c", "pass"], env),
@@ -448,7 +455,7 @@ def workdir(prefix: str) -> Iterator[Path]:
 
 
 def main() -> int:
-    from conditions import bytecode
+    from conditions import bytecode, tree_root
 
     bytecode()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -463,9 +470,14 @@ def main() -> int:
     parser.add_argument(
         "--profile", metavar="FILE", help="run the service under cProfile, stats to FILE"
     )
+    parser.add_argument(
+        "--compare", metavar="TREE", help="the latencies beside TREE's service, interleaved"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the service and slurmd start jobs as their users")
+    if args.compare:
+        return compare(args, tree_root(args.compare))
     results = []
     with workdir("gw-bench-service-") as work:
         q = GpuwardenQueue(work, args.profile)
@@ -484,6 +496,51 @@ def main() -> int:
                 finally:
                     slurm.close()
     report(results, args)
+    return 0
+
+
+def compare(args: argparse.Namespace, other: Path) -> int:
+    """This tree's service and `other`'s, serving at once, their latency rounds
+    interleaved (one of each in turn, the first of each pair alternating)."""
+    from conditions import bytecode
+
+    bytecode((ROOT, other))
+    with workdir("gw-bench-service-") as mine, workdir("gw-bench-other-") as theirs:
+        queues = {
+            "this tree": (GpuwardenQueue(mine), mine),
+            str(other): (GpuwardenQueue(theirs, src=str(other / "src")), theirs),
+        }
+        try:
+            phases = [("", 0)] + ([("held-", args.held)] if args.held else [])
+            for tag, held in phases:
+                for q, _ in queues.values():
+                    if held:
+                        q.hold_many(held)
+                for key, measured in (
+                    ("submit-to-start", submit_to_start),
+                    ("free-to-next", free_to_next),
+                ):
+                    got: dict[str, list[float]] = {name: [] for name in queues}
+                    for i in range(args.rounds):
+                        names = list(queues) if i % 2 == 0 else list(reversed(queues))
+                        for name in names:
+                            q, work = queues[name]
+                            got[name] += measured(q, work, 1, f"{tag}{i}-")
+                    p50 = {name: statistics.median(ts) for name, ts in got.items()}
+                    beside = f" beside {held} held" if held else ""
+                    for name, ts in got.items():
+                        p99 = pct(ts, 0.99)
+                        print(
+                            f"{key}{beside}: {name:24} p50 {p50[name]:6.1f} ms, p99 {p99:6.1f} ms"
+                        )
+                    mine_p50, theirs_p50 = p50["this tree"], p50[str(other)]
+                    print(
+                        f"{key}{beside}: {other!s} / this tree {theirs_p50 / mine_p50:.2f}x",
+                        flush=True,
+                    )
+        finally:
+            for q, _ in queues.values():
+                q.close()
     return 0
 
 

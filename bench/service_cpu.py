@@ -128,6 +128,10 @@ def measure(tree: Path, jobs: int) -> dict[str, float]:
         GPUWARDEN_SIM=SPEC,
         GPUWARDEN_SIM_STATE=str(work / "sim"),
         GPUWARDEN_LEASE_DIR=str(work / "leases"),
+        # No lab's settings: a machine's /etc/gpuwarden/config.toml (per-user limits,
+        # a webhook) would change what is measured.
+        GPUWARDEN_SYSTEM_CONFIG=str(work / "none.toml"),
+        XDG_CONFIG_HOME=str(work / "xdg"),
     )
     serve = [sys.executable, "-m", "gpuwarden", "serve", "--log-level", "WARNING"]
     with open(work / "serve.log", "ab") as log:

@@ -14,9 +14,18 @@ at once in each round:
   with --compare DIR: the same `gpuwarden submit` of another tree (DIR/src first
   on PYTHONPATH; e.g. the previous main), its client into its own service
 
+  with --lab: as a lab's users run it, from the install `scripts/install-system`
+  makes (a venv of /usr/bin/python3 holding gpuwarden and its dependencies alone,
+  under the bench's folder), each install's console script into a service it
+  runs itself; `python -c pass` of that interpreter beside it; with --compare,
+  the other tree's install too (each tree's own install-system, from a copy of
+  its sources). The checkout's .venv above carries the test tools (torch and
+  some 240 packages: its interpreter's start lists them all) and a pyenv build.
+
 Printed: the median wall and CPU time of one submission of each, the ratio
 gpuwarden / sbatch (the line: <= 3x, with one client and with eight at once), and
-gpuwarden / `python -c pass` (what the client adds to the interpreter's start).
+gpuwarden / `python -c pass` (what the client adds to the interpreter's start),
+for the checkout's .venv and, with --lab, for the lab's install.
 With each gpuwarden row, its service's journal commits and fsyncs over the rounds
 (the submits answered in one turn of its loop share an fsync). Then each
 service's own share of a submit's wait: its CPU time (every thread of
@@ -79,11 +88,14 @@ def cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def serve(work: Path, name: str, env: dict[str, str], profile: Optional[str]) -> Any:
-    """A queue service of the tree on env's PYTHONPATH, at env's GPUWARDEN_SOCKET."""
+def serve(
+    work: Path, name: str, env: dict[str, str], profile: Optional[str], python: str = sys.executable
+) -> Any:
+    """A queue service of `python` (the tree on env's PYTHONPATH), at env's
+    GPUWARDEN_SOCKET."""
     return subprocess.Popen(
         [
-            sys.executable,
+            python,
             *(["-m", "cProfile", "-o", profile] if profile else []),
             "-m",
             "gpuwarden",
@@ -144,11 +156,11 @@ def journal(env: dict[str, str]) -> tuple[int, int]:
     return int(said["commits"]), int(said["fsyncs"])
 
 
-def served(pid: int, env: dict[str, str], argv: list[str]) -> float:
+def served(pid: int, env: dict[str, str], argv: list[str], python: str) -> float:
     """The service's CPU seconds per short submit of `argv`, SERVED of them one after
     another, each on its own connection as the console script sends it."""
     done = subprocess.run(
-        [sys.executable, "-c", SERVING, str(pid), str(SERVED), *argv],
+        [python, "-c", SERVING, str(pid), str(SERVED), *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -156,6 +168,27 @@ def served(pid: int, env: dict[str, str], argv: list[str]) -> float:
     if done.returncode != 0:
         sys.exit(done.stderr.strip())
     return float(done.stdout)
+
+
+def lab_install(tree: Path, work: Path, name: str) -> Path:
+    """`tree` installed as a lab installs it (its own scripts/install-system, from a
+    copy of its sources: pip builds in the source folder) under work/name: the
+    prefix, whose bin/gpuwarden and bin/python the users run."""
+    source = work / f"{name}-source"
+    for part in ("pyproject.toml", "README.md", "LICENSE"):
+        source.mkdir(exist_ok=True)
+        shutil.copy2(tree / part, source / part)
+    shutil.copytree(tree / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(tree / "scripts", source / "scripts")
+    prefix, bindir = work / name, str(work / f"{name}-bin")
+    done = subprocess.run(
+        [str(source / "scripts" / "install-system"), "--prefix", str(prefix), "--bin", bindir],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        sys.exit(f"install-system of {tree} failed: {done.stderr.strip()[-2000:]}")
+    return prefix
 
 
 def main() -> int:
@@ -167,6 +200,9 @@ def main() -> int:
     p.add_argument("--clients", default="1,8")
     p.add_argument("--compare", metavar="DIR", help="also time the submit of the tree in DIR")
     p.add_argument("--profile", metavar="FILE", help="run the service under cProfile, to FILE")
+    p.add_argument(
+        "--lab", action="store_true", help="also time the lab's install (scripts/install-system)"
+    )
     args = p.parse_args()
     if args.compare:
         args.compare = str(tree_root(args.compare))
@@ -189,6 +225,16 @@ def main() -> int:
         SLURM_CONF=str(work / "slurm" / "slurm.conf"),
     )
     slurm = str(ROOT / "scripts" / "slurm-ci")
+    labs: dict[str, Path] = {}  # row -> the install's prefix
+    trees = {"lab: gpuwarden submit": ROOT} if args.lab else {}
+    if args.lab and args.compare:
+        trees["lab: before"] = Path(args.compare)
+    try:
+        for name, tree in trees.items():
+            labs[name] = lab_install(tree, work, f"lab{len(labs)}")
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     cases = {
         "gpuwarden submit --hold": [
             str(BIN / "gpuwarden"),
@@ -216,18 +262,42 @@ def main() -> int:
         "python -c pass": [sys.executable, "-c", "pass"],
     }
     envs = {name: env for name in cases}
+    pythons = {name: sys.executable for name in cases}  # each service's and client's
     services = {"gpuwarden submit --hold": serve(work, "this", env, args.profile)}
+
+    def own_service(name: str, tag: str, argv: list[str], python: str, **more: str) -> None:
+        """A row of `argv` submitting into a service of its own (`python`'s); an empty
+        value in `more` unsets that variable."""
+        cases[name] = argv
+        envs[name] = {
+            k: v
+            for k, v in dict(
+                env,
+                GPUWARDEN_SOCKET=str(work / f"{tag}.sock"),
+                GPUWARDEN_SIM_STATE=str(work / f"sim-{tag}"),
+                GPUWARDEN_LEASE_DIR=str(work / f"leases-{tag}"),
+                **more,
+            ).items()
+            if v
+        }
+        pythons[name] = python
+        services[name] = serve(work, tag, envs[name], None, python)
+
+    submit = cases["gpuwarden submit --hold"]
     if args.compare:
         name = f"before ({args.compare})"
-        cases[name] = cases["gpuwarden submit --hold"]
-        envs[name] = dict(
-            env,
-            PYTHONPATH=str(Path(args.compare) / "src"),
-            GPUWARDEN_SOCKET=str(work / "before.sock"),
-            GPUWARDEN_SIM_STATE=str(work / "sim-before"),
-            GPUWARDEN_LEASE_DIR=str(work / "leases-before"),
+        own_service(name, "before", submit, sys.executable, PYTHONPATH=f"{args.compare}/src")
+    for i, (name, prefix) in enumerate(labs.items()):  # each runs its own gpuwarden
+        own_service(
+            name,
+            f"lab{i}",
+            [str(prefix / "bin" / "gpuwarden"), *submit[1:]],
+            str(prefix / "bin" / "python"),
+            PYTHONPATH="",
         )
-        services[name] = serve(work, "before", envs[name], None)
+        if i == 0:
+            cases["lab: python -c pass"] = [str(prefix / "bin" / "python"), "-c", "pass"]
+            envs["lab: python -c pass"] = envs[name]
     results: dict[int, dict[str, tuple[float, float]]] = {}
     service_cpu: dict[str, float] = {}
     shared: dict[tuple[int, str], tuple[int, int]] = {}  # the rounds' commits, fsyncs
@@ -260,7 +330,7 @@ def main() -> int:
                 shared[clients, name] = (commits - was[name][0], fsyncs - was[name][1])
         after = os.getloadavg()[0]
         for name, proc in services.items():
-            service_cpu[name] = served(proc.pid, envs[name], cases[name][2:])
+            service_cpu[name] = served(proc.pid, envs[name], cases[name][2:], pythons[name])
     finally:
         subprocess.run(["scancel", "-u", "root"], env=env, capture_output=True)
         subprocess.run([slurm, "stop", str(work / "slurm")], env=env, capture_output=True)
@@ -277,15 +347,19 @@ def main() -> int:
             commits, fsyncs = shared.get((clients, name), (0, 0))
             its = f"   the journal's fsyncs {fsyncs} for {commits} commits" if commits else ""
             print(f"  {name:<26} wall {wall * 1000:7.1f} ms   cpu {cpu * 1000:6.1f} ms{its}")
-        ratio = got["gpuwarden submit --hold"][0] / got["sbatch --hold"][0]
-        floor = got["python -c pass"][0] / got["sbatch --hold"][0]
-        over = got["gpuwarden submit --hold"][0] / got["python -c pass"][0]
-        ok = ok and ratio <= LINE
-        print(
-            f"  gpuwarden submit / sbatch = {ratio:.2f} (line <= {LINE:.0f}); "
-            f"python -c pass / sbatch = {floor:.2f}; gpuwarden submit / python -c pass = "
-            f"{over:.2f}"
-        )
+        pairs = [("", "gpuwarden submit --hold", "python -c pass")]
+        if args.lab:
+            pairs.append(("lab: ", "lab: gpuwarden submit", "lab: python -c pass"))
+        for tag, ours, floor_row in pairs:
+            ratio = got[ours][0] / got["sbatch --hold"][0]
+            floor = got[floor_row][0] / got["sbatch --hold"][0]
+            over = got[ours][0] / got[floor_row][0]
+            ok = ok and ratio <= LINE
+            print(
+                f"  {tag}gpuwarden submit / sbatch = {ratio:.2f} (line <= {LINE:.0f}); "
+                f"python -c pass / sbatch = {floor:.2f}; gpuwarden submit / python -c pass = "
+                f"{over:.2f}"
+            )
     print(f"the service's CPU per short submit ({SERVED} one after another):")
     for name, cpu in service_cpu.items():
         print(f"  {name:<26} {cpu * 1000:6.2f} ms")

@@ -49,6 +49,13 @@ def _as(
     )
 
 
+def _imported(done: subprocess.CompletedProcess[str]) -> set[str]:
+    """The modules a command run under `-X importtime` imported."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = [line.split("|") for line in done.stderr.splitlines()]
+    return {c[2].strip() for c in cells if len(c) == 3 and "imported package" not in c[2]}
+
+
 @pytest.mark.slow
 def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path) -> None:
     require(os.geteuid() == 0 and shutil.which("runuser") is not None, "needs root and runuser")
@@ -70,6 +77,11 @@ def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path
     assert os.path.realpath(program) == str(prefix / "bin" / "gpuwarden")
     venv_python = os.path.realpath(prefix / "bin" / "python")
     assert not venv_python.startswith(("/root", "/home")), venv_python  # the system one
+    # Every start of the install's interpreter (each command of every user) runs what a
+    # .pth file says: none is left (setuptools' distutils shim was one).
+    site = list(prefix.glob("lib/python3*/site-packages"))
+    assert len(site) == 1 and (site[0] / "gpuwarden").is_dir(), site
+    assert not list(site[0].glob("*.pth")), sorted(p.name for p in site[0].glob("*.pth"))
 
     work = place / "work"
     work.mkdir(mode=0o1777)
@@ -111,6 +123,17 @@ def test_a_fresh_clone_installs_for_every_user_and_a_student_submits(place: Path
         )
         assert submitted.returncode == 0, submitted.stderr
         job = int(submitted.stdout)
+        # What the install's console script loads beyond its interpreter's own start:
+        # the short client, and none of the modules that cost a start several times
+        # over (the console script of a pip before 25 imports `re`, and `enum` with it).
+        timed = {**env, "PYTHONPROFILEIMPORTTIME": "1"}
+        floor = _imported(
+            _as(alice.name, [str(prefix / "bin" / "python"), "-c", "pass"], timed, work)
+        )
+        held = ["gpuwarden", "submit", "--hold", "--", "true"]
+        beyond = _imported(_as(alice.name, held, timed, work)) - floor
+        assert "gpuwarden.queueclient.thin" in beyond, sorted(beyond)
+        assert not beyond & {"re", "enum", "argparse", "json", "socket", "typing"}, sorted(beyond)
         out = work / f"gpuwarden-{job}.out"
         wait_for(lambda: out.exists() and out.read_text(), 60, "the job's output")
         assert out.read_text() == f"done-{alice.name}\n"

@@ -186,6 +186,8 @@ def test_the_lab_recipe_end_to_end_with_a_students_own_venv(place: Path) -> None
             timeout=900,
         )
         assert again.returncode == 0 and newer in again.stdout, again.stdout + again.stderr
+        # nothing an interpreter's start runs came back with the upgrade (install-system)
+        assert not list(prefix.glob("lib/python3*/site-packages/*.pth"))
         service.send_signal(signal.SIGTERM)
         service.wait(60)
         service = _serve(program, lib, common, log)

@@ -96,7 +96,7 @@ FOLDERS: list[tuple[str, str]] = [
     *(
         (f"service.{m}", "orchestration")
         for m in (
-            *("spawn", "becoming", "marker", "jobterminal", "exitrecord", "tree"),
+            *("spawn", "becoming", "marker", "staging", "jobterminal", "exitrecord", "tree"),
             *("jobcgroup", "jobprocess", "identity", "jobnotify", "forker", "forkerprocess"),
         )
     ),

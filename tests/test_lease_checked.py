@@ -34,6 +34,31 @@ def test_a_second_use_reads_no_mount_table(tmp_path: Path, monkeypatch: pytest.M
     assert len(read) == 2
 
 
+def test_a_loop_s_turn_judges_the_directory_once_and_the_next_turn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service's turn uses the directory three times (an end's release, the pass's
+    listing, the start's lease): one judgement (a walk of lstats up to /) serves them;
+    a change between turns is judged at the next turn's first use."""
+    checked = leasedir.Checked()
+    path = str(tmp_path / "leases")
+    checked.open(path)
+    checked.open(path)  # one just made is checked once more
+    stamped: list[str] = []
+    real = leasedir._stamp
+    monkeypatch.setattr(leasedir, "_stamp", lambda p: stamped.append(p) or real(p))
+    checked.turn()
+    first = checked.open(path)
+    assert checked.open(path) is first and checked.open(path) is first
+    assert stamped == [path]
+    os.chmod(path, 0o777)
+    checked.turn()
+    with pytest.raises(UserError, match="sticky"):
+        checked.open(path)
+    with pytest.raises(UserError, match="sticky"):  # refused, never kept for the turn
+        checked.open(path)
+
+
 def test_a_directory_opened_to_everyone_is_refused_at_its_next_use(tmp_path: Path) -> None:
     checked = leasedir.Checked()
     path = str(tmp_path / "leases")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -24,8 +25,8 @@ import pytest
 
 import launches
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import exitrecord, jobprocess, spawn
-from gpuwarden.service.forker import Forker
+from gpuwarden.service import exitrecord, jobprocess, litter, spawn, staging
+from gpuwarden.service.forker import SPARES, Forker
 from rawservice import Raw
 from waiting import wait_for
 
@@ -424,3 +425,58 @@ def command_of(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_spares_stage_their_jobs_files_and_remove_them_without_a_launch(status_dir: Path) -> None:
+    """A spare forked for a status directory makes its job's exit record room and
+    marker data there while it waits (service.staging), under names no job's files
+    have; its launch takes them (the room renamed, the marker named at the go-ahead);
+    a supervisor whose job ended makes them again for its next; and spares let go of
+    without a launch remove theirs."""
+
+    def staged() -> list[str]:
+        return sorted(p.name for p in status_dir.iterdir() if p.name.startswith("."))
+
+    forker = Forker(str(status_dir))
+    try:
+        forker.warm()
+        wait_for(lambda: len(staged()) == 2 * SPARES, 30, "the spares' staged files")
+        assert all(re.fullmatch(r"\.supervisor-\d+-\d+\.(room|marker)", n) for n in staged())
+        recorded: list[int] = []
+        forked = spawn.begin(
+            launch(status_dir, ["true"]),
+            on_forked=lambda pid, since: recorded.extend((pid, since)),
+            forker=forker.fork,
+        )
+        started = report(forked)
+        os.close(forked.pidfd)
+        ended = wait_for(lambda: exitrecord.read_exit_record(str(status_dir), "7"), 30, "its end")
+        assert ended.ok
+        supervisor, since = recorded
+        assert spawn.read_marker(str(status_dir), "7") == {
+            "supervisor": supervisor,
+            "since": since,
+            "pid": started.pid,
+        }
+        # Taken, all of it, and made again for its next job.
+        wait_for(
+            lambda: len([n for n in staged() if f"-{supervisor}-" in n]) == 2, 30, "made again"
+        )
+    finally:
+        forker.close()
+    wait_for(lambda: staged() == [], 30, "the unused spares' files removed")
+
+
+def test_a_restart_takes_staged_files_for_no_jobs_and_removes_only_dead_ones(
+    status_dir: Path,
+) -> None:
+    """Staged files are never a job's marker or ended job's files; a restart removes
+    those whose supervisor died (by the pid and start time in their names) and keeps
+    a live one's."""
+    live = staging.stage(str(status_dir), os.getpid(), spawn.start_time())
+    dead = staging.stage(str(status_dir), os.getpid(), spawn.start_time() + 1)  # a reused pid
+    assert litter.left_by_ended(str(status_dir), []) == []
+    assert sorted(staging.left_by_dead(str(status_dir), spawn.alive)) == sorted(
+        [dead.room, dead.marker]
+    )
+    assert os.path.exists(live.room) and os.path.exists(live.marker)

@@ -1,14 +1,14 @@
 """The supervisor's steps on the way from the go-ahead to the job, and from the job's
 end to its exit record, in the order that keeps them off the service's path.
 
-What must precede the job's exec stays before it (the marker, on disk;
+What must precede the job's exec stays before it (the marker's name;
 tests/test_service_restart.py and test_service_fulldisk.py hold what each one
 guarantees): these tests hold what may not be put back behind the go-ahead. The
 job's fork and its own steps, the exit record's room and the marker's data are
-made while the service commits the start, so that after the go-ahead one disk wait
-(the marker's name) is left before the exec; the job's pid is written for a restart
-after the service has its report, not before; and a job that leaves no process
-behind ends without a reading of every process on the machine.
+made while the service commits the start, so that after the go-ahead only the
+marker's name (a rename, no disk wait) is left before the exec; the job's pid is
+written for a restart after the service has its report, not before; and a job that
+leaves no process behind ends without a reading of every process on the machine.
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ def test_a_supervisor_without_its_go_ahead_leaves_no_room(status_dir: Path) -> N
     wait_for(lambda: not os.listdir(status_dir), 30, "the room removed, nothing run")
 
 
-def test_the_marker_is_on_disk_before_the_job_execs_and_after_its_fork(
+def test_the_marker_is_named_before_the_job_execs_and_after_its_fork(
     status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The marker's disk wait overlaps the job's fork and setting up (the job exists
-    while it is made durable), and the job's command runs only after it is."""
+    """The marker is named while the job is forked and set up already (the job exists
+    while it is named), and the job's command runs only after it is."""
     log = tmp_path / "order"
-    sync = spawn.sync_marker
+    sync = spawn.name_marker
 
     def slow(where: str, job: str, staged: str) -> None:  # in the supervisor
         children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
@@ -85,13 +85,13 @@ def test_the_marker_is_on_disk_before_the_job_execs_and_after_its_fork(
         with open(log, "a") as fh:
             fh.write("synced\n")
 
-    monkeypatch.setattr(spawn, "sync_marker", slow)
+    monkeypatch.setattr(spawn, "name_marker", slow)
     spawn.start(launch(status_dir, ["sh", "-c", f"echo ran >> {log}"]))
     assert ended(status_dir).ok
     assert log.read_text().splitlines() == ["syncing with 1 child", "synced", "ran"]
 
 
-def test_a_marker_that_cannot_reach_the_disk_runs_nothing(
+def test_a_marker_that_cannot_be_named_runs_nothing(
     status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran = tmp_path / "ran"
@@ -99,7 +99,7 @@ def test_a_marker_that_cannot_reach_the_disk_runs_nothing(
     def failing(where: str, job: str, staged: str) -> None:
         raise UserError("cannot write job marker: Input/output error")
 
-    monkeypatch.setattr(spawn, "sync_marker", failing)
+    monkeypatch.setattr(spawn, "name_marker", failing)
     with pytest.raises(UserError, match="could not be written to disk; not run"):
         spawn.start(launch(status_dir, ["touch", str(ran)]))
     assert not ran.exists()
@@ -160,32 +160,34 @@ def test_a_job_that_leaves_nothing_ends_without_reading_every_process(
     assert spawn.start_time(left) < 0 or Path(f"/proc/{left}/stat").read_text().split()[2] == "Z"
 
 
-def test_a_job_that_fails_before_its_marker_is_on_disk_says_why(
+def test_a_job_that_fails_before_its_marker_is_named_says_why(
     status_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The job's own failure (here: a directory it cannot enter) comes while its
-    supervisor still makes the marker durable: the go-ahead then finds nobody to read
-    it, and the failure is what the service is told, not a dead supervisor."""
-    sync = spawn.sync_marker
+    supervisor still names the marker: the go-ahead then finds nobody to read it, and
+    the failure is what the service is told, not a dead supervisor."""
+    sync = spawn.name_marker
 
     def slow(where: str, job: str, staged: str) -> None:
         time.sleep(0.3)  # the job fails meanwhile
         sync(where, job, staged)
 
-    monkeypatch.setattr(spawn, "sync_marker", slow)
+    monkeypatch.setattr(spawn, "name_marker", slow)
     missing = launch(status_dir, ["true"])
     missing = spawn.JobStart(**{**missing.__dict__, "cwd": str(status_dir / "gone")})
     with pytest.raises(UserError, match="cannot enter"):
         spawn.start(missing)
 
 
-def test_the_job_waits_for_one_fsync_after_its_go_ahead(
+def test_the_job_waits_for_no_fsync_after_its_go_ahead(
     status_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Counted, not timed: between the go-ahead and the job's exec the supervisor waits
-    for the disk once, for the marker's name (its directory); before the go-ahead not
-    at all (the room's blocks are taken by its write, service.exitrecord; the marker's
-    data matters only to a live supervisor), and the exit record's comes after."""
+    """Counted, not timed: between the go-ahead and the job's exec the supervisor does
+    not wait for the disk (the marker's name survives a crash of the service, and a
+    crash of the machine makes a restart take a job of that boot without its marker
+    for one that may have run: service.boots); before the go-ahead neither (the room's
+    blocks are taken by its write, service.exitrecord; the marker's data matters only
+    to a live supervisor); the exit record's fsync comes after."""
     log = tmp_path / "events"
     fsync = os.fsync
 
@@ -206,8 +208,7 @@ def test_the_job_waits_for_one_fsync_after_its_go_ahead(
     events = log.read_text().split()
     go, ran = events.index("go"), events.index("ran")
     assert go == 0, events
-    # then the marker's directory, before the job's exec; nothing else before it
-    assert events[go + 1] == "status" and ran == go + 2, events
+    assert ran == go + 1, events  # no fsync between the go-ahead and the job's exec
 
 
 def test_the_job_is_forked_and_set_up_before_the_go_ahead(status_dir: Path) -> None:
@@ -245,9 +246,9 @@ def test_a_job_set_up_without_its_go_ahead_never_runs(status_dir: Path, tmp_path
 def test_a_marker_whose_data_a_power_cut_lost_says_the_job_may_have_run(
     status_dir: Path,
 ) -> None:
-    """The marker's name is on disk before the exec, its data is not waited for: after a
-    power cut the name may be there with nothing in it. That reads as a marker ({}:
-    the job may have run, so it is never queued again), not as no marker (None)."""
+    """Neither the marker's name nor its data is waited onto the disk: after a power cut
+    the name may be there with nothing in it. That reads as a marker ({}: the job may
+    have run, so it is never queued again), not as no marker (None)."""
     assert spawn.read_marker(str(status_dir), "7") is None
     Path(spawn.marker_path(str(status_dir), "7")).write_text("")
     assert spawn.read_marker(str(status_dir), "7") == {}

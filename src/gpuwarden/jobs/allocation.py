@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from gpuwarden.config import Config
     from gpuwarden.health.files import HealthFiles
+    from gpuwarden.leases.spares import Spares
     from gpuwarden.leases.waitline import Ticket, Waiter
     from gpuwarden.machine.inventory import Snapshot
     from gpuwarden.placement.request import Request
@@ -74,6 +75,7 @@ def attempt(
     patience: float = 0.0,
     conf: Optional[Config] = None,
     health: Optional[HealthFiles] = None,
+    spares: Optional[Spares] = None,
 ) -> Outcome:
     """Choose and take under the allocation lock, serving earlier waiters first.
 
@@ -87,7 +89,8 @@ def attempt(
 
     `conf` is the caller's reading of the configuration: where the drains and XID logs
     are, and the health rules (None: the configuration in force, read here). `health`:
-    a long-running caller's drains and XIDs, kept while their files are unchanged.
+    a long-running caller's drains and XIDs, kept while their files are unchanged;
+    `spares` its lease record files made ahead (leases.spares).
     """
     from gpuwarden.files.locations import state_location
     from gpuwarden.health import drain
@@ -131,6 +134,7 @@ def attempt(
                 return Outcome(None, c, ahead, w)
             virtual.extend(_virtual(g.uuid, w, c) for g in c.gpus)
         held = Held(ld, job or new_job_id(), (), request.mem)
+        held.spares = spares
         unknown: list[LeaseInfo] = []
         while True:
             choice = choose(snapshot, request, virtual + unknown, drains, allowed, judgement)
@@ -155,6 +159,7 @@ def attempt(
                 break
             held.release()
             held = Held(ld, held.job, (), request.mem)
+            held.spares = spares
         if ticket is not None:
             ticket.leave()
         held.keep_allocation_lock(alloc_fd)

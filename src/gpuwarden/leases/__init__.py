@@ -62,6 +62,8 @@ TYPE_CHECKING = False  # typing stays off the start-up path; annotations need it
 if TYPE_CHECKING:
     from typing import Any, Optional
 
+    from gpuwarden.leases.spares import Spares
+
 ALLOC = "alloc.lock"
 LOCK_SUFFIX = ".lock"
 PID_ROOM = 16  # spaces after a prepared record: room for the pid `publish` writes
@@ -161,17 +163,19 @@ def scan(
     """Live leases and stale metadata names; `line` (if given) gets True appended when
     anyone is waiting in line, so that an empty line costs nothing more. Names are
     judged before anything is opened (junk costs a string test); with `tidy` (a list),
-    our own temporary files are collected into it for `sweep`."""
+    our own temporary files are collected into it for `sweep` (not this process's:
+    it is using them, as the service its record files made ahead, leases.spares)."""
     leases, stale = [], []
     read = 0
     names: dict[int, str] = {}
+    ours = f".{os.getpid()}-"  # this process's own temporary files are in use
     for name in os.listdir(ld.path):
         if not name.endswith(HOLDER_SUFFIX):
             if name.endswith(".wait"):
                 if line is not None and not line:
                     line.append(True)
-            elif tidy is not None and name.startswith(".") and name.endswith(TMP_SUFFIX):
-                tidy.append(name)
+            elif tidy is not None and name[:1] == "." and name.endswith(TMP_SUFFIX):
+                tidy += [] if ours in name else [name]  # ours are in use: left alone
             continue
         m = re.fullmatch(HOLDER_PATTERN, name)
         if m is None:
@@ -263,6 +267,7 @@ class Held:
         self._records: Optional[list[dict[str, Any]]] = None  # prepared, not yet published
         self._alloc_fd: Optional[int] = None
         self.on_behalf: Optional[str] = None  # root leasing for this user (the queue service)
+        self.spares: Optional[Spares] = None  # record files made ahead (leases.spares)
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -357,13 +362,17 @@ class Held:
             return False
         self.fds.append(fd)
         final = ld.join(f"{gpu.uuid}.{self.job}{HOLDER_SUFFIX}")
-        tmp = temporary_name(final)  # swept by `sweep` if we are killed before the rename
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            mfd = os.open(tmp, flags, 0o644)
-        except OSError as err:
-            raise UserError(f"cannot create the lease record {tmp}: {err.strerror}") from None
-        fcntl.flock(mfd, fcntl.LOCK_EX)
+        made = None if self.spares is None else self.spares.take(ld)  # leases.spares
+        if made is not None:
+            mfd, tmp = made
+        else:
+            tmp = temporary_name(final)  # swept by `sweep` if we are killed before the rename
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                mfd = os.open(tmp, flags, 0o644)
+            except OSError as err:
+                raise UserError(f"cannot create the lease record {tmp}: {err.strerror}") from None
+            fcntl.flock(mfd, fcntl.LOCK_EX)
         self.fds.append(mfd)
         self._tmp.append((mfd, tmp, final, gpu))
         return True

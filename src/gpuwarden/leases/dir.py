@@ -176,7 +176,11 @@ class Checked:
     which the kernel marks on every mount and unmount (proc(5): /proc/self/mounts is
     pollable). A job's start then costs a few lstats and one poll instead of a walk
     with realpath and a read of /proc/mounts; a swapped directory, a changed owner or
-    mode, a new mount, each is a full check again. `checks` counts the full ones."""
+    mode, a new mount, each is a full check again. `checks` counts the full ones.
+
+    A loop that calls `turn` as it wakes has each directory judged once a turn (its
+    end's release, its pass's listing and its start's lease use one judgement): what
+    could change it (a swap, a chmod, a mount) comes between turns, where it is seen."""
 
     def __init__(self, mounts: str = "/proc/self/mounts") -> None:
         self._known: dict[str, tuple[Stamp, LeaseDir]] = {}
@@ -184,6 +188,11 @@ class Checked:
         self._poll: Optional[select.poll] = None
         self._fd = -1
         self.checks = 0
+        self._judged: Optional[set[str]] = None  # this turn's judged paths (None: no turns)
+
+    def turn(self) -> None:
+        """A new turn of the caller's loop: each directory is judged again at its next use."""
+        self._judged = set()
 
     def open(self, path: Optional[str] = None, create: bool = True) -> LeaseDir:
         """`open_dir(path, create)`, checked again only when something above changed."""
@@ -192,10 +201,15 @@ class Checked:
 
             path = lease_location()
         path = os.path.abspath(path)
+        judged = self._judged
+        if judged is not None and path in judged and path in self._known:
+            return self._known[path][1]
         if self._mounts_moved():  # the event is taken once: every directory is judged again
             self._known.clear()
         known = self._known.get(path)
         if known is not None and _stamp(path) == known[0]:
+            if judged is not None:
+                judged.add(path)
             return known[1]
         self._known.pop(path, None)
         before = _stamp(path)  # taken first: a change during the check misses next time
@@ -203,6 +217,8 @@ class Checked:
         checked = open_dir(path, create)
         if before is not None and self._poll is not None:
             self._known[path] = (before, checked)
+            if judged is not None:
+                judged.add(path)
         return checked
 
     def close(self) -> None:

@@ -115,7 +115,7 @@ def become_job(
             os.dup2(fd, target)
     close_all_but({0, 1, 2, error_w, ready})  # both close-on-exec; no lease descriptor
     env = job_environment(launch.env, launch.extra_env)
-    if ready >= 0 and os.read(ready, 1) != b"x":  # the supervisor's go: its marker is on disk
+    if ready >= 0 and os.read(ready, 1) != b"x":  # the supervisor's go: its marker is named
         raise UserError("its start could not be written to disk; not run")
     try:
         os.execvpe(launch.argv[0], list(launch.argv), env)

@@ -1,7 +1,7 @@
 """Writing a job's exit record so that a full disk cannot lose it.
 
 The supervisor (service.spawn) makes the record's room before the job starts
-(`reserve`: a file of `ROOM` blanks) and writes the record into it when the job
+(a file of `ROOM` blanks, service.staging) and writes the record into it when the job
 ends and renames it into place (`write`), then waits for it to reach the disk while
 the service, told of the end, reads it: no block is newly taken, so a
 job that ends while the state directory's disk is full still leaves its record, and
@@ -18,7 +18,6 @@ a power cut caught before then reads as none (its room's blanks).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -27,14 +26,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.files.safefiles import read_small, write_atomic, write_new
+from gpuwarden.files.safefiles import read_small, write_atomic
 
 #: The room's size: a record is cut to fit (the error a job's start failed with is
 #: at most 4 KB, its JSON escapes at most six times that).
 ROOM = 8192
 #: The record's name beside the job's marker.
 EXIT_SUFFIX = ".exit"
-#: The room an exit record is written into, made before the job starts (`reserve`).
+#: The room an exit record is written into, made before the job starts (service.staging).
 RESERVE_SUFFIX = ".ending"
 
 
@@ -89,17 +88,6 @@ def read_exit_record(status_dir: str, job: str) -> Optional[Ended]:
         return None
     except (UserError, ValueError, TypeError, AttributeError):
         return Ended(None, None, "unreadable exit record", 0.0)
-
-
-def reserve(room: str) -> None:
-    """Make the room at `room` (a leftover of an earlier run replaced); no room on the
-    disk: UserError, and the job does not start."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(room)
-    try:
-        write_new(room, b" " * ROOM, 0o600)
-    except OSError as err:
-        raise UserError(f"cannot write the job's exit record {room}: {err.strerror}") from None
 
 
 def encode(record: Mapping[str, object]) -> bytes:

@@ -89,8 +89,8 @@ class Forker:
     request carries nothing that could run: a forker that dies with one is simply
     started again, and its spare, whose socket's other end it held, exits.
 
-    A supervisor whose job has ended with nothing of it left (`_again`) waits for
-    another launch on the same socket: once the service is done with that job
+    A supervisor whose job has ended with nothing of it left (service.forkerprocess)
+    waits for another launch on the same socket: once the service is done with that job
     (`ended`, called as it lets go of the job's supervisor), it is a spare again, taken
     before those never used. A job then costs no fork, no exit, and few pages copied:
     the supervisor's own copies of the pages its first job touched serve the next."""
@@ -182,8 +182,8 @@ class Forker:
 
     def _recycle(self) -> None:
         """Read what the supervisors given a launch have said: ready for another (one
-        byte, `_again`), a spare again if the service is done with its job; closed (it
-        has exited, or will at its job's end): let go."""
+        byte), a spare again if the service is done with its job; closed (it has
+        exited, or will at its job's end): let go."""
         for fd, _ in self.poller.poll(0) if self.polled else ():
             spare = self.busy[self.polled[fd]]
             try:
@@ -340,10 +340,12 @@ def send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
 def receive(
     sock: socket.socket, most_fds: int, timeout: Optional[float] = None
 ) -> tuple[dict[str, Any], list[int]]:
-    """One message and its descriptors; EOFError at the peer's end before one began."""
+    """One message and its descriptors; EOFError at the peer's end before one began.
+    Read to its end and no further: requests sent together (a stream joins them) stay
+    each whole for the next call (a read of all that had come lost them)."""
     sock.settimeout(timeout)
     size = socket.CMSG_SPACE(most_fds * array.array("i").itemsize)
-    data, ancillary, flags, _ = sock.recvmsg(65536, size, socket.MSG_CMSG_CLOEXEC)
+    data, ancillary, flags, _ = sock.recvmsg(_SIZE.size, size, socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, chunk in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -354,10 +356,10 @@ def receive(
         if not data:
             raise EOFError("the other end has closed")
         while len(data) < _SIZE.size:
-            data += _more(sock)
+            data += _more(sock, _SIZE.size - len(data))
         (length,) = _SIZE.unpack_from(data)
         while len(data) < _SIZE.size + length:
-            data += _more(sock)
+            data += _more(sock, _SIZE.size + length - len(data))
         if flags & socket.MSG_CTRUNC:  # read whole first: the next message starts clean
             raise ValueError("too many descriptors")
         message = json.loads(data[_SIZE.size : _SIZE.size + length])
@@ -370,8 +372,8 @@ def receive(
     return message, fds
 
 
-def _more(sock: socket.socket) -> bytes:
-    chunk = sock.recv(1 << 20)
+def _more(sock: socket.socket, most: int) -> bytes:
+    chunk = sock.recv(most)
     if not chunk:
         raise EOFError("the other end closed within a message")
     return chunk

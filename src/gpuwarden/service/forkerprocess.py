@@ -1,7 +1,7 @@
 """The forker process itself (service.forker is the service's handle on it): it forks a
 spare supervisor per request of the service, each of which takes its first steps,
 waits for a launch on a socket of its own and runs it, and then, while nothing of its
-job is left, waits for another (`_again`).
+job is left, waits for another (`_recyclable`).
 
 A spare and a recycled supervisor end by `os._exit` after their own cleanup: they are
 forks of this interpreter, whose finalisation (its modules, its garbage, the buffers
@@ -96,7 +96,7 @@ def _fork_spare(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             sock.close()
             theirs.close()
-            code = _supervise_when_told(spawn, ours)
+            code = _supervise_when_told(spawn, ours, status_dir)
         finally:
             os._exit(code)
     ours.close()
@@ -110,33 +110,51 @@ def _fork_spare(
         children.add(pid)  # reaped from now on, whether the service heard of it or not
 
 
-def _supervise_when_told(spawn: Any, sock: socket.socket) -> int:
-    """In a spare: take a supervisor's first steps (`becoming.become_supervisor`), then
-    wait for a launch, run it, and wait for the next while `_again` allows; none (the
-    service or its forker let go of us): exit, having run nothing (more)."""
-    from gpuwarden.service import becoming
+def _supervise_when_told(spawn: Any, sock: socket.socket, status_dir: str) -> int:
+    """In a spare: take a supervisor's first steps (`becoming.become_supervisor`) and
+    make what a job of `status_dir` needs before it runs (service.staging; its cgroups'
+    place), then wait for a launch and run it, and again while `_recyclable` allows;
+    none (the service or its forker let go of us): exit, having run nothing (more),
+    the staged files removed."""
+    from gpuwarden.service import becoming, jobcgroup, staging
 
     becoming.become_supervisor({sock.fileno()})
-    code = 0
+    since, code, again = spawn.start_time(), 0, False
     for last in range(MOST_JOBS, 0, -1):
+        staged, placed = None, None
+        if status_dir:
+            with contextlib.suppress(UserError):  # else made after the launch, or said why not
+                staged = staging.stage(status_dir, os.getpid(), since)
+            with contextlib.suppress(Exception):
+                placed = (status_dir, jobcgroup.place(status_dir))
+        launch = None
         try:
+            if again:  # ready for another job, what it needs made
+                sock.send(b"r")
             data, fds = receive(sock, MOST_FDS)
+            launch = _decode(data, fds)
         except (EOFError, ValueError, OSError):
             return code
-        launch = _decode(data, fds)
-        code = int(spawn._supervise(launch, fds[0], fds[1], spawn._ready(launch), become=False))
-        if last == 1 or not _again(launch, sock):
+        finally:
+            if launch is None and staged is not None:  # no job: its files go
+                staged.discard()
+        if staged is not None and launch.status_dir != status_dir:  # not where it staged
+            staged.discard()
+            staged = None
+        where = spawn._ready(launch, placed)
+        code = int(spawn._supervise(launch, fds[0], fds[1], where, become=False, staged=staged))
+        again = last > 1 and _recyclable(launch, sock)
+        if not again:
             break
     return code
 
 
-def _again(launch: JobStart, sock: socket.socket) -> bool:
-    """Whether this supervisor, its job ended, may take another launch, and if so it
-    says so (one byte): its job ran and its exit record is in place (a restarted
-    service needs nothing more of it for that job; a start that failed is answered by
-    the supervisor's exit), it took no client's terminal (its session would keep it),
-    and it holds nothing of the job (its tree ended, every descriptor but its socket
-    closed: the job's leases among them)."""
+def _recyclable(launch: JobStart, sock: socket.socket) -> bool:
+    """Whether this supervisor, its job ended, may take another launch: its job ran and
+    its exit record is in place (a restarted service needs nothing more of it for that
+    job; a start that failed is answered by the supervisor's exit), it took no client's
+    terminal (its session would keep it), and it holds nothing of the job (its tree
+    ended; every descriptor but its socket closed here: the job's leases among them)."""
     from gpuwarden.service import becoming, exitrecord
 
     if launch.stdio is not None:
@@ -145,10 +163,6 @@ def _again(launch: JobStart, sock: socket.socket) -> bool:
     if ended is None or ended.error is not None:
         return False
     becoming.close_all_but({0, 1, 2, sock.fileno()})
-    try:
-        sock.send(b"r")
-    except OSError:  # the service has let go of us
-        return False
     return True
 
 
@@ -159,7 +173,7 @@ def main(argv: list[str]) -> int:
     import pwd  # noqa: F401
     import termios  # noqa: F401
 
-    from gpuwarden.service import becoming, exitrecord, jobcgroup, spawn, tree  # noqa: F401
+    from gpuwarden.service import becoming, exitrecord, jobcgroup, spawn, staging, tree  # noqa: F401
 
     with contextlib.suppress(ImportError, OSError):
         from gpuwarden.cgroups import bpf  # noqa: F401

@@ -106,6 +106,13 @@ class Place:
 _places: dict[str, Place] = {}
 
 
+def kept_place(status_dir: str) -> Place:
+    """The `Place` the last start worked out for `status_dir` (where the jobs running
+    now were put), without reading /proc again; `place`'s where none was."""
+    known = _places.get(status_dir)
+    return known if known is not None else place(status_dir)
+
+
 def place(status_dir: str) -> Place:
     """The `Place` of the service whose exit records go to `status_dir`. Kept while this
     process's own cgroups (/proc/self/cgroup, one read) stay what they were: a service

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuwarden.base.errors import UserError
 from gpuwarden.planning import scheduling
 from gpuwarden.service import (
     attachment,
@@ -165,9 +166,9 @@ class JobLife:
             mode = self.cgroup_mode = detect()[0]
         if mode == "none" or self.settings.devices == "off":
             return {}
-        from gpuwarden.service.jobcgroup import place, placed_dirs
+        from gpuwarden.service.jobcgroup import kept_place, placed_dirs
 
-        return placed_dirs(place(self.exits), str(job_id))  # where its start made them
+        return placed_dirs(kept_place(self.exits), str(job_id))  # where its start made them
 
     def signal(self, job: store.Job, sig: int) -> bool:
         """`sig` once to every process of the job: its cgroup's (however they detached),
@@ -226,10 +227,17 @@ class JobLife:
 
     def settle(self) -> None:
         """What the ends of the turn left that no start waits for (their notices, their
-        cgroups' removal), after the turn's go-aheads: a freed GPU's next job does not
-        wait for it. A piece that fails is dropped; the rest waits for the next turn."""
+        cgroups' removal), and the next starts' lease record files, after the turn's
+        go-aheads: a freed GPU's next job does not wait for them. A piece that fails is
+        dropped; the rest waits for the next turn."""
         while self.afterwards:
             self.afterwards.pop(0)()
+        spares, gpus = self.hardware.spares, len(self.machine.gpus) if self.machine else 0
+        if spares.short(gpus):  # the next starts' lease records, made now (leases.spares)
+            try:
+                spares.stock(self.hardware.lease_dirs.open(self.settings.lease_dir), gpus)
+            except (OSError, UserError) as err:
+                log.debug("lease records not made ahead: %s", err)
 
     def watcher(self) -> ServiceWatch:
         if self.watch is None:

@@ -97,6 +97,9 @@ class Machine:
         from gpuwarden.leases.dir import Checked
 
         self.lease_dirs = Checked()  # the GPUs' locks: checked again when a stat changes
+        from gpuwarden.leases.spares import Spares
+
+        self.spares = Spares()  # lease record files made ahead of the starts
         from gpuwarden.health.files import HealthFiles
 
         self.health = HealthFiles()  # drains and XIDs: read again when their files change
@@ -268,6 +271,7 @@ class Machine:
     def close(self) -> None:
         """NVML shut down and the lease directories' watch closed (the service stops)."""
         self._end_session()
+        self.spares.clear()
         self.lease_dirs.close()
 
     def _end_session(self) -> None:

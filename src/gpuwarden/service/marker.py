@@ -1,14 +1,16 @@
-"""A job's marker: the file its supervisor names, on disk, before the job may exec.
+"""A job's marker: the file its supervisor names before the job may exec.
 
-A restarted service that finds no marker for a job knows it never ran and may queue
-it again without running it twice (service.spawn). Its name is what says so: the
-marker's data (the supervisor's pid and start time, for a restart that adopts a
-live supervisor) is staged while the service commits the start (`stage_marker`),
-and after the go-ahead the name is given and put on disk (`sync_marker`: a rename
-and one fsync of the directory) before the job execs. The data is not waited for:
-it matters only while the supervisor lives, which a power cut ends; a marker whose
-data did not reach the disk reads as there and unreadable (`read_marker`: {}),
-never as absent. The job's pid is added later (`write_marker`).
+A restarted service that finds no marker for a job of this boot knows it never ran
+and may queue it again without running it twice (service.recovery). Its name is what
+says so: the marker's data (the supervisor's pid and start time, for a restart that
+adopts a live supervisor) is staged while the service commits the start
+(`stage_marker`), and after the go-ahead the name is given (`name_marker`, a rename)
+before the job execs. Neither is waited onto the disk: a crash of the service keeps
+both (the page cache outlives it), and a crash of the machine, which may lose them,
+ends the job too; a restart after one takes a job with no marker for one that may
+have run (service.boots). A marker whose data did not reach the disk reads as there
+and unreadable (`read_marker`: {}), never as absent. The job's pid is added later
+(`write_marker`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Optional
 from gpuwarden.base.errors import UserError
 from gpuwarden.files.safefiles import (
     read_small,
-    sync_directory,
     temporary_name,
     write_atomic,
     write_new,
@@ -41,8 +42,8 @@ def write_marker(
 
 
 def stage_marker(status_dir: str, job: str, data: Mapping[str, object]) -> str:
-    """Write the marker's data to a temporary file (`sync_marker` names it), before the
-    go-ahead, so that after it only the name must reach the disk."""
+    """Write the marker's data to a temporary file (`name_marker` names it), before the
+    go-ahead, so that after it only the name is left to give."""
     tmp = temporary_name(marker_path(status_dir, job))
     try:
         write_new(tmp, json.dumps(data).encode(), 0o644)
@@ -51,14 +52,13 @@ def stage_marker(status_dir: str, job: str, data: Mapping[str, object]) -> str:
     return tmp
 
 
-def sync_marker(status_dir: str, job: str, staged: str) -> None:
-    """Give the staged marker its name, on disk: from then on a job may have run."""
+def name_marker(status_dir: str, job: str, staged: str) -> None:
+    """Give the staged marker its name: from then on a job may have run."""
     path = marker_path(status_dir, job)
     try:
         os.rename(staged, path)
     except OSError as err:
         raise UserError(f"cannot write job marker {path}: {err.strerror}") from None
-    sync_directory(status_dir)
 
 
 def read_marker(status_dir: str, job: str) -> Optional[dict[str, int]]:

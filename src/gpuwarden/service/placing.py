@@ -262,9 +262,11 @@ def start_job(
     # What the chosen GPUs use now, read just before they are leased: the plan's
     # reading may be up to a tick old (service.machine).
     snapshot = service.hardware.chosen(uuids)
+    hardware = service.hardware
     outcome = allocation.attempt(
-        ld, request, snapshot, job=str(job.id), conf=reading, health=service.hardware.health
-    )
+        ld, request, snapshot, job=str(job.id), conf=reading, health=hardware.health,
+        spares=hardware.spares,
+    )  # fmt: skip
     if outcome.held is None:
         # The machine moved since the plan (a process appeared, kept in the reading the
         # next pass plans on): plan again once at once (service.pacing). A request of

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.service import (
     attachment,
+    boots,
     exitrecord,
     litter,
     preempting,
     requeue,
     spawn,
+    staging,
     store,
     unwritten,
 )
@@ -38,8 +40,12 @@ def recover(life: JobLife) -> None:
     A STARTING job whose supervisor was never recorded never got the go-ahead: its
     supervisor (if one was forked) exits without running it, so it is queued again.
     A recorded supervisor still alive is watched; when it ends, its exit record
-    says how the job ended, and its absence with no marker means it never started.
+    says how the job ended, and its absence with no marker means it never started,
+    unless the job started in an earlier boot, whose crash may have lost its marker
+    (service.boots): it may have run, and ends LOST.
     """
+    now = boots.current()
+    earlier = boots.earlier(life.store, now)
     for job in life.store.jobs([store.STARTING, store.RUNNING]):
         marker = spawn.read_marker(life.exits, str(job.id))
         ended = exitrecord.read_exit_record(life.exits, str(job.id))
@@ -66,12 +72,11 @@ def recover(life: JobLife) -> None:
             elif job.reason == preempting.REASON:  # its signal went: SIGKILL after grace
                 life.preempting[job.id] = time.monotonic()
             log.info("re-adopted job %s", job.id)
-        elif marker is None:
+        elif marker is None and not earlier:
             life.requeue_unstarted(job)
         else:
-            life.finish(
-                job, exitrecord.Ended(None, None, "its supervisor died", time.time()), store.LOST
-            )
+            why = "the machine went down as it started" if marker is None else "its supervisor died"
+            life.finish(job, exitrecord.Ended(None, None, why, time.time()), store.LOST)
     for job in life.store.jobs(store.ACTIVE):
         if not job.attached:
             continue
@@ -91,6 +96,7 @@ def recover(life: JobLife) -> None:
             time.monotonic() + attachment.REATTACH_WITHIN,
             client,
         )
+    boots.record(life.store, now)  # after the changes above: with them on disk
     life.sweep_cgroups()
     _litter_of_ended_jobs(life)
     life.pacer.wake()
@@ -110,6 +116,8 @@ def end_orphans(life: JobLife) -> None:
 
 def _litter_of_ended_jobs(life: JobLife) -> None:
     """Exit records and markers of jobs the journal has ended (a service killed
-    before `remove_litter` leaves them): removed."""
+    before `remove_litter` leaves them), and what supervisors that died made for a
+    job before it ran (service.staging): removed."""
     life.litter.extend(litter.left_by_ended(life.exits, (j.id for j in life.store.jobs())))
+    life.litter.extend(staging.left_by_dead(life.exits, spawn.alive))
     life.remove_litter()

@@ -236,6 +236,7 @@ class Service:
         last (`JobLife.settle`). None of it grows with requests."""
         life, pacer = self.life, self.life.pacer
         pacer.turn += 1
+        life.hardware.lease_dirs.turn()  # judged once a turn (leases.dir.Checked)
         if self.reload_asked:  # SIGHUP: a refused reading is logged and changes nothing
             self.reload_asked = False
             with contextlib.suppress(UserError):
@@ -252,6 +253,8 @@ class Service:
             pacer.deferred += 1  # a start waiting: none may (tests/test_service_counts.py)
         try:
             events = self.selector.select(wait)
+            if wait > 0:  # what changed while it waited is seen
+                life.hardware.lease_dirs.turn()
             for _ in range(GATHER):
                 self._handle(events)
                 # Answers wait for the journal's fsync: what came while they were made

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuwarden.base.errors import UserError
-from gpuwarden.service import becoming, exitrecord, jobprocess, jobterminal, tree
+from gpuwarden.service import becoming, exitrecord, jobprocess, jobterminal, staging, tree
 from gpuwarden.service.identity import Person
 from gpuwarden.service.marker import MARKER_SUFFIX as MARKER_SUFFIX  # the callers' names
 from gpuwarden.service.marker import marker_path as marker_path
+from gpuwarden.service.marker import name_marker, write_marker
 from gpuwarden.service.marker import read_marker as read_marker
-from gpuwarden.service.marker import stage_marker, sync_marker, write_marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -264,16 +264,21 @@ def _reap(pid: int, timeout: float, pidfd: int = -1) -> None:
 
 
 def _supervise(
-    launch: JobStart, report_w: int, go_r: int, where: Optional[Place], become: bool = True
+    launch: JobStart,
+    report_w: int,
+    go_r: int,
+    where: Optional[Place],
+    become: bool = True,
+    staged: Optional[staging.Staged] = None,
 ) -> int:
     """In the supervisor: start the job, report its pid, wait, write its exit record.
 
     All that may come before the go-ahead does, while the service commits the start:
     the job's cgroup, its fork and its own steps up to the exec (it then waits for a
-    byte), the exit record's room and the marker's data (on disk). After the
-    go-ahead one disk wait is left before the job execs: the marker's name.
-    `become=False`: `becoming.become_supervisor` was done before the launch came (a
-    spare, service.forker), off the way to the start."""
+    byte), the exit record's room and the marker's data. After the go-ahead only the
+    marker's name is given before the job execs (a rename: no disk wait). `become=False`,
+    `staged`: `becoming.become_supervisor` was done, and the room and the marker's data
+    made in `launch.status_dir`, before the launch came (a spare, service.forker)."""
     if become:
         becoming.become_supervisor({report_w, go_r, *launch.keep, *(launch.stdio or ())})
     if launch.stdio is not None:
@@ -282,7 +287,7 @@ def _supervise(
     job, exec_w, error_r = -1, -1, -1
     if problem is None:
         error_r, error_w = os.pipe2(os.O_CLOEXEC)
-        exec_r, exec_w = os.pipe2(os.O_CLOEXEC)  # a byte: the marker is on disk, exec
+        exec_r, exec_w = os.pipe2(os.O_CLOEXEC)  # a byte: the marker is named, exec
         job = os.fork()
         if job == 0:
             try:
@@ -299,14 +304,13 @@ def _supervise(
                     os._exit(127)
         os.close(error_w)
         os.close(exec_r)
-    # The exit record's room, and the marker's data on disk, while the job sets itself
-    # up. A room alone says nothing, nor does a staged marker: only its name does.
+    # The exit record's room and the marker's data (a spare's made before its launch)
+    # while the job sets itself up: only the marker's name says a job may have run.
     room = exitrecord.reserve_path(launch.status_dir, launch.job)
-    mark: dict[str, int] = {"supervisor": os.getpid(), "since": start_time()}
-    staged, unstarted = None, None  # the reason the job is not run, if one
+    marker, unstarted = None, None  # the reason the job is not run, if one
     try:
-        exitrecord.reserve(room)
-        staged = stage_marker(launch.status_dir, launch.job, mark)
+        staged = staged or staging.stage(launch.status_dir, os.getpid(), start_time())
+        marker = staged.take(launch.job)
     except UserError as err:  # no room (a full disk): not run
         unstarted = str(err)
     go = os.read(go_r, 1)
@@ -314,24 +318,24 @@ def _supervise(
     if go != b"g" or unstarted is not None:
         # The service died before recording us (the job must not run), or the disk
         # cannot take the job's records: the job ends at its closed pipe, unrun.
-        _unstart(job, exec_w, cgroup, [room, staged])
+        _unstart(job, exec_w, cgroup, [room, marker])
         if go == b"g":
             os.write(report_w, _report(0, unstarted))
             os.close(report_w)
         return 0
-    assert staged is not None
+    assert staged is not None and marker is not None
     if problem is not None:  # no cgroup where one is required: recorded, not run
         with contextlib.suppress(UserError):
-            sync_marker(launch.status_dir, launch.job, staged)
+            name_marker(launch.status_dir, launch.job, marker)
         record = {"code": None, "signal": None, "error": problem, "at": time.time()}
         _write_exit_record(launch, record)
         os.write(report_w, _report(0, problem))
         os.close(report_w)
         return 0
-    # On disk before the job execs: a restarted service that finds no marker knows it
-    # never ran and may queue it again without running it twice.
+    # Named before the job execs: a restarted service that finds no marker for a job of
+    # this boot knows it never ran and may queue it again without running it twice.
     try:
-        sync_marker(launch.status_dir, launch.job, staged)
+        name_marker(launch.status_dir, launch.job, marker)
         os.write(exec_w, b"x")
     except UserError:
         pass  # closed without the byte: the job exits before its exec, saying why
@@ -350,10 +354,9 @@ def _supervise(
     # as well, so a full disk now must not end the supervisor of a running job. After
     # the report: the service starts the next job meanwhile, not after these writes.
     # Not waited onto the disk: it is for a restarted service, which a crash of the
-    # machine does not need it for (the job died with the machine); the first marker,
-    # on disk, already says a job may have run.
+    # machine does not need it for (the job died with the machine).
     with contextlib.suppress(UserError):
-        write_marker(launch.status_dir, launch.job, {**mark, "pid": job}, durable=False)
+        write_marker(launch.status_dir, launch.job, {**staged.mark, "pid": job}, durable=False)
     while True:
         try:
             _, status = os.waitpid(job, 0)
@@ -412,14 +415,17 @@ def _write_exit_record(
     exitrecord.write(room, path, record, told)
 
 
-def _ready(launch: JobStart) -> Optional[Place]:
-    """In the service, before it forks the supervisor: load and work out what the
+def _ready(launch: JobStart, placed: Optional[tuple[str, Place]] = None) -> Optional[Place]:
+    """In the service, before it forks a supervisor: load and work out what the
     supervisor and the job call (the C library's handle, the cgroups' place and the
     modules it needs), once here rather than in each of them, where every lazy import
-    or reading of /proc would be paid again per job. The job's cgroup `Place`, or None."""
+    or reading of /proc would be paid again per job. The job's cgroup `Place`, or None.
+    `placed`: a status directory and its place, worked out before the launch came."""
     tree.ready()
     if launch.minors is None or launch.devices == "off":
         return None
+    if placed is not None and placed[0] == launch.status_dir:
+        return placed[1]
     from gpuwarden.service import jobcgroup
 
     return jobcgroup.place(launch.status_dir)

@@ -344,6 +344,8 @@ class JobLife:
         if held is not None:
             os.close(held)
         job = self.store.get(job_id)
+        if job is not None and job.supervisor:
+            self.forker.ended(job.supervisor)  # it may take another job from now on
         if job is None or job.state not in (store.STARTING, store.RUNNING):
             return
         self.hardware.freed(job.gpus)  # its processes leave the reading (service.machine)

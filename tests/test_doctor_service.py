@@ -225,7 +225,7 @@ def test_the_doctor_knows_a_stopped_service_and_never_suggests_what_is_done() ->
 
 
 def test_a_client_of_another_release_is_told_in_one_line_with_the_line_that_matches(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """A student's venv left behind by an upgrade: doctor's fix names the service's
     release (pip keeps an installed gpuwarden unless the line asks for another), and
@@ -242,6 +242,16 @@ def test_a_client_of_another_release_is_told_in_one_line_with_the_line_that_matc
     )
     [_, same] = judged({**found, "release": __version__, "wheels": wheels})
     assert same.check == "service.client" and same.fix.endswith(f"{wheels} gpuwarden")
+
+    # A wheels folder holding pip's: pip 25 or later goes in first, whose console
+    # scripts import no `re` (scripts/install-system puts it there).
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    (folder / "pip-26.0-py3-none-any.whl").touch()
+    [_, both] = judged({**found, "release": __version__, "wheels": str(folder)})
+    pip, gpuwarden = both.fix.split(" && ")
+    assert pip.endswith(f"python -m pip install --no-index --find-links {folder} 'pip>=25'")
+    assert gpuwarden == pip.replace("'pip>=25'", "gpuwarden")
 
     monkeypatch.setattr(client, "_TOLD", [])
     for theirs in ("9.9", "9.9", "9.8"):

@@ -108,3 +108,25 @@ def test_what_changed_just_now_is_read_each_time(
     for _ in range(3):
         files.current(state)
     assert files.reads == 3 and len(reads) == 3
+
+
+def test_a_readings_health_rules_are_worked_out_once(
+    state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service judges the GPUs twice a start (the plan, the lease) by the same
+    reading of its configuration: the rules it sets are worked out once a reading, and
+    again for another reading (the file changed: service.liveconfig)."""
+    from gpuwarden.config import load
+    from gpuwarden.health import judgement
+
+    made: list[object] = []
+    real = judgement.rules_in_force
+    monkeypatch.setattr(judgement, "rules_in_force", lambda c: made.append(c) or real(c))
+    monkeypatch.setenv("GPUWARDEN_STATE_DIR", state)
+    files = HealthFiles(SETTLE)
+    reading, other = load(), load()
+    for _ in range(3):
+        assert files.judged([], reading) == {}
+    assert made == [reading]
+    files.judged([], other)
+    assert made == [reading, other]

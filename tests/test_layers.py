@@ -97,7 +97,7 @@ FOLDERS: list[tuple[str, str]] = [
         (f"service.{m}", "orchestration")
         for m in (
             *("spawn", "becoming", "marker", "staging", "jobterminal", "exitrecord", "tree"),
-            *("jobcgroup", "jobprocess", "identity", "jobnotify", "forker"),
+            *("jobcgroup", "jobprocess", "identity", "jobnotify", "forker", "forkerprocess"),
         )
     ),
     ("exporter.server", "services"),

@@ -83,3 +83,35 @@ def test_history_older_than_keep_history_is_archived_and_still_reported(
     (row,) = json.loads(done.stdout)
     assert row["name"] == "gw-alice" and row["gpus_idle"] == 1 and row["jobs"] == 1, row
     assert row["held_hours"] == pytest.approx(0.5) and row["idle_hours"] == pytest.approx(0.5)
+
+
+def test_an_end_charges_the_account_level_only_where_it_counts(tmp_path: Path) -> None:
+    """A run's GPU-seconds go to its account's usage when it names one, and to no
+    account's (`-`) only while accounts have shares (fair share's account level): with
+    none, that row was written at every end and read by nothing."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from gpuwarden.planning.scheduling import Policy
+    from gpuwarden.service.joblife import JobLife
+
+    journal = st.Store(str(tmp_path / "jobs.db"))
+    ran = journal.add(
+        st.new_job(uid=0, gid=0, user="ann", argv=["true"], cwd="/", env={}, umask=18, request={})
+    )
+    rows = "SELECT account, user FROM account_usage ORDER BY account"
+    steps = (
+        ({}, None, []),
+        ({}, "nlp", [("nlp", "ann")]),
+        ({"nlp": 1.0}, None, [("", "ann"), ("nlp", "ann")]),
+    )
+    for shares, account, charged in steps:
+        policy = Policy(account_shares=shares)
+        life = SimpleNamespace(
+            store=journal, settings=SimpleNamespace(policy=policy), sampler=None, usage_totals=None
+        )
+        with journal.transaction():
+            job = dataclasses.replace(ran, account=account)
+            JobLife.ran(life, job, time.time(), st.COMPLETED, 60.0)  # type: ignore[arg-type]
+        assert [tuple(r) for r in journal.db.execute(rows)] == charged, (shares, account)
+    journal.close()

@@ -170,6 +170,10 @@ def test_the_service_never_forks_so_it_copies_no_pages_a_job(
     assert after["forker"]["forks"] - before["forker"]["forks"] == jobs, said
     assert after["forker"]["started"] == 1 and after["forker"]["pid"] > 0, said
     assert per <= 100, said
+    # A supervisor whose job ended takes the next one: few forks, and few exits, a job
+    # (215336e: a fork a job, each supervisor's exit the unmapping of its ~14 MB).
+    forked = (after["forker"]["forked"] - before["forker"]["forked"]) / jobs
+    assert forked <= 0.1, said
 
 
 def minor_faults(pid: int) -> int:
@@ -449,3 +453,8 @@ def test_between_an_end_and_the_next_go_ahead_only_what_the_start_needs(
     # No file made: the lease record's was made after an earlier turn's go-ahead
     # (leases.spares); 215336e created it here (0.1-1.5 ms on a busy disk).
     assert not [c for c in between if "O_EXCL" in c], said
+    # The ended job's cgroup found empty without a 4 MiB buffer mapped for the read.
+    assert not [c for c in between if c.startswith(("mmap(", "munmap("))], said
+    # One fsync of the journal's log, kept open (215336e opened and closed it for each).
+    assert sum(c.startswith("fdatasync(") for c in between) == 1, said
+    assert not [c for c in between if c.startswith("openat(") and "-wal" in c], said

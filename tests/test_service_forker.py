@@ -73,9 +73,10 @@ def report(forked: spawn.Forked, job: str = "7") -> spawn.Started:
 def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
     status_dir: Path, forker: Forker, tmp_path: Path
 ) -> None:
-    """The supervisor is the forker's child, not ours; it holds no socket (the forker's
-    is closed with all it does not need); its job runs with what the launch said; the
-    pidfd names it to its end, and the forker reaps it."""
+    """The supervisor is the forker's child, not ours; it holds one socket, its own (the
+    forker's is closed with all it does not need); its job runs with what the launch
+    said; the pidfd names it to its end, once the service lets go of it, and the
+    forker reaps it."""
     out = tmp_path / "out"
     job = launch(status_dir, ["sh", "-c", f'echo "$GPUWARDEN_JOB_NOTE" > {out}'])
     seen: dict[str, int] = {}
@@ -89,16 +90,115 @@ def test_the_forker_forks_the_supervisor_and_gives_a_pidfd_of_it(
         assert forked.pidfd >= 0 and seen["pid"] == forked.supervisor
         assert forker.proc is not None and parent_of(forked.supervisor) == forker.proc.pid
         assert seen["since"] == spawn.start_time(forked.supervisor) > 0
-        wait_for(lambda: sockets_of(forked.supervisor) == [], 30, "the forker's socket closed")
+        wait_for(lambda: len(sockets_of(forked.supervisor)) == 1, 30, "the forker's socket closed")
         spawn.go_ahead(forked)
         started = report(forked)
-        assert jobprocess.exited(forked.pidfd, 30), "the supervisor ends after its job"
+        forker.close()  # the service lets go of the supervisors
+        assert jobprocess.exited(forked.pidfd, 30), "the supervisor ends once let go"
     finally:
         os.close(forked.pidfd)
     assert started.pid > 0 and exitrecord.read_exit_record(str(status_dir), "7") is not None
     assert out.read_text() == "naïve ✓\n"
     wait_for(lambda: not os.path.exists(f"/proc/{forked.supervisor}"), 30, "reaped by the forker")
     assert forker.stats()["forks"] == 1
+
+
+def run_to_end(forker: Forker, job: spawn.JobStart, ended: bool = True) -> spawn.Forked:
+    """Start `job`, read its supervisor's report to its end-of-file (the job's end),
+    and, as the service does once it has read it, say it is done with the supervisor."""
+    forked = spawn.begin(job, forker=forker.fork)
+    try:
+        message = spawn._read_all(forked.report, 30)
+        spawn.report_of(job.job, forked.supervisor, message, pidfd=forked.pidfd)
+    finally:
+        os.close(forked.report)
+    if ended:
+        forker.ended(forked.supervisor)
+    return forked
+
+
+def test_a_supervisor_whose_job_ended_runs_the_next_one(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """Once the service is done with a job's supervisor, it takes the next launch
+    before any spare never used: the same process, holding nothing of its last job
+    (its lease let go at that job's end, the next one's held to its end). No fork, no
+    exit, and its pages are its own already."""
+    import fcntl
+
+    lease = tmp_path / "lease"
+    lease.touch()
+
+    def locked() -> bool:
+        probe = os.open(lease, os.O_RDONLY)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(probe)
+        return False
+
+    supervisors = []
+    for n in (1, 2):
+        fd = os.open(lease, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        job = launches.launch(status_dir, ["true"], job=str(n), keep=(fd,))
+        forked = spawn.begin(job, forker=forker.fork)
+        os.close(fd)  # the supervisor's copy holds the lock now
+        try:
+            message = spawn._read_all(forked.report, 30)
+            assert spawn.report_of(str(n), forked.supervisor, message, pidfd=forked.pidfd).pid
+            assert not locked(), "the lease let go at the job's end"
+            forker.ended(forked.supervisor)
+            supervisors.append(forked.supervisor)
+        finally:
+            os.close(forked.report)
+            os.close(forked.pidfd)
+        assert exitrecord.read_exit_record(str(status_dir), str(n)).ok  # type: ignore[union-attr]
+    assert supervisors[0] == supervisors[1], "the same supervisor ran both"
+    assert forker.stats()["recycled"] == 1 and forker.stats()["forks"] == 2
+
+
+def test_a_supervisor_is_taken_again_only_once_the_service_is_done_with_its_job(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """Until the service has read a job's end and let go of its supervisor (`ended`),
+    the supervisor is that job's, to signal and to wait for: the next start goes to a
+    spare never used, however long ago the supervisor said it could take another."""
+    first = run_to_end(forker, launch(status_dir, ["true"], job="1"), ended=False)
+    time.sleep(0.3)  # its record is on disk, it has said so
+    second = run_to_end(forker, launch(status_dir, ["true"], job="2"))
+    assert second.supervisor != first.supervisor
+    forker.ended(first.supervisor)
+    third = run_to_end(forker, launch(status_dir, ["true"], job="3"))
+    assert third.supervisor in (first.supervisor, second.supervisor)
+    assert forker.stats()["recycled"] == 1
+    for forked in (first, second, third):
+        os.close(forked.pidfd)
+
+
+def test_a_failed_start_or_an_attached_job_ends_its_supervisor(
+    status_dir: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """A supervisor takes no other job after one that could not start (the service
+    learns of the failure by its exit) or one attached to a client's terminal (its
+    session keeps that terminal)."""
+    with pytest.raises(UserError, match="could not start"):
+        run_to_end(forker, launch(status_dir, ["/nonexistent/program"], job="1"))
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        attached = run_to_end(
+            forker, launches.launch(status_dir, ["true"], job="2", stdio=(null, null, null))
+        )
+    finally:
+        os.close(null)
+    try:
+        assert jobprocess.exited(attached.pidfd, 30), "an attached job's supervisor ends"
+    finally:
+        os.close(attached.pidfd)
+    forker._recycle()  # what they said: their sockets closed
+    assert forker.stats()["recycled"] == 0 and not forker.busy
 
 
 def test_no_go_ahead_runs_nothing_and_supervisors_outlive_the_forker(
@@ -255,6 +355,20 @@ def test_the_forker_ends_with_the_service_and_the_jobs_run_on(
     with open(f"/proc/{forker['pid']}/environ", "rb") as fh:
         environ = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
     assert environ.get(b"GPUWARDEN_SIM", b"").endswith(b".toml"), environ.keys()
+    # A job that ends first: its supervisor waits for another one, as the spares do.
+    service.call(
+        "submit",
+        argv=["true"],
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        output="/dev/null",
+        request={"count": 1},
+    )
+    wait_for(
+        lambda: [j["state"] for j in service.call("jobs")["jobs"]] == ["COMPLETED"],
+        30,
+        "the first job to end",
+    )
     service.call(
         "submit",
         argv=["sleep", "60"],
@@ -316,8 +430,9 @@ def command_of(pid: int) -> bytes:
 def test_spares_stage_their_jobs_files_and_remove_them_without_a_launch(status_dir: Path) -> None:
     """A spare forked for a status directory makes its job's exit record room and
     marker data there while it waits (service.staging), under names no job's files
-    have; its launch takes them (the room renamed, the marker named at the go-ahead),
-    and spares let go of without a launch remove theirs."""
+    have; its launch takes them (the room renamed, the marker named at the go-ahead);
+    a supervisor whose job ended makes them again for its next; and spares let go of
+    without a launch remove theirs."""
 
     def staged() -> list[str]:
         return sorted(p.name for p in status_dir.iterdir() if p.name.startswith("."))
@@ -334,16 +449,19 @@ def test_spares_stage_their_jobs_files_and_remove_them_without_a_launch(status_d
             forker=forker.fork,
         )
         started = report(forked)
-        assert jobprocess.exited(forked.pidfd, 30)
         os.close(forked.pidfd)
-        assert exitrecord.read_exit_record(str(status_dir), "7").ok  # type: ignore[union-attr]
+        ended = wait_for(lambda: exitrecord.read_exit_record(str(status_dir), "7"), 30, "its end")
+        assert ended.ok
         supervisor, since = recorded
         assert spawn.read_marker(str(status_dir), "7") == {
             "supervisor": supervisor,
             "since": since,
             "pid": started.pid,
         }
-        assert not [n for n in staged() if f"-{supervisor}-" in n]  # taken, all of it
+        # Taken, all of it, and made again for its next job.
+        wait_for(
+            lambda: len([n for n in staged() if f"-{supervisor}-" in n]) == 2, 30, "made again"
+        )
     finally:
         forker.close()
     wait_for(lambda: staged() == [], 30, "the unused spares' files removed")

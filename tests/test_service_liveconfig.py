@@ -122,3 +122,32 @@ def test_a_file_made_untrusted_or_just_written_is_read_again(
     monkeypatch.setenv("GPUWARDEN_HEALTH_POLICY", "drain")  # a variable over the file
     assert live.current().get("health.policy") == "drain"
     assert live.stats()["reads"] == 6
+
+
+def test_an_unchanged_environment_is_not_walked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass asks for the reading: the environment's variables that matter are
+    filtered from it once, and again only when it changed (each entry decoded through
+    os.environ was ~30 us a pass); a variable set in between is still seen."""
+    from collections.abc import Mapping
+
+    from gpuwarden.service.liveconfig import LiveConfig
+
+    lab = tmp_path / "config.toml"
+    lab.write_text('[health]\npolicy = "alert"\n')
+    past = time.time() - 3600
+    os.utime(lab, (past, past))
+    monkeypatch.setenv("GPUWARDEN_SYSTEM_CONFIG", str(lab))
+    monkeypatch.chdir(tmp_path)
+    walks: list[int] = []
+    environ = type(os.environ)
+    monkeypatch.setattr(environ, "items", lambda self: walks.append(1) or Mapping.items(self))
+    live = LiveConfig()
+    for _ in range(5):
+        assert live.current().get("health.policy") == "alert"
+    assert live.stats() == {"reads": 1, "checks": 5}
+    assert len(walks) == 1
+    monkeypatch.setenv("GPUWARDEN_HEALTH_POLICY", "drain")
+    assert live.current().get("health.policy") == "drain"
+    assert live.stats()["reads"] == 2

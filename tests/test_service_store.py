@@ -116,6 +116,33 @@ def test_a_deferred_commit_is_synced_once_and_only_when_needed(
     assert s.Store(str(tmp_path / "state.db")).get(a.id).reason == "w"  # type: ignore[union-attr]
 
 
+def test_the_log_is_opened_once_for_its_syncs_and_again_once_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `sync` opened the write-ahead log again (an open and a close a start): it
+    is kept open now, and opened again only when the file it names was removed (its
+    link count 0), never synced in place of the log there now."""
+    store = s.Store(str(tmp_path / "state.db"))
+    a = store.add(job(state=s.RUNNING))
+    wal = str(tmp_path / "state.db-wal")
+    opened: list[str] = []
+    real = os.open
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: opened.append(str(p)) or real(p, *a, **k))
+    synced = _fsyncs(monkeypatch)
+    for n in range(5):
+        store.update(a.id, durable=False, reason=str(n))
+        store.sync()
+    assert opened.count(wal) == 1 and synced == [wal] * 5
+    kept = os.fstat(store._wal).st_ino
+    os.unlink(wal)  # as a last connection's close removes it; another log in its place
+    with open(wal, "wb"):
+        pass
+    store.update(a.id, durable=False, reason="new log")
+    store.sync()
+    assert opened.count(wal) == 2 and os.fstat(store._wal).st_ino != kept
+    store.close()
+
+
 def test_exit_records_are_removed_only_after_the_end_is_synced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -275,9 +275,9 @@ def test_a_spare_takes_its_first_steps_before_its_launch(
         lines[pid].append(rest.strip())
     spans = []
     for made in lines.values():
-        got = [i for i, c in enumerate(made) if c.startswith(("recvmsg(", "<... recvmsg"))]
         go = [i for i, c in enumerate(made) if _GO.search(c)]
-        if got and go and go[0] > got[-1]:
+        got = [i for i, c in enumerate(made[: go[0] if go else 0]) if c.startswith(_RECEIVED)]
+        if got and go:  # from its launch's last part read to its first go-ahead
             between = made[got[-1] + 1 : go[0]]
             spans.append([c.split("(")[0] for c in between if not c.startswith("<...")])
     assert len(spans) >= JOBS - 1, spans  # the first spare may have been asked before
@@ -300,6 +300,7 @@ def test_a_spare_takes_its_first_steps_before_its_launch(
         assert len(first) <= 14, first
 
 
+_RECEIVED = ("recvmsg(", "<... recvmsg")
 _FORKED = re.compile(r"^(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)$")
 
 
@@ -307,7 +308,7 @@ def _first_steps(made: list[str]) -> list[str]:
     """A spare's calls from its fork to its subreaper's prctl, its last first step
     (`becoming.become_supervisor`), before its first wait for the launch (its recvmsg);
     none for a process that waits for none."""
-    got = [i for i, c in enumerate(made) if c.startswith(("recvmsg(", "<... recvmsg"))]
+    got = [i for i, c in enumerate(made) if c.startswith(_RECEIVED)]
     if not got:
         return []
     last = next((i for i, c in enumerate(made[: got[0]]) if "PR_SET_CHILD_SUBREAPER" in c), got[0])

@@ -22,13 +22,32 @@ if TYPE_CHECKING:
     from typing import Optional
 
 
+#: The most of a cgroup.procs read (pids of a few hundred thousand processes).
+PROCS_MOST = 1 << 22
+
+
 def pids_in(path: str) -> list[int]:
-    """The processes in a cgroup: the job's whole tree, however it forked or daemonised."""
+    """The processes in a cgroup: the job's whole tree, however it forked or daemonised.
+    Read 64 KiB at a time up to PROCS_MOST: one read into a buffer of that size cost
+    a 4 MiB mapping and its unmapping to find an ended job's cgroup empty."""
+    chunks: list[bytes] = []
     try:
-        text = read_text(os.path.join(path, "cgroup.procs"), 1 << 22)
+        fd = os.open(
+            os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        )
+        try:
+            size = 0
+            while size < PROCS_MOST:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
     except OSError:
         return []
-    return [int(x) for x in text.split() if is_digits(x)]
+    return [int(x) for x in b"".join(chunks).split() if x.isdigit()]  # ASCII digits only
 
 
 def _number(path: str) -> Optional[int]:

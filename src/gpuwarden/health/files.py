@@ -39,6 +39,7 @@ class HealthFiles:
         self._stamp: Optional[Stamp] = None
         self._kept: Optional[tuple[dict[str, Drain], dict[str, tuple[int, ...]]]] = None
         self._boot: Optional[float] = None  # fixed while the machine runs
+        self._rules: tuple[Any, Any] = (None, None)  # (reading, its health rules)
         self.reads = 0
 
     def current(self, state: str) -> tuple[dict[str, Drain], dict[str, tuple[int, ...]]]:
@@ -64,11 +65,14 @@ class HealthFiles:
         return drains, xids
 
     def judged(self, gpus: Any, conf: Any) -> dict[str, tuple[Any, ...]]:
-        """`xidlog.judged(gpus, conf=conf)`, with the XIDs kept here: the symptoms per UUID."""
+        """`xidlog.judged(gpus, conf=conf)`, with the XIDs kept here: the symptoms per UUID
+        (the health rules kept for the reading `conf`, the service's while unchanged)."""
         from gpuwarden.files.locations import state_location
         from gpuwarden.health.judgement import judge_all, rules_in_force
 
-        return judge_all(gpus, self.current(state_location(conf))[1], rules_in_force(conf))
+        if conf is None or self._rules[0] is not conf:  # a reading's rules, worked out once
+            self._rules = (conf, rules_in_force(conf))
+        return judge_all(gpus, self.current(state_location(conf))[1], self._rules[1])
 
 
 def _stamp(state: str, paths: tuple[str, ...]) -> Optional[Stamp]:

@@ -4,9 +4,9 @@ A fork of the service (tens of MB of Python objects) marks each of its pages
 copy-on-write, and the service's own reference counting then writes to most of them:
 the service copied its pages back after every start, a few ms of its CPU per job, and
 its loop is what bounds how fast jobs start. The forker is a fresh interpreter
-(`python -I`, exec'd, not a fork of the service) that imports only what a supervisor
-runs (service.spawn and what it calls), started by the service and again if it has
-died; it ends at its socket's end-of-file, when the service has gone.
+(`python -I`, exec'd, not a fork of the service; service.forkerprocess) that imports
+only what a supervisor runs (service.spawn and what it calls), started by the service
+and again if it has died; it ends at its socket's end-of-file, when the service has gone.
 
 It keeps a few supervisors forked ahead (spares), each waiting on a socket pair of
 its own: the service has its pid, start time and a pidfd of it (taken before the forker,
@@ -26,9 +26,9 @@ forker that died is simply started again, and no job ever runs twice.
 from __future__ import annotations
 
 import array
-import contextlib
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -39,12 +39,9 @@ from gpuwarden.base.errors import UserError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import signal
     import subprocess
 
     from gpuwarden.service.spawn import JobStart
-else:
-    import _signal as signal  # `signal` without its enum conversions (service.becoming)
 
 _SIZE = struct.Struct("!I")  # a message's length, before it
 #: A request's descriptors: report, go, three of stdio, the leases (two per GPU).
@@ -54,21 +51,30 @@ ANSWER_WITHIN = 30.0
 #: Supervisors kept forked ahead: the starts of one pass on a four-GPU machine, each
 #: one a job, wait for no fork.
 SPARES = 4
-_MAIN = "from gpuwarden.service.forker import main; sys.exit(main(sys.argv))"
+#: Supervisors kept waiting at most, recycled ones among them.
+MOST_SPARES = 2 * SPARES
+#: Milliseconds a start waits for a supervisor whose job has ended to say it can take
+#: another (its exit record's fsync) before it asks the forker for a spare instead.
+RECYCLED_WITHIN = 500
+_MAIN = "from gpuwarden.service.forkerprocess import main; sys.exit(main(sys.argv))"
 
 
 @dataclass
 class Spare:
-    """A supervisor forked ahead, waiting on its socket for the launch it is to run:
-    its pid, start time and pidfd, and the service's end of that socket."""
+    """A supervisor waiting on its socket for the launch it is to run (forked ahead, or
+    recycled): its pid, start time and pidfd, and the service's end of that socket.
+    Once given a launch, whether the service is done with that job (`ended`) and
+    whether it has said it can take another (`ready`)."""
 
     pid: int
     since: int
     pidfd: int
     sock: socket.socket
+    ended: bool = False
+    ready: bool = False
 
     def discard(self) -> None:
-        """It reads end-of-file and exits, having run nothing."""
+        """It reads end-of-file and exits, having run nothing (more)."""
         self.sock.close()
         os.close(self.pidfd)
 
@@ -81,7 +87,13 @@ class Forker:
     launch to one, which the service already knows by pid and pidfd, and asks for the
     next, forked while the service goes on, so no start waits for a fork. A spare
     request carries nothing that could run: a forker that dies with one is simply
-    started again, and its spare, whose socket's other end it held, exits."""
+    started again, and its spare, whose socket's other end it held, exits.
+
+    A supervisor whose job has ended with nothing of it left (service.forkerprocess)
+    waits for another launch on the same socket: once the service is done with that job
+    (`ended`, called as it lets go of the job's supervisor), it is a spare again, taken
+    before those never used. A job then costs no fork, no exit, and few pages copied:
+    the supervisor's own copies of the pages its first job touched serve the next."""
 
     def __init__(self, status_dir: str = "") -> None:
         self.status_dir = status_dir  # where the jobs' cgroups are placed from (warmed)
@@ -91,13 +103,20 @@ class Forker:
         self.asked = 0  # spares asked for whose answers are not read yet
         self.started = 0  # forkers started: more than one means one died
         self.forks = 0  # supervisors given a launch
+        self.forked = 0  # spares the forker forked
+        self.recycled = 0  # launches given to a supervisor whose job had ended
+        self.busy: dict[int, Spare] = {}  # pid -> a supervisor given a launch
+        self.polled: dict[int, int] = {}  # its socket -> pid, until it says it is ready
+        self.poller = select.poll()
 
     def warm(self) -> None:
         """Start the forker and ask it for a spare now (it imports and forks while the
         service goes on)."""
         if self.sock is None:
             self._start()
-        while len(self.spares) + self.asked < SPARES:
+        self._recycle()
+        coming = sum(1 for spare in self.busy.values() if spare.ended)
+        while len(self.spares) + self.asked + coming < SPARES:
             self._ask()
 
     def fork(self, launch: JobStart, report_w: int, go_r: int) -> tuple[int, int, int]:
@@ -121,18 +140,33 @@ class Forker:
             except OSError:  # it died with part of the launch: never whole, never run
                 spare.discard()
                 raise UserError("a job's supervisor died as it was given the job") from None
-            spare.sock.close()
             self.forks += 1
+            spare.ended = spare.ready = False
+            self.busy[spare.pid] = spare  # its socket kept: it may take another launch
+            self.polled[spare.sock.fileno()] = spare.pid
+            self.poller.register(spare.sock, select.POLLIN)
             self._ask_quietly()  # the next one is forked while the service goes on
-            return spare.pid, spare.since, spare.pidfd
+            return spare.pid, spare.since, os.dup(spare.pidfd)
         raise UserError("no supervisor could be forked for the job")
+
+    def ended(self, pid: int) -> None:
+        """The service is done with the job the supervisor `pid` ran (its end read, its
+        pidfd and report let go): from now on it may take another."""
+        spare = self.busy.get(pid)
+        if spare is not None:
+            spare.ended = True
+            if spare.ready:
+                self._reuse(spare)
 
     def close(self) -> None:
         """Let the forker and its spare end (their sockets' end-of-file); the supervisors
         given a launch run on."""
-        for spare in self.spares:
+        for spare in (*self.spares, *self.busy.values()):
             spare.discard()
         self.spares.clear()
+        self.busy.clear()
+        self.polled.clear()
+        self.poller = select.poll()
         self._lost()
 
     def stats(self) -> dict[str, int]:
@@ -141,23 +175,61 @@ class Forker:
             "pid": pid,
             "started": self.started,
             "forks": self.forks,
+            "forked": self.forked,
+            "recycled": self.recycled,
             "spares": len(self.spares),
         }
+
+    def _recycle(self) -> None:
+        """Read what the supervisors given a launch have said: ready for another (one
+        byte), a spare again if the service is done with its job; closed (it has
+        exited, or will at its job's end): let go."""
+        for fd, _ in self.poller.poll(0) if self.polled else ():
+            spare = self.busy[self.polled[fd]]
+            try:
+                said = spare.sock.recv(1, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                said = b""
+            self.poller.unregister(fd)
+            del self.polled[fd]
+            if said != b"r":
+                del self.busy[spare.pid]
+                spare.discard()
+                continue
+            spare.ready = True
+            if spare.ended:
+                self._reuse(spare)
+
+    def _reuse(self, spare: Spare) -> None:
+        del self.busy[spare.pid]
+        self.spares.insert(0, spare)  # its pages are its own already: taken first
+        self.recycled += 1
+        if len(self.spares) > MOST_SPARES:
+            self.spares.pop().discard()  # the one waiting longest
 
     def _take(self) -> Spare:
         """A spare, the next answer read first where none is in hand (a wait only when
         starts come faster than the forker forks)."""
         for attempt in (1, 2):
+            self._recycle()
+            if not self.spares and any(s.ended and not s.ready for s in self.busy.values()):
+                self.poller.poll(RECYCLED_WITHIN)  # an exit record on its way to the disk
+                self._recycle()
             if not self.spares:
                 try:
                     self.warm()
-                    answer, got = _receive(self._sock(), 2, ANSWER_WITHIN)
+                    if not self.asked:  # those coming back did not come in time
+                        self._ask()
+                    answer, got = receive(self._sock(), 2, ANSWER_WITHIN)
                 except (OSError, ValueError, EOFError) as err:
                     self._lost()  # it died with the request: asked again of a new one
                     if attempt == 2:
                         raise UserError(f"the service's forker died ({err})") from None
                     continue
                 self.asked -= 1
+                self.forked += 1
                 if "error" in answer or len(got) != 2:
                     for fd in got:
                         os.close(fd)
@@ -170,11 +242,11 @@ class Forker:
     def _ask(self) -> None:
         request = json.dumps({"spare": self.status_dir}).encode()
         try:
-            _send(self._sock(), request, [])
+            send(self._sock(), request, [])
         except OSError:  # found dead: a new one
             self._lost()
             self._start()
-            _send(self._sock(), request, [])
+            send(self._sock(), request, [])
         self.asked += 1
 
     def _ask_quietly(self) -> None:
@@ -253,42 +325,11 @@ def _encode(launch: JobStart) -> dict[str, Any]:
     }
 
 
-def _decode(data: dict[str, Any], fds: list[int]) -> JobStart:
-    from gpuwarden.service.identity import Person
-    from gpuwarden.service.spawn import JobStart
-
-    uid, gid, name, groups, home, shell = data["owner"]
-    stdio = (fds[2], fds[3], fds[4]) if data["stdio"] else None
-    first = 5 if data["stdio"] else 2
-    keep = tuple(fds[first : first + int(data["keep"])])
-    if len(fds) != first + len(keep):
-        raise ValueError("descriptors and request disagree")
-    minors = data["minors"]
-    caps = data["caps"]
-    return JobStart(
-        job=str(data["job"]),
-        argv=tuple(data["argv"]),
-        owner=Person(int(uid), int(gid), str(name), tuple(groups), str(home), str(shell)),
-        cwd=str(data["cwd"]),
-        env=dict(data["env"]),
-        status_dir=str(data["status_dir"]),
-        umask=int(data["umask"]),
-        output=data["output"],
-        stdio=stdio,
-        keep=keep,
-        extra_env=dict(data["extra_env"]),
-        minors=None if minors is None else tuple(minors),
-        present=tuple(data["present"]),
-        devices=str(data["devices"]),
-        caps=None if caps is None else (int(caps[0]), tuple(caps[1])),
-    )
-
-
 def _framed(payload: bytes) -> bytes:
     return _SIZE.pack(len(payload)) + payload
 
 
-def _send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
+def send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
     message = _framed(payload)
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     sent = sock.sendmsg([message], ancillary)  # the descriptors go with the first byte
@@ -296,7 +337,7 @@ def _send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
         sock.sendall(message[sent:])
 
 
-def _receive(
+def receive(
     sock: socket.socket, most_fds: int, timeout: Optional[float] = None
 ) -> tuple[dict[str, Any], list[int]]:
     """One message and its descriptors; EOFError at the peer's end before one began.
@@ -336,134 +377,3 @@ def _more(sock: socket.socket, most: int) -> bytes:
     if not chunk:
         raise EOFError("the other end closed within a message")
     return chunk
-
-
-# -- the forker process -------------------------------------------------------------
-
-
-def serve(sock: socket.socket) -> None:
-    """Fork a spare supervisor per request until the service's end of `sock` closes."""
-    from gpuwarden.service import spawn
-
-    children: set[int] = set()
-
-    def reap(*_: object) -> None:
-        # Only children whose pidfd was taken: none is reaped before the service has one.
-        for pid in list(children):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    continue
-            children.discard(pid)
-
-    signal.signal(signal.SIGCHLD, reap)
-    while True:
-        try:
-            data, fds = _receive(sock, MOST_FDS)
-        except (EOFError, ConnectionError):  # the service has gone
-            return
-        except ValueError as err:
-            data, fds = {"error": str(err)}, []
-        for fd in fds:  # a request for a spare has none
-            os.close(fd)
-        out: list[int] = []
-        try:
-            if "error" in data:
-                raise UserError(str(data["error"]))
-            pid, since, pidfd, theirs = _fork_spare(spawn, data, sock, children)
-            answer: dict[str, Any] = {"pid": pid, "since": since}
-            out = [pidfd, theirs]
-        except Exception as err:  # said to the service, which fails that start
-            answer = {"error": spawn._describe(err)}
-        try:
-            _send(sock, json.dumps(answer).encode(), out)
-        except OSError:  # the service is gone: so is the spare's socket's other end
-            return
-        finally:
-            for fd in out:
-                os.close(fd)
-        reap()
-
-
-def _fork_spare(
-    spawn: Any, data: dict[str, Any], sock: socket.socket, children: set[int]
-) -> tuple[int, int, int, int]:
-    """Fork a supervisor that waits for its launch: its pid, start time, a pidfd of it,
-    and the other end of the socket it waits on."""
-    status_dir = str(data.get("spare") or "")
-    if status_dir:  # where the jobs' cgroups go, worked out here once, not per job
-        with contextlib.suppress(Exception):
-            from gpuwarden.service import jobcgroup
-
-            jobcgroup.place(status_dir)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:  # the supervisor, once it has its launch
-        code = 70
-        try:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            sock.close()
-            theirs.close()
-            code = _supervise_when_told(spawn, ours, status_dir)
-        finally:
-            os._exit(code)
-    ours.close()
-    try:  # before any reaping of it: the pid, and what /proc says of it, are its own
-        pidfd = os.pidfd_open(pid)
-        return pid, spawn.start_time(pid), pidfd, theirs.detach()
-    except BaseException:
-        theirs.close()
-        raise
-    finally:
-        children.add(pid)  # reaped from now on, whether the service heard of it or not
-
-
-def _supervise_when_told(spawn: Any, sock: socket.socket, status_dir: str) -> int:
-    """In a spare: take a supervisor's first steps (`becoming.become_supervisor`) and
-    make what a job of `status_dir` needs before it runs (service.staging; its cgroups'
-    place), then wait for the launch; none (the service or its forker let go of us):
-    exit, having run nothing, the staged files removed."""
-    from gpuwarden.service import becoming, jobcgroup, staging
-
-    becoming.become_supervisor({sock.fileno()})
-    staged, placed = None, None
-    if status_dir:
-        with contextlib.suppress(UserError):  # else made after the launch, or said why not
-            staged = staging.stage(status_dir, os.getpid(), spawn.start_time())
-        with contextlib.suppress(Exception):
-            placed = (status_dir, jobcgroup.place(status_dir))
-    launch = None
-    try:
-        data, fds = _receive(sock, MOST_FDS)
-        sock.close()
-        launch = _decode(data, fds)
-    except (EOFError, ValueError, OSError):
-        return 0
-    finally:
-        if launch is None and staged is not None:  # no job: its files go
-            staged.discard()
-    if staged is not None and launch.status_dir != status_dir:  # not where it staged
-        staged.discard()
-        staged = None
-    where = spawn._ready(launch, placed)
-    return int(spawn._supervise(launch, fds[0], fds[1], where, become=False, staged=staged))
-
-
-def main(argv: list[str]) -> int:
-    """The forker: `argv[1]` is its socket's descriptor."""
-    # What a supervisor and its job call, loaded once here, not after each fork.
-    import fcntl  # noqa: F401
-    import pwd  # noqa: F401
-    import termios  # noqa: F401
-
-    from gpuwarden.service import jobcgroup, spawn, tree  # noqa: F401
-
-    with contextlib.suppress(ImportError, OSError):
-        from gpuwarden.cgroups import bpf  # noqa: F401
-    tree.ready()
-    sock = socket.socket(fileno=int(argv[1]))
-    serve(sock)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

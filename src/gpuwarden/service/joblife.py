@@ -344,6 +344,8 @@ class JobLife:
         if held is not None:
             os.close(held)
         job = self.store.get(job_id)
+        if job is not None and job.supervisor:
+            self.forker.ended(job.supervisor)  # it may take another job from now on
         if job is None or job.state not in (store.STARTING, store.RUNNING):
             return
         self.hardware.freed(job.gpus)  # its processes leave the reading (service.machine)
@@ -466,8 +468,9 @@ class JobLife:
 
         run = accounting.record_run(self.store.db, job, ended, state, gpu_seconds)
         charged = gpu_seconds * preempting.charge(self.settings, job)  # as the user's
-        half_life = self.settings.policy.half_life
-        self.store.charge_account(job.account, job.user, charged, ended, half_life)
+        policy = self.settings.policy
+        if job.account or policy.account_shares:  # no account's (`-`): for the account level
+            self.store.charge_account(job.account, job.user, charged, ended, policy.half_life)
         if self.sampler is not None:
             accounting.save_use(self.store.db, job.id, run, self.sampler.take(job.id))
         if self.usage_totals is not None:  # last: a failed write above adds nothing

@@ -97,6 +97,8 @@ class LiveConfig:
         self._seen: Any = None  # what the kept reading depended on (`_signature`)
         self.reads = 0  # readings made
         self.checks = 0  # readings asked for
+        self._environ: Optional[dict[bytes, bytes]] = None  # the environment as last named
+        self._named: tuple[tuple[str, str], ...] = ()  # and its variables that matter
 
     def stats(self) -> dict[str, int]:
         return {"reads": self.reads, "checks": self.checks}
@@ -105,7 +107,7 @@ class LiveConfig:
         """The configuration now: the kept reading while nothing it depends on changed,
         else a new one (UserError, as `config.load`'s, where it is refused)."""
         self.checks += 1
-        seen, racy = self._signature()
+        seen, racy = self._signature(self._variables())
         if self._kept is not None and seen == self._seen and not racy:
             return self._kept
         self._kept, self._seen = None, None
@@ -118,8 +120,22 @@ class LiveConfig:
         """Read again at the next `current` (a reload asked for it)."""
         self._kept = self._seen = None
 
+    def _variables(self) -> tuple[tuple[str, str], ...]:
+        """The variables of NAMES that are set, with their values. Filtered again only
+        when the environment changed: os.environ's own table (its bytes, as the C
+        library has them) compared whole costs a microsecond, decoding every entry
+        through the mapping each pass ~30 (and a name not set, looked up, a KeyError)."""
+        env = os.environ
+        table = getattr(env, "_data", None)
+        if not isinstance(table, dict):  # not CPython's: filtered every time
+            return tuple(kv for kv in env.items() if kv[0] in NAMES)
+        if table != self._environ:
+            self._named = tuple(kv for kv in env.items() if kv[0] in NAMES)
+            self._environ = dict(table)
+        return self._named
+
     @staticmethod
-    def _signature() -> tuple[Any, bool]:
+    def _signature(named: tuple[tuple[str, str], ...] = ()) -> tuple[Any, bool]:
         env = os.environ
         files = tuple(
             _file(p) for p in (system_config(env), user_config(env), project_config(None))
@@ -127,7 +143,4 @@ class LiveConfig:
         stats = (s for f in files if f is not None and f[1] is not None for s in (f[1], f[3]))
         newest = max((s[3] for s in stats if s is not None), default=0)  # mtime
         racy = time.time_ns() - newest < RACY * 1e9
-        # The environment's few entries filtered, not each name looked up: a name not
-        # set costs a raised KeyError in os.environ.
-        named = tuple(kv for kv in env.items() if kv[0] in NAMES)
         return (named, os.getcwd(), files), racy

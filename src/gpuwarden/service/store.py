@@ -149,6 +149,7 @@ class Store:
         self.version = 0  # moves with every change to them (service.listing keeps by it)
         # Whether a commit made with `durable=False` may still be only in the page cache.
         self.unsynced = False
+        self._wal = -1  # the write-ahead log, held open for `sync`
 
     def _add_columns(self) -> None:
         """The columns of `ADDED` a journal written before them lacks, and their indexes."""
@@ -165,6 +166,9 @@ class Store:
                 pass  # finds it in the supervisors' markers otherwise)
         self.sync()
         self.db.close()
+        if self._wal >= 0:
+            os.close(self._wal)
+            self._wal = -1
 
     # -- transactions ------------------------------------------------------------
 
@@ -202,13 +206,16 @@ class Store:
         if not self.unsynced:
             return
         if self.path != ":memory:":
-            with contextlib.suppress(FileNotFoundError):  # checkpointed away: synced then
-                fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fdatasync(fd)  # as SQLite syncs its log: the data and its size
-                    self.fsyncs += 1
-                finally:
-                    os.close(fd)
+            fd = self._wal
+            if fd >= 0 and os.fstat(fd).st_nlink == 0:  # removed (a last close): not ours
+                os.close(fd)
+                fd = self._wal = -1
+            if fd < 0:  # opened once, kept while the log is there (not an open a sync)
+                with contextlib.suppress(FileNotFoundError):  # checkpointed away: synced
+                    fd = self._wal = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+            if fd >= 0:
+                os.fdatasync(fd)  # as SQLite syncs its log: the data and its size
+                self.fsyncs += 1
         self.unsynced = False
 
     def _forget(self) -> None:

@@ -94,7 +94,21 @@ def install_line(wheels: str, release: str = "") -> str:
     if sys.prefix != sys.base_prefix and not own:
         python = sys.executable  # a venv of the user's own is running this
     wanted = f"gpuwarden=={release}" if release else "gpuwarden"
-    return f"{python} -m pip install --no-index --find-links {wheels} {wanted}"
+    line = f"{python} -m pip install --no-index --find-links {wheels}"
+    if any(name.startswith("pip-") for name in _listed(wheels)):
+        # pip 25 or later first: it writes gpuwarden's console script without the
+        # `import re` of an older pip's (~10 ms on every command); a no-op where it is
+        return f"{line} 'pip>=25' && {line} {wanted}"
+    return f"{line} {wanted}"
+
+
+def _listed(folder: str) -> list[str]:
+    import os
+
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def _release(found: Any) -> list[Finding]:

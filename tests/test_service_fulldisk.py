@@ -18,12 +18,24 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.service.forker import SPARES
 from servicetools import Server, cli_as, serving, submit
 from smalldisk import fill, small_disk
 from users import make_user
 from waiting import wait_for
 
 ALL_GPUS = {"count": 4}  # the simulated machine's four: one job at a time
+
+
+def settled(srv: Server) -> Path:
+    """The state directory once every spare supervisor has made its job's files there
+    (service.staging), so that the disk filled next stays full: a spare that cannot
+    make them removes what it made, freeing room, which is right, but not while a test
+    says no byte is free."""
+    jobs = Path(srv.state, "jobs")
+    staged = lambda: len(list(jobs.glob(".supervisor-*")))  # noqa: E731
+    wait_for(lambda: staged() == 2 * SPARES, 30, lambda: f"the spares' files: {staged()}")
+    return Path(srv.state)
 
 
 def _wait_flag(flag: Path) -> list[str]:
@@ -54,7 +66,7 @@ def test_a_job_that_ends_on_a_full_disk_is_recorded_when_space_returns_and_cance
     srv.wait_state(first, ("RUNNING",))
     nxt = submit(srv, bob, ["true"], request=ALL_GPUS)  # waits for the four GPUs
     doomed = submit(srv, alice, ["true"], request=ALL_GPUS)
-    filler = fill(Path(srv.state))
+    filler = fill(settled(srv))
 
     # cancel of a waiting job, through the CLI a user types, on the full disk
     done = cli_as(srv, alice, "cancel", str(doomed))
@@ -85,7 +97,7 @@ def test_a_restart_on_a_full_disk_finds_how_the_job_ended(tiny: Server) -> None:
     srv.wait_state(job, ("RUNNING",))
     running = submit(srv, alice, ["sleep", "300"], request={"count": 2})
     srv.wait_state(running, ("RUNNING",))
-    filler = fill(Path(srv.state))
+    filler = fill(settled(srv))
 
     # cancel of a running job on the full disk: it is signalled, and ends cancelled
     done = cli_as(srv, alice, "cancel", str(running))
@@ -107,7 +119,7 @@ def test_a_full_disk_refuses_the_request_and_the_service_serves_on(tiny: Server)
     srv = tiny
     alice, bob = make_user("alice", ("lab",)), make_user("bob")
     held = submit(srv, alice, ["true"], hold=True)
-    filler = fill(Path(srv.state))
+    filler = fill(settled(srv))
     refused = srv.call(alice, "submit", argv=["true"], cwd=str(srv.work), env={})
     assert refused["error"].startswith("refused: the disk of the service's journal is full")
     unheld = srv.call(alice, "release", jobs=[held])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.service import boots, spawn
+from gpuwarden.service import boots, spawn, store
 from servicetools import Server, submit
 from users import make_user
 from waiting import wait_for
@@ -36,6 +36,33 @@ def test_running_jobs_survive_a_service_kill_and_are_readopted(server: Server) -
     row = server.wait_state(job, ("FAILED", "COMPLETED", "LOST"))
     assert row["state"] == "FAILED" and row["exit_code"] == 7  # its real status, not lost
     assert server.wait_state(waiting, ("COMPLETED",))["state"] == "COMPLETED"
+
+
+def test_a_supervisor_that_took_a_second_job_is_readopted_for_it_alone(server: Server) -> None:
+    """A supervisor whose job ended takes the next (service.forker): its marker's pid and
+    start time are those of the earlier job's. Killed while the second runs, the service
+    restarts with the first ended as recorded and the second re-adopted, its real status
+    read from the same supervisor's record when it ends."""
+    alice = make_user("alice", ("lab",))
+    first = submit(server, alice, ["true"])
+    assert server.wait_state(first, ("COMPLETED",))["exit_code"] == 0
+    second = submit(server, alice, ["sh", "-c", "sleep 1.5; exit 5"])
+    server.wait_state(second, ("RUNNING",))
+    exits = str(Path(server.state) / "jobs")
+    marker = wait_for(lambda: spawn.read_marker(exits, str(second)), 10, "its marker")
+    journal = store.Store(os.path.join(server.state, "jobs.db"))
+    try:
+        supervisors = [journal.get(j).supervisor for j in (first, second)]  # type: ignore[union-attr]
+    finally:
+        journal.close()
+    assert supervisors[0] == supervisors[1] == marker["supervisor"], (supervisors, marker)
+    server.kill(signal.SIGKILL)
+    server.start()
+    row = server.wait_state(second, ("FAILED", "COMPLETED", "LOST"))
+    assert row["state"] == "FAILED" and row["exit_code"] == 5, (row, marker)
+    assert server.job(first)["state"] == "COMPLETED"
+    gone = lambda: not spawn.alive(marker["supervisor"], marker["since"])  # noqa: E731
+    wait_for(gone, 30, "its supervisor to end after its job (its service has gone)")
 
 
 def test_an_ended_jobs_records_go_once_its_end_is_committed_and_after_a_kill(

@@ -103,6 +103,7 @@ class JobLife:
         # What an end leaves that no start waits for (its notices, its cgroup's removal),
         # done once the turn's go-aheads are given (`settle`).
         self.afterwards: list[Callable[[], None]] = []
+        self.stocked = -1  # `starts.begun` when lease records were last made ahead
         # job id -> its end (or cancel) the journal could not take yet (service.unwritten)
         self.unwritten: dict[int, Callable[[], None]] = {}
         self.termed: dict[int, float] = {}  # job id -> when SIGTERM was sent for its time
@@ -233,7 +234,10 @@ class JobLife:
         while self.afterwards:
             self.afterwards.pop(0)()
         spares, gpus = self.hardware.spares, len(self.machine.gpus) if self.machine else 0
-        if spares.short(gpus):  # the next starts' lease records, made now (leases.spares)
+        # The next starts' lease records, made now (leases.spares): after a start took
+        # some, not again every turn where they cannot be (a refused directory, a full disk).
+        if spares.short(gpus) and self.stocked != self.starts.begun:
+            self.stocked = self.starts.begun
             try:
                 spares.stock(self.hardware.lease_dirs.open(self.settings.lease_dir), gpus)
             except (OSError, UserError) as err:

@@ -480,3 +480,27 @@ def test_a_restart_takes_staged_files_for_no_jobs_and_removes_only_dead_ones(
         [dead.room, dead.marker]
     )
     assert os.path.exists(live.room) and os.path.exists(live.marker)
+
+
+def test_the_forker_loads_what_a_supervisor_runs_and_no_more() -> None:
+    """The forker's modules are copied, page table and all, into every supervisor and
+    every job at their forks: none of the service's own (its journal, loop, logging,
+    threads, subprocesses, the configuration's parsing), and few of the rest."""
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parent.parent / "src")
+
+    def modules(then: str) -> set[str]:
+        code = f"import sys; sys.path.insert(0, {src!r}); {then}print(' '.join(sys.modules))"
+        ran = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        return set(ran.stdout.split())
+
+    bare = modules("")  # the interpreter's own, and what its site's .pth files load
+    out = modules("from gpuwarden.service.forkerprocess import load; load(); ") - bare
+    service_only = {"sqlite3", "logging", "threading", "subprocess", "argparse", "email"}
+    service_only |= {"platform", "gpuwarden.service.server", "gpuwarden.service.store"}
+    assert not service_only & out, service_only & out
+    assert not [m for m in out if m.startswith(("gpuwarden.queueclient", "gpuwarden.machine"))]
+    assert len(out) <= 110, len(out)  # 88 with Python 3.11

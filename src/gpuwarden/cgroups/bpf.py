@@ -32,7 +32,6 @@ and removing the cgroup detaches it.
 from __future__ import annotations
 
 import os
-import platform
 import struct
 
 TYPE_CHECKING = False
@@ -132,9 +131,12 @@ def _with_caps(keep: list[int], major: int, denied: list[int]) -> bytes:
 def _bpf(cmd: int, attr: bytearray) -> int:
     import ctypes
 
-    number = _SYSCALL.get(platform.machine())
+    # os.uname(), not platform.machine(): the same name, without loading `platform` (and
+    # with it, before Python 3.11, subprocess and threading) into the service's forker.
+    machine = os.uname().machine
+    number = _SYSCALL.get(machine)
     if number is None:
-        raise OSError(0, f"bpf(2) syscall number unknown on {platform.machine()}")
+        raise OSError(0, f"bpf(2) syscall number unknown on {machine}")
     libc = ctypes.CDLL(None, use_errno=True)
     buf = (ctypes.c_char * len(attr)).from_buffer(attr)
     result = libc.syscall(number, cmd, buf, len(attr))

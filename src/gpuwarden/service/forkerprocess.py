@@ -166,9 +166,11 @@ def _recyclable(launch: JobStart, sock: socket.socket) -> bool:
     return True
 
 
-def main(argv: list[str]) -> int:
-    """The forker: `argv[1]` is its socket's descriptor."""
-    # What a supervisor and its job call, loaded once here, not after each fork.
+def load() -> None:
+    """What a supervisor and its job call, loaded once in the forker, not after each
+    fork; and no more: every page of it is copied into each supervisor's page tables
+    at its fork, and into each job's at its own (tests/test_service_forker.py holds
+    what it loads)."""
     import fcntl  # noqa: F401
     import pwd  # noqa: F401
     import termios  # noqa: F401
@@ -178,6 +180,11 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(ImportError, OSError):
         from gpuwarden.cgroups import bpf  # noqa: F401
     tree.ready()
+
+
+def main(argv: list[str]) -> int:
+    """The forker: `argv[1]` is its socket's descriptor."""
+    load()
     sock = socket.socket(fileno=int(argv[1]))
     serve(sock)
     return 0

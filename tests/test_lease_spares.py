@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ from gpuwarden.leases import dir as leasedir
 from gpuwarden.leases.spares import Spares
 from gpuwarden.placement.request import Request
 from machines import idle_a100s
+from rawservice import Raw
+from waiting import wait_for
 
 
 def made(path: str) -> list[str]:
@@ -79,3 +82,16 @@ def test_a_dead_maker_s_files_are_swept_by_the_next_taker(tmp_path: Path) -> Non
     assert out.held is not None
     assert made(path) == left[1:]  # the old one swept, the young one left
     out.held.release()
+
+
+def test_the_service_makes_them_after_its_starts_and_removes_them_when_it_stops(
+    raw_service: Raw, tmp_path: Path
+) -> None:
+    service = raw_service
+    work = {"argv": ["true"], "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}}
+    ran = service.call("submit", **work, output="/dev/null", request={"count": 1})["job"]
+    wait_for(lambda: service.call("queue", ids=[ran])["total"] == 0, 60, f"job {ran} to end")
+    leases = str(tmp_path / "leases")
+    wait_for(lambda: len(made(leases)) == 4, 30, "a record file made ahead for each GPU")
+    os.kill(service.pid, signal.SIGTERM)
+    wait_for(lambda: made(leases) == [], 30, lambda: f"the files removed: {made(leases)}")

@@ -226,17 +226,18 @@ class JobLife:
         if not remove_job(dirs):
             log.info("job %s: its cgroup is not empty yet; removed later", job_id)
 
-    def settle(self) -> None:
+    def settle(self, stock: bool = True) -> None:
         """What the ends of the turn left that no start waits for (their notices, their
         cgroups' removal), and the next starts' lease record files, after the turn's
-        go-aheads: a freed GPU's next job does not wait for them. A piece that fails is
-        dropped; the rest waits for the next turn."""
+        go-aheads: a freed GPU's next job does not wait for them (no files made ahead
+        without `stock`: the service stops). A piece that fails is dropped; the rest
+        waits for the next turn."""
         while self.afterwards:
             self.afterwards.pop(0)()
         spares, gpus = self.hardware.spares, len(self.machine.gpus) if self.machine else 0
         # The next starts' lease records, made now (leases.spares): after a start took
         # some, not again every turn where they cannot be (a refused directory, a full disk).
-        if spares.short(gpus) and self.stocked != self.starts.begun:
+        if stock and spares.short(gpus) and self.stocked != self.starts.begun:
             self.stocked = self.starts.begun
             try:
                 spares.stock(self.hardware.lease_dirs.open(self.settings.lease_dir), gpus)

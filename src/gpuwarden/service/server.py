@@ -186,7 +186,7 @@ class Service:
             with contextlib.suppress(OSError):
                 os.unlink(life.settings.socket)
         self.clients.close()
-        life.settle()  # the last ends' notices go before the notifier stops
+        life.settle(stock=False)  # the last ends' notices go before the notifier stops
         life.close()
         life.hardware.close()
         if self.health is not None:

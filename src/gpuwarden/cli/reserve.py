@@ -300,7 +300,7 @@ def _release_through_service(service: str, wanted: Optional[str]) -> int:
         if wanted is None:
             me = client.call("hello")["user"]
             rows, _ = client.listing("queue", user=me)
-            mine = [str(r["id"]) for r in rows if r.get("command") == holding.RESERVATION]
+            mine = [str(r["id"]) for r in rows if holding.is_reservation(r.get("command"))]
             if not mine:
                 raise UserError("you hold no reservation (see `gpuwarden queue`)")
             if len(mine) > 1:
@@ -321,7 +321,7 @@ def _release_through_service(service: str, wanted: Optional[str]) -> int:
                 return 0
             raise UserError(f"no reservation {job} is held (it may have ended or expired)")
         command = rows[0].get("command")
-        if command is not None and command != holding.RESERVATION:
+        if command is not None and not holding.is_reservation(command):
             raise UserError(f"job {job} is not a reservation: end it with `gpuwarden cancel {job}`")
         client.call("cancel", jobs=[job])
         deadline = time.monotonic() + 30

@@ -3,12 +3,12 @@
 Where a service owns the GPUs, `gpuwarden.lease()` cannot take leases itself (the
 service's lease directory is root's): it asks the service for an allocation
 instead. That is an attached job whose process only waits for its standard input
-to close (`PLACEHOLDER`): it runs as the caller, shows in `queue` as their running
+to end (`PLACEHOLDER`): it runs as the caller, shows in `queue` as their running
 job, counts against their limits and is charged to their fair share like any
 other, and the service holds its GPUs (its supervisor holds the leases). The
-block's end closes that input, so the job completes; a holder killed (`kill -9`)
-closes its connection with the service, which cancels the job, as it cancels any
-attached job whose client went away. Either way the GPUs are free again.
+block's end says so on that input and closes it, so the job completes; a holder
+killed (`kill -9`) closes its connection with the service, which cancels the job, as
+it cancels any attached job whose client went away. Either way the GPUs are free again.
 
 A restart of the service ends no allocation, as it ends no attached `run`: a thread
 reads the connection for the block's whole life, and when it drops it reconnects
@@ -37,10 +37,17 @@ from gpuwarden.queueclient.client import Client, _reattach, require
 if TYPE_CHECKING:
     from gpuwarden.config import Config
 
-#: The allocation's process: it waits for the block's end (its stdin closing).
-PLACEHOLDER = ["/bin/sh", "-c", "read _ || :", "gpuwarden.lease"]
+#: The allocation's process. The block's end writes a line to its input, then closes
+#: it: the line read, it waits for the input's end (a child given the descriptors
+#: still holds it) and completes. An input that ends without the line is a holder
+#: killed before its block could end: it waits then, for the service, which sees the
+#: same holder's connection close, to cancel it. Both close as the holder dies, in
+#: an order the kernel does not promise, so the line, not the order, tells them apart.
+PLACEHOLDER = ["/bin/sh", "-c", "read _ && exec cat || exec sleep 2147483647", "gpuwarden.lease"]
 #: `gpuwarden reserve`'s: the same, named so that `queue` and `release` tell it apart.
 RESERVATION = [*PLACEHOLDER[:-1], "gpuwarden.reserve"]
+#: What an older client's reservation runs (it completes at any end of its input).
+OLDER_RESERVATION = ["/bin/sh", "-c", "read _ || :", "gpuwarden.reserve"]
 EXIT_BUSY = 75
 
 
@@ -88,7 +95,9 @@ def hold(
     try:
         yield job, gpus, (end_w, follower.connection), follower.ended
     finally:
-        os.close(end_w)  # the placeholder reads end of file and exits 0
+        with contextlib.suppress(OSError):  # ended already: cancelled, its time
+            os.write(end_w, b"\n")  # the block's own end: it completes
+        os.close(end_w)
         follower.ended.wait(30.0)
         follower.stop()
 
@@ -171,3 +180,8 @@ def _started(client: Client, job: int, timeout: Optional[float]) -> list[str]:
                 f"allocation {job}: {event.get('error') or 'ended before it started'}",
                 exit_code=EXIT_BUSY if event.get("status") == EXIT_BUSY else 1,
             )
+
+
+def is_reservation(command: object) -> bool:
+    """Whether a job's command (a `queue` row's) is a `gpuwarden reserve` allocation's."""
+    return command == RESERVATION or command == OLDER_RESERVATION

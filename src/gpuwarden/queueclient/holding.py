@@ -184,4 +184,4 @@ def _started(client: Client, job: int, timeout: Optional[float]) -> list[str]:
 
 def is_reservation(command: object) -> bool:
     """Whether a job's command (a `queue` row's) is a `gpuwarden reserve` allocation's."""
-    return command == RESERVATION or command == OLDER_RESERVATION
+    return command in (RESERVATION, OLDER_RESERVATION)
